@@ -1,0 +1,45 @@
+# The two set-up commands are `make demo` and `make test`; both work on a fresh clone.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint bench soak system services clean help
+
+help:
+	@echo "make demo   - run the end-to-end demo on embedded defaults"
+	@echo "make test   - install everything needed and run the test suite"
+	@echo "make lint   - ruff and mypy (strict on broker/)"
+	@echo "make bench  - run the benchmarks and print a table"
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+system:
+	scripts/ensure-system.sh
+
+services:
+	scripts/ensure-system.sh --services-only
+
+demo: $(STAMP) system
+	$(VENV)/bin/reliable demo $(DEMO_ARGS)
+
+test: $(STAMP) system
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check broker reliable outbox idempotency bench tests examples
+	$(VENV)/bin/mypy broker reliable outbox idempotency
+
+bench: $(STAMP)
+	$(PY) -m bench all
+
+soak: $(STAMP) system
+	$(PY) -m pytest tests/chaos -m chaos --soak -s $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

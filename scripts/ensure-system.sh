@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Installs the system packages the project needs and starts the local services it tests
+# against (PostgreSQL, MariaDB, Redis). Idempotent: does nothing for what is already there.
+# Usage: scripts/ensure-system.sh [--no-services] [--services-only]
+set -euo pipefail
+
+want_packages=1
+want_services=1
+for arg in "$@"; do
+  case "$arg" in
+    --no-services) want_services=0 ;;
+    --services-only) want_packages=0 ;;
+    -h|--help) sed -n '2,4p' "$0"; exit 0 ;;
+    *) echo "unknown option: $arg" >&2; exit 2 ;;
+  esac
+done
+
+log() { echo "[ensure-system] $*" >&2; }
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+# Debian packages: JDBC drivers for the Spark reconciliation, Java for Spark itself, the
+# database and cache servers for the integration tests.
+packages=(libpostgresql-jdbc-java libxerial-sqlite-jdbc-java libmariadb-java)
+command -v java >/dev/null 2>&1 || packages+=(openjdk-17-jre-headless)
+command -v redis-server >/dev/null 2>&1 || packages+=(redis-server)
+command -v pg_ctlcluster >/dev/null 2>&1 || packages+=(postgresql)
+command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || packages+=(mariadb-server)
+
+if [ "$want_packages" = 1 ] && command -v dpkg >/dev/null 2>&1; then
+  missing=()
+  for p in "${packages[@]}"; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+  done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    log "installing: ${missing[*]}"
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+fi
+
+[ "$want_services" = 1 ] || exit 0
+
+wait_port() { # host port name
+  for _ in $(seq 1 60); do
+    (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null && return 0
+    sleep 0.5
+  done
+  log "$3 did not come up on $1:$2"; return 1
+}
+port_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
+
+if ! port_open 127.0.0.1 6379; then
+  log "starting redis"
+  mkdir -p /var/lib/redis /var/log/redis
+  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+    --dir /var/lib/redis --logfile /var/log/redis/ci.log
+  wait_port 127.0.0.1 6379 redis
+fi
+
+if ! port_open 127.0.0.1 5432; then
+  log "starting postgresql"
+  ver=$(ls /etc/postgresql | sort -V | tail -n 1)
+  if [ -z "$ver" ] || [ ! -d "/etc/postgresql/$ver/main" ]; then
+    ver=$(ls /usr/lib/postgresql | sort -V | tail -n 1)
+    as_root pg_createcluster "$ver" main >/dev/null
+  fi
+  as_root pg_ctlcluster --skip-systemctl-redirect "$ver" main start
+  wait_port 127.0.0.1 5432 postgresql
+fi
+if command -v psql >/dev/null 2>&1; then
+  # The tests use database `test` with trust auth for user postgres on 127.0.0.1.
+  if ! psql -h 127.0.0.1 -U postgres -d test -c 'select 1' >/dev/null 2>&1; then
+    as_root su postgres -c "psql -qc 'create database test'" >/dev/null 2>&1 || true
+  fi
+fi
+
+if ! port_open 127.0.0.1 3306; then
+  log "starting mariadb"
+  mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld 2>/dev/null || true
+  start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd
+  wait_port 127.0.0.1 3306 mariadb
+fi
+if command -v mariadb >/dev/null 2>&1; then
+  mariadb -h 127.0.0.1 -uroot -e 'create database if not exists test' >/dev/null 2>&1 || true
+fi
+log "services ready: redis 6379, postgresql 5432, mariadb 3306"

@@ -1,0 +1,1 @@
+"""The broker's storage engine: commitlog, consume queues, hash index, recovery, cleanup."""

@@ -1,0 +1,154 @@
+"""Batch encoding: N records of one topic/queue sharing flag, sys flag, born time/host and
+properties, encoded into one buffer (the `MessageStore.put_batch` fast path).
+
+Every record is an ordinary commitlog record (codec.py layout): recovery, dispatch and
+queries read it exactly like a record of `put_message`. What is constant over the batch
+(topic bytes, shared property bytes, hosts, sys flag) is encoded once; per record only
+the header (with its body CRC) is packed and the body joined in. A record's properties
+are the shared ones, then `KEYS` and `UNIQ_KEY` when given per message, in that order:
+the same bytes as `put_message` with `{**shared, KEYS: k, UNIQ_KEY: u}`.
+
+Buffer layout: records back to back, `starts[i]` the offset of record i in `buf`,
+`starts[-1] == len(buf)`. QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP are 0 until the
+commitlog patches them under its lock.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from broker.store.codec import (
+    FIXED_SIZE,
+    HEADER,
+    HEADER_SIZE,
+    MAX_PROPERTIES_LENGTH,
+    MESSAGE_MAGIC_CODE,
+    EncodeError,
+    encode_host,
+    is_queued,
+    topic_tail,
+)
+from broker.store.message import Prop, PutMessageStatus
+
+_I16_MAX = MAX_PROPERTIES_LENGTH
+_pack_i16 = struct.Struct(">h").pack
+_ILLEGAL = PutMessageStatus.MESSAGE_ILLEGAL
+
+
+@dataclass(slots=True)
+class EncodedBatch:
+    """The records of one batch, ready to be placed (see the module layout)."""
+
+    buf: bytearray
+    starts: list[int]
+    key: str | None  # topic-queue key; None: the records take no queue offset
+    sys_flag: int
+    born_timestamp: int
+    born_host_raw: bytes
+
+    @property
+    def count(self) -> int:
+        return len(self.starts) - 1
+
+
+def _props_raw(properties: Mapping[str, str]) -> bytes:
+    raw = "".join([f"{k}\x01{v}\x02" for k, v in properties.items()]).encode()
+    n = len(properties)
+    if raw.count(b"\x01") != n or raw.count(b"\x02") != n:
+        raise EncodeError(_ILLEGAL, "a property name or value holds \\x01 or \\x02")
+    return raw
+
+
+def _per_message(name: str, values: Sequence[str] | None, count: int) -> list[bytes] | None:
+    if values is None:
+        return None
+    if len(values) != count:
+        raise EncodeError(_ILLEGAL, f"{len(values)} {name} values for {count} bodies")
+    raw = [f"{name}\x01{v}\x02".encode() for v in values]
+    joined = b"".join(raw)
+    if joined.count(b"\x01") != count or joined.count(b"\x02") != count:
+        raise EncodeError(_ILLEGAL, f"a {name} value holds \\x01 or \\x02")
+    return raw
+
+
+def encode_batch(topic: str, queue_id: int, bodies: Sequence[bytes],
+                 properties: Mapping[str, str] | None, keys: Sequence[str] | None,
+                 uniq_keys: Sequence[str] | None, flag: int, sys_flag: int,
+                 born_timestamp: int, born_host: tuple[str, int], store_host_raw: bytes,
+                 max_message_size: int, max_record: int) -> EncodedBatch:
+    """Encode the batch; EncodeError (nothing to store) for any invalid part of it.
+
+    Each record must fit `max_message_size` (body + topic + properties) and `max_record`
+    (a commitlog file less its end blank); the whole batch's bodies, topics and properties
+    must fit `max_message_size` too, as a RocketMQ batch must.
+    """
+    count = len(bodies)
+    if count == 0:
+        raise EncodeError(_ILLEGAL, "empty batch")
+    if queue_id < 0:
+        raise EncodeError(_ILLEGAL, f"queue id {queue_id} is negative")
+    tail = topic_tail(topic)
+    shared = dict(properties) if properties else {}
+    if keys is not None and Prop.KEYS in shared:
+        raise EncodeError(_ILLEGAL, "KEYS given both shared and per message")
+    if uniq_keys is not None and Prop.UNIQ_KEY in shared:
+        raise EncodeError(_ILLEGAL, "UNIQ_KEY given both shared and per message")
+    shared_raw = _props_raw(shared)
+    per_keys = _per_message(Prop.KEYS, keys, count)
+    per_uniq = _per_message(Prop.UNIQ_KEY, uniq_keys, count)
+    if per_keys is None and per_uniq is None:
+        plen = len(shared_raw)
+        if plen > _I16_MAX:
+            raise EncodeError(PutMessageStatus.PROPERTIES_SIZE_EXCEEDED,
+                              f"properties of {plen} bytes exceed {_I16_MAX}")
+        const_tail = tail + plen.to_bytes(2, "big") + shared_raw
+        tails: list[bytes] | None = None
+        tails_len = len(const_tail) * count
+    else:
+        if per_keys is not None and per_uniq is not None:
+            raws = [shared_raw + k + u for k, u in zip(per_keys, per_uniq, strict=True)]
+        else:
+            raws = [shared_raw + x for x in (per_keys or per_uniq or ())]
+        if max(map(len, raws)) > _I16_MAX:
+            raise EncodeError(PutMessageStatus.PROPERTIES_SIZE_EXCEEDED,
+                              f"properties of {max(map(len, raws))} bytes exceed {_I16_MAX}")
+        tails = [tail + _pack_i16(len(raw)) + raw for raw in raws]
+        const_tail = b""
+        tails_len = sum(map(len, tails))
+    # the batch as RocketMQ sizes it: bodies + topics + properties of every message
+    payload = sum(map(len, bodies)) + tails_len - 3 * count
+    if payload > max_message_size:
+        raise EncodeError(_ILLEGAL, f"batch of {payload} bytes exceeds {max_message_size}")
+    host = encode_host(born_host)
+    pack = HEADER.pack
+    crc32 = zlib.crc32
+    parts: list[bytes] = []
+    append = parts.append
+    starts: list[int] = []
+    at = 0
+    biggest = 0
+    try:
+        for i, body in enumerate(bodies):
+            t = const_tail if tails is None else tails[i]
+            blen = len(body)
+            total = HEADER_SIZE + blen + len(t)
+            append(pack(total, MESSAGE_MAGIC_CODE, crc32(body) & 0x7FFFFFFF, queue_id,
+                        flag, 0, 0, sys_flag, born_timestamp, host, 0, store_host_raw, 0,
+                        0, blen))
+            append(body)
+            append(t)
+            starts.append(at)
+            at += total
+            if total > biggest:
+                biggest = total
+        buf = bytearray().join(parts)  # one copy
+    except (TypeError, struct.error) as exc:  # a body not bytes, a field out of range
+        raise EncodeError(_ILLEGAL, f"cannot encode the batch: {exc}") from exc
+    starts.append(at)
+    if biggest - FIXED_SIZE > max_message_size or biggest > max_record:
+        raise EncodeError(_ILLEGAL, f"a record of {biggest} bytes is too large")
+    key = f"{topic}-{queue_id}" if is_queued(sys_flag) else None
+    return EncodedBatch(buf, starts, key, sys_flag, born_timestamp, host)

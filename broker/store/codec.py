@@ -1,0 +1,362 @@
+"""The commitlog record: layout, encoding, validation and decoding (DESIGN §3.1).
+
+Commitlog record, big-endian, 91 bytes + body + topic + properties:
+
+    offset size  field
+     0     4     TOTALSIZE           whole record, these 4 bytes included
+     4     4     MAGICCODE           MESSAGE_MAGIC_CODE (0xDAA320A7)
+     8     4     BODYCRC             zlib.crc32(body) & 0x7FFFFFFF
+    12     4     QUEUEID
+    16     4     FLAG                producer's flag, opaque
+    20     8     QUEUEOFFSET         index in the consume queue     (set under the lock)
+    28     8     PHYSICALOFFSET      commitlog offset of this record (set under the lock)
+    36     4     SYSFLAG             SysFlag bits
+    40     8     BORNTIMESTAMP       ms
+    48     8     BORNHOST            IPv4 4 B + port i32
+    56     8     STORETIMESTAMP      ms                             (set under the lock)
+    64     8     STOREHOST           IPv4 4 B + port i32
+    72     4     RECONSUMETIMES
+    76     8     PREPARED_TX_OFFSET
+    84     4     BODYLEN
+    88     n     BODY
+    88+n   1     TOPICLEN            1..127
+    89+n   t     TOPIC               UTF-8
+    89+n+t 2     PROPERTIESLEN       0..32767
+    91+n+t p     PROPERTIES          UTF-8 `name\\x01value\\x02` pairs
+
+Blank record, filling the tail of a file that cannot hold the next record (at least 8
+bytes are always left for it):
+
+     0     4     TOTALSIZE           bytes left in the file
+     4     4     MAGICCODE           BLANK_MAGIC_CODE (0xCBD43194)
+     8     ...   unspecified (zeros)
+
+Everything but QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP is encoded before the
+commitlog's append lock is taken; under it only those three are patched in.
+"""
+
+from __future__ import annotations
+
+import functools
+import mmap
+import socket
+import struct
+import zlib
+from dataclasses import dataclass, field
+
+from broker.store.errors import InvalidMessage
+from broker.store.message import (
+    MessageExt,
+    Prop,
+    PutMessageStatus,
+    SysFlag,
+    decode_properties,
+)
+
+MESSAGE_MAGIC_CODE = -626843481  # 0xDAA320A7 as a signed i32
+BLANK_MAGIC_CODE = -875286124  # 0xCBD43194 as a signed i32
+END_FILE_MIN_BLANK_LENGTH = 4 + 4  # TOTALSIZE + MAGICCODE of a blank record
+
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+MAX_TOPIC_LENGTH = 127  # TOPICLEN is an i8
+MAX_PROPERTIES_LENGTH = 32767  # PROPERTIESLEN is an i16
+
+# TOTALSIZE .. BODYLEN: the 88 fixed bytes before the body
+HEADER = struct.Struct(">iiiiiqqiq8sq8siqi")
+HEADER_SIZE = HEADER.size  # 88
+assert HEADER_SIZE == 88
+FIXED_SIZE = HEADER_SIZE + 1 + 2  # + TOPICLEN + PROPERTIESLEN = 91
+POS_QUEUE_OFFSET = 20
+POS_PHYSICAL_OFFSET = 28
+POS_STORE_TIMESTAMP = 56
+QUEUE_AND_PHYSICAL_OFFSET = struct.Struct(">qq")  # at POS_QUEUE_OFFSET
+STORE_TIMESTAMP = struct.Struct(">q")  # at POS_STORE_TIMESTAMP
+BLANK = struct.Struct(">ii")  # TOTALSIZE, MAGICCODE
+_I8 = struct.Struct(">b")
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+_PREFIX = struct.Struct(">ii")  # TOTALSIZE, MAGICCODE
+# what validation and dispatch need of the 88 fixed bytes (flag, born time/host, store host
+# and reconsume times skipped as pad bytes: no bytes objects built for hosts):
+#   TOTALSIZE MAGICCODE BODYCRC QUEUEID [FLAG] QUEUEOFFSET PHYSICALOFFSET SYSFLAG
+#   [BORNTIMESTAMP BORNHOST] STORETIMESTAMP [STOREHOST RECONSUMETIMES] PREPARED_TX BODYLEN
+_DISPATCH_HEADER = struct.Struct(">iiii4xqqi16xq12xqi")
+assert _DISPATCH_HEADER.size == HEADER_SIZE
+
+_TRAN_MASK = 0x3 << 2
+_NOT_QUEUED = (int(SysFlag.TRANSACTION_PREPARED), int(SysFlag.TRANSACTION_ROLLBACK))
+
+
+def body_crc(body: bytes | bytearray | memoryview) -> int:
+    return zlib.crc32(body) & 0x7FFFFFFF
+
+
+def is_queued(sys_flag: int) -> bool:
+    """False for PREPARED/ROLLBACK transaction records: no consume queue unit, offset 0."""
+    return (sys_flag & _TRAN_MASK) not in _NOT_QUEUED
+
+
+@functools.lru_cache(maxsize=4096)
+def tags_string_to_code(tags: str | None) -> int:
+    """Java `String.hashCode()` of the tags (signed 32-bit), 0 for no tags."""
+    if not tags:
+        return 0
+    h = 0
+    units = tags.encode("utf-16-be")
+    for i in range(0, len(units), 2):
+        h = (31 * h + ((units[i] << 8) | units[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def tags_code_for(topic: str, properties: dict[str, str]) -> int:
+    """The consume-queue tag code: the delivery time for the schedule topic, else the tags."""
+    if topic == SCHEDULE_TOPIC:
+        deliver = properties.get(Prop.TIMER_DELIVER_MS)
+        if deliver is not None:
+            try:
+                return int(deliver)
+            except ValueError:
+                pass
+    return tags_string_to_code(properties.get(Prop.TAGS))
+
+
+@functools.lru_cache(maxsize=1024)
+def encode_host(host: tuple[str, int]) -> bytes:
+    """8 bytes: IPv4 + port. Anything not IPv4 is stored as 0.0.0.0 (the port is kept)."""
+    try:
+        ip = socket.inet_aton(host[0])
+    except (OSError, TypeError):
+        ip = b"\0\0\0\0"
+    return ip + _I32.pack(host[1] & 0x7FFFFFFF)
+
+
+@functools.lru_cache(maxsize=1024)
+def decode_host(raw: bytes) -> tuple[str, int]:
+    return socket.inet_ntoa(raw[:4]), _I32.unpack(raw[4:8])[0]
+
+
+@dataclass(slots=True)
+class DispatchRequest:
+    """What a dispatcher needs from one commitlog record.
+
+    Not frozen: one is built per dispatched record, and a frozen dataclass pays an
+    `object.__setattr__` per field. Dispatchers treat it as read-only.
+    """
+
+    topic: str
+    queue_id: int
+    commitlog_offset: int
+    msg_size: int
+    tags_code: int
+    store_timestamp: int
+    queue_offset: int
+    keys: str
+    uniq_key: str | None
+    sys_flag: int
+    prepared_tx_offset: int
+    properties: dict[str, str] = field(default_factory=dict)
+    success: bool = True
+
+
+class EncodeError(InvalidMessage):
+    """A message cannot be encoded as a record; `status` is the put status to report."""
+
+    def __init__(self, status: PutMessageStatus, reason: str) -> None:
+        self.status = status
+        super().__init__(reason)
+
+
+@functools.lru_cache(maxsize=4096)
+def _topic_tail(topic: str) -> bytes:
+    """TOPICLEN + TOPIC, validated once per topic."""
+    raw = topic.encode()
+    if not 0 < len(raw) <= MAX_TOPIC_LENGTH or b"\x00" in raw:
+        raise EncodeError(PutMessageStatus.MESSAGE_ILLEGAL,
+                          f"topic must be 1..{MAX_TOPIC_LENGTH} bytes without NUL: {topic!r}")
+    if b"/" in raw or topic in (".", ".."):
+        # it names a consume-queue directory: such a record could never be dispatched
+        raise EncodeError(PutMessageStatus.MESSAGE_ILLEGAL,
+                          f"topic cannot name a consume queue directory: {topic!r}")
+    return bytes((len(raw),)) + raw
+
+
+topic_tail = _topic_tail  # TOPICLEN + TOPIC of a valid topic (EncodeError otherwise)
+
+_TOPIC_TAILS: dict[str, bytes] = {}  # topic -> TOPICLEN + TOPIC, validated (bounded below)
+_HOSTS: dict[tuple[str, int], bytes] = {}  # born host -> 8 encoded bytes
+_CACHE_LIMIT = 4096
+_pack_header = HEADER.pack
+_pack_i16 = _I16.pack
+_crc32 = zlib.crc32
+
+
+def encode_record(topic: str, queue_id: int, body: bytes, flag: int,
+                  properties: dict[str, str], sys_flag: int, born_timestamp: int,
+                  born_host: tuple[str, int], store_host_raw: bytes, reconsume_times: int,
+                  prepared_tx_offset: int, max_message_size: int) -> bytes:
+    """The whole record with QUEUEOFFSET, PHYSICALOFFSET, STORETIMESTAMP left at 0.
+
+    Raises EncodeError with status MESSAGE_ILLEGAL or PROPERTIES_SIZE_EXCEEDED. On every
+    put's path: topics and hosts are encoded once (dict caches), the rest in few C calls.
+    """
+    tail = _TOPIC_TAILS.get(topic)
+    if tail is None:
+        tail = _topic_tail(topic)
+        if len(_TOPIC_TAILS) >= _CACHE_LIMIT:
+            _TOPIC_TAILS.clear()
+        _TOPIC_TAILS[topic] = tail
+    if queue_id < 0:
+        raise EncodeError(PutMessageStatus.MESSAGE_ILLEGAL, f"queue id {queue_id} is negative")
+    if properties:
+        props_raw = "".join([f"{k}\x01{v}\x02" for k, v in properties.items()]).encode()
+        plen = len(props_raw)
+        if plen > MAX_PROPERTIES_LENGTH:
+            raise EncodeError(PutMessageStatus.PROPERTIES_SIZE_EXCEEDED,
+                              f"properties of {plen} bytes exceed {MAX_PROPERTIES_LENGTH}")
+        n = len(properties)
+        if props_raw.count(b"\x01") != n or props_raw.count(b"\x02") != n:
+            raise EncodeError(PutMessageStatus.MESSAGE_ILLEGAL,
+                              "a property name or value holds \\x01 or \\x02")
+    else:
+        props_raw = b""
+        plen = 0
+    blen = len(body)
+    size = blen + len(tail) - 1 + plen
+    if size > max_message_size:
+        raise EncodeError(PutMessageStatus.MESSAGE_ILLEGAL,
+                          f"message of {size} bytes exceeds {max_message_size}")
+    host = _HOSTS.get(born_host)
+    if host is None:
+        host = encode_host(born_host)
+        if len(_HOSTS) >= _CACHE_LIMIT:
+            _HOSTS.clear()
+        _HOSTS[born_host] = host
+    return b"".join((
+        _pack_header(FIXED_SIZE + size, MESSAGE_MAGIC_CODE, _crc32(body) & 0x7FFFFFFF,
+                     queue_id, flag, 0, 0, sys_flag, born_timestamp, host, 0,
+                     store_host_raw, reconsume_times, prepared_tx_offset, blen),
+        body, tail, _pack_i16(plen), props_raw))
+
+
+def check_message_and_return_size(buf: memoryview | bytes | bytearray, pos: int,
+                                  check_crc: bool = True, expected_offset: int | None = None
+                                  ) -> tuple[int, DispatchRequest | None]:
+    """Validate the record at `pos` of a file's buffer.
+
+    Returns (size > 0, request) for a valid record; (0, None) for a blank record (or the
+    exact end of the file): continue with the next file; (-1, None) for anything invalid
+    (bad magic, size out of bounds, lengths that do not add up, CRC mismatch, a
+    PHYSICALOFFSET other than `expected_offset`, undecodable topic/properties, zeros).
+    """
+    limit = len(buf)
+    left = limit - pos
+    if left == 0:
+        return 0, None
+    if left < END_FILE_MIN_BLANK_LENGTH:
+        return -1, None
+    total, magic = _PREFIX.unpack_from(buf, pos)
+    if magic == BLANK_MAGIC_CODE:
+        return (0, None) if total == left else (-1, None)
+    if magic != MESSAGE_MAGIC_CODE or total < FIXED_SIZE or total > left:
+        return -1, None
+    (_, _, crc, queue_id, queue_offset, phy, sys_flag, store_ts, prepared_tx,
+     blen) = _unpack_dispatch(buf, pos)
+    if expected_offset is not None and phy != expected_offset:
+        return -1, None
+    if blen < 0 or FIXED_SIZE + blen > total:
+        return -1, None
+    body_start = pos + HEADER_SIZE
+    body_end = body_start + blen
+    tlen = buf[body_end]
+    props_len_at = body_end + 1 + tlen
+    if tlen == 0 or FIXED_SIZE + blen + tlen > total:
+        return -1, None
+    (plen,) = _I16.unpack_from(buf, props_len_at)
+    if plen < 0 or FIXED_SIZE + blen + tlen + plen != total:
+        return -1, None
+    if check_crc and (zlib.crc32(buf[body_start:body_end]) & 0x7FFFFFFF) != crc:
+        return -1, None
+    try:
+        topic = str(buf[body_end + 1:props_len_at], "utf-8")
+        properties = _strict_properties(buf[props_len_at + 2:props_len_at + 2 + plen])
+    except ValueError:
+        return -1, None
+    if "\x00" in topic:
+        return -1, None
+    get = properties.get
+    if topic == SCHEDULE_TOPIC:
+        tags_code = tags_code_for(topic, properties)
+    else:
+        tags_code = tags_string_to_code(get(_TAGS))
+    return total, DispatchRequest(topic, queue_id, phy, total, tags_code, store_ts,
+                                  queue_offset, get(_KEYS, ""), get(_UNIQ_KEY), sys_flag,
+                                  prepared_tx, properties)
+
+
+_unpack_dispatch = _DISPATCH_HEADER.unpack_from
+_TAGS = Prop.TAGS
+_KEYS = Prop.KEYS
+_UNIQ_KEY = Prop.UNIQ_KEY
+
+
+def _strict_properties(raw: bytes | bytearray | memoryview) -> dict[str, str]:
+    """Decode properties, rejecting anything not made of whole `name\\x01value\\x02` pairs.
+
+    One pass: every pair must split into exactly a name and a value (`dict` raises
+    ValueError on a pair without `\\x01`; one with two leaves `\\x01` in the value, which
+    the counts catch).
+    """
+    if not raw:
+        return {}
+    text = str(raw, "utf-8")
+    if text[-1] != "\x02" or text.count("\x01") != text.count("\x02"):
+        raise ValueError("malformed properties")
+    return dict(pair.split("\x01", 1) for pair in text[:-1].split("\x02"))
+
+
+def read_total_size(buf: memoryview | bytes | bytearray, pos: int) -> int:
+    return int(_I32.unpack_from(buf, pos)[0])
+
+
+def decode_message(buf: memoryview | bytes | bytearray | mmap.mmap, pos: int = 0
+                   ) -> MessageExt:
+    """Every field of the record at `pos` (no validation beyond the layout)."""
+    (total, magic, crc, queue_id, flag, queue_offset, phy, sys_flag, born_ts, born_host,
+     store_ts, store_host, reconsume, prepared_tx, blen) = HEADER.unpack_from(buf, pos)
+    if magic != MESSAGE_MAGIC_CODE:
+        raise ValueError(f"no message record at {pos} (magic {magic:#x})")
+    body_start = pos + HEADER_SIZE
+    body_end = body_start + blen
+    tlen = buf[body_end]
+    topic = bytes(buf[body_end + 1:body_end + 1 + tlen]).decode()
+    (plen,) = _I16.unpack_from(buf, body_end + 1 + tlen)
+    props_at = body_end + 3 + tlen
+    properties = decode_properties(bytes(buf[props_at:props_at + plen]))
+    return MessageExt(
+        topic=topic, body=bytes(buf[body_start:body_end]), queue_id=queue_id, flag=flag,
+        properties=properties, sys_flag=sys_flag, born_timestamp=born_ts,
+        born_host=decode_host(born_host), reconsume_times=reconsume,
+        prepared_tx_offset=prepared_tx, queue_offset=queue_offset, commitlog_offset=phy,
+        store_timestamp=store_ts, store_host=decode_host(store_host), store_size=total,
+        body_crc=crc)
+
+
+def decode_store_timestamp(buf: memoryview | bytes | bytearray, pos: int = 0) -> int:
+    return int(STORE_TIMESTAMP.unpack_from(buf, pos + POS_STORE_TIMESTAMP)[0])
+
+
+def encode_blank(size: int) -> bytes:
+    return BLANK.pack(size, BLANK_MAGIC_CODE)
+
+
+__all__ = [
+    "BLANK_MAGIC_CODE",
+    "END_FILE_MIN_BLANK_LENGTH",
+    "MESSAGE_MAGIC_CODE",
+    "DispatchRequest",
+    "EncodeError",
+    "check_message_and_return_size",
+    "decode_message",
+    "encode_record",
+    "tags_string_to_code",
+]

@@ -1,0 +1,491 @@
+"""The commitlog: every message of every topic, appended to one sequence of mapped files.
+
+Append path (the hot path of the whole broker):
+
+1. outside the lock: encode the complete record (`codec.encode_record`: body CRC, topic,
+   properties, hosts) into a bytearray of its final size, and build the topic-queue key;
+2. under the lock: take the last file (rolling over with a blank record when the record
+   plus an 8-byte blank would not fit), patch QUEUEOFFSET, PHYSICALOFFSET and
+   STORETIMESTAMP in, copy the record into the mapping with one slice assignment, move
+   `wrote_position` (readers never see a half-copied record), bump the queue offset;
+3. outside the lock: build the result and, under SYNC_FLUSH, wait for the group commit.
+
+Transaction PREPARED and ROLLBACK records get queue offset 0 and do not advance the
+topic-queue table: they never reach a consume queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+
+from broker.store.batch import EncodedBatch
+from broker.store.codec import (
+    BLANK,
+    END_FILE_MIN_BLANK_LENGTH,
+    FIXED_SIZE,
+    MESSAGE_MAGIC_CODE,
+    POS_QUEUE_OFFSET,
+    POS_STORE_TIMESTAMP,
+    QUEUE_AND_PHYSICAL_OFFSET,
+    STORE_TIMESTAMP,
+    EncodeError,
+    decode_message,
+    encode_blank,
+    encode_host,
+    encode_record,
+    is_queued,
+)
+from broker.store.config import FlushMode, StoreConfig
+from broker.store.errors import StoreNotRunning
+from broker.store.flush import FlushCommitLogService, GroupCommitService
+from broker.store.mapped_file import MappedFile
+from broker.store.mapped_file_queue import MappedFileAllocator, MappedFileQueue
+from broker.store.message import (
+    AppendMessageResult,
+    Message,
+    MessageExt,
+    PutMessageResult,
+    PutMessageStatus,
+)
+
+log = logging.getLogger(__name__)
+
+_PUT_OK = PutMessageStatus.PUT_OK
+_pack_offsets = QUEUE_AND_PHYSICAL_OFFSET.pack_into  # QUEUEOFFSET, PHYSICALOFFSET
+_pack_timestamp = STORE_TIMESTAMP.pack_into  # STORETIMESTAMP
+# at POS_QUEUE_OFFSET (20): QUEUEOFFSET 8, PHYSICALOFFSET 8, SYSFLAG 4, BORNTIMESTAMP 8,
+# BORNHOST 8, STORETIMESTAMP 8 (ends at 64): the three patched fields and the three between
+_pack_offsets_to_ts = struct.Struct(">qqiq8sq").pack_into
+
+
+def topic_queue_key(topic: str, queue_id: int) -> str:
+    return f"{topic}-{queue_id}"
+
+
+class CommitLog:
+    """Append-only log of all records, with the topic-queue offset table and flushing."""
+
+    def __init__(self, config: StoreConfig, clock: Callable[[], int],
+                 fsync: Callable[[int], None] = os.fdatasync) -> None:
+        self.config = config
+        self._clock = clock
+        self.file_size = config.mapped_file_size_commitlog
+        sync = config.flush_mode is FlushMode.SYNC_FLUSH
+        allocator = MappedFileAllocator(warm=config.warm_mapped_file, flush_on_warm=sync)
+        self.queue = MappedFileQueue(config.commitlog_dir, self.file_size, allocator,
+                                     fsync=fsync)
+        self.topic_queue_table: dict[str, int] = {}
+        self.last_store_timestamp = 0
+        self._lock = threading.Lock()
+        self._store_host_raw = encode_host(config.store_host)
+        self._max_message_size = config.max_message_size
+        self._max_record = self.file_size - END_FILE_MIN_BLANK_LENGTH
+        self._prepare_next_at = self.file_size // 2
+        self._closed = False
+        self._msg_id_prefix = self._store_host_raw.hex().upper()
+        self.flush_service: FlushCommitLogService | GroupCommitService
+        if sync:
+            self.flush_service = GroupCommitService(self, config.sync_flush_timeout_ms)
+        else:
+            self.flush_service = FlushCommitLogService(self, config, clock)
+        self._sync = sync
+
+    # --- lifecycle
+    def load(self) -> None:
+        self.queue.load()
+
+    def start(self) -> None:
+        self.flush_service.start()
+        files = self.queue.mapped_files
+        if files:
+            self._warm_in_place(files[-1])
+
+    def shutdown(self) -> bool:
+        """Stop flushing after a final flush; False when the data is not known on disk."""
+        self.flush_service.shutdown()
+        if self.flush_service.failed is not None:
+            return False  # never fsync again after a failed fsync (see flush.py)
+        try:
+            return self.queue.flush_to(self.get_max_offset()) >= self.get_max_offset()
+        except OSError as exc:
+            log.error("final commitlog flush failed: %s", exc)
+            return False
+
+    def close(self) -> None:
+        """Unmap every file; a put still in flight gets SERVICE_NOT_AVAILABLE, not a crash."""
+        with self._lock:
+            self._closed = True
+        self.queue.shutdown(0)
+
+    @property
+    def store_host_raw(self) -> bytes:
+        return self._store_host_raw
+
+    @property
+    def max_record(self) -> int:
+        """The largest record a file holds (its size less the end blank)."""
+        return self._max_record
+
+    # --- encoding (no lock)
+    def _encode(self, msg: Message) -> tuple[bytes, str | None]:
+        """The record's bytes and its topic-queue key (None: takes no queue offset)."""
+        rec = encode_record(msg.topic, msg.queue_id, msg.body, msg.flag, msg.properties,
+                            msg.sys_flag, msg.born_timestamp, msg.born_host,
+                            self._store_host_raw, msg.reconsume_times, msg.prepared_tx_offset,
+                            self._max_message_size)
+        if len(rec) > self._max_record:
+            raise EncodeError(PutMessageStatus.MESSAGE_ILLEGAL,
+                              f"record of {len(rec)} bytes cannot fit a commitlog file of "
+                              f"{self.file_size}")
+        return rec, (f"{msg.topic}-{msg.queue_id}" if is_queued(msg.sys_flag) else None)
+
+    # --- appending (under the lock)
+    def _roll(self, mf: MappedFile | None) -> MappedFile:
+        """Fill the rest of `mf` with a blank record; the next file (pre-allocated)."""
+        if mf is not None and not mf.is_full():
+            left = mf.file_size - mf.wrote_position
+            mf.write_at(mf.wrote_position, encode_blank(left))
+            mf.wrote_position = mf.committed_position = mf.file_size
+        new = self.queue.get_last_mapped_file(0, create=True)
+        if new is None:  # pragma: no cover - create=True always returns a file
+            raise OSError("no commitlog file")
+        self._warm_in_place(new)
+        # the next file is allocated (and warmed) once this one is half written: early
+        # enough to be ready, late enough not to hold two idle files per idle store
+        self._prepare_next_at = self.file_size // 2
+        return new
+
+    def _warm_in_place(self, mf: MappedFile) -> None:
+        """Fault in the pages of a file the writer already uses (the first one, or one the
+        allocator could not prepare in time), in the background, without changing a byte.
+
+        Not under SYNC_FLUSH: populated pages are dirty, and the group commit's fdatasync
+        would carry them; there only the allocator warms (and flushes) files before use.
+        """
+        if (not self.config.warm_mapped_file or self._sync or mf.warmed or mf.warming
+                or mf.is_full()):
+            return
+        mf.warming = True
+        threading.Thread(target=mf.populate, daemon=True,
+                         name=f"populate-{mf.path.name}").start()
+
+    def _file_for(self, n: int) -> MappedFile:
+        """The file the next `n` bytes go to (rolling over when they do not fit)."""
+        if self._closed:
+            raise StoreNotRunning(f"commitlog {self.queue.directory} is closed")
+        files = self.queue.mapped_files
+        mf = files[-1] if files else None
+        if mf is None or mf.file_size - mf.wrote_position < n + END_FILE_MIN_BLANK_LENGTH:
+            mf = self._roll(mf)
+        if mf.wrote_position >= self._prepare_next_at:
+            self._prepare_next_at = self.file_size + 1
+            self.queue.prepare_next_file()
+        return mf
+
+    def _now(self) -> int:
+        ts = self._clock()
+        return ts if ts >= self.last_store_timestamp else self.last_store_timestamp
+
+    def _place(self, rec: bytes, key: str | None) -> tuple[int, int, int]:
+        """Copy `rec` in and patch its offsets and store time; (phy, queue offset, ts)."""
+        n = len(rec)
+        mf = self._file_for(n)
+        pos = mf.wrote_position
+        phy = mf.file_from_offset + pos
+        ts = self._clock()
+        if ts < self.last_store_timestamp:  # store time never goes back (binary searches)
+            ts = self.last_store_timestamp
+        table = self.topic_queue_table
+        qoff = 0 if key is None else table.get(key, 0)
+        mm = mf.mapping
+        mm[pos:pos + n] = rec
+        _pack_offsets(mm, pos + POS_QUEUE_OFFSET, qoff, phy)
+        _pack_timestamp(mm, pos + POS_STORE_TIMESTAMP, ts)
+        # only now is the record visible to readers (they stop at wrote_position)
+        mf.wrote_position = mf.committed_position = pos + n
+        if key is not None:
+            table[key] = qoff + 1
+        self.last_store_timestamp = ts
+        return phy, qoff, ts
+
+    def _place_batch(self, recs: list[tuple[bytes, str | None]],
+                     out: list[tuple[int, int, int]]) -> None:
+        """Place consecutive records with one copy per file: they are laid out (offsets
+        and store time patched) in one buffer, copied into the mapping at once, and made
+        visible together by one move of `wrote_position`. `out` gets (phy, queue offset,
+        store time) of each record placed, also when a later roll-over fails."""
+        table = self.topic_queue_table
+        i = 0
+        count = len(recs)
+        while i < count:
+            mf = self._file_for(len(recs[i][0]))
+            start = pos = mf.wrote_position
+            room = mf.file_size - END_FILE_MIN_BLANK_LENGTH
+            base = mf.file_from_offset
+            ts = self._now()
+            j = i
+            while j < count and pos + len(recs[j][0]) <= room:
+                pos += len(recs[j][0])
+                j += 1
+            buf = bytearray(b"".join([rec for rec, _ in recs[i:j]]))
+            at = 0
+            taken: dict[str, int] = {}  # next queue offsets, applied once copied
+            placed = []
+            for rec, key in recs[i:j]:
+                qoff = 0
+                if key is not None:
+                    qoff = taken.get(key, -1)
+                    if qoff < 0:
+                        qoff = table.get(key, 0)
+                    taken[key] = qoff + 1
+                phy = base + start + at
+                _pack_offsets(buf, at + POS_QUEUE_OFFSET, qoff, phy)
+                _pack_timestamp(buf, at + POS_STORE_TIMESTAMP, ts)
+                placed.append((phy, qoff, ts))
+                at += len(rec)
+            mf.mapping[start:pos] = buf
+            # only now are the records visible to readers (they stop at wrote_position)
+            mf.wrote_position = mf.committed_position = pos
+            table.update(taken)
+            self.last_store_timestamp = ts
+            out.extend(placed)
+            i = j
+
+    def append(self, msg: Message) -> PutMessageResult:
+        """Write one record into the page cache (no flush wait)."""
+        try:
+            rec = encode_record(msg.topic, msg.queue_id, msg.body, msg.flag, msg.properties,
+                                msg.sys_flag, msg.born_timestamp, msg.born_host,
+                                self._store_host_raw, msg.reconsume_times,
+                                msg.prepared_tx_offset, self._max_message_size)
+        except EncodeError as exc:
+            return PutMessageResult(exc.status)
+        n = len(rec)
+        if n > self._max_record:
+            return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL)
+        key = f"{msg.topic}-{msg.queue_id}" if is_queued(msg.sys_flag) else None
+        try:
+            with self._lock:
+                phy, qoff, ts = self._place(rec, key)
+        except StoreNotRunning:
+            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE)
+        except OSError:
+            log.exception("cannot create a commitlog file")
+            return PutMessageResult(PutMessageStatus.CREATE_MAPPED_FILE_FAILED)
+        return PutMessageResult(_PUT_OK, AppendMessageResult(
+            phy, n, None, ts, qoff, 1, msg_id_prefix=self._msg_id_prefix))
+
+    def put_message(self, msg: Message) -> PutMessageResult:
+        """Append one message; under SYNC_FLUSH return only once it is on disk."""
+        result = self.append(msg)
+        if self._sync and result.append is not None:
+            end = result.append.wrote_offset + result.append.wrote_bytes
+            if not self.wait_flushed(end):
+                return PutMessageResult(PutMessageStatus.FLUSH_DISK_TIMEOUT, result.append)
+        return result
+
+    def put_messages(self, msgs: Sequence[Message]) -> list[PutMessageResult]:
+        """Append a batch contiguously under one lock; one flush wait for all of it.
+
+        The records are placed with one copy per commitlog file they land in. A message
+        that cannot be encoded gets its own status; the others are stored.
+        """
+        encoded: list[tuple[bytes, str | None]] = []
+        statuses: list[PutMessageStatus | None] = []
+        for msg in msgs:
+            try:
+                encoded.append(self._encode(msg))
+                statuses.append(None)
+            except EncodeError as exc:
+                statuses.append(exc.status)
+        placed: list[tuple[int, int, int]] = []
+        failed: PutMessageStatus | None = None
+        try:
+            with self._lock:
+                self._place_batch(encoded, placed)
+        except StoreNotRunning:
+            failed = PutMessageStatus.SERVICE_NOT_AVAILABLE
+        except OSError:
+            log.exception("cannot create a commitlog file")
+            failed = PutMessageStatus.CREATE_MAPPED_FILE_FAILED
+        results: list[PutMessageResult] = []
+        end = -1
+        prefix = self._msg_id_prefix
+        k = 0
+        for status in statuses:
+            if status is not None:
+                results.append(PutMessageResult(status))
+                continue
+            if k >= len(placed):
+                results.append(PutMessageResult(failed or PutMessageStatus.UNKNOWN_ERROR))
+                k += 1
+                continue
+            phy, qoff, ts = placed[k]
+            n = len(encoded[k][0])
+            k += 1
+            end = phy + n
+            results.append(PutMessageResult(_PUT_OK, AppendMessageResult(
+                phy, n, None, ts, qoff, 1, msg_id_prefix=prefix)))
+        if self._sync and end > 0 and not self.wait_flushed(end):
+            results = [PutMessageResult(PutMessageStatus.FLUSH_DISK_TIMEOUT, r.append)
+                       if r.status is _PUT_OK else r for r in results]
+        return results
+
+    def _place_encoded(self, batch: EncodedBatch) -> tuple[int, int, int, int]:
+        """Place an encoded batch: one copy per file it lands in, offsets and store time
+        patched in the batch's buffer first; (first phy, first queue offset, store time,
+        end offset). A batch reaching a file's end continues in the next one after the
+        blank record, like single records do."""
+        buf = batch.buf
+        starts = batch.starts
+        count = len(starts) - 1
+        key = batch.key
+        table = self.topic_queue_table
+        qoff = first_qoff = 0 if key is None else table.get(key, 0)
+        step = 0 if key is None else 1
+        view = memoryview(buf)
+        sys_flag, born_ts, born_host = batch.sys_flag, batch.born_timestamp, batch.born_host_raw
+        first_phy = end = -1
+        first_ts = 0
+        i = 0
+        while i < count:
+            a = starts[i]
+            mf = self._file_for(starts[i + 1] - a)
+            pos = mf.wrote_position
+            room = mf.file_size - END_FILE_MIN_BLANK_LENGTH - pos
+            j = bisect_right(starts, a + room, i + 1, count + 1) - 1  # records i..j-1 fit
+            ts = self._now()
+            base = mf.file_from_offset + pos - a  # phy of the record at buf offset s: base+s
+            for s in starts[i:j]:  # QUEUEOFFSET .. STORETIMESTAMP in one call
+                _pack_offsets_to_ts(buf, s + POS_QUEUE_OFFSET, qoff, base + s, sys_flag,
+                                    born_ts, born_host, ts)
+                qoff += step
+            n = starts[j] - a
+            mf.mapping[pos:pos + n] = view[a:starts[j]]
+            # only now are the records visible to readers (they stop at wrote_position)
+            mf.wrote_position = mf.committed_position = pos + n
+            if key is not None:
+                table[key] = qoff
+            self.last_store_timestamp = ts
+            if first_phy < 0:
+                first_phy, first_ts = base + a, ts
+            end = base + starts[j]
+            i = j
+        return first_phy, first_qoff, first_ts, end
+
+    def put_batch(self, batch: EncodedBatch) -> PutMessageResult:
+        """Append an encoded batch under one lock; under SYNC_FLUSH one flush wait for it.
+
+        One result: `msg_num` records from `wrote_offset` (the first record's offset) to
+        `wrote_offset + wrote_bytes` (a blank record in between when it spans files).
+        """
+        try:
+            with self._lock:
+                phy, qoff, ts, end = self._place_encoded(batch)
+        except StoreNotRunning:
+            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE)
+        except OSError:
+            log.exception("cannot create a commitlog file")
+            return PutMessageResult(PutMessageStatus.CREATE_MAPPED_FILE_FAILED)
+        append = AppendMessageResult(phy, end - phy, None, ts, qoff, batch.count,
+                                     msg_id_prefix=self._msg_id_prefix)
+        if self._sync and not self.wait_flushed(end):
+            return PutMessageResult(PutMessageStatus.FLUSH_DISK_TIMEOUT, append)
+        return PutMessageResult(_PUT_OK, append)
+
+    def put_message_async(self, msg: Message) -> Future[PutMessageResult]:
+        """Append now; the future completes when the flush mode acknowledges the record."""
+        future: Future[PutMessageResult] = Future()
+        result = self.append(msg)
+        if not self._sync or result.append is None:
+            future.set_result(result)
+            return future
+        append = result.append
+        end = append.wrote_offset + append.wrote_bytes
+
+        def done(ok: bool) -> None:
+            future.set_result(result if ok else
+                              PutMessageResult(PutMessageStatus.FLUSH_DISK_TIMEOUT, append))
+
+        service = self.flush_service
+        assert isinstance(service, GroupCommitService)
+        service.submit(end, done)
+        return future
+
+    def wait_flushed(self, end: int) -> bool:
+        service = self.flush_service
+        assert isinstance(service, GroupCommitService)
+        return service.wait_flushed(end, self.config.sync_flush_timeout_ms / 1000)
+
+    # --- reading
+    def get_message(self, offset: int, size: int) -> bytes | None:
+        """Bytes [offset, offset+size) when they are all written, else None."""
+        mf = self.queue.find_mapped_file_by_offset(offset)
+        if mf is None or not mf.hold():
+            return None
+        try:
+            pos = offset - mf.file_from_offset
+            if pos < 0 or pos + size > mf.wrote_position:
+                return None
+            return mf.read(pos, size)
+        finally:
+            mf.release()
+
+    def look_message(self, offset: int) -> MessageExt | None:
+        """The record starting at `offset`, decoded; None when there is none."""
+        mf = self.queue.find_mapped_file_by_offset(offset)
+        if mf is None or not mf.hold():
+            return None
+        try:
+            pos = offset - mf.file_from_offset
+            limit = mf.wrote_position
+            if pos < 0 or pos + FIXED_SIZE > limit:
+                return None
+            mm = mf.mapping
+            size, magic = BLANK.unpack_from(mm, pos)  # TOTALSIZE, MAGICCODE
+            if magic != MESSAGE_MAGIC_CODE or size < FIXED_SIZE or pos + size > limit:
+                return None
+            try:
+                return decode_message(mm, pos)  # straight from the mapping: one copy
+            except (ValueError, IndexError, UnicodeDecodeError, struct.error):
+                return None
+        finally:
+            mf.release()
+
+    def get_min_offset(self) -> int:
+        mf = self.queue.get_first_mapped_file()
+        if mf is None:
+            return -1
+        return mf.file_from_offset if mf.available else self.roll_next_file(
+            mf.file_from_offset)
+
+    def get_max_offset(self) -> int:
+        return self.queue.get_max_offset()
+
+    def get_flushed_offset(self) -> int:
+        return self.queue.flushed_where
+
+    def roll_next_file(self, offset: int) -> int:
+        return offset + self.file_size - offset % self.file_size
+
+    @property
+    def fsync_count(self) -> int:
+        return self.flush_service.fsync_count
+
+    # --- used by recovery (single-threaded, before start)
+    def reset_table(self, table: dict[str, int]) -> None:
+        with self._lock:
+            self.topic_queue_table = table
+
+    def remove_queue_offsets(self, topic: str) -> None:
+        prefix = f"{topic}-"
+        with self._lock:
+            self.topic_queue_table = {k: v for k, v in self.topic_queue_table.items()
+                                      if not (k.startswith(prefix)
+                                              and k[len(prefix):].isdigit())}

@@ -1,0 +1,208 @@
+"""The reput service: turns new commitlog records into consume-queue units and index entries.
+
+    commitlog  ... | rec | rec | rec | rec |            <- producers append here
+                         ^ reput_from_offset    ^ commitlog max offset
+
+One background thread reads every record between `reput_from_offset` and the commitlog's
+end, validates its layout (`codec.check_message_and_return_size`), and hands the decoded
+`DispatchRequest` to each dispatcher of the chain, in order:
+
+1. the core chain given at construction (consume queues, then the index): a failure stops
+   the round at that record, which is retried next round, so no record is ever skipped;
+2. extra dispatchers added later (`add_dispatcher`, e.g. long-poll wake-ups): a failure is
+   logged and does not hold back dispatching.
+
+A message is readable by consumers once its unit is in its consume queue, that is once
+`reput_from_offset` has passed it (`wait_dispatched`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Protocol
+
+from broker.store.codec import DispatchRequest, check_message_and_return_size
+from broker.store.mapped_file_queue import MappedFileQueue
+from broker.store.service import ServiceThread
+
+log = logging.getLogger(__name__)
+
+
+class CommitLogDispatcher(Protocol):
+    """Something that reacts to each record the reput service reads."""
+
+    def dispatch(self, request: DispatchRequest) -> None: ...
+
+
+class CommitLogSource(Protocol):
+    """What the reput service reads from (the commitlog)."""
+
+    queue: MappedFileQueue
+
+    def get_min_offset(self) -> int: ...
+
+    def get_max_offset(self) -> int: ...
+
+    def roll_next_file(self, offset: int) -> int: ...
+
+
+class ReputService(ServiceThread):
+    """Dispatches commitlog records from `reput_from_offset` on, in a background thread."""
+
+    name = "reput"
+
+    def __init__(self, commitlog: CommitLogSource, dispatchers: Sequence[CommitLogDispatcher],
+                 *, reput_from_offset: int = 0, interval_ms: int = 1,
+                 check_crc: bool = False) -> None:
+        super().__init__()
+        self.commitlog = commitlog
+        self.reput_from_offset = reput_from_offset
+        self.interval_s = interval_ms / 1000
+        self.check_crc = check_crc  # recovery validated the CRCs; appends compute them
+        self.dispatched_count = 0
+        self._core: tuple[CommitLogDispatcher, ...] = tuple(dispatchers)
+        self._extra: tuple[CommitLogDispatcher, ...] = ()
+        self._cond = threading.Condition()
+        self._round_lock = threading.Lock()
+        self._blocked_at = -1  # offset of an invalid record the log was told about
+        # why the last round stopped short of the commitlog's end (None: it did not)
+        self.stuck_at = -1
+        self.stuck_reason: str | None = None
+        self.last_error: Exception | None = None
+
+    # --- chain
+    def add_dispatcher(self, dispatcher: CommitLogDispatcher) -> None:
+        """Add a hook run after the core chain for every record (errors are only logged)."""
+        self._extra = (*self._extra, dispatcher)
+
+    # --- progress
+    def behind(self) -> int:
+        """Bytes of commitlog not dispatched yet."""
+        return max(0, self.commitlog.get_max_offset() - self.reput_from_offset)
+
+    def is_dispatched(self, offset: int) -> bool:
+        return self.reput_from_offset >= offset
+
+    def wait_dispatched(self, offset: int, timeout_s: float) -> bool:
+        """Wait until every record before commitlog `offset` is dispatched."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self.reput_from_offset < offset:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.wakeup()
+                self._cond.wait(min(left, 0.05))
+            return True
+
+    # --- work
+    def do_reput(self) -> int:
+        """Dispatch everything written so far; returns the number of records dispatched."""
+        with self._round_lock:
+            return self._reput_round()
+
+    def _stuck(self, offset: int, reason: str, error: Exception | None) -> None:
+        self.stuck_at = offset
+        self.stuck_reason = reason
+        self.last_error = error
+
+    def _reput_round(self) -> int:
+        done = 0
+        self.stuck_at = -1
+        self.stuck_reason = None
+        self.last_error = None
+        commitlog = self.commitlog
+        min_offset = commitlog.get_min_offset()
+        if min_offset >= 0 and self.reput_from_offset < min_offset:
+            log.warning("reput offset %d is below the commitlog min %d (files deleted before "
+                        "dispatch); continuing from the min", self.reput_from_offset,
+                        min_offset)
+            self.reput_from_offset = min_offset
+        check = check_message_and_return_size
+        check_crc = self.check_crc
+        core = self._core
+        stop = False
+        try:
+            while not stop and self.reput_from_offset < commitlog.get_max_offset():
+                offset = self.reput_from_offset
+                mf = commitlog.queue.find_mapped_file_by_offset(offset)
+                if mf is None or not mf.hold():
+                    break
+                base = mf.file_from_offset
+                pos = start = offset - base
+                try:
+                    limit = mf.wrote_position
+                    with mf.buffer() as whole, whole[:limit] as view:
+                        while pos < limit:
+                            size, request = check(view, pos, check_crc)
+                            if size > 0 and request is not None:
+                                failed: CommitLogDispatcher | None = None
+                                try:
+                                    for failed in core:
+                                        failed.dispatch(request)
+                                except Exception as exc:
+                                    log.exception("dispatching the record at %d to %r failed; "
+                                                  "retrying next round", base + pos, failed)
+                                    self._stuck(base + pos, f"{failed!r} failed: {exc!r}", exc)
+                                    stop = True
+                                    break
+                                if self._extra:
+                                    self._dispatch_extra(request)
+                                pos += size
+                                self.reput_from_offset = base + pos
+                                done += 1
+                            elif size == 0:
+                                pos = mf.file_size  # blank record: the rest is empty
+                                break
+                            else:
+                                self._invalid(base + pos)
+                                self._stuck(base + pos, "not a valid record", None)
+                                stop = True
+                                break
+                finally:
+                    mf.release()
+                if pos >= mf.file_size:
+                    self.reput_from_offset = commitlog.roll_next_file(base)
+                elif pos == start:
+                    break  # nothing readable in this file right now
+                with self._cond:
+                    self._cond.notify_all()
+        finally:
+            self.dispatched_count += done
+            with self._cond:
+                self._cond.notify_all()
+        return done
+
+    def _dispatch_extra(self, request: DispatchRequest) -> None:
+        for dispatcher in self._extra:
+            try:
+                dispatcher.dispatch(request)
+            except Exception:
+                log.exception("extra dispatcher %r failed on the record at %d", dispatcher,
+                              request.commitlog_offset)
+
+    def _invalid(self, offset: int) -> None:
+        if self._blocked_at != offset:
+            self._blocked_at = offset
+            log.error("invalid commitlog record at %d: dispatching stops here until the "
+                      "store is recovered", offset)
+
+    # --- thread
+    def run(self) -> None:
+        while not self.stopped:
+            try:
+                self.do_reput()
+            except Exception:
+                log.exception("reput round failed")
+            self.wait_for_running(self.interval_s)
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the thread, then dispatch whatever is left so nothing written is unindexed."""
+        super().shutdown(timeout)
+        try:
+            self.do_reput()
+        except Exception:
+            log.exception("final reput round failed")

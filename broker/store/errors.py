@@ -1,0 +1,76 @@
+"""The store's exceptions: one root, narrow subclasses carrying what is needed to act.
+
+Hot paths (put, get) return status values; these are raised at the edges: opening files,
+decoding records, validating input.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class StoreError(Exception):
+    """Root of every error the store raises."""
+
+
+class StoreCorrupted(StoreError):
+    """A store file holds bytes that are not a valid record where one must be."""
+
+    def __init__(self, path: Path | str, offset: int, reason: str) -> None:
+        self.path = Path(path)
+        self.offset = offset
+        self.reason = reason
+        super().__init__(f"{path}: corrupt at offset {offset}: {reason}")
+
+
+class ForeignFile(StoreError):
+    """A file in a store directory is not one of ours (bad name, size or header)."""
+
+    def __init__(self, path: Path | str, reason: str) -> None:
+        self.path = Path(path)
+        self.reason = reason
+        super().__init__(f"{path}: not a store file: {reason}")
+
+
+class MessageTooLarge(StoreError):
+    """A message exceeds the configured maximum size."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__(f"message of {size} bytes exceeds the limit of {limit} bytes")
+
+
+class InvalidMessage(StoreError):
+    """A message cannot be stored as given (topic too long, properties too large, ...)."""
+
+
+class StoreLocked(StoreError):
+    """Another process has this store directory open."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        super().__init__(f"{path}: the store is open in another process")
+
+
+class StoreNotRunning(StoreError):
+    """The store is not started, or is shutting down."""
+
+
+class ConfigFileError(StoreError):
+    """A JSON configuration file and its backup are both unreadable."""
+
+    def __init__(self, path: Path | str, reason: str) -> None:
+        self.path = Path(path)
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
+class DispatchStuck(StoreError):
+    """At start, a recovered record cannot be dispatched to the consume queues and index
+    (the store refuses to start rather than hand out queue offsets twice)."""
+
+    def __init__(self, offset: int, reason: str) -> None:
+        self.offset = offset
+        self.reason = reason
+        super().__init__(f"commitlog record at {offset} cannot be dispatched: {reason}")

@@ -1,0 +1,726 @@
+"""Hash index files: find commitlog offsets by message key (`topic#key`).
+
+    index/20261122053657123   created 2026-11-22 05:36:57.123 UTC
+    index/20261122061502004   the next one, once the first holds `max_index_num` entries
+
+Every message is indexed under `topic#key` for each key in `KEYS` (space separated) and
+under `topic#<UNIQ_KEY>`. A lookup hashes the key (Java `String.hashCode`, made
+non-negative), reads the slot, and walks the chain of entries that share it, newest first.
+Entries carry the full 32-bit key hash, so slot collisions are skipped cheaply; entries with
+the *same* hash but another key cannot be told apart here: callers filter the decoded
+messages by their real keys (`broker.store.query`).
+
+Files are sparse and mapped whole: a default file is 420 MB of address space, but only the
+pages written take disk space. Names are UTC creation times, strictly increasing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import logging
+import mmap
+import os
+import struct
+import sys
+import threading
+import time
+import zlib
+from array import array
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+from broker.store.codec import DispatchRequest
+from broker.store.config import StoreConfig
+from broker.store.errors import ForeignFile, StoreCorrupted
+from broker.store.json_config import fsync_directory
+from broker.store.refcount import ReferenceResource
+
+log = logging.getLogger(__name__)
+
+# Header, big-endian, 40 bytes:
+#
+#   0            8            16           24           32        36        40
+#   +------------+------------+------------+------------+---------+---------+
+#   | begin ts   | end ts     | begin phy  | end phy    | slots   | index   |
+#   | i64 ms     | i64 ms     | i64        | i64        | used i32| count i32
+#   +------------+------------+------------+------------+---------+---------+
+#
+# `slots used` counts hash slots holding a chain; `index count` is one more than the
+# number of entries (entry 0 is invalid: a slot or link of 0 means "none").
+INDEX_HEADER_SIZE = 40
+_HEADER = struct.Struct(">qqqqii")
+assert _HEADER.size == INDEX_HEADER_SIZE
+
+# Hash slots: `max_hash_slot_num` x i32, the newest entry of the slot's chain (0 = empty).
+HASH_SLOT_SIZE = 4
+_SLOT = struct.Struct(">i")
+
+# Entries: `max_index_num` x 20 bytes, appended in commitlog order:
+#
+#   0          4                 12         16         20
+#   +----------+-----------------+----------+----------+
+#   | key hash | commitlog off   | time diff| previous |
+#   |   i32    |      i64        | i32 (s)  |   i32    |
+#   +----------+-----------------+----------+----------+
+#
+# `time diff` is (store timestamp - begin ts) in whole seconds; `previous` is the next
+# older entry of the same slot (0 ends the chain).
+INDEX_ENTRY_SIZE = 20
+_ENTRY = struct.Struct(">iqii")
+assert _ENTRY.size == INDEX_ENTRY_SIZE
+
+INVALID_INDEX = 0
+_I32_MAX = 0x7FFFFFFF
+_NAME_DIGITS = 17  # yyyyMMddHHmmssSSS
+DEFAULT_MAX_SCAN = 100_000  # entries one query may visit, whatever it finds
+_RESERVE_CHUNK = 4 * 1024 * 1024  # entries get disk blocks this much at a time
+_REBUILD_HINT = ("; the index is derived data: stop the store and delete the index "
+                 "directory to rebuild it from the commitlog")
+
+
+# --- key hash: zlib.crc32 of the UTF-8 `topic#key`, masked to 31 bits (never negative).
+# C speed, and incremental: crc32(key, crc32(prefix)) == crc32(prefix + key), so the
+# `topic#` part is hashed once per topic. (RocketMQ uses |String.hashCode|; the index
+# format is ours, its files are derived data: see docs/store.md.)
+_HASH_MASK = 0x7FFFFFFF
+_LITTLE = sys.byteorder == "little"
+_crc32 = zlib.crc32
+
+
+def index_key_hash(key: str) -> int:
+    """Non-negative key hash as stored in an entry: crc32(UTF-8 key) & 0x7FFFFFFF."""
+    return _crc32(key.encode()) & _HASH_MASK
+
+
+@functools.lru_cache(maxsize=4096)
+def _topic_prefix_crc(topic: str) -> int:
+    return _crc32(f"{topic}#".encode())
+
+
+def topic_key_hash(topic: str, key: str) -> int:
+    """`index_key_hash(topic + "#" + key)`, hashing only `key` (the prefix is cached)."""
+    return _crc32(key.encode(), _topic_prefix_crc(topic)) & _HASH_MASK
+
+
+def java_string_hash(s: str) -> int:
+    """`String.hashCode()` of `s` as a signed 32-bit int (RocketMQ's key hash; kept for
+    reference and tools, the index uses `index_key_hash`)."""
+    h = 0
+    units = s.encode("utf-16-be")
+    for i in range(0, len(units), 2):
+        h = (31 * h + ((units[i] << 8) | units[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def build_key(topic: str, key: str) -> str:
+    return f"{topic}#{key}"
+
+
+def index_keys(request: DispatchRequest) -> list[str]:
+    """The distinct `topic#key` strings a record is indexed under."""
+    return [build_key(request.topic, k) for k in _distinct_keys(request)]
+
+
+def _distinct_keys(request: DispatchRequest) -> list[str]:
+    keys = request.keys
+    if " " in keys:
+        out = list(dict.fromkeys(k for k in keys.split(" ") if k))
+    else:
+        out = [keys] if keys else []
+    uniq = request.uniq_key
+    if uniq and uniq not in out:
+        out.append(uniq)
+    return out
+
+
+def index_key_hashes(request: DispatchRequest) -> list[int]:
+    """The stored hashes of every key a record is indexed under."""
+    prefix = _topic_prefix_crc(request.topic)
+    crc = _crc32
+    return [crc(k.encode(), prefix) & _HASH_MASK for k in _distinct_keys(request)]
+
+
+def index_file_name(ms: int) -> str:
+    dt = datetime.fromtimestamp(ms // 1000, tz=UTC)
+    return dt.strftime("%Y%m%d%H%M%S") + f"{ms % 1000:03d}"
+
+
+def parse_index_file_name(path: Path) -> int:
+    """Creation time (ms, UTC) encoded in an index file name; ForeignFile otherwise."""
+    name = path.name
+    if len(name) != _NAME_DIGITS or not name.isdigit():
+        raise ForeignFile(path, "name is not a yyyyMMddHHmmssSSS creation time")
+    try:
+        dt = datetime.strptime(name[:14], "%Y%m%d%H%M%S").replace(tzinfo=UTC)
+    except ValueError as exc:
+        raise ForeignFile(path, f"name is not a valid time: {exc}") from exc
+    return int(dt.timestamp()) * 1000 + int(name[14:])
+
+
+def index_temp_path(path: Path) -> Path:
+    """Where a new index file is sized and headed before it is renamed into place."""
+    return path.with_name(f".{path.name}.tmp")
+
+
+def _is_index_temp(name: str) -> bool:
+    core = name[1:-4]
+    return (name.startswith(".") and name.endswith(".tmp") and len(core) == _NAME_DIGITS
+            and core.isdigit())
+
+
+def index_file_size(hash_slot_num: int, index_num: int) -> int:
+    return INDEX_HEADER_SIZE + hash_slot_num * HASH_SLOT_SIZE + index_num * INDEX_ENTRY_SIZE
+
+
+class IndexFile(ReferenceResource):
+    """One hash index file, mapped whole; reference counted like a mapped file."""
+
+    def __init__(self, path: Path, hash_slot_num: int, index_num: int, *,
+                 create_after: tuple[int, int] | None = None) -> None:
+        """Open `path`, or create it when `create_after` = (end phy, end ts) of the previous."""
+        if hash_slot_num <= 0 or index_num <= 1:
+            raise ValueError("an index file needs at least 1 hash slot and 2 entries")
+        self.path = Path(path)
+        self.hash_slot_num = hash_slot_num
+        self.index_num = index_num
+        self.file_size = index_file_size(hash_slot_num, index_num)
+        self._entries_at = INDEX_HEADER_SIZE + hash_slot_num * HASH_SLOT_SIZE
+        self._init_references()
+        self._closed = False
+        self._dirty = create_after is not None  # written since the last flush
+        if create_after is None:
+            size = self.path.stat().st_size
+            if size != self.file_size:
+                raise ForeignFile(self.path, f"size {size} != {self.file_size} expected for "
+                                  f"{hash_slot_num} hash slots and {index_num} entries")
+            self._fd = os.open(self.path, os.O_RDWR)
+        else:
+            # created under a temporary name, renamed into place once sized and headed:
+            # a crash never leaves a short or headerless file under an index file's name
+            if self.path.exists():
+                raise FileExistsError(self.path)
+            tmp = index_temp_path(self.path)
+            self._fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            if create_after is not None:
+                os.ftruncate(self._fd, self.file_size)  # sparse: pages cost disk when written
+                self._reserve(0, self._entries_at)  # header + slots: written anywhere
+            self._mm = mmap.mmap(self._fd, self.file_size)
+        except BaseException:
+            os.close(self._fd)
+            if create_after is not None:
+                index_temp_path(self.path).unlink(missing_ok=True)
+            raise
+        # bytes known to have disk blocks; an opened file is reserved again on first write
+        self._reserved_to = self._entries_at if create_after is not None else 0
+        if create_after is None:
+            header = [int(v) for v in _HEADER.unpack_from(self._mm, 0)]
+            (self.begin_timestamp, self.end_timestamp, self.begin_phy_offset,
+             self.end_phy_offset, self.hash_slot_count, self.index_count) = header
+            if self.index_count == 0:  # created, never written
+                self.index_count = 1
+            try:
+                self._validate()
+            except BaseException:
+                self.close()
+                raise
+        else:
+            end_phy, end_ts = create_after
+            self.begin_phy_offset = self.end_phy_offset = end_phy
+            self.begin_timestamp = self.end_timestamp = end_ts
+            self.hash_slot_count = 0
+            self.index_count = 1
+            self._write_header()
+            os.rename(index_temp_path(self.path), self.path)
+            fsync_directory(self.path.parent)
+
+    def _reserve(self, start: int, end: int) -> None:
+        """Give [start, end) real disk blocks before it is written through the mapping.
+
+        A store through a mapping into a sparse hole needs a block; on a full disk the
+        kernel answers with SIGBUS, which kills the process. posix_fallocate turns that
+        into an OSError the dispatcher retries. Filesystems without it stay sparse.
+        """
+        try:
+            os.posix_fallocate(self._fd, start, end - start)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                raise
+
+    def _reserve_entries(self, count: int) -> None:
+        """Make sure entries up to `count` (exclusive) have disk blocks."""
+        need = self._entry_pos(count)
+        if need <= self._reserved_to:
+            return
+        start = self._reserved_to if self._reserved_to else 0
+        end = min(self.file_size, need + _RESERVE_CHUNK - need % _RESERVE_CHUNK)
+        self._reserve(start, end)
+        self._reserved_to = end
+
+    def _validate(self) -> None:
+        """Check the header and repair what a crash between two writes leaves behind.
+
+        The durable state is the header's index count: `put_hashes` writes entries, then
+        the header, then the slots; `truncate` writes the header, then the slots, then
+        zeros the entries. A process killed in between leaves slots pointing at entries
+        the header does not count (or no longer counts). Those entries were never
+        written as far as the file is concerned: such a slot is set back to the first
+        entry of its chain below the count (each entry's `previous` is the slot's older
+        value), and the dispatcher re-indexes the newest record after an abnormal stop.
+        Only values no crash can produce (outside the file, a last entry that is not the
+        header's) are StoreCorrupted; the index is rebuilt from the commitlog when its
+        directory is deleted.
+        """
+        n = self.index_count
+        if not 1 <= n <= self.index_num:
+            raise StoreCorrupted(self.path, 36, f"index count {n} outside 1..{self.index_num}"
+                                 f"{_REBUILD_HINT}")
+        if self.begin_phy_offset < 0 or self.end_phy_offset < self.begin_phy_offset:
+            raise StoreCorrupted(self.path, 16, f"phy offsets {self.begin_phy_offset}.."
+                                 f"{self.end_phy_offset} are not a range{_REBUILD_HINT}")
+        slots = array("i")
+        slots.frombytes(self._mm[INDEX_HEADER_SIZE:self._entries_at])
+        if _LITTLE:
+            slots.byteswap()
+        if slots and (min(slots) < 0 or max(slots) >= self.index_num):
+            raise StoreCorrupted(self.path, INDEX_HEADER_SIZE,
+                                 f"a hash slot points outside entries 0..{self.index_num - 1}"
+                                 f"{_REBUILD_HINT}")
+        if slots and max(slots) >= n:
+            repaired = 0
+            for i, value in enumerate(slots):
+                if value >= n:
+                    _SLOT.pack_into(self._mm, INDEX_HEADER_SIZE + i * HASH_SLOT_SIZE,
+                                    self._live_link(value, n))
+                    repaired += 1
+            self._dirty = True
+            log.warning("%s: %d hash slot(s) pointed past the %d entries counted (a crash "
+                        "between two writes); set back to their chains' counted entries",
+                        self.path, repaired, n - 1)
+            slots = array("i")
+            slots.frombytes(self._mm[INDEX_HEADER_SIZE:self._entries_at])
+        # a statistic: recounted rather than trusted (a crash can leave it one step off)
+        self.hash_slot_count = len(slots) - slots.count(0)
+        if n > 1:
+            _, phy, _, prev = _ENTRY.unpack_from(self._mm, self._entry_pos(n - 1))
+            if phy != self.end_phy_offset or not 0 <= prev < n - 1:
+                raise StoreCorrupted(self.path, self._entry_pos(n - 1),
+                                     f"last entry does not match the header{_REBUILD_HINT}")
+
+    def _live_link(self, value: int, count: int) -> int:
+        """Follow `previous` links from entry `value` down to the first entry below
+        `count` (0 when the chain has none)."""
+        while value >= count:
+            if value >= self.index_num:
+                return INVALID_INDEX
+            prev = _ENTRY.unpack_from(self._mm, self._entry_pos(value))[3]
+            if not 0 <= prev < value:
+                return INVALID_INDEX  # never written (zeros) or not a chain
+            value = prev
+        return value
+
+    # --- layout helpers
+    def _entry_pos(self, index: int) -> int:
+        return self._entries_at + index * INDEX_ENTRY_SIZE
+
+    def _slot_pos(self, key_hash: int) -> int:
+        return INDEX_HEADER_SIZE + (key_hash % self.hash_slot_num) * HASH_SLOT_SIZE
+
+    def _write_header(self) -> None:
+        self._dirty = True
+        _HEADER.pack_into(self._mm, 0, self.begin_timestamp, self.end_timestamp,
+                          self.begin_phy_offset, self.end_phy_offset, self.hash_slot_count,
+                          self.index_count)
+
+    # --- state
+    @property
+    def entry_count(self) -> int:
+        return self.index_count - 1
+
+    def is_full(self) -> bool:
+        return self.index_count >= self.index_num
+
+    def is_time_matched(self, begin_ms: int, end_ms: int) -> bool:
+        return (self.entry_count > 0 and self.begin_timestamp <= end_ms
+                and self.end_timestamp >= begin_ms)
+
+    # --- writing (one writer: the dispatcher, under the service's lock)
+    def put_key(self, key: str, phy_offset: int, store_timestamp: int) -> bool:
+        """Append an entry for `key`; False when the file is full."""
+        return self.put_keys((key,), phy_offset, store_timestamp) == 1
+
+    def put_keys(self, keys: Sequence[str], phy_offset: int, store_timestamp: int) -> int:
+        """Append an entry per key of one record; returns how many fit."""
+        return self.put_hashes([index_key_hash(k) for k in keys], phy_offset, store_timestamp)
+
+    def put_hashes(self, hashes: Sequence[int], phy_offset: int, store_timestamp: int) -> int:
+        """Append an entry per key hash of one record; returns how many fit.
+
+        Crash-safe order (a SIGKILL keeps every store already made through the mapping):
+        1. the entries, past the header's index count (not yet counted, so never read);
+        2. the header: index count, end offset and time (the record is now counted);
+        3. the hash slots, pointing at the new entries.
+        Killed after 2, the slots still lead to the older chains: the new entries are
+        unreachable until the record is re-indexed (recovery re-dispatches the newest
+        indexed record). Killed between 1 and 2, nothing refers to the new entries.
+        """
+        mm = self._mm
+        slots = self.hash_slot_num
+        entries_at = self._entries_at
+        # reserve first: an error leaves the file exactly as it was
+        if (entries_at + (self.index_count + len(hashes)) * INDEX_ENTRY_SIZE
+                > self._reserved_to):
+            self._reserve_entries(min(self.index_num, self.index_count + len(hashes)))
+        if self.index_count == 1 and hashes:
+            self.begin_timestamp = store_timestamp
+            self.begin_phy_offset = phy_offset
+        diff = (store_timestamp - self.begin_timestamp) // 1000
+        diff = 0 if diff < 0 else min(diff, _I32_MAX)
+        index = first = self.index_count
+        limit = self.index_num
+        pack_entry = _ENTRY.pack_into
+        unpack_slot = _SLOT.unpack_from
+        new_slots: dict[int, int] = {}
+        used = self.hash_slot_count
+        for key_hash in hashes:
+            if index >= limit:
+                break
+            slot_pos = INDEX_HEADER_SIZE + (key_hash % slots) * HASH_SLOT_SIZE
+            slot_value = new_slots.get(slot_pos)
+            if slot_value is None:
+                slot_value = unpack_slot(mm, slot_pos)[0]
+                if slot_value <= INVALID_INDEX or slot_value >= first:
+                    slot_value = INVALID_INDEX
+                    used += 1
+            pack_entry(mm, entries_at + index * INDEX_ENTRY_SIZE, key_hash, phy_offset,
+                       diff, slot_value)
+            new_slots[slot_pos] = index
+            index += 1
+        done = index - first
+        if done:
+            self.index_count = index
+            self.hash_slot_count = used
+            self.end_phy_offset = phy_offset
+            if store_timestamp > self.end_timestamp:
+                self.end_timestamp = store_timestamp
+            self._write_header()
+            pack_slot = _SLOT.pack_into
+            for slot_pos, value in new_slots.items():
+                pack_slot(mm, slot_pos, value)
+        return done
+
+    def truncate(self, phy_offset: int) -> None:
+        """Undo every entry pointing at or after `phy_offset`, newest first.
+
+        Crash-safe order: the header first (the entries stop being counted), then the
+        slots set back to the entries' `previous`, then the entries zeroed. Killed after
+        the header, the load repairs slots left pointing past the count (`_validate`).
+        """
+        mm = self._mm
+        n = self.index_count
+        restored: dict[int, int] = {}
+        used = self.hash_slot_count
+        while n > 1:
+            key_hash, phy, _, prev = _ENTRY.unpack_from(mm, self._entry_pos(n - 1))
+            if phy < phy_offset:
+                break
+            slot_pos = self._slot_pos(key_hash)
+            current = restored.get(slot_pos)
+            if current is None:
+                current = _SLOT.unpack_from(mm, slot_pos)[0]
+            if current == n - 1:  # always, entries are undone in reverse order
+                restored[slot_pos] = prev
+                if prev == INVALID_INDEX:
+                    used -= 1
+            n -= 1
+        if n == self.index_count:
+            return
+        old_count = self.index_count
+        self.index_count = n
+        self.hash_slot_count = max(used, 0)
+        if n > 1:
+            _, phy, diff, _ = _ENTRY.unpack_from(mm, self._entry_pos(n - 1))
+            self.end_phy_offset = int(phy)
+            self.end_timestamp = self.begin_timestamp + int(diff) * 1000 + 999
+        else:
+            self.end_phy_offset = self.begin_phy_offset
+            self.end_timestamp = self.begin_timestamp
+        self._write_header()
+        for slot_pos, value in restored.items():
+            _SLOT.pack_into(mm, slot_pos, value)
+        mm[self._entry_pos(n):self._entry_pos(old_count)] = bytes(
+            (old_count - n) * INDEX_ENTRY_SIZE)
+
+    # --- reading
+    def iter_offsets(self, key: str, begin_ms: int, end_ms: int, budget: list[int]
+                     ) -> Iterator[int]:
+        """Commitlog offsets of entries with `key`'s hash stored within [begin, end].
+
+        `budget[0]` is how many entries may still be visited; it is decremented in place so
+        a query over many files stays bounded. The caller holds the file.
+        """
+        key_hash = index_key_hash(key)
+        (current,) = _SLOT.unpack_from(self._mm, self._slot_pos(key_hash))
+        count = self.index_count
+        while INVALID_INDEX < current < count and budget[0] > 0:
+            budget[0] -= 1
+            entry_hash, phy, diff, prev = _ENTRY.unpack_from(self._mm, self._entry_pos(current))
+            # the entry's time is known to the second: it lies in [t, t + 999]
+            t = self.begin_timestamp + diff * 1000
+            if entry_hash == key_hash and t <= end_ms and t + 999 >= begin_ms:
+                yield phy
+            if prev >= current or t + 999 < begin_ms:
+                return  # chains only go back in time: nothing older can match
+            current = prev
+
+    # --- lifetime (hold/release: ReferenceResource)
+    def flush(self) -> None:
+        """msync the mapping when anything was written since the last flush."""
+        if self._dirty and self.hold():
+            try:
+                self._dirty = False
+                self._mm.flush()
+            finally:
+                self.release()
+
+    def _free(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(BufferError):  # a view is still exported: freed with it
+            self._mm.close()
+        os.close(self._fd)
+
+    def close(self) -> None:
+        with self._ref_lock:
+            if self._available:
+                self._available = False
+                self._refs -= 1
+            if self._refs <= 0:
+                self._free()
+
+    def destroy(self) -> None:
+        """Delete the file now; the mapping goes when the last reader releases it."""
+        self.close()
+        self.path.unlink(missing_ok=True)
+
+    def __repr__(self) -> str:
+        return (f"IndexFile({self.path.name}, entries={self.entry_count}, "
+                f"phy={self.begin_phy_offset}..{self.end_phy_offset})")
+
+
+def _newest_entry_offset(files: Sequence[IndexFile]) -> int:
+    for f in reversed(files):
+        if f.entry_count > 0:
+            return f.end_phy_offset
+    return -1
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class IndexService:
+    """All index files: the dispatcher appends to the newest, queries read newest first."""
+
+    def __init__(self, config: StoreConfig, *, clock: Callable[[], int] = _wall_ms) -> None:
+        self.config = config
+        self.directory = config.index_dir
+        self.hash_slot_num = config.max_hash_slot_num
+        self.index_num = config.max_index_num
+        self.max_query_results = config.max_query_results
+        self._clock = clock
+        self.files: list[IndexFile] = []  # replaced, never mutated: readers take a snapshot
+        self._lock = threading.Lock()
+        self._max_phy = -1  # get_max_phy_offset(), cached for the dispatch path
+
+    # --- lifecycle
+    def load(self, last_exit_ok: bool) -> None:
+        """Open every index file; ForeignFile / StoreCorrupted for anything not ours.
+
+        After an abnormal exit the recovery calls `truncate_dirty(commitlog end)` so no
+        entry points past the commitlog, and the dispatcher re-indexes from there.
+        """
+        self.directory.mkdir(parents=True, exist_ok=True)
+        files: list[IndexFile] = []
+        try:
+            for path in sorted(self.directory.iterdir(), key=lambda p: p.name):
+                if _is_index_temp(path.name) and path.is_file():
+                    path.unlink()  # a file whose creation a crash interrupted: never used
+                    continue
+                if not path.is_file():
+                    raise ForeignFile(path, "a directory among index files")
+                parse_index_file_name(path)
+                files.append(IndexFile(path, self.hash_slot_num, self.index_num))
+        except BaseException:
+            for f in files:
+                f.close()
+            raise
+        self._max_phy = _newest_entry_offset(files)
+        if not last_exit_ok and files:
+            log.info("abnormal exit: %d index files loaded; entries past the commitlog end "
+                     "are truncated by recovery", len(files))
+        self.files = files
+
+    def flush(self) -> None:
+        for f in self.files:
+            f.flush()
+
+    def shutdown(self) -> None:
+        with self._lock:
+            files, self.files = self.files, []
+            self._max_phy = -1
+        for f in files:
+            f.flush()
+            f.close()
+
+    def destroy(self) -> None:
+        with self._lock:
+            files, self.files = self.files, []
+            self._max_phy = -1
+        for f in files:
+            f.destroy()
+
+    # --- writing
+    def dispatch(self, request: DispatchRequest) -> None:
+        """Index `request` under each of its keys (records indexed before are skipped).
+
+        The newest indexed record itself is not skipped: a crash may have cut its keys
+        short, and a duplicate entry costs nothing (queries return distinct offsets).
+        """
+        if not request.keys and not request.uniq_key:
+            return
+        if request.commitlog_offset < self._max_phy:
+            return  # re-dispatched after recovery: already indexed
+        hashes = index_key_hashes(request)
+        if not hashes:
+            return
+        with self._lock:
+            if request.commitlog_offset < self._max_phy:
+                return
+            f = self._writable_file()
+            while hashes:
+                done = f.put_hashes(hashes, request.commitlog_offset, request.store_timestamp)
+                hashes = hashes[done:]
+                if hashes:
+                    f = self._roll(f)
+            self._max_phy = request.commitlog_offset
+
+    def _writable_file(self) -> IndexFile:
+        files = self.files
+        if files and not files[-1].is_full():
+            return files[-1]
+        if files:
+            return self._roll(files[-1])
+        return self._create(0, 0)
+
+    def _roll(self, full: IndexFile) -> IndexFile:
+        nxt = self._create(full.end_phy_offset, full.end_timestamp)
+        # a full default-sized file holds ~400 MB of entries: flush it off the dispatch path
+        threading.Thread(target=full.flush, name=f"flush-index-{full.path.name}",
+                         daemon=True).start()
+        return nxt
+
+    def _create(self, end_phy: int, end_ts: int) -> IndexFile:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        ms = self._clock()
+        if self.files:  # names must sort in creation order
+            ms = max(ms, parse_index_file_name(self.files[-1].path) + 1)
+        path = self.directory / index_file_name(ms)
+        while path.exists():
+            ms += 1
+            path = self.directory / index_file_name(ms)
+        f = IndexFile(path, self.hash_slot_num, self.index_num, create_after=(end_phy, end_ts))
+        self.files = [*self.files, f]
+        return f
+
+    # --- reading
+    def iter_offsets(self, topic: str, key: str, begin_ms: int, end_ms: int,
+                     max_scan: int = DEFAULT_MAX_SCAN) -> Iterator[int]:
+        """Distinct commitlog offsets whose entry hash matches `topic#key`, newest first.
+
+        Visits at most `max_scan` entries in total, so one query never reads unbounded data.
+        """
+        full_key = build_key(topic, key)
+        budget = [max_scan]
+        seen: set[int] = set()
+        for f in reversed(self.files):
+            if budget[0] <= 0:
+                return
+            if not f.is_time_matched(begin_ms, end_ms) or not f.hold():
+                continue
+            try:
+                for phy in f.iter_offsets(full_key, begin_ms, end_ms, budget):
+                    if phy not in seen:
+                        seen.add(phy)
+                        yield phy
+            finally:
+                f.release()
+
+    def query_offsets(self, topic: str, key: str, max_num: int, begin_ms: int, end_ms: int,
+                      ) -> list[int]:
+        """Up to `max_num` (and at most `max_query_results`) hash-matching offsets."""
+        limit = min(max_num, self.max_query_results)
+        out: list[int] = []
+        if limit <= 0:
+            return out
+        for phy in self.iter_offsets(topic, key, begin_ms, end_ms):
+            out.append(phy)
+            if len(out) >= limit:
+                break
+        return out
+
+    def get_max_phy_offset(self) -> int:
+        """Commitlog offset of the newest indexed record; -1 when nothing is indexed."""
+        return _newest_entry_offset(self.files)
+
+    def indexed_to(self) -> int:
+        """Where re-dispatching must start for the index to be complete: the newest
+        indexed record (a crash may have cut its entries short), or the start offset of
+        an empty newest file (`mark_indexed_to`); -1 when there is no index file at all
+        (the index directory was deleted: rebuild from the commitlog's first record)."""
+        newest = _newest_entry_offset(self.files)
+        if newest >= 0:
+            return newest
+        files = self.files
+        return files[-1].begin_phy_offset if files else -1
+
+    def mark_indexed_to(self, offset: int, store_timestamp: int) -> None:
+        """Record that every record below `offset` is indexed, when no file says so yet
+        (records without keys write no entry): an empty file starting at `offset`."""
+        with self._lock:
+            if not self.files:
+                self._create(offset, store_timestamp)
+
+    # --- recovery and cleanup
+    def truncate_dirty(self, phy_offset: int) -> None:
+        """Forget every entry pointing at or after `phy_offset` (the commitlog's new end)."""
+        with self._lock:
+            files = list(self.files)
+            while files:
+                last = files[-1]
+                if last.entry_count > 0 and last.begin_phy_offset < phy_offset:
+                    last.truncate(phy_offset)
+                    break
+                if last.entry_count == 0 and last.begin_phy_offset <= phy_offset:
+                    break  # an empty file after the last real entry: keep it
+                files.pop()
+                last.destroy()
+            self.files = files
+            self._max_phy = _newest_entry_offset(files)
+
+    def delete_expired_file(self, commitlog_min_offset: int) -> int:
+        """Delete files (never the newest) whose every entry is below the commitlog's min."""
+        with self._lock:
+            files = self.files
+            gone = [f for f in files[:-1] if f.end_phy_offset < commitlog_min_offset]
+            if not gone:
+                return 0
+            self.files = [f for f in files if f not in gone]
+            self._max_phy = _newest_entry_offset(self.files)
+        for f in gone:
+            f.destroy()
+        return len(gone)

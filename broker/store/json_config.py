@@ -1,0 +1,171 @@
+"""Atomic JSON configuration files (`topics.json`, `consumerOffset.json`, ...).
+
+A save never leaves a half-written file where a reader (or the next start) looks:
+
+1. the previous valid content is copied to `<name>.bak` (itself written atomically);
+2. the new content goes to a temporary file in the same directory, which is fsynced;
+3. the temporary file is renamed over `<name>` (atomic on POSIX);
+4. the directory is fsynced so the rename itself survives a power cut.
+
+A load reads `<name>`; when it is corrupt (truncated, not JSON, not an object) it falls back
+to `<name>.bak`; when both are unreadable it raises `ConfigFileError` rather than silently
+starting from nothing, because an empty `consumerOffset.json` would make every consumer group
+re-read its queues from the start.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from broker.store.errors import ConfigFileError
+
+log = logging.getLogger(__name__)
+
+BACKUP_SUFFIX = ".bak"
+TEMP_SUFFIX = ".tmp"
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make a rename or a create in `directory` durable."""
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Replace `path` with `data`: temp file -> fsync -> rename -> fsync directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}{TEMP_SUFFIX}.{os.getpid()}.{threading.get_ident()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    os.replace(tmp, path)
+    fsync_directory(path.parent)
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class _Unreadable(Exception):
+    """Internal: a file exists but does not hold a JSON object."""
+
+
+def _parse(raw: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _Unreadable(str(exc)) from exc
+    if not isinstance(value, dict):
+        raise _Unreadable(f"top level is {type(value).__name__}, not an object")
+    return value
+
+
+class JsonConfigFile:
+    """One JSON object persisted atomically at `path`, with a `.bak` of the previous version."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.backup_path = self.path.with_name(self.path.name + BACKUP_SUFFIX)
+        self._lock = threading.Lock()
+
+    def _read(self, path: Path) -> dict[str, Any] | None:
+        """None when the file does not exist; `_Unreadable` when it is not a JSON object."""
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise _Unreadable(f"cannot read: {exc}") from exc
+        return _parse(raw)
+
+    def load(self) -> dict[str, Any] | None:
+        """The stored object; None when neither the file nor its backup exists.
+
+        Raises `ConfigFileError` when something exists but neither copy is readable.
+        """
+        with self._lock:
+            main_problem: str | None = None
+            try:
+                data = self._read(self.path)
+            except _Unreadable as exc:
+                main_problem = str(exc)
+            else:
+                if data is not None:
+                    return data
+            try:
+                backup = self._read(self.backup_path)
+            except _Unreadable as exc:
+                raise ConfigFileError(
+                    self.path,
+                    f"unreadable ({main_problem or 'missing'}) and so is its backup "
+                    f"{self.backup_path.name} ({exc})",
+                ) from exc
+            if backup is None:
+                if main_problem is None:
+                    return None  # nothing was ever saved
+                raise ConfigFileError(self.path, f"unreadable ({main_problem}) and no backup")
+            log.warning("%s is %s; using its backup %s", self.path,
+                        main_problem or "missing", self.backup_path.name)
+            return backup
+
+    def save(self, data: Mapping[str, Any]) -> None:
+        """Write `data` atomically, keeping the previous valid version as `.bak`."""
+        try:
+            encoded = json.dumps(dict(data), indent=2, sort_keys=True).encode("utf-8")
+        except (TypeError, ValueError) as exc:
+            raise ConfigFileError(self.path, f"cannot encode as JSON: {exc}") from exc
+        with self._lock:
+            self._remove_stale_temp_files()
+            try:
+                previous = self.path.read_bytes()
+            except FileNotFoundError:
+                previous = None
+            if previous is not None:
+                try:
+                    _parse(previous)
+                except _Unreadable:
+                    # never replace a good backup with a corrupt file
+                    log.warning("%s is corrupt; keeping the existing backup", self.path)
+                else:
+                    write_atomically(self.backup_path, previous)
+            write_atomically(self.path, encoded)
+
+    def _remove_stale_temp_files(self) -> None:
+        """Temp files left behind by a writer process that no longer exists."""
+        parent = self.path.parent
+        if not parent.is_dir():
+            return
+        for name in (self.path.name, self.backup_path.name):
+            for stale in parent.glob(f"{name}{TEMP_SUFFIX}.*"):
+                pid = stale.name[len(name) + len(TEMP_SUFFIX) + 1:].partition(".")[0]
+                if pid.isdigit() and not _process_alive(int(pid)):
+                    stale.unlink(missing_ok=True)
+
+    def __repr__(self) -> str:
+        return f"JsonConfigFile({str(self.path)!r})"

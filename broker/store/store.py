@@ -1,0 +1,567 @@
+"""`MessageStore`: the facade the rest of the broker uses.
+
+It owns the commitlog, the consume queues, the index, the reput (dispatch) service, the
+flush services, cleanup, the checkpoint, the abort file and the JSON config files, and
+wires them in this order:
+
+start:    lock the directory -> read checkpoint, note the abort file -> load commitlog,
+          consume queues, index -> recover the commitlog (normal or abnormal) -> cut consume
+          queues and index back to its end -> write the checkpoint -> create the abort file
+          -> re-dispatch what the queues lack (synchronously) -> rebuild the topic-queue
+          table from the queues -> start flush, reput, checkpoint and cleanup services.
+shutdown: refuse puts -> dispatch the rest -> final flush of commitlog, queues, index ->
+          checkpoint -> close files -> remove the abort file (only when every flush
+          succeeded) -> unlock.
+
+Hot paths return status values; queries raise `InvalidQuery` for malformed arguments.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+
+from broker.store import query
+from broker.store.batch import encode_batch
+from broker.store.checkpoint import (
+    StoreCheckpoint,
+    StoreLock,
+    abort_file_exists,
+    create_abort_file,
+    remove_abort_file,
+)
+from broker.store.cleanup import CleanupService, disk_usage_ratio
+from broker.store.codec import (
+    DispatchRequest,
+    EncodeError,
+    check_message_and_return_size,
+    tags_string_to_code,
+)
+from broker.store.commitlog import CommitLog, topic_queue_key
+from broker.store.config import StoreConfig
+from broker.store.consume_queue import ConsumeQueueStore
+from broker.store.dispatcher import CommitLogDispatcher, ReputService
+from broker.store.errors import DispatchStuck, StoreNotRunning
+from broker.store.flush import PeriodicService
+from broker.store.index import IndexService
+from broker.store.json_config import JsonConfigFile
+from broker.store.message import (
+    GetMessageResult,
+    GetMessageStatus,
+    Message,
+    MessageExt,
+    PutMessageResult,
+    PutMessageStatus,
+)
+from broker.store.recovery import RecoveryReport, recover_commitlog
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILES = ("topics.json", "subscriptionGroup.json", "consumerOffset.json",
+                "delayOffset.json")
+MAX_FILTER_SCAN = 16_000  # consume-queue units one get_messages may inspect
+_SERVICE_NOT_AVAILABLE = PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE)
+_DISK_FULL = PutMessageResult(PutMessageStatus.DISK_FULL)
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class _DispatchTracker:
+    """Last dispatched record's store time: the consume-queue/index checkpoint bound."""
+
+    def __init__(self) -> None:
+        self.store_timestamp = 0
+
+    def dispatch(self, request: DispatchRequest) -> None:
+        self.store_timestamp = request.store_timestamp
+
+
+class _OnlyQueues:
+    """Dispatches to the given consume queues only (rebuilding deleted ones)."""
+
+    def __init__(self, queues: ConsumeQueueStore, wanted: set[tuple[str, int]]) -> None:
+        self.queues = queues
+        self.wanted = wanted
+
+    def dispatch(self, request: DispatchRequest) -> None:
+        if (request.topic, request.queue_id) in self.wanted:
+            self.queues.dispatch(request)
+
+
+class MessageStore:
+    """Put, get, query; start and shut down every part of the store."""
+
+    def __init__(self, config: StoreConfig, *, clock: Callable[[], int] | None = None,
+                 fsync: Callable[[int], None] = os.fdatasync,
+                 disk_usage: Callable[[Path], float] = disk_usage_ratio) -> None:
+        """`clock` gives store timestamps (wall ms); `fsync` and `disk_usage` are seams
+        for fault injection (a slow or failing disk, a full disk)."""
+        self.config = config
+        self._clock = clock or _wall_ms
+        self.running = False
+        self.commitlog = CommitLog(config, self._clock, fsync=fsync)
+        self.consume_queues = ConsumeQueueStore(config)
+        self.index = IndexService(config, clock=self._clock)
+        self._tracker = _DispatchTracker()
+        self.reput = ReputService(self.commitlog, [self.consume_queues, self.index],
+                                  interval_ms=config.dispatch_interval_ms)
+        self.reput.add_dispatcher(self._tracker)
+        self.cleanup = CleanupService(config, self.commitlog, self.consume_queues, self.index,
+                                      disk_usage=disk_usage, clock=self._clock,
+                                      dispatched_offset=self._dispatched_offset)
+        self.checkpoint = StoreCheckpoint(config.checkpoint_path)
+        self._checkpoint_service = PeriodicService("flush-logics",
+                                                   config.flush_interval_consume_queue_ms,
+                                                   self._flush_logics)
+        self._checkpoint_lock = threading.Lock()
+        self._lock = StoreLock(config.store_dir / "lock")
+        self._config_files: dict[str, JsonConfigFile] = {}
+        self.recovery: RecoveryReport | None = None
+        self.abnormal_start = False
+
+    def _dispatched_offset(self) -> int:
+        """The dispatcher's exact position: cleanup never deletes what is not behind it."""
+        return self.reput.reput_from_offset
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Load, recover, re-dispatch, start the background services."""
+        if self.running:
+            return
+        cfg = self.config
+        cfg.store_dir.mkdir(parents=True, exist_ok=True)
+        self._lock.acquire()
+        try:
+            self._start_locked()
+        except BaseException:
+            self._close_files()
+            self._lock.release()
+            raise
+
+    def _start_locked(self) -> None:
+        cfg = self.config
+        abnormal = abort_file_exists(cfg.abort_path)
+        self.abnormal_start = abnormal
+        self.checkpoint = StoreCheckpoint.open(cfg.checkpoint_path)
+        cfg.config_dir.mkdir(parents=True, exist_ok=True)
+        self.commitlog.load()
+        self.consume_queues.load()
+        self.index.load(last_exit_ok=not abnormal)
+
+        report = recover_commitlog(self.commitlog, self.checkpoint, abnormal, index_safe=True)
+        self.recovery = report
+        end = report.end
+        self.consume_queues.recover()
+        self.consume_queues.truncate_dirty(end)
+        self.index.truncate_dirty(end)
+        cl_min = self.commitlog.get_min_offset()
+        if cl_min >= 0:
+            self.consume_queues.correct_min_offset(cl_min)
+            self.consume_queues.forget_deleted_below(cl_min)
+        self.reput.reput_from_offset = self._reput_start(report)
+        log.info("store %s: %s recovery, commitlog end %d, dispatching from %d",
+                 cfg.store_dir, "abnormal" if report.abnormal else "normal", end,
+                 self.reput.reput_from_offset)
+
+        self.checkpoint.physic_flushed_offset = end
+        self.checkpoint.flush()
+        create_abort_file(cfg.abort_path)
+
+        # rebuild what was deleted (index/, a queue's directory) from the commitlog, then
+        # dispatch what the queues lack, before any put can take a queue offset
+        self._rebuild_missing()
+        self._dispatch_all(self.reput)
+        if self.commitlog.get_max_offset() > max(self.commitlog.get_min_offset(), 0):
+            # records without keys write no entry: remember that the index is complete
+            self.index.mark_indexed_to(self.commitlog.get_max_offset(),
+                                       self.commitlog.last_store_timestamp)
+        self.commitlog.reset_table({
+            topic_queue_key(cq.topic, cq.queue_id): cq.get_max_offset_in_queue()
+            for cq in self.consume_queues.queues()})
+
+        self.commitlog.start()
+        self.reput.start()
+        self._checkpoint_service.start()
+        self.cleanup.start()
+        self.running = True
+
+    def _dispatch_all(self, reput: ReputService) -> None:
+        """Dispatch synchronously up to the commitlog's end; DispatchStuck otherwise.
+
+        Rebuilding the topic-queue table from queues that miss records would hand their
+        queue offsets out a second time: the store refuses to start instead.
+        """
+        while reput.reput_from_offset < self.commitlog.get_max_offset():
+            before = reput.reput_from_offset
+            reput.do_reput()
+            if reput.reput_from_offset == before:
+                at = reput.stuck_at if reput.stuck_at >= 0 else before
+                raise DispatchStuck(at, reput.stuck_reason or "no progress") \
+                    from reput.last_error
+
+    def _rebuild_missing(self) -> None:
+        """Re-derive a deleted index and deleted consume queues from the commitlog.
+
+        Both are derived data: the index directory with no file left, or a queue registered
+        (`consumequeue.json`) with no file left, is rebuilt by a dispatch pass over the
+        whole commitlog that feeds only the missing parts (queues of deleted topics are
+        not registered and stay deleted).
+        """
+        cl_min = self.commitlog.get_min_offset()
+        if cl_min < 0 or cl_min >= self.commitlog.get_max_offset():
+            return
+        chain: list[CommitLogDispatcher] = []
+        if self.index.indexed_to() < 0:
+            log.warning("store %s: no index file: rebuilding the index from the commitlog",
+                        self.config.store_dir)
+            chain.append(self.index)
+        missing = self.consume_queues.missing_queues()
+        if missing:
+            log.warning("store %s: consume queues %s have no file: rebuilding them from the "
+                        "commitlog", self.config.store_dir,
+                        ", ".join(f"{t}-{q}" for t, q in missing))
+            chain.append(_OnlyQueues(self.consume_queues, set(missing)))
+        if chain:
+            self._dispatch_all(ReputService(self.commitlog, chain, reput_from_offset=cl_min))
+
+    def _reput_start(self, report: RecoveryReport) -> int:
+        cl_min = max(self.commitlog.get_min_offset(), 0)
+        cq_end = self.consume_queues.get_max_physic_offset()
+        start = cq_end if cq_end >= 0 else cl_min
+        if report.abnormal:
+            # re-dispatch the last queued record too: a kill between its consume-queue unit
+            # and its index entries must not leave it unindexed
+            last = self._last_queued_record_start()
+            if last >= 0:
+                start = min(start, last)
+            # the record being dispatched at the kill is the last queued one (queues come
+            # first in the chain), which covers a kill between its index header and slots
+            # (index.py). An index further behind (its files lost by a power cut) is caught
+            # up from where recovery's scan started, not from its own tail: that could be
+            # the whole log. (No index file at all: rebuilt by _rebuild_missing.)
+            indexed = self.index.indexed_to()
+            if indexed >= 0:
+                start = min(start, max(indexed, report.scanned_from))
+        return min(max(start, cl_min), report.end)
+
+    def _last_queued_record_start(self) -> int:
+        best = -1
+        for cq in self.consume_queues.queues():
+            n = cq.get_max_offset_in_queue()
+            if n > cq.get_min_offset_in_queue():
+                unit = cq.get_unit(n - 1)
+                if unit is not None and unit[0] > best:
+                    best = unit[0]
+        return best
+
+    def shutdown(self) -> None:
+        """Stop services, flush everything, checkpoint, remove the abort file."""
+        if not self.running:
+            return
+        self.running = False
+        self.cleanup.shutdown()
+        self.reput.shutdown()
+        clean = self.commitlog.shutdown()
+        self._checkpoint_service.shutdown()
+        try:
+            self._flush_logics(final=True)
+        except OSError as exc:
+            log.error("final consume queue/index flush failed: %s", exc)
+            clean = False
+        self._close_files()
+        if clean:
+            remove_abort_file(self.config.abort_path)
+        else:
+            log.error("store %s: not every flush succeeded; the next start recovers "
+                      "abnormally", self.config.store_dir)
+        self._lock.release()
+
+    def _close_files(self) -> None:
+        self.consume_queues.shutdown()
+        self.index.shutdown()
+        self.commitlog.close()
+
+    def _flush_logics(self, final: bool = False) -> None:
+        """Flush consume queues and index, then write the checkpoint (lower bounds only)."""
+        with self._checkpoint_lock:
+            logics_ts = self._tracker.store_timestamp  # read before the flushes it bounds
+            for cq in self.consume_queues.queues():  # every dirty file, not one per queue
+                cq.mfq.flush_to(cq.mfq.get_max_offset())
+            self.index.flush()
+            cp = self.checkpoint
+            service = self.commitlog.flush_service
+            if final and service.failed is None:
+                cp.physic_msg_timestamp = max(cp.physic_msg_timestamp,
+                                              self.commitlog.last_store_timestamp
+                                              if self.commitlog.get_flushed_offset()
+                                              >= self.commitlog.get_max_offset() else 0)
+            cp.physic_msg_timestamp = max(cp.physic_msg_timestamp,
+                                          service.flushed_store_timestamp)
+            cp.physic_flushed_offset = max(cp.physic_flushed_offset,
+                                           self.commitlog.get_flushed_offset())
+            if logics_ts:
+                cp.logics_msg_timestamp = max(cp.logics_msg_timestamp, logics_ts)
+                cp.index_msg_timestamp = max(cp.index_msg_timestamp, logics_ts)
+            cp.flush()
+
+    # ------------------------------------------------------------------ puts
+    def _refuse(self) -> PutMessageResult | None:
+        if not self.running:
+            return _SERVICE_NOT_AVAILABLE
+        if self.cleanup.is_disk_full():
+            return _DISK_FULL
+        return None
+
+    def put_message(self, msg: Message) -> PutMessageResult:
+        refused = self._refuse()
+        if refused is not None:
+            return refused
+        return self.commitlog.put_message(msg)
+
+    def put_messages(self, msgs: Sequence[Message]) -> list[PutMessageResult]:
+        refused = self._refuse()
+        if refused is not None:
+            return [refused] * len(msgs)
+        return self.commitlog.put_messages(msgs)
+
+    def put_batch(self, topic: str, queue_id: int, bodies: Sequence[bytes],
+                  properties: Mapping[str, str] | None = None, *,
+                  keys: Sequence[str] | None = None, uniq_keys: Sequence[str] | None = None,
+                  flag: int = 0, sys_flag: int = 0, born_timestamp: int | None = None,
+                  born_host: tuple[str, int] = ("127.0.0.1", 0)) -> PutMessageResult:
+        """Store `bodies` as consecutive records of one topic/queue (a RocketMQ batch).
+
+        All records share `properties`, flag, sys flag, born time (default: now) and host;
+        `keys` / `uniq_keys`, when given, hold one KEYS / UNIQ_KEY value per body. Each
+        record is an ordinary record, the same bytes as `put_message` of
+        `Message(topic, body, queue_id, flag, {**properties, KEYS: k, UNIQ_KEY: u}, ...)`
+        but for offsets and store time. One result with `msg_num == len(bodies)`, the
+        first record's offsets and queue offset; an invalid batch (empty, a record or the
+        whole batch above `max_message_size`, bad topic/properties) stores nothing.
+        """
+        refused = self._refuse()
+        if refused is not None:
+            return refused
+        log = self.commitlog
+        try:
+            batch = encode_batch(
+                topic, queue_id, bodies, properties, keys, uniq_keys, flag, sys_flag,
+                self._clock() if born_timestamp is None else born_timestamp, born_host,
+                log.store_host_raw, self.config.max_message_size, log.max_record)
+        except EncodeError as exc:
+            return PutMessageResult(exc.status)
+        return log.put_batch(batch)
+
+    def put_message_async(self, msg: Message) -> Future[PutMessageResult]:
+        """Append now; the future completes once the flush mode acknowledges the record.
+
+        Under SYNC_FLUSH the future completes on the group-commit thread (or its timeout
+        reaper): callbacks added to it must be short or hand their work to an executor,
+        or they delay every later acknowledgement.
+        """
+        refused = self._refuse()
+        if refused is not None:
+            future: Future[PutMessageResult] = Future()
+            future.set_result(refused)
+            return future
+        return self.commitlog.put_message_async(msg)
+
+    # ------------------------------------------------------------------ consume
+    def get_messages(self, group: str, topic: str, queue_id: int, offset: int, max_msgs: int,
+                     tags: Collection[str] | None = None) -> GetMessageResult:
+        """Up to `max_msgs` messages from queue offset `offset`, filtered by tags.
+
+        `tags` None, empty or containing "*" means all. Units are filtered by tag code first,
+        then each message's TAGS is checked exactly (hash codes collide).
+        """
+        cq = self.consume_queues.get(topic, queue_id)
+        if cq is None:
+            return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, [], 0, 0, 0)
+        min_off = cq.get_min_offset_in_queue()
+        max_off = cq.get_max_offset_in_queue()
+        if max_off == 0:
+            return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, [], 0, 0, 0)
+        if offset < min_off:
+            return GetMessageResult(GetMessageStatus.OFFSET_TOO_SMALL, [], min_off, min_off,
+                                    max_off)
+        if offset == max_off:
+            return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_ONE, [], offset, min_off,
+                                    max_off)
+        if offset > max_off:
+            return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, [], max_off,
+                                    min_off, max_off)
+        wanted: frozenset[str] | None = None
+        codes: frozenset[int] | None = None
+        if tags and "*" not in tags:
+            wanted = frozenset(tags)
+            codes = frozenset(tags_string_to_code(t) for t in wanted)
+        messages: list[MessageExt] = []
+        limit = max(1, max_msgs)
+        scan = min(MAX_FILTER_SCAN, max(limit, limit * 32 if codes is not None else limit))
+        next_offset = offset
+        cl_min = self.commitlog.get_min_offset()
+        saw_unit = False
+        removing = False
+        for index, phy, _size, tag in cq.iter_units(offset, scan):
+            next_offset = index + 1
+            saw_unit = True
+            if codes is not None and tag not in codes:
+                continue
+            msg = self.commitlog.look_message(phy)
+            if msg is None:
+                if phy < cl_min:
+                    removing = True
+                continue
+            if wanted is not None and msg.tags not in wanted:
+                continue
+            messages.append(msg)
+            if len(messages) >= limit:
+                break
+        else:
+            if not saw_unit:
+                next_offset = min(offset + scan, max_off)
+        if messages:
+            status = GetMessageStatus.FOUND
+        elif removing:
+            status = GetMessageStatus.MESSAGE_WAS_REMOVING
+        elif saw_unit:
+            status = GetMessageStatus.NO_MATCHED_MESSAGE
+        else:
+            status = GetMessageStatus.OFFSET_FOUND_NULL
+        return GetMessageResult(status, messages, next_offset, min_off, max_off)
+
+    def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int:
+        cq = self.consume_queues.get(topic, queue_id)
+        return 0 if cq is None else cq.get_max_offset_in_queue()
+
+    def get_min_offset_in_queue(self, topic: str, queue_id: int) -> int:
+        cq = self.consume_queues.get(topic, queue_id)
+        return 0 if cq is None else cq.get_min_offset_in_queue()
+
+    def get_offset_in_queue_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """First queue offset stored at or after `timestamp_ms` (max offset when none)."""
+        cq = self.consume_queues.get(topic, queue_id)
+        if cq is None:
+            return 0
+        return cq.get_offset_in_queue_by_time(
+            timestamp_ms, query.store_timestamp_lookup(self.commitlog.get_message))
+
+    def get_message_store_timestamp(self, topic: str, queue_id: int, queue_offset: int) -> int:
+        """Store time of the message at `queue_offset`; -1 when there is none."""
+        cq = self.consume_queues.get(topic, queue_id)
+        unit = None if cq is None else cq.get_unit(queue_offset)
+        if unit is None:
+            return -1
+        return query.store_timestamp_lookup(self.commitlog.get_message)(unit[0], unit[1])
+
+    # ------------------------------------------------------------------ lookups
+    def look_message_by_offset(self, commitlog_offset: int) -> MessageExt | None:
+        return self.commitlog.look_message(commitlog_offset)
+
+    def _look_checked(self, commitlog_offset: int) -> MessageExt | None:
+        """The record at `commitlog_offset` only if it is a valid record starting there."""
+        if commitlog_offset < 0:
+            return None
+        msg = self.commitlog.look_message(commitlog_offset)
+        if msg is None:
+            return None
+        raw = self.commitlog.get_message(commitlog_offset, msg.store_size)
+        if raw is None:
+            return None
+        size, _ = check_message_and_return_size(raw, 0, True, commitlog_offset)
+        return msg if size == msg.store_size else None
+
+    def look_message_by_msg_id(self, offset_msg_id: str) -> MessageExt | None:
+        """By offset message id (store host + commitlog offset, 32 hex characters)."""
+        try:
+            return query.look_by_offset_msg_id(self._look_checked, offset_msg_id)
+        except query.InvalidQuery:
+            return None
+
+    def get_message_by_queue_offset(self, topic: str, queue_id: int, queue_offset: int
+                                    ) -> MessageExt | None:
+        cq = self.consume_queues.get(topic, queue_id)
+        unit = None if cq is None else cq.get_unit(queue_offset)
+        if unit is None:
+            return None
+        return self.commitlog.look_message(unit[0])
+
+    def query_message_by_key(self, topic: str, key: str, max_num: int = 64, begin_ms: int = 0,
+                             end_ms: int | None = None) -> list[MessageExt]:
+        """Messages of `topic` with exactly `key` among their KEYS, newest first, capped."""
+        return query.query_by_key(self.index, self._look_checked, topic, key, max_num=max_num,
+                                  begin_ms=begin_ms, end_ms=end_ms)
+
+    def query_message_by_unique_key(self, topic: str, unique_key: str) -> MessageExt | None:
+        """By UNIQ_KEY through the index; else `unique_key` read as an offset message id."""
+        try:
+            return query.query_by_unique_key(self.index, self._look_checked, topic, unique_key)
+        except query.InvalidQuery:
+            return None
+
+    # ------------------------------------------------------------------ admin
+    def get_commitlog_min_offset(self) -> int:
+        return self.commitlog.get_min_offset()
+
+    def get_commitlog_max_offset(self) -> int:
+        return self.commitlog.get_max_offset()
+
+    def topics(self) -> list[str]:
+        names = set(self.consume_queues.topics())
+        for key in list(self.commitlog.topic_queue_table):
+            names.add(key.rpartition("-")[0])
+        return sorted(names)
+
+    def queue_ids(self, topic: str) -> list[int]:
+        ids = set(self.consume_queues.queue_ids(topic))
+        prefix = f"{topic}-"
+        for key in list(self.commitlog.topic_queue_table):
+            if key.startswith(prefix) and key[len(prefix):].isdigit():
+                ids.add(int(key[len(prefix):]))
+        return sorted(ids)
+
+    def delete_topics(self, topics: Collection[str]) -> None:
+        """Forget the topics' queues and offsets (their records expire with the commitlog)."""
+        for topic in topics:
+            # records not dispatched yet, or dispatched again after a restart, stay deleted
+            self.consume_queues.delete_topic(topic, self.commitlog.get_max_offset())
+            self.commitlog.remove_queue_offsets(topic)
+
+    def add_dispatcher(self, d: CommitLogDispatcher) -> None:
+        self.reput.add_dispatcher(d)
+
+    def wait_dispatched(self, timeout_s: float = 5.0) -> bool:
+        """Wait until everything put so far is readable through the consume queues."""
+        return self.reput.wait_dispatched(self.commitlog.get_max_offset(), timeout_s)
+
+    def is_disk_full(self) -> bool:
+        return self.cleanup.is_disk_full()
+
+    def config_file(self, name: str) -> JsonConfigFile:
+        """An atomic JSON file under `config/` (topics.json, consumerOffset.json, ...)."""
+        if not name or "/" in name or name.startswith(".") or not name.endswith(".json"):
+            raise ValueError(f"config file name {name!r} must be a plain *.json name")
+        f = self._config_files.get(name)
+        if f is None:
+            self.config.config_dir.mkdir(parents=True, exist_ok=True)
+            f = self._config_files.setdefault(name, JsonConfigFile(self.config.config_dir / name))
+        return f
+
+    @property
+    def fsync_count(self) -> int:
+        """Commitlog fsyncs so far (messages per fsync = puts / this)."""
+        return self.commitlog.fsync_count
+
+    def require_running(self) -> None:
+        if not self.running:
+            raise StoreNotRunning(f"store {self.config.store_dir} is not running")
+
+
+__all__ = ["CONFIG_FILES", "MessageStore"]

@@ -1,0 +1,4 @@
+"""The broker core: a RocketMQ-style store, delivery semantics, the gRPC server, admin.
+
+Nothing in this package imports `reliable`, `outbox` or `idempotency`.
+"""

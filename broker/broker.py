@@ -1,0 +1,709 @@
+"""The `Broker`: delivery semantics over one `MessageStore`.
+
+One object per broker process; the embedded transport calls it in-process and the gRPC
+server wraps it. Every public method validates its input and raises a `BrokerError`
+subclass for bad requests (nothing is stored then); the parts live in their own modules:
+
+    topic.py         topic table, names, permissions     subscription.py  groups, retry settings
+    offsets.py       consumer offsets                    consumers.py     live consumers
+    schedule.py      SCHEDULE_TOPIC_XXXX -> real topics  sendback.py      retry ladder, DLQ
+    pop.py           invisible-time consumption          transaction.py   half messages, checks
+    long_poll.py     wake parked pulls / receives on arrival
+    produce.py       message checks, delay placement      results.py       returned values
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from pathlib import Path
+
+from broker.config import BrokerConfig
+from broker.consumers import ConsumerRegistry, tag_set
+from broker.errors import (
+    BrokerError,
+    BrokerNotRunning,
+    ConsumeDisabled,
+    GroupNotFound,
+    InvalidArgument,
+    MessageIllegal,
+    MessageTooLarge,
+    MessageTypeMismatch,
+    NoPermission,
+    ResponseCode,
+    SendRejected,
+    TopicNotFound,
+)
+from broker.long_poll import ArrivalNotifier
+from broker.offsets import (
+    DEFAULT_CONSUME_TIMESTAMP_AGO_MS,
+    ConsumeFromWhere,
+    ConsumerOffsetManager,
+)
+from broker.pop import InFlight, PopService, ReceivedEntry
+from broker.produce import (
+    check_properties,
+    message_type_of,
+    schedule_target,
+    scheduled_copy,
+    without_delay,
+)
+from broker.results import (
+    PULL_STATUS,
+    PUT_STATUS_CODES,
+    PullResult,
+    PullStatus,
+    QueueProgress,
+    SendResult,
+    TopicRoute,
+)
+from broker.schedule import ScheduleMessageService, encode_recall_handle
+from broker.sendback import build_dlq_message, build_retry_message, retry_level, unschedule_now
+from broker.store.config import StoreConfig
+from broker.store.message import (
+    Message,
+    MessageExt,
+    Prop,
+    PutMessageResult,
+)
+from broker.store.service import ServiceThread
+from broker.store.store import MessageStore
+from broker.subscription import SubscriptionGroupConfig, SubscriptionGroupManager
+from broker.topic import (
+    DLQ_GROUP_TOPIC_PREFIX,
+    PERM_READ_WRITE,
+    RETRY_GROUP_TOPIC_PREFIX,
+    TopicConfig,
+    TopicConfigManager,
+    TopicMessageType,
+    dlq_topic,
+    is_dlq_topic,
+    is_retry_topic,
+    retry_topic,
+    validate_group_name,
+    validate_topic_name,
+    validate_user_topic,
+)
+from broker.transaction import Checker, TransactionService, look_checked, transaction_id_of
+
+__all__ = ["Broker", "PullResult", "PullStatus", "ReceivedEntry", "SendResult", "TopicRoute"]
+
+log = logging.getLogger(__name__)
+
+TOPICS_FILE = "topics.json"
+GROUPS_FILE = "subscriptionGroup.json"
+OFFSETS_FILE = "consumerOffset.json"
+DELAY_OFFSETS_FILE = "delayOffset.json"
+POP_STATE_FILE = "popState.json"
+
+def _wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class _Maintenance(ServiceThread):
+    """Persists offsets and progress, sweeps expired leases and consumers."""
+
+    name = "broker-maintenance"
+
+    def __init__(self, broker: Broker, interval_s: float) -> None:
+        super().__init__()
+        self._broker = broker
+        self._interval_s = interval_s
+
+    def run(self) -> None:
+        while not self.stopped:
+            try:
+                self._broker.do_maintenance()
+            except Exception:
+                log.exception("broker maintenance pass failed")
+            self.wait_for_running(self._interval_s)
+
+
+class Broker:
+    """Topics, groups, produce, pull, send-back, invisible-time receive, transactions."""
+
+    def __init__(self, store_config: StoreConfig, config: BrokerConfig | None = None, *,
+                 clock: Callable[[], int] | None = None,
+                 disk_usage: Callable[[Path], float] | None = None) -> None:
+        """`disk_usage` (a partition's used ratio) is the store's seam for tests of a full
+        disk; by default the real partition is measured."""
+        self.config = config or BrokerConfig()
+        self.config.validate()
+        self._clock = clock or _wall_clock_ms
+        self._levels = self.config.delay_levels_ms
+        self.store = (MessageStore(store_config, clock=self._clock) if disk_usage is None
+                      else MessageStore(store_config, clock=self._clock, disk_usage=disk_usage))
+        self._topics = TopicConfigManager(self.store.config_file(TOPICS_FILE))
+        self._groups = SubscriptionGroupManager(self.store.config_file(GROUPS_FILE))
+        self._offsets = ConsumerOffsetManager(self.store.config_file(OFFSETS_FILE))
+        self._consumers = ConsumerRegistry(self._clock, self.config.consumer_expiry_ms)
+        self._notifier = ArrivalNotifier()
+        self._schedule = ScheduleMessageService(
+            self.store, self._levels, self.store.config_file(DELAY_OFFSETS_FILE), self._clock,
+            self.config.schedule_interval_ms, before_put=self._ensure_derived_topic)
+        self._pop = PopService(
+            self.store, self.store.config_file(POP_STATE_FILE), self._clock,
+            commit_offset=self._offsets.commit, query_offset=self._offsets.query,
+            put_dlq=self._put_dlq)
+        self._tx = TransactionService(
+            self.store, self._clock, commit_offset=self._offsets.commit,
+            query_offset=self._offsets.query, timeout_ms=self.config.transaction_timeout_ms,
+            check_interval_ms=self.config.transaction_check_interval_ms,
+            check_max=self.config.transaction_check_max,
+            pass_interval_ms=min(self.config.transaction_check_interval_ms, 1_000))
+        self._maintenance = _Maintenance(self, min(self.config.pop_revive_interval_ms,
+                                                   self.config.flush_offset_interval_ms) / 1000)
+        self._last_persist = 0
+        self._last_revive = 0
+        self._lock = threading.Lock()
+        self._running = False
+        self._notifier_added = False
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    def start(self) -> None:
+        with self._lock:
+            if self._running:
+                return
+            self._topics.load()
+            self._groups.load()
+            self._offsets.load()
+            self.store.start()
+            if not self._notifier_added:
+                self.store.add_dispatcher(self._notifier)
+                self._notifier_added = True
+            self._notifier.reopen()
+            self.store.wait_dispatched(timeout_s=60.0)
+            self._schedule.load()
+            self._pop.load()
+            self._tx.load()
+            self._last_persist = self._last_revive = self._clock()
+            self._schedule.start()
+            self._tx.start()
+            self._maintenance.start()
+            self._running = True
+
+    def shutdown(self) -> None:
+        with self._lock:
+            if not self._running:
+                return
+            self._running = False
+            self._notifier.close()
+            self._maintenance.shutdown()
+            self._schedule.shutdown()
+            self._tx.shutdown()
+            self._persist_all(force=True)
+            self.store.shutdown()
+
+    def __enter__(self) -> Broker:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def _persist_all(self, force: bool = False) -> None:
+        self._pop.persist(force)
+        self._schedule.persist(force)
+        self._offsets.persist(force)
+
+    def do_maintenance(self) -> None:
+        """One maintenance pass (the background service runs it; tests may call it)."""
+        now = self._clock()
+        if now - self._last_revive >= self.config.pop_revive_interval_ms:
+            self._last_revive = now
+            _, wake = self._pop.revive(self.max_delivery_attempts)
+            for topic in wake:
+                self._notifier.notify(topic)
+            self._consumers.scan_expired()
+        if now - self._last_persist >= self.config.flush_offset_interval_ms:
+            self._last_persist = now
+            self._persist_all()
+
+    def _require_running(self) -> None:
+        if not self._running:
+            raise BrokerNotRunning("the broker is not running")
+
+    # ------------------------------------------------------------------ topics and groups
+    def create_topic(self, name: str, *, queues: int = 4, perm: int = PERM_READ_WRITE,
+                     message_type: str | TopicMessageType = "NORMAL",
+                     read_queues: int | None = None,
+                     write_queues: int | None = None) -> TopicConfig:
+        """Create or update a topic (an upsert, like mqadmin updateTopic)."""
+        validate_user_topic(name)
+        mtype = TopicMessageType.parse(message_type)
+        cfg = TopicConfig(name, read_queue_nums=read_queues or queues,
+                          write_queue_nums=write_queues or queues, perm=perm,
+                          message_type=mtype, order=mtype is TopicMessageType.FIFO)
+        return self._topics.put(cfg)
+
+    def delete_topic(self, name: str) -> bool:
+        validate_user_topic(name)
+        deleted = self._topics.delete(name)
+        if deleted and self._running:
+            self._pop.forget_topic(name)
+            self.store.delete_topics([name])
+        if deleted:
+            self._offsets.remove_topic(name)
+        return deleted
+
+    def get_topic(self, name: str) -> TopicConfig | None:
+        return self._topics.get(name)
+
+    def topics(self) -> list[TopicConfig]:
+        return self._topics.all()
+
+    def create_group(self, group: str, *, retry_max_times: int = 16, retry_queue_nums: int = 1,
+                     consume_broadcast: bool = True, fifo: bool = False,
+                     consume_enable: bool = True) -> SubscriptionGroupConfig:
+        validate_group_name(group)
+        return self._groups.put(SubscriptionGroupConfig(
+            group, consume_enable=consume_enable, consume_broadcast=consume_broadcast,
+            retry_queue_nums=retry_queue_nums, retry_max_times=retry_max_times, fifo=fifo))
+
+    def delete_group(self, group: str) -> bool:
+        validate_group_name(group)
+        self._offsets.remove_group(group)
+        return self._groups.delete(group)
+
+    def get_group(self, group: str) -> SubscriptionGroupConfig | None:
+        return self._groups.get(group)
+
+    def groups(self) -> list[SubscriptionGroupConfig]:
+        return self._groups.all()
+
+    def _group(self, group: str) -> SubscriptionGroupConfig:
+        validate_group_name(group)
+        cfg = self._groups.get(group)
+        if cfg is not None:
+            return cfg
+        if not self.config.auto_create_subscription_group:
+            raise GroupNotFound(group)
+        return self._groups.get_or_create(SubscriptionGroupConfig(
+            group, retry_max_times=self.config.default_retry_max_times))
+
+    def _derived_config(self, name: str) -> TopicConfig | None:
+        """Retry and DLQ topics are created on demand from their group's settings."""
+        if is_retry_topic(name):
+            group = self._group(name[len(RETRY_GROUP_TOPIC_PREFIX):])
+            cfg = TopicConfig(name, group.retry_queue_nums, group.retry_queue_nums,
+                              PERM_READ_WRITE, TopicMessageType.MIXED)
+        elif is_dlq_topic(name):
+            self._group(name[len(DLQ_GROUP_TOPIC_PREFIX):])
+            cfg = TopicConfig(name, 1, 1, PERM_READ_WRITE, TopicMessageType.MIXED)
+        else:
+            return None
+        existing = self._topics.get_or_create(cfg)
+        if is_retry_topic(name):
+            existing = self._topics.widen_queues(name, cfg.read_queue_nums)
+        return existing
+
+    def _ensure_derived_topic(self, msg: Message) -> None:
+        if self._topics.get(msg.topic) is None:
+            self._derived_config(msg.topic)
+
+    def _topic(self, name: str, *, create: bool) -> TopicConfig:
+        validate_user_topic(name)
+        cfg = self._topics.get(name)
+        if cfg is not None:
+            return cfg
+        derived = self._derived_config(name)
+        if derived is not None:
+            return derived
+        if create and self.config.auto_create_topic:
+            return self._topics.get_or_create(TopicConfig(
+                name, self.config.default_queue_nums, self.config.default_queue_nums,
+                PERM_READ_WRITE, TopicMessageType.MIXED))
+        raise TopicNotFound(name)
+
+    def route(self, topic: str) -> TopicRoute:
+        """Queues and permission of a topic; auto-creates it when configured."""
+        cfg = self._topic(topic, create=True)
+        return TopicRoute(cfg.name, cfg.read_queue_nums, cfg.write_queue_nums, cfg.perm,
+                          cfg.message_type)
+
+    def retry_topic(self, group: str) -> str:
+        return retry_topic(validate_group_name(group))
+
+    def dlq_topic(self, group: str) -> str:
+        return dlq_topic(validate_group_name(group))
+
+    def max_delivery_attempts(self, group: str) -> int:
+        cfg = self._groups.get(group)
+        retries = cfg.retry_max_times if cfg else self.config.default_retry_max_times
+        return retries + 1
+
+    def delay_levels_ms(self) -> list[int]:
+        return list(self._levels)
+
+    # ------------------------------------------------------------------ produce
+    def _validate_message(self, msg: Message) -> TopicConfig:
+        if not isinstance(msg, Message):
+            raise MessageIllegal(f"expected a broker.store.Message, got {type(msg).__name__}")
+        cfg = self._topic(msg.topic, create=True)
+        if not cfg.writeable:
+            raise NoPermission(msg.topic, "writeable", cfg.perm)
+        if not isinstance(msg.body, bytes | bytearray | memoryview):
+            raise MessageIllegal("message body must be bytes")
+        if len(msg.body) == 0:
+            raise MessageIllegal("message body is empty")
+        if len(msg.body) > self.config.max_message_size:
+            raise MessageTooLarge(len(msg.body), self.config.max_message_size)
+        if not isinstance(msg.queue_id, int) or not 0 <= msg.queue_id < cfg.write_queue_nums:
+            raise MessageIllegal(f"queue id {msg.queue_id!r} is not one of the "
+                                 f"{cfg.write_queue_nums} write queues of {msg.topic!r}")
+        check_properties(msg.properties)
+        if self.config.check_message_type:
+            mtype = message_type_of(msg)
+            if not cfg.message_type.accepts(mtype):
+                raise MessageTypeMismatch(msg.topic, cfg.message_type.value, mtype.value)
+        return cfg
+
+    def _stored(self, topic: str, result: PutMessageResult) -> PutMessageResult:
+        if not result.status.stored or result.append is None:
+            raise SendRejected(topic, result.status.value,
+                               PUT_STATUS_CODES.get(result.status, ResponseCode.SYSTEM_ERROR))
+        return result
+
+    def send_message(self, msg: Message, *, producer_group: str | None = None) -> SendResult:
+        """Store one message: normal, delayed (DELAY / TIMER_DELIVER_MS) or half (TRAN_MSG)."""
+        self._require_running()
+        self._validate_message(msg)
+        props = msg.properties
+        transactional = props.get(Prop.TRAN_MSG) == "true"
+        if transactional:
+            if Prop.DELAY in props or Prop.TIMER_DELIVER_MS in props:
+                raise MessageIllegal("a transactional message cannot be delayed")
+            if producer_group is None:
+                producer_group = props.get(Prop.PRODUCER_GROUP)
+            if not producer_group:
+                raise MessageIllegal("a transactional message needs its producer group")
+            validate_group_name(producer_group)
+            result = self._stored(msg.topic, self._tx.prepare(msg, producer_group))
+            assert result.append is not None
+            return SendResult(result.status, msg.unique_key or result.append.msg_id,
+                              result.append.msg_id, msg.topic, msg.queue_id, -1,
+                              result.append.wrote_offset,
+                              transaction_id=msg.unique_key or result.append.msg_id)
+        target = schedule_target(msg, self._levels, self._clock(), self.config.max_delay_ms)
+        to_store = without_delay(msg) if target is None else scheduled_copy(msg, *target)
+        result = self._stored(msg.topic, self.store.put_message(to_store))
+        assert result.append is not None
+        msg_id = msg.unique_key or result.append.msg_id
+        recall = None
+        if target is not None:
+            recall = encode_recall_handle(msg.topic, target[0], result.append.queue_offset,
+                                          msg_id)
+        return SendResult(result.status, msg_id, result.append.msg_id, msg.topic, msg.queue_id,
+                          result.append.queue_offset if target is None else -1,
+                          result.append.wrote_offset, recall_handle=recall)
+
+    def recall_message(self, topic: str, recall_handle: str) -> str:
+        """Cancel a delayed message before it is due (RocketMQ 5 RecallMessage); returns its
+        message id. InvalidRecallHandle when malformed or already delivered."""
+        self._require_running()
+        validate_user_topic(topic)
+        return self._schedule.recall(topic, recall_handle)
+
+    def send_batch(self, msgs: Sequence[Message]) -> list[SendResult]:
+        """Store messages of one topic and queue together (no delay, no transaction)."""
+        self._require_running()
+        if not msgs:
+            raise MessageIllegal("a batch needs at least one message")
+        first = msgs[0]
+        for m in msgs:
+            self._validate_message(m)
+            if (m.topic, m.queue_id) != (first.topic, first.queue_id):
+                raise MessageIllegal("every message of a batch goes to one topic and queue")
+            if any(k in m.properties for k in (Prop.DELAY, Prop.TIMER_DELIVER_MS, Prop.TRAN_MSG)):
+                raise MessageIllegal("a batch cannot hold delayed or transactional messages")
+        results = self.store.put_messages(list(msgs))
+        out: list[SendResult] = []
+        for m, r in zip(msgs, results, strict=True):
+            self._stored(m.topic, r)
+            assert r.append is not None
+            out.append(SendResult(r.status, m.unique_key or r.append.msg_id, r.append.msg_id,
+                                  m.topic, m.queue_id, r.append.queue_offset,
+                                  r.append.wrote_offset))
+        return out
+
+    # ------------------------------------------------------------------ transactions
+    def end_transaction(self, producer_group: str, transaction_id: str, commitlog_offset: int,
+                        commit: bool, *, from_check: bool = False) -> None:
+        """Commit (the real message becomes visible) or roll back a half message."""
+        self._require_running()
+        validate_group_name(producer_group)
+        if not isinstance(commitlog_offset, int) or commitlog_offset < 0:
+            raise InvalidArgument(f"commitlog offset {commitlog_offset!r} is not an offset")
+        self._tx.end(producer_group, transaction_id, commitlog_offset, commit)
+        if from_check:
+            log.info("transaction %s resolved by check-back: %s", transaction_id,
+                     "commit" if commit else "rollback")
+
+    def register_transaction_checker(self, producer_group: str, checker: Checker) -> None:
+        """The check service calls `checker(half message)` (in a worker thread) for
+        transactions left unknown; it answers with `end_transaction(..., from_check=True)`
+        using `transaction_id_of(msg)` and `msg.commitlog_offset`."""
+        validate_group_name(producer_group)
+        self._tx.register_checker(producer_group, checker)
+
+    def check_transactions(self) -> int:
+        """Run one check pass now (the service runs them periodically)."""
+        return self._tx.do_check()
+
+    @staticmethod
+    def transaction_id_of(msg: MessageExt) -> str:
+        return transaction_id_of(msg)
+
+    # ------------------------------------------------------------------ pull model
+    def _readable(self, group: str, topic: str, queue_id: int | None) -> TopicConfig:
+        gcfg = self._group(group)
+        if not gcfg.consume_enable:
+            raise ConsumeDisabled(group)
+        cfg = self._topic(topic, create=False)
+        if not cfg.readable:
+            raise NoPermission(topic, "readable", cfg.perm)
+        if queue_id is not None and (not isinstance(queue_id, int)
+                                     or not 0 <= queue_id < cfg.read_queue_nums):
+            raise InvalidArgument(f"queue id {queue_id!r} is not one of the "
+                                  f"{cfg.read_queue_nums} read queues of {topic!r}")
+        return cfg
+
+    def pull_message(self, group: str, topic: str, queue_id: int, offset: int,
+                     max_msgs: int = 32, tags: Collection[str] | str | None = None, *,
+                     suspend_ms: int = 0) -> PullResult:
+        """Read from `offset`; with `suspend_ms`, wait up to that long for a new message."""
+        self._require_running()
+        self._readable(group, topic, queue_id)
+        if not isinstance(offset, int) or offset < 0:
+            raise InvalidArgument(f"offset {offset!r} must be a non-negative integer")
+        if not isinstance(max_msgs, int) or max_msgs < 1:
+            raise InvalidArgument(f"max_msgs {max_msgs!r} must be at least 1")
+        batch = min(max_msgs, self.config.max_pull_batch)
+        tags = tag_set(tags)
+        deadline = time.monotonic() + min(max(suspend_ms, 0), self.config.long_poll_max_ms) / 1e3
+        while True:
+            version = self._notifier.version(topic)
+            got = self.store.get_messages(group, topic, queue_id, offset, batch, tags)
+            status = PULL_STATUS.get(got.status, PullStatus.NO_NEW_MSG)
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if status is not PullStatus.NO_NEW_MSG or remaining_ms <= 0 or not self._running:
+                return PullResult(status, got.messages, got.next_begin_offset, got.min_offset,
+                                  got.max_offset)
+            self._notifier.wait({topic: version}, remaining_ms)
+
+    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        validate_group_name(group)
+        validate_topic_name(topic)
+        self._offsets.commit(group, topic, queue_id, offset)
+
+    def query_offset(self, group: str, topic: str, queue_id: int) -> int:
+        """The committed offset, -1 when the group has none for that queue."""
+        validate_group_name(group)
+        validate_topic_name(topic)
+        return self._offsets.query(group, topic, queue_id)
+
+    def initial_offset(self, group: str, topic: str, queue_id: int, where: ConsumeFromWhere,
+                       timestamp_ms: int | None = None) -> int:
+        """The committed offset, else where a new group starts (committed right away, so
+        every consumer that takes the queue over later starts at the same place)."""
+        validate_group_name(group)
+        validate_topic_name(topic)
+        if not isinstance(where, ConsumeFromWhere):
+            raise InvalidArgument(f"unknown consume-from {where!r}")
+
+        def start() -> int:
+            if is_retry_topic(topic) or where is ConsumeFromWhere.FIRST_OFFSET:
+                return self.store.get_min_offset_in_queue(topic, queue_id)
+            if where is ConsumeFromWhere.LAST_OFFSET:
+                return self.store.get_max_offset_in_queue(topic, queue_id)
+            ts = timestamp_ms if timestamp_ms is not None else (
+                self._clock() - DEFAULT_CONSUME_TIMESTAMP_AGO_MS)
+            return self.store.get_offset_in_queue_by_time(topic, queue_id, ts)
+
+        return self._offsets.commit_if_absent(group, topic, queue_id, start)
+
+    def offsets_of(self, group: str, topic: str) -> dict[int, int]:
+        return self._offsets.table_of(group, topic)
+
+    def persist_offsets(self) -> None:
+        """Write consumerOffset.json now (it is also written every 5 s and at shutdown)."""
+        self._offsets.persist(force=True)
+
+    def consumer_progress(self, group: str, topic: str | None = None) -> list[QueueProgress]:
+        """Per queue: the queue's end, the group's committed offset, messages in flight.
+        Without `topic`: every topic the group has offsets for (its retry topic included)."""
+        validate_group_name(group)
+        topics = [validate_topic_name(topic)] if topic else self._offsets.topics_of_group(group)
+        out: list[QueueProgress] = []
+        for t in topics:
+            cfg = self._topics.get(t)
+            committed = self._offsets.table_of(group, t)
+            queue_ids = set(committed) | set(range(cfg.read_queue_nums if cfg else 0))
+            leased: dict[int, int] = {}
+            for f in self._pop.in_flight(group, t):
+                leased[f.queue_id] = leased.get(f.queue_id, 0) + 1
+            out.extend(QueueProgress(t, q, self.store.get_max_offset_in_queue(t, q),
+                                     committed.get(q, -1), leased.get(q, 0))
+                       for q in sorted(queue_ids))
+        return out
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        return self.store.get_min_offset_in_queue(topic, queue_id)
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        return self.store.get_max_offset_in_queue(topic, queue_id)
+
+    # ------------------------------------------------------------------ send-back
+    def _put_dlq(self, msg: Message) -> None:
+        self._ensure_derived_topic(msg)
+        self._stored(msg.topic, self.store.put_message(msg))
+
+    def consumer_send_back(self, group: str, msg: MessageExt, delay_level: int = 0,
+                           max_reconsume_times: int | None = None) -> None:
+        """Hand a failed message back: next rung of the retry ladder, or the DLQ.
+
+        `delay_level` 0 uses 3 + reconsume times; -1 sends it to the DLQ now.
+        """
+        self._require_running()
+        gcfg = self._group(group)
+        stored = look_checked(self.store, msg.commitlog_offset)
+        if stored is None or stored.msg_id != msg.msg_id:
+            stored = msg  # not (or no longer) in the commitlog: trust the client's copy
+        limit = gcfg.retry_max_times if max_reconsume_times is None else max_reconsume_times
+        if delay_level < 0 or stored.reconsume_times >= limit:
+            self._put_dlq(build_dlq_message(group, stored))
+            return
+        rcfg = self._derived_config(retry_topic(group))
+        assert rcfg is not None
+        level = retry_level(delay_level, stored.reconsume_times, len(self._levels))
+        retry_msg = build_retry_message(
+            group, stored, level=level, delay_ms=self._levels[level - 1], now_ms=self._clock(),
+            retry_queue_id=random.randrange(rcfg.write_queue_nums),
+            max_reconsume_times=limit)
+        self._stored(retry_msg.topic, self.store.put_message(retry_msg))
+
+    def reconsume_directly(self, group: str, commitlog_offset: int) -> SendResult:
+        """Admin: deliver one stored message to `group` again, now, through its retry topic
+        (any topic's message, e.g. one from the DLQ). Reconsume times are kept."""
+        self._require_running()
+        self._group(group)
+        stored = look_checked(self.store, commitlog_offset)
+        if stored is None:
+            raise InvalidArgument(f"no message at commitlog offset {commitlog_offset}")
+        rcfg = self._derived_config(retry_topic(group))
+        assert rcfg is not None
+        copy = build_retry_message(group, stored, level=1, delay_ms=0, now_ms=self._clock(),
+                                   retry_queue_id=random.randrange(rcfg.write_queue_nums),
+                                   max_reconsume_times=self.max_delivery_attempts(group) - 1)
+        direct = unschedule_now(copy, reconsume_times=stored.reconsume_times)
+        result = self._stored(direct.topic, self.store.put_message(direct))
+        assert result.append is not None
+        return SendResult(result.status, stored.msg_id, result.append.msg_id, direct.topic,
+                          direct.queue_id, result.append.queue_offset, result.append.wrote_offset)
+
+    def deliver_due(self) -> int:
+        """Run one schedule pass now (the service runs one every `schedule_interval_ms`)."""
+        return self._schedule.do_deliver()
+
+    def schedule_offsets(self) -> dict[int, int]:
+        return self._schedule.offsets()
+
+    # ------------------------------------------------------------------ consumers
+    def heartbeat(self, client_id: str, group: str,
+                  subscriptions: Mapping[str, Collection[str] | None]) -> None:
+        validate_group_name(group)
+        if not isinstance(client_id, str) or not client_id:
+            raise InvalidArgument("client id must be a non-empty string")
+        for topic in subscriptions:
+            validate_topic_name(topic)
+        self._consumers.heartbeat(client_id, group, subscriptions)
+
+    def unregister(self, client_id: str, group: str) -> None:
+        validate_group_name(group)
+        self._consumers.unregister(client_id, group)
+
+    def consumer_ids(self, group: str) -> list[str]:
+        validate_group_name(group)
+        return self._consumers.consumer_ids(group)
+
+    # ------------------------------------------------------------------ invisible time
+    def receive(self, group: str, topic: str, max_msgs: int, invisible_ms: int,
+                tags: Collection[str] | str | None = None, *, long_poll_ms: int = 0,
+                fifo: bool = False) -> list[ReceivedEntry]:
+        """Up to `max_msgs` messages, each hidden from the group for `invisible_ms`."""
+        self._require_running()
+        cfg = self._readable(group, topic, None)
+        if not isinstance(max_msgs, int) or max_msgs < 1:
+            raise InvalidArgument(f"max_msgs {max_msgs!r} must be at least 1")
+        self._check_invisible(invisible_ms)
+        gcfg = self._group(group)
+        fifo = fifo or gcfg.fifo
+        tags = tag_set(tags)
+        want = min(max_msgs, self.config.max_receive_batch)
+        wait_ms = min(max(long_poll_ms, 0), self.config.long_poll_max_ms)
+        deadline = time.monotonic() + wait_ms / 1000.0
+        queue_ids = list(range(cfg.read_queue_nums))
+        while True:
+            version = self._notifier.version(topic)
+            entries = self._pop.receive(group, topic, queue_ids, want, invisible_ms, tags,
+                                        fifo=fifo, max_attempts=gcfg.max_delivery_attempts)
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if entries or remaining_ms <= 0 or not self._running:
+                return entries
+            self._notifier.wait({topic: version}, remaining_ms)
+
+    def _check_invisible(self, invisible_ms: int, minimum: int = 1) -> None:
+        if not isinstance(invisible_ms, int) or not minimum <= invisible_ms <= (
+                self.config.max_invisible_ms):
+            raise InvalidArgument(f"invisible duration {invisible_ms!r} ms must be {minimum}.."
+                                  f"{self.config.max_invisible_ms}")
+
+    def ack(self, group: str, topic: str, receipt_handle: str) -> None:
+        """Done with a received message. Acking the same handle twice is harmless."""
+        self._require_running()
+        validate_group_name(group)
+        validate_topic_name(topic)
+        self._pop.ack(group, topic, receipt_handle)
+
+    def ack_batch(self, group: str, topic: str,
+                  receipt_handles: Sequence[str]) -> list[BrokerError | None]:
+        """Ack many handles at once (one durable record): per handle None or its error."""
+        self._require_running()
+        validate_group_name(group)
+        validate_topic_name(topic)
+        return list(self._pop.ack_many(group, topic, list(receipt_handles)))
+
+    def change_invisible_duration(self, group: str, topic: str, receipt_handle: str,
+                                  invisible_ms: int) -> str:
+        """Hide the message for `invisible_ms` from now; returns the new handle (the old
+        one stops working). The delivery attempt does not change; 0 makes the message
+        visible again at once (a negative acknowledgement)."""
+        self._require_running()
+        validate_group_name(group)
+        validate_topic_name(topic)
+        self._check_invisible(invisible_ms, minimum=0)
+        return self._pop.change_invisible_duration(group, topic, receipt_handle, invisible_ms)
+
+    def forward_to_dlq(self, group: str, topic: str, receipt_handle: str) -> None:
+        self._require_running()
+        self._group(group)
+        validate_topic_name(topic)
+        self._pop.forward_to_dlq(group, topic, receipt_handle)
+
+    def in_flight(self, group: str, topic: str) -> list[InFlight]:
+        """Messages currently hidden from the group (admin, tests)."""
+        return self._pop.in_flight(group, topic)
+
+    def revive(self) -> int:
+        """Dead-letter expired messages at their last attempt now; returns how many."""
+        dead, wake = self._pop.revive(self.max_delivery_attempts)
+        for topic in wake:
+            self._notifier.notify(topic)
+        return dead

@@ -1,0 +1,68 @@
+"""Receipt handles of invisible-time consumption.
+
+A handle names one lease on one message; it is what a consumer hands back to ack, to
+change the invisible duration or to dead-letter the message. Text, one line:
+
+    1~<topic>~<queue id>~<queue offset>~<nonce hex>~<invisible until ms>~<attempt>~<crc32 hex>
+
+`~` cannot occur in a topic name. The CRC covers everything before it so a mangled handle
+is rejected as malformed instead of matching some other lease by accident. The nonce is
+random per lease: a new lease (redelivery or change of invisible duration) gets a new one,
+which is how an older handle of the same message stops working.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+from broker.errors import InvalidReceiptHandle
+
+VERSION = "1"
+SEPARATOR = "~"
+MAX_HANDLE_LENGTH = 512
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptHandle:
+    topic: str
+    queue_id: int
+    queue_offset: int
+    nonce: int
+    invisible_until_ms: int
+    attempt: int
+
+    def encode(self) -> str:
+        body = SEPARATOR.join((VERSION, self.topic, str(self.queue_id), str(self.queue_offset),
+                               f"{self.nonce:x}", str(self.invisible_until_ms),
+                               str(self.attempt)))
+        return f"{body}{SEPARATOR}{zlib.crc32(body.encode()):08x}"
+
+    @classmethod
+    def decode(cls, handle: object) -> ReceiptHandle:
+        """Parse a handle; InvalidReceiptHandle for anything not produced by `encode`."""
+        if not isinstance(handle, str):
+            raise InvalidReceiptHandle(repr(handle), "not a string")
+        if not handle or len(handle) > MAX_HANDLE_LENGTH:
+            raise InvalidReceiptHandle(handle, "empty or too long")
+        body, sep, crc = handle.rpartition(SEPARATOR)
+        if not sep:
+            raise InvalidReceiptHandle(handle, "malformed")
+        try:
+            ok = int(crc, 16) == zlib.crc32(body.encode()) and len(crc) == 8
+        except (ValueError, UnicodeEncodeError):
+            ok = False
+        if not ok:
+            raise InvalidReceiptHandle(handle, "checksum mismatch (mangled or forged)")
+        parts = body.split(SEPARATOR)
+        if len(parts) != 7 or parts[0] != VERSION:
+            raise InvalidReceiptHandle(handle, "unknown format version")
+        try:
+            result = cls(topic=parts[1], queue_id=int(parts[2]), queue_offset=int(parts[3]),
+                         nonce=int(parts[4], 16), invisible_until_ms=int(parts[5]),
+                         attempt=int(parts[6]))
+        except ValueError:
+            raise InvalidReceiptHandle(handle, "malformed number") from None
+        if result.queue_id < 0 or result.queue_offset < 0 or result.attempt < 1:
+            raise InvalidReceiptHandle(handle, "field out of range")
+        return result

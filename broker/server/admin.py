@@ -1,0 +1,215 @@
+"""Administration: topics and groups, against a running server or a stopped store.
+
+`AdminOps` works on a `Broker` directly (the CLI's `--store` mode opens one on the store
+directory). A running server exposes the same operations as the gRPC service
+`reliable.admin.v1.Admin` on its own port: unary methods whose request and response bodies
+are UTF-8 JSON objects (no generated stubs needed):
+
+| method        | request                                              | result              |
+|---------------|------------------------------------------------------|---------------------|
+| `CreateTopic` | `{name, queues=4, perm=6, type=NORMAL}`              | the topic           |
+| `ListTopics`  | `{}`                                                 | `{topics: [...]}`   |
+| `GetTopic`    | `{name}`                                             | topic + queues      |
+| `CreateGroup` | `{name, fifo=false, max_retries=16}`                 | the group           |
+| `ListGroups`  | `{}`                                                 | `{groups: [...]}`   |
+| `GetGroup`    | `{name, topic?}`                                     | group+consumers+lag |
+
+A response is `{"ok": true, "result": ...}` or `{"ok": false, "code": "<protocol code name>",
+"message": ...}`. The same access keys as the messaging service apply.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from broker.broker import Broker
+from broker.server.errors import BadRequest
+from broker.server.status import code_of, status_of
+from broker.server.validation import TOPIC_TYPES, check_group, check_topic
+from broker.subscription import SubscriptionGroupConfig
+from broker.topic import TopicConfig, perm_to_string
+
+SERVICE = "reliable.admin.v1.Admin"
+
+
+def topic_json(cfg: TopicConfig) -> dict[str, Any]:
+    return {"name": cfg.name, "read_queues": cfg.read_queue_nums,
+            "write_queues": cfg.write_queue_nums, "perm": cfg.perm,
+            "perm_string": perm_to_string(cfg.perm), "type": cfg.message_type.value}
+
+
+def group_json(cfg: SubscriptionGroupConfig) -> dict[str, Any]:
+    return {"name": cfg.group, "fifo": cfg.fifo, "max_retries": cfg.retry_max_times,
+            "max_delivery_attempts": cfg.max_delivery_attempts,
+            "retry_queues": cfg.retry_queue_nums, "consume_enable": cfg.consume_enable,
+            "broadcast": cfg.consume_broadcast}
+
+
+def _int(params: dict[str, Any], name: str, default: int) -> int:
+    value = params.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"{name} must be an integer")
+    return value
+
+
+class AdminOps:
+    """The admin operations, blocking, on one broker."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.methods: dict[str, Callable[[dict[str, Any]], Any]] = {
+            "CreateTopic": self.create_topic, "ListTopics": self.list_topics,
+            "GetTopic": self.get_topic, "CreateGroup": self.create_group,
+            "ListGroups": self.list_groups, "GetGroup": self.get_group,
+        }
+
+    def call(self, method: str, params: dict[str, Any]) -> Any:
+        op = self.methods.get(method)
+        if op is None:
+            raise BadRequest(f"unknown admin method {method!r}")
+        return op(params)
+
+    def create_topic(self, params: dict[str, Any]) -> dict[str, Any]:
+        name = check_topic(str(params.get("name", "")))
+        kind = str(params.get("type", "NORMAL")).upper()
+        if kind not in TOPIC_TYPES:
+            raise BadRequest(f"topic type must be one of {', '.join(TOPIC_TYPES)}")
+        cfg = self.broker.create_topic(name, queues=_int(params, "queues", 4),
+                                       perm=_int(params, "perm", 6), message_type=kind)
+        return topic_json(cfg)
+
+    def list_topics(self, params: dict[str, Any]) -> dict[str, Any]:
+        return {"topics": [topic_json(c) for c in self.broker.topics()]}
+
+    def get_topic(self, params: dict[str, Any]) -> dict[str, Any]:
+        name = str(params.get("name", ""))
+        cfg = self.broker.get_topic(name)
+        if cfg is None:
+            from broker.server.errors import TopicNotFound
+
+            raise TopicNotFound(f"topic {name!r} does not exist")
+        out = topic_json(cfg)
+        out["queues"] = [{"queue_id": q, "min_offset": self.broker.min_offset(name, q),
+                          "max_offset": self.broker.max_offset(name, q)}
+                         for q in range(max(cfg.read_queue_nums, cfg.write_queue_nums))]
+        return out
+
+    def create_group(self, params: dict[str, Any]) -> dict[str, Any]:
+        name = check_group(str(params.get("name", "")))
+        fifo = params.get("fifo", False)
+        if not isinstance(fifo, bool):
+            raise BadRequest("fifo must be true or false")
+        cfg = self.broker.create_group(name, retry_max_times=_int(params, "max_retries", 16),
+                                       fifo=fifo)
+        return group_json(cfg)
+
+    def list_groups(self, params: dict[str, Any]) -> dict[str, Any]:
+        return {"groups": [group_json(c) for c in self.broker.groups()]}
+
+    def get_group(self, params: dict[str, Any]) -> dict[str, Any]:
+        name = str(params.get("name", ""))
+        cfg = self.broker.get_group(name)
+        if cfg is None:
+            from broker.server.errors import ConsumerGroupNotFound
+
+            raise ConsumerGroupNotFound(f"consumer group {name!r} does not exist")
+        out = group_json(cfg)
+        out["consumers"] = self.broker.consumer_ids(name)
+        topic = params.get("topic")
+        if topic:
+            tcfg = self.broker.get_topic(str(topic))
+            queues = tcfg.read_queue_nums if tcfg is not None else 0
+            progress = []
+            for q in range(queues):
+                broker_offset = self.broker.max_offset(str(topic), q)
+                consumer_offset = self.broker.query_offset(name, str(topic), q)
+                progress.append({"queue_id": q, "broker_offset": broker_offset,
+                                 "consumer_offset": consumer_offset,
+                                 "lag": broker_offset - max(consumer_offset, 0)})
+            out["progress"] = {"topic": topic, "queues": progress}
+        return out
+
+
+def _decode(raw: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(raw.decode() or "{}")
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return {"__malformed__": True}
+    return value if isinstance(value, dict) else {"__malformed__": True}
+
+
+def _encode(value: dict[str, Any]) -> bytes:
+    return json.dumps(value, sort_keys=True).encode()
+
+
+def admin_handler(ctx: Any) -> Any:
+    """The generic gRPC handler serving `reliable.admin.v1.Admin` over `ctx.broker`."""
+    ops = AdminOps(ctx.broker)
+
+    def method(name: str) -> Any:
+        async def handle(params: dict[str, Any], context: Any) -> dict[str, Any]:
+            try:
+                ctx.call_info(context, require_client_id=False)
+                if params.get("__malformed__"):
+                    raise BadRequest("request body must be a JSON object")
+                result = await ctx.run_in_pool(ops.call, name, params)
+                return {"ok": True, "result": result}
+            except Exception as exc:
+                return {"ok": False, "code": code_of(exc).name,
+                        "message": status_of(exc).message}
+
+        return grpc.unary_unary_rpc_method_handler(
+            handle, request_deserializer=_decode, response_serializer=_encode)
+
+    return grpc.method_handlers_generic_handler(SERVICE, {n: method(n) for n in ops.methods})
+
+
+class AdminCallError(Exception):
+    """A remote admin call failed; `code` is the protocol code name."""
+
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code
+        super().__init__(f"{code}: {message}")
+
+
+class AdminClient:
+    """Calls `reliable.admin.v1.Admin` on a running server."""
+
+    def __init__(self, endpoint: str, *, tls: bool = False, ca_file: str | None = None,
+                 access_key: str = "", secret_key: str = "", timeout_s: float = 10.0) -> None:
+        if tls:
+            roots = Path(ca_file).read_bytes() if ca_file else None
+            self._channel = grpc.secure_channel(endpoint, grpc.ssl_channel_credentials(roots))
+        else:
+            self._channel = grpc.insecure_channel(endpoint)
+        self._access_key, self._secret_key = access_key, secret_key
+        self._timeout_s = timeout_s
+
+    def _metadata(self) -> list[tuple[str, str]]:
+        if not self._access_key:
+            return []
+        from datetime import UTC, datetime
+
+        from broker.server.auth import ALGORITHM, sign
+
+        now = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        return [("x-mq-date-time", now),
+                ("authorization", f"{ALGORITHM} Credential={self._access_key}, "
+                 f"SignedHeaders=x-mq-date-time, Signature={sign(self._secret_key, now)}")]
+
+    def call(self, method: str, **params: Any) -> Any:
+        stub = self._channel.unary_unary(f"/{SERVICE}/{method}", request_serializer=_encode,
+                                         response_deserializer=_decode)
+        reply = stub(params, timeout=self._timeout_s, metadata=self._metadata())
+        if not reply.get("ok"):
+            raise AdminCallError(str(reply.get("code", "UNKNOWN")),
+                                 str(reply.get("message", "")))
+        return reply.get("result")
+
+    def close(self) -> None:
+        self._channel.close()

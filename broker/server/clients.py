@@ -1,0 +1,267 @@
+"""Routes, assignments, client liveness and the Telemetry stream (Settings, orphan checks).
+
+- QueryRoute answers with our own endpoint (the one the client dialled), one queue per
+  topic queue, and the message types the topic accepts.
+- QueryAssignment gives a push consumer one assignment per broker (queue id -1): the broker
+  pops from every queue, as the Apache proxy does.
+- Telemetry echoes the client's Settings merged with server policy: `publishing` always
+  present (else the producer's max body size becomes 0), consumers' retry ladder sent as
+  `customized_backoff` (the only form the Python push consumer honours), `metric` off.
+- Orphaned half messages are pushed to a producer that publishes their topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from broker.protocol_stubs import definition_pb2, service_pb2
+from broker.server import convert
+from broker.server.context import CallInfo, ServerContext
+from broker.server.errors import BadRequest, ConsumerGroupNotFound, Forbidden, TopicNotFound
+from broker.server.sessions import ClientKind, ClientSession
+from broker.server.status import ok, status_of
+from broker.server.transactions import orphan_command
+from broker.server.validation import accepted_types, check_group, check_topic, parse_filter
+from broker.store.message import MessageExt
+from broker.subscription import SubscriptionGroupConfig
+from broker.topic import PERM_READ, PERM_WRITE, TopicConfig
+
+log = logging.getLogger(__name__)
+
+PERMISSION = {(False, False): 1, (True, False): 2, (False, True): 3, (True, True): 4}
+MESSAGE_TYPE = {"NORMAL": 1, "FIFO": 2, "DELAY": 3, "TRANSACTION": 4}
+
+
+class ClientHandlers:
+    def __init__(self, ctx: ServerContext) -> None:
+        self.ctx = ctx
+        self._checked_topics: set[str] = set()
+
+    # --- topics and groups
+    def topic_config(self, topic: str) -> TopicConfig:
+        """The topic's config, auto-created when allowed (in memory; creation writes a file)."""
+        broker = self.ctx.broker
+        broker.route(topic)
+        cfg = broker.get_topic(topic)
+        if cfg is None:
+            raise TopicNotFound(f"topic {topic!r} does not exist")
+        return cfg
+
+    def group_config(self, group: str) -> SubscriptionGroupConfig:
+        broker = self.ctx.broker
+        cfg = broker.get_group(group)
+        if cfg is None:
+            if not self.ctx.config.auto_create_group:
+                raise ConsumerGroupNotFound(f"consumer group {group!r} does not exist")
+            cfg = broker.create_group(group)
+        return cfg
+
+    def endpoints(self, requested: Any) -> Any:
+        out = definition_pb2.Endpoints()
+        if requested is not None and len(requested.addresses) > 0:
+            out.CopyFrom(requested)
+            return out
+        host = self.ctx.config.advertised_host or self.ctx.config.host
+        try:
+            ip = ipaddress.ip_address(host)
+            out.scheme = 1 if ip.version == 4 else 2
+        except ValueError:
+            out.scheme = 3
+        address = out.addresses.add()
+        address.host = host
+        address.port = self.ctx.bound_port
+        return out
+
+    def message_queue(self, topic: str, namespace: str, queue_id: int, perm: int,
+                      endpoints: Any, topic_type: str) -> Any:
+        mq = definition_pb2.MessageQueue()
+        mq.topic.name = topic
+        mq.topic.resource_namespace = namespace
+        mq.id = queue_id
+        mq.permission = perm
+        mq.broker.name = self.ctx.config.broker_name
+        mq.broker.id = 0
+        mq.broker.endpoints.CopyFrom(endpoints)
+        mq.accept_message_types.extend(MESSAGE_TYPE[t] for t in accepted_types(topic_type))
+        return mq
+
+    # --- RPCs
+    async def query_route(self, request: Any, call: CallInfo) -> Any:
+        topic = check_topic(request.topic.name)
+        cfg = self.topic_config(topic)
+        endpoints = self.endpoints(request.endpoints)
+        response = service_pb2.QueryRouteResponse()
+        for queue_id in range(max(cfg.read_queue_nums, cfg.write_queue_nums)):
+            readable = queue_id < cfg.read_queue_nums and bool(cfg.perm & PERM_READ)
+            writeable = queue_id < cfg.write_queue_nums and bool(cfg.perm & PERM_WRITE)
+            response.message_queues.append(self.message_queue(
+                topic, request.topic.resource_namespace, queue_id,
+                PERMISSION[(readable, writeable)], endpoints, cfg.message_type.value))
+        response.status.CopyFrom(ok())
+        return response
+
+    async def query_assignment(self, request: Any, call: CallInfo) -> Any:
+        topic = check_topic(request.topic.name)
+        group = check_group(request.group.name)
+        cfg = self.topic_config(topic)
+        self.group_config(group)
+        if not cfg.perm & PERM_READ:
+            raise Forbidden(f"topic {topic!r} is not readable")
+        response = service_pb2.QueryAssignmentResponse()
+        assignment = response.assignments.add()
+        assignment.message_queue.CopyFrom(self.message_queue(
+            topic, request.topic.resource_namespace, -1, PERMISSION[(True, True)],
+            self.endpoints(request.endpoints), cfg.message_type.value))
+        response.status.CopyFrom(ok())
+        return response
+
+    async def heartbeat(self, request: Any, call: CallInfo) -> Any:
+        session = self.ctx.session(call)
+        if session.kind is ClientKind.UNSPECIFIED:
+            session.kind = ClientKind.of(request.client_type)
+        if request.HasField("group") and request.group.name:
+            group = check_group(request.group.name)
+            session.group = group
+            if session.kind.consumer:
+                self.ctx.broker.heartbeat(call.client_id, group, dict(session.subscriptions))
+        response = service_pb2.HeartbeatResponse()
+        response.status.CopyFrom(ok())
+        return response
+
+    async def notify_termination(self, request: Any, call: CallInfo,
+                                 release: Callable[[ClientSession], Any]) -> Any:
+        session = self.ctx.sessions.remove(call.client_id)
+        if session is not None:
+            await release(session)
+            group = session.group or (request.group.name if request.HasField("group") else "")
+            if group:
+                await self.ctx.run(self.ctx.broker.unregister, call.client_id, group)
+        response = service_pb2.NotifyClientTerminationResponse()
+        response.status.CopyFrom(ok())
+        return response
+
+    # --- Telemetry
+    async def telemetry(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+        try:
+            call = self.ctx.call_info(context)
+        except Exception as exc:
+            reply = service_pb2.TelemetryCommand()
+            reply.status.CopyFrom(status_of(exc))
+            yield reply
+            return
+        session = self.ctx.session(call)
+        outbox: asyncio.Queue[Any] = asyncio.Queue()
+        session.outbox = outbox
+        session.streams += 1
+        reader = asyncio.ensure_future(self._read_commands(requests, session, call))
+        try:
+            while True:
+                getter = asyncio.ensure_future(outbox.get())
+                done, _ = await asyncio.wait({getter, reader},
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if getter in done:
+                    command = getter.result()
+                    if command is None:  # the server is stopping: end the stream cleanly
+                        break
+                    yield command
+                    continue
+                getter.cancel()
+                while not outbox.empty():
+                    yield outbox.get_nowait()
+                break
+        finally:
+            reader.cancel()
+            session.streams -= 1
+            if session.outbox is outbox:
+                session.outbox = None
+            session.last_seen_ms = session.disconnected_ms = self.ctx.clock()
+
+    async def _read_commands(self, requests: AsyncIterator[Any], session: ClientSession,
+                             call: CallInfo) -> None:
+        try:
+            async for command in requests:
+                session.last_seen_ms = self.ctx.clock()
+                kind = command.WhichOneof("command")
+                if kind != "settings":
+                    continue  # thread stack traces, verify results: nothing to do
+                reply = service_pb2.TelemetryCommand()
+                try:
+                    reply.settings.CopyFrom(await self._apply_settings(session, command.settings,
+                                                                       call))
+                    reply.status.CopyFrom(ok())
+                except Exception as exc:
+                    reply.status.CopyFrom(status_of(exc))
+                session.push(reply)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the client vanished or sent garbage: end the stream
+            log.debug("telemetry stream of %s ended: %s", call.client_id, exc)
+
+    async def _apply_settings(self, session: ClientSession, settings: Any,
+                              call: CallInfo) -> Any:
+        kind = ClientKind.of(settings.client_type)
+        pub_sub = settings.WhichOneof("pub_sub")
+        if pub_sub is None:
+            raise BadRequest("settings carry neither publishing nor subscription")
+        if (pub_sub == "publishing") != (kind is ClientKind.PRODUCER):
+            raise BadRequest(f"client type {kind.name} does not match {pub_sub} settings")
+        reply = definition_pb2.Settings()
+        reply.CopyFrom(settings)
+        reply.metric.Clear()
+        reply.metric.on = False
+        if pub_sub == "publishing":
+            topics = frozenset(check_topic(t.name) for t in settings.publishing.topics)
+            session.kind, session.publishing, session.settings = kind, topics, settings
+            for topic in topics - self._checked_topics:
+                self.ctx.broker.register_transaction_checker(topic, self._checker(topic))
+                self._checked_topics.add(topic)
+            reply.publishing.max_body_size = self.ctx.config.max_body_size
+            reply.publishing.validate_message_type = True
+            policy = reply.backoff_policy
+            policy.Clear()
+            policy.max_attempts = self.ctx.config.producer_max_attempts
+            convert.set_duration_ms(policy.exponential_backoff.initial, 10)
+            convert.set_duration_ms(policy.exponential_backoff.max, 1000)
+            policy.exponential_backoff.multiplier = 2.0
+            return reply
+        sub = settings.subscription
+        group = check_group(sub.group.name)
+        subscriptions: dict[str, frozenset[str] | None] = {}
+        for entry in sub.subscriptions:
+            subscriptions[check_topic(entry.topic.name)] = parse_filter(
+                entry.expression.type, entry.expression.expression)
+        cfg = self.group_config(group)
+        session.kind, session.group, session.settings = kind, group, settings
+        session.subscriptions = subscriptions
+        self.ctx.broker.heartbeat(call.client_id, group, dict(subscriptions))
+        reply.subscription.fifo = cfg.fifo
+        reply.subscription.receive_batch_size = self.ctx.config.max_receive_batch
+        polling = self.ctx.config.max_long_polling_ms
+        if kind is ClientKind.SIMPLE_CONSUMER and sub.HasField("long_polling_timeout"):
+            polling = convert.duration_ms(sub.long_polling_timeout)
+        convert.set_duration_ms(reply.subscription.long_polling_timeout, polling)
+        policy = reply.backoff_policy
+        policy.Clear()
+        policy.max_attempts = cfg.max_delivery_attempts
+        for delay_ms in self.ctx.broker.config.delay_levels_ms:
+            convert.set_duration_ms(policy.customized_backoff.next.add(), delay_ms)
+        return reply
+
+    # --- orphaned transactions
+    def _checker(self, topic: str) -> Callable[[MessageExt], None]:
+        loop = asyncio.get_running_loop()
+
+        def check(ext: MessageExt) -> None:  # called on a broker thread
+            loop.call_soon_threadsafe(self._push_check, topic, ext)
+
+        return check
+
+    def _push_check(self, topic: str, ext: MessageExt) -> None:
+        for session in self.ctx.sessions.publishers_of(topic):
+            if session.push(orphan_command(ext)):
+                return
+        log.debug("no producer of %s is connected to resolve a half message", topic)

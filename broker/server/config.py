@@ -1,0 +1,66 @@
+"""Server configuration: address, TLS, authentication and the protocol's limits, in one value.
+
+Defaults follow the Apache RocketMQ 5 proxy (`ProxyConfig`), so a client tuned for a real
+cluster behaves the same here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything the gRPC server needs beyond the broker itself."""
+
+    host: str = "127.0.0.1"
+    port: int = 8081
+    # the endpoint advertised in routes when a client's request does not name one
+    advertised_host: str | None = None
+    broker_name: str = "broker-a"
+
+    # --- TLS: both files, or neither (plaintext)
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+
+    # --- access keys: empty means authentication is off. Map access key -> secret key.
+    credentials: dict[str, str] = field(default_factory=dict)
+    # the client signs its *local* time with a 'Z' suffix: tolerate any zone's offset
+    max_signature_skew_s: int = 27 * 3600
+
+    # --- limits (the proxy's defaults)
+    max_body_size: int = 4 * 1024 * 1024
+    max_properties: int = 128
+    max_properties_size: int = 16 * 1024
+    max_message_group_size: int = 64
+    max_batch_messages: int = 1024  # messages in one SendMessage
+    max_delay_ms: int = 24 * 3600 * 1000
+    min_invisible_ms: int = 10_000  # for ReceiveMessage without auto-renew
+    max_invisible_ms: int = 12 * 3600 * 1000
+    default_invisible_ms: int = 60_000  # auto-renew (push consumers)
+    renew_ahead_ms: int = 10_000  # renew this long before expiry
+    max_renew_ms: int = 3 * 3600 * 1000  # stop renewing one message after this long
+    release_invisible_ms: int = 1_000  # in-flight messages of a departed client reappear after
+    # a client whose telemetry stream closed and did not come back within this grace is
+    # departed: its auto-renewed messages are released (the proxy does it on channel close)
+    stream_grace_ms: int = 3_000
+    min_long_polling_ms: int = 5_000
+    max_long_polling_ms: int = 20_000
+    max_receive_batch: int = 32
+    max_parked_polls: int = 256  # concurrent long polls; beyond: TOO_MANY_REQUESTS
+    max_inflight_sends: int = 4096  # messages being stored at once; beyond: TOO_MANY_REQUESTS
+    session_expiry_ms: int = 30_000  # release + forget a client with no call and no stream
+    dedupe_cache_size: int = 100_000  # recent message ids remembered for idempotent sends
+    dedupe_recovery_window_ms: int = 60_000  # after start, also look ids up in the store
+    producer_max_attempts: int = 3
+    auto_create_group: bool = True
+    worker_threads: int = 32  # blocking broker calls (sends, acks, admin)
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None and self.tls_key is not None
+
+    @property
+    def auth(self) -> bool:
+        return bool(self.credentials)

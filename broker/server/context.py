@@ -1,0 +1,101 @@
+"""What every handler shares: the broker, the configuration, the sessions, the thread pools.
+
+The server runs on one asyncio event loop; the broker's API blocks, so each broker call
+runs where it costs least (`run`: on the loop under async flush, in a thread pool under sync
+flush). Long polls park on the loop (`broker.server.polling`), not in threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, ParamSpec, TypeVar
+
+from broker.broker import Broker
+from broker.server import auth
+from broker.server.config import ServerConfig
+from broker.server.errors import ClientIdRequired
+from broker.server.sessions import ClientSession, SessionRegistry
+from broker.store.config import FlushMode
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class CallInfo:
+    """Who is calling: from the request metadata."""
+
+    client_id: str
+    namespace: str
+    request_id: str
+    metadata: dict[str, str]
+
+
+class ServerContext:
+    def __init__(self, broker: Broker, config: ServerConfig, *,
+                 clock: Callable[[], int] | None = None) -> None:
+        self.broker = broker
+        self.config = config
+        self.clock = clock or _wall_ms
+        self.sessions = SessionRegistry()
+        self.started_ms = self.clock()
+        # messages stored before this start may be resent by clients that lost our answer
+        self.had_messages = broker.store.get_commitlog_max_offset() > 0
+        self.bound_port = config.port
+        self.pool = ThreadPoolExecutor(config.worker_threads, thread_name_prefix="grpc-call")
+        # Under ASYNC_FLUSH a broker call never waits for the disk: it takes microseconds, far
+        # less than handing it to a thread and back (which costs milliseconds of GIL handoffs
+        # on a busy machine), so it runs on the loop. Under SYNC_FLUSH puts and acks wait for
+        # the group commit's fsync: they go to the pool so the loop keeps serving.
+        self.inline = broker.store.config.flush_mode is FlushMode.ASYNC_FLUSH
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.closing = False  # set at shutdown: parked polls answer, streams end
+
+    # --- broker calls
+    async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Call the broker: on the loop when its calls cannot block, else in the pool."""
+        return await self.submit(functools.partial(fn, *args, **kwargs))
+
+    def submit(self, call: Callable[[], T]) -> asyncio.Future[T]:
+        loop = asyncio.get_running_loop()
+        if not self.inline:
+            return loop.run_in_executor(self.pool, call)
+        future: asyncio.Future[T] = loop.create_future()
+        try:
+            future.set_result(call())
+        except Exception as exc:
+            future.set_exception(exc)
+        return future
+
+    async def run_in_pool(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """For calls that may take long whatever the flush mode (admin, scans)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.pool, functools.partial(fn, *args, **kwargs))
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    # --- callers
+    def call_info(self, context: Any, *, require_client_id: bool = True) -> CallInfo:
+        metadata = {k.lower(): v for k, v in (context.invocation_metadata() or ())
+                    if isinstance(v, str)}
+        client_id = metadata.get("x-mq-client-id", "").strip()
+        if require_client_id and not client_id:
+            raise ClientIdRequired("x-mq-client-id header is required")
+        if self.config.auth:
+            auth.verify(metadata, self.config.credentials, self.clock() / 1000,
+                        self.config.max_signature_skew_s)
+        return CallInfo(client_id=client_id, namespace=metadata.get("x-mq-namespace", ""),
+                        request_id=metadata.get("x-mq-request-id", ""), metadata=metadata)
+
+    def session(self, call: CallInfo) -> ClientSession:
+        return self.sessions.touch(call.client_id, self.clock())

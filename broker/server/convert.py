@@ -1,0 +1,149 @@
+"""Protocol messages <-> store messages.
+
+A protocol `Message` becomes a store `Message` whose properties carry the system fields
+(`TAGS`, `KEYS` space-separated, `UNIQ_KEY` = the client's message id, `__SHARDINGKEY` = the
+message group, `TIMER_DELIVER_MS`, `TRAN_MSG`); every other property is the user's. The way
+back rebuilds the same protocol fields, so tags, keys and properties survive the trip.
+"""
+
+from __future__ import annotations
+
+import socket
+import zlib
+from typing import Any
+
+from broker.protocol_stubs import definition_pb2
+from broker.server.validation import RESERVED_PROPERTIES
+from broker.store.message import Message, MessageExt, Prop
+
+# protocol MessageType numbers
+NORMAL, FIFO, DELAY, TRANSACTION = 1, 2, 3, 4
+TYPE_NAMES = {NORMAL: "NORMAL", FIFO: "FIFO", DELAY: "DELAY", TRANSACTION: "TRANSACTION"}
+TYPE_NUMBERS = {v: k for k, v in TYPE_NAMES.items()}
+ENCODING_IDENTITY = 1
+DIGEST_CRC32 = 1
+
+_SYSTEM_NAMES = RESERVED_PROPERTIES | {
+    Prop.UNIQ_KEY, Prop.SHARDING_KEY, Prop.TIMER_DELIVER_MS, Prop.TRAN_MSG,
+    Prop.PRODUCER_GROUP, Prop.REAL_TOPIC, Prop.REAL_QID, Prop.RETRY_TOPIC,
+}
+# broker-set properties a consumer may read (never set: sends reject them as reserved):
+# where a dead letter came from, so a DLQ handler can tell
+_SHOWN_SYSTEM_NAMES = frozenset({Prop.DLQ_ORIGIN_TOPIC, Prop.DLQ_ORIGIN_MESSAGE_ID})
+_HIDDEN_ON_DELIVERY = _SYSTEM_NAMES - _SHOWN_SYSTEM_NAMES
+
+
+def timestamp_ms(ts: Any) -> int:
+    """A protobuf Timestamp as epoch milliseconds."""
+    return int(ts.seconds) * 1000 + int(ts.nanos) // 1_000_000
+
+
+def set_timestamp_ms(ts: Any, ms: int) -> None:
+    ts.seconds = ms // 1000
+    ts.nanos = (ms % 1000) * 1_000_000
+
+
+def duration_ms(d: Any) -> int:
+    return int(d.seconds) * 1000 + int(d.nanos) // 1_000_000
+
+
+def set_duration_ms(d: Any, ms: int) -> None:
+    d.seconds = ms // 1000
+    d.nanos = (ms % 1000) * 1_000_000
+
+
+def message_type_of(sp: Any) -> str:
+    """The message's declared type name; unspecified falls back to what its fields imply."""
+    declared = int(sp.message_type)
+    if declared in TYPE_NAMES:
+        return TYPE_NAMES[declared]
+    if sp.HasField("message_group"):
+        return "FIFO"
+    if sp.HasField("delivery_timestamp"):
+        return "DELAY"
+    return "NORMAL"
+
+
+def to_store(pm: Any, queue_id: int, *, transactional: bool,
+             producer_group: str | None) -> Message:
+    """Build the store message for one (already validated) protocol message."""
+    sp = pm.system_properties
+    props: dict[str, str] = dict(pm.user_properties)
+    if sp.HasField("tag") and sp.tag:
+        props[Prop.TAGS] = sp.tag
+    keys = [k for k in sp.keys if k]
+    if keys:
+        props[Prop.KEYS] = " ".join(keys)
+    props[Prop.UNIQ_KEY] = sp.message_id
+    if sp.HasField("message_group") and sp.message_group:
+        props[Prop.SHARDING_KEY] = sp.message_group
+    if sp.HasField("delivery_timestamp"):
+        props[Prop.TIMER_DELIVER_MS] = str(timestamp_ms(sp.delivery_timestamp))
+    if transactional:
+        props[Prop.TRAN_MSG] = "true"
+        if producer_group:
+            props[Prop.PRODUCER_GROUP] = producer_group
+    born_ms = timestamp_ms(sp.born_timestamp) if sp.HasField("born_timestamp") else 0
+    msg = Message(topic=pm.topic.name, body=bytes(pm.body), queue_id=queue_id,
+                  properties=props, born_host=(_host_only(sp.born_host), 0))
+    if born_ms > 0:
+        msg.born_timestamp = born_ms
+    return msg
+
+
+def _host_only(born_host: str) -> str:
+    """The IPv4 address in a client's `born_host` (`ip` or `ip:port`); loopback otherwise."""
+    host = born_host.rsplit(":", 1)[0] if born_host.count(":") == 1 else born_host
+    try:
+        socket.inet_aton(host)
+    except OSError:
+        return "127.0.0.1"
+    return host
+
+
+def to_proto(ext: MessageExt, *, topic: str, namespace: str, receipt_handle: str | None,
+             delivery_attempt: int, invisible_ms: int | None = None) -> Any:
+    """The protocol message a consumer receives for one stored message."""
+    pm = definition_pb2.Message()
+    pm.topic.name = topic
+    pm.topic.resource_namespace = namespace
+    pm.body = ext.body
+    props = ext.properties
+    for name, value in props.items():
+        if name not in _HIDDEN_ON_DELIVERY:
+            pm.user_properties[name] = value
+    sp = pm.system_properties
+    tags = props.get(Prop.TAGS)
+    if tags:
+        sp.tag = tags
+    sp.keys.extend(ext.keys)
+    sp.message_id = ext.msg_id
+    sp.body_digest.type = DIGEST_CRC32
+    sp.body_digest.checksum = f"{zlib.crc32(ext.body) & 0xFFFFFFFF:08X}"
+    sp.body_encoding = ENCODING_IDENTITY
+    group = props.get(Prop.SHARDING_KEY)
+    deliver_ms = props.get(Prop.TIMER_DELIVER_MS)
+    if group:
+        sp.message_type = FIFO
+        sp.message_group = group
+    elif props.get(Prop.TRAN_MSG) == "true":
+        sp.message_type = TRANSACTION
+    elif deliver_ms or props.get(Prop.DELAY):
+        sp.message_type = DELAY
+    else:
+        sp.message_type = NORMAL
+    if deliver_ms and deliver_ms.isdigit():
+        set_timestamp_ms(sp.delivery_timestamp, int(deliver_ms))
+    set_timestamp_ms(sp.born_timestamp, ext.born_timestamp)
+    sp.born_host = ext.born_host[0]
+    set_timestamp_ms(sp.store_timestamp, ext.store_timestamp)
+    sp.store_host = f"{ext.store_host[0]}:{ext.store_host[1]}"
+    if receipt_handle is not None:
+        sp.receipt_handle = receipt_handle
+    sp.queue_id = ext.queue_id
+    sp.queue_offset = ext.queue_offset
+    if invisible_ms is not None:
+        set_duration_ms(sp.invisible_duration, invisible_ms)
+    if delivery_attempt > 0:
+        sp.delivery_attempt = delivery_attempt
+    return pm

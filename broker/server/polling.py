@@ -1,0 +1,83 @@
+"""Long polling on the event loop: a parked receive holds no thread.
+
+A parked ReceiveMessage waits for one of three things, then asks the broker again:
+- a new message dispatched to its topic (a store dispatcher reports arrivals);
+- an ack, nack or dead-lettering on its (group, topic) through this server (a FIFO group's
+  next message may now be free);
+- a re-poll tick (`REPOLL_S`), which catches invisible times running out.
+It answers as soon as anything is found, or empty when its polling time is over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from broker.server.errors import TooManyRequests
+
+REPOLL_S = 0.5
+
+
+class ArrivalHook:
+    """A store dispatcher (called on the reput thread) forwarding topics to the loop, at most
+    one pending wake-up per topic."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, wake: Callable[[str], None]) -> None:
+        self._loop = loop
+        self._wake = wake
+        self._lock = threading.Lock()
+        self._pending: set[str] = set()
+
+    def dispatch(self, request: Any) -> None:
+        topic = request.topic
+        with self._lock:
+            if topic in self._pending:
+                return
+            self._pending.add(topic)
+        with contextlib.suppress(RuntimeError):  # a closed loop: the server is gone
+            self._loop.call_soon_threadsafe(self._fire, topic)
+
+    def _fire(self, topic: str) -> None:
+        with self._lock:
+            self._pending.discard(topic)
+        self._wake(topic)
+
+
+class Waiters:
+    """Parked receives by topic; touched only on the event loop."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._by_topic: dict[str, set[asyncio.Event]] = {}
+        self._count = 0
+
+    def park(self, topic: str) -> asyncio.Event:
+        if self._count >= self._limit:
+            raise TooManyRequests("too many long-polling receives in flight; retry later")
+        event = asyncio.Event()
+        self._by_topic.setdefault(topic, set()).add(event)
+        self._count += 1
+        return event
+
+    def unpark(self, topic: str, event: asyncio.Event) -> None:
+        events = self._by_topic.get(topic)
+        if events is not None and event in events:
+            events.discard(event)
+            self._count -= 1
+            if not events:
+                del self._by_topic[topic]
+
+    def wake(self, topic: str) -> None:
+        for event in self._by_topic.get(topic, ()):
+            event.set()
+
+    def wake_all(self) -> None:
+        for events in self._by_topic.values():
+            for event in events:
+                event.set()
+
+    def __len__(self) -> int:
+        return self._count

@@ -1,0 +1,166 @@
+"""The gRPC server's lifecycle: bind, serve on an asyncio loop in its own thread, stop.
+
+    server = MessagingServer(broker, ServerConfig(port=8081))
+    server.start()          # returns once the port is bound (ServerStartError if it is not)
+    ...
+    server.stop()           # graceful: in-flight calls get `grace_s` to finish
+
+Both services share the port: `apache.rocketmq.v2.MessagingService` and the JSON admin
+service `reliable.admin.v1.Admin` (see `broker.server.admin`). The broker is the caller's:
+the server neither starts nor shuts it down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from broker.broker import Broker
+from broker.protocol_stubs import service_pb2_grpc
+from broker.server.admin import admin_handler
+from broker.server.config import ServerConfig
+from broker.server.context import ServerContext
+from broker.server.errors import ServerError
+from broker.server.polling import ArrivalHook
+from broker.server.service import MessagingServicer
+
+log = logging.getLogger(__name__)
+
+UPKEEP_INTERVAL_S = 1.0
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # one request; bigger ones fail in gRPC, not here
+
+
+class ServerStartError(ServerError):
+    """The server could not bind its port or load its TLS files."""
+
+
+class MessagingServer:
+    def __init__(self, broker: Broker, config: ServerConfig | None = None, *,
+                 clock: Callable[[], int] | None = None) -> None:
+        self.config = config or ServerConfig()
+        self.ctx = ServerContext(broker, self.config, clock=clock)
+        self.servicer = MessagingServicer(self.ctx)
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._started = threading.Event()
+        self._stopped = threading.Event()
+        self._error: BaseException | None = None
+        self._grace_s = 2.0
+
+    @property
+    def port(self) -> int:
+        return self.ctx.bound_port
+
+    @property
+    def address(self) -> str:
+        return f"{self.config.advertised_host or self.config.host}:{self.port}"
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        if self._thread is not None:
+            raise ServerStartError("server already started")
+        self._thread = threading.Thread(target=self._run, name="grpc-server", daemon=True)
+        self._thread.start()
+        if not self._started.wait(timeout_s):
+            raise ServerStartError(f"server did not start within {timeout_s} s")
+        if self._error is not None:
+            raise ServerStartError(str(self._error)) from self._error
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        """Stop accepting calls, give in-flight ones `grace_s`, then end the loop."""
+        if self._thread is None:
+            return
+        self._grace_s = grace_s
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(stop.set)
+        self._thread.join(grace_s + 10)
+        self.ctx.shutdown()
+        self._thread = None
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until the server has stopped."""
+        return self._stopped.wait(timeout_s)
+
+    # --- the loop thread
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._serve())
+        except BaseException as exc:  # reported to start(), or logged after it
+            if not self._started.is_set():
+                self._error = exc
+            else:
+                log.exception("gRPC server loop failed")
+        finally:
+            self._cancel_leftovers(loop)
+            self._started.set()
+            self._stopped.set()
+            loop.close()
+
+    @staticmethod
+    def _cancel_leftovers(loop: asyncio.AbstractEventLoop) -> None:
+        """Cancel calls still running after the grace period, and wait for them to unwind."""
+        pending = asyncio.all_tasks(loop)
+        for task in pending:
+            task.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+
+    def _credentials(self) -> Any:
+        cert, key = self.config.tls_cert, self.config.tls_key
+        assert cert is not None and key is not None
+        return grpc.ssl_server_credentials([(key.read_bytes(), cert.read_bytes())])
+
+    async def _serve(self) -> None:
+        self._stop = asyncio.Event()
+        self.ctx.loop = asyncio.get_running_loop()
+        self.ctx.broker.store.add_dispatcher(
+            ArrivalHook(self.ctx.loop, self.servicer.consuming.waiters.wake))
+        server = grpc.aio.server(options=[
+            ("grpc.so_reuseport", 0),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", -1),
+            ("grpc.keepalive_time_ms", 30_000),
+            ("grpc.http2.max_pings_without_data", 0),
+            ("grpc.keepalive_permit_without_calls", 1),
+        ])
+        service_pb2_grpc.add_MessagingServiceServicer_to_server(self.servicer, server)
+        server.add_generic_rpc_handlers((admin_handler(self.ctx),))
+        target = f"{self.config.host}:{self.config.port}"
+        if self.config.tls:
+            port = server.add_secure_port(target, self._credentials())
+        else:
+            port = server.add_insecure_port(target)
+        if port == 0:
+            raise ServerStartError(f"cannot bind {target}")
+        self.ctx.bound_port = port
+        await server.start()
+        log.info("serving RocketMQ 5 gRPC on %s:%d (%s)", self.config.host, port,
+                 "TLS" if self.config.tls else "plaintext")
+        self._started.set()
+        upkeep = asyncio.ensure_future(self._upkeep())
+        try:
+            await self._stop.wait()
+        finally:
+            upkeep.cancel()
+            # answer parked receives and end telemetry streams before the grace runs out
+            self.ctx.closing = True
+            self.servicer.consuming.waiters.wake_all()
+            for session in self.ctx.sessions:
+                session.end_stream()
+            await server.stop(self._grace_s)
+
+    async def _upkeep(self) -> None:
+        while True:
+            await asyncio.sleep(UPKEEP_INTERVAL_S)
+            try:
+                await self.servicer.consuming.upkeep()
+            except Exception:
+                log.exception("server upkeep pass failed")

@@ -1,0 +1,264 @@
+"""Topic configuration: queue counts, permission bits, message type, names, persistence.
+
+Rules follow RocketMQ's `TopicValidator`: a name is 1-127 characters of `[%|a-zA-Z0-9_-]`
+(a group at most 120, so that its `%RETRY%` and `%DLQ%` topics fit the 127 limit);
+the broker's own topics (`SCHEDULE_TOPIC_XXXX`, the transaction half/op topics, the revive
+log, `TBW102`, anything starting `rmq_sys_`) cannot be created or written by users.
+`%RETRY%<group>` and `%DLQ%<group>` are per-group topics the broker creates on demand.
+
+Persisted in `config/topics.json` (atomic write, `.bak` fallback):
+
+    {"topicConfigTable": {"<name>": {"topicName", "readQueueNums", "writeQueueNums",
+                                     "perm", "messageType", "order"}},
+     "dataVersion": {"counter": n}}
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import threading
+from dataclasses import dataclass, replace
+from typing import Any
+
+from broker.errors import InvalidArgument, InvalidGroupName, InvalidTopicName, SystemTopicReserved
+from broker.store.json_config import JsonConfigFile
+
+# --- permission bits (RocketMQ PermName)
+PERM_PRIORITY = 0x8
+PERM_READ = 0x4
+PERM_WRITE = 0x2
+PERM_INHERIT = 0x1
+PERM_READ_WRITE = PERM_READ | PERM_WRITE
+_PERM_ALL = PERM_PRIORITY | PERM_READ | PERM_WRITE | PERM_INHERIT
+
+
+def is_readable(perm: int) -> bool:
+    return perm & PERM_READ == PERM_READ
+
+
+def is_writeable(perm: int) -> bool:
+    return perm & PERM_WRITE == PERM_WRITE
+
+
+def perm_to_string(perm: int) -> str:
+    return ("R" if is_readable(perm) else "-") + ("W" if is_writeable(perm) else "-") + (
+        "X" if perm & PERM_INHERIT else "-")
+
+
+# --- names
+TOPIC_MAX_LENGTH = 127  # the record's TOPICLEN is one signed byte
+_NAME = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+
+RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
+# a group's retry and DLQ topics must fit the topic limit: 127 - len("%RETRY%") = 120
+GROUP_MAX_LENGTH = TOPIC_MAX_LENGTH - len(RETRY_GROUP_TOPIC_PREFIX)
+DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
+TRANS_OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
+REVIVE_TOPIC = "rmq_sys_REVIVE_LOG"
+AUTO_CREATE_TEMPLATE_TOPIC = "TBW102"
+SYSTEM_TOPIC_PREFIX = "rmq_sys_"
+SYSTEM_TOPICS = frozenset({
+    SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, REVIVE_TOPIC,
+    AUTO_CREATE_TEMPLATE_TOPIC, "BenchmarkTest", "OFFSET_MOVED_EVENT", "SELF_TEST_TOPIC",
+    "RMQ_SYS_TRACE_TOPIC", "rmq_sys_wheel_timer",
+})
+# groups the broker uses for its own bookkeeping in the offset table
+SYSTEM_GROUP_PREFIX = "CID_RMQ_SYS_"
+
+
+def retry_topic(group: str) -> str:
+    return RETRY_GROUP_TOPIC_PREFIX + group
+
+
+def dlq_topic(group: str) -> str:
+    return DLQ_GROUP_TOPIC_PREFIX + group
+
+
+def is_retry_topic(topic: str) -> bool:
+    return topic.startswith(RETRY_GROUP_TOPIC_PREFIX)
+
+
+def is_dlq_topic(topic: str) -> bool:
+    return topic.startswith(DLQ_GROUP_TOPIC_PREFIX)
+
+
+def is_system_topic(topic: str) -> bool:
+    return topic in SYSTEM_TOPICS or topic.startswith(SYSTEM_TOPIC_PREFIX)
+
+
+def validate_topic_name(name: object) -> str:
+    """The name itself, or InvalidTopicName saying exactly what is wrong."""
+    if not isinstance(name, str):
+        raise InvalidTopicName(repr(name), "must be a string")
+    if not name or not name.strip():
+        raise InvalidTopicName(name, "must not be blank")
+    if len(name) > TOPIC_MAX_LENGTH:
+        raise InvalidTopicName(name, f"is {len(name)} characters; at most {TOPIC_MAX_LENGTH}")
+    if not _NAME.match(name):
+        bad = sorted({c for c in name if not _NAME.match(c)})
+        raise InvalidTopicName(
+            name, f"contains {''.join(bad)!r}; allowed are letters, digits, '%', '|', '_', '-'")
+    return name
+
+
+def validate_user_topic(name: object) -> str:
+    """A topic a user may create or send to: valid and not a system topic."""
+    topic = validate_topic_name(name)
+    if is_system_topic(topic):
+        raise SystemTopicReserved(topic)
+    return topic
+
+
+def validate_group_name(name: object) -> str:
+    if not isinstance(name, str):
+        raise InvalidGroupName(repr(name), "must be a string")
+    if not name or not name.strip():
+        raise InvalidGroupName(name, "must not be blank")
+    if len(name) > GROUP_MAX_LENGTH:
+        raise InvalidGroupName(name, f"is {len(name)} characters; at most {GROUP_MAX_LENGTH} "
+                                     f"(so that %RETRY%<group> fits the topic limit)")
+    if not _NAME.match(name):
+        bad = sorted({c for c in name if not _NAME.match(c)})
+        raise InvalidGroupName(
+            name, f"contains {''.join(bad)!r}; allowed are letters, digits, '%', '|', '_', '-'")
+    return name
+
+
+class TopicMessageType(enum.Enum):
+    """What a topic accepts (RocketMQ 5 `message.type` attribute)."""
+
+    NORMAL = "NORMAL"
+    FIFO = "FIFO"
+    DELAY = "DELAY"
+    TRANSACTION = "TRANSACTION"
+    MIXED = "MIXED"  # anything
+
+    @classmethod
+    def parse(cls, value: str | TopicMessageType) -> TopicMessageType:
+        if isinstance(value, TopicMessageType):
+            return value
+        try:
+            return cls(str(value).upper())
+        except ValueError:
+            raise InvalidArgument(
+                f"message type {value!r}: expected one of "
+                f"{', '.join(t.value for t in cls)}") from None
+
+    def accepts(self, message_type: TopicMessageType) -> bool:
+        return self is TopicMessageType.MIXED or self is message_type
+
+
+MAX_QUEUE_NUMS = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    """One topic: how many queues readers and writers see, who may do what, what it holds."""
+
+    name: str
+    read_queue_nums: int = 4
+    write_queue_nums: int = 4
+    perm: int = PERM_READ_WRITE
+    message_type: TopicMessageType = TopicMessageType.NORMAL
+    order: bool = False
+
+    def __post_init__(self) -> None:
+        for label, n in (("read", self.read_queue_nums), ("write", self.write_queue_nums)):
+            if not isinstance(n, int) or not 1 <= n <= MAX_QUEUE_NUMS:
+                raise InvalidArgument(
+                    f"topic {self.name!r}: {label} queue count {n!r} must be 1..{MAX_QUEUE_NUMS}")
+        if not isinstance(self.perm, int) or self.perm & ~_PERM_ALL:
+            raise InvalidArgument(
+                f"topic {self.name!r}: perm {self.perm!r} is not a combination of "
+                f"8 (priority), 4 (read), 2 (write), 1 (inherit)")
+
+    @property
+    def readable(self) -> bool:
+        return is_readable(self.perm)
+
+    @property
+    def writeable(self) -> bool:
+        return is_writeable(self.perm)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"topicName": self.name, "readQueueNums": self.read_queue_nums,
+                "writeQueueNums": self.write_queue_nums, "perm": self.perm,
+                "messageType": self.message_type.value, "order": self.order}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TopicConfig:
+        return cls(name=str(data["topicName"]), read_queue_nums=int(data["readQueueNums"]),
+                   write_queue_nums=int(data["writeQueueNums"]), perm=int(data["perm"]),
+                   message_type=TopicMessageType.parse(data.get("messageType", "NORMAL")),
+                   order=bool(data.get("order", False)))
+
+
+class TopicConfigManager:
+    """The topic table, persisted to topics.json on every change."""
+
+    def __init__(self, file: JsonConfigFile) -> None:
+        self._file = file
+        self._lock = threading.RLock()
+        self._table: dict[str, TopicConfig] = {}
+        self._version = 0
+
+    def load(self) -> None:
+        data = self._file.load() or {}
+        table = data.get("topicConfigTable", {})
+        with self._lock:
+            self._table = {name: TopicConfig.from_json(cfg) for name, cfg in table.items()}
+            self._version = int(data.get("dataVersion", {}).get("counter", 0))
+
+    def _persist(self) -> None:
+        self._version += 1
+        self._file.save({
+            "topicConfigTable": {n: c.to_json() for n, c in sorted(self._table.items())},
+            "dataVersion": {"counter": self._version},
+        })
+
+    def get(self, name: str) -> TopicConfig | None:
+        return self._table.get(name)
+
+    def all(self) -> list[TopicConfig]:
+        with self._lock:
+            return sorted(self._table.values(), key=lambda c: c.name)
+
+    def put(self, config: TopicConfig) -> TopicConfig:
+        """Create or update (RocketMQ's updateTopic is an upsert)."""
+        with self._lock:
+            if self._table.get(config.name) != config:
+                self._table[config.name] = config
+                self._persist()
+            return config
+
+    def get_or_create(self, config: TopicConfig) -> TopicConfig:
+        """The existing config, or `config` stored as new (never overwrites)."""
+        with self._lock:
+            existing = self._table.get(config.name)
+            if existing is not None:
+                return existing
+            self._table[config.name] = config
+            self._persist()
+            return config
+
+    def widen_queues(self, name: str, queue_nums: int) -> TopicConfig:
+        """Grow a topic's queue counts to at least `queue_nums` (retry topic settings)."""
+        with self._lock:
+            cfg = self._table[name]
+            if cfg.read_queue_nums >= queue_nums and cfg.write_queue_nums >= queue_nums:
+                return cfg
+            new = replace(cfg, read_queue_nums=max(cfg.read_queue_nums, queue_nums),
+                          write_queue_nums=max(cfg.write_queue_nums, queue_nums))
+            self._table[name] = new
+            self._persist()
+            return new
+
+    def delete(self, name: str) -> bool:
+        with self._lock:
+            if self._table.pop(name, None) is None:
+                return False
+            self._persist()
+            return True

@@ -1,0 +1,463 @@
+"""The idempotency guard: DESIGN §4.3's state machine, per message and consumer group.
+
+    deliver (message, group)
+      │
+      ▼
+    1. insert the consumption-log row ─────────────── DB down ──► RECONSUME_LATER
+      │
+      ▼
+    2. Redis SET <prefix><group>:<id> "L:<token>" NX PX <lease>
+      │ taken              │ not taken             │ Redis down (database alone)
+      ▼                    ▼                       ▼
+    3. DB: confirmation row for (id, group)? ── yes ──► delete log row, Redis "D:" ──► SUCCESS
+      │ no                 │ no                    │ no     (known id, other body ──► reported)
+      │                    └──► 4. held elsewhere ─┼────────────────────────► RECONSUME_LATER
+      │                                            │          (or wait for its result)
+      ▼                                            ▼
+    DB lease: log row := token, unless another live lease ── held ──► RECONSUME_LATER
+      │
+      ▼
+    handler(session=S) ── raises ──► 6. roll back S; release DB lease and Redis key
+      │                                 (compare-and-delete); re-raise
+      ▼
+    5. in S: log row still carries token? ── no ──► roll back ──► RECONSUME_LATER (fenced)
+       insert confirmation (unique key; taken ──► roll back ──► SUCCESS, a duplicate)
+       delete log row; stub CONFIRMED once every expected group has confirmed
+       commit S ── DB down ──► RECONSUME_LATER
+      │
+      ▼
+    Redis "L:<token>" → "D:<token>" PX <ttl> (only while still ours) ──► SUCCESS
+
+`Discard` from the handler: the handler's writes roll back, the confirmation is recorded
+with outcome DISCARDED (so redeliveries are duplicates), and `Discard` is re-raised for the
+caller to acknowledge. Redis unavailable: the database lease and confirmation alone (slower,
+still exactly once). Database unavailable: never SUCCESS.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import (
+    DisconnectionError,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+)
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+from sqlalchemy.orm import Session
+
+from idempotency.config import GuardConfig, MismatchPolicy
+from idempotency.errors import BodyMismatch, NotADeadLetter
+from idempotency.leases import DONE, Leases, RedisLike
+from idempotency.store import ConfirmStatus, GuardStore
+from outbox.models import ConfirmationOutcome, OutboxTables
+from outbox.ports import Clock, utcnow
+from outbox.stubs import body_digest
+from reliable.message import ConsumeResult, ReceivedMessage
+from reliable.outcomes import Discard
+
+log = logging.getLogger(__name__)
+
+DB_DOWN = (OperationalError, InterfaceError, DisconnectionError, PoolTimeout)
+
+DLQ_PREFIX = "%DLQ%"
+# properties every retry / dead-letter copy carries (broker/sendback.py, broker/pop.py)
+_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"  # offset id of the first copy (set at 1st send-back)
+_DLQ_ORIGIN_MESSAGE_ID = "DLQ_ORIGIN_MESSAGE_ID"  # id of the copy that was dead-lettered
+_DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"
+_RETRY_TOPIC = "RETRY_TOPIC"
+
+
+def dead_letter_origin(message: ReceivedMessage, group: str | None = None
+                       ) -> tuple[str, str, str]:
+    """(original message id, group, original topic) of a copy read from `%DLQ%<group>`.
+
+    The id is the one the guard keyed the group's deliveries by: the client-visible id
+    (`UNIQ_KEY`), which every retry and dead-letter copy keeps; a message sent without one
+    (its id is its offset id, different for every copy) falls back to ORIGIN_MESSAGE_ID,
+    then DLQ_ORIGIN_MESSAGE_ID.
+    """
+    dlq_group = message.topic[len(DLQ_PREFIX):] if message.topic.startswith(DLQ_PREFIX) else None
+    if group is None:
+        group = dlq_group
+    if not group or (dlq_group is not None and dlq_group != group):
+        raise NotADeadLetter(message.topic, group)
+    props = message.properties
+    if message.offset_msg_id and message.message_id == message.offset_msg_id:
+        original = (props.get(_ORIGIN_MESSAGE_ID) or props.get(_DLQ_ORIGIN_MESSAGE_ID)
+                    or message.message_id)
+    else:
+        original = message.message_id
+    topic = props.get(_DLQ_ORIGIN_TOPIC) or props.get(_RETRY_TOPIC) or message.topic
+    return original, group, topic
+
+
+def _redis_errors() -> tuple[type[BaseException], ...]:
+    import redis
+
+    return (redis.RedisError, OSError)
+
+
+class EventKind(enum.Enum):
+    PROCESSED = "processed"  # the handler ran and its confirmation committed
+    DUPLICATE = "duplicate"  # already confirmed: acknowledged without running the handler
+    IN_PROGRESS = "in_progress"  # another worker holds it: RECONSUME_LATER
+    FENCED = "fenced"  # this worker's lease was taken over: its work rolled back
+    DISCARDED = "discarded"  # the handler raised Discard: recorded as done
+    HANDLER_FAILED = "handler_failed"  # the handler raised: lease released, exception re-raised
+    BODY_MISMATCH = "body_mismatch"  # a known id with another body
+    REDIS_UNAVAILABLE = "redis_unavailable"  # fell back to the database alone
+    DB_UNAVAILABLE = "db_unavailable"  # never acknowledged
+
+
+@dataclass(frozen=True)
+class GuardEvent:
+    kind: EventKind
+    message_id: str
+    group: str
+    detail: str = ""
+
+
+@dataclass
+class GuardStats:
+    counts: dict[EventKind, int] = field(default_factory=dict)
+
+    def add(self, kind: EventKind) -> None:
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+
+    def __getitem__(self, kind: EventKind) -> int:
+        return self.counts.get(kind, 0)
+
+
+class _Fenced(Exception):
+    pass
+
+
+class _Renewer:
+    """Extends both leases every lease/3 while the handler runs (when configured)."""
+
+    def __init__(self, guard: IdempotencyGuard, message_id: str, group: str, key: str,
+                 token: str, held: bool | None) -> None:
+        self.guard, self.message_id, self.group = guard, message_id, group
+        self.key, self.token, self.held = key, token, held
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> _Renewer:
+        if self.guard.config.renew_lease:
+            self._thread = threading.Thread(target=self._run, daemon=True,
+                                            name=f"lease-renew-{self.message_id}")
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # Not joined: a renewal still in flight (e.g. waiting for SQLite's write lock, held
+        # by the handler's open transaction) would stall the commit. A late renewal is
+        # harmless: both renewals only touch a lease this token still holds.
+        self._stop.set()
+
+    def _run(self) -> None:
+        guard = self.guard
+        interval = guard.config.lease.total_seconds() / 3
+        while not self._stop.wait(interval):
+            try:
+                if self.held and guard.leases is not None:
+                    guard.leases.renew(self.key, self.token)
+                if not guard.store.renew(self.message_id, self.group, self.token,
+                                         guard.clock() + guard.config.lease):
+                    return  # taken over: fencing will refuse the confirmation
+            except Exception as exc:  # a failed renewal only shortens the lease
+                log.warning("lease renewal of %s failed: %s", self.message_id, exc)
+
+
+class IdempotencyGuard:
+    """Runs a handler at most once per (message id, consumer group), and at least once.
+
+    redis: a redis-py client (give it `socket_timeout`/`socket_connect_timeout` so an
+        unreachable Redis fails fast); None runs on the database alone.
+    engine, tables: where the consumption log and confirmations live (the outbox tables);
+        handlers get a `Session` on this engine so their writes commit with the confirmation.
+    """
+
+    def __init__(self, engine: Engine, tables: OutboxTables, redis: RedisLike | None, *,
+                 config: GuardConfig | None = None, clock: Clock = utcnow,
+                 sleep: Callable[[float], None] = time.sleep,
+                 on_event: Callable[[GuardEvent], None] | None = None) -> None:
+        self.config = (config or GuardConfig()).validate()  # refuses short dedup windows
+        self.engine = engine
+        self.tables = tables
+        self.store = GuardStore(engine, tables)
+        self.leases = (Leases(redis, self.config.key_prefix,
+                              _ms(self.config.lease.total_seconds()),
+                              _ms(self.config.ttl.total_seconds()))
+                       if redis is not None else None)
+        self.clock = clock
+        self.sleep = sleep
+        self.on_event = on_event
+        self.stats = GuardStats()
+        self._redis_errors = _redis_errors()
+
+    # -- the decorator's entry point -------------------------------------------------------
+    def process(self, message: ReceivedMessage, group: str,
+                invoke: Callable[..., object]) -> ConsumeResult:
+        """Run `invoke(session=...)` once for (message, group); see the module docstring.
+
+        Returns SUCCESS (processed, or a duplicate) or RECONSUME_LATER (in progress
+        elsewhere, fenced, database down). Exceptions from `invoke` propagate unchanged after
+        the lease is released; `Discard` propagates after the outcome is confirmed.
+        """
+        digest = body_digest(message.body)
+        token = uuid.uuid4().hex
+        key = self.leases.key(group, message.message_id) if self.leases else ""
+        started = self.clock()
+        deadline = (started + self.config.wait_for_result
+                    if self.config.wait_for_result is not None else None)
+        try:
+            self.store.log_received(message, group, started)
+        except DB_DOWN as exc:
+            return self._later(EventKind.DB_UNAVAILABLE, message, group, str(exc))
+        while True:
+            start = self.clock()
+            held = self._acquire(key, token, message, group)  # True, False, None (no Redis)
+            try:
+                known = self.store.known(message.message_id, group)
+            except DB_DOWN as exc:
+                self._release_redis(key, token, held)
+                return self._later(EventKind.DB_UNAVAILABLE, message, group, str(exc))
+            self._check_body(known, digest, message, group, key, token, held)
+            if known.confirmed:
+                return self._duplicate(message, group, key, token, held)
+            if held is not False:
+                try:
+                    claimed = self.store.claim(message.message_id, group, token, start,
+                                               start + self.config.lease)
+                except DB_DOWN as exc:
+                    self._release_redis(key, token, held)
+                    return self._later(EventKind.DB_UNAVAILABLE, message, group, str(exc))
+                if claimed:
+                    return self._run(message, group, invoke, key, token, digest, held)
+                self._release_redis(key, token, held)
+            if deadline is None or self.clock() >= deadline:
+                return self._later(EventKind.IN_PROGRESS, message, group)
+            self.sleep(self.config.poll_interval.total_seconds())
+
+    # -- dead letters ---------------------------------------------------------------------
+    def mark_dead_lettered(self, message: ReceivedMessage, group: str | None = None) -> str:
+        """Record that `group` gave up on a message: `message` is its copy read from
+        `%DLQ%<group>` (`group` defaults to the one the topic names).
+
+        Upserts the consumption-log row of (original message id, group) with
+        `dead_lettered_at` (the first stamp stays), so reconciliation counts the message as
+        dead-lettered (held for an operator) rather than in processing. Returns the original
+        message id. `NotADeadLetter` for a message of another topic without a group; a
+        database error propagates (the caller retries).
+        """
+        original, group, topic = dead_letter_origin(message, group)
+        self.store.mark_dead_lettered(original, group, topic, message.queue_id,
+                                      message.queue_offset, self.clock())
+        log.info("%s dead-lettered %s", group, original)
+        return original
+
+    # -- standalone use (no decorator) ---------------------------------------------------
+    def consume(self, message: ReceivedMessage, group: str,
+                handler: Callable[..., object]) -> ConsumeResult:
+        """Call `handler(message[, session=...])` under the guard and map its outcome.
+
+        Returns normally: SUCCESS. `Discard`: SUCCESS (recorded as done). Any other
+        exception (including `RetryLater`): logged, RECONSUME_LATER.
+        """
+        wants_session = _accepts(handler, "session")
+
+        def invoke(**kwargs: Any) -> object:
+            return handler(message, **({"session": kwargs["session"]} if wants_session
+                                       else {}))
+
+        try:
+            return self.process(message, group, invoke)
+        except Discard:
+            return ConsumeResult.SUCCESS
+        except BodyMismatch:
+            log.error("message %s: body mismatch, not processed", message.message_id)
+            return ConsumeResult.RECONSUME_LATER
+        except Exception:
+            log.exception("handler failed for message %s (group %s)", message.message_id, group)
+            return ConsumeResult.RECONSUME_LATER
+
+    def listener(self, group: str,
+                 handler: Callable[..., object]) -> Callable[[ReceivedMessage], ConsumeResult]:
+        """A transport listener `message -> ConsumeResult` running `handler` idempotently."""
+        return lambda message: self.consume(message, group, handler)
+
+    def purge(self) -> int:
+        """Apply `db_retention`: delete confirmations older than it (none when unset).
+
+        The retention was checked against the retry horizon at start-up, so a purged
+        message can no longer be redelivered by the broker's retries or DLQ replay.
+        """
+        if self.config.db_retention is None:
+            return 0
+        return self.store.purge(self.clock() - self.config.db_retention)
+
+    # -- steps -------------------------------------------------------------------------------
+    def _acquire(self, key: str, token: str, message: ReceivedMessage,
+                 group: str) -> bool | None:
+        if self.leases is None:
+            return None
+        try:
+            return self.leases.acquire(key, token)
+        except self._redis_errors as exc:
+            self._emit(EventKind.REDIS_UNAVAILABLE, message, group, str(exc))
+            return None
+
+    def _run(self, message: ReceivedMessage, group: str, invoke: Callable[..., object],
+             key: str, token: str, digest: str, held: bool | None) -> ConsumeResult:
+        session = Session(self.engine)
+        renewer = _Renewer(self, message.message_id, group, key, token, held)
+        try:
+            tx = session.begin()
+            try:
+                with renewer:
+                    invoke(session=session)
+            except Discard:
+                session.rollback()
+                if self._finish_discard(message, group, key, token, digest,
+                                        held) is not ConsumeResult.SUCCESS:
+                    return ConsumeResult.RECONSUME_LATER  # not recorded: never acknowledge
+                raise
+            except BaseException as exc:
+                session.rollback()
+                self._release(message, group, key, token, held)
+                self._emit(EventKind.HANDLER_FAILED, message, group, repr(exc))
+                raise
+            if session.get_transaction() is not tx:
+                log.warning("handler for %s ended the guard's transaction itself: its writes "
+                            "were not atomic with the confirmation", message.message_id)
+            return self._confirm(session, message, group, key, token, digest, held,
+                                 ConfirmationOutcome.SUCCESS)
+        finally:
+            session.close()
+
+    def _confirm(self, session: Session, message: ReceivedMessage, group: str, key: str,
+                 token: str, digest: str, held: bool | None,
+                 outcome: ConfirmationOutcome) -> ConsumeResult:
+        try:
+            status = self.store.confirm(session, message, group, token, digest,
+                                        outcome.value, self.clock())
+            if status is ConfirmStatus.FENCED:
+                raise _Fenced
+            session.commit()
+        except _Fenced:
+            session.rollback()
+            return self._later(EventKind.FENCED, message, group,
+                               "lease taken over by another worker; work rolled back")
+        except IntegrityError:
+            session.rollback()
+            return self._duplicate(message, group, key, token, held)
+        except DB_DOWN as exc:
+            _quiet(session.rollback)
+            self._release(message, group, key, token, held)
+            return self._later(EventKind.DB_UNAVAILABLE, message, group, str(exc))
+        self._mark_done(key, token, held)
+        kind = (EventKind.PROCESSED if outcome is ConfirmationOutcome.SUCCESS
+                else EventKind.DISCARDED)
+        self._emit(kind, message, group)
+        return ConsumeResult.SUCCESS
+
+    def _finish_discard(self, message: ReceivedMessage, group: str, key: str, token: str,
+                        digest: str, held: bool | None) -> ConsumeResult:
+        with Session(self.engine) as session:
+            session.begin()
+            return self._confirm(session, message, group, key, token, digest, held,
+                          ConfirmationOutcome.DISCARDED)
+
+    def _duplicate(self, message: ReceivedMessage, group: str, key: str, token: str,
+                   held: bool | None) -> ConsumeResult:
+        try:
+            self.store.forget_log(message.message_id, group)
+        except DB_DOWN as exc:  # confirmed is confirmed: acknowledging is still right
+            log.warning("could not delete the log row of %s: %s", message.message_id, exc)
+        self._mark_done(key, token, held)
+        self._emit(EventKind.DUPLICATE, message, group)
+        return ConsumeResult.SUCCESS
+
+    def _check_body(self, known: Any, digest: str, message: ReceivedMessage, group: str,
+                    key: str, token: str, held: bool | None) -> None:
+        for source, known_digest in (("confirmation", known.confirmation_digest),
+                                     ("stub", known.stub_digest)):
+            if known_digest and known_digest != digest:
+                error = BodyMismatch(message.message_id, group, known_digest, digest, source)
+                self._emit(EventKind.BODY_MISMATCH, message, group, str(error))
+                if self.config.on_body_mismatch is MismatchPolicy.REJECT:
+                    self._release_redis(key, token, held)
+                    raise error
+
+    def _release(self, message: ReceivedMessage, group: str, key: str, token: str,
+                 held: bool | None) -> None:
+        try:
+            self.store.release(message.message_id, group, token)
+        except DB_DOWN as exc:  # the DB lease expires by itself
+            log.warning("could not release the DB lease of %s: %s", message.message_id, exc)
+        self._release_redis(key, token, held)
+
+    def _release_redis(self, key: str, token: str, held: bool | None) -> None:
+        if held and self.leases is not None:
+            try:
+                self.leases.release(key, token)
+            except self._redis_errors as exc:  # the key expires by itself
+                log.warning("could not release Redis lease %s: %s", key, exc)
+
+    def _mark_done(self, key: str, token: str, held: bool | None) -> None:
+        if self.leases is None:
+            return
+        try:
+            if held:
+                self.leases.mark_done(key, token)
+            elif held is None:  # Redis was down at the start: write the fast path if back
+                self.leases.client.set(key, DONE + token, nx=True, px=self.leases.ttl_ms)
+        except self._redis_errors as exc:
+            log.warning("could not mark %s done in Redis: %s", key, exc)
+
+    def _later(self, kind: EventKind, message: ReceivedMessage, group: str,
+               detail: str = "") -> ConsumeResult:
+        self._emit(kind, message, group, detail)
+        return ConsumeResult.RECONSUME_LATER
+
+    def _emit(self, kind: EventKind, message: ReceivedMessage, group: str,
+              detail: str = "") -> None:
+        self.stats.add(kind)
+        if kind in (EventKind.DB_UNAVAILABLE, EventKind.FENCED, EventKind.BODY_MISMATCH):
+            log.warning("%s %s/%s %s", kind.value, group, message.message_id, detail)
+        if self.on_event is not None:
+            self.on_event(GuardEvent(kind, message.message_id, group, detail))
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+def _accepts(fn: Callable[..., object], name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def _quiet(fn: Callable[[], object]) -> None:
+    try:
+        fn()
+    except Exception as exc:  # the connection is gone; nothing left to roll back
+        log.debug("ignored during cleanup: %s", exc)
+
+
+__all__ = ["EventKind", "GuardEvent", "GuardStats", "IdempotencyGuard"]

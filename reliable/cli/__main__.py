@@ -1,0 +1,5 @@
+import sys
+
+from reliable.cli import main
+
+sys.exit(main())

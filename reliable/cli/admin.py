@@ -1,0 +1,178 @@
+"""`reliable admin`: topics and groups, like mqadmin's updateTopic / updateSubGroup /
+topicList / consumerProgress.
+
+Against a running broker (`--endpoint HOST:PORT`, the admin service on the server's port) or
+a stopped store (`--store DIR`; refused while the store's abort file says a broker runs on it).
+
+Examples:
+    reliable admin topic create orders --queues 8 --type FIFO --endpoint 127.0.0.1:8081
+    reliable admin group create billing --fifo --max-retries 5 --store ./store
+    reliable admin group show billing --topic orders --endpoint 127.0.0.1:8081 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from reliable.cli.exit_codes import ExitCode
+
+TOPIC_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION", "MIXED")
+
+
+def _target(p: argparse.ArgumentParser) -> None:
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--endpoint", metavar="HOST:PORT", help="a running broker's address")
+    where.add_argument("--store", type=Path, help="a stopped broker's store directory")
+    p.add_argument("--force", action="store_true",
+                   help="with --store: open it even though its abort file is present "
+                        "(only when no broker runs on it)")
+    p.add_argument("--tls", action="store_true", help="with --endpoint: connect over TLS")
+    p.add_argument("--ca-file", default=None, help="with --tls: PEM roots to trust")
+    p.add_argument("--access-key", default="", help="access key, when the broker has auth on")
+    p.add_argument("--secret-key", default="", help="secret key for --access-key")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("admin", help="administer topics and groups", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    nouns = p.add_subparsers(dest="admin_noun", metavar="<topic|group>")
+    topic = nouns.add_parser("topic", help="create, list and show topics")
+    tverbs = topic.add_subparsers(dest="verb", metavar="<create|list|show>")
+    c = tverbs.add_parser("create", help="create or update a topic (mqadmin updateTopic)")
+    c.add_argument("name")
+    c.add_argument("--queues", type=int, default=4, help="read and write queues (default 4)")
+    c.add_argument("--type", choices=TOPIC_TYPES, default="NORMAL", type=str.upper,
+                   help="message type the topic accepts (default NORMAL; MIXED: any)")
+    c.add_argument("--perm", type=int, default=6,
+                   help="permission bits: 2 write, 4 read, 6 both (default 6)")
+    _target(c)
+    c.set_defaults(handler=_run("CreateTopic", lambda a: {
+        "name": a.name, "queues": a.queues, "type": a.type, "perm": a.perm}))
+    ls = tverbs.add_parser("list", help="list topics (mqadmin topicList)")
+    _target(ls)
+    ls.set_defaults(handler=_run("ListTopics", lambda a: {}))
+    sh = tverbs.add_parser("show", help="one topic with its queues' offsets")
+    sh.add_argument("name")
+    _target(sh)
+    sh.set_defaults(handler=_run("GetTopic", lambda a: {"name": a.name}))
+
+    group = nouns.add_parser("group", help="create, list and show consumer groups")
+    gverbs = group.add_subparsers(dest="verb", metavar="<create|list|show>")
+    gc = gverbs.add_parser("create", help="create or update a group (mqadmin updateSubGroup)")
+    gc.add_argument("name")
+    gc.add_argument("--fifo", action="store_true",
+                    help="consume in order per message group")
+    gc.add_argument("--max-retries", type=int, default=16,
+                    help="redeliveries before the dead-letter queue (default 16)")
+    _target(gc)
+    gc.set_defaults(handler=_run("CreateGroup", lambda a: {
+        "name": a.name, "fifo": a.fifo, "max_retries": a.max_retries}))
+    gl = gverbs.add_parser("list", help="list groups")
+    _target(gl)
+    gl.set_defaults(handler=_run("ListGroups", lambda a: {}))
+    gs = gverbs.add_parser("show", help="one group: settings, live consumers, progress "
+                                        "(mqadmin consumerProgress)")
+    gs.add_argument("name")
+    gs.add_argument("--topic", default=None, help="also show progress on this topic's queues")
+    _target(gs)
+    gs.set_defaults(handler=_run("GetGroup", lambda a: {"name": a.name, "topic": a.topic}))
+    for parser in (p, topic, group):
+        parser.set_defaults(handler=lambda _a, parser=parser: (
+            parser.print_help(sys.stderr), ExitCode.USAGE)[1])
+
+
+def _run(method: str, params: Callable[[argparse.Namespace], dict[str, Any]]
+         ) -> Callable[[argparse.Namespace], int]:
+    def handler(args: argparse.Namespace) -> int:
+        try:
+            result = (_remote if args.endpoint else _local)(args, method, params(args))
+        except _Failed as exc:
+            print(f"reliable admin: {exc}", file=sys.stderr)
+            return exc.exit_code
+        _print(result, args.json)
+        return ExitCode.OK
+
+    return handler
+
+
+class _Failed(Exception):
+    def __init__(self, message: str, exit_code: ExitCode) -> None:
+        self.exit_code = exit_code
+        super().__init__(message)
+
+
+def _remote(args: argparse.Namespace, method: str, params: dict[str, Any]) -> Any:
+    import grpc
+
+    from broker.server.admin import AdminCallError, AdminClient
+
+    client = AdminClient(args.endpoint, tls=args.tls, ca_file=args.ca_file,
+                         access_key=args.access_key, secret_key=args.secret_key)
+    try:
+        return client.call(method, **params)
+    except AdminCallError as exc:
+        raise _Failed(str(exc), ExitCode.FAILURE) from None
+    except grpc.RpcError as exc:
+        raise _Failed(f"{args.endpoint}: {exc.code().name}: {exc.details()}",
+                      ExitCode.UNAVAILABLE) from None
+    finally:
+        client.close()
+
+
+def _local(args: argparse.Namespace, method: str, params: dict[str, Any]) -> Any:
+    from broker.broker import Broker
+    from broker.errors import BrokerError
+    from broker.server.admin import AdminOps
+    from broker.server.errors import ServerError
+    from broker.server.status import code_of
+    from broker.store.config import StoreConfig
+    from broker.store.errors import StoreError
+
+    store_dir: Path = args.store
+    if not store_dir.is_dir():
+        raise _Failed(f"{store_dir}: no such store directory", ExitCode.USAGE)
+    if (store_dir / "abort").exists() and not args.force:
+        raise _Failed(f"{store_dir}: a broker seems to run on this store (abort file present); "
+                      "use --endpoint, or --force if it crashed", ExitCode.FAILURE)
+    try:
+        broker = Broker(StoreConfig(store_dir=store_dir))
+        broker.start()
+    except (BrokerError, StoreError, OSError) as exc:
+        raise _Failed(f"cannot open {store_dir}: {exc}", ExitCode.FAILURE) from None
+    try:
+        return AdminOps(broker).call(method, params)
+    except (ServerError, BrokerError) as exc:
+        raise _Failed(f"{code_of(exc).name}: {exc}", ExitCode.FAILURE) from None
+    finally:
+        broker.shutdown()
+
+
+def _print(result: Any, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result, indent=2, sort_keys=True))
+        return
+    rows: list[dict[str, Any]]
+    if isinstance(result, dict) and ("topics" in result or "groups" in result):
+        rows = list(result.get("topics") or result.get("groups") or [])
+    else:
+        rows = [result]
+    for row in rows:
+        flat = {k: v for k, v in row.items() if not isinstance(v, (list, dict))}
+        print("  ".join(f"{k}={v}" for k, v in flat.items()))
+        for key, value in row.items():
+            if isinstance(value, list):
+                print(f"  {key}: " + (", ".join(map(str, value)) if value and not isinstance(
+                    value[0], dict) else ""))
+                for item in value:
+                    if isinstance(item, dict):
+                        print("    " + "  ".join(f"{k}={v}" for k, v in item.items()))
+            elif isinstance(value, dict):
+                print(f"  {key}:")
+                for item in value.get("queues", []):
+                    print("    " + "  ".join(f"{k}={v}" for k, v in item.items()))

@@ -1,0 +1,174 @@
+"""`reliable broker start`: run the broker as an Apache RocketMQ 5 gRPC server.
+
+Runs in the foreground until SIGTERM or Ctrl-C, then stops accepting calls, lets in-flight
+calls finish, flushes and closes the store. Official RocketMQ 5 clients (and the framework's
+`grpc` transport) connect to HOST:PORT. Once serving, one line goes to stdout:
+
+    reliable broker: serving on HOST:PORT (store DIR, flush MODE)
+
+Examples:
+    reliable broker start --store /var/lib/reliable --port 8081 --flush sync
+    reliable broker start --port 8443 --tls-cert server.pem --tls-key server.key \\
+        --credentials-file access-keys.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from reliable.cli.exit_codes import ExitCode
+
+SWITCH_INTERVAL_S = 0.0005
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("broker", help="run the broker (RocketMQ 5 gRPC server)",
+                       description="Run the broker as a server.")
+    verbs = p.add_subparsers(dest="verb", metavar="<verb>")
+    s = verbs.add_parser("start", help="start the server in the foreground",
+                         description=__doc__,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    s.add_argument("--store", type=Path, default=None,
+                   help="store directory (default ~/.reliable/store)")
+    s.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
+    s.add_argument("--port", type=int, default=8081,
+                   help="port to listen on (default 8081; 0 picks a free one)")
+    s.add_argument("--advertise", default=None, metavar="HOST",
+                   help="host put in routes when a client's request names none "
+                        "(default: --host)")
+    s.add_argument("--flush", choices=("sync", "async"), default="async",
+                   help="sync: acknowledge a send after fsync (group commit); async: after "
+                        "the page cache (default async)")
+    s.add_argument("--tls-cert", type=Path, default=None,
+                   help="PEM certificate chain; with --tls-key turns TLS on")
+    s.add_argument("--tls-key", type=Path, default=None, help="PEM private key for --tls-cert")
+    s.add_argument("--credentials-file", type=Path, default=None,
+                   help="JSON object {access key: secret key}; turns MQv2-HMAC-SHA1 "
+                        "authentication on")
+    s.add_argument("--no-auto-create-topics", action="store_true",
+                   help="answer TOPIC_NOT_FOUND for unknown topics instead of creating them")
+    s.add_argument("--no-auto-create-groups", action="store_true",
+                   help="answer CONSUMER_GROUP_NOT_FOUND for unknown groups")
+    s.add_argument("--queues", type=int, default=4,
+                   help="queues of an auto-created topic (default 4)")
+    s.add_argument("--delay-levels", default=None, metavar="TABLE",
+                   help='retry/delay ladder, e.g. "1s 5s 10s 30s 1m" '
+                        "(default RocketMQ's 18 levels, 1s .. 2h)")
+    s.add_argument("--min-invisible-ms", type=int, default=10_000,
+                   help="smallest invisible time a receive may ask for (default 10000)")
+    s.add_argument("--long-polling-ms", type=int, default=20_000,
+                   help="longest long poll; also what push consumers are told (default 20000)")
+    s.add_argument("--min-long-polling-ms", type=int, default=5_000,
+                   help="shortest long poll (default 5000)")
+    s.add_argument("--default-invisible-ms", type=int, default=60_000,
+                   help="invisible time of push consumers' messages, renewed while they "
+                        "live (default 60000)")
+    s.add_argument("--transaction-timeout-ms", type=int, default=6_000,
+                   help="age at which an unresolved half message is first checked "
+                        "(default 6000)")
+    s.add_argument("--transaction-check-interval-ms", type=int, default=60_000,
+                   help="time between checks of one half message (default 60000)")
+    s.add_argument("--commitlog-file-size", type=int, default=None, metavar="BYTES",
+                   help="size of one commitlog file (default 1 GiB)")
+    s.add_argument("--max-body-size", type=int, default=4 * 1024 * 1024,
+                   help="largest message body accepted, bytes (default 4 MiB)")
+    s.set_defaults(handler=start)
+    p.set_defaults(handler=lambda _a: (p.print_help(sys.stderr), ExitCode.USAGE)[1])
+
+
+def _fail(message: str, code: ExitCode = ExitCode.USAGE) -> int:
+    print(f"reliable broker: {message}", file=sys.stderr)
+    return code
+
+
+def start(args: argparse.Namespace) -> int:
+    from broker.broker import Broker
+    from broker.config import BrokerConfig
+    from broker.errors import BrokerError
+    from broker.server import MessagingServer, ServerConfig, ServerStartError
+    from broker.store.config import FlushMode, StoreConfig, default_store_dir
+    from broker.store.errors import StoreError
+
+    if (args.tls_cert is None) != (args.tls_key is None):
+        return _fail("--tls-cert and --tls-key go together")
+    for path in (args.tls_cert, args.tls_key, args.credentials_file):
+        if path is not None and not path.is_file():
+            return _fail(f"{path}: no such file")
+    credentials: dict[str, str] = {}
+    if args.credentials_file is not None:
+        try:
+            raw = json.loads(args.credentials_file.read_text())
+        except (OSError, ValueError) as exc:
+            return _fail(f"{args.credentials_file}: {exc}")
+        if not isinstance(raw, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
+            return _fail(f"{args.credentials_file}: expected a JSON object of strings")
+        credentials = raw
+    store_dir = args.store or default_store_dir()
+    store_kwargs: dict[str, Any] = {
+        "store_dir": store_dir,
+        "flush_mode": FlushMode.SYNC_FLUSH if args.flush == "sync" else FlushMode.ASYNC_FLUSH,
+    }
+    if args.commitlog_file_size:
+        store_kwargs["mapped_file_size_commitlog"] = args.commitlog_file_size
+    broker_kwargs: dict[str, Any] = {
+        "auto_create_topic": not args.no_auto_create_topics,
+        "auto_create_subscription_group": not args.no_auto_create_groups,
+        "default_queue_nums": args.queues,
+        "max_message_size": args.max_body_size,
+        "transaction_timeout_ms": args.transaction_timeout_ms,
+        "transaction_check_interval_ms": args.transaction_check_interval_ms,
+    }
+    if args.delay_levels:
+        broker_kwargs["message_delay_level"] = args.delay_levels
+    server_config = ServerConfig(
+        host=args.host, port=args.port, advertised_host=args.advertise,
+        tls_cert=args.tls_cert, tls_key=args.tls_key, credentials=credentials,
+        max_body_size=args.max_body_size, min_invisible_ms=args.min_invisible_ms,
+        max_long_polling_ms=args.long_polling_ms,
+        min_long_polling_ms=min(args.min_long_polling_ms, args.long_polling_ms),
+        default_invisible_ms=args.default_invisible_ms,
+        auto_create_group=not args.no_auto_create_groups)
+    try:
+        broker_config = BrokerConfig(**broker_kwargs)
+        broker_config.validate()
+        store_dir.mkdir(parents=True, exist_ok=True)
+        broker = Broker(StoreConfig(**store_kwargs), broker_config)
+        broker.start()
+    except (BrokerError, StoreError, OSError) as exc:
+        return _fail(f"cannot start the broker: {exc}", ExitCode.FAILURE)
+    # the event loop, the gRPC threads, the call pool and the store's services hand the GIL
+    # to each other on every request; the default 5 ms switch interval turns each handoff
+    # into a wait (measured: 9.5 ms per send at 5 ms, 2.3 ms at 0.5 ms)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    stop = threading.Event()
+    server = MessagingServer(broker, server_config)
+    try:
+        server.start()
+    except ServerStartError as exc:
+        broker.shutdown()
+        return _fail(f"cannot serve on {args.host}:{args.port}: {exc}", ExitCode.UNAVAILABLE)
+
+    def _on_signal(signum: int, _frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    print(f"reliable broker: serving on {args.host}:{server.port} "
+          f"(store {store_dir}, flush {args.flush})", flush=True)
+    try:
+        while not stop.wait(0.5):
+            if server.wait(0):
+                return _fail("the server stopped unexpectedly", ExitCode.FAILURE)
+    finally:
+        server.stop(grace_s=2.0)
+        broker.shutdown()
+    print("reliable broker: stopped", flush=True)
+    return ExitCode.OK

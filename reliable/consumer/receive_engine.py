@@ -1,0 +1,241 @@
+"""The push consumer's engine over invisible-time consumption (transports without pull,
+such as a RocketMQ 5 gRPC endpoint; it runs over the embedded transport too).
+
+The broker keeps delivery state. Success acks; a retry hides the message again for the delay
+of the level the handler asked for (default: the ladder, level 3 + reconsume times); DLQ-now
+forwards it to the dead-letter queue. The broker dead-letters a message on its own after the
+group's maximum delivery attempts. Orderly mode receives with `fifo=True` (the broker never
+hands out message k+1 of a group while k is in flight), consumes each message group of a
+batch in order, retries locally (`suspend_ms`) up to `max_reconsume_times`, then parks the
+message in the DLQ.
+
+Leases are renewed for slow handlers: a message still being handled when half of its
+invisible time is left is hidden again for `invisible_ms` (the receipt handle changes; acks
+and renewals of one message never overlap).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Collection, Mapping
+from concurrent.futures import ThreadPoolExecutor
+
+from reliable.consumer.concurrent import call_listener
+from reliable.consumer.listener import DLQ_NOW, ConsumeContext, MessageListener
+from reliable.consumer.orderly import PARKED_PROPERTY, group_key
+from reliable.consumer.settings import ConsumerSettings
+from reliable.errors import ReceiptHandleError
+from reliable.message import ConsumeResult, ReceivedMessage
+from reliable.transport.base import Transport
+
+log = logging.getLogger(__name__)
+
+
+class _Lease:
+    __slots__ = ("lock", "message", "renew_at")
+
+    def __init__(self, message: ReceivedMessage, renew_at: float) -> None:
+        self.message = message
+        self.renew_at = renew_at
+        self.lock = threading.Lock()  # a renewal and an ack of one message never overlap
+
+
+class ReceiveEngine:
+    def __init__(self, transport: Transport, group: str, client_id: str,
+                 subscriptions: Mapping[str, Collection[str] | None],
+                 listener: MessageListener, settings: ConsumerSettings) -> None:
+        self._t = transport
+        self._group = group
+        self._client_id = client_id
+        self._subs = dict(subscriptions)
+        self._listener = listener
+        self._s = settings
+        self._stopped = threading.Event()
+        self._executor = ThreadPoolExecutor(settings.consume_threads,
+                                            thread_name_prefix=f"consume-{group}")
+        self._room = threading.BoundedSemaphore(settings.pull_threshold_for_queue)
+        self._threads: list[threading.Thread] = []
+        self._leases: dict[int, _Lease] = {}  # id(message) -> its lease
+        self._lease_lock = threading.Lock()  # guards the dict; each lease has its own lock
+
+    def start(self) -> None:
+        self._t.heartbeat(self._client_id, self._group, self._subs)
+        for topic in self._subs:
+            t = threading.Thread(target=self._receive_loop, args=(topic,),
+                                 name=f"receive-{topic}", daemon=True)
+            self._threads.append(t)
+            t.start()
+        for target, name in ((self._heartbeats, "hb"), (self._renew_leases, "renew")):
+            t = threading.Thread(target=target, name=f"{name}-{self._group}", daemon=True)
+            self._threads.append(t)
+            t.start()
+
+    def shutdown(self) -> None:
+        self._stopped.set()
+        for t in self._threads:
+            t.join(self._s.shutdown_timeout_s)
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        try:
+            self._t.unregister(self._client_id, self._group)
+        except Exception:
+            log.warning("unregistering %s failed", self._client_id, exc_info=True)
+
+    @property
+    def assigned(self) -> list[object]:
+        return []
+
+    def _heartbeats(self) -> None:
+        while not self._stopped.wait(self._s.heartbeat_interval_s or 10.0):
+            try:
+                self._t.heartbeat(self._client_id, self._group, self._subs)
+            except Exception:
+                log.warning("heartbeat of %s failed", self._client_id, exc_info=True)
+
+    def _renew_leases(self) -> None:
+        invisible = self._s.invisible_ms
+        while not self._stopped.wait(max(invisible / 4000, 0.01)):
+            now = time.monotonic()
+            with self._lease_lock:
+                due = [(k, lease) for k, lease in self._leases.items() if lease.renew_at <= now]
+            for key, lease in due:
+                with lease.lock:
+                    if self._leases.get(key) is not lease:
+                        continue  # settled meanwhile
+                    try:
+                        self._t.change_invisible_duration(self._group, lease.message, invisible)
+                        lease.renew_at = time.monotonic() + invisible / 2000
+                    except Exception:
+                        log.warning("renewing the lease of %s failed", lease.message.message_id,
+                                    exc_info=True)
+                        with self._lease_lock:
+                            self._leases.pop(key, None)
+
+    def _lease(self, msgs: list[ReceivedMessage]) -> None:
+        renew_at = time.monotonic() + self._s.invisible_ms / 2000
+        with self._lease_lock:
+            for m in msgs:
+                self._leases[id(m)] = _Lease(m, renew_at)
+
+    def _take_room(self, want: int) -> int:
+        if not self._room.acquire(timeout=0.1):
+            return 0
+        got = 1
+        while got < want and self._room.acquire(blocking=False):
+            got += 1
+        return got
+
+    def _receive_loop(self, topic: str) -> None:
+        s = self._s
+        tags = self._subs.get(topic)
+        while not self._stopped.is_set():
+            room = self._take_room(s.pull_batch_size)
+            if room == 0:
+                continue
+            try:
+                msgs = self._t.receive(self._group, topic, room, s.invisible_ms, tags,
+                                       long_poll_ms=s.receive_long_poll_ms, fifo=s.orderly)
+            except Exception:
+                log.warning("receive from %s failed", topic, exc_info=True)
+                msgs = []
+                self._stopped.wait(s.pull_error_delay_s)
+            for _ in range(room - len(msgs)):
+                self._room.release()
+            if not msgs:
+                continue
+            for m in msgs:
+                m.consumer_group = self._group
+            self._lease(msgs)
+            if s.orderly:
+                by_group: dict[str, list[ReceivedMessage]] = {}
+                for m in msgs:
+                    by_group.setdefault(group_key(m), []).append(m)
+                for run in by_group.values():
+                    self._submit(self._consume_fifo, run)
+            else:
+                for m in msgs:
+                    self._submit(self._consume_one, [m])
+
+    def _submit(self, fn: object, msgs: list[ReceivedMessage]) -> None:
+        try:
+            self._executor.submit(fn, msgs)  # type: ignore[arg-type]
+        except RuntimeError:  # shutting down: the broker redelivers after the invisible time
+            self._finish(msgs)
+
+    def _finish(self, msgs: list[ReceivedMessage]) -> None:
+        with self._lease_lock:
+            for m in msgs:
+                self._leases.pop(id(m), None)
+        for _ in msgs:
+            self._room.release()
+
+    def _consume_one(self, msgs: list[ReceivedMessage]) -> None:
+        m = msgs[0]
+        try:
+            ctx = ConsumeContext(group=self._group)
+            result = call_listener(self._listener, [m], ctx)
+            if result is ConsumeResult.SUCCESS:
+                self._settle(m, lambda: self._t.ack(self._group, m))
+            elif (ctx.delay_level_when_next_consume == DLQ_NOW
+                  or m.reconsume_times >= self._s.max_reconsume_times):
+                # the consumer's own cap, whatever the broker's group setting allows
+                self._settle(m, lambda: self._t.forward_to_dlq(self._group, m))
+            else:
+                level = ctx.delay_level_when_next_consume or 3 + m.reconsume_times
+                delay = self._delay_ms(level)
+                self._settle(m, lambda: self._t.change_invisible_duration(self._group, m, delay))
+        finally:
+            self._finish(msgs)
+
+    def _delay_ms(self, level: int) -> int:
+        """The delay of a retry level, from the ladder as the broker states it *now*: over
+        gRPC the server's ladder arrives with the Settings handshake, after the engine is
+        built, so it is read at each retry rather than once."""
+        levels = list(self._t.delay_levels_ms(self._group)) or [1000]
+        return levels[min(max(level, 1), len(levels)) - 1]
+
+    def _consume_fifo(self, msgs: list[ReceivedMessage]) -> None:
+        try:
+            for m in msgs:
+                if self._stopped.is_set():
+                    return  # unacked: redelivered in order after the invisible time
+                for attempt in itertools.count():
+                    ctx = ConsumeContext(group=self._group, orderly=True)
+                    result = call_listener(self._listener, [m], ctx)
+                    if result is ConsumeResult.SUCCESS:
+                        self._settle(m, lambda m=m: self._t.ack(self._group, m))
+                        break
+                    if (ctx.delay_level_when_next_consume == DLQ_NOW
+                            or attempt >= self._s.max_reconsume_times):
+                        m.properties[PARKED_PROPERTY] = group_key(m)
+                        self._settle(m, lambda m=m: self._t.forward_to_dlq(
+                            self._group, m))
+                        break
+                    m.reconsume_times += 1
+                    suspend = ctx.suspend_ms if ctx.suspend_ms is not None else self._s.suspend_ms
+                    if self._stopped.wait(suspend / 1000):
+                        return
+        finally:
+            self._finish(msgs)
+
+    def _settle(self, m: ReceivedMessage, call: object, attempts: int = 5) -> None:
+        """Ack / nack / forward, retried every second; a dead receipt handle ends it."""
+        for _ in range(attempts):
+            try:
+                with self._lease_lock:
+                    lease = self._leases.pop(id(m), None)
+                if lease is None:
+                    call()  # type: ignore[operator]
+                else:
+                    with lease.lock:  # never ack with a handle a renewal just replaced
+                        call()  # type: ignore[operator]
+                return
+            except ReceiptHandleError:
+                log.warning("receipt handle no longer valid; the broker redelivers")
+                return
+            except Exception:
+                log.warning("settling a message failed; retrying", exc_info=True)
+                if self._stopped.wait(1.0):
+                    return

@@ -1,0 +1,445 @@
+"""The order flow, end to end: publish through the outbox, consume idempotently, retry,
+dead-letter, lose sends and resend them, then reconcile.
+
+    summary = run_demo(DemoOptions(orders=200, seed=7), say=print)
+    summary.unaccounted, summary.as_dict()
+
+Counting (each figure is read from where the effect lives, not from the demo's intentions):
+
+- published: committed `OrderCreated` stubs that carry a valid order (the stub table);
+  poison: committed stubs whose body is not an order; rolled_back: transactions that
+  rolled back (no order row, no stub).
+- consumed_once: rows in the reservations table (one per order, its primary key), each
+  with a confirmation row for the inventory group; the stock columns must agree with them,
+  so a reservation applied twice shows as a mismatch.
+- handler_runs: handler invocations (failures, retries and fenced attempts included).
+- retried: messages the handler saw again after a failure (through the retry ladder).
+- dead_lettered: stubs whose inventory consumption-log row carries the dead-letter mark,
+  stamped by the `%DLQ%inventory` handler.
+- resent: sends by the resend worker; dropped: sends the chaotic transport acknowledged
+  and threw away; duplicated: sends it made twice.
+- unaccounted: the reconciliation's verdict (stubs neither confirmed, in processing,
+  backlogged, dead-lettered nor void); without reconciliation, stubs neither confirmed nor
+  dead-lettered.
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+import tenacity
+
+from idempotency import EventKind, GuardConfig, IdempotencyGuard
+from outbox import Outbox, OutboxConfig, ResendPolicy, ResendWorker, StubStatus
+from outbox.adapters import TransportOffsets
+from reliable import Producer, connect
+from reliable.demo.faults import ChaoticSender, FaultPlan, FaultRates
+from reliable.demo.shop import GROUP, TOPIC, Inventory, Shop, counting_listener
+from reliable.naming import retry_topic
+from reliable.transport import Transport
+
+# Short delay levels so retries finish in seconds (RocketMQ's 1s 5s 10s 30s 1m ... in
+# production). Retry n waits at level 3 + n - 1: 200 ms, 300 ms, 500 ms, ...
+DEMO_DELAY_LEVELS = ("100ms 150ms 200ms 300ms 500ms 800ms 1s 1s 1s 1s "
+                     "1s 1s 1s 1s 1s 1s 1s 1s")
+STORE_SIZES = {"mapped_file_size_commitlog": 16 << 20, "max_hash_slot_num": 25_000,
+               "max_index_num": 100_000}
+CONSUMER_SETTINGS = {"consume_from": "first", "rebalance_interval_s": 0.5,
+                     "heartbeat_interval_s": 0.5, "persist_offset_interval_s": 0.2,
+                     "pull_suspend_ms": 100, "consume_threads": 4,
+                     # gRPC (invisible-time) consumption: a killed consumer's messages come
+                     # back after 10 s (the server's usual minimum), not 30 s
+                     "invisible_ms": 10_000, "receive_long_poll_ms": 1_000}
+
+
+@dataclass
+class DemoOptions:
+    """What `reliable demo` runs."""
+
+    orders: int = 200
+    seed: int | None = None
+    rates: FaultRates = field(default_factory=FaultRates)
+    db_url: str | None = None  # None: a SQLite file beside the store
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    endpoint: str | None = None  # host:port of a RocketMQ 5 gRPC endpoint; None: embedded
+    store_dir: Path | None = None  # None: a temporary directory
+    delay_levels: str = DEMO_DELAY_LEVELS
+    max_reconsume_times: int = 3
+    table_prefix: str = "demo_"
+    resend_after_s: float = 1.0  # when the resend worker first looks at a sent stub
+    reconcile: bool = True
+    timeout_s: float = 180.0  # give up waiting for the flow to settle after this
+
+    def check(self) -> None:
+        self.rates.check()
+        if self.orders < 1:
+            raise ValueError("--orders must be at least 1")
+        if not 1 <= self.max_reconsume_times <= 16:
+            raise ValueError("--max-reconsume-times must be between 1 and 16")
+        if self.rates.max_failures > self.max_reconsume_times:
+            raise ValueError("transient failures per message must not exceed "
+                             "--max-reconsume-times (they would end in the DLQ)")
+        if self.resend_after_s <= 0 or self.timeout_s <= 0:
+            raise ValueError("--resend-after and --timeout must be positive")
+
+
+@dataclass
+class Summary:
+    """The figures a person checks at the end."""
+
+    seed: int
+    published: int = 0
+    poison: int = 0
+    rolled_back: int = 0
+    consumed_once: int = 0
+    handler_runs: int = 0
+    retried: int = 0
+    dead_lettered: int = 0
+    dropped: int = 0
+    duplicated: int = 0
+    duplicates_absorbed: int = 0
+    resent: int = 0
+    unaccounted: int = 0
+    reconciled: bool = False
+    settled: bool = False
+    elapsed_s: float = 0.0
+    problems: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def lines(self) -> list[str]:
+        return [
+            f"published       {self.published:>6}  orders committed with their message "
+            f"(+{self.poison} poison, {self.rolled_back} rolled back: nothing sent)",
+            f"consumed once   {self.consumed_once:>6}  stock reservations, one per order",
+            f"handler runs    {self.handler_runs:>6}  (duplicates absorbed by the guard: "
+            f"{self.duplicates_absorbed})",
+            f"retried         {self.retried:>6}  messages retried through the delay levels",
+            f"dead-lettered   {self.dead_lettered:>6}  poison messages in %DLQ%{GROUP}",
+            f"resent          {self.resent:>6}  by the resend worker ({self.dropped} sends "
+            f"dropped after acknowledgement, {self.duplicated} sent twice)",
+            f"unaccounted     {self.unaccounted:>6}"
+            + ("  (reconciliation's verdict)" if self.reconciled else ""),
+        ]
+
+
+class DemoFailed(Exception):
+    """The demo could not run (a service is unreachable, a bad option)."""
+
+
+def run_demo(options: DemoOptions, say: Callable[[str], None] = print) -> Summary:
+    """Run the whole flow; `say` receives progress lines and the reconciliation report."""
+    options.check()
+    seed = options.seed if options.seed is not None else random.SystemRandom().randrange(1 << 31)
+    with _workdir(options.store_dir) as work:
+        db_url = options.db_url or f"sqlite:///{work / 'shop.db'}"
+        store = work if options.store_dir is not None else work / "store"
+        return _Run(options, seed, db_url, store, say).run()
+
+
+@contextmanager
+def _workdir(store_dir: Path | None) -> Iterator[Path]:
+    if store_dir is not None:
+        store_dir.mkdir(parents=True, exist_ok=True)
+        yield store_dir
+        return
+    with tempfile.TemporaryDirectory(prefix="reliable-demo-") as tmp:
+        yield Path(tmp)
+
+
+class _Run:
+    def __init__(self, options: DemoOptions, seed: int, db_url: str, store: Path,
+                 say: Callable[[str], None]) -> None:
+        self.o, self.seed, self.db_url, self.store, self.say = options, seed, db_url, store, say
+        self.plan = FaultPlan.draw(seed, options.orders, options.rates)
+        self.shop = Shop(options.table_prefix)
+        self.summary = Summary(seed=seed)
+        self.started = time.monotonic()
+        self.queue_ends: dict[tuple[str, int], int] = {}  # read before the broker closes
+
+    # -- set-up ------------------------------------------------------------------------------
+    def _engine(self) -> sa.Engine:
+        args: dict[str, Any] = {"pool_pre_ping": True}
+        if self.db_url.startswith("sqlite"):
+            args["connect_args"] = {"timeout": 30}
+        engine = sa.create_engine(self.db_url, **args)
+        try:
+            with engine.connect() as conn:
+                conn.execute(sa.text("select 1"))
+        except sa.exc.OperationalError as exc:
+            raise DemoFailed(f"database {engine.url!r} unreachable: {exc.orig}") from exc
+        return engine
+
+    def _redis(self) -> Any:
+        import redis
+
+        client = redis.Redis.from_url(self.o.redis_url, socket_timeout=2,
+                                      socket_connect_timeout=2)
+        try:
+            client.ping()
+        except redis.RedisError as exc:
+            raise DemoFailed(f"Redis {self.o.redis_url} unreachable: {exc}") from exc
+        return client
+
+    def _transport(self) -> Transport:
+        if self.o.endpoint:
+            return connect("grpc", endpoint=self.o.endpoint)
+        return connect("embedded", store_dir=self.store, delay_levels=self.o.delay_levels,
+                       **STORE_SIZES)
+
+    # -- the run -----------------------------------------------------------------------------
+    def run(self) -> Summary:
+        o, s = self.o, self.summary
+        engine = self._engine()
+        client = self._redis()
+        where = (f"remote broker {o.endpoint}" if o.endpoint
+                 else f"embedded broker, store {self.store}")
+        self.say(f"demo: seed {self.seed}, {o.orders} orders; {where}; database "
+                 f"{engine.url.render_as_string(hide_password=True)}; Redis {o.redis_url}")
+        self.shop.create(engine, stock_per_sku=10 * o.orders + 10)
+        inventory = Inventory(self.shop, engine, self.plan.by_id())
+        guard = IdempotencyGuard(
+            engine, self.shop.tables, client,
+            config=GuardConfig(key_prefix=f"demo:{uuid.uuid4().hex[:8]}:",
+                               lease=timedelta(seconds=30)),
+            on_event=counting_listener(inventory))
+        reserve, dead = inventory.handlers(guard, max_reconsume_times=o.max_reconsume_times,
+                                           **CONSUMER_SETTINGS)
+        transport = self._transport()
+        transport.start()
+        try:  # committed and queue offsets: the embedded broker, or a gRPC server that
+            offsets: TransportOffsets | None = TransportOffsets(transport)  # answers them
+        except TypeError:
+            offsets = None
+        consumers = [reserve.consumer(transport, client_id=f"inventory-{n}")
+                     for n in (1, 2)] + [dead.consumer(transport, client_id="inventory-dlq")]
+        stop = threading.Event()
+        producer = Producer(transport).start()
+        # the resend worker proves an acknowledged send lost by the group's committed offset;
+        # where it cannot read offsets, a dropped send fails visibly instead
+        sender = ChaoticSender(producer, transport, self.plan, queue_ends=offsets)
+        outbox = Outbox(self.shop.tables, sender, config=OutboxConfig(
+            resend_after=timedelta(seconds=o.resend_after_s),
+            retry_after_failure=timedelta(seconds=o.resend_after_s)))
+        resender = ResendWorker(
+            engine, self.shop.tables, producer, offsets=offsets, bounds=offsets,
+            policy=ResendPolicy(
+                batch_size=100, backoff=tenacity.wait_fixed(2 * o.resend_after_s),
+                recheck_after=timedelta(seconds=o.resend_after_s / 2),
+                error_backoff=tenacity.wait_fixed(o.resend_after_s)),
+            name="demo-resend")
+        resend_thread = threading.Thread(target=resender.run, args=(stop,),
+                                         kwargs={"interval": 0.3}, name="resend-worker",
+                                         daemon=True)
+        try:
+            for c in consumers:
+                c.start()
+            resend_thread.start()
+            self._publish(engine, outbox, inventory, sender, resender)
+            s.settled = self._settle(engine, inventory, sender, resender, offsets)
+            self.queue_ends = self._queue_ends(offsets)  # bounds for the reconciliation
+        finally:
+            stop.set()
+            resend_thread.join(timeout=30)
+            for c in consumers:
+                with suppress(Exception):
+                    c.shutdown()
+            with suppress(Exception):
+                producer.shutdown()
+            transport.close()
+            with suppress(Exception):
+                client.close()
+        s.handler_runs = inventory.runs
+        s.retried = len(inventory.retried)
+        s.dropped = len(sender.dropped)
+        s.duplicated = len(sender.duplicated)
+        s.duplicates_absorbed = guard.stats[EventKind.DUPLICATE]
+        s.resent = resender.metrics.resent
+        self._count(engine)
+        if o.reconcile:
+            self._reconcile()
+        else:
+            s.unaccounted = self._unaccounted_in_db(engine)
+        self._check(engine, inventory)
+        engine.dispose()
+        s.elapsed_s = round(time.monotonic() - self.started, 1)
+        return s
+
+    def _publish(self, engine: sa.Engine, outbox: Outbox, inventory: Inventory,
+                 sender: ChaoticSender, resender: ResendWorker) -> None:
+        step = max(1, self.o.orders // 5)
+        for i, fate in enumerate(self.plan.fates, 1):
+            quantity = 1 + (i % 3)
+            if not self.shop.place_order(engine, outbox, fate, quantity):
+                self.summary.rolled_back += 1
+            if i % step == 0 or i == self.o.orders:
+                self.say(self._progress(engine, inventory, sender, resender, f"placed {i}"))
+
+    def _settle(self, engine: sa.Engine, inventory: Inventory, sender: ChaoticSender,
+                resender: ResendWorker, offsets: TransportOffsets | None) -> bool:
+        deadline = time.monotonic() + self.o.timeout_s
+        expected = sum(1 for f in self.plan.fates if not f.rolled_back)
+        next_line = 0.0
+        while True:
+            done = self._accounted(engine) >= expected and self._drained(offsets)
+            now = time.monotonic()
+            if done or now >= deadline or now >= next_line:
+                self.say(self._progress(engine, inventory, sender, resender,
+                                        "settled" if done else "waiting"))
+                next_line = now + 1.0
+            if done:
+                return True
+            if now >= deadline:
+                self.summary.problems.append(
+                    f"the flow did not settle within {self.o.timeout_s:.0f} s")
+                return False
+            time.sleep(0.2)
+
+    def _accounted(self, engine: sa.Engine) -> int:
+        """Stubs confirmed by the inventory group or held in its DLQ."""
+        t = self.shop.tables
+        with engine.connect() as conn:
+            confirmed = conn.execute(sa.select(sa.func.count()).select_from(t.stub).where(
+                t.stub.c.status == StubStatus.CONFIRMED.value)).scalar_one()
+            dead = conn.execute(sa.select(sa.func.count()).select_from(t.consumption_log)
+                                .where(t.consumption_log.c.consumer_group == GROUP,
+                                       t.consumption_log.c.dead_lettered_at.is_not(None))
+                                ).scalar_one()
+        return int(confirmed) + int(dead)
+
+    def _queue_ends(self, offsets: TransportOffsets | None) -> dict[tuple[str, int], int]:
+        """The broker's max offset of each queue (topic and retry topic), read before the
+        transport closes: the reconciliation calls a stub beyond its queue's end lost."""
+        ends: dict[tuple[str, int], int] = {}
+        if offsets is None:
+            return ends
+        for topic in (TOPIC, retry_topic(GROUP)):
+            for queue in range(8):
+                end = offsets.max_offset(topic, queue)
+                if end is not None:
+                    ends[(topic, queue)] = end
+        return ends
+
+    def _drained(self, offsets: TransportOffsets | None) -> bool:
+        """Every queue of the topic and of the group's retry topic consumed to its end (so
+        late duplicates were delivered too); unknown on a remote broker: True."""
+        if offsets is None:
+            return True
+        for topic in (TOPIC, retry_topic(GROUP)):
+            for queue in range(8):
+                end = offsets.max_offset(topic, queue)
+                if end is None or end <= 0:
+                    continue
+                done = offsets.committed_offset(GROUP, topic, queue)
+                if done is None or done < end:
+                    return False
+        return True
+
+    def _progress(self, engine: sa.Engine, inventory: Inventory, sender: ChaoticSender,
+                  resender: ResendWorker, what: str) -> str:
+        with engine.connect() as conn:
+            reserved = conn.execute(sa.select(sa.func.count()).select_from(
+                self.shop.reservations)).scalar_one()
+        return (f"[{time.monotonic() - self.started:5.1f}s] {what:<11} consumed once "
+                f"{reserved:>5}  handler runs {inventory.runs:>5}  retried "
+                f"{len(inventory.retried):>4}  dead-lettered {len(inventory.dead_lettered):>3}"
+                f"  dropped {len(sender.dropped):>3}  resent {resender.metrics.resent:>3}")
+
+    # -- counting and checking ---------------------------------------------------------------
+    def _count(self, engine: sa.Engine) -> None:
+        s, t, poison_ids = self.summary, self.shop.tables, {
+            f.order_id for f in self.plan.fates if f.poison}
+        with engine.connect() as conn:
+            keys = conn.execute(sa.select(t.stub.c["keys"])).scalars().all()
+            s.poison = sum(1 for k in keys if k in poison_ids)
+            s.published = len(keys) - s.poison
+            s.consumed_once = int(conn.execute(sa.select(sa.func.count()).select_from(
+                self.shop.reservations)).scalar_one())
+            s.dead_lettered = int(conn.execute(
+                sa.select(sa.func.count()).select_from(t.consumption_log).where(
+                    t.consumption_log.c.consumer_group == GROUP,
+                    t.consumption_log.c.dead_lettered_at.is_not(None))).scalar_one())
+
+    def _unaccounted_in_db(self, engine: sa.Engine) -> int:
+        t = self.shop.tables
+        dead = sa.select(t.consumption_log.c.message_id).where(
+            t.consumption_log.c.consumer_group == GROUP,
+            t.consumption_log.c.dead_lettered_at.is_not(None))
+        with engine.connect() as conn:
+            return int(conn.execute(sa.select(sa.func.count()).select_from(t.stub).where(
+                t.stub.c.status != StubStatus.CONFIRMED.value,
+                t.stub.c.message_id.not_in(dead))).scalar_one())
+
+    def _reconcile(self) -> None:
+        from outbox.reconcile import ReconcileOptions, as_text, reconcile
+
+        offsets_file = self.store / "config" / "consumerOffset.json"
+        self.say("reconciliation (Spark, local[*]) ...")
+        result = reconcile(ReconcileOptions(
+            db_url=self.db_url, table_prefix=self.o.table_prefix, grace=timedelta(0),
+            offsets=str(offsets_file) if not self.o.endpoint and offsets_file.exists()
+            else None,
+            queue_bounds=self.queue_ends or None,
+            spark_conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4",
+                        "spark.ui.showConsoleProgress": "false"}))
+        for line in as_text(result).splitlines():
+            self.say(line)
+        cert, s = result.summary.certificate, self.summary
+        s.reconciled = True
+        s.unaccounted = cert.unaccounted
+        stubs = s.published + s.poison
+        for name, theirs, ours in (("produced", cert.produced, stubs),
+                                   ("confirmed", cert.confirmed, s.consumed_once),
+                                   ("dead-lettered", cert.dead_lettered, s.dead_lettered)):
+            if theirs != ours:
+                s.problems.append(f"reconciliation counts {name} {theirs}, the demo {ours}")
+        if cert.duplicated:
+            s.problems.append(f"reconciliation found {cert.duplicated} duplicate confirmations")
+
+    def _check(self, engine: sa.Engine, inventory: Inventory) -> None:
+        """The counts must add up, and no effect may have been applied twice."""
+        s, shop, t = self.summary, self.shop, self.shop.tables
+        committed = [f for f in self.plan.fates if not f.rolled_back]
+        with engine.connect() as conn:
+            orders = {r.order_id: r for r in conn.execute(sa.select(shop.orders))}
+            reserved = conn.execute(sa.select(shop.reservations)).all()
+            stock = conn.execute(sa.select(shop.stock)).all()
+            confirmations = int(conn.execute(sa.select(sa.func.count()).select_from(
+                t.confirmation).where(t.confirmation.c.consumer_group == GROUP)).scalar_one())
+        if len(orders) != len(committed) or s.rolled_back != len(self.plan.fates) - len(committed):
+            s.problems.append(f"{len(orders)} order rows for {len(committed)} committed orders")
+        if s.published + s.poison != len(committed):
+            s.problems.append(f"{s.published + s.poison} stubs for {len(committed)} orders")
+        if s.consumed_once != s.published:
+            s.problems.append(f"consumed once {s.consumed_once} != published {s.published}")
+        if confirmations != s.consumed_once:
+            s.problems.append(f"{confirmations} confirmations for {s.consumed_once} "
+                              "reservations")
+        if s.dead_lettered != s.poison:
+            s.problems.append(f"dead-lettered {s.dead_lettered} != poison {s.poison}")
+        if s.resent < s.dropped:
+            s.problems.append(f"resent {s.resent} < dropped {s.dropped}")
+        for r in reserved:
+            order = orders.get(r.order_id)
+            if order is None or (order.sku, order.quantity) != (r.sku, r.quantity):
+                s.problems.append(f"reservation {r.order_id} matches no order")
+        by_sku: dict[str, int] = {}
+        for r in reserved:
+            by_sku[r.sku] = by_sku.get(r.sku, 0) + r.quantity
+        initial = 10 * self.o.orders + 10
+        for row in stock:
+            if row.reserved != by_sku.get(row.sku, 0) or row.available + row.reserved != initial:
+                s.problems.append(f"stock of {row.sku}: reserved {row.reserved}, reservations "
+                                  f"{by_sku.get(row.sku, 0)} (an effect applied twice?)")

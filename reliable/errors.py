@@ -1,0 +1,146 @@
+"""The client library's exceptions: one root, narrow subclasses carrying what is needed to act.
+
+Control flow a handler raises (`RetryLater`, `Discard`) lives in `reliable.outcomes` and is not
+an error. Everything here is.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ReliableError(Exception):
+    """Root of every error the client library raises."""
+
+
+class ConfigurationError(ReliableError):
+    """An option, a name or a combination of options is invalid (raised at declaration)."""
+
+
+class InvalidName(ConfigurationError):
+    """A topic or group name breaks the naming rules."""
+
+    def __init__(self, kind: str, name: str, reason: str) -> None:
+        self.kind = kind
+        self.name = name
+        self.reason = reason
+        super().__init__(f"invalid {kind} name {name!r}: {reason}")
+
+
+class ClientStateError(ReliableError):
+    """The client is not started, or has been shut down."""
+
+
+class SendError(ReliableError):
+    """Root of send failures."""
+
+
+class FailureKind(enum.Enum):
+    """How a failed call should be treated by the producer's retry policy."""
+
+    TRANSPORT = "transport"  # the call did not reach the broker or got no answer: retry elsewhere
+    TRY_ELSEWHERE = "try_elsewhere"  # system error/busy, no permission, topic missing, unavailable
+    FLOW_CONTROL = "flow_control"  # the broker is busy: back off, then retry
+    BAD_REQUEST = "bad_request"  # the request itself is wrong: never retry
+    NOT_STORED_OK = "not_stored_ok"  # stored, but not flushed/replicated as asked
+
+
+class BrokerCallError(SendError):
+    """A transport call failed; `kind` tells the retry policy what to do with it."""
+
+    def __init__(self, kind: FailureKind, message: str, *, code: str | None = None) -> None:
+        self.kind = kind
+        self.code = code
+        super().__init__(f"{kind.value}: {message}" + (f" ({code})" if code else ""))
+
+    @property
+    def retriable(self) -> bool:
+        return self.kind in (FailureKind.TRANSPORT, FailureKind.TRY_ELSEWHERE,
+                             FailureKind.FLOW_CONTROL)
+
+
+class TransportError(BrokerCallError):
+    """The broker could not be reached or did not answer."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(FailureKind.TRANSPORT, message)
+
+
+class BadRequest(BrokerCallError):
+    """The broker refused the request as malformed or invalid: retrying cannot help."""
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(FailureKind.BAD_REQUEST, message, code=code)
+
+
+class BrokerBusy(BrokerCallError):
+    """Flow control: the broker asked the client to slow down."""
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(FailureKind.FLOW_CONTROL, message, code=code)
+
+
+class BrokerUnavailable(BrokerCallError):
+    """The broker cannot store messages now (disk full, shutting down): try another one.
+
+    `reason` is the store's refusal (`"DISK_FULL"`, `"SERVICE_NOT_AVAILABLE"`, ...)."""
+
+    DISK_FULL = "DISK_FULL"
+
+    def __init__(self, message: str, *, reason: str, code: str | None = None) -> None:
+        self.reason = reason
+        super().__init__(FailureKind.TRY_ELSEWHERE, message, code=code)
+
+    @property
+    def disk_full(self) -> bool:
+        """The broker refuses writes because its disk is above the refuse watermark."""
+        return self.reason == self.DISK_FULL
+
+
+class SendFailed(SendError):
+    """Every send attempt failed; `attempts` lists (queue, error) for each."""
+
+    def __init__(self, topic: str, attempts: list[tuple[str, BaseException]]) -> None:
+        self.topic = topic
+        self.attempts = attempts
+        last = attempts[-1][1] if attempts else None
+        super().__init__(f"send to {topic!r} failed after {len(attempts)} attempt(s): {last}")
+
+    @property
+    def last_error(self) -> BaseException | None:
+        """The last attempt's error (a `BrokerUnavailable` names a full disk, say)."""
+        return self.attempts[-1][1] if self.attempts else None
+
+
+class NoRoute(SendError):
+    """The topic has no writable queue (missing topic or no permission)."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        super().__init__(f"no writable queue for topic {topic!r}")
+
+
+class TransactionError(ReliableError):
+    """A transactional send could not be completed."""
+
+
+class UnsupportedByTransport(ReliableError):
+    """The configured transport does not offer this operation."""
+
+    def __init__(self, transport: str, operation: str) -> None:
+        self.transport = transport
+        self.operation = operation
+        super().__init__(f"the {transport} transport does not support {operation}")
+
+
+class ReceiptHandleError(ReliableError):
+    """A receipt handle is unknown, stale (replaced by a newer one) or expired."""
+
+    def __init__(self, handle: str, reason: str) -> None:
+        self.handle = handle
+        self.reason = reason
+        super().__init__(f"receipt handle {handle!r}: {reason}")
+
+
+class InvalidMessage(ReliableError, ValueError):
+    """A message cannot be sent as given (empty body, bad delay, mixed batch, ...)."""

@@ -1,0 +1,121 @@
+"""The client-side message values every transport, handler and outbox component shares."""
+
+from __future__ import annotations
+
+import enum
+import os
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+
+
+class ConsumeResult(enum.Enum):
+    """What a listener tells the consumer about one message (or a batch)."""
+
+    SUCCESS = "CONSUME_SUCCESS"
+    RECONSUME_LATER = "RECONSUME_LATER"
+
+
+class SendStatus(enum.Enum):
+    """Store status reported back to a producer for an accepted message."""
+
+    SEND_OK = "SEND_OK"
+    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
+    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
+    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
+
+
+class _UniqueIdGenerator:
+    """Client-generated unique message ids (the broker's `UNIQ_KEY`), 32 hex chars.
+
+    Layout: 4 B IPv4, 2 B pid, 4 B class-load hash, 4 B seconds since this month's start,
+    2 B counter: RocketMQ's `MessageClientIDSetter` shape, so ids sort by time within one
+    process and never collide across processes on one host.
+    """
+
+    def __init__(self) -> None:
+        try:
+            ip = socket.inet_aton(socket.gethostbyname(socket.gethostname()))
+        except OSError:
+            ip = b"\x7f\x00\x00\x01"
+        self._prefix = ip + struct.pack(">HI", os.getpid() & 0xFFFF, id(self) & 0xFFFFFFFF)
+        self._lock = threading.Lock()
+        self._counter = 0
+        self._pid = os.getpid()
+
+    def next(self) -> str:
+        if os.getpid() != self._pid:  # forked: a new prefix so children never collide
+            self.__init__()  # type: ignore[misc]
+        with self._lock:
+            self._counter = (self._counter + 1) & 0xFFFF
+            counter = self._counter
+        secs = int(time.time()) & 0xFFFFFFFF
+        return (self._prefix + struct.pack(">IH", secs, counter)).hex().upper()
+
+
+_ids = _UniqueIdGenerator()
+
+
+def new_message_id() -> str:
+    """A fresh unique message id (travels as `UNIQ_KEY`; the outbox keys stubs by it)."""
+    return _ids.next()
+
+
+@dataclass(slots=True)
+class Message:
+    """A message to send. `message_id` is generated when not given."""
+
+    topic: str
+    body: bytes
+    tags: str | None = None
+    keys: list[str] = field(default_factory=list)
+    properties: dict[str, str] = field(default_factory=dict)
+    message_group: str | None = None  # FIFO: messages of one group keep their order
+    delay_level: int | None = None  # 1..18 (RocketMQ's levels)
+    deliver_at_ms: int | None = None  # absolute delivery time, epoch milliseconds
+    message_id: str = field(default_factory=new_message_id)
+
+
+@dataclass(slots=True, frozen=True)
+class SendReceipt:
+    """Where a sent message landed."""
+
+    message_id: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    status: SendStatus = SendStatus.SEND_OK
+    offset_msg_id: str | None = None
+    transaction_id: str | None = None
+    recall_handle: str | None = None  # a delayed message: `Producer.recall` cancels it
+
+
+@dataclass(slots=True)
+class ReceivedMessage:
+    """A message as a consumer sees it."""
+
+    message_id: str
+    topic: str
+    body: bytes
+    queue_id: int
+    queue_offset: int
+    tags: str | None = None
+    keys: list[str] = field(default_factory=list)
+    properties: dict[str, str] = field(default_factory=dict)
+    reconsume_times: int = 0  # 0 on first delivery; delivery attempt = reconsume_times + 1
+    born_timestamp: int = 0
+    store_timestamp: int = 0
+    message_group: str | None = None
+    consumer_group: str | None = None
+    offset_msg_id: str | None = None
+    receipt_handle: str | None = None  # invisible-time consumption only
+    transaction_id: str | None = None  # half messages handed to a transaction checker
+    deliver_at_ms: int | None = None  # a delayed message: when it was due (epoch ms)
+    # the transport's own handle to the stored record (send-back, DLQ); opaque to users
+    source: object | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def delivery_attempt(self) -> int:
+        return self.reconsume_times + 1

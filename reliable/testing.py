@@ -1,0 +1,128 @@
+"""Test support for applications: a throwaway in-process broker with a virtual clock.
+
+    from reliable.testing import TestBroker
+
+    def test_billing_retries_then_succeeds():
+        with TestBroker() as tb, Worker(bill, transport=tb.transport):
+            with tb.producer() as p:
+                p.send(Message("orders", b"42"))
+            ...                 # first attempt fails
+            tb.advance(10)      # the real ladder: retry 1 is due after 10 s of virtual time
+            ...                 # second attempt
+
+Only the broker's notion of time is virtual: delays, retries, invisible times and
+transaction checks become due when the test calls `advance`, not after real minutes.
+`run_handler` calls a declared handler on one message with no broker at all.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from broker.broker import Broker
+from broker.config import BrokerConfig
+from broker.store.config import StoreConfig
+from reliable.consumer.listener import ConsumeContext
+from reliable.decorators import Handler
+from reliable.message import ConsumeResult, Message, ReceivedMessage
+from reliable.producer import Producer
+from reliable.transport.base import QueueRef
+from reliable.transport.embedded import EmbeddedTransport
+
+__all__ = ["TestBroker", "VirtualClock", "run_handler"]
+
+
+class VirtualClock:
+    """Milliseconds since the epoch that move only when told to."""
+
+    def __init__(self, start_ms: int | None = None) -> None:
+        self._now = int(time.time() * 1000) if start_ms is None else start_ms
+        self._lock = threading.Lock()
+
+    def now_ms(self) -> int:
+        with self._lock:
+            return self._now
+
+    def advance(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError("time only moves forward")
+        with self._lock:
+            self._now += int(seconds * 1000)
+
+
+class TestBroker:
+    """A started broker on a temporary small store, its transport, and a virtual clock.
+
+    `broker_options` are `BrokerConfig` fields (e.g. `message_delay_level="1s 2s"`)."""
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, *, start_ms: int | None = None, **broker_options: Any) -> None:
+        self.clock = VirtualClock(start_ms)
+        self.directory = Path(tempfile.mkdtemp(prefix="reliable-test-"))
+        store = StoreConfig(store_dir=self.directory, mapped_file_size_commitlog=4 << 20,
+                            mapped_file_size_consume_queue=20 * 20_000,
+                            max_hash_slot_num=4096, max_index_num=16_384,
+                            warm_mapped_file=False)
+        self.broker = Broker(store, BrokerConfig(**broker_options), clock=self.clock.now_ms)
+        self.broker.start()
+        self.transport = EmbeddedTransport(broker=self.broker)
+
+    def advance(self, seconds: float) -> None:
+        """Move virtual time forward and run the time-driven broker passes now: due delayed
+        and retried messages, expired invisible times, transaction checks."""
+        self.clock.advance(seconds)
+        self.broker.deliver_due()
+        self.broker.revive()
+        self.broker.do_maintenance()
+        self.broker.check_transactions()
+
+    def producer(self, **options: Any) -> Producer:
+        return Producer(self.transport, **options)
+
+    def messages(self, topic: str) -> list[ReceivedMessage]:
+        """Everything stored in `topic` (e.g. `%DLQ%billing`), without consuming it."""
+        out: list[ReceivedMessage] = []
+        if self.broker.get_topic(topic) is None:
+            return out
+        for qid in self.transport.route(topic).read_queues:
+            offset = self.broker.min_offset(topic, qid.queue_id)
+            while True:
+                batch = self.transport.pull("reliable-testing", QueueRef(topic, qid.broker,
+                                                                         qid.queue_id), offset, 32)
+                out.extend(batch.messages)
+                if not batch.messages or batch.next_offset <= offset:
+                    break
+                offset = batch.next_offset
+        return out
+
+    def close(self) -> None:
+        self.broker.shutdown()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> TestBroker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def run_handler(handler: Handler, message: Message | ReceivedMessage, *,
+                reconsume_times: int = 0) -> tuple[ConsumeResult, ConsumeContext]:
+    """Call a declared handler on one message, as its consumer would; return the result and
+    the context (`delay_level_when_next_consume`, `discarded`)."""
+    if isinstance(message, Message):
+        message = ReceivedMessage(
+            message_id=message.message_id, topic=message.topic, body=bytes(message.body),
+            queue_id=0, queue_offset=0, tags=message.tags, keys=list(message.keys),
+            properties=dict(message.properties), reconsume_times=reconsume_times,
+            message_group=message.message_group, consumer_group=handler.group)
+    ctx = ConsumeContext(group=handler.group)
+    return handler.listener([message], ctx), ctx
+
+

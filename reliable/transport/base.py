@@ -1,0 +1,200 @@
+"""The one interface every transport implements, and the values that cross it.
+
+Two consumption models sit behind it, because the two kinds of broker offer different ones:
+
+- **Invisible time** (`receive` / `ack` / `change_invisible_duration` / `forward_to_dlq`): the
+  broker keeps delivery state; the client holds receipt handles. Every transport offers it:
+  it is all a RocketMQ 5 gRPC endpoint offers, and `SimpleConsumer` uses nothing else.
+- **Pull** (`pull`, offsets, `send_back`, the live consumer list): the client keeps delivery
+  state (process queues, the smallest in-flight offset, rebalance). Only transports that
+  declare `Capability.PULL` offer it (the embedded one).
+
+`PushConsumer` runs its pull engine when the transport can pull and its invisible-time engine
+otherwise; handler code never sees the difference. Producing is the same on every transport.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol
+
+from reliable.message import Message, ReceivedMessage, SendReceipt
+
+
+class Capability(enum.Enum):
+    """Optional parts of the transport interface."""
+
+    PULL = "pull"  # pull / offsets / send_back / consumer_ids: client-side rebalance
+    BROKER_SIDE_FIFO = "broker_side_fifo"  # receive(fifo=True) blocks a message group in flight
+    MEMBERSHIP_EVENTS = "membership_events"  # watch_consumers: rebalance at once on changes
+
+
+class QueueRef(NamedTuple):
+    """One message queue: a topic's queue on one broker."""
+
+    topic: str
+    broker: str
+    queue_id: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}@{self.broker}#{self.queue_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRoute:
+    """Where a topic can be written and read."""
+
+    topic: str
+    write_queues: tuple[QueueRef, ...]
+    read_queues: tuple[QueueRef, ...]
+
+    @property
+    def brokers(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(q.broker for q in self.write_queues + self.read_queues))
+
+
+class TransactionState(enum.Enum):
+    """The producer's verdict on a half message."""
+
+    COMMIT = "COMMIT"
+    ROLLBACK = "ROLLBACK"
+    UNKNOWN = "UNKNOWN"  # decide later: the broker's check-back asks the checker again
+
+
+class ConsumeFrom(enum.Enum):
+    """Where a group with no committed offset starts on a queue."""
+
+    LAST = "LAST"
+    FIRST = "FIRST"
+    TIMESTAMP = "TIMESTAMP"
+
+
+class PullStatus(enum.Enum):
+    FOUND = "FOUND"
+    NO_NEW_MSG = "NO_NEW_MSG"
+    NO_MATCHED_MSG = "NO_MATCHED_MSG"  # units read, none passed the tag filter: advance
+    OFFSET_ILLEGAL = "OFFSET_ILLEGAL"  # below min or past max: correct to next_offset
+
+
+@dataclass(slots=True)
+class PullBatch:
+    status: PullStatus
+    messages: list[ReceivedMessage]
+    next_offset: int
+    min_offset: int = 0
+    max_offset: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionRef:
+    """What `end_transaction` needs to find a half message again."""
+
+    topic: str
+    message_id: str
+    transaction_id: str | None
+    offset_msg_id: str | None
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+
+TransactionChecker = Callable[[ReceivedMessage], TransactionState]
+
+
+class Transport(Protocol):
+    """What the producer and consumers need from a broker."""
+
+    name: str
+    capabilities: frozenset[Capability]
+
+    def start(self) -> None: ...
+    def close(self) -> None: ...
+
+    # --- producing
+    def route(self, topic: str) -> TopicRoute: ...
+    def send(self, message: Message, queue: QueueRef, *, producer_group: str | None = None,
+             transactional: bool = False, timeout_s: float | None = None) -> SendReceipt:
+        """Store one message on `queue`; raise `BrokerCallError` with the right `kind`."""
+        ...
+    def send_batch(self, messages: Sequence[Message], queue: QueueRef, *,
+                   producer_group: str | None = None) -> list[SendReceipt]: ...
+    def end_transaction(self, producer_group: str, ref: TransactionRef,
+                        state: TransactionState, *, from_check: bool = False) -> None: ...
+    def recall(self, topic: str, recall_handle: str) -> str:
+        """Cancel a delayed message before it is due (the handle of its receipt); return its
+        message id. `BadRequest` when the handle is malformed, for another topic, or the
+        message was already delivered."""
+        ...
+    def set_transaction_checker(self, producer_group: str,
+                                checker: TransactionChecker | None) -> None:
+        """Register (None: remove) the checker the broker's check-back reaches; the transport
+        answers the broker with the state the checker returns."""
+        ...
+
+    # --- client liveness
+    def heartbeat(self, client_id: str, group: str,
+                  subscriptions: Mapping[str, Collection[str] | None]) -> None: ...
+    def unregister(self, client_id: str, group: str) -> None: ...
+
+    # --- invisible-time consumption (every transport)
+    def receive(self, group: str, topic: str, max_msgs: int, invisible_ms: int,
+                tags: Collection[str] | None = None, *, long_poll_ms: int = 0,
+                fifo: bool = False) -> list[ReceivedMessage]:
+        """Messages with `receipt_handle` set and `reconsume_times` = delivery attempt - 1."""
+        ...
+    def ack(self, group: str, message: ReceivedMessage) -> None: ...
+    def change_invisible_duration(self, group: str, message: ReceivedMessage,
+                                  invisible_ms: int) -> str:
+        """Return the new receipt handle (also stored on `message`); the old one is dead."""
+        ...
+    def forward_to_dlq(self, group: str, message: ReceivedMessage) -> None: ...
+    def max_delivery_attempts(self, group: str) -> int: ...
+    def delay_levels_ms(self, group: str | None = None) -> list[int]:
+        """The retry ladder (level 1 first), used to space redeliveries; `group`: the ladder
+        that consumer group was given (a server may set it per group)."""
+        ...
+    def retry_topic(self, group: str) -> str: ...
+    def dlq_topic(self, group: str) -> str: ...
+
+
+class PullTransport(Transport, Protocol):
+    """A transport with `Capability.PULL`: the client keeps offsets and rebalances."""
+
+    def consumer_ids(self, group: str) -> list[str]: ...
+    def pull(self, group: str, queue: QueueRef, offset: int, max_msgs: int,
+             tags: Collection[str] | None = None, *, suspend_ms: int = 0) -> PullBatch: ...
+    def commit_offset(self, group: str, queue: QueueRef, offset: int) -> None: ...
+    def query_offset(self, group: str, queue: QueueRef) -> int:
+        """The committed offset, or -1 when the group has none."""
+        ...
+    def initial_offset(self, group: str, queue: QueueRef, where: ConsumeFrom,
+                       timestamp_ms: int | None = None) -> int: ...
+    def send_back(self, group: str, message: ReceivedMessage, delay_level: int = 0,
+                  max_reconsume_times: int | None = None) -> None:
+        """Hand a failed message back for a later retry (0: the broker's ladder; -1: DLQ now)."""
+        ...
+
+
+class MembershipEvents(Protocol):
+    """A transport with `Capability.MEMBERSHIP_EVENTS` (optional): consumers rebalance at once
+    when their group's membership changes instead of at their next period."""
+
+    def watch_consumers(self, group: str, client_id: str,
+                        callback: Callable[[str], None] | None) -> None:
+        """Call `callback(group)` on every membership change of `group` (None: stop)."""
+        ...
+
+
+def can_pull(transport: Transport) -> bool:
+    return Capability.PULL in transport.capabilities
+
+
+def parse_tags(expression: str | None) -> frozenset[str] | None:
+    """`"*"`, `""` or None: every tag; `"a || b"`: those tags."""
+    if expression is None:
+        return None
+    parts = [p.strip() for p in expression.split("||")]
+    tags = frozenset(p for p in parts if p)
+    if not tags or "*" in tags:
+        return None
+    return tags

@@ -1,0 +1,452 @@
+"""The embedded transport: an in-process `broker.broker.Broker`.
+
+`EmbeddedTransport(store_dir=...)` opens (or shares) the broker of that store directory: every
+client of the process naming the same directory uses one broker, started by the first
+`start()` and shut down by the last `close()`. `EmbeddedTransport(broker=b)` uses a broker the
+caller created and manages.
+
+This is the only module of `reliable` that imports `broker`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Collection, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from broker import errors as berr
+from broker.broker import Broker
+from broker.config import BrokerConfig
+from broker.offsets import ConsumeFromWhere
+from broker.store import errors as serr
+from broker.store.config import StoreConfig
+from broker.store.message import Message as StoreMessage
+from broker.store.message import MessageExt, Prop, PutMessageStatus, decode_offset_msg_id
+from reliable.errors import (
+    BadRequest,
+    BrokerBusy,
+    BrokerCallError,
+    BrokerUnavailable,
+    ConfigurationError,
+    FailureKind,
+    ReceiptHandleError,
+)
+from reliable.message import Message, ReceivedMessage, SendReceipt, SendStatus
+from reliable.transport.base import (
+    Capability,
+    ConsumeFrom,
+    PullBatch,
+    PullStatus,
+    QueueRef,
+    TopicRoute,
+    TransactionChecker,
+    TransactionRef,
+    TransactionState,
+)
+
+log = logging.getLogger(__name__)
+
+BROKER_NAME = "embedded"
+_PERM_READ, _PERM_WRITE = 4, 2
+
+# properties the client maps onto ReceivedMessage fields instead of `properties`
+_MAPPED = {Prop.TAGS, Prop.KEYS, Prop.UNIQ_KEY, Prop.SHARDING_KEY, Prop.TIMER_DELIVER_MS}
+
+_TRY_ELSEWHERE = {"SYSTEM_ERROR", "NO_PERMISSION", "TOPIC_NOT_EXIST", "SERVICE_NOT_AVAILABLE",
+                  "SLAVE_NOT_AVAILABLE", "FLUSH_SLAVE_TIMEOUT", "SUBSCRIPTION_GROUP_NOT_EXIST"}
+_BUSY = {"SYSTEM_BUSY"}
+
+_SEND_STATUS = {
+    PutMessageStatus.PUT_OK: SendStatus.SEND_OK,
+    PutMessageStatus.FLUSH_DISK_TIMEOUT: SendStatus.FLUSH_DISK_TIMEOUT,
+    PutMessageStatus.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
+    PutMessageStatus.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE,
+}
+
+
+def translate(exc: BaseException) -> BaseException:
+    """One mapping from broker/store exceptions to the client's retry-aware errors."""
+    if isinstance(exc, berr.ReceiptHandleError):
+        return ReceiptHandleError(exc.handle, exc.reason)
+    if isinstance(exc, berr.BrokerError):
+        name = exc.code.name
+        if exc.code is berr.ResponseCode.SERVICE_NOT_AVAILABLE:  # disk full, not running
+            reason = exc.status if isinstance(exc, berr.SendRejected) else name
+            return BrokerUnavailable(str(exc), reason=reason, code=name)
+        if name in _BUSY:
+            return BrokerBusy(str(exc), code=name)
+        if name in _TRY_ELSEWHERE:
+            return BrokerCallError(FailureKind.TRY_ELSEWHERE, str(exc), code=name)
+        return BadRequest(str(exc), code=name)
+    if isinstance(exc, serr.StoreNotRunning):
+        return BrokerUnavailable(str(exc), reason="SERVICE_NOT_AVAILABLE",
+                                 code="SERVICE_NOT_AVAILABLE")
+    if isinstance(exc, serr.MessageTooLarge | serr.InvalidMessage):
+        return BadRequest(str(exc), code="MESSAGE_ILLEGAL")
+    return BrokerCallError(FailureKind.TRY_ELSEWHERE, f"{type(exc).__name__}: {exc}")
+
+
+def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    except (berr.BrokerError, serr.StoreError) as exc:
+        raise translate(exc) from exc
+
+
+def to_store_message(m: Message, queue_id: int) -> StoreMessage:
+    props = dict(m.properties)
+    for reserved in (Prop.TAGS, Prop.KEYS, Prop.UNIQ_KEY, Prop.DELAY, Prop.TIMER_DELIVER_MS):
+        if reserved in props:
+            raise BadRequest(f"property {reserved!r} is reserved; use the Message field")
+    if m.tags:
+        props[Prop.TAGS] = m.tags
+    if m.keys:
+        props[Prop.KEYS] = " ".join(m.keys)
+    props[Prop.UNIQ_KEY] = m.message_id
+    if m.message_group is not None:
+        props[Prop.SHARDING_KEY] = m.message_group
+    if m.delay_level is not None:
+        props[Prop.DELAY] = str(m.delay_level)
+    if m.deliver_at_ms is not None:
+        props[Prop.TIMER_DELIVER_MS] = str(m.deliver_at_ms)
+    return StoreMessage(topic=m.topic, body=bytes(m.body), queue_id=queue_id, properties=props)
+
+
+def to_received(msg: MessageExt, *, receipt_handle: str | None = None,
+                attempt: int | None = None) -> ReceivedMessage:
+    props = msg.properties
+    topic = msg.topic
+    if topic.startswith("%RETRY%") and Prop.RETRY_TOPIC in props:
+        topic = props[Prop.RETRY_TOPIC]  # a retry copy is shown as its original topic
+    reconsume = attempt - 1 if attempt is not None else msg.reconsume_times
+    due = props.get(Prop.TIMER_DELIVER_MS)
+    return ReceivedMessage(
+        message_id=msg.msg_id, topic=topic, body=msg.body, queue_id=msg.queue_id,
+        queue_offset=msg.queue_offset, tags=msg.tags, keys=msg.keys,
+        properties={k: v for k, v in props.items() if k not in _MAPPED},
+        reconsume_times=reconsume, born_timestamp=msg.born_timestamp,
+        store_timestamp=msg.store_timestamp, message_group=props.get(Prop.SHARDING_KEY) or None,
+        offset_msg_id=msg.offset_msg_id, receipt_handle=receipt_handle,
+        transaction_id=props.get("__transactionId__") or None,
+        deliver_at_ms=int(due) if due and due.isdigit() else None, source=msg)
+
+
+class _Shared:
+    """Brokers of this process by store directory, reference-counted."""
+
+    lock = threading.Lock()
+    brokers: dict[Path, tuple[Broker, int]] = {}
+
+    @classmethod
+    def acquire(cls, store_config: StoreConfig, config: BrokerConfig | None) -> Broker:
+        key = Path(store_config.store_dir).resolve()
+        with cls.lock:
+            if key in cls.brokers:
+                broker, n = cls.brokers[key]
+                cls.brokers[key] = (broker, n + 1)
+                return broker
+            broker = Broker(store_config, config)
+            broker.start()
+            cls.brokers[key] = (broker, 1)
+            return broker
+
+    @classmethod
+    def release(cls, broker: Broker) -> None:
+        with cls.lock:
+            for key, (b, n) in list(cls.brokers.items()):
+                if b is broker:
+                    if n > 1:
+                        cls.brokers[key] = (b, n - 1)
+                        return
+                    del cls.brokers[key]
+                    break
+            else:
+                return
+        broker.shutdown()
+
+
+class _Membership:
+    """Group-membership watchers of this process, per broker: a consumer joining or
+    leaving makes the others rebalance at once instead of at their next period."""
+
+    lock = threading.Lock()
+    watchers: dict[tuple[int, str], dict[str, Callable[[str], None]]] = {}
+
+    @classmethod
+    def watch(cls, broker: Broker, group: str, key: str,
+              callback: Callable[[str], None] | None) -> None:
+        with cls.lock:
+            slot = cls.watchers.setdefault((id(broker), group), {})
+            if callback is None:
+                slot.pop(key, None)
+            else:
+                slot[key] = callback
+
+    @classmethod
+    def notify(cls, broker: Broker, group: str) -> None:
+        with cls.lock:
+            callbacks = list(cls.watchers.get((id(broker), group), {}).values())
+        for cb in callbacks:
+            try:
+                cb(group)
+            except Exception:
+                log.warning("membership watcher of %s failed", group, exc_info=True)
+
+
+class EmbeddedTransport:
+    """A `PullTransport` over an in-process broker."""
+
+    name = "embedded"
+    capabilities = frozenset({Capability.PULL, Capability.BROKER_SIDE_FIFO,
+                              Capability.MEMBERSHIP_EVENTS})
+
+    def __init__(self, *, store_dir: str | Path | None = None, broker: Broker | None = None,
+                 broker_config: BrokerConfig | None = None,
+                 store_config: StoreConfig | None = None,
+                 delay_levels: str | None = None, **store_options: Any) -> None:
+        """`store_dir` (default `~/.reliable/store`) plus optional `StoreConfig` fields as
+        keywords (`flush_mode=`, `mapped_file_size_commitlog=`, ...); or a full
+        `store_config`; or an existing `broker`. `delay_levels` overrides the delay table
+        (e.g. `"100ms 200ms 500ms"`) of a default `BrokerConfig`."""
+        if broker is not None and (store_dir is not None or store_config is not None
+                                   or broker_config is not None or store_options
+                                   or delay_levels is not None):
+            raise ConfigurationError("give broker= or store settings, not both")
+        if store_config is not None and (store_dir is not None or store_options):
+            raise ConfigurationError("give store_config= or store_dir=/store options, not both")
+        if delay_levels is not None:
+            if broker_config is not None:
+                raise ConfigurationError("give delay_levels= or broker_config=, not both")
+            broker_config = BrokerConfig(message_delay_level=delay_levels)
+        if broker_config is not None:
+            try:
+                broker_config.validate()
+            except berr.BrokerError as exc:
+                raise ConfigurationError(str(exc)) from exc
+        self._given = broker
+        if broker is None and store_config is None:
+            try:
+                if store_dir is not None:
+                    store_options["store_dir"] = Path(store_dir)
+                store_config = StoreConfig(**store_options)
+            except TypeError as exc:
+                raise ConfigurationError(f"unknown embedded transport option: {exc}") from None
+        self._store_config = store_config
+        self._broker_config = broker_config
+        self._broker: Broker | None = broker
+        self._checkers: dict[str, TransactionChecker] = {}
+        self._started = broker is not None
+
+    @property
+    def broker(self) -> Broker:
+        if self._broker is None:
+            raise ConfigurationError("the embedded transport is not started")
+        return self._broker
+
+    def start(self) -> None:
+        if self._broker is None:
+            assert self._store_config is not None
+            self._broker = _Shared.acquire(self._store_config, self._broker_config)
+        self._started = True
+
+    def close(self) -> None:
+        for group in list(self._checkers):
+            self.set_transaction_checker(group, None)
+        if self._given is None and self._broker is not None:
+            broker, self._broker = self._broker, None
+            _Shared.release(broker)
+        self._started = False
+
+    # --- producing
+    def route(self, topic: str) -> TopicRoute:
+        r = _call(self.broker.route, topic)
+        writable, readable = bool(r.perm & _PERM_WRITE), bool(r.perm & _PERM_READ)
+        writes = tuple(QueueRef(topic, BROKER_NAME, q) for q in r.write_queue_ids if writable)
+        reads = tuple(QueueRef(topic, BROKER_NAME, q) for q in r.read_queue_ids if readable)
+        return TopicRoute(topic, writes, reads)
+
+    def _receipt(self, m: Message, result: Any) -> SendReceipt:
+        status = result.status
+        if isinstance(status, PutMessageStatus):
+            send_status = _SEND_STATUS.get(status)
+            if send_status is None:
+                raise translate(berr.SendRejected(m.topic, status.value,
+                                                  berr.ResponseCode.SYSTEM_ERROR))
+        else:
+            send_status = SendStatus.SEND_OK
+        return SendReceipt(message_id=result.msg_id or m.message_id, topic=m.topic,
+                           queue_id=result.queue_id, queue_offset=result.queue_offset,
+                           status=send_status, offset_msg_id=result.offset_msg_id,
+                           transaction_id=result.transaction_id,
+                           recall_handle=result.recall_handle)
+
+    def send(self, message: Message, queue: QueueRef, *, producer_group: str | None = None,
+             transactional: bool = False, timeout_s: float | None = None) -> SendReceipt:
+        sm = to_store_message(message, queue.queue_id)
+        if transactional:
+            sm.properties[Prop.TRAN_MSG] = "true"
+            sm.properties[Prop.PRODUCER_GROUP] = producer_group or ""
+        result = _call(self.broker.send_message, sm, producer_group=producer_group)
+        return self._receipt(message, result)
+
+    def recall(self, topic: str, recall_handle: str) -> str:
+        return str(_call(self.broker.recall_message, topic, recall_handle))
+
+    def send_batch(self, messages: Sequence[Message], queue: QueueRef, *,
+                   producer_group: str | None = None) -> list[SendReceipt]:
+        sms = [to_store_message(m, queue.queue_id) for m in messages]
+        results = _call(self.broker.send_batch, sms)
+        return [self._receipt(m, r) for m, r in zip(messages, results, strict=True)]
+
+    def end_transaction(self, producer_group: str, ref: TransactionRef,
+                        state: TransactionState, *, from_check: bool = False) -> None:
+        if state is TransactionState.UNKNOWN:
+            return
+        if ref.offset_msg_id is None:
+            raise BadRequest("end_transaction needs the half message's offset id")
+        _, offset = decode_offset_msg_id(ref.offset_msg_id)
+        _call(self.broker.end_transaction, producer_group, ref.transaction_id or ref.message_id,
+              offset, state is TransactionState.COMMIT, from_check=from_check)
+
+    def set_transaction_checker(self, producer_group: str,
+                                checker: TransactionChecker | None) -> None:
+        if checker is None:
+            self._checkers.pop(producer_group, None)
+            # the broker keeps the last registration; answer nothing (checks stay pending)
+            self.broker.register_transaction_checker(producer_group, lambda msg: None)
+            return
+        self._checkers[producer_group] = checker
+
+        def on_check(msg: MessageExt) -> None:
+            received = to_received(msg)
+            state = checker(received)
+            ref = TransactionRef(received.topic, received.message_id,
+                                 Broker.transaction_id_of(msg), msg.offset_msg_id)
+            self.end_transaction(producer_group, ref, state, from_check=True)
+
+        self.broker.register_transaction_checker(producer_group, on_check)
+
+    # --- liveness
+    def heartbeat(self, client_id: str, group: str,
+                  subscriptions: Mapping[str, Collection[str] | None]) -> None:
+        known = client_id in _call(self.broker.consumer_ids, group)
+        _call(self.broker.heartbeat, client_id, group, subscriptions)
+        if not known:
+            _Membership.notify(self.broker, group)
+
+    def unregister(self, client_id: str, group: str) -> None:
+        if self._broker is not None:
+            _call(self.broker.unregister, client_id, group)
+            _Membership.notify(self.broker, group)
+
+    def watch_consumers(self, group: str, client_id: str,
+                        callback: Callable[[str], None] | None) -> None:
+        _Membership.watch(self.broker, group, client_id, callback)
+
+    def consumer_ids(self, group: str) -> list[str]:
+        return list(_call(self.broker.consumer_ids, group))
+
+    # --- pull
+    def pull(self, group: str, queue: QueueRef, offset: int, max_msgs: int,
+             tags: Collection[str] | None = None, *, suspend_ms: int = 0) -> PullBatch:
+        r = _call(self.broker.pull_message, group, queue.topic, queue.queue_id, offset,
+                  max_msgs, tags, suspend_ms=suspend_ms)
+        msgs = [to_received(m) for m in r.messages]
+        name = getattr(r.status, "name", str(r.status))
+        if msgs:
+            status = PullStatus.FOUND
+        elif name in ("NO_MATCHED_MESSAGE", "NO_MATCHED_MSG"):
+            status = PullStatus.NO_MATCHED_MSG
+        elif name in ("OFFSET_TOO_SMALL", "OFFSET_OVERFLOW_BADLY", "OFFSET_ILLEGAL",
+                      "OFFSET_FOUND_NULL", "NO_MATCHED_LOGIC_QUEUE"):
+            status = PullStatus.OFFSET_ILLEGAL
+        else:
+            status = PullStatus.NO_NEW_MSG
+        return PullBatch(status, msgs, r.next_begin_offset, r.min_offset, r.max_offset)
+
+    def commit_offset(self, group: str, queue: QueueRef, offset: int) -> None:
+        _call(self.broker.commit_offset, group, queue.topic, queue.queue_id, offset)
+
+    def query_offset(self, group: str, queue: QueueRef) -> int:
+        return int(_call(self.broker.query_offset, group, queue.topic, queue.queue_id))
+
+    def min_offset(self, queue: QueueRef) -> int:
+        """The queue's smallest offset still held."""
+        return int(_call(self.broker.min_offset, queue.topic, queue.queue_id))
+
+    def max_offset(self, queue: QueueRef) -> int:
+        """One past the queue's last offset."""
+        return int(_call(self.broker.max_offset, queue.topic, queue.queue_id))
+
+    def initial_offset(self, group: str, queue: QueueRef, where: ConsumeFrom,
+                       timestamp_ms: int | None = None) -> int:
+        w = {ConsumeFrom.LAST: ConsumeFromWhere.LAST_OFFSET,
+             ConsumeFrom.FIRST: ConsumeFromWhere.FIRST_OFFSET,
+             ConsumeFrom.TIMESTAMP: ConsumeFromWhere.TIMESTAMP}[where]
+        return int(_call(self.broker.initial_offset, group, queue.topic, queue.queue_id, w,
+                         timestamp_ms))
+
+    def send_back(self, group: str, message: ReceivedMessage, delay_level: int = 0,
+                  max_reconsume_times: int | None = None) -> None:
+        raw = self._raw(message)
+        _call(self.broker.consumer_send_back, group, raw, delay_level, max_reconsume_times)
+
+    @staticmethod
+    def _raw(message: ReceivedMessage) -> MessageExt:
+        if not isinstance(message.source, MessageExt):
+            raise BadRequest(f"message {message.message_id} was not received from this "
+                             "transport")
+        raw = message.source
+        if message.reconsume_times != raw.reconsume_times and not message.receipt_handle:
+            raw.reconsume_times = message.reconsume_times  # local retries count too
+        extra = {k: v for k, v in message.properties.items() if k not in raw.properties}
+        if extra:
+            raw.properties.update(extra)
+        return raw
+
+    def delay_levels_ms(self, group: str | None = None) -> list[int]:
+        return list(self.broker.delay_levels_ms())
+
+    # --- invisible time
+    def receive(self, group: str, topic: str, max_msgs: int, invisible_ms: int,
+                tags: Collection[str] | None = None, *, long_poll_ms: int = 0,
+                fifo: bool = False) -> list[ReceivedMessage]:
+        entries = _call(self.broker.receive, group, topic, max_msgs, invisible_ms, tags,
+                        long_poll_ms=long_poll_ms, fifo=fifo)
+        return [to_received(e.message, receipt_handle=e.receipt_handle,
+                            attempt=e.delivery_attempt) for e in entries]
+
+    @staticmethod
+    def _handle(message: ReceivedMessage) -> str:
+        if not message.receipt_handle:
+            raise ReceiptHandleError("", "the message carries no receipt handle")
+        return message.receipt_handle
+
+    def _source_topic(self, message: ReceivedMessage) -> str:
+        raw = message.source
+        return raw.topic if isinstance(raw, MessageExt) else message.topic
+
+    def ack(self, group: str, message: ReceivedMessage) -> None:
+        _call(self.broker.ack, group, self._source_topic(message), self._handle(message))
+
+    def change_invisible_duration(self, group: str, message: ReceivedMessage,
+                                  invisible_ms: int) -> str:
+        new = _call(self.broker.change_invisible_duration, group, self._source_topic(message),
+                    self._handle(message), invisible_ms)
+        message.receipt_handle = new
+        return str(new)
+
+    def forward_to_dlq(self, group: str, message: ReceivedMessage) -> None:
+        _call(self.broker.forward_to_dlq, group, self._source_topic(message),
+              self._handle(message))
+
+    def max_delivery_attempts(self, group: str) -> int:
+        return int(self.broker.max_delivery_attempts(group))
+
+    def retry_topic(self, group: str) -> str:
+        return f"%RETRY%{group}"
+
+    def dlq_topic(self, group: str) -> str:
+        return f"%DLQ%{group}"

@@ -1,0 +1,237 @@
+"""Publishing through the outbox: the stub commits with the business rows; the send follows.
+
+Two entry points, both impossible to send for uncommitted data:
+
+- `Outbox.publish(session, message)`: for an ORM `Session`. The stub is inserted in the
+  session's transaction at once; the message is sent from the session's `after_commit`
+  event, so it goes out only if that very transaction commits. A rollback (of the whole
+  transaction, or of the savepoint the stub was published in) drops it. A session joined
+  to a transaction it does not own (`Session(bind=connection)` inside
+  `connection.begin()`) commits nothing itself: then nothing is sent at its "commit", and
+  the resend worker sends the stub once the enclosing transaction committed it.
+- `Outbox.begin(engine_or_connection)`: for Core. A context manager that owns the
+  transaction: `with outbox.begin(conn) as tx: conn.execute(...); tx.publish(message)`.
+  It commits at the end of the block and sends only after that commit succeeded.
+
+Why events rather than asking users to call `send()` after `commit()`: a forgotten call, or
+one placed before the commit, would lose or invent messages. Here the send is tied to the
+commit by SQLAlchemy itself. If the process dies between commit and send, or the send
+fails, the stub is already committed and the resend worker sends it when it is due.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Engine, event, insert, update
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.orm import Session, SessionTransaction
+
+from outbox.errors import DuplicateMessageId, NoActiveTransaction, OutboxMisuse
+from outbox.models import OutboxTables
+from outbox.ports import Clock, Sender, utcnow
+from outbox.registry import expected_groups
+from outbox.stubs import stub_values
+from reliable.message import Message, SendReceipt, SendStatus
+
+log = logging.getLogger(__name__)
+
+_PENDING = "reliable.outbox.pending"  # session.info key: messages waiting for the commit
+_LISTENING = "reliable.outbox.listening"
+
+
+@dataclass(frozen=True)
+class OutboxConfig:
+    """Publishing policy.
+
+    max_sends: total send attempts (the first one included) before escalation.
+    resend_after: after a successful send, when the resend worker first looks at the stub;
+        it must cover normal consumer lag (the worker also checks committed offsets).
+    retry_after_failure: after a failed first send (or none at all), when it becomes due.
+    send_after_commit: send right after the commit (default). False: never send from the
+        committing thread; stubs are due at once and the resend worker sends them (a pure
+        polling outbox: commits never wait for the broker).
+    """
+
+    max_sends: int = 16
+    resend_after: timedelta = timedelta(minutes=5)
+    retry_after_failure: timedelta = timedelta(seconds=10)
+    send_after_commit: bool = True
+
+
+@dataclass
+class _Pending:
+    outbox: Outbox
+    message: Message
+    connection: Connection
+    transaction: SessionTransaction | None
+
+
+class Outbox:
+    """Transactional publish over one set of outbox tables and one `Sender`."""
+
+    def __init__(self, tables: OutboxTables, sender: Sender, *,
+                 config: OutboxConfig | None = None, clock: Clock = utcnow) -> None:
+        self.tables = tables
+        self.sender = sender
+        self.config = config or OutboxConfig()
+        self.clock = clock
+
+    # -- ORM Session ---------------------------------------------------------------------
+    def publish(self, session: Session, message: Message, *,
+                max_sends: int | None = None) -> str:
+        """Add the stub to the session's transaction; send after it commits. Returns the id."""
+        conn = session.connection()  # begins the transaction if none is active
+        row = self._row(conn, message, max_sends)
+        try:
+            session.execute(insert(self.tables.stub).values(**row))
+        except IntegrityError as exc:
+            raise DuplicateMessageId(message.message_id) from exc
+        _listen(session)
+        tx = session.get_nested_transaction() or session.get_transaction()
+        session.info.setdefault(_PENDING, []).append(_Pending(self, message, conn, tx))
+        return message.message_id
+
+    # -- Core Connection -----------------------------------------------------------------
+    @contextmanager
+    def begin(self, bind: Engine | Connection) -> Iterator[OutboxTransaction]:
+        """Own a transaction on `bind`; commit at the end of the block, then send."""
+        if isinstance(bind, Engine):
+            with bind.connect() as conn, self.begin(conn) as tx:
+                yield tx
+            return
+        if bind.in_transaction():
+            raise OutboxMisuse("the connection is already in a transaction; pass a connection "
+                               "outside one (or an Engine) so the outbox can own the commit")
+        trans = bind.begin()
+        tx = OutboxTransaction(self, bind)
+        try:
+            yield tx
+        except BaseException:
+            if trans.is_active:
+                trans.rollback()
+            raise
+        finally:
+            tx._open = False
+        if not trans.is_active:
+            raise OutboxMisuse("the transaction was ended inside the `begin` block; nothing "
+                               "was sent (committed stubs are sent by the resend worker)")
+        trans.commit()
+        if self.config.send_after_commit:
+            for message in tx._messages:
+                self._send_and_record(bind.engine, message)
+
+    # -- shared --------------------------------------------------------------------------
+    def _row(self, conn: Connection, message: Message, max_sends: int | None) -> dict[str, Any]:
+        now = self.clock()
+        return stub_values(
+            message,
+            expected_groups=expected_groups(conn, self.tables, message.topic),
+            max_sends=self.config.max_sends if max_sends is None else max_sends,
+            now=now,
+            next_resend_at=now + (self.config.retry_after_failure
+                                  if self.config.send_after_commit else timedelta(0)),
+        )
+
+    def _send_and_record(self, engine: Engine, message: Message) -> SendReceipt | None:
+        """Send once and write the result on the stub. Never raises: the commit happened."""
+        stub = self.tables.stub
+        receipt: SendReceipt | None = None
+        try:
+            receipt = self.sender.send(message)
+        except Exception as exc:
+            log.warning("outbox: send of %s failed after commit (%s); the resend worker "
+                        "will retry it", message.message_id, exc)
+            now = self.clock()
+            values: dict[str, Any] = {
+                "last_error": f"{type(exc).__name__}: {exc}"[:2000],
+                "next_resend_at": now + self.config.retry_after_failure,
+            }
+        else:
+            now = self.clock()
+            values = {
+                "queue_id": receipt.queue_id,
+                "queue_offset": receipt.queue_offset,
+                "broker_msg_id": receipt.offset_msg_id,
+                "last_error": None if receipt.status is SendStatus.SEND_OK
+                else receipt.status.value,
+                "next_resend_at": now + self.config.resend_after,
+            }
+        values.update(send_count=stub.c.send_count + 1, updated_at=now)
+        try:
+            with engine.begin() as conn:
+                conn.execute(update(stub).where(stub.c.message_id == message.message_id)
+                             .values(**values))
+        except SQLAlchemyError as exc:
+            log.warning("outbox: could not record the send of %s (%s); the resend worker "
+                        "will look at it when due", message.message_id, exc)
+        return receipt
+
+
+class OutboxTransaction:
+    """The handle `Outbox.begin` yields: publish messages in the owned transaction."""
+
+    def __init__(self, outbox: Outbox, connection: Connection) -> None:
+        self.outbox = outbox
+        self.connection = connection
+        self._messages: list[Message] = []
+        self._open = True
+
+    def publish(self, message: Message, *, max_sends: int | None = None) -> str:
+        if not self._open or not self.connection.in_transaction():
+            raise NoActiveTransaction("publish inside the `with outbox.begin(...)` block")
+        row = self.outbox._row(self.connection, message, max_sends)
+        try:
+            self.connection.execute(insert(self.outbox.tables.stub).values(**row))
+        except IntegrityError as exc:
+            raise DuplicateMessageId(message.message_id) from exc
+        self._messages.append(message)
+        return message.message_id
+
+
+# -- session events ----------------------------------------------------------------------
+def _listen(session: Session) -> None:
+    if session.info.get(_LISTENING):
+        return
+    event.listen(session, "after_commit", _after_commit)
+    event.listen(session, "after_soft_rollback", _after_soft_rollback)
+    session.info[_LISTENING] = True
+
+
+def _after_commit(session: Session) -> None:
+    if session.in_nested_transaction():
+        return  # a savepoint was released: the data is not committed yet
+    pending: list[_Pending] = session.info.pop(_PENDING, [])
+    for item in pending:
+        if item.connection.in_transaction():
+            # The session joined a transaction it does not own (Session(bind=connection)
+            # inside connection.begin()): its "commit" committed nothing yet. Sending now
+            # could announce data that still rolls back; the committed stub is sent by the
+            # resend worker instead.
+            log.info("outbox: %s not sent at session commit: the enclosing transaction is "
+                     "still open; the resend worker will send it", item.message.message_id)
+            continue
+        if item.outbox.config.send_after_commit:
+            item.outbox._send_and_record(item.connection.engine, item.message)
+
+
+def _after_soft_rollback(session: Session, previous: SessionTransaction) -> None:
+    pending: list[_Pending] = session.info.get(_PENDING, [])
+    if pending:
+        session.info[_PENDING] = [p for p in pending if not _within(p.transaction, previous)]
+
+
+def _within(tx: SessionTransaction | None, ended: SessionTransaction) -> bool:
+    while tx is not None:
+        if tx is ended:
+            return True
+        tx = tx.parent
+    return False
+
+
+__all__ = ["Outbox", "OutboxConfig", "OutboxTransaction"]

@@ -1,0 +1,273 @@
+"""The job: read, classify, summarise, write the report, repair. The Python API.
+
+    result = reconcile(ReconcileOptions(db_url="postgresql+psycopg2://u@h/db"))
+    result.summary.certificate.clean, result.exit_code
+
+Spark actions per run: the partition bounds of each table (one tiny query each), the
+watermarks (per queue and group), the facts (one aggregation over the classified rows);
+and only when asked, the detail rows and the repair candidates (the classified rows are
+then persisted once, so the tables are still read once).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from outbox.reconcile.bounds import BoundsSpec, check_spec, read_bounds
+from outbox.reconcile.certificate import Summary, facts, summarize
+from outbox.reconcile.classify import Classified, Inputs, Window, classify
+from outbox.reconcile.drivers import JdbcTarget, driver_jars, installed_system_jars, jdbc_target
+from outbox.reconcile.errors import InvalidOptions, JobFailed, SourceUnavailable
+from outbox.reconcile.repair import Repairer, RepairOptions, RepairReport, candidates
+from outbox.reconcile.report import detail_rows, write_parquet, write_table
+from outbox.reconcile.session import require_driver, spark_session
+from outbox.reconcile.sources import (
+    OFFSET_COLUMNS,
+    JdbcSource,
+    ParquetSource,
+    PartitionPolicy,
+    TableNames,
+    TableSource,
+    _first_line,
+    canonical,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+
+@dataclass
+class ReconcileOptions:
+    """Everything a run needs. Exactly one of `db_url` / `parquet` is the source; `db_url`
+    is also where the report table and repairs go."""
+
+    db_url: str | None = None
+    parquet: str | None = None
+    table_prefix: str = "reliable_"
+    schema: str | None = None
+    master: str | None = None  # None: local[*], or spark-submit's --master
+    jdbc_jars: tuple[str, ...] = ()
+    partitions: PartitionPolicy = field(default_factory=PartitionPolicy)
+    offsets: str | None = None  # consumerOffset.json | Parquet dir | "table:NAME"
+    # the offsets the broker still holds per queue (see `outbox.reconcile.bounds`): a JSON
+    # file | Parquet dir | "table:NAME" | "grpc:HOST:PORT" | a started transport | an object
+    # with max_offset(topic, queue_id) | {(topic, queue_id): max_offset}
+    queue_bounds: BoundsSpec | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    grace: timedelta = timedelta(minutes=5)  # an unsent stub younger than this is not lost
+    report_table: str | None = None
+    report_parquet: str | None = None
+    report_all: bool = False
+    repair: bool = False
+    repair_options: RepairOptions = field(default_factory=RepairOptions)
+    spark_conf: dict[str, str] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        if bool(self.db_url) == bool(self.parquet):
+            raise InvalidOptions("give exactly one source: a database URL or a Parquet root")
+        if self.repair and not self.db_url:
+            raise InvalidOptions("--repair writes to the database: it needs --db")
+        if self.report_table and not self.db_url:
+            raise InvalidOptions("--report-table is written to the --db database")
+        if self.since and self.until and self.since >= self.until:
+            raise InvalidOptions(f"empty window: since {self.since} >= until {self.until}")
+        ro = self.repair_options
+        if ro.batch_size < 1 or (ro.rate_limit is not None and ro.rate_limit <= 0) \
+                or (ro.limit is not None and ro.limit < 0):
+            raise InvalidOptions("batch size, rate limit and limit must be positive")
+        if self.grace < timedelta(0):
+            raise InvalidOptions("the grace period cannot be negative")
+        check_spec(self.queue_bounds)
+
+
+@dataclass
+class ReconcileResult:
+    """What a run found (and repaired)."""
+
+    run_id: str
+    source: str
+    now: datetime
+    summary: Summary
+    elapsed_s: float
+    repair: RepairReport | None = None
+    plans: dict[str, tuple[str | None, int, int]] = field(default_factory=dict)
+    master: str = ""  # the Spark master the job ran on
+
+    @property
+    def exit_code(self) -> int:
+        from reliable.cli.exit_codes import ExitCode
+
+        return ExitCode.OK if self.summary.certificate.clean else ExitCode.UNACCOUNTED
+
+
+def _naive_utc(value: datetime) -> datetime:
+    if value.tzinfo is not None:
+        return value.astimezone(UTC).replace(tzinfo=None)
+    return value
+
+
+def build_source(options: ReconcileOptions) -> tuple[TableSource, JdbcTarget | None]:
+    names = TableNames.for_prefix(options.table_prefix, options.schema)
+    if options.db_url:
+        target = jdbc_target(options.db_url)
+        offsets_table = bounds_table = None
+        if options.offsets and options.offsets.startswith("table:"):
+            offsets_table = options.offsets.removeprefix("table:")
+        qb = options.queue_bounds
+        if isinstance(qb, str) and qb.startswith("table:"):
+            bounds_table = qb.removeprefix("table:").strip()
+        return JdbcSource(target, names, options.partitions, offsets_table,
+                          bounds_table), target
+    assert options.parquet is not None
+    return ParquetSource(options.parquet), None
+
+
+def read_offsets(spark: SparkSession, spec: str | None,
+                 source: TableSource) -> DataFrame | None:
+    """The committed-offset snapshot: the broker's consumerOffset.json
+    (`{"offsetTable": {"topic@group": {"queueId": offset}}}`), a Parquet directory or a
+    table (`table:NAME`) with topic, consumer_group, queue_id, committed_offset; else the
+    Parquet source's `consumer_offset/` when present."""
+    if spec is None or spec.startswith("table:"):
+        return source.read(spark, "offsets")
+    path = Path(spec)
+    if spec.endswith(".json"):
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise SourceUnavailable(f"offsets file {spec}", str(exc)) from None
+        rows: list[tuple[str, str, int, int]] = []
+        table = doc.get("offsetTable", doc) if isinstance(doc, dict) else None
+        if not isinstance(table, dict):
+            raise SourceUnavailable(f"offsets file {spec}", "no offsetTable object")
+        for key, queues in table.items():
+            topic, sep, group = str(key).rpartition("@")
+            if not sep or not isinstance(queues, dict):
+                raise SourceUnavailable(f"offsets file {spec}", f"bad entry {key!r}")
+            for qid, offset in queues.items():
+                rows.append((topic, group, int(qid), int(offset)))
+        schema = ", ".join(f"{k} {v}" for k, v in OFFSET_COLUMNS.items())
+        return spark.createDataFrame(rows, schema)
+    try:
+        df = spark.read.parquet(spec)
+    except Exception as exc:
+        raise SourceUnavailable(f"offsets {spec}", str(exc).splitlines()[0]) from None
+    return canonical(df, "offsets", f"offsets {spec}")
+
+
+def reconcile(options: ReconcileOptions, spark: SparkSession | None = None,
+              now: datetime | None = None, run_id: str | None = None) -> ReconcileResult:
+    """Run one reconciliation (and repair, if asked). `now` is injectable (naive UTC)."""
+    options.validate()
+    started = time.monotonic()
+    now = _naive_utc(now or datetime.now(UTC))
+    run_id = run_id or f"{now:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
+    source, target = build_source(options)
+    if spark is None:
+        jars = driver_jars(target.dialect, options.jdbc_jars) if target else []
+        # every installed driver too: the first session fixes the JVM's classpath for
+        # every later job in this process, whichever database it reads
+        jars = list(dict.fromkeys([*jars, *installed_system_jars()]))
+        spark = spark_session(options.master, jars, options.spark_conf)
+    if target is not None:
+        require_driver(spark, target.driver)
+
+    # timestamps are naive UTC throughout (a Parquet TIMESTAMP is read in the session's
+    # zone): run in UTC, and give a caller's session its own setting back afterwards
+    previous_tz = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    try:
+        summary, repair = _run(spark, source, target, options, now, run_id)
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", previous_tz or "UTC")
+    plans = dict(getattr(source, "plans", {}))
+    return ReconcileResult(run_id=run_id, source=source.describe(), now=now, summary=summary,
+                           elapsed_s=time.monotonic() - started, repair=repair, plans=plans,
+                           master=spark.sparkContext.master or "")
+
+
+def _run(spark: SparkSession, source: TableSource, target: JdbcTarget | None,
+         options: ReconcileOptions, now: datetime,
+         run_id: str) -> tuple[Summary, RepairReport | None]:
+    stub = _required(source.read(spark, "stub"))
+    inputs = Inputs(
+        stub=stub,
+        confirmation=_required(source.read(spark, "confirmation")),
+        log=_required(source.read(spark, "log")),
+        topic_group=source.read(spark, "topic_group"),
+        offsets=read_offsets(spark, options.offsets, source),
+        bounds=read_bounds(spark, options.queue_bounds, source, stub),
+    )
+    window = Window(_opt(options.since), _opt(options.until))
+    classified = classify(inputs, now, options.grace, window)
+    outputs = bool(options.report_table or options.report_parquet or options.repair)
+    if outputs:
+        from pyspark import StorageLevel
+
+        classified.messages.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        try:
+            summary = summarize(facts(classified).collect(), classified.watermarks.collect(),
+                                window)
+        except _spark_errors() as exc:
+            raise JobFailed(_first_line(exc)) from None
+        _write_outputs(classified, options, target, run_id)
+        repair = _repair(classified, options, run_id, now) if options.repair else None
+    finally:
+        if outputs:
+            classified.messages.unpersist()
+    return summary, repair
+
+
+def _spark_errors() -> tuple[type[BaseException], ...]:
+    """What Spark raises when a job fails (a JVM exception, or PySpark's own errors)."""
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
+
+    return (Py4JJavaError, PySparkException)
+
+
+def _opt(value: datetime | None) -> datetime | None:
+    return None if value is None else _naive_utc(value)
+
+
+def _required(df: DataFrame | None) -> DataFrame:
+    assert df is not None
+    return df
+
+
+def _write_outputs(c: Classified, options: ReconcileOptions, target: JdbcTarget | None,
+                   run_id: str) -> None:
+    if not (options.report_table or options.report_parquet):
+        return
+    rows = detail_rows(c, run_id, options.report_all)
+    if options.report_parquet:
+        write_parquet(rows, options.report_parquet)
+    if options.report_table:
+        assert target is not None
+        write_table(rows, target, options.report_table, options.schema)
+
+
+def _repair(c: Classified, options: ReconcileOptions, run_id: str,
+            now: datetime) -> RepairReport:
+    import sqlalchemy as sa
+
+    from outbox.models import OutboxTables
+
+    assert options.db_url is not None
+    engine = sa.create_engine(options.db_url)
+    try:
+        tables = OutboxTables(prefix=options.table_prefix, schema=options.schema)
+        repairer = Repairer(engine, tables, run_id, options.repair_options, now=lambda: now)
+        rows = candidates(c.messages, options.repair_options.window_only)
+        stream: Any = (tuple(r) for r in rows.toLocalIterator())
+        return repairer.run(stream)
+    finally:
+        engine.dispose()

@@ -1,0 +1,211 @@
+"""Output: the summary for people, the JSON document for machines, the detail rows.
+
+Detail rows (one per stub and per log row; by default without CONFIRMED and VOID stubs)
+share one schema, so a report table or Parquet directory accumulates runs side by side:
+
+    run_id, kind ('stub' | 'log'), message_id, consumer_group (log row's group, or a
+    stub's missing groups comma-separated), topic, queue_id, queue_offset, class, reason,
+    created_at, in_window, send_count, max_sends
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from outbox.reconcile.classes import LOG_LABELS, STUB_LABELS, LogClass, StubClass
+from outbox.reconcile.errors import ReportWriteFailed
+
+if TYPE_CHECKING:
+    import sqlalchemy as sa
+    from pyspark.sql import DataFrame
+
+    from outbox.reconcile.classify import Classified
+    from outbox.reconcile.drivers import JdbcTarget
+    from outbox.reconcile.job import ReconcileResult
+
+
+def detail_rows(c: Classified, run_id: str, include_all: bool = False) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    stubs = c.stubs()
+    if not include_all:
+        stubs = stubs.where(~F.col("class").isin(StubClass.CONFIRMED.value,
+                                                 StubClass.VOID.value))
+    rows = stubs.unionByName(c.logs())
+    return rows.select(F.lit(run_id).alias("run_id"), *rows.columns)
+
+
+def write_parquet(rows: DataFrame, path: str) -> None:
+    try:
+        rows.write.mode("append").parquet(path)
+    except Exception as exc:
+        raise ReportWriteFailed(path, _cause(exc)) from None
+
+
+def report_table(metadata: sa.MetaData, name: str, schema: str | None = None) -> sa.Table:
+    """The detail-row table (created through SQLAlchemy before Spark appends to it, so its
+    types are the same on every database)."""
+    import sqlalchemy as sa
+
+    return sa.Table(
+        name, metadata,
+        sa.Column("run_id", sa.String(64), nullable=False),
+        sa.Column("kind", sa.String(8), nullable=False),
+        sa.Column("message_id", sa.String(64), nullable=False),
+        sa.Column("consumer_group", sa.Text, nullable=True),
+        sa.Column("topic", sa.String(128), nullable=True),
+        sa.Column("queue_id", sa.Integer, nullable=True),
+        sa.Column("queue_offset", sa.BigInteger, nullable=True),
+        sa.Column("class", sa.String(16), nullable=False),
+        sa.Column("reason", sa.Text, nullable=True),
+        sa.Column("created_at", sa.DateTime(timezone=False), nullable=True),
+        sa.Column("in_window", sa.Boolean, nullable=True),
+        sa.Column("send_count", sa.Integer, nullable=True),
+        sa.Column("max_sends", sa.Integer, nullable=True),
+        sa.Index(f"ix_{name}_run", "run_id"),
+        schema=schema,
+    )
+
+
+def write_table(rows: DataFrame, target: JdbcTarget, table: str,
+                schema: str | None = None) -> None:
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(target.sqlalchemy_url)
+    try:
+        report_table(sa.MetaData(), table, schema).create(engine, checkfirst=True)
+    except sa.exc.SQLAlchemyError as exc:
+        raise ReportWriteFailed(f"table {table}", str(exc).splitlines()[0]) from None
+    finally:
+        engine.dispose()
+    if schema:
+        table = f"{schema}.{table}"
+    if target.dialect == "sqlite":
+        rows = rows.coalesce(1)  # one writer: SQLite locks the whole file
+    try:
+        writer = rows.write.format("jdbc").mode("append").option("url", target.url) \
+            .option("dbtable", table)
+        for key, value in target.properties.items():
+            writer = writer.option(key, value)
+        writer.save()
+    except Exception as exc:
+        raise ReportWriteFailed(f"table {table}", _cause(exc)) from None
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat(sep=" ")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {k: _plain(v) for k, v in dataclasses.asdict(value).items()}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def as_json(result: ReconcileResult) -> str:
+    """The machine-readable summary (stable keys; see docs/reconcile.md)."""
+    s = result.summary
+    doc = {
+        "run_id": result.run_id,
+        "source": result.source,
+        "master": result.master,
+        "generated_at": _plain(result.now),
+        "elapsed_s": round(result.elapsed_s, 3),
+        "stubs": {"total": s.total_stubs, **{k.lower(): v for k, v in s.stubs.items()}},
+        "log_rows": {"total": sum(s.log_rows.values()),
+                     **{k.lower(): v for k, v in s.log_rows.items()}},
+        "queues": [_plain(q) for q in s.queues],
+        "oldest_unaccounted": _plain(s.oldest_unaccounted),
+        "certificate": {**_plain(s.certificate), "clean": s.certificate.clean},
+        "repair": _plain(result.repair),
+        "partitions": {k: {"column": v[0], "partitions": v[1], "rows": v[2]}
+                       for k, v in result.plans.items()},
+        "exit_code": int(result.exit_code),
+    }
+    return json.dumps(doc, indent=2, sort_keys=False)
+
+
+def as_text(result: ReconcileResult) -> str:
+    """The summary for people."""
+    s = result.summary
+    cert = s.certificate
+    out: list[str] = []
+    out.append(f"reconciliation {result.run_id}  source {result.source}  "
+               f"at {result.now:%Y-%m-%d %H:%M:%S} UTC  ({result.elapsed_s:.1f} s)")
+    out.append("")
+    out.append(f"stubs {s.total_stubs:>14,}")
+    for cls, label in STUB_LABELS.items():
+        out.append(f"  {label:<22}{s.stubs.get(cls.value, 0):>12,}")
+    out.append(f"log rows {sum(s.log_rows.values()):>11,}")
+    for lcls, label in LOG_LABELS.items():
+        out.append(f"  {label:<28}{s.log_rows.get(lcls.value, 0):>6,}")
+    if s.queues:
+        out.append("")
+        cols = [StubClass.CONFIRMED, StubClass.IN_PROCESSING, StubClass.BACKLOGGED,
+                StubClass.LOST, StubClass.EXHAUSTED, StubClass.DEAD_LETTERED, StubClass.VOID]
+        heads = ["confirmed", "in-proc", "backlog", "lost", "manual", "dlq", "void"]
+        out.append(f"{'topic':<24}{'queue':>6}" + "".join(f"{h:>11}" for h in heads)
+                   + f"{'head':>10}")
+        for q in s.queues:
+            qid = "-" if q.queue_id is None else str(q.queue_id)
+            out.append(f"{(q.topic or '-')[:24]:<24}{qid:>6}"
+                       + "".join(f"{q.stubs.get(c.value, 0):>11,}" for c in cols)
+                       + f"{'-' if q.head is None else q.head:>10}")
+        lag_lines = [(q, g, f) for q in s.queues for g, f in sorted(q.lag.items())]
+        if lag_lines:
+            out.append("")
+            out.append(f"{'lag: topic':<24}{'queue':>6}  {'group':<24}{'watermark':>12}"
+                       f"{'lag':>10}  source")
+            for q, g, f in lag_lines:
+                qid = "-" if q.queue_id is None else str(q.queue_id)
+                out.append(f"{(q.topic or '-')[:24]:<24}{qid:>6}  {g[:24]:<24}"
+                           f"{_dash(f['watermark']):>12}{_dash(f['lag']):>10}  {f['source']}")
+    if s.oldest_unaccounted is not None:
+        o = s.oldest_unaccounted
+        out.append("")
+        out.append(f"oldest unaccounted: {o.message_id}  {o.topic} queue {o.queue_id} "
+                   f"offset {_dash(o.queue_offset)}  created {o.created_at}")
+    out.append("")
+    since = cert.since.isoformat(sep=" ") if cert.since else "-inf"
+    until = cert.until.isoformat(sep=" ") if cert.until else "+inf"
+    out.append(f"zero-loss certificate [{since}, {until}): "
+               + ("CLEAN" if cert.clean else f"NOT CLEAN ({cert.unaccounted:,} unaccounted)"))
+    out.append(f"  produced {cert.produced:,}  confirmed {cert.confirmed:,}  "
+               f"in flight {cert.in_flight:,}  backlogged {cert.backlogged:,}  "
+               f"dead-lettered {cert.dead_lettered:,}  manual {cert.manual:,}  "
+               f"void {cert.void:,}  unaccounted {cert.unaccounted:,}  "
+               f"duplicated {cert.duplicated:,}")
+    if cert.confirmed_per_group:
+        out.append("  confirmed per group: " + ", ".join(
+            f"{g} {n:,}" for g, n in cert.confirmed_per_group.items()))
+    out.append(f"  log rows: orphan {cert.orphan_log_rows:,}  stale {cert.stale_log_rows:,}")
+    out.append("  digests: " + "  ".join(f"{k}={v}" for k, v in cert.digests.items()
+                                          if ":" not in k))
+    if result.repair is not None:
+        r = result.repair
+        out.append("")
+        verb = "would change" if r.dry_run else "changed"
+        out.append(f"repair{' (dry run)' if r.dry_run else ''}: {verb} "
+                   f"{r.marked_due:,} stubs to resend now, "
+                   f"{r.closed_stale:,} stale log rows closed; {r.skipped:,} skipped "
+                   f"(moved on since the read); {r.batches} batches")
+    return "\n".join(out)
+
+
+def _dash(value: Any) -> str:
+    return "-" if value is None else f"{value:,}" if isinstance(value, int) else str(value)
+
+
+__all__ = ["LogClass", "as_json", "as_text", "detail_rows", "write_parquet", "write_table"]
+
+
+def _cause(exc: BaseException) -> str:
+    """The Java exception line of a Py4J error (its first line only says which call)."""
+    from outbox.reconcile.sources import _first_line
+
+    return _first_line(exc)

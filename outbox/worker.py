@@ -1,0 +1,312 @@
+"""The resend worker: finds stubs whose message was lost and sends them again.
+
+One pass (`run_once`):
+
+1. Claim a batch of due stubs (`outbox.claim`): UNCONFIRMED, not escalated,
+   `next_resend_at <= now`.
+2. For each, work out the expected groups still missing (no confirmation row). A group
+   with a consumption-log row is processing the message (the broker redelivers to it), so
+   it is not a resend target. All groups confirmed: the stub is marked CONFIRMED.
+3. A missing group has *lost* the message when it provably passed it: the group's
+   committed offset on the queue the copy was sent to is beyond the copy's offset (the
+   watermark; never the log's max offset, which an empty log or out-of-order commits would
+   falsify). A stub never sent, or whose offset the broker no longer holds (`QueueBounds`),
+   is lost for every missing group. Otherwise the group is backlogged: no resend, look
+   again after `recheck_after`.
+4. Lost and `send_count >= max_sends`: escalate through the `Notifier`, once.
+5. Lost otherwise: send again: to the topic when every expected group lost it, else only
+   to each lost group's retry topic (`%RETRY%<group>`, original topic in `RETRY_TOPIC`).
+   `send_count + 1`; `next_resend_at` from the backoff policy (a tenacity wait).
+6. Finalise every claimed row in one transaction, guarded by the claim token.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from datetime import timedelta
+from typing import Any
+
+import tenacity
+from sqlalchemy import Engine, bindparam, or_, select, update
+from sqlalchemy.engine import RowMapping
+
+from outbox.claim import ClaimStrategy, claim_batch
+from outbox.models import OutboxTables, StubStatus
+from outbox.notify import Escalation, LogNotifier, Notifier
+from outbox.ports import (
+    PROPERTY_RETRY_TOPIC,
+    PROPERTY_SEND_COUNT,
+    Clock,
+    OffsetSource,
+    QueueBounds,
+    Sender,
+    retry_topic,
+    utcnow,
+)
+from outbox.stubs import message_from_stub, split_groups
+
+log = logging.getLogger(__name__)
+
+Wait = Callable[[tenacity.RetryCallState], float]
+
+
+@dataclass(frozen=True)
+class ResendPolicy:
+    """How the worker paces itself. Waits are tenacity wait policies (composable values).
+
+    backoff: delay before the next look at a stub after its n-th send (n = attempt number).
+    recheck_after: delay before looking again at a backlogged or in-progress stub.
+    error_backoff: delay after a failed send or notification.
+    claim_ttl: how long a claim hides stubs from other workers (a dead worker's claim
+        expires after it).
+    stale_log_after: a consumption-log row means "that group is on it" (no resend) until
+        it is this old with no live lease: by then the retry ladder (4 h 46 min) is over,
+        so the message sits in the DLQ or its consumer is gone, and the stub goes on to
+        resends and, at max_sends, escalation.
+    """
+
+    batch_size: int = 200
+    backoff: Wait = field(default_factory=lambda: tenacity.wait_exponential(
+        multiplier=60, min=60, max=3600))
+    recheck_after: timedelta = timedelta(minutes=1)
+    error_backoff: Wait = field(default_factory=lambda: tenacity.wait_exponential(
+        multiplier=10, min=10, max=600))
+    claim_ttl: timedelta = timedelta(minutes=5)
+    stale_log_after: timedelta = timedelta(hours=6)
+
+    def delay(self, wait: Wait, attempt: int) -> timedelta:
+        state = tenacity.RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
+        state.attempt_number = max(1, attempt)
+        return timedelta(seconds=float(wait(state)))
+
+
+@dataclass
+class Metrics:
+    """Counters over the worker's life (or one pass)."""
+
+    passes: int = 0
+    selected: int = 0
+    resent: int = 0
+    escalated: int = 0
+    errors: int = 0
+    backlogged: int = 0
+    confirmed: int = 0
+
+    def add(self, other: Metrics) -> None:
+        for name, value in asdict(other).items():
+            setattr(self, name, getattr(self, name) + value)
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+@dataclass
+class _Plan:
+    """What one claimed row ends as (the values written when finalising)."""
+
+    row: RowMapping
+    values: dict[str, Any]
+
+
+class ResendWorker:
+    """Resends lost stubs; safe to run as many of these at once as wanted."""
+
+    def __init__(self, engine: Engine, tables: OutboxTables, sender: Sender, *,
+                 offsets: OffsetSource | None = None, bounds: QueueBounds | None = None,
+                 notifier: Notifier | None = None, policy: ResendPolicy | None = None,
+                 clock: Clock = utcnow, claim: ClaimStrategy | None = None,
+                 name: str | None = None) -> None:
+        self.engine = engine
+        self.tables = tables
+        self.sender = sender
+        self.offsets = offsets
+        self.bounds = bounds
+        self.notifier = notifier or LogNotifier()
+        self.policy = policy or ResendPolicy()
+        self.clock = clock
+        self.claim = claim
+        self.name = name or f"resend-{uuid.uuid4().hex[:8]}"
+        self.metrics = Metrics()
+
+    # -- loop ------------------------------------------------------------------------------
+    def run(self, stop: threading.Event, *, interval: float = 1.0,
+            on_pass: Callable[[Metrics], None] | None = None) -> Metrics:
+        """Run passes until `stop` is set (e.g. by SIGTERM); a pass is never cut in half."""
+        while not stop.is_set():
+            try:
+                result = self.run_once()
+            except Exception:
+                log.exception("resend worker %s: pass failed", self.name)
+                self.metrics.errors += 1
+                result = Metrics(errors=1)
+            if on_pass is not None:
+                on_pass(result)
+            if result.selected < self.policy.batch_size:
+                stop.wait(interval)
+        return self.metrics
+
+    def run_once(self) -> Metrics:
+        """One claim-send-finalise pass over at most `batch_size` stubs."""
+        now = self.clock()
+        token = f"{self.name}:{uuid.uuid4().hex}"
+        with self.engine.begin() as conn:
+            rows = claim_batch(conn, self.tables, token=token, now=now,
+                               until=now + self.policy.claim_ttl,
+                               limit=self.policy.batch_size, strategy=self.claim)
+        result = Metrics(passes=1, selected=len(rows))
+        if rows:
+            confirmed, in_log = self._progress([r["message_id"] for r in rows])
+            plans = [self._safely(row, confirmed.get(row["message_id"], set()),
+                                  in_log.get(row["message_id"], set()), result)
+                     for row in rows]
+            self._finalise(plans, token)
+        self.metrics.add(result)
+        return result
+
+    # -- one stub --------------------------------------------------------------------------
+    def _progress(self, ids: list[str]) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+        conf, logt = self.tables.confirmation, self.tables.consumption_log
+        confirmed: dict[str, set[str]] = {}
+        in_log: dict[str, set[str]] = {}
+        with self.engine.connect() as conn:
+            for mid, grp in conn.execute(select(conf.c.message_id, conf.c.consumer_group)
+                                         .where(conf.c.message_id.in_(ids))):
+                confirmed.setdefault(mid, set()).add(grp)
+            stale = self.clock() - self.policy.stale_log_after
+            for mid, grp in conn.execute(
+                    select(logt.c.message_id, logt.c.consumer_group).where(
+                        logt.c.message_id.in_(ids),
+                        or_(logt.c.created_at > stale, logt.c.lease_until > self.clock()))):
+                in_log.setdefault(mid, set()).add(grp)
+        return confirmed, in_log
+
+    def _safely(self, row: RowMapping, confirmed: set[str], in_log: set[str],
+                result: Metrics) -> _Plan:
+        """`_handle`, but one stub's failure (an unreachable offset source, a bad row) only
+        postpones that stub; the rest of the batch goes on and every claim is released."""
+        try:
+            return self._handle(row, confirmed, in_log, result)
+        except Exception as exc:
+            result.errors += 1
+            log.warning("resend worker %s: stub %s failed: %s", self.name,
+                        row["message_id"], exc)
+            return _Plan(row, {"next_resend_at": self.clock() + self.policy.delay(
+                self.policy.error_backoff, 1), "last_error": f"{type(exc).__name__}: {exc}"[:2000]})
+
+    def _handle(self, row: RowMapping, confirmed: set[str], in_log: set[str],
+                result: Metrics) -> _Plan:
+        now = self.clock()
+        expected = split_groups(row["expected_groups"])
+        if expected:
+            missing = [g for g in expected if g not in confirmed]
+        else:  # no declared groups: one confirmation by anyone confirms it
+            missing = [] if confirmed else [""]
+        if not missing:
+            result.confirmed += 1
+            return _Plan(row, {"status": StubStatus.CONFIRMED.value})
+        if not expected and in_log:
+            missing = []  # some group is processing it (and none is declared to wait for)
+        lost = [g for g in missing if g not in in_log and self._lost(row, g)]
+        if not lost:
+            result.backlogged += 1
+            return _Plan(row, {"next_resend_at": now + self.policy.recheck_after})
+        if row["send_count"] >= row["max_sends"]:
+            return self._escalate(row, lost, result)
+        to_topic = not expected or set(lost) == set(expected)
+        return self._resend(row, lost, to_topic=to_topic, result=result)
+
+    def _lost(self, row: RowMapping, group: str) -> bool:
+        """True when `group` provably cannot receive the last copy any more."""
+        if row["queue_offset"] is None:
+            return True  # never sent (or the send result was never recorded): due by age
+        positions: dict[str, list[Any]] = json.loads(row["group_positions"] or "{}")
+        topic, queue_id, offset = positions.get(
+            group, [row["topic"], row["queue_id"], row["queue_offset"]])
+        if queue_id is None or queue_id < 0 or offset < 0:
+            # where the copy landed is unknown (a send over gRPC names no queue; a delayed
+            # message is not in its queue yet): no watermark can prove it passed or pending,
+            # so it is due by age, like a stub never sent
+            return True
+        if self.bounds is not None:
+            high = self.bounds.max_offset(topic, queue_id)
+            if high is not None and high <= offset:
+                return True  # the broker no longer holds that offset
+        if self.offsets is None or not group:
+            return False
+        committed = self.offsets.committed_offset(group, topic, queue_id)
+        return committed is not None and committed > offset
+
+    def _resend(self, row: RowMapping, lost: list[str], *, to_topic: bool,
+                result: Metrics) -> _Plan:
+        attempt = row["send_count"] + 1
+        message = message_from_stub(row)
+        message = replace(message, properties={**message.properties,
+                                               PROPERTY_SEND_COUNT: str(attempt)})
+        values: dict[str, Any] = {"send_count": attempt}
+        positions: dict[str, list[Any]] = json.loads(row["group_positions"] or "{}")
+        try:
+            if to_topic:
+                receipt = self.sender.send(message)
+                values.update(queue_id=receipt.queue_id, queue_offset=receipt.queue_offset,
+                              broker_msg_id=receipt.offset_msg_id)
+                positions = {}
+            else:
+                for group in lost:
+                    copy = replace(message, topic=retry_topic(group),
+                                   properties={**message.properties,
+                                               PROPERTY_RETRY_TOPIC: message.topic})
+                    receipt = self.sender.send(copy)
+                    positions[group] = [receipt.topic, receipt.queue_id, receipt.queue_offset]
+        except Exception as exc:
+            result.errors += 1
+            log.warning("resend of %s failed: %s", row["message_id"], exc)
+            values.update(last_error=f"{type(exc).__name__}: {exc}"[:2000],
+                          next_resend_at=self.clock() + self.policy.delay(
+                              self.policy.error_backoff, attempt))
+        else:
+            result.resent += 1
+            values.update(last_error=None, next_resend_at=self.clock() + self.policy.delay(
+                self.policy.backoff, attempt))
+        values["group_positions"] = json.dumps(positions, sort_keys=True) if positions else None
+        return _Plan(row, values)
+
+    def _escalate(self, row: RowMapping, lost: list[str], result: Metrics) -> _Plan:
+        escalation = Escalation(
+            message_id=row["message_id"], topic=row["topic"], send_count=row["send_count"],
+            max_sends=row["max_sends"], missing_groups=tuple(g for g in lost if g),
+            created_at=row["created_at"], last_error=row["last_error"])
+        try:
+            self.notifier.notify(escalation)
+        except Exception as exc:
+            result.errors += 1
+            log.warning("escalation of %s not delivered: %s", row["message_id"], exc)
+            return _Plan(row, {"next_resend_at": self.clock() + self.policy.delay(
+                self.policy.error_backoff, 1), "last_error": str(exc)[:2000]})
+        result.escalated += 1
+        return _Plan(row, {"escalated_at": self.clock()})
+
+    def _finalise(self, plans: list[_Plan], token: str) -> None:
+        stub = self.tables.stub
+        now = self.clock()
+        groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+        for plan in plans:
+            values = {**plan.values, "claimed_by": None, "updated_at": now}
+            params = {f"v_{k}": v for k, v in values.items()}
+            params["b_id"] = plan.row["id"]
+            groups.setdefault(tuple(sorted(values)), []).append(params)
+        with self.engine.begin() as conn:
+            for keys, batch in groups.items():
+                stmt = (update(stub)
+                        .where(stub.c.id == bindparam("b_id"), stub.c.claimed_by == token)
+                        .values({k: bindparam(f"v_{k}") for k in keys}))
+                conn.execute(stmt, batch)
+
+
+def describe(metrics: Metrics | Mapping[str, int]) -> str:
+    data = metrics.as_dict() if isinstance(metrics, Metrics) else dict(metrics)
+    return " ".join(f"{k}={v}" for k, v in data.items())

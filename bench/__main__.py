@@ -1,0 +1,73 @@
+"""Benchmark runner: `python -m bench <suite>|all [--quick] [--json]`.
+
+Suites are the modules of this package without a leading underscore (each defines `run`);
+each prints a table (stdout) and progress (stderr). With `--json` the last line of stdout
+is one JSON object: the suite's metrics for one suite, `{suite: metrics, ...}` for `all`.
+Figures are never asserted by tests; they are compared with the floor measured in the
+same run on the same machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import pkgutil
+import sys
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+import bench
+from bench._common import Options, SuiteResult, format_table, progress
+
+
+def discover() -> list[str]:
+    """Suite names: the package's modules without a leading underscore (not imported yet,
+    so one suite's heavy or missing dependency never stops another from running)."""
+    return sorted(info.name for info in pkgutil.iter_modules(bench.__path__)
+                  if not info.name.startswith("_"))
+
+
+def load(name: str) -> ModuleType:
+    module = importlib.import_module(f"bench.{name}")
+    if not callable(getattr(module, "run", None)):
+        raise SystemExit(f"bench.{name} defines no run(opts): not a suite")
+    return module
+
+
+def main(argv: list[str] | None = None) -> int:
+    suites = discover()
+    parser = argparse.ArgumentParser(prog="python -m bench",
+                                     description="Run benchmark suites and print their figures.")
+    parser.add_argument("suite", choices=[*suites, "all"], help="suite to run, or all")
+    parser.add_argument("--quick", action="store_true", help="short runs (< 30 s per suite)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the metrics as one JSON object on the last line")
+    parser.add_argument("--dir", type=Path, default=None,
+                        help="directory for the suites' files (default: a temp dir)")
+    args = parser.parse_args(argv)
+    names = list(suites) if args.suite == "all" else [args.suite]
+    modules = {name: load(name) for name in names}
+    results: dict[str, SuiteResult] = {}
+    with tempfile.TemporaryDirectory(prefix="reliable-bench-", dir=args.dir) as tmp:
+        for name in names:
+            workdir = Path(tmp) / name
+            workdir.mkdir()
+            progress(f"suite {name}{' (quick)' if args.quick else ''} in {workdir}")
+            results[name] = modules[name].run(Options(quick=args.quick, workdir=workdir))
+            description = getattr(modules[name], "DESCRIPTION", "")
+            print(format_table(f"== {name}: {description}", results[name]))
+            print()
+    if args.json:
+        if args.suite == "all":
+            payload: dict[str, object] = {n: r.metrics for n, r in results.items()}
+        else:
+            payload = dict(results[names[0]].metrics)
+        sys.stdout.flush()
+        print(json.dumps(payload, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""What every benchmark suite shares: result rows, timing, progress on stderr.
+
+A suite is a module `bench/<name>.py` (no leading underscore; `python -m bench <name>`
+runs it) defining
+
+    DESCRIPTION: str                            # the title of its table
+    def run(opts: Options) -> SuiteResult: ...
+
+The runner finds it by its file name; nothing needs registering.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Options:
+    quick: bool = False
+    workdir: Path | None = None  # where suites put their files (a temp dir by default)
+
+
+@dataclass
+class Row:
+    """One measured case: throughput in messages/s and MB/s (payload bytes, 1 MB = 1e6 B)."""
+
+    name: str
+    msgs_s: float
+    mb_s: float
+    note: str = ""
+    cpu_us: float | None = None  # CPU of the measuring thread per message, when meaningful
+
+
+@dataclass
+class SuiteResult:
+    rows: list[Row] = field(default_factory=list)
+    metrics: dict[str, float | int | str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def progress(message: str) -> None:
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Measured:
+    count: int
+    seconds: float
+    payload_bytes: int
+    cpu_seconds: float = 0.0  # of the calling thread only
+
+    @property
+    def cpu_us(self) -> float:
+        """CPU microseconds per message spent in the calling thread: steadier than msgs/s
+        on a shared machine, but blind to work done by background threads."""
+        return self.cpu_seconds / self.count * 1e6 if self.count else 0.0
+
+    @property
+    def msgs_s(self) -> float:
+        return self.count / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def mb_s(self) -> float:
+        return self.payload_bytes / self.seconds / 1e6 if self.seconds > 0 else 0.0
+
+
+def timed(fn: Callable[[], tuple[int, int]]) -> Measured:
+    """Run `fn` (returning (messages, payload bytes)) and time it."""
+    start = time.perf_counter()
+    cpu = time.thread_time()
+    count, payload = fn()
+    return Measured(count, time.perf_counter() - start, payload, time.thread_time() - cpu)
+
+
+def format_table(title: str, result: SuiteResult) -> str:
+    lines = [title, f"{'case':<34} {'msgs/s':>12} {'MB/s':>10} {'CPU us/msg':>10}  note",
+             "-" * 84]
+    for row in result.rows:
+        cpu = "-" if row.cpu_us is None else f"{row.cpu_us:.2f}"
+        lines.append(f"{row.name:<34} {row.msgs_s:>12,.0f} {row.mb_s:>10.1f} {cpu:>10}  "
+                     f"{row.note}")
+    lines.extend(result.notes)
+    return "\n".join(lines)

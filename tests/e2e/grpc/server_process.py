@@ -1,0 +1,74 @@
+"""The broker server as a real subprocess (`python -m reliable.cli broker start ...`)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+_READY = re.compile(r"serving on ([\w.\-]+):(\d+)")
+
+
+class ServerProcess:
+    """Start, SIGTERM, SIGKILL and restart one server on one store directory."""
+
+    def __init__(self, store: Path, home: Path, *extra: str, port: int = 0) -> None:
+        self.store = store
+        self.home = home
+        self.extra: Sequence[str] = extra
+        self.port = port
+        self.proc: subprocess.Popen[str] | None = None
+        self.output: list[str] = []
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 30.0) -> ServerProcess:
+        env = dict(os.environ, HOME=str(self.home), PYTHONUNBUFFERED="1")
+        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+        cmd = [sys.executable, "-m", "reliable.cli", "broker", "start", "--store",
+               str(self.store), "--port", str(self.port), *self.extra]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env=env, cwd=REPO)
+        ready = threading.Event()
+
+        def pump(proc: subprocess.Popen[str]) -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                self.output.append(line)
+                m = _READY.search(line)
+                if m and not ready.is_set():
+                    self.port = int(m.group(2))
+                    ready.set()
+
+        threading.Thread(target=pump, args=(self.proc,), daemon=True).start()
+        deadline = time.monotonic() + timeout_s
+        while not ready.wait(0.05):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError("server did not start:\n" + "".join(self.output))
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown hook runs."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def terminate(self, timeout_s: float = 20.0) -> int:
+        """SIGTERM and wait; returns the exit code."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout_s)

@@ -1,0 +1,331 @@
+"""Invisible-time consumption: receive, ack, change invisible duration, redelivery with
+attempt + 1, DLQ after the maximum attempts, FIFO groups, and state across restarts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from broker_kit import BrokerFactory, ManualClock, drain, msg, settle
+
+from broker.broker import Broker
+from broker.errors import InvalidArgument, InvalidReceiptHandle, ReceiptHandleExpired
+from broker.store.message import Prop
+
+
+def _setup(broker: Broker, n: int, *, queues: int = 1, retries: int = 16) -> list[str]:
+    broker.create_topic("t", queues=queues)
+    broker.create_group("g", retry_max_times=retries)
+    ids = [broker.send_message(msg("t", f"m{i}".encode(), queue_id=i % queues)).msg_id
+           for i in range(n)]
+    settle(broker)
+    return ids
+
+
+def test_receive_hides_until_ack(broker: Broker, clock: ManualClock) -> None:
+    ids = _setup(broker, 3)
+    got = broker.receive("g", "t", 10, invisible_ms=1_000)
+    assert [e.message.msg_id for e in got] == ids
+    assert all(e.delivery_attempt == 1 and e.message.reconsume_times == 0 for e in got)
+    assert broker.receive("g", "t", 10, invisible_ms=1_000) == []
+    for e in got:
+        broker.ack("g", "t", e.receipt_handle)
+    broker.ack("g", "t", got[0].receipt_handle)  # acks are idempotent
+    clock.advance(5_000)
+    assert broker.receive("g", "t", 10, invisible_ms=1_000) == []
+    assert broker.query_offset("g", "t", 0) == 3  # the window's low mark is the offset
+
+
+def test_unacked_message_reappears_with_attempt_plus_one_then_dlq(
+        broker: Broker, clock: ManualClock) -> None:
+    [mid] = _setup(broker, 1, retries=2)  # 3 attempts
+    attempts = []
+    handles = []
+    for _ in range(3):
+        [e] = broker.receive("g", "t", 1, invisible_ms=1_000)
+        attempts.append((e.delivery_attempt, e.message.reconsume_times))
+        handles.append(e.receipt_handle)
+        clock.advance(999)
+        assert broker.receive("g", "t", 1, invisible_ms=1_000) == []  # still invisible
+        clock.advance(1)
+    assert attempts == [(1, 0), (2, 1), (3, 2)]
+    with pytest.raises(InvalidReceiptHandle):  # superseded by the redelivery
+        broker.ack("g", "t", handles[0])
+    with pytest.raises(ReceiptHandleExpired):
+        broker.ack("g", "t", handles[-1])
+    assert broker.receive("g", "t", 1, invisible_ms=1_000) == []  # the 4th goes to the DLQ
+    dead = drain(broker, "g", broker.dlq_topic("g"))
+    assert [d.msg_id for d in dead] == [mid]
+    assert dead[0].properties[Prop.DLQ_ORIGIN_TOPIC] == "t"
+    assert broker.in_flight("g", "t") == []
+
+
+def test_revive_sweep_dead_letters_without_a_receiver(broker: Broker, clock: ManualClock) -> None:
+    _setup(broker, 1, retries=0)  # a single attempt
+    assert len(broker.receive("g", "t", 1, invisible_ms=100)) == 1
+    assert broker.revive() == 0
+    clock.advance(100)
+    assert broker.revive() == 1
+    assert len(drain(broker, "g", broker.dlq_topic("g"))) == 1
+
+
+def test_change_invisible_duration_gives_a_new_handle_and_kills_the_old(
+        broker: Broker, clock: ManualClock) -> None:
+    _setup(broker, 1)
+    [e] = broker.receive("g", "t", 1, invisible_ms=1_000)
+    clock.advance(500)
+    new = broker.change_invisible_duration("g", "t", e.receipt_handle, 5_000)
+    assert new != e.receipt_handle
+    with pytest.raises(InvalidReceiptHandle):
+        broker.ack("g", "t", e.receipt_handle)
+    with pytest.raises(InvalidReceiptHandle):
+        broker.change_invisible_duration("g", "t", e.receipt_handle, 1_000)
+    clock.advance(1_000)  # past the first invisible time, inside the new one
+    assert broker.receive("g", "t", 1, invisible_ms=1_000) == []
+    [f] = broker.in_flight("g", "t")
+    assert f.delivery_attempt == 1
+    broker.ack("g", "t", new)
+    clock.advance(10_000)
+    assert broker.receive("g", "t", 1, invisible_ms=1_000) == []
+
+
+def test_nack_by_short_invisible_time_redelivers(broker: Broker, clock: ManualClock) -> None:
+    _setup(broker, 1)
+    [e] = broker.receive("g", "t", 1, invisible_ms=60_000)
+    broker.change_invisible_duration("g", "t", e.receipt_handle, 0)
+    [again] = broker.receive("g", "t", 1, invisible_ms=60_000)
+    assert again.delivery_attempt == 2 and again.message.msg_id == e.message.msg_id
+
+
+def test_forward_to_dlq(broker: Broker) -> None:
+    [mid] = _setup(broker, 1)
+    [e] = broker.receive("g", "t", 1, invisible_ms=1_000)
+    broker.forward_to_dlq("g", "t", e.receipt_handle)
+    assert [d.msg_id for d in drain(broker, "g", broker.dlq_topic("g"))] == [mid]
+    assert broker.in_flight("g", "t") == []
+
+
+def test_bad_handles_and_arguments(broker: Broker) -> None:
+    _setup(broker, 1)
+    [e] = broker.receive("g", "t", 1, invisible_ms=1_000)
+    for bad in ("", "garbage", e.receipt_handle[:-1] + "0"):
+        with pytest.raises(InvalidReceiptHandle):
+            broker.ack("g", "t", bad)
+    with pytest.raises(InvalidReceiptHandle):
+        broker.ack("other-group", "t", e.receipt_handle)
+    broker.create_topic("t2", queues=1)
+    with pytest.raises(InvalidReceiptHandle):
+        broker.ack("g", "t2", e.receipt_handle)
+    with pytest.raises(InvalidArgument):
+        broker.receive("g", "t", 0, invisible_ms=1_000)
+    with pytest.raises(InvalidArgument):
+        broker.receive("g", "t", 1, invisible_ms=0)
+    broker.ack("g", "t", e.receipt_handle)  # still fine after all that
+
+
+def test_tag_filter_skips_and_counts_as_consumed(broker: Broker) -> None:
+    broker.create_topic("t", queues=1)
+    for tag in ("a", "b", "a", "c"):
+        broker.send_message(msg("t", tag.encode(), tags=tag))
+    settle(broker)
+    got = broker.receive("g", "t", 10, invisible_ms=1_000, tags={"a"})
+    assert [e.message.body for e in got] == [b"a", b"a"]
+    for e in got:
+        broker.ack("g", "t", e.receipt_handle)
+    assert broker.query_offset("g", "t", 0) == 4
+
+
+def test_fifo_never_has_two_messages_of_a_group_in_flight(
+        broker: Broker, clock: ManualClock) -> None:
+    broker.create_topic("t", queues=1, message_type="FIFO")
+    broker.create_group("g", fifo=True)
+    order = [("A", 1), ("A", 2), ("B", 1), ("A", 3), ("B", 2)]
+    for grp, n in order:
+        broker.send_message(msg("t", f"{grp}{n}".encode(), **{Prop.SHARDING_KEY: grp}))
+    settle(broker)
+    first = broker.receive("g", "t", 10, invisible_ms=1_000)
+    assert [e.message.body for e in first] == [b"A1", b"B1"]
+    assert broker.receive("g", "t", 10, invisible_ms=1_000) == []
+    # A1 fails (not acked): it comes back before A2; B1 is acked
+    broker.ack("g", "t", first[1].receipt_handle)
+    [b2] = broker.receive("g", "t", 10, invisible_ms=1_000)
+    assert b2.message.body == b"B2"
+    broker.ack("g", "t", b2.receipt_handle)
+    clock.advance(1_000)
+    [a1] = broker.receive("g", "t", 10, invisible_ms=1_000)
+    assert (a1.message.body, a1.delivery_attempt) == (b"A1", 2)
+    broker.ack("g", "t", a1.receipt_handle)
+    rest = []
+    while True:
+        batch = broker.receive("g", "t", 10, invisible_ms=1_000)
+        if not batch:
+            break
+        assert len(batch) == 1
+        rest.append(batch[0].message.body)
+        broker.ack("g", "t", batch[0].receipt_handle)
+    assert rest == [b"A2", b"A3"]
+    assert broker.query_offset("g", "t", 0) == 5
+
+
+def test_invisible_state_survives_restart(make_broker: BrokerFactory,
+                                          clock: ManualClock) -> None:
+    b1 = make_broker()
+    ids = _setup(b1, 4, queues=2)
+    got = b1.receive("g", "t", 4, invisible_ms=10_000)
+    assert sorted(e.message.msg_id for e in got) == sorted(ids)
+    b1.ack("g", "t", got[0].receipt_handle)
+    changed = b1.change_invisible_duration("g", "t", got[1].receipt_handle, 60_000)
+    b1.shutdown()
+
+    b2 = make_broker()
+    assert b2.receive("g", "t", 4, invisible_ms=10_000) == []  # all still invisible
+    b2.ack("g", "t", got[2].receipt_handle)  # a handle from before the restart works
+    with pytest.raises(InvalidReceiptHandle):
+        b2.ack("g", "t", got[1].receipt_handle)  # superseded before the restart
+    clock.advance(10_000)
+    [again] = b2.receive("g", "t", 4, invisible_ms=10_000)
+    assert again.message.msg_id == got[3].message.msg_id and again.delivery_attempt == 2
+    b2.ack("g", "t", changed)
+    b2.ack("g", "t", again.receipt_handle)
+    b2.shutdown()
+
+    b3 = make_broker()
+    clock.advance(100_000)
+    assert b3.receive("g", "t", 4, invisible_ms=1_000) == []
+    assert sum(b3.query_offset("g", "t", q) for q in (0, 1)) == 4
+
+
+def test_long_poll_receive_wakes_on_arrival(broker: Broker) -> None:
+    import threading
+
+    broker.create_topic("t", queues=1)
+    broker.create_group("g")
+    assert broker.receive("g", "t", 1, invisible_ms=1_000) == []
+    result: list[object] = []
+    waiter = threading.Thread(target=lambda: result.extend(
+        broker.receive("g", "t", 1, invisible_ms=1_000, long_poll_ms=20_000)))
+    waiter.start()
+    broker.send_message(msg("t", b"x"))
+    waiter.join(30)
+    assert not waiter.is_alive()
+    assert len(result) == 1
+
+
+def test_ack_batch_reports_per_handle(broker: Broker, clock: ManualClock) -> None:
+    _setup(broker, 3)
+    got = broker.receive("g", "t", 3, invisible_ms=1_000)
+    results = broker.ack_batch("g", "t", [got[0].receipt_handle, "garbage",
+                                          got[1].receipt_handle, got[0].receipt_handle])
+    assert results[0] is None and results[2] is None and results[3] is None
+    assert isinstance(results[1], InvalidReceiptHandle)
+    clock.advance(1_000)
+    [late] = broker.ack_batch("g", "t", [got[2].receipt_handle])
+    assert isinstance(late, ReceiptHandleExpired)
+    [again] = broker.receive("g", "t", 3, invisible_ms=1_000)
+    assert again.message.msg_id == got[2].message.msg_id and again.delivery_attempt == 2
+
+
+def test_window_past_the_queue_end_is_cut_back(make_broker: BrokerFactory) -> None:
+    """As after a power cut under async flush: the state names offsets the store lost."""
+    import json
+
+    b1 = make_broker()
+    _setup(b1, 2)
+    for e in b1.receive("g", "t", 2, invisible_ms=1_000):
+        b1.ack("g", "t", e.receipt_handle)
+    b1.shutdown()
+    path = b1.store.config.config_dir / "popState.json"
+    state = json.loads(path.read_text())
+    window = state["groups"]["g"]["t"]["0"]
+    window.update({"next": 9, "done": [5, 6], "leases": {"7": [1, 10**15, 1, None]}})
+    path.write_text(json.dumps(state))
+
+    b2 = make_broker()
+    sent = [b2.send_message(msg("t", f"new{i}".encode())).msg_id for i in range(8)]
+    settle(b2)
+    got = b2.receive("g", "t", 32, invisible_ms=1_000)
+    assert [e.message.msg_id for e in got] == sent  # offsets 2..9: none taken for done
+
+
+def test_concurrent_receivers_get_every_message_exactly_once(broker: Broker, seed: int) -> None:
+    import random
+    import threading
+
+    rng = random.Random(seed)
+    broker.create_topic("t", queues=4)
+    sent = {broker.send_message(msg("t", b"m", queue_id=rng.randrange(4))).msg_id
+            for _ in range(600)}
+    settle(broker)
+    seen: list[str] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def consume() -> None:
+        try:
+            empty = 0
+            while empty < 3:
+                batch = broker.receive("g", "t", rng.randrange(1, 17), invisible_ms=60_000)
+                empty = 0 if batch else empty + 1
+                with lock:
+                    seen.extend(e.message.msg_id for e in batch)
+                if batch:
+                    assert all(r is None for r in broker.ack_batch(
+                        "g", "t", [e.receipt_handle for e in batch]))
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=consume) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert len(seen) == len(set(seen)) == 600  # no duplicate
+    assert set(seen) == sent  # no loss
+    assert sum(broker.query_offset("g", "t", q) for q in range(4)) == 600
+
+
+def test_deleted_and_recreated_topic_starts_afresh(make_broker: BrokerFactory) -> None:
+    b1 = make_broker()
+    _setup(b1, 3)
+    for e in b1.receive("g", "t", 3, invisible_ms=1_000):
+        b1.ack("g", "t", e.receipt_handle)
+    assert b1.delete_topic("t")
+    b1.create_topic("t", queues=1)
+    first = b1.send_message(msg("t", b"after")).msg_id
+    settle(b1)
+    assert [e.message.msg_id for e in b1.receive("g", "t", 3, invisible_ms=1_000)] == [first]
+    b1.shutdown()
+    b2 = make_broker()  # the forgetting was durable
+    assert b2.receive("g", "t", 3, invisible_ms=1_000) == []
+    assert b2.in_flight("g", "t")[0].queue_offset == 0
+
+
+def test_tag_expressions_as_strings(broker: Broker) -> None:
+    broker.create_topic("t", queues=1)
+    for tag in ("a", "b", "c"):
+        broker.send_message(msg("t", tag.encode(), tags=tag))
+    settle(broker)
+    got = broker.receive("g", "t", 10, invisible_ms=1_000, tags="a || c")
+    assert [e.message.body for e in got] == [b"a", b"c"]
+    pulled = broker.pull_message("h", "t", 0, 0, 10, tags="b")
+    assert [m.body for m in pulled.messages] == [b"b"]
+    assert [m.body for m in broker.pull_message("i", "t", 0, 0, 10, tags="*").messages] == [
+        b"a", b"b", b"c"]
+
+
+def test_parked_receive_wakes_when_a_lease_expires(tmp_path: Path) -> None:
+    """Wall clock and the background services: a receive parked on an empty topic gets the
+    message whose invisible time ran out, without a new arrival."""
+    from broker_kit import broker_config, store_config
+
+    b = Broker(store_config(tmp_path / "s"), broker_config(pop_revive_interval_ms=20))
+    b.start()
+    try:
+        _setup(b, 1)
+        [first] = b.receive("g", "t", 1, invisible_ms=300)
+        again = b.receive("g", "t", 1, invisible_ms=60_000, long_poll_ms=20_000)
+        assert [e.message.msg_id for e in again] == [first.message.msg_id]
+        assert again[0].delivery_attempt == 2
+    finally:
+        b.shutdown()

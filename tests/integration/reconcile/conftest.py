@@ -1,0 +1,50 @@
+"""One local SparkSession per test module (JVM start-up is the expensive part)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from outbox.reconcile import driver_jars, spark_session
+
+TEST_CONF = {
+    "spark.sql.shuffle.partitions": "2",
+    "spark.default.parallelism": "2",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.driver.memory": "1g",
+    "spark.sql.adaptive.coalescePartitions.enabled": "true",
+}
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[object]:
+    jars = [*driver_jars("sqlite"), *driver_jars("postgresql"), *driver_jars("mysql")]
+    session = spark_session("local[2]", jars, TEST_CONF, app_name="reconcile-tests")
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+BACKENDS = [
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+]
+ALL_BACKENDS = [*BACKENDS, pytest.param("mariadb", id="mariadb", marks=pytest.mark.mariadb)]
+
+
+@pytest.fixture
+def engine(db_url: str, table_prefix: str) -> Iterator[object]:
+    """An engine on the test database; every table with the test's prefix is dropped after."""
+    import sqlalchemy as sa
+
+    eng = sa.create_engine(db_url)
+    yield eng
+    inspector = sa.inspect(eng)
+    md = sa.MetaData()
+    for name in inspector.get_table_names():
+        if name.startswith(table_prefix):
+            sa.Table(name, md)
+    md.drop_all(eng)
+    eng.dispose()

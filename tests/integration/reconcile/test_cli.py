@@ -1,0 +1,127 @@
+"""`reliable reconcile`: exit codes, JSON, report table, and the errors that say what to fix."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import sqlalchemy as sa
+
+from outbox.reconcile import DriverNotFound, InvalidOptions, driver_jars
+from reliable.cli import main
+from reliable.cli.exit_codes import ExitCode
+
+from .dataset import build
+
+pytestmark = pytest.mark.spark
+
+
+def test_json_exit_code_and_report_table(spark, sqlite_url, table_prefix, capsys):
+    seeded = build(table_prefix)
+    engine = sa.create_engine(sqlite_url)
+    seeded.insert(engine)
+    report = f"{table_prefix}reconcile_report"
+    rc = main(["reconcile", "--db", sqlite_url, "--prefix", table_prefix, "--json",
+               "--report-table", report])
+    doc = json.loads(capsys.readouterr().out)
+    # real time is later than the data set's clock: the unsent stub is past its grace too
+    assert rc == ExitCode.UNACCOUNTED == doc["exit_code"]
+    assert doc["stubs"]["total"] == 41 and doc["certificate"]["clean"] is False
+    assert doc["log_rows"] == {"total": 11, "matched": 7, "orphan": 2, "stale": 2}
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text(f'SELECT kind, class, COUNT(*) FROM "{report}" '
+                                    "GROUP BY kind, class")).all()
+    detail = {(k, c): n for k, c, n in rows}
+    assert detail[("stub", "LOST")] == doc["stubs"]["lost"]
+    assert ("stub", "CONFIRMED") not in detail
+    assert sum(n for (k, _c), n in detail.items() if k == "log") == 11
+
+
+def test_clean_window_exits_zero(spark, sqlite_url, table_prefix, capsys):
+    build(table_prefix).insert(sa.create_engine(sqlite_url))
+    # the first ten stubs (08:00-08:09) are all confirmed
+    rc = main(["reconcile", "--db", sqlite_url, "--prefix", table_prefix,
+               "--since", "2026-01-01T08:00", "--until", "2026-01-01T08:10"])
+    out = capsys.readouterr().out
+    assert rc == ExitCode.OK
+    assert "zero-loss certificate [2026-01-01 08:00:00, 2026-01-01 08:10:00): CLEAN" in out
+    assert "produced 10  confirmed 10" in out
+
+
+def test_bad_options_and_missing_tables(spark, sqlite_url, table_prefix, capsys):
+    rc = main(["reconcile", "--db", sqlite_url, "--since", "2026-01-02",
+               "--until", "2026-01-01"])
+    assert rc == ExitCode.USAGE
+    assert "empty window" in capsys.readouterr().err
+    rc = main(["reconcile", "--db", sqlite_url, "--prefix", "absent_"])
+    assert rc == ExitCode.UNAVAILABLE
+    assert "absent_message_stub" in capsys.readouterr().err
+
+
+def test_missing_driver_names_the_package_and_the_setting(tmp_path, monkeypatch):
+    monkeypatch.delenv("RELIABLE_JDBC_JARS", raising=False)
+    with pytest.raises(DriverNotFound) as err:
+        driver_jars("postgresql", search_dirs=(str(tmp_path),))
+    message = str(err.value)
+    assert "libpostgresql-jdbc-java" in message and "--jdbc-jar" in message
+    assert "RELIABLE_JDBC_JARS" in message
+    with pytest.raises(DriverNotFound, match="libmariadb-java"):
+        driver_jars("mariadb", search_dirs=(str(tmp_path),))
+    with pytest.raises(InvalidOptions, match="does not exist"):
+        driver_jars("sqlite", extra=(str(tmp_path / "nope.jar"),))
+    jar = tmp_path / "sqlite-jdbc-3.45.jar"
+    jar.write_bytes(b"PK")
+    assert driver_jars("sqlite", extra=(str(jar),), search_dirs=()) == [str(jar)]
+
+
+@pytest.mark.slow
+def test_runs_unchanged_under_spark_submit(sqlite_url, table_prefix, tmp_path):
+    """The entry point `spark-submit` runs keeps spark-submit's master and prints JSON."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pyspark
+
+    import outbox.reconcile
+
+    build(table_prefix).insert(sa.create_engine(sqlite_url))
+    spark_home = os.path.dirname(pyspark.__file__)
+    entry = Path(outbox.reconcile.__file__).with_name("__main__.py")
+    root = Path(outbox.reconcile.__file__).parents[2]
+    env = {**os.environ, "SPARK_HOME": spark_home, "PYSPARK_PYTHON": sys.executable,
+           "PYSPARK_DRIVER_PYTHON": sys.executable,
+           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(
+        [os.path.join(spark_home, "bin", "spark-submit"), "--master", "local[1]",
+         "--conf", "spark.ui.enabled=false", "--jars", driver_jars("sqlite")[0],
+         str(entry), "--db", sqlite_url, "--prefix", table_prefix, "--json"],
+        env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert proc.returncode == ExitCode.UNACCOUNTED, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    assert doc["master"] == "local[1]"
+    assert doc["stubs"]["total"] == 41
+
+
+def test_bad_data_fails_with_a_typed_error(spark, sqlite_url, table_prefix, capsys):
+    seeded = build(table_prefix)
+    engine = sa.create_engine(sqlite_url)
+    seeded.insert(engine)
+    with engine.begin() as conn:  # a row no datetime parser accepts
+        conn.execute(sa.text(f'UPDATE "{table_prefix}message_stub" '
+                             "SET created_at = 'yesterday-ish' WHERE id = 1"))
+    rc = main(["reconcile", "--db", sqlite_url, "--prefix", table_prefix])
+    err = capsys.readouterr().err
+    assert rc == ExitCode.FAILURE
+    assert "the reconciliation job failed" in err and "yesterday-ish" in err
+
+
+def test_a_driver_missing_from_the_session_is_named(spark):
+    from outbox.reconcile.drivers import JdbcDriver
+    from outbox.reconcile.session import require_driver
+
+    absent = JdbcDriver("postgresql", "org.example.NoSuchDriver", ("none.jar",),
+                        "libpostgresql-jdbc-java")
+    with pytest.raises(DriverNotFound, match="libpostgresql-jdbc-java"):
+        require_driver(spark, absent)

@@ -1,0 +1,181 @@
+"""The commitlog record codec: every field round-trips, every kind of damage is rejected."""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+
+from broker.store.codec import (
+    BLANK_MAGIC_CODE,
+    FIXED_SIZE,
+    MESSAGE_MAGIC_CODE,
+    POS_PHYSICAL_OFFSET,
+    POS_QUEUE_OFFSET,
+    POS_STORE_TIMESTAMP,
+    QUEUE_AND_PHYSICAL_OFFSET,
+    STORE_TIMESTAMP,
+    EncodeError,
+    check_message_and_return_size,
+    decode_message,
+    encode_blank,
+    encode_host,
+    encode_record,
+    tags_string_to_code,
+)
+from broker.store.message import Prop, PutMessageStatus, SysFlag
+
+STORE_HOST = ("10.1.2.3", 10911)
+
+
+def _record(body: bytes = b"hello", topic: str = "TopicA", props: dict[str, str] | None = None,
+            sys_flag: int = 0, queue_offset: int = 7, phy: int = 4096, store_ts: int = 1234,
+            **kw: object) -> bytearray:
+    buf = bytearray(encode_record(topic, 3, body, 0x55, props if props is not None else
+                        {Prop.TAGS: "tagA", Prop.KEYS: "k1 k2", Prop.UNIQ_KEY: "U1"},
+                        sys_flag, 1_700_000_000_000, ("192.168.0.9", 5555),
+                        encode_host(STORE_HOST), 4, 99, 1 << 20))
+    QUEUE_AND_PHYSICAL_OFFSET.pack_into(buf, POS_QUEUE_OFFSET, queue_offset, phy)
+    STORE_TIMESTAMP.pack_into(buf, POS_STORE_TIMESTAMP, store_ts)
+    return buf
+
+
+def test_every_field_round_trips() -> None:
+    body = bytes(range(256)) * 3
+    props = {Prop.TAGS: "tagA", Prop.KEYS: "k1 k2", Prop.UNIQ_KEY: "U1", "user": "välue"}
+    buf = _record(body, "Topic-Ü", props, int(SysFlag.TRANSACTION_COMMIT))
+    assert len(buf) == FIXED_SIZE + len(body) + len("Topic-Ü".encode()) + len(
+        "".join(f"{k}\x01{v}\x02" for k, v in props.items()).encode())
+    m = decode_message(buf)
+    assert m.topic == "Topic-Ü"
+    assert m.body == body
+    assert m.queue_id == 3
+    assert m.flag == 0x55
+    assert m.properties == props
+    assert m.sys_flag == int(SysFlag.TRANSACTION_COMMIT)
+    assert m.born_timestamp == 1_700_000_000_000
+    assert m.born_host == ("192.168.0.9", 5555)
+    assert m.reconsume_times == 4
+    assert m.prepared_tx_offset == 99
+    assert m.queue_offset == 7
+    assert m.commitlog_offset == 4096
+    assert m.store_timestamp == 1234
+    assert m.store_host == STORE_HOST
+    assert m.store_size == len(buf)
+    assert m.body_crc == zlib.crc32(body) & 0x7FFFFFFF
+    assert m.tags == "tagA" and m.keys == ["k1", "k2"] and m.unique_key == "U1"
+
+
+def test_layout_is_big_endian_at_the_documented_offsets() -> None:
+    buf = _record(b"xyz", queue_offset=0x0102030405060708, phy=0x1112131415161718,
+                  store_ts=0x2122232425262728)
+    assert int.from_bytes(buf[0:4], "big") == len(buf)
+    assert int.from_bytes(buf[4:8], "big", signed=True) == MESSAGE_MAGIC_CODE
+    assert buf[4:8] == bytes.fromhex("DAA320A7")
+    assert buf[20:28] == bytes.fromhex("0102030405060708")
+    assert buf[POS_PHYSICAL_OFFSET:36] == bytes.fromhex("1112131415161718")
+    assert buf[56:64] == bytes.fromhex("2122232425262728")
+    assert buf[64:68] == bytes([10, 1, 2, 3])
+    assert int.from_bytes(buf[84:88], "big") == 3
+    assert buf[88:91] == b"xyz"
+    assert buf[91] == len("TopicA")
+
+
+def test_check_returns_dispatch_request() -> None:
+    buf = _record(phy=4096)
+    size, req = check_message_and_return_size(memoryview(buf), 0, expected_offset=4096)
+    assert size == len(buf)
+    assert req is not None
+    assert (req.topic, req.queue_id, req.commitlog_offset, req.msg_size) == (
+        "TopicA", 3, 4096, len(buf))
+    assert req.tags_code == tags_string_to_code("tagA")
+    assert (req.queue_offset, req.store_timestamp) == (7, 1234)
+    assert req.keys == "k1 k2" and req.uniq_key == "U1"
+
+
+def test_schedule_topic_tag_code_is_delivery_time() -> None:
+    buf = _record(topic="SCHEDULE_TOPIC_XXXX",
+                  props={Prop.TAGS: "t", Prop.TIMER_DELIVER_MS: "1700000005000"})
+    _, req = check_message_and_return_size(buf, 0)
+    assert req is not None and req.tags_code == 1700000005000
+
+
+def test_blank_record_and_end_of_file() -> None:
+    buf = bytearray(64)
+    buf[0:8] = encode_blank(64)
+    assert check_message_and_return_size(buf, 0) == (0, None)
+    assert int.from_bytes(buf[4:8], "big", signed=True) == BLANK_MAGIC_CODE
+    assert check_message_and_return_size(buf, 64) == (0, None)
+    buf[0:8] = encode_blank(60)  # a blank record must fill the file exactly
+    assert check_message_and_return_size(buf, 0)[0] == -1
+
+
+@pytest.mark.parametrize("damage", ["magic", "crc", "size_big", "size_small", "topic_len",
+                                    "props_len", "zeros", "phy", "half"])
+def test_damaged_records_are_invalid(damage: str) -> None:
+    buf = _record(b"payload-bytes", phy=0)
+    file = bytearray(len(buf) + 100)
+    n = len(buf)
+    if damage == "magic":
+        buf[4] ^= 0xFF
+    elif damage == "crc":
+        buf[90] ^= 0x01
+    elif damage == "size_big":
+        buf[0:4] = (n + 500).to_bytes(4, "big")
+    elif damage == "size_small":
+        buf[0:4] = (FIXED_SIZE - 1).to_bytes(4, "big")
+    elif damage == "topic_len":
+        buf[88 + 13] = 60
+    elif damage == "props_len":
+        buf[88 + 13 + 1 + 6] ^= 0x01
+    elif damage == "zeros":
+        buf[:] = bytes(n)
+    elif damage == "half":
+        buf[n // 2:] = bytes(n - n // 2)
+    file[:n] = buf
+    expected = 8 if damage == "phy" else 0
+    assert check_message_and_return_size(memoryview(file), 0, expected_offset=expected)[0] == -1
+
+
+def test_crc_check_can_be_skipped() -> None:
+    buf = _record(b"payload")
+    buf[89] ^= 0x01
+    assert check_message_and_return_size(buf, 0)[0] == -1
+    assert check_message_and_return_size(buf, 0, check_crc=False)[0] == len(buf)
+
+
+def test_encode_rejects_illegal_messages() -> None:
+    with pytest.raises(EncodeError) as e:
+        _record(topic="")
+    assert e.value.status is PutMessageStatus.MESSAGE_ILLEGAL
+    with pytest.raises(EncodeError):
+        _record(topic="t" * 128)
+    with pytest.raises(EncodeError) as e:
+        _record(props={"k": "v" * 40000})
+    assert e.value.status is PutMessageStatus.PROPERTIES_SIZE_EXCEEDED
+    with pytest.raises(EncodeError):
+        _record(props={"k": "a\x02b"})
+    for topic in ("a/b", ".", ".."):  # would name no consume-queue directory: undispatchable
+        with pytest.raises(EncodeError, match="directory") as e:
+            _record(topic=topic)
+        assert e.value.status is PutMessageStatus.MESSAGE_ILLEGAL
+    with pytest.raises(EncodeError, match="negative") as e:
+        encode_record("t", -1, b"x", 0, {}, 0, 0, ("1.2.3.4", 1), encode_host(STORE_HOST),
+                      0, 0, 1000)
+    assert e.value.status is PutMessageStatus.MESSAGE_ILLEGAL
+    with pytest.raises(EncodeError) as e:
+        encode_record("t", 0, b"x" * 2000, 0, {}, 0, 0, ("1.2.3.4", 1), encode_host(STORE_HOST),
+                      0, 0, 1000)
+    assert e.value.status is PutMessageStatus.MESSAGE_ILLEGAL
+
+
+def test_tags_code_is_java_string_hashcode() -> None:
+    # values of java.lang.String#hashCode
+    assert tags_string_to_code(None) == 0
+    assert tags_string_to_code("") == 0
+    assert tags_string_to_code("a") == 97
+    assert tags_string_to_code("TagA") == 2598919
+    assert tags_string_to_code("hello world") == 1794106052
+    assert tags_string_to_code("polygenelubricants") == -2147483648
+    assert tags_string_to_code("é") == 233
+    assert tags_string_to_code("😀") == 1772899  # surrogate pair: 0xD83D, 0xDE00

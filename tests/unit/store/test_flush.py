@@ -1,0 +1,152 @@
+"""Flushing: async thresholds, group commit batching, timeouts and fsync failures."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+from broker.store.commitlog import CommitLog
+from broker.store.config import FlushMode
+from broker.store.flush import FlushCommitLogService, GroupCommitService
+from broker.store.message import PutMessageStatus
+
+from ._helpers import ManualClock, message, small_config, wait_until
+
+
+class GatedFsync:
+    """An fsync that blocks while the gate is closed, and counts its calls."""
+
+    def __init__(self, closed: bool = False) -> None:
+        self.gate = threading.Event()
+        if not closed:
+            self.gate.set()
+        self.calls = 0
+        self.error: OSError | None = None
+
+    def __call__(self, fd: int) -> None:
+        self.calls += 1
+        if not self.gate.wait(10):
+            raise AssertionError("gate never opened")
+        if self.error is not None:
+            raise self.error
+        os.fdatasync(fd)
+
+
+def _sync_log(tmp_path: Path, fsync: GatedFsync, **kw: object) -> CommitLog:
+    cfg = small_config(tmp_path, flush_mode=FlushMode.SYNC_FLUSH,
+                       mapped_file_size_commitlog=256 * 1024, **kw)
+    cl = CommitLog(cfg, ManualClock(), fsync=fsync)
+    cl.load()
+    cl.start()
+    return cl
+
+
+def test_group_commit_acknowledges_many_messages_per_fsync(tmp_path: Path) -> None:
+    fsync = GatedFsync(closed=True)
+    cl = _sync_log(tmp_path, fsync)
+    threads_n, per_thread = 32, 20
+    statuses: list[PutMessageStatus] = []
+    lock = threading.Lock()
+    started = threading.Barrier(threads_n + 1)
+
+    def producer(t: int) -> None:
+        started.wait()
+        for i in range(per_thread):
+            r = cl.put_message(message(t * 1000 + i, queue_id=t % 4))
+            with lock:
+                statuses.append(r.status)
+
+    threads = [threading.Thread(target=producer, args=(t,)) for t in range(threads_n)]
+    for t in threads:
+        t.start()
+    started.wait()
+    # the first fsync is held until every producer has its first record written
+    assert wait_until(lambda: sum(cl.topic_queue_table.values()) >= threads_n)
+    fsync.gate.set()
+    for t in threads:
+        t.join()
+    cl.shutdown()
+    assert statuses == [PutMessageStatus.PUT_OK] * (threads_n * per_thread)
+    assert cl.queue.flushed_where == cl.get_max_offset()
+    assert cl.fsync_count > 0
+    assert (threads_n * per_thread) / cl.fsync_count > 1
+    cl.close()
+
+
+def test_flush_disk_timeout_when_fsync_is_slow(tmp_path: Path) -> None:
+    fsync = GatedFsync(closed=True)
+    cl = _sync_log(tmp_path, fsync, sync_flush_timeout_ms=30)
+    r = cl.put_message(message(1))
+    assert r.status is PutMessageStatus.FLUSH_DISK_TIMEOUT
+    assert r.status.stored and r.append is not None
+    assert cl.look_message(r.append.wrote_offset) is not None  # stored, just not confirmed
+    fsync.gate.set()
+    assert wait_until(lambda: cl.queue.flushed_where >= r.append.wrote_offset + 1)  # type: ignore[union-attr]
+    r2 = cl.put_message(message(2))
+    assert r2.status is PutMessageStatus.PUT_OK
+    cl.shutdown()
+    cl.close()
+
+
+def test_async_put_future_completes_after_fsync(tmp_path: Path) -> None:
+    fsync = GatedFsync(closed=True)
+    cl = _sync_log(tmp_path, fsync)
+    futures = [cl.put_message_async(message(i)) for i in range(10)]
+    assert not any(f.done() for f in futures)
+    fsync.gate.set()
+    results = [f.result(timeout=10) for f in futures]
+    assert all(r.status is PutMessageStatus.PUT_OK for r in results)
+    cl.shutdown()
+    cl.close()
+
+
+def test_async_put_future_times_out(tmp_path: Path) -> None:
+    fsync = GatedFsync(closed=True)
+    cl = _sync_log(tmp_path, fsync, sync_flush_timeout_ms=30)
+    f = cl.put_message_async(message(1))
+    assert f.result(timeout=10).status is PutMessageStatus.FLUSH_DISK_TIMEOUT
+    fsync.gate.set()
+    cl.shutdown()
+    cl.close()
+
+
+def test_failed_fsync_is_never_acknowledged(tmp_path: Path) -> None:
+    fsync = GatedFsync()
+    fsync.error = OSError(5, "Input/output error")
+    cl = _sync_log(tmp_path, fsync)
+    r = cl.put_message(message(1))
+    assert r.status is PutMessageStatus.FLUSH_DISK_TIMEOUT
+    service = cl.flush_service
+    assert isinstance(service, GroupCommitService) and service.failed is not None
+    # no retry that could report success for pages the kernel dropped
+    assert cl.put_message(message(2)).status is PutMessageStatus.FLUSH_DISK_TIMEOUT
+    cl.shutdown()
+    cl.close()
+
+
+def test_async_flush_waits_for_least_pages_then_thorough(tmp_path: Path) -> None:
+    clock = ManualClock()
+    cfg = small_config(tmp_path, mapped_file_size_commitlog=1 << 20,
+                       flush_least_pages_commitlog=4, flush_thorough_interval_commitlog_ms=10_000)
+    cl = CommitLog(cfg, clock)
+    cl.load()
+    service = cl.flush_service
+    assert isinstance(service, FlushCommitLogService)
+    cl.put_message(message(1, size=100))
+    service.do_flush()
+    assert cl.get_flushed_offset() == 0  # under 4 dirty pages
+    for i in range(40):
+        cl.put_message(message(i, size=500))
+    service.do_flush()
+    flushed = cl.get_flushed_offset()
+    assert flushed == cl.get_max_offset()
+    cl.put_message(message(99, size=100))
+    service.do_flush()
+    assert cl.get_flushed_offset() == flushed
+    clock.advance(10_000)
+    service.do_flush()
+    assert cl.get_flushed_offset() == cl.get_max_offset()
+    assert service.flushed_store_timestamp == cl.last_store_timestamp
+    assert service.fsync_count == 2
+    cl.close()

@@ -26,7 +26,7 @@ from typing import Any
 
 from broker.broker import Broker
 from broker.config import BrokerConfig
-from broker.store.config import StoreConfig
+from broker.store.config import WATERMARKS_OFF, StoreConfig
 from reliable.consumer.listener import ConsumeContext
 from reliable.decorators import Handler
 from reliable.message import ConsumeResult, Message, ReceivedMessage
@@ -68,7 +68,10 @@ class TestBroker:
         store = StoreConfig(store_dir=self.directory, mapped_file_size_commitlog=4 << 20,
                             mapped_file_size_consume_queue=20 * 20_000,
                             max_hash_slot_num=4096, max_index_num=16_384,
-                            warm_mapped_file=False)
+                            warm_mapped_file=False,
+                            # a throwaway store on a shared disk: the host's fill level is
+                            # not the test's to answer for
+                            **WATERMARKS_OFF)
         self.broker = Broker(store, BrokerConfig(**broker_options), clock=self.clock.now_ms)
         self.broker.start()
         self.transport = EmbeddedTransport(broker=self.broker)

@@ -17,6 +17,16 @@ class FlushMode(enum.Enum):
     SYNC_FLUSH = "sync"  # ack after fsync (group commit)
 
 
+# Disk watermarks switched off (a ratio never exceeds 1.0): for throwaway stores, such as a test
+# kit's, that live on a shared disk whose fill level is not theirs to answer for. Never for a
+# store that keeps data: above the watermarks cleanup and DISK_FULL are what protect the disk.
+WATERMARKS_OFF: dict[str, float] = {
+    "disk_max_used_space_ratio": 1.0,
+    "disk_clean_watermark": 1.0,
+    "disk_refuse_watermark": 1.0,
+}
+
+
 def default_store_dir() -> Path:
     return Path.home() / ".reliable" / "store"
 

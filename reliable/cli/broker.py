@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from reliable.cli.exit_codes import ExitCode
+from reliable.cli.store_options import add_disk_arguments, disk_options
 
 SWITCH_INTERVAL_S = 0.0005
 
@@ -77,6 +78,7 @@ def register(sub: Any) -> None:
                    help="time between checks of one half message (default 60000)")
     s.add_argument("--commitlog-file-size", type=int, default=None, metavar="BYTES",
                    help="size of one commitlog file (default 1 GiB)")
+    add_disk_arguments(s)
     s.add_argument("--max-body-size", type=int, default=4 * 1024 * 1024,
                    help="largest message body accepted, bytes (default 4 MiB)")
     s.set_defaults(handler=start)
@@ -118,6 +120,10 @@ def start(args: argparse.Namespace) -> int:
     }
     if args.commitlog_file_size:
         store_kwargs["mapped_file_size_commitlog"] = args.commitlog_file_size
+    try:
+        store_kwargs.update(disk_options(args))
+    except ValueError as exc:
+        return _fail(str(exc))
     broker_kwargs: dict[str, Any] = {
         "auto_create_topic": not args.no_auto_create_topics,
         "auto_create_subscription_group": not args.no_auto_create_groups,

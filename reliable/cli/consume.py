@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from reliable.cli.exit_codes import ExitCode
+from reliable.cli.store_options import add_disk_arguments, disk_options
 
 log = logging.getLogger("reliable.consume")
 
@@ -44,6 +45,7 @@ def register(subparsers: Any) -> None:
                         "default)")
     p.add_argument("--commitlog-file-size", type=int, default=None, metavar="BYTES",
                    help="embedded: size of each commitlog file (must match the store's)")
+    add_disk_arguments(p)
     p.set_defaults(handler=_consume)
 
 
@@ -85,9 +87,10 @@ def _consume(args: argparse.Namespace) -> int:
         return ExitCode.USAGE
     options: dict[str, Any] = {}
     if args.endpoint:
-        if args.delay_levels or args.flush or args.commitlog_file_size:
-            print("reliable consume: --delay-levels, --flush and --commitlog-file-size apply "
-                  "to the embedded transport only", file=sys.stderr)
+        if (args.delay_levels or args.flush or args.commitlog_file_size
+                or args.disk_clean_ratio is not None or args.disk_full_ratio is not None):
+            print("reliable consume: --delay-levels, --flush, --commitlog-file-size and the "
+                  "--disk ratios apply to the embedded transport only", file=sys.stderr)
             return ExitCode.USAGE
         transport, options["endpoint"] = "grpc", args.endpoint
     else:
@@ -102,6 +105,11 @@ def _consume(args: argparse.Namespace) -> int:
             options["flush_mode"] = FlushMode(args.flush)
         if args.commitlog_file_size:
             options["mapped_file_size_commitlog"] = args.commitlog_file_size
+        try:
+            options.update(disk_options(args))
+        except ValueError as exc:
+            print(f"reliable consume: {exc}", file=sys.stderr)
+            return ExitCode.USAGE
     try:
         worker = Worker(*handlers, transport=transport, **options)
         log.info("consuming with %d handler(s): %s", len(handlers),

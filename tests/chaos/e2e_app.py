@@ -26,10 +26,13 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from broker.store.config import WATERMARKS_OFF
+
 TOPIC = "E2EOrders"
 GROUP = "e2e-inventory"
 STORE_SIZES = {"mapped_file_size_commitlog": 4 << 20, "mapped_file_size_consume_queue": 20 * 20_000,
-               "max_hash_slot_num": 20_000, "max_index_num": 80_000}
+               "max_hash_slot_num": 20_000, "max_index_num": 80_000,
+               **WATERMARKS_OFF}  # the host's disk is shared
 FAST_CONSUMER = {"consume_from": "first", "rebalance_interval_s": 0.3,
                  "heartbeat_interval_s": 0.3, "persist_offset_interval_s": 0.2,
                  "pull_suspend_ms": 100, "consume_threads": 4}

@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from broker.store.config import FlushMode, StoreConfig
+from broker.store.config import WATERMARKS_OFF, FlushMode, StoreConfig
 from broker.store.message import Message, Prop
 from broker.store.store import MessageStore
 
@@ -32,6 +32,7 @@ def crash_config(store_dir: Path) -> StoreConfig:
         max_hash_slot_num=512,
         max_index_num=2048,
         flush_mode=FlushMode.SYNC_FLUSH,
+        **WATERMARKS_OFF,  # the host's disk is shared
         warm_mapped_file=True,
         flush_interval_consume_queue_ms=100,
     )

@@ -14,7 +14,7 @@ from typing import Any
 
 from broker.broker import Broker
 from broker.config import BrokerConfig
-from broker.store.config import StoreConfig
+from broker.store.config import WATERMARKS_OFF, StoreConfig
 from reliable import ConsumeFrom
 
 # level:      1     2     3     4     5     6   7...
@@ -46,6 +46,7 @@ def store_config(path: Path, **overrides: Any) -> StoreConfig:
         "flush_interval_consume_queue_ms": 50,
         "flush_config_interval_ms": 200,
         "warm_mapped_file": False,
+        **WATERMARKS_OFF,
     }
     values.update(overrides)
     return StoreConfig(**values)
@@ -69,7 +70,9 @@ def broker_config(**overrides: Any) -> BrokerConfig:
 @contextlib.contextmanager
 def running_broker(store_dir: Path, **broker_kw: Any) -> Iterator[Broker]:
     """A started `Broker` on `store_config(store_dir)` and `broker_config()`, shut down on exit."""
-    b = Broker(store_config(store_dir), broker_config(), **broker_kw)
+    # the host's disk is shared: its level matters only where a test injects one
+    sizes = {} if "disk_usage" in broker_kw else WATERMARKS_OFF
+    b = Broker(store_config(store_dir, **sizes), broker_config(), **broker_kw)
     b.start()
     yield b
     b.shutdown()

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import reliable
-from broker.store.config import StoreConfig
+from broker.store.config import WATERMARKS_OFF, StoreConfig
 from reliable import Message, Producer
 from reliable.transport.base import QueueRef
 from tests.e2e.helpers import wait_until
@@ -20,7 +20,8 @@ SIZE = 4 * 1024 * 1024
 
 def _transport(store: Path) -> reliable.Transport:
     t = reliable.connect("embedded",
-                         store_config=StoreConfig(store_dir=store, mapped_file_size_commitlog=SIZE))
+                         store_config=StoreConfig(store_dir=store, mapped_file_size_commitlog=SIZE,
+                                                   **WATERMARKS_OFF))
     t.start()
     return t
 
@@ -40,7 +41,8 @@ def test_consume_runs_handlers_and_sigterm_commits_offsets(tmp_path: Path) -> No
     t.close()
 
     child = _cli("consume", "tests.e2e.cli_handlers:record", "--store", str(store),
-                 "--commitlog-file-size", str(SIZE), env={"RELIABLE_TEST_OUT": str(out)})
+                 "--commitlog-file-size", str(SIZE), "--disk-clean-ratio", "1.0",
+                 "--disk-full-ratio", "1.0", env={"RELIABLE_TEST_OUT": str(out)})
     try:
         wait_until(lambda: out.exists() and set(out.read_text().split()) == sent,
                    timeout=60, what="the 30 messages")

@@ -13,6 +13,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
+# Small files: the 1 GiB default is preallocated on disk for every store a test makes.
+# Watermarks off: these tests are about delivery, and the host disk is shared, so its
+# fill level is not theirs to depend on (disk-full behaviour has its own tests).
+TEST_STORE = ("--commitlog-file-size", str(8 << 20),
+              "--disk-clean-ratio", "1.0", "--disk-full-ratio", "1.0")
 _READY = re.compile(r"serving on ([\w.\-]+):(\d+)")
 
 
@@ -35,7 +40,7 @@ class ServerProcess:
         env = dict(os.environ, HOME=str(self.home), PYTHONUNBUFFERED="1")
         env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
         cmd = [sys.executable, "-m", "reliable.cli", "broker", "start", "--store",
-               str(self.store), "--port", str(self.port), *self.extra]
+               str(self.store), "--port", str(self.port), *TEST_STORE, *self.extra]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, env=env, cwd=REPO)
         ready = threading.Event()

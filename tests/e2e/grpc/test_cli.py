@@ -36,19 +36,24 @@ def test_broker_start_help_documents_every_option() -> None:
                    "--min-invisible-ms", "--long-polling-ms", "--min-long-polling-ms",
                    "--default-invisible-ms", "--transaction-timeout-ms",
                    "--transaction-check-interval-ms", "--commitlog-file-size",
-                   "--max-body-size", "SIGTERM"):
+                   "--max-body-size", "--disk-clean-ratio", "--disk-full-ratio", "SIGTERM"):
         assert option in done.stdout, option
 
 
 def test_bad_command_lines_fail_clearly(tmp_path: Path) -> None:
     done = cli("broker", "start", "--store", str(tmp_path / "s"), "--tls-cert", "x.pem")
     assert done.returncode == 2 and "--tls-key" in done.stderr
+    done = cli("broker", "start", "--store", str(tmp_path / "s"), "--disk-full-ratio", "1.5")
+    assert done.returncode == 2 and "--disk-full-ratio must be in (0, 1]" in done.stderr
+    done = cli("broker", "start", "--store", str(tmp_path / "s"), "--disk-clean-ratio", "0.95")
+    assert done.returncode == 2, done.stderr  # above the default full ratio, 0.90
+    assert "--disk-clean-ratio must not exceed --disk-full-ratio" in done.stderr
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         done = cli("broker", "start", "--store", str(tmp_path / "s"), "--port", str(port),
-                   home=tmp_path)
+                   "--commitlog-file-size", str(1 << 20), home=tmp_path)
     assert done.returncode == 4, done.stdout + done.stderr
     assert f"127.0.0.1:{port}" in done.stderr
 

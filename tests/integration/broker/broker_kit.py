@@ -8,7 +8,7 @@ from pathlib import Path
 
 from broker.broker import Broker, PullStatus
 from broker.config import BrokerConfig
-from broker.store.config import FlushMode, StoreConfig
+from broker.store.config import WATERMARKS_OFF, FlushMode, StoreConfig
 from broker.store.message import Message, MessageExt, Prop
 
 T0 = 1_763_790_000_000
@@ -35,7 +35,8 @@ class ManualClock:
 def store_config(path: Path, flush: FlushMode = FlushMode.ASYNC_FLUSH) -> StoreConfig:
     return StoreConfig(store_dir=path, mapped_file_size_commitlog=256 * 1024,
                        mapped_file_size_consume_queue=20 * 1024, max_hash_slot_num=1024,
-                       max_index_num=4096, warm_mapped_file=False, flush_mode=flush)
+                       max_index_num=4096, warm_mapped_file=False, flush_mode=flush,
+                       **WATERMARKS_OFF)  # the host's disk is shared
 
 
 def broker_config(**overrides: object) -> BrokerConfig:

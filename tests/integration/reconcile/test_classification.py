@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from broker.store.config import WATERMARKS_OFF
 from outbox.reconcile import (
     InvalidBounds,
     LogClass,
@@ -283,7 +284,7 @@ def test_bad_bounds_are_typed_errors_with_their_exit_codes(spark, sqlite_url, ta
 
 
 STORE = {"mapped_file_size_commitlog": 1 << 20, "mapped_file_size_consume_queue": 20 * 2_000,
-         "max_hash_slot_num": 2_000, "max_index_num": 8_000}
+         "max_hash_slot_num": 2_000, "max_index_num": 8_000, **WATERMARKS_OFF}
 
 
 def test_bounds_asked_live_of_an_embedded_broker(spark, sqlite_url, table_prefix, tmp_path):

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from broker.store.config import FlushMode, StoreConfig
+from broker.store.config import WATERMARKS_OFF, FlushMode, StoreConfig
 from broker.store.message import Message, Prop
+
+# the watermarks a store ships with, for the tests that inject a disk level
+SHIPPED_WATERMARKS: dict[str, Any] = {
+    f.name: f.default for f in dataclasses.fields(StoreConfig) if f.name in WATERMARKS_OFF}
 
 
 def small_config(tmp: Path, **overrides: Any) -> StoreConfig:
@@ -25,6 +30,7 @@ def small_config(tmp: Path, **overrides: Any) -> StoreConfig:
         flush_interval_commitlog_ms=10,
         flush_interval_consume_queue_ms=50,
         flush_config_interval_ms=50,
+        **WATERMARKS_OFF,  # the host's disk is shared; tests that need a level inject one
     )
     values.update(overrides)
     return StoreConfig(**values)

@@ -13,7 +13,7 @@ from broker.store.errors import ForeignFile, StoreCorrupted
 from broker.store.message import GetMessageStatus, Message, PutMessageStatus
 from broker.store.store import MessageStore
 
-from ._helpers import crash_copy, message, small_config, write_at
+from ._helpers import SHIPPED_WATERMARKS, crash_copy, message, small_config, write_at
 
 N = 120
 
@@ -272,7 +272,7 @@ def test_a_foreign_file_with_a_valid_name_and_size_is_never_overwritten(tmp_path
 @pytest.mark.parametrize("crashed", [True, False])
 def test_recovery_after_cleanup_deleted_the_oldest_files(tmp_path: Path, crashed: bool) -> None:
     cfg = small_config(tmp_path / "live", file_reserved_time_hours=0.0,
-                       delete_files_interval_ms=0)
+                       delete_files_interval_ms=0, **SHIPPED_WATERMARKS)
     store = MessageStore(cfg, disk_usage=lambda _p: 0.87)  # above the clean watermark
     store.start()
     written = []

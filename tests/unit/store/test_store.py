@@ -20,7 +20,7 @@ from broker.store.message import (
 )
 from broker.store.store import MessageStore
 
-from ._helpers import ManualClock, message, small_config
+from ._helpers import SHIPPED_WATERMARKS, ManualClock, message, small_config
 
 
 @pytest.fixture
@@ -190,7 +190,8 @@ def test_config_files_are_atomic_json(store: MessageStore) -> None:
 
 
 def test_disk_full_refuses_writes(tmp_path: Path) -> None:
-    store = MessageStore(small_config(tmp_path), disk_usage=lambda _path: 0.95)
+    store = MessageStore(small_config(tmp_path, **SHIPPED_WATERMARKS),
+                         disk_usage=lambda _path: 0.95)
     store.start()
     assert store.is_disk_full()
     assert store.put_message(message(1)).status is PutMessageStatus.DISK_FULL

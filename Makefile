@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint bench soak system services clean help
+.PHONY: demo test lint bench soak system packages services clean help
 
 help:
 	@echo "make demo   - run the end-to-end demo on embedded defaults"
@@ -13,7 +13,8 @@ help:
 	@echo "make lint   - ruff and mypy (strict on broker/)"
 	@echo "make bench  - run the benchmarks and print a table"
 
-$(STAMP): pyproject.toml
+# the system packages first: the install compiles broker/store/_recordpack.c against them
+$(STAMP): pyproject.toml setup.py broker/store/_recordpack.c | packages
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
@@ -21,6 +22,9 @@ $(STAMP): pyproject.toml
 
 system:
 	scripts/ensure-system.sh
+
+packages:
+	scripts/ensure-system.sh --no-services
 
 services:
 	scripts/ensure-system.sh --services-only
@@ -43,3 +47,4 @@ soak: $(STAMP) system
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -f broker/store/_recordpack.*.so

@@ -19,8 +19,10 @@ log() { echo "[ensure-system] $*" >&2; }
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 # Debian packages: JDBC drivers for the Spark reconciliation, Java for Spark itself, the
-# database and cache servers for the integration tests.
-packages=(libpostgresql-jdbc-java libxerial-sqlite-jdbc-java libmariadb-java)
+# database and cache servers for the integration tests, a C compiler and libdeflate for the
+# store's compiled record packer (broker/store/_recordpack.c; zlib when libdeflate is absent).
+packages=(libpostgresql-jdbc-java libxerial-sqlite-jdbc-java libmariadb-java libdeflate-dev)
+command -v gcc >/dev/null 2>&1 || packages+=(gcc)
 command -v java >/dev/null 2>&1 || packages+=(openjdk-17-jre-headless)
 command -v redis-server >/dev/null 2>&1 || packages+=(redis-server)
 command -v pg_ctlcluster >/dev/null 2>&1 || packages+=(postgresql)

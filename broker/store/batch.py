@@ -10,7 +10,12 @@ the same bytes as `put_message` with `{**shared, KEYS: k, UNIQ_KEY: u}`.
 
 Buffer layout: records back to back, `starts[i]` the offset of record i in `buf`,
 `starts[-1] == len(buf)`. QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP are 0 until the
-commitlog patches them under its lock.
+commitlog patches them under its lock (`EncodedBatch.patch`).
+
+Two implementations lay out the same bytes: the compiled `_recordpack` module (built from
+`_recordpack.c` at install; per record a CRC and a few copies, ~0.15 µs for 1 KiB) and the
+Python code below (~2 µs), the reference and the fallback where no C compiler was at hand.
+`NATIVE` tells which one `encode_batch` uses; the tests run both and compare bytes.
 """
 
 from __future__ import annotations
@@ -26,16 +31,32 @@ from broker.store.codec import (
     HEADER_SIZE,
     MAX_PROPERTIES_LENGTH,
     MESSAGE_MAGIC_CODE,
+    POS_QUEUE_OFFSET,
     EncodeError,
-    encode_host,
+    cached_host,
     is_queued,
     topic_tail,
 )
 from broker.store.message import Prop, PutMessageStatus
 
+try:
+    from broker.store import _recordpack
+except ImportError:  # not built (no C compiler at install): the Python path
+    COMPILED = False
+else:
+    COMPILED = True
+
+NATIVE: bool = COMPILED
+"""True when `encode_batch` uses the compiled encoder (tests switch it off to compare)."""
+
+_KEYS = Prop.KEYS.encode()
+_UNIQ_KEY = Prop.UNIQ_KEY.encode()
 _I16_MAX = MAX_PROPERTIES_LENGTH
 _pack_i16 = struct.Struct(">h").pack
 _ILLEGAL = PutMessageStatus.MESSAGE_ILLEGAL
+# at POS_QUEUE_OFFSET (20): QUEUEOFFSET 8, PHYSICALOFFSET 8, SYSFLAG 4, BORNTIMESTAMP 8,
+# BORNHOST 8, STORETIMESTAMP 8: one pack_into rewrites the offsets and the store time
+_pack_offsets_to_ts = struct.Struct(">qqiq8sq").pack_into
 
 
 @dataclass(slots=True)
@@ -49,9 +70,27 @@ class EncodedBatch:
     born_timestamp: int
     born_host_raw: bytes
 
+    native: bool = False  # laid out by `_recordpack` (which then also patches)
+
     @property
     def count(self) -> int:
         return len(self.starts) - 1
+
+    def patch(self, i: int, j: int, queue_offset: int, step: int, base: int,
+              store_timestamp: int) -> int:
+        """Write QUEUEOFFSET (`queue_offset`, then + `step` a record), PHYSICALOFFSET
+        (`base` + the record's start in `buf`) and STORETIMESTAMP into records i..j-1;
+        returns the next queue offset."""
+        if self.native:
+            return int(_recordpack.patch(self.buf, self.starts, i, j, queue_offset, step,
+                                         base, store_timestamp))
+        buf, sys_flag = self.buf, self.sys_flag
+        born_ts, born_host = self.born_timestamp, self.born_host_raw
+        for s in self.starts[i:j]:
+            _pack_offsets_to_ts(buf, s + POS_QUEUE_OFFSET, queue_offset, base + s, sys_flag,
+                                born_ts, born_host, store_timestamp)
+            queue_offset += step
+        return queue_offset
 
 
 def _props_raw(properties: Mapping[str, str]) -> bytes:
@@ -62,12 +101,36 @@ def _props_raw(properties: Mapping[str, str]) -> bytes:
     return raw
 
 
+_SHARED: dict[tuple[tuple[str, str], ...], bytes] = {}  # shared properties -> encoded
+_SHARED_LIMIT = 1024
+
+
+def _shared_raw(properties: Mapping[str, str]) -> bytes:
+    """`_props_raw` through a bounded cache: a producer's batches share their properties."""
+    items = tuple(properties.items())
+    try:
+        raw = _SHARED.get(items)
+    except TypeError:  # an unhashable value: not cacheable (and refused below)
+        return _props_raw(properties)
+    if raw is None:
+        raw = _props_raw(properties)
+        if len(_SHARED) >= _SHARED_LIMIT:
+            _SHARED.clear()
+        _SHARED[items] = raw
+    return raw
+
+
 def _per_message(name: str, values: Sequence[str] | None, count: int) -> list[bytes] | None:
     if values is None:
         return None
     if len(values) != count:
         raise EncodeError(_ILLEGAL, f"{len(values)} {name} values for {count} bodies")
-    raw = [f"{name}\x01{v}\x02".encode() for v in values]
+    if not all(isinstance(v, str) for v in values):
+        raise EncodeError(_ILLEGAL, f"a {name} value is not a str")
+    try:
+        raw = [f"{name}\x01{v}\x02".encode() for v in values]
+    except UnicodeEncodeError as exc:
+        raise EncodeError(_ILLEGAL, f"a {name} value does not encode: {exc}") from exc
     joined = b"".join(raw)
     if joined.count(b"\x01") != count or joined.count(b"\x02") != count:
         raise EncodeError(_ILLEGAL, f"a {name} value holds \\x01 or \\x02")
@@ -91,12 +154,29 @@ def encode_batch(topic: str, queue_id: int, bodies: Sequence[bytes],
     if queue_id < 0:
         raise EncodeError(_ILLEGAL, f"queue id {queue_id} is negative")
     tail = topic_tail(topic)
-    shared = dict(properties) if properties else {}
+    shared = properties or {}
     if keys is not None and Prop.KEYS in shared:
         raise EncodeError(_ILLEGAL, "KEYS given both shared and per message")
     if uniq_keys is not None and Prop.UNIQ_KEY in shared:
         raise EncodeError(_ILLEGAL, "UNIQ_KEY given both shared and per message")
-    shared_raw = _props_raw(shared)
+    shared_raw = _shared_raw(shared)
+    host = cached_host(born_host)
+    key = f"{topic}-{queue_id}" if is_queued(sys_flag) else None
+    if NATIVE:
+        try:
+            buf, offsets, _payload = _recordpack.encode(
+                bodies, tail, shared_raw, _KEYS, keys, _UNIQ_KEY, uniq_keys, queue_id, flag,
+                sys_flag, born_timestamp, host, store_host_raw, max_message_size, max_record)
+        except OverflowError as exc:
+            status = (PutMessageStatus.PROPERTIES_SIZE_EXCEEDED if "properties" in str(exc)
+                      else _ILLEGAL)
+            raise EncodeError(status, str(exc)) from exc
+        except TypeError:
+            pass  # bodies that are bytes-like but not bytes: the Python path takes them
+        except ValueError as exc:  # a bad value, a record or the batch too large
+            raise EncodeError(_ILLEGAL, str(exc)) from exc
+        else:
+            return EncodedBatch(buf, offsets, key, sys_flag, born_timestamp, host, True)
     per_keys = _per_message(Prop.KEYS, keys, count)
     per_uniq = _per_message(Prop.UNIQ_KEY, uniq_keys, count)
     if per_keys is None and per_uniq is None:
@@ -122,7 +202,6 @@ def encode_batch(topic: str, queue_id: int, bodies: Sequence[bytes],
     payload = sum(map(len, bodies)) + tails_len - 3 * count
     if payload > max_message_size:
         raise EncodeError(_ILLEGAL, f"batch of {payload} bytes exceeds {max_message_size}")
-    host = encode_host(born_host)
     pack = HEADER.pack
     crc32 = zlib.crc32
     parts: list[bytes] = []
@@ -150,5 +229,4 @@ def encode_batch(topic: str, queue_id: int, bodies: Sequence[bytes],
     starts.append(at)
     if biggest - FIXED_SIZE > max_message_size or biggest > max_record:
         raise EncodeError(_ILLEGAL, f"a record of {biggest} bytes is too large")
-    key = f"{topic}-{queue_id}" if is_queued(sys_flag) else None
     return EncodedBatch(buf, starts, key, sys_flag, born_timestamp, host)

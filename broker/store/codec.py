@@ -190,6 +190,17 @@ _pack_i16 = _I16.pack
 _crc32 = zlib.crc32
 
 
+def cached_host(born_host: tuple[str, int]) -> bytes:
+    """`encode_host` through a bounded cache: a put's hosts repeat."""
+    host = _HOSTS.get(born_host)
+    if host is None:
+        host = encode_host(born_host)
+        if len(_HOSTS) >= _CACHE_LIMIT:
+            _HOSTS.clear()
+        _HOSTS[born_host] = host
+    return host
+
+
 def encode_record(topic: str, queue_id: int, body: bytes, flag: int,
                   properties: dict[str, str], sys_flag: int, born_timestamp: int,
                   born_host: tuple[str, int], store_host_raw: bytes, reconsume_times: int,
@@ -225,12 +236,7 @@ def encode_record(topic: str, queue_id: int, body: bytes, flag: int,
     if size > max_message_size:
         raise EncodeError(PutMessageStatus.MESSAGE_ILLEGAL,
                           f"message of {size} bytes exceeds {max_message_size}")
-    host = _HOSTS.get(born_host)
-    if host is None:
-        host = encode_host(born_host)
-        if len(_HOSTS) >= _CACHE_LIMIT:
-            _HOSTS.clear()
-        _HOSTS[born_host] = host
+    host = _HOSTS.get(born_host) or cached_host(born_host)
     return b"".join((
         _pack_header(FIXED_SIZE + size, MESSAGE_MAGIC_CODE, _crc32(body) & 0x7FFFFFFF,
                      queue_id, flag, 0, 0, sys_flag, born_timestamp, host, 0,

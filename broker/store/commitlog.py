@@ -59,9 +59,6 @@ log = logging.getLogger(__name__)
 _PUT_OK = PutMessageStatus.PUT_OK
 _pack_offsets = QUEUE_AND_PHYSICAL_OFFSET.pack_into  # QUEUEOFFSET, PHYSICALOFFSET
 _pack_timestamp = STORE_TIMESTAMP.pack_into  # STORETIMESTAMP
-# at POS_QUEUE_OFFSET (20): QUEUEOFFSET 8, PHYSICALOFFSET 8, SYSFLAG 4, BORNTIMESTAMP 8,
-# BORNHOST 8, STORETIMESTAMP 8 (ends at 64): the three patched fields and the three between
-_pack_offsets_to_ts = struct.Struct(">qqiq8sq").pack_into
 
 
 def topic_queue_key(topic: str, queue_id: int) -> str:
@@ -350,7 +347,6 @@ class CommitLog:
         qoff = first_qoff = 0 if key is None else table.get(key, 0)
         step = 0 if key is None else 1
         view = memoryview(buf)
-        sys_flag, born_ts, born_host = batch.sys_flag, batch.born_timestamp, batch.born_host_raw
         first_phy = end = -1
         first_ts = 0
         i = 0
@@ -359,13 +355,13 @@ class CommitLog:
             mf = self._file_for(starts[i + 1] - a)
             pos = mf.wrote_position
             room = mf.file_size - END_FILE_MIN_BLANK_LENGTH - pos
-            j = bisect_right(starts, a + room, i + 1, count + 1) - 1  # records i..j-1 fit
+            if starts[count] - a <= room:  # the rest fits: the common case
+                j = count
+            else:  # records i..j-1 fit
+                j = bisect_right(starts, a + room, i + 1, count + 1) - 1
             ts = self._now()
             base = mf.file_from_offset + pos - a  # phy of the record at buf offset s: base+s
-            for s in starts[i:j]:  # QUEUEOFFSET .. STORETIMESTAMP in one call
-                _pack_offsets_to_ts(buf, s + POS_QUEUE_OFFSET, qoff, base + s, sys_flag,
-                                    born_ts, born_host, ts)
-                qoff += step
+            qoff = batch.patch(i, j, qoff, step, base, ts)
             n = starts[j] - a
             mf.mapping[pos:pos + n] = view[a:starts[j]]
             # only now are the records visible to readers (they stop at wrote_position)

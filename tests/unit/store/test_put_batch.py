@@ -11,16 +11,29 @@ from pathlib import Path
 
 import pytest
 
+from broker.store import batch as batch_module
 from broker.store.codec import POS_PHYSICAL_OFFSET, POS_QUEUE_OFFSET, POS_STORE_TIMESTAMP
 from broker.store.config import FlushMode, StoreConfig
 from broker.store.message import Message, MessageExt, Prop, PutMessageStatus, SysFlag
 from broker.store.store import MessageStore
 
-from ._helpers import commitlog_files, crash_copy, small_config
+from ._helpers import SHIPPED_WATERMARKS, commitlog_files, crash_copy, small_config
 
 SHARED = {Prop.TAGS: "tagB", "color": "blue"}
 BORN = 1_700_000_000_000
 HOST = ("10.0.0.7", 4321)
+
+
+@pytest.fixture(autouse=True, params=["native", "python"])
+def encoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs on the compiled encoder and on the Python one."""
+    if request.param == "native":
+        assert batch_module.COMPILED, (
+            "broker/store/_recordpack.c is not built: `pip install -e .` with a C compiler")
+        monkeypatch.setattr(batch_module, "NATIVE", True)
+    else:
+        monkeypatch.setattr(batch_module, "NATIVE", False)
+    return str(request.param)
 
 
 def _disk(_path: Path) -> float:
@@ -200,7 +213,8 @@ def test_refused_batches_store_nothing(tmp_path: Path) -> None:
 
 
 def test_disk_full_and_not_running_refuse(tmp_path: Path) -> None:
-    store = MessageStore(small_config(tmp_path), disk_usage=lambda _path: 0.95)
+    store = MessageStore(small_config(tmp_path, **SHIPPED_WATERMARKS),
+                         disk_usage=lambda _path: 0.95)
     store.start()
     assert store.put_batch("TopicB", 0, [b"x"]).status is PutMessageStatus.DISK_FULL
     store.shutdown()
@@ -215,3 +229,60 @@ def test_prepared_transaction_batch_takes_no_queue_offset(store: MessageStore) -
     assert store.get_max_offset_in_queue("TopicB", 0) == 0
     m = store.look_message_by_offset(r.append.wrote_offset)
     assert m is not None and m.body == b"a" and m.sys_flag == int(SysFlag.TRANSACTION_PREPARED)
+
+
+def _encode(bodies: list[object], **kw: object) -> tuple[bytes, list[int]] | str:
+    """The encoded batch (bytes, starts) or the refusal's status and reason."""
+    args: dict[str, object] = dict(
+        topic="TopicB", queue_id=3, bodies=bodies, properties=SHARED, keys=None,
+        uniq_keys=None, flag=7, sys_flag=0, born_timestamp=BORN, born_host=HOST,
+        store_host_raw=b"\x0a\x00\x00\x01\x00\x00\x2a\x93", max_message_size=4000,
+        max_record=6000)
+    args.update(kw)
+    try:
+        b = batch_module.encode_batch(**args)  # type: ignore[arg-type]
+    except batch_module.EncodeError as exc:
+        return f"{exc.status.name}"
+    b.patch(0, b.count, 40, 1, 1_000_000, BORN + 5)
+    return bytes(b.buf), b.starts
+
+
+def test_compiled_and_python_encoders_agree_byte_for_byte(
+        monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    assert batch_module.COMPILED, "the compiled encoder is not built"
+    cases: list[tuple[list[object], dict[str, object]]] = []
+    for _ in range(300):
+        n = rng.randint(1, 12)
+        bodies: list[object] = [rng.randbytes(rng.choice([0, 1, 5, 100, 700]))
+                                for _ in range(n)]
+        kw: dict[str, object] = {}
+        if rng.random() < 0.6:
+            kw["keys"] = [rng.choice(["k", "order-1 order-2", "ключ", "x" * 300])
+                          for _ in range(n)]
+        if rng.random() < 0.6:
+            kw["uniq_keys"] = [f"U{rng.getrandbits(64):016X}" for _ in range(n)]
+        if rng.random() < 0.3:
+            kw["properties"] = {} if rng.random() < 0.5 else {"p": "v" * rng.randint(0, 9000)}
+        if rng.random() < 0.1:
+            kw["sys_flag"] = int(SysFlag.TRANSACTION_PREPARED)
+        cases.append((bodies, kw))
+    # refusals must agree too: separators, wrong counts, types, sizes
+    cases += [([b"a", b"b"], {"keys": ["a", "b\x01"]}),
+              ([b"a"], {"uniq_keys": ["\x02"]}),
+              ([b"a", b"b"], {"keys": ["only one"]}),
+              ([b"a"], {"keys": [7]}),
+              ([b"a"], {"keys": ["\udc80"]}),
+              ([b"a"], {"properties": {"p": "v" * 32767}}),
+              ([b"x" * 3900], {"keys": ["k" * 200]}),
+              ([b"x" * 1000] * 5, {}),
+              ([bytearray(b"bytes-like"), memoryview(b"too")], {"keys": ["a", "b"]}),
+              (["text"], {})]
+    for bodies, kw in cases:
+        monkeypatch.setattr(batch_module, "NATIVE", True)
+        native = _encode(bodies, **kw)
+        monkeypatch.setattr(batch_module, "NATIVE", False)
+        python = _encode(bodies, **kw)
+        assert native == python, (bodies[:2], kw)

@@ -1,12 +1,26 @@
 # Types of the compiled batch record packer (_recordpack.c); see broker/store/batch.py.
+import mmap
 from collections.abc import Sequence
 
 CRC: str  # "libdeflate" or "zlib": what computes the body CRC
 
-def encode(bodies: Sequence[bytes], topic_tail: bytes, shared_properties: bytes,
-           keys_name: bytes, keys: Sequence[str] | None, uniq_name: bytes,
-           uniq_keys: Sequence[str] | None, queue_id: int, flag: int, sys_flag: int,
-           born_timestamp: int, born_host: bytes, store_host: bytes, max_message_size: int,
-           max_record: int, /) -> tuple[bytearray, list[int], int]: ...
-def patch(buf: bytearray, starts: list[int], i: int, j: int, queue_offset: int, step: int,
-          base: int, store_timestamp: int, /) -> int: ...
+class Batch:
+    """A checked batch of records, written into mappings by `place`."""
+
+    @property
+    def count(self) -> int: ...
+    @property
+    def total(self) -> int: ...
+    @property
+    def payload(self) -> int: ...
+    @property
+    def placed(self) -> int: ...
+    def next_size(self) -> int: ...
+    def place(self, buffer: mmap.mmap | bytearray, pos: int, limit: int, queue_offset: int,
+              step: int, phy_base: int, store_timestamp: int, /) -> tuple[int, int, int]: ...
+
+def prepare(bodies: Sequence[bytes], topic_tail: bytes, shared_properties: bytes,
+            keys_name: bytes, keys: Sequence[str] | None, uniq_name: bytes,
+            uniq_keys: Sequence[str] | None, queue_id: int, flag: int, sys_flag: int,
+            born_timestamp: int, born_host: bytes, store_host: bytes, max_message_size: int,
+            max_record: int, /) -> Batch: ...

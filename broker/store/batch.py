@@ -1,29 +1,32 @@
-"""Batch encoding: N records of one topic/queue sharing flag, sys flag, born time/host and
-properties, encoded into one buffer (the `MessageStore.put_batch` fast path).
+"""Batch records: N records of one topic/queue sharing flag, sys flag, born time/host and
+properties (the `MessageStore.put_batch` fast path).
 
 Every record is an ordinary commitlog record (codec.py layout): recovery, dispatch and
 queries read it exactly like a record of `put_message`. What is constant over the batch
-(topic bytes, shared property bytes, hosts, sys flag) is encoded once; per record only
-the header (with its body CRC) is packed and the body joined in. A record's properties
-are the shared ones, then `KEYS` and `UNIQ_KEY` when given per message, in that order:
-the same bytes as `put_message` with `{**shared, KEYS: k, UNIQ_KEY: u}`.
+(topic bytes, shared property bytes, hosts, sys flag) is encoded once. A record's
+properties are the shared ones, then `KEYS` and `UNIQ_KEY` when given per message, in that
+order: the same bytes as `put_message` with `{**shared, KEYS: k, UNIQ_KEY: u}`.
 
-Buffer layout: records back to back, `starts[i]` the offset of record i in `buf`,
-`starts[-1] == len(buf)`. QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP are 0 until the
-commitlog patches them under its lock (`EncodedBatch.patch`).
+`encode_batch` checks a batch and returns a `RecordBatch`; under its lock the commitlog
+calls `place` once per file the batch lands in, which writes as many whole records as fit,
+QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP included, straight into the mapping.
 
-Two implementations lay out the same bytes: the compiled `_recordpack` module (built from
-`_recordpack.c` at install; per record a CRC and a few copies, ~0.15 µs for 1 KiB) and the
-Python code below (~2 µs), the reference and the fallback where no C compiler was at hand.
-`NATIVE` tells which one `encode_batch` uses; the tests run both and compare bytes.
+Two implementations write the same bytes: the compiled `_recordpack` module (built from
+`_recordpack.c` at install: per record a CRC and two copies, ~0.1 us for 1 KiB, written in
+place) and `EncodedBatch` below (~2 us: records laid out in a buffer first, then patched
+and copied), the reference and the fallback where no C compiler was at hand. `NATIVE`
+tells which one `encode_batch` uses; the tests run both and compare bytes.
 """
 
 from __future__ import annotations
 
+import mmap
 import struct
 import zlib
+from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from broker.store.codec import (
     FIXED_SIZE,
@@ -59,38 +62,73 @@ _ILLEGAL = PutMessageStatus.MESSAGE_ILLEGAL
 _pack_offsets_to_ts = struct.Struct(">qqiq8sq").pack_into
 
 
+class RecordBatch(Protocol):
+    """A checked batch, placed by the commitlog file by file."""
+
+    @property
+    def count(self) -> int: ...
+
+    @property
+    def total(self) -> int: ...  # bytes of all its records
+
+    def next_size(self) -> int:
+        """Size of the next record to place; 0 when all are placed."""
+        ...
+
+    def place(self, buffer: mmap.mmap | bytearray, pos: int, limit: int, queue_offset: int,
+              step: int, phy_base: int, store_timestamp: int) -> tuple[int, int, int]:
+        """Write the next records that fit whole into `buffer[pos:limit]`, with queue offsets
+        from `queue_offset` (+ `step` a record), PHYSICALOFFSET `phy_base` + position and
+        STORETIMESTAMP; (records written, position after them, next queue offset)."""
+        ...
+
+
 @dataclass(slots=True)
 class EncodedBatch:
-    """The records of one batch, ready to be placed (see the module layout)."""
+    """The Python `RecordBatch`: records laid out back to back in `buf` (`starts[i]` the
+    offset of record i, `starts[-1] == len(buf)`), offsets 0 until placed."""
 
     buf: bytearray
     starts: list[int]
-    key: str | None  # topic-queue key; None: the records take no queue offset
     sys_flag: int
     born_timestamp: int
     born_host_raw: bytes
-
-    native: bool = False  # laid out by `_recordpack` (which then also patches)
+    cursor: int = 0  # records placed so far
 
     @property
     def count(self) -> int:
         return len(self.starts) - 1
 
-    def patch(self, i: int, j: int, queue_offset: int, step: int, base: int,
-              store_timestamp: int) -> int:
-        """Write QUEUEOFFSET (`queue_offset`, then + `step` a record), PHYSICALOFFSET
-        (`base` + the record's start in `buf`) and STORETIMESTAMP into records i..j-1;
-        returns the next queue offset."""
-        if self.native:
-            return int(_recordpack.patch(self.buf, self.starts, i, j, queue_offset, step,
-                                         base, store_timestamp))
+    @property
+    def total(self) -> int:
+        return self.starts[-1]
+
+    def next_size(self) -> int:
+        i = self.cursor
+        return 0 if i >= self.count else self.starts[i + 1] - self.starts[i]
+
+    def place(self, buffer: mmap.mmap | bytearray, pos: int, limit: int, queue_offset: int,
+              step: int, phy_base: int, store_timestamp: int) -> tuple[int, int, int]:
+        starts, count, i = self.starts, self.count, self.cursor
+        a = starts[i]
+        room = limit - pos
+        if starts[count] - a <= room:  # the rest fits: the common case
+            j = count
+        else:  # records i..j-1 fit
+            j = bisect_right(starts, a + room, i + 1, count + 1) - 1
+        if j <= i:
+            return 0, pos, queue_offset
         buf, sys_flag = self.buf, self.sys_flag
         born_ts, born_host = self.born_timestamp, self.born_host_raw
-        for s in self.starts[i:j]:
+        base = phy_base + pos - a  # PHYSICALOFFSET of the record at buf offset s: base + s
+        for s in starts[i:j]:
             _pack_offsets_to_ts(buf, s + POS_QUEUE_OFFSET, queue_offset, base + s, sys_flag,
                                 born_ts, born_host, store_timestamp)
             queue_offset += step
-        return queue_offset
+        n = starts[j] - a
+        buffer[pos:pos + n] = memoryview(buf)[a:starts[j]]
+        self.cursor = j
+        return j - i, pos + n, queue_offset
 
 
 def _props_raw(properties: Mapping[str, str]) -> bytes:
@@ -141,8 +179,9 @@ def encode_batch(topic: str, queue_id: int, bodies: Sequence[bytes],
                  properties: Mapping[str, str] | None, keys: Sequence[str] | None,
                  uniq_keys: Sequence[str] | None, flag: int, sys_flag: int,
                  born_timestamp: int, born_host: tuple[str, int], store_host_raw: bytes,
-                 max_message_size: int, max_record: int) -> EncodedBatch:
-    """Encode the batch; EncodeError (nothing to store) for any invalid part of it.
+                 max_message_size: int, max_record: int) -> tuple[RecordBatch, str | None]:
+    """Check and encode the batch: (the batch, its topic-queue key or None when its records
+    take no queue offset); EncodeError (nothing to store) for any invalid part of it.
 
     Each record must fit `max_message_size` (body + topic + properties) and `max_record`
     (a commitlog file less its end blank); the whole batch's bodies, topics and properties
@@ -164,9 +203,10 @@ def encode_batch(topic: str, queue_id: int, bodies: Sequence[bytes],
     key = f"{topic}-{queue_id}" if is_queued(sys_flag) else None
     if NATIVE:
         try:
-            buf, offsets, _payload = _recordpack.encode(
+            return _recordpack.prepare(
                 bodies, tail, shared_raw, _KEYS, keys, _UNIQ_KEY, uniq_keys, queue_id, flag,
-                sys_flag, born_timestamp, host, store_host_raw, max_message_size, max_record)
+                sys_flag, born_timestamp, host, store_host_raw, max_message_size,
+                max_record), key
         except OverflowError as exc:
             status = (PutMessageStatus.PROPERTIES_SIZE_EXCEEDED if "properties" in str(exc)
                       else _ILLEGAL)
@@ -175,8 +215,6 @@ def encode_batch(topic: str, queue_id: int, bodies: Sequence[bytes],
             pass  # bodies that are bytes-like but not bytes: the Python path takes them
         except ValueError as exc:  # a bad value, a record or the batch too large
             raise EncodeError(_ILLEGAL, str(exc)) from exc
-        else:
-            return EncodedBatch(buf, offsets, key, sys_flag, born_timestamp, host, True)
     per_keys = _per_message(Prop.KEYS, keys, count)
     per_uniq = _per_message(Prop.UNIQ_KEY, uniq_keys, count)
     if per_keys is None and per_uniq is None:
@@ -229,4 +267,4 @@ def encode_batch(topic: str, queue_id: int, bodies: Sequence[bytes],
     starts.append(at)
     if biggest - FIXED_SIZE > max_message_size or biggest > max_record:
         raise EncodeError(_ILLEGAL, f"a record of {biggest} bytes is too large")
-    return EncodedBatch(buf, starts, key, sys_flag, born_timestamp, host)
+    return EncodedBatch(buf, starts, sys_flag, born_timestamp, host), key

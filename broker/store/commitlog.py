@@ -20,11 +20,10 @@ import logging
 import os
 import struct
 import threading
-from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
-from broker.store.batch import EncodedBatch
+from broker.store.batch import RecordBatch
 from broker.store.codec import (
     BLANK,
     END_FILE_MIN_BLANK_LENGTH,
@@ -334,48 +333,39 @@ class CommitLog:
                        if r.status is _PUT_OK else r for r in results]
         return results
 
-    def _place_encoded(self, batch: EncodedBatch) -> tuple[int, int, int, int]:
-        """Place an encoded batch: one copy per file it lands in, offsets and store time
-        patched in the batch's buffer first; (first phy, first queue offset, store time,
-        end offset). A batch reaching a file's end continues in the next one after the
-        blank record, like single records do."""
-        buf = batch.buf
-        starts = batch.starts
-        count = len(starts) - 1
-        key = batch.key
+    def _place_records(self, batch: RecordBatch,
+                       key: str | None) -> tuple[int, int, int, int]:
+        """Place a checked batch, one `place` call per file it lands in (which writes the
+        records, their offsets and store time, into the mapping); (first phy, first queue
+        offset, store time, end offset). A batch reaching a file's end continues in the
+        next one after the blank record, like single records do."""
         table = self.topic_queue_table
         qoff = first_qoff = 0 if key is None else table.get(key, 0)
         step = 0 if key is None else 1
-        view = memoryview(buf)
         first_phy = end = -1
         first_ts = 0
-        i = 0
-        while i < count:
-            a = starts[i]
-            mf = self._file_for(starts[i + 1] - a)
+        size = batch.next_size()
+        while size:
+            mf = self._file_for(size)  # rolled over when `size` does not fit
             pos = mf.wrote_position
-            room = mf.file_size - END_FILE_MIN_BLANK_LENGTH - pos
-            if starts[count] - a <= room:  # the rest fits: the common case
-                j = count
-            else:  # records i..j-1 fit
-                j = bisect_right(starts, a + room, i + 1, count + 1) - 1
             ts = self._now()
-            base = mf.file_from_offset + pos - a  # phy of the record at buf offset s: base+s
-            qoff = batch.patch(i, j, qoff, step, base, ts)
-            n = starts[j] - a
-            mf.mapping[pos:pos + n] = view[a:starts[j]]
+            placed, new_pos, qoff = batch.place(
+                mf.mapping, pos, mf.file_size - END_FILE_MIN_BLANK_LENGTH, qoff, step,
+                mf.file_from_offset, ts)
+            if not placed:  # pragma: no cover - _file_for left room for the next record
+                raise RuntimeError(f"a record of {size} bytes did not fit at {pos}")
             # only now are the records visible to readers (they stop at wrote_position)
-            mf.wrote_position = mf.committed_position = pos + n
+            mf.wrote_position = mf.committed_position = new_pos
             if key is not None:
                 table[key] = qoff
             self.last_store_timestamp = ts
             if first_phy < 0:
-                first_phy, first_ts = base + a, ts
-            end = base + starts[j]
-            i = j
+                first_phy, first_ts = mf.file_from_offset + pos, ts
+            end = mf.file_from_offset + new_pos
+            size = batch.next_size()
         return first_phy, first_qoff, first_ts, end
 
-    def put_batch(self, batch: EncodedBatch) -> PutMessageResult:
+    def put_batch(self, batch: RecordBatch, key: str | None) -> PutMessageResult:
         """Append an encoded batch under one lock; under SYNC_FLUSH one flush wait for it.
 
         One result: `msg_num` records from `wrote_offset` (the first record's offset) to
@@ -383,7 +373,7 @@ class CommitLog:
         """
         try:
             with self._lock:
-                phy, qoff, ts, end = self._place_encoded(batch)
+                phy, qoff, ts, end = self._place_records(batch, key)
         except StoreNotRunning:
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE)
         except OSError:

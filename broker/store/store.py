@@ -351,13 +351,13 @@ class MessageStore:
             return refused
         log = self.commitlog
         try:
-            batch = encode_batch(
+            batch, key = encode_batch(
                 topic, queue_id, bodies, properties, keys, uniq_keys, flag, sys_flag,
                 self._clock() if born_timestamp is None else born_timestamp, born_host,
                 log.store_host_raw, self.config.max_message_size, log.max_record)
         except EncodeError as exc:
             return PutMessageResult(exc.status)
-        return log.put_batch(batch)
+        return log.put_batch(batch, key)
 
     def put_message_async(self, msg: Message) -> Future[PutMessageResult]:
         """Append now; the future completes once the flush mode acknowledges the record.

@@ -231,8 +231,9 @@ def test_prepared_transaction_batch_takes_no_queue_offset(store: MessageStore) -
     assert m is not None and m.body == b"a" and m.sys_flag == int(SysFlag.TRANSACTION_PREPARED)
 
 
-def _encode(bodies: list[object], **kw: object) -> tuple[bytes, list[int]] | str:
-    """The encoded batch (bytes, starts) or the refusal's status and reason."""
+def _encode(bodies: list[object], **kw: object) -> tuple[bytes, list[tuple[int, int, int]]] | str:
+    """The records as placed into a buffer, first up to half of it (as at a file's end),
+    then the rest, and each `place` call's answer; or the refusal's status."""
     args: dict[str, object] = dict(
         topic="TopicB", queue_id=3, bodies=bodies, properties=SHARED, keys=None,
         uniq_keys=None, flag=7, sys_flag=0, born_timestamp=BORN, born_host=HOST,
@@ -240,11 +241,16 @@ def _encode(bodies: list[object], **kw: object) -> tuple[bytes, list[int]] | str
         max_record=6000)
     args.update(kw)
     try:
-        b = batch_module.encode_batch(**args)  # type: ignore[arg-type]
+        b, _key = batch_module.encode_batch(**args)  # type: ignore[arg-type]
     except batch_module.EncodeError as exc:
         return f"{exc.status.name}"
-    b.patch(0, b.count, 40, 1, 1_000_000, BORN + 5)
-    return bytes(b.buf), b.starts
+    out = bytearray(b"\xee" * (b.total + 10))
+    answers = [b.place(out, 5, 5 + b.total // 2, 40, 1, 1_000_000, BORN + 5)]  # a file's end
+    answers.append(b.place(out, answers[0][1], len(out), answers[0][2], 1, 1_000_000,
+                           BORN + 6))
+    answers.append(b.place(out, answers[1][1], len(out), 0, 1, 0, 0))  # nothing left
+    assert b.next_size() == 0 and answers[-1][0] == 0
+    return bytes(out), answers
 
 
 def test_compiled_and_python_encoders_agree_byte_for_byte(

@@ -113,6 +113,7 @@ typedef struct {
     unsigned char born[8], store[8];
     Py_ssize_t count, cursor, total, payload;
     Py_ssize_t *sizes;    /* each record's size */
+    long long *phys;      /* each placed record's commitlog offset */
 } Batch;
 
 static void Batch_dealloc(Batch *self) {
@@ -124,6 +125,7 @@ static void Batch_dealloc(Batch *self) {
         Py_XDECREF(self->values[k]);
     }
     PyMem_Free(self->sizes);
+    PyMem_Free(self->phys);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -198,6 +200,7 @@ static PyObject *Batch_place(Batch *self, PyObject *args) {
         write_record(self, i, rec, &pk, &pu);
         be64(rec + POS_QUEUE_OFFSET, (uint64_t)qoff);
         be64(rec + POS_PHYSICAL_OFFSET, (uint64_t)(phy_base + pos));
+        self->phys[i] = phy_base + pos;
         be64(rec + POS_STORE_TIMESTAMP, (uint64_t)ts);
         qoff += step;
         pos += self->sizes[i];
@@ -212,10 +215,27 @@ static PyObject *Batch_next_size(Batch *self, PyObject *unused) {
     return PyLong_FromSsize_t(self->cursor < self->count ? self->sizes[self->cursor] : 0);
 }
 
+static PyObject *Batch_offsets(Batch *self, PyObject *unused) {
+    PyObject *list = PyList_New(self->cursor);
+    if (list == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < self->cursor; i++) {
+        PyObject *v = PyLong_FromLongLong(self->phys[i]);
+        if (v == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, v);
+    }
+    return list;
+}
+
 static PyMethodDef Batch_methods[] = {
     {"place", (PyCFunction)Batch_place, METH_VARARGS, place_doc},
     {"next_size", (PyCFunction)Batch_next_size, METH_NOARGS,
      "Size of the next record to place (0 when all are placed)."},
+    {"offsets", (PyCFunction)Batch_offsets, METH_NOARGS,
+     "Commitlog offsets (PHYSICALOFFSET) of the records placed so far."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -281,6 +301,7 @@ static PyObject *prepare(PyObject *module, PyObject *args) {
     b->bodies = b->tail = b->shared = NULL;
     b->names[0] = b->names[1] = b->values[0] = b->values[1] = NULL;
     b->sizes = NULL;
+    b->phys = NULL;
     b->bodies = PySequence_Tuple(bodies); /* immutable from here: sizes stay true */
     if (b->bodies == NULL)
         goto fail;
@@ -312,7 +333,8 @@ static PyObject *prepare(PyObject *module, PyObject *args) {
     b->count = n;
     b->cursor = 0;
     b->sizes = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(n > 0 ? n : 1));
-    if (b->sizes == NULL) {
+    b->phys = PyMem_Malloc(sizeof(long long) * (size_t)(n > 0 ? n : 1));
+    if (b->sizes == NULL || b->phys == NULL) {
         PyErr_NoMemory();
         goto fail;
     }

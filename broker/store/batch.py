@@ -25,7 +25,7 @@ import struct
 import zlib
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from broker.store.codec import (
@@ -75,6 +75,10 @@ class RecordBatch(Protocol):
         """Size of the next record to place; 0 when all are placed."""
         ...
 
+    def offsets(self) -> list[int]:
+        """Commitlog offsets of the records placed so far."""
+        ...
+
     def place(self, buffer: mmap.mmap | bytearray, pos: int, limit: int, queue_offset: int,
               step: int, phy_base: int, store_timestamp: int) -> tuple[int, int, int]:
         """Write the next records that fit whole into `buffer[pos:limit]`, with queue offsets
@@ -94,6 +98,7 @@ class EncodedBatch:
     born_timestamp: int
     born_host_raw: bytes
     cursor: int = 0  # records placed so far
+    phys: list[int] = field(default_factory=list)  # their commitlog offsets
 
     @property
     def count(self) -> int:
@@ -106,6 +111,9 @@ class EncodedBatch:
     def next_size(self) -> int:
         i = self.cursor
         return 0 if i >= self.count else self.starts[i + 1] - self.starts[i]
+
+    def offsets(self) -> list[int]:
+        return list(self.phys)
 
     def place(self, buffer: mmap.mmap | bytearray, pos: int, limit: int, queue_offset: int,
               step: int, phy_base: int, store_timestamp: int) -> tuple[int, int, int]:
@@ -127,6 +135,7 @@ class EncodedBatch:
             queue_offset += step
         n = starts[j] - a
         buffer[pos:pos + n] = memoryview(buf)[a:starts[j]]
+        self.phys.extend(base + s for s in starts[i:j])
         self.cursor = j
         return j - i, pos + n, queue_offset
 

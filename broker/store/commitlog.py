@@ -380,7 +380,7 @@ class CommitLog:
             log.exception("cannot create a commitlog file")
             return PutMessageResult(PutMessageStatus.CREATE_MAPPED_FILE_FAILED)
         append = AppendMessageResult(phy, end - phy, None, ts, qoff, batch.count,
-                                     msg_id_prefix=self._msg_id_prefix)
+                                     msg_id_prefix=self._msg_id_prefix, batch=batch)
         if self._sync and not self.wait_flushed(end):
             return PutMessageResult(PutMessageStatus.FLUSH_DISK_TIMEOUT, append)
         return PutMessageResult(_PUT_OK, append)

@@ -12,6 +12,7 @@ import socket
 import struct
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 
 class Prop:
@@ -213,6 +214,10 @@ def decode_offset_msg_id(msg_id: str) -> tuple[tuple[str, int], int]:
     return (socket.inet_ntoa(ip), port), offset
 
 
+class _PlacedRecords(Protocol):
+    def offsets(self) -> list[int]: ...
+
+
 class AppendMessageResult:
     """Where a record (or a batch) landed in the commitlog.
 
@@ -222,6 +227,7 @@ class AppendMessageResult:
     """
 
     __slots__ = (
+        "_batch",
         "_id_prefix",
         "_msg_id",
         "msg_num",
@@ -233,7 +239,7 @@ class AppendMessageResult:
 
     def __init__(self, wrote_offset: int, wrote_bytes: int, msg_id: str | None = None,
                  store_timestamp: int = 0, queue_offset: int = 0, msg_num: int = 1, *,
-                 msg_id_prefix: str = "") -> None:
+                 msg_id_prefix: str = "", batch: _PlacedRecords | None = None) -> None:
         self.wrote_offset = wrote_offset  # commitlog offset of the first record
         self.wrote_bytes = wrote_bytes
         self._msg_id = msg_id
@@ -241,6 +247,20 @@ class AppendMessageResult:
         self.queue_offset = queue_offset  # consume-queue offset of the first message
         self.msg_num = msg_num
         self._id_prefix = msg_id_prefix
+        self._batch = batch  # a put_batch's RecordBatch: its records' offsets, on demand
+
+    @property
+    def record_offsets(self) -> list[int]:
+        """Commitlog offset of every record (a batch's may have a blank record between two
+        of them, where it crossed into the next file)."""
+        if self._batch is None:
+            return [self.wrote_offset]
+        return self._batch.offsets()
+
+    def msg_id_at(self, offset: int) -> str:
+        """Offset message id of the record at commitlog `offset` (one of `record_offsets`)."""
+        return f"{self._id_prefix}{offset:016X}" if self._id_prefix else (
+            self.msg_id[:16] + f"{offset:016X}")
 
     @property
     def msg_id(self) -> str:

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+from pathlib import Path
 
 import pytest
-from broker_kit import BrokerFactory, ManualClock, drain, msg, settle
+from broker_kit import (
+    BrokerFactory,
+    ManualClock,
+    broker_config,
+    drain,
+    msg,
+    settle,
+    store_config,
+)
 
 from broker.broker import Broker, PullStatus
 from broker.errors import (
@@ -206,3 +216,61 @@ def test_consumer_progress(broker: Broker) -> None:
     assert rows[("t", 1)].consumer_offset == -1 and rows[("t", 1)].lag == 2
     pop_rows = broker.consumer_progress("p", "t")
     assert sum(r.in_flight for r in pop_rows) == 2
+
+
+def _not_called(*_args: object, **_kw: object) -> None:
+    raise AssertionError("the other store path was taken")
+
+
+def test_a_producers_batch_is_one_record_batch_with_per_message_results(
+        broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Messages differing only in body, KEYS and UNIQ_KEY go through put_batch; each still
+    gets its own record, offset message id and queue offset, readable by key."""
+    monkeypatch.setattr(broker.store, "put_messages", _not_called)
+    broker.create_topic("t", queues=2)
+    broker.send_message(msg("t", b"before", queue_id=1))
+    batch = [Message("t", f"body-{i}".encode(), queue_id=1,
+                     properties={Prop.TAGS: "paid", "tenant": "acme",
+                                 Prop.KEYS: f"order-{i}", Prop.UNIQ_KEY: f"U{i:031d}"})
+             for i in range(6)]
+    results = broker.send_batch(batch)
+    assert [r.queue_offset for r in results] == [1, 2, 3, 4, 5, 6]
+    assert [r.msg_id for r in results] == [f"U{i:031d}" for i in range(6)]
+    assert len({r.offset_msg_id for r in results}) == 6
+    for i, r in enumerate(results):
+        stored = broker.store.look_message_by_offset(r.commitlog_offset)
+        assert stored is not None and stored.body == f"body-{i}".encode()
+        assert stored.properties == batch[i].properties
+        assert stored.queue_offset == r.queue_offset
+        assert r.offset_msg_id.endswith(f"{r.commitlog_offset:016X}")
+    assert broker.store.wait_dispatched(10)
+    found = broker.store.query_message_by_key("t", "order-4")
+    assert [m.body for m in found] == [b"body-4"]
+    assert [m.body for m in drain(broker, "g", "t")] == [b"before"] + [
+        f"body-{i}".encode() for i in range(6)]
+
+
+def test_a_mixed_batch_is_stored_message_by_message(
+        broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(broker.store, "put_batch", _not_called)
+    broker.create_topic("t", queues=1)
+    mixed = [Message("t", b"a", properties={Prop.TAGS: "x"}),
+             Message("t", b"b", properties={Prop.TAGS: "y"})]  # TAGS differ
+    results = broker.send_batch(mixed)
+    assert [r.queue_offset for r in results] == [0, 1]
+    assert [m.tags for m in drain(broker, "g", "t")] == ["x", "y"]
+
+
+def test_a_batch_too_big_as_a_whole_is_stored_message_by_message(tmp_path: Path) -> None:
+    """put_batch caps a batch's total at the store's max_message_size (RocketMQ's rule);
+    send_batch then stores the messages one by one, as it always did."""
+    config = dataclasses.replace(store_config(tmp_path), max_message_size=1000)
+    b = Broker(config, broker_config())
+    b.start()
+    try:
+        b.create_topic("t", queues=1)
+        results = b.send_batch([Message("t", bytes([i]) * 400) for i in range(4)])
+        assert [r.queue_offset for r in results] == [0, 1, 2, 3]
+        assert [m.body[:1] for m in drain(b, "g", "t")] == [b"\x00", b"\x01", b"\x02", b"\x03"]
+    finally:
+        b.shutdown()

@@ -71,6 +71,9 @@ def _put(store: MessageStore, bodies: list[bytes], queue_id: int = 0, start: int
         assert m is not None and m.body == bodies[i]
         offsets.append(m.commitlog_offset)
     assert offsets[0] == r.append.wrote_offset
+    assert r.append.record_offsets == offsets  # across roll-overs too
+    assert [r.append.msg_id_at(o) for o in offsets] == [
+        store.look_message_by_offset(o).offset_msg_id for o in offsets]  # type: ignore[union-attr]
     assert offsets[-1] + _size(store, offsets[-1]) == r.append.wrote_offset + r.append.wrote_bytes
     return offsets
 

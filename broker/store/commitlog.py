@@ -87,7 +87,8 @@ class CommitLog:
         self._msg_id_prefix = self._store_host_raw.hex().upper()
         self.flush_service: FlushCommitLogService | GroupCommitService
         if sync:
-            self.flush_service = GroupCommitService(self, config.sync_flush_timeout_ms)
+            self.flush_service = GroupCommitService(self, config.sync_flush_timeout_ms,
+                                                    config.group_commit_max_wait_ms)
         else:
             self.flush_service = FlushCommitLogService(self, config, clock)
         self._sync = sync

@@ -47,6 +47,9 @@ class StoreConfig:
     flush_thorough_interval_commitlog_ms: int = 10_000
     # sync flush: a put waits at most this long for its fsync
     sync_flush_timeout_ms: int = 5_000
+    # sync flush: how long a round may wait for as many producers as the previous round
+    # acknowledged (0: never wait); see flush.py
+    group_commit_max_wait_ms: float = 1.0
     # pre-allocate and pre-touch the next mapped file in the background
     warm_mapped_file: bool = True
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 from broker.store.commitlog import CommitLog
@@ -150,3 +151,86 @@ def test_async_flush_waits_for_least_pages_then_thorough(tmp_path: Path) -> None
     assert service.flushed_store_timestamp == cl.last_store_timestamp
     assert service.fsync_count == 2
     cl.close()
+
+
+# --- adaptive group size --------------------------------------------------------------------
+def _service(tmp_path: Path, max_wait_ms: float) -> GroupCommitService:
+    """A group-commit service whose gathering is driven by hand (its thread not started)."""
+    cl = CommitLog(small_config(tmp_path, flush_mode=FlushMode.SYNC_FLUSH), ManualClock())
+    return GroupCommitService(cl, timeout_ms=5_000, max_wait_ms=max_wait_ms)
+
+
+def _gather_in_thread(svc: GroupCommitService) -> tuple[threading.Thread, list[float]]:
+    took: list[float] = []
+
+    def run() -> None:
+        start = time.monotonic()
+        with svc._cond:
+            svc._gather()
+        took.append(time.monotonic() - start)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, took
+
+
+def _arrive(svc: GroupCommitService, n: int = 1) -> None:
+    with svc._cond:
+        svc._waiting += n
+        svc._arrived.notify()
+
+
+def test_a_lone_producer_never_waits_for_company(tmp_path: Path) -> None:
+    svc = _service(tmp_path, max_wait_ms=20_000)
+    for last in (0, 1):
+        svc._last_group, svc._waiting = last, 1
+        t, took = _gather_in_thread(svc)
+        t.join(10)
+        assert took and took[0] < 5, took  # not the 20 s it could wait
+        assert svc._last_group == 1
+
+
+def test_a_round_waits_for_the_previous_rounds_group_then_goes(tmp_path: Path) -> None:
+    svc = _service(tmp_path, max_wait_ms=20_000)
+    svc._last_group, svc._waiting = 3, 1
+    t, took = _gather_in_thread(svc)
+    time.sleep(0.05)
+    assert t.is_alive()  # one of three: waiting
+    _arrive(svc)
+    _arrive(svc)
+    t.join(10)
+    assert took and took[0] < 5, took  # went when the third came (or one gap after)
+    assert svc._last_group == 3
+
+
+def test_the_group_grows_while_producers_keep_coming(tmp_path: Path) -> None:
+    svc = _service(tmp_path, max_wait_ms=20_000)  # a gap of 2 s between arrivals is enough
+    svc._last_group, svc._waiting = 2, 2
+    t, took = _gather_in_thread(svc)
+    for _ in range(5):
+        time.sleep(0.02)
+        _arrive(svc)
+    t.join(10)
+    assert took and took[0] < 5
+    assert svc._last_group == 7  # all of them, then one quiet gap
+
+
+def test_fewer_producers_than_last_round_cost_one_bounded_wait(tmp_path: Path) -> None:
+    svc = _service(tmp_path, max_wait_ms=2_000)
+    svc._last_group, svc._waiting = 10, 2  # eight producers went away
+    t, took = _gather_in_thread(svc)
+    t.join(10)
+    assert took and took[0] >= 1.9  # waited its bound...
+    assert svc._last_group == 2  # ...and the next round sizes itself on two
+    t, took = _gather_in_thread(svc)
+    t.join(10)
+    assert took and took[0] < 1.9  # the same two: one quiet gap (0.2 s), not the bound
+
+
+def test_group_commit_wait_zero_flushes_at_once(tmp_path: Path) -> None:
+    svc = _service(tmp_path, max_wait_ms=0)
+    svc._last_group, svc._waiting = 50, 1
+    t, took = _gather_in_thread(svc)
+    t.join(10)
+    assert took and took[0] < 1
+    assert svc._last_group == 1

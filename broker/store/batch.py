@@ -38,6 +38,7 @@ from broker.store.codec import (
     EncodeError,
     cached_host,
     is_queued,
+    remember,
     topic_tail,
 )
 from broker.store.message import Prop, PutMessageStatus
@@ -159,12 +160,8 @@ def _shared_raw(properties: Mapping[str, str]) -> bytes:
         raw = _SHARED.get(items)
     except TypeError:  # an unhashable value: not cacheable (and refused below)
         return _props_raw(properties)
-    if raw is None:
-        raw = _props_raw(properties)
-        if len(_SHARED) >= _SHARED_LIMIT:
-            _SHARED.clear()
-        _SHARED[items] = raw
-    return raw
+    return raw if raw is not None else remember(_SHARED, items, _props_raw(properties),
+                                                 _SHARED_LIMIT)
 
 
 def _per_message(name: str, values: Sequence[str] | None, count: int) -> list[bytes] | None:

@@ -43,6 +43,7 @@ import socket
 import struct
 import zlib
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from broker.store.errors import InvalidMessage
 from broker.store.message import (
@@ -190,15 +191,23 @@ _pack_i16 = _I16.pack
 _crc32 = zlib.crc32
 
 
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def remember(cache: dict[K, V], key: K, value: V, limit: int = _CACHE_LIMIT) -> V:
+    """Put `value` in a hot-path cache that is emptied whenever it reaches `limit` entries
+    (the entries repeat: a put's topics, hosts, shared properties)."""
+    if len(cache) >= limit:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
 def cached_host(born_host: tuple[str, int]) -> bytes:
     """`encode_host` through a bounded cache: a put's hosts repeat."""
     host = _HOSTS.get(born_host)
-    if host is None:
-        host = encode_host(born_host)
-        if len(_HOSTS) >= _CACHE_LIMIT:
-            _HOSTS.clear()
-        _HOSTS[born_host] = host
-    return host
+    return host if host is not None else remember(_HOSTS, born_host, encode_host(born_host))
 
 
 def encode_record(topic: str, queue_id: int, body: bytes, flag: int,
@@ -212,10 +221,7 @@ def encode_record(topic: str, queue_id: int, body: bytes, flag: int,
     """
     tail = _TOPIC_TAILS.get(topic)
     if tail is None:
-        tail = _topic_tail(topic)
-        if len(_TOPIC_TAILS) >= _CACHE_LIMIT:
-            _TOPIC_TAILS.clear()
-        _TOPIC_TAILS[topic] = tail
+        tail = remember(_TOPIC_TAILS, topic, _topic_tail(topic))
     if queue_id < 0:
         raise EncodeError(PutMessageStatus.MESSAGE_ILLEGAL, f"queue id {queue_id} is negative")
     if properties:

@@ -7,6 +7,7 @@ retry ladder, rebalancing and check-backs play out in seconds.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,6 +34,11 @@ FAST: dict[str, Any] = {
     "consume_from": ConsumeFrom.FIRST,
     "consume_threads": 4,
 }
+
+
+# the watermarks a store ships with (store_config switches them off)
+SHIPPED_WATERMARKS: dict[str, Any] = {
+    f.name: f.default for f in dataclasses.fields(StoreConfig) if f.name in WATERMARKS_OFF}
 
 
 def store_config(path: Path, **overrides: Any) -> StoreConfig:
@@ -70,9 +76,10 @@ def broker_config(**overrides: Any) -> BrokerConfig:
 @contextlib.contextmanager
 def running_broker(store_dir: Path, **broker_kw: Any) -> Iterator[Broker]:
     """A started `Broker` on `store_config(store_dir)` and `broker_config()`, shut down on exit."""
-    # the host's disk is shared: its level matters only where a test injects one
-    sizes = {} if "disk_usage" in broker_kw else WATERMARKS_OFF
-    b = Broker(store_config(store_dir, **sizes), broker_config(), **broker_kw)
+    # the host's disk is shared: store_config switches the watermarks off, and a test that
+    # injects a disk level gets the shipped ones back
+    shipped = SHIPPED_WATERMARKS if "disk_usage" in broker_kw else {}
+    b = Broker(store_config(store_dir, **shipped), broker_config(), **broker_kw)
     b.start()
     yield b
     b.shutdown()

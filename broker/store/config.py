@@ -8,6 +8,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 
 class FlushMode(enum.Enum):
@@ -20,7 +21,15 @@ class FlushMode(enum.Enum):
 # Disk watermarks switched off (a ratio never exceeds 1.0): for throwaway stores, such as a test
 # kit's, that live on a shared disk whose fill level is not theirs to answer for. Never for a
 # store that keeps data: above the watermarks cleanup and DISK_FULL are what protect the disk.
-WATERMARKS_OFF: dict[str, float] = {
+class Watermarks(TypedDict):
+    """The three disk watermarks, as StoreConfig keywords."""
+
+    disk_max_used_space_ratio: float
+    disk_clean_watermark: float
+    disk_refuse_watermark: float
+
+
+WATERMARKS_OFF: Watermarks = {
     "disk_max_used_space_ratio": 1.0,
     "disk_clean_watermark": 1.0,
     "disk_refuse_watermark": 1.0,

@@ -130,13 +130,14 @@ class EncodedBatch:
         buf, sys_flag = self.buf, self.sys_flag
         born_ts, born_host = self.born_timestamp, self.born_host_raw
         base = phy_base + pos - a  # PHYSICALOFFSET of the record at buf offset s: base + s
-        for s in starts[i:j]:
-            _pack_offsets_to_ts(buf, s + POS_QUEUE_OFFSET, queue_offset, base + s, sys_flag,
+        phys = [base + s for s in starts[i:j]]
+        for s, phy in zip(starts[i:j], phys, strict=True):
+            _pack_offsets_to_ts(buf, s + POS_QUEUE_OFFSET, queue_offset, phy, sys_flag,
                                 born_ts, born_host, store_timestamp)
             queue_offset += step
         n = starts[j] - a
         buffer[pos:pos + n] = memoryview(buf)[a:starts[j]]
-        self.phys.extend(base + s for s in starts[i:j])
+        self.phys.extend(phys)
         self.cursor = j
         return j - i, pos + n, queue_offset
 

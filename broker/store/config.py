@@ -114,3 +114,11 @@ class StoreConfig:
     @property
     def abort_path(self) -> Path:
         return self.store_dir / "abort"
+
+
+# the watermarks a store ships with (tests that inject a disk level start from these)
+SHIPPED_WATERMARKS: Watermarks = {
+    "disk_max_used_space_ratio": StoreConfig.disk_max_used_space_ratio,
+    "disk_clean_watermark": StoreConfig.disk_clean_watermark,
+    "disk_refuse_watermark": StoreConfig.disk_refuse_watermark,
+}

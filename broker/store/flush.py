@@ -247,24 +247,21 @@ class GroupCommitService(ServiceThread):
         group = self._waiting + len(self._callbacks)
         if self._last_group > 1 and self._max_wait_s > 0:
             deadline = time.monotonic() + self._max_wait_s
-            while group < self._last_group and not self.stopped:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._arrived.wait(left)
-                group = self._waiting + len(self._callbacks)
-            # then, while they keep coming (one within a tenth of the wait), take them too:
-            # the group can grow to every producer there is
             gap = self._max_wait_s / 10
-            while group >= self._last_group and not self.stopped:
-                left = min(gap, deadline - time.monotonic())
+            while not self.stopped:
+                full = group >= self._last_group
+                # once as many as last time wait, more only while they keep coming (one
+                # within a tenth of the bound): the group can grow to every producer there is
+                left = deadline - time.monotonic()
+                if full:
+                    left = min(left, gap)
                 if left <= 0:
                     break
                 self._arrived.wait(left)
-                now = self._waiting + len(self._callbacks)
-                if now == group:
+                arrived = self._waiting + len(self._callbacks)
+                if full and arrived == group:
                     break
-                group = now
+                group = arrived
         self._last_group = group
 
     def _finish(self, where: int, fail_all: bool = False) -> None:

@@ -259,15 +259,14 @@ class AppendMessageResult:
 
     def msg_id_at(self, offset: int) -> str:
         """Offset message id of the record at commitlog `offset` (one of `record_offsets`)."""
-        return f"{self._id_prefix}{offset:016X}" if self._id_prefix else (
-            self.msg_id[:16] + f"{offset:016X}")
+        return f"{self._id_prefix or (self._msg_id or '')[:16]}{offset:016X}"
 
     @property
     def msg_id(self) -> str:
         """Offset message id of the first record."""
         msg_id = self._msg_id
         if msg_id is None:
-            msg_id = self._msg_id = f"{self._id_prefix}{self.wrote_offset:016X}"
+            msg_id = self._msg_id = self.msg_id_at(self.wrote_offset)
         return msg_id
 
     @msg_id.setter

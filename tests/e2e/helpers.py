@@ -7,7 +7,6 @@ retry ladder, rebalancing and check-backs play out in seconds.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 
 from broker.broker import Broker
 from broker.config import BrokerConfig
-from broker.store.config import WATERMARKS_OFF, StoreConfig
+from broker.store.config import SHIPPED_WATERMARKS, WATERMARKS_OFF, StoreConfig
 from reliable import ConsumeFrom
 
 # level:      1     2     3     4     5     6   7...
@@ -34,11 +33,6 @@ FAST: dict[str, Any] = {
     "consume_from": ConsumeFrom.FIRST,
     "consume_threads": 4,
 }
-
-
-# the watermarks a store ships with (store_config switches them off)
-SHIPPED_WATERMARKS: dict[str, Any] = {
-    f.name: f.default for f in dataclasses.fields(StoreConfig) if f.name in WATERMARKS_OFF}
 
 
 def store_config(path: Path, **overrides: Any) -> StoreConfig:

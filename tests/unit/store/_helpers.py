@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -10,10 +9,6 @@ from typing import Any
 
 from broker.store.config import WATERMARKS_OFF, FlushMode, StoreConfig
 from broker.store.message import Message, Prop
-
-# the watermarks a store ships with, for the tests that inject a disk level
-SHIPPED_WATERMARKS: dict[str, Any] = {
-    f.name: f.default for f in dataclasses.fields(StoreConfig) if f.name in WATERMARKS_OFF}
 
 
 def small_config(tmp: Path, **overrides: Any) -> StoreConfig:

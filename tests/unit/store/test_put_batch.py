@@ -13,11 +13,11 @@ import pytest
 
 from broker.store import batch as batch_module
 from broker.store.codec import POS_PHYSICAL_OFFSET, POS_QUEUE_OFFSET, POS_STORE_TIMESTAMP
-from broker.store.config import FlushMode, StoreConfig
+from broker.store.config import SHIPPED_WATERMARKS, FlushMode, StoreConfig
 from broker.store.message import Message, MessageExt, Prop, PutMessageStatus, SysFlag
 from broker.store.store import MessageStore
 
-from ._helpers import SHIPPED_WATERMARKS, commitlog_files, crash_copy, small_config
+from ._helpers import commitlog_files, crash_copy, small_config
 
 SHARED = {Prop.TAGS: "tagB", "color": "blue"}
 BORN = 1_700_000_000_000

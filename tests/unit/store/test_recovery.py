@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from broker.store.checkpoint import StoreCheckpoint
-from broker.store.config import FlushMode, StoreConfig
+from broker.store.config import SHIPPED_WATERMARKS, FlushMode, StoreConfig
 from broker.store.errors import ForeignFile, StoreCorrupted
 from broker.store.message import GetMessageStatus, Message, PutMessageStatus
 from broker.store.store import MessageStore
 
-from ._helpers import SHIPPED_WATERMARKS, crash_copy, message, small_config, write_at
+from ._helpers import crash_copy, message, small_config, write_at
 
 N = 120
 

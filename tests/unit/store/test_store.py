@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from broker.store.codec import DispatchRequest, tags_string_to_code
-from broker.store.config import FlushMode
+from broker.store.config import SHIPPED_WATERMARKS, FlushMode
 from broker.store.errors import StoreLocked
 from broker.store.message import (
     GetMessageStatus,
@@ -20,7 +20,7 @@ from broker.store.message import (
 )
 from broker.store.store import MessageStore
 
-from ._helpers import SHIPPED_WATERMARKS, ManualClock, message, small_config
+from ._helpers import ManualClock, message, small_config
 
 
 @pytest.fixture

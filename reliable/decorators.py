@@ -5,14 +5,21 @@
 
 Outcome mapping (the function's result decides the message's fate):
 
-| the handler                                | the message                                   |
-|--------------------------------------------|-----------------------------------------------|
-| returns                                    | CONSUME_SUCCESS                               |
-| raises `RetryLater(delay_level=n)`         | RECONSUME_LATER at delay level n              |
-| raises `Discard(reason)`                   | finished, never retried (logged at info)      |
-| raises an exception listed in `ignore_on`  | like `Discard` (logged as a warning)          |
-| raises one not listed in `retry_on` (set)  | dead-lettered now: retrying cannot help       |
-| raises anything else                       | RECONSUME_LATER on the ladder, DLQ past max   |
+| the handler                                   | the message                                  |
+|-----------------------------------------------|----------------------------------------------|
+| returns                                       | CONSUME_SUCCESS                              |
+| raises `RetryLater(delay_level=n)`            | RECONSUME_LATER at delay level n             |
+| raises `Discard(reason)`                      | finished, never retried (logged at info)     |
+| raises an exception listed in `ignore_on`     | like `Discard` (logged as a warning)         |
+| raises one listed in `dead_letter_on`         | dead-lettered now: retrying cannot help      |
+| raises one not in `retry_on`, with            | dead-lettered now                            |
+| `dead_letter_other=True`                      |                                              |
+| raises anything else                          | RECONSUME_LATER on the ladder, DLQ past max  |
+
+Any exception is retried by default: skipping the retry ladder is the choice a handler makes
+explicitly, by naming what to dead-letter (`dead_letter_on=`) or by `retry_on=` together with
+`dead_letter_other=True` (retry these, dead-letter everything else at once). `retry_on=`
+alone is refused at declaration: it used to dead-letter every other exception silently.
 
 Options are checked when the handler is declared: an unknown option, a bad topic or group
 name, or an impossible value raises `ConfigurationError` there, not at the first message.
@@ -65,7 +72,8 @@ _DLQ_PREFIX = "%DLQ%"
 
 _SETTING_FIELDS = {f.name for f in dataclasses.fields(ConsumerSettings)}
 _HANDLER_OPTIONS = {"group", "tags", "orderly", "broadcasting", "max_reconsume_times",
-                    "retry_on", "ignore_on", "rate_limit", "rate_burst", "idempotent",
+                    "retry_on", "dead_letter_other", "dead_letter_on", "ignore_on",
+                    "rate_limit", "rate_burst", "idempotent",
                     "consume_from", "max_cached_messages", "mark_dead_letters"}
 OPTIONS = frozenset(_HANDLER_OPTIONS | (_SETTING_FIELDS - {"message_model", "allocate",
                                                            "pull_threshold_for_queue"})
@@ -138,7 +146,24 @@ class Handler:
             raise ConfigurationError("tags must be a string such as 'a || b'")
         self.is_async = inspect.iscoroutinefunction(fn)
         self.retry_on = _exceptions("retry_on", options.get("retry_on"))
+        self.dead_letter_on = _exceptions("dead_letter_on", options.get("dead_letter_on"))
         self.ignore_on = _exceptions("ignore_on", options.get("ignore_on"))
+        self.dead_letter_other = options.get("dead_letter_other", False)
+        if not isinstance(self.dead_letter_other, bool):
+            raise ConfigurationError("dead_letter_other must be True or False")
+        if self.retry_on and not self.dead_letter_other:
+            raise ConfigurationError(
+                f"{fn.__qualname__}: retry_on= would dead-letter every other exception on "
+                "its first failure; every exception is retried by default, so either drop "
+                "retry_on=, name what to dead-letter at once with dead_letter_on=, or keep "
+                "retry_on= and add dead_letter_other=True")
+        if self.dead_letter_other and not self.retry_on:
+            raise ConfigurationError("dead_letter_other=True needs retry_on= (the exceptions "
+                                     "still retried)")
+        both = set(self.retry_on) & set(self.dead_letter_on)
+        if both:
+            raise ConfigurationError(f"{sorted(c.__name__ for c in both)} both in retry_on "
+                                     "and dead_letter_on")
         rate = options.get("rate_limit")
         if rate is not None and (not isinstance(rate, int | float) or rate <= 0):
             raise ConfigurationError(f"rate_limit must be a positive number, got {rate!r}")
@@ -252,9 +277,15 @@ class Handler:
                             message.message_id)
                 ctx.discarded = True
                 return ConsumeResult.SUCCESS
-            if self.retry_on and not isinstance(exc, self.retry_on):
-                log.error("%s: %r is not retriable (retry_on); dead-lettering %s", self.group,
-                          exc, message.message_id, exc_info=True)
+            if self.dead_letter_on and isinstance(exc, self.dead_letter_on):
+                why = "dead_letter_on"
+            elif self.dead_letter_other and not isinstance(exc, self.retry_on):
+                why = "not in retry_on, dead_letter_other"
+            else:
+                why = ""
+            if why:
+                log.warning("%s: %r is not retriable (%s); dead-lettering %s", self.group,
+                            exc, why, message.message_id, exc_info=True)
                 ctx.delay_level_when_next_consume = DLQ_NOW
                 return ConsumeResult.RECONSUME_LATER
             log.warning("%s failed on %s (attempt %d); will retry", self.group,

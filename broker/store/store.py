@@ -43,7 +43,13 @@ from broker.store.codec import (
     tags_string_to_code,
 )
 from broker.store.commitlog import CommitLog, topic_queue_key
-from broker.store.config import StoreConfig
+from broker.store.config import (
+    StoreConfig,
+    describe,
+    read_geometry,
+    with_store_geometry,
+    write_geometry,
+)
 from broker.store.consume_queue import ConsumeQueueStore
 from broker.store.dispatcher import CommitLogDispatcher, ReputService
 from broker.store.errors import DispatchStuck, StoreNotRunning
@@ -102,7 +108,10 @@ class MessageStore:
                  fsync: Callable[[int], None] = os.fdatasync,
                  disk_usage: Callable[[Path], float] = disk_usage_ratio) -> None:
         """`clock` gives store timestamps (wall ms); `fsync` and `disk_usage` are seams
-        for fault injection (a slow or failing disk, a full disk)."""
+        for fault injection (a slow or failing disk, a full disk). The file sizes of an
+        existing store are its own (`geometry.json`), whatever `config` says."""
+        self.created = read_geometry(config.store_dir) is None  # a new store
+        config = with_store_geometry(config)
         self.config = config
         self._clock = clock or _wall_ms
         self.running = False
@@ -151,6 +160,8 @@ class MessageStore:
         self.abnormal_start = abnormal
         self.checkpoint = StoreCheckpoint.open(cfg.checkpoint_path)
         cfg.config_dir.mkdir(parents=True, exist_ok=True)
+        if write_geometry(cfg) and self.created:
+            log.info("store created: %s", describe(cfg))
         self.commitlog.load()
         self.consume_queues.load()
         self.index.load(last_exit_ok=not abnormal)

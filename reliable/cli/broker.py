@@ -77,10 +77,13 @@ def register(sub: Any) -> None:
     s.add_argument("--transaction-check-interval-ms", type=int, default=60_000,
                    help="time between checks of one half message (default 60000)")
     s.add_argument("--commitlog-file-size", type=int, default=None, metavar="BYTES",
-                   help="size of one commitlog file (default 1 GiB)")
+                   help="size of one commitlog file of a new store (default 1 GiB; an "
+                        "existing store keeps its own)")
     add_disk_arguments(s)
     s.add_argument("--max-body-size", type=int, default=4 * 1024 * 1024,
-                   help="largest message body accepted, bytes (default 4 MiB)")
+                   help="largest message body accepted, bytes (default 4 MiB); a body of "
+                        "exactly this size is accepted, a larger one refused with "
+                        "MESSAGE_BODY_TOO_LARGE")
     s.set_defaults(handler=start)
     p.set_defaults(handler=lambda _a: (p.print_help(sys.stderr), ExitCode.USAGE)[1])
 
@@ -95,7 +98,13 @@ def start(args: argparse.Namespace) -> int:
     from broker.config import BrokerConfig
     from broker.errors import BrokerError
     from broker.server import MessagingServer, ServerConfig, ServerStartError
-    from broker.store.config import FlushMode, StoreConfig, default_store_dir
+    from broker.store.config import (
+        FlushMode,
+        StoreConfig,
+        default_store_dir,
+        max_message_size_for,
+        smallest_commitlog_file_for,
+    )
     from broker.store.errors import StoreError
 
     if (args.tls_cert is None) != (args.tls_key is None):
@@ -114,9 +123,15 @@ def start(args: argparse.Namespace) -> int:
             return _fail(f"{args.credentials_file}: expected a JSON object of strings")
         credentials = raw
     store_dir = args.store or default_store_dir()
+    if args.max_body_size < 1:
+        return _fail("--max-body-size must be at least 1 byte")
+    # one body limit: the server checks it (MESSAGE_BODY_TOO_LARGE above it), the broker and
+    # the store are configured so that every body within it, with any legal topic and
+    # properties, is stored
     store_kwargs: dict[str, Any] = {
         "store_dir": store_dir,
         "flush_mode": FlushMode.SYNC_FLUSH if args.flush == "sync" else FlushMode.ASYNC_FLUSH,
+        "max_message_size": max_message_size_for(args.max_body_size),
     }
     if args.commitlog_file_size:
         store_kwargs["mapped_file_size_commitlog"] = args.commitlog_file_size
@@ -147,6 +162,11 @@ def start(args: argparse.Namespace) -> int:
         broker_config.validate()
         store_dir.mkdir(parents=True, exist_ok=True)
         broker = Broker(StoreConfig(**store_kwargs), broker_config)
+        file_size = broker.store.config.mapped_file_size_commitlog  # the store's own
+        needed = smallest_commitlog_file_for(store_kwargs["max_message_size"])
+        if file_size < needed:
+            return _fail(f"--max-body-size {args.max_body_size} needs commitlog files of at "
+                         f"least {needed} bytes; the store's are {file_size}")
         broker.start()
     except (BrokerError, StoreError, OSError) as exc:
         return _fail(f"cannot start the broker: {exc}", ExitCode.FAILURE)

@@ -160,7 +160,7 @@ def _store_demo(args: argparse.Namespace, store_dir: Path) -> int:
 
     config = StoreConfig(
         store_dir=store_dir,
-        mapped_file_size_commitlog=4 * 1024 * 1024,
+        mapped_file_size_commitlog=16 * 1024 * 1024,  # holds a 4 MiB body
         mapped_file_size_consume_queue=20 * 10_000,
         max_hash_slot_num=50_000,
         max_index_num=200_000,

@@ -21,7 +21,7 @@ from broker.broker import Broker
 from broker.config import BrokerConfig
 from broker.offsets import ConsumeFromWhere
 from broker.store import errors as serr
-from broker.store.config import StoreConfig
+from broker.store.config import StoreConfig, embedded_store_config
 from broker.store.message import Message as StoreMessage
 from broker.store.message import MessageExt, Prop, PutMessageStatus, decode_offset_msg_id
 from reliable.errors import (
@@ -70,6 +70,8 @@ def translate(exc: BaseException) -> BaseException:
     """One mapping from broker/store exceptions to the client's retry-aware errors."""
     if isinstance(exc, berr.ReceiptHandleError):
         return ReceiptHandleError(exc.handle, exc.reason)
+    if isinstance(exc, berr.MessageTooLarge):
+        return BadRequest(str(exc), code="MESSAGE_BODY_TOO_LARGE")
     if isinstance(exc, berr.BrokerError):
         name = exc.code.name
         if exc.code is berr.ResponseCode.SERVICE_NOT_AVAILABLE:  # disk full, not running
@@ -207,7 +209,9 @@ class EmbeddedTransport:
                  store_config: StoreConfig | None = None,
                  delay_levels: str | None = None, **store_options: Any) -> None:
         """`store_dir` (default `~/.reliable/store`) plus optional `StoreConfig` fields as
-        keywords (`flush_mode=`, `mapped_file_size_commitlog=`, ...); or a full
+        keywords (`flush_mode=`, `mapped_file_size_commitlog=`, ...) and `geometry=`
+        ("development", the default for a new store: 64 MiB commitlog files; "production":
+        1 GiB; an existing store keeps its own sizes); or a full
         `store_config`; or an existing `broker`. `delay_levels` overrides the delay table
         (e.g. `"100ms 200ms 500ms"`) of a default `BrokerConfig`."""
         if broker is not None and (store_dir is not None or store_config is not None
@@ -228,11 +232,11 @@ class EmbeddedTransport:
         self._given = broker
         if broker is None and store_config is None:
             try:
-                if store_dir is not None:
-                    store_options["store_dir"] = Path(store_dir)
-                store_config = StoreConfig(**store_options)
+                store_config = embedded_store_config(store_dir, **store_options)
             except TypeError as exc:
                 raise ConfigurationError(f"unknown embedded transport option: {exc}") from None
+            except ValueError as exc:
+                raise ConfigurationError(str(exc)) from None
         self._store_config = store_config
         self._broker_config = broker_config
         self._broker: Broker | None = broker

@@ -92,12 +92,14 @@ def test_always_failing_goes_to_dlq_after_exactly_max_retries(transport: Transpo
     assert dead[0].keys == ["order-7"] and dead[0].body == b"poison"
 
 
-def test_retry_on_dead_letters_at_once_and_ignore_on_discards(transport: Transport) -> None:
+@pytest.mark.parametrize("choice", [{"dead_letter_on": ValueError},
+                                    {"retry_on": ConnectionError, "dead_letter_other": True}])
+def test_dead_letter_choice_skips_the_ladder_and_ignore_on_discards(
+        transport: Transport, choice: dict[str, object]) -> None:
     calls: defaultdict[bytes, int] = defaultdict(int)
     dead: list[bytes] = []
 
-    @handler("filters", group="filters-g", retry_on=ConnectionError, ignore_on=LookupError,
-             **FAST)
+    @handler("filters", group="filters-g", ignore_on=LookupError, **choice, **FAST)
     def h(message: ReceivedMessage) -> None:
         calls[message.body] += 1
         if message.body == b"missing":

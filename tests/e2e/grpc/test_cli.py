@@ -53,7 +53,7 @@ def test_bad_command_lines_fail_clearly(tmp_path: Path) -> None:
         taken.listen()
         port = taken.getsockname()[1]
         done = cli("broker", "start", "--store", str(tmp_path / "s"), "--port", str(port),
-                   "--commitlog-file-size", str(1 << 20), home=tmp_path)
+                   "--commitlog-file-size", str(8 << 20), home=tmp_path)
     assert done.returncode == 4, done.stdout + done.stderr
     assert f"127.0.0.1:{port}" in done.stderr
 

@@ -68,7 +68,8 @@ def test_discard_finishes_without_retry() -> None:
 
 
 def test_ignore_on_discards_and_retry_on_dead_letters_the_rest() -> None:
-    @handler("orders", group="billing", retry_on=(ConnectionError,), ignore_on=KeyError)
+    @handler("orders", group="billing", retry_on=(ConnectionError,), dead_letter_other=True,
+             ignore_on=KeyError)
     def bill(message: ReceivedMessage) -> None:
         raise {b"conn": ConnectionError(), b"key": KeyError("x"),
                b"val": ValueError("bad")}[message.body]
@@ -83,6 +84,45 @@ def test_ignore_on_discards_and_retry_on_dead_letters_the_rest() -> None:
     assert result is ConsumeResult.SUCCESS and ctx.discarded
     result, ctx = run(b"val")
     assert result is ConsumeResult.RECONSUME_LATER and ctx.delay_level_when_next_consume == -1
+
+
+def _outcome(h: object, exc: BaseException) -> tuple[ConsumeResult, int]:
+    m = _msg()
+    m.body = type(exc).__name__.encode()
+    result, ctx = _run(h, m)  # type: ignore[arg-type]
+    return result, ctx.delay_level_when_next_consume
+
+
+def test_any_exception_is_retried_by_default() -> None:
+    @handler("orders", group="billing")
+    def bill(message: ReceivedMessage) -> None:
+        raise ValueError("bad payload")
+
+    assert _outcome(bill, ValueError()) == (ConsumeResult.RECONSUME_LATER, 0)
+
+
+def test_dead_letter_on_names_what_skips_the_ladder() -> None:
+    errors = {b"ValueError": ValueError("bad"), b"ConnectionError": ConnectionError()}
+
+    @handler("orders", group="billing", dead_letter_on=ValueError)
+    def bill(message: ReceivedMessage) -> None:
+        raise errors[message.body]
+
+    assert _outcome(bill, ValueError()) == (ConsumeResult.RECONSUME_LATER, -1)
+    assert _outcome(bill, ConnectionError()) == (ConsumeResult.RECONSUME_LATER, 0)
+
+
+def test_retry_on_alone_fails_at_declaration() -> None:
+    with pytest.raises(ConfigurationError, match="dead_letter_other=True"):
+        @handler("orders", group="billing", retry_on=(ConnectionError, TimeoutError))
+        def bill(message: ReceivedMessage) -> None: ...
+    with pytest.raises(ConfigurationError, match="needs retry_on"):
+        @handler("orders", group="billing", dead_letter_other=True)
+        def bill2(message: ReceivedMessage) -> None: ...
+    with pytest.raises(ConfigurationError, match="both in retry_on and dead_letter_on"):
+        @handler("orders", group="billing", retry_on=KeyError, dead_letter_other=True,
+                 dead_letter_on=KeyError)
+        def bill3(message: ReceivedMessage) -> None: ...
 
 
 def test_async_handlers_run() -> None:
@@ -109,7 +149,8 @@ def test_unknown_option_fails_at_declaration_with_a_hint() -> None:
 
 
 @pytest.mark.parametrize("kwargs", [
-    {"rate_limit": -1}, {"rate_burst": 5}, {"retry_on": "KeyError"},
+    {"rate_limit": -1}, {"rate_burst": 5}, {"retry_on": "KeyError", "dead_letter_other": True},
+    {"dead_letter_on": "KeyError"}, {"dead_letter_other": "yes"},
     {"consume_threads": 0}, {"consume_from": "yesterday"}, {"max_reconsume_times": -1},
     {"tags": 3}, {"idempotent": object()},
 ])

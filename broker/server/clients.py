@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -158,6 +159,7 @@ class ClientHandlers:
         session.outbox = outbox
         session.streams += 1
         reader = asyncio.ensure_future(self._read_commands(requests, session, call))
+        getter: asyncio.Future[Any] | None = None
         try:
             while True:
                 getter = asyncio.ensure_future(outbox.get())
@@ -174,11 +176,19 @@ class ClientHandlers:
                     yield outbox.get_nowait()
                 break
         finally:
-            reader.cancel()
             session.streams -= 1
             if session.outbox is outbox:
                 session.outbox = None
             session.last_seen_ms = session.disconnected_ms = self.ctx.clock()
+            # a client that goes away cancels this call while it waits: end both helper
+            # tasks here, or the loop destroys them pending ("Task was destroyed but it is
+            # pending!" at every disconnect)
+            pending = [t for t in (reader, getter) if t is not None and not t.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait(pending, timeout=1.0)
 
     async def _read_commands(self, requests: AsyncIterator[Any], session: ClientSession,
                              call: CallInfo) -> None:

@@ -373,4 +373,6 @@ class Producer:
         except BrokerCallError as exc:
             if exc.kind is FailureKind.BAD_REQUEST:
                 raise
+            if not attempts or attempts[-1][1] is not exc:  # failed before a send: the route
+                attempts.append((f"route of {topic}", exc))
             raise SendFailed(topic, attempts) from exc

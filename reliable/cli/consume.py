@@ -1,8 +1,11 @@
 """`reliable consume TARGET...`: run declared handlers until SIGTERM/SIGINT.
 
 A target is `module:attr` naming a handler (or a list of handlers), or `module` alone for
-every handler declared at the module's top level. Shutdown is graceful: running handlers
-finish, offsets are committed, the consumers leave their groups, exit code 0.
+every handler declared at the module's top level, imported from the working directory
+first. Once consuming, one line on stdout says what and from where. A broker that is not up
+yet (`--endpoint`) is waited for with backoff (0.5 s doubling to 5 s, each try on stderr).
+Shutdown is graceful: running handlers finish, offsets are committed, the consumers leave
+their groups, exit code 0.
 """
 
 from __future__ import annotations
@@ -10,7 +13,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
+import signal
 import sys
+import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -18,6 +24,10 @@ from reliable.cli.exit_codes import ExitCode
 from reliable.cli.store_options import add_disk_arguments, disk_options
 
 log = logging.getLogger("reliable.consume")
+
+# waiting for a broker that is not up yet: 0.5 s, doubling, at most 5 s between tries
+WAIT_FIRST_S = 0.5
+WAIT_MAX_S = 5.0
 
 
 class TargetError(Exception):
@@ -29,8 +39,9 @@ def register(subparsers: Any) -> None:
         "consume", help="run declared handlers (module:attr) until SIGTERM",
         description="Run the handlers declared with @handler / @dlq_handler. TARGET is "
                     "module:attr (a handler or a list of handlers) or a module (all of its "
-                    "handlers). SIGTERM/SIGINT stop gracefully: running handlers finish and "
-                    "offsets are committed.")
+                    "handlers), imported from the working directory first. With --endpoint, "
+                    "a broker that is not up yet is waited for with backoff. SIGTERM/SIGINT "
+                    "stop gracefully: running handlers finish and offsets are committed.")
     p.add_argument("targets", nargs="+", metavar="TARGET", help="module:attr or module")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--store", metavar="DIR",
@@ -44,7 +55,8 @@ def register(subparsers: Any) -> None:
                    help="embedded: acknowledge after fsync (sync) or the page cache (async, "
                         "default)")
     p.add_argument("--commitlog-file-size", type=int, default=None, metavar="BYTES",
-                   help="embedded: size of each commitlog file (must match the store's)")
+                   help="embedded: size of each commitlog file of a new store (an existing "
+                        "store keeps its own)")
     add_disk_arguments(p)
     p.set_defaults(handler=_consume)
 
@@ -53,6 +65,11 @@ def load_handlers(targets: Iterable[str]) -> list[Any]:
     from reliable.decorators import Handler
 
     found: list[Handler] = []
+    # `reliable consume myapp.handlers` from the application's directory: like `python -m`,
+    # the working directory is on the import path (the console script puts only its own)
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
     for target in targets:
         module_name, _, attr = target.partition(":")
         try:
@@ -76,9 +93,16 @@ def load_handlers(targets: Iterable[str]) -> list[Any]:
     return found
 
 
+def _where(args: argparse.Namespace) -> str:
+    if args.endpoint:
+        return f"broker {args.endpoint} (grpc)"
+    from broker.store.config import default_store_dir
+
+    return f"store {args.store or default_store_dir()} (embedded)"
+
+
 def _consume(args: argparse.Namespace) -> int:
     from reliable.errors import ReliableError
-    from reliable.worker import Worker
 
     try:
         handlers = load_handlers(args.targets)
@@ -110,12 +134,58 @@ def _consume(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"reliable consume: {exc}", file=sys.stderr)
             return ExitCode.USAGE
+    stop = threading.Event()
+
+    def _on_signal(signum: int, _frame: object) -> None:
+        log.info("signal %d: shutting down", signum)
+        stop.set()
+
+    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        worker = Worker(*handlers, transport=transport, **options)
-        log.info("consuming with %d handler(s): %s", len(handlers),
-                 ", ".join(f"{h.topic}/{h.group}" for h in handlers))
-        worker.run()
+        worker = _start(handlers, transport, options, stop, _where(args))
+        if worker is None:
+            return ExitCode.OK  # stopped while waiting for the broker
+        try:
+            names = ", ".join(f"{h.topic} as {h.group}" for h in handlers)
+            print(f"reliable consume: consuming {names} from {_where(args)}", flush=True)
+            stop.wait()
+        finally:
+            worker.shutdown()
     except ReliableError as exc:
         print(f"reliable consume: {exc}", file=sys.stderr)
         return ExitCode.FAILURE
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
     return ExitCode.OK
+
+
+def _start(handlers: list[Any], transport: str, options: dict[str, Any],
+           stop: threading.Event, where: str) -> Any:
+    """A started Worker; waits for an unreachable broker with backoff, as a running
+    consumer does, saying so on stderr. None when stopped while waiting."""
+    from reliable.errors import BrokerUnavailable, TransportError
+    from reliable.transport import connect
+    from reliable.worker import Worker
+
+    delay = WAIT_FIRST_S
+    while not stop.is_set():
+        worker = Worker(*handlers, transport=transport, **options)
+        try:
+            if transport == "grpc":  # a quick probe: starting consumers waits for settings
+                probe = connect(transport, **options)
+                probe.start()
+                try:
+                    probe.route(handlers[0].topic)
+                finally:
+                    probe.close()
+            return worker.start()
+        except (TransportError, BrokerUnavailable) as exc:
+            worker.shutdown()
+            worker.transport.close()
+            print(f"reliable consume: waiting for {where}: {exc}; retrying in {delay:.1f} s",
+                  file=sys.stderr, flush=True)
+        if stop.wait(delay):
+            break
+        delay = min(delay * 2, WAIT_MAX_S)
+    return None

@@ -66,6 +66,13 @@ from reliable.transport.base import (
 
 log = logging.getLogger(__name__)
 
+# gRPC's default reconnect backoff (1 s growing x1.6 to 120 s) kept sends failing for
+# seconds after the broker was back; a broker restart is the usual outage, so retry the
+# connection within about a second (attempts stay cheap: one TCP connect each)
+RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100),
+                     ("grpc.min_reconnect_backoff_ms", 100),
+                     ("grpc.max_reconnect_backoff_ms", 1_000)]
+
 class _ConsumerIdentity:
     def __init__(self, group: str, client_id: str) -> None:
         self.group = group
@@ -110,7 +117,7 @@ class GrpcTransport:
             if self._channel is not None:
                 return
             options = [("grpc.enable_retries", 0), ("grpc.max_receive_message_length", -1),
-                       ("grpc.max_send_message_length", -1)]
+                       ("grpc.max_send_message_length", -1), *RECONNECT_OPTIONS]
             if self._tls:
                 roots = Path(self._ca_file).read_bytes() if self._ca_file else None
                 self._channel = grpc.secure_channel(

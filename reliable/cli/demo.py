@@ -82,7 +82,8 @@ def register(sub: Any) -> None:
     p.add_argument("--no-reconcile", action="store_true",
                    help="skip the Spark reconciliation (count from the database instead)")
     p.add_argument("--timeout", type=float, default=180.0,
-                   help="seconds to wait for the flow to settle (default 180)")
+                   help="seconds to wait for the flow to settle (default 180; longer when "
+                        "a remote broker's retry ladder needs it, which the demo says)")
     p.add_argument("--json", action="store_true",
                    help="progress on stderr; the summary as one JSON object on the last line")
     p.add_argument("--store-only", action="store_true",

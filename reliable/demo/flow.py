@@ -61,6 +61,21 @@ CONSUMER_SETTINGS = {"consume_from": "first", "rebalance_interval_s": 0.5,
                      # gRPC (invisible-time) consumption: a killed consumer's messages come
                      # back after 10 s (the server's usual minimum), not 30 s
                      "invisible_ms": 10_000, "receive_long_poll_ms": 1_000}
+INVISIBLE_S = 10.0  # CONSUMER_SETTINGS' invisible time
+
+
+# the longest retry ladder the demo waits for (a remote broker's, e.g. RocketMQ's default
+# 10 s 30 s 1 min ... for the demo's retries); a longer one is refused before publishing
+MAX_LADDER_WAIT_S = 600.0
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 60:
+        return f"{seconds:.0f}s" if seconds == int(seconds) else f"{seconds:.1f}s"
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes}m{rest:02d}s" if rest else f"{minutes}m"
 
 
 @dataclass
@@ -168,6 +183,7 @@ class _Run:
         self.summary = Summary(seed=seed)
         self.started = time.monotonic()
         self.queue_ends: dict[tuple[str, int], int] = {}  # read before the broker closes
+        self.wait_s = options.timeout_s  # how long to wait to settle (see _wait_for_ladder)
 
     # -- set-up ------------------------------------------------------------------------------
     def _engine(self) -> sa.Engine:
@@ -246,13 +262,15 @@ class _Run:
         try:
             for c in consumers:
                 c.start()
+            self.wait_s = self._wait_for_ladder(transport)
             resend_thread.start()
             self._publish(engine, outbox, inventory, sender, resender)
             s.settled = self._settle(engine, inventory, sender, resender, offsets)
             self.queue_ends = self._queue_ends(offsets)  # bounds for the reconciliation
         finally:
             stop.set()
-            resend_thread.join(timeout=30)
+            if resend_thread.ident is not None:
+                resend_thread.join(timeout=30)
             for c in consumers:
                 with suppress(Exception):
                     c.shutdown()
@@ -287,9 +305,44 @@ class _Run:
             if i % step == 0 or i == self.o.orders:
                 self.say(self._progress(engine, inventory, sender, resender, f"placed {i}"))
 
+    def _wait_for_ladder(self, transport: Transport) -> float:
+        """How long to wait for the flow to settle, from the broker's retry ladder.
+
+        A remote broker retries on its own ladder (the Settings reply's backoff policy):
+        with RocketMQ's default a poison message reaches the DLQ after 10 s + 30 s + 1 min.
+        The demo waits for that (said in one line), or stops before publishing when the
+        ladder is too long to wait for, rather than call messages still on it lost."""
+        o = self.o
+        levels = list(transport.delay_levels_ms(GROUP))
+        if not levels:
+            return o.timeout_s
+        # retry n waits at level 3 + n - 1 (the last level repeats past the end)
+        waits = [levels[min(2 + n, len(levels) - 1)] for n in range(o.max_reconsume_times)]
+        ladder_s = sum(waits) / 1000
+        # plus a redelivery after the invisible time, the resend worker's look and slack
+        needed = ladder_s * 1.2 + INVISIBLE_S + 4 * o.resend_after_s + 20
+        if not o.endpoint and needed <= o.timeout_s:
+            return o.timeout_s
+        shown = ", ".join(_duration(w / 1000) for w in waits)
+        if needed > MAX_LADDER_WAIT_S:
+            raise DemoFailed(
+                f"the broker's retry ladder waits {shown} for the demo's "
+                f"{o.max_reconsume_times} retries ({_duration(ladder_s)} before a poison "
+                f"message reaches the DLQ), longer than the demo will wait "
+                f"({_duration(MAX_LADDER_WAIT_S)}); start the broker with "
+                f"--delay-levels \"{DEMO_DELAY_LEVELS.split(' 1s 1s')[0]} 1s\" or lower "
+                "--max-reconsume-times. Nothing was published.")
+        wait_s = max(o.timeout_s, needed)
+        self.say(f"retry ladder (the broker's delay levels): {shown} for retries 1-"
+                 f"{o.max_reconsume_times}; a poison message reaches the DLQ after about "
+                 f"{_duration(ladder_s)}; waiting up to {_duration(wait_s)} for the flow to "
+                 "settle")
+        return wait_s
+
     def _settle(self, engine: sa.Engine, inventory: Inventory, sender: ChaoticSender,
                 resender: ResendWorker, offsets: TransportOffsets | None) -> bool:
-        deadline = time.monotonic() + self.o.timeout_s
+        wait_s = self.wait_s
+        deadline = time.monotonic() + wait_s
         expected = sum(1 for f in self.plan.fates if not f.rolled_back)
         next_line = 0.0
         while True:
@@ -303,7 +356,7 @@ class _Run:
                 return True
             if now >= deadline:
                 self.summary.problems.append(
-                    f"the flow did not settle within {self.o.timeout_s:.0f} s")
+                    f"the flow did not settle within {wait_s:.0f} s")
                 return False
             time.sleep(0.2)
 

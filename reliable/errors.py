@@ -103,7 +103,7 @@ class SendFailed(SendError):
     def __init__(self, topic: str, attempts: list[tuple[str, BaseException]]) -> None:
         self.topic = topic
         self.attempts = attempts
-        last = attempts[-1][1] if attempts else None
+        last = attempts[-1][1] if attempts else "no attempt was made"
         super().__init__(f"send to {topic!r} failed after {len(attempts)} attempt(s): {last}")
 
     @property

@@ -272,7 +272,7 @@ def is_new_store(store_dir: Path) -> bool:
 def describe(config: StoreConfig) -> str:
     mib = 1024 * 1024
     return (f"{config.store_dir} (commitlog files of {config.mapped_file_size_commitlog // mib}"
-            f" MiB, about {initial_footprint(config) // mib} MiB at creation)")
+            f" MiB; its first files take up to {initial_footprint(config) // mib} MiB)")
 
 
 

@@ -102,6 +102,7 @@ def start(args: argparse.Namespace) -> int:
         FlushMode,
         StoreConfig,
         default_store_dir,
+        describe,
         max_message_size_for,
         smallest_commitlog_file_for,
     )
@@ -163,6 +164,10 @@ def start(args: argparse.Namespace) -> int:
         store_dir.mkdir(parents=True, exist_ok=True)
         broker = Broker(StoreConfig(**store_kwargs), broker_config)
         file_size = broker.store.config.mapped_file_size_commitlog  # the store's own
+        if args.commitlog_file_size and args.commitlog_file_size != file_size:
+            print(f"reliable broker: {store_dir} keeps its own commitlog file size "
+                  f"({file_size} bytes); --commitlog-file-size applies to new stores",
+                  file=sys.stderr)
         needed = smallest_commitlog_file_for(store_kwargs["max_message_size"])
         if file_size < needed:
             return _fail(f"--max-body-size {args.max_body_size} needs commitlog files of at "
@@ -187,6 +192,9 @@ def start(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
+    if broker.store.created:
+        print(f"reliable broker: created a new store at {describe(broker.store.config)}",
+              flush=True)
     print(f"reliable broker: serving on {args.host}:{server.port} "
           f"(store {store_dir}, flush {args.flush})", flush=True)
     try:

@@ -54,7 +54,10 @@ def test_a_demo_store_opens_everywhere(tmp_path: Path,
     finally:
         transport.close()
     assert server.terminate() == 0, "".join(server.output)
-    assert "ForeignFile" not in "".join(server.output)
+    output = "".join(server.output)
+    assert "ForeignFile" not in output
+    assert "keeps its own commitlog file size (16777216 bytes)" in output, output
+    assert "created a new store" not in output, output
 
     # without the geometry file (a store made before it existed) the sizes are inferred
     (store / GEOMETRY_FILE).unlink()
@@ -66,6 +69,14 @@ def test_a_demo_store_opens_everywhere(tmp_path: Path,
         embedded.close()
     assert len(bodies) == 41 and b"served" in bodies
     assert json.loads((store / GEOMETRY_FILE).read_text()) == geometry
+
+
+def test_broker_start_says_where_and_how_big_a_new_store_is(
+        tmp_path: Path, make_server: Callable[..., ServerProcess]) -> None:
+    server = make_server(store=tmp_path / "fresh")
+    assert server.terminate() == 0
+    assert (f"reliable broker: created a new store at {tmp_path / 'fresh'} (commitlog files "
+            "of 8 MiB; its first files take up to") in "".join(server.output), server.output
 
 
 def test_a_new_default_store_says_where_and_how_big(tmp_path: Path) -> None:

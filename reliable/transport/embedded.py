@@ -10,6 +10,7 @@ This is the only module of `reliable` that imports `broker`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -21,7 +22,7 @@ from broker.broker import Broker
 from broker.config import BrokerConfig
 from broker.offsets import ConsumeFromWhere
 from broker.store import errors as serr
-from broker.store.config import StoreConfig, embedded_store_config
+from broker.store.config import StoreConfig, embedded_store_config, max_message_size_for
 from broker.store.message import Message as StoreMessage
 from broker.store.message import MessageExt, Prop, PutMessageStatus, decode_offset_msg_id
 from reliable.errors import (
@@ -237,6 +238,11 @@ class EmbeddedTransport:
                 raise ConfigurationError(f"unknown embedded transport option: {exc}") from None
             except ValueError as exc:
                 raise ConfigurationError(str(exc)) from None
+        if store_config is not None and broker_config is not None:
+            # one body limit: the store's records must hold the broker's largest body
+            record = max_message_size_for(broker_config.max_message_size)
+            if store_config.max_message_size < record:
+                store_config = dataclasses.replace(store_config, max_message_size=record)
         self._store_config = store_config
         self._broker_config = broker_config
         self._broker: Broker | None = broker

@@ -80,3 +80,24 @@ def test_embedded_transport_keeps_the_same_limit(tmp_path: Path) -> None:
             assert got and got[0].body == body
     finally:
         transport.close()
+
+
+def test_embedded_transport_takes_a_raised_limit_to_the_store(tmp_path: Path) -> None:
+    from broker.config import BrokerConfig
+
+    transport = reliable.connect("embedded", store_dir=tmp_path / "store",
+                                 broker_config=BrokerConfig(max_message_size=6 * MiB))
+    transport.start()
+    try:
+        body = os.urandom(5 * MiB)
+        with Producer(transport) as producer:
+            producer.send(Message("body-embedded-6", body))
+            with pytest.raises(BadRequest) as caught:
+                producer.send(Message("body-embedded-6", os.urandom(6 * MiB + 1)))
+        assert caught.value.code == "MESSAGE_BODY_TOO_LARGE", caught.value
+        with SimpleConsumer("body-embedded-6-g", {"body-embedded-6": "*"},
+                            transport=transport, await_duration_s=1) as consumer:
+            got = consumer.receive(max_messages=1)
+            assert got and got[0].body == body
+    finally:
+        transport.close()

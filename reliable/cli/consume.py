@@ -63,6 +63,7 @@ def register(subparsers: Any) -> None:
 
 def load_handlers(targets: Iterable[str]) -> list[Any]:
     from reliable.decorators import Handler
+    from reliable.errors import ConfigurationError
 
     found: list[Handler] = []
     # `reliable consume myapp.handlers` from the application's directory: like `python -m`,
@@ -76,6 +77,8 @@ def load_handlers(targets: Iterable[str]) -> list[Any]:
             module = importlib.import_module(module_name)
         except ImportError as exc:
             raise TargetError(f"{target}: cannot import {module_name!r}: {exc}") from exc
+        except ConfigurationError as exc:  # a handler declared with bad options
+            raise TargetError(f"{target}: {exc}") from exc
         if attr:
             try:
                 obj = getattr(module, attr)

@@ -114,3 +114,18 @@ def test_consume_waits_for_the_broker_and_imports_from_the_working_directory(
         if child.poll() is None:
             child.kill()
         server.kill()
+
+
+def test_consume_refuses_a_handler_that_would_dead_letter_silently(tmp_path: Path) -> None:
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "risky.py").write_text(
+        "from reliable import handler\n\n"
+        "@handler('risky-orders', group='risky-g', retry_on=(ConnectionError,))\n"
+        "def h(message):\n    pass\n")
+    done = subprocess.run([str(Path(sys.executable).with_name("reliable")), "consume",
+                           "risky", "--store", str(tmp_path / "store")], cwd=app,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)), text=True,
+                          capture_output=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "dead_letter_other=True" in done.stderr and "Traceback" not in done.stderr

@@ -2,7 +2,10 @@
 
 Suites are the modules of this package without a leading underscore (each defines `run`);
 each prints a table (stdout) and progress (stderr). With `--json` the last line of stdout
-is one JSON object: the suite's metrics for one suite, `{suite: metrics, ...}` for `all`.
+is one JSON object: the suite's metrics for one suite, `{suite: metrics, ...}` for `all`;
+a figure that could not be measured is null. A case that failed is listed under `errors`
+(in the JSON, and on stderr) and the run exits 1; a peer that could not be measured is not
+a failure of the run (its rows and `<peer>_error` say why).
 Figures are never asserted by tests; they are compared with the floor measured in the
 same run on the same machine.
 """
@@ -41,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench",
                                      description="Run benchmark suites and print their figures.")
     parser.add_argument("suite", choices=[*suites, "all"], help="suite to run, or all")
-    parser.add_argument("--quick", action="store_true", help="short runs (< 30 s per suite)")
+    parser.add_argument("--quick", action="store_true",
+                        help="short runs (under a minute per suite)")
     parser.add_argument("--json", action="store_true",
                         help="print the metrics as one JSON object on the last line")
     parser.add_argument("--dir", type=Path, default=None,
@@ -59,14 +63,19 @@ def main(argv: list[str] | None = None) -> int:
             description = getattr(modules[name], "DESCRIPTION", "")
             print(format_table(f"== {name}: {description}", results[name]))
             print()
+    errors = [f"{n}: {e}" for n, r in results.items() for e in r.errors]
+    for error in errors:
+        progress(f"FAILED {error}")
     if args.json:
         if args.suite == "all":
             payload: dict[str, object] = {n: r.metrics for n, r in results.items()}
         else:
             payload = dict(results[names[0]].metrics)
+        if errors:
+            payload["errors"] = errors
         sys.stdout.flush()
         print(json.dumps(payload, sort_keys=True))
-    return 0
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":

@@ -10,13 +10,14 @@ flush unless the case says sync_flush. 1 KiB bodies; one client process and thre
   is acknowledged after its fsync; concurrent sends share a group commit);
 - framework_send_pipelined: `Producer.send_async` with a window of 1000 in flight;
 - framework_send_pipelined_sync_flush: the same on the `--flush sync` server;
+- framework_asend_pipelined: `await Producer.asend` on one asyncio loop, 1000 in flight;
 - framework_send_batch: `Producer.send_batch` of 32 (one SendMessage, the repeated field);
 - framework_receive_ack: `reliable.SimpleConsumer.receive(32)` + `ack` per message;
 - official_send / official_send_async / official_receive_ack: the official client
   (`rocketmq-python-client`): `Producer.send` one at a time, `send_async` with a window of
   256 (OFFICIAL_WINDOW: see there), `SimpleConsumer.receive(32)` + `ack` per message;
-- stub_official_*: the same official cases against `bench._stub`, a MessagingService that
-  answers OK at once: the client's own cap on this machine;
+- stub_official_* / stub_framework_*: the same cases against `bench._stub`, a
+  MessagingService that answers OK at once: each client's own cap on this machine;
 - embedded_send / embedded_receive_ack: the framework's code over the in-process broker
   (no gRPC): `send_async` with a window of 1000, receive(32) + ack.
 
@@ -27,6 +28,7 @@ the target it is held to.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import os
 import re
@@ -35,7 +37,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,14 +70,19 @@ STALL_TIMEOUT_S = 60.0  # a case fails when nothing completes for this long
 # every figure this suite reports (null when its case failed); the JSON always has them
 THROUGHPUT_KEYS = (
     "framework_send", "framework_send_sync_flush", "framework_send_pipelined",
-    "framework_send_pipelined_sync_flush", "framework_send_batch", "framework_receive_ack",
+    "framework_send_pipelined_sync_flush", "framework_asend_pipelined", "framework_send_batch",
+    "framework_receive_ack",
     "official_send", "official_send_async", "official_receive_ack",
     "stub_official_send", "stub_official_send_async", "stub_official_receive_ack",
+    "stub_framework_send", "stub_framework_send_pipelined", "stub_framework_asend_pipelined",
+    "stub_framework_send_batch", "stub_framework_receive_ack",
     "embedded_send", "embedded_receive_ack",
 )
 LATENCY_KEYS = ("framework_send", "framework_send_sync_flush", "official_send",
-                "stub_official_send")
-CAP_KEYS = ("official_send", "official_send_async", "official_receive_ack")
+                "stub_official_send", "stub_framework_send")
+CAP_KEYS = ("official_send", "official_send_async", "official_receive_ack", "framework_send",
+            "framework_send_pipelined", "framework_asend_pipelined", "framework_send_batch",
+            "framework_receive_ack")
 
 
 @dataclass(frozen=True)
@@ -107,6 +114,11 @@ COMPARISONS = (
     Comparison("official_send", "stub_official_send", ">= 80% of cap", 0.8),
     Comparison("official_send_async", "stub_official_send_async", ">= 80% of cap", 0.8),
     Comparison("official_receive_ack", "stub_official_receive_ack", ">= 80% of cap", 0.8),
+    Comparison("framework_send", "stub_framework_send"),
+    Comparison("framework_send_pipelined", "stub_framework_send_pipelined"),
+    Comparison("framework_asend_pipelined", "stub_framework_asend_pipelined"),
+    Comparison("framework_send_batch", "stub_framework_send_batch"),
+    Comparison("framework_receive_ack", "stub_framework_receive_ack"),
 )
 
 
@@ -248,6 +260,47 @@ def windowed(submit: Callable[[], Any], n: int, window: int = WINDOW) -> Measure
     return timed(run)
 
 
+def async_windowed(send: Callable[[], Awaitable[Any]], n: int,
+                   window: int = WINDOW) -> Measured:
+    """`await send()` n times on one asyncio loop with at most `window` awaiting at once."""
+
+    async def main() -> None:
+        slots = asyncio.Semaphore(window)
+        errors: list[BaseException] = []
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def one() -> None:
+            try:
+                await send()
+            except Exception as exc:
+                errors.append(exc)
+            finally:
+                slots.release()
+
+        for _ in range(n):
+            try:
+                await asyncio.wait_for(slots.acquire(), STALL_TIMEOUT_S)
+            except TimeoutError:
+                raise CaseFailed(f"no send completed for {STALL_TIMEOUT_S:.0f} s") from None
+            if errors:
+                break
+            task = asyncio.ensure_future(one())
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.wait(tasks, timeout=STALL_TIMEOUT_S)
+        if tasks:
+            raise CaseFailed(f"{len(tasks)} sends still pending after {STALL_TIMEOUT_S:.0f} s")
+        if errors:
+            raise CaseFailed(f"{len(errors)} pipelined sends failed, first: {errors[0]!r}")
+
+    def run() -> tuple[int, int]:
+        asyncio.run(main())
+        return n, n * len(BODY)
+
+    return timed(run)
+
+
 def drain(receive: Callable[[], list[Any]], ack: Callable[[Any], None], n: int) -> int:
     got = 0
     deadline = time.monotonic() + STALL_TIMEOUT_S
@@ -311,7 +364,8 @@ def official(endpoint: str, prefix: str, n: peers.Counts, rec: Recorder) -> None
 # --- the framework (grpc and embedded transports)
 
 def framework(transport: Any, prefix: str, suffix: str, n: peers.Counts, rec: Recorder, *,
-              send_each: bool = True, batch: bool = True, receive: bool = True) -> None:
+              send_each: bool = True, asend: bool = True, batch: bool = True,
+              receive: bool = True) -> None:
     from reliable import Message, Producer, SimpleConsumer
 
     topic = f"bench-{prefix}{suffix}".replace("_", "-")
@@ -325,6 +379,10 @@ def framework(transport: Any, prefix: str, suffix: str, n: peers.Counts, rec: Re
         name = f"{prefix}_send_pipelined{suffix}" if send_each else f"{prefix}_send{suffix}"
         rec.add(name, windowed(lambda: producer.send_async(Message(topic, BODY)),
                                n.pipelined), f"send_async, {WINDOW} in flight")
+        if asend:
+            rec.add(f"{prefix}_asend_pipelined{suffix}",
+                    async_windowed(lambda: producer.asend(Message(topic, BODY)), n.pipelined),
+                    f"await asend, {WINDOW} in flight")
         if batch:
             batches = max(1, n.pipelined // BATCH)
 
@@ -371,12 +429,18 @@ def measure(n: peers.Counts, workdir: Path, result: SuiteResult) -> list[str]:
 
     peers.measure(n, workdir, result)
 
-    with rec.section("stub_official_send", "stub_official_send_async",
-                     "stub_official_receive_ack"), stub_server(home) as endpoint:
-        official(endpoint, "stub_official", n, rec)
-
-    framework_cases = ("framework_send", "framework_send_pipelined", "framework_send_batch",
+    framework_cases = ("framework_send", "framework_send_pipelined",
+                       "framework_asend_pipelined", "framework_send_batch",
                        "framework_receive_ack")
+    stub_official = ("stub_official_send", "stub_official_send_async",
+                     "stub_official_receive_ack")
+    stub_framework = tuple(f"stub_{case}" for case in framework_cases)
+    with rec.section(*stub_official, *stub_framework), stub_server(home) as endpoint:
+        with rec.section(*stub_official):
+            official(endpoint, "stub_official", n, rec)
+        with rec.section(*stub_framework), started(_grpc_transport(endpoint)) as t:
+            framework(t, "stub_framework", "", n, rec)
+
     official_cases = ("official_send", "official_send_async", "official_receive_ack")
     with rec.section(*framework_cases, *official_cases), \
             broker_server(workdir / "server-store", home) as endpoint:
@@ -389,7 +453,8 @@ def measure(n: peers.Counts, workdir: Path, result: SuiteResult) -> list[str]:
     with rec.section(*sync_cases), \
             broker_server(workdir / "sync-store", home, flush="sync") as endpoint, \
             started(_grpc_transport(endpoint)) as t:
-        framework(t, "framework", "_sync_flush", n, rec, batch=False, receive=False)
+        framework(t, "framework", "_sync_flush", n, rec, asend=False, batch=False,
+                  receive=False)
 
     with rec.section("embedded_send", "embedded_receive_ack"):
         import reliable
@@ -400,7 +465,7 @@ def measure(n: peers.Counts, workdir: Path, result: SuiteResult) -> list[str]:
             store_dir=workdir / "embedded-store", mapped_file_size_commitlog=256 << 20),
             broker_config=BrokerConfig())
         with started(embedded) as t:
-            framework(t, "embedded", "", n, rec, send_each=False, batch=False)
+            framework(t, "embedded", "", n, rec, send_each=False, asend=False, batch=False)
 
     for key in CAP_KEYS:
         ours, cap = result.metrics.get(f"{key}_msgs_s"), result.metrics.get(
@@ -415,8 +480,8 @@ def measure(n: peers.Counts, workdir: Path, result: SuiteResult) -> list[str]:
 def comparison_table(metrics: dict[str, Any]) -> list[str]:
     """Each of our cases beside its peer: ratio (or % of the stub's cap) and target."""
     lines = ["", "ours beside the peers (same run, same counts, 1 KiB):",
-             f"{'case':<36} {'ours msg/s':>11}  {'peer case':<28} {'peer msg/s':>11} "
-             f"{'ratio':>7}  target", "-" * 120]
+             f"{'case':<36} {'ours msg/s':>11}  {'peer case':<32} {'peer msg/s':>11} "
+             f"{'ratio':>7}  target", "-" * 124]
 
     def fmt(value: Any) -> str:
         return f"{value:,.0f}" if isinstance(value, int | float) else "-"
@@ -429,7 +494,7 @@ def comparison_table(metrics: dict[str, Any]) -> list[str]:
             ratio = f"{100 * r:.0f}%" if c.peer.startswith("stub_") else f"{r:.2f}x"
             if c.target_ratio is not None:
                 verdict = " (met)" if r >= c.target_ratio else " (short)"
-        lines.append(f"{c.ours:<36} {fmt(ours):>11}  {c.peer:<28} {fmt(peer):>11} "
+        lines.append(f"{c.ours:<36} {fmt(ours):>11}  {c.peer:<32} {fmt(peer):>11} "
                      f"{ratio:>7}  {c.target}{verdict if c.target else ''}")
     lat = [f"{key} p50 {metrics[f'{key}_p50_ms']:.2f} ms p99 {metrics[f'{key}_p99_ms']:.2f} ms"
            for key in (*LATENCY_KEYS, "rabbitmq_publish_each", "nats_publish_each")

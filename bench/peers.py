@@ -68,7 +68,7 @@ class Counts:
 
 
 def counts(quick: bool) -> Counts:
-    return Counts(each=300, pipelined=2000) if quick else Counts(each=2000, pipelined=10000)
+    return Counts(each=200, pipelined=1500) if quick else Counts(each=2000, pipelined=10000)
 
 
 @dataclass(frozen=True)

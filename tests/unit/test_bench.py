@@ -95,8 +95,9 @@ def test_peers_suite_quick_json_measures_both_peers(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # about a minute alone; several on a busy 2-core machine
 def test_grpc_suite_quick_json_carries_the_agreed_keys(tmp_path: Path) -> None:
-    proc = _bench("grpc", "--quick", "--json", "--dir", str(tmp_path), timeout=280)
+    proc = _bench("grpc", "--quick", "--json", "--dir", str(tmp_path), timeout=540)
     metrics = json.loads(proc.stdout.strip().splitlines()[-1])
     assert proc.returncode == 0, (metrics.get("errors"), proc.stderr[-2000:])
     assert not GRPC_KEYS - metrics.keys(), GRPC_KEYS - metrics.keys()

@@ -33,7 +33,7 @@ import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,7 @@ from bench._common import (
     format_table,
     percentiles_ms,
     progress,
+    timed,
 )
 
 NAME = "peers"
@@ -238,12 +239,12 @@ def _rabbit(peer: Peer, n: Counts, body: bytes) -> dict[str, Any]:
                 latencies.append(time.perf_counter() - t)
             return n.each, n.each * len(body)
 
-        out["publish_each"] = _timed(publish_each)
+        out["publish_each"] = timed(publish_each)
         out["publish_each_latency"] = latencies
         out["publish_pipelined"] = _rabbit_pipelined(peer, queue, n.pipelined, body)
         ch.close()
         total = 1 + n.each + n.pipelined
-        out["consume_ack"] = _timed(lambda: _rabbit_consume(conn, queue, n.pipelined, total,
+        out["consume_ack"] = timed(lambda: _rabbit_consume(conn, queue, n.pipelined, total,
                                                             len(body)))
     finally:
         try:
@@ -400,12 +401,6 @@ async def _nats_async(peer: Peer, n: Counts, body: bytes) -> dict[str, Any]:
 
 
 # --- measuring
-
-def _timed(fn: Callable[[], tuple[int, int]]) -> Measured:
-    start, cpu = time.perf_counter(), time.thread_time()
-    count, payload = fn()
-    return Measured(count, time.perf_counter() - start, payload, time.thread_time() - cpu)
-
 
 def _measured(count: int, start: float, cpu: float, size: int) -> Measured:
     return Measured(count, time.perf_counter() - start, count * size,

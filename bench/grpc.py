@@ -61,8 +61,8 @@ NAME = "grpc"
 DESCRIPTION = "RocketMQ 5 gRPC server: framework, official client, embedded vs peers"
 BODY = b"x" * 1024
 WINDOW = 1000  # pipelined sends in flight, as the peers' pipelined cases
-# the official client's send_async: with 1000 in flight on a loaded machine its sends overran
-# the client's 3 s request deadline and some of its futures never resolved (the run stalled)
+# the official client's send_async: with 1000 in flight on a loaded machine the case stalled
+# (futures still pending after 300 s); 256 stays well inside the client's 3 s request deadline
 OFFICIAL_WINDOW = 256
 BATCH = 32     # messages per send_batch and per receive
 REPO = Path(__file__).resolve().parents[1]

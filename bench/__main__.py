@@ -16,6 +16,7 @@ import argparse
 import importlib
 import json
 import pkgutil
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -50,7 +51,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="print the metrics as one JSON object on the last line")
     parser.add_argument("--dir", type=Path, default=None,
                         help="directory for the suites' files (default: a temp dir)")
+    parser.add_argument("--only", metavar="REGEX", default=None,
+                        help="run only the cases whose name matches (grpc: a case's group, "
+                             "e.g. '^framework_send$' or 'official|stub_official')")
     args = parser.parse_args(argv)
+    if args.only is not None:
+        try:
+            re.compile(args.only)
+        except re.error as exc:
+            parser.error(f"--only: {exc}")
     names = list(suites) if args.suite == "all" else [args.suite]
     modules = {name: load(name) for name in names}
     results: dict[str, SuiteResult] = {}
@@ -59,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
             workdir = Path(tmp) / name
             workdir.mkdir()
             progress(f"suite {name}{' (quick)' if args.quick else ''} in {workdir}")
-            results[name] = modules[name].run(Options(quick=args.quick, workdir=workdir))
+            results[name] = modules[name].run(Options(quick=args.quick, workdir=workdir,
+                                                      only=args.only))
             description = getattr(modules[name], "DESCRIPTION", "")
             print(format_table(f"== {name}: {description}", results[name]))
             print()

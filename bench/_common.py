@@ -22,6 +22,7 @@ from pathlib import Path
 class Options:
     quick: bool = False
     workdir: Path | None = None  # where suites put their files (a temp dir by default)
+    only: str | None = None  # a regular expression: the cases to run (suites that offer it)
 
 
 @dataclass

@@ -437,8 +437,18 @@ def started(transport: Any) -> Iterator[Any]:
 
 # --- the run
 
-def measure(n: peers.Counts, workdir: Path, result: SuiteResult) -> list[str]:
-    """Every case of the suite into `result`; returns the failures (empty when all ran)."""
+def measure(n: peers.Counts, workdir: Path, result: SuiteResult,
+            only: str | None = None) -> list[str]:
+    """The suite's cases into `result`; returns the failures (empty when all ran).
+
+    `only` (a regular expression) keeps the groups of cases with a name it matches (a
+    group shares one server: `official_` runs the three official cases); the others stay
+    null in the metrics."""
+    pattern = re.compile(only) if only else None
+
+    def wanted(*names: str) -> bool:
+        return pattern is None or any(pattern.search(name) for name in names)
+
     home = workdir / "home"
     home.mkdir(exist_ok=True)
     os.environ["HOME"] = str(home)  # the official client logs under $HOME from its import
@@ -446,9 +456,18 @@ def measure(n: peers.Counts, workdir: Path, result: SuiteResult) -> list[str]:
         result.metrics[f"{key}_msgs_s"] = None
     for key in LATENCY_KEYS:
         result.metrics[f"{key}_p50_ms"] = result.metrics[f"{key}_p99_ms"] = None
+    for peer in peers.PEERS:
+        for case in peers.CASES:
+            result.metrics[f"{peer.name}_{case}_msgs_s"] = None
+        for case in peers.LATENCY_CASES:
+            result.metrics[f"{peer.name}_{case}_p50_ms"] = None
+            result.metrics[f"{peer.name}_{case}_p99_ms"] = None
     rec = Recorder(result)
 
-    peers.measure(n, workdir, result)
+    chosen = tuple(p for p in peers.PEERS
+                   if wanted(*(f"{p.name}_{case}" for case in peers.CASES)))
+    if chosen:
+        peers.measure(n, workdir, result, peers=chosen)
 
     framework_cases = ("framework_send", "framework_send_pipelined",
                        "framework_asend_pipelined", "framework_send_batch",
@@ -456,37 +475,46 @@ def measure(n: peers.Counts, workdir: Path, result: SuiteResult) -> list[str]:
     stub_official = ("stub_official_send", "stub_official_send_async",
                      "stub_official_receive_ack")
     stub_framework = tuple(f"stub_{case}" for case in framework_cases)
-    with rec.section(*stub_official, *stub_framework), stub_server(home) as endpoint:
-        with rec.section(*stub_official):
-            official(endpoint, "stub_official", n, rec)
-        with rec.section(*stub_framework), started(_grpc_transport(endpoint)) as t:
-            framework(t, "stub_framework", "", n, rec)
+    if wanted(*stub_official, *stub_framework):
+        with rec.section(*stub_official, *stub_framework), stub_server(home) as endpoint:
+            if wanted(*stub_official):
+                with rec.section(*stub_official):
+                    official(endpoint, "stub_official", n, rec)
+            if wanted(*stub_framework):
+                with rec.section(*stub_framework), started(_grpc_transport(endpoint)) as t:
+                    framework(t, "stub_framework", "", n, rec)
 
     official_cases = ("official_send", "official_send_async", "official_receive_ack")
-    with rec.section(*framework_cases, *official_cases), \
-            broker_server(workdir / "server-store", home) as endpoint:
-        with rec.section(*official_cases):
-            official(endpoint, "official", n, rec)
-        with rec.section(*framework_cases), started(_grpc_transport(endpoint)) as t:
-            framework(t, "framework", "", n, rec)
+    if wanted(*official_cases, *framework_cases):
+        with rec.section(*framework_cases, *official_cases), \
+                broker_server(workdir / "server-store", home) as endpoint:
+            if wanted(*official_cases):
+                with rec.section(*official_cases):
+                    official(endpoint, "official", n, rec)
+            if wanted(*framework_cases):
+                with rec.section(*framework_cases), started(_grpc_transport(endpoint)) as t:
+                    framework(t, "framework", "", n, rec)
 
     sync_cases = ("framework_send_sync_flush", "framework_send_pipelined_sync_flush")
-    with rec.section(*sync_cases), \
-            broker_server(workdir / "sync-store", home, flush="sync") as endpoint, \
-            started(_grpc_transport(endpoint)) as t:
-        framework(t, "framework", "_sync_flush", n, rec, asend=False, batch=False,
-                  receive=False)
+    if wanted(*sync_cases):
+        with rec.section(*sync_cases), \
+                broker_server(workdir / "sync-store", home, flush="sync") as endpoint, \
+                started(_grpc_transport(endpoint)) as t:
+            framework(t, "framework", "_sync_flush", n, rec, asend=False, batch=False,
+                      receive=False)
 
-    with rec.section("embedded_send", "embedded_receive_ack"):
-        import reliable
-        from broker.config import BrokerConfig
-        from broker.store.config import StoreConfig
+    if wanted("embedded_send", "embedded_receive_ack"):
+        with rec.section("embedded_send", "embedded_receive_ack"):
+            import reliable
+            from broker.config import BrokerConfig
+            from broker.store.config import StoreConfig
 
-        embedded = reliable.connect("embedded", store_config=StoreConfig(
-            store_dir=workdir / "embedded-store", mapped_file_size_commitlog=256 << 20),
-            broker_config=BrokerConfig())
-        with started(embedded) as t:
-            framework(t, "embedded", "", n, rec, send_each=False, asend=False, batch=False)
+            embedded = reliable.connect("embedded", store_config=StoreConfig(
+                store_dir=workdir / "embedded-store", mapped_file_size_commitlog=256 << 20),
+                broker_config=BrokerConfig())
+            with started(embedded) as t:
+                framework(t, "embedded", "", n, rec, send_each=False, asend=False,
+                          batch=False)
 
     for key in CAP_KEYS:
         ours, cap = result.metrics.get(f"{key}_msgs_s"), result.metrics.get(
@@ -529,7 +557,7 @@ def run(opts: Options) -> SuiteResult:
     workdir = opts.workdir or Path.cwd()
     n = peers.counts(opts.quick)
     result = SuiteResult()
-    errors = measure(n, workdir, result)
+    errors = measure(n, workdir, result, opts.only)
     result.metrics["messages_each"] = n.each
     result.metrics["messages_pipelined"] = n.pipelined
     result.notes.append(f"{len(BODY)} B bodies; one-at-a-time cases: {n.each} messages, "

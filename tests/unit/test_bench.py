@@ -107,6 +107,24 @@ def test_grpc_suite_quick_json_carries_the_agreed_keys(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+def test_grpc_only_runs_the_chosen_group_and_keeps_every_key(tmp_path: Path) -> None:
+    """`--only` keeps the JSON's shape: every agreed key is there, null when not run."""
+    proc = _bench("grpc", "--quick", "--json", "--only", "^embedded_", "--dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    metrics = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert not GRPC_KEYS - metrics.keys(), GRPC_KEYS - metrics.keys()
+    for key in ("embedded_send_msgs_s", "embedded_receive_ack_msgs_s"):
+        assert isinstance(metrics[key], int) and metrics[key] > 0, key
+    for key in GRPC_KEYS - {"embedded_send_msgs_s", "embedded_receive_ack_msgs_s"}:
+        assert metrics[key] is None, key
+    assert "errors" not in metrics
+
+
+def test_only_rejects_a_bad_pattern() -> None:
+    proc = _bench("grpc", "--only", "(", timeout=60)
+    assert proc.returncode == 2 and "--only" in proc.stderr
+
+
 # --- peers: started when absent, reported when unreachable
 
 def test_a_peer_not_running_is_started_measured_and_stopped(tmp_path: Path) -> None:

@@ -379,12 +379,16 @@ def framework(transport: Any, prefix: str, suffix: str, n: peers.Counts, rec: Re
             sync, latencies = each(lambda: producer.send(Message(topic, BODY)), n.each)
             rec.add(f"{prefix}_send{suffix}", sync, "send, one at a time", latencies)
         name = f"{prefix}_send_pipelined{suffix}" if send_each else f"{prefix}_send{suffix}"
+        before = _requests(producer)
         rec.add(name, windowed(lambda: producer.send_async(Message(topic, BODY)),
-                               n.pipelined), f"send_async, {WINDOW} in flight")
+                               n.pipelined),
+                f"send_async, {WINDOW} in flight{_per_request(producer, before, n.pipelined)}")
         if asend:
+            before = _requests(producer)
             rec.add(f"{prefix}_asend_pipelined{suffix}",
                     async_windowed(lambda: producer.asend(Message(topic, BODY)), n.pipelined),
-                    f"await asend, {WINDOW} in flight")
+                    f"await asend, {WINDOW} in flight"
+                    f"{_per_request(producer, before, n.pipelined)}")
         if batch:
             batches = max(1, n.pipelined // BATCH)
 
@@ -398,6 +402,20 @@ def framework(transport: Any, prefix: str, suffix: str, n: peers.Counts, rec: Re
         if receive:
             measured, note = receive_ack(consumer, n.pipelined)
             rec.add(f"{prefix}_receive_ack{suffix}", measured, note)
+
+
+def _requests(producer: Any) -> int | None:
+    """Requests the producer's send pipeline has made, where it counts them."""
+    count = getattr(producer, "requests_sent", None)
+    return count if isinstance(count, int) else None
+
+
+def _per_request(producer: Any, before: int | None, messages: int) -> str:
+    """`; N msgs/request` for the row's note: how well the pipeline batched."""
+    after = _requests(producer)
+    if before is None or after is None or after <= before:
+        return ""
+    return f"; {messages / (after - before):.1f} msgs/request"
 
 
 def receive_ack(consumer: Any, n: int) -> tuple[Measured, str]:

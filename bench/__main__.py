@@ -2,7 +2,10 @@
 
 Suites are the modules of this package without a leading underscore (each defines `run`);
 each prints a table (stdout) and progress (stderr). With `--json` the last line of stdout
-is one JSON object: the suite's metrics for one suite, `{suite: metrics, ...}` for `all`.
+is one JSON object: the suite's metrics for one suite, `{suite: metrics, ...}` for `all`;
+a figure that could not be measured is null. A case that failed is listed under `errors`
+(in the JSON, and on stderr) and the run exits 1; a peer that could not be measured is not
+a failure of the run (its rows and `<peer>_error` say why).
 Figures are never asserted by tests; they are compared with the floor measured in the
 same run on the same machine.
 """
@@ -13,6 +16,7 @@ import argparse
 import importlib
 import json
 import pkgutil
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -41,12 +45,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench",
                                      description="Run benchmark suites and print their figures.")
     parser.add_argument("suite", choices=[*suites, "all"], help="suite to run, or all")
-    parser.add_argument("--quick", action="store_true", help="short runs (< 30 s per suite)")
+    parser.add_argument("--quick", action="store_true",
+                        help="short runs (under a minute per suite)")
     parser.add_argument("--json", action="store_true",
                         help="print the metrics as one JSON object on the last line")
     parser.add_argument("--dir", type=Path, default=None,
                         help="directory for the suites' files (default: a temp dir)")
+    parser.add_argument("--only", metavar="REGEX", default=None,
+                        help="run only the cases whose name matches (grpc: a case's group, "
+                             "e.g. '^framework_send$' or 'official|stub_official')")
     args = parser.parse_args(argv)
+    if args.only is not None:
+        try:
+            re.compile(args.only)
+        except re.error as exc:
+            parser.error(f"--only: {exc}")
     names = list(suites) if args.suite == "all" else [args.suite]
     modules = {name: load(name) for name in names}
     results: dict[str, SuiteResult] = {}
@@ -55,18 +68,24 @@ def main(argv: list[str] | None = None) -> int:
             workdir = Path(tmp) / name
             workdir.mkdir()
             progress(f"suite {name}{' (quick)' if args.quick else ''} in {workdir}")
-            results[name] = modules[name].run(Options(quick=args.quick, workdir=workdir))
+            results[name] = modules[name].run(Options(quick=args.quick, workdir=workdir,
+                                                      only=args.only))
             description = getattr(modules[name], "DESCRIPTION", "")
             print(format_table(f"== {name}: {description}", results[name]))
             print()
+    errors = [f"{n}: {e}" for n, r in results.items() for e in r.errors]
+    for error in errors:
+        progress(f"FAILED {error}")
     if args.json:
         if args.suite == "all":
             payload: dict[str, object] = {n: r.metrics for n, r in results.items()}
         else:
             payload = dict(results[names[0]].metrics)
+        if errors:
+            payload["errors"] = errors
         sys.stdout.flush()
         print(json.dumps(payload, sort_keys=True))
-    return 0
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":

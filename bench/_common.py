@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +22,7 @@ from pathlib import Path
 class Options:
     quick: bool = False
     workdir: Path | None = None  # where suites put their files (a temp dir by default)
+    only: str | None = None  # a regular expression: the cases to run (suites that offer it)
 
 
 @dataclass
@@ -33,13 +34,16 @@ class Row:
     mb_s: float
     note: str = ""
     cpu_us: float | None = None  # CPU of the measuring thread per message, when meaningful
+    missing: bool = False  # not measured (the note says why): no figure is printed
 
 
 @dataclass
 class SuiteResult:
     rows: list[Row] = field(default_factory=list)
-    metrics: dict[str, float | int | str] = field(default_factory=dict)
+    # figures by name; None for a figure that could not be measured in this run
+    metrics: dict[str, float | int | str | None] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # cases that failed: the run exits 1
 
 
 def progress(message: str) -> None:
@@ -76,10 +80,25 @@ def timed(fn: Callable[[], tuple[int, int]]) -> Measured:
     return Measured(count, time.perf_counter() - start, payload, time.thread_time() - cpu)
 
 
+def percentiles_ms(seconds: Sequence[float]) -> tuple[float, float]:
+    """p50 and p99 of per-call durations (seconds), in milliseconds, rounded to 0.01 ms."""
+    ordered = sorted(seconds)
+    if not ordered:
+        return 0.0, 0.0
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 3)
+
+    return at(0.50), at(0.99)
+
+
 def format_table(title: str, result: SuiteResult) -> str:
     lines = [title, f"{'case':<34} {'msgs/s':>12} {'MB/s':>10} {'CPU us/msg':>10}  note",
              "-" * 84]
     for row in result.rows:
+        if row.missing:
+            lines.append(f"{row.name:<34} {'-':>12} {'-':>10} {'-':>10}  {row.note}")
+            continue
         cpu = "-" if row.cpu_us is None else f"{row.cpu_us:.2f}"
         lines.append(f"{row.name:<34} {row.msgs_s:>12,.0f} {row.mb_s:>10.1f} {cpu:>10}  "
                      f"{row.note}")

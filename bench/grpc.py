@@ -1,72 +1,330 @@
-"""gRPC suite: our RocketMQ 5 gRPC server, driven by the official client and by the
-framework's `grpc` transport, beside the embedded transport as the in-process peer.
+"""gRPC suite: our RocketMQ 5 gRPC server, driven by the framework's `grpc` transport and by
+the official client, beside RabbitMQ and NATS JetStream (the `peers` suite, same run, same
+counts) and beside the cap the official client reaches against a server that does no work.
 
-The server runs as a real subprocess (`reliable broker start`, async flush) on a loopback
-port. Cases, 1 KiB bodies, one process and thread per client unless noted:
+The server runs as a real subprocess (`reliable broker start`) on a loopback port, async
+flush unless the case says sync_flush. 1 KiB bodies; one client process and thread:
 
-- official_send: `rocketmq.Producer.send`, one request-response per message;
-- official_send_async: `send_async`, 256 in flight;
-- official_receive_ack: `SimpleConsumer.receive(32)` + one `ack` per message;
-- framework_send: `reliable.Producer` over the grpc transport;
-- framework_send_batch: batches of 32 in one SendMessage (the protocol's repeated field);
-- framework_receive_ack: `reliable.SimpleConsumer` receive(32) + ack;
-- sync_flush_*: the framework cases against a server started with `--flush sync` (a send is
-  acknowledged after fsync; a batch shares one group commit);
-- embedded_send / embedded_receive_ack: the same framework code, in-process broker.
+- framework_send: `reliable.Producer.send`, one at a time (each call timed: p50/p99);
+- framework_send_sync_flush: the same against a server started with `--flush sync` (a send
+  is acknowledged after its fsync; concurrent sends share a group commit);
+- framework_send_pipelined: `Producer.send_async` with a window of 1000 in flight;
+- framework_send_pipelined_sync_flush: the same on the `--flush sync` server;
+- framework_asend_pipelined: `await Producer.asend` on one asyncio loop, 1000 in flight;
+- framework_send_batch: `Producer.send_batch` of 32 (one SendMessage, the repeated field);
+- framework_receive_ack: `reliable.SimpleConsumer.receive(32)` + `ack_async` per message
+  (batched into one AckMessage underneath; every ack confirmed before the clock stops), or
+  `ack` per message with a client that has no `ack_async`;
+- official_send / official_send_async / official_receive_ack: the official client
+  (`rocketmq-python-client`): `Producer.send` one at a time, `send_async` with a window of
+  256 (OFFICIAL_WINDOW: see there), `SimpleConsumer.receive(32)` + `ack` per message;
+- stub_official_* / stub_framework_*: the same cases against `bench._stub`, a
+  MessagingService that answers OK at once: each client's own cap on this machine;
+- embedded_send / embedded_receive_ack: the framework's code over the in-process broker
+  (no gRPC): `send_async` with a window of 1000, receive(32) + ack.
+
+Consume cases take the pipelined count of messages from a topic holding all that was sent.
+The table is followed by a comparison: each of our cases beside its peer, with the ratio and
+the target it is held to.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench._common import Measured, Options, Row, SuiteResult, format_table, progress, timed
+from bench import peers
+from bench._common import (
+    Measured,
+    Options,
+    Row,
+    SuiteResult,
+    format_table,
+    percentiles_ms,
+    progress,
+    timed,
+)
 
 NAME = "grpc"
-DESCRIPTION = "RocketMQ 5 gRPC server: official client and grpc transport vs embedded"
+DESCRIPTION = "RocketMQ 5 gRPC server: framework, official client, embedded vs peers"
 BODY = b"x" * 1024
-WINDOW = 256
+WINDOW = 1000  # pipelined sends in flight, as the peers' pipelined cases
+# the official client's send_async: with 1000 in flight on a loaded machine the case stalled
+# (futures still pending after 300 s); 256 stays well inside the client's 3 s request deadline
+OFFICIAL_WINDOW = 256
+BATCH = 32     # messages per send_batch and per receive
 REPO = Path(__file__).resolve().parents[1]
+START_TIMEOUT_S = 60.0
+STALL_TIMEOUT_S = 60.0  # a case fails when nothing completes for this long
+
+# every figure this suite reports (null when its case failed); the JSON always has them
+THROUGHPUT_KEYS = (
+    "framework_send", "framework_send_sync_flush", "framework_send_pipelined",
+    "framework_send_pipelined_sync_flush", "framework_asend_pipelined", "framework_send_batch",
+    "framework_receive_ack",
+    "official_send", "official_send_async", "official_receive_ack",
+    "stub_official_send", "stub_official_send_async", "stub_official_receive_ack",
+    "stub_framework_send", "stub_framework_send_pipelined", "stub_framework_asend_pipelined",
+    "stub_framework_send_batch", "stub_framework_receive_ack",
+    "embedded_send", "embedded_receive_ack",
+)
+LATENCY_KEYS = ("framework_send", "framework_send_sync_flush", "official_send",
+                "stub_official_send", "stub_framework_send")
+CAP_KEYS = ("official_send", "official_send_async", "official_receive_ack", "framework_send",
+            "framework_send_pipelined", "framework_asend_pipelined", "framework_send_batch",
+            "framework_receive_ack")
 
 
-def _start_server(store: Path, home: Path, flush: str = "async"
-                  ) -> tuple[subprocess.Popen[str], str]:
+@dataclass(frozen=True)
+class Comparison:
+    ours: str
+    peer: str
+    target: str = ""
+    target_ratio: float | None = None  # ours / peer at least this, when a target is set
+
+
+# our case beside its peer; the targets are the issue's (never asserted by tests)
+COMPARISONS = (
+    Comparison("framework_send", "rabbitmq_publish_each"),
+    Comparison("framework_send", "nats_publish_each"),
+    Comparison("framework_send_sync_flush", "rabbitmq_publish_each",
+               ">= 3x, >= 2,000/s, p50 <= 0.6 ms", 3.0),
+    Comparison("framework_send_sync_flush", "nats_publish_each"),
+    Comparison("framework_send_pipelined", "rabbitmq_publish_pipelined"),
+    Comparison("framework_send_pipelined", "nats_publish_pipelined", ">= 1x", 1.0),
+    Comparison("framework_send_pipelined_sync_flush", "rabbitmq_publish_pipelined"),
+    Comparison("framework_send_batch", "nats_publish_pipelined"),
+    Comparison("framework_receive_ack", "rabbitmq_consume_ack"),
+    Comparison("framework_receive_ack", "nats_consume_ack", ">= 1x", 1.0),
+    Comparison("official_send", "rabbitmq_publish_each"),
+    Comparison("official_send_async", "rabbitmq_publish_pipelined"),
+    Comparison("official_receive_ack", "rabbitmq_consume_ack"),
+    Comparison("embedded_send", "nats_publish_pipelined", ">= 2x", 2.0),
+    Comparison("embedded_receive_ack", "nats_consume_ack", ">= 2x", 2.0),
+    Comparison("official_send", "stub_official_send", ">= 80% of cap", 0.8),
+    Comparison("official_send_async", "stub_official_send_async", ">= 80% of cap", 0.8),
+    Comparison("official_receive_ack", "stub_official_receive_ack", ">= 80% of cap", 0.8),
+    Comparison("framework_send", "stub_framework_send"),
+    Comparison("framework_send_pipelined", "stub_framework_send_pipelined"),
+    Comparison("framework_asend_pipelined", "stub_framework_asend_pipelined"),
+    Comparison("framework_send_batch", "stub_framework_send_batch"),
+    Comparison("framework_receive_ack", "stub_framework_receive_ack"),
+)
+
+
+class CaseFailed(Exception):
+    """A case did not complete (a send failed, a receive came up short)."""
+
+
+# --- processes
+
+@contextmanager
+def serving(argv: list[str], home: Path, what: str) -> Iterator[str]:
+    """Run a server subprocess that prints `serving on <host>:<port>`; yield the endpoint.
+    Its output is drained in a thread (a full pipe would stall it) and shown on failure."""
     env = dict(os.environ, HOME=str(home), PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "reliable.cli", "broker", "start", "--store", str(store),
-         "--port", "0", "--min-long-polling-ms", "1000", "--min-invisible-ms", "1000",
-         "--flush", flush],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+    proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
     assert proc.stdout is not None
-    deadline = time.monotonic() + 60
-    for line in proc.stdout:
-        m = re.search(r"serving on ([\w.]+):(\d+)", line)
-        if m:
-            return proc, f"127.0.0.1:{m.group(2)}"
-        if time.monotonic() > deadline:
-            break
-    proc.kill()
-    raise RuntimeError("the server did not start")
+    tail: collections.deque[str] = collections.deque(maxlen=20)
+    found = threading.Event()
+    endpoint: list[str] = []
+
+    def drain() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            tail.append(line)
+            if not found.is_set():
+                m = re.search(r"serving on ([\w.]+):(\d+)", line)
+                if m:
+                    endpoint.append(f"127.0.0.1:{m.group(2)}")
+                    found.set()
+        found.set()
+
+    threading.Thread(target=drain, name=f"{what}-output", daemon=True).start()
+    try:
+        if not found.wait(START_TIMEOUT_S) or not endpoint:
+            raise CaseFailed(f"{what} did not start: {''.join(tail)[-800:]}")
+        yield endpoint[0]
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
 
 
-def _drain(receive: Callable[[], list[Any]], ack: Callable[[Any], None], n: int) -> int:
+def broker_server(store: Path, home: Path, flush: str = "async") -> Any:
+    return serving(["-m", "reliable.cli", "broker", "start", "--store", str(store),
+                    "--port", "0", "--min-long-polling-ms", "1000",
+                    "--min-invisible-ms", "1000", "--flush", flush], home,
+                   f"server (--flush {flush})")
+
+
+def stub_server(home: Path) -> Any:
+    return serving(["-m", "bench._stub", "--port", "0"], home, "stub server")
+
+
+# --- measuring helpers
+
+class Recorder:
+    """Rows, metrics and the latencies of one run."""
+
+    def __init__(self, result: SuiteResult) -> None:
+        self.result = result
+        self.errors: list[str] = []
+
+    def add(self, name: str, m: Measured, note: str,
+            latencies: list[float] | None = None) -> None:
+        metrics = self.result.metrics
+        if latencies:
+            p50, p99 = percentiles_ms(latencies)
+            metrics[f"{name}_p50_ms"] = p50
+            metrics[f"{name}_p99_ms"] = p99
+            note += f"; p50 {p50:.2f} ms, p99 {p99:.2f} ms"
+        self.result.rows.append(Row(name, m.msgs_s, m.mb_s, note, m.cpu_us))
+        metrics[f"{name}_msgs_s"] = round(m.msgs_s)
+        progress(f"{name}: {m.msgs_s:,.0f} msg/s")
+
+    def failed(self, names: tuple[str, ...], exc: BaseException) -> None:
+        why = f"{type(exc).__name__}: {exc}".strip()[:200]
+        progress(f"{', '.join(names)}: FAILED ({why})")
+        self.errors.append(f"{'/'.join(names)}: {why}")
+        for name in names:
+            self.result.rows.append(Row(name, 0.0, 0.0, f"FAILED: {why}"[:120], missing=True))
+
+    @contextmanager
+    def section(self, *names: str) -> Iterator[None]:
+        """Run a group of cases; a failure marks the ones not yet measured, and the run
+        goes on with the next group."""
+        try:
+            yield
+        except Exception as exc:
+            done = {row.name for row in self.result.rows}
+            self.failed(tuple(n for n in names if n not in done), exc)
+
+
+def each(call: Callable[[], Any], n: int) -> tuple[Measured, list[float]]:
+    """`call` n times, one at a time, each timed."""
+    latencies: list[float] = []
+
+    def run() -> tuple[int, int]:
+        for _ in range(n):
+            t = time.perf_counter()
+            call()
+            latencies.append(time.perf_counter() - t)
+        return n, n * len(BODY)
+
+    return timed(run), latencies
+
+
+def windowed(submit: Callable[[], Any], n: int, window: int = WINDOW) -> Measured:
+    """`submit()` (returning a concurrent future) n times with at most `window` futures
+    unresolved: a sliding window, as the peers' pipelined publishers keep."""
+    slots = threading.BoundedSemaphore(window)
+    errors: list[BaseException] = []
+
+    def done(f: Any) -> None:
+        exc = f.exception()
+        if exc is not None:
+            errors.append(exc)
+        slots.release()
+
+    def run() -> tuple[int, int]:
+        for _ in range(n):
+            if not slots.acquire(timeout=STALL_TIMEOUT_S):
+                raise CaseFailed(f"no send completed for {STALL_TIMEOUT_S:.0f} s")
+            if errors:
+                break
+            submit().add_done_callback(done)
+        for _ in range(window):
+            if not slots.acquire(timeout=STALL_TIMEOUT_S):
+                raise CaseFailed(f"sends still pending, none completed for "
+                                 f"{STALL_TIMEOUT_S:.0f} s")
+        if errors:
+            raise CaseFailed(f"{len(errors)} pipelined sends failed, first: {errors[0]!r}")
+        return n, n * len(BODY)
+
+    return timed(run)
+
+
+def async_windowed(send: Callable[[], Awaitable[Any]], n: int,
+                   window: int = WINDOW) -> Measured:
+    """`await send()` n times on one asyncio loop with at most `window` awaiting at once."""
+
+    async def main() -> None:
+        slots = asyncio.Semaphore(window)
+        errors: list[BaseException] = []
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def one() -> None:
+            try:
+                await send()
+            except Exception as exc:
+                errors.append(exc)
+            finally:
+                slots.release()
+
+        for _ in range(n):
+            try:
+                await asyncio.wait_for(slots.acquire(), STALL_TIMEOUT_S)
+            except TimeoutError:
+                raise CaseFailed(f"no send completed for {STALL_TIMEOUT_S:.0f} s") from None
+            if errors:
+                break
+            task = asyncio.ensure_future(one())
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.wait(tasks, timeout=STALL_TIMEOUT_S)
+        if tasks:
+            raise CaseFailed(f"{len(tasks)} sends still pending after {STALL_TIMEOUT_S:.0f} s")
+        if errors:
+            raise CaseFailed(f"{len(errors)} pipelined sends failed, first: {errors[0]!r}")
+
+    def run() -> tuple[int, int]:
+        asyncio.run(main())
+        return n, n * len(BODY)
+
+    return timed(run)
+
+
+def drain(receive: Callable[[], list[Any]], ack: Callable[[Any], None], n: int) -> int:
     got = 0
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + STALL_TIMEOUT_S
     while got < n and time.monotonic() < deadline:
         for m in receive():
             ack(m)
             got += 1
+            deadline = time.monotonic() + STALL_TIMEOUT_S
+    if got < n:
+        raise CaseFailed(f"received {got} of {n} messages, then none for "
+                         f"{STALL_TIMEOUT_S:.0f} s")
     return got
 
 
-def _official(endpoint: str, n: int, rows: list[Row], metrics: dict[str, Any]) -> None:
+def consumed(receive: Callable[[], list[Any]], ack: Callable[[Any], None],
+             n: int) -> Measured:
+    return timed(lambda: (drain(receive, ack, n), n * len(BODY)))
+
+
+# --- the official client
+
+def official(endpoint: str, prefix: str, n: peers.Counts, rec: Recorder) -> None:
     from rocketmq import (
         ClientConfiguration,
         Credentials,
@@ -76,128 +334,255 @@ def _official(endpoint: str, n: int, rows: list[Row], metrics: dict[str, Any]) -
         SimpleConsumer,
     )
 
+    topic = f"bench-{prefix.replace('_', '-')}"
     config = ClientConfiguration(endpoint, Credentials())
-    consumer = SimpleConsumer(config, "bench-official", {"bench-official":
-                                                          FilterExpression("*")},
+    consumer = SimpleConsumer(config, f"{topic}-g", {topic: FilterExpression("*")},
                               await_duration=2)
     consumer.startup()
-    producer = Producer(config, ["bench-official"])
+    producer = Producer(config, [topic])
     producer.startup()
 
     def message() -> Any:
         m = Message()
-        m.topic, m.body = "bench-official", BODY
+        m.topic, m.body = topic, BODY
         return m
 
     try:
         producer.send(message())  # warm-up: route, channel, topic creation
-        _drain(lambda: consumer.receive(32, 30), consumer.ack, 1)
-        sync = timed(lambda: (sum(1 for _ in range(n) if producer.send(message())),
-                              n * len(BODY)))
-        def send_async() -> tuple[int, int]:
-            # a window of WINDOW in flight: more only queues up past the client's 3 s deadline
-            for start in range(0, n, WINDOW):
-                futures = [producer.send_async(message())
-                           for _ in range(min(WINDOW, n - start))]
-                for f in futures:
-                    f.result(timeout=120)
-            return n, n * len(BODY)
-
-        concurrent = timed(send_async)
-        recv = timed(lambda: (_drain(lambda: consumer.receive(32, 30), consumer.ack, 2 * n),
-                              2 * n * len(BODY)))
+        drain(lambda: consumer.receive(BATCH, 30), consumer.ack, 1)
+        sync, latencies = each(lambda: producer.send(message()), n.each)
+        rec.add(f"{prefix}_send", sync, "send, one at a time", latencies)
+        rec.add(f"{prefix}_send_async",
+                windowed(lambda: producer.send_async(message()), n.pipelined,
+                         OFFICIAL_WINDOW), f"send_async, {OFFICIAL_WINDOW} in flight")
+        rec.add(f"{prefix}_receive_ack",
+                consumed(lambda: consumer.receive(BATCH, 30), consumer.ack, n.pipelined),
+                f"receive({BATCH}), ack each")
     finally:
         producer.shutdown()
         consumer.shutdown()
-    _add(rows, metrics, "official_send", sync, "sync, one at a time")
-    _add(rows, metrics, "official_send_async", concurrent, f"{WINDOW} in flight")
-    _add(rows, metrics, "official_receive_ack", recv, "batch 32, ack each")
 
 
-def _framework(transport: Any, prefix: str, n: int, rows: list[Row],
-               metrics: dict[str, Any], batch: bool) -> None:
+# --- the framework (grpc and embedded transports)
+
+def framework(transport: Any, prefix: str, suffix: str, n: peers.Counts, rec: Recorder, *,
+              send_each: bool = True, asend: bool = True, batch: bool = True,
+              receive: bool = True) -> None:
     from reliable import Message, Producer, SimpleConsumer
 
-    topic = f"bench-{prefix}"
+    topic = f"bench-{prefix}{suffix}".replace("_", "-")
     with SimpleConsumer(f"{topic}-g", {topic: "*"}, transport=transport, await_duration_s=1,
                         invisible_duration_s=30) as consumer, Producer(transport) as producer:
-        producer.send(Message(topic, BODY))
-        _drain(lambda: consumer.receive(max_messages=32), consumer.ack, 1)
-        def send_each() -> tuple[int, int]:
-            for _ in range(n):
-                producer.send(Message(topic, BODY))
-            return n, n * len(BODY)
-
-        sync = timed(send_each)
-        total = n
+        producer.send(Message(topic, BODY))  # warm-up: route, channel, topic creation
+        drain(lambda: consumer.receive(max_messages=BATCH), consumer.ack, 1)
+        if send_each:
+            sync, latencies = each(lambda: producer.send(Message(topic, BODY)), n.each)
+            rec.add(f"{prefix}_send{suffix}", sync, "send, one at a time", latencies)
+        name = f"{prefix}_send_pipelined{suffix}" if send_each else f"{prefix}_send{suffix}"
+        before = _requests(producer)
+        rec.add(name, windowed(lambda: producer.send_async(Message(topic, BODY)),
+                               n.pipelined),
+                f"send_async, {WINDOW} in flight{_per_request(producer, before, n.pipelined)}")
+        if asend:
+            before = _requests(producer)
+            rec.add(f"{prefix}_asend_pipelined{suffix}",
+                    async_windowed(lambda: producer.asend(Message(topic, BODY)), n.pipelined),
+                    f"await asend, {WINDOW} in flight"
+                    f"{_per_request(producer, before, n.pipelined)}")
         if batch:
+            batches = max(1, n.pipelined // BATCH)
+
             def send_batches() -> tuple[int, int]:
-                for _ in range(n // 32):
-                    producer.send_batch([Message(topic, BODY) for _ in range(32)])
-                return (n // 32) * 32, (n // 32) * 32 * len(BODY)
+                for _ in range(batches):
+                    producer.send_batch([Message(topic, BODY) for _ in range(BATCH)])
+                return batches * BATCH, batches * BATCH * len(BODY)
 
-            batched = timed(send_batches)
-            total += batched.count
-        recv = timed(lambda: (_drain(lambda: consumer.receive(max_messages=32), consumer.ack,
-                                     total), total * len(BODY)))
-    _add(rows, metrics, f"{prefix}_send", sync, "sync, one at a time")
-    if batch:
-        _add(rows, metrics, f"{prefix}_send_batch", batched, "32 per SendMessage")
-    _add(rows, metrics, f"{prefix}_receive_ack", recv, "batch 32, ack each")
+            rec.add(f"{prefix}_send_batch{suffix}", timed(send_batches),
+                    f"send_batch of {BATCH}")
+        if receive:
+            measured, note = receive_ack(consumer, n.pipelined)
+            rec.add(f"{prefix}_receive_ack{suffix}", measured, note)
 
 
-def _add(rows: list[Row], metrics: dict[str, Any], name: str, m: Measured, note: str) -> None:
-    rows.append(Row(name, m.msgs_s, m.mb_s, note))
-    metrics[f"{name}_msgs_s"] = round(m.msgs_s)
-    progress(f"{name}: {m.msgs_s:,.0f} msg/s")
+def _requests(producer: Any) -> int | None:
+    """Requests the producer's send pipeline has made, where it counts them."""
+    count = getattr(producer, "requests_sent", None)
+    return count if isinstance(count, int) else None
 
 
-def run(opts: Options) -> SuiteResult:
+def _per_request(producer: Any, before: int | None, messages: int) -> str:
+    """`; N msgs/request` for the row's note: how well the pipeline batched."""
+    after = _requests(producer)
+    if before is None or after is None or after <= before:
+        return ""
+    return f"; {messages / (after - before):.1f} msgs/request"
+
+
+def receive_ack(consumer: Any, n: int) -> tuple[Measured, str]:
+    """receive(32) and ack each message: with `ack_async` where the consumer has it (acks
+    made close together leave as one request, as RabbitMQ's and NATS's acks do not wait
+    either), all acks confirmed before the clock stops; else `ack`, one call each."""
+    ack_async = getattr(consumer, "ack_async", None)
+    if ack_async is None:
+        return (consumed(lambda: consumer.receive(max_messages=BATCH), consumer.ack, n),
+                f"receive({BATCH}), ack each")
+    pending: list[Any] = []
+
+    def run() -> tuple[int, int]:
+        got = drain(lambda: consumer.receive(max_messages=BATCH),
+                    lambda m: pending.append(ack_async(m)), n)
+        for future in pending:
+            future.result(timeout=STALL_TIMEOUT_S)  # an ack that failed fails the case
+        return got, got * len(BODY)
+
+    return timed(run), f"receive({BATCH}), ack_async each"
+
+
+def _grpc_transport(endpoint: str) -> Any:
     import reliable
 
-    workdir = opts.workdir or Path.cwd()
+    return reliable.connect("grpc", endpoint=endpoint)
+
+
+@contextmanager
+def started(transport: Any) -> Iterator[Any]:
+    transport.start()
+    try:
+        yield transport
+    finally:
+        transport.close()
+
+
+# --- the run
+
+def measure(n: peers.Counts, workdir: Path, result: SuiteResult,
+            only: str | None = None) -> list[str]:
+    """The suite's cases into `result`; returns the failures (empty when all ran).
+
+    `only` (a regular expression) keeps the groups of cases with a name it matches (a
+    group shares one server: `official_` runs the three official cases); the others stay
+    null in the metrics."""
+    pattern = re.compile(only) if only else None
+
+    def wanted(*names: str) -> bool:
+        return pattern is None or any(pattern.search(name) for name in names)
+
     home = workdir / "home"
     home.mkdir(exist_ok=True)
     os.environ["HOME"] = str(home)  # the official client logs under $HOME from its import
-    n = 500 if opts.quick else 3000
-    result = SuiteResult()
-    proc, endpoint = _start_server(workdir / "server-store", home)
-    try:
-        _official(endpoint, n, result.rows, result.metrics)
-        t = reliable.connect("grpc", endpoint=endpoint)
-        t.start()
-        try:
-            _framework(t, "framework", n, result.rows, result.metrics, batch=True)
-        finally:
-            t.close()
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
-    proc, endpoint = _start_server(workdir / "sync-store", home, flush="sync")
-    try:
-        t = reliable.connect("grpc", endpoint=endpoint)
-        t.start()
-        try:
-            _framework(t, "sync_flush", n, result.rows, result.metrics, batch=True)
-        finally:
-            t.close()
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
-    from broker.config import BrokerConfig
-    from broker.store.config import StoreConfig
+    for key in THROUGHPUT_KEYS:
+        result.metrics[f"{key}_msgs_s"] = None
+    for key in LATENCY_KEYS:
+        result.metrics[f"{key}_p50_ms"] = result.metrics[f"{key}_p99_ms"] = None
+    for peer in peers.PEERS:
+        for case in peers.CASES:
+            result.metrics[f"{peer.name}_{case}_msgs_s"] = None
+        for case in peers.LATENCY_CASES:
+            result.metrics[f"{peer.name}_{case}_p50_ms"] = None
+            result.metrics[f"{peer.name}_{case}_p99_ms"] = None
+    rec = Recorder(result)
 
-    embedded = reliable.connect("embedded", store_config=StoreConfig(
-        store_dir=workdir / "embedded-store", mapped_file_size_commitlog=256 << 20),
-        broker_config=BrokerConfig())
-    embedded.start()
-    try:
-        _framework(embedded, "embedded", n, result.rows, result.metrics, batch=False)
-    finally:
-        embedded.close()
-    result.metrics["messages"] = n
-    result.notes.append(f"{n} messages of {len(BODY)} B per case; server: a separate process "
-                        "on loopback, async flush unless the case says sync_flush")
+    chosen = tuple(p for p in peers.PEERS
+                   if wanted(*(f"{p.name}_{case}" for case in peers.CASES)))
+    if chosen:
+        peers.measure(n, workdir, result, peers=chosen)
+
+    framework_cases = ("framework_send", "framework_send_pipelined",
+                       "framework_asend_pipelined", "framework_send_batch",
+                       "framework_receive_ack")
+    stub_official = ("stub_official_send", "stub_official_send_async",
+                     "stub_official_receive_ack")
+    stub_framework = tuple(f"stub_{case}" for case in framework_cases)
+    if wanted(*stub_official, *stub_framework):
+        with rec.section(*stub_official, *stub_framework), stub_server(home) as endpoint:
+            if wanted(*stub_official):
+                with rec.section(*stub_official):
+                    official(endpoint, "stub_official", n, rec)
+            if wanted(*stub_framework):
+                with rec.section(*stub_framework), started(_grpc_transport(endpoint)) as t:
+                    framework(t, "stub_framework", "", n, rec)
+
+    official_cases = ("official_send", "official_send_async", "official_receive_ack")
+    if wanted(*official_cases, *framework_cases):
+        with rec.section(*framework_cases, *official_cases), \
+                broker_server(workdir / "server-store", home) as endpoint:
+            if wanted(*official_cases):
+                with rec.section(*official_cases):
+                    official(endpoint, "official", n, rec)
+            if wanted(*framework_cases):
+                with rec.section(*framework_cases), started(_grpc_transport(endpoint)) as t:
+                    framework(t, "framework", "", n, rec)
+
+    sync_cases = ("framework_send_sync_flush", "framework_send_pipelined_sync_flush")
+    if wanted(*sync_cases):
+        with rec.section(*sync_cases), \
+                broker_server(workdir / "sync-store", home, flush="sync") as endpoint, \
+                started(_grpc_transport(endpoint)) as t:
+            framework(t, "framework", "_sync_flush", n, rec, asend=False, batch=False,
+                      receive=False)
+
+    if wanted("embedded_send", "embedded_receive_ack"):
+        with rec.section("embedded_send", "embedded_receive_ack"):
+            import reliable
+            from broker.config import BrokerConfig
+            from broker.store.config import StoreConfig
+
+            embedded = reliable.connect("embedded", store_config=StoreConfig(
+                store_dir=workdir / "embedded-store", mapped_file_size_commitlog=256 << 20),
+                broker_config=BrokerConfig())
+            with started(embedded) as t:
+                framework(t, "embedded", "", n, rec, send_each=False, asend=False,
+                          batch=False)
+
+    for key in CAP_KEYS:
+        ours, cap = result.metrics.get(f"{key}_msgs_s"), result.metrics.get(
+            f"stub_{key}_msgs_s")
+        result.metrics[f"{key}_pct_of_cap"] = (
+            round(100 * float(ours) / float(cap), 1)
+            if isinstance(ours, int | float) and isinstance(cap, int | float) and cap
+            else None)
+    return rec.errors
+
+
+def comparison_table(metrics: dict[str, Any]) -> list[str]:
+    """Each of our cases beside its peer: ratio (or % of the stub's cap) and target."""
+    lines = ["", "ours beside the peers (same run, same counts, 1 KiB):",
+             f"{'case':<36} {'ours msg/s':>11}  {'peer case':<32} {'peer msg/s':>11} "
+             f"{'ratio':>7}  target", "-" * 124]
+
+    def fmt(value: Any) -> str:
+        return f"{value:,.0f}" if isinstance(value, int | float) else "-"
+
+    for c in COMPARISONS:
+        ours, peer = metrics.get(f"{c.ours}_msgs_s"), metrics.get(f"{c.peer}_msgs_s")
+        ratio, verdict = "-", ""
+        if isinstance(ours, int | float) and isinstance(peer, int | float) and peer:
+            r = ours / peer
+            ratio = f"{100 * r:.0f}%" if c.peer.startswith("stub_") else f"{r:.2f}x"
+            if c.target_ratio is not None:
+                verdict = " (met)" if r >= c.target_ratio else " (short)"
+        lines.append(f"{c.ours:<36} {fmt(ours):>11}  {c.peer:<32} {fmt(peer):>11} "
+                     f"{ratio:>7}  {c.target}{verdict if c.target else ''}")
+    lat = [f"{key} p50 {metrics[f'{key}_p50_ms']:.2f} ms p99 {metrics[f'{key}_p99_ms']:.2f} ms"
+           for key in (*LATENCY_KEYS, "rabbitmq_publish_each", "nats_publish_each")
+           if isinstance(metrics.get(f"{key}_p50_ms"), int | float)]
+    if lat:
+        lines.append("one at a time: " + "; ".join(lat))
+    return lines
+
+
+def run(opts: Options) -> SuiteResult:
+    workdir = opts.workdir or Path.cwd()
+    n = peers.counts(opts.quick)
+    result = SuiteResult()
+    errors = measure(n, workdir, result, opts.only)
+    result.metrics["messages_each"] = n.each
+    result.metrics["messages_pipelined"] = n.pipelined
+    result.notes.append(f"{len(BODY)} B bodies; one-at-a-time cases: {n.each} messages, "
+                        f"pipelined and consume cases: {n.pipelined}; server: a separate "
+                        "process on loopback, async flush unless the case says sync_flush")
+    result.notes.extend(comparison_table(result.metrics))
+    result.errors.extend(errors)
     return result
 
 

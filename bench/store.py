@@ -396,7 +396,7 @@ def run(opts: Options) -> SuiteResult:
     assert opts.workdir is not None
     workdir = opts.workdir
     result = SuiteResult()
-    m: dict[str, float | int | str] = result.metrics
+    m: dict[str, float | int | str | None] = result.metrics
     m["quick"] = int(opts.quick)
     m["cpus"] = os.cpu_count() or 0
 

@@ -1,25 +1,73 @@
-"""The benchmark runner's contract (not its figures): `python -m bench store --quick --json`
-ends with one JSON object holding the agreed keys, and runs every discovered suite."""
+"""The benchmark runner's contract (not its figures): suites are discovered by file name,
+`--json` ends with one JSON object holding the agreed keys, a peer that cannot be measured
+is reported and never stops the run, and the no-work stub answers the official client."""
 
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from bench import grpc as grpc_suite
+from bench import peers
+from bench.__main__ import discover
+from bench._common import Measured, Row, SuiteResult, format_table, percentiles_ms
+
 ROOT = Path(__file__).resolve().parents[2]
 REQUIRED = {"floor_msgs_s", "put_async_1k_msgs_s", "put_async_16k_mb_s", "put_sync_64_msgs_s",
             "sync_64_msgs_per_fsync", "dispatch_msgs_s", "read_msgs_s"}
+PEER_KEYS = {f"{peer}_{case}_msgs_s" for peer in ("rabbitmq", "nats")
+             for case in ("publish_each", "publish_pipelined", "consume_ack")} | {
+    f"{peer}_publish_each_{q}_ms" for peer in ("rabbitmq", "nats") for q in ("p50", "p99")}
+GRPC_KEYS = {
+    "framework_send_msgs_s", "framework_send_sync_flush_msgs_s",
+    "framework_send_pipelined_msgs_s", "framework_receive_ack_msgs_s",
+    "official_send_msgs_s", "official_send_async_msgs_s", "official_receive_ack_msgs_s",
+    "embedded_send_msgs_s", "embedded_receive_ack_msgs_s",
+    "framework_send_p50_ms", "framework_send_p99_ms",
+    "framework_send_sync_flush_p50_ms", "framework_send_sync_flush_p99_ms",
+    "official_send_p50_ms", "official_send_p99_ms",
+    "stub_official_send_msgs_s", "stub_official_receive_ack_msgs_s",
+} | PEER_KEYS
+
+
+def _bench(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "bench", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --- the runner
+
+def test_suites_are_the_modules_without_a_leading_underscore() -> None:
+    suites = discover()
+    assert {"grpc", "peers", "store", "reconcile"} <= set(suites)
+    assert not [s for s in suites if s.startswith("_")]  # _common, _stub are not suites
+
+
+def test_runner_lists_suites_and_rejects_unknown_ones() -> None:
+    proc = _bench("--help", timeout=60)
+    assert proc.returncode == 0
+    for name in ("store", "grpc", "peers", "all"):
+        assert name in proc.stdout
+    proc = _bench("nope", timeout=60)
+    assert proc.returncode == 2 and "invalid choice" in proc.stderr
 
 
 @pytest.mark.slow
 def test_store_suite_quick_json(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "bench", "store", "--quick", "--json",
-                           "--dir", str(tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+    proc = _bench("store", "--quick", "--json", "--dir", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     metrics = json.loads(lines[-1])
@@ -28,14 +76,181 @@ def test_store_suite_quick_json(tmp_path: Path) -> None:
     for key in REQUIRED:
         assert isinstance(metrics[key], int | float) and metrics[key] > 0, key
     assert "floor 1 KiB" in proc.stdout  # the table is printed too
-    assert "[bench]" in proc.stderr and "[bench]" not in proc.stdout  # progress on stderr
+    assert "[bench] " in proc.stderr and "[bench] " not in proc.stdout  # progress on stderr
     assert list(tmp_path.iterdir()) == []  # the suite's files are removed
 
 
-def test_runner_lists_suites_and_rejects_unknown_ones() -> None:
-    proc = subprocess.run([sys.executable, "-m", "bench", "--help"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0 and "store" in proc.stdout and "all" in proc.stdout
-    proc = subprocess.run([sys.executable, "-m", "bench", "nope"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "invalid choice" in proc.stderr
+def test_peers_suite_quick_json_measures_both_peers(tmp_path: Path) -> None:
+    """Against the machine's RabbitMQ and NATS: every peer figure present and positive,
+    the queue and the stream it made are gone afterwards."""
+    proc = _bench("peers", "--quick", "--json", "--dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    metrics = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert not PEER_KEYS - metrics.keys(), PEER_KEYS - metrics.keys()
+    for key in PEER_KEYS:
+        assert isinstance(metrics[key], int | float) and metrics[key] > 0, key
+    assert "rabbitmq_error" not in metrics and "nats_error" not in metrics
+    assert "rabbitmq_publish_pipelined" in proc.stdout  # the table
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # about a minute alone; several on a busy 2-core machine
+def test_grpc_suite_quick_json_carries_the_agreed_keys(tmp_path: Path) -> None:
+    proc = _bench("grpc", "--quick", "--json", "--dir", str(tmp_path), timeout=540)
+    metrics = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert proc.returncode == 0, (metrics.get("errors"), proc.stderr[-2000:])
+    assert not GRPC_KEYS - metrics.keys(), GRPC_KEYS - metrics.keys()
+    for key in GRPC_KEYS:
+        assert isinstance(metrics[key], int | float) and metrics[key] > 0, key
+    assert "ours beside the peers" in proc.stdout  # the comparison table
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_grpc_only_runs_the_chosen_group_and_keeps_every_key(tmp_path: Path) -> None:
+    """`--only` keeps the JSON's shape: every agreed key is there, null when not run."""
+    proc = _bench("grpc", "--quick", "--json", "--only", "^embedded_", "--dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    metrics = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert not GRPC_KEYS - metrics.keys(), GRPC_KEYS - metrics.keys()
+    for key in ("embedded_send_msgs_s", "embedded_receive_ack_msgs_s"):
+        assert isinstance(metrics[key], int) and metrics[key] > 0, key
+    for key in GRPC_KEYS - {"embedded_send_msgs_s", "embedded_receive_ack_msgs_s"}:
+        assert metrics[key] is None, key
+    assert "errors" not in metrics
+
+
+def test_only_rejects_a_bad_pattern() -> None:
+    proc = _bench("grpc", "--only", "(", timeout=60)
+    assert proc.returncode == 2 and "--only" in proc.stderr
+
+
+# --- peers: started when absent, reported when unreachable
+
+def test_a_peer_not_running_is_started_measured_and_stopped(tmp_path: Path) -> None:
+    port = _free_port()
+    nats = peers.Peer("nats", "NATS JetStream", "127.0.0.1", port)
+    result = SuiteResult()
+    peers.measure(peers.Counts(each=20, pipelined=200), tmp_path, result, peers=(nats,))
+    assert "nats_error" not in result.metrics, result.metrics.get("nats_error")
+    for case in peers.CASES:
+        assert isinstance(result.metrics[f"nats_{case}_msgs_s"], int)
+    assert not peers.port_open("127.0.0.1", port)  # the server it started is gone
+
+
+@pytest.fixture
+def not_amqp() -> Iterator[int]:
+    """A port that accepts connections and closes them at once: no broker behind it."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = int(server.getsockname()[1])
+    stop = threading.Event()
+
+    def serve() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield port
+    stop.set()
+    thread.join(5)
+    server.close()
+
+
+def test_a_peer_that_cannot_be_measured_is_marked_and_the_others_still_run(
+        tmp_path: Path, not_amqp: int) -> None:
+    broken = peers.Peer("rabbitmq", "RabbitMQ", "127.0.0.1", not_amqp)
+    result = SuiteResult()
+    peers.measure(peers.Counts(each=10, pipelined=100), tmp_path, result,
+                  peers=(broken, peers.NATS))
+    assert isinstance(result.metrics["rabbitmq_error"], str)
+    for case in peers.CASES:
+        assert result.metrics[f"rabbitmq_{case}_msgs_s"] is None
+        assert isinstance(result.metrics[f"nats_{case}_msgs_s"], int)
+    table = format_table("peers", result)
+    assert table.count("not measured") == len(peers.CASES)
+    json.dumps(result.metrics)  # null figures still make one JSON object
+
+
+# --- the comparison and the figures' arithmetic
+
+def test_comparison_puts_each_case_beside_its_peer_and_tolerates_missing_figures() -> None:
+    metrics: dict[str, object] = {"framework_send_pipelined_msgs_s": 20_000,
+                                  "nats_publish_pipelined_msgs_s": 10_000,
+                                  "official_send_msgs_s": 450, "stub_official_send_msgs_s": 500,
+                                  "framework_receive_ack_msgs_s": None}
+    lines = grpc_suite.comparison_table(metrics)
+    pipelined = next(line for line in lines if line.startswith("framework_send_pipelined ")
+                     and "nats_publish_pipelined" in line)
+    assert "2.00x" in pipelined and "(met)" in pipelined
+    cap = next(line for line in lines if line.startswith("official_send ")
+               and "stub_official_send" in line)
+    assert "90%" in cap and "(met)" in cap
+    receive = next(line for line in lines if line.startswith("framework_receive_ack ")
+                   and "nats_consume_ack" in line)
+    assert " - " in receive and "(met)" not in receive and "(short)" not in receive
+
+
+def test_percentiles_and_rates() -> None:
+    p50, p99 = percentiles_ms([i / 1000 for i in range(1, 101)])  # 1..100 ms
+    assert (p50, p99) == (51.0, 100.0)
+    assert percentiles_ms([]) == (0.0, 0.0)
+    m = Measured(count=500, seconds=0.25, payload_bytes=500 * 1024)
+    assert m.msgs_s == 2000 and m.mb_s == pytest.approx(2.048)
+    row = Row("x", 0.0, 0.0, "why", missing=True)
+    assert "-" in format_table("t", SuiteResult(rows=[row]))
+
+
+def test_a_failing_case_is_marked_and_the_run_goes_on() -> None:
+    result = SuiteResult()
+    rec = grpc_suite.Recorder(result)
+    with rec.section("a_send", "a_receive"):
+        rec.add("a_send", Measured(10, 1.0, 10), "ok")
+        raise grpc_suite.CaseFailed("receive came up short")
+    assert [r.name for r in result.rows] == ["a_send", "a_receive"]
+    assert result.rows[1].missing and "receive came up short" in result.rows[1].note
+    assert rec.errors == ["a_receive: CaseFailed: receive came up short"]
+
+
+# --- the stub server
+
+def test_stub_server_answers_the_official_client(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))  # the official client logs under $HOME
+    from rocketmq import (
+        ClientConfiguration,
+        Credentials,
+        FilterExpression,
+        Message,
+        Producer,
+        SimpleConsumer,
+    )
+
+    with grpc_suite.stub_server(home) as endpoint:
+        config = ClientConfiguration(endpoint, Credentials())
+        producer = Producer(config, ["stub-topic"])
+        consumer = SimpleConsumer(config, "stub-group",
+                                  {"stub-topic": FilterExpression("*")}, await_duration=2)
+        producer.startup()
+        consumer.startup()
+        try:
+            message = Message()
+            message.topic, message.body = "stub-topic", b"x" * 1024
+            receipts = [producer.send(message), producer.send_async(message).result(10)]
+            assert all(r.message_id for r in receipts)
+            assert receipts[0].message_id != receipts[1].message_id  # echoed, per send
+            received = consumer.receive(32, 30)
+            assert len(received) == 32
+            assert all(m.body == b"x" * 1024 and not m.corrupted for m in received)
+            for m in received[:3]:
+                consumer.ack(m)  # raises on a non-OK status
+        finally:
+            producer.shutdown()
+            consumer.shutdown()

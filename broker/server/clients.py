@@ -130,9 +130,10 @@ class ClientHandlers:
         return response
 
     async def heartbeat(self, request: Any, call: CallInfo) -> Any:
+        kind = ClientKind.of(request.client_type)
         session = self.ctx.session(call)
         if session.kind is ClientKind.UNSPECIFIED:
-            session.kind = ClientKind.of(request.client_type)
+            session.kind = kind
         if request.HasField("group") and request.group.name:
             group = check_group(request.group.name)
             session.group = group

@@ -76,10 +76,17 @@ def set_duration_ms(d: Any, ms: int) -> None:
 
 
 def message_type_of(sp: Any) -> str:
-    """The message's declared type name; unspecified falls back to what its fields imply."""
+    """The message's declared type name; unspecified falls back to what its fields imply.
+
+    A type this server does not serve (LITE, PRIORITY, or a number the protocol lacks) is
+    `BAD_REQUEST` rather than a guess.
+    """
     declared = int(sp.message_type)
     if declared in TYPE_NAMES:
         return TYPE_NAMES[declared]
+    if declared != 0:
+        raise BadRequest(f"message type {declared} is not supported (NORMAL, FIFO, DELAY, "
+                         "TRANSACTION)")
     if sp.HasField("message_group"):
         return "FIFO"
     if sp.HasField("delivery_timestamp"):

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker.server.errors import Forbidden
+from broker.server.errors import Forbidden, UnrecognizedClientType
 
 
 class ClientKind(enum.Enum):
@@ -38,10 +38,11 @@ class ClientKind(enum.Enum):
 
     @classmethod
     def of(cls, number: int) -> ClientKind:
+        """The kind for a protocol number; `UnrecognizedClientType` for a number it lacks."""
         try:
             return cls(number)
         except ValueError:
-            return cls.UNSPECIFIED
+            raise UnrecognizedClientType(f"client type {number} is unknown") from None
 
     @property
     def consumer(self) -> bool:

@@ -244,7 +244,8 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzzed]:
     server = ServerProcess(
         tmp_path_factory.mktemp("fuzz-store"), tmp_path_factory.mktemp("fuzz-home"),
         # no auto-created topics: random valid names would each get queue files on disk
-        "--no-auto-create-topics", "--long-polling-ms", "100", "--min-long-polling-ms", "100",
+        # and short long polls: a valid receive on an empty queue waits this long
+        "--no-auto-create-topics", "--long-polling-ms", "10", "--min-long-polling-ms", "10",
         "--min-invisible-ms", "1000").start()
     try:
         admin = AdminClient(server.endpoint)
@@ -274,6 +275,7 @@ def _assert_clean(replies: list[Any], rpc: str) -> None:
         assert replies[0].HasField("status")
 
 
+@pytest.mark.timeout(1800)  # the soak profile's thousands of examples per RPC
 @pytest.mark.parametrize("rpc", sorted(TEMPLATES))
 @given(data=st.data())
 def test_rpc_answers_every_request_cleanly(fuzzed: Fuzzed, rpc: str, data: st.DataObject

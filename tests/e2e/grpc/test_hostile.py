@@ -229,6 +229,16 @@ def test_out_of_range_numbers_are_bad_requests(server: ServerProcess, stub: Any)
     assert _send_code(stub, deliver(-(2 ** 40))) == Code.BAD_REQUEST
     assert _send_code(stub, born(int(time.time()))) == Code.OK  # a sane one still goes
 
+    def message_type(number: int) -> Callable[[Any], None]:
+        def mutate(sp: Any) -> None:
+            sp.message_type = number
+        return mutate
+
+    assert _send_code(stub, message_type(5)) == Code.BAD_REQUEST  # LITE: not served
+    assert _send_code(stub, message_type(2 ** 31 - 1)) == Code.BAD_REQUEST
+    assert stub.Heartbeat(service_pb2.HeartbeatRequest(client_type=77), metadata=md("ranges"),
+                          timeout=5).status.code == Code.UNRECOGNIZED_CLIENT_TYPE
+
     def invisible(seconds: int, nanos: int = 0) -> Callable[[Any], None]:
         def mutate(request: Any) -> None:
             request.invisible_duration.seconds = seconds

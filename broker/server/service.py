@@ -23,7 +23,7 @@ from broker.server.clients import ClientHandlers
 from broker.server.consuming import ConsumerHandlers
 from broker.server.context import CallInfo, ServerContext
 from broker.server.decoding import Undecodable, parser
-from broker.server.errors import NotImplementedByServer
+from broker.server.errors import NotImplementedByServer, ServerError
 from broker.server.offsets import OffsetHandlers
 from broker.server.producing import ProducerHandlers
 from broker.server.status import status_of
@@ -98,8 +98,19 @@ class MessagingServicer:
             last.delivery_timestamp.GetCurrentTime()
             yield last
             return
-        async for response in self.consuming.receive(request, context):
-            yield response
+        answered = False
+        try:
+            async for response in self.consuming.receive(request, context):
+                answered = True
+                yield response
+        except ServerError as exc:
+            # e.g. the client id was claimed by another access key while the call was parked
+            if answered:
+                raise
+            yield service_pb2.ReceiveMessageResponse(status=status_of(exc))
+            last = service_pb2.ReceiveMessageResponse()
+            last.delivery_timestamp.GetCurrentTime()
+            yield last
 
     async def AckMessage(self, request: Any, context: Any) -> Any:
         return await self._unary(context, service_pb2.AckMessageResponse,

@@ -426,3 +426,34 @@ def test_not_implemented_rpcs_check_the_signature_first(auth_server: ServerProce
             assert [r.status.code for r in pulled] == [expected]
     finally:
         channel.close()
+
+
+def test_a_client_id_claimed_during_a_parked_receive(auth_server: ServerProcess) -> None:
+    """The claim lands while a stranger's receive is parked: FORBIDDEN, not a traceback."""
+    channel = grpc.insecure_channel(auth_server.endpoint)
+    stub = service_pb2_grpc.MessagingServiceStub(channel)
+    topic, group, client_id = "t-race", "g-race", "race-client"
+    try:
+        # the topic and group exist before the stranger parks
+        assert stub.SendMessage(send_request(topic), metadata=signed("setup", "owner-key"),
+                                timeout=10).status.code == Code.OK
+        list(stub.ReceiveMessage(receive_request(group, topic),
+                                 metadata=signed("setup", "owner-key"), timeout=10))
+        replies: list[Any] = []
+        stranger = threading.Thread(target=lambda: replies.extend(stub.ReceiveMessage(
+            receive_request(group, topic, poll_s=4),
+            metadata=signed(client_id, "stranger-key"), timeout=10)))
+        stranger.start()
+        time.sleep(0.5)  # the stranger's call is parked on an empty queue
+        assert stub.Heartbeat(service_pb2.HeartbeatRequest(client_type=3),
+                              metadata=signed(client_id, "owner-key"),
+                              timeout=5).status.code == Code.OK
+        assert stub.SendMessage(send_request(topic), metadata=signed("setup", "owner-key"),
+                                timeout=10).status.code == Code.OK
+        stranger.join(15)
+        assert not stranger.is_alive()
+        assert replies[0].status.code == Code.FORBIDDEN
+        assert replies[-1].HasField("delivery_timestamp")
+        assert "Traceback" not in log_of(auth_server)
+    finally:
+        channel.close()

@@ -8,6 +8,9 @@
   present (else the producer's max body size becomes 0), consumers' retry ladder sent as
   `customized_backoff` (the only form the Python push consumer honours), `metric` off.
 - Orphaned half messages are pushed to a producer that publishes their topic.
+- Each stream's replies wait in a queue of `max_telemetry_queue` commands; a client that
+  lets it fill (it sends Settings but never reads) has its stream ended with
+  `RESOURCE_EXHAUSTED`, so an unread stream costs a bounded amount of memory.
 """
 
 from __future__ import annotations
@@ -250,6 +253,8 @@ class ClientHandlers:
     async def _apply_settings(self, session: ClientSession, settings: Any,
                               call: CallInfo) -> Any:
         kind = ClientKind.of(settings.client_type)
+        if settings.HasField("request_timeout"):  # echoed back: never a malformed duration
+            convert.duration_ms(settings.request_timeout, "request timeout")
         pub_sub = settings.WhichOneof("pub_sub")
         if pub_sub is None:
             raise BadRequest("settings carry neither publishing nor subscription")

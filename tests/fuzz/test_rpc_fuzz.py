@@ -7,7 +7,9 @@ serializers) or a valid request of that RPC overlaid with a random message of th
 garbage). Every call must end cleanly: the gRPC status is OK, every reply parses as the
 RPC's response, and its in-band status is a protocol code other than INTERNAL_ERROR. At the
 end the server is still up, its log holds no traceback and no "unexpected error", and its
-anonymous memory grew by a bounded amount.
+anonymous memory grew by a bounded amount. A second server, with access keys on, must
+refuse every unsigned request of every RPC with UNAUTHORIZED, whatever its body, and log
+nothing about it.
 
 Seeded and bounded by the profiles in `tests/fuzz/conftest.py` ("ci": derandomized, 60
 examples per RPC; `--soak`: many more).
@@ -288,6 +290,40 @@ def test_rpc_answers_every_request_cleanly(fuzzed: Fuzzed, rpc: str, data: st.Da
         pytest.fail(f"{rpc} ended with {exc.code()}: {exc.details()}")
     _assert_clean(replies, rpc)
     assert fuzzed.server.alive()
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzzed]:
+    """A second server, with access keys on."""
+    keys = tmp_path_factory.mktemp("fuzz-keys") / "keys.json"
+    keys.write_text('{"fuzz-key": "fuzz-secret"}')
+    server = ServerProcess(tmp_path_factory.mktemp("guarded-store"),
+                           tmp_path_factory.mktemp("guarded-home"), "--credentials-file",
+                           str(keys)).start()
+    try:
+        guarded = Fuzzed(server)
+        yield guarded
+        guarded.channel.close()
+    finally:
+        code = server.terminate()
+    log = "".join(server.output)
+    assert code == 0, log
+    assert "Traceback" not in log, log
+    assert "undecodable " not in log, log  # unsigned callers cannot write to the log
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("rpc", sorted(TEMPLATES))
+@given(data=st.data())
+def test_unsigned_requests_are_refused_whatever_they_carry(
+        guarded: Fuzzed, rpc: str, data: st.DataObject) -> None:
+    body = data.draw(request_bodies(rpc), label="body")
+    try:
+        replies = guarded.call(rpc, body, data.draw(st.sampled_from(CLIENT_IDS)))
+    except grpc.RpcError as exc:
+        pytest.fail(f"{rpc} ended with {exc.code()}: {exc.details()}")
+    assert [int(r.status.code) for r in replies if r.HasField("status")][:1] == \
+        [Code.UNAUTHORIZED], f"{rpc}: {replies[:1]}"
 
 
 def test_valid_templates_are_served(fuzzed: Fuzzed) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 
 from broker.protocol_stubs import service_pb2
+from broker.server import convert
 from broker.server.clients import ClientHandlers
 from broker.server.consuming import ConsumerHandlers
 from broker.server.context import CallInfo, ServerContext
@@ -50,7 +51,7 @@ def add_to_server(servicer: MessagingServicer, server: Any) -> None:
 
 
 class MessagingServicer:
-    """Registered with `add_MessagingServiceServicer_to_server` (duck-typed, no base class)."""
+    """Registered with `add_to_server` (duck-typed, no base class)."""
 
     def __init__(self, ctx: ServerContext) -> None:
         self.ctx = ctx
@@ -93,10 +94,8 @@ class MessagingServicer:
                 self.ctx.call_info(context)
                 raise request.refuse(context)
             except Exception as exc:
-                yield service_pb2.ReceiveMessageResponse(status=status_of(exc))
-            last = service_pb2.ReceiveMessageResponse()  # a receive always ends with one
-            last.delivery_timestamp.GetCurrentTime()
-            yield last
+                for response in self._refused_receive(exc):
+                    yield response
             return
         answered = False
         try:
@@ -107,10 +106,14 @@ class MessagingServicer:
             # e.g. the client id was claimed by another access key while the call was parked
             if answered:
                 raise
-            yield service_pb2.ReceiveMessageResponse(status=status_of(exc))
-            last = service_pb2.ReceiveMessageResponse()
-            last.delivery_timestamp.GetCurrentTime()
-            yield last
+            for response in self._refused_receive(exc):
+                yield response
+
+    def _refused_receive(self, exc: Exception) -> list[Any]:
+        """A refused receive, shaped as the protocol wants: a status, then a timestamp."""
+        last = service_pb2.ReceiveMessageResponse()
+        convert.set_timestamp_ms(last.delivery_timestamp, self.ctx.clock())
+        return [service_pb2.ReceiveMessageResponse(status=status_of(exc)), last]
 
     async def AckMessage(self, request: Any, context: Any) -> Any:
         return await self._unary(context, service_pb2.AckMessageResponse,

@@ -8,6 +8,9 @@
   present (else the producer's max body size becomes 0), consumers' retry ladder sent as
   `customized_backoff` (the only form the Python push consumer honours), `metric` off.
 - Orphaned half messages are pushed to a producer that publishes their topic.
+- Each stream's replies wait in a queue of `max_telemetry_queue` commands; a client that
+  lets it fill (it sends Settings but never reads) has its stream ended with
+  `RESOURCE_EXHAUSTED`, so an unread stream costs a bounded amount of memory.
 """
 
 from __future__ import annotations
@@ -19,11 +22,15 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import grpc
+
 from broker.protocol_stubs import definition_pb2, service_pb2
 from broker.server import convert
 from broker.server.context import CallInfo, ServerContext
+from broker.server.decoding import Undecodable
 from broker.server.errors import BadRequest, ConsumerGroupNotFound, Forbidden, TopicNotFound
-from broker.server.sessions import ClientKind, ClientSession
+from broker.server.ratelimit import LogLimiter
+from broker.server.sessions import ClientKind, ClientSession, TelemetryStream
 from broker.server.status import ok, status_of
 from broker.server.transactions import orphan_command
 from broker.server.validation import accepted_types, check_group, check_topic, parse_filter
@@ -32,8 +39,10 @@ from broker.subscription import SubscriptionGroupConfig
 from broker.topic import PERM_READ, PERM_WRITE, TopicConfig
 
 log = logging.getLogger(__name__)
+_limited = LogLimiter(log)
 
 PERMISSION = {(False, False): 1, (True, False): 2, (False, True): 3, (True, True): 4}
+CUT_OFF_STATUS_WAIT_S = 2.0
 MESSAGE_TYPE = {"NORMAL": 1, "FIFO": 2, "DELAY": 3, "TRANSACTION": 4}
 
 
@@ -64,6 +73,10 @@ class ClientHandlers:
     def endpoints(self, requested: Any) -> Any:
         out = definition_pb2.Endpoints()
         if requested is not None and len(requested.addresses) > 0:
+            for address in requested.addresses:
+                if not 0 < address.port <= 65535 or not address.host:
+                    raise BadRequest(f"endpoint {address.host[:64]!r}:{address.port} is not "
+                                     "a host and a port in 1..65535")
             out.CopyFrom(requested)
             return out
         host = self.ctx.config.advertised_host or self.ctx.config.host
@@ -121,9 +134,10 @@ class ClientHandlers:
         return response
 
     async def heartbeat(self, request: Any, call: CallInfo) -> Any:
+        kind = ClientKind.of(request.client_type)
         session = self.ctx.session(call)
         if session.kind is ClientKind.UNSPECIFIED:
-            session.kind = ClientKind.of(request.client_type)
+            session.kind = kind
         if request.HasField("group") and request.group.name:
             group = check_group(request.group.name)
             session.group = group
@@ -149,16 +163,18 @@ class ClientHandlers:
     async def telemetry(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
         try:
             call = self.ctx.call_info(context)
+            session = self.ctx.session(call)
         except Exception as exc:
             reply = service_pb2.TelemetryCommand()
             reply.status.CopyFrom(status_of(exc))
             yield reply
             return
-        session = self.ctx.session(call)
-        outbox: asyncio.Queue[Any] = asyncio.Queue()
-        session.outbox = outbox
+        stream = TelemetryStream(self.ctx.config.max_telemetry_queue, asyncio.current_task())
+        session.stream = stream
         session.streams += 1
-        reader = asyncio.ensure_future(self._read_commands(requests, session, call))
+        outbox = stream.queue
+        reader = asyncio.ensure_future(self._read_commands(requests, session, call, stream,
+                                                                context))
         getter: asyncio.Future[Any] | None = None
         try:
             while True:
@@ -172,14 +188,14 @@ class ClientHandlers:
                     yield command
                     continue
                 getter.cancel()
-                while not outbox.empty():
-                    yield outbox.get_nowait()
+                while not outbox.empty() and not stream.cut:
+                    command = outbox.get_nowait()
+                    if command is None:
+                        break
+                    yield command
                 break
         finally:
-            session.streams -= 1
-            if session.outbox is outbox:
-                session.outbox = None
-            session.last_seen_ms = session.disconnected_ms = self.ctx.clock()
+            self._stream_closed(session, stream)
             # a client that goes away cancels this call while it waits: end both helper
             # tasks here, or the loop destroys them pending ("Task was destroyed but it is
             # pending!" at every disconnect)
@@ -190,22 +206,55 @@ class ClientHandlers:
                 with contextlib.suppress(Exception):
                     await asyncio.wait(pending, timeout=1.0)
 
+    def _stream_closed(self, session: ClientSession, stream: TelemetryStream) -> None:
+        if stream.closed:
+            return
+        stream.closed = True
+        session.streams -= 1
+        if session.stream is stream:
+            session.stream = None
+        session.last_seen_ms = session.disconnected_ms = self.ctx.clock()
+
+    async def _cut_off(self, session: ClientSession, stream: TelemetryStream,
+                       context: Any) -> None:
+        """End a stream whose client does not read it: final status, then cancel the call."""
+        stream.cut = True
+        self._stream_closed(session, stream)
+        try:  # the status waits behind the unread replies: a client that reads again sees it
+            await asyncio.wait_for(context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"more than {stream.queue.maxsize} telemetry replies were left unread"),
+                CUT_OFF_STATUS_WAIT_S)
+        except (grpc.aio.AbortError, TimeoutError):
+            pass  # AbortError is how abort() ends
+        except Exception as exc:  # the call ended meanwhile
+            log.debug("telemetry stream of %s: final status not sent: %s",
+                      session.client_id, exc)
+        stream.cut_off()
+
     async def _read_commands(self, requests: AsyncIterator[Any], session: ClientSession,
-                             call: CallInfo) -> None:
+                             call: CallInfo, stream: TelemetryStream, context: Any) -> None:
         try:
             async for command in requests:
                 session.last_seen_ms = self.ctx.clock()
-                kind = command.WhichOneof("command")
-                if kind != "settings":
-                    continue  # thread stack traces, verify results: nothing to do
                 reply = service_pb2.TelemetryCommand()
-                try:
-                    reply.settings.CopyFrom(await self._apply_settings(session, command.settings,
-                                                                       call))
-                    reply.status.CopyFrom(ok())
-                except Exception as exc:
-                    reply.status.CopyFrom(status_of(exc))
-                session.push(reply)
+                if isinstance(command, Undecodable):
+                    reply.status.CopyFrom(status_of(command.refuse(context)))
+                elif command.WhichOneof("command") != "settings":
+                    continue  # thread stack traces, verify results: nothing to do
+                else:
+                    try:
+                        reply.settings.CopyFrom(await self._apply_settings(
+                            session, command.settings, call))
+                        reply.status.CopyFrom(ok())
+                    except Exception as exc:
+                        reply.status.CopyFrom(status_of(exc))
+                if not stream.push(reply):  # its replies are not read: stop serving it
+                    _limited.log(logging.WARNING, "telemetry unread",
+                                 "telemetry stream of %s ended: %d replies are waiting unread",
+                                 call.client_id[:64], stream.queue.qsize())
+                    await self._cut_off(session, stream, context)
+                    return
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the client vanished or sent garbage: end the stream
@@ -214,6 +263,8 @@ class ClientHandlers:
     async def _apply_settings(self, session: ClientSession, settings: Any,
                               call: CallInfo) -> Any:
         kind = ClientKind.of(settings.client_type)
+        if settings.HasField("request_timeout"):  # echoed back: never a malformed duration
+            convert.duration_ms(settings.request_timeout, "request timeout")
         pub_sub = settings.WhichOneof("pub_sub")
         if pub_sub is None:
             raise BadRequest("settings carry neither publishing nor subscription")
@@ -250,9 +301,12 @@ class ClientHandlers:
         self.ctx.broker.heartbeat(call.client_id, group, dict(subscriptions))
         reply.subscription.fifo = cfg.fifo
         reply.subscription.receive_batch_size = self.ctx.config.max_receive_batch
-        polling = self.ctx.config.max_long_polling_ms
+        config = self.ctx.config
+        polling = config.max_long_polling_ms
         if kind is ClientKind.SIMPLE_CONSUMER and sub.HasField("long_polling_timeout"):
-            polling = convert.duration_ms(sub.long_polling_timeout)
+            polling = max(config.min_long_polling_ms, min(
+                convert.duration_ms(sub.long_polling_timeout, "long polling timeout"),
+                config.max_long_polling_ms))
         convert.set_duration_ms(reply.subscription.long_polling_timeout, polling)
         policy = reply.backoff_policy
         policy.Clear()

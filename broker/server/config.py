@@ -50,8 +50,14 @@ class ServerConfig:
     max_receive_batch: int = 32
     max_parked_polls: int = 256  # concurrent long polls; beyond: TOO_MANY_REQUESTS
     max_inflight_sends: int = 4096  # messages being stored at once; beyond: TOO_MANY_REQUESTS
+    # replies waiting on one Telemetry stream; a client that lets more pile up unread (it
+    # sends Settings but never reads) has its stream cut off
+    max_telemetry_queue: int = 64
     session_expiry_ms: int = 30_000  # release + forget a client with no call and no stream
-    dedupe_cache_size: int = 100_000  # recent message ids remembered for idempotent sends
+    # recent sends remembered for idempotent sends (broker.server.dedupe): a digest and the
+    # first result, ~250 bytes each whatever the message's properties; bounded by both
+    dedupe_cache_bytes: int = 32 * 1024 * 1024
+    dedupe_cache_size: int = 200_000
     dedupe_recovery_window_ms: int = 60_000  # after start, also look ids up in the store
     producer_max_attempts: int = 3
     auto_create_group: bool = True

@@ -38,6 +38,7 @@ class CallInfo:
     namespace: str
     request_id: str
     metadata: dict[str, str]
+    access_key: str = ""  # the verified credential ("" when authentication is off)
 
 
 class ServerContext:
@@ -91,11 +92,14 @@ class ServerContext:
         client_id = metadata.get("x-mq-client-id", "").strip()
         if require_client_id and not client_id:
             raise ClientIdRequired("x-mq-client-id header is required")
+        access_key = ""
         if self.config.auth:
-            auth.verify(metadata, self.config.credentials, self.clock() / 1000,
-                        self.config.max_signature_skew_s)
+            access_key = auth.verify(metadata, self.config.credentials, self.clock() / 1000,
+                                     self.config.max_signature_skew_s)
+            self.sessions.check_owner(client_id, access_key)
         return CallInfo(client_id=client_id, namespace=metadata.get("x-mq-namespace", ""),
-                        request_id=metadata.get("x-mq-request-id", ""), metadata=metadata)
+                        request_id=metadata.get("x-mq-request-id", ""), metadata=metadata,
+                        access_key=access_key)
 
     def session(self, call: CallInfo) -> ClientSession:
-        return self.sessions.touch(call.client_id, self.clock())
+        return self.sessions.touch(call.client_id, self.clock(), call.access_key)

@@ -4,6 +4,12 @@ A protocol `Message` becomes a store `Message` whose properties carry the system
 (`TAGS`, `KEYS` space-separated, `UNIQ_KEY` = the client's message id, `__SHARDINGKEY` = the
 message group, `TIMER_DELIVER_MS`, `TRAN_MSG`); every other property is the user's. The way
 back rebuilds the same protocol fields, so tags, keys and properties survive the trip.
+
+Times are range-checked here, where they leave the wire: a `Timestamp` must lie between the
+epoch and the end of year 9999 (what protobuf itself calls valid, minus the years before
+1970), a `Duration` within protobuf's +-10,000 years with nanos of the same sign. Anything
+else is `BAD_REQUEST` (or the caller's more specific code) before it reaches the store,
+whose records hold times as signed 64-bit milliseconds.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import zlib
 from typing import Any
 
 from broker.protocol_stubs import definition_pb2
+from broker.server.errors import BadRequest, ServerError
 from broker.server.validation import RESERVED_PROPERTIES
 from broker.store.message import Message, MessageExt, Prop
 
@@ -33,9 +40,20 @@ _SHOWN_SYSTEM_NAMES = frozenset({Prop.DLQ_ORIGIN_TOPIC, Prop.DLQ_ORIGIN_MESSAGE_
 _HIDDEN_ON_DELIVERY = _SYSTEM_NAMES - _SHOWN_SYSTEM_NAMES
 
 
-def timestamp_ms(ts: Any) -> int:
-    """A protobuf Timestamp as epoch milliseconds."""
-    return int(ts.seconds) * 1000 + int(ts.nanos) // 1_000_000
+# the last second of 9999-12-31 (protobuf's own upper bound for a Timestamp)
+MAX_TIMESTAMP_S = 253_402_300_799
+# protobuf's bound for a Duration: 10,000 years
+MAX_DURATION_S = 315_576_000_000
+_MAX_NANOS = 999_999_999
+
+
+def timestamp_ms(ts: Any, what: str = "timestamp",
+                 error: type[ServerError] = BadRequest) -> int:
+    """A protobuf Timestamp as epoch milliseconds; `error` when it is out of range."""
+    seconds, nanos = int(ts.seconds), int(ts.nanos)
+    if not 0 <= seconds <= MAX_TIMESTAMP_S or not 0 <= nanos <= _MAX_NANOS:
+        raise error(f"{what} ({seconds} s, {nanos} ns) is outside 1970-01-01..9999-12-31")
+    return seconds * 1000 + nanos // 1_000_000
 
 
 def set_timestamp_ms(ts: Any, ms: int) -> None:
@@ -43,8 +61,13 @@ def set_timestamp_ms(ts: Any, ms: int) -> None:
     ts.nanos = (ms % 1000) * 1_000_000
 
 
-def duration_ms(d: Any) -> int:
-    return int(d.seconds) * 1000 + int(d.nanos) // 1_000_000
+def duration_ms(d: Any, what: str = "duration", error: type[ServerError] = BadRequest) -> int:
+    """A protobuf Duration in milliseconds (negative when it is); `error` when malformed."""
+    seconds, nanos = int(d.seconds), int(d.nanos)
+    if abs(seconds) > MAX_DURATION_S or abs(nanos) > _MAX_NANOS or \
+            (seconds < 0 < nanos) or (nanos < 0 < seconds):
+        raise error(f"{what} ({seconds} s, {nanos} ns) is not a valid duration")
+    return seconds * 1000 + int(nanos / 1_000_000)
 
 
 def set_duration_ms(d: Any, ms: int) -> None:
@@ -53,10 +76,17 @@ def set_duration_ms(d: Any, ms: int) -> None:
 
 
 def message_type_of(sp: Any) -> str:
-    """The message's declared type name; unspecified falls back to what its fields imply."""
+    """The message's declared type name; unspecified falls back to what its fields imply.
+
+    A type this server does not serve (LITE, PRIORITY, or a number the protocol lacks) is
+    `BAD_REQUEST` rather than a guess.
+    """
     declared = int(sp.message_type)
     if declared in TYPE_NAMES:
         return TYPE_NAMES[declared]
+    if declared != 0:
+        raise BadRequest(f"message type {declared} is not supported (NORMAL, FIFO, DELAY, "
+                         "TRANSACTION)")
     if sp.HasField("message_group"):
         return "FIFO"
     if sp.HasField("delivery_timestamp"):
@@ -78,12 +108,14 @@ def to_store(pm: Any, queue_id: int, *, transactional: bool,
     if sp.HasField("message_group") and sp.message_group:
         props[Prop.SHARDING_KEY] = sp.message_group
     if sp.HasField("delivery_timestamp"):
-        props[Prop.TIMER_DELIVER_MS] = str(timestamp_ms(sp.delivery_timestamp))
+        props[Prop.TIMER_DELIVER_MS] = str(timestamp_ms(sp.delivery_timestamp,
+                                                        "delivery timestamp"))
     if transactional:
         props[Prop.TRAN_MSG] = "true"
         if producer_group:
             props[Prop.PRODUCER_GROUP] = producer_group
-    born_ms = timestamp_ms(sp.born_timestamp) if sp.HasField("born_timestamp") else 0
+    born_ms = timestamp_ms(sp.born_timestamp, "born timestamp") \
+        if sp.HasField("born_timestamp") else 0
     msg = Message(topic=pm.topic.name, body=bytes(pm.body), queue_id=queue_id,
                   properties=props, born_host=(_host_only(sp.born_host), 0))
     if born_ms > 0:

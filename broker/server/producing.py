@@ -16,7 +16,6 @@ import asyncio
 import hashlib
 import itertools
 import logging
-from collections import OrderedDict
 from typing import Any
 
 from broker.protocol_stubs import service_pb2
@@ -24,6 +23,7 @@ from broker.server import convert, validation
 from broker.server.clients import ClientHandlers
 from broker.server.codes import Code
 from broker.server.context import CallInfo, ServerContext
+from broker.server.dedupe import SendResults, send_key
 from broker.server.errors import (
     BadRequest,
     Forbidden,
@@ -39,8 +39,6 @@ log = logging.getLogger(__name__)
 
 RESOLUTION_COMMIT, RESOLUTION_ROLLBACK = 1, 2
 SOURCE_SERVER_CHECK = 2
-# what makes two sends the same send: topic, message id, user properties (sorted pairs)
-_SendKey = tuple[str, str, tuple[tuple[str, str], ...]]
 
 
 def jump_hash(key: int, buckets: int) -> int:
@@ -64,8 +62,9 @@ class ProducerHandlers:
         self.ctx = ctx
         self.clients = clients
         self._round_robin: dict[str, itertools.count[int]] = {}
-        self._recent: OrderedDict[_SendKey, bytes] = OrderedDict()
-        self._pending: dict[_SendKey, asyncio.Future[bytes]] = {}
+        # what makes two sends the same send: a digest of topic, message id, user properties
+        self._recent = SendResults(ctx.config.dedupe_cache_bytes, ctx.config.dedupe_cache_size)
+        self._pending: dict[bytes, asyncio.Future[bytes]] = {}
         self._inflight = 0  # messages of requests being served (flow control)
 
     # --- SendMessage
@@ -102,8 +101,8 @@ class ProducerHandlers:
         try:
             sp = pm.system_properties
             entry.message_id = sp.message_id
-            key = (pm.topic.name, validation.check_message_id(sp.message_id),
-                   tuple(sorted(pm.user_properties.items())))
+            key = send_key(pm.topic.name, validation.check_message_id(sp.message_id),
+                           pm.user_properties)
             cached = self._recent.get(key)
             if cached is not None:
                 entry.ParseFromString(cached)
@@ -117,7 +116,7 @@ class ProducerHandlers:
             try:
                 result = await self._store(pm)
                 raw = result.SerializeToString()
-                self._remember(key, raw)
+                self._recent.put(key, raw)
                 future.set_result(raw)
                 return result
             except BaseException as exc:
@@ -129,11 +128,6 @@ class ProducerHandlers:
         except Exception as exc:
             entry.status.CopyFrom(status_of(exc))
             return entry
-
-    def _remember(self, key: _SendKey, raw: bytes) -> None:
-        self._recent[key] = raw
-        while len(self._recent) > self.ctx.config.dedupe_cache_size:
-            self._recent.popitem(last=False)
 
     async def _store(self, pm: Any) -> Any:
         config = self.ctx.config

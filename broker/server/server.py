@@ -21,13 +21,12 @@ from typing import Any
 import grpc
 
 from broker.broker import Broker
-from broker.protocol_stubs import service_pb2_grpc
 from broker.server.admin import admin_handler
 from broker.server.config import ServerConfig
 from broker.server.context import ServerContext
 from broker.server.errors import ServerError
 from broker.server.polling import ArrivalHook
-from broker.server.service import MessagingServicer
+from broker.server.service import MessagingServicer, add_to_server
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +130,7 @@ class MessagingServer:
             ("grpc.http2.max_pings_without_data", 0),
             ("grpc.keepalive_permit_without_calls", 1),
         ])
-        service_pb2_grpc.add_MessagingServiceServicer_to_server(self.servicer, server)
+        add_to_server(self.servicer, server)
         server.add_generic_rpc_handlers((admin_handler(self.ctx),))
         target = f"{self.config.host}:{self.config.port}"
         if self.config.tls:

@@ -3,6 +3,12 @@
 Every unary RPC goes through `_unary`: read the caller (client id, namespace, signature),
 run the handler, and turn any exception into the response's `Status` with
 `broker.server.status.status_of`. A response always carries a status.
+
+`add_to_server` registers the service with request parsers that never raise: a body that is
+not the method's message arrives as `Undecodable`, and the call is answered like any other
+bad request, after the caller's signature is checked: `BAD_REQUEST` in-band, with at most
+one log line per RPC a minute (gRPC's own parser failure would log a traceback per call,
+before any authentication, and answer `UNKNOWN`).
 """
 
 from __future__ import annotations
@@ -10,20 +16,42 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import grpc
+
 from broker.protocol_stubs import service_pb2
+from broker.server import convert
 from broker.server.clients import ClientHandlers
 from broker.server.consuming import ConsumerHandlers
 from broker.server.context import CallInfo, ServerContext
-from broker.server.errors import NotImplementedByServer
+from broker.server.decoding import Undecodable, parser
+from broker.server.errors import NotImplementedByServer, ServerError
 from broker.server.offsets import OffsetHandlers
 from broker.server.producing import ProducerHandlers
 from broker.server.status import status_of
 
+SERVICE = "apache.rocketmq.v2.MessagingService"
 Handler = Callable[[Any, CallInfo], Awaitable[Any]]
 
 
+def add_to_server(servicer: MessagingServicer, server: Any) -> None:
+    """Register `servicer` on a `grpc.aio` server with never-raising request parsers."""
+    kinds = {(False, False): grpc.unary_unary_rpc_method_handler,
+             (False, True): grpc.unary_stream_rpc_method_handler,
+             (True, False): grpc.stream_unary_rpc_method_handler,
+             (True, True): grpc.stream_stream_rpc_method_handler}
+    handlers = {}
+    for method in service_pb2.DESCRIPTOR.services_by_name["MessagingService"].methods:
+        request = getattr(service_pb2, method.input_type.name)
+        response = getattr(service_pb2, method.output_type.name)
+        make = kinds[(method.client_streaming, method.server_streaming)]
+        handlers[method.name] = make(getattr(servicer, method.name),
+                                     request_deserializer=parser(request, method.name),
+                                     response_serializer=response.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+
+
 class MessagingServicer:
-    """Registered with `add_MessagingServiceServicer_to_server` (duck-typed, no base class)."""
+    """Registered with `add_to_server` (duck-typed, no base class)."""
 
     def __init__(self, ctx: ServerContext) -> None:
         self.ctx = ctx
@@ -36,6 +64,8 @@ class MessagingServicer:
                      request: Any) -> Any:
         try:
             call = self.ctx.call_info(context)
+            if isinstance(request, Undecodable):
+                raise request.refuse(context)
             return await handler(request, call)
         except Exception as exc:
             response = response_type()
@@ -59,8 +89,31 @@ class MessagingServicer:
                                  self.clients.query_assignment, request)
 
     async def ReceiveMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
-        async for response in self.consuming.receive(request, context):
-            yield response
+        if isinstance(request, Undecodable):
+            try:
+                self.ctx.call_info(context)
+                raise request.refuse(context)
+            except Exception as exc:
+                for response in self._refused_receive(exc):
+                    yield response
+            return
+        answered = False
+        try:
+            async for response in self.consuming.receive(request, context):
+                answered = True
+                yield response
+        except ServerError as exc:
+            # e.g. the client id was claimed by another access key while the call was parked
+            if answered:
+                raise
+            for response in self._refused_receive(exc):
+                yield response
+
+    def _refused_receive(self, exc: Exception) -> list[Any]:
+        """A refused receive, shaped as the protocol wants: a status, then a timestamp."""
+        last = service_pb2.ReceiveMessageResponse()
+        convert.set_timestamp_ms(last.delivery_timestamp, self.ctx.clock())
+        return [service_pb2.ReceiveMessageResponse(status=status_of(exc)), last]
 
     async def AckMessage(self, request: Any, context: Any) -> Any:
         return await self._unary(context, service_pb2.AckMessageResponse,
@@ -103,20 +156,24 @@ class MessagingServicer:
         return await self._unary(context, service_pb2.QueryOffsetResponse,
                                  self.offsets.query_offset, request)
 
-    # --- not offered: the Python client never calls these; answer in-band, never crash
-    async def _not_offered(self, context: Any, response_type: Any, what: str) -> Any:
-        response = response_type()
-        response.status.CopyFrom(status_of(NotImplementedByServer(f"{what} is not offered")))
-        return response
+    # --- not offered: the Python client never calls these; answer in-band, never crash,
+    # and only to a caller whose signature holds, like every other RPC
+    @staticmethod
+    def _not_offered(what: str) -> Handler:
+        async def handler(request: Any, call: CallInfo) -> Any:
+            raise NotImplementedByServer(f"{what} is not offered")
+
+        return handler
 
     async def UpdateOffset(self, request: Any, context: Any) -> Any:
-        return await self._not_offered(context, service_pb2.UpdateOffsetResponse, "UpdateOffset")
+        return await self._unary(context, service_pb2.UpdateOffsetResponse, self._not_offered(
+            "UpdateOffset"), request)
 
     async def SyncLiteSubscription(self, request: Any, context: Any) -> Any:
-        return await self._not_offered(context, service_pb2.SyncLiteSubscriptionResponse,
-                                       "SyncLiteSubscription (lite topics)")
+        return await self._unary(context, service_pb2.SyncLiteSubscriptionResponse,
+                                 self._not_offered("SyncLiteSubscription (lite topics)"),
+                                 request)
 
     async def PullMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
-        response = service_pb2.PullMessageResponse()
-        response.status.CopyFrom(status_of(NotImplementedByServer("PullMessage is not offered")))
-        yield response
+        yield await self._unary(context, service_pb2.PullMessageResponse,
+                                self._not_offered("PullMessage"), request)

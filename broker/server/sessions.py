@@ -6,6 +6,11 @@ orphaned-transaction checks), the last time the client was heard from, and the m
 received with `auto_renew` (push consumers): the server keeps those invisible while the client
 lives, and maps the receipt handle the client keeps to the one the broker currently honours.
 
+With access keys on, a client id belongs to the access key that opened its session: a call
+signed with another key that names the same id is `FORBIDDEN` while the session lives (so a
+stranger cannot end another client's session, nor release or renew its messages). A session
+is forgotten `session_expiry_ms` after its client's last call and stream; the id is free then.
+
 Everything here is touched only from the server's event loop thread.
 """
 
@@ -16,6 +21,8 @@ import enum
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from broker.server.errors import Forbidden, UnrecognizedClientType
 
 
 class ClientKind(enum.Enum):
@@ -31,10 +38,11 @@ class ClientKind(enum.Enum):
 
     @classmethod
     def of(cls, number: int) -> ClientKind:
+        """The kind for a protocol number; `UnrecognizedClientType` for a number it lacks."""
         try:
             return cls(number)
         except ValueError:
-            return cls.UNSPECIFIED
+            raise UnrecognizedClientType(f"client type {number} is unknown") from None
 
     @property
     def consumer(self) -> bool:
@@ -56,16 +64,57 @@ class Renewal:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
+class TelemetryStream:
+    """One open Telemetry stream's outbound queue, bounded by `limit` commands.
+
+    The stream's writer takes commands off the queue and waits for gRPC to send each; a
+    client that sends but never reads stops the writer, and an unbounded queue would keep
+    every reply. Past `limit` the stream is cut off instead: the server answers the call
+    with a final status and `cut_off` cancels the call's task, so nothing of the stream
+    stays on our side but what gRPC's flow-control window holds.
+    """
+
+    def __init__(self, limit: int, task: asyncio.Task[Any] | None) -> None:
+        self.queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=limit)
+        self.task = task
+        self.cut = False
+        self.closed = False  # the session's bookkeeping for this stream is done
+
+    def push(self, command: Any) -> bool:
+        """Queue `command`; False when the queue is full or the stream was cut off."""
+        if self.cut:
+            return False
+        try:
+            self.queue.put_nowait(command)
+        except asyncio.QueueFull:
+            return False
+        return True
+
+    def cut_off(self) -> None:
+        if not self.cut:
+            self.cut = True
+            if self.task is not None and not self.task.done():
+                self.task.cancel()
+
+    def end(self) -> None:
+        """Ask the writer to finish after what is queued (server shutdown)."""
+        try:
+            self.queue.put_nowait(None)
+        except asyncio.QueueFull:  # not read for a while: no point waiting for it
+            self.cut_off()
+
+
 @dataclass(eq=False)
 class ClientSession:
     client_id: str
     last_seen_ms: int
+    owner: str = ""  # the access key that opened the session ("" with authentication off)
     kind: ClientKind = ClientKind.UNSPECIFIED
     group: str | None = None
     settings: Any = None  # the client's own Settings, as last received
     publishing: frozenset[str] = frozenset()
     subscriptions: dict[str, frozenset[str] | None] = field(default_factory=dict)
-    outbox: asyncio.Queue[Any] | None = None  # set while a Telemetry stream is open
+    stream: TelemetryStream | None = None  # the latest open Telemetry stream
     streams: int = 0
     disconnected_ms: int = 0  # when the last telemetry stream closed
     renewals: dict[str, Renewal] = field(default_factory=dict)
@@ -76,15 +125,17 @@ class ClientSession:
 
     def end_stream(self) -> None:
         """Ask the open telemetry stream, if any, to finish (server shutdown)."""
-        if self.outbox is not None:
-            self.outbox.put_nowait(None)
+        if self.stream is not None:
+            self.stream.end()
 
     def push(self, command: Any) -> bool:
-        """Queue a command on the client's telemetry stream; False when it has none."""
-        if self.outbox is None:
-            return False
-        self.outbox.put_nowait(command)
-        return True
+        """Queue a command on the client's telemetry stream; False when it has none or the
+        client is not reading it (its queue is full)."""
+        return self.stream is not None and self.stream.push(command)
+
+
+def _not_yours(client_id: str) -> Forbidden:
+    return Forbidden(f"client id {client_id[:64]!r} belongs to another access key")
 
 
 class SessionRegistry:
@@ -93,14 +144,22 @@ class SessionRegistry:
     def __init__(self) -> None:
         self._sessions: dict[str, ClientSession] = {}
 
-    def touch(self, client_id: str, now_ms: int) -> ClientSession:
+    def touch(self, client_id: str, now_ms: int, owner: str = "") -> ClientSession:
         session = self._sessions.get(client_id)
         if session is None:
-            session = ClientSession(client_id=client_id, last_seen_ms=now_ms)
+            session = ClientSession(client_id=client_id, last_seen_ms=now_ms, owner=owner)
             self._sessions[client_id] = session
         else:
+            if session.owner != owner:
+                raise _not_yours(client_id)
             session.last_seen_ms = now_ms
         return session
+
+    def check_owner(self, client_id: str, access_key: str) -> None:
+        """`Forbidden` when a live session of `client_id` belongs to another access key."""
+        session = self._sessions.get(client_id)
+        if session is not None and session.owner != access_key:
+            raise _not_yours(client_id)
 
     def get(self, client_id: str) -> ClientSession | None:
         return self._sessions.get(client_id)
@@ -117,7 +176,7 @@ class SessionRegistry:
     def publishers_of(self, topic: str) -> list[ClientSession]:
         """Producers with an open stream that declared `topic`, most recently seen first."""
         found = [s for s in self._sessions.values()
-                 if s.kind is ClientKind.PRODUCER and s.outbox is not None
+                 if s.kind is ClientKind.PRODUCER and s.stream is not None
                  and topic in s.publishing]
         return sorted(found, key=lambda s: -s.last_seen_ms)
 

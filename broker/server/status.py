@@ -2,7 +2,9 @@
 
 `status_of(exc)` maps every exception a handler can meet (this server's own, the delivery
 layer's, the store's, anything unexpected) to a code and a message. Unexpected exceptions
-become `INTERNAL_ERROR` with a generic message; their details go to the log, not the wire.
+become `INTERNAL_ERROR` with a generic message; their details go to the log, not the wire:
+the first of each exception class with its traceback, then at most one line per class a
+minute (`broker.server.ratelimit`), so no client can flood the log.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ from broker import errors as be
 from broker.protocol_stubs import definition_pb2
 from broker.server.codes import Code
 from broker.server.errors import ServerError
+from broker.server.ratelimit import LogLimiter
 from broker.store import errors as se
 
 log = logging.getLogger(__name__)
+_limited = LogLimiter(log)
 
 # most specific classes first: the first isinstance match wins
 _BY_CLASS: tuple[tuple[type[BaseException], Code], ...] = (
@@ -84,8 +88,10 @@ def status_of(exc: BaseException) -> Any:
     """The `Status` a response carries for `exc` (logged when it is not the client's fault)."""
     code = code_of(exc)
     if code is Code.INTERNAL_ERROR and not isinstance(exc, (ServerError, be.BrokerError)):
-        log.exception("unexpected error while serving a request", exc_info=exc)
+        _limited.log(logging.ERROR, f"unexpected {type(exc).__qualname__}",
+                     "unexpected error while serving a request", exc_info=exc)
         return make_status(code, f"internal error ({type(exc).__name__})")
     if code >= 50000:
-        log.warning("request failed: %s", exc)
+        _limited.log(logging.WARNING, f"failed {type(exc).__qualname__}",
+                     "request failed: %s", exc)
     return make_status(code, str(exc)[:1024])

@@ -1,0 +1,88 @@
+"""The send de-duplication cache: recent sends' results, bounded by bytes.
+
+Two sends are the same send when they agree on topic, message id and user properties (see
+`broker.server.producing`). The cache keys each send by a 16-byte BLAKE2b digest of those
+three, never by the fields themselves: a message may carry 16 KiB of properties, and keeping
+them would make each entry cost ~38 KB. The value is the serialized `SendResultEntry` the
+first send got (tens of bytes: message id, offset, maybe a transaction id or recall handle).
+
+    cache = SendResults(max_bytes=32 << 20)
+    key = send_key(topic, message_id, user_properties)
+    cache.get(key)            # the first result's bytes, or None
+    cache.put(key, raw)       # evicts the oldest entries past the budget
+
+Each entry is charged its key and value lengths plus `ENTRY_OVERHEAD` (the Python objects
+and the ordered dict's slot around them), so the budget is what the cache really holds, to
+within the allocator's rounding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections import OrderedDict
+from collections.abc import Mapping
+
+DIGEST_BYTES = 16
+# per entry: two bytes objects' headers (2 x 33), the ordered dict's entry and link (~100)
+ENTRY_OVERHEAD = 170
+_LENGTH = struct.Struct(">I")
+
+
+def send_key(topic: str, message_id: str, properties: Mapping[str, str]) -> bytes:
+    """The digest naming one send: topic, message id and the sorted user properties.
+
+    Every part is length-prefixed, so no two different sends encode to the same bytes.
+    """
+    h = hashlib.blake2b(digest_size=DIGEST_BYTES)
+    for part in (topic, message_id):
+        raw = part.encode("utf-8", "surrogatepass")
+        h.update(_LENGTH.pack(len(raw)))
+        h.update(raw)
+    for name, value in sorted(properties.items()):
+        for part in (name, value):
+            raw = part.encode("utf-8", "surrogatepass")
+            h.update(_LENGTH.pack(len(raw)))
+            h.update(raw)
+    return h.digest()
+
+
+class SendResults:
+    """Least-recently-stored results of sends, within `max_bytes` (and `max_entries`)."""
+
+    def __init__(self, max_bytes: int, max_entries: int | None = None) -> None:
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        self.max_bytes = max_bytes
+        self.max_entries = max_entries
+        self._entries: OrderedDict[bytes, bytes] = OrderedDict()
+        self._bytes = 0
+
+    @staticmethod
+    def cost(key: bytes, value: bytes) -> int:
+        return len(key) + len(value) + ENTRY_OVERHEAD
+
+    @property
+    def nbytes(self) -> int:
+        """What the entries are charged, in bytes (never above `max_bytes`)."""
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._entries.get(key)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._bytes -= self.cost(key, old)
+        cost = self.cost(key, value)
+        if cost > self.max_bytes:
+            return  # could never fit: not remembered
+        self._entries[key] = value
+        self._bytes += cost
+        limit = self.max_entries
+        while self._bytes > self.max_bytes or (limit is not None and len(self._entries) > limit):
+            oldest, raw = self._entries.popitem(last=False)
+            self._bytes -= self.cost(oldest, raw)

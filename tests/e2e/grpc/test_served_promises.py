@@ -360,6 +360,43 @@ def test_a_handler_started_before_publishing_consumes_with_the_default_start(
         assert official.wait_for(lambda: got == [b'{"id": 42}'], timeout_s=30)
 
 
+def test_the_readme_outbox_snippet_consumes_what_was_published_before(
+        transport: Transport, sqlite_url: str, redis_client: object) -> None:
+    """The README's outbox snippet, as written: the message is published (after commit)
+    before the inventory handler ever ran; its `consume_from="first"` makes the new group
+    read it, on both transports, and the guard confirms it exactly once."""
+    import uuid
+
+    import sqlalchemy as sa
+    from sqlalchemy.orm import Session
+
+    from idempotency import GuardConfig, IdempotencyGuard
+    from outbox import Outbox, OutboxTables, declare_groups
+    from reliable import Worker, handler
+
+    topic = unique("OrderCreated", transport)
+    engine = sa.create_engine(sqlite_url)
+    tables = OutboxTables()
+    tables.create_all(engine)
+    declare_groups(engine, tables, topic, ["inventory"])
+    with Producer(transport) as producer:
+        outbox = Outbox(tables, producer)
+        with Session(engine) as session, session.begin():
+            message_id = outbox.publish(session, Message(topic, b'{"order": 1}'))
+    guard = IdempotencyGuard(engine, tables, redis_client,  # type: ignore[arg-type]
+                             config=GuardConfig(key_prefix=f"t:{uuid.uuid4().hex[:8]}:"))
+    reserved: list[str] = []
+
+    @handler(topic, group=unique("inventory", transport), idempotent=guard,
+             consume_from="first")
+    def reserve(message: ReceivedMessage, session: Session) -> None:
+        reserved.append(message.message_id)
+
+    with Worker(reserve, transport=transport):
+        assert official.wait_for(lambda: reserved == [message_id], timeout_s=30)
+    engine.dispose()
+
+
 # --- broadcasting (issue item 6)
 def test_broadcasting_over_grpc_names_the_alternative(server: ServerProcess) -> None:
     t = reliable.connect("grpc", endpoint=server.endpoint)

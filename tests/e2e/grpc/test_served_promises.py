@@ -236,8 +236,8 @@ def test_a_stopped_consumer_hands_its_messages_over_at_once(
         assert official.wait_for(lambda: len(slow.seen()) >= 2, timeout_s=30)
         b.start()
         try:
-            a.shutdown()
             stopped = time.monotonic()
+            a.shutdown()  # returns once its handlers finished and it left the group
             assert official.wait_for(lambda: set(slow.seen()) | set(fast.seen()) == sent,
                                      timeout_s=30)
             took = time.monotonic() - stopped

@@ -41,7 +41,7 @@ from reliable.consumer.concurrent import call_listener
 from reliable.consumer.listener import DLQ_NOW, ConsumeContext, MessageListener
 from reliable.consumer.orderly import PARKED_PROPERTY, group_key, parks_in_broker
 from reliable.consumer.settings import ConsumerSettings
-from reliable.errors import ReceiptHandleError
+from reliable.errors import BrokerCallError, ReceiptHandleError
 from reliable.message import ConsumeResult, ReceivedMessage
 from reliable.transport.base import (
     Capability,
@@ -116,7 +116,14 @@ class ReceiveEngine:
                         pull.initial_offset(self._group, queue, where, ts)
                 elif Capability.GROUP_ADMIN in self._t.capabilities:
                     cast(GroupAdmin, self._t).set_group_start(self._group, topic, where, ts)
-            except Exception as exc:  # e.g. the topic does not exist yet: it starts empty
+            except BrokerCallError as exc:
+                if exc.code == "TOPIC_NOT_FOUND":  # created later: everything in it is new
+                    log.info("topic %s does not exist yet; group %s will read it from its "
+                             "start", topic, self._group)
+                    continue
+                log.warning("could not set where group %s starts on %s (%s); the broker's "
+                            "default applies", self._group, topic, exc)
+            except Exception as exc:
                 log.warning("could not set where group %s starts on %s (%s); the broker's "
                             "default applies", self._group, topic, exc)
 

@@ -4,7 +4,10 @@ A failure suspends the queue (`suspend_ms`, 3 s by default) and retries locally 
 sending the message back. RocketMQ retries a poison message forever and freezes the queue; we
 cap the attempts at `max_reconsume_times` and then *park* only the failing message group: the
 message, and every later message of the same group on this queue, goes to `%DLQ%<group>`
-(readable by operators and by reconciliation), while every other group keeps its order.
+(readable by operators and by reconciliation, marked `PARKED_MESSAGE_GROUP`), while every
+other group keeps its order. With the in-process broker the park is the broker's durable
+record (`broker.parking`): it holds across restarts and rebalances until an operator
+unparks the group.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ forwards it to the dead-letter queue. The broker dead-letters a message on its o
 group's maximum delivery attempts. Orderly mode receives with `fifo=True` (the broker never
 hands out message k+1 of a group while k is in flight), consumes each message group of a
 batch in order, retries locally (`suspend_ms`) up to `max_reconsume_times`, then parks the
-message in the DLQ.
+message's group: it and every later message of the group go to the DLQ (see orderly.py).
 
 Leases: a server that keeps leases itself (`Capability.SERVER_LEASES`, our gRPC server and
 the Apache proxy: `auto_renew` receives) keeps received messages invisible while this client
@@ -23,7 +23,7 @@ once), lets running handlers finish and settle, then leaves the group; another c
 the group takes the rest over at once.
 
 A new group starts where `consume_from` says: the engine sets the group's start on each
-subscribed topic before its first receive (`Capability.GROUP_START`, or the offsets of a
+subscribed topic before its first receive (`Capability.GROUP_ADMIN`, or the offsets of a
 transport that can pull); queues the group already consumed keep their offset.
 """
 
@@ -334,9 +334,10 @@ class ReceiveEngine:
             self._finish(msgs)
 
     def _park(self, m: ReceivedMessage) -> None:
-        """Park `m`'s message group, then dead-letter `m`: the server (when it keeps parked
-        groups) dead-letters the group's later messages for every consumer of the group;
-        this consumer does so in any case."""
+        """Park `m`'s message group, then dead-letter `m`. The broker keeps the park when it
+        can (the in-process broker, our server's `ParkMessageGroup`) and dead-letters the
+        group's later messages for every consumer of the group; otherwise (an Apache proxy)
+        this consumer keeps it and forwards them itself until it stops."""
         key = group_key(m)
         m.properties[PARKED_PROPERTY] = key
         kept = parks_in_broker(self._t)  # the in-process broker parks on the forward

@@ -16,11 +16,11 @@ Elsewhere the engine renews them: a message still leased when half of its invisi
 left is hidden again for `invisible_ms` (the receipt handle changes; acks and renewals of one
 message never overlap).
 
-Prefetch is bounded by what the handlers can take soon (`consume_threads` x
-`consume_batch_size`, at most `pull_threshold_for_queue`), so a stopped or dead consumer holds
-little. `shutdown` releases every received message no handler has started (visible again at
-once), lets running handlers finish and settle, then leaves the group; another consumer of
-the group takes the rest over at once.
+Prefetch is bounded by what the handlers can take soon (twice `consume_threads` x
+`consume_batch_size`: their current round and the next, at most `pull_threshold_for_queue`),
+so a stopped or dead consumer holds little. `shutdown` releases every received message no
+handler has started (visible again at once), lets running handlers finish and settle, then
+leaves the group; another consumer of the group takes the rest over at once.
 
 A new group starts where `consume_from` says: the engine sets the group's start on each
 subscribed topic before its first receive (`Capability.GROUP_ADMIN`, or the offsets of a
@@ -80,8 +80,10 @@ class ReceiveEngine:
         self._executor = ThreadPoolExecutor(settings.consume_threads,
                                             thread_name_prefix=f"consume-{group}")
         self._server_leases = Capability.SERVER_LEASES in transport.capabilities
+        # the handlers' current round and the next: one round alone leaves them idle while
+        # a receive is on the wire (measured: ~0.6x the throughput with fast handlers)
         self._prefetch = min(settings.pull_threshold_for_queue,
-                             settings.consume_threads * settings.consume_batch_size)
+                             2 * settings.consume_threads * settings.consume_batch_size)
         self._room = threading.BoundedSemaphore(self._prefetch)
         self._threads: list[threading.Thread] = []
         self._leases: dict[int, _Lease] = {}  # id(message) -> its lease

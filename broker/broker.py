@@ -43,7 +43,8 @@ from broker.offsets import (
     ConsumeFromWhere,
     ConsumerOffsetManager,
 )
-from broker.pop import InFlight, PopService, ReceivedEntry
+from broker.parking import PARKED_FILE, ParkedGroups
+from broker.pop import InFlight, PopService, ReceivedEntry, message_group_of
 from broker.produce import (
     check_properties,
     message_type_of,
@@ -61,7 +62,14 @@ from broker.results import (
     TopicRoute,
 )
 from broker.schedule import ScheduleMessageService, encode_recall_handle
-from broker.sendback import build_dlq_message, build_retry_message, retry_level, unschedule_now
+from broker.sendback import (
+    PARKED_MESSAGE_GROUP,
+    build_dlq_message,
+    build_retry_message,
+    original_topic,
+    retry_level,
+    unschedule_now,
+)
 from broker.store.config import StoreConfig
 from broker.store.message import (
     Message,
@@ -141,6 +149,7 @@ class Broker:
         self._groups = SubscriptionGroupManager(self.store.config_file(GROUPS_FILE))
         self._offsets = ConsumerOffsetManager(self.store.config_file(OFFSETS_FILE))
         self._consumers = ConsumerRegistry(self._clock, self.config.consumer_expiry_ms)
+        self.parked = ParkedGroups(self.store.config_file(PARKED_FILE))
         self._notifier = ArrivalNotifier()
         self._schedule = ScheduleMessageService(
             self.store, self._levels, self.store.config_file(DELAY_OFFSETS_FILE), self._clock,
@@ -252,6 +261,7 @@ class Broker:
             self.store.delete_topics([name])
         if deleted:
             self._offsets.remove_topic(name)
+            self.parked.forget_topic(name)
         return deleted
 
     def get_topic(self, name: str) -> TopicConfig | None:
@@ -621,7 +631,11 @@ class Broker:
             stored = msg  # not (or no longer) in the commitlog: trust the client's copy
         limit = gcfg.retry_max_times if max_reconsume_times is None else max_reconsume_times
         if delay_level < 0 or stored.reconsume_times >= limit:
-            self._put_dlq(build_dlq_message(group, stored))
+            # an ordered consumer parking the message group says so on its copy
+            parked = msg.properties.get(PARKED_MESSAGE_GROUP) if delay_level < 0 else None
+            if parked is not None:
+                self.parked.park(group, original_topic(stored), parked)
+            self._put_dlq(build_dlq_message(group, stored, parked_group=parked))
             return
         rcfg = self._derived_config(retry_topic(group))
         assert rcfg is not None
@@ -697,10 +711,29 @@ class Broker:
             version = self._notifier.version(topic)
             entries = self._pop.receive(group, topic, queue_ids, want, invisible_ms, tags,
                                         fifo=fifo, max_attempts=gcfg.max_delivery_attempts)
+            parked = self.parked.of(group, topic)
+            if parked and entries:
+                kept = self._divert_parked(group, topic, entries, parked)
+                if len(kept) < len(entries) and not kept:
+                    continue  # the parked group's next message may be free now: look again
+                entries = kept
             remaining_ms = int((deadline - time.monotonic()) * 1000)
             if entries or remaining_ms <= 0 or not self._running:
                 return entries
             self._notifier.wait({topic: version}, remaining_ms)
+
+    def _divert_parked(self, group: str, topic: str, entries: list[ReceivedEntry],
+                       parked: frozenset[str]) -> list[ReceivedEntry]:
+        """Received messages of parked message groups go to the DLQ instead (in order: FIFO
+        hands out one message of a group at a time); the rest are returned."""
+        kept: list[ReceivedEntry] = []
+        for entry in entries:
+            if message_group_of(entry.message) not in parked:
+                kept.append(entry)
+                continue
+            self._pop.forward_to_dlq(group, topic, entry.receipt_handle,
+                                     parked=lambda _mg: True)
+        return kept
 
     def _check_invisible(self, invisible_ms: int, minimum: int = 1) -> None:
         if not isinstance(invisible_ms, int) or not minimum <= invisible_ms <= (
@@ -734,11 +767,40 @@ class Broker:
         self._check_invisible(invisible_ms, minimum=0)
         return self._pop.change_invisible_duration(group, topic, receipt_handle, invisible_ms)
 
-    def forward_to_dlq(self, group: str, topic: str, receipt_handle: str) -> None:
+    def forward_to_dlq(self, group: str, topic: str, receipt_handle: str, *,
+                       park: bool = False) -> None:
+        """Dead-letter a received message now. With `park` its message group is parked
+        first: no later message of it reaches the group until an operator unparks it
+        (`unpark_message_group`; see broker.parking). The copy of a message whose group is
+        parked says so (`PARKED_MESSAGE_GROUP`)."""
         self._require_running()
         self._group(group)
         validate_topic_name(topic)
-        self._pop.forward_to_dlq(group, topic, receipt_handle)
+
+        def parked(message_group: str) -> bool:
+            if park:
+                self.parked.park(group, topic, message_group)
+                return True
+            return message_group in self.parked.of(group, topic)
+
+        self._pop.forward_to_dlq(group, topic, receipt_handle, parked=parked)
+
+    def park_message_group(self, group: str, topic: str, message_group: str) -> bool:
+        """Park a message group (an ordered consumer gave up on one of its messages): from
+        now on its messages go to `%DLQ%<group>` instead of the group. False if it already
+        was parked."""
+        validate_group_name(group)
+        validate_topic_name(topic)
+        return self.parked.park(group, topic, message_group)
+
+    def parked_message_groups(self, group: str | None = None) -> list[dict[str, str]]:
+        """Parked message groups (`group`, `topic`, `message_group`), of one group or all."""
+        return self.parked.listing(group)
+
+    def unpark_message_group(self, group: str, topic: str, message_group: str) -> bool:
+        """An operator's decision: the message group flows to `group` again from its next
+        message (the parked ones stay in `%DLQ%<group>` for replay). False if not parked."""
+        return self.parked.unpark(group, topic, message_group)
 
     def in_flight(self, group: str, topic: str) -> list[InFlight]:
         """Messages currently hidden from the group (admin, tests)."""

@@ -362,8 +362,10 @@ class PopService:
             out.append(ReceivedEntry(shown, handle.encode(), attempt, until))
         return out
 
-    def _dead_letter(self, group: str, msg: MessageExt, reconsumed: int) -> None:
-        self._put_dlq(build_dlq_message(group, replace(msg, reconsume_times=reconsumed)))
+    def _dead_letter(self, group: str, msg: MessageExt, reconsumed: int,
+                     parked_group: str | None = None) -> None:
+        self._put_dlq(build_dlq_message(group, replace(msg, reconsume_times=reconsumed),
+                                        parked_group=parked_group))
 
     # ------------------------------------------------------------------ ack & co
     def _lease_of(self, group: str, topic: str, handle: str,
@@ -425,14 +427,20 @@ class PopService:
             return ReceiptHandle(topic, parsed.queue_id, parsed.queue_offset, nonce, until,
                                  lease.attempt).encode()
 
-    def forward_to_dlq(self, group: str, topic: str, handle: str) -> None:
+    def forward_to_dlq(self, group: str, topic: str, handle: str,
+                       parked: Callable[[str], bool] | None = None) -> None:
+        """Dead-letter a leased message now. `parked(message_group)` is asked first for a
+        message of a message group: True stamps the copy as parked (see broker.parking)."""
         with self._lock:
             parsed, _, lease = self._lease_of(group, topic, handle, allow_done=False)
             assert lease is not None
             msg = self._store.get_message_by_queue_offset(topic, parsed.queue_id,
                                                           parsed.queue_offset)
             if msg is not None:
-                self._dead_letter(group, msg, lease.attempt - 1)
+                message_group = message_group_of(msg)
+                stamp = (message_group if parked is not None and message_group is not None
+                         and parked(message_group) else None)
+                self._dead_letter(group, msg, lease.attempt - 1, stamp)
             self._commit(group, topic, [["D", parsed.queue_id, parsed.queue_offset,
                                          parsed.queue_offset + 1]])
 

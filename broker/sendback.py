@@ -11,6 +11,7 @@ reconsume count `r` and is rewritten, never changed in place:
         (the schedule service moves it to %RETRY%<group> when due)
     r >= max_reconsume_times, or delay_level < 0:
         %DLQ%<group> queue 0, DLQ_ORIGIN_TOPIC, DLQ_ORIGIN_MESSAGE_ID
+        (+ PARKED_MESSAGE_GROUP=<message group> when an ordered consumer parks its group)
 
 `UNIQ_KEY`, `KEYS`, `TAGS` and user properties travel unchanged, so the client-visible
 message id is the same on every attempt and in the dead-letter queue.
@@ -22,6 +23,8 @@ from broker.store.message import Message, MessageExt, Prop, SysFlag
 from broker.topic import SCHEDULE_TOPIC, dlq_topic, is_dlq_topic, is_retry_topic, retry_topic
 
 FIRST_RETRY_LEVEL = 3  # reconsume 0 -> level 3 (10 s with the default table)
+# on a dead letter: the message group an ordered consumer parked with it (see broker.parking)
+PARKED_MESSAGE_GROUP = "PARKED_MESSAGE_GROUP"
 _TRANSACTION_BITS = int(SysFlag.TRANSACTION_ROLLBACK)  # both transaction bits
 _DROPPED_ON_REWRITE = (Prop.DELAY, Prop.TIMER_DELIVER_MS, Prop.REAL_TOPIC, Prop.REAL_QID,
                        Prop.TRAN_MSG, Prop.PRODUCER_GROUP, Prop.TRANSACTION_CHECK_TIMES)
@@ -69,9 +72,13 @@ def build_retry_message(group: str, msg: MessageExt, *, level: int, delay_ms: in
                    reconsume_times=reconsume)
 
 
-def build_dlq_message(group: str, msg: MessageExt) -> Message:
-    """The dead-letter copy of `msg` for `group`."""
+def build_dlq_message(group: str, msg: MessageExt, *,
+                      parked_group: str | None = None) -> Message:
+    """The dead-letter copy of `msg` for `group`; `parked_group`: the message group an
+    ordered consumer parks with it (stamped as `PARKED_MESSAGE_GROUP`)."""
     props = _carried_properties(msg)
+    if parked_group is not None:
+        props[PARKED_MESSAGE_GROUP] = parked_group
     props[Prop.DLQ_ORIGIN_TOPIC] = original_topic(msg)
     props[Prop.DLQ_ORIGIN_MESSAGE_ID] = msg.msg_id
     props[Prop.RECONSUME_TIME] = str(msg.reconsume_times)

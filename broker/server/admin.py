@@ -13,6 +13,22 @@ are UTF-8 JSON objects (no generated stubs needed):
 | `CreateGroup` | `{name, fifo=false, max_retries=16}`                 | the group           |
 | `ListGroups`  | `{}`                                                 | `{groups: [...]}`   |
 | `GetGroup`    | `{name, topic?}`                                     | group+consumers+lag |
+| `SetGroupStart` | `{group, topic, consume_from=LAST, timestamp_ms?}` | `{queues: [...]}`   |
+| `ParkMessageGroup` | `{group, topic, message_group}`                  | `{parked: bool}`    |
+| `ListParkedGroups` | `{group?}`                                       | `{parked: [...]}`   |
+| `UnparkMessageGroup` | `{group, topic, message_group}`                | `{unparked: bool}`  |
+
+`SetGroupStart` is what a consumer calls when it joins: on every queue of `topic` where the
+group has no committed offset yet it commits the start (`FIRST`: the queue's first message
+still held, `LAST`: its end, `TIMESTAMP`: the first message stored at/after `timestamp_ms`,
+30 minutes ago by default); queues the group already consumed keep their offset. Without
+it, a group's first receive starts at the queue's start while nothing was cleaned from it
+(RocketMQ's pop behaviour).
+
+`ParkMessageGroup` is what an ordered consumer calls before it dead-letters the message it
+gave up on: from then on the server moves every message of that message group to
+`%DLQ%<group>` (in order, with `PARKED_MESSAGE_GROUP`) instead of delivering it, until an
+operator calls `UnparkMessageGroup` (see `broker.parking`).
 
 A response is `{"ok": true, "result": ...}` or `{"ok": false, "code": "<protocol code name>",
 "message": ...}`. The same access keys as the messaging service apply.
@@ -28,6 +44,7 @@ from typing import Any
 import grpc
 
 from broker.broker import Broker
+from broker.offsets import ConsumeFromWhere
 from broker.server.errors import BadRequest
 from broker.server.status import code_of, status_of
 from broker.server.validation import TOPIC_TYPES, check_group, check_topic
@@ -66,6 +83,8 @@ class AdminOps:
             "CreateTopic": self.create_topic, "ListTopics": self.list_topics,
             "GetTopic": self.get_topic, "CreateGroup": self.create_group,
             "ListGroups": self.list_groups, "GetGroup": self.get_group,
+            "SetGroupStart": self.set_group_start, "ParkMessageGroup": self.park,
+            "ListParkedGroups": self.list_parked, "UnparkMessageGroup": self.unpark,
         }
 
     def call(self, method: str, params: dict[str, Any]) -> Any:
@@ -133,6 +152,52 @@ class AdminOps:
                                  "lag": broker_offset - max(consumer_offset, 0)})
             out["progress"] = {"topic": topic, "queues": progress}
         return out
+
+    def set_group_start(self, params: dict[str, Any]) -> dict[str, Any]:
+        group = check_group(str(params.get("group", "")))
+        topic = check_topic(str(params.get("topic", "")))
+        where = _STARTS.get(str(params.get("consume_from", "LAST")).upper())
+        if where is None:
+            raise BadRequest(f"consume_from must be one of {', '.join(_STARTS)}")
+        timestamp = params.get("timestamp_ms")
+        if timestamp is not None and (isinstance(timestamp, bool)
+                                      or not isinstance(timestamp, int) or timestamp < 0):
+            raise BadRequest("timestamp_ms must be a non-negative integer")
+        cfg = self.broker.get_topic(topic)
+        if cfg is None:
+            from broker.server.errors import TopicNotFound
+
+            raise TopicNotFound(f"topic {topic!r} does not exist")
+        queues = []
+        for q in range(cfg.read_queue_nums):
+            before = self.broker.query_offset(group, topic, q)
+            offset = self.broker.initial_offset(group, topic, q, where, timestamp)
+            queues.append({"queue_id": q, "offset": offset, "set": before < 0})
+        return {"group": group, "topic": topic, "queues": queues}
+
+    def list_parked(self, params: dict[str, Any]) -> dict[str, Any]:
+        group = params.get("group")
+        return {"parked": self.broker.parked_message_groups(
+            check_group(str(group)) if group else None)}
+
+    @staticmethod
+    def _parked_target(params: dict[str, Any]) -> tuple[str, str, str]:
+        group = check_group(str(params.get("group", "")))
+        topic = check_topic(str(params.get("topic", "")))
+        message_group = params.get("message_group")
+        if not isinstance(message_group, str) or not message_group:
+            raise BadRequest("message_group must be a non-empty string")
+        return group, topic, message_group
+
+    def park(self, params: dict[str, Any]) -> dict[str, Any]:
+        return {"parked": self.broker.park_message_group(*self._parked_target(params))}
+
+    def unpark(self, params: dict[str, Any]) -> dict[str, Any]:
+        return {"unparked": self.broker.unpark_message_group(*self._parked_target(params))}
+
+
+_STARTS = {"FIRST": ConsumeFromWhere.FIRST_OFFSET, "LAST": ConsumeFromWhere.LAST_OFFSET,
+           "TIMESTAMP": ConsumeFromWhere.TIMESTAMP}
 
 
 def _decode(raw: bytes) -> dict[str, Any]:

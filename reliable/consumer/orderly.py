@@ -4,7 +4,10 @@ A failure suspends the queue (`suspend_ms`, 3 s by default) and retries locally 
 sending the message back. RocketMQ retries a poison message forever and freezes the queue; we
 cap the attempts at `max_reconsume_times` and then *park* only the failing message group: the
 message, and every later message of the same group on this queue, goes to `%DLQ%<group>`
-(readable by operators and by reconciliation), while every other group keeps its order.
+(readable by operators and by reconciliation, marked `PARKED_MESSAGE_GROUP`), while every
+other group keeps its order. With the in-process broker the park is the broker's durable
+record (`broker.parking`): it holds across restarts and rebalances until an operator
+unparks the group.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from reliable.consumer.concurrent import PulledQueueService, call_listener
 from reliable.consumer.listener import DLQ_NOW, ConsumeContext, MessageListener, MessageModel
@@ -21,6 +25,9 @@ from reliable.consumer.settings import ConsumerSettings
 from reliable.message import ConsumeResult, ReceivedMessage
 from reliable.transport.base import PullTransport, QueueRef
 
+if TYPE_CHECKING:
+    from broker.parking import ParkedGroups
+
 log = logging.getLogger(__name__)
 
 PARKED_PROPERTY = "PARKED_MESSAGE_GROUP"
@@ -28,6 +35,19 @@ PARKED_PROPERTY = "PARKED_MESSAGE_GROUP"
 
 def group_key(m: ReceivedMessage) -> str:
     return m.message_group or ""
+
+
+def _registry(transport: object) -> ParkedGroups | None:
+    """The parked-group record of a broker running in this process (embedded transport)."""
+    from broker.parking import ParkedGroups
+
+    registry = getattr(getattr(transport, "broker", None), "parked", None)
+    return registry if isinstance(registry, ParkedGroups) else None
+
+
+def parks_in_broker(transport: object) -> bool:
+    """True when dead-lettering with `PARKED_PROPERTY` parks the group in the broker."""
+    return _registry(transport) is not None
 
 
 class OrderlyConsumeService(PulledQueueService):
@@ -42,7 +62,16 @@ class OrderlyConsumeService(PulledQueueService):
         """Nothing scheduled to cancel: suspended queues wake on the stop event."""
 
     def parked_groups(self, queue: QueueRef) -> frozenset[str]:
-        return frozenset(self._parked.get(queue, ()))
+        return frozenset(self._parked_now(queue))
+
+    def _parked_now(self, queue: QueueRef) -> set[str]:
+        """The message groups parked on `queue`: the broker's durable record when the
+        transport runs the broker in this process (it survives restarts and rebalances and
+        ends when an operator unparks), else this consumer's own."""
+        registry = _registry(self._transport)
+        if registry is not None:
+            return set(registry.of(self._group, queue.topic))
+        return self._parked.setdefault(queue, set())
 
     def submit(self, pq: ProcessQueue, queue: QueueRef, msgs: object = None) -> None:
         with self._sched:
@@ -68,7 +97,7 @@ class OrderlyConsumeService(PulledQueueService):
 
     def _consume(self, pq: ProcessQueue, queue: QueueRef, msgs: list[ReceivedMessage]) -> bool:
         """Consume one taken batch; return True when the next take must be a single message."""
-        parked = self._parked.setdefault(queue, set())
+        parked = self._parked_now(queue)
         live = [m for m in msgs if group_key(m) not in parked]
         done: list[ReceivedMessage] = []
         for m in msgs:

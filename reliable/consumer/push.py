@@ -64,7 +64,15 @@ class PushConsumer:
         if use_pull and not can_pull(self._transport):
             raise ConfigurationError(f"the {self._transport.name} transport cannot pull")
         if not use_pull and self.settings.message_model is MessageModel.BROADCASTING:
-            raise ConfigurationError("broadcasting needs a transport that can pull")
+            if can_pull(self._transport):
+                raise ConfigurationError("broadcasting needs the pull engine (engine='auto' "
+                                         "or 'pull'), not engine='receive'")
+            raise ConfigurationError(
+                f"broadcasting needs a transport that can pull (the embedded one); the "
+                f"{self._transport.name} transport only receives, so every message goes to "
+                f"one consumer of group {group!r}. To give every instance every message, "
+                f"give each instance its own consumer group (e.g. {group}-<instance name>, "
+                f"with consume_from='last'); see docs/client.md, Broadcasting")
         self._use_pull = use_pull
         self._engine: PullEngine | ReceiveEngine | None = None
 

@@ -29,6 +29,12 @@ class Capability(enum.Enum):
     PULL = "pull"  # pull / offsets / send_back / consumer_ids: client-side rebalance
     BROKER_SIDE_FIFO = "broker_side_fifo"  # receive(fifo=True) blocks a message group in flight
     MEMBERSHIP_EVENTS = "membership_events"  # watch_consumers: rebalance at once on changes
+    # receive(auto_renew=True): the server keeps what a client received invisible while the
+    # client lives and releases it when the client leaves or its connection is lost
+    SERVER_LEASES = "server_leases"
+    # set_group_start / park_message_group (GroupAdmin): the server sets where a new
+    # consumer group starts and parks a message group an ordered consumer gave up on
+    GROUP_ADMIN = "group_admin"
 
 
 class QueueRef(NamedTuple):
@@ -182,6 +188,32 @@ class MembershipEvents(Protocol):
     def watch_consumers(self, group: str, client_id: str,
                         callback: Callable[[str], None] | None) -> None:
         """Call `callback(group)` on every membership change of `group` (None: stop)."""
+        ...
+
+
+class ServerLeases(Protocol):
+    """A transport with `Capability.SERVER_LEASES`."""
+
+    def receive(self, group: str, topic: str, max_msgs: int, invisible_ms: int,
+                tags: Collection[str] | None = None, *, long_poll_ms: int = 0,
+                fifo: bool = False, auto_renew: bool = False) -> list[ReceivedMessage]:
+        """`auto_renew`: the server renews the messages' invisible time while this client
+        lives (the receipt handles stay valid) and releases them when it leaves."""
+        ...
+
+
+class GroupAdmin(Protocol):
+    """A transport with `Capability.GROUP_ADMIN`: each call returns False when the server
+    at the other end does not offer it."""
+
+    def set_group_start(self, group: str, topic: str, where: ConsumeFrom,
+                        timestamp_ms: int | None = None) -> bool:
+        """Commit where `group` starts on every queue of `topic` it has not consumed yet."""
+        ...
+
+    def park_message_group(self, group: str, topic: str, message_group: str) -> bool:
+        """From now on the server dead-letters `message_group`'s messages for `group`
+        (marked `PARKED_MESSAGE_GROUP`) until an operator unparks it."""
         ...
 
 

@@ -450,7 +450,7 @@ class EmbeddedTransport:
 
     def forward_to_dlq(self, group: str, message: ReceivedMessage) -> None:
         _call(self.broker.forward_to_dlq, group, self._source_topic(message),
-              self._handle(message))
+              self._handle(message), park="PARKED_MESSAGE_GROUP" in message.properties)
 
     def max_delivery_attempts(self, group: str) -> int:
         return int(self.broker.max_delivery_attempts(group))

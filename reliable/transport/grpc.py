@@ -31,6 +31,7 @@ Model notes:
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 import socket
@@ -57,6 +58,7 @@ from reliable.transport import _grpc_wire as wire
 from reliable.transport._stubs import definition_pb2, service_pb2, service_pb2_grpc
 from reliable.transport.base import (
     Capability,
+    ConsumeFrom,
     QueueRef,
     TopicRoute,
     TransactionChecker,
@@ -73,6 +75,13 @@ RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100),
                      ("grpc.min_reconnect_backoff_ms", 100),
                      ("grpc.max_reconnect_backoff_ms", 1_000)]
 
+_NO_ADMIN = {
+    "SetGroupStart": "a new consumer group starts where the server's default puts it "
+                     "(set it with mqadmin resetOffsetByTime)",
+    "ParkMessageGroup": "parked message groups are kept by each consumer only",
+}
+
+
 class _ConsumerIdentity:
     def __init__(self, group: str, client_id: str) -> None:
         self.group = group
@@ -87,7 +96,8 @@ class GrpcTransport:
     """A `Transport` over a RocketMQ 5 gRPC endpoint."""
 
     name = "grpc"
-    capabilities = frozenset({Capability.BROKER_SIDE_FIFO})
+    capabilities = frozenset({Capability.BROKER_SIDE_FIFO, Capability.SERVER_LEASES,
+                              Capability.GROUP_ADMIN})
     _ids = itertools.count()
 
     def __init__(self, *, endpoint: str, tls: bool = False, ca_file: str | Path | None = None,
@@ -110,6 +120,7 @@ class GrpcTransport:
         self._checkers: dict[str, TransactionChecker] = {}
         self._producer_stream: wire.Telemetry | None = None
         self._consumers: dict[str, _ConsumerIdentity] = {}
+        self._no_admin: set[str] = set()
 
     # --- lifecycle
     def start(self) -> None:
@@ -457,7 +468,7 @@ class GrpcTransport:
 
     def receive(self, group: str, topic: str, max_msgs: int, invisible_ms: int,
                 tags: Collection[str] | None = None, *, long_poll_ms: int = 0,
-                fifo: bool = False) -> list[ReceivedMessage]:
+                fifo: bool = False, auto_renew: bool = False) -> list[ReceivedMessage]:
         identity = self._consumer(group, topic, tags)
         if fifo and not identity.warned_fifo and identity.stream is not None and \
                 identity.stream.reply is not None and not identity.stream.reply.subscription.fifo:
@@ -479,7 +490,7 @@ class GrpcTransport:
         request.filter_expression.expression = " || ".join(sorted(tags)) if tags else "*"
         request.batch_size = max_msgs
         wire.set_ms(request.invisible_duration, invisible_ms)
-        request.auto_renew = False
+        request.auto_renew = auto_renew  # the server renews until ack / nack / termination
         poll_ms = max(long_poll_ms, 0)
         wire.set_ms(request.long_polling_timeout, poll_ms)
         # a server may poll longer than asked (the proxy's floor is 5 s): leave it room
@@ -571,6 +582,44 @@ class GrpcTransport:
         """What the server's Settings say about the group (FIFO is the server's call)."""
         reply = self._settings_reply(group)
         return bool(reply is not None and reply.subscription.fifo)
+
+    # --- group administration: our server's admin service (the protocol has no such calls)
+    def _admin(self, method: str, params: dict[str, Any]) -> bool:
+        """Call `reliable.admin.v1.Admin/<method>`; False (logged once per method) when the
+        server does not offer it, e.g. an Apache RocketMQ proxy."""
+        self._require()
+        call = self._channel.unary_unary(
+            f"/reliable.admin.v1.Admin/{method}",
+            request_serializer=lambda v: json.dumps(v).encode(),
+            response_deserializer=lambda b: json.loads(b.decode() or "{}"))
+        try:
+            reply = call(params, timeout=self._timeout, metadata=self.metadata(self._base_id))
+        except grpc.RpcError as exc:
+            if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
+                if method not in self._no_admin:
+                    self._no_admin.add(method)
+                    log.warning("%s does not offer %s (no reliable admin service): %s",
+                                self.endpoint, method, _NO_ADMIN.get(method, ""))
+                return False
+            raise TransportError(f"{method} to {self.endpoint}: {exc.code().name}: "
+                                 f"{exc.details()}") from None
+        if not reply.get("ok"):
+            raise BrokerCallError(FailureKind.BAD_REQUEST, f"{method}: {reply.get('message')}",
+                                  code=str(reply.get("code")))
+        return True
+
+    def set_group_start(self, group: str, topic: str, where: ConsumeFrom,
+                        timestamp_ms: int | None = None) -> bool:
+        """Where a new group starts on `topic` (`SetGroupStart`)."""
+        params: dict[str, Any] = {"group": group, "topic": topic, "consume_from": where.value}
+        if timestamp_ms is not None:
+            params["timestamp_ms"] = timestamp_ms
+        return self._admin("SetGroupStart", params)
+
+    def park_message_group(self, group: str, topic: str, message_group: str) -> bool:
+        """Park a message group on the server (`ParkMessageGroup`)."""
+        return self._admin("ParkMessageGroup", {"group": group, "topic": topic,
+                                                "message_group": message_group})
 
     def retry_topic(self, group: str) -> str:
         return f"%RETRY%{group}"

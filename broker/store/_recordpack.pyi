@@ -25,3 +25,6 @@ def prepare(bodies: Sequence[bytes], topic_tail: bytes, shared_properties: bytes
             uniq_keys: Sequence[str] | None, queue_id: int, flag: int, sys_flag: int,
             born_timestamp: int, born_host: bytes, store_host: bytes, max_message_size: int,
             max_record: int, /) -> Batch: ...
+
+def record_crc(buffer: bytes | bytearray | memoryview | mmap.mmap, pos: int, total: int, /
+               ) -> int: ...

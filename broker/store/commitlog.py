@@ -20,18 +20,22 @@ import logging
 import os
 import struct
 import threading
+import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
 from broker.store.batch import RecordBatch
 from broker.store.codec import (
     BLANK,
+    CRC_MASK,
     END_FILE_MIN_BLANK_LENGTH,
     FIXED_SIZE,
-    MESSAGE_MAGIC_CODE,
+    POS_CRC,
     POS_QUEUE_OFFSET,
     POS_STORE_TIMESTAMP,
     QUEUE_AND_PHYSICAL_OFFSET,
+    RECORD_MAGIC_CODE,
+    RECORD_MAGIC_CODES,
     STORE_TIMESTAMP,
     EncodeError,
     decode_message,
@@ -39,6 +43,7 @@ from broker.store.codec import (
     encode_host,
     encode_record,
     is_queued,
+    record_crc,
 )
 from broker.store.config import FlushMode, StoreConfig
 from broker.store.errors import StoreNotRunning
@@ -57,6 +62,11 @@ log = logging.getLogger(__name__)
 
 _PUT_OK = PutMessageStatus.PUT_OK
 _pack_offsets = QUEUE_AND_PHYSICAL_OFFSET.pack_into  # QUEUEOFFSET, PHYSICALOFFSET
+_CRC_FIELD = struct.Struct(">I")
+_pack_crc = _CRC_FIELD.pack_into
+_unpack_crc = _CRC_FIELD.unpack_from
+_pack_dynamic = struct.Struct(">qqq").pack  # QUEUEOFFSET, PHYSICALOFFSET, STORETIMESTAMP
+_crc32 = zlib.crc32
 _pack_timestamp = STORE_TIMESTAMP.pack_into  # STORETIMESTAMP
 
 
@@ -92,6 +102,9 @@ class CommitLog:
         else:
             self.flush_service = FlushCommitLogService(self, config, clock)
         self._sync = sync
+        # check a version-2 record's checksum whenever it is served (look_message)
+        self.verify_on_read = True
+        self._reported: set[int] = set()  # damaged records already logged
 
     # --- lifecycle
     def load(self) -> None:
@@ -204,6 +217,10 @@ class CommitLog:
         mm[pos:pos + n] = rec
         _pack_offsets(mm, pos + POS_QUEUE_OFFSET, qoff, phy)
         _pack_timestamp(mm, pos + POS_STORE_TIMESTAMP, ts)
+        # RECORDCRC: the partial checksum encoded outside the lock, continued over the
+        # 24 bytes patched in (codec.py)
+        _pack_crc(mm, pos + POS_CRC,
+                  _crc32(_pack_dynamic(qoff, phy, ts), _unpack_crc(rec, POS_CRC)[0]) & CRC_MASK)
         # only now is the record visible to readers (they stop at wrote_position)
         mf.wrote_position = mf.committed_position = pos + n
         if key is not None:
@@ -244,6 +261,8 @@ class CommitLog:
                 phy = base + start + at
                 _pack_offsets(buf, at + POS_QUEUE_OFFSET, qoff, phy)
                 _pack_timestamp(buf, at + POS_STORE_TIMESTAMP, ts)
+                _pack_crc(buf, at + POS_CRC, _crc32(_pack_dynamic(qoff, phy, ts),
+                                                    _unpack_crc(rec, POS_CRC)[0]) & CRC_MASK)
                 placed.append((phy, qoff, ts))
                 at += len(rec)
             mf.mapping[start:pos] = buf
@@ -424,8 +443,19 @@ class CommitLog:
         finally:
             mf.release()
 
+    def _report_corrupt(self, offset: int, what: str) -> None:
+        """Log a damaged record once (a reader may come back to it many times)."""
+        if offset in self._reported:
+            return
+        if len(self._reported) >= 1024:
+            self._reported.clear()
+        self._reported.add(offset)
+        log.error("commitlog record at %d %s: not served (run `reliable admin store verify`)",
+                  offset, what)
+
     def look_message(self, offset: int) -> MessageExt | None:
-        """The record starting at `offset`, decoded; None when there is none."""
+        """The record starting at `offset`, decoded; None when there is none, or when a
+        version-2 record fails its checksum (logged once)."""
         mf = self.queue.find_mapped_file_by_offset(offset)
         if mf is None or not mf.hold():
             return None
@@ -436,12 +466,17 @@ class CommitLog:
                 return None
             mm = mf.mapping
             size, magic = BLANK.unpack_from(mm, pos)  # TOTALSIZE, MAGICCODE
-            if magic != MESSAGE_MAGIC_CODE or size < FIXED_SIZE or pos + size > limit:
+            if magic not in RECORD_MAGIC_CODES or size < FIXED_SIZE or pos + size > limit:
                 return None
             try:
-                return decode_message(mm, pos)  # straight from the mapping: one copy
+                msg = decode_message(mm, pos)  # straight from the mapping: one copy
             except (ValueError, IndexError, UnicodeDecodeError, struct.error):
                 return None
+            if magic == RECORD_MAGIC_CODE and self.verify_on_read \
+                    and record_crc(mm, pos, size) != msg.body_crc:
+                self._report_corrupt(offset, "fails its checksum")
+                return None
+            return msg
         finally:
             mf.release()
 

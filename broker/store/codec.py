@@ -321,7 +321,7 @@ def encode_record(topic: str, queue_id: int, body: bytes, flag: int,
     return b"".join((header[:POS_CRC], _pack_u32(partial), header[POS_CRC + 4:], body, rest))
 
 
-def check_message_and_return_size(buf: memoryview | bytes | bytearray, pos: int,
+def check_message_and_return_size(buf: memoryview | bytes | bytearray | mmap.mmap, pos: int,
                                   check_crc: bool = True, expected_offset: int | None = None
                                   ) -> tuple[int, DispatchRequest | None]:
     """Validate the record at `pos` of a file's buffer (either record version).

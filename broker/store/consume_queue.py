@@ -219,6 +219,26 @@ class ConsumeQueue:
             self.max_physic_offset = phy_offset + size
             return True
 
+    def rewrite_unit(self, queue_offset: int, phy_offset: int, size: int, tags_code: int
+                     ) -> bool:
+        """Repair: set the unit at `queue_offset` (already written) to the given pointer;
+        True when it held something else. Units not written yet are the dispatcher's."""
+        with self._lock:
+            logic = queue_offset * CQ_STORE_UNIT_SIZE
+            if logic < self.min_logic_offset or logic >= self.mfq.get_max_offset():
+                return False
+            mf = self.mfq.find_mapped_file_by_offset(logic)
+            if mf is None:
+                return False
+            pos = logic - mf.file_from_offset
+            if pos + CQ_STORE_UNIT_SIZE > mf.wrote_position or \
+                    _UNIT.unpack_from(mf.mapping, pos) == (phy_offset, size, tags_code):
+                return False
+            _UNIT.pack_into(mf.mapping, pos, phy_offset, size, tags_code)
+            if logic + CQ_STORE_UNIT_SIZE == self.mfq.get_max_offset():
+                self.max_physic_offset = phy_offset + size
+            return True
+
     def _read_unit(self, logic_offset: int) -> tuple[int, int, int] | None:
         mf = self.mfq.find_mapped_file_by_offset(logic_offset)
         if mf is None:
@@ -501,8 +521,24 @@ class ConsumeQueueStore:
         self._load_registry()
 
     def recover(self) -> None:
+        """Recover every queue; a queue whose units are not plausible pointers is dropped
+        (`rebuild`) and its (registered) name makes the store rebuild it from the log."""
         for cq in self.queues():
-            cq.recover()
+            try:
+                cq.recover()
+            except StoreCorrupted as exc:
+                self.rebuild(cq, str(exc))
+
+    def rebuild(self, cq: ConsumeQueue, reason: str) -> None:
+        """Delete a damaged queue's files; it stays registered, so `missing_queues` names it
+        and the store dispatches it again from the commitlog."""
+        log.warning("consume queue %s-%d is damaged (%s): rebuilding it from the commitlog",
+                    cq.topic, cq.queue_id, reason)
+        cq.destroy()
+        with self._lock:
+            if cq.queue_id not in self._registered.get(cq.topic, ()):
+                self._registered.setdefault(cq.topic, set()).add(cq.queue_id)
+                self._save_registry()
 
     def get_max_physic_offset(self) -> int:
         """The furthest commitlog end any queue points to; -1 when every queue is empty."""

@@ -25,6 +25,7 @@ WRONG_SHAPES = [
     ("delayOffset.json", {"recalled": [[1]]}, "recalled[]"),
     ("popState.json", {"groups": {"g": {"T": {"0": {"low": 0}}}}}, "groups.g.T.0.next"),
     ("popState.json", {"groups": []}, "groups: expected an object"),
+    ("../consumequeue.json", {"queues": {"T": [0, -1]}}, "queues.T[]: -1 is below 0"),
 ]
 
 
@@ -48,7 +49,7 @@ def test_a_config_file_of_the_wrong_shape_refuses_the_start_in_one_line(
     assert "Traceback" not in done.stderr + done.stdout
     problem = [line for line in done.stderr.splitlines() if "cannot start" in line]
     assert len(problem) == 1, done.stderr
-    assert name in problem[0] and says in problem[0], problem[0]
+    assert Path(name).name in problem[0] and says in problem[0], problem[0]
     assert not (store / "abort").exists(), "a refused start must not leave the abort file"
 
 

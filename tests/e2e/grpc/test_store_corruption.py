@@ -98,6 +98,32 @@ def test_flipped_bits_in_stopped_consume_queues_lose_nothing(
     assert verify(store)[0] == 0
 
 
+def test_a_last_unit_pointing_past_the_log_does_not_cut_its_queue(
+        make_server: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    """After a clean stop no unit can point past the commitlog's end: such a last unit is
+    damage, not a crash's cut-off tail. Cutting it (and re-dispatching only from the
+    furthest queue) would lose its record for good."""
+    store = tmp_path / "store"
+    server = make_server(store=store)
+    bodies = send(server, "t-cq-last", 40)
+    assert server.terminate() == 0
+
+    def last_unit(path: Path) -> int:
+        used = len(path.read_bytes().rstrip(b"\0"))  # the last unit's tags code is 0
+        return (used + UNIT.size - 1) // UNIT.size - 1
+
+    queues = list((store / "consumequeue" / "t-cq-last").glob("*/*"))
+    # the queue whose last record is the earliest: other queues' records come after it
+    victim = min(queues, key=lambda p: UNIT.unpack_from(p.read_bytes(),
+                                                        last_unit(p) * UNIT.size)[0])
+    flip(victim, last_unit(victim) * UNIT.size + 5, 0x40)  # 4 MiB further: past the end
+    again = make_server(store=store)
+    got = consume_all(again, "t-cq-last", "g-cq-last", len(bodies))
+    assert sorted(got) == sorted(bodies)
+    assert again.terminate() == 0
+    assert verify(store)[0] == 0
+
+
 def test_a_unit_damaged_while_serving_is_repaired_on_read(
         make_server: Callable[..., ServerProcess], tmp_path: Path) -> None:
     store = tmp_path / "store"

@@ -428,8 +428,64 @@ static PyObject *record_crc(PyObject *module, PyObject *args) {
     return PyLong_FromUnsignedLong(crc & 0x7FFFFFFFu);
 }
 
+static inline uint32_t rd32(const unsigned char *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+PyDoc_STRVAR(seal_doc,
+"seal(buffer, pos, queue_offset, physical_offset, store_timestamp)\n\n"
+"Patch QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP of the encoded record at\n"
+"buffer[pos] and, for a version-2 record, continue its partial checksum over them into\n"
+"RECORDCRC: codec.seal in one call.");
+
+static PyObject *seal(PyObject *module, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t pos;
+    long long qoff, phy, ts;
+    if (!PyArg_ParseTuple(args, "w*nLLL", &view, &pos, &qoff, &phy, &ts))
+        return NULL;
+    if (pos < 0 || pos > view.len - HEADER_SIZE) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_IndexError, "no record header at pos");
+        return NULL;
+    }
+    unsigned char *rec = (unsigned char *)view.buf + pos;
+    unsigned char dynamic[24];
+    be64(dynamic, (uint64_t)qoff);
+    be64(dynamic + 8, (uint64_t)phy);
+    be64(dynamic + 16, (uint64_t)ts);
+    memcpy(rec + POS_QUEUE_OFFSET, dynamic, 16);
+    memcpy(rec + POS_STORE_TIMESTAMP, dynamic + 16, 8);
+    if (rd32(rec + 4) == MAGIC)
+        be32(rec + POS_CRC, CRC_CONT(rd32(rec + POS_CRC), dynamic, 24) & 0x7FFFFFFFu);
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(partial_doc,
+"partial(record)\n\n"
+"Write the partial checksum of a version-2 record just encoded (CRC, QUEUEOFFSET,\n"
+"PHYSICALOFFSET and STORETIMESTAMP still zero) into its CRC field.");
+
+static PyObject *partial(PyObject *module, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (view.len < HEADER_SIZE) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_IndexError, "shorter than a record header");
+        return NULL;
+    }
+    unsigned char *rec = view.buf;
+    be32(rec + POS_CRC, CRC_CONT(0, rec, view.len));
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"prepare", prepare, METH_VARARGS, prepare_doc},
+    {"seal", seal, METH_VARARGS, seal_doc},
+    {"partial", partial, METH_O, partial_doc},
     {"record_crc", record_crc, METH_VARARGS, record_crc_doc},
     {NULL, NULL, 0, NULL},
 };

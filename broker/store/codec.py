@@ -127,13 +127,6 @@ def record_crc(buf: memoryview | bytes | bytearray | mmap.mmap, pos: int, total:
     return zlib.crc32(dynamic, partial) & CRC_MASK
 
 
-py_record_crc = record_crc
-try:
-    from broker.store._recordpack import record_crc as _compiled_record_crc
-except ImportError:  # not built: the Python definition above
-    pass
-else:
-    record_crc = _compiled_record_crc  # type: ignore[assignment]
 
 
 def seal(buf: bytearray | mmap.mmap | memoryview, pos: int, queue_offset: int,
@@ -147,6 +140,23 @@ def seal(buf: bytearray | mmap.mmap | memoryview, pos: int, queue_offset: int,
         (partial,) = _U32.unpack_from(buf, pos + POS_CRC)
         _U32.pack_into(buf, pos + POS_CRC, _crc32(
             _DYNAMIC.pack(queue_offset, physical_offset, store_timestamp), partial) & CRC_MASK)
+
+
+def _py_write_partial(rec: bytearray | memoryview) -> None:
+    _U32.pack_into(rec, POS_CRC, zlib.crc32(rec))
+
+
+py_record_crc = record_crc
+py_seal = seal
+_write_partial = _py_write_partial
+try:
+    from broker.store import _recordpack
+except ImportError:  # not built: the Python definitions
+    pass
+else:  # one C call each (and libdeflate's CRC when it was found at build time)
+    record_crc = _recordpack.record_crc  # type: ignore[assignment]
+    seal = _recordpack.seal  # type: ignore[assignment]
+    _write_partial = _recordpack.partial  # type: ignore[assignment]
 
 
 def reseal(buf: bytearray | mmap.mmap | memoryview, pos: int) -> None:
@@ -283,8 +293,9 @@ def cached_host(born_host: tuple[str, int]) -> bytes:
 def encode_record(topic: str, queue_id: int, body: bytes, flag: int,
                   properties: dict[str, str], sys_flag: int, born_timestamp: int,
                   born_host: tuple[str, int], store_host_raw: bytes, reconsume_times: int,
-                  prepared_tx_offset: int, max_message_size: int) -> bytes:
-    """The whole record with QUEUEOFFSET, PHYSICALOFFSET, STORETIMESTAMP left at 0.
+                  prepared_tx_offset: int, max_message_size: int) -> bytearray:
+    """The whole record with QUEUEOFFSET, PHYSICALOFFSET, STORETIMESTAMP left at 0 and the
+    partial checksum in its CRC field (`seal` completes it).
 
     Raises EncodeError with status MESSAGE_ILLEGAL or PROPERTIES_SIZE_EXCEEDED. On every
     put's path: topics and hosts are encoded once (dict caches), the rest in few C calls.
@@ -313,12 +324,13 @@ def encode_record(topic: str, queue_id: int, body: bytes, flag: int,
         raise EncodeError(PutMessageStatus.MESSAGE_ILLEGAL,
                           f"message of {size} bytes exceeds {max_message_size}")
     host = _HOSTS.get(born_host) or cached_host(born_host)
-    header = _pack_header(FIXED_SIZE + size, RECORD_MAGIC_CODE, 0, queue_id, flag, 0, 0,
-                          sys_flag, born_timestamp, host, 0, store_host_raw, reconsume_times,
-                          prepared_tx_offset, blen)
-    rest = tail + _pack_i16(plen) + props_raw
-    partial = _crc32(rest, _crc32(body, _crc32(header)))
-    return b"".join((header[:POS_CRC], _pack_u32(partial), header[POS_CRC + 4:], body, rest))
+    rec = bytearray().join((
+        _pack_header(FIXED_SIZE + size, RECORD_MAGIC_CODE, 0, queue_id, flag, 0, 0, sys_flag,
+                     born_timestamp, host, 0, store_host_raw, reconsume_times,
+                     prepared_tx_offset, blen),
+        body, tail, _pack_i16(plen), props_raw))
+    _write_partial(rec)  # the partial checksum, in the CRC field until `seal`
+    return rec
 
 
 def check_message_and_return_size(buf: memoryview | bytes | bytearray | mmap.mmap, pos: int,

@@ -223,3 +223,20 @@ def test_compiled_and_python_record_checksums_agree() -> None:
         padded = bytes(13) + bytes(buf) + bytes(5)
         assert codec.record_crc(padded, 13, len(buf)) == codec.py_record_crc(
             padded, 13, len(buf)) == int.from_bytes(buf[8:12], "big")
+
+
+def test_compiled_and_python_seal_agree() -> None:
+    from broker.store import codec
+
+    for n in (0, 5, 1000):
+        a = bytearray(bytes(9) + encode_record("T", 1, b"b" * n, 0, {"k": "v"}, 0, 1,
+                                               ("1.2.3.4", 5), bytes(8), 0, 0, 1 << 20))
+        b = bytearray(a)
+        raw = bytearray(a[9:])
+        raw[8:12] = bytes(4)
+        codec._py_write_partial(raw)
+        assert raw == a[9:]  # the compiled encoder's partial checksum is the Python one's
+        codec.seal(a, 9, 7, 1 << 35, 123)
+        codec.py_seal(b, 9, 7, 1 << 35, 123)
+        assert a == b
+        assert check_message_and_return_size(a, 9, True, 1 << 35)[0] == len(a) - 9

@@ -189,10 +189,14 @@ class Broker:
                 self.store.add_dispatcher(self._notifier)
                 self._notifier_added = True
             self._notifier.reopen()
-            self.store.wait_dispatched(timeout_s=60.0)
-            self._schedule.load()
-            self._pop.load()
-            self._tx.load()
+            try:  # a refused start leaves the store closed cleanly (no abort file)
+                self.store.wait_dispatched(timeout_s=60.0)
+                self._schedule.load()
+                self._pop.load()
+                self._tx.load()
+            except BaseException:
+                self.store.shutdown()
+                raise
             self._last_persist = self._last_revive = self._clock()
             self._schedule.start()
             self._tx.start()

@@ -18,9 +18,10 @@ from __future__ import annotations
 import enum
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from broker.errors import InvalidArgument
-from broker.store.json_config import JsonConfigFile
+from broker.store.json_config import JsonConfigFile, integer, obj
 
 TOPIC_GROUP_SEPARATOR = "@"
 
@@ -49,11 +50,19 @@ class ConsumerOffsetManager:
     def key(topic: str, group: str) -> str:
         return f"{topic}{TOPIC_GROUP_SEPARATOR}{group}"
 
-    def load(self) -> None:
-        data = self._file.load() or {}
+    @staticmethod
+    def parse(data: dict[str, Any]) -> dict[str, dict[int, int]]:
+        """The offset table of a `consumerOffset.json` document (ConfigShapeError)."""
         table: dict[str, dict[int, int]] = {}
-        for key, queues in data.get("offsetTable", {}).items():
-            table[key] = {int(q): int(o) for q, o in queues.items()}
+        for key, queues in obj(data.get("offsetTable", {}), "offsetTable").items():
+            where = f"offsetTable.{key}"
+            table[key] = {integer(q, f"{where} key", minimum=0):
+                          integer(o, f"{where}.{q}", minimum=0)
+                          for q, o in obj(queues, where).items()}
+        return table
+
+    def load(self) -> None:
+        table = self._file.load(self.parse) or {}
         with self._lock:
             self._table = table
             self._dirty = False

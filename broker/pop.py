@@ -48,7 +48,7 @@ from broker.errors import (
 )
 from broker.receipt import ReceiptHandle
 from broker.sendback import build_dlq_message
-from broker.store.json_config import JsonConfigFile
+from broker.store.json_config import ConfigShapeError, JsonConfigFile, arr, integer, obj
 from broker.store.message import GetMessageStatus, Message, MessageExt, Prop
 from broker.store.store import MessageStore
 from broker.topic import REVIVE_TOPIC
@@ -120,6 +120,36 @@ def message_group_of(msg: MessageExt) -> str | None:
     return msg.properties.get(Prop.SHARDING_KEY) or None
 
 
+Windows = dict[tuple[str, str], dict[int, QueueWindow]]
+
+
+def parse_snapshot(data: dict[str, Any]) -> tuple[Windows, int]:
+    """(windows, revive offset) of a pop state document (ConfigShapeError for a bad shape)."""
+    state: Windows = {}
+    for group, topics in obj(data.get("groups", {}), "groups").items():
+        for topic, queues in obj(topics, f"groups.{group}").items():
+            windows: dict[int, QueueWindow] = {}
+            for q, w in obj(queues, f"groups.{group}.{topic}").items():
+                where = f"groups.{group}.{topic}.{q}"
+                w = obj(w, where)
+                leases = {}
+                for o, v in obj(w.get("leases", {}), f"{where}.leases").items():
+                    v = arr(v, f"{where}.leases.{o}")
+                    if len(v) != 4 or not (v[3] is None or isinstance(v[3], str)):
+                        raise ConfigShapeError(f"{where}.leases.{o}: expected "
+                                               "[attempt, until, nonce, group or null]")
+                    attempt, until, nonce = (integer(x, f"{where}.leases.{o}[]") for x in v[:3])
+                    leases[integer(o, f"{where}.leases key", minimum=0)] = Lease(
+                        attempt, until, nonce, v[3])
+                windows[integer(q, f"{where} key", minimum=0)] = QueueWindow(
+                    low=integer(w.get("low"), f"{where}.low", minimum=0),
+                    next=integer(w.get("next"), f"{where}.next", minimum=0), leases=leases,
+                    done={integer(o, f"{where}.done[]") for o in
+                          arr(w.get("done", []), f"{where}.done")})
+            state[(group, topic)] = windows
+    return state, integer(data.get("reviveOffset", 0), "reviveOffset", minimum=0)
+
+
 class PopService:
     """The invisible-time state of every (group, topic); thread-safe."""
 
@@ -142,14 +172,10 @@ class PopService:
     # ------------------------------------------------------------------ persistence
     def load(self) -> int:
         """Load the snapshot and replay the revive log after it; returns records replayed."""
-        data = self._file.load() or {}
+        state, revive_offset = self._file.load(parse_snapshot) or ({}, 0)
         with self._lock:
-            self._state = {}
-            for group, topics in data.get("groups", {}).items():
-                for topic, queues in topics.items():
-                    self._state[(group, topic)] = {
-                        int(q): QueueWindow.from_json(w) for q, w in queues.items()}
-            offset = max(int(data.get("reviveOffset", 0)),
+            self._state = state
+            offset = max(revive_offset,
                          self._store.get_min_offset_in_queue(REVIVE_TOPIC, 0))
             replayed = 0
             while True:

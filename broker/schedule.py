@@ -42,7 +42,7 @@ from collections.abc import Callable
 from typing import Any
 
 from broker.errors import InvalidArgument
-from broker.store.json_config import JsonConfigFile
+from broker.store.json_config import ConfigShapeError, JsonConfigFile, arr, integer, obj
 from broker.store.message import Message, MessageExt, Prop
 from broker.store.service import ServiceThread
 from broker.store.store import MessageStore
@@ -148,18 +148,36 @@ class ScheduleMessageService(ServiceThread):
         self._dirty = False
 
     # --- persistence
+    @staticmethod
+    def parse(data: dict[str, Any]) -> tuple[dict[int, int], int, set[int], set[tuple[int, int]]]:
+        """(level offsets, timer low, timer delivered, recalled) of a `delayOffset.json`
+        document (ConfigShapeError)."""
+        offsets = {integer(level, "offsetTable key", minimum=1) - 1:
+                   integer(off, f"offsetTable.{level}", minimum=0)
+                   for level, off in obj(data.get("offsetTable", {}), "offsetTable").items()}
+        timer = obj(data.get("timer", {}), "timer")
+        low = integer(timer.get("low", 0), "timer.low", minimum=0)
+        delivered = {integer(o, "timer.delivered[]") for o in
+                     arr(timer.get("delivered", []), "timer.delivered")}
+        recalled: set[tuple[int, int]] = set()
+        for pair in arr(data.get("recalled", []), "recalled"):
+            pair = arr(pair, "recalled[]")
+            if len(pair) != 2:
+                raise ConfigShapeError(f"recalled[]: expected [queueId, offset], got {pair!r:.60}")
+            recalled.add((integer(pair[0], "recalled[][0]", minimum=0),
+                          integer(pair[1], "recalled[][1]", minimum=0)))
+        return offsets, low, {o for o in delivered if o >= low}, recalled
+
     def load(self) -> None:
-        data = self._file.load() or {}
+        parsed = self._file.load(self.parse)
+        offsets, low, delivered, recalled = parsed or ({}, 0, set(), set())
         with self._lock:
-            self._offsets = {int(level) - 1: int(off)
-                             for level, off in data.get("offsetTable", {}).items()}
-            timer = data.get("timer", {})
-            self._timer_low = int(timer.get("low", 0))
-            self._timer_delivered = {int(o) for o in timer.get("delivered", [])
-                                     if int(o) >= self._timer_low}
+            self._offsets = offsets
+            self._timer_low = low
+            self._timer_delivered = delivered
             self._timer_scanned = self._timer_low
             self._timer_heap = []
-            self._recalled = {(int(q), int(o)) for q, o in data.get("recalled", [])}
+            self._recalled = recalled
             self._dirty = False
 
     def persist(self, force: bool = False) -> bool:

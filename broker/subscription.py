@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.errors import InvalidArgument
-from broker.store.json_config import JsonConfigFile
+from broker.store.json_config import ConfigShapeError, JsonConfigFile, flag, integer, obj, text
 
 MAX_RETRY_TIMES = 1000
 
@@ -71,12 +71,32 @@ class SubscriptionGroupManager:
         self._table: dict[str, SubscriptionGroupConfig] = {}
         self._version = 0
 
+    @staticmethod
+    def parse(data: dict[str, Any]) -> tuple[dict[str, SubscriptionGroupConfig], int]:
+        """(table, version) of a `subscriptionGroup.json` document (ConfigShapeError)."""
+        table: dict[str, SubscriptionGroupConfig] = {}
+        groups = obj(data.get("subscriptionGroupTable", {}), "subscriptionGroupTable")
+        for group, cfg in groups.items():
+            where = f"subscriptionGroupTable.{group}"
+            cfg = obj(cfg, where)
+            if "groupName" not in cfg:
+                raise ConfigShapeError(f"{where}: no groupName")
+            text(cfg["groupName"], f"{where}.groupName")
+            for key in ("retryQueueNums", "retryMaxTimes"):
+                if key in cfg:
+                    integer(cfg[key], f"{where}.{key}", minimum=-1)
+            for key in ("consumeEnable", "consumeBroadcastEnable", "consumeMessageOrderly"):
+                if key in cfg:
+                    flag(cfg[key], f"{where}.{key}")
+            table[group] = SubscriptionGroupConfig.from_json(cfg)
+        version = obj(data.get("dataVersion", {}), "dataVersion").get("counter", 0)
+        return table, integer(version, "dataVersion.counter")
+
     def load(self) -> None:
-        data = self._file.load() or {}
+        table, version = self._file.load(self.parse) or ({}, 0)
         with self._lock:
-            self._table = {g: SubscriptionGroupConfig.from_json(c)
-                           for g, c in data.get("subscriptionGroupTable", {}).items()}
-            self._version = int(data.get("dataVersion", {}).get("counter", 0))
+            self._table = table
+            self._version = version
 
     def _persist(self) -> None:
         self._version += 1

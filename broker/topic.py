@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from broker.errors import InvalidArgument, InvalidGroupName, InvalidTopicName, SystemTopicReserved
-from broker.store.json_config import JsonConfigFile
+from broker.store.json_config import ConfigShapeError, JsonConfigFile, flag, integer, obj, text
 
 # --- permission bits (RocketMQ PermName)
 PERM_PRIORITY = 0x8
@@ -205,12 +205,30 @@ class TopicConfigManager:
         self._table: dict[str, TopicConfig] = {}
         self._version = 0
 
+    @staticmethod
+    def parse(data: dict[str, Any]) -> tuple[dict[str, TopicConfig], int]:
+        """(table, version) of a `topics.json` document (ConfigShapeError)."""
+        table: dict[str, TopicConfig] = {}
+        for name, cfg in obj(data.get("topicConfigTable", {}), "topicConfigTable").items():
+            where = f"topicConfigTable.{name}"
+            cfg = obj(cfg, where)
+            for key in ("topicName", "readQueueNums", "writeQueueNums", "perm"):
+                if key not in cfg:
+                    raise ConfigShapeError(f"{where}: no {key}")
+            text(cfg["topicName"], f"{where}.topicName")
+            for key in ("readQueueNums", "writeQueueNums", "perm"):
+                integer(cfg[key], f"{where}.{key}", minimum=0)
+            text(cfg.get("messageType", "NORMAL"), f"{where}.messageType")
+            flag(cfg.get("order", False), f"{where}.order")
+            table[name] = TopicConfig.from_json(cfg)
+        version = obj(data.get("dataVersion", {}), "dataVersion").get("counter", 0)
+        return table, integer(version, "dataVersion.counter")
+
     def load(self) -> None:
-        data = self._file.load() or {}
-        table = data.get("topicConfigTable", {})
+        table, version = self._file.load(self.parse) or ({}, 0)
         with self._lock:
-            self._table = {name: TopicConfig.from_json(cfg) for name, cfg in table.items()}
-            self._version = int(data.get("dataVersion", {}).get("counter", 0))
+            self._table = table
+            self._version = version
 
     def _persist(self) -> None:
         self._version += 1

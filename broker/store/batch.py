@@ -29,12 +29,14 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from broker.store.codec import (
+    CRC_MASK,
     FIXED_SIZE,
     HEADER,
     HEADER_SIZE,
     MAX_PROPERTIES_LENGTH,
-    MESSAGE_MAGIC_CODE,
+    POS_CRC,
     POS_QUEUE_OFFSET,
+    RECORD_MAGIC_CODE,
     EncodeError,
     cached_host,
     is_queued,
@@ -61,6 +63,8 @@ _ILLEGAL = PutMessageStatus.MESSAGE_ILLEGAL
 # at POS_QUEUE_OFFSET (20): QUEUEOFFSET 8, PHYSICALOFFSET 8, SYSFLAG 4, BORNTIMESTAMP 8,
 # BORNHOST 8, STORETIMESTAMP 8: one pack_into rewrites the offsets and the store time
 _pack_offsets_to_ts = struct.Struct(">qqiq8sq").pack_into
+_pack_crc = struct.Struct(">I").pack_into
+_pack_dynamic = struct.Struct(">qqq").pack  # what RECORDCRC covers last (codec.py)
 
 
 class RecordBatch(Protocol):
@@ -98,6 +102,7 @@ class EncodedBatch:
     sys_flag: int
     born_timestamp: int
     born_host_raw: bytes
+    partials: list[int]  # each record's checksum before the fields patched in (codec.py)
     cursor: int = 0  # records placed so far
     phys: list[int] = field(default_factory=list)  # their commitlog offsets
 
@@ -131,9 +136,12 @@ class EncodedBatch:
         born_ts, born_host = self.born_timestamp, self.born_host_raw
         base = phy_base + pos - a  # PHYSICALOFFSET of the record at buf offset s: base + s
         phys = [base + s for s in starts[i:j]]
-        for s, phy in zip(starts[i:j], phys, strict=True):
+        partials = self.partials
+        for k, (s, phy) in enumerate(zip(starts[i:j], phys, strict=True), start=i):
             _pack_offsets_to_ts(buf, s + POS_QUEUE_OFFSET, queue_offset, phy, sys_flag,
                                 born_ts, born_host, store_timestamp)
+            _pack_crc(buf, s + POS_CRC, zlib.crc32(
+                _pack_dynamic(queue_offset, phy, store_timestamp), partials[k]) & CRC_MASK)
             queue_offset += step
         n = starts[j] - a
         buffer[pos:pos + n] = memoryview(buf)[a:starts[j]]
@@ -252,6 +260,7 @@ def encode_batch(topic: str, queue_id: int, bodies: Sequence[bytes],
     parts: list[bytes] = []
     append = parts.append
     starts: list[int] = []
+    partials: list[int] = []
     at = 0
     biggest = 0
     try:
@@ -259,9 +268,10 @@ def encode_batch(topic: str, queue_id: int, bodies: Sequence[bytes],
             t = const_tail if tails is None else tails[i]
             blen = len(body)
             total = HEADER_SIZE + blen + len(t)
-            append(pack(total, MESSAGE_MAGIC_CODE, crc32(body) & 0x7FFFFFFF, queue_id,
-                        flag, 0, 0, sys_flag, born_timestamp, host, 0, store_host_raw, 0,
-                        0, blen))
+            header = pack(total, RECORD_MAGIC_CODE, 0, queue_id, flag, 0, 0, sys_flag,
+                          born_timestamp, host, 0, store_host_raw, 0, 0, blen)
+            partials.append(crc32(t, crc32(body, crc32(header))))
+            append(header)
             append(body)
             append(t)
             starts.append(at)
@@ -274,4 +284,4 @@ def encode_batch(topic: str, queue_id: int, bodies: Sequence[bytes],
     starts.append(at)
     if biggest - FIXED_SIZE > max_message_size or biggest > max_record:
         raise EncodeError(_ILLEGAL, f"a record of {biggest} bytes is too large")
-    return EncodedBatch(buf, starts, sys_flag, born_timestamp, host), key
+    return EncodedBatch(buf, starts, sys_flag, born_timestamp, host, partials), key

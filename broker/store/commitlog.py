@@ -2,11 +2,13 @@
 
 Append path (the hot path of the whole broker):
 
-1. outside the lock: encode the complete record (`codec.encode_record`: body CRC, topic,
-   properties, hosts) into a bytearray of its final size, and build the topic-queue key;
+1. outside the lock: encode the complete record (`codec.encode_record`: topic, properties,
+   hosts, the partial checksum) into a bytearray of its final size, and build the
+   topic-queue key;
 2. under the lock: take the last file (rolling over with a blank record when the record
    plus an 8-byte blank would not fit), patch QUEUEOFFSET, PHYSICALOFFSET and
-   STORETIMESTAMP in, copy the record into the mapping with one slice assignment, move
+   STORETIMESTAMP in and complete RECORDCRC over them (`codec.seal`: one C call), copy
+   the record into the mapping with one slice assignment, move
    `wrote_position` (readers never see a half-copied record), bump the queue offset;
 3. outside the lock: build the result and, under SYNC_FLUSH, wait for the group commit.
 
@@ -23,15 +25,15 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
+from broker.store import codec
 from broker.store.batch import RecordBatch
 from broker.store.codec import (
     BLANK,
     END_FILE_MIN_BLANK_LENGTH,
     FIXED_SIZE,
-    MESSAGE_MAGIC_CODE,
-    POS_QUEUE_OFFSET,
-    POS_STORE_TIMESTAMP,
     QUEUE_AND_PHYSICAL_OFFSET,
+    RECORD_MAGIC_CODE,
+    RECORD_MAGIC_CODES,
     STORE_TIMESTAMP,
     EncodeError,
     decode_message,
@@ -39,6 +41,7 @@ from broker.store.codec import (
     encode_host,
     encode_record,
     is_queued,
+    record_crc,
 )
 from broker.store.config import FlushMode, StoreConfig
 from broker.store.errors import StoreNotRunning
@@ -57,6 +60,7 @@ log = logging.getLogger(__name__)
 
 _PUT_OK = PutMessageStatus.PUT_OK
 _pack_offsets = QUEUE_AND_PHYSICAL_OFFSET.pack_into  # QUEUEOFFSET, PHYSICALOFFSET
+_seal = codec.seal  # QUEUEOFFSET, PHYSICALOFFSET, STORETIMESTAMP and RECORDCRC
 _pack_timestamp = STORE_TIMESTAMP.pack_into  # STORETIMESTAMP
 
 
@@ -92,6 +96,9 @@ class CommitLog:
         else:
             self.flush_service = FlushCommitLogService(self, config, clock)
         self._sync = sync
+        # check a version-2 record's checksum whenever it is served (look_message)
+        self.verify_on_read = True
+        self._reported: set[int] = set()  # damaged records already logged
 
     # --- lifecycle
     def load(self) -> None:
@@ -130,7 +137,7 @@ class CommitLog:
         return self._max_record
 
     # --- encoding (no lock)
-    def _encode(self, msg: Message) -> tuple[bytes, str | None]:
+    def _encode(self, msg: Message) -> tuple[bytearray, str | None]:
         """The record's bytes and its topic-queue key (None: takes no queue offset)."""
         rec = encode_record(msg.topic, msg.queue_id, msg.body, msg.flag, msg.properties,
                             msg.sys_flag, msg.born_timestamp, msg.born_host,
@@ -189,7 +196,7 @@ class CommitLog:
         ts = self._clock()
         return ts if ts >= self.last_store_timestamp else self.last_store_timestamp
 
-    def _place(self, rec: bytes, key: str | None) -> tuple[int, int, int]:
+    def _place(self, rec: bytearray, key: str | None) -> tuple[int, int, int]:
         """Copy `rec` in and patch its offsets and store time; (phy, queue offset, ts)."""
         n = len(rec)
         mf = self._file_for(n)
@@ -202,8 +209,9 @@ class CommitLog:
         qoff = 0 if key is None else table.get(key, 0)
         mm = mf.mapping
         mm[pos:pos + n] = rec
-        _pack_offsets(mm, pos + POS_QUEUE_OFFSET, qoff, phy)
-        _pack_timestamp(mm, pos + POS_STORE_TIMESTAMP, ts)
+        # offsets, store time, and RECORDCRC: the partial checksum encoded outside the
+        # lock continued over those 24 bytes (codec.py)
+        _seal(mm, pos, qoff, phy, ts)
         # only now is the record visible to readers (they stop at wrote_position)
         mf.wrote_position = mf.committed_position = pos + n
         if key is not None:
@@ -211,7 +219,7 @@ class CommitLog:
         self.last_store_timestamp = ts
         return phy, qoff, ts
 
-    def _place_batch(self, recs: list[tuple[bytes, str | None]],
+    def _place_batch(self, recs: list[tuple[bytearray, str | None]],
                      out: list[tuple[int, int, int]]) -> None:
         """Place consecutive records with one copy per file: they are laid out (offsets
         and store time patched) in one buffer, copied into the mapping at once, and made
@@ -242,8 +250,7 @@ class CommitLog:
                         qoff = table.get(key, 0)
                     taken[key] = qoff + 1
                 phy = base + start + at
-                _pack_offsets(buf, at + POS_QUEUE_OFFSET, qoff, phy)
-                _pack_timestamp(buf, at + POS_STORE_TIMESTAMP, ts)
+                _seal(buf, at, qoff, phy, ts)
                 placed.append((phy, qoff, ts))
                 at += len(rec)
             mf.mapping[start:pos] = buf
@@ -293,7 +300,7 @@ class CommitLog:
         The records are placed with one copy per commitlog file they land in. A message
         that cannot be encoded gets its own status; the others are stored.
         """
-        encoded: list[tuple[bytes, str | None]] = []
+        encoded: list[tuple[bytearray, str | None]] = []
         statuses: list[PutMessageStatus | None] = []
         for msg in msgs:
             try:
@@ -424,8 +431,19 @@ class CommitLog:
         finally:
             mf.release()
 
+    def _report_corrupt(self, offset: int, what: str) -> None:
+        """Log a damaged record once (a reader may come back to it many times)."""
+        if offset in self._reported:
+            return
+        if len(self._reported) >= 1024:
+            self._reported.clear()
+        self._reported.add(offset)
+        log.error("commitlog record at %d %s: not served (run `reliable admin store verify`)",
+                  offset, what)
+
     def look_message(self, offset: int) -> MessageExt | None:
-        """The record starting at `offset`, decoded; None when there is none."""
+        """The record starting at `offset`, decoded; None when there is none, or when a
+        version-2 record fails its checksum (logged once)."""
         mf = self.queue.find_mapped_file_by_offset(offset)
         if mf is None or not mf.hold():
             return None
@@ -436,12 +454,17 @@ class CommitLog:
                 return None
             mm = mf.mapping
             size, magic = BLANK.unpack_from(mm, pos)  # TOTALSIZE, MAGICCODE
-            if magic != MESSAGE_MAGIC_CODE or size < FIXED_SIZE or pos + size > limit:
+            if magic not in RECORD_MAGIC_CODES or size < FIXED_SIZE or pos + size > limit:
                 return None
             try:
-                return decode_message(mm, pos)  # straight from the mapping: one copy
+                msg = decode_message(mm, pos)  # straight from the mapping: one copy
             except (ValueError, IndexError, UnicodeDecodeError, struct.error):
                 return None
+            if magic == RECORD_MAGIC_CODE and self.verify_on_read \
+                    and record_crc(mm, pos, size) != msg.body_crc:
+                self._report_corrupt(offset, "fails its checksum")
+                return None
+            return msg
         finally:
             mf.release()
 

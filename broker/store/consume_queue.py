@@ -20,11 +20,12 @@ import struct
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from broker.store.codec import DispatchRequest, is_queued
 from broker.store.config import StoreConfig
-from broker.store.errors import ConfigFileError, ForeignFile, InvalidMessage, StoreCorrupted
-from broker.store.json_config import JsonConfigFile
+from broker.store.errors import ForeignFile, InvalidMessage, StoreCorrupted
+from broker.store.json_config import JsonConfigFile, arr, integer, obj
 from broker.store.mapped_file import MappedFile
 from broker.store.mapped_file_queue import MappedFileQueue
 
@@ -218,6 +219,26 @@ class ConsumeQueue:
             self.max_physic_offset = phy_offset + size
             return True
 
+    def rewrite_unit(self, queue_offset: int, phy_offset: int, size: int, tags_code: int
+                     ) -> bool:
+        """Repair: set the unit at `queue_offset` (already written) to the given pointer;
+        True when it held something else. Units not written yet are the dispatcher's."""
+        with self._lock:
+            logic = queue_offset * CQ_STORE_UNIT_SIZE
+            if logic < self.min_logic_offset or logic >= self.mfq.get_max_offset():
+                return False
+            mf = self.mfq.find_mapped_file_by_offset(logic)
+            if mf is None:
+                return False
+            pos = logic - mf.file_from_offset
+            if pos + CQ_STORE_UNIT_SIZE > mf.wrote_position or \
+                    _UNIT.unpack_from(mf.mapping, pos) == (phy_offset, size, tags_code):
+                return False
+            _UNIT.pack_into(mf.mapping, pos, phy_offset, size, tags_code)
+            if logic + CQ_STORE_UNIT_SIZE == self.mfq.get_max_offset():
+                self.max_physic_offset = phy_offset + size
+            return True
+
     def _read_unit(self, logic_offset: int) -> tuple[int, int, int] | None:
         mf = self.mfq.find_mapped_file_by_offset(logic_offset)
         if mf is None:
@@ -403,6 +424,9 @@ class ConsumeQueueStore:
         self.registry = JsonConfigFile(config.store_dir / QUEUE_REGISTRY_NAME)
         self._registered: dict[str, set[int]] = {}
         self._deleted: dict[str, int] = {}
+        # no registry (nor backup) at load: which queues existed is unknown, and the store
+        # rebuilds every queue the commitlog names that has no file
+        self.registry_lost = False
 
     # --- lookup
     def find_or_create(self, topic: str, queue_id: int, *, register: bool = True
@@ -439,25 +463,24 @@ class ConsumeQueueStore:
                 self._deleted = kept
                 self._save_registry()
 
+    @staticmethod
+    def parse_registry(data: dict[str, Any]) -> tuple[dict[str, set[int]], dict[str, int]]:
+        """(queues, deleted) of a `consumequeue.json` document (ConfigShapeError)."""
+        queues = {t: {integer(q, f"queues.{t}[]", minimum=0) for q in arr(ids, f"queues.{t}")}
+                  for t, ids in obj(data.get("queues"), "queues").items()}
+        deleted = {t: integer(o, f"deleted.{t}")
+                   for t, o in obj(data.get("deleted", {}), "deleted").items()}
+        return queues, deleted
+
     def _load_registry(self) -> None:
-        data = self.registry.load()
-        if data is None:  # a store from before the registry: what is on disk is all there is
+        parsed = self.registry.load(self.parse_registry)
+        if parsed is None:  # a store from before the registry, or the registry was deleted
+            self.registry_lost = True
             self._registered = {t: {q for q, cq in by_id.items() if cq.mfq.mapped_files}
                                 for t, by_id in self._queues.items()}
             self._save_registry()
             return
-        queues = data.get("queues")
-        deleted = data.get("deleted", {})
-        if not isinstance(queues, dict) or not all(
-                isinstance(t, str) and isinstance(ids, list)
-                and all(isinstance(q, int) and q >= 0 for q in ids)
-                for t, ids in queues.items()) or not isinstance(deleted, dict) or not all(
-                isinstance(t, str) and isinstance(o, int) for t, o in deleted.items()):
-            raise ConfigFileError(self.registry.path,
-                                  'expected {"queues": {"<topic>": [<queueId>, ...]}, '
-                                  '"deleted": {"<topic>": <offset>}}')
-        self._registered = {t: set(ids) for t, ids in queues.items()}
-        self._deleted = dict(deleted)
+        self._registered, self._deleted = parsed
 
     def missing_queues(self) -> list[tuple[str, int]]:
         """Registered queues with no file left (their directory was deleted)."""
@@ -498,8 +521,24 @@ class ConsumeQueueStore:
         self._load_registry()
 
     def recover(self) -> None:
+        """Recover every queue; a queue whose units are not plausible pointers is dropped
+        (`rebuild`) and its (registered) name makes the store rebuild it from the log."""
         for cq in self.queues():
-            cq.recover()
+            try:
+                cq.recover()
+            except StoreCorrupted as exc:
+                self.rebuild(cq, str(exc))
+
+    def rebuild(self, cq: ConsumeQueue, reason: str) -> None:
+        """Delete a damaged queue's files; it stays registered, so `missing_queues` names it
+        and the store dispatches it again from the commitlog."""
+        log.warning("consume queue %s-%d is damaged (%s): rebuilding it from the commitlog",
+                    cq.topic, cq.queue_id, reason)
+        cq.destroy()
+        with self._lock:
+            if cq.queue_id not in self._registered.get(cq.topic, ()):
+                self._registered.setdefault(cq.topic, set()).add(cq.queue_id)
+                self._save_registry()
 
     def get_max_physic_offset(self) -> int:
         """The furthest commitlog end any queue points to; -1 when every queue is empty."""

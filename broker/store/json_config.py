@@ -7,10 +7,15 @@ A save never leaves a half-written file where a reader (or the next start) looks
 3. the temporary file is renamed over `<name>` (atomic on POSIX);
 4. the directory is fsynced so the rename itself survives a power cut.
 
-A load reads `<name>`; when it is corrupt (truncated, not JSON, not an object) it falls back
-to `<name>.bak`; when both are unreadable it raises `ConfigFileError` rather than silently
-starting from nothing, because an empty `consumerOffset.json` would make every consumer group
-re-read its queues from the start.
+A load reads `<name>`; when it is corrupt (truncated, not JSON, not an object, or an object
+of the wrong shape for its loader's `parse`) it falls back to `<name>.bak`; when both are
+unusable it raises `ConfigFileError` (one line: the file and what is wrong) rather than
+silently starting from nothing, because an empty `consumerOffset.json` would make every
+consumer group re-read its queues from the start.
+
+Loaders check shapes with the small helpers below (`obj`, `arr`, `integer`, `text`,
+`flag`), which raise `ConfigShapeError` naming the path inside the document
+(`offsetTable.TopicA@g: expected an object, got a list`).
 """
 
 from __future__ import annotations
@@ -19,9 +24,9 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from broker.store.errors import ConfigFileError
 
@@ -76,11 +81,77 @@ class _Unreadable(Exception):
     """Internal: a file exists but does not hold a JSON object."""
 
 
+class ConfigShapeError(ValueError):
+    """A configuration document is valid JSON but not the shape its loader expects."""
+
+
+T = TypeVar("T")
+_KINDS = {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
+          int: "an integer", float: "a number", type(None): "null"}
+
+
+def _kind(value: object) -> str:
+    return _KINDS.get(type(value), type(value).__name__)
+
+
+def obj(value: object, where: str) -> dict[str, Any]:
+    """`value` as a JSON object, else ConfigShapeError."""
+    if not isinstance(value, dict):
+        raise ConfigShapeError(f"{where}: expected an object, got {_kind(value)}")
+    return value
+
+
+def arr(value: object, where: str) -> list[Any]:
+    """`value` as a JSON list, else ConfigShapeError."""
+    if not isinstance(value, list):
+        raise ConfigShapeError(f"{where}: expected a list, got {_kind(value)}")
+    return value
+
+
+def integer(value: object, where: str, *, minimum: int | None = None) -> int:
+    """An integer, or a string of one (object keys are strings); else ConfigShapeError."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ConfigShapeError(f"{where}: expected an integer, got {_kind(value)}")
+    if isinstance(value, str):
+        text_value = value.strip()
+        if not text_value.lstrip("-").isdigit() or len(text_value) > 20:
+            raise ConfigShapeError(f"{where}: expected an integer, got {value[:40]!r}")
+        value = int(text_value)
+    if not -(1 << 63) <= value < (1 << 63):
+        raise ConfigShapeError(f"{where}: {value} is out of range")
+    if minimum is not None and value < minimum:
+        raise ConfigShapeError(f"{where}: {value} is below {minimum}")
+    return value
+
+
+def text(value: object, where: str) -> str:
+    """`value` as a string, else ConfigShapeError."""
+    if not isinstance(value, str):
+        raise ConfigShapeError(f"{where}: expected a string, got {_kind(value)}")
+    return value
+
+
+def flag(value: object, where: str) -> bool:
+    """`value` as a boolean, else ConfigShapeError."""
+    if not isinstance(value, bool):
+        raise ConfigShapeError(f"{where}: expected true or false, got {_kind(value)}")
+    return value
+
+
+def _apply(parse: Callable[[dict[str, Any]], T], data: dict[str, Any]) -> T:
+    try:
+        return parse(data)
+    except ConfigShapeError as exc:
+        raise _Unreadable(f"wrong shape: {exc}") from exc
+    except Exception as exc:  # parse is pure: whatever it raises means a bad shape
+        raise _Unreadable(f"wrong shape: {type(exc).__name__}: {str(exc)[:200]}") from exc
+
+
 def _parse(raw: bytes) -> dict[str, Any]:
     try:
         value = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _Unreadable(str(exc)) from exc
+        raise _Unreadable(f"not JSON ({exc})") from exc
     if not isinstance(value, dict):
         raise _Unreadable(f"top level is {type(value).__name__}, not an object")
     return value
@@ -104,15 +175,27 @@ class JsonConfigFile:
             raise _Unreadable(f"cannot read: {exc}") from exc
         return _parse(raw)
 
-    def load(self) -> dict[str, Any] | None:
-        """The stored object; None when neither the file nor its backup exists.
+    @overload
+    def load(self) -> dict[str, Any] | None: ...
 
-        Raises `ConfigFileError` when something exists but neither copy is readable.
+    @overload
+    def load(self, parse: Callable[[dict[str, Any]], T]) -> T | None: ...
+
+    def load(self, parse: Callable[[dict[str, Any]], Any] | None = None) -> Any:
+        """The stored object (passed through `parse`); None when neither the file nor its
+        backup exists.
+
+        `parse` turns the document into what the loader keeps and raises ConfigShapeError
+        (or a ValueError, TypeError, KeyError...) for a document of the wrong shape: such a
+        file counts as corrupt, like one that is not JSON. Raises `ConfigFileError` when
+        something exists but neither copy is usable.
         """
         with self._lock:
             main_problem: str | None = None
             try:
                 data = self._read(self.path)
+                if data is not None and parse is not None:
+                    data = _apply(parse, data)
             except _Unreadable as exc:
                 main_problem = str(exc)
             else:
@@ -120,16 +203,18 @@ class JsonConfigFile:
                     return data
             try:
                 backup = self._read(self.backup_path)
+                if backup is not None and parse is not None:
+                    backup = _apply(parse, backup)
             except _Unreadable as exc:
                 raise ConfigFileError(
                     self.path,
-                    f"unreadable ({main_problem or 'missing'}) and so is its backup "
+                    f"{main_problem or 'missing'}, and so is its backup "
                     f"{self.backup_path.name} ({exc})",
-                ) from exc
+                ) from None
             if backup is None:
                 if main_problem is None:
                     return None  # nothing was ever saved
-                raise ConfigFileError(self.path, f"unreadable ({main_problem}) and no backup")
+                raise ConfigFileError(self.path, f"{main_problem}, and no backup")
             log.warning("%s is %s; using its backup %s", self.path,
                         main_problem or "missing", self.backup_path.name)
             return backup

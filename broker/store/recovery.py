@@ -27,12 +27,14 @@ the consume queues' furthest pointer by the store (see `store.MessageStore.start
 from __future__ import annotations
 
 import logging
+import mmap
 from dataclasses import dataclass
 
 from broker.store.checkpoint import StoreCheckpoint
 from broker.store.codec import (
     BLANK_MAGIC_CODE,
     MESSAGE_MAGIC_CODE,
+    RECORD_MAGIC_CODE,
     check_message_and_return_size,
 )
 from broker.store.commitlog import CommitLog
@@ -43,7 +45,10 @@ from broker.store.mapped_file import MappedFile
 log = logging.getLogger(__name__)
 
 NORMAL_RECOVERY_FILES = 3
-_MAGIC_BYTES = MESSAGE_MAGIC_CODE.to_bytes(4, "big", signed=True)
+_MAGICS = tuple(m.to_bytes(4, "big", signed=True)
+                for m in (RECORD_MAGIC_CODE, MESSAGE_MAGIC_CODE))
+_MAGIC_PREFIX = _MAGICS[0][:3]  # both record versions' magic codes start DA A3 20
+assert all(m.startswith(_MAGIC_PREFIX) for m in _MAGICS)
 _ZERO_HEADER = bytes(8)
 
 
@@ -80,10 +85,18 @@ def _starts_like_ours(mf: MappedFile) -> bool:
     """
     head = mf.read(0, 8)
     magic = head[4:8]
-    if magic in (_MAGIC_BYTES, _BLANK_BYTES) or head == _ZERO_HEADER:
+    if magic in _MAGICS or magic == _BLANK_BYTES or head == _ZERO_HEADER:
         return True
     k = len(magic.rstrip(b"\0"))
-    return _MAGIC_BYTES.startswith(magic[:k]) or _BLANK_BYTES.startswith(magic[:k])
+    return any(m.startswith(magic[:k]) for m in (*_MAGICS, _BLANK_BYTES))
+
+
+def _find_magic(mm: mmap.mmap, start: int) -> int:
+    """Position of the next record magic code (either version) at or after `start`."""
+    at = mm.find(_MAGIC_PREFIX, start)
+    while at >= 0 and mm[at:at + 4] not in _MAGICS:
+        at = mm.find(_MAGIC_PREFIX, at + 1)
+    return at
 
 
 def _first_record_older_than(mf: MappedFile, limit_ts: int) -> bool:
@@ -136,7 +149,7 @@ def _count_valid_after(files: list[MappedFile], index: int, pos: int) -> tuple[i
             continue
         try:
             mm = mf.mapping
-            at = mm.find(_MAGIC_BYTES, pos + 4 if i == index else 4)
+            at = _find_magic(mm, pos + 4 if i == index else 4)
             with mf.buffer() as buf:
                 while at >= 0:
                     start = at - 4
@@ -146,9 +159,9 @@ def _count_valid_after(files: list[MappedFile], index: int, pos: int) -> tuple[i
                         count += 1
                         if first < 0:
                             first = mf.file_from_offset + start
-                        at = mm.find(_MAGIC_BYTES, start + size + 4)
+                        at = _find_magic(mm, start + size + 4)
                     else:
-                        at = mm.find(_MAGIC_BYTES, at + 1)
+                        at = _find_magic(mm, at + 1)
         finally:
             mf.release()
     return count, first

@@ -43,6 +43,10 @@ def test_a_demo_store_opens_everywhere(tmp_path: Path,
     # the store demo writes through the store alone: no topic configuration, but it opens
     assert as_json(cli("admin", "topic", "list", "--store", str(store), "--json")) == {
         "topics": []}
+    # and `verify` checks it against its own geometry, not the configured defaults
+    verified = cli("admin", "store", "verify", "--store", str(store))
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert ": OK (checked" in verified.stdout
 
     # the server is told 8 MiB commitlog files (TEST_STORE): the store's 16 MiB win
     server = make_server(store=store)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.store.codec import POS_QUEUE_OFFSET, POS_STORE_TIMESTAMP
+from broker.store.codec import POS_QUEUE_OFFSET, POS_STORE_TIMESTAMP, reseal
 from broker.store.config import StoreConfig
 from broker.store.consume_queue import QUEUE_REGISTRY_NAME
 from broker.store.errors import DispatchStuck
@@ -180,6 +180,7 @@ def test_an_undispatchable_record_stops_the_start(tmp_path: Path) -> None:
     raw[topic_at:topic_at + 6] = b"Top/cA"
     struct.pack_into(">qq", raw, POS_QUEUE_OFFSET, 0, end)
     struct.pack_into(">q", raw, POS_STORE_TIMESTAMP, last.store_timestamp)
+    reseal(raw, 0)  # a valid record, checksum included
     size = cfg.mapped_file_size_commitlog
     assert end % size + len(raw) + 8 <= size
     with open(_file_of(cfg, end), "r+b") as f:

@@ -23,8 +23,8 @@ from outbox.reconcile.errors import (
     SourceUnavailable,
 )
 from outbox.reconcile.job import ReconcileOptions, ReconcileResult, reconcile
-from outbox.reconcile.repair import RepairOptions, RepairReport, audit_table
 from outbox.reconcile.preflight import JavaNotFound
+from outbox.reconcile.repair import RepairOptions, RepairReport, audit_table
 from outbox.reconcile.report import as_json, as_text
 from outbox.reconcile.session import spark_session
 from outbox.reconcile.sources import JdbcSource, ParquetSource, PartitionPolicy, TableNames

@@ -39,8 +39,6 @@ appender.stderr.name = stderr
 appender.stderr.target = SYSTEM_ERR
 appender.stderr.layout.type = PatternLayout
 appender.stderr.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n%ex
-logger.repl.name = org.apache.spark.repl.Main
-logger.repl.level = error
 """
 
 
@@ -124,9 +122,11 @@ def require_driver(spark: SparkSession, driver: JdbcDriver) -> None:
                              [j for j in jars.split(",") if j]) from None
 
 
-# What the JVM itself prints on stderr at start whatever log4j says (Spark 4 adds an
-# incubator module): dropped from a local session's stderr; every other line passes.
-_JVM_NOISE = (b"WARNING: Using incubator modules",)
+# What the JVM prints on stderr at start whatever log4j says (Spark 4 adds an incubator
+# module; a PySpark driver announces the shell's log level): dropped from a local
+# session's stderr; every other line passes.
+_JVM_NOISE = (b"WARNING: Using incubator modules", b"Setting default log level to",
+              b"To adjust logging level use sc.setLogLevel")
 
 
 def _launch_filtered(builder: Any) -> SparkSession:

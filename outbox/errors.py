@@ -59,11 +59,12 @@ def is_permanent(exc: BaseException) -> bool:
     name, an oversized or malformed message), or the message breaks the client's rules.
     Flow control, an unreachable broker, a missing route or a full disk are transient.
     A sender's own exception may say so with a `permanent = True` attribute."""
-    from reliable.errors import BrokerCallError, ConfigurationError, FailureKind, InvalidMessage
+    from reliable.errors import BrokerCallError, FailureKind, InvalidMessage, InvalidName
 
     flag = getattr(exc, "permanent", None)
     if isinstance(flag, bool):
         return flag
     if isinstance(exc, BrokerCallError):
         return exc.kind is FailureKind.BAD_REQUEST
-    return isinstance(exc, InvalidMessage | ConfigurationError | InvalidStub)
+    # about the message itself; a client that is not started or misconfigured is not
+    return isinstance(exc, InvalidMessage | InvalidName | InvalidStub)

@@ -59,9 +59,9 @@ def test_publish_refuses_what_no_broker_would_store(engine, tables, sender) -> N
 def test_the_limit_is_the_senders_own_when_it_has_one(engine, tables, sender) -> None:
     sender.max_body_size = 8  # e.g. what the broker advertised
     outbox = Outbox(tables, sender)
-    with Session(engine) as session, session.begin():
-        with pytest.raises(InvalidStub, match="limit of 8 bytes"):
-            outbox.publish(session, Message("T", b"x" * 9))
+    with Session(engine) as session, session.begin(), \
+            pytest.raises(InvalidStub, match="limit of 8 bytes"):
+        outbox.publish(session, Message("T", b"x" * 9))
     default = Outbox(tables, object())  # type: ignore[arg-type]
     assert default.max_body_size == 4 * 1024 * 1024
     assert Outbox(tables, sender, config=OutboxConfig(max_body_size=0)).max_body_size is None

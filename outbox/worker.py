@@ -11,9 +11,12 @@ One pass (`run_once`):
    committed offset on the queue the copy was sent to is beyond the copy's offset (the
    watermark; never the log's max offset, which an empty log or out-of-order commits would
    falsify). A stub never sent, or whose offset the broker no longer holds (`QueueBounds`),
-   is lost for every missing group. Otherwise the group is backlogged: no resend, look
-   again after `recheck_after`.
-4. Lost and `send_count >= max_sends`: escalate through the `Notifier`, once.
+   is lost for every missing group. A copy whose queue is unknown (a send over gRPC) is
+   lost once the stub is older than the group's expected latency (`outbox.latency`, the
+   reconciliation's rule too). Otherwise the group is backlogged: no resend, look again
+   after `recheck_after`.
+4. Lost and `send_count >= max_sends`: escalate through the `Notifier`, once. A send the
+   broker refuses for good (`outbox.errors.is_permanent`) is escalated at once.
 5. Lost otherwise: send again: to the topic when every expected group lost it, else only
    to each lost group's retry topic (`%RETRY%<group>`, original topic in `RETRY_TOPIC`).
    `send_count + 1`; `next_resend_at` from the backoff policy (a tenacity wait).

@@ -22,6 +22,10 @@ Queue bounds (optional, `bounds`): the offsets the broker still holds on a queue
 [min_offset, max_offset). A copy outside them is gone (the tail lost in a crash under async
 flush, or files cleaned): a group without a log row will never receive it, so the stub is
 lost once it is older than the grace period, whatever the watermarks say.
+
+Unknown queue (`queue_id` -1, a send over gRPC): no watermark or bound speaks for the copy;
+a group without a log row has lost it once the stub is older than the group's expected
+latency (`outbox.latency.ExpectedLatency`, the resend worker's rule).
 """
 
 from __future__ import annotations

@@ -143,16 +143,38 @@ def options_from(args: argparse.Namespace) -> ReconcileOptions:
 
 def run(args: argparse.Namespace) -> int:
     """Run the job for parsed arguments; print the summary; return the exit code."""
+    progress = (not getattr(args, "json", False)
+                and log.getEffectiveLevel() > logging.INFO)
+    if not progress:
+        return _run(args)
+    # the job's own progress on stderr (Spark itself prints nothing by default)
+    handler = _Progress()
+    saved = (log.level, log.propagate)
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    try:
+        return _run(args)
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(saved[0])
+        log.propagate = saved[1]
+
+
+class _Progress(logging.Handler):
+    """`reconcile: <message>` on whatever `sys.stderr` is when a record is emitted."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            print(f"reconcile: {record.getMessage()}", file=sys.stderr, flush=True)
+        except Exception:
+            self.handleError(record)
+
+
+def _run(args: argparse.Namespace) -> int:
     from outbox.reconcile.report import as_json, as_text
     from reliable.cli.exit_codes import ExitCode
 
-    if not getattr(args, "json", False) and log.getEffectiveLevel() > logging.INFO:
-        # the job's own progress on stderr (Spark itself prints nothing by default)
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("reconcile: %(message)s"))
-        log.addHandler(handler)
-        log.setLevel(logging.INFO)
-        log.propagate = False
     try:
         options = options_from(args)
         log.info("reconciling %s", "the database" if options.db_url else options.parquet)

@@ -83,3 +83,23 @@ def test_a_guard_started_while_its_database_is_down_starts(table_prefix) -> None
                               connect_args={"connect_timeout": 2})
     guard = IdempotencyGuard(engine, OutboxTables(prefix=table_prefix), None)
     assert guard.engine is engine
+
+
+def test_reliable_consume_with_idempotent_true_names_the_fix(tmp_path: Path) -> None:
+    (tmp_path / "myhandlers.py").write_text(
+        "from reliable import handler\n\n"
+        "@handler('Orders', group='billing', idempotent=True)\n"
+        "def bill(message, session):\n    pass\n")
+    db = tmp_path / "empty.db"
+    sa.create_engine(f"sqlite:///{db}").connect().close()
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}",
+           "RELIABLE_DATABASE_URL": f"sqlite:///{db}"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "reliable.cli", "consume", "myhandlers", "--store",
+         str(tmp_path / "store"), "--commitlog-file-size", str(4 << 20)],
+        env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == ExitCode.FAILURE
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("reliable consume: idempotent=True: outbox tables missing")
+    assert "--ensure-schema" in lines[0]

@@ -62,6 +62,7 @@ from idempotency.leases import DONE, Leases, RedisLike
 from idempotency.store import ConfirmStatus, GuardStore
 from outbox.models import ConfirmationOutcome, OutboxTables
 from outbox.ports import Clock, utcnow
+from outbox.schema import require_tables
 from outbox.stubs import body_digest
 from reliable.message import ConsumeResult, ReceivedMessage
 from reliable.outcomes import Discard
@@ -194,6 +195,8 @@ class IdempotencyGuard:
                  sleep: Callable[[float], None] = time.sleep,
                  on_event: Callable[[GuardEvent], None] | None = None) -> None:
         self.config = (config or GuardConfig()).validate()  # refuses short dedup windows
+        # missing tables fail here, naming the fix (`TablesMissing`), not once per message
+        require_tables(engine, tables, unreachable_ok=True)
         self.engine = engine
         self.tables = tables
         self.store = GuardStore(engine, tables)

@@ -10,6 +10,7 @@ from outbox.errors import (
     OutboxMisuse,
     UnsupportedDatabase,
 )
+from outbox.latency import ExpectedLatency
 from outbox.models import ConfirmationOutcome, OutboxTables, StubStatus
 from outbox.notify import Escalation, LogNotifier, Notifier, SmtpNotifier, WebhookNotifier
 from outbox.operations import requeue, void
@@ -24,7 +25,7 @@ from outbox.ports import (
 )
 from outbox.publish import Outbox, OutboxConfig, OutboxTransaction
 from outbox.registry import InvalidGroup, declare_groups, expected_groups
-from outbox.schema import SchemaMismatch, SchemaReport, ensure_schema
+from outbox.schema import SchemaMismatch, SchemaReport, TablesMissing, ensure_schema, require_tables
 from outbox.stubs import body_digest
 from outbox.worker import Metrics, ResendPolicy, ResendWorker
 
@@ -36,6 +37,7 @@ __all__ = [  # noqa: RUF022 - grouped by concept, as in reliable/__init__
     "declare_groups",
     "expected_groups",
     "ensure_schema",
+    "require_tables",
     "SchemaReport",
     # publishing
     "Outbox",
@@ -58,6 +60,7 @@ __all__ = [  # noqa: RUF022 - grouped by concept, as in reliable/__init__
     "Notifier",
     "ResendPolicy",
     "ResendWorker",
+    "ExpectedLatency",
     "SmtpNotifier",
     "WebhookNotifier",
     # operator actions
@@ -72,5 +75,6 @@ __all__ = [  # noqa: RUF022 - grouped by concept, as in reliable/__init__
     "OutboxError",
     "OutboxMisuse",
     "SchemaMismatch",
+    "TablesMissing",
     "UnsupportedDatabase",
 ]

@@ -47,3 +47,24 @@ class NotifyFailed(OutboxError):
         self.notifier = notifier
         self.message_id = message_id
         super().__init__(f"{notifier}: escalation of {message_id!r} not delivered: {cause}")
+
+
+# `last_error` prefix of a stub whose send the broker refused for good (the resend worker
+# escalated it at once); reconciliation reads it to say why the stub needs manual handling
+REFUSED_PREFIX = "REFUSED "
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """True when sending again cannot succeed: the broker refused the request itself (a bad
+    name, an oversized or malformed message), or the message breaks the client's rules.
+    Flow control, an unreachable broker, a missing route or a full disk are transient.
+    A sender's own exception may say so with a `permanent = True` attribute."""
+    from reliable.errors import BrokerCallError, FailureKind, InvalidMessage, InvalidName
+
+    flag = getattr(exc, "permanent", None)
+    if isinstance(flag, bool):
+        return flag
+    if isinstance(exc, BrokerCallError):
+        return exc.kind is FailureKind.BAD_REQUEST
+    # about the message itself; a client that is not started or misconfigured is not
+    return isinstance(exc, InvalidMessage | InvalidName | InvalidStub)

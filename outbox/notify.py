@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Escalation:
-    """A stub that reached `max_sends` without every expected group confirming it."""
+    """A stub that reached `max_sends` without every expected group confirming it, or whose
+    send the broker refused for good (`refused`)."""
 
     message_id: str
     topic: str
@@ -34,6 +35,8 @@ class Escalation:
     missing_groups: tuple[str, ...]
     created_at: datetime
     last_error: str | None
+    # set when the broker refused the message itself (no resend can succeed)
+    refused: bool = False
 
     def as_dict(self) -> dict[str, object]:
         data = asdict(self)
@@ -43,6 +46,9 @@ class Escalation:
 
     def summary(self) -> str:
         groups = ", ".join(self.missing_groups) or "any group"
+        if self.refused:
+            return (f"message {self.message_id} on {self.topic} can never be sent (refused: "
+                    f"{self.last_error}); manual handling needed")
         return (f"message {self.message_id} on {self.topic} unconfirmed by {groups} after "
                 f"{self.send_count}/{self.max_sends} sends; manual handling needed")
 

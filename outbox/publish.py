@@ -32,11 +32,11 @@ from sqlalchemy import Connection, Engine, event, insert, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, SessionTransaction
 
-from outbox.errors import DuplicateMessageId, NoActiveTransaction, OutboxMisuse
+from outbox.errors import DuplicateMessageId, NoActiveTransaction, OutboxMisuse, is_permanent
 from outbox.models import OutboxTables
 from outbox.ports import Clock, Sender, utcnow
 from outbox.registry import expected_groups
-from outbox.stubs import stub_values
+from outbox.stubs import DEFAULT_MAX_BODY_SIZE, check_sendable, stub_values
 from reliable.message import Message, SendReceipt, SendStatus
 
 log = logging.getLogger(__name__)
@@ -56,12 +56,17 @@ class OutboxConfig:
     send_after_commit: send right after the commit (default). False: never send from the
         committing thread; stubs are due at once and the resend worker sends them (a pure
         polling outbox: commits never wait for the broker).
+    max_body_size: the broker's body limit in bytes: `publish` refuses a bigger body before
+        anything is written (`InvalidStub`), since no send could ever succeed. None: the
+        sender's own `max_body_size` when it has one, else 4 MiB (the broker's default).
+        0 turns the check off.
     """
 
     max_sends: int = 16
     resend_after: timedelta = timedelta(minutes=5)
     retry_after_failure: timedelta = timedelta(seconds=10)
     send_after_commit: bool = True
+    max_body_size: int | None = None
 
 
 @dataclass
@@ -127,7 +132,19 @@ class Outbox:
                 self._send_and_record(bind.engine, message)
 
     # -- shared --------------------------------------------------------------------------
+    @property
+    def max_body_size(self) -> int | None:
+        """The body limit `publish` enforces (None: no check)."""
+        limit = self.config.max_body_size
+        if limit is None:
+            limit = getattr(self.sender, "max_body_size", None)
+            if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
+                limit = DEFAULT_MAX_BODY_SIZE
+        return limit or None
+
     def _row(self, conn: Connection, message: Message, max_sends: int | None) -> dict[str, Any]:
+        # what can never be sent is refused before the stub joins the transaction
+        check_sendable(message, self.max_body_size)  # before any query
         now = self.clock()
         return stub_values(
             message,
@@ -136,6 +153,7 @@ class Outbox:
             now=now,
             next_resend_at=now + (self.config.retry_after_failure
                                   if self.config.send_after_commit else timedelta(0)),
+            max_body_size=self.max_body_size,
         )
 
     def _send_and_record(self, engine: Engine, message: Message) -> SendReceipt | None:
@@ -145,12 +163,19 @@ class Outbox:
         try:
             receipt = self.sender.send(message)
         except Exception as exc:
-            log.warning("outbox: send of %s failed after commit (%s); the resend worker "
-                        "will retry it", message.message_id, exc)
             now = self.clock()
+            if is_permanent(exc):
+                # no retry can succeed: due now, so the resend worker escalates it at once
+                log.error("outbox: send of %s refused after commit (%s); the resend worker "
+                          "will escalate it", message.message_id, exc)
+                retry_at = now
+            else:
+                log.warning("outbox: send of %s failed after commit (%s); the resend worker "
+                            "will retry it", message.message_id, exc)
+                retry_at = now + self.config.retry_after_failure
             values: dict[str, Any] = {
                 "last_error": f"{type(exc).__name__}: {exc}"[:2000],
-                "next_resend_at": now + self.config.retry_after_failure,
+                "next_resend_at": retry_at,
             }
         else:
             now = self.clock()

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sqlalchemy import Engine, inspect, text
+from sqlalchemy.exc import OperationalError
 
 from outbox.errors import OutboxError
 from outbox.models import OutboxTables
@@ -25,6 +26,47 @@ class SchemaMismatch(OutboxError):
         self.column = column
         super().__init__(f"table {table!r} lacks the NOT NULL column {column!r}: "
                          "migrate it by hand")
+
+
+class TablesMissing(OutboxError):
+    """The database lacks outbox tables (or columns a later version added): create them."""
+
+    FIX = ("create them with `reliable worker resend --ensure-schema`, "
+           "`outbox.ensure_schema(engine, tables)` or `tables.create_all(engine)`")
+
+    def __init__(self, where: str, missing: list[str]) -> None:
+        self.where = where
+        self.missing = missing
+        super().__init__(f"outbox tables missing in {where}: {', '.join(missing)}; {self.FIX}")
+
+
+def missing_schema(engine: Engine, tables: OutboxTables) -> list[str]:
+    """The outbox tables (`name`) and columns (`name.column`) the database lacks."""
+    inspector = inspect(engine)
+    missing: list[str] = []
+    for table in tables.metadata.sorted_tables:
+        if not inspector.has_table(table.name, schema=table.schema):
+            missing.append(table.name)
+            continue
+        present = {c["name"] for c in inspector.get_columns(table.name, schema=table.schema)}
+        missing.extend(f"{table.name}.{c.name}" for c in table.columns if c.name not in present)
+    return missing
+
+
+def require_tables(engine: Engine, tables: OutboxTables, *,
+                   unreachable_ok: bool = False) -> None:
+    """Raise `TablesMissing` (one line naming the fix) when the outbox tables are not all
+    there. A database that cannot be reached raises its `OperationalError`, or, with
+    `unreachable_ok`, passes (a guard started while its database is down retries later)."""
+    try:
+        missing = missing_schema(engine, tables)
+    except OperationalError:
+        if unreachable_ok:
+            return
+        raise
+    if missing:
+        where = engine.url.render_as_string(hide_password=True)
+        raise TablesMissing(where, missing)
 
 
 @dataclass

@@ -12,7 +12,12 @@ from sqlalchemy.engine import RowMapping
 
 from outbox.errors import InvalidStub
 from outbox.models import ID_LEN, NAME_LEN, StubStatus
+from reliable.errors import InvalidName
 from reliable.message import Message
+from reliable.naming import check_topic
+
+# The broker's default body limit (`reliable broker start --max-body-size`, RocketMQ's 4 MiB).
+DEFAULT_MAX_BODY_SIZE = 4 * 1024 * 1024
 
 # Message properties that travel on the broker but are not user headers.
 _RESERVED_PROPERTIES = frozenset({"UNIQ_KEY", "KEYS", "TAGS"})
@@ -31,15 +36,33 @@ def split_groups(value: str | None) -> list[str]:
     return [g for g in (value or "").split(",") if g]
 
 
-def stub_values(message: Message, *, expected_groups: Iterable[str], max_sends: int,
-                now: datetime, next_resend_at: datetime) -> dict[str, Any]:
-    """The row inserted for `message` (status UNCONFIRMED, never sent yet)."""
-    if not message.message_id or len(message.message_id) > ID_LEN:
-        raise InvalidStub(message.message_id, f"message_id must be 1..{ID_LEN} characters")
-    if not message.topic or len(message.topic) > NAME_LEN:
-        raise InvalidStub(message.message_id, f"topic must be 1..{NAME_LEN} characters")
+def check_sendable(message: Message, max_body_size: int | None) -> None:
+    """Refuse, with `InvalidStub`, what no broker would ever store: a bad id, a topic name
+    breaking the naming rules, a body that is not bytes, empty, or above the limit."""
+    mid = message.message_id
+    if not isinstance(mid, str) or not mid or len(mid) > ID_LEN:
+        raise InvalidStub(str(mid), f"message_id must be 1..{ID_LEN} characters")
+    if not isinstance(message.topic, str) or not message.topic \
+            or len(message.topic) > NAME_LEN:
+        raise InvalidStub(mid, f"topic must be 1..{NAME_LEN} characters")
+    try:
+        check_topic(message.topic)
+    except InvalidName as exc:
+        raise InvalidStub(mid, str(exc)) from exc
     if not isinstance(message.body, bytes | bytearray):
-        raise InvalidStub(message.message_id, "body must be bytes")
+        raise InvalidStub(mid, f"body must be bytes, not {type(message.body).__name__}")
+    if not message.body:
+        raise InvalidStub(mid, "body is empty (the broker refuses empty bodies)")
+    if max_body_size is not None and len(message.body) > max_body_size:
+        raise InvalidStub(mid, f"body of {len(message.body):,} bytes exceeds the broker's "
+                               f"limit of {max_body_size:,} bytes")
+
+
+def stub_values(message: Message, *, expected_groups: Iterable[str], max_sends: int,
+                now: datetime, next_resend_at: datetime,
+                max_body_size: int | None = DEFAULT_MAX_BODY_SIZE) -> dict[str, Any]:
+    """The row inserted for `message` (status UNCONFIRMED, never sent yet)."""
+    check_sendable(message, max_body_size)
     if max_sends < 1:
         raise InvalidStub(message.message_id, "max_sends must be at least 1")
     headers = {k: v for k, v in message.properties.items() if k not in _RESERVED_PROPERTIES}

@@ -11,9 +11,12 @@ One pass (`run_once`):
    committed offset on the queue the copy was sent to is beyond the copy's offset (the
    watermark; never the log's max offset, which an empty log or out-of-order commits would
    falsify). A stub never sent, or whose offset the broker no longer holds (`QueueBounds`),
-   is lost for every missing group. Otherwise the group is backlogged: no resend, look
-   again after `recheck_after`.
-4. Lost and `send_count >= max_sends`: escalate through the `Notifier`, once.
+   is lost for every missing group. A copy whose queue is unknown (a send over gRPC) is
+   lost once the stub is older than the group's expected latency (`outbox.latency`, the
+   reconciliation's rule too). Otherwise the group is backlogged: no resend, look again
+   after `recheck_after`.
+4. Lost and `send_count >= max_sends`: escalate through the `Notifier`, once. A send the
+   broker refuses for good (`outbox.errors.is_permanent`) is escalated at once.
 5. Lost otherwise: send again: to the topic when every expected group lost it, else only
    to each lost group's retry topic (`%RETRY%<group>`, original topic in `RETRY_TOPIC`).
    `send_count + 1`; `next_resend_at` from the backoff policy (a tenacity wait).
@@ -36,6 +39,8 @@ from sqlalchemy import Engine, bindparam, or_, select, update
 from sqlalchemy.engine import RowMapping
 
 from outbox.claim import ClaimStrategy, claim_batch
+from outbox.errors import REFUSED_PREFIX, is_permanent
+from outbox.latency import ExpectedLatency
 from outbox.models import OutboxTables, StubStatus
 from outbox.notify import Escalation, LogNotifier, Notifier
 from outbox.ports import (
@@ -68,6 +73,9 @@ class ResendPolicy:
         it is this old with no live lease: by then the retry ladder (4 h 46 min) is over,
         so the message sits in the DLQ or its consumer is gone, and the stub goes on to
         resends and, at max_sends, escalation.
+    expected_latency: how long each group may take to confirm a copy whose queue is
+        unknown (a send over gRPC): older than that, unconfirmed and unlogged, it is lost.
+        Reconciliation applies the same rule (`ReconcileOptions.expected_latency`).
     """
 
     batch_size: int = 200
@@ -78,6 +86,7 @@ class ResendPolicy:
         multiplier=10, min=10, max=600))
     claim_ttl: timedelta = timedelta(minutes=5)
     stale_log_after: timedelta = timedelta(hours=6)
+    expected_latency: ExpectedLatency = field(default_factory=ExpectedLatency)
 
     def delay(self, wait: Wait, attempt: int) -> timedelta:
         state = tenacity.RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
@@ -96,6 +105,7 @@ class Metrics:
     errors: int = 0
     backlogged: int = 0
     confirmed: int = 0
+    refused: int = 0  # the broker refused the message itself: escalated at once
 
     def add(self, other: Metrics) -> None:
         for name, value in asdict(other).items():
@@ -227,11 +237,13 @@ class ResendWorker:
         positions: dict[str, list[Any]] = json.loads(row["group_positions"] or "{}")
         topic, queue_id, offset = positions.get(
             group, [row["topic"], row["queue_id"], row["queue_offset"]])
-        if queue_id is None or queue_id < 0 or offset < 0:
+        if queue_id is None or queue_id < 0 or offset is None or offset < 0:
             # where the copy landed is unknown (a send over gRPC names no queue; a delayed
             # message is not in its queue yet): no watermark can prove it passed or pending,
-            # so it is due by age, like a stub never sent
-            return True
+            # so it is lost once the stub is older than the group's expected latency (the
+            # reconciliation's rule too)
+            latency = self.policy.expected_latency.for_group(group)
+            return bool(row["created_at"] <= self.clock() - latency)
         if self.bounds is not None:
             high = self.bounds.max_offset(topic, queue_id)
             if high is not None and high <= offset:
@@ -263,6 +275,8 @@ class ResendWorker:
                     receipt = self.sender.send(copy)
                     positions[group] = [receipt.topic, receipt.queue_id, receipt.queue_offset]
         except Exception as exc:
+            if is_permanent(exc):
+                return self._refused(row, lost, exc, attempt, result)
             result.errors += 1
             log.warning("resend of %s failed: %s", row["message_id"], exc)
             values.update(last_error=f"{type(exc).__name__}: {exc}"[:2000],
@@ -275,11 +289,28 @@ class ResendWorker:
         values["group_positions"] = json.dumps(positions, sort_keys=True) if positions else None
         return _Plan(row, values)
 
-    def _escalate(self, row: RowMapping, lost: list[str], result: Metrics) -> _Plan:
+    def _refused(self, row: RowMapping, lost: list[str], exc: BaseException, attempt: int,
+                 result: Metrics) -> _Plan:
+        """The broker refused the message itself: no resend can succeed. Escalate now (once),
+        instead of retrying until max_sends."""
+        error = f"{REFUSED_PREFIX}{type(exc).__name__}: {exc}"[:2000]
+        log.error("resend of %s refused for good: %s", row["message_id"], exc)
+        result.refused += 1
+        plan = self._escalate(row, lost, result, last_error=error, refused=True,
+                              send_count=attempt)
+        plan.values.setdefault("last_error", error)
+        plan.values["send_count"] = attempt
+        return plan
+
+    def _escalate(self, row: RowMapping, lost: list[str], result: Metrics, *,
+                  last_error: str | None = None, refused: bool = False,
+                  send_count: int | None = None) -> _Plan:
         escalation = Escalation(
-            message_id=row["message_id"], topic=row["topic"], send_count=row["send_count"],
+            message_id=row["message_id"], topic=row["topic"],
+            send_count=row["send_count"] if send_count is None else send_count,
             max_sends=row["max_sends"], missing_groups=tuple(g for g in lost if g),
-            created_at=row["created_at"], last_error=row["last_error"])
+            created_at=row["created_at"], last_error=last_error or row["last_error"],
+            refused=refused)
         try:
             self.notifier.notify(escalation)
         except Exception as exc:

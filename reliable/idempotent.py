@@ -39,6 +39,7 @@ def build_default_guard(env: Mapping[str, str] | None = None) -> Any:
         import sqlalchemy
 
         from idempotency import IdempotencyGuard
+        from outbox.errors import OutboxError
         from outbox.models import OutboxTables
     except ImportError as exc:  # pragma: no cover - installation problem
         raise ImportError("idempotent=True needs the idempotency and outbox packages "
@@ -51,7 +52,10 @@ def build_default_guard(env: Mapping[str, str] | None = None) -> Any:
         redis_client = redis.Redis.from_url(env[REDIS_URL], socket_timeout=2,
                                             socket_connect_timeout=2)
     tables = OutboxTables(prefix=env.get(TABLE_PREFIX, "reliable_"))
-    return IdempotencyGuard(engine, tables, redis_client)
+    try:
+        return IdempotencyGuard(engine, tables, redis_client)
+    except OutboxError as exc:  # tables missing: one line naming the fix, at consumer start
+        raise ConfigurationError(f"idempotent=True: {exc}") from exc
 
 
 class DefaultGuard:

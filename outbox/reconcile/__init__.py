@@ -23,6 +23,7 @@ from outbox.reconcile.errors import (
     SourceUnavailable,
 )
 from outbox.reconcile.job import ReconcileOptions, ReconcileResult, reconcile
+from outbox.reconcile.preflight import JavaNotFound
 from outbox.reconcile.repair import RepairOptions, RepairReport, audit_table
 from outbox.reconcile.report import as_json, as_text
 from outbox.reconcile.session import spark_session
@@ -40,6 +41,7 @@ __all__ = [  # noqa: RUF022 - grouped by purpose
     "QueueBoundsLike", "audit_table", "classify", "driver_jars", "jdbc_target",
     "parse_json", "read_bounds",
     # errors
-    "DriverNotFound", "InvalidBounds", "InvalidOptions", "JobFailed", "ReconcileError",
+    "DriverNotFound", "InvalidBounds", "InvalidOptions", "JavaNotFound", "JobFailed",
+    "ReconcileError",
     "RepairFailed", "ReportWriteFailed", "SourceUnavailable",
 ]

@@ -56,6 +56,21 @@ class Oldest:
 
 
 @dataclass
+class Unaccounted:
+    """One unaccounted message of the window: its id, the groups missing it, and why."""
+
+    message_id: str
+    topic: str | None
+    missing_groups: str
+    reason: str
+    created_at: datetime | None
+
+
+# how many unaccounted messages the certificate names (the detail rows hold them all)
+NAMED_UNACCOUNTED = 20
+
+
+@dataclass
 class QueueFigures:
     """Counts per class for one topic/queue, and how far each group lags behind."""
 
@@ -86,6 +101,8 @@ class Certificate:
     stale_log_rows: int
     digests: dict[str, str]
     oldest_unaccounted: Oldest | None = None
+    # the oldest unaccounted messages, by name (at most NAMED_UNACCOUNTED)
+    unaccounted_messages: list[Unaccounted] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
@@ -151,6 +168,19 @@ def facts(c: Classified) -> DataFrame:
                  F.bit_xor(h).alias("hash_xor"),
                  F.max("queue_offset").alias("max_offset"),
                  F.sum("dups").alias("dups")))
+
+
+def unaccounted_messages(c: Classified, limit: int = NAMED_UNACCOUNTED) -> list[Unaccounted]:
+    """The oldest unaccounted stubs of the window (one small bounded action)."""
+    from pyspark.sql import functions as F
+
+    rows = (c.messages.where(F.col("in_window") & F.col("stub_class").isin(
+        [k.value for k in UNACCOUNTED]))
+        .select("message_id", "topic", F.array_join("missing_groups", ",").alias("groups"),
+                "reason", "created_at")
+        .orderBy("created_at", "message_id").limit(limit).collect())
+    return [Unaccounted(r["message_id"], r["topic"], r["groups"] or "", r["reason"] or "",
+                        r["created_at"]) for r in rows]
 
 
 def summarize(fact_rows: list[Row], watermark_rows: list[Row], window: Window) -> Summary:

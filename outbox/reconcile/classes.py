@@ -5,9 +5,12 @@ A stub gets exactly one class, the first that applies, in this order:
     VOID            status VOID: cancelled by an operator, never resent, never lost
     CONFIRMED       status CONFIRMED, or every expected group has a confirmation row
     DEAD_LETTERED   a group still missing it marked its log row dead-lettered (in %DLQ%<group>)
-    EXHAUSTED       would be LOST, but max_sends is reached or it was escalated: manual
-    LOST            a missing group without a log row has passed the stub's offset, or it
-                    was never sent and is older than the grace period: resend due
+    EXHAUSTED       would be LOST, but max_sends is reached; or it was escalated (also a
+                    send the broker refused for good): manual
+    LOST            a missing group without a log row has passed the stub's offset; or
+                    the copy's queue is unknown (gRPC) and the stub is older than the
+                    group's expected latency; or it was never sent and is older than the
+                    grace period: resend due
     IN_PROCESSING   every group that passed it holds a log row: a consumer is working on it
     BACKLOGGED      no missing group has reached its offset yet (or it awaits its first send)
 

@@ -22,6 +22,10 @@ Queue bounds (optional, `bounds`): the offsets the broker still holds on a queue
 [min_offset, max_offset). A copy outside them is gone (the tail lost in a crash under async
 flush, or files cleaned): a group without a log row will never receive it, so the stub is
 lost once it is older than the grace period, whatever the watermarks say.
+
+Unknown queue (`queue_id` -1, a send over gRPC): no watermark or bound speaks for the copy;
+a group without a log row has lost it once the stub is older than the group's expected
+latency (`outbox.latency.ExpectedLatency`, the resend worker's rule).
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
+from outbox.errors import REFUSED_PREFIX
+from outbox.latency import ExpectedLatency
 from outbox.reconcile.classes import LogClass, StubClass
 
 if TYPE_CHECKING:
@@ -181,11 +187,17 @@ def _bounds_map(bounds: DataFrame) -> DataFrame:
 
 
 def classify(inputs: Inputs, now: datetime, grace: timedelta = timedelta(minutes=5),
-             window: Window | None = None) -> Classified:
-    """Build the classified, one-row-per-message DataFrame (lazily: nothing runs here)."""
+             window: Window | None = None,
+             latency: ExpectedLatency | None = None) -> Classified:
+    """Build the classified, one-row-per-message DataFrame (lazily: nothing runs here).
+
+    `latency`: how long each group may take to confirm; a copy whose queue is unknown
+    (`queue_id` -1, a send over gRPC) that a group has not confirmed nor logged by then
+    is lost (the resend worker's rule, `outbox.latency`)."""
     from pyspark.sql import functions as F
 
     window = window or Window()
+    latency = latency or ExpectedLatency()
     now_lit = ts_lit(now)
     stub = inputs.stub
 
@@ -306,11 +318,31 @@ def classify(inputs: Inputs, now: datetime, grace: timedelta = timedelta(minutes
         return F.coalesce((offset >= high) | (offset < low), offset >= high, offset < low,
                           F.lit(False))
 
+    # a copy whose queue is unknown (a send over gRPC): no watermark or bound can speak
+    # for it, so it is overdue once the stub is older than the group's expected latency
+    deadlines = [x for g, t in sorted(latency.groups.items())
+                 for x in (F.lit(g), ts_lit(now - t))]
+    default_deadline = ts_lit(now - latency.default)
+
+    def overdue_for(g: Column) -> Column:
+        pos = F.try_element_at(positions, g)
+        queue = F.coalesce(F.try_element_at(pos, F.lit(2)).cast("int"), F.col("queue_id"),
+                           F.lit(-1))
+        offset = F.coalesce(F.try_element_at(pos, F.lit(3)).cast("bigint"),
+                            F.col("queue_offset"))
+        deadline = (F.coalesce(F.try_element_at(F.create_map(*deadlines), g),
+                               default_deadline) if deadlines else default_deadline)
+        return F.coalesce(((queue < 0) | (offset < 0)) & (F.col("created_at") < deadline),
+                          F.lit(False))
+
     unlogged_sent = F.col("queue_offset").isNotNull() & (F.size("unlogged_groups") > 0)
     m = m.withColumn("gone_groups", F.when(
         unlogged_sent & aged, F.filter("unlogged_groups", gone_for)).otherwise(empty))
+    m = m.withColumn("overdue_groups", F.when(
+        unlogged_sent, F.filter("unlogged_groups", overdue_for)).otherwise(empty))
     passed = F.filter("unlogged_groups", lambda g: passed_by(g)
-                      | F.array_contains("gone_groups", g))
+                      | F.array_contains("gone_groups", g)
+                      | F.array_contains("overdue_groups", g))
     m = m.withColumn("passed_groups", F.when(unlogged_sent, passed).otherwise(empty))
     due = (F.size("passed_groups") > 0) | (unsent & aged & (F.size("unlogged_groups") > 0))
     no_sends_left = (F.coalesce("send_count", F.lit(0)) >= F.coalesce("max_sends", F.lit(16))) \
@@ -323,7 +355,9 @@ def classify(inputs: Inputs, now: datetime, grace: timedelta = timedelta(minutes
         .when((status == "CONFIRMED") | (F.size("missing_groups") == 0),
               StubClass.CONFIRMED.value)
         .when(dead, StubClass.DEAD_LETTERED.value)
-        .when(due & no_sends_left, StubClass.EXHAUSTED.value)
+        # escalated (max sends reached, or the broker refused it for good): manual
+        .when((due & no_sends_left) | F.col("escalated_at").isNotNull(),
+              StubClass.EXHAUSTED.value)
         .when(due, StubClass.LOST.value)
         .when(F.size("logs") > 0, StubClass.IN_PROCESSING.value)
         .otherwise(StubClass.BACKLOGGED.value))
@@ -340,8 +374,15 @@ def classify(inputs: Inputs, now: datetime, grace: timedelta = timedelta(minutes
                        _SEP, "topic", F.col("queue_id").cast("string"))).cast("string"),
                        F.lit("?")),
                    F.lit("); not received by "), F.array_join("gone_groups", ",")))
+               .when(F.size("overdue_groups") > 0, F.concat(
+                   F.lit("not confirmed by "), F.array_join("overdue_groups", ","),
+                   F.lit(" within the expected latency (queue unknown)")))
                .otherwise(F.concat(F.lit("passed by "), passed_txt,
                                    F.lit(" without a log row"))))
+        .when((stub_class == StubClass.EXHAUSTED.value)
+              & F.coalesce(F.col("last_error"), F.lit("")).startswith(REFUSED_PREFIX),
+              F.concat(F.lit("refused by the broker, cannot be sent: "),
+                       F.substring(F.col("last_error"), len(REFUSED_PREFIX) + 1, 300)))
         .when(stub_class == StubClass.EXHAUSTED.value,
               F.concat(F.lit("lost after "), F.coalesce("send_count", F.lit(0)).cast("string"),
                        F.lit(" sends; manual handling")))

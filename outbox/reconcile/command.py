@@ -12,6 +12,7 @@ import logging
 import sys
 from datetime import datetime, timedelta
 
+from outbox.latency import ExpectedLatency
 from outbox.reconcile.errors import InvalidOptions, ReconcileError, SourceUnavailable
 from outbox.reconcile.job import ReconcileOptions, reconcile
 from outbox.reconcile.repair import RepairOptions
@@ -92,6 +93,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     win.add_argument("--grace", type=float, default=300.0, metavar="SECONDS",
                      help="an unsent stub younger than this is backlogged, not lost "
                           "(%(default)s)")
+    win.add_argument("--expected-latency", type=float, default=300.0, metavar="SECONDS",
+                     help="how long a group may take to confirm a message whose queue is "
+                          "unknown (a send over gRPC); unconfirmed and unlogged after that "
+                          "it is lost. Give the resend worker the same value (%(default)s)")
+    win.add_argument("--group-latency", action="append", default=[], metavar="GROUP=SECONDS",
+                     help="the expected latency of one group (repeatable)")
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the JSON summary")
     out.add_argument("--output", metavar="FILE", default=None,
@@ -114,6 +121,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def options_from(args: argparse.Namespace) -> ReconcileOptions:
+    try:
+        latency = ExpectedLatency.parse(args.expected_latency, args.group_latency)
+    except ValueError as exc:
+        raise InvalidOptions(str(exc)) from None
     return ReconcileOptions(
         db_url=args.db, parquet=args.parquet, table_prefix=args.prefix, schema=args.schema,
         master=args.master, jdbc_jars=tuple(args.jdbc_jar),
@@ -121,7 +132,8 @@ def options_from(args: argparse.Namespace) -> ReconcileOptions:
                                    max_partitions=args.max_partitions,
                                    num_partitions=args.partitions),
         offsets=args.offsets, queue_bounds=args.queue_bounds, since=args.since, until=args.until,
-        grace=timedelta(seconds=args.grace), report_table=args.report_table,
+        grace=timedelta(seconds=args.grace), expected_latency=latency,
+        report_table=args.report_table,
         report_parquet=args.report_parquet, report_all=args.report_all,
         repair=args.repair or args.dry_run,
         repair_options=RepairOptions(dry_run=args.dry_run, batch_size=args.batch_size,
@@ -131,6 +143,35 @@ def options_from(args: argparse.Namespace) -> ReconcileOptions:
 
 def run(args: argparse.Namespace) -> int:
     """Run the job for parsed arguments; print the summary; return the exit code."""
+    progress = (not getattr(args, "json", False)
+                and log.getEffectiveLevel() > logging.INFO)
+    if not progress:
+        return _run(args)
+    # the job's own progress on stderr (Spark itself prints nothing by default)
+    handler = _Progress()
+    saved = (log.level, log.propagate)
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    try:
+        return _run(args)
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(saved[0])
+        log.propagate = saved[1]
+
+
+class _Progress(logging.Handler):
+    """`reconcile: <message>` on whatever `sys.stderr` is when a record is emitted."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            print(f"reconcile: {record.getMessage()}", file=sys.stderr, flush=True)
+        except Exception:
+            self.handleError(record)
+
+
+def _run(args: argparse.Namespace) -> int:
     from outbox.reconcile.report import as_json, as_text
     from reliable.cli.exit_codes import ExitCode
 

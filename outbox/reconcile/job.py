@@ -12,6 +12,7 @@ then persisted once, so the tables are still read once).
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -19,14 +20,16 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from outbox.latency import ExpectedLatency
 from outbox.reconcile.bounds import BoundsSpec, check_spec, read_bounds
-from outbox.reconcile.certificate import Summary, facts, summarize
+from outbox.reconcile.certificate import Summary, facts, summarize, unaccounted_messages
 from outbox.reconcile.classify import Classified, Inputs, Window, classify
 from outbox.reconcile.drivers import JdbcTarget, driver_jars, installed_system_jars, jdbc_target
 from outbox.reconcile.errors import InvalidOptions, JobFailed, SourceUnavailable
+from outbox.reconcile.preflight import check_database, check_parquet, find_java
 from outbox.reconcile.repair import Repairer, RepairOptions, RepairReport, candidates
 from outbox.reconcile.report import detail_rows, write_parquet, write_table
-from outbox.reconcile.session import require_driver, spark_session
+from outbox.reconcile.session import require_driver, spark_session, under_spark_submit
 from outbox.reconcile.sources import (
     OFFSET_COLUMNS,
     JdbcSource,
@@ -40,6 +43,8 @@ from outbox.reconcile.sources import (
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger("outbox.reconcile")
 
 
 @dataclass
@@ -62,6 +67,9 @@ class ReconcileOptions:
     since: datetime | None = None
     until: datetime | None = None
     grace: timedelta = timedelta(minutes=5)  # an unsent stub younger than this is not lost
+    # how long each group may take to confirm a copy whose queue is unknown (gRPC sends):
+    # the resend worker's `ResendPolicy.expected_latency` (see `outbox.latency`)
+    expected_latency: ExpectedLatency = field(default_factory=ExpectedLatency)
     report_table: str | None = None
     report_parquet: str | None = None
     report_all: bool = False
@@ -171,10 +179,20 @@ def reconcile(options: ReconcileOptions, spark: SparkSession | None = None,
     run_id = run_id or f"{now:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
     source, target = build_source(options)
     if spark is None:
+        # what Python can check in a moment is checked before the JVM starts
+        if not under_spark_submit():
+            find_java()
+        if target is not None:
+            log.info("checking the database %s", target.redacted())
+            check_database(target, getattr(source, "names", TableNames()))
+        elif options.parquet:
+            check_parquet(options.parquet)
         jars = driver_jars(target.dialect, options.jdbc_jars) if target else []
         # every installed driver too: the first session fixes the JVM's classpath for
         # every later job in this process, whichever database it reads
         jars = list(dict.fromkeys([*jars, *installed_system_jars()]))
+        log.info("starting Spark (%s)", options.master or
+                 ("spark-submit's master" if under_spark_submit() else "local[*]"))
         spark = spark_session(options.master, jars, options.spark_conf)
     if target is not None:
         require_driver(spark, target.driver)
@@ -196,6 +214,7 @@ def reconcile(options: ReconcileOptions, spark: SparkSession | None = None,
 def _run(spark: SparkSession, source: TableSource, target: JdbcTarget | None,
          options: ReconcileOptions, now: datetime,
          run_id: str) -> tuple[Summary, RepairReport | None]:
+    log.info("reading the tables from %s", source.describe())
     stub = _required(source.read(spark, "stub"))
     inputs = Inputs(
         stub=stub,
@@ -206,18 +225,23 @@ def _run(spark: SparkSession, source: TableSource, target: JdbcTarget | None,
         bounds=read_bounds(spark, options.queue_bounds, source, stub),
     )
     window = Window(_opt(options.since), _opt(options.until))
-    classified = classify(inputs, now, options.grace, window)
+    classified = classify(inputs, now, options.grace, window, options.expected_latency)
     outputs = bool(options.report_table or options.report_parquet or options.repair)
     if outputs:
         from pyspark import StorageLevel
 
         classified.messages.persist(StorageLevel.MEMORY_AND_DISK)
+    log.info("classifying")
     try:
         try:
             summary = summarize(facts(classified).collect(), classified.watermarks.collect(),
                                 window)
+            if summary.certificate.unaccounted:
+                summary.certificate.unaccounted_messages = unaccounted_messages(classified)
         except _spark_errors() as exc:
             raise JobFailed(_first_line(exc)) from None
+        log.info("classified %d stubs: %d unaccounted", summary.total_stubs,
+                 summary.certificate.unaccounted)
         _write_outputs(classified, options, target, run_id)
         repair = _repair(classified, options, run_id, now) if options.repair else None
     finally:

@@ -184,6 +184,13 @@ def as_text(result: ReconcileResult) -> str:
         out.append("  confirmed per group: " + ", ".join(
             f"{g} {n:,}" for g, n in cert.confirmed_per_group.items()))
     out.append(f"  log rows: orphan {cert.orphan_log_rows:,}  stale {cert.stale_log_rows:,}")
+    if cert.unaccounted_messages:
+        shown = len(cert.unaccounted_messages)
+        out.append(f"  unaccounted ({'all' if shown == cert.unaccounted else 'oldest'} "
+                   f"{shown:,} of {cert.unaccounted:,}):")
+        for u in cert.unaccounted_messages:
+            out.append(f"    {u.message_id}  {u.topic or '-'}  missing {u.missing_groups or '-'}"
+                       f"  created {u.created_at}  {u.reason}")
     out.append("  digests: " + "  ".join(f"{k}={v}" for k, v in cert.digests.items()
                                           if ":" not in k))
     if result.repair is not None:

@@ -24,6 +24,38 @@ BASE_CONF: dict[str, str] = {
     "spark.sql.adaptive.enabled": "true",
 }
 
+# A quiet local session: no web UI (no port taken), no stage progress bars, and log4j at
+# ERROR (no WARN lines at start-up); the job reports its own progress instead. Any of them
+# can be overridden with --conf; under spark-submit the cluster's settings stand.
+QUIET_CONF: dict[str, str] = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+}
+LOG4J2_PROPERTIES = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = stderr
+appender.stderr.type = Console
+appender.stderr.name = stderr
+appender.stderr.target = SYSTEM_ERR
+appender.stderr.layout.type = PatternLayout
+appender.stderr.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n%ex
+"""
+
+
+def quiet_log4j2() -> str:
+    """The path of a log4j2 configuration that logs errors only (written once)."""
+    import hashlib
+    import tempfile
+
+    digest = hashlib.sha256(LOG4J2_PROPERTIES.encode()).hexdigest()[:12]
+    path = os.path.join(tempfile.gettempdir(), f"reliable-reconcile-log4j2-{digest}.properties")
+    if not os.path.isfile(path):
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(LOG4J2_PROPERTIES)
+        os.replace(tmp, path)
+    return path
+
 
 def _pyspark() -> Any:
     try:
@@ -56,13 +88,20 @@ def spark_session(master: str | None = None, jars: Iterable[str] = (),
     elif not under_spark_submit():
         builder = builder.master(DEFAULT_MASTER)
     settings = {**BASE_CONF, **(conf or {})}
+    if not under_spark_submit():
+        quiet = {**QUIET_CONF, "spark.driver.extraJavaOptions":
+                 f"-Dlog4j2.configurationFile=file:{quiet_log4j2()}"}
+        settings = {**quiet, **settings}
     jar_list = [j for j in jars if j]
     if jar_list:
         existing = settings.get("spark.jars", "")
         settings["spark.jars"] = ",".join([*filter(None, existing.split(",")), *jar_list])
     for key, value in settings.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    session = _launch_filtered(builder) if not under_spark_submit() else builder.getOrCreate()
+    if not under_spark_submit() and "spark.driver.extraJavaOptions" not in (conf or {}):
+        session.sparkContext.setLogLevel("ERROR")
+    return session
 
 
 def require_driver(spark: SparkSession, driver: JdbcDriver) -> None:
@@ -81,3 +120,45 @@ def require_driver(spark: SparkSession, driver: JdbcDriver) -> None:
         jars = spark.sparkContext.getConf().get("spark.jars", "") or ""
         raise DriverNotFound(driver.dialect, driver.driver_class, driver.package,
                              [j for j in jars.split(",") if j]) from None
+
+
+# What the JVM prints on stderr at start whatever log4j says (Spark 4 adds an incubator
+# module; a PySpark driver announces the shell's log level): dropped from a local
+# session's stderr; every other line passes.
+_JVM_NOISE = (b"WARNING: Using incubator modules", b"Setting default log level to",
+              b"To adjust logging level use sc.setLogLevel")
+
+
+def _launch_filtered(builder: Any) -> SparkSession:
+    """`builder.getOrCreate()`, with the JVM it launches writing its stderr through a
+    filter that drops the JVM's own start-up warnings (log4j cannot silence them)."""
+    import threading
+
+    from pyspark import SparkContext
+
+    if SparkContext._gateway is not None:  # the JVM already runs: nothing to filter
+        return builder.getOrCreate()  # type: ignore[no-any-return]
+    read_fd, write_fd = os.pipe()
+    original = os.dup(2)
+    os.dup2(write_fd, 2)  # the JVM inherits this end as its stderr
+    os.close(write_fd)
+    try:
+        session = builder.getOrCreate()
+    finally:
+        os.dup2(original, 2)  # our own stderr back; the pipe now holds the JVM's alone
+
+    def forward() -> None:
+        with os.fdopen(read_fd, "rb", buffering=0) as src:
+            pending = b""
+            while chunk := src.read(65536):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                out = b"".join(line + b"\n" for line in lines
+                               if not line.startswith(_JVM_NOISE))
+                if out:
+                    os.write(original, out)
+            if pending:
+                os.write(original, pending)
+
+    threading.Thread(target=forward, name="spark-stderr", daemon=True).start()
+    return session  # type: ignore[no-any-return]

@@ -37,7 +37,7 @@ STUB_COLUMNS: dict[str, str] = {
     "created_at": "timestamp_ntz",
     "expected_groups": "string", "send_count": "int", "max_sends": "int", "queue_id": "int",
     "queue_offset": "bigint", "next_resend_at": "timestamp_ntz",
-    "escalated_at": "timestamp_ntz", "group_positions": "string",
+    "escalated_at": "timestamp_ntz", "group_positions": "string", "last_error": "string",
 }
 STUB_REQUIRED = ("message_id", "topic", "status", "created_at")
 CONFIRMATION_COLUMNS: dict[str, str] = {

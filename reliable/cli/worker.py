@@ -47,6 +47,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--notify", action="append", default=[], metavar="SPEC",
                    help="escalation target: 'log' (default), 'webhook:URL', or "
                         "'smtp://HOST:PORT?from=ADDR&to=ADDR[,ADDR]'; repeatable")
+    p.add_argument("--expected-latency", type=float, default=300.0, metavar="SECONDS",
+                   help="how long a group may take to confirm a message whose queue is "
+                        "unknown (a send over gRPC) before it is resent; give `reliable "
+                        "reconcile` the same value (%(default)s)")
+    p.add_argument("--group-latency", action="append", default=[], metavar="GROUP=SECONDS",
+                   help="the expected latency of one group (repeatable)")
     p.add_argument("--batch-size", type=int, default=200, help="stubs claimed per pass")
     p.add_argument("--interval", type=float, default=5.0,
                    help="seconds to wait after a pass that found less than a full batch")
@@ -121,7 +127,9 @@ class _AllNotifiers:
 def _resend(args: argparse.Namespace) -> int:
     import sqlalchemy as sa
 
+    from outbox.latency import ExpectedLatency
     from outbox.models import OutboxTables
+    from outbox.schema import TablesMissing, require_tables
     from outbox.worker import ResendPolicy, ResendWorker, describe
 
     if args.batch_size < 1 or args.interval < 0:
@@ -133,6 +141,7 @@ def _resend(args: argparse.Namespace) -> int:
         offsets = load_target(args.offsets, method="committed_offset") if args.offsets else None
         bounds = load_target(args.bounds, method="max_offset") if args.bounds else None
         notifier = _notifier(args.notify)
+        latency = ExpectedLatency.parse(args.expected_latency, args.group_latency)
     except (TargetError, ValueError) as exc:
         print(f"reliable worker resend: {exc}", file=sys.stderr)
         return ExitCode.USAGE
@@ -141,7 +150,8 @@ def _resend(args: argparse.Namespace) -> int:
         with engine.connect() as conn:
             conn.execute(sa.text("select 1"))
     except (sa.exc.SQLAlchemyError, ImportError) as exc:
-        print(f"reliable worker resend: database unavailable: {exc}", file=sys.stderr)
+        print(f"reliable worker resend: database unavailable: {_first_line(exc)}",
+              file=sys.stderr)
         return ExitCode.UNAVAILABLE
     tables = OutboxTables(prefix=args.table_prefix, schema=args.schema)
     if args.ensure_schema:
@@ -155,8 +165,21 @@ def _resend(args: argparse.Namespace) -> int:
         if report.changed:
             log.warning("schema updated: tables %s, columns %s, indexes %s",
                         report.created_tables, report.added_columns, report.created_indexes)
+    try:
+        require_tables(engine, tables)
+    except TablesMissing as exc:
+        print(f"reliable worker resend: {exc}", file=sys.stderr)
+        engine.dispose()
+        return ExitCode.FAILURE
+    except sa.exc.SQLAlchemyError as exc:
+        print(f"reliable worker resend: database unavailable: {_first_line(exc)}",
+              file=sys.stderr)
+        engine.dispose()
+        return ExitCode.UNAVAILABLE
     worker = ResendWorker(engine, tables, sender, offsets=offsets, bounds=bounds,
-                          notifier=notifier, policy=ResendPolicy(batch_size=args.batch_size))
+                          notifier=notifier,
+                          policy=ResendPolicy(batch_size=args.batch_size,
+                                              expected_latency=latency))
 
     def emit(kind: str, metrics: Any) -> None:
         if args.json:
@@ -184,7 +207,14 @@ def _resend(args: argparse.Namespace) -> int:
         emit("stopped", worker.metrics)
         return ExitCode.OK
     except sa.exc.OperationalError as exc:
-        print(f"reliable worker resend: database unavailable: {exc}", file=sys.stderr)
+        print(f"reliable worker resend: database unavailable: {_first_line(exc)}",
+              file=sys.stderr)
         return ExitCode.UNAVAILABLE
     finally:
         engine.dispose()
+
+
+def _first_line(exc: BaseException) -> str:
+    """A database error on one line (SQLAlchemy appends the SQL and a help link)."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

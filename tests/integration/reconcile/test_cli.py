@@ -53,6 +53,7 @@ def test_bad_options_and_missing_tables(spark, sqlite_url, table_prefix, capsys)
                "--until", "2026-01-01"])
     assert rc == ExitCode.USAGE
     assert "empty window" in capsys.readouterr().err
+    sa.create_engine(sqlite_url).connect().close()  # the database file, without tables
     rc = main(["reconcile", "--db", sqlite_url, "--prefix", "absent_"])
     assert rc == ExitCode.UNAVAILABLE
     assert "absent_message_stub" in capsys.readouterr().err

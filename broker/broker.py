@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from broker.config import BrokerConfig
 from broker.consumers import ConsumerRegistry, tag_set
@@ -93,6 +94,7 @@ from broker.transaction import Checker, TransactionService, look_checked, transa
 __all__ = ["Broker", "PullResult", "PullStatus", "ReceivedEntry", "SendResult", "TopicRoute"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 TOPICS_FILE = "topics.json"
 GROUPS_FILE = "subscriptionGroup.json"
@@ -436,6 +438,14 @@ class Broker:
         to an event loop with `call_soon_threadsafe`). False, and no call, when the flush
         mode acknowledges without waiting (ASYNC_FLUSH)."""
         return self.store.when_flushed(end, callback)
+
+    def deferring_durability(self, call: Callable[[], T]) -> tuple[T, int]:
+        """Run `call` (one of `receive`, `ack`, `ack_batch`, `change_invisible_duration`)
+        without its SYNC_FLUSH wait for the invisible-time records it writes: (its result,
+        the commitlog end of those records, -1 when it wrote none). Answer its caller only
+        once `when_durable(end, ...)` reports True: that is how an event loop makes these
+        calls without parking a thread on the fsync."""
+        return self._pop.deferring(call)
 
     def _send_batch(self, msgs: Sequence[Message], *,
                     wait: bool) -> tuple[list[SendResult], int]:

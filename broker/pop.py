@@ -41,7 +41,7 @@ import secrets
 import threading
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from broker.errors import (
     InvalidReceiptHandle,
@@ -64,6 +64,7 @@ _REPLAY_BATCH = 256
 _READ_BATCH = 32
 
 Op = list[Any]
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -124,6 +125,10 @@ def message_group_of(msg: MessageExt) -> str | None:
     return msg.properties.get(Prop.SHARDING_KEY) or None
 
 
+# set by `PopService.deferring` on its thread: record the end instead of waiting
+_DEFER = threading.local()
+
+
 class _Changing:
     """See `PopService._changing`."""
 
@@ -142,7 +147,10 @@ class _Changing:
         end = pop._logged_end
         pop._lock.release()
         if end != self._mark:
-            pop._durable(end)
+            if getattr(_DEFER, "on", False):
+                _DEFER.end = max(_DEFER.end, end)
+            else:
+                pop._durable(end)
 
 
 class PopService:
@@ -243,6 +251,17 @@ class PopService:
         wait for the fsync of what was logged meanwhile: the caller answers only once its
         records are on disk, while others change state (and share the fsync) meanwhile."""
         return _Changing(self)
+
+    def deferring(self, call: Callable[[], T]) -> tuple[T, int]:
+        """Run `call` (on this thread) without the SYNC_FLUSH wait of the changes it makes:
+        (its result, the commitlog end their records reach, -1 when it logged none). The
+        caller must wait for that end (`MessageStore.when_flushed`) before it answers."""
+        _DEFER.on, _DEFER.end = True, -1
+        try:
+            result = call()
+        finally:
+            _DEFER.on = False
+        return result, _DEFER.end
 
     def _durable(self, end: int) -> None:
         done = threading.Event()

@@ -130,9 +130,14 @@ class ConsumerHandlers:
         while True:
             event = self.waiters.park(topic)
             try:
-                future = self.ctx.submit(lambda: broker.receive(
-                    group, topic, plan.batch, plan.invisible_ms, plan.tags, long_poll_ms=0,
-                    fifo=plan.fifo))
+                if self.ctx.inline:  # nothing to wait for: done by the time it returns
+                    future = self.ctx.submit(lambda: broker.receive(
+                        group, topic, plan.batch, plan.invisible_ms, plan.tags,
+                        long_poll_ms=0, fifo=plan.fifo))
+                else:  # its leases' fsync awaited on the loop
+                    future = asyncio.ensure_future(self.ctx.run_durably(
+                        broker.receive, group, topic, plan.batch, plan.invisible_ms,
+                        plan.tags, long_poll_ms=0, fifo=plan.fifo))
                 try:
                     entries = await asyncio.shield(future)
                 except asyncio.CancelledError:
@@ -192,8 +197,8 @@ class ConsumerHandlers:
     async def _release(self, group: str, topic: str, handles: list[str]) -> None:
         for handle in handles:
             try:
-                await self.ctx.run(self.ctx.broker.change_invisible_duration, group, topic,
-                                   handle, self.ctx.config.release_invisible_ms)
+                await self.ctx.run_durably(self.ctx.broker.change_invisible_duration, group,
+                                           topic, handle, self.ctx.config.release_invisible_ms)
             except Exception as exc:  # already acked or expired: nothing to release
                 log.debug("release of %s skipped: %s", handle[:40], exc)
 
@@ -246,7 +251,8 @@ class ConsumerHandlers:
                 statuses[i] = status_of(exc)
         if live:
             try:
-                errors = await self.ctx.run(self.ctx.broker.ack_batch, group, topic, live)
+                errors = await self.ctx.run_durably(self.ctx.broker.ack_batch, group, topic,
+                                                    live)
             except Exception as exc:  # the whole batch failed (e.g. the store refused it)
                 failed = status_of(exc)
                 for i in at:
@@ -278,8 +284,8 @@ class ConsumerHandlers:
         # "visible again now"; the broker's smallest lease is 1 ms
         invisible_ms = max(invisible_ms, 1)
         handle, _ = await self._live_handle(call, request.receipt_handle)
-        new_handle = await self.ctx.run(self.ctx.broker.change_invisible_duration, group, topic,
-                                        handle, invisible_ms)
+        new_handle = await self.ctx.run_durably(self.ctx.broker.change_invisible_duration,
+                                                group, topic, handle, invisible_ms)
         self.waiters.wake(topic)
         response = service_pb2.ChangeInvisibleDurationResponse()
         response.status.CopyFrom(ok())
@@ -341,7 +347,7 @@ class ConsumerHandlers:
                 return  # acked or nacked meanwhile
             invisible_ms = self.ctx.config.default_invisible_ms
             try:
-                renewal.current = await self.ctx.run(
+                renewal.current = await self.ctx.run_durably(
                     self.ctx.broker.change_invisible_duration, renewal.group, renewal.topic,
                     renewal.current, invisible_ms)
                 renewal.expires_ms = self.ctx.clock() + invisible_ms

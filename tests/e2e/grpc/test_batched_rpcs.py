@@ -169,6 +169,19 @@ def test_sync_flush_acknowledges_concurrent_sends_only_once_on_disk(tmp_path: Pa
             assert ext is not None
             assert ext.commitlog_offset + ext.store_size <= where
         assert broker.store.fsync_count < 120  # group commits were shared
+        # receive and ack: answered only once their invisible-time records are on disk
+        got = receive_all(stub, "durable-g", "durable", 32)
+        logged = broker._pop._logged_end  # type: ignore[attr-defined]
+        assert len(got) == 32 and flushed.flushed_where >= logged > 0
+        ack = service_pb2.AckMessageRequest()
+        ack.group.name, ack.topic.name = "durable-g", "durable"
+        for m in got:
+            entry = ack.entries.add()
+            entry.message_id = m.system_properties.message_id
+            entry.receipt_handle = m.system_properties.receipt_handle
+        assert stub.AckMessage(ack, metadata=MD, timeout=10).status.code == Code.OK
+        assert broker._pop._logged_end > logged  # type: ignore[attr-defined]
+        assert flushed.flushed_where >= broker._pop._logged_end  # type: ignore[attr-defined]
     finally:
         channel.close()
         server.stop()

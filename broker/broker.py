@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from broker.config import BrokerConfig
 from broker.consumers import ConsumerRegistry, tag_set
@@ -101,6 +102,7 @@ from broker.transaction import Checker, TransactionService, look_checked, transa
 __all__ = ["Broker", "PullResult", "PullStatus", "ReceivedEntry", "SendResult", "TopicRoute"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 TOPICS_FILE = "topics.json"
 GROUPS_FILE = "subscriptionGroup.json"
@@ -434,6 +436,33 @@ class Broker:
         with the first message's born time, as RocketMQ's MessageBatch); others, or a batch
         whose whole size passes `max_message_size`, message by message. Either way each
         message is its own record, with its own offsets and results."""
+        return self._send_batch(msgs, wait=True)[0]
+
+    def send_batch_pending(self, msgs: Sequence[Message]) -> tuple[list[SendResult], int]:
+        """`send_batch` without waiting for the disk under SYNC_FLUSH: (results, end of the
+        last record). The messages are written (page cache, visible to consumers) but not
+        yet acknowledged: call `when_durable(end, callback)` and acknowledge them only once
+        it reports True. Under ASYNC_FLUSH the results are final."""
+        return self._send_batch(msgs, wait=False)
+
+    def when_durable(self, end: int, callback: Callable[[bool], None]) -> bool:
+        """Under SYNC_FLUSH: `callback(True)` once the commitlog is fsynced past `end`,
+        `callback(False)` when the flush timed out or failed (the messages are stored, their
+        durability unknown), called on the group-commit thread: keep it short (e.g. hand it
+        to an event loop with `call_soon_threadsafe`). False, and no call, when the flush
+        mode acknowledges without waiting (ASYNC_FLUSH)."""
+        return self.store.when_flushed(end, callback)
+
+    def deferring_durability(self, call: Callable[[], T]) -> tuple[T, int]:
+        """Run `call` (one of `receive`, `ack`, `ack_batch`, `change_invisible_duration`)
+        without its SYNC_FLUSH wait for the invisible-time records it writes: (its result,
+        the commitlog end of those records, -1 when it wrote none). Answer its caller only
+        once `when_durable(end, ...)` reports True: that is how an event loop makes these
+        calls without parking a thread on the fsync."""
+        return self._pop.deferring(call)
+
+    def _send_batch(self, msgs: Sequence[Message], *,
+                    wait: bool) -> tuple[list[SendResult], int]:
         self._require_running()
         if not msgs:
             raise MessageIllegal("a batch needs at least one message")
@@ -444,20 +473,23 @@ class Broker:
                 raise MessageIllegal("every message of a batch goes to one topic and queue")
             if any(k in m.properties for k in (Prop.DELAY, Prop.TIMER_DELIVER_MS, Prop.TRAN_MSG)):
                 raise MessageIllegal("a batch cannot hold delayed or transactional messages")
-        fast = self._send_record_batch(msgs)
+        fast = self._send_record_batch(msgs, wait)
         if fast is not None:
             return fast
-        results = self.store.put_messages(list(msgs))
+        results = self.store.put_messages(list(msgs), wait=wait)
         out: list[SendResult] = []
+        end = -1
         for m, r in zip(msgs, results, strict=True):
             self._stored(m.topic, r)
             assert r.append is not None
+            end = max(end, r.append.wrote_offset + r.append.wrote_bytes)
             out.append(SendResult(r.status, m.unique_key or r.append.msg_id, r.append.msg_id,
                                   m.topic, m.queue_id, r.append.queue_offset,
                                   r.append.wrote_offset))
-        return out
+        return out, end
 
-    def _send_record_batch(self, msgs: Sequence[Message]) -> list[SendResult] | None:
+    def _send_record_batch(self, msgs: Sequence[Message],
+                           wait: bool) -> tuple[list[SendResult], int] | None:
         """`send_batch` through `put_batch`; None when the batch has not that shape or
         `put_batch` refuses it as a whole (then nothing was stored)."""
         first = msgs[0]
@@ -478,7 +510,7 @@ class Broker:
             keys=[m.properties[Prop.KEYS] for m in msgs] if has_keys else None,
             uniq_keys=[m.properties[Prop.UNIQ_KEY] for m in msgs] if has_uniq else None,
             flag=first.flag, sys_flag=first.sys_flag, born_timestamp=first.born_timestamp,
-            born_host=first.born_host)
+            born_host=first.born_host, wait=wait)
         if result.status in (PutMessageStatus.MESSAGE_ILLEGAL,
                              PutMessageStatus.PROPERTIES_SIZE_EXCEEDED):
             return None  # message by message: each gets its own verdict
@@ -488,7 +520,8 @@ class Broker:
         return [SendResult(result.status, m.unique_key or append.msg_id_at(offset),
                            append.msg_id_at(offset), m.topic, m.queue_id,
                            append.queue_offset + i, offset)
-                for i, (m, offset) in enumerate(zip(msgs, append.record_offsets, strict=True))]
+                for i, (m, offset) in enumerate(zip(msgs, append.record_offsets, strict=True))
+                ], append.wrote_offset + append.wrote_bytes
 
     # ------------------------------------------------------------------ transactions
     def end_transaction(self, producer_group: str, transaction_id: str, commitlog_offset: int,

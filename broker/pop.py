@@ -16,7 +16,10 @@ is `low`, so the offset table and the resend worker see pop groups like any othe
 
 Durability: every change is first written as a record to the system topic
 `rmq_sys_REVIVE_LOG` through the store (so it is exactly as durable as the messages: fsynced
-before the answer under SYNC_FLUSH), then applied in memory. A snapshot of the whole state
+before the answer under SYNC_FLUSH), then applied in memory. Under SYNC_FLUSH the wait for
+the fsync happens after the lock is released, so concurrent receives and acks share group
+commits; a change that others already build on is earlier in the log than theirs, so it is
+on disk whenever theirs is. A snapshot of the whole state
 with the revive-log offset it covers is written to `config/popState.json` periodically and at
 shutdown; start-up loads the snapshot and replays the log after it. A record holds a list
 of operations on one (group, topic):
@@ -31,13 +34,14 @@ of operations on one (group, topic):
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import logging
 import secrets
 import threading
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from broker.errors import (
     InvalidReceiptHandle,
@@ -60,6 +64,7 @@ _REPLAY_BATCH = 256
 _READ_BATCH = 32
 
 Op = list[Any]
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -150,6 +155,34 @@ def parse_snapshot(data: dict[str, Any]) -> tuple[Windows, int]:
     return state, integer(data.get("reviveOffset", 0), "reviveOffset", minimum=0)
 
 
+# set by `PopService.deferring` on its thread: record the end instead of waiting
+_DEFER = threading.local()
+
+
+class _Changing:
+    """See `PopService._changing`."""
+
+    __slots__ = ("_mark", "_pop")
+
+    def __init__(self, pop: PopService) -> None:
+        self._pop = pop
+        self._mark = -1
+
+    def __enter__(self) -> None:
+        self._pop._lock.acquire()
+        self._mark = self._pop._logged_end
+
+    def __exit__(self, *exc: object) -> None:
+        pop = self._pop
+        end = pop._logged_end
+        pop._lock.release()
+        if end != self._mark:
+            if getattr(_DEFER, "on", False):
+                _DEFER.end = max(_DEFER.end, end)
+            else:
+                pop._durable(end)
+
+
 class PopService:
     """The invisible-time state of every (group, topic); thread-safe."""
 
@@ -168,6 +201,7 @@ class PopService:
         self._revive_next = 0
         self._rotation: dict[tuple[str, str], int] = {}
         self._dirty = False
+        self._logged_end = -1  # commitlog end of the last revive-log record
 
     # ------------------------------------------------------------------ persistence
     def load(self) -> int:
@@ -228,12 +262,37 @@ class PopService:
     def _log(self, group: str, topic: str, ops: list[Op]) -> None:
         """Write one record to the revive log; SendRejected when the store refuses it."""
         body = json.dumps({"g": group, "t": topic, "ops": ops}, separators=(",", ":"))
-        result = self._store.put_message(Message(topic=REVIVE_TOPIC, body=body.encode()))
+        # no flush wait under the lock: `_changing` waits once the lock is released
+        result = self._store.put_messages([Message(topic=REVIVE_TOPIC, body=body.encode())],
+                                          wait=False)[0]
         if not result.status.stored or result.append is None:
             raise SendRejected(REVIVE_TOPIC, result.status.value,
                                ResponseCode.SERVICE_NOT_AVAILABLE)
         self._revive_next = result.append.queue_offset + 1
+        self._logged_end = result.append.wrote_offset + result.append.wrote_bytes
         self._dirty = True
+
+    def _changing(self) -> _Changing:
+        """`with self._changing():` the lock, and after releasing it, under SYNC_FLUSH, the
+        wait for the fsync of what was logged meanwhile: the caller answers only once its
+        records are on disk, while others change state (and share the fsync) meanwhile."""
+        return _Changing(self)
+
+    def deferring(self, call: Callable[[], T]) -> tuple[T, int]:
+        """Run `call` (on this thread) without the SYNC_FLUSH wait of the changes it makes:
+        (its result, the commitlog end their records reach, -1 when it logged none). The
+        caller must wait for that end (`MessageStore.when_flushed`) before it answers."""
+        _DEFER.on, _DEFER.end = True, -1
+        try:
+            result = call()
+        finally:
+            _DEFER.on = False
+        return result, _DEFER.end
+
+    def _durable(self, end: int) -> None:
+        done = threading.Event()
+        if self._store.when_flushed(end, lambda ok: done.set()):
+            done.wait()
 
     def _apply(self, group: str, topic: str, ops: Sequence[Op]) -> None:
         if ops and ops[0][0] == "X":  # the topic was deleted: forget the group's windows
@@ -289,7 +348,7 @@ class PopService:
     def receive(self, group: str, topic: str, queue_ids: Sequence[int], max_msgs: int,
                 invisible_ms: int, tags: Collection[str] | None, *, fifo: bool,
                 max_attempts: int) -> list[ReceivedEntry]:
-        with self._lock:
+        with self._changing():
             key = (group, topic)
             start = self._rotation.get(key, 0)
             self._rotation[key] = start + 1
@@ -320,8 +379,11 @@ class PopService:
             busy = {lz.message_group for lz in window.leases.values()
                     if lz.until_ms > now and lz.message_group}
 
+        # one random draw per receive (a syscall); the leases it hands out count up from it
+        nonces = itertools.count(secrets.randbits(61))
+
         def take(msg: MessageExt, attempt: int) -> None:
-            nonce = secrets.randbits(62)
+            nonce = next(nonces)
             group_key = message_group_of(msg)
             ops.append(["L", qid, msg.queue_offset, attempt, until, nonce, group_key])
             picked.append((msg, attempt, nonce))
@@ -384,7 +446,8 @@ class PopService:
         out: list[ReceivedEntry] = []
         for msg, attempt, nonce in picked:
             handle = ReceiptHandle(topic, qid, msg.queue_offset, nonce, until, attempt)
-            shown = replace(msg, reconsume_times=attempt - 1)
+            shown = msg if msg.reconsume_times == attempt - 1 else replace(
+                msg, reconsume_times=attempt - 1)
             out.append(ReceivedEntry(shown, handle.encode(), attempt, until))
         return out
 
@@ -415,7 +478,7 @@ class PopService:
         return parsed, window, lease
 
     def ack(self, group: str, topic: str, handle: str) -> None:
-        with self._lock:
+        with self._changing():
             parsed, _, lease = self._lease_of(group, topic, handle, allow_done=True)
             if lease is None:
                 return
@@ -425,7 +488,7 @@ class PopService:
     def ack_many(self, group: str, topic: str,
                  handles: Sequence[str]) -> list[ReceiptHandleError | None]:
         """Ack several handles with one revive-log record; per handle None or its error."""
-        with self._lock:
+        with self._changing():
             out: list[ReceiptHandleError | None] = []
             ops: list[Op] = []
             for handle in handles:
@@ -443,7 +506,7 @@ class PopService:
 
     def change_invisible_duration(self, group: str, topic: str, handle: str,
                                   invisible_ms: int) -> str:
-        with self._lock:
+        with self._changing():
             parsed, _, lease = self._lease_of(group, topic, handle, allow_done=False)
             assert lease is not None
             nonce = secrets.randbits(62)
@@ -457,7 +520,7 @@ class PopService:
                        parked: Callable[[str], bool] | None = None) -> None:
         """Dead-letter a leased message now. `parked(message_group)` is asked first for a
         message of a message group: True stamps the copy as parked (see broker.parking)."""
-        with self._lock:
+        with self._changing():
             parsed, _, lease = self._lease_of(group, topic, handle, allow_done=False)
             assert lease is not None
             msg = self._store.get_message_by_queue_offset(topic, parsed.queue_id,
@@ -476,7 +539,7 @@ class PopService:
         expired leases, whose parked receivers should wake)."""
         dead = 0
         wake: set[str] = set()
-        with self._lock:
+        with self._changing():
             now = self._clock()
             for (group, topic), queues in list(self._state.items()):
                 limit = max_attempts_of(group)
@@ -499,7 +562,7 @@ class PopService:
     def forget_topic(self, topic: str) -> None:
         """Drop every group's window on a deleted topic (durably: a recreated topic's
         offsets start again at 0 and must not be taken for ones already handed out)."""
-        with self._lock:
+        with self._changing():
             for group, t in [k for k in self._state if k[1] == topic]:
                 self._commit(group, t, [["X"]])
 

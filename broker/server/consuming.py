@@ -130,9 +130,14 @@ class ConsumerHandlers:
         while True:
             event = self.waiters.park(topic)
             try:
-                future = self.ctx.submit(lambda: broker.receive(
-                    group, topic, plan.batch, plan.invisible_ms, plan.tags, long_poll_ms=0,
-                    fifo=plan.fifo))
+                if self.ctx.inline:  # nothing to wait for: done by the time it returns
+                    future = self.ctx.submit(lambda: broker.receive(
+                        group, topic, plan.batch, plan.invisible_ms, plan.tags,
+                        long_poll_ms=0, fifo=plan.fifo))
+                else:  # its leases' fsync awaited on the loop
+                    future = asyncio.ensure_future(self.ctx.run_durably(
+                        broker.receive, group, topic, plan.batch, plan.invisible_ms,
+                        plan.tags, long_poll_ms=0, fifo=plan.fifo))
                 try:
                     entries = await asyncio.shield(future)
                 except asyncio.CancelledError:
@@ -192,8 +197,8 @@ class ConsumerHandlers:
     async def _release(self, group: str, topic: str, handles: list[str]) -> None:
         for handle in handles:
             try:
-                await self.ctx.run(self.ctx.broker.change_invisible_duration, group, topic,
-                                   handle, self.ctx.config.release_invisible_ms)
+                await self.ctx.run_durably(self.ctx.broker.change_invisible_duration, group,
+                                           topic, handle, self.ctx.config.release_invisible_ms)
             except Exception as exc:  # already acked or expired: nothing to release
                 log.debug("release of %s skipped: %s", handle[:40], exc)
 
@@ -217,27 +222,54 @@ class ConsumerHandlers:
 
     # --- AckMessage
     async def ack(self, request: Any, call: CallInfo) -> Any:
+        """All entries in one `Broker.ack_batch` (one lock pass, one revive-log record), one
+        wake-up of parked receives; an entry that fails is reported for itself alone."""
         group = validation.check_group(request.group.name)
         topic = validation.check_topic(request.topic.name)
-        if len(request.entries) == 0:
+        entries = request.entries
+        if len(entries) == 0:
             raise BadRequest("AckMessage carries no entry")
-        if len(request.entries) > self.ctx.config.max_batch_messages:
+        if len(entries) > self.ctx.config.max_batch_messages:
             raise BadRequest("too many entries in one AckMessage")
         response = service_pb2.AckMessageResponse()
-        for entry in request.entries:
-            result = response.entries.add()
+        results = response.entries
+        statuses: list[Any] = [None] * len(entries)
+        live: list[str] = []
+        at: list[int] = []  # index of each live handle's entry
+        session = self.ctx.sessions.get(call.client_id)
+        for i, entry in enumerate(entries):
+            try:
+                if session is not None and entry.receipt_handle in session.renewals:
+                    handle, _ = await self._live_handle(call, entry.receipt_handle)
+                elif not entry.receipt_handle:
+                    raise InvalidReceiptHandle("receipt handle is empty")
+                else:
+                    handle = entry.receipt_handle
+                live.append(handle)
+                at.append(i)
+            except Exception as exc:
+                statuses[i] = status_of(exc)
+        if live:
+            try:
+                errors = await self.ctx.run_durably(self.ctx.broker.ack_batch, group, topic,
+                                                    live)
+            except Exception as exc:  # the whole batch failed (e.g. the store refused it)
+                failed = status_of(exc)
+                for i in at:
+                    statuses[i] = failed
+            else:
+                done = ok()
+                for i, error in zip(at, errors, strict=True):
+                    statuses[i] = done if error is None else status_of(error)
+            self.waiters.wake(topic)
+        for entry, status in zip(entries, statuses, strict=True):
+            result = results.add()
             result.message_id = entry.message_id
             result.receipt_handle = entry.receipt_handle
-            try:
-                handle, _ = await self._live_handle(call, entry.receipt_handle)
-                await self.ctx.run(self.ctx.broker.ack, group, topic, handle)
-                self.waiters.wake(topic)
-                result.status.CopyFrom(ok())
-            except Exception as exc:
-                result.status.CopyFrom(status_of(exc))
-        codes = {int(e.status.code) for e in response.entries}
-        if len(codes) == 1:
-            response.status.CopyFrom(response.entries[0].status)
+            result.status.CopyFrom(status)
+        first = statuses[0]
+        if all(st.code == first.code for st in statuses):
+            response.status.CopyFrom(first)
         else:
             response.status.CopyFrom(make_status(Code.MULTIPLE_RESULTS, "entries differ"))
         return response
@@ -252,8 +284,8 @@ class ConsumerHandlers:
         # "visible again now"; the broker's smallest lease is 1 ms
         invisible_ms = max(invisible_ms, 1)
         handle, _ = await self._live_handle(call, request.receipt_handle)
-        new_handle = await self.ctx.run(self.ctx.broker.change_invisible_duration, group, topic,
-                                        handle, invisible_ms)
+        new_handle = await self.ctx.run_durably(self.ctx.broker.change_invisible_duration,
+                                                group, topic, handle, invisible_ms)
         self.waiters.wake(topic)
         response = service_pb2.ChangeInvisibleDurationResponse()
         response.status.CopyFrom(ok())
@@ -315,7 +347,7 @@ class ConsumerHandlers:
                 return  # acked or nacked meanwhile
             invisible_ms = self.ctx.config.default_invisible_ms
             try:
-                renewal.current = await self.ctx.run(
+                renewal.current = await self.ctx.run_durably(
                     self.ctx.broker.change_invisible_duration, renewal.group, renewal.topic,
                     renewal.current, invisible_ms)
                 renewal.expires_ms = self.ctx.clock() + invisible_ms

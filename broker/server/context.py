@@ -2,7 +2,9 @@
 
 The server runs on one asyncio event loop; the broker's API blocks, so each broker call
 runs where it costs least (`run`: on the loop under async flush, in a thread pool under sync
-flush). Long polls park on the loop (`broker.server.polling`), not in threads.
+flush); sends (`broker.server.producing`) and invisible-time calls (`run_durably`) run on
+the loop in both modes and await the fsync on a future. Long polls park on the loop
+(`broker.server.polling`), not in threads.
 """
 
 from __future__ import annotations
@@ -41,6 +43,11 @@ class CallInfo:
     access_key: str = ""  # the verified credential ("" when authentication is off)
 
 
+def _settle(future: asyncio.Future[bool], ok: bool) -> None:
+    if not future.done():
+        future.set_result(ok)
+
+
 class ServerContext:
     def __init__(self, broker: Broker, config: ServerConfig, *,
                  clock: Callable[[], int] | None = None) -> None:
@@ -76,6 +83,26 @@ class ServerContext:
         except Exception as exc:
             future.set_exception(exc)
         return future
+
+    async def run_durably(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """An invisible-time call (receive, ack, change of invisible duration) on the loop
+        in both flush modes: under SYNC_FLUSH its state change is made at once and the
+        wait for the fsync of its record is a future the group-commit thread resolves,
+        not a parked thread; concurrent calls share fsyncs."""
+        broker = self.broker
+        if self.inline:
+            return fn(*args, **kwargs)
+        result, end = broker.deferring_durability(functools.partial(fn, *args, **kwargs))
+        if end >= 0:
+            loop = asyncio.get_running_loop()
+            future: asyncio.Future[bool] = loop.create_future()
+
+            def flushed(ok: bool) -> None:  # on the group-commit thread
+                loop.call_soon_threadsafe(_settle, future, ok)
+
+            if broker.when_durable(end, flushed):
+                await asyncio.shield(future)
+        return result
 
     async def run_in_pool(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """For calls that may take long whatever the flush mode (admin, scans)."""

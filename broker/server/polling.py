@@ -23,16 +23,24 @@ REPOLL_S = 0.5
 
 class ArrivalHook:
     """A store dispatcher (called on the reput thread) forwarding topics to the loop, at most
-    one pending wake-up per topic."""
+    one pending wake-up per topic, and none for a topic nobody waits on (`wanted`).
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, wake: Callable[[str], None]) -> None:
+    Skipping is safe: the hook runs after the consume queue has the record, and a receive
+    parks before it looks at the queue, so a receive that parks after the check sees the
+    message itself."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, wake: Callable[[str], None],
+                 wanted: Callable[[str], bool] | None = None) -> None:
         self._loop = loop
         self._wake = wake
+        self._wanted = wanted
         self._lock = threading.Lock()
         self._pending: set[str] = set()
 
     def dispatch(self, request: Any) -> None:
         topic = request.topic
+        if self._wanted is not None and not self._wanted(topic):
+            return  # nobody parked: no thread hand-off to the loop per record
         with self._lock:
             if topic in self._pending:
                 return
@@ -69,6 +77,10 @@ class Waiters:
             self._count -= 1
             if not events:
                 del self._by_topic[topic]
+
+    def parked(self, topic: str) -> bool:
+        """Whether a receive waits on `topic` (safe to ask from another thread)."""
+        return topic in self._by_topic
 
     def wake(self, topic: str) -> None:
         for event in self._by_topic.get(topic, ()):

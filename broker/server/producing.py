@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import itertools
 import logging
 from typing import Any
 
+from broker.errors import ResponseCode, SendRejected
 from broker.protocol_stubs import service_pb2
+from broker.results import PUT_STATUS_CODES, SendResult
 from broker.server import convert, validation
 from broker.server.clients import ClientHandlers
 from broker.server.codes import Code
@@ -33,12 +34,31 @@ from broker.server.errors import (
 )
 from broker.server.status import make_status, ok, status_of
 from broker.server.transactions import decode_transaction_id, encode_transaction_id
+from broker.store.message import Message, PutMessageStatus
 from broker.topic import PERM_WRITE, TopicConfig
 
 log = logging.getLogger(__name__)
 
 RESOLUTION_COMMIT, RESOLUTION_ROLLBACK = 1, 2
 SOURCE_SERVER_CHECK = 2
+
+
+def _failed(message_id: str, exc: BaseException) -> Any:
+    entry = service_pb2.SendResultEntry()
+    entry.message_id = message_id
+    entry.status.CopyFrom(status_of(exc))
+    return entry
+
+
+def _not_acknowledged(result: SendResult) -> Any:
+    """The status of a message stored but not acknowledged (e.g. its fsync timed out)."""
+    return status_of(SendRejected(result.topic, result.status.value, PUT_STATUS_CODES.get(
+        result.status, ResponseCode.SYSTEM_ERROR)))
+
+
+def _settle(future: asyncio.Future[bool], ok: bool) -> None:
+    if not future.done():
+        future.set_result(ok)
 
 
 def jump_hash(key: int, buckets: int) -> int:
@@ -61,93 +81,207 @@ class ProducerHandlers:
     def __init__(self, ctx: ServerContext, clients: ClientHandlers) -> None:
         self.ctx = ctx
         self.clients = clients
-        self._round_robin: dict[str, itertools.count[int]] = {}
-        # what makes two sends the same send: a digest of topic, message id, user properties
+        self._round_robin: dict[str, int] = {}
+        # what makes two sends the same send: a digest of topic, message id, user properties;
+        # the first result's serialized entry is kept (bounded by bytes, not count)
         self._recent = SendResults(ctx.config.dedupe_cache_bytes, ctx.config.dedupe_cache_size)
-        self._pending: dict[bytes, asyncio.Future[bytes]] = {}
+        self._pending: dict[bytes, asyncio.Future[Any]] = {}
         self._inflight = 0  # messages of requests being served (flow control)
 
     # --- SendMessage
     async def send(self, request: Any, call: CallInfo) -> Any:
-        count = len(request.messages)
+        """One request's messages are checked, then stored with one broker call per (topic,
+        queue) they go to (one record batch, one lock pass), all on the event loop; under
+        SYNC_FLUSH the answer waits for the group commit's fsync on a future, holding no
+        thread, so concurrent requests share fsyncs."""
+        messages = request.messages
+        count = len(messages)
         if count == 0:
             raise BadRequest("SendMessage carries no message")
-        if count > self.ctx.config.max_batch_messages:
+        config = self.ctx.config
+        if count > config.max_batch_messages:
             raise PayloadTooLarge(
-                f"{count} messages in one request; at most {self.ctx.config.max_batch_messages}")
-        if self._inflight + count > self.ctx.config.max_inflight_sends:
+                f"{count} messages in one request; at most {config.max_batch_messages}")
+        if self._inflight + count > config.max_inflight_sends:
             raise TooManyRequests(f"{self._inflight} messages are being stored; retry later")
         self._inflight += count
         try:
-            if any(pm.system_properties.message_group for pm in request.messages):
-                # FIFO: one message group's messages are stored in request order
-                entries = [await self._send_one(pm) for pm in request.messages]
-            else:  # concurrently: under sync flush one group commit covers the batch
-                entries = list(await asyncio.gather(
-                    *(self._send_one(pm) for pm in request.messages)))
+            entries = await self._send_all(messages)
         finally:
             self._inflight -= count
         response = service_pb2.SendMessageResponse()
         response.entries.extend(entries)
-        codes = {int(e.status.code) for e in entries}
-        if len(codes) == 1:
-            response.status.CopyFrom(entries[0].status)
+        first = entries[0].status
+        if all(e.status.code == first.code for e in entries):
+            response.status.CopyFrom(first)
         else:
             response.status.CopyFrom(make_status(Code.MULTIPLE_RESULTS, "entries differ"))
         return response
 
-    async def _send_one(self, pm: Any) -> Any:
-        entry = service_pb2.SendResultEntry()
-        try:
+    async def _send_all(self, messages: Any) -> list[Any]:
+        ctx = self.ctx
+        loop = asyncio.get_running_loop()
+        count = len(messages)
+        entries: list[Any] = [None] * count
+        mine: dict[int, tuple[bytes, asyncio.Future[Any]]] = {}
+        duplicates: list[tuple[int, asyncio.Future[Any]]] = []
+        buckets: dict[tuple[str, int], list[tuple[int, Message]]] = {}
+        one_by_one: list[int] = []  # delayed, transactional; every send while recovering
+        recovering = ctx.had_messages and \
+            ctx.clock() - ctx.started_ms < ctx.config.dedupe_recovery_window_ms
+        queues: dict[str, int] = {}  # the request's queue per topic (round-robin)
+        for i, pm in enumerate(messages):
             sp = pm.system_properties
-            entry.message_id = sp.message_id
-            key = send_key(pm.topic.name, validation.check_message_id(sp.message_id),
-                           pm.user_properties)
+            try:
+                key = send_key(pm.topic.name, validation.check_message_id(sp.message_id),
+                               pm.user_properties)
+            except Exception as exc:
+                entries[i] = _failed(sp.message_id, exc)
+                continue
             cached = self._recent.get(key)
-            if cached is not None:
-                entry.ParseFromString(cached)
-                return entry
+            if cached is not None:  # a resend of a send already answered: the first answer
+                entries[i] = service_pb2.SendResultEntry.FromString(cached)
+                continue
             pending = self._pending.get(key)
             if pending is not None:
-                entry.ParseFromString(await asyncio.shield(pending))
-                return entry
-            future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+                duplicates.append((i, pending))
+                continue
+            future: asyncio.Future[Any] = loop.create_future()
             self._pending[key] = future
+            mine[i] = (key, future)
             try:
-                result = await self._store(pm)
-                raw = result.SerializeToString()
-                self._recent.put(key, raw)
-                future.set_result(raw)
-                return result
-            except BaseException as exc:
-                future.set_exception(exc)
-                future.exception()  # retrieved: duplicates waiting on it re-raise it
-                raise
-            finally:
+                msg, direct = self._prepare(pm, queues)
+            except Exception as exc:
+                entries[i] = _failed(sp.message_id, exc)
+                continue
+            if direct and not recovering:
+                buckets.setdefault((msg.topic, msg.queue_id), []).append((i, msg))
+            else:
+                one_by_one.append(i)
+        try:
+            if buckets:
+                await self._store_buckets(buckets, messages, entries, loop)
+            for i in one_by_one:  # in request order (a message group's order)
+                try:
+                    entries[i] = await self._store(messages[i])
+                except Exception as exc:
+                    entries[i] = _failed(messages[i].system_properties.message_id, exc)
+        finally:
+            for i, (key, future) in mine.items():
                 del self._pending[key]
-        except Exception as exc:
-            entry.status.CopyFrom(status_of(exc))
-            return entry
+                entry = entries[i]
+                if entry is None:  # cancelled: duplicates waiting on it fail, not hang
+                    entry = _failed(messages[i].system_properties.message_id,
+                                    TooManyRequests("the send was interrupted; retry"))
+                elif entry.status.code == Code.OK:
+                    self._remember(key, entry)
+                future.set_result(entry)
+        for i, pending in duplicates:
+            entries[i] = await asyncio.shield(pending)
+        return entries
 
-    async def _store(self, pm: Any) -> Any:
+    def _prepare(self, pm: Any, queues: dict[str, int]) -> tuple[Message, bool]:
+        """Check one message and build its store form; (message, whether it can go in a
+        record batch: neither delayed nor transactional)."""
         config = self.ctx.config
         sp = pm.system_properties
         topic = validation.check_topic(pm.topic.name)
         validation.check_body(pm.body, config)
         tag = sp.tag if sp.HasField("tag") else ""
-        validation.check_tag(tag)
-        validation.check_keys(sp.keys)
+        if tag:
+            validation.check_tag(tag)
+        if sp.keys:
+            validation.check_keys(sp.keys)
         message_type = convert.message_type_of(sp)
-        if sp.HasField("message_group"):
+        grouped = sp.HasField("message_group")
+        if grouped:
             validation.check_message_group(sp.message_group, config)
-        validation.check_properties(dict(pm.user_properties), tag, sp.keys, config)
-        if sp.HasField("delivery_timestamp"):
+        user = pm.user_properties
+        if user or tag or sp.keys:
+            validation.check_properties(user, tag, sp.keys, config)
+        delayed = sp.HasField("delivery_timestamp")
+        if delayed:
             validation.check_delivery_time(convert.timestamp_ms(sp.delivery_timestamp),
                                            self.ctx.clock(), config)
         cfg = self.clients.topic_config(topic)
         validation.check_type_accepted(topic, cfg.message_type.value, message_type)
         if not cfg.perm & PERM_WRITE:
             raise Forbidden(f"topic {topic!r} is not writeable")
+        transactional = message_type == "TRANSACTION"
+        if grouped and sp.message_group:
+            queue_id = group_queue(sp.message_group, cfg.write_queue_nums)
+        else:
+            queue_id = queues.get(topic, -1)
+            if queue_id < 0:
+                queue_id = queues[topic] = self._next_queue(cfg)
+        msg = convert.to_store(pm, queue_id, transactional=transactional,
+                               producer_group=topic if transactional else None)
+        return msg, not (delayed or transactional)
+
+    def _next_queue(self, cfg: TopicConfig) -> int:
+        turn = self._round_robin.get(cfg.name, 0)
+        self._round_robin[cfg.name] = turn + 1
+        return turn % cfg.write_queue_nums
+
+    async def _store_buckets(self, buckets: dict[tuple[str, int], list[tuple[int, Message]]],
+                             messages: Any, entries: list[Any],
+                             loop: asyncio.AbstractEventLoop) -> None:
+        """Each bucket (one topic and queue) in one broker call, on the loop: a page-cache
+        append. Under SYNC_FLUSH the entries are answered once the group commit has
+        fsynced past the last record (a timeout answers MASTER_PERSISTENCE_TIMEOUT)."""
+        broker = self.ctx.broker
+        stored: list[tuple[int, SendResult]] = []
+        end = -1
+        for items in buckets.values():
+            try:
+                results, last = broker.send_batch_pending([m for _, m in items])
+            except Exception as exc:
+                if len(items) == 1:
+                    i = items[0][0]
+                    entries[i] = _failed(messages[i].system_properties.message_id, exc)
+                    continue
+                # message by message: each gets its own verdict
+                results, last = [], -1
+                kept = []
+                for i, m in items:
+                    try:
+                        r, e = broker.send_batch_pending([m])
+                    except Exception as exc:
+                        entries[i] = _failed(messages[i].system_properties.message_id, exc)
+                        continue
+                    kept.append((i, m))
+                    results.extend(r)
+                    last = max(last, e)
+                items = kept
+            stored.extend((i, r) for (i, _), r in zip(items, results, strict=True))
+            end = max(end, last)
+        durable = True
+        if stored and end > 0:
+            future: asyncio.Future[bool] = loop.create_future()
+
+            def flushed(ok: bool) -> None:  # on the group-commit thread
+                loop.call_soon_threadsafe(_settle, future, ok)
+
+            if broker.when_durable(end, flushed):
+                durable = await asyncio.shield(future)
+        status = ok() if durable else make_status(
+            Code.MASTER_PERSISTENCE_TIMEOUT, "stored, but not flushed to disk in time")
+        for i, result in stored:
+            entry = service_pb2.SendResultEntry()
+            entry.status.CopyFrom(status)
+            entry.message_id = messages[i].system_properties.message_id
+            entry.offset = result.queue_offset
+            if result.status is not PutMessageStatus.PUT_OK:  # stored, not acknowledged
+                entry.status.CopyFrom(_not_acknowledged(result))
+            entries[i] = entry
+
+    async def _store(self, pm: Any) -> Any:
+        """One message through `Broker.send_message` (delayed, transactional, and every
+        send of the recovery window, which first looks for a copy stored before the start)."""
+        config = self.ctx.config
+        sp = pm.system_properties
+        topic = validation.check_topic(pm.topic.name)
+        message_type = convert.message_type_of(sp)
         if self.ctx.had_messages and \
                 self.ctx.clock() - self.ctx.started_ms < config.dedupe_recovery_window_ms:
             earlier = await self.ctx.run_in_pool(self._stored_before, topic, sp.message_id,
@@ -155,6 +289,7 @@ class ProducerHandlers:
             if earlier is not None:
                 return earlier
         transactional = message_type == "TRANSACTION"
+        cfg = self.clients.topic_config(topic)
         msg = convert.to_store(pm, self._queue_for(cfg, sp), transactional=transactional,
                                producer_group=topic if transactional else None)
         result = await self.ctx.run(self.ctx.broker.send_message, msg,
@@ -163,12 +298,17 @@ class ProducerHandlers:
         entry.status.CopyFrom(ok())
         entry.message_id = sp.message_id
         entry.offset = result.queue_offset
+        if result.status is not PutMessageStatus.PUT_OK:  # stored, not acknowledged
+            entry.status.CopyFrom(_not_acknowledged(result))
         if transactional:
             entry.transaction_id = encode_transaction_id(
                 result.offset_msg_id, result.transaction_id or sp.message_id)
         if result.recall_handle:  # a delayed message, waiting in the schedule topic
             entry.recall_handle = result.recall_handle
         return entry
+
+    def _remember(self, key: bytes, entry: Any) -> None:
+        self._recent.put(key, entry.SerializeToString())
 
     def _stored_before(self, topic: str, message_id: str, properties: dict[str, str]) -> Any:
         """A result for a message stored before this start (a retry across a restart)."""
@@ -187,11 +327,9 @@ class ProducerHandlers:
         return entry
 
     def _queue_for(self, cfg: TopicConfig, sp: Any) -> int:
-        queues = cfg.write_queue_nums
         if sp.HasField("message_group") and sp.message_group:
-            return group_queue(sp.message_group, queues)
-        counter = self._round_robin.setdefault(cfg.name, itertools.count())
-        return next(counter) % queues
+            return group_queue(sp.message_group, cfg.write_queue_nums)
+        return self._next_queue(cfg)
 
     # --- EndTransaction
     async def end_transaction(self, request: Any, call: CallInfo) -> Any:

@@ -120,8 +120,9 @@ class MessagingServer:
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
         self.ctx.loop = asyncio.get_running_loop()
+        waiters = self.servicer.consuming.waiters
         self.ctx.broker.store.add_dispatcher(
-            ArrivalHook(self.ctx.loop, self.servicer.consuming.waiters.wake))
+            ArrivalHook(self.ctx.loop, waiters.wake, wanted=waiters.parked))
         server = grpc.aio.server(options=[
             ("grpc.so_reuseport", 0),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

@@ -294,8 +294,10 @@ class CommitLog:
                 return PutMessageResult(PutMessageStatus.FLUSH_DISK_TIMEOUT, result.append)
         return result
 
-    def put_messages(self, msgs: Sequence[Message]) -> list[PutMessageResult]:
-        """Append a batch contiguously under one lock; one flush wait for all of it.
+    def put_messages(self, msgs: Sequence[Message], *,
+                     wait: bool = True) -> list[PutMessageResult]:
+        """Append a batch contiguously under one lock; one flush wait for all of it
+        (none with `wait=False`: the caller waits with `when_flushed`).
 
         The records are placed with one copy per commitlog file they land in. A message
         that cannot be encoded gets its own status; the others are stored.
@@ -336,7 +338,7 @@ class CommitLog:
             end = phy + n
             results.append(PutMessageResult(_PUT_OK, AppendMessageResult(
                 phy, n, None, ts, qoff, 1, msg_id_prefix=prefix)))
-        if self._sync and end > 0 and not self.wait_flushed(end):
+        if wait and self._sync and end > 0 and not self.wait_flushed(end):
             results = [PutMessageResult(PutMessageStatus.FLUSH_DISK_TIMEOUT, r.append)
                        if r.status is _PUT_OK else r for r in results]
         return results
@@ -373,8 +375,10 @@ class CommitLog:
             size = batch.next_size()
         return first_phy, first_qoff, first_ts, end
 
-    def put_batch(self, batch: RecordBatch, key: str | None) -> PutMessageResult:
-        """Append an encoded batch under one lock; under SYNC_FLUSH one flush wait for it.
+    def put_batch(self, batch: RecordBatch, key: str | None, *,
+                  wait: bool = True) -> PutMessageResult:
+        """Append an encoded batch under one lock; under SYNC_FLUSH one flush wait for it
+        (none with `wait=False`: the caller waits with `when_flushed`).
 
         One result: `msg_num` records from `wrote_offset` (the first record's offset) to
         `wrote_offset + wrote_bytes` (a blank record in between when it spans files).
@@ -389,7 +393,7 @@ class CommitLog:
             return PutMessageResult(PutMessageStatus.CREATE_MAPPED_FILE_FAILED)
         append = AppendMessageResult(phy, end - phy, None, ts, qoff, batch.count,
                                      msg_id_prefix=self._msg_id_prefix, batch=batch)
-        if self._sync and not self.wait_flushed(end):
+        if wait and self._sync and not self.wait_flushed(end):
             return PutMessageResult(PutMessageStatus.FLUSH_DISK_TIMEOUT, append)
         return PutMessageResult(_PUT_OK, append)
 
@@ -411,6 +415,17 @@ class CommitLog:
         assert isinstance(service, GroupCommitService)
         service.submit(end, done)
         return future
+
+    def when_flushed(self, end: int, callback: Callable[[bool], None]) -> bool:
+        """Under SYNC_FLUSH: `callback(True)` once flushed past `end`, `callback(False)` on
+        timeout or a failed fsync, called on the group-commit thread (keep it short).
+        False, and no call, when the flush mode acknowledges without waiting."""
+        if not self._sync:
+            return False
+        service = self.flush_service
+        assert isinstance(service, GroupCommitService)
+        service.submit(end, callback)
+        return True
 
     def wait_flushed(self, end: int) -> bool:
         service = self.flush_service

@@ -440,17 +440,20 @@ class MessageStore:
             return refused
         return self.commitlog.put_message(msg)
 
-    def put_messages(self, msgs: Sequence[Message]) -> list[PutMessageResult]:
+    def put_messages(self, msgs: Sequence[Message], *,
+                     wait: bool = True) -> list[PutMessageResult]:
+        """`wait=False`: no SYNC_FLUSH wait here; the caller waits with `when_flushed`."""
         refused = self._refuse()
         if refused is not None:
             return [refused] * len(msgs)
-        return self.commitlog.put_messages(msgs)
+        return self.commitlog.put_messages(msgs, wait=wait)
 
     def put_batch(self, topic: str, queue_id: int, bodies: Sequence[bytes],
                   properties: Mapping[str, str] | None = None, *,
                   keys: Sequence[str] | None = None, uniq_keys: Sequence[str] | None = None,
                   flag: int = 0, sys_flag: int = 0, born_timestamp: int | None = None,
-                  born_host: tuple[str, int] = ("127.0.0.1", 0)) -> PutMessageResult:
+                  born_host: tuple[str, int] = ("127.0.0.1", 0),
+                  wait: bool = True) -> PutMessageResult:
         """Store `bodies` as consecutive records of one topic/queue (a RocketMQ batch).
 
         All records share `properties`, flag, sys flag, born time (default: now) and host;
@@ -472,7 +475,13 @@ class MessageStore:
                 log.store_host_raw, self.config.max_message_size, log.max_record)
         except EncodeError as exc:
             return PutMessageResult(exc.status)
-        return log.put_batch(batch, key)
+        return log.put_batch(batch, key, wait=wait)
+
+    def when_flushed(self, end: int, callback: Callable[[bool], None]) -> bool:
+        """For puts made with `wait=False`: under SYNC_FLUSH call `callback(ok)` (on the
+        group-commit thread; keep it short) once the commitlog is on disk past `end`, or
+        with False on timeout; False, and no call, when nothing needs waiting for."""
+        return self.commitlog.when_flushed(end, callback)
 
     def put_message_async(self, msg: Message) -> Future[PutMessageResult]:
         """Append now; the future completes once the flush mode acknowledges the record.

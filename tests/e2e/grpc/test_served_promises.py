@@ -409,3 +409,7 @@ def test_broadcasting_over_grpc_names_the_alternative(server: ServerProcess) -> 
     assert "docs/client.md" in text
     docs = (REPO / "docs" / "client.md").read_text()
     assert "### Broadcasting" in docs and "own consumer group" in docs
+    # every place that offers broadcasting says it is embedded-only, with the alternative
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert "broadcasting needs the embedded transport" in readme
+    assert "its own consumer group" in readme

@@ -200,6 +200,43 @@ def test_parked_group_survives_a_consumer_restart(transport: Transport) -> None:
     assert [m.body for m in dead_letters(transport, group, 2)] == [b"A1", b"A2"]
 
 
+def test_an_orderly_handler_parks_its_group_with_nothing_set_up(transport: Transport) -> None:
+    """A new user's orderly handler, with no group created beforehand: over gRPC the consumer
+    makes its server group FIFO (keeping its other settings) before the first receive, so
+    the poison message's group is parked and none of its later messages is consumed, as on
+    the embedded transport."""
+    from reliable import Worker, handler
+
+    topic, group = unique("park-new", transport), unique("park-new-g", transport)
+    if transport.name == "grpc":  # an existing, non-FIFO group with its own retries
+        admin = admin_of(transport)
+        admin.call("CreateGroup", name=group, fifo=False, max_retries=5)
+    seen: list[bytes] = []
+
+    @handler(topic, group=group, orderly=True, max_reconsume_times=1, suspend_ms=50,
+             consume_from="first", **QUICK)
+    def ship(message: ReceivedMessage) -> None:
+        if message.body == b"P2":
+            raise RuntimeError("poison")
+        seen.append(message.body)
+
+    with Producer(transport) as producer:
+        for i in range(6):
+            for g in "PQ":
+                producer.send(Message(topic, f"{g}{i}".encode(), message_group=g))
+    with Worker(ship, transport=transport):
+        assert official.wait_for(lambda: dead_letters_count(transport, group) == 4,
+                                 timeout_s=60)
+        assert official.wait_for(lambda: seen.count(b"Q5") == 1, timeout_s=30)
+        time.sleep(1.0)  # a later message of P had its chance to be (wrongly) consumed
+    assert [b for b in seen if b.startswith(b"P")] == [b"P0", b"P1"]
+    assert [b for b in seen if b.startswith(b"Q")] == [f"Q{i}".encode() for i in range(6)]
+    if transport.name == "grpc":
+        info = admin.call("GetGroup", name=group)
+        admin.close()
+        assert (info["fifo"], info["max_retries"]) == (True, 5), info
+
+
 def dead_letters_count(transport: Transport, group: str) -> int:
     """How many dead letters `%DLQ%<group>` holds (without consuming them)."""
     if transport.name == "grpc":

@@ -26,7 +26,12 @@ from typing import Any
 
 from broker.broker import Broker
 from broker.config import BrokerConfig
-from broker.store.config import WATERMARKS_OFF, StoreConfig
+from broker.store.config import (
+    WATERMARKS_OFF,
+    StoreConfig,
+    max_message_size_for,
+    smallest_commitlog_file_for,
+)
 from reliable.consumer.listener import ConsumeContext
 from reliable.decorators import Handler
 from reliable.message import ConsumeResult, Message, ReceivedMessage
@@ -65,14 +70,20 @@ class TestBroker:
     def __init__(self, *, start_ms: int | None = None, **broker_options: Any) -> None:
         self.clock = VirtualClock(start_ms)
         self.directory = Path(tempfile.mkdtemp(prefix="reliable-test-"))
-        store = StoreConfig(store_dir=self.directory, mapped_file_size_commitlog=4 << 20,
+        broker_config = BrokerConfig(**broker_options)
+        # one body limit: a body of exactly the broker's limit is stored here as on a served
+        # broker, so the small commitlog files are still big enough for the largest record
+        record = max_message_size_for(broker_config.max_message_size)
+        commitlog = max(4 << 20, smallest_commitlog_file_for(record))
+        store = StoreConfig(store_dir=self.directory, mapped_file_size_commitlog=commitlog,
+                            max_message_size=record,
                             mapped_file_size_consume_queue=20 * 20_000,
                             max_hash_slot_num=4096, max_index_num=16_384,
                             warm_mapped_file=False,
                             # a throwaway store on a shared disk: the host's fill level is
                             # not the test's to answer for
                             **WATERMARKS_OFF)
-        self.broker = Broker(store, BrokerConfig(**broker_options), clock=self.clock.now_ms)
+        self.broker = Broker(store, broker_config, clock=self.clock.now_ms)
         self.broker.start()
         self.transport = EmbeddedTransport(broker=self.broker)
 

@@ -17,6 +17,7 @@ are UTF-8 JSON objects (no generated stubs needed):
 | `ParkMessageGroup` | `{group, topic, message_group}`                  | `{parked: bool}`    |
 | `ListParkedGroups` | `{group?}`                                       | `{parked: [...]}`   |
 | `UnparkMessageGroup` | `{group, topic, message_group}`                | `{unparked: bool}`  |
+| `MakeGroupFifo` | `{group}`                                          | the group           |
 
 `SetGroupStart` is what a consumer calls when it joins: on every queue of `topic` where the
 group has no committed offset yet it commits the start (`FIRST`: the queue's first message
@@ -24,6 +25,10 @@ still held, `LAST`: its end, `TIMESTAMP`: the first message stored at/after `tim
 30 minutes ago by default); queues the group already consumed keep their offset. Without
 it, a group's first receive starts at the queue's start while nothing was cleaned from it
 (RocketMQ's pop behaviour).
+
+`MakeGroupFifo` is what an orderly consumer calls when it joins: the server delivers a
+group's messages in message-group order only when the group is FIFO, so the group is
+created FIFO, or made FIFO keeping its other settings.
 
 `ParkMessageGroup` is what an ordered consumer calls before it dead-letters the message it
 gave up on: from then on the server moves every message of that message group to
@@ -85,6 +90,7 @@ class AdminOps:
             "ListGroups": self.list_groups, "GetGroup": self.get_group,
             "SetGroupStart": self.set_group_start, "ParkMessageGroup": self.park,
             "ListParkedGroups": self.list_parked, "UnparkMessageGroup": self.unpark,
+            "MakeGroupFifo": self.make_group_fifo,
         }
 
     def call(self, method: str, params: dict[str, Any]) -> Any:
@@ -125,6 +131,24 @@ class AdminOps:
             raise BadRequest("fifo must be true or false")
         cfg = self.broker.create_group(name, retry_max_times=_int(params, "max_retries", 16),
                                        fifo=fifo)
+        return group_json(cfg)
+
+    def make_group_fifo(self, params: dict[str, Any]) -> dict[str, Any]:
+        name = check_group(str(params.get("group", "")))
+        cfg = self.broker.get_group(name)
+        if cfg is None:
+            if not self.broker.config.auto_create_subscription_group:
+                from broker.server.errors import ConsumerGroupNotFound
+
+                raise ConsumerGroupNotFound(f"consumer group {name!r} does not exist")
+            # what the group would have been created with on first use, FIFO
+            cfg = self.broker.create_group(
+                name, retry_max_times=self.broker.config.default_retry_max_times, fifo=True)
+        elif not cfg.fifo:
+            cfg = self.broker.create_group(
+                name, retry_max_times=cfg.retry_max_times, retry_queue_nums=cfg.retry_queue_nums,
+                consume_broadcast=cfg.consume_broadcast, fifo=True,
+                consume_enable=cfg.consume_enable)
         return group_json(cfg)
 
     def list_groups(self, params: dict[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import logging
 import sys
 from datetime import datetime, timedelta
 
-from outbox.latency import ExpectedLatency
+from outbox.latency import DEFAULT_EXPECTED_LATENCY, ExpectedLatency
 from outbox.reconcile.errors import InvalidOptions, ReconcileError, SourceUnavailable
 from outbox.reconcile.job import ReconcileOptions, reconcile
 from outbox.reconcile.repair import RepairOptions
@@ -93,7 +93,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     win.add_argument("--grace", type=float, default=300.0, metavar="SECONDS",
                      help="an unsent stub younger than this is backlogged, not lost "
                           "(%(default)s)")
-    win.add_argument("--expected-latency", type=float, default=300.0, metavar="SECONDS",
+    win.add_argument("--expected-latency", type=float,
+                     default=DEFAULT_EXPECTED_LATENCY.total_seconds(), metavar="SECONDS",
                      help="how long a group may take to confirm a message whose queue is "
                           "unknown (a send over gRPC); unconfirmed and unlogged after that "
                           "it is lost. Give the resend worker the same value (%(default)s)")

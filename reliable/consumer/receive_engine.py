@@ -91,6 +91,7 @@ class ReceiveEngine:
         self._parked: set[tuple[str, str]] = set()  # orderly: (topic, message group) parked
 
     def start(self) -> None:
+        self._make_group_fifo()
         self._t.heartbeat(self._client_id, self._group, self._subs)
         self._set_group_start()
         for topic in self._subs:
@@ -105,6 +106,19 @@ class ReceiveEngine:
             t = threading.Thread(target=target, name=f"{name}-{self._group}", daemon=True)
             self._threads.append(t)
             t.start()
+
+    def _make_group_fifo(self) -> None:
+        """Orderly: the server orders a group's deliveries by message group only when the
+        group is FIFO, so make it FIFO before the first receive (our server's admin
+        service; elsewhere the group must be made FIFO by its operator)."""
+        if not self._s.orderly or Capability.GROUP_ADMIN not in self._t.capabilities:
+            return
+        try:
+            cast(GroupAdmin, self._t).make_group_fifo(self._group)
+        except Exception as exc:
+            log.warning("could not make group %s FIFO (%s); create it with fifo "
+                        "(reliable admin group create %s --fifo)", self._group, exc,
+                        self._group)
 
     def _set_group_start(self) -> None:
         """Commit where a new group starts on each subscribed topic (a no-op for queues the

@@ -211,6 +211,11 @@ class GroupAdmin(Protocol):
         """Commit where `group` starts on every queue of `topic` it has not consumed yet."""
         ...
 
+    def make_group_fifo(self, group: str) -> bool:
+        """Make `group` FIFO on the server (created so, or changed keeping its other
+        settings): the server then delivers each message group in order."""
+        ...
+
     def park_message_group(self, group: str, topic: str, message_group: str) -> bool:
         """From now on the server dead-letters `message_group`'s messages for `group`
         (marked `PARKED_MESSAGE_GROUP`) until an operator unparks it."""

@@ -79,6 +79,8 @@ _NO_ADMIN = {
     "SetGroupStart": "a new consumer group starts where the server's default puts it "
                      "(set it with mqadmin resetOffsetByTime)",
     "ParkMessageGroup": "parked message groups are kept by each consumer only",
+    "MakeGroupFifo": "an orderly consumer's group must be FIFO on the server "
+                     "(mqadmin updateSubGroup -o true)",
 }
 
 
@@ -615,6 +617,10 @@ class GrpcTransport:
         if timestamp_ms is not None:
             params["timestamp_ms"] = timestamp_ms
         return self._admin("SetGroupStart", params)
+
+    def make_group_fifo(self, group: str) -> bool:
+        """Make the server's group FIFO, keeping its other settings (`MakeGroupFifo`)."""
+        return self._admin("MakeGroupFifo", {"group": group})
 
     def park_message_group(self, group: str, topic: str, message_group: str) -> bool:
         """Park a message group on the server (`ParkMessageGroup`)."""

@@ -7,6 +7,7 @@ MESSAGE_BODY_TOO_LARGE; raising `--max-body-size` raises it for the store too.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -101,3 +102,23 @@ def test_embedded_transport_takes_a_raised_limit_to_the_store(tmp_path: Path) ->
             assert got and got[0].body == body
     finally:
         transport.close()
+
+
+@pytest.mark.parametrize("limit", [4 * MiB, 6 * MiB])
+def test_test_broker_keeps_the_same_limit(limit: int) -> None:
+    """`reliable.testing.TestBroker` stores a body of exactly its broker's limit, as a served
+    or embedded broker does, and refuses one byte more as too large."""
+    from reliable.testing import TestBroker
+
+    with TestBroker(max_message_size=limit) as broker:
+        body = os.urandom(limit)
+        with broker.producer() as producer:
+            producer.send(Message("body-testbroker", body))
+            with pytest.raises(BadRequest) as caught:
+                producer.send(Message("body-testbroker", body + b"x"))
+        assert caught.value.code == "MESSAGE_BODY_TOO_LARGE", caught.value
+        # the record is dispatched to its queue in the background: look until it is there
+        deadline = time.monotonic() + 10
+        while not (stored := broker.messages("body-testbroker")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [m.body for m in stored] == [body]

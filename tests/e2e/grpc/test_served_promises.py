@@ -200,6 +200,43 @@ def test_parked_group_survives_a_consumer_restart(transport: Transport) -> None:
     assert [m.body for m in dead_letters(transport, group, 2)] == [b"A1", b"A2"]
 
 
+def test_an_orderly_handler_parks_its_group_with_nothing_set_up(transport: Transport) -> None:
+    """A new user's orderly handler, with no group created beforehand: over gRPC the consumer
+    makes its server group FIFO (keeping its other settings) before the first receive, so
+    the poison message's group is parked and none of its later messages is consumed, as on
+    the embedded transport."""
+    from reliable import Worker, handler
+
+    topic, group = unique("park-new", transport), unique("park-new-g", transport)
+    if transport.name == "grpc":  # an existing, non-FIFO group with its own retries
+        admin = admin_of(transport)
+        admin.call("CreateGroup", name=group, fifo=False, max_retries=5)
+    seen: list[bytes] = []
+
+    @handler(topic, group=group, orderly=True, max_reconsume_times=1, suspend_ms=50,
+             consume_from="first", **QUICK)
+    def ship(message: ReceivedMessage) -> None:
+        if message.body == b"P2":
+            raise RuntimeError("poison")
+        seen.append(message.body)
+
+    with Producer(transport) as producer:
+        for i in range(6):
+            for g in "PQ":
+                producer.send(Message(topic, f"{g}{i}".encode(), message_group=g))
+    with Worker(ship, transport=transport):
+        assert official.wait_for(lambda: dead_letters_count(transport, group) == 4,
+                                 timeout_s=60)
+        assert official.wait_for(lambda: seen.count(b"Q5") == 1, timeout_s=30)
+        time.sleep(1.0)  # a later message of P had its chance to be (wrongly) consumed
+    assert [b for b in seen if b.startswith(b"P")] == [b"P0", b"P1"]
+    assert [b for b in seen if b.startswith(b"Q")] == [f"Q{i}".encode() for i in range(6)]
+    if transport.name == "grpc":
+        info = admin.call("GetGroup", name=group)
+        admin.close()
+        assert (info["fifo"], info["max_retries"]) == (True, 5), info
+
+
 def dead_letters_count(transport: Transport, group: str) -> int:
     """How many dead letters `%DLQ%<group>` holds (without consuming them)."""
     if transport.name == "grpc":
@@ -344,20 +381,36 @@ def test_consume_from_decides_where_a_new_group_starts(
 
 def test_a_handler_started_before_publishing_consumes_with_the_default_start(
         transport: Transport) -> None:
-    """The README's flow: a Worker started, then messages sent, with `consume_from` left at
-    its default (LAST): every message sent after the start is consumed, on both."""
-    from reliable import Worker, handler
+    """The README's flow: a Worker started with a handler and its `dlq_handler`, then
+    messages sent, with `consume_from` left at its default (LAST): every message sent after
+    the start is consumed, and one raising a `dead_letter_on` exception reaches the dead
+    letter handler at once, on both."""
+    from reliable import Worker, dlq_handler, handler
+
+    class InvalidOrder(Exception):
+        pass
 
     topic, group = unique("readme", transport), unique("readme-g", transport)
     got: list[bytes] = []
+    dead: list[tuple[bytes, str]] = []
 
-    @handler(topic, group=group)
+    @handler(topic, group=group, dead_letter_on=(InvalidOrder,))
     def bill(message: ReceivedMessage) -> None:
+        if message.body == b"invalid":
+            raise InvalidOrder("unparseable")
         got.append(message.body)
 
-    with Worker(bill, transport=transport) as worker, worker.producer() as producer:
+    @dlq_handler(group)
+    def billing_dead_letters(message: ReceivedMessage) -> None:
+        dead.append((message.body, message.properties["DLQ_ORIGIN_TOPIC"]))
+
+    with Worker(bill, billing_dead_letters, transport=transport) as worker, \
+            worker.producer() as producer:
         producer.send(Message(topic, b'{"id": 42}', keys=["order-42"]))
-        assert official.wait_for(lambda: got == [b'{"id": 42}'], timeout_s=30)
+        producer.send(Message(topic, b"invalid"))
+        assert official.wait_for(lambda: got == [b'{"id": 42}'] and len(dead) == 1,
+                                 timeout_s=30), (got, dead)
+        assert dead == [(b"invalid", topic)]
 
 
 def test_the_readme_outbox_snippet_consumes_what_was_published_before(
@@ -374,11 +427,11 @@ def test_the_readme_outbox_snippet_consumes_what_was_published_before(
     from outbox import Outbox, OutboxTables, declare_groups
     from reliable import Worker, handler
 
-    topic = unique("OrderCreated", transport)
+    topic, group = unique("OrderCreated", transport), unique("inventory", transport)
     engine = sa.create_engine(sqlite_url)
     tables = OutboxTables()
     tables.create_all(engine)
-    declare_groups(engine, tables, topic, ["inventory"])
+    declare_groups(engine, tables, topic, [group])
     with Producer(transport) as producer:
         outbox = Outbox(tables, producer)
         with Session(engine) as session, session.begin():
@@ -387,13 +440,19 @@ def test_the_readme_outbox_snippet_consumes_what_was_published_before(
                              config=GuardConfig(key_prefix=f"t:{uuid.uuid4().hex[:8]}:"))
     reserved: list[str] = []
 
-    @handler(topic, group=unique("inventory", transport), idempotent=guard,
-             consume_from="first")
+    @handler(topic, group=group, idempotent=guard, consume_from="first")
     def reserve(message: ReceivedMessage, session: Session) -> None:
         reserved.append(message.message_id)
 
+    def confirmed() -> list[tuple[str, str]]:
+        with engine.connect() as conn:
+            c = tables.confirmation.c
+            return [tuple(r) for r in conn.execute(sa.select(c.message_id, c.consumer_group))]
+
     with Worker(reserve, transport=transport):
-        assert official.wait_for(lambda: reserved == [message_id], timeout_s=30)
+        assert official.wait_for(lambda: confirmed() == [(message_id, group)], timeout_s=30)
+        time.sleep(0.5)  # a second (wrong) run would have happened by now
+    assert reserved == [message_id]
     engine.dispose()
 
 
@@ -409,3 +468,7 @@ def test_broadcasting_over_grpc_names_the_alternative(server: ServerProcess) -> 
     assert "docs/client.md" in text
     docs = (REPO / "docs" / "client.md").read_text()
     assert "### Broadcasting" in docs and "own consumer group" in docs
+    # every place that offers broadcasting says it is embedded-only, with the alternative
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert "broadcasting needs the embedded transport" in readme
+    assert "its own consumer group" in readme

@@ -130,3 +130,22 @@ def test_the_latency_comes_from_the_command_line(capsys) -> None:
     bad = build_parser().parse_args(["reconcile", "--db", db_url, "--group-latency", "x"])
     assert run(bad) == 2
     assert "expected GROUP=SECONDS" in capsys.readouterr().err
+
+
+def test_worker_and_reconcile_agree_out_of_the_box() -> None:
+    """A user who sets no latency anywhere gets one rule: `reliable worker resend`,
+    `reliable reconcile`, `ResendPolicy()` and `ReconcileOptions()` share the default, so a
+    copy the worker resends as lost is the copy the certificate counts unaccounted."""
+    from outbox.latency import DEFAULT_EXPECTED_LATENCY
+    from outbox.reconcile.command import options_from
+    from reliable.cli import build_parser
+
+    parser = build_parser()
+    resend = parser.parse_args(["worker", "resend", "--db", "sqlite:///unused.db",
+                                "--sender", "app:sender"])
+    worker_cli = ExpectedLatency.parse(resend.expected_latency, resend.group_latency)
+    reconcile_cli = options_from(
+        parser.parse_args(["reconcile", "--db", "sqlite:///unused.db"])).expected_latency
+    default = ExpectedLatency(DEFAULT_EXPECTED_LATENCY)
+    assert worker_cli == reconcile_cli == default
+    assert ResendPolicy().expected_latency == ReconcileOptions().expected_latency == default

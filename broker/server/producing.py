@@ -155,6 +155,8 @@ class ProducerHandlers:
             if earlier is not None:
                 return earlier
         transactional = message_type == "TRANSACTION"
+        if transactional:
+            self.clients.watch_transactions(topic)
         msg = convert.to_store(pm, self._queue_for(cfg, sp), transactional=transactional,
                                producer_group=topic if transactional else None)
         result = await self.ctx.run(self.ctx.broker.send_message, msg,

@@ -278,8 +278,7 @@ class ClientHandlers:
             topics = frozenset(check_topic(t.name) for t in settings.publishing.topics)
             session.kind, session.publishing, session.settings = kind, topics, settings
             for topic in topics - self._checked_topics:
-                self.ctx.broker.register_transaction_checker(topic, self._checker(topic))
-                self._checked_topics.add(topic)
+                self.watch_transactions(topic)
             reply.publishing.max_body_size = self.ctx.config.max_body_size
             reply.publishing.validate_message_type = True
             policy = reply.backoff_policy
@@ -316,6 +315,19 @@ class ClientHandlers:
         return reply
 
     # --- orphaned transactions
+    def watch_transactions(self, topic: str) -> None:
+        """Ask the topic's publishers about its orphaned transactions from now on.
+
+        Only a topic that exists can hold half messages, so only such a topic gets a
+        checker: Settings naming topics that do not exist register nothing (a client
+        declaring ever new names would otherwise grow this set and the broker's checker
+        registry without bound), and a transactional send registers its topic once the
+        topic exists (auto-created by that send). Both stay bounded by the topics."""
+        if topic in self._checked_topics or self.ctx.broker.get_topic(topic) is None:
+            return
+        self.ctx.broker.register_transaction_checker(topic, self._checker(topic))
+        self._checked_topics.add(topic)
+
     def _checker(self, topic: str) -> Callable[[MessageExt], None]:
         loop = asyncio.get_running_loop()
 

@@ -290,6 +290,8 @@ class ProducerHandlers:
                 return earlier
         transactional = message_type == "TRANSACTION"
         cfg = self.clients.topic_config(topic)
+        if transactional:
+            self.clients.watch_transactions(topic)
         msg = convert.to_store(pm, self._queue_for(cfg, sp), transactional=transactional,
                                producer_group=topic if transactional else None)
         result = await self.ctx.run(self.ctx.broker.send_message, msg,

@@ -98,6 +98,8 @@ class CommitLog:
         self._sync = sync
         # check a version-2 record's checksum whenever it is served (look_message)
         self.verify_on_read = True
+        # offsets of damaged records recovery kept (recovery.py): never served, any version
+        self.quarantined: frozenset[int] = frozenset()
         self._reported: set[int] = set()  # damaged records already logged
 
     # --- lifecycle
@@ -458,7 +460,10 @@ class CommitLog:
 
     def look_message(self, offset: int) -> MessageExt | None:
         """The record starting at `offset`, decoded; None when there is none, or when a
-        version-2 record fails its checksum (logged once)."""
+        version-2 record fails its checksum or recovery quarantined it (logged once)."""
+        if self.quarantined and offset in self.quarantined:
+            self._report_corrupt(offset, "was quarantined at start")
+            return None
         mf = self.queue.find_mapped_file_by_offset(offset)
         if mf is None or not mf.hold():
             return None

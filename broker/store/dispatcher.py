@@ -62,6 +62,8 @@ class ReputService(ServiceThread):
         self.reput_from_offset = reput_from_offset
         self.interval_s = interval_ms / 1000
         self.check_crc = check_crc  # recovery validated the CRCs; appends compute them
+        # commitlog offset -> TOTALSIZE of records recovery quarantined: stepped over
+        self.skip: dict[int, int] = {}
         self.dispatched_count = 0
         self._core: tuple[CommitLogDispatcher, ...] = tuple(dispatchers)
         self._extra: tuple[CommitLogDispatcher, ...] = ()
@@ -123,6 +125,7 @@ class ReputService(ServiceThread):
             self.reput_from_offset = min_offset
         check = check_message_and_return_size
         check_crc = self.check_crc
+        skip = self.skip
         core = self._core
         stop = False
         try:
@@ -137,6 +140,10 @@ class ReputService(ServiceThread):
                     limit = mf.wrote_position
                     with mf.buffer() as whole, whole[:limit] as view:
                         while pos < limit:
+                            if skip and base + pos in skip:  # quarantined by recovery
+                                pos += skip[base + pos]
+                                self.reput_from_offset = base + pos
+                                continue
                             size, request = check(view, pos, check_crc)
                             if size > 0 and request is not None:
                                 failed: CommitLogDispatcher | None = None

@@ -12,9 +12,16 @@ is zeroed and cut off (later files deleted). The scanned files are then fdatasyn
 the dead process left in the page cache is made durable before anything new is
 acknowledged on top of it.
 
-An invalid record is a corruption, not a torn tail, and raises `StoreCorrupted` instead of
+An invalid record is a corruption, not a torn tail. Below the checkpoint's flushed offset
+(those bytes were on disk once) a record whose frame still holds (its magic code and
+TOTALSIZE are sound and a valid record, a blank record or the file's end follows it) but
+whose contents do not (its checksum, lengths, topic or properties) is quarantined: it stays
+on disk, is logged (one error line each, every start), counted in
+`RecoveryReport.quarantined`, skipped by dispatch, never served (reads refuse its offset),
+and `reliable admin store verify` names it; the scan goes on after it. One damaged record
+does not keep the broker from starting. Anything else raises `StoreCorrupted` instead of
 silently dropping data, when:
-- it lies below the checkpoint's flushed offset (those bytes were on disk once), or
+- it lies below the checkpoint's flushed offset, or
 - under SYNC_FLUSH, a valid record follows it (records are written and flushed in order, so
   a later acknowledged record implies this one was acknowledged too).
 Under ASYNC_FLUSH the second case is what a power cut can leave (the page cache reaches the
@@ -33,6 +40,7 @@ from dataclasses import dataclass
 from broker.store.checkpoint import StoreCheckpoint
 from broker.store.codec import (
     BLANK_MAGIC_CODE,
+    FIXED_SIZE,
     MESSAGE_MAGIC_CODE,
     RECORD_MAGIC_CODE,
     check_message_and_return_size,
@@ -62,6 +70,8 @@ class RecoveryReport:
     records_scanned: int
     torn_tail: bool  # non-zero bytes past `end` were cut off
     valid_records_dropped: int  # valid records after the first invalid one (ASYNC only)
+    # (commitlog offset, TOTALSIZE) of damaged records kept but never served
+    quarantined: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(slots=True)
@@ -72,6 +82,7 @@ class _ScanEnd:
     records: int
     last_store_timestamp: int
     invalid: bool
+    quarantined: tuple[tuple[int, int], ...] = ()
 
 
 _BLANK_BYTES = BLANK_MAGIC_CODE.to_bytes(4, "big", signed=True)
@@ -111,9 +122,24 @@ def _first_record_older_than(mf: MappedFile, limit_ts: int) -> bool:
         mf.release()
 
 
-def _scan(files: list[MappedFile], start: int) -> _ScanEnd:
+def _framed_size(buf: memoryview, pos: int, base: int) -> int:
+    """TOTALSIZE of the invalid record at `pos` when its frame holds (see the module's
+    docstring), else 0: the magic code is a record's, the size fits the file, and what
+    follows is a valid record at the offset the size says, a blank record or the end."""
+    left = len(buf) - pos
+    if left < FIXED_SIZE:
+        return 0
+    total = int.from_bytes(buf[pos:pos + 4], "big", signed=True)
+    if bytes(buf[pos + 4:pos + 8]) not in _MAGICS or not FIXED_SIZE <= total <= left:
+        return 0
+    size, _ = check_message_and_return_size(buf, pos + total, True, base + pos + total)
+    return total if size >= 0 else 0
+
+
+def _scan(files: list[MappedFile], start: int, flushed: int = 0) -> _ScanEnd:
     records = 0
     last_ts = 0
+    quarantined: list[tuple[int, int]] = []
     for i in range(start, len(files)):
         mf = files[i]
         base = mf.file_from_offset
@@ -132,12 +158,21 @@ def _scan(files: list[MappedFile], start: int) -> _ScanEnd:
                         continue
                     if size == 0:
                         break  # blank record or exact end: the next file goes on
-                    return _ScanEnd(base + pos, i, pos, records, last_ts, True)
+                    framed = _framed_size(buf, pos, base) if base + pos < flushed else 0
+                    if framed:
+                        log.error("commitlog %s: the record at offset %d is damaged (run "
+                                  "`reliable admin store verify`); quarantined: kept on disk, "
+                                  "never served", mf.path, base + pos)
+                        quarantined.append((base + pos, framed))
+                        pos += framed
+                        continue
+                    return _ScanEnd(base + pos, i, pos, records, last_ts, True,
+                                    tuple(quarantined))
         finally:
             mf.release()
     last = files[-1]
     return _ScanEnd(last.file_from_offset + last.file_size, len(files) - 1, last.file_size,
-                    records, last_ts, False)
+                    records, last_ts, False, tuple(quarantined))
 
 
 def _count_valid_after(files: list[MappedFile], index: int, pos: int) -> tuple[int, int]:
@@ -191,7 +226,8 @@ def recover_commitlog(commitlog: CommitLog, checkpoint: StoreCheckpoint, abnorma
                     start = i
                     break
     scanned_from = files[start].file_from_offset
-    found = _scan(files, start)
+    flushed = checkpoint.physic_flushed_offset if checkpoint.loaded else 0
+    found = _scan(files, start, flushed)
     end = found.end
     torn = False
     dropped = 0
@@ -199,7 +235,6 @@ def recover_commitlog(commitlog: CommitLog, checkpoint: StoreCheckpoint, abnorma
         mf = files[found.file_index]
         header = mf.read(found.pos, 8)
         torn = header != _ZERO_HEADER[:len(header)]
-        flushed = checkpoint.physic_flushed_offset if checkpoint.loaded else 0
         if end < flushed:
             raise StoreCorrupted(mf.path, found.pos,
                                  f"invalid record below the flushed offset {flushed}")
@@ -228,4 +263,8 @@ def recover_commitlog(commitlog: CommitLog, checkpoint: StoreCheckpoint, abnorma
                                          found.last_store_timestamp)
     if torn:
         log.warning("commitlog recovered to offset %d: torn tail cut off", end)
-    return RecoveryReport(abnormal, scanned_from, end, found.records, torn, dropped)
+    if found.quarantined:
+        log.error("commitlog recovered to offset %d with %d damaged record(s) quarantined",
+                  end, len(found.quarantined))
+    return RecoveryReport(abnormal, scanned_from, end, found.records, torn, dropped,
+                          found.quarantined)

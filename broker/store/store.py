@@ -214,6 +214,8 @@ class MessageStore:
             self.consume_queues.correct_min_offset(cl_min)
             self.consume_queues.forget_deleted_below(cl_min)
         self.reput.reput_from_offset = self._reput_start(report)
+        self.reput.skip = dict(report.quarantined)
+        self.commitlog.quarantined = frozenset(self.reput.skip)
         log.info("store %s: %s recovery, commitlog end %d, dispatching from %d",
                  cfg.store_dir, "abnormal" if report.abnormal else "normal", end,
                  self.reput.reput_from_offset)
@@ -282,7 +284,9 @@ class MessageStore:
                         ", ".join(f"{t}-{q}" for t, q in missing))
             chain.append(_OnlyQueues(self.consume_queues, set(missing)))
         if chain:
-            self._dispatch_all(ReputService(self.commitlog, chain, reput_from_offset=cl_min))
+            rebuild = ReputService(self.commitlog, chain, reput_from_offset=cl_min)
+            rebuild.skip = self.reput.skip
+            self._dispatch_all(rebuild)
 
     def _unit_checker(self, end: int | None = None) -> UnitChecker:
         files = self.commitlog.queue
@@ -336,6 +340,7 @@ class MessageStore:
             repair = _RepairUnits(cq)
             reput = ReputService(self.commitlog, [repair],
                                  reput_from_offset=max(self.commitlog.get_min_offset(), 0))
+            reput.skip = self.reput.skip
             until = self.reput.reput_from_offset  # every record below it has its unit
             while reput.reput_from_offset < until:
                 before = reput.reput_from_offset
@@ -551,6 +556,8 @@ class MessageStore:
                 if phy < cl_min:
                     removing = True
                     continue
+                if phy in self.commitlog.quarantined:
+                    continue  # damaged, kept, logged at start and on read: no repair helps
                 # the unit does not point at its record: a damaged queue file (or a
                 # record that fails its checksum, which no repair brings back)
                 where = (topic, queue_id, index)

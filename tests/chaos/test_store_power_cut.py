@@ -103,6 +103,7 @@ def test_power_cut_after_sigkill_loses_nothing_acknowledged(tmp_path: Path, seed
             # and the store goes on: the next put takes the next queue offset
             r = store.put_message(message(0))
             assert r.status is PutMessageStatus.PUT_OK and r.append is not None
+            assert store.wait_dispatched(30)  # the unit is written by the dispatch thread
             assert r.append.queue_offset == store.get_max_offset_in_queue(TOPIC, 0) - 1
             acked[r.append.wrote_offset] = (r.append.wrote_bytes, 0)
         finally:

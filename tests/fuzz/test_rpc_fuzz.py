@@ -27,7 +27,7 @@ import grpc
 import pytest
 from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.protocol_stubs import service_pb2
@@ -86,6 +86,11 @@ TEMPLATES: dict[str, dict[str, Any]] = {
     "SyncLiteSubscription": {"action": "PARTIAL_ADD", "topic": {"name": TOPIC},
                              "group": {"name": GROUP}, "liteTopicSet": ["x"]},
 }
+
+
+# each example is a round trip to a real server (~30 ms, a long poll up to a second): the
+# profile's count (60 in make test), at most 500 per RPC test in make soak (~10 min in all)
+RPC_EXAMPLES = min(settings.default.max_examples, 500)
 
 
 def test_every_rpc_has_a_template() -> None:
@@ -279,6 +284,7 @@ def _assert_clean(replies: list[Any], rpc: str) -> None:
 
 @pytest.mark.timeout(1800)  # the soak profile's thousands of examples per RPC
 @pytest.mark.parametrize("rpc", sorted(TEMPLATES))
+@settings(max_examples=RPC_EXAMPLES)
 @given(data=st.data())
 def test_rpc_answers_every_request_cleanly(fuzzed: Fuzzed, rpc: str, data: st.DataObject
                                            ) -> None:
@@ -314,6 +320,7 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzzed]:
 
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("rpc", sorted(TEMPLATES))
+@settings(max_examples=RPC_EXAMPLES)
 @given(data=st.data())
 def test_unsigned_requests_are_refused_whatever_they_carry(
         guarded: Fuzzed, rpc: str, data: st.DataObject) -> None:

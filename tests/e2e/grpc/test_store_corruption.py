@@ -179,8 +179,45 @@ def test_corrupt_record_bytes_are_caught_by_the_checksum(
     line = next(line for line in done.stdout.splitlines() if "checksum" in line)
     assert line.startswith(f"commitlog/{log.name} @")
     record_at = int(line.split("@")[1].split(":")[0])
-    # the next start finds it too (clean-stop recovery rescans the last files) and
-    # refuses to go on past damage below what was flushed: one line, file and offset
+    # the next start finds it too (clean-stop recovery rescans the last files): its frame
+    # holds, so it is quarantined (kept, logged, never served) and the broker starts
+    again = make_server(store=store)
+    out = "".join(again.output)
+    assert f"the record at offset {record_at} is damaged" in out and "quarantined" in out
+    assert "Traceback" not in out
+    extra = {b"after-1", b"after-2"}  # and it goes on serving new sends
+    transport = reliable.connect("grpc", endpoint=again.endpoint)
+    transport.start()
+    try:
+        with Producer(transport) as producer:
+            for body in sorted(extra):
+                producer.send(Message("t-rec-flip", body))
+    finally:
+        transport.close()
+    got = consume_all(again, "t-rec-flip", "g-rec-flip-2", len(bodies) - 1 + len(extra))
+    assert sorted(got) == sorted((bodies - {b"t-rec-flip-3"}) | extra)
+    assert again.terminate() == 0
+    done = cli("admin", "store", "verify", "--store", str(store))
+    assert done.returncode == 1  # still named, at the same place, and nothing else
+    found = [line for line in done.stdout.splitlines() if "@" in line]
+    assert any(line.startswith(f"commitlog/{log.name} @{record_at}: ") for line in found)
+    # (an index entry of its key no longer matches the damaged key: the same damage)
+    assert all(line.startswith(f"commitlog/{log.name} @{record_at}: ")
+               or line.endswith(f"the record's at {record_at}") for line in found), found
+
+
+def test_a_record_whose_frame_is_damaged_refuses_the_start_in_one_line(
+        make_server: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    server = make_server(store=store)
+    send(server, "t-frame", 8)
+    assert server.terminate() == 0
+    log = next((store / "commitlog").iterdir())
+    data = log.read_bytes()
+    victim = data.index(b"t-frame-3")
+    record_at = data.rindex(b"\xda\xa3\x20", 0, victim) - 4  # its TOTALSIZE, then magic
+    flip(log, record_at + 2, 0x40)  # the size no longer leads to the next record
+    # below what was flushed and not skippable: refused, one line naming file and offset
     again = subprocess.run(
         [sys.executable, "-m", "reliable.cli", "broker", "start", "--store", str(store),
          "--port", "0", *TEST_STORE], env=dict(os.environ, HOME=str(tmp_path)), cwd=REPO,

@@ -171,12 +171,34 @@ def test_torn_tail_is_cut_off(tmp_path: Path, tail: str, crashed: bool, seed: in
     third.shutdown()
 
 
-def test_corrupt_record_below_the_flushed_offset_is_refused(tmp_path: Path) -> None:
+def test_corrupt_record_below_the_flushed_offset_is_quarantined(tmp_path: Path) -> None:
+    """Its frame holds (size and magic sound, the next record where the size says): kept
+    on disk, listed, never served; the store starts and nothing else is lost."""
     cfg = small_config(tmp_path)
     store, written = _fill(cfg)
     store.shutdown()
     victim = written[-5][0]  # in the last files: normal recovery scans those
     write_at(cfg.store_dir, victim + 100, b"\xff\xfe", cfg.mapped_file_size_commitlog)
+    again = MessageStore(cfg)
+    again.start()
+    try:
+        assert again.recovery is not None
+        assert [at for at, _ in again.recovery.quarantined] == [victim]
+        assert again.look_message_by_offset(victim) is None
+        for offset, msg in written[-4:]:
+            got = again.look_message_by_offset(offset)
+            assert got is not None and got.body == msg.body
+    finally:
+        again.shutdown()
+
+
+def test_corrupt_record_frame_below_the_flushed_offset_is_refused(tmp_path: Path) -> None:
+    cfg = small_config(tmp_path)
+    store, written = _fill(cfg)
+    store.shutdown()
+    victim = written[-5][0]  # in the last files: normal recovery scans those
+    # its TOTALSIZE: the next record cannot be found from it
+    write_at(cfg.store_dir, victim + 2, b"\x7f", cfg.mapped_file_size_commitlog)
     again = MessageStore(cfg)
     with pytest.raises(StoreCorrupted) as err:
         again.start()

@@ -9,6 +9,11 @@ hands out message k+1 of a group while k is in flight), consumes each message gr
 batch in order, retries locally (`suspend_ms`) up to `max_reconsume_times`, then parks the
 message in the DLQ.
 
+Receiving keeps flowing while handlers run: the next batch is fetched as soon as there is
+room (`pull_threshold_for_queue` messages received and not yet settled). Acks leave in
+batches (`reliable._acks.AckBatcher`: one AckMessage with repeated entries, a short linger),
+without the handler thread waiting for them; an ack whose entry fails is retried alone.
+
 Leases are renewed for slow handlers: a message still being handled when half of its
 invisible time is left is hidden again for `invisible_ms` (the receipt handle changes; acks
 and renewals of one message never overlap).
@@ -23,6 +28,7 @@ import time
 from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
+from reliable._acks import AckBatcher
 from reliable.consumer.concurrent import call_listener
 from reliable.consumer.listener import DLQ_NOW, ConsumeContext, MessageListener
 from reliable.consumer.orderly import PARKED_PROPERTY, group_key
@@ -60,6 +66,7 @@ class ReceiveEngine:
         self._threads: list[threading.Thread] = []
         self._leases: dict[int, _Lease] = {}  # id(message) -> its lease
         self._lease_lock = threading.Lock()  # guards the dict; each lease has its own lock
+        self._acks = AckBatcher(transport, group)
 
     def start(self) -> None:
         self._t.heartbeat(self._client_id, self._group, self._subs)
@@ -78,6 +85,7 @@ class ReceiveEngine:
         for t in self._threads:
             t.join(self._s.shutdown_timeout_s)
         self._executor.shutdown(wait=True, cancel_futures=True)
+        self._acks.close(self._s.shutdown_timeout_s)
         try:
             self._t.unregister(self._client_id, self._group)
         except Exception:
@@ -177,7 +185,7 @@ class ReceiveEngine:
             ctx = ConsumeContext(group=self._group)
             result = call_listener(self._listener, [m], ctx)
             if result is ConsumeResult.SUCCESS:
-                self._settle(m, lambda: self._t.ack(self._group, m))
+                self._ack(m)
             elif (ctx.delay_level_when_next_consume == DLQ_NOW
                   or m.reconsume_times >= self._s.max_reconsume_times):
                 # the consumer's own cap, whatever the broker's group setting allows
@@ -205,7 +213,7 @@ class ReceiveEngine:
                     ctx = ConsumeContext(group=self._group, orderly=True)
                     result = call_listener(self._listener, [m], ctx)
                     if result is ConsumeResult.SUCCESS:
-                        self._settle(m, lambda m=m: self._t.ack(self._group, m))
+                        self._ack(m)
                         break
                     if (ctx.delay_level_when_next_consume == DLQ_NOW
                             or attempt >= self._s.max_reconsume_times):
@@ -219,6 +227,36 @@ class ReceiveEngine:
                         return
         finally:
             self._finish(msgs)
+
+    def _ack(self, m: ReceivedMessage, attempts: int = 5) -> None:
+        """Hand the ack to the batcher; the handler thread does not wait for it."""
+        with self._lease_lock:
+            lease = self._leases.pop(id(m), None)
+        if lease is not None:
+            with lease.lock:  # a renewal in progress finishes first: ack with its new handle
+                pass
+        try:
+            future = self._acks.ack(m)
+        except Exception:  # shutting down: the broker redelivers after the invisible time
+            log.warning("ack of %s dropped at shutdown", m.message_id)
+            return
+        future.add_done_callback(lambda f: self._acked(m, f.exception(), attempts - 1))
+
+    def _acked(self, m: ReceivedMessage, error: BaseException | None, attempts: int) -> None:
+        if error is None:
+            return
+        if isinstance(error, ReceiptHandleError):
+            log.warning("receipt handle of %s no longer valid; the broker redelivers",
+                        m.message_id)
+            return
+        if attempts <= 0 or self._stopped.is_set():
+            log.warning("acking %s failed; the broker redelivers", m.message_id,
+                        exc_info=error)
+            return
+        log.warning("acking %s failed; retrying", m.message_id, exc_info=error)
+        timer = threading.Timer(1.0, self._ack, (m, attempts))
+        timer.daemon = True
+        timer.start()
 
     def _settle(self, m: ReceivedMessage, call: object, attempts: int = 5) -> None:
         """Ack / nack / forward, retried every second; a dead receipt handle ends it."""

@@ -37,7 +37,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -65,6 +65,8 @@ from reliable.transport.base import (
 )
 
 log = logging.getLogger(__name__)
+
+ROUTE_TTL_S = 30.0
 
 class _ConsumerIdentity:
     def __init__(self, group: str, client_id: str) -> None:
@@ -103,6 +105,11 @@ class GrpcTransport:
         self._checkers: dict[str, TransactionChecker] = {}
         self._producer_stream: wire.Telemetry | None = None
         self._consumers: dict[str, _ConsumerIdentity] = {}
+        self._routes: dict[str, tuple[float, TopicRoute]] = {}  # topic -> (fetched at, route)
+        self._static_md: dict[str, list[tuple[str, str]]] = {}  # client id -> fixed metadata
+        self._md_second = -1
+        self._md_date = ""
+        self.requests = {"SendMessage": 0, "AckMessage": 0}  # requests made (observability)
 
     # --- lifecycle
     def start(self) -> None:
@@ -145,11 +152,19 @@ class GrpcTransport:
 
     # --- calls
     def metadata(self, client_id: str) -> list[tuple[str, str]]:
-        now = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        md = [("x-mq-language", "PYTHON"), ("x-mq-protocol", "GRPC_V2"),
-              ("x-mq-client-version", wire.VERSION), ("x-mq-date-time", now),
-              ("x-mq-request-id", str(uuid.uuid4())), ("x-mq-client-id", client_id),
-              ("x-mq-namespace", self._namespace)]
+        second = int(time.time())
+        if second != self._md_second:  # the date header changes once a second, not per call
+            self._md_date = datetime.fromtimestamp(second, UTC).strftime("%Y%m%dT%H%M%SZ")
+            self._md_second = second
+        now = self._md_date
+        static = self._static_md.get(client_id)
+        if static is None:
+            static = [("x-mq-language", "PYTHON"), ("x-mq-protocol", "GRPC_V2"),
+                      ("x-mq-client-version", wire.VERSION), ("x-mq-client-id", client_id),
+                      ("x-mq-namespace", self._namespace)]
+            if len(self._static_md) < 1024:
+                self._static_md[client_id] = static
+        md = [*static, ("x-mq-date-time", now), ("x-mq-request-id", uuid.uuid4().hex)]
         if self._access_key:
             import hashlib
             import hmac
@@ -182,6 +197,20 @@ class GrpcTransport:
 
     # --- producing
     def route(self, topic: str) -> TopicRoute:
+        """The topic's route, cached for `ROUTE_TTL_S` (the official clients refresh theirs
+        every 30 s); a failed send forgets it so the next attempt asks again."""
+        cached = self._routes.get(topic)
+        if cached is not None and time.monotonic() - cached[0] < ROUTE_TTL_S:
+            return cached[1]
+        route = self._query_route(topic)
+        if route.write_queues or route.read_queues:
+            self._routes[topic] = (time.monotonic(), route)
+        return route
+
+    def _forget_route(self, topic: str) -> None:
+        self._routes.pop(topic, None)
+
+    def _query_route(self, topic: str) -> TopicRoute:
         request = service_pb2.QueryRouteRequest()
         self._resource(request.topic, topic)
         request.endpoints.CopyFrom(self._access_point)
@@ -233,34 +262,86 @@ class GrpcTransport:
             sp.message_type = wire.NORMAL
         return pm
 
-    def _send(self, messages: Sequence[Message], transactional: bool,
-              timeout_s: float | None) -> list[SendReceipt]:
+    def _request(self, messages: Sequence[Message], transactional: bool) -> Any:
         request = service_pb2.SendMessageRequest()
-        request.messages.extend(self._proto(m, transactional) for m in messages)
+        request.messages.extend([self._proto(m, transactional) for m in messages])
         for m in messages:
-            self._note_topic(m.topic)
-        stub = self._require()
-        try:
-            response = stub.SendMessage(request, timeout=timeout_s or self._timeout,
-                                        metadata=self.metadata(self._producer_id))
-        except grpc.RpcError as exc:
-            raise TransportError(f"SendMessage to {self.endpoint}: {exc.code().name}: "
-                                 f"{exc.details()}") from None
+            if m.topic not in self._published:
+                self._note_topic(m.topic)
+        return request
+
+    def _results(self, messages: Sequence[Message], response: Any
+                 ) -> list[SendReceipt | BaseException]:
+        """One result per message: its receipt, or the error its entry reports."""
         if len(response.entries) != len(messages):
-            wire.check_status(response.status, "SendMessage")
-            raise BrokerCallError(FailureKind.TRY_ELSEWHERE,
-                                  f"SendMessage answered {len(response.entries)} entries for "
-                                  f"{len(messages)} messages")
-        receipts = []
+            try:
+                wire.check_status(response.status, "SendMessage")
+                raise BrokerCallError(FailureKind.TRY_ELSEWHERE,
+                                      f"SendMessage answered {len(response.entries)} entries "
+                                      f"for {len(messages)} messages")
+            except BrokerCallError as exc:
+                return [exc] * len(messages)
+        out: list[SendReceipt | BaseException] = []
         for m, entry in zip(messages, response.entries, strict=True):
-            wire.check_status(entry.status if entry.HasField("status") else response.status,
-                         "SendMessage")
-            receipts.append(SendReceipt(
+            try:
+                wire.check_status(entry.status if entry.HasField("status") else
+                                  response.status, "SendMessage")
+            except BrokerCallError as exc:
+                out.append(exc)
+                continue
+            out.append(SendReceipt(
                 message_id=entry.message_id or m.message_id, topic=m.topic, queue_id=-1,
                 queue_offset=int(entry.offset), status=SendStatus.SEND_OK,
                 transaction_id=entry.transaction_id or None,
                 recall_handle=entry.recall_handle or None))
+        return out
+
+    def _send(self, messages: Sequence[Message], transactional: bool,
+              timeout_s: float | None) -> list[SendReceipt]:
+        request = self._request(messages, transactional)
+        stub = self._require()
+        self.requests["SendMessage"] += 1
+        try:
+            response = stub.SendMessage(request, timeout=timeout_s or self._timeout,
+                                        metadata=self.metadata(self._producer_id))
+        except grpc.RpcError as exc:
+            self._forget_route(messages[0].topic)
+            raise TransportError(f"SendMessage to {self.endpoint}: {exc.code().name}: "
+                                 f"{exc.details()}") from None
+        receipts = []
+        for result in self._results(messages, response):
+            if isinstance(result, BaseException):
+                raise result
+            receipts.append(result)
         return receipts
+
+    def submit_send(self, messages: Sequence[Message], queue: QueueRef, *,
+                    producer_group: str | None, timeout_s: float | None,
+                    done: Callable[[list[SendReceipt | BaseException] | BaseException], None],
+                    ) -> None:
+        """One SendMessage carrying `messages`, without waiting: `done` gets a result per
+        message (or the request's error) on gRPC's completion thread. Many may be in
+        flight on the one channel."""
+        request = self._request(messages, False)
+        stub = self._require()
+        self.requests["SendMessage"] += 1
+        call = stub.SendMessage.future(request, timeout=timeout_s or self._timeout,
+                                       metadata=self.metadata(self._producer_id))
+
+        def finished(f: Any) -> None:
+            try:
+                response = f.result()
+            except grpc.RpcError as exc:
+                self._forget_route(messages[0].topic)
+                done(TransportError(f"SendMessage to {self.endpoint}: {exc.code().name}: "
+                                    f"{exc.details()}"))
+                return
+            except Exception as exc:  # cancelled on close
+                done(TransportError(f"SendMessage to {self.endpoint}: {exc!r}"))
+                return
+            done(self._results(messages, response))
+
+        call.add_done_callback(finished)
 
     def send(self, message: Message, queue: QueueRef, *, producer_group: str | None = None,
              transactional: bool = False, timeout_s: float | None = None) -> SendReceipt:
@@ -512,6 +593,79 @@ class GrpcTransport:
         entry = request.entries.add()
         entry.message_id, entry.receipt_handle = message.message_id, self._handle(message)
         self._unary("AckMessage", request, self._client_of(group))
+
+    def _ack_request(self, group: str, messages: Sequence[ReceivedMessage]) -> Any:
+        request = service_pb2.AckMessageRequest()
+        self._resource(request.group, group)
+        self._resource(request.topic, messages[0].topic)
+        for m in messages:
+            if m.topic != messages[0].topic:
+                raise BadRequest("one AckMessage acks messages of one topic")
+            entry = request.entries.add()
+            entry.message_id, entry.receipt_handle = m.message_id, self._handle(m)
+        return request
+
+    @staticmethod
+    def _ack_results(messages: Sequence[ReceivedMessage], response: Any
+                     ) -> list[BaseException | None]:
+        if len(response.entries) != len(messages):
+            try:
+                wire.check_status(response.status, "AckMessage")
+                raise BrokerCallError(FailureKind.TRY_ELSEWHERE,
+                                      f"AckMessage answered {len(response.entries)} entries "
+                                      f"for {len(messages)} handles")
+            except BrokerCallError as exc:
+                return [exc] * len(messages)
+        out: list[BaseException | None] = []
+        for entry in response.entries:
+            try:
+                wire.check_status(entry.status if entry.HasField("status") else
+                                  response.status, "AckMessage")
+                out.append(None)
+            except BrokerCallError as exc:
+                out.append(exc)
+        return out
+
+    def ack_many(self, group: str, messages: Sequence[ReceivedMessage]
+                 ) -> list[BaseException | None]:
+        """Ack messages of one topic in one AckMessage (repeated entries): per message None
+        or the error its entry reports; a failed request raises."""
+        if not messages:
+            return []
+        request = self._ack_request(group, messages)
+        stub = self._require()
+        self.requests["AckMessage"] += 1
+        try:
+            response = stub.AckMessage(request, timeout=self._timeout,
+                                       metadata=self.metadata(self._client_of(group)))
+        except grpc.RpcError as exc:
+            raise TransportError(f"AckMessage to {self.endpoint}: {exc.code().name}: "
+                                 f"{exc.details()}") from None
+        return self._ack_results(messages, response)
+
+    def submit_ack(self, group: str, messages: Sequence[ReceivedMessage],
+                   done: Callable[[list[BaseException | None] | BaseException], None]) -> None:
+        """`ack_many` without waiting: `done` gets the per-message results (or the request's
+        error) on gRPC's completion thread."""
+        request = self._ack_request(group, messages)
+        stub = self._require()
+        self.requests["AckMessage"] += 1
+        call = stub.AckMessage.future(request, timeout=self._timeout,
+                                      metadata=self.metadata(self._client_of(group)))
+
+        def finished(f: Any) -> None:
+            try:
+                response = f.result()
+            except grpc.RpcError as exc:
+                done(TransportError(f"AckMessage to {self.endpoint}: {exc.code().name}: "
+                                    f"{exc.details()}"))
+                return
+            except Exception as exc:  # cancelled on close
+                done(TransportError(f"AckMessage to {self.endpoint}: {exc!r}"))
+                return
+            done(self._ack_results(messages, response))
+
+        call.add_done_callback(finished)
 
     def change_invisible_duration(self, group: str, message: ReceivedMessage,
                                   invisible_ms: int) -> str:

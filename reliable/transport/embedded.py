@@ -317,9 +317,9 @@ class EmbeddedTransport:
                 for m in messages:
                     try:
                         results.append(self.send(m, queue, producer_group=producer_group))
-                    except BrokerCallError as exc:
+                    except Exception as exc:
                         results.append(exc)
-        except BrokerCallError as exc:
+        except Exception as exc:
             done(exc)
             return
         done(results)
@@ -478,11 +478,11 @@ class EmbeddedTransport:
                    done: Callable[[list[BaseException | None] | BaseException], None]) -> None:
         """`ack_many`, reported through `done` (inline: the broker is in this process)."""
         try:
-            results = self.ack_many(group, messages)
-        except BrokerCallError as exc:
+            acked = self.ack_many(group, messages)
+        except Exception as exc:
             done(exc)
             return
-        done(results)
+        done(acked)
 
     def change_invisible_duration(self, group: str, message: ReceivedMessage,
                                   invisible_ms: int) -> str:

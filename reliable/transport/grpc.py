@@ -50,6 +50,7 @@ from reliable.errors import (
     ConfigurationError,
     FailureKind,
     ReceiptHandleError,
+    ReliableError,
     TransportError,
 )
 from reliable.message import Message, ReceivedMessage, SendReceipt, SendStatus
@@ -279,14 +280,14 @@ class GrpcTransport:
                 raise BrokerCallError(FailureKind.TRY_ELSEWHERE,
                                       f"SendMessage answered {len(response.entries)} entries "
                                       f"for {len(messages)} messages")
-            except BrokerCallError as exc:
+            except ReliableError as exc:
                 return [exc] * len(messages)
         out: list[SendReceipt | BaseException] = []
         for m, entry in zip(messages, response.entries, strict=True):
             try:
                 wire.check_status(entry.status if entry.HasField("status") else
                                   response.status, "SendMessage")
-            except BrokerCallError as exc:
+            except ReliableError as exc:
                 out.append(exc)
                 continue
             out.append(SendReceipt(
@@ -339,7 +340,12 @@ class GrpcTransport:
             except Exception as exc:  # cancelled on close
                 done(TransportError(f"SendMessage to {self.endpoint}: {exc!r}"))
                 return
-            done(self._results(messages, response))
+            try:
+                results = self._results(messages, response)
+            except Exception as exc:  # an answer we cannot read fails the whole request
+                done(exc)
+                return
+            done(results)
 
         call.add_done_callback(finished)
 
@@ -614,7 +620,7 @@ class GrpcTransport:
                 raise BrokerCallError(FailureKind.TRY_ELSEWHERE,
                                       f"AckMessage answered {len(response.entries)} entries "
                                       f"for {len(messages)} handles")
-            except BrokerCallError as exc:
+            except ReliableError as exc:
                 return [exc] * len(messages)
         out: list[BaseException | None] = []
         for entry in response.entries:
@@ -622,7 +628,7 @@ class GrpcTransport:
                 wire.check_status(entry.status if entry.HasField("status") else
                                   response.status, "AckMessage")
                 out.append(None)
-            except BrokerCallError as exc:
+            except ReliableError as exc:
                 out.append(exc)
         return out
 
@@ -663,7 +669,12 @@ class GrpcTransport:
             except Exception as exc:  # cancelled on close
                 done(TransportError(f"AckMessage to {self.endpoint}: {exc!r}"))
                 return
-            done(self._ack_results(messages, response))
+            try:
+                results = self._ack_results(messages, response)
+            except Exception as exc:  # an answer we cannot read fails the whole request
+                done(exc)
+                return
+            done(results)
 
         call.add_done_callback(finished)
 

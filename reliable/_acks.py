@@ -10,6 +10,9 @@ that message alone; the others of the batch are acked).
 
 Transports without batched acks (`submit_ack`) are served one `ack` call at a time on the
 batcher's thread.
+
+`change_invisible_async` pipelines a change of invisible duration (the protocol's request
+carries one handle, so these are sent at once, many in flight, rather than batched).
 """
 
 from __future__ import annotations
@@ -161,3 +164,28 @@ class AckBatcher:
                 future.set_result(None)
             else:
                 future.set_exception(error)
+
+
+def change_invisible_async(transport: Any, group: str, message: ReceivedMessage,
+                           invisible_ms: int) -> Future[str]:
+    """Change a message's invisible duration without waiting for the answer: the future
+    gets the new receipt handle (also stored on `message`) or the error. Transports without
+    `submit_change_invisible` are called synchronously."""
+    future: Future[str] = Future()
+
+    def done(outcome: str | BaseException) -> None:
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+
+    submit = getattr(transport, "submit_change_invisible", None)
+    try:
+        if callable(submit):
+            submit(group, message, invisible_ms, done)
+        else:
+            done(transport.change_invisible_duration(group, message, invisible_ms))
+    except Exception as exc:
+        if not future.done():
+            future.set_exception(exc)
+    return future

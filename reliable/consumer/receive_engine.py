@@ -28,7 +28,7 @@ import time
 from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
-from reliable._acks import AckBatcher
+from reliable._acks import AckBatcher, change_invisible_async
 from reliable.consumer.concurrent import call_listener
 from reliable.consumer.listener import DLQ_NOW, ConsumeContext, MessageListener
 from reliable.consumer.orderly import PARKED_PROPERTY, group_key
@@ -192,8 +192,7 @@ class ReceiveEngine:
                 self._settle(m, lambda: self._t.forward_to_dlq(self._group, m))
             else:
                 level = ctx.delay_level_when_next_consume or 3 + m.reconsume_times
-                delay = self._delay_ms(level)
-                self._settle(m, lambda: self._t.change_invisible_duration(self._group, m, delay))
+                self._nack(m, self._delay_ms(level))
         finally:
             self._finish(msgs)
 
@@ -228,21 +227,34 @@ class ReceiveEngine:
         finally:
             self._finish(msgs)
 
-    def _ack(self, m: ReceivedMessage, attempts: int = 5) -> None:
-        """Hand the ack to the batcher; the handler thread does not wait for it."""
+    def _release_lease(self, m: ReceivedMessage) -> None:
         with self._lease_lock:
             lease = self._leases.pop(id(m), None)
         if lease is not None:
-            with lease.lock:  # a renewal in progress finishes first: ack with its new handle
+            with lease.lock:  # a renewal in progress finishes first: settle with its handle
                 pass
+
+    def _ack(self, m: ReceivedMessage, attempts: int = 5) -> None:
+        """Hand the ack to the batcher; the handler thread does not wait for it."""
+        self._release_lease(m)
         try:
             future = self._acks.ack(m)
         except Exception:  # shutting down: the broker redelivers after the invisible time
             log.warning("ack of %s dropped at shutdown", m.message_id)
             return
-        future.add_done_callback(lambda f: self._acked(m, f.exception(), attempts - 1))
+        future.add_done_callback(lambda f: self._settled(
+            m, f.exception(), "acking", lambda: self._ack(m, attempts - 1), attempts - 1))
 
-    def _acked(self, m: ReceivedMessage, error: BaseException | None, attempts: int) -> None:
+    def _nack(self, m: ReceivedMessage, delay_ms: int, attempts: int = 5) -> None:
+        """Hide the message for its retry delay, pipelined: the handler thread goes on."""
+        self._release_lease(m)
+        future = change_invisible_async(self._t, self._group, m, delay_ms)
+        future.add_done_callback(lambda f: self._settled(
+            m, f.exception(), "hiding", lambda: self._nack(m, delay_ms, attempts - 1),
+            attempts - 1))
+
+    def _settled(self, m: ReceivedMessage, error: BaseException | None, what: str,
+                 again: object, attempts: int) -> None:
         if error is None:
             return
         if isinstance(error, ReceiptHandleError):
@@ -250,11 +262,11 @@ class ReceiveEngine:
                         m.message_id)
             return
         if attempts <= 0 or self._stopped.is_set():
-            log.warning("acking %s failed; the broker redelivers", m.message_id,
+            log.warning("%s %s failed; the broker redelivers", what, m.message_id,
                         exc_info=error)
             return
-        log.warning("acking %s failed; retrying", m.message_id, exc_info=error)
-        timer = threading.Timer(1.0, self._ack, (m, attempts))
+        log.warning("%s %s failed; retrying", what, m.message_id, exc_info=error)
+        timer = threading.Timer(1.0, again)  # type: ignore[arg-type]
         timer.daemon = True
         timer.start()
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from reliable._acks import AckBatcher
+from reliable._acks import AckBatcher, change_invisible_async
 from reliable.consumer.push import new_client_id
 from reliable.errors import ClientStateError, ConfigurationError
 from reliable.message import ReceivedMessage
@@ -123,6 +123,16 @@ class SimpleConsumer:
             raise ConfigurationError("seconds must be >= 0")
         return self._transport.change_invisible_duration(self.group, message,
                                                          int(seconds * 1000))
+
+    def change_invisible_duration_async(self, message: ReceivedMessage, seconds: float
+                                        ) -> Future[str]:
+        """`change_invisible_duration` without waiting (many in flight): the future gets
+        the new handle (also stored on `message`) or this message's error."""
+        self._check()
+        if seconds < 0:
+            raise ConfigurationError("seconds must be >= 0")
+        return change_invisible_async(self._transport, self.group, message,
+                                      int(seconds * 1000))
 
     def _check(self) -> None:
         if not self._started:

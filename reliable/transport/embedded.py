@@ -491,6 +491,16 @@ class EmbeddedTransport:
         message.receipt_handle = new
         return str(new)
 
+    def submit_change_invisible(self, group: str, message: ReceivedMessage, invisible_ms: int,
+                                done: Callable[[str | BaseException], None]) -> None:
+        """`change_invisible_duration` reported through `done` (inline)."""
+        try:
+            handle = self.change_invisible_duration(group, message, invisible_ms)
+        except Exception as exc:
+            done(exc)
+            return
+        done(handle)
+
     def forward_to_dlq(self, group: str, message: ReceivedMessage) -> None:
         _call(self.broker.forward_to_dlq, group, self._source_topic(message),
               self._handle(message))

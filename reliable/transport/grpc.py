@@ -678,17 +678,47 @@ class GrpcTransport:
 
         call.add_done_callback(finished)
 
-    def change_invisible_duration(self, group: str, message: ReceivedMessage,
-                                  invisible_ms: int) -> str:
+    def _change_request(self, group: str, message: ReceivedMessage, invisible_ms: int) -> Any:
         request = service_pb2.ChangeInvisibleDurationRequest()
         self._resource(request.group, group)
         self._resource(request.topic, message.topic)
         request.receipt_handle = self._handle(message)
         request.message_id = message.message_id
         wire.set_ms(request.invisible_duration, invisible_ms)
+        return request
+
+    def change_invisible_duration(self, group: str, message: ReceivedMessage,
+                                  invisible_ms: int) -> str:
+        request = self._change_request(group, message, invisible_ms)
         response = self._unary("ChangeInvisibleDuration", request, self._client_of(group))
         message.receipt_handle = str(response.receipt_handle)
         return message.receipt_handle
+
+    def submit_change_invisible(self, group: str, message: ReceivedMessage, invisible_ms: int,
+                                done: Callable[[str | BaseException], None]) -> None:
+        """`change_invisible_duration` without waiting (the protocol's request carries one
+        handle, so these are pipelined rather than batched): `done` gets the new handle
+        (also stored on `message`) or the error, on gRPC's completion thread."""
+        request = self._change_request(group, message, invisible_ms)
+        stub = self._require()
+        call = stub.ChangeInvisibleDuration.future(
+            request, timeout=self._timeout, metadata=self.metadata(self._client_of(group)))
+
+        def finished(f: Any) -> None:
+            try:
+                response = f.result()
+                wire.check_status(response.status, "ChangeInvisibleDuration")
+            except grpc.RpcError as exc:
+                done(TransportError(f"ChangeInvisibleDuration to {self.endpoint}: "
+                                    f"{exc.code().name}: {exc.details()}"))
+                return
+            except Exception as exc:
+                done(exc)
+                return
+            message.receipt_handle = str(response.receipt_handle)
+            done(message.receipt_handle)
+
+        call.add_done_callback(finished)
 
     def forward_to_dlq(self, group: str, message: ReceivedMessage) -> None:
         request = service_pb2.ForwardMessageToDeadLetterQueueRequest()

@@ -206,3 +206,26 @@ def test_batched_acks_report_a_failed_entry_alone(transport: Transport) -> None:
         assert [m.message_id for m in again] == [kept.message_id]
         assert again[0].delivery_attempt == 2
         assert consumer.ack_async(again[0]).result(10) is None
+
+
+def test_pipelined_invisible_duration_changes_each_get_their_handle(
+        transport: Transport) -> None:
+    topic, group = f"pipe-hide-{transport.name}", f"pipe-hide-g-{transport.name}"
+    with Producer(transport) as producer:
+        for i in range(5):
+            producer.send(Message(topic, f"m{i}".encode()))
+    with SimpleConsumer(group, {topic: "*"}, transport=transport, await_duration_s=1,
+                        invisible_duration_s=2) as consumer:
+        got: list[ReceivedMessage] = []
+        wait_until(lambda: bool(got.extend(consumer.receive(32))) or len(got) >= 5,
+                   what="5 messages")
+        old = [m.receipt_handle for m in got]
+        futures = [consumer.change_invisible_duration_async(m, 30) for m in got]
+        handles = [f.result(10) for f in futures]
+        assert handles == [m.receipt_handle for m in got]  # stored on each message
+        assert all(h != o for h, o in zip(handles, old, strict=True))
+        stale = dataclasses.replace(got[0], receipt_handle=old[0])
+        results = consumer.ack_many([stale, *got])
+        assert isinstance(results[0], ReceiptHandleError)  # the replaced handle is dead
+        assert results[1:] == [None] * 5
+        assert consumer.receive(32) == []  # all five acked, none back after the old lease

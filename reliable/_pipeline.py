@@ -48,6 +48,8 @@ log = logging.getLogger("reliable.producer")
 Results = list["SendReceipt | BaseException"]
 SendDone = Callable[["Results | BaseException"], None]
 
+_local = threading.local()
+
 DEFAULT_LINGER_MS = 1.0
 DEFAULT_BATCH_SIZE = 128
 DEFAULT_MAX_IN_FLIGHT = 16
@@ -116,6 +118,10 @@ class SendPipeline:
     def lane_idle(self, message: Message) -> bool:
         """No message of this message's lane waits or is in flight: a synchronous send may
         go straight to the transport without overtaking anything."""
+        if getattr(_local, "resolving", False):
+            # a send callback (on the thread that completes requests) must not wait for a
+            # request that thread itself would complete: it goes straight to the transport
+            return True
         lane = self._lanes.get((message.topic, message.message_group))
         return lane is None or (not lane.items and not lane.in_flight)
 
@@ -269,11 +275,15 @@ class SendPipeline:
             if self._waiting:
                 self._waiting = False
                 self._cond.notify()
-        for item, outcome in settled:
-            if isinstance(outcome, SendReceipt):
-                item.future.set_result(outcome)
-            else:
-                item.future.set_exception(outcome)
+        _local.resolving = True  # send callbacks run here: see lane_idle
+        try:
+            for item, outcome in settled:
+                if isinstance(outcome, SendReceipt):
+                    item.future.set_result(outcome)
+                else:
+                    item.future.set_exception(outcome)
+        finally:
+            _local.resolving = False
 
     @staticmethod
     def _final_error(item: _Item, error: BaseException) -> BaseException:

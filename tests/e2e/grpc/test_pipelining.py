@@ -229,3 +229,21 @@ def test_pipelined_invisible_duration_changes_each_get_their_handle(
         assert isinstance(results[0], ReceiptHandleError)  # the replaced handle is dead
         assert results[1:] == [None] * 5
         assert consumer.receive(32) == []  # all five acked, none back after the old lease
+
+
+def test_a_send_from_a_send_callback_does_not_deadlock(transport: Transport) -> None:
+    topic = f"pipe-callback-{transport.name}"
+    chained: list[str] = []
+    done = threading.Event()
+    with Producer(transport) as producer:
+        producer.send(Message(topic, b"create"))
+
+        def on_success(receipt: Any) -> None:
+            # a synchronous send of the same group, while the group's lane is busy
+            chained.append(producer.send(Message(topic, b"next", message_group="cb")).message_id)
+            done.set()
+
+        for i in range(5):
+            producer.send_async(Message(topic, f"m{i}".encode(), message_group="cb"),
+                                on_success=on_success if i == 0 else None)
+        assert done.wait(30) and len(chained) == 1

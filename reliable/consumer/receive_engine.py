@@ -50,6 +50,10 @@ class _Lease:
 
 
 class ReceiveEngine:
+    # receive calls in flight per topic: while one waits for the server, the batch of the
+    # other is being handed to the handlers (both bounded by the same room)
+    receive_loops = 2
+
     def __init__(self, transport: Transport, group: str, client_id: str,
                  subscriptions: Mapping[str, Collection[str] | None],
                  listener: MessageListener, settings: ConsumerSettings) -> None:
@@ -71,10 +75,11 @@ class ReceiveEngine:
     def start(self) -> None:
         self._t.heartbeat(self._client_id, self._group, self._subs)
         for topic in self._subs:
-            t = threading.Thread(target=self._receive_loop, args=(topic,),
-                                 name=f"receive-{topic}", daemon=True)
-            self._threads.append(t)
-            t.start()
+            for i in range(self.receive_loops):
+                t = threading.Thread(target=self._receive_loop, args=(topic,),
+                                     name=f"receive-{topic}-{i}", daemon=True)
+                self._threads.append(t)
+                t.start()
         for target, name in ((self._heartbeats, "hb"), (self._renew_leases, "renew")):
             t = threading.Thread(target=target, name=f"{name}-{self._group}", daemon=True)
             self._threads.append(t)

@@ -35,7 +35,7 @@ from reliable.consumer.orderly import PARKED_PROPERTY, group_key
 from reliable.consumer.settings import ConsumerSettings
 from reliable.errors import ReceiptHandleError
 from reliable.message import ConsumeResult, ReceivedMessage
-from reliable.transport.base import Transport
+from reliable.transport.base import Transport, can_pull
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +50,9 @@ class _Lease:
 
 
 class ReceiveEngine:
-    # receive calls in flight per topic: while one waits for the server, the batch of the
-    # other is being handed to the handlers (both bounded by the same room)
+    # receive calls in flight per topic on a remote broker: while one waits for the server,
+    # the batch of the other is being handed to the handlers (both bounded by the same
+    # room); in-process there is no wait to overlap, and two loops only contend
     receive_loops = 2
 
     def __init__(self, transport: Transport, group: str, client_id: str,
@@ -75,7 +76,7 @@ class ReceiveEngine:
     def start(self) -> None:
         self._t.heartbeat(self._client_id, self._group, self._subs)
         for topic in self._subs:
-            for i in range(self.receive_loops):
+            for i in range(1 if can_pull(self._t) else self.receive_loops):
                 t = threading.Thread(target=self._receive_loop, args=(topic,),
                                      name=f"receive-{topic}-{i}", daemon=True)
                 self._threads.append(t)

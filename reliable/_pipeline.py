@@ -75,6 +75,7 @@ class _Item:
     elsewhere: int = 0
     busy: int = 0
     last_broker: str | None = None
+    alone: bool = False  # its batch was refused as a whole: it goes in a request of its own
 
 
 class _Lane:
@@ -196,7 +197,7 @@ class SendPipeline:
                         or len(lane.items) >= self._batch_size or due <= now):
                     wait_s = _earliest(wait_s, due - now)
                     break
-                n = min(len(lane.items), self._batch_size)
+                n = 1 if lane.items[0].alone else min(len(lane.items), self._batch_size)
                 items = [lane.items.popleft() for _ in range(n)]
                 lane.first_at = now
                 lane.in_flight += 1
@@ -230,6 +231,20 @@ class SendPipeline:
 
     def _complete(self, lane: _Lane, items: list[_Item], queue: QueueRef | None,
                   started: float, results: Results | BaseException) -> None:
+        if len(items) > 1 and _refused(results):
+            # a request refused as a whole for what one message holds (a bad property):
+            # each message goes again alone, so only the bad one fails
+            for item in items:
+                item.alone = True
+            with self._cond:
+                lane.in_flight -= 1
+                self._in_flight -= 1
+                lane.items.extendleft(reversed(items))
+                lane.first_at = 0.0
+                if self._waiting:
+                    self._waiting = False
+                    self._cond.notify()
+            return
         if isinstance(results, BaseException) or len(results) != len(items):
             error = results if isinstance(results, BaseException) else BrokerCallError(
                 FailureKind.TRY_ELSEWHERE, f"{len(results)} results for {len(items)} messages")
@@ -294,6 +309,12 @@ class SendPipeline:
             failed.__cause__ = error
             return failed
         return error
+
+
+def _refused(results: Results | BaseException) -> bool:
+    if isinstance(results, BrokerCallError):
+        return results.kind is FailureKind.BAD_REQUEST
+    return isinstance(results, TypeError | ValueError)
 
 
 def first_topic(items: Sequence[_Item]) -> str:

@@ -17,7 +17,7 @@ import pytest
 
 import reliable
 from reliable import Message, Producer, ReceivedMessage, SimpleConsumer, Transport
-from reliable.errors import ReceiptHandleError
+from reliable.errors import BadRequest, ReceiptHandleError
 from tests.e2e.grpc.server_process import ServerProcess
 from tests.e2e.helpers import broker_config, store_config, wait_until
 
@@ -247,3 +247,17 @@ def test_a_send_from_a_send_callback_does_not_deadlock(transport: Transport) -> 
             producer.send_async(Message(topic, f"m{i}".encode(), message_group="cb"),
                                 on_success=on_success if i == 0 else None)
         assert done.wait(30) and len(chained) == 1
+
+
+def test_a_bad_message_in_a_batch_fails_alone(transport: Transport) -> None:
+    topic = f"pipe-bad-{transport.name}"
+    with Producer(transport, linger_ms=100, batch_size=16) as producer:
+        producer.send(Message(topic, b"create"))
+        messages = [Message(topic, f"m{i}".encode()) for i in range(10)]
+        messages[4] = Message(topic, b"bad", properties={"k": "a\x01b"})
+        futures = [producer.send_async(m) for m in messages]
+        outcomes = [f.exception(30) for f in futures]
+    assert isinstance(outcomes[4], BadRequest)
+    assert [o is None for o in outcomes] == [i != 4 for i in range(10)]
+    bodies = sorted(m.body for m in _receive_all(transport, f"{topic}-r", topic, 10))
+    assert bodies == sorted([b"create"] + [f"m{i}".encode() for i in range(10) if i != 4])

@@ -9,6 +9,12 @@ hands out message k+1 of a group while k is in flight), consumes each message gr
 batch in order, retries locally (`suspend_ms`) up to `max_reconsume_times`, then parks the
 message's group: it and every later message of the group go to the DLQ (see orderly.py).
 
+Receiving keeps flowing while handlers run: the next batch is fetched as soon as there is
+room (received and not yet settled, bounded as below). Acks leave in batches
+(`reliable._acks.AckBatcher`: one AckMessage with repeated entries, a short linger), without
+the handler thread waiting for them; an ack whose entry fails is retried alone. Retry delays
+(change of invisible duration) are pipelined likewise.
+
 Leases: a server that keeps leases itself (`Capability.SERVER_LEASES`, our gRPC server and
 the Apache proxy: `auto_renew` receives) keeps received messages invisible while this client
 lives and releases them when it leaves (NotifyClientTermination) or its connection drops.
@@ -37,6 +43,7 @@ from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import cast
 
+from reliable._acks import AckBatcher, change_invisible_async
 from reliable.consumer.concurrent import call_listener
 from reliable.consumer.listener import DLQ_NOW, ConsumeContext, MessageListener
 from reliable.consumer.orderly import PARKED_PROPERTY, group_key, parks_in_broker
@@ -67,6 +74,11 @@ class _Lease:
 
 
 class ReceiveEngine:
+    # receive calls in flight per topic on a remote broker: while one waits for the server,
+    # the batch of the other is being handed to the handlers (both bounded by the same
+    # room); in-process there is no wait to overlap, and two loops only contend
+    receive_loops = 2
+
     def __init__(self, transport: Transport, group: str, client_id: str,
                  subscriptions: Mapping[str, Collection[str] | None],
                  listener: MessageListener, settings: ConsumerSettings) -> None:
@@ -89,16 +101,18 @@ class ReceiveEngine:
         self._leases: dict[int, _Lease] = {}  # id(message) -> its lease
         self._lease_lock = threading.Lock()  # guards the dict; each lease has its own lock
         self._parked: set[tuple[str, str]] = set()  # orderly: (topic, message group) parked
+        self._acks = AckBatcher(transport, group)
 
     def start(self) -> None:
         self._make_group_fifo()
         self._t.heartbeat(self._client_id, self._group, self._subs)
         self._set_group_start()
         for topic in self._subs:
-            t = threading.Thread(target=self._receive_loop, args=(topic,),
-                                 name=f"receive-{topic}", daemon=True)
-            self._threads.append(t)
-            t.start()
+            for i in range(1 if can_pull(self._t) else self.receive_loops):
+                t = threading.Thread(target=self._receive_loop, args=(topic,),
+                                     name=f"receive-{topic}-{i}", daemon=True)
+                self._threads.append(t)
+                t.start()
         services = [(self._heartbeats, "hb")]
         if not self._server_leases:
             services.append((self._renew_leases, "renew"))
@@ -152,6 +166,7 @@ class ReceiveEngine:
         for t in self._threads:
             t.join(self._s.shutdown_timeout_s)
         self._release_unstarted()  # received while stopping
+        self._acks.close(self._s.shutdown_timeout_s)  # the handlers' last acks leave
         try:
             self._t.unregister(self._client_id, self._group)
         except Exception:
@@ -301,15 +316,14 @@ class ReceiveEngine:
             ctx = ConsumeContext(group=self._group)
             result = call_listener(self._listener, [m], ctx)
             if result is ConsumeResult.SUCCESS:
-                self._settle(m, lambda: self._t.ack(self._group, m))
+                self._ack(m)
             elif (ctx.delay_level_when_next_consume == DLQ_NOW
                   or m.reconsume_times >= self._s.max_reconsume_times):
                 # the consumer's own cap, whatever the broker's group setting allows
                 self._settle(m, lambda: self._t.forward_to_dlq(self._group, m))
             else:
                 level = ctx.delay_level_when_next_consume or 3 + m.reconsume_times
-                delay = self._delay_ms(level)
-                self._settle(m, lambda: self._t.change_invisible_duration(self._group, m, delay))
+                self._nack(m, self._delay_ms(level))
         finally:
             self._finish(msgs)
 
@@ -333,7 +347,7 @@ class ReceiveEngine:
                     ctx = ConsumeContext(group=self._group, orderly=True)
                     result = call_listener(self._listener, [m], ctx)
                     if result is ConsumeResult.SUCCESS:
-                        self._settle(m, lambda m=m: self._t.ack(self._group, m))
+                        self._ack(m)
                         break
                     if (ctx.delay_level_when_next_consume == DLQ_NOW
                             or attempt >= self._s.max_reconsume_times):
@@ -362,6 +376,49 @@ class ReceiveEngine:
         if not kept:  # the broker cannot: this consumer keeps it (until it stops)
             self._parked.add((m.topic, key))
         self._t.forward_to_dlq(self._group, m)
+
+    def _release_lease(self, m: ReceivedMessage) -> None:
+        with self._lease_lock:
+            lease = self._leases.pop(id(m), None)
+        if lease is not None:
+            with lease.lock:  # a renewal in progress finishes first: settle with its handle
+                pass
+
+    def _ack(self, m: ReceivedMessage, attempts: int = 5) -> None:
+        """Hand the ack to the batcher; the handler thread does not wait for it."""
+        self._release_lease(m)
+        try:
+            future = self._acks.ack(m)
+        except Exception:  # shutting down: the broker redelivers after the invisible time
+            log.warning("ack of %s dropped at shutdown", m.message_id)
+            return
+        future.add_done_callback(lambda f: self._settled(
+            m, f.exception(), "acking", lambda: self._ack(m, attempts - 1), attempts - 1))
+
+    def _nack(self, m: ReceivedMessage, delay_ms: int, attempts: int = 5) -> None:
+        """Hide the message for its retry delay, pipelined: the handler thread goes on."""
+        self._release_lease(m)
+        future = change_invisible_async(self._t, self._group, m, delay_ms)
+        future.add_done_callback(lambda f: self._settled(
+            m, f.exception(), "hiding", lambda: self._nack(m, delay_ms, attempts - 1),
+            attempts - 1))
+
+    def _settled(self, m: ReceivedMessage, error: BaseException | None, what: str,
+                 again: object, attempts: int) -> None:
+        if error is None:
+            return
+        if isinstance(error, ReceiptHandleError):
+            log.warning("receipt handle of %s no longer valid; the broker redelivers",
+                        m.message_id)
+            return
+        if attempts <= 0 or self._stopped.is_set():
+            log.warning("%s %s failed; the broker redelivers", what, m.message_id,
+                        exc_info=error)
+            return
+        log.warning("%s %s failed; retrying", what, m.message_id, exc_info=error)
+        timer = threading.Timer(1.0, again)  # type: ignore[arg-type]
+        timer.daemon = True
+        timer.start()
 
     def _settle(self, m: ReceivedMessage, call: object, attempts: int = 5) -> None:
         """Ack / nack / forward, retried every second; a dead receipt handle ends it."""

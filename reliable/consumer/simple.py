@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+import threading
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from typing import Any
 
+from reliable._acks import AckBatcher, change_invisible_async
 from reliable.consumer.push import new_client_id
 from reliable.errors import ClientStateError, ConfigurationError
 from reliable.message import ReceivedMessage
@@ -41,6 +44,8 @@ class SimpleConsumer:
         self.fifo = fifo
         self._topics = itertools.cycle(list(self.subscriptions))
         self._started = False
+        self._acks: AckBatcher | None = None
+        self._acks_lock = threading.Lock()
 
     def start(self) -> SimpleConsumer:
         if not self._started:
@@ -53,6 +58,9 @@ class SimpleConsumer:
     def shutdown(self) -> None:
         if self._started:
             self._started = False
+            if self._acks is not None:
+                self._acks.close()
+                self._acks = None
             self._transport.unregister(self.client_id, self.group)
             if self._owns_transport:
                 self._transport.close()
@@ -89,6 +97,25 @@ class SimpleConsumer:
         self._check()
         self._transport.ack(self.group, message)
 
+    def ack_async(self, message: ReceivedMessage) -> Future[None]:
+        """Ack without waiting: acks made close together leave as one request (a short
+        linger; one AckMessage with repeated entries over gRPC). The future fails with the
+        error of this message's own entry (e.g. `ReceiptHandleError`) while the others of
+        the batch succeed. `shutdown` sends what waits first."""
+        self._check()
+        with self._acks_lock:
+            if self._acks is None:
+                self._acks = AckBatcher(self._transport, self.group)
+            acks = self._acks
+        return acks.ack(message)
+
+    def ack_many(self, messages: Sequence[ReceivedMessage]) -> list[BaseException | None]:
+        """Ack `messages` in as few requests as the transport allows and wait: per message
+        None or its own error (the others are acked)."""
+        self._check()
+        futures = [self.ack_async(m) for m in messages]
+        return [f.exception() for f in futures]
+
     def change_invisible_duration(self, message: ReceivedMessage, seconds: float) -> str:
         """Hide the message for `seconds` from now; returns (and stores) the new handle."""
         self._check()
@@ -96,6 +123,16 @@ class SimpleConsumer:
             raise ConfigurationError("seconds must be >= 0")
         return self._transport.change_invisible_duration(self.group, message,
                                                          int(seconds * 1000))
+
+    def change_invisible_duration_async(self, message: ReceivedMessage, seconds: float
+                                        ) -> Future[str]:
+        """`change_invisible_duration` without waiting (many in flight): the future gets
+        the new handle (also stored on `message`) or this message's error."""
+        self._check()
+        if seconds < 0:
+            raise ConfigurationError("seconds must be >= 0")
+        return change_invisible_async(self._transport, self.group, message,
+                                      int(seconds * 1000))
 
     def _check(self) -> None:
         if not self._started:

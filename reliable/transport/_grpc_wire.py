@@ -6,6 +6,7 @@ transport on top.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import logging
 import queue
@@ -90,6 +91,7 @@ def set_ms(ts: Any, ms: int) -> None:
     ts.seconds, ts.nanos = ms // 1000, (ms % 1000) * 1_000_000
 
 
+@functools.cache  # the born host of every message: resolved once, not per message
 def local_ip() -> str:
     try:
         return socket.gethostbyname(socket.gethostname())

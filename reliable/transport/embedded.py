@@ -310,6 +310,30 @@ class EmbeddedTransport:
         results = _call(self.broker.send_batch, sms)
         return [self._receipt(m, r) for m, r in zip(messages, results, strict=True)]
 
+    def submit_send(self, messages: Sequence[Message], queue: QueueRef, *,
+                    producer_group: str | None, timeout_s: float | None,
+                    done: Callable[[list[SendReceipt | BaseException] | BaseException], None],
+                    ) -> None:
+        """The pipelined producer's send: runs inline (the broker is in this process), one
+        `Broker.send_batch` (the store's compiled batch path) for a batch of plain messages,
+        message by message for delayed ones; `done` gets a result per message."""
+        results: list[SendReceipt | BaseException]
+        try:
+            if len(messages) > 1 and all(m.delay_level is None and m.deliver_at_ms is None
+                                         for m in messages):
+                results = list(self.send_batch(messages, queue, producer_group=producer_group))
+            else:
+                results = []
+                for m in messages:
+                    try:
+                        results.append(self.send(m, queue, producer_group=producer_group))
+                    except Exception as exc:
+                        results.append(exc)
+        except Exception as exc:
+            done(exc)
+            return
+        done(results)
+
     def end_transaction(self, producer_group: str, ref: TransactionRef,
                         state: TransactionState, *, from_check: bool = False) -> None:
         if state is TransactionState.UNKNOWN:
@@ -441,12 +465,51 @@ class EmbeddedTransport:
     def ack(self, group: str, message: ReceivedMessage) -> None:
         _call(self.broker.ack, group, self._source_topic(message), self._handle(message))
 
+    def ack_many(self, group: str, messages: Sequence[ReceivedMessage]
+                 ) -> list[BaseException | None]:
+        """Ack many messages with one durable record per topic (`Broker.ack_batch`): per
+        message None or its error (a dead receipt handle fails that message alone)."""
+        out: list[BaseException | None] = [None] * len(messages)
+        by_topic: dict[str, list[int]] = {}
+        for i, m in enumerate(messages):
+            if not m.receipt_handle:
+                out[i] = ReceiptHandleError("", "the message carries no receipt handle")
+                continue
+            by_topic.setdefault(self._source_topic(m), []).append(i)
+        for topic, indexes in by_topic.items():
+            errors = _call(self.broker.ack_batch, group, topic,
+                           [messages[i].receipt_handle for i in indexes])
+            for i, error in zip(indexes, errors, strict=True):
+                if error is not None:
+                    out[i] = translate(error)
+        return out
+
+    def submit_ack(self, group: str, messages: Sequence[ReceivedMessage],
+                   done: Callable[[list[BaseException | None] | BaseException], None]) -> None:
+        """`ack_many`, reported through `done` (inline: the broker is in this process)."""
+        try:
+            acked = self.ack_many(group, messages)
+        except Exception as exc:
+            done(exc)
+            return
+        done(acked)
+
     def change_invisible_duration(self, group: str, message: ReceivedMessage,
                                   invisible_ms: int) -> str:
         new = _call(self.broker.change_invisible_duration, group, self._source_topic(message),
                     self._handle(message), invisible_ms)
         message.receipt_handle = new
         return str(new)
+
+    def submit_change_invisible(self, group: str, message: ReceivedMessage, invisible_ms: int,
+                                done: Callable[[str | BaseException], None]) -> None:
+        """`change_invisible_duration` reported through `done` (inline)."""
+        try:
+            handle = self.change_invisible_duration(group, message, invisible_ms)
+        except Exception as exc:
+            done(exc)
+            return
+        done(handle)
 
     def forward_to_dlq(self, group: str, message: ReceivedMessage) -> None:
         _call(self.broker.forward_to_dlq, group, self._source_topic(message),

@@ -38,7 +38,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,7 @@ from reliable.errors import (
     ConfigurationError,
     FailureKind,
     ReceiptHandleError,
+    ReliableError,
     TransportError,
 )
 from reliable.message import Message, ReceivedMessage, SendReceipt, SendStatus
@@ -83,6 +84,7 @@ _NO_ADMIN = {
                      "(mqadmin updateSubGroup -o true)",
 }
 
+ROUTE_TTL_S = 30.0
 
 class _ConsumerIdentity:
     def __init__(self, group: str, client_id: str) -> None:
@@ -123,6 +125,11 @@ class GrpcTransport:
         self._producer_stream: wire.Telemetry | None = None
         self._consumers: dict[str, _ConsumerIdentity] = {}
         self._no_admin: set[str] = set()
+        self._routes: dict[str, tuple[float, TopicRoute]] = {}  # topic -> (fetched at, route)
+        self._static_md: dict[str, list[tuple[str, str]]] = {}  # client id -> fixed metadata
+        self._md_second = -1
+        self._md_date = ""
+        self.requests = {"SendMessage": 0, "AckMessage": 0}  # requests made (observability)
 
     # --- lifecycle
     def start(self) -> None:
@@ -165,11 +172,19 @@ class GrpcTransport:
 
     # --- calls
     def metadata(self, client_id: str) -> list[tuple[str, str]]:
-        now = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        md = [("x-mq-language", "PYTHON"), ("x-mq-protocol", "GRPC_V2"),
-              ("x-mq-client-version", wire.VERSION), ("x-mq-date-time", now),
-              ("x-mq-request-id", str(uuid.uuid4())), ("x-mq-client-id", client_id),
-              ("x-mq-namespace", self._namespace)]
+        second = int(time.time())
+        if second != self._md_second:  # the date header changes once a second, not per call
+            self._md_date = datetime.fromtimestamp(second, UTC).strftime("%Y%m%dT%H%M%SZ")
+            self._md_second = second
+        now = self._md_date
+        static = self._static_md.get(client_id)
+        if static is None:
+            static = [("x-mq-language", "PYTHON"), ("x-mq-protocol", "GRPC_V2"),
+                      ("x-mq-client-version", wire.VERSION), ("x-mq-client-id", client_id),
+                      ("x-mq-namespace", self._namespace)]
+            if len(self._static_md) < 1024:
+                self._static_md[client_id] = static
+        md = [*static, ("x-mq-date-time", now), ("x-mq-request-id", uuid.uuid4().hex)]
         if self._access_key:
             import hashlib
             import hmac
@@ -202,6 +217,20 @@ class GrpcTransport:
 
     # --- producing
     def route(self, topic: str) -> TopicRoute:
+        """The topic's route, cached for `ROUTE_TTL_S` (the official clients refresh theirs
+        every 30 s); a failed send forgets it so the next attempt asks again."""
+        cached = self._routes.get(topic)
+        if cached is not None and time.monotonic() - cached[0] < ROUTE_TTL_S:
+            return cached[1]
+        route = self._query_route(topic)
+        if route.write_queues or route.read_queues:
+            self._routes[topic] = (time.monotonic(), route)
+        return route
+
+    def _forget_route(self, topic: str) -> None:
+        self._routes.pop(topic, None)
+
+    def _query_route(self, topic: str) -> TopicRoute:
         request = service_pb2.QueryRouteRequest()
         self._resource(request.topic, topic)
         request.endpoints.CopyFrom(self._access_point)
@@ -253,34 +282,91 @@ class GrpcTransport:
             sp.message_type = wire.NORMAL
         return pm
 
-    def _send(self, messages: Sequence[Message], transactional: bool,
-              timeout_s: float | None) -> list[SendReceipt]:
+    def _request(self, messages: Sequence[Message], transactional: bool) -> Any:
         request = service_pb2.SendMessageRequest()
-        request.messages.extend(self._proto(m, transactional) for m in messages)
+        request.messages.extend([self._proto(m, transactional) for m in messages])
         for m in messages:
-            self._note_topic(m.topic)
-        stub = self._require()
-        try:
-            response = stub.SendMessage(request, timeout=timeout_s or self._timeout,
-                                        metadata=self.metadata(self._producer_id))
-        except grpc.RpcError as exc:
-            raise TransportError(f"SendMessage to {self.endpoint}: {exc.code().name}: "
-                                 f"{exc.details()}") from None
+            if m.topic not in self._published:
+                self._note_topic(m.topic)
+        return request
+
+    def _results(self, messages: Sequence[Message], response: Any
+                 ) -> list[SendReceipt | BaseException]:
+        """One result per message: its receipt, or the error its entry reports."""
         if len(response.entries) != len(messages):
-            wire.check_status(response.status, "SendMessage")
-            raise BrokerCallError(FailureKind.TRY_ELSEWHERE,
-                                  f"SendMessage answered {len(response.entries)} entries for "
-                                  f"{len(messages)} messages")
-        receipts = []
+            try:
+                wire.check_status(response.status, "SendMessage")
+                raise BrokerCallError(FailureKind.TRY_ELSEWHERE,
+                                      f"SendMessage answered {len(response.entries)} entries "
+                                      f"for {len(messages)} messages")
+            except ReliableError as exc:
+                return [exc] * len(messages)
+        out: list[SendReceipt | BaseException] = []
         for m, entry in zip(messages, response.entries, strict=True):
-            wire.check_status(entry.status if entry.HasField("status") else response.status,
-                         "SendMessage")
-            receipts.append(SendReceipt(
+            try:
+                wire.check_status(entry.status if entry.HasField("status") else
+                                  response.status, "SendMessage")
+            except ReliableError as exc:
+                out.append(exc)
+                continue
+            out.append(SendReceipt(
                 message_id=entry.message_id or m.message_id, topic=m.topic, queue_id=-1,
                 queue_offset=int(entry.offset), status=SendStatus.SEND_OK,
                 transaction_id=entry.transaction_id or None,
                 recall_handle=entry.recall_handle or None))
+        return out
+
+    def _send(self, messages: Sequence[Message], transactional: bool,
+              timeout_s: float | None) -> list[SendReceipt]:
+        request = self._request(messages, transactional)
+        stub = self._require()
+        self.requests["SendMessage"] += 1
+        try:
+            response = stub.SendMessage(request, timeout=timeout_s or self._timeout,
+                                        metadata=self.metadata(self._producer_id))
+        except grpc.RpcError as exc:
+            self._forget_route(messages[0].topic)
+            raise TransportError(f"SendMessage to {self.endpoint}: {exc.code().name}: "
+                                 f"{exc.details()}") from None
+        receipts = []
+        for result in self._results(messages, response):
+            if isinstance(result, BaseException):
+                raise result
+            receipts.append(result)
         return receipts
+
+    def submit_send(self, messages: Sequence[Message], queue: QueueRef, *,
+                    producer_group: str | None, timeout_s: float | None,
+                    done: Callable[[list[SendReceipt | BaseException] | BaseException], None],
+                    ) -> None:
+        """One SendMessage carrying `messages`, without waiting: `done` gets a result per
+        message (or the request's error) on gRPC's completion thread. Many may be in
+        flight on the one channel."""
+        request = self._request(messages, False)
+        stub = self._require()
+        self.requests["SendMessage"] += 1
+        call = stub.SendMessage.future(request, timeout=timeout_s or self._timeout,
+                                       metadata=self.metadata(self._producer_id))
+
+        def finished(f: Any) -> None:
+            try:
+                response = f.result()
+            except grpc.RpcError as exc:
+                self._forget_route(messages[0].topic)
+                done(TransportError(f"SendMessage to {self.endpoint}: {exc.code().name}: "
+                                    f"{exc.details()}"))
+                return
+            except Exception as exc:  # cancelled on close
+                done(TransportError(f"SendMessage to {self.endpoint}: {exc!r}"))
+                return
+            try:
+                results = self._results(messages, response)
+            except Exception as exc:  # an answer we cannot read fails the whole request
+                done(exc)
+                return
+            done(results)
+
+        call.add_done_callback(finished)
 
     def send(self, message: Message, queue: QueueRef, *, producer_group: str | None = None,
              transactional: bool = False, timeout_s: float | None = None) -> SendReceipt:
@@ -533,17 +619,125 @@ class GrpcTransport:
         entry.message_id, entry.receipt_handle = message.message_id, self._handle(message)
         self._unary("AckMessage", request, self._client_of(group))
 
-    def change_invisible_duration(self, group: str, message: ReceivedMessage,
-                                  invisible_ms: int) -> str:
+    def _ack_request(self, group: str, messages: Sequence[ReceivedMessage]) -> Any:
+        request = service_pb2.AckMessageRequest()
+        self._resource(request.group, group)
+        self._resource(request.topic, messages[0].topic)
+        for m in messages:
+            if m.topic != messages[0].topic:
+                raise BadRequest("one AckMessage acks messages of one topic")
+            entry = request.entries.add()
+            entry.message_id, entry.receipt_handle = m.message_id, self._handle(m)
+        return request
+
+    @staticmethod
+    def _ack_results(messages: Sequence[ReceivedMessage], response: Any
+                     ) -> list[BaseException | None]:
+        if len(response.entries) != len(messages):
+            try:
+                wire.check_status(response.status, "AckMessage")
+                raise BrokerCallError(FailureKind.TRY_ELSEWHERE,
+                                      f"AckMessage answered {len(response.entries)} entries "
+                                      f"for {len(messages)} handles")
+            except ReliableError as exc:
+                return [exc] * len(messages)
+        out: list[BaseException | None] = []
+        for entry in response.entries:
+            try:
+                wire.check_status(entry.status if entry.HasField("status") else
+                                  response.status, "AckMessage")
+                out.append(None)
+            except ReliableError as exc:
+                out.append(exc)
+        return out
+
+    def ack_many(self, group: str, messages: Sequence[ReceivedMessage]
+                 ) -> list[BaseException | None]:
+        """Ack messages of one topic in one AckMessage (repeated entries): per message None
+        or the error its entry reports; a failed request raises."""
+        if not messages:
+            return []
+        request = self._ack_request(group, messages)
+        stub = self._require()
+        self.requests["AckMessage"] += 1
+        try:
+            response = stub.AckMessage(request, timeout=self._timeout,
+                                       metadata=self.metadata(self._client_of(group)))
+        except grpc.RpcError as exc:
+            raise TransportError(f"AckMessage to {self.endpoint}: {exc.code().name}: "
+                                 f"{exc.details()}") from None
+        return self._ack_results(messages, response)
+
+    def submit_ack(self, group: str, messages: Sequence[ReceivedMessage],
+                   done: Callable[[list[BaseException | None] | BaseException], None]) -> None:
+        """`ack_many` without waiting: `done` gets the per-message results (or the request's
+        error) on gRPC's completion thread."""
+        request = self._ack_request(group, messages)
+        stub = self._require()
+        self.requests["AckMessage"] += 1
+        call = stub.AckMessage.future(request, timeout=self._timeout,
+                                      metadata=self.metadata(self._client_of(group)))
+
+        def finished(f: Any) -> None:
+            try:
+                response = f.result()
+            except grpc.RpcError as exc:
+                done(TransportError(f"AckMessage to {self.endpoint}: {exc.code().name}: "
+                                    f"{exc.details()}"))
+                return
+            except Exception as exc:  # cancelled on close
+                done(TransportError(f"AckMessage to {self.endpoint}: {exc!r}"))
+                return
+            try:
+                results = self._ack_results(messages, response)
+            except Exception as exc:  # an answer we cannot read fails the whole request
+                done(exc)
+                return
+            done(results)
+
+        call.add_done_callback(finished)
+
+    def _change_request(self, group: str, message: ReceivedMessage, invisible_ms: int) -> Any:
         request = service_pb2.ChangeInvisibleDurationRequest()
         self._resource(request.group, group)
         self._resource(request.topic, message.topic)
         request.receipt_handle = self._handle(message)
         request.message_id = message.message_id
         wire.set_ms(request.invisible_duration, invisible_ms)
+        return request
+
+    def change_invisible_duration(self, group: str, message: ReceivedMessage,
+                                  invisible_ms: int) -> str:
+        request = self._change_request(group, message, invisible_ms)
         response = self._unary("ChangeInvisibleDuration", request, self._client_of(group))
         message.receipt_handle = str(response.receipt_handle)
         return message.receipt_handle
+
+    def submit_change_invisible(self, group: str, message: ReceivedMessage, invisible_ms: int,
+                                done: Callable[[str | BaseException], None]) -> None:
+        """`change_invisible_duration` without waiting (the protocol's request carries one
+        handle, so these are pipelined rather than batched): `done` gets the new handle
+        (also stored on `message`) or the error, on gRPC's completion thread."""
+        request = self._change_request(group, message, invisible_ms)
+        stub = self._require()
+        call = stub.ChangeInvisibleDuration.future(
+            request, timeout=self._timeout, metadata=self.metadata(self._client_of(group)))
+
+        def finished(f: Any) -> None:
+            try:
+                response = f.result()
+                wire.check_status(response.status, "ChangeInvisibleDuration")
+            except grpc.RpcError as exc:
+                done(TransportError(f"ChangeInvisibleDuration to {self.endpoint}: "
+                                    f"{exc.code().name}: {exc.details()}"))
+                return
+            except Exception as exc:
+                done(exc)
+                return
+            message.receipt_handle = str(response.receipt_handle)
+            done(message.receipt_handle)
+
+        call.add_done_callback(finished)
 
     def forward_to_dlq(self, group: str, message: ReceivedMessage) -> None:
         request = service_pb2.ForwardMessageToDeadLetterQueueRequest()

@@ -11,6 +11,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -230,6 +231,12 @@ class RecordingDelays:
                                   invisible_ms: int) -> str:
         self.delays.append(invisible_ms)
         return self._inner.change_invisible_duration(group, message, invisible_ms)
+
+    def submit_change_invisible(self, group: str, message: ReceivedMessage,
+                                invisible_ms: int, done: Any) -> None:  # the pipelined form
+        self.delays.append(invisible_ms)
+        self._inner.submit_change_invisible(  # type: ignore[attr-defined]
+            group, message, invisible_ms, done)
 
 
 def test_push_consumer_retries_on_the_servers_ladder_without_warm_up(

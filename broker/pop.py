@@ -202,6 +202,10 @@ class PopService:
         self._rotation: dict[tuple[str, str], int] = {}
         self._dirty = False
         self._logged_end = -1  # commitlog end of the last revive-log record
+        # lease nonces: one random draw (a syscall) per start, then counting up, so every
+        # lease this process hands out differs from every other, and from those of earlier
+        # runs but by a 2^-61 chance
+        self._nonces = itertools.count(secrets.randbits(61))
 
     # ------------------------------------------------------------------ persistence
     def load(self) -> int:
@@ -379,8 +383,7 @@ class PopService:
             busy = {lz.message_group for lz in window.leases.values()
                     if lz.until_ms > now and lz.message_group}
 
-        # one random draw per receive (a syscall); the leases it hands out count up from it
-        nonces = itertools.count(secrets.randbits(61))
+        nonces = self._nonces
 
         def take(msg: MessageExt, attempt: int) -> None:
             nonce = next(nonces)
@@ -509,7 +512,7 @@ class PopService:
         with self._changing():
             parsed, _, lease = self._lease_of(group, topic, handle, allow_done=False)
             assert lease is not None
-            nonce = secrets.randbits(62)
+            nonce = next(self._nonces)
             until = self._clock() + invisible_ms
             self._commit(group, topic, [["L", parsed.queue_id, parsed.queue_offset,
                                          lease.attempt, until, nonce, lease.message_group]])

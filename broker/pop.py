@@ -52,6 +52,7 @@ from broker.errors import (
 )
 from broker.receipt import ReceiptHandle
 from broker.sendback import build_dlq_message
+from broker.store.config import FlushMode
 from broker.store.json_config import ConfigShapeError, JsonConfigFile, arr, integer, obj
 from broker.store.message import GetMessageStatus, Message, MessageExt, Prop
 from broker.store.store import MessageStore
@@ -157,6 +158,20 @@ def parse_snapshot(data: dict[str, Any]) -> tuple[Windows, int]:
 
 # set by `PopService.deferring` on its thread: record the end instead of waiting
 _DEFER = threading.local()
+
+
+def _done_ranges(done: Collection[tuple[int, int]]) -> list[Op]:
+    """`D` operations for a set of (queue id, offset): one per run of consecutive offsets
+    (a batch of acks of messages received together is mostly one run: one operation to
+    log and apply instead of one per message)."""
+    ops: list[Op] = []
+    for qid, offset in sorted(done):
+        last = ops[-1] if ops else None
+        if last is not None and last[1] == qid and last[3] == offset:
+            last[3] = offset + 1
+        else:
+            ops.append(["D", qid, offset, offset + 1])
+    return ops
 
 
 class _Changing:
@@ -294,6 +309,8 @@ class PopService:
         return result, _DEFER.end
 
     def _durable(self, end: int) -> None:
+        if self._store.config.flush_mode is not FlushMode.SYNC_FLUSH:
+            return  # nothing to wait for (and no Event to build per call)
         done = threading.Event()
         if self._store.when_flushed(end, lambda ok: done.set()):
             done.wait()
@@ -493,7 +510,7 @@ class PopService:
         """Ack several handles with one revive-log record; per handle None or its error."""
         with self._changing():
             out: list[ReceiptHandleError | None] = []
-            ops: list[Op] = []
+            done: set[tuple[int, int]] = set()  # (queue id, offset) of each live lease
             for handle in handles:
                 try:
                     parsed, _, lease = self._lease_of(group, topic, handle, allow_done=True)
@@ -502,9 +519,8 @@ class PopService:
                     continue
                 out.append(None)
                 if lease is not None:
-                    ops.append(["D", parsed.queue_id, parsed.queue_offset,
-                                parsed.queue_offset + 1])
-            self._commit(group, topic, ops)
+                    done.add((parsed.queue_id, parsed.queue_offset))
+            self._commit(group, topic, _done_ranges(done))
             return out
 
     def change_invisible_duration(self, group: str, topic: str, handle: str,

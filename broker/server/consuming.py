@@ -67,6 +67,9 @@ def _status_response(status: Any) -> Any:
     return response
 
 
+_OK_RESPONSE = _status_response(ok())  # never changed: shared by every receive
+
+
 class ConsumerHandlers:
     def __init__(self, ctx: ServerContext, clients: ClientHandlers) -> None:
         self.ctx = ctx
@@ -105,14 +108,23 @@ class ConsumerHandlers:
                     current=entry.receipt_handle, expires_ms=now + invisible_ms, first_ms=now)
         finished = False
         try:
-            yield _status_response(ok())
+            # every response built before the first write: the writes go back to back, and
+            # what the messages share (topic, digest kind, invisible time) is built once
+            template = convert.delivery_template(
+                topic=topic, namespace=request.message_queue.topic.resource_namespace,
+                invisible_ms=invisible_ms)
+            responses = [_OK_RESPONSE]
+            fill = convert.fill_proto
+            response_type = service_pb2.ReceiveMessageResponse
             for entry in entries:
-                yield service_pb2.ReceiveMessageResponse(message=convert.to_proto(
-                    entry.message, topic=topic,
-                    namespace=request.message_queue.topic.resource_namespace,
-                    receipt_handle=entry.receipt_handle,
-                    delivery_attempt=entry.delivery_attempt, invisible_ms=invisible_ms))
-            yield _timestamp_response(self.ctx.clock())
+                response = response_type()
+                fill(response.message, entry.message, template=template,
+                     receipt_handle=entry.receipt_handle,
+                     delivery_attempt=entry.delivery_attempt)
+                responses.append(response)
+            responses.append(_timestamp_response(self.ctx.clock()))
+            for response in responses:
+                yield response
             finished = True
         finally:
             if not finished:  # the caller is gone: let the messages go right away
@@ -233,18 +245,19 @@ class ConsumerHandlers:
             raise BadRequest("too many entries in one AckMessage")
         response = service_pb2.AckMessageResponse()
         results = response.entries
-        statuses: list[Any] = [None] * len(entries)
+        # each field read once (a protobuf string field read builds a new str each time)
+        handles = [entry.receipt_handle for entry in entries]
+        statuses: list[Any] = [None] * len(handles)
         live: list[str] = []
         at: list[int] = []  # index of each live handle's entry
         session = self.ctx.sessions.get(call.client_id)
-        for i, entry in enumerate(entries):
+        renewals = session.renewals if session is not None else None
+        for i, handle in enumerate(handles):
             try:
-                if session is not None and entry.receipt_handle in session.renewals:
-                    handle, _ = await self._live_handle(call, entry.receipt_handle)
-                elif not entry.receipt_handle:
+                if renewals and handle in renewals:
+                    handle, _ = await self._live_handle(call, handle)
+                elif not handle:
                     raise InvalidReceiptHandle("receipt handle is empty")
-                else:
-                    handle = entry.receipt_handle
                 live.append(handle)
                 at.append(i)
             except Exception as exc:
@@ -262,13 +275,14 @@ class ConsumerHandlers:
                 for i, error in zip(at, errors, strict=True):
                     statuses[i] = done if error is None else status_of(error)
             self.waiters.wake(topic)
-        for entry, status in zip(entries, statuses, strict=True):
+        for entry, handle, status in zip(entries, handles, statuses, strict=True):
             result = results.add()
             result.message_id = entry.message_id
-            result.receipt_handle = entry.receipt_handle
+            result.receipt_handle = handle
             result.status.CopyFrom(status)
         first = statuses[0]
-        if all(st.code == first.code for st in statuses):
+        if all(st is first for st in statuses) or \
+                all(st.code == first.code for st in statuses):
             response.status.CopyFrom(first)
         else:
             response.status.CopyFrom(make_status(Code.MULTIPLE_RESULTS, "entries differ"))

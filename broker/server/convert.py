@@ -133,26 +133,46 @@ def _host_only(born_host: str) -> str:
     return host
 
 
-def to_proto(ext: MessageExt, *, topic: str, namespace: str, receipt_handle: str | None,
-             delivery_attempt: int, invisible_ms: int | None = None) -> Any:
-    """The protocol message a consumer receives for one stored message."""
+_STORE_HOSTS: dict[tuple[str, int], str] = {}  # "ip:port" of each store host seen
+
+
+def delivery_template(*, topic: str, namespace: str, invisible_ms: int | None = None) -> Any:
+    """The fields every message of one delivery shares (topic, digest and encoding kinds,
+    invisible duration), built once and copied into each by `fill_proto`."""
     pm = definition_pb2.Message()
     pm.topic.name = topic
     pm.topic.resource_namespace = namespace
-    pm.body = ext.body
+    sp = pm.system_properties
+    sp.body_digest.type = DIGEST_CRC32
+    sp.body_encoding = ENCODING_IDENTITY
+    if invisible_ms is not None:
+        set_duration_ms(sp.invisible_duration, invisible_ms)
+    return pm
+
+
+def fill_proto(pm: Any, ext: MessageExt, *, template: Any, receipt_handle: str | None,
+               delivery_attempt: int) -> None:
+    """Write into `pm` (a fresh protocol Message, e.g. a response's field, so nothing is
+    copied twice) the message a consumer receives for one stored message; `template`
+    comes from `delivery_template`. One pass over the properties, each field set once."""
+    pm.CopyFrom(template)
+    body = ext.body
+    pm.body = body
     props = ext.properties
+    hidden = _HIDDEN_ON_DELIVERY
+    user = pm.user_properties
     for name, value in props.items():
-        if name not in _HIDDEN_ON_DELIVERY:
-            pm.user_properties[name] = value
+        if name not in hidden:
+            user[name] = value
     sp = pm.system_properties
     tags = props.get(Prop.TAGS)
     if tags:
         sp.tag = tags
-    sp.keys.extend(ext.keys)
-    sp.message_id = ext.msg_id
-    sp.body_digest.type = DIGEST_CRC32
-    sp.body_digest.checksum = f"{zlib.crc32(ext.body) & 0xFFFFFFFF:08X}"
-    sp.body_encoding = ENCODING_IDENTITY
+    keys = props.get(Prop.KEYS)
+    if keys:
+        sp.keys.extend([k for k in keys.split(" ") if k])
+    sp.message_id = props.get(Prop.UNIQ_KEY) or ext.offset_msg_id
+    sp.body_digest.checksum = f"{zlib.crc32(body) & 0xFFFFFFFF:08X}"
     group = props.get(Prop.SHARDING_KEY)
     deliver_ms = props.get(Prop.TIMER_DELIVER_MS)
     if group:
@@ -166,16 +186,30 @@ def to_proto(ext: MessageExt, *, topic: str, namespace: str, receipt_handle: str
         sp.message_type = NORMAL
     if deliver_ms and deliver_ms.isdigit():
         set_timestamp_ms(sp.delivery_timestamp, int(deliver_ms))
-    set_timestamp_ms(sp.born_timestamp, ext.born_timestamp)
+    ms = ext.born_timestamp
+    ts = sp.born_timestamp
+    ts.seconds, ts.nanos = ms // 1000, (ms % 1000) * 1_000_000
     sp.born_host = ext.born_host[0]
-    set_timestamp_ms(sp.store_timestamp, ext.store_timestamp)
-    sp.store_host = f"{ext.store_host[0]}:{ext.store_host[1]}"
+    ms = ext.store_timestamp
+    ts = sp.store_timestamp
+    ts.seconds, ts.nanos = ms // 1000, (ms % 1000) * 1_000_000
+    store_host = _STORE_HOSTS.get(ext.store_host)
+    if store_host is None:
+        store_host = _STORE_HOSTS[ext.store_host] = f"{ext.store_host[0]}:{ext.store_host[1]}"
+    sp.store_host = store_host
     if receipt_handle is not None:
         sp.receipt_handle = receipt_handle
     sp.queue_id = ext.queue_id
     sp.queue_offset = ext.queue_offset
-    if invisible_ms is not None:
-        set_duration_ms(sp.invisible_duration, invisible_ms)
     if delivery_attempt > 0:
         sp.delivery_attempt = delivery_attempt
+
+
+def to_proto(ext: MessageExt, *, topic: str, namespace: str, receipt_handle: str | None,
+             delivery_attempt: int, invisible_ms: int | None = None) -> Any:
+    """The protocol message a consumer receives for one stored message."""
+    pm = definition_pb2.Message()
+    fill_proto(pm, ext, template=delivery_template(topic=topic, namespace=namespace,
+                                                   invisible_ms=invisible_ms),
+               receipt_handle=receipt_handle, delivery_attempt=delivery_attempt)
     return pm

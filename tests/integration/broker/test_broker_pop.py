@@ -10,6 +10,7 @@ from broker_kit import BrokerFactory, ManualClock, drain, msg, settle
 
 from broker.broker import Broker
 from broker.errors import InvalidArgument, InvalidReceiptHandle, ReceiptHandleExpired
+from broker.pop import ReceivedEntry
 from broker.store.message import Prop
 
 
@@ -223,6 +224,33 @@ def test_ack_batch_reports_per_handle(broker: Broker, clock: ManualClock) -> Non
     assert isinstance(late, ReceiptHandleExpired)
     [again] = broker.receive("g", "t", 3, invisible_ms=1_000)
     assert again.message.msg_id == got[2].message.msg_id and again.delivery_attempt == 2
+
+
+def test_ack_batch_with_gaps_across_queues_survives_restart(
+        make_broker: BrokerFactory, clock: ManualClock) -> None:
+    """A batch acks runs of offsets as ranges: with gaps, duplicates and two queues, exactly
+    the acked messages are done, before and after the revive log is replayed."""
+    b1 = make_broker()
+    ids = _setup(b1, 12, queues=2)
+    got = b1.receive("g", "t", 12, invisible_ms=10_000)
+    assert sorted(e.message.msg_id for e in got) == sorted(ids)
+    by_queue: dict[int, list[ReceivedEntry]] = {0: [], 1: []}
+    for e in got:
+        by_queue[e.message.queue_id].append(e)
+    keep = [by_queue[0][2], by_queue[0][5], by_queue[1][0]]  # gaps at both ends, mid-run
+    acked = [e for e in got if all(e is not k for k in keep)]
+    handles = [e.receipt_handle for e in reversed(acked)] + [acked[0].receipt_handle]
+    assert all(r is None for r in b1.ack_batch("g", "t", handles))
+    b1.shutdown()
+
+    b2 = make_broker()
+    clock.advance(10_000)
+    again = b2.receive("g", "t", 12, invisible_ms=10_000)
+    assert sorted(e.message.msg_id for e in again) == sorted(e.message.msg_id for e in keep)
+    assert all(e.delivery_attempt == 2 for e in again)
+    assert all(r is None for r in b2.ack_batch("g", "t", [e.receipt_handle for e in again]))
+    assert b2.query_offset("g", "t", 0) == 6 and b2.query_offset("g", "t", 1) == 6
+    b2.shutdown()
 
 
 def test_window_past_the_queue_end_is_cut_back(make_broker: BrokerFactory) -> None:

@@ -7,8 +7,9 @@ change the invisible duration or to dead-letter the message. Text, one line:
 
 `~` cannot occur in a topic name. The CRC covers everything before it so a mangled handle
 is rejected as malformed instead of matching some other lease by accident. The nonce is
-random per lease: a new lease (redelivery or change of invisible duration) gets a new one,
-which is how an older handle of the same message stops working.
+unique per lease (the broker counts up from a random start drawn once per run): a new lease
+(redelivery or change of invisible duration) gets a new one, which is how an older handle of
+the same message stops working.
 """
 
 from __future__ import annotations

@@ -99,6 +99,10 @@ def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 def to_store_message(m: Message, queue_id: int) -> StoreMessage:
+    if not m.properties and not m.tags and not m.keys and m.message_group is None \
+            and m.delay_level is None and m.deliver_at_ms is None:
+        # the usual message: only its id travels as a property
+        return StoreMessage(m.topic, bytes(m.body), queue_id, 0, {Prop.UNIQ_KEY: m.message_id})
     props = dict(m.properties)
     for reserved in (Prop.TAGS, Prop.KEYS, Prop.UNIQ_KEY, Prop.DELAY, Prop.TIMER_DELIVER_MS):
         if reserved in props:
@@ -202,6 +206,7 @@ class EmbeddedTransport:
     """A `PullTransport` over an in-process broker."""
 
     name = "embedded"
+    inline_sends = True  # submit_send completes before it returns: callers may run it
     capabilities = frozenset({Capability.PULL, Capability.BROKER_SIDE_FIFO,
                               Capability.MEMBERSHIP_EVENTS})
 
@@ -306,9 +311,18 @@ class EmbeddedTransport:
 
     def send_batch(self, messages: Sequence[Message], queue: QueueRef, *,
                    producer_group: str | None = None) -> list[SendReceipt]:
-        sms = [to_store_message(m, queue.queue_id) for m in messages]
+        queue_id = queue.queue_id
+        sms = [to_store_message(m, queue_id) for m in messages]
         results = _call(self.broker.send_batch, sms)
-        return [self._receipt(m, r) for m, r in zip(messages, results, strict=True)]
+        out: list[SendReceipt] = []
+        ok = PutMessageStatus.PUT_OK
+        for m, r in zip(messages, results, strict=True):
+            if r.status is ok:  # a batch holds plain messages: no transaction, no recall
+                out.append(SendReceipt(r.msg_id or m.message_id, m.topic, r.queue_id,
+                                       r.queue_offset, SendStatus.SEND_OK, r.offset_msg_id))
+            else:
+                out.append(self._receipt(m, r))
+        return out
 
     def submit_send(self, messages: Sequence[Message], queue: QueueRef, *,
                     producer_group: str | None, timeout_s: float | None,

@@ -206,7 +206,8 @@ class EmbeddedTransport:
     """A `PullTransport` over an in-process broker."""
 
     name = "embedded"
-    inline_sends = True  # submit_send completes before it returns: callers may run it
+    # submit_send and submit_ack complete before they return: callers may run them
+    inline_sends = inline_acks = True
     capabilities = frozenset({Capability.PULL, Capability.BROKER_SIDE_FIFO,
                               Capability.MEMBERSHIP_EVENTS})
 

@@ -24,7 +24,13 @@ from broker.offsets import ConsumeFromWhere
 from broker.store import errors as serr
 from broker.store.config import StoreConfig, embedded_store_config, max_message_size_for
 from broker.store.message import Message as StoreMessage
-from broker.store.message import MessageExt, Prop, PutMessageStatus, decode_offset_msg_id
+from broker.store.message import (
+    MessageExt,
+    Prop,
+    PutMessageStatus,
+    decode_offset_msg_id,
+    encode_offset_msg_id,
+)
 from reliable.errors import (
     BadRequest,
     BrokerBusy,
@@ -121,6 +127,22 @@ def to_store_message(m: Message, queue_id: int) -> StoreMessage:
     return StoreMessage(topic=m.topic, body=bytes(m.body), queue_id=queue_id, properties=props)
 
 
+# offset message ids by store host: the host's 16 hex digits, then the offset's 16
+_HOST_PREFIX: dict[tuple[str, int], str] = {}
+
+
+def _offset_msg_id(msg: MessageExt) -> str:
+    prefix = _HOST_PREFIX.get(msg.store_host)
+    if prefix is None:
+        if len(_HOST_PREFIX) > 64:
+            _HOST_PREFIX.clear()
+        prefix = _HOST_PREFIX[msg.store_host] = encode_offset_msg_id(msg.store_host, 0)[:16]
+    offset = msg.commitlog_offset
+    if offset < 0:
+        return encode_offset_msg_id(msg.store_host, offset)
+    return f"{prefix}{offset:016X}"
+
+
 def to_received(msg: MessageExt, *, receipt_handle: str | None = None,
                 attempt: int | None = None) -> ReceivedMessage:
     props = msg.properties
@@ -129,15 +151,17 @@ def to_received(msg: MessageExt, *, receipt_handle: str | None = None,
         topic = props[Prop.RETRY_TOPIC]  # a retry copy is shown as its original topic
     reconsume = attempt - 1 if attempt is not None else msg.reconsume_times
     due = props.get(Prop.TIMER_DELIVER_MS)
+    offset_id = _offset_msg_id(msg)
+    raw_keys = props.get(Prop.KEYS)
     return ReceivedMessage(
-        message_id=msg.msg_id, topic=topic, body=msg.body, queue_id=msg.queue_id,
-        queue_offset=msg.queue_offset, tags=msg.tags, keys=msg.keys,
-        properties={k: v for k, v in props.items() if k not in _MAPPED},
-        reconsume_times=reconsume, born_timestamp=msg.born_timestamp,
-        store_timestamp=msg.store_timestamp, message_group=props.get(Prop.SHARDING_KEY) or None,
-        offset_msg_id=msg.offset_msg_id, receipt_handle=receipt_handle,
-        transaction_id=props.get("__transactionId__") or None,
-        deliver_at_ms=int(due) if due and due.isdigit() else None, source=msg)
+        props.get(Prop.UNIQ_KEY) or offset_id, topic, msg.body, msg.queue_id,
+        msg.queue_offset, props.get(Prop.TAGS),
+        [k for k in raw_keys.split(" ") if k] if raw_keys else [],
+        {k: v for k, v in props.items() if k not in _MAPPED},
+        reconsume, msg.born_timestamp, msg.store_timestamp,
+        props.get(Prop.SHARDING_KEY) or None, None, offset_id, receipt_handle,
+        props.get("__transactionId__") or None,
+        int(due) if due and due.isdigit() else None, msg)
 
 
 class _Shared:

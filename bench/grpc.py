@@ -21,7 +21,9 @@ flush unless the case says sync_flush. 1 KiB bodies; one client process and thre
 - stub_official_* / stub_framework_*: the same cases against `bench._stub`, a
   MessagingService that answers OK at once: each client's own cap on this machine;
 - embedded_send / embedded_receive_ack: the framework's code over the in-process broker
-  (no gRPC): `send_async` with a window of 1000, receive(32) + ack.
+  (no gRPC): `send_async` with a window of 1000, receive(32) + ack;
+- embedded_push_consume: a `reliable.PushConsumer` (default settings, a listener that does
+  nothing) over the in-process broker, from its start until it has consumed every message.
 
 Consume cases take the pipelined count of messages from a topic holding all that was sent.
 The table is followed by a comparison: each of our cases beside its peer, with the ratio and
@@ -78,7 +80,7 @@ THROUGHPUT_KEYS = (
     "stub_official_send", "stub_official_send_async", "stub_official_receive_ack",
     "stub_framework_send", "stub_framework_send_pipelined", "stub_framework_asend_pipelined",
     "stub_framework_send_batch", "stub_framework_receive_ack",
-    "embedded_send", "embedded_receive_ack",
+    "embedded_send", "embedded_receive_ack", "embedded_push_consume",
 )
 LATENCY_KEYS = ("framework_send", "framework_send_sync_flush", "official_send",
                 "stub_official_send", "stub_framework_send")
@@ -113,6 +115,7 @@ COMPARISONS = (
     Comparison("official_receive_ack", "rabbitmq_consume_ack"),
     Comparison("embedded_send", "nats_publish_pipelined", ">= 2x", 2.0),
     Comparison("embedded_receive_ack", "nats_consume_ack", ">= 2x", 2.0),
+    Comparison("embedded_push_consume", "nats_consume_ack", ">= 2x", 2.0),
     Comparison("official_send", "stub_official_send", ">= 80% of cap", 0.8),
     Comparison("official_send_async", "stub_official_send_async", ">= 80% of cap", 0.8),
     Comparison("official_receive_ack", "stub_official_receive_ack", ">= 80% of cap", 0.8),
@@ -404,6 +407,46 @@ def framework(transport: Any, prefix: str, suffix: str, n: peers.Counts, rec: Re
             rec.add(f"{prefix}_receive_ack{suffix}", measured, note)
 
 
+def push_consume(transport: Any, n: int, rec: Recorder) -> None:
+    """`n` messages sent first, then a PushConsumer with a no-op listener, timed from its
+    start until the listener has seen them all."""
+    from reliable import ConsumeFrom, ConsumeResult, Message, Producer, PushConsumer
+
+    topic = "bench-embedded-push"
+    batches = max(1, n // BATCH)
+    with Producer(transport) as producer:
+        for _ in range(batches):
+            producer.send_batch([Message(topic, BODY) for _ in range(BATCH)])
+    total = batches * BATCH
+    seen = [0]
+    lock = threading.Lock()
+
+    def listener(messages: Any, context: Any) -> ConsumeResult:
+        with lock:
+            seen[0] += len(messages)
+        return ConsumeResult.SUCCESS
+
+    consumer = PushConsumer(f"{topic}-g", listener, {topic: "*"}, transport=transport,
+                            consume_from=ConsumeFrom.FIRST)
+
+    def run() -> tuple[int, int]:
+        consumer.start()
+        last, deadline = 0, time.monotonic() + STALL_TIMEOUT_S
+        while seen[0] < total:
+            time.sleep(0.002)
+            if seen[0] != last:
+                last, deadline = seen[0], time.monotonic() + STALL_TIMEOUT_S
+            elif time.monotonic() > deadline:
+                raise CaseFailed(f"consumed {last} of {total} messages, then none for "
+                                 f"{STALL_TIMEOUT_S:.0f} s")
+        return total, total * len(BODY)
+
+    try:
+        rec.add("embedded_push_consume", timed(run), "PushConsumer, no-op listener")
+    finally:
+        consumer.shutdown()
+
+
 def _requests(producer: Any) -> int | None:
     """Requests the producer's send pipeline has made, where it counts them."""
     count = getattr(producer, "requests_sent", None)
@@ -521,8 +564,9 @@ def measure(n: peers.Counts, workdir: Path, result: SuiteResult,
             framework(t, "framework", "_sync_flush", n, rec, asend=False, batch=False,
                       receive=False)
 
-    if wanted("embedded_send", "embedded_receive_ack"):
-        with rec.section("embedded_send", "embedded_receive_ack"):
+    embedded_cases = ("embedded_send", "embedded_receive_ack", "embedded_push_consume")
+    if wanted(*embedded_cases):
+        with rec.section(*embedded_cases):
             import reliable
             from broker.config import BrokerConfig
             from broker.store.config import StoreConfig
@@ -531,8 +575,13 @@ def measure(n: peers.Counts, workdir: Path, result: SuiteResult,
                 store_dir=workdir / "embedded-store", mapped_file_size_commitlog=256 << 20),
                 broker_config=BrokerConfig())
             with started(embedded) as t:
-                framework(t, "embedded", "", n, rec, send_each=False, asend=False,
-                          batch=False)
+                if wanted("embedded_send", "embedded_receive_ack"):
+                    with rec.section("embedded_send", "embedded_receive_ack"):
+                        framework(t, "embedded", "", n, rec, send_each=False, asend=False,
+                                  batch=False)
+                if wanted("embedded_push_consume"):
+                    with rec.section("embedded_push_consume"):
+                        push_consume(t, n.pipelined, rec)
 
     for key in CAP_KEYS:
         ours, cap = result.metrics.get(f"{key}_msgs_s"), result.metrics.get(

@@ -466,13 +466,7 @@ class Broker:
         self._require_running()
         if not msgs:
             raise MessageIllegal("a batch needs at least one message")
-        first = msgs[0]
-        for m in msgs:
-            self._validate_message(m)
-            if (m.topic, m.queue_id) != (first.topic, first.queue_id):
-                raise MessageIllegal("every message of a batch goes to one topic and queue")
-            if any(k in m.properties for k in (Prop.DELAY, Prop.TIMER_DELIVER_MS, Prop.TRAN_MSG)):
-                raise MessageIllegal("a batch cannot hold delayed or transactional messages")
+        self._validate_batch(msgs)
         fast = self._send_record_batch(msgs, wait)
         if fast is not None:
             return fast
@@ -487,6 +481,38 @@ class Broker:
                                   m.topic, m.queue_id, r.append.queue_offset,
                                   r.append.wrote_offset))
         return out, end
+
+    def _validate_batch(self, msgs: Sequence[Message]) -> None:
+        """`_validate_message` for each message of a batch, the topic and the properties
+        the messages share judged once: a message whose properties equal the first's but
+        for KEYS and UNIQ_KEY (a producer's usual batch) has only its body and those two
+        values checked; any other goes through the full check."""
+        first = msgs[0]
+        self._validate_message(first)
+        fp = first.properties
+        if Prop.DELAY in fp or Prop.TIMER_DELIVER_MS in fp or Prop.TRAN_MSG in fp:
+            raise MessageIllegal("a batch cannot hold delayed or transactional messages")
+        topic, queue_id, width = first.topic, first.queue_id, len(fp)
+        shared = [(k, v) for k, v in fp.items() if k != Prop.KEYS and k != Prop.UNIQ_KEY]
+        varying = width - len(shared)  # how many of KEYS, UNIQ_KEY the first one has
+        limit = self.config.max_message_size
+        for m in msgs[1:]:
+            p = m.properties
+            body = m.body
+            if (type(m) is Message and type(body) is bytes and 0 < len(body) <= limit
+                    and m.topic == topic and m.queue_id == queue_id and len(p) == width
+                    and (Prop.KEYS in p) + (Prop.UNIQ_KEY in p) == varying
+                    and all(p.get(k) == v for k, v in shared)):
+                for k in (Prop.KEYS, Prop.UNIQ_KEY):
+                    v = p.get(k)
+                    if v is not None and (type(v) is not str or "\x01" in v or "\x02" in v):
+                        check_properties({k: v})  # raises the precise error
+                continue
+            self._validate_message(m)
+            if (m.topic, m.queue_id) != (topic, queue_id):
+                raise MessageIllegal("every message of a batch goes to one topic and queue")
+            if any(k in p for k in (Prop.DELAY, Prop.TIMER_DELIVER_MS, Prop.TRAN_MSG)):
+                raise MessageIllegal("a batch cannot hold delayed or transactional messages")
 
     def _send_record_batch(self, msgs: Sequence[Message],
                            wait: bool) -> tuple[list[SendResult], int] | None:

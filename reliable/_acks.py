@@ -62,6 +62,10 @@ class AckBatcher:
         self._pending = 0
         self._waiting = False
         self._closing = False
+        # a transport whose submit_ack runs inline (the in-process broker): a full batch is
+        # sent by the caller that filled it, without a hop to the batcher's thread
+        self._caller_runs = self._batched is not None and bool(
+            getattr(transport, "inline_acks", False))
         self.requests = 0  # requests sent (observability, tests)
         self._thread = threading.Thread(target=self._run, name=f"acks-{group}", daemon=True)
         self._thread.start()
@@ -77,9 +81,18 @@ class AckBatcher:
                 self._first_at[message.topic] = time.monotonic()
             waiting.append((message, future))
             self._pending += 1
-            if self._waiting and (len(waiting) == 1 or len(waiting) >= self._batch_size):
+            batch = None
+            if (self._caller_runs and len(waiting) >= self._batch_size
+                    and self._in_flight < self._max_in_flight):
+                batch = waiting[:self._batch_size]
+                del waiting[:self._batch_size]
+                self._first_at[message.topic] = time.monotonic()
+                self._in_flight += 1
+            elif self._waiting and (len(waiting) == 1 or len(waiting) >= self._batch_size):
                 self._waiting = False
                 self._cond.notify()
+        if batch is not None:
+            self._send(batch)
         return future
 
     def close(self, timeout_s: float = 30.0) -> None:

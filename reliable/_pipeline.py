@@ -110,6 +110,9 @@ class SendPipeline:
         self._pending = 0  # messages accepted and not yet completed
         self._waiting = False  # the sender thread sleeps on the condition
         self._closing = False
+        # a transport whose submit_send runs inline (the in-process broker): a full batch
+        # is sent by the caller that filled it, without a hop to the sender thread
+        self._caller_runs = bool(getattr(transport, "inline_sends", False))
         self.requests = 0  # requests dispatched (observability, tests)
         self._thread = threading.Thread(target=self._run, name=f"sender-{producer.group}",
                                         daemon=True)
@@ -143,9 +146,20 @@ class SendPipeline:
             self._pending += 1
             if urgent:
                 lane.urgent += 1
-            if self._waiting and (first or urgent or len(lane.items) >= self._batch_size):
+            batch: list[_Item] | None = None
+            if (self._caller_runs and len(lane.items) >= self._batch_size
+                    and self._in_flight < self._max_in_flight
+                    and not (lane.ordered and lane.in_flight)
+                    and not lane.items[0].alone and lane.paused_until <= time.monotonic()):
+                batch = [lane.items.popleft() for _ in range(self._batch_size)]
+                lane.first_at = time.monotonic()
+                lane.in_flight += 1
+                self._in_flight += 1
+            elif self._waiting and (first or urgent or len(lane.items) >= self._batch_size):
                 self._waiting = False
                 self._cond.notify()
+        if batch is not None:
+            self._dispatch(lane, batch)
         if urgent:
             future.add_done_callback(lambda _f: self._unurgent(lane))
         return future

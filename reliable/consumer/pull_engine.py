@@ -64,6 +64,7 @@ class PullEngine:
         self._pullers: dict[QueueRef, threading.Thread] = {}
         self._lock = threading.RLock()
         self._room = threading.Condition()
+        self._room_waiters = 0  # pullers waiting for room (back-pressure)
         self._maint: threading.Thread | None = None
         self._kick = threading.Event()  # membership changed: rebalance now
 
@@ -195,8 +196,11 @@ class PullEngine:
 
     # --- pulling
     def _wake_pullers(self) -> None:
-        with self._room:
-            self._room.notify_all()
+        # called after every consumed batch: skip the lock when no puller waits for room
+        # (a puller that starts waiting just now wakes by its own timeout anyway)
+        if self._room_waiters or self._stopped.is_set():
+            with self._room:
+                self._room.notify_all()
 
     def _pull_loop(self, q: QueueRef, pq: ProcessQueue, offset: int) -> None:
         s = self._s
@@ -204,7 +208,11 @@ class PullEngine:
         while not self._stopped.is_set() and not pq.dropped:
             if pq.cached_count >= s.pull_threshold_for_queue:
                 with self._room:  # back-pressure: wait for the consumers to make room
-                    self._room.wait(0.05)
+                    self._room_waiters += 1
+                    try:
+                        self._room.wait(0.05)
+                    finally:
+                        self._room_waiters -= 1
                 continue
             try:
                 batch = self._t.pull(self._group, q, offset, s.pull_batch_size, tags,

@@ -24,7 +24,13 @@ from broker.offsets import ConsumeFromWhere
 from broker.store import errors as serr
 from broker.store.config import StoreConfig, embedded_store_config, max_message_size_for
 from broker.store.message import Message as StoreMessage
-from broker.store.message import MessageExt, Prop, PutMessageStatus, decode_offset_msg_id
+from broker.store.message import (
+    MessageExt,
+    Prop,
+    PutMessageStatus,
+    decode_offset_msg_id,
+    encode_offset_msg_id,
+)
 from reliable.errors import (
     BadRequest,
     BrokerBusy,
@@ -99,6 +105,10 @@ def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 def to_store_message(m: Message, queue_id: int) -> StoreMessage:
+    if not m.properties and not m.tags and not m.keys and m.message_group is None \
+            and m.delay_level is None and m.deliver_at_ms is None:
+        # the usual message: only its id travels as a property
+        return StoreMessage(m.topic, bytes(m.body), queue_id, 0, {Prop.UNIQ_KEY: m.message_id})
     props = dict(m.properties)
     for reserved in (Prop.TAGS, Prop.KEYS, Prop.UNIQ_KEY, Prop.DELAY, Prop.TIMER_DELIVER_MS):
         if reserved in props:
@@ -117,6 +127,22 @@ def to_store_message(m: Message, queue_id: int) -> StoreMessage:
     return StoreMessage(topic=m.topic, body=bytes(m.body), queue_id=queue_id, properties=props)
 
 
+# offset message ids by store host: the host's 16 hex digits, then the offset's 16
+_HOST_PREFIX: dict[tuple[str, int], str] = {}
+
+
+def _offset_msg_id(msg: MessageExt) -> str:
+    prefix = _HOST_PREFIX.get(msg.store_host)
+    if prefix is None:
+        if len(_HOST_PREFIX) > 64:
+            _HOST_PREFIX.clear()
+        prefix = _HOST_PREFIX[msg.store_host] = encode_offset_msg_id(msg.store_host, 0)[:16]
+    offset = msg.commitlog_offset
+    if offset < 0:
+        return encode_offset_msg_id(msg.store_host, offset)
+    return f"{prefix}{offset:016X}"
+
+
 def to_received(msg: MessageExt, *, receipt_handle: str | None = None,
                 attempt: int | None = None) -> ReceivedMessage:
     props = msg.properties
@@ -125,15 +151,17 @@ def to_received(msg: MessageExt, *, receipt_handle: str | None = None,
         topic = props[Prop.RETRY_TOPIC]  # a retry copy is shown as its original topic
     reconsume = attempt - 1 if attempt is not None else msg.reconsume_times
     due = props.get(Prop.TIMER_DELIVER_MS)
+    offset_id = _offset_msg_id(msg)
+    raw_keys = props.get(Prop.KEYS)
     return ReceivedMessage(
-        message_id=msg.msg_id, topic=topic, body=msg.body, queue_id=msg.queue_id,
-        queue_offset=msg.queue_offset, tags=msg.tags, keys=msg.keys,
-        properties={k: v for k, v in props.items() if k not in _MAPPED},
-        reconsume_times=reconsume, born_timestamp=msg.born_timestamp,
-        store_timestamp=msg.store_timestamp, message_group=props.get(Prop.SHARDING_KEY) or None,
-        offset_msg_id=msg.offset_msg_id, receipt_handle=receipt_handle,
-        transaction_id=props.get("__transactionId__") or None,
-        deliver_at_ms=int(due) if due and due.isdigit() else None, source=msg)
+        props.get(Prop.UNIQ_KEY) or offset_id, topic, msg.body, msg.queue_id,
+        msg.queue_offset, props.get(Prop.TAGS),
+        [k for k in raw_keys.split(" ") if k] if raw_keys else [],
+        {k: v for k, v in props.items() if k not in _MAPPED},
+        reconsume, msg.born_timestamp, msg.store_timestamp,
+        props.get(Prop.SHARDING_KEY) or None, None, offset_id, receipt_handle,
+        props.get("__transactionId__") or None,
+        int(due) if due and due.isdigit() else None, msg)
 
 
 class _Shared:
@@ -202,6 +230,8 @@ class EmbeddedTransport:
     """A `PullTransport` over an in-process broker."""
 
     name = "embedded"
+    # submit_send and submit_ack complete before they return: callers may run them
+    inline_sends = inline_acks = True
     capabilities = frozenset({Capability.PULL, Capability.BROKER_SIDE_FIFO,
                               Capability.MEMBERSHIP_EVENTS})
 
@@ -306,9 +336,18 @@ class EmbeddedTransport:
 
     def send_batch(self, messages: Sequence[Message], queue: QueueRef, *,
                    producer_group: str | None = None) -> list[SendReceipt]:
-        sms = [to_store_message(m, queue.queue_id) for m in messages]
+        queue_id = queue.queue_id
+        sms = [to_store_message(m, queue_id) for m in messages]
         results = _call(self.broker.send_batch, sms)
-        return [self._receipt(m, r) for m, r in zip(messages, results, strict=True)]
+        out: list[SendReceipt] = []
+        ok = PutMessageStatus.PUT_OK
+        for m, r in zip(messages, results, strict=True):
+            if r.status is ok:  # a batch holds plain messages: no transaction, no recall
+                out.append(SendReceipt(r.msg_id or m.message_id, m.topic, r.queue_id,
+                                       r.queue_offset, SendStatus.SEND_OK, r.offset_msg_id))
+            else:
+                out.append(self._receipt(m, r))
+        return out
 
     def submit_send(self, messages: Sequence[Message], queue: QueueRef, *,
                     producer_group: str | None, timeout_s: float | None,

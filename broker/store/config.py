@@ -105,8 +105,9 @@ class StoreConfig:
     max_index_num: int = 20_000_000
     max_query_results: int = 64
 
-    # --- dispatch: every put wakes the dispatcher; idle, it parks at most this long
-    dispatch_interval_ms: int = 100
+    # --- dispatch: every put wakes an idle dispatcher; busy, it waits this long after
+    # each round so the records put meanwhile are dispatched by one round
+    dispatch_interval_ms: int = 1
 
     # --- cleanup
     file_reserved_time_hours: float = 72.0

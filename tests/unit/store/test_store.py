@@ -229,7 +229,8 @@ def test_a_put_wakes_the_dispatcher_without_polling(tmp_path: Path) -> None:
     import time
 
     # the dispatcher parks a minute when idle: only the put's wake-up can dispatch in time
-    s = MessageStore(small_config(tmp_path, dispatch_interval_ms=60_000))
+    s = MessageStore(small_config(tmp_path))
+    s.reput.idle_park_s = 60
     s.start()
     try:
         time.sleep(0.05)  # let it park
@@ -243,6 +244,6 @@ def test_a_put_wakes_the_dispatcher_without_polling(tmp_path: Path) -> None:
             assert s.reput.is_dispatched(end)
             got = s.get_messages("g", message(i).topic, message(i).queue_id, i, 1)
             assert [m.body for m in got.messages] == [message(i).body]
-            time.sleep(0.02)
+            time.sleep(0.02)  # idle again: parked
     finally:
         s.shutdown()

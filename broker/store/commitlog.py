@@ -185,7 +185,8 @@ class CommitLog:
 
     def _warm_in_place(self, mf: MappedFile) -> None:
         """Have the warmer pre-touch the next `warm_ahead_bytes` of the file being written
-        (called under the lock when the writer has used half of the window, and at start).
+        (called under the lock when the writer has used a quarter of the window, and at
+        start).
 
         The warmer faults the pages in without changing a byte, in the background; under
         SYNC_FLUSH it also writes the (zero) pages back, so the group commit's fdatasyncs
@@ -195,7 +196,7 @@ class CommitLog:
         if warmer is None or mf.warmed or mf.is_full():
             self._warm_next_at = self.file_size + 1
             return
-        self._warm_next_at = mf.wrote_position + self._warm_ahead // 2
+        self._warm_next_at = mf.wrote_position + self._warm_ahead // 4
         warmer.wake()
 
     def _file_for(self, n: int) -> MappedFile:

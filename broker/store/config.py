@@ -94,7 +94,7 @@ class StoreConfig:
     # how far ahead of the write position pages are pre-touched (the allocator warms this
     # much of each next file; the writer's warm-ahead advances it as writes go on): a
     # fresh or idle store dirties this much page cache, not whole files
-    warm_ahead_bytes: int = 32 * 1024 * 1024
+    warm_ahead_bytes: int = 64 * 1024 * 1024
 
     # --- consume queue: 20-byte units
     mapped_file_size_consume_queue: int = 300_000 * 20

@@ -77,7 +77,9 @@ class CommitLog:
         self._clock = clock
         self.file_size = config.mapped_file_size_commitlog
         sync = config.flush_mode is FlushMode.SYNC_FLUSH
-        allocator = MappedFileAllocator(warm=config.warm_mapped_file, flush_on_warm=sync)
+        self._warm_ahead = max(config.warm_ahead_bytes, 0)
+        allocator = MappedFileAllocator(warm=config.warm_mapped_file and self._warm_ahead > 0,
+                                        flush_on_warm=sync, warm_limit=self._warm_ahead)
         self.queue = MappedFileQueue(config.commitlog_dir, self.file_size, allocator,
                                      fsync=fsync)
         self.topic_queue_table: dict[str, int] = {}
@@ -87,6 +89,11 @@ class CommitLog:
         self._max_message_size = config.max_message_size
         self._max_record = self.file_size - END_FILE_MIN_BLANK_LENGTH
         self._prepare_next_at = self.file_size // 2
+        # the writer wakes the warmer once it passes this position of the current file
+        self._warm_next_at = 0
+        self._warmer: _Warmer | None = None
+        # called (no lock held) after every append: the dispatcher's wake-up (store.py)
+        self.on_append: Callable[[], None] | None = None
         self._closed = False
         self._msg_id_prefix = self._store_host_raw.hex().upper()
         self.flush_service: FlushCommitLogService | GroupCommitService
@@ -108,12 +115,18 @@ class CommitLog:
 
     def start(self) -> None:
         self.flush_service.start()
+        if self.config.warm_mapped_file and self._warm_ahead > 0 and self._warmer is None:
+            self._warmer = _Warmer(self.queue, self._warm_ahead, self._sync)
+            self._warmer.start()
         files = self.queue.mapped_files
         if files:
             self._warm_in_place(files[-1])
 
     def shutdown(self) -> bool:
         """Stop flushing after a final flush; False when the data is not known on disk."""
+        if self._warmer is not None:
+            self._warmer.stop()
+            self._warmer = None
         self.flush_service.shutdown()
         if self.flush_service.failed is not None:
             return False  # never fsync again after a failed fsync (see flush.py)
@@ -127,6 +140,9 @@ class CommitLog:
         """Unmap every file; a put still in flight gets SERVICE_NOT_AVAILABLE, not a crash."""
         with self._lock:
             self._closed = True
+        if self._warmer is not None:
+            self._warmer.stop()
+            self._warmer = None
         self.queue.shutdown(0)
 
     @property
@@ -161,25 +177,27 @@ class CommitLog:
         new = self.queue.get_last_mapped_file(0, create=True)
         if new is None:  # pragma: no cover - create=True always returns a file
             raise OSError("no commitlog file")
-        self._warm_in_place(new)
+        self._warm_next_at = 0  # _file_for wakes the warmer for it
         # the next file is allocated (and warmed) once this one is half written: early
         # enough to be ready, late enough not to hold two idle files per idle store
         self._prepare_next_at = self.file_size // 2
         return new
 
     def _warm_in_place(self, mf: MappedFile) -> None:
-        """Fault in the pages of a file the writer already uses (the first one, or one the
-        allocator could not prepare in time), in the background, without changing a byte.
+        """Have the warmer pre-touch the next `warm_ahead_bytes` of the file being written
+        (called under the lock when the writer has used a quarter of the window, and at
+        start).
 
-        Not under SYNC_FLUSH: populated pages are dirty, and the group commit's fdatasync
-        would carry them; there only the allocator warms (and flushes) files before use.
+        The warmer faults the pages in without changing a byte, in the background; under
+        SYNC_FLUSH it also writes the (zero) pages back, so the group commit's fdatasyncs
+        carry data only, as the allocator does for the start of each next file.
         """
-        if (not self.config.warm_mapped_file or self._sync or mf.warmed or mf.warming
-                or mf.is_full()):
+        warmer = self._warmer
+        if warmer is None or mf.warmed or mf.is_full():
+            self._warm_next_at = self.file_size + 1
             return
-        mf.warming = True
-        threading.Thread(target=mf.populate, daemon=True,
-                         name=f"populate-{mf.path.name}").start()
+        self._warm_next_at = mf.wrote_position + self._warm_ahead // 4
+        warmer.wake()
 
     def _file_for(self, n: int) -> MappedFile:
         """The file the next `n` bytes go to (rolling over when they do not fit)."""
@@ -192,6 +210,8 @@ class CommitLog:
         if mf.wrote_position >= self._prepare_next_at:
             self._prepare_next_at = self.file_size + 1
             self.queue.prepare_next_file()
+        if mf.wrote_position >= self._warm_next_at:
+            self._warm_in_place(mf)
         return mf
 
     def _now(self) -> int:
@@ -284,6 +304,8 @@ class CommitLog:
         except OSError:
             log.exception("cannot create a commitlog file")
             return PutMessageResult(PutMessageStatus.CREATE_MAPPED_FILE_FAILED)
+        if self.on_append is not None:
+            self.on_append()
         return PutMessageResult(_PUT_OK, AppendMessageResult(
             phy, n, None, ts, qoff, 1, msg_id_prefix=self._msg_id_prefix))
 
@@ -322,6 +344,8 @@ class CommitLog:
         except OSError:
             log.exception("cannot create a commitlog file")
             failed = PutMessageStatus.CREATE_MAPPED_FILE_FAILED
+        if placed and self.on_append is not None:
+            self.on_append()
         results: list[PutMessageResult] = []
         end = -1
         prefix = self._msg_id_prefix
@@ -393,6 +417,8 @@ class CommitLog:
         except OSError:
             log.exception("cannot create a commitlog file")
             return PutMessageResult(PutMessageStatus.CREATE_MAPPED_FILE_FAILED)
+        if self.on_append is not None:
+            self.on_append()
         append = AppendMessageResult(phy, end - phy, None, ts, qoff, batch.count,
                                      msg_id_prefix=self._msg_id_prefix, batch=batch)
         if wait and self._sync and not self.wait_flushed(end):
@@ -519,3 +545,48 @@ class CommitLog:
             self.topic_queue_table = {k: v for k, v in self.topic_queue_table.items()
                                       if not (k.startswith(prefix)
                                               and k[len(prefix):].isdigit())}
+
+
+class _Warmer:
+    """Pre-touches the commitlog file being written, `ahead` bytes past its write position,
+    on a thread of its own: woken by the writer each time it has used half the window, so
+    only pages about to be written are faulted in (and, under SYNC_FLUSH, written back)."""
+
+    def __init__(self, queue: MappedFileQueue, ahead: int, flush: bool) -> None:
+        self._queue = queue
+        self._ahead = ahead
+        self._flush = flush
+        self._event = threading.Event()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="commitlog-warm", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wake(self) -> None:
+        files = self._queue.mapped_files
+        if files:
+            files[-1].warming = True  # until this round is done (bench and tests wait on it)
+        self._event.set()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._event.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(10)
+
+    def _run(self) -> None:
+        while True:
+            self._event.wait()
+            self._event.clear()
+            if self._stopped:
+                return
+            files = self._queue.mapped_files
+            if not files:
+                continue
+            mf = files[-1]
+            try:
+                mf.populate(mf.wrote_position + self._ahead, flush=self._flush)
+            except Exception:  # pragma: no cover - populate swallows the expected ones
+                log.exception("warming %s failed", mf.path.name)
+                mf.warming = False

@@ -89,8 +89,12 @@ class StoreConfig:
     # sync flush: how long a round may wait for as many producers as the previous round
     # acknowledged (0: never wait); see flush.py
     group_commit_max_wait_ms: float = 1.0
-    # pre-allocate and pre-touch the next mapped file in the background
+    # pre-allocate the next mapped file and pre-touch pages in the background
     warm_mapped_file: bool = True
+    # how far ahead of the write position pages are pre-touched (the allocator warms this
+    # much of each next file; the writer's warm-ahead advances it as writes go on): a
+    # fresh or idle store dirties this much page cache, not whole files
+    warm_ahead_bytes: int = 64 * 1024 * 1024
 
     # --- consume queue: 20-byte units
     mapped_file_size_consume_queue: int = 300_000 * 20
@@ -101,7 +105,8 @@ class StoreConfig:
     max_index_num: int = 20_000_000
     max_query_results: int = 64
 
-    # --- dispatch
+    # --- dispatch: every put wakes an idle dispatcher; busy, it waits this long after
+    # each round so the records put meanwhile are dispatched by one round
     dispatch_interval_ms: int = 1
 
     # --- cleanup

@@ -30,6 +30,8 @@ from broker.store.service import ServiceThread
 
 log = logging.getLogger(__name__)
 
+_IDLE_PARK_S = 1.0  # the longest an idle dispatcher sleeps without being woken
+
 
 class CommitLogDispatcher(Protocol):
     """Something that reacts to each record the reput service reads."""
@@ -61,6 +63,7 @@ class ReputService(ServiceThread):
         self.commitlog = commitlog
         self.reput_from_offset = reput_from_offset
         self.interval_s = interval_ms / 1000
+        self.idle_park_s = _IDLE_PARK_S  # idle, woken by puts; this is only a backstop
         self.check_crc = check_crc  # recovery validated the CRCs; appends compute them
         # commitlog offset -> TOTALSIZE of records recovery quarantined: stepped over
         self.skip: dict[int, int] = {}
@@ -199,12 +202,21 @@ class ReputService(ServiceThread):
 
     # --- thread
     def run(self) -> None:
+        # Idle, the thread parks until a put wakes it (`wakeup`, called after every
+        # commitlog append), so the first record after a pause is dispatched at once.
+        # Busy, it lingers `interval_s` after each round that dispatched something: records
+        # put meanwhile are dispatched together by the next round, instead of one round
+        # (and one thread switch) per put.
         while not self.stopped:
+            done = 0
             try:
-                self.do_reput()
+                done = self.do_reput()
             except Exception:
                 log.exception("reput round failed")
-            self.wait_for_running(self.interval_s)
+            if done and self.interval_s > 0:
+                self._stopped.wait(self.interval_s)
+            else:
+                self.wait_for_running(self.idle_park_s)
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the thread, then dispatch whatever is left so nothing written is unindexed."""

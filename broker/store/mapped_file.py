@@ -25,6 +25,8 @@ so cleanup never pulls a mapping from under a reader.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import mmap
 import os
 import threading
@@ -41,6 +43,26 @@ _WARM_CHUNK = 1 << 20  # pre-touch 1 MiB at a time
 _WARM_CHUNK_IN_PLACE = 1 << 18  # 256 KiB per populate call
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
 _ZEROS = bytes(_WARM_CHUNK)
+
+
+def _load_madvise() -> Callable[[int, int, int], int] | None:
+    """libc's madvise through ctypes, which releases the GIL for the call (the mmap
+    module's `madvise` holds it: populating a window would stall every other thread)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fn = libc.madvise
+    except (OSError, AttributeError):  # pragma: no cover - not a glibc/musl system
+        return None
+    fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_madvise = _load_madvise()
+
+
+def _round_up(pos: int) -> int:
+    return pos + (-pos % OS_PAGE_SIZE)
 
 
 def file_name(offset: int) -> str:
@@ -114,6 +136,7 @@ class MappedFile(ReferenceResource):
         self.fsync = fsync  # injectable: tests slow it down or make it fail
         self.warmed = False  # every page past wrote_position pre-touched
         self.warming = False
+        self.warmed_to = 0  # pages below it (and past wrote_position) are pre-touched
         self._init_references()  # the owner's own reference is dropped by shutdown()
         self._cleaned = False
         self._first_shutdown_ms = 0
@@ -210,54 +233,78 @@ class MappedFile(ReferenceResource):
             finally:
                 self.release()
 
-    def warm(self, flush: bool = False) -> None:
-        """Pre-touch every page of a file nobody writes yet, so appends never fault.
+    def warm(self, flush: bool = False, limit: int | None = None) -> None:
+        """Pre-touch the pages of a file nobody writes yet, so appends never fault.
 
-        Writes zeros (the file's content already) a chunk at a time; with `flush` the zeros
-        are also written back, turning the pre-allocated extents into written ones so a
-        later fdatasync only carries data. For a file already in use, see `populate()`.
+        Writes zeros (the file's content already) a chunk at a time up to `limit` (the
+        whole file by default); with `flush` the zeros are also written back, turning the
+        pre-allocated extents into written ones so a later fdatasync only carries data.
+        For a file already in use, see `populate()`.
         """
         if not self.hold():
             self.warming = False
             return
         self.warming = True
+        stop = self.file_size if limit is None else min(_round_up(limit), self.file_size)
         try:
-            pos = self.wrote_position + OS_PAGE_SIZE - 1  # never a page holding data
-            pos -= pos % OS_PAGE_SIZE
-            while pos < self.file_size and self._available:
-                end = min(pos + _WARM_CHUNK, self.file_size)
+            pos = _round_up(max(self.wrote_position, self.warmed_to))  # never a page of data
+            while pos < stop and self._available:
+                end = min(pos + _WARM_CHUNK, stop)
                 self._mm[pos:end] = _ZEROS[:end - pos]
                 pos = end
             if flush and self._available:
                 os.fdatasync(self._fd)
-            self.warmed = True
+            self.warmed_to = max(self.warmed_to, stop)
+            self.warmed = stop >= self.file_size
         except ValueError:  # closed under us (store shutdown): nothing to warm any more
             pass
         finally:
             self.warming = False
             self.release()
 
-    def populate(self) -> None:
-        """Fault in, writable, every page past `wrote_position` of a file in use.
+    def populate(self, limit: int | None = None, flush: bool = False) -> None:
+        """Fault in, writable, the pages past `wrote_position` of a file in use, up to
+        `limit` (the whole file by default).
 
         `MADV_POPULATE_WRITE` maps the pages without changing a byte, so it runs beside
-        the writer without its lock; chunks of 256 KiB with a yield between them keep the
-        writer going meanwhile. A kernel without it (before 5.14) leaves the file as is.
+        the writer without its lock; it is called through libc with the GIL released
+        (1 MiB a call), so the writer and the event loop keep running meanwhile. With
+        `flush` the populated (dirty, zero) pages are written back through a descriptor of
+        its own, so the group commit's fdatasyncs carry only data and a write-back error
+        it meets stays reported on the writer's descriptor. A kernel without the advice
+        (before 5.14) leaves the file as is.
         """
         if not self.hold():
             self.warming = False
             return
         self.warming = True
+        stop = self.file_size if limit is None else min(_round_up(limit), self.file_size)
         try:
-            pos = self.wrote_position + OS_PAGE_SIZE - 1
-            pos -= pos % OS_PAGE_SIZE
-            while pos < self.file_size and self._available:
-                end = min(pos + _WARM_CHUNK_IN_PLACE, self.file_size)
-                self._mm.madvise(MADV_POPULATE_WRITE, pos, end - pos)
-                pos = end
-                time.sleep(0)
-            self.warmed = True
-        except (OSError, ValueError):  # unsupported, or closed under us
+            pos = _round_up(max(self.wrote_position, self.warmed_to))
+            if pos >= stop:
+                return
+            if _madvise is not None:
+                base = ctypes.addressof(ctypes.c_char.from_buffer(self._mm))
+                while pos < stop and self._available:
+                    end = min(pos + _WARM_CHUNK, stop)
+                    if _madvise(base + pos, end - pos, MADV_POPULATE_WRITE) != 0:
+                        raise OSError(ctypes.get_errno(), "madvise(MADV_POPULATE_WRITE)")
+                    pos = end
+            else:  # pragma: no cover - no libc through ctypes
+                while pos < stop and self._available:
+                    end = min(pos + _WARM_CHUNK_IN_PLACE, stop)
+                    self._mm.madvise(MADV_POPULATE_WRITE, pos, end - pos)
+                    pos = end
+                    time.sleep(0)
+            if flush and self._available:
+                fd = os.open(self.path, os.O_RDWR)
+                try:
+                    os.fdatasync(fd)
+                finally:
+                    os.close(fd)
+            self.warmed_to = max(self.warmed_to, stop)
+            self.warmed = stop >= self.file_size
+        except (OSError, ValueError, BufferError):  # unsupported, or closed under us
             pass
         finally:
             self.warming = False

@@ -36,9 +36,13 @@ class MappedFileAllocator:
     file after it.
     """
 
-    def __init__(self, warm: bool = True, flush_on_warm: bool = False) -> None:
+    def __init__(self, warm: bool = True, flush_on_warm: bool = False,
+                 warm_limit: int | None = None) -> None:
         self.warm = warm
         self.flush_on_warm = flush_on_warm
+        # pre-touch only the first `warm_limit` bytes (None: all); the writer's warm-ahead
+        # (CommitLog) carries on from there as it writes
+        self.warm_limit = warm_limit
         self._lock = threading.Lock()
         self._pending: dict[Path, threading.Thread] = {}
         self._ready: dict[Path, MappedFile] = {}
@@ -49,7 +53,7 @@ class MappedFileAllocator:
         try:
             mf = MappedFile(path, size)
             if self.warm:
-                mf.warm(self.flush_on_warm)
+                mf.warm(self.flush_on_warm, self.warm_limit)
         except BaseException as exc:  # reported to the caller of get()
             with self._lock:
                 self._errors[path] = exc

@@ -61,7 +61,10 @@ class ServiceThread:
 
     # --- loop helpers
     def wakeup(self) -> None:
-        self._wakeup.set()
+        # set only when clear: called after every put, and a set Event is a plain read;
+        # a waiter clears the flag before its round, so a put it misses here sets it again
+        if not self._wakeup.is_set():
+            self._wakeup.set()
 
     def wait_for_running(self, interval_s: float) -> None:
         """Park until `interval_s` passes, `wakeup()` is called or the service stops."""

@@ -154,6 +154,8 @@ class MessageStore:
         self.reput = ReputService(self.commitlog, [self.consume_queues, self.index],
                                   interval_ms=config.dispatch_interval_ms)
         self.reput.add_dispatcher(self._tracker)
+        # every append wakes the dispatcher (no polling while idle, no wait once written)
+        self.commitlog.on_append = self.reput.wakeup
         self.cleanup = CleanupService(config, self.commitlog, self.consume_queues, self.index,
                                       disk_usage=disk_usage, clock=self._clock,
                                       dispatched_offset=self._dispatched_offset)

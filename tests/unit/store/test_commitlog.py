@@ -230,3 +230,37 @@ def test_a_batch_across_many_files_is_placed_like_single_puts(tmp_path: Path) ->
     assert after.append is not None and after.append.queue_offset == 40
     batched.close()
     single.close()
+
+
+def test_warm_ahead_touches_a_window_ahead_of_the_writer(tmp_path: Path) -> None:
+    import time
+
+    mib = 1 << 20
+    cl = _open(tmp_path, warm_mapped_file=True, mapped_file_size_commitlog=64 * mib,
+               warm_ahead_bytes=2 * mib)
+    cl.start()
+    mf = cl.queue.get_last_mapped_file(0, create=True)
+    assert mf is not None
+    cl.put_message(message(0, size=1000))
+
+    def settled(at_least: int) -> int:
+        deadline = time.monotonic() + 10
+        while (mf.warming or mf.warmed_to < at_least) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return mf.warmed_to
+
+    # a fresh file: only the window ahead of the write position, not the whole file
+    assert 2 * mib <= settled(2 * mib) <= 3 * mib
+    assert not mf.warmed
+    placed = []
+    for i in range(3000):  # ~3 MiB: the window moves along with the writer
+        r = cl.put_message(message(i, size=1000))
+        assert r.append is not None
+        placed.append((r.append.wrote_offset, i))
+    assert settled(mf.wrote_position + mib) >= mf.wrote_position + mib
+    assert mf.warmed_to <= mf.wrote_position + 3 * mib
+    for offset, i in placed:  # warming never changed a written byte
+        m = cl.look_message(offset)
+        assert m is not None and m.body == message(i, size=1000).body
+    cl.shutdown()
+    cl.close()

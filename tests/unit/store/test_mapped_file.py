@@ -184,3 +184,20 @@ def test_interrupted_creation_leaves_no_short_file(tmp_path: Path) -> None:
     assert [m.file_from_offset for m in again.mapped_files] == [0]
     assert sorted(p.name for p in tmp_path.iterdir()) == [file_name(0)]
     again.shutdown(0)
+
+
+def test_allocator_warms_only_the_first_window_of_the_next_file(tmp_path: Path) -> None:
+    size = 16 * SIZE  # 16 pages; the window is 4 of them
+    alloc = MappedFileAllocator(warm=True, flush_on_warm=True, warm_limit=size // 4)
+    q = MappedFileQueue(tmp_path, size, allocator=alloc)
+    first = q.get_last_mapped_file()
+    assert first is not None
+    q.prepare_next_file()
+    first.append(bytes(size))
+    second = q.get_last_mapped_file()
+    assert second is not None and second.file_from_offset == size
+    assert second.warmed_to == size // 4 and not second.warmed
+    second.append(b"x")
+    second.populate(size // 2, flush=True)  # the writer's warm-ahead carries on from there
+    assert second.warmed_to == size // 2 and second.read(0, 1) == b"x"
+    q.shutdown(0)

@@ -223,3 +223,27 @@ def test_puts_racing_shutdown_are_refused_not_crashed(tmp_path: Path) -> None:
     assert again.recovery is not None and not again.recovery.abnormal
     assert again.get_max_offset_in_queue("TopicA", 0) == stored  # every PUT_OK survived
     again.shutdown()
+
+
+def test_a_put_wakes_the_dispatcher_without_polling(tmp_path: Path) -> None:
+    import time
+
+    # the dispatcher parks a minute when idle: only the put's wake-up can dispatch in time
+    s = MessageStore(small_config(tmp_path))
+    s.reput.idle_park_s = 60
+    s.start()
+    try:
+        time.sleep(0.05)  # let it park
+        for i in range(3):
+            r = s.put_message(message(i))
+            assert r.append is not None
+            end = r.append.wrote_offset + r.append.wrote_bytes
+            deadline = time.monotonic() + 5
+            while not s.reput.is_dispatched(end) and time.monotonic() < deadline:
+                time.sleep(0.001)
+            assert s.reput.is_dispatched(end)
+            got = s.get_messages("g", message(i).topic, message(i).queue_id, i, 1)
+            assert [m.body for m in got.messages] == [message(i).body]
+            time.sleep(0.02)  # idle again: parked
+    finally:
+        s.shutdown()

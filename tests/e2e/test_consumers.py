@@ -240,14 +240,16 @@ def test_receive_engine_renews_the_lease_of_a_slow_handler(transport: Transport)
 
     def slow(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
         calls[msgs[0].message_id] += 1
-        threading.Event().wait(1.2)  # four times the invisible time
+        threading.Event().wait(2.4)  # four times the invisible time
         return ConsumeResult.SUCCESS
 
     with Producer(transport) as producer:
         mid = producer.send(Message("lease", b"x")).message_id
+    # 600 ms leases renewed at half-life: 300 ms of slack for the renewal thread, enough on a
+    # loaded machine (150 ms was not)
     with PushConsumer("lease-g", slow, {"lease": "*"}, transport=transport, engine="receive",
-                      invisible_ms=300, receive_long_poll_ms=100, **FAST) as consumer:
+                      invisible_ms=600, receive_long_poll_ms=100, **FAST) as consumer:
         wait_until(lambda: calls[mid] == 1, what="the delivery")
-        assert stays(lambda: calls[mid] == 1, 2.0), "redelivered while still being handled"
+        assert stays(lambda: calls[mid] == 1, 3.0), "redelivered while still being handled"
         assert transport.broker.in_flight("lease-g", "lease") == []  # type: ignore[attr-defined]
     assert consumer.group == "lease-g"

@@ -18,12 +18,12 @@ carries one handle, so these are sent at once, many in flight, rather than batch
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol
 
+from reliable._linger import LingeringSender
 from reliable.errors import ClientStateError
 from reliable.message import ReceivedMessage
 
@@ -41,34 +41,26 @@ class BatchedAcks(Protocol):
                    done: Callable[[AckResults | BaseException], None]) -> None: ...
 
 
-class AckBatcher:
+class AckBatcher(LingeringSender):
     """One per consumer (group); see the module docstring."""
 
     def __init__(self, transport: Any, group: str, *,
                  linger_ms: float = DEFAULT_ACK_LINGER_MS,
                  batch_size: int = DEFAULT_ACK_BATCH_SIZE,
                  max_in_flight: int = DEFAULT_ACK_IN_FLIGHT) -> None:
+        super().__init__(linger_ms=linger_ms, batch_size=batch_size,
+                         max_in_flight=max_in_flight, thread_name=f"acks-{group}")
         self._t = transport
         self._batched: BatchedAcks | None = (transport if callable(
             getattr(transport, "submit_ack", None)) else None)
         self._group = group
-        self._linger_s = linger_ms / 1000
-        self._batch_size = batch_size
-        self._max_in_flight = max_in_flight
-        self._cond = threading.Condition(threading.Lock())
         self._topics: dict[str, list[tuple[ReceivedMessage, Future[None]]]] = {}
         self._first_at: dict[str, float] = {}
-        self._in_flight = 0
-        self._pending = 0
-        self._waiting = False
-        self._closing = False
         # a transport whose submit_ack runs inline (the in-process broker): a full batch is
         # sent by the caller that filled it, without a hop to the batcher's thread
         self._caller_runs = self._batched is not None and bool(
             getattr(transport, "inline_acks", False))
-        self.requests = 0  # requests sent (observability, tests)
-        self._thread = threading.Thread(target=self._run, name=f"acks-{group}", daemon=True)
-        self._thread.start()
+        self._start_thread()
 
     def ack(self, message: ReceivedMessage) -> Future[None]:
         future: Future[None] = Future()
@@ -95,27 +87,8 @@ class AckBatcher:
             self._send(batch)
         return future
 
-    def close(self, timeout_s: float = 30.0) -> None:
-        """Send every ack that waits, wait for the answers, stop the thread."""
-        with self._cond:
-            self._closing = True
-            self._cond.notify()
-        self._thread.join(timeout_s)
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while True:
-                    batches, wait_s = self._collect(time.monotonic())
-                    if batches:
-                        break
-                    if self._closing and self._pending == 0:
-                        return
-                    self._waiting = True
-                    self._cond.wait(wait_s)
-                    self._waiting = False
-            for batch in batches:
-                self._send(batch)
+    def _emit(self, batch: Any) -> None:
+        self._send(batch)
 
     def _collect(self, now: float
                  ) -> tuple[list[list[tuple[ReceivedMessage, Future[None]]]], float | None]:

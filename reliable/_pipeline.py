@@ -35,6 +35,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from reliable._linger import LingeringSender
 from reliable.errors import BrokerCallError, ClientStateError, FailureKind, SendFailed
 from reliable.message import Message, SendReceipt, SendStatus
 from reliable.retry import SendPolicy, is_flow_control, is_try_elsewhere
@@ -91,32 +92,23 @@ class _Lane:
         self.ordered = ordered
 
 
-class SendPipeline:
+class SendPipeline(LingeringSender):
     """One sender thread per producer; see the module docstring."""
 
     def __init__(self, producer: Producer, transport: PipelinedSends, policy: SendPolicy, *,
                  linger_ms: float, batch_size: int, max_in_flight: int,
                  timeout_s: float) -> None:
+        super().__init__(linger_ms=linger_ms, batch_size=batch_size,
+                         max_in_flight=max_in_flight, thread_name=f"sender-{producer.group}")
         self._producer = producer
         self._transport = transport
         self._policy = policy
-        self._linger_s = linger_ms / 1000
-        self._batch_size = batch_size
-        self._max_in_flight = max_in_flight
         self._timeout_s = timeout_s
-        self._cond = threading.Condition(threading.Lock())
         self._lanes: dict[tuple[str, str | None], _Lane] = {}
-        self._in_flight = 0
-        self._pending = 0  # messages accepted and not yet completed
-        self._waiting = False  # the sender thread sleeps on the condition
-        self._closing = False
         # a transport whose submit_send runs inline (the in-process broker): a full batch
         # is sent by the caller that filled it, without a hop to the sender thread
         self._caller_runs = bool(getattr(transport, "inline_sends", False))
-        self.requests = 0  # requests dispatched (observability, tests)
-        self._thread = threading.Thread(target=self._run, name=f"sender-{producer.group}",
-                                        daemon=True)
-        self._thread.start()
+        self._start_thread()
 
     # --- callers
     def lane_idle(self, message: Message) -> bool:
@@ -168,28 +160,8 @@ class SendPipeline:
         with self._cond:
             lane.urgent = max(lane.urgent - 1, 0)
 
-    def close(self, timeout_s: float = 30.0) -> None:
-        """Send what waits, let requests in flight complete, stop the sender thread."""
-        with self._cond:
-            self._closing = True
-            self._cond.notify()
-        self._thread.join(timeout_s)
-
-    # --- the sender thread
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while True:
-                    batches, wait_s = self._collect(time.monotonic())
-                    if batches:
-                        break
-                    if self._closing and self._pending == 0:
-                        return
-                    self._waiting = True
-                    self._cond.wait(wait_s)
-                    self._waiting = False
-            for lane, items in batches:
-                self._dispatch(lane, items)
+    def _emit(self, batch: tuple[_Lane, list[_Item]]) -> None:
+        self._dispatch(*batch)
 
     def _collect(self, now: float) -> tuple[list[tuple[_Lane, list[_Item]]], float | None]:
         out: list[tuple[_Lane, list[_Item]]] = []

@@ -347,26 +347,8 @@ class GrpcTransport:
         self.requests["SendMessage"] += 1
         call = stub.SendMessage.future(request, timeout=timeout_s or self._timeout,
                                        metadata=self.metadata(self._producer_id))
-
-        def finished(f: Any) -> None:
-            try:
-                response = f.result()
-            except grpc.RpcError as exc:
-                self._forget_route(messages[0].topic)
-                done(TransportError(f"SendMessage to {self.endpoint}: {exc.code().name}: "
-                                    f"{exc.details()}"))
-                return
-            except Exception as exc:  # cancelled on close
-                done(TransportError(f"SendMessage to {self.endpoint}: {exc!r}"))
-                return
-            try:
-                results = self._results(messages, response)
-            except Exception as exc:  # an answer we cannot read fails the whole request
-                done(exc)
-                return
-            done(results)
-
-        call.add_done_callback(finished)
+        self._when_answered(call, "SendMessage", lambda r: self._results(messages, r), done,
+                            on_rpc_error=lambda: self._forget_route(messages[0].topic))
 
     def send(self, message: Message, queue: QueueRef, *, producer_group: str | None = None,
              transactional: bool = False, timeout_s: float | None = None) -> SendReceipt:
@@ -677,20 +659,29 @@ class GrpcTransport:
         self.requests["AckMessage"] += 1
         call = stub.AckMessage.future(request, timeout=self._timeout,
                                       metadata=self.metadata(self._client_of(group)))
+        self._when_answered(call, "AckMessage", lambda r: self._ack_results(messages, r), done)
 
+    def _when_answered(self, call: Any, method: str, read: Callable[[Any], Any],
+                       done: Callable[[Any], None],
+                       on_rpc_error: Callable[[], None] | None = None) -> None:
+        """Hand a future call's outcome to `done` on gRPC's completion thread: `read` of the
+        response, or the error of the whole request (a TransportError for the call itself;
+        an answer that cannot be read fails the whole request too)."""
         def finished(f: Any) -> None:
             try:
                 response = f.result()
             except grpc.RpcError as exc:
-                done(TransportError(f"AckMessage to {self.endpoint}: {exc.code().name}: "
+                if on_rpc_error is not None:
+                    on_rpc_error()
+                done(TransportError(f"{method} to {self.endpoint}: {exc.code().name}: "
                                     f"{exc.details()}"))
                 return
             except Exception as exc:  # cancelled on close
-                done(TransportError(f"AckMessage to {self.endpoint}: {exc!r}"))
+                done(TransportError(f"{method} to {self.endpoint}: {exc!r}"))
                 return
             try:
-                results = self._ack_results(messages, response)
-            except Exception as exc:  # an answer we cannot read fails the whole request
+                results = read(response)
+            except Exception as exc:
                 done(exc)
                 return
             done(results)

@@ -11,8 +11,11 @@ from pathlib import Path
 
 import pytest
 
+import reliable
+from reliable import Transport
 from tests.e2e.grpc import official
 from tests.e2e.grpc.server_process import ServerProcess
+from tests.e2e.helpers import broker_config, store_config
 
 # fast enough for tests, otherwise the defaults: redelivery after 1-2 s instead of >= 10 s
 FAST = ("--min-invisible-ms", "1000", "--long-polling-ms", "5000",
@@ -50,3 +53,24 @@ def make_server(tmp_path: Path, client_home: Path) -> Iterator[Callable[..., Ser
     yield make
     for proc in made:
         proc.kill()
+
+
+def open_transport(request: pytest.FixtureRequest, name: str, tmp_path: Path
+                   ) -> Iterator[Transport]:
+    """A started transport of `name`: the in-process broker over a store in `tmp_path`, or
+    the grpc transport to the module's server process."""
+    if name == "embedded":
+        t = reliable.connect("embedded", store_config=store_config(tmp_path / "store"),
+                             broker_config=broker_config())
+    else:
+        served: ServerProcess = request.getfixturevalue("server")
+        t = reliable.connect("grpc", endpoint=served.endpoint)
+    t.start()
+    yield t
+    t.close()
+
+
+@pytest.fixture(params=["embedded", "grpc"])
+def transport(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Transport]:
+    """The same test over both transports."""
+    yield from open_transport(request, request.param, tmp_path)

@@ -9,8 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -30,20 +29,6 @@ from reliable import (
 )
 from tests.e2e.grpc import official
 from tests.e2e.grpc.server_process import ServerProcess
-from tests.e2e.helpers import broker_config, store_config
-
-
-@pytest.fixture(params=["embedded", "grpc"])
-def transport(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Transport]:
-    if request.param == "embedded":
-        t = reliable.connect("embedded", store_config=store_config(tmp_path / "store"),
-                             broker_config=broker_config())
-    else:
-        server: ServerProcess = request.getfixturevalue("server")
-        t = reliable.connect("grpc", endpoint=server.endpoint)
-    t.start()
-    yield t
-    t.close()
 
 
 def unique(name: str, transport: Transport) -> str:

@@ -9,30 +9,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
-import pytest
-
-import reliable
 from reliable import Message, Producer, ReceivedMessage, SimpleConsumer, Transport
 from reliable.errors import BadRequest, ReceiptHandleError
-from tests.e2e.grpc.server_process import ServerProcess
-from tests.e2e.helpers import broker_config, store_config, wait_until
-
-
-@pytest.fixture(params=["embedded", "grpc"])
-def transport(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Transport]:
-    if request.param == "embedded":
-        t = reliable.connect("embedded", store_config=store_config(tmp_path / "store"),
-                             broker_config=broker_config())
-    else:
-        server: ServerProcess = request.getfixturevalue("server")
-        t = reliable.connect("grpc", endpoint=server.endpoint)
-    t.start()
-    yield t
-    t.close()
+from tests.e2e.helpers import wait_until
 
 
 class InFlightSeam:

@@ -38,8 +38,8 @@ from reliable import (
     Transport,
 )
 from tests.e2e.grpc import official
+from tests.e2e.grpc.conftest import open_transport
 from tests.e2e.grpc.server_process import REPO, ServerProcess
-from tests.e2e.helpers import broker_config, store_config
 
 # quick client intervals for both engines (pull: rebalance / offsets; receive: long polls)
 QUICK = {"rebalance_interval_s": 0.2, "heartbeat_interval_s": 0.2,
@@ -47,30 +47,12 @@ QUICK = {"rebalance_interval_s": 0.2, "heartbeat_interval_s": 0.2,
          "receive_long_poll_ms": 1000, "invisible_ms": 30_000}
 
 
-@pytest.fixture(params=["embedded", "grpc"])
-def transport(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Transport]:
-    yield from _transport(request, request.param, tmp_path)
-
-
 @pytest.fixture(params=["embedded-pull", "embedded-receive", "grpc-receive"])
 def side(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Transport, str]]:
     """A transport and the push consumer's engine on it (both engines on embedded)."""
     name, engine = request.param.split("-")
-    for t in _transport(request, name, tmp_path):
+    for t in open_transport(request, name, tmp_path):
         yield t, engine
-
-
-def _transport(request: pytest.FixtureRequest, name: str, tmp_path: Path
-               ) -> Iterator[Transport]:
-    if name == "embedded":
-        t = reliable.connect("embedded", store_config=store_config(tmp_path / "store"),
-                             broker_config=broker_config())
-    else:
-        server: ServerProcess = request.getfixturevalue("server")
-        t = reliable.connect("grpc", endpoint=server.endpoint)
-    t.start()
-    yield t
-    t.close()
 
 
 def unique(name: str, transport: Transport, *extra: str) -> str:

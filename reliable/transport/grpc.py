@@ -86,6 +86,17 @@ _NO_ADMIN = {
 
 ROUTE_TTL_S = 30.0
 
+
+def _miscounted(response: Any, method: str, expected: int) -> ReliableError:
+    """The error of a whole request whose answer has not one entry per item: the status's
+    own error when it reports one, else a broker fault worth trying elsewhere."""
+    try:
+        wire.check_status(response.status, method)
+    except ReliableError as exc:
+        return exc
+    return BrokerCallError(FailureKind.TRY_ELSEWHERE, f"{method} answered "
+                           f"{len(response.entries)} entries for {expected} items")
+
 class _ConsumerIdentity:
     def __init__(self, group: str, client_id: str) -> None:
         self.group = group
@@ -294,13 +305,7 @@ class GrpcTransport:
                  ) -> list[SendReceipt | BaseException]:
         """One result per message: its receipt, or the error its entry reports."""
         if len(response.entries) != len(messages):
-            try:
-                wire.check_status(response.status, "SendMessage")
-                raise BrokerCallError(FailureKind.TRY_ELSEWHERE,
-                                      f"SendMessage answered {len(response.entries)} entries "
-                                      f"for {len(messages)} messages")
-            except ReliableError as exc:
-                return [exc] * len(messages)
+            return [_miscounted(response, "SendMessage", len(messages))] * len(messages)
         out: list[SendReceipt | BaseException] = []
         for m, entry in zip(messages, response.entries, strict=True):
             try:
@@ -616,13 +621,7 @@ class GrpcTransport:
     def _ack_results(messages: Sequence[ReceivedMessage], response: Any
                      ) -> list[BaseException | None]:
         if len(response.entries) != len(messages):
-            try:
-                wire.check_status(response.status, "AckMessage")
-                raise BrokerCallError(FailureKind.TRY_ELSEWHERE,
-                                      f"AckMessage answered {len(response.entries)} entries "
-                                      f"for {len(messages)} handles")
-            except ReliableError as exc:
-                return [exc] * len(messages)
+            return [_miscounted(response, "AckMessage", len(messages))] * len(messages)
         out: list[BaseException | None] = []
         for entry in response.entries:
             try:

@@ -1,10 +1,6 @@
-"""Topic configuration: queue counts, permission bits, message type, names, persistence.
+"""Topic configuration: queue counts, permission bits, message type, persistence.
 
-Rules follow RocketMQ's `TopicValidator`: a name is 1-127 characters of `[%|a-zA-Z0-9_-]`
-(a group at most 120, so that its `%RETRY%` and `%DLQ%` topics fit the 127 limit);
-the broker's own topics (`SCHEDULE_TOPIC_XXXX`, the transaction half/op topics, the revive
-log, `TBW102`, anything starting `rmq_sys_`) cannot be created or written by users.
-`%RETRY%<group>` and `%DLQ%<group>` are per-group topics the broker creates on demand.
+Name rules (and the broker's own topic names) live in `broker.names`.
 
 Persisted in `config/topics.json` (atomic write, `.bak` fallback):
 
@@ -16,12 +12,33 @@ Persisted in `config/topics.json` (atomic write, `.bak` fallback):
 from __future__ import annotations
 
 import enum
-import re
 import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
-from broker.errors import InvalidArgument, InvalidGroupName, InvalidTopicName, SystemTopicReserved
+from broker.errors import InvalidArgument
+from broker.names import (  # noqa: F401  re-exported until every importer uses broker.names
+    AUTO_CREATE_TEMPLATE_TOPIC,
+    DLQ_GROUP_TOPIC_PREFIX,
+    GROUP_MAX_LENGTH,
+    RETRY_GROUP_TOPIC_PREFIX,
+    REVIVE_TOPIC,
+    SCHEDULE_TOPIC,
+    SYSTEM_GROUP_PREFIX,
+    SYSTEM_TOPIC_PREFIX,
+    SYSTEM_TOPICS,
+    TOPIC_MAX_LENGTH,
+    TRANS_HALF_TOPIC,
+    TRANS_OP_HALF_TOPIC,
+    dlq_topic,
+    is_dlq_topic,
+    is_retry_topic,
+    is_system_topic,
+    retry_topic,
+    validate_group_name,
+    validate_topic_name,
+    validate_user_topic,
+)
 from broker.store.json_config import ConfigShapeError, JsonConfigFile, flag, integer, obj, text
 
 # --- permission bits (RocketMQ PermName)
@@ -44,87 +61,6 @@ def is_writeable(perm: int) -> bool:
 def perm_to_string(perm: int) -> str:
     return ("R" if is_readable(perm) else "-") + ("W" if is_writeable(perm) else "-") + (
         "X" if perm & PERM_INHERIT else "-")
-
-
-# --- names
-TOPIC_MAX_LENGTH = 127  # the record's TOPICLEN is one signed byte
-_NAME = re.compile(r"^[%|a-zA-Z0-9_-]+$")
-
-RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
-# a group's retry and DLQ topics must fit the topic limit: 127 - len("%RETRY%") = 120
-GROUP_MAX_LENGTH = TOPIC_MAX_LENGTH - len(RETRY_GROUP_TOPIC_PREFIX)
-DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
-SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
-TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
-TRANS_OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
-REVIVE_TOPIC = "rmq_sys_REVIVE_LOG"
-AUTO_CREATE_TEMPLATE_TOPIC = "TBW102"
-SYSTEM_TOPIC_PREFIX = "rmq_sys_"
-SYSTEM_TOPICS = frozenset({
-    SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, REVIVE_TOPIC,
-    AUTO_CREATE_TEMPLATE_TOPIC, "BenchmarkTest", "OFFSET_MOVED_EVENT", "SELF_TEST_TOPIC",
-    "RMQ_SYS_TRACE_TOPIC", "rmq_sys_wheel_timer",
-})
-# groups the broker uses for its own bookkeeping in the offset table
-SYSTEM_GROUP_PREFIX = "CID_RMQ_SYS_"
-
-
-def retry_topic(group: str) -> str:
-    return RETRY_GROUP_TOPIC_PREFIX + group
-
-
-def dlq_topic(group: str) -> str:
-    return DLQ_GROUP_TOPIC_PREFIX + group
-
-
-def is_retry_topic(topic: str) -> bool:
-    return topic.startswith(RETRY_GROUP_TOPIC_PREFIX)
-
-
-def is_dlq_topic(topic: str) -> bool:
-    return topic.startswith(DLQ_GROUP_TOPIC_PREFIX)
-
-
-def is_system_topic(topic: str) -> bool:
-    return topic in SYSTEM_TOPICS or topic.startswith(SYSTEM_TOPIC_PREFIX)
-
-
-def validate_topic_name(name: object) -> str:
-    """The name itself, or InvalidTopicName saying exactly what is wrong."""
-    if not isinstance(name, str):
-        raise InvalidTopicName(repr(name), "must be a string")
-    if not name or not name.strip():
-        raise InvalidTopicName(name, "must not be blank")
-    if len(name) > TOPIC_MAX_LENGTH:
-        raise InvalidTopicName(name, f"is {len(name)} characters; at most {TOPIC_MAX_LENGTH}")
-    if not _NAME.match(name):
-        bad = sorted({c for c in name if not _NAME.match(c)})
-        raise InvalidTopicName(
-            name, f"contains {''.join(bad)!r}; allowed are letters, digits, '%', '|', '_', '-'")
-    return name
-
-
-def validate_user_topic(name: object) -> str:
-    """A topic a user may create or send to: valid and not a system topic."""
-    topic = validate_topic_name(name)
-    if is_system_topic(topic):
-        raise SystemTopicReserved(topic)
-    return topic
-
-
-def validate_group_name(name: object) -> str:
-    if not isinstance(name, str):
-        raise InvalidGroupName(repr(name), "must be a string")
-    if not name or not name.strip():
-        raise InvalidGroupName(name, "must not be blank")
-    if len(name) > GROUP_MAX_LENGTH:
-        raise InvalidGroupName(name, f"is {len(name)} characters; at most {GROUP_MAX_LENGTH} "
-                                     f"(so that %RETRY%<group> fits the topic limit)")
-    if not _NAME.match(name):
-        bad = sorted({c for c in name if not _NAME.match(c)})
-        raise InvalidGroupName(
-            name, f"contains {''.join(bad)!r}; allowed are letters, digits, '%', '|', '_', '-'")
-    return name
 
 
 class TopicMessageType(enum.Enum):

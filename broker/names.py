@@ -1,0 +1,115 @@
+"""Topic and group names: the one place their rules and the broker's own names are defined.
+
+Rules follow RocketMQ's `TopicValidator`: a name is 1-127 characters of `[%|a-zA-Z0-9_-]`
+(a group at most 120, so that its `%RETRY%` and `%DLQ%` topics fit the 127 limit); the
+broker's own topics (`SCHEDULE_TOPIC_XXXX`, the transaction half/op topics, the revive log,
+`TBW102`, anything starting `rmq_sys_`) cannot be created or written by users.
+`%RETRY%<group>` and `%DLQ%<group>` are per-group topics the broker creates on demand.
+
+Every layer checks names with these functions: the `*_problem` functions say what is wrong
+(or None) so that a layer can raise its own error type; the `validate_*` functions raise the
+broker's.
+"""
+
+from __future__ import annotations
+
+import re
+
+from broker.errors import InvalidGroupName, InvalidTopicName, SystemTopicReserved
+
+TOPIC_MAX_LENGTH = 127  # the record's TOPICLEN is one signed byte
+_NAME = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+
+RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
+DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
+# a group's retry and DLQ topics must fit the topic limit: 127 - len("%RETRY%") = 120
+GROUP_MAX_LENGTH = TOPIC_MAX_LENGTH - len(RETRY_GROUP_TOPIC_PREFIX)
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
+TRANS_OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
+REVIVE_TOPIC = "rmq_sys_REVIVE_LOG"
+AUTO_CREATE_TEMPLATE_TOPIC = "TBW102"
+SYSTEM_TOPIC_PREFIX = "rmq_sys_"
+SYSTEM_TOPICS = frozenset({
+    SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, REVIVE_TOPIC,
+    AUTO_CREATE_TEMPLATE_TOPIC, "BenchmarkTest", "OFFSET_MOVED_EVENT", "SELF_TEST_TOPIC",
+    "RMQ_SYS_TRACE_TOPIC", "rmq_sys_wheel_timer",
+})
+# groups the broker uses for its own bookkeeping in the offset table
+SYSTEM_GROUP_PREFIX = "CID_RMQ_SYS_"
+
+
+def retry_topic(group: str) -> str:
+    return RETRY_GROUP_TOPIC_PREFIX + group
+
+
+def dlq_topic(group: str) -> str:
+    return DLQ_GROUP_TOPIC_PREFIX + group
+
+
+def is_retry_topic(topic: str) -> bool:
+    return topic.startswith(RETRY_GROUP_TOPIC_PREFIX)
+
+
+def is_dlq_topic(topic: str) -> bool:
+    return topic.startswith(DLQ_GROUP_TOPIC_PREFIX)
+
+
+def is_system_topic(topic: str) -> bool:
+    return topic in SYSTEM_TOPICS or topic.startswith(SYSTEM_TOPIC_PREFIX)
+
+
+def _chars_problem(name: str) -> str | None:
+    if _NAME.match(name):
+        return None
+    bad = sorted({c for c in name if not _NAME.match(c)})
+    return f"contains {''.join(bad)!r}; allowed are letters, digits, '%', '|', '_', '-'"
+
+
+def topic_name_problem(name: object) -> str | None:
+    """What is wrong with `name` as a topic name, or None when it is a valid one."""
+    if not isinstance(name, str):
+        return "must be a string"
+    if not name or not name.strip():
+        return "must not be blank"
+    if len(name) > TOPIC_MAX_LENGTH:
+        return f"is {len(name)} characters; at most {TOPIC_MAX_LENGTH}"
+    return _chars_problem(name)
+
+
+def group_name_problem(name: object) -> str | None:
+    """What is wrong with `name` as a group name, or None when it is a valid one."""
+    if not isinstance(name, str):
+        return "must be a string"
+    if not name or not name.strip():
+        return "must not be blank"
+    if len(name) > GROUP_MAX_LENGTH:
+        return (f"is {len(name)} characters; at most {GROUP_MAX_LENGTH} "
+                f"(so that %RETRY%<group> fits the topic limit)")
+    return _chars_problem(name)
+
+
+def validate_topic_name(name: object) -> str:
+    """The name itself, or InvalidTopicName saying exactly what is wrong."""
+    problem = topic_name_problem(name)
+    if problem is not None:
+        raise InvalidTopicName(name if isinstance(name, str) else repr(name), problem)
+    assert isinstance(name, str)
+    return name
+
+
+def validate_user_topic(name: object) -> str:
+    """A topic a user may create or send to: valid and not a system topic."""
+    topic = validate_topic_name(name)
+    if is_system_topic(topic):
+        raise SystemTopicReserved(topic)
+    return topic
+
+
+def validate_group_name(name: object) -> str:
+    """The name itself, or InvalidGroupName saying exactly what is wrong."""
+    problem = group_name_problem(name)
+    if problem is not None:
+        raise InvalidGroupName(name if isinstance(name, str) else repr(name), problem)
+    assert isinstance(name, str)
+    return name

@@ -31,7 +31,7 @@ from typing import Any
 
 import grpc
 
-from broker.protocol_stubs import definition_pb2, service_pb2, service_pb2_grpc
+from broker.protocol_pb import definition_pb2, service_pb2, service_pb2_grpc
 
 BODY = b"x" * 1024
 MAX_BATCH = 1024

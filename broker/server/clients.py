@@ -24,7 +24,7 @@ from typing import Any
 
 import grpc
 
-from broker.protocol_stubs import definition_pb2, service_pb2
+from broker.protocol_pb import definition_pb2, service_pb2
 from broker.server import convert
 from broker.server.context import CallInfo, ServerContext
 from broker.server.decoding import Undecodable

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.errors import BrokerError
-from broker.protocol_stubs import service_pb2
+from broker.protocol_pb import service_pb2
 from broker.server import convert, validation
 from broker.server.clients import ClientHandlers
 from broker.server.codes import Code

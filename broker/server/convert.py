@@ -18,7 +18,7 @@ import socket
 import zlib
 from typing import Any
 
-from broker.protocol_stubs import definition_pb2
+from broker.protocol_pb import definition_pb2
 from broker.server.errors import BadRequest, ServerError
 from broker.server.validation import RESERVED_PROPERTIES
 from broker.store.message import Message, MessageExt, Prop

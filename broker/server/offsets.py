@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.protocol_stubs import definition_pb2, service_pb2
+from broker.protocol_pb import definition_pb2, service_pb2
 from broker.server import convert
 from broker.server.context import CallInfo, ServerContext
 from broker.server.errors import BadRequest, IllegalOffset, OffsetNotFound, TopicNotFound

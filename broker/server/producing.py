@@ -18,7 +18,7 @@ import logging
 from typing import Any
 
 from broker.errors import ResponseCode, SendRejected
-from broker.protocol_stubs import service_pb2
+from broker.protocol_pb import service_pb2
 from broker.results import PUT_STATUS_CODES, SendResult
 from broker.server import convert, validation
 from broker.server.clients import ClientHandlers

@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 
-from broker.protocol_stubs import service_pb2
+from broker.protocol_pb import service_pb2
 from broker.server import convert
 from broker.server.clients import ClientHandlers
 from broker.server.consuming import ConsumerHandlers

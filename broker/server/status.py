@@ -13,7 +13,7 @@ import logging
 from typing import Any
 
 from broker import errors as be
-from broker.protocol_stubs import definition_pb2
+from broker.protocol_pb import definition_pb2
 from broker.server.codes import Code
 from broker.server.errors import ServerError
 from broker.server.ratelimit import LogLimiter

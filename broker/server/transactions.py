@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.protocol_stubs import service_pb2
+from broker.protocol_pb import service_pb2
 from broker.server import convert
 from broker.server.errors import InvalidTransactionId
 from broker.server.status import ok

@@ -27,7 +27,7 @@ from reliable.errors import (
     ReceiptHandleError,
 )
 from reliable.message import ReceivedMessage
-from reliable.transport._stubs import definition_pb2, service_pb2
+from reliable.transport._pb import definition_pb2, service_pb2
 
 if TYPE_CHECKING:
     from reliable.transport.grpc import GrpcTransport

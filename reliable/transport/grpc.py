@@ -56,7 +56,7 @@ from reliable.errors import (
 )
 from reliable.message import Message, ReceivedMessage, SendReceipt, SendStatus
 from reliable.transport import _grpc_wire as wire
-from reliable.transport._stubs import definition_pb2, service_pb2, service_pb2_grpc
+from reliable.transport._pb import definition_pb2, service_pb2, service_pb2_grpc
 from reliable.transport.base import (
     Capability,
     ConsumeFrom,

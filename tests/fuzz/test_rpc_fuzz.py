@@ -30,7 +30,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.protocol_stubs import service_pb2
+from broker.protocol_pb import service_pb2
 from broker.server.admin import AdminClient
 from broker.server.codes import Code
 from tests.e2e.grpc.server_process import ServerProcess

@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from broker.broker import Broker
-from broker.protocol_stubs import service_pb2, service_pb2_grpc
+from broker.protocol_pb import service_pb2, service_pb2_grpc
 from broker.server.codes import Code
 from broker.server.config import ServerConfig
 from broker.server.server import MessagingServer

@@ -104,7 +104,7 @@ def test_admin_against_running_and_stopped_broker(
 def test_no_auto_create_topics(make_server: Callable[..., ServerProcess]) -> None:
     import grpc
 
-    from broker.protocol_stubs import service_pb2, service_pb2_grpc
+    from broker.protocol_pb import service_pb2, service_pb2_grpc
     from broker.server.codes import Code
 
     server = make_server("--no-auto-create-topics")

@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 import pytest
 
-from broker.protocol_stubs import service_pb2, service_pb2_grpc
+from broker.protocol_pb import service_pb2, service_pb2_grpc
 from broker.server import auth
 from broker.server.codes import Code
 from tests.e2e.grpc.conftest import FAST

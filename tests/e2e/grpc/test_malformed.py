@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 import pytest
 
-from broker.protocol_stubs import service_pb2, service_pb2_grpc
+from broker.protocol_pb import service_pb2, service_pb2_grpc
 from broker.server.codes import Code
 from tests.e2e.grpc import official
 from tests.e2e.grpc.server_process import ServerProcess

@@ -131,7 +131,7 @@ def test_resend_worker_over_grpc_resends_a_stub_with_no_known_queue(
 
 def test_query_offset_by_timestamp(grpc_transport: Any) -> None:
     """TIMESTAMP finds the first offset stored at/after the time; it needs a timestamp."""
-    from reliable.transport._stubs import service_pb2
+    from reliable.transport._pb import service_pb2
 
     t = grpc_transport
     with Producer(t) as producer:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from broker.broker import Broker
-from broker.protocol_stubs import definition_pb2
+from broker.protocol_pb import definition_pb2
 from broker.server.clients import ClientHandlers
 from broker.server.config import ServerConfig
 from broker.server.context import CallInfo, ServerContext

@@ -1,7 +1,7 @@
-"""The protocol's generated stubs, from the official client package, without its side effects.
+"""The protocol's generated modules (`*_pb2`), loaded from the official client package.
 
 The one loader for both sides of the wire: `broker.server` serves with these modules and
-`reliable.transport` (through `reliable.transport._stubs`) calls with them. It imports nothing
+`reliable.transport` (through `reliable.transport._pb`) calls with them. It imports nothing
 else from `broker`, so the framework can use it without loading the broker.
 
 `rocketmq-python-client` ships the generated `apache.rocketmq.v2` modules in

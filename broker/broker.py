@@ -709,9 +709,11 @@ class Broker:
             max_reconsume_times=limit)
         self._stored(retry_msg.topic, self.store.put_message(retry_msg))
 
-    def reconsume_directly(self, group: str, commitlog_offset: int) -> SendResult:
+    def reconsume_directly(self, group: str, commitlog_offset: int, *,
+                           properties: Mapping[str, str] | None = None) -> SendResult:
         """Admin: deliver one stored message to `group` again, now, through its retry topic
-        (any topic's message, e.g. one from the DLQ). Reconsume times are kept."""
+        (any topic's message, e.g. one from the DLQ). Reconsume times are kept; `properties`
+        are added to the copy (e.g. what operator action made it)."""
         self._require_running()
         self._group(group)
         stored = look_checked(self.store, commitlog_offset)
@@ -723,6 +725,7 @@ class Broker:
                                    retry_queue_id=random.randrange(rcfg.write_queue_nums),
                                    max_reconsume_times=self.max_delivery_attempts(group) - 1)
         direct = unschedule_now(copy, reconsume_times=stored.reconsume_times)
+        direct.properties.update(properties or {})
         result = self._stored(direct.topic, self.store.put_message(direct))
         assert result.append is not None
         return SendResult(result.status, stored.msg_id, result.append.msg_id, direct.topic,

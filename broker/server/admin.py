@@ -35,6 +35,9 @@ gave up on: from then on the server moves every message of that message group to
 `%DLQ%<group>` (in order, with `PARKED_MESSAGE_GROUP`) instead of delivering it, until an
 operator calls `UnparkMessageGroup` (see `broker.parking`).
 
+Messages (`QueryMessage`, `TraceMessage`, `SendMessage`, `ReconsumeMessage`) and
+`TopicStatus` are the operator operations of `broker.admin`, documented there.
+
 A response is `{"ok": true, "result": ...}` or `{"ok": false, "code": "<protocol code name>",
 "message": ...}`. The same access keys as the messaging service apply.
 """
@@ -48,6 +51,7 @@ from typing import Any
 
 import grpc
 
+from broker.admin import methods as operator_methods
 from broker.broker import Broker
 from broker.offsets import ConsumeFromWhere
 from broker.server.errors import BadRequest
@@ -92,6 +96,7 @@ class AdminOps:
             "ListParkedGroups": self.list_parked, "UnparkMessageGroup": self.unpark,
             "MakeGroupFifo": self.make_group_fifo,
         }
+        self.methods.update(operator_methods(broker))
 
     def call(self, method: str, params: dict[str, Any]) -> Any:
         op = self.methods.get(method)

@@ -56,6 +56,8 @@ _BY_RESPONSE_CODE: dict[be.ResponseCode, Code] = {
     be.ResponseCode.TOPIC_NOT_EXIST: Code.TOPIC_NOT_FOUND,
     be.ResponseCode.INVALID_PARAMETER: Code.BAD_REQUEST,
     be.ResponseCode.MESSAGE_TYPE_MISMATCH: Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+    be.ResponseCode.QUERY_NOT_FOUND: Code.MESSAGE_NOT_FOUND,
+    be.ResponseCode.REQUEST_CODE_NOT_SUPPORTED: Code.NOT_IMPLEMENTED,
 }
 
 

@@ -1,0 +1,39 @@
+"""Operator operations on a `Broker`, one module per noun: what `reliable admin` runs.
+
+`broker.server.admin` is the protocol adapter (JSON bodies over the admin gRPC service);
+the operations themselves live here, split by what they act on, because they are broker
+logic that the CLI's `--store` mode runs on a stopped store exactly as the server runs
+them, and because each noun (messages, topics; dead letters and groups later) grows its
+own set of queries and actions:
+
+    messages   query (by id, key, unique key, queue offset, time), send, reconsume
+    trace      every record and consumer-group state of one business message
+    topics     per-queue status (min/max offset, last store time)
+
+Each operation takes a JSON-shaped `dict` of parameters and returns a JSON-shaped `dict`;
+arguments are checked here (`InvalidArgument`, a protocol BAD_REQUEST) and a message that
+is not there is `MessageNotFound` (MESSAGE_NOT_FOUND). `methods(broker)` is the table the
+admin service merges into its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from broker.broker import Broker
+
+
+def methods(broker: Broker) -> dict[str, Callable[[dict[str, Any]], Any]]:
+    """The admin service's methods these modules implement, by protocol method name."""
+    from broker.admin.messages import MessageOps
+    from broker.admin.topics import topic_status
+    from broker.admin.trace import trace_message
+
+    ops = MessageOps(broker)
+    return {
+        "QueryMessage": ops.query, "SendMessage": ops.send,
+        "ReconsumeMessage": ops.reconsume,
+        "TraceMessage": lambda params: trace_message(broker, params),
+        "TopicStatus": lambda params: topic_status(broker, params),
+    }

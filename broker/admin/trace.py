@@ -1,0 +1,311 @@
+"""`TraceMessage {key, topic?, limit?, scan?}`: everything the broker knows about one
+business message, in time order.
+
+The message is named by a key, a client message id (UNIQ_KEY) or an offset message id.
+Records found (through the index, exactly: see `broker.admin.messages`), then every
+record carrying the same UNIQ_KEY in any topic, each given a role:
+
+    original        the producer's record, in its topic
+    delayed         a producer's delayed message waiting in SCHEDULE_TOPIC_XXXX
+    half            a transactional half message (RMQ_SYS_TRANS_HALF_TOPIC)
+    retry-scheduled a send-back copy waiting for its delay level (REAL_TOPIC=%RETRY%<g>)
+    retry           that copy moved to %RETRY%<g> when due
+    reconsume       an operator's copy in %RETRY%<g> (OPERATOR_ACTION=reconsume)
+    dead-letter     the copy in %DLQ%<g>
+
+Per consumer group and readable record (the original for every group that has offsets on
+its topic, retry and reconsume copies for their group): the group's committed offset on
+the record's queue (past the record: consumed), whether it is in flight now, and, from the
+invisible-time log (`rmq_sys_REVIVE_LOG`, read from the oldest record's store time on, at
+most `scan` entries), every delivery (attempt, invisible until) and when the group was
+done with it. Done right after a dead-letter copy of that group was stored means
+dead-lettered; otherwise acknowledged.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker.admin import params as p
+from broker.admin.messages import MessageFinder, check_id, searchable_topics
+from broker.broker import Broker
+from broker.names import (
+    DLQ_GROUP_TOPIC_PREFIX,
+    RETRY_GROUP_TOPIC_PREFIX,
+    REVIVE_TOPIC,
+    SCHEDULE_TOPIC,
+    SYSTEM_GROUP_PREFIX,
+    TRANS_HALF_TOPIC,
+    is_dlq_topic,
+    is_retry_topic,
+)
+from broker.store import query
+from broker.store.message import MessageExt, Prop
+
+DEFAULT_RECORDS = 200
+DEFAULT_SCAN = 100_000  # invisible-time log entries read per trace
+_ADMIN_GROUP = SYSTEM_GROUP_PREFIX + "ADMIN"
+_READ_BATCH = 64
+_SLACK_MS = 1_000  # the log's first relevant entry may be stored just before the record
+
+
+def role_of(msg: MessageExt) -> tuple[str, str | None]:
+    """(role, consumer group the record is for, if any)."""
+    from broker.admin.messages import OPERATOR_ACTION
+
+    if msg.topic == SCHEDULE_TOPIC:
+        real = msg.properties.get(Prop.REAL_TOPIC, "")
+        if is_retry_topic(real):
+            return "retry-scheduled", real[len(RETRY_GROUP_TOPIC_PREFIX):]
+        return "delayed", None
+    if msg.topic == TRANS_HALF_TOPIC:
+        return "half", None
+    if is_retry_topic(msg.topic):
+        group = msg.topic[len(RETRY_GROUP_TOPIC_PREFIX):]
+        return ("reconsume" if OPERATOR_ACTION in msg.properties else "retry"), group
+    if is_dlq_topic(msg.topic):
+        return "dead-letter", msg.topic[len(DLQ_GROUP_TOPIC_PREFIX):]
+    return "original", None
+
+
+@dataclass
+class _Readable:
+    """One record a group reads, and what the group did with it."""
+
+    msg: MessageExt
+    group: str
+    committed: int = -1
+    in_flight: bool = False
+    deliveries: list[tuple[int, int, int]] = field(default_factory=list)  # time, attempt, until
+    done_ms: int | None = None
+    done_how: str | None = None
+
+
+def _event(time_ms: int, kind: str, detail: str, msg: MessageExt | None = None,
+           group: str | None = None, **extra: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"time_ms": time_ms, "time": p.iso_ms(time_ms), "source": "broker",
+                           "kind": kind, "group": group, "detail": detail}
+    if msg is not None:
+        out.update(topic=msg.topic, queue_id=msg.queue_id, queue_offset=msg.queue_offset,
+                   offset_msg_id=msg.offset_msg_id)
+    out.update(extra)
+    return out
+
+
+def _stored_event(msg: MessageExt, role: str, group: str | None) -> dict[str, Any]:
+    where = f"{msg.topic} queue {msg.queue_id} offset {msg.queue_offset}"
+    if role == "original":
+        text = f"stored in {where}"
+    elif role == "delayed":
+        due = msg.properties.get(Prop.TIMER_DELIVER_MS)
+        text = f"stored delayed in {where}" + (f", due {p.iso_ms(int(due))}" if due else "")
+    elif role == "half":
+        text = f"stored as a transactional half message in {where}"
+    elif role == "retry-scheduled":
+        due = msg.properties.get(Prop.TIMER_DELIVER_MS)
+        text = (f"handed back by {group}: retry {msg.reconsume_times} scheduled in {where}"
+                + (f", due {p.iso_ms(int(due))}" if due else ""))
+    elif role == "retry":
+        text = f"retry {msg.reconsume_times} for {group} in {where}"
+    elif role == "reconsume":
+        from broker.admin.messages import OPERATOR
+
+        text = (f"operator {msg.properties.get(OPERATOR, '?')} re-sent it to {group}: "
+                f"copy in {where}")
+    else:
+        text = (f"dead-lettered by {group} after {msg.reconsume_times + 1} deliveries: "
+                f"copy in {where}")
+    return _event(msg.store_timestamp, role, text, msg, group)
+
+
+def trace_message(broker: Broker, params: dict[str, Any]) -> dict[str, Any]:
+    key = check_id(p.text(params, "key", required=True) or "")
+    topic = p.topic(params)
+    limit = p.integer(params, "limit", DEFAULT_RECORDS, minimum=1) or DEFAULT_RECORDS
+    limit = min(limit, p.MAX_LIMIT)
+    scan = p.integer(params, "scan", DEFAULT_SCAN, minimum=0)
+    assert scan is not None
+    store = broker.store
+    everywhere = searchable_topics(store)
+    if topic is None:
+        topics = everywhere
+    else:
+        topics = [t for t in everywhere if t == topic or is_retry_topic(t) or is_dlq_topic(t)
+                  or t in (SCHEDULE_TOPIC, TRANS_HALF_TOPIC)]
+    find = MessageFinder(broker)
+    found, more = find.by_id(key, topics, limit, match=query.KeyMatch.ANY)
+    records = {m.commitlog_offset: m for m in found}
+    # every copy of each message found carries its UNIQ_KEY: follow it into every topic
+    for uk in sorted({m.unique_key for m in found if m.unique_key and m.unique_key != key}):
+        copies, cut = find.by_id(uk, topics, limit)
+        more = more or cut
+        for m in copies:
+            records.setdefault(m.commitlog_offset, m)
+    ordered = sorted(records.values(), key=lambda m: (m.store_timestamp, m.commitlog_offset))
+    if len(ordered) > limit:
+        ordered, more = ordered[-limit:], True
+    roles = {m.commitlog_offset: role_of(m) for m in ordered}
+    events = [_stored_event(m, *roles[m.commitlog_offset]) for m in ordered]
+
+    # which group reads which record
+    groups = sorted(c.group for c in broker.groups())
+    readables: list[_Readable] = []
+    for m in ordered:
+        role, group = roles[m.commitlog_offset]
+        if role == "original":
+            readers = [g for g in groups if broker.offsets_of(g, m.topic)]
+        elif role in ("retry", "reconsume") and group is not None:
+            readers = [group]
+        else:
+            readers = []
+        for g in readers:
+            committed = broker.query_offset(g, m.topic, m.queue_id)
+            leased = any(f.queue_id == m.queue_id and f.queue_offset == m.queue_offset
+                         for f in broker.in_flight(g, m.topic))
+            readables.append(_Readable(m, g, committed, leased))
+    scanned, complete = _read_pop_log(broker, readables, ordered, scan)
+    dead_letters = [m for m in ordered if roles[m.commitlog_offset][0] == "dead-letter"]
+    for r in readables:
+        for at, attempt, until in r.deliveries:
+            events.append(_event(at, "delivered", f"delivered to {r.group} (attempt {attempt}, "
+                                 f"invisible until {p.iso_ms(until)})", r.msg, r.group,
+                                 attempt=attempt))
+        if r.done_ms is not None:
+            last = max((d[0] for d in r.deliveries), default=None)
+            r.done_how = "skipped" if last is None else "acknowledged"
+            if last is not None and any(
+                    d.topic == DLQ_GROUP_TOPIC_PREFIX + r.group and last <= d.store_timestamp
+                    <= r.done_ms for d in dead_letters):
+                r.done_how = "dead-lettered"
+            text = {"acknowledged": f"acknowledged by {r.group}",
+                    "dead-lettered": f"{r.group} gave up on it (dead-lettered)",
+                    "skipped": f"skipped by {r.group} (filtered by tag, or before the "
+                               "group's start)"}[r.done_how]
+            events.append(_event(r.done_ms, r.done_how, text, r.msg, r.group))
+    events.sort(key=lambda e: (e["time_ms"], _ORDER.get(e["kind"], 5)))
+    return {
+        "key": key, "topic": topic,
+        "message_ids": sorted({m.unique_key or m.offset_msg_id for m in ordered}),
+        "records": [dict(p.message_json(m), role=roles[m.commitlog_offset][0],
+                         group=roles[m.commitlog_offset][1]) for m in ordered],
+        "groups": _group_summaries(readables, ordered, roles),
+        "events": events, "more": more,
+        "pop_log": {"scanned": scanned, "complete": complete},
+    }
+
+
+# same millisecond: a record is stored before it is delivered, delivered before it is done
+_ORDER = {"original": 0, "delayed": 0, "half": 0, "retry-scheduled": 1, "retry": 1,
+          "reconsume": 1, "dead-letter": 2, "delivered": 3, "acknowledged": 4,
+          "dead-lettered": 4, "skipped": 4}
+
+
+def _read_pop_log(broker: Broker, readables: list[_Readable], ordered: list[MessageExt],
+                  scan: int) -> tuple[int, bool]:
+    """Deliveries and completions of `readables` from the invisible-time log; returns
+    (entries read, whether the log was read to its end)."""
+    if not readables or scan <= 0:
+        return 0, not readables
+    store = broker.store
+    by_place: dict[tuple[str, str, int, int], _Readable] = {
+        (r.group, r.msg.topic, r.msg.queue_id, r.msg.queue_offset): r for r in readables}
+    wanted = {(g, t) for g, t, _q, _o in by_place}
+    start_ms = min(m.store_timestamp for m in ordered) - _SLACK_MS
+    offset = max(store.get_offset_in_queue_by_time(REVIVE_TOPIC, 0, start_ms),
+                 store.get_min_offset_in_queue(REVIVE_TOPIC, 0))
+    end = store.get_max_offset_in_queue(REVIVE_TOPIC, 0)
+    scanned = 0
+    while offset < end and scanned < scan:
+        got = store.get_messages(_ADMIN_GROUP, REVIVE_TOPIC, 0, offset,
+                                 min(_READ_BATCH, scan - scanned))
+        if not got.messages:
+            if got.next_begin_offset <= offset:
+                break
+            offset = got.next_begin_offset
+            continue
+        for entry in got.messages:
+            offset = entry.queue_offset + 1
+            scanned += 1
+            try:
+                record = json.loads(entry.body)
+                group, topic, ops = record["g"], record["t"], record["ops"]
+            except (ValueError, KeyError, TypeError):
+                continue
+            if (group, topic) not in wanted:
+                continue
+            for op in ops:
+                _apply(op, group, topic, entry.store_timestamp, by_place)
+    return scanned, offset >= end
+
+
+def _apply(op: list[Any], group: str, topic: str, at: int,
+           by_place: dict[tuple[str, str, int, int], _Readable]) -> None:
+    if not op or op[0] not in ("L", "D"):
+        return
+    qid = int(op[1])
+    if op[0] == "L":
+        r = by_place.get((group, topic, qid, int(op[2])))
+        if r is not None:
+            r.deliveries.append((at, int(op[3]), int(op[4])))
+            r.done_ms = None  # delivered again after being done: not done any more
+        return
+    lo, hi = int(op[2]), int(op[3])
+    for (g, t, q, o), r in by_place.items():
+        if g == group and t == topic and q == qid and lo <= o < hi and r.done_ms is None:
+            r.done_ms = at
+
+
+def _group_summaries(readables: list[_Readable], ordered: list[MessageExt],
+                     roles: dict[int, tuple[str, str | None]]) -> list[dict[str, Any]]:
+    names = sorted({r.group for r in readables}
+                   | {g for role, g in roles.values() if g is not None})
+    out = []
+    for g in names:
+        mine = sorted((r for r in readables if r.group == g),
+                      key=lambda r: (r.msg.store_timestamp, r.msg.commitlog_offset))
+        copies = [m for m in ordered if roles[m.commitlog_offset][1] == g]
+        dead = [m for m in copies if roles[m.commitlog_offset][0] == "dead-letter"]
+        sendbacks = [m for m in copies if roles[m.commitlog_offset][0] == "retry-scheduled"]
+        reconsumed = [m for m in copies if roles[m.commitlog_offset][0] == "reconsume"]
+        deliveries = sorted(d for r in mine for d in r.deliveries)
+        redeliveries = [d for r in mine for d in r.deliveries if d[1] > 1]
+        retry_times = sorted([d[0] for d in redeliveries]
+                             + [m.store_timestamp for m in sendbacks])
+        last = mine[-1] if mine else None
+        consumed = last is not None and (
+            last.done_how == "acknowledged"
+            or (last.done_ms is None and not last.deliveries and not last.in_flight
+                and last.committed > last.msg.queue_offset))
+        if last is None:
+            state = "dead-lettered" if dead else "not read by this group"
+        elif last.in_flight:
+            state = "in flight"
+        elif consumed:
+            state = "acknowledged"
+        elif last.done_how == "dead-lettered":
+            state = "dead-lettered"
+        elif last.done_how == "skipped":
+            state = "skipped"
+        elif last.deliveries:
+            state = "delivered, not acknowledged (will be redelivered)"
+        else:
+            state = "not delivered yet"
+        out.append({
+            "group": g, "state": state,
+            "delivered": bool(deliveries) or any(r.committed > r.msg.queue_offset for r in mine),
+            "deliveries": len(deliveries), "acknowledged": consumed,
+            "retries": len(retry_times), "retry_times": [p.iso_ms(t) for t in retry_times],
+            "dead_lettered": bool(dead),
+            "dead_lettered_at": [p.iso_ms(m.store_timestamp) for m in dead],
+            "reconsumed": len(reconsumed),
+            "records": [{"topic": r.msg.topic, "queue_id": r.msg.queue_id,
+                         "queue_offset": r.msg.queue_offset,
+                         "offset_msg_id": r.msg.offset_msg_id,
+                         "committed_offset": r.committed,
+                         "committed_past": r.committed > r.msg.queue_offset,
+                         "in_flight": r.in_flight, "deliveries": len(r.deliveries),
+                         "done": r.done_how} for r in mine],
+        })
+    return out

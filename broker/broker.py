@@ -53,6 +53,8 @@ from broker.produce import (
     scheduled_copy,
     without_delay,
 )
+from broker.receipt import SEPARATOR as RECEIPT_SEPARATOR
+from broker.receipt import VERSION as RECEIPT_VERSION
 from broker.results import (
     PULL_STATUS,
     PUT_STATUS_CODES,
@@ -773,10 +775,18 @@ class Broker:
         wait_ms = min(max(long_poll_ms, 0), self.config.long_poll_max_ms)
         deadline = time.monotonic() + wait_ms / 1000.0
         queue_ids = list(range(cfg.read_queue_nums))
+        retry = self._retry_config(group, topic, fifo)
         while True:
             version = self._notifier.version(topic)
-            entries = self._pop.receive(group, topic, queue_ids, want, invisible_ms, tags,
-                                        fifo=fifo, max_attempts=gcfg.max_delivery_attempts)
+            # the group's retry topic first (RocketMQ's pop reads it too): copies an operator
+            # or the outbox sent to this group alone (reconsume, DLQ replay, resend)
+            entries = [] if retry is None else self._pop.receive(
+                group, retry.name, list(range(retry.read_queue_nums)), want, invisible_ms, tags,
+                fifo=False, max_attempts=gcfg.max_delivery_attempts)
+            if len(entries) < want:
+                entries += self._pop.receive(group, topic, queue_ids, want - len(entries),
+                                             invisible_ms, tags, fifo=fifo,
+                                             max_attempts=gcfg.max_delivery_attempts)
             parked = self.parked.of(group, topic)
             if parked and entries:
                 kept = self._divert_parked(group, topic, entries, parked)
@@ -787,6 +797,33 @@ class Broker:
             if entries or remaining_ms <= 0 or not self._running:
                 return entries
             self._notifier.wait({topic: version}, remaining_ms)
+
+    def _retry_config(self, group: str, topic: str, fifo: bool) -> TopicConfig | None:
+        """The group's retry topic, when an invisible-time receive of `topic` reads it too:
+        it exists, the group is neither FIFO nor has parked message groups there, and its
+        live consumers subscribe to `topic` alone. (One retry topic serves all of a group's
+        topics; a group reading several would be handed one topic's copies as another's.)"""
+        name = retry_topic(group)
+        if fifo or topic == name or self.parked.of(group, topic):
+            return None
+        cfg = self._topics.get(name)
+        if cfg is None:
+            return None
+        subscribed = [{t for t in c.subscriptions if not is_retry_topic(t)}
+                      for c in self._consumers.consumers(group)]
+        if not subscribed or any(s != {topic} for s in subscribed):
+            return None
+        return cfg
+
+    @staticmethod
+    def _lease_topic(group: str, topic: str, receipt_handle: str) -> str:
+        """The topic a receipt handle's lease is on: the group's retry topic for a message
+        `receive` took from it (the client only knows the topic it asked for), else `topic`."""
+        name = retry_topic(group)
+        if isinstance(receipt_handle, str) and receipt_handle.startswith(
+                f"{RECEIPT_VERSION}{RECEIPT_SEPARATOR}{name}{RECEIPT_SEPARATOR}"):
+            return name
+        return topic
 
     def _divert_parked(self, group: str, topic: str, entries: list[ReceivedEntry],
                        parked: frozenset[str]) -> list[ReceivedEntry]:
@@ -812,7 +849,7 @@ class Broker:
         self._require_running()
         validate_group_name(group)
         validate_topic_name(topic)
-        self._pop.ack(group, topic, receipt_handle)
+        self._pop.ack(group, self._lease_topic(group, topic, receipt_handle), receipt_handle)
 
     def ack_batch(self, group: str, topic: str,
                   receipt_handles: Sequence[str]) -> list[BrokerError | None]:
@@ -820,7 +857,17 @@ class Broker:
         self._require_running()
         validate_group_name(group)
         validate_topic_name(topic)
-        return list(self._pop.ack_many(group, topic, list(receipt_handles)))
+        handles = list(receipt_handles)
+        on = [self._lease_topic(group, topic, h) for h in handles]
+        if all(t == topic for t in on):
+            return list(self._pop.ack_many(group, topic, handles))
+        out: list[BrokerError | None] = [None] * len(handles)
+        for lease_topic in set(on):
+            at = [i for i, t in enumerate(on) if t == lease_topic]
+            for i, error in zip(at, self._pop.ack_many(group, lease_topic,
+                                                       [handles[i] for i in at]), strict=True):
+                out[i] = error
+        return out
 
     def change_invisible_duration(self, group: str, topic: str, receipt_handle: str,
                                   invisible_ms: int) -> str:
@@ -831,7 +878,8 @@ class Broker:
         validate_group_name(group)
         validate_topic_name(topic)
         self._check_invisible(invisible_ms, minimum=0)
-        return self._pop.change_invisible_duration(group, topic, receipt_handle, invisible_ms)
+        return self._pop.change_invisible_duration(
+            group, self._lease_topic(group, topic, receipt_handle), receipt_handle, invisible_ms)
 
     def forward_to_dlq(self, group: str, topic: str, receipt_handle: str, *,
                        park: bool = False) -> None:
@@ -849,7 +897,8 @@ class Broker:
                 return True
             return message_group in self.parked.of(group, topic)
 
-        self._pop.forward_to_dlq(group, topic, receipt_handle, parked=parked)
+        self._pop.forward_to_dlq(group, self._lease_topic(group, topic, receipt_handle),
+                                 receipt_handle, parked=parked)
 
     def park_message_group(self, group: str, topic: str, message_group: str) -> bool:
         """Park a message group (an ordered consumer gave up on one of its messages): from

@@ -35,7 +35,7 @@ from typing import Any
 from broker.admin import params as p
 from broker.admin.params import MessageNotFound
 from broker.broker import Broker
-from broker.errors import BrokerError, InvalidArgument, ResponseCode
+from broker.errors import BrokerError, GroupNotFound, InvalidArgument, ResponseCode
 from broker.names import (
     REVIVE_TOPIC,
     TRANS_OP_HALF_TOPIC,
@@ -282,7 +282,7 @@ class MessageOps:
                 "supported: the RocketMQ 5 protocol our clients speak has no such command; "
                 "reconsume to the whole group instead (the group's retry topic)")
         if self.broker.get_group(group) is None:
-            raise InvalidArgument(f"consumer group {group!r} does not exist")
+            raise GroupNotFound(group)
         source = self.pick_source(msg_id, topic)
         sent = self.broker.reconsume_directly(
             group, source.commitlog_offset,

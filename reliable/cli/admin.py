@@ -41,9 +41,9 @@ def _target(p: argparse.ArgumentParser) -> None:
 def register(sub: Any) -> None:
     p = sub.add_parser("admin", help="administer topics and groups", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    nouns = p.add_subparsers(dest="admin_noun", metavar="<topic|group|store>")
+    nouns = p.add_subparsers(dest="admin_noun", metavar="<topic|group|store|message>")
     topic = nouns.add_parser("topic", help="create, list and show topics")
-    tverbs = topic.add_subparsers(dest="verb", metavar="<create|list|show>")
+    tverbs = topic.add_subparsers(dest="verb", metavar="<create|list|show|status>")
     c = tverbs.add_parser("create", help="create or update a topic (mqadmin updateTopic)")
     c.add_argument("name")
     c.add_argument("--queues", type=int, default=4, help="read and write queues (default 4)")
@@ -83,7 +83,10 @@ def register(sub: Any) -> None:
     _target(gs)
     gs.set_defaults(handler=_run("GetGroup", lambda a: {"name": a.name, "topic": a.topic}))
     store = _register_store(nouns)
-    for parser in (p, topic, group, store):
+    from reliable.cli.admin_message import register as register_messages
+
+    message = register_messages(nouns, tverbs)
+    for parser in (p, topic, group, store, message):
         parser.set_defaults(handler=lambda _a, parser=parser: (
             parser.print_help(sys.stderr), ExitCode.USAGE)[1])
 

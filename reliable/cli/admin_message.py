@@ -1,0 +1,400 @@
+"""`reliable admin message query|trace|send|reconsume` and `reliable admin topic status`:
+find any stored message, follow it, send one, deliver one to a group again (mqadmin's
+queryMsgById / queryMsgByKey / queryMsgByUniqueKey / queryMsgByOffset, sendMessage,
+consumeMessage, topicStatus).
+
+Every command runs against a running broker (`--endpoint HOST:PORT`) or a stopped store
+(`--store DIR`) with the same output, a table for people or one JSON document (`--json`).
+
+Exit codes: 0 found / done; 1 nothing found (or the broker refused); 2 bad command line or
+a malformed argument (an id that cannot be one, a bad time); 4 the broker is unreachable.
+
+Examples:
+    reliable admin message query --key order-42 --topic orders --endpoint 127.0.0.1:8081
+    reliable admin message query --id 7F00000100002A9F0000000000000000 --store ./store --body
+    reliable admin message query --topic orders --since 2026-11-23T10:00Z --until 1h --json
+    reliable admin message trace order-42 --endpoint 127.0.0.1:8081 --db postgresql://...
+    reliable admin message send orders '{"order": 42}' --key order-42 --tag created
+    reliable admin message reconsume 0A0B0C0D... --group billing --endpoint 127.0.0.1:8081
+    reliable admin topic status orders --endpoint 127.0.0.1:8081
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import getpass
+import json
+import re
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from reliable import admin_messages as api
+from reliable.cli.exit_codes import ExitCode
+
+PROG = "reliable admin"
+# protocol codes that mean "the arguments cannot name anything": a usage error
+_USAGE_CODES = frozenset({"BAD_REQUEST", "ILLEGAL_TOPIC", "ILLEGAL_CONSUMER_GROUP",
+                          "ILLEGAL_MESSAGE_ID", "ILLEGAL_MESSAGE_KEY", "NOT_IMPLEMENTED"})
+_RELATIVE = re.compile(r"^(\d+)([smhd])$")
+_UNIT_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+class CommandFailed(Exception):
+    """A command ends with one line on stderr and an exit code."""
+
+    def __init__(self, message: str, exit_code: ExitCode) -> None:
+        self.exit_code = exit_code
+        super().__init__(message)
+
+
+# ---------------------------------------------------------------------- command line
+def register(nouns: Any, topic_verbs: Any) -> argparse.ArgumentParser:
+    """Add the `message` noun and `topic status`; returns the `message` parser."""
+    from reliable.cli.admin import _target
+
+    message: argparse.ArgumentParser = nouns.add_parser(
+        "message", help="find, trace, send and reconsume messages", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    verbs = message.add_subparsers(dest="verb", metavar="<query|trace|send|reconsume>")
+
+    q = verbs.add_parser(
+        "query", help="find messages by id, key, unique key, queue offset or time",
+        description="Find stored messages, newest first, at most --limit of them (a line "
+                    "says when more match). One form: --id (offset message id or client "
+                    "message id, in every topic unless --topic); --key or --unique-key with "
+                    "--topic; --topic --queue --offset; --topic with --since and/or --until. "
+                    "Keys are matched exactly (hash collisions are never returned). Exit 1 "
+                    "when nothing matches.")
+    form = q.add_mutually_exclusive_group()
+    form.add_argument("--id", dest="msg_id", metavar="ID",
+                      help="an offset message id or a client message id (both are tried)")
+    form.add_argument("--key", help="one of the messages' keys (needs --topic)")
+    form.add_argument("--unique-key", metavar="KEY",
+                      help="the client message id (UNIQ_KEY) (needs --topic)")
+    form.add_argument("--offset", type=int, metavar="N",
+                      help="a queue offset (needs --topic and --queue)")
+    q.add_argument("--topic", help="the topic to look in")
+    q.add_argument("--queue", type=int, metavar="Q", help="a queue id of --topic")
+    q.add_argument("--since", metavar="TIME", help="stored at or after TIME: ISO-8601 "
+                   "(UTC unless it has an offset), epoch milliseconds, or 30m/2h/1d ago")
+    q.add_argument("--until", metavar="TIME", help="stored at or before TIME (same forms)")
+    q.add_argument("--limit", type=int, default=32,
+                   help=f"at most this many messages (default 32, at most {api.MAX_LIMIT})")
+    q.add_argument("--body", action="store_true",
+                   help="print bodies (as text when they decode as UTF-8, else hex)")
+    _target(q)
+    q.set_defaults(handler=_handler(_query))
+
+    t = verbs.add_parser(
+        "trace", help="everything known about one business message, in time order",
+        description="Follow one business message, named by a key, a client message id or "
+                    "an offset message id: every broker record (original, retry and "
+                    "schedule copies, dead letters, operator copies), per consumer group "
+                    "its deliveries, retries, acknowledgement or dead-lettering, and with "
+                    "--db the outbox stub and the consumption-log and confirmation rows. "
+                    "Exit 1 when nothing is known about it.")
+    t.add_argument("key_or_id", metavar="KEY_OR_ID")
+    t.add_argument("--topic", help="the message's topic (default: look in every topic)")
+    t.add_argument("--db", metavar="URL", default=None,
+                   help="SQLAlchemy URL of the database holding the outbox tables")
+    t.add_argument("--table-prefix", default="reliable_", help="outbox table name prefix")
+    t.add_argument("--schema", default=None, help="database schema of the outbox tables")
+    t.add_argument("--limit", type=int, default=200, help="at most this many broker records")
+    _target(t)
+    t.set_defaults(handler=_handler(_trace))
+
+    s = verbs.add_parser("send", help="store one message (mqadmin sendMessage)",
+                         description="Send one message, as a producer would (a fresh client "
+                                     "message id), and print its ids and offsets.")
+    s.add_argument("topic")
+    s.add_argument("body", help="the body, as text (UTF-8)")
+    s.add_argument("--key", action="append", default=[], dest="keys",
+                   help="a key (repeat for several)")
+    s.add_argument("--tag", default=None)
+    s.add_argument("--property", action="append", default=[], metavar="NAME=VALUE",
+                   dest="properties", help="a user property (repeat for several)")
+    _target(s)
+    s.set_defaults(handler=_handler(_send))
+
+    r = verbs.add_parser(
+        "reconsume", help="deliver one stored message to a group again",
+        description="Write a copy of the message to %%RETRY%%<group>, so that only GROUP "
+                    "receives it again (the copy keeps the client message id, and says "
+                    "OPERATOR_ACTION=reconsume and who did it). --client (RocketMQ's "
+                    "CONSUME_MESSAGE_DIRECTLY to one client) is not supported: the protocol "
+                    "our clients speak cannot deliver to one client.")
+    r.add_argument("msg_id", metavar="ID", help="offset message id or client message id")
+    r.add_argument("--group", required=True, help="the consumer group to deliver it to")
+    r.add_argument("--topic", default=None, help="the original topic, if the id names "
+                                                 "messages in several")
+    r.add_argument("--client", default=None, metavar="CLIENT_ID",
+                   help="not supported (see above); refused with exit 2")
+    r.add_argument("--operator", default=None,
+                   help="who does this, recorded on the copy (default: the login name)")
+    _target(r)
+    r.set_defaults(handler=_handler(_reconsume))
+
+    st = topic_verbs.add_parser("status", help="per queue: min/max offset, last store time "
+                                               "(mqadmin topicStatus)")
+    st.add_argument("name")
+    _target(st)
+    st.set_defaults(handler=_handler(_topic_status))
+    return message
+
+
+def parse_time(value: str, *, now_ms: int | None = None) -> int:
+    """Epoch ms from ISO-8601 (naive = UTC), epoch ms digits, or `30m`/`2h`/`1d` ago."""
+    text = value.strip()
+    if text.isdigit():
+        return int(text)
+    m = _RELATIVE.match(text)
+    if m:
+        now = now_ms if now_ms is not None else time.time_ns() // 1_000_000
+        return now - int(m.group(1)) * _UNIT_MS[m.group(2)]
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise CommandFailed(f"{value!r} is not a time: use ISO-8601 (2026-11-23T10:00:00Z), "
+                            "epoch milliseconds, or 30m/2h/1d ago", ExitCode.USAGE) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+# ---------------------------------------------------------------------- running
+def _handler(run: Callable[[argparse.Namespace, api.AdminCaller], int]
+             ) -> Callable[[argparse.Namespace], int]:
+    def handler(args: argparse.Namespace) -> int:
+        try:
+            with open_admin(args) as admin:
+                return run(args, admin)
+        except CommandFailed as exc:
+            print(f"{PROG}: {exc}", file=sys.stderr)
+            return exc.exit_code
+
+    return handler
+
+
+@contextlib.contextmanager
+def open_admin(args: argparse.Namespace) -> Iterator[api.AdminCaller]:
+    """The admin service of `--endpoint`, or of `--store` opened in this process; a failed
+    call raises CommandFailed with the exit code it means."""
+    from broker.server.admin import AdminCallError
+
+    try:
+        if args.endpoint:
+            yield from _remote(args)
+        else:
+            yield from _local(args)
+    except AdminCallError as exc:
+        code = exc.code
+        raise CommandFailed(str(exc), ExitCode.USAGE if code in _USAGE_CODES
+                            else ExitCode.FAILURE) from None
+
+
+def _remote(args: argparse.Namespace) -> Iterator[api.AdminCaller]:
+    import grpc
+
+    from broker.server.admin import AdminClient
+
+    client = AdminClient(args.endpoint, tls=args.tls, ca_file=args.ca_file,
+                         access_key=args.access_key, secret_key=args.secret_key)
+    try:
+        yield client
+    except grpc.RpcError as exc:
+        raise CommandFailed(f"{args.endpoint}: {exc.code().name}: {exc.details()}",
+                            ExitCode.UNAVAILABLE) from None
+    finally:
+        client.close()
+
+
+class _StoreAdmin:
+    """The admin service's operations on a broker opened in this process."""
+
+    def __init__(self, broker: Any) -> None:
+        from broker.server.admin import AdminOps
+
+        self._ops = AdminOps(broker)
+
+    def call(self, method: str, **params: Any) -> Any:
+        from broker.errors import BrokerError
+        from broker.server.admin import AdminCallError
+        from broker.server.errors import ServerError
+        from broker.server.status import code_of
+        from broker.store.errors import StoreError
+
+        try:
+            return self._ops.call(method, params)
+        except (ServerError, BrokerError, StoreError) as exc:
+            raise AdminCallError(code_of(exc).name, str(exc)) from None
+
+
+def _local(args: argparse.Namespace) -> Iterator[api.AdminCaller]:
+    from broker.broker import Broker
+    from broker.errors import BrokerError
+    from broker.store.config import StoreConfig
+    from broker.store.errors import StoreError
+
+    store_dir: Path = args.store
+    if not (store_dir / "commitlog").is_dir():
+        raise CommandFailed(f"{store_dir}: not a store directory (no commitlog/)",
+                            ExitCode.USAGE)
+    if (store_dir / "abort").exists() and not args.force:
+        raise CommandFailed(f"{store_dir}: a broker seems to run on this store (abort file "
+                            "present); use --endpoint, or --force if it crashed",
+                            ExitCode.FAILURE)
+    try:
+        broker = Broker(StoreConfig(store_dir=store_dir))
+        broker.start()
+    except (BrokerError, StoreError, OSError) as exc:
+        raise CommandFailed(f"cannot open {store_dir}: {exc}", ExitCode.FAILURE) from None
+    try:
+        yield _StoreAdmin(broker)
+    finally:
+        broker.shutdown()
+
+
+def _print_json(doc: Any) -> None:
+    print(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False))
+
+
+def table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> list[str]:
+    """Lines of columns padded to their widest cell; an empty cell shows as `-`."""
+    cells = [[str(c) for c in header]] + [["-" if c is None or c == "" else str(c)
+                                           for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+            for r in cells]
+
+
+# ---------------------------------------------------------------------- query
+def _query(args: argparse.Namespace, admin: api.AdminCaller) -> int:
+    if not 1 <= args.limit <= api.MAX_LIMIT:
+        raise CommandFailed(f"--limit must be 1..{api.MAX_LIMIT}", ExitCode.USAGE)
+    since = parse_time(args.since) if args.since else None
+    until = parse_time(args.until) if args.until else None
+    if args.msg_id is None and args.key is None and args.unique_key is None \
+            and args.offset is None and (args.topic is None or (since is None
+                                                                 and until is None)):
+        raise CommandFailed("give --id, --key, --unique-key, --offset, or --topic with "
+                            "--since/--until", ExitCode.USAGE)
+    found = api.query_messages(admin, msg_id=args.msg_id, key=args.key,
+                               unique_key=args.unique_key, topic=args.topic,
+                               queue=args.queue, offset=args.offset, since_ms=since,
+                               until_ms=until, limit=args.limit, body=args.body)
+    messages = found["messages"]
+    if args.json:
+        _print_json(found)
+    else:
+        for line in render_messages(messages, body=args.body):
+            print(line)
+        if found["more"]:
+            print(f"(more messages match: only the newest {len(messages)} are shown; raise "
+                  "--limit or narrow the query)")
+    if not messages:
+        if not args.json:
+            print(f"{PROG}: no message found", file=sys.stderr)
+        return ExitCode.FAILURE
+    return ExitCode.OK
+
+
+def render_messages(messages: list[dict[str, Any]], *, body: bool) -> list[str]:
+    if not messages:
+        return []
+    lines = table([(m["store_time"], m["topic"], m["queue_id"], m["queue_offset"],
+                    m["commitlog_offset"], m["offset_msg_id"], m["msg_id"], m["tags"],
+                    " ".join(m["keys"]), m["reconsume_times"], m["size"]) for m in messages],
+                  ("STORE TIME", "TOPIC", "QUEUE", "OFFSET", "COMMITLOG", "OFFSET MSG ID",
+                   "MSG ID", "TAGS", "KEYS", "RECONSUMED", "SIZE"))
+    for m in messages:
+        lines.append("")
+        lines.append(f"{m['offset_msg_id']}  ({m['topic']} queue {m['queue_id']} offset "
+                     f"{m['queue_offset']})")
+        lines.append(f"  born        {m['born_time']} at {m['born_host']}")
+        lines.append(f"  stored      {m['store_time']} at {m['store_host']}")
+        lines.append(f"  body        {m['body_size']} bytes" + (
+            f" ({m['body_encoding']}): {m['body']}" if body and "body" in m else ""))
+        for i, (name, value) in enumerate(sorted(m["properties"].items())):
+            lines.append(f"  {'properties' if i == 0 else '':<11} {name}={value}")
+    return lines
+
+
+# ---------------------------------------------------------------------- trace
+def _trace(args: argparse.Namespace, admin: api.AdminCaller) -> int:
+    from reliable.cli.admin_trace import run_trace
+
+    return run_trace(args, admin)
+
+
+# ---------------------------------------------------------------------- send / reconsume
+def _send(args: argparse.Namespace, admin: api.AdminCaller) -> int:
+    props: dict[str, str] = {}
+    for item in args.properties:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise CommandFailed(f"--property {item!r}: expected NAME=VALUE", ExitCode.USAGE)
+        props[name] = value
+    sent = api.send_message(admin, args.topic, args.body, keys=args.keys, tag=args.tag,
+                            properties=props)
+    if args.json:
+        _print_json(sent)
+    else:
+        for line in table([(sent["msg_id"], sent["offset_msg_id"], sent["topic"],
+                            sent["queue_id"], sent["queue_offset"], sent["commitlog_offset"],
+                            sent["status"])],
+                          ("MSG ID", "OFFSET MSG ID", "TOPIC", "QUEUE", "OFFSET", "COMMITLOG",
+                           "STATUS")):
+            print(line)
+    return ExitCode.OK
+
+
+def _reconsume(args: argparse.Namespace, admin: api.AdminCaller) -> int:
+    if args.client:
+        raise CommandFailed(
+            "--client: delivering a message to one client (RocketMQ's "
+            "CONSUME_MESSAGE_DIRECTLY) is not supported: the RocketMQ 5 protocol our clients "
+            "speak has no command for it; leave out --client to deliver it to the whole "
+            "group (nothing was sent)", ExitCode.USAGE)
+    operator = args.operator or _login()
+    done = api.reconsume_message(admin, args.msg_id, args.group, topic=args.topic,
+                                 operator=operator)
+    if args.json:
+        _print_json(done)
+    else:
+        src, copy = done["source"], done["copy"]
+        print(f"re-sent {done['msg_id']} ({src['topic']} queue {src['queue_id']} offset "
+              f"{src['queue_offset']}) to group {done['group']}:")
+        for line in table([(copy["topic"], copy["queue_id"], copy["queue_offset"],
+                            copy["commitlog_offset"], copy["offset_msg_id"])],
+                          ("COPY IN", "QUEUE", "OFFSET", "COMMITLOG", "OFFSET MSG ID")):
+            print(line)
+    return ExitCode.OK
+
+
+def _login() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
+# ---------------------------------------------------------------------- topic status
+def _topic_status(args: argparse.Namespace, admin: api.AdminCaller) -> int:
+    status = api.topic_status(admin, args.name)
+    if args.json:
+        _print_json(status)
+        return ExitCode.OK
+    print(f"topic {status['topic']}: {status['messages']} messages held, last stored "
+          f"{status['last_store_time'] or 'never'}")
+    for line in table([(q["queue_id"], q["min_offset"], q["max_offset"], q["messages"],
+                        q["first_store_time"], q["last_store_time"])
+                       for q in status["queues"]],
+                      ("QUEUE", "MIN OFFSET", "MAX OFFSET", "MESSAGES", "FIRST STORED",
+                       "LAST STORED")):
+        print(line)
+    return ExitCode.OK

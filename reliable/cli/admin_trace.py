@@ -1,0 +1,198 @@
+"""`reliable admin message trace`: the broker's trace of one business message, and with
+`--db` what the outbox and the consumers wrote about it, merged into one timeline.
+
+The broker part is the admin service's `TraceMessage` (`broker.admin.trace`). The database
+part lives here, in the composition root, because only here do broker and outbox meet:
+
+    outbox stub        created (the business transaction committed), status, sends,
+                       last error, last update
+    consumption log    per group: processing started; dead-lettered (the group gave up)
+    confirmation       per group: confirmed (outcome SUCCESS or DISCARDED)
+
+Stubs are found by the message ids the broker knows and by the traced value itself (as a
+message id, or as one of a stub's keys: a message the broker never received is found too).
+Outbox timestamps are naive UTC, as the outbox writes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+from reliable import admin_messages as api
+from reliable.cli.admin_message import PROG, CommandFailed, _print_json, table
+from reliable.cli.exit_codes import ExitCode
+
+
+def run_trace(args: argparse.Namespace, admin: api.AdminCaller) -> int:
+    if not 1 <= args.limit <= api.MAX_LIMIT:
+        raise CommandFailed(f"--limit must be 1..{api.MAX_LIMIT}", ExitCode.USAGE)
+    doc = api.trace_message(admin, args.key_or_id, topic=args.topic, limit=args.limit)
+    if args.db:
+        outbox = outbox_trace(args.db, args.table_prefix, args.schema, args.key_or_id,
+                              doc["message_ids"])
+        doc["outbox"] = outbox
+        doc["events"] = sorted(doc["events"] + outbox.pop("events"),
+                               key=lambda e: (e["time_ms"], _SOURCE_ORDER[e["source"]]))
+        known = bool(doc["records"] or outbox["stubs"] or outbox["confirmations"]
+                     or outbox["consumption_log"])
+    else:
+        known = bool(doc["records"])
+    if args.json:
+        _print_json(doc)
+    else:
+        for line in render_trace(doc):
+            print(line)
+    if not known:
+        if not args.json:
+            print(f"{PROG}: nothing known about {args.key_or_id!r}", file=sys.stderr)
+        return ExitCode.FAILURE
+    return ExitCode.OK
+
+
+_SOURCE_ORDER = {"outbox": 0, "broker": 1, "consumer": 2}
+
+
+def _ms(value: datetime | None) -> int | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return int(value.timestamp() * 1000)
+
+
+def _iso(value: datetime | None) -> str | None:
+    ms = _ms(value)
+    if ms is None:
+        return None
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def _event(at: datetime, source: str, kind: str, detail: str, *, group: str | None = None,
+           message_id: str | None = None) -> dict[str, Any]:
+    return {"time_ms": _ms(at), "time": _iso(at), "source": source, "kind": kind,
+            "group": group, "detail": detail, "message_id": message_id}
+
+
+def outbox_trace(db_url: str, prefix: str, schema: str | None, key: str,
+                 message_ids: list[str]) -> dict[str, Any]:
+    """Stubs, consumption-log and confirmation rows of the message, and their events."""
+    import sqlalchemy as sa
+
+    from outbox.errors import OutboxError
+    from outbox.models import OutboxTables
+    from outbox.schema import require_tables
+
+    tables = OutboxTables(prefix=prefix, schema=schema)
+    try:
+        engine = sa.create_engine(db_url)
+    except (sa.exc.SQLAlchemyError, ImportError, ValueError) as exc:
+        raise CommandFailed(f"--db: {str(exc).splitlines()[0]}", ExitCode.USAGE) from None
+    try:
+        require_tables(engine, tables)
+        with engine.connect() as conn:
+            return _read(conn, tables, key, message_ids)
+    except OutboxError as exc:
+        raise CommandFailed(str(exc), ExitCode.FAILURE) from None
+    except sa.exc.SQLAlchemyError as exc:
+        raise CommandFailed(f"database unavailable: {str(exc).splitlines()[0]}",
+                            ExitCode.UNAVAILABLE) from None
+    finally:
+        engine.dispose()
+
+
+def _read(conn: Any, tables: Any, key: str, message_ids: list[str]) -> dict[str, Any]:
+    import sqlalchemy as sa
+
+    stub, log, conf = tables.stub, tables.consumption_log, tables.confirmation
+    ids = set(message_ids) | {key}
+    like = key.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    rows = conn.execute(sa.select(stub).where(sa.or_(
+        stub.c.message_id.in_(sorted(ids)),
+        stub.c["keys"].like(f"%{like}%", escape="\\")))).mappings().all()
+    stubs = [r for r in rows if r["message_id"] in ids or key in (r["keys"] or "").split()]
+    ids |= {r["message_id"] for r in stubs}
+    logs = conn.execute(sa.select(log).where(log.c.message_id.in_(sorted(ids)))
+                        ).mappings().all()
+    confs = conn.execute(sa.select(conf).where(conf.c.message_id.in_(sorted(ids)))
+                         ).mappings().all()
+    events: list[dict[str, Any]] = []
+    for r in stubs:
+        mid = r["message_id"]
+        events.append(_event(r["created_at"], "outbox", "stub-created",
+                             f"outbox stub written for {r['topic']} (the business "
+                             "transaction committed)", message_id=mid))
+        error = f", last error: {r['last_error']}" if r["last_error"] else ""
+        events.append(_event(r["updated_at"], "outbox", "stub-updated",
+                             f"outbox stub {r['status']}, sent {r['send_count']} time(s)"
+                             f"{error}", message_id=mid))
+        if r["escalated_at"] is not None:
+            events.append(_event(r["escalated_at"], "outbox", "stub-escalated",
+                                 "outbox escalated it (sends exhausted)", message_id=mid))
+    for r in logs:
+        events.append(_event(r["created_at"], "consumer", "processing",
+                             f"{r['consumer_group']} started processing it (consumption log, "
+                             f"{r['topic']} queue {r['queue_id']} offset {r['queue_offset']})",
+                             group=r["consumer_group"], message_id=r["message_id"]))
+        if r["dead_lettered_at"] is not None:
+            events.append(_event(r["dead_lettered_at"], "consumer", "gave-up",
+                                 f"{r['consumer_group']} recorded giving up on it "
+                                 "(dead-lettered)", group=r["consumer_group"],
+                                 message_id=r["message_id"]))
+    for r in confs:
+        events.append(_event(r["confirmed_at"], "consumer", "confirmed",
+                             f"{r['consumer_group']} confirmed it ({r['outcome'] or 'SUCCESS'})",
+                             group=r["consumer_group"], message_id=r["message_id"]))
+    return {
+        "stubs": [{"message_id": r["message_id"], "topic": r["topic"], "tags": r["tags"],
+                   "keys": (r["keys"] or "").split(), "status": r["status"],
+                   "send_count": r["send_count"], "max_sends": r["max_sends"],
+                   "last_error": r["last_error"], "queue_id": r["queue_id"],
+                   "queue_offset": r["queue_offset"], "broker_msg_id": r["broker_msg_id"],
+                   "expected_groups": [g for g in (r["expected_groups"] or "").split(",")
+                                       if g],
+                   "created_at": _iso(r["created_at"]), "updated_at": _iso(r["updated_at"]),
+                   "next_resend_at": _iso(r["next_resend_at"]),
+                   "escalated_at": _iso(r["escalated_at"])} for r in stubs],
+        "consumption_log": [{"message_id": r["message_id"], "group": r["consumer_group"],
+                             "topic": r["topic"], "queue_id": r["queue_id"],
+                             "queue_offset": r["queue_offset"],
+                             "created_at": _iso(r["created_at"]),
+                             "dead_lettered_at": _iso(r["dead_lettered_at"])} for r in logs],
+        "confirmations": [{"message_id": r["message_id"], "group": r["consumer_group"],
+                           "topic": r["topic"], "outcome": r["outcome"],
+                           "confirmed_at": _iso(r["confirmed_at"])} for r in confs],
+        "events": events,
+    }
+
+
+def render_trace(doc: dict[str, Any]) -> list[str]:
+    records = doc["records"]
+    ids = ", ".join(doc["message_ids"]) or "-"
+    lines = [f"trace of {doc['key']}: {len(records)} broker record(s), message id(s) {ids}"]
+    if doc.get("more"):
+        lines.append("(more records match: only the newest are shown; raise --limit)")
+    if not doc["events"]:
+        return lines
+    lines.append("")
+    lines += table([(e["time"], e["source"], e["detail"]) for e in doc["events"]],
+                   ("TIME", "SOURCE", "WHAT"))
+    if doc["groups"]:
+        lines.append("")
+        lines += table([(g["group"], g["state"], g["deliveries"], g["retries"],
+                         ", ".join(g["dead_lettered_at"]) or "no", g["reconsumed"])
+                        for g in doc["groups"]],
+                       ("GROUP", "STATE", "DELIVERIES", "RETRIES", "DEAD-LETTERED",
+                        "RECONSUMED"))
+    for s in doc.get("outbox", {}).get("stubs", []):
+        lines.append("")
+        lines.append(f"outbox stub {s['message_id']}: {s['status']}, sent {s['send_count']} "
+                     f"of {s['max_sends']} time(s), expects "
+                     f"{', '.join(s['expected_groups']) or '-'}; last error: "
+                     f"{s['last_error'] or '-'}")
+    if not doc["pop_log"]["complete"]:
+        lines.append(f"(the invisible-time log was read for {doc['pop_log']['scanned']} "
+                     "entries only: later deliveries may be missing)")
+    return lines

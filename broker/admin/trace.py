@@ -79,6 +79,9 @@ class _Readable:
     committed: int = -1
     in_flight: bool = False
     deliveries: list[tuple[int, int, int]] = field(default_factory=list)  # time, attempt, until
+    # a lease changed without a new delivery: (time, attempt, new until, old until)
+    changes: list[tuple[int, int, int, int]] = field(default_factory=list)
+    lease: tuple[int, int] | None = None  # the latest lease: attempt, until
     done_ms: int | None = None
     done_how: str | None = None
 
@@ -115,8 +118,7 @@ def _stored_event(msg: MessageExt, role: str, group: str | None) -> dict[str, An
         text = (f"operator {msg.properties.get(OPERATOR, '?')} re-sent it to {group}: "
                 f"copy in {where}")
     else:
-        text = (f"dead-lettered by {group} after {msg.reconsume_times + 1} deliveries: "
-                f"copy in {where}")
+        text = f"{group} gave up on it: dead-letter copy in {where}"
     return _event(msg.store_timestamp, role, text, msg, group)
 
 
@@ -172,6 +174,15 @@ def trace_message(broker: Broker, params: dict[str, Any]) -> dict[str, Any]:
             events.append(_event(at, "delivered", f"delivered to {r.group} (attempt {attempt}, "
                                  f"invisible until {p.iso_ms(until)})", r.msg, r.group,
                                  attempt=attempt))
+        for at, attempt, until, before in r.changes:
+            if until < before:
+                events.append(_event(at, "handed-back", f"{r.group} handed it back (attempt "
+                                     f"{attempt} failed): redelivery from {p.iso_ms(until)}",
+                                     r.msg, r.group, attempt=attempt))
+            else:
+                events.append(_event(at, "extended", f"{r.group} extended its invisible time "
+                                     f"to {p.iso_ms(until)}", r.msg, r.group,
+                                     attempt=attempt))
         if r.done_ms is not None:
             last = max((d[0] for d in r.deliveries), default=None)
             r.done_how = "skipped" if last is None else "acknowledged"
@@ -198,8 +209,8 @@ def trace_message(broker: Broker, params: dict[str, Any]) -> dict[str, Any]:
 
 # same millisecond: a record is stored before it is delivered, delivered before it is done
 _ORDER = {"original": 0, "delayed": 0, "half": 0, "retry-scheduled": 1, "retry": 1,
-          "reconsume": 1, "dead-letter": 2, "delivered": 3, "acknowledged": 4,
-          "dead-lettered": 4, "skipped": 4}
+          "reconsume": 1, "dead-letter": 2, "delivered": 3, "handed-back": 4, "extended": 4,
+          "acknowledged": 5, "dead-lettered": 5, "skipped": 5}
 
 
 def _read_pop_log(broker: Broker, readables: list[_Readable], ordered: list[MessageExt],
@@ -247,9 +258,15 @@ def _apply(op: list[Any], group: str, topic: str, at: int,
     qid = int(op[1])
     if op[0] == "L":
         r = by_place.get((group, topic, qid, int(op[2])))
-        if r is not None:
-            r.deliveries.append((at, int(op[3]), int(op[4])))
+        if r is None:
+            return
+        attempt, until = int(op[3]), int(op[4])
+        if r.lease is not None and r.lease[0] == attempt and r.done_ms is None:
+            r.changes.append((at, attempt, until, r.lease[1]))  # nack or renewal
+        else:
+            r.deliveries.append((at, attempt, until))
             r.done_ms = None  # delivered again after being done: not done any more
+        r.lease = (attempt, until)
         return
     lo, hi = int(op[2]), int(op[3])
     for (g, t, q, o), r in by_place.items():

@@ -291,17 +291,21 @@ def _group_summaries(readables: list[_Readable], ordered: list[MessageExt],
         retry_times = sorted([d[0] for d in redeliveries]
                              + [m.store_timestamp for m in sendbacks])
         last = mine[-1] if mine else None
+        # a pull consumer leaves no delivery trace: past its committed offset and not sent
+        # back to the dead-letter queue afterwards is consumed
+        dead_after = last is not None and any(
+            m.store_timestamp >= last.msg.store_timestamp for m in dead)
         consumed = last is not None and (
             last.done_how == "acknowledged"
             or (last.done_ms is None and not last.deliveries and not last.in_flight
-                and last.committed > last.msg.queue_offset))
+                and last.committed > last.msg.queue_offset and not dead_after))
         if last is None:
             state = "dead-lettered" if dead else "not read by this group"
         elif last.in_flight:
             state = "in flight"
         elif consumed:
             state = "acknowledged"
-        elif last.done_how == "dead-lettered":
+        elif last.done_how == "dead-lettered" or dead_after:
             state = "dead-lettered"
         elif last.done_how == "skipped":
             state = "skipped"

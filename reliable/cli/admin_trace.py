@@ -34,8 +34,7 @@ def run_trace(args: argparse.Namespace, admin: api.AdminCaller) -> int:
         outbox = outbox_trace(args.db, args.table_prefix, args.schema, args.key_or_id,
                               doc["message_ids"])
         doc["outbox"] = outbox
-        doc["events"] = sorted(doc["events"] + outbox.pop("events"),
-                               key=lambda e: (e["time_ms"], _SOURCE_ORDER[e["source"]]))
+        doc["events"] = sorted(doc["events"] + outbox.pop("events"), key=_when)
         known = bool(doc["records"] or outbox["stubs"] or outbox["confirmations"]
                      or outbox["consumption_log"])
     else:
@@ -52,7 +51,15 @@ def run_trace(args: argparse.Namespace, admin: api.AdminCaller) -> int:
     return ExitCode.OK
 
 
-_SOURCE_ORDER = {"outbox": 0, "broker": 1, "consumer": 2}
+def _when(event: dict[str, Any]) -> tuple[int, int]:
+    """Time order; within one millisecond the stub is written before the broker stores the
+    message, the broker delivers before the consumer writes, and the stub's last update
+    (confirmed by every group) comes last. The sort is stable: the broker's own order of
+    its events in one millisecond stays."""
+    kind = event["kind"]
+    rank = {"stub-created": 0, "stub-updated": 3, "stub-escalated": 3}.get(
+        kind, 2 if event["source"] == "consumer" else 1)
+    return event["time_ms"], rank
 
 
 def _ms(value: datetime | None) -> int | None:

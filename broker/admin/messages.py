@@ -140,18 +140,15 @@ class MessageFinder:
                 limit: int) -> tuple[list[MessageExt], bool]:
         """Records of `topic` stored in [since, until], newest first across its queues."""
         newest: list[Iterator[tuple[int, int, MessageExt]]] = []
-        total = 0
         for q in queues:
             lo = self.store.get_offset_in_queue_by_time(topic, q, since_ms)
             hi = (self.store.get_max_offset_in_queue(topic, q) if until_ms is None
                   else self.store.get_offset_in_queue_by_time(topic, q, until_ms + 1))
             lo = max(lo, self.store.get_min_offset_in_queue(topic, q))
             if hi > lo:
-                total += hi - lo
                 newest.append(self._downwards(topic, q, lo, hi, since_ms, until_ms))
-        out = [m for _t, _c, m in heapq.merge(*newest, reverse=True)]
         picked: list[MessageExt] = []
-        for m in out:
+        for _t, _c, m in heapq.merge(*newest, reverse=True):  # lazily: reads limit + 1
             if len(picked) >= limit:
                 return picked, True
             picked.append(m)

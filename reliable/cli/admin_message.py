@@ -105,6 +105,9 @@ def register(nouns: Any, topic_verbs: Any) -> argparse.ArgumentParser:
     t.add_argument("--table-prefix", default="reliable_", help="outbox table name prefix")
     t.add_argument("--schema", default=None, help="database schema of the outbox tables")
     t.add_argument("--limit", type=int, default=200, help="at most this many broker records")
+    t.add_argument("--scan", type=int, default=None, metavar="N",
+                   help="read at most N entries of the broker's invisible-time log "
+                        "(default 100,000; the output says when it stopped early)")
     _target(t)
     t.set_defaults(handler=_handler(_trace))
 

@@ -29,7 +29,10 @@ from reliable.cli.exit_codes import ExitCode
 def run_trace(args: argparse.Namespace, admin: api.AdminCaller) -> int:
     if not 1 <= args.limit <= api.MAX_LIMIT:
         raise CommandFailed(f"--limit must be 1..{api.MAX_LIMIT}", ExitCode.USAGE)
-    doc = api.trace_message(admin, args.key_or_id, topic=args.topic, limit=args.limit)
+    if args.scan is not None and args.scan < 0:
+        raise CommandFailed("--scan must be >= 0", ExitCode.USAGE)
+    doc = api.trace_message(admin, args.key_or_id, topic=args.topic, limit=args.limit,
+                            scan=args.scan)
     if args.db:
         outbox = outbox_trace(args.db, args.table_prefix, args.schema, args.key_or_id,
                               doc["message_ids"])
@@ -201,5 +204,5 @@ def render_trace(doc: dict[str, Any]) -> list[str]:
                      f"{s['last_error'] or '-'}")
     if not doc["pop_log"]["complete"]:
         lines.append(f"(the invisible-time log was read for {doc['pop_log']['scanned']} "
-                     "entries only: later deliveries may be missing)")
+                     "entries only: later deliveries may be missing; raise --scan)")
     return lines

@@ -29,7 +29,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.admin import params as p
-from broker.admin.messages import MessageFinder, check_id, searchable_topics
+from broker.admin.messages import (
+    OPERATOR,
+    OPERATOR_ACTION,
+    MessageFinder,
+    check_id,
+    searchable_topics,
+)
 from broker.broker import Broker
 from broker.names import (
     DLQ_GROUP_TOPIC_PREFIX,
@@ -53,8 +59,6 @@ _SLACK_MS = 1_000  # the log's first relevant entry may be stored just before th
 
 def role_of(msg: MessageExt) -> tuple[str, str | None]:
     """(role, consumer group the record is for, if any)."""
-    from broker.admin.messages import OPERATOR_ACTION
-
     if msg.topic == SCHEDULE_TOPIC:
         real = msg.properties.get(Prop.REAL_TOPIC, "")
         if is_retry_topic(real):
@@ -113,8 +117,6 @@ def _stored_event(msg: MessageExt, role: str, group: str | None) -> dict[str, An
     elif role == "retry":
         text = f"retry {msg.reconsume_times} for {group} in {where}"
     elif role == "reconsume":
-        from broker.admin.messages import OPERATOR
-
         text = (f"operator {msg.properties.get(OPERATOR, '?')} re-sent it to {group}: "
                 f"copy in {where}")
     else:
@@ -274,6 +276,33 @@ def _apply(op: list[Any], group: str, topic: str, at: int,
             r.done_ms = at
 
 
+CONSUMED_BY_OFFSET = "consumed (offset past it)"
+
+
+def _state(last: _Readable | None, dead: list[MessageExt]) -> str:
+    """What the group did with the last record it reads (an operator's or a retry copy
+    after the original): acknowledged, dead-lettered, in flight, ..."""
+    if last is None:
+        return "dead-lettered" if dead else "not read by this group"
+    # a dead-letter copy stored after the record: given up (a pull consumer's send-back)
+    dead_after = any(m.store_timestamp >= last.msg.store_timestamp for m in dead)
+    past = last.committed > last.msg.queue_offset
+    if last.in_flight:
+        return "in flight"
+    if last.done_how == "acknowledged":
+        return "acknowledged"
+    if last.done_how == "dead-lettered" or (dead_after and last.done_how is None):
+        return "dead-lettered"
+    if last.done_how == "skipped":
+        return "skipped"
+    if last.deliveries:
+        # an invisible-time group's offset passes a record only once it is done with it;
+        # its completion may lie past the part of the log that was read
+        return "acknowledged" if past else "delivered, not acknowledged (will be redelivered)"
+    # no delivery trace: a pull consumer, or a group that started after the record
+    return CONSUMED_BY_OFFSET if past else "not delivered yet"
+
+
 def _group_summaries(readables: list[_Readable], ordered: list[MessageExt],
                      roles: dict[int, tuple[str, str | None]]) -> list[dict[str, Any]]:
     names = sorted({r.group for r in readables}
@@ -290,33 +319,13 @@ def _group_summaries(readables: list[_Readable], ordered: list[MessageExt],
         redeliveries = [d for r in mine for d in r.deliveries if d[1] > 1]
         retry_times = sorted([d[0] for d in redeliveries]
                              + [m.store_timestamp for m in sendbacks])
-        last = mine[-1] if mine else None
-        # a pull consumer leaves no delivery trace: past its committed offset and not sent
-        # back to the dead-letter queue afterwards is consumed
-        dead_after = last is not None and any(
-            m.store_timestamp >= last.msg.store_timestamp for m in dead)
-        consumed = last is not None and (
-            last.done_how == "acknowledged"
-            or (last.done_ms is None and not last.deliveries and not last.in_flight
-                and last.committed > last.msg.queue_offset and not dead_after))
-        if last is None:
-            state = "dead-lettered" if dead else "not read by this group"
-        elif last.in_flight:
-            state = "in flight"
-        elif consumed:
-            state = "acknowledged"
-        elif last.done_how == "dead-lettered" or dead_after:
-            state = "dead-lettered"
-        elif last.done_how == "skipped":
-            state = "skipped"
-        elif last.deliveries:
-            state = "delivered, not acknowledged (will be redelivered)"
-        else:
-            state = "not delivered yet"
+        state = _state(mine[-1] if mine else None, dead)
         out.append({
             "group": g, "state": state,
-            "delivered": bool(deliveries) or any(r.committed > r.msg.queue_offset for r in mine),
-            "deliveries": len(deliveries), "acknowledged": consumed,
+            # no delivery trace (pull): the offset passed it (or the group started later)
+            "delivered": bool(deliveries) or any(r.committed > r.msg.queue_offset
+                                                 for r in mine),
+            "deliveries": len(deliveries), "acknowledged": state == "acknowledged",
             "retries": len(retry_times), "retry_times": [p.iso_ms(t) for t in retry_times],
             "dead_lettered": bool(dead),
             "dead_lettered_at": [p.iso_ms(m.store_timestamp) for m in dead],

@@ -762,7 +762,8 @@ class Broker:
     def receive(self, group: str, topic: str, max_msgs: int, invisible_ms: int,
                 tags: Collection[str] | str | None = None, *, long_poll_ms: int = 0,
                 fifo: bool = False) -> list[ReceivedEntry]:
-        """Up to `max_msgs` messages, each hidden from the group for `invisible_ms`."""
+        """Up to `max_msgs` messages, each hidden from the group for `invisible_ms`; the
+        group's retry topic first, when it reads `topic` alone (see `_retry_config`)."""
         self._require_running()
         cfg = self._readable(group, topic, None)
         if not isinstance(max_msgs, int) or max_msgs < 1:

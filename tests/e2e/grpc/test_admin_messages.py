@@ -23,6 +23,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from broker.server.admin import AdminClient
 from broker.store.index import topic_key_hash
 from reliable import (
     ConsumeContext,
@@ -34,6 +35,7 @@ from reliable import (
     ReceivedMessage,
     connect,
 )
+from reliable import admin_messages as api
 from tests.e2e.grpc import official
 from tests.e2e.grpc.server_process import REPO, ServerProcess
 
@@ -189,6 +191,15 @@ def test_results_are_capped_with_a_more_marker(make_server: Callable[..., Server
     assert text.returncode == 0
     assert text.stdout.rstrip().splitlines()[-1].startswith(
         "(more messages match: only the newest 3 are shown")
+    # the Python API returns the very documents the command prints
+    admin = AdminClient(server.endpoint)
+    try:
+        assert api.query_messages(admin, key="same", topic="cap-orders", limit=3) == capped
+        status = api.topic_status(admin, "cap-orders")
+        assert status["messages"] == 5
+        assert status["last_store_time_ms"] == whole["messages"][0]["store_time_ms"]
+    finally:
+        admin.close()
 
 
 def test_send_and_reconsume_from_the_command_line(

@@ -292,7 +292,7 @@ class MessageOps:
 
     def pick_source(self, msg_id: str, topic: str | None) -> MessageExt:
         """The record to deliver again: the producer's original (newest, if sent twice),
-        else the newest dead-letter copy, else the newest record the id names."""
+        else the newest dead-letter copy, else the newest retry copy."""
         topics = [topic] if topic else searchable_topics(self.broker.store)
         found, _ = self.find.by_id(msg_id, topics, p.MAX_LIMIT)
         if not found:
@@ -304,4 +304,9 @@ class MessageOps:
                                   f"{', '.join(sorted({m.topic for m in originals}))}: "
                                   "give the topic")
         dead = [m for m in found if is_dlq_topic(m.topic)]
-        return (originals or dead or found)[0]
+        copies = [m for m in found if is_retry_topic(m.topic)]
+        usable = originals or dead or copies
+        if not usable:  # only a delayed or half message: not deliverable yet
+            raise InvalidArgument(f"id {msg_id!r} names only {found[0].topic} records (a "
+                                  "delayed or transactional message not delivered yet)")
+        return usable[0]

@@ -235,7 +235,8 @@ def test_trace_of_a_message_retried_dead_lettered_reconsumed_and_confirmed(
     from outbox import Outbox, OutboxTables, declare_groups
 
     topic, group = "tr-orders", "tr-billing"
-    server = make_server()
+    store = tmp_path / "store"
+    server = make_server(store=store)
     ep = ("--endpoint", server.endpoint)
     assert cli("topic", "create", topic, "--queues", "2", *ep).returncode == 0
     assert cli("group", "create", group, "--max-retries", "1", *ep).returncode == 0
@@ -288,6 +289,10 @@ def test_trace_of_a_message_retried_dead_lettered_reconsumed_and_confirmed(
         text = cli("message", "trace", "order-42", "--db", db, *ep)
     finally:
         t.close()
+    assert server.terminate() == 0
+    try:  # the stopped store tells the same story
+        assert doc("message", "trace", "order-42", "--db", db, "--store", str(store)) == trace
+    finally:
         engine.dispose()
     assert trace["message_ids"] == [mid]
     roles = [r["role"] for r in trace["records"]]

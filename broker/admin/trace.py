@@ -82,18 +82,23 @@ class _Readable:
     group: str
     committed: int = -1
     in_flight: bool = False
-    deliveries: list[tuple[int, int, int]] = field(default_factory=list)  # time, attempt, until
-    # a lease changed without a new delivery: (time, attempt, new until, old until)
-    changes: list[tuple[int, int, int, int]] = field(default_factory=list)
+    # each from one invisible-time log entry, whose commitlog offset is the last field
+    deliveries: list[tuple[int, int, int, int]] = field(default_factory=list)  # time, attempt,
+    # until; a lease changed without a new delivery: time, attempt, new until, old until
+    changes: list[tuple[int, int, int, int, int]] = field(default_factory=list)
     lease: tuple[int, int] | None = None  # the latest lease: attempt, until
-    done_ms: int | None = None
+    done: tuple[int, int] | None = None  # time, log offset
     done_how: str | None = None
 
 
-def _event(time_ms: int, kind: str, detail: str, msg: MessageExt | None = None,
-           group: str | None = None, **extra: Any) -> dict[str, Any]:
+def _event(time_ms: int, log_offset: int, kind: str, detail: str,
+           msg: MessageExt | None = None, group: str | None = None,
+           **extra: Any) -> dict[str, Any]:
+    """One timeline entry; `log_offset` is the commitlog offset of the record that says so
+    (a stored copy, or an invisible-time log entry): the order of events within one ms."""
     out: dict[str, Any] = {"time_ms": time_ms, "time": p.iso_ms(time_ms), "source": "broker",
-                           "kind": kind, "group": group, "detail": detail}
+                           "kind": kind, "group": group, "detail": detail,
+                           "log_offset": log_offset}
     if msg is not None:
         out.update(topic=msg.topic, queue_id=msg.queue_id, queue_offset=msg.queue_offset,
                    offset_msg_id=msg.offset_msg_id)
@@ -121,7 +126,7 @@ def _stored_event(msg: MessageExt, role: str, group: str | None) -> dict[str, An
                 f"copy in {where}")
     else:
         text = f"{group} gave up on it: dead-letter copy in {where}"
-    return _event(msg.store_timestamp, role, text, msg, group)
+    return _event(msg.store_timestamp, msg.commitlog_offset, role, text, msg, group)
 
 
 def trace_message(broker: Broker, params: dict[str, Any]) -> dict[str, Any]:
@@ -169,35 +174,37 @@ def trace_message(broker: Broker, params: dict[str, Any]) -> dict[str, Any]:
             leased = any(f.queue_id == m.queue_id and f.queue_offset == m.queue_offset
                          for f in broker.in_flight(g, m.topic))
             readables.append(_Readable(m, g, committed, leased))
-    scanned, complete = _read_pop_log(broker, readables, ordered, scan)
+    scanned, complete = _read_pop_log(broker, readables, scan)
     dead_letters = [m for m in ordered if roles[m.commitlog_offset][0] == "dead-letter"]
     for r in readables:
-        for at, attempt, until in r.deliveries:
-            events.append(_event(at, "delivered", f"delivered to {r.group} (attempt {attempt}, "
-                                 f"invisible until {p.iso_ms(until)})", r.msg, r.group,
-                                 attempt=attempt))
-        for at, attempt, until, before in r.changes:
+        for at, attempt, until, seq in r.deliveries:
+            events.append(_event(at, seq, "delivered", f"delivered to {r.group} (attempt "
+                                 f"{attempt}, invisible until {p.iso_ms(until)})", r.msg,
+                                 r.group, attempt=attempt))
+        for at, attempt, until, before, seq in r.changes:
             if until < before:
-                events.append(_event(at, "handed-back", f"{r.group} handed it back (attempt "
-                                     f"{attempt} failed): redelivery from {p.iso_ms(until)}",
-                                     r.msg, r.group, attempt=attempt))
+                events.append(_event(at, seq, "handed-back", f"{r.group} handed it back "
+                                     f"(attempt {attempt} failed): redelivery from "
+                                     f"{p.iso_ms(until)}", r.msg, r.group, attempt=attempt))
             else:
-                events.append(_event(at, "extended", f"{r.group} extended its invisible time "
-                                     f"to {p.iso_ms(until)}", r.msg, r.group,
+                events.append(_event(at, seq, "extended", f"{r.group} extended its invisible "
+                                     f"time to {p.iso_ms(until)}", r.msg, r.group,
                                      attempt=attempt))
-        if r.done_ms is not None:
-            last = max((d[0] for d in r.deliveries), default=None)
+        if r.done is not None:
+            done_ms, done_seq = r.done
+            last = max((d[3] for d in r.deliveries), default=None)  # by log order
             r.done_how = "skipped" if last is None else "acknowledged"
+            # a dead-letter copy of this group written between its last delivery and done
             if last is not None and any(
-                    d.topic == DLQ_GROUP_TOPIC_PREFIX + r.group and last <= d.store_timestamp
-                    <= r.done_ms for d in dead_letters):
+                    d.topic == DLQ_GROUP_TOPIC_PREFIX + r.group
+                    and last < d.commitlog_offset < done_seq for d in dead_letters):
                 r.done_how = "dead-lettered"
             text = {"acknowledged": f"acknowledged by {r.group}",
                     "dead-lettered": f"{r.group} gave up on it (dead-lettered)",
                     "skipped": f"skipped by {r.group} (filtered by tag, or before the "
                                "group's start)"}[r.done_how]
-            events.append(_event(r.done_ms, r.done_how, text, r.msg, r.group))
-    events.sort(key=lambda e: (e["time_ms"], _ORDER.get(e["kind"], 5)))
+            events.append(_event(done_ms, done_seq, r.done_how, text, r.msg, r.group))
+    events.sort(key=lambda e: (e["time_ms"], e["log_offset"]))
     return {
         "key": key, "topic": topic,
         "message_ids": sorted({m.unique_key or m.offset_msg_id for m in ordered}),
@@ -209,51 +216,57 @@ def trace_message(broker: Broker, params: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-# same millisecond: a record is stored before it is delivered, delivered before it is done
-_ORDER = {"original": 0, "delayed": 0, "half": 0, "retry-scheduled": 1, "retry": 1,
-          "reconsume": 1, "dead-letter": 2, "delivered": 3, "handed-back": 4, "extended": 4,
-          "acknowledged": 5, "dead-lettered": 5, "skipped": 5}
-
-
-def _read_pop_log(broker: Broker, readables: list[_Readable], ordered: list[MessageExt],
-                  scan: int) -> tuple[int, bool]:
+def _read_pop_log(broker: Broker, readables: list[_Readable], scan: int) -> tuple[int, bool]:
     """Deliveries and completions of `readables` from the invisible-time log; returns
-    (entries read, whether the log was read to its end)."""
+    (entries read, whether nothing in between was left unread).
+
+    The log is read from each readable record's store time on (an operator's copy may come
+    days after the original), at most `scan` entries from each start, never twice."""
     if not readables or scan <= 0:
         return 0, not readables
     store = broker.store
     by_place: dict[tuple[str, str, int, int], _Readable] = {
         (r.group, r.msg.topic, r.msg.queue_id, r.msg.queue_offset): r for r in readables}
     wanted = {(g, t) for g, t, _q, _o in by_place}
-    start_ms = min(m.store_timestamp for m in ordered) - _SLACK_MS
-    offset = max(store.get_offset_in_queue_by_time(REVIVE_TOPIC, 0, start_ms),
-                 store.get_min_offset_in_queue(REVIVE_TOPIC, 0))
+    low = store.get_min_offset_in_queue(REVIVE_TOPIC, 0)
     end = store.get_max_offset_in_queue(REVIVE_TOPIC, 0)
-    scanned = 0
-    while offset < end and scanned < scan:
-        got = store.get_messages(_ADMIN_GROUP, REVIVE_TOPIC, 0, offset,
-                                 min(_READ_BATCH, scan - scanned))
-        if not got.messages:
-            if got.next_begin_offset <= offset:
-                break
-            offset = got.next_begin_offset
-            continue
-        for entry in got.messages:
-            offset = entry.queue_offset + 1
-            scanned += 1
-            try:
-                record = json.loads(entry.body)
-                group, topic, ops = record["g"], record["t"], record["ops"]
-            except (ValueError, KeyError, TypeError):
+    starts = sorted({max(low, store.get_offset_in_queue_by_time(
+        REVIVE_TOPIC, 0, r.msg.store_timestamp - _SLACK_MS)) for r in readables})
+    scanned, read_to, complete = 0, low, True
+    for i, start in enumerate(starts):
+        offset = max(start, read_to)
+        stop = min(end, offset + scan)
+        while offset < stop:
+            got = store.get_messages(_ADMIN_GROUP, REVIVE_TOPIC, 0, offset,
+                                     min(_READ_BATCH, stop - offset))
+            if not got.messages:
+                if got.next_begin_offset <= offset:
+                    break
+                offset = got.next_begin_offset
                 continue
-            if (group, topic) not in wanted:
-                continue
-            for op in ops:
-                _apply(op, group, topic, entry.store_timestamp, by_place)
-    return scanned, offset >= end
+            for entry in got.messages:
+                offset = entry.queue_offset + 1
+                scanned += 1
+                _read_entry(entry, wanted, by_place)
+        read_to = offset
+        following = starts[i + 1] if i + 1 < len(starts) else end
+        complete = complete and read_to >= following
+    return scanned, complete
 
 
-def _apply(op: list[Any], group: str, topic: str, at: int,
+def _read_entry(entry: MessageExt, wanted: set[tuple[str, str]],
+                by_place: dict[tuple[str, str, int, int], _Readable]) -> None:
+    try:
+        record = json.loads(entry.body)
+        group, topic, ops = record["g"], record["t"], record["ops"]
+    except (ValueError, KeyError, TypeError):
+        return
+    if (group, topic) in wanted:
+        for op in ops:
+            _apply(op, group, topic, entry.store_timestamp, entry.commitlog_offset, by_place)
+
+
+def _apply(op: list[Any], group: str, topic: str, at: int, seq: int,
            by_place: dict[tuple[str, str, int, int], _Readable]) -> None:
     if not op or op[0] not in ("L", "D"):
         return
@@ -263,17 +276,17 @@ def _apply(op: list[Any], group: str, topic: str, at: int,
         if r is None:
             return
         attempt, until = int(op[3]), int(op[4])
-        if r.lease is not None and r.lease[0] == attempt and r.done_ms is None:
-            r.changes.append((at, attempt, until, r.lease[1]))  # nack or renewal
+        if r.lease is not None and r.lease[0] == attempt and r.done is None:
+            r.changes.append((at, attempt, until, r.lease[1], seq))  # nack or renewal
         else:
-            r.deliveries.append((at, attempt, until))
-            r.done_ms = None  # delivered again after being done: not done any more
+            r.deliveries.append((at, attempt, until, seq))
+            r.done = None  # delivered again after being done: not done any more
         r.lease = (attempt, until)
         return
     lo, hi = int(op[2]), int(op[3])
     for (g, t, q, o), r in by_place.items():
-        if g == group and t == topic and q == qid and lo <= o < hi and r.done_ms is None:
-            r.done_ms = at
+        if g == group and t == topic and q == qid and lo <= o < hi and r.done is None:
+            r.done = (at, seq)
 
 
 CONSUMED_BY_OFFSET = "consumed (offset past it)"

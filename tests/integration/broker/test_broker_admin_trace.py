@@ -41,3 +41,41 @@ def test_trace_follows_send_back_retries_into_the_dead_letter_queue(
     again = methods(broker)["TraceMessage"]({"key": dlq_id})
     assert [r["offset_msg_id"] for r in again["records"]] == [
         r["offset_msg_id"] for r in trace["records"]]
+
+
+def test_the_invisible_time_log_is_read_from_each_records_time(
+        broker: Broker, clock: ManualClock) -> None:
+    """An operator's copy made long after the original: its delivery is found though the
+    log between the two is longer than one scan."""
+    broker.create_topic("orders", queues=1)
+    broker.create_topic("noise", queues=1)
+    broker.create_group("billing", retry_max_times=1)
+    broker.heartbeat("c1", "billing", {"orders": None})
+    sent = broker.send_message(msg("orders", b"order-7", keys="order-7"))
+    settle(broker)
+    [first] = broker.receive("billing", "orders", 1, invisible_ms=5_000)
+    broker.forward_to_dlq("billing", "orders", first.receipt_handle)
+    for i in range(30):  # other traffic in between: 60 log entries
+        clock.advance(1_000)
+        broker.send_message(msg("noise", f"n{i}".encode()))
+        settle(broker)
+        [e] = broker.receive("other", "noise", 1, invisible_ms=5_000)
+        broker.ack("other", "noise", e.receipt_handle)
+    clock.advance(60_000)
+    methods(broker)["ReconsumeMessage"]({"id": sent.msg_id, "group": "billing",
+                                         "operator": "me"})
+    settle(broker)
+    [again] = broker.receive("billing", "orders", 1, invisible_ms=5_000)
+    broker.ack("billing", "orders", again.receipt_handle)
+    settle(broker)  # the invisible-time log is read through its consume queue
+
+    trace = methods(broker)["TraceMessage"]({"key": "order-7", "scan": 10})
+    assert trace["pop_log"]["complete"] is False  # the noise in between was not all read
+    kinds = [e["kind"] for e in trace["events"]]
+    assert kinds == ["original", "delivered", "dead-letter", "dead-lettered", "reconsume",
+                     "delivered", "acknowledged"]
+    [group] = trace["groups"]
+    assert (group["state"], group["deliveries"], group["reconsumed"]) == (
+        "acknowledged", 2, 1)
+    whole = methods(broker)["TraceMessage"]({"key": "order-7"})
+    assert whole["pop_log"]["complete"] is True and whole["events"] == trace["events"]

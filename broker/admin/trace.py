@@ -16,9 +16,9 @@ record carrying the same UNIQ_KEY in any topic, each given a role:
 Per consumer group and readable record (the original for every group that has offsets on
 its topic, retry and reconsume copies for their group): the group's committed offset on
 the record's queue (past the record: consumed), whether it is in flight now, and, from the
-invisible-time log (`rmq_sys_REVIVE_LOG`, read from the oldest record's store time on, at
-most `scan` entries), every delivery (attempt, invisible until) and when the group was
-done with it. Done right after a dead-letter copy of that group was stored means
+invisible-time log (`rmq_sys_REVIVE_LOG`, read from each record's store time on, at most
+`scan` entries from each), every delivery (attempt, invisible until), hand-back or renewal,
+and when the group was done with it. Done right after a dead-letter copy of that group was stored means
 dead-lettered; otherwise acknowledged.
 """
 

@@ -34,8 +34,8 @@ from pathlib import Path
 
 from broker.store.codec import DispatchRequest
 from broker.store.config import StoreConfig
+from broker.store.durable_write import fsync_directory
 from broker.store.errors import ForeignFile, StoreCorrupted
-from broker.store.json_config import fsync_directory
 from broker.store.refcount import ReferenceResource
 
 log = logging.getLogger(__name__)

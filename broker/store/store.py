@@ -31,7 +31,6 @@ from broker.store import query
 from broker.store.batch import encode_batch
 from broker.store.checkpoint import (
     StoreCheckpoint,
-    StoreLock,
     abort_file_exists,
     create_abort_file,
     remove_abort_file,
@@ -55,7 +54,6 @@ from broker.store.config import (
 from broker.store.consume_queue import ConsumeQueue, ConsumeQueueStore
 from broker.store.dispatcher import CommitLogDispatcher, ReputService
 from broker.store.errors import DispatchStuck, StoreNotRunning
-from broker.store.flush import PeriodicService
 from broker.store.index import IndexService
 from broker.store.json_config import JsonConfigFile
 from broker.store.message import (
@@ -68,6 +66,8 @@ from broker.store.message import (
 )
 from broker.store.queue_check import UnitChecker
 from broker.store.recovery import RecoveryReport, recover_commitlog
+from broker.store.service import PeriodicService
+from broker.store.store_lock import StoreLock
 
 log = logging.getLogger(__name__)
 

@@ -46,7 +46,7 @@ from broker.store.commitlog import CommitLog
 from broker.store.config import FlushMode, StoreConfig
 from broker.store.consume_queue import ConsumeQueueStore
 from broker.store.dispatcher import ReputService
-from broker.store.index import IndexService
+from broker.store.index_service import IndexService
 from broker.store.message import Message, Prop
 
 DESCRIPTION = "commitlog put / dispatch / read vs a bare mmap floor"

@@ -35,7 +35,7 @@ from typing import Protocol
 
 from broker.store.config import StoreConfig
 from broker.store.consume_queue import ConsumeQueueStore
-from broker.store.index import IndexService
+from broker.store.index_service import IndexService
 from broker.store.mapped_file_queue import MappedFileQueue
 from broker.store.service import ServiceThread
 

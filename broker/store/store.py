@@ -54,7 +54,7 @@ from broker.store.config import (
 from broker.store.consume_queue import ConsumeQueue, ConsumeQueueStore
 from broker.store.dispatcher import CommitLogDispatcher, ReputService
 from broker.store.errors import DispatchStuck, StoreNotRunning
-from broker.store.index import IndexService
+from broker.store.index_service import IndexService
 from broker.store.json_config import JsonConfigFile
 from broker.store.message import (
     GetMessageResult,

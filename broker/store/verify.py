@@ -54,13 +54,13 @@ from broker.store.consume_queue import (
     ConsumeQueueStore,
 )
 from broker.store.errors import ForeignFile, StoreError
-from broker.store.index import (
+from broker.store.index_file import (
     HASH_SLOT_SIZE,
     INDEX_ENTRY_SIZE,
     INDEX_HEADER_SIZE,
     index_file_size,
-    topic_key_hash,
 )
+from broker.store.index_key import topic_key_hash
 from broker.store.json_config import ConfigShapeError
 from broker.store.queue_check import UnitChecker
 

@@ -31,7 +31,7 @@ from broker.store.codec import (
 from broker.store.config import WATERMARKS_OFF, StoreConfig
 from broker.store.consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueue, ConsumeQueueStore
 from broker.store.errors import ConfigFileError, ForeignFile, StoreCorrupted
-from broker.store.index import IndexService
+from broker.store.index_service import IndexService
 from broker.store.json_config import JsonConfigFile
 from broker.store.message import Message
 from broker.store.queue_check import unit_problem

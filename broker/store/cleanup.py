@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Protocol
 
 from broker.store.config import StoreConfig
-from broker.store.consume_queue import ConsumeQueueStore
+from broker.store.consume_queue_store import ConsumeQueueStore
 from broker.store.index_service import IndexService
 from broker.store.mapped_file_queue import MappedFileQueue
 from broker.store.service import ServiceThread

@@ -51,7 +51,8 @@ from broker.store.config import (
     with_store_geometry,
     write_geometry,
 )
-from broker.store.consume_queue import ConsumeQueue, ConsumeQueueStore
+from broker.store.consume_queue import ConsumeQueue
+from broker.store.consume_queue_store import ConsumeQueueStore
 from broker.store.dispatcher import CommitLogDispatcher, ReputService
 from broker.store.errors import DispatchStuck, StoreNotRunning
 from broker.store.index_service import IndexService

@@ -50,9 +50,8 @@ from broker.store.config import GEOMETRY_FILE, StoreConfig, with_store_geometry
 from broker.store.consume_queue import (
     BLANK_UNIT_SIZE,
     CQ_STORE_UNIT_SIZE,
-    QUEUE_REGISTRY_NAME,
-    ConsumeQueueStore,
 )
+from broker.store.consume_queue_store import QUEUE_REGISTRY_NAME, ConsumeQueueStore
 from broker.store.errors import ForeignFile, StoreError
 from broker.store.index_file import (
     HASH_SLOT_SIZE,

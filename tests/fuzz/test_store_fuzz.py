@@ -29,7 +29,8 @@ from broker.store.codec import (
     seal,
 )
 from broker.store.config import WATERMARKS_OFF, StoreConfig
-from broker.store.consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueue, ConsumeQueueStore
+from broker.store.consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueue
+from broker.store.consume_queue_store import ConsumeQueueStore
 from broker.store.errors import ConfigFileError, ForeignFile, StoreCorrupted
 from broker.store.index_service import IndexService
 from broker.store.json_config import JsonConfigFile

@@ -13,7 +13,7 @@ import pytest
 from broker.store.codec import DispatchRequest
 from broker.store.commitlog import CommitLog
 from broker.store.config import StoreConfig
-from broker.store.consume_queue import ConsumeQueueStore
+from broker.store.consume_queue_store import ConsumeQueueStore
 from broker.store.dispatcher import ReputService
 from broker.store.index_service import IndexService
 from broker.store.message import Message, Prop, SysFlag

@@ -12,7 +12,7 @@ import pytest
 
 from broker.store.commitlog import CommitLog
 from broker.store.config import StoreConfig
-from broker.store.consume_queue import ConsumeQueueStore
+from broker.store.consume_queue_store import ConsumeQueueStore
 from broker.store.dispatcher import ReputService
 from broker.store.index_key import index_key_hash
 from broker.store.index_service import IndexService

@@ -53,7 +53,8 @@ from broker.errors import (
 from broker.receipt import ReceiptHandle
 from broker.sendback import build_dlq_message
 from broker.store.config import FlushMode
-from broker.store.json_config import ConfigShapeError, JsonConfigFile, arr, integer, obj
+from broker.store.errors import ConfigShapeError
+from broker.store.json_config import JsonConfigFile, arr, integer, obj
 from broker.store.message import GetMessageStatus, Message, MessageExt, Prop
 from broker.store.store import MessageStore
 from broker.topic import REVIVE_TOPIC

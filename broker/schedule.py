@@ -42,7 +42,8 @@ from collections.abc import Callable
 from typing import Any
 
 from broker.errors import InvalidArgument
-from broker.store.json_config import ConfigShapeError, JsonConfigFile, arr, integer, obj
+from broker.store.errors import ConfigShapeError
+from broker.store.json_config import JsonConfigFile, arr, integer, obj
 from broker.store.message import Message, MessageExt, Prop
 from broker.store.service import ServiceThread
 from broker.store.store import MessageStore

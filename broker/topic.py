@@ -39,7 +39,8 @@ from broker.names import (  # noqa: F401  re-exported until every importer uses 
     validate_topic_name,
     validate_user_topic,
 )
-from broker.store.json_config import ConfigShapeError, JsonConfigFile, flag, integer, obj, text
+from broker.store.errors import ConfigShapeError
+from broker.store.json_config import JsonConfigFile, flag, integer, obj, text
 
 # --- permission bits (RocketMQ PermName)
 PERM_PRIORITY = 0x8

@@ -202,7 +202,7 @@ class CommitLog:
     def _file_for(self, n: int) -> MappedFile:
         """The file the next `n` bytes go to (rolling over when they do not fit)."""
         if self._closed:
-            raise StoreNotRunning(f"commitlog {self.queue.directory} is closed")
+            raise StoreNotRunning(self.queue.directory, "commitlog", "closed")
         files = self.queue.mapped_files
         mf = files[-1] if files else None
         if mf is None or mf.file_size - mf.wrote_position < n + END_FILE_MIN_BLANK_LENGTH:

@@ -27,19 +27,19 @@ from pathlib import Path
 from typing import Any, TypeVar, overload
 
 from broker.store.durable_write import remove_stale_temp_files, write_atomically
-from broker.store.errors import ConfigFileError
+from broker.store.errors import ConfigFileError, ConfigShapeError, StoreError
 
 log = logging.getLogger(__name__)
 
 BACKUP_SUFFIX = ".bak"
 
 
-class _Unreadable(Exception):
-    """Internal: a file exists but does not hold a JSON object."""
+class _Unreadable(StoreError):
+    """Internal: a file exists but does not hold a JSON object (`reason` says why)."""
 
-
-class ConfigShapeError(ValueError):
-    """A configuration document is valid JSON but not the shape its loader expects."""
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
 
 
 T = TypeVar("T")

@@ -52,7 +52,7 @@ from broker.store.config import (
 )
 from broker.store.consume_queue_store import ConsumeQueueStore
 from broker.store.dispatcher import CommitLogDispatcher, ReputService
-from broker.store.errors import StoreNotRunning
+from broker.store.errors import InvalidQuery, StoreNotRunning
 from broker.store.index_service import IndexService
 from broker.store.json_config import JsonConfigFile
 from broker.store.message import (
@@ -453,7 +453,7 @@ class MessageStore:
         """By offset message id (store host + commitlog offset, 32 hex characters)."""
         try:
             return query.look_by_offset_msg_id(self._look_checked, offset_msg_id)
-        except query.InvalidQuery:
+        except InvalidQuery:
             return None
 
     def get_message_by_queue_offset(self, topic: str, queue_id: int, queue_offset: int
@@ -474,7 +474,7 @@ class MessageStore:
         """By UNIQ_KEY through the index; else `unique_key` read as an offset message id."""
         try:
             return query.query_by_unique_key(self.index, self._look_checked, topic, unique_key)
-        except query.InvalidQuery:
+        except InvalidQuery:
             return None
 
     # ------------------------------------------------------------------ admin
@@ -532,7 +532,7 @@ class MessageStore:
 
     def require_running(self) -> None:
         if not self.running:
-            raise StoreNotRunning(f"store {self.config.store_dir} is not running")
+            raise StoreNotRunning(self.config.store_dir)
 
 
 __all__ = ["CONFIG_FILES", "MessageStore"]

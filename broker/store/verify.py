@@ -52,7 +52,7 @@ from broker.store.consume_queue import (
     CQ_STORE_UNIT_SIZE,
 )
 from broker.store.consume_queue_store import QUEUE_REGISTRY_NAME, ConsumeQueueStore
-from broker.store.errors import ForeignFile, StoreError
+from broker.store.errors import ConfigShapeError, ForeignFile, StoreError
 from broker.store.index_file import (
     HASH_SLOT_SIZE,
     INDEX_ENTRY_SIZE,
@@ -60,7 +60,6 @@ from broker.store.index_file import (
     index_file_size,
 )
 from broker.store.index_key import topic_key_hash
-from broker.store.json_config import ConfigShapeError
 from broker.store.queue_check import UnitChecker
 
 Parse = Callable[[dict[str, Any]], object]

@@ -1,4 +1,4 @@
-"""The commitlog record: layout, encoding, validation and decoding (DESIGN §3.1).
+"""The commitlog record: layout, encoding, validation and decoding (docs/store.md).
 
 Commitlog record, big-endian, 91 bytes + body + topic + properties:
 
@@ -58,6 +58,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from broker.names import SCHEDULE_TOPIC, TOPIC_MAX_LENGTH
 from broker.store.errors import InvalidMessage
 from broker.store.message import (
     MessageExt,
@@ -73,8 +74,6 @@ RECORD_MAGIC_CODES = (RECORD_MAGIC_CODE, MESSAGE_MAGIC_CODE)
 BLANK_MAGIC_CODE = -875286124  # 0xCBD43194 as a signed i32
 END_FILE_MIN_BLANK_LENGTH = 4 + 4  # TOTALSIZE + MAGICCODE of a blank record
 
-SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
-MAX_TOPIC_LENGTH = 127  # TOPICLEN is an i8
 MAX_PROPERTIES_LENGTH = 32767  # PROPERTIESLEN is an i16
 
 # TOTALSIZE .. BODYLEN: the 88 fixed bytes before the body
@@ -250,9 +249,9 @@ class EncodeError(InvalidMessage):
 def _topic_tail(topic: str) -> bytes:
     """TOPICLEN + TOPIC, validated once per topic."""
     raw = topic.encode()
-    if not 0 < len(raw) <= MAX_TOPIC_LENGTH or b"\x00" in raw:
+    if not 0 < len(raw) <= TOPIC_MAX_LENGTH or b"\x00" in raw:
         raise EncodeError(PutMessageStatus.MESSAGE_ILLEGAL,
-                          f"topic must be 1..{MAX_TOPIC_LENGTH} bytes without NUL: {topic!r}")
+                          f"topic must be 1..{TOPIC_MAX_LENGTH} bytes without NUL: {topic!r}")
     if b"/" in raw or topic in (".", ".."):
         # it names a consume-queue directory: such a record could never be dispatched
         raise EncodeError(PutMessageStatus.MESSAGE_ILLEGAL,

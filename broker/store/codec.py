@@ -92,7 +92,6 @@ CRC_MASK = 0x7FFFFFFF
 _U32 = struct.Struct(">I")
 _DYNAMIC = struct.Struct(">qqq")  # QUEUEOFFSET, PHYSICALOFFSET, STORETIMESTAMP, as CRC'd
 _ZEROS_16 = bytes(16)
-_I8 = struct.Struct(">b")
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _PREFIX = struct.Struct(">ii")  # TOTALSIZE, MAGICCODE
@@ -266,7 +265,6 @@ _HOSTS: dict[tuple[str, int], bytes] = {}  # born host -> 8 encoded bytes
 _CACHE_LIMIT = 4096
 _pack_header = HEADER.pack
 _pack_i16 = _I16.pack
-_pack_u32 = _U32.pack
 _crc32 = zlib.crc32
 
 
@@ -414,10 +412,6 @@ def _strict_properties(raw: bytes | bytearray | memoryview) -> dict[str, str]:
     return dict(pair.split("\x01", 1) for pair in text[:-1].split("\x02"))
 
 
-def read_total_size(buf: memoryview | bytes | bytearray, pos: int) -> int:
-    return int(_I32.unpack_from(buf, pos)[0])
-
-
 def decode_message(buf: memoryview | bytes | bytearray | mmap.mmap, pos: int = 0
                    ) -> MessageExt:
     """Every field of the record at `pos` (no validation beyond the layout; `body_crc` is
@@ -440,10 +434,6 @@ def decode_message(buf: memoryview | bytes | bytearray | mmap.mmap, pos: int = 0
         prepared_tx_offset=prepared_tx, queue_offset=queue_offset, commitlog_offset=phy,
         store_timestamp=store_ts, store_host=decode_host(store_host), store_size=total,
         body_crc=crc)
-
-
-def decode_store_timestamp(buf: memoryview | bytes | bytearray, pos: int = 0) -> int:
-    return int(STORE_TIMESTAMP.unpack_from(buf, pos + POS_STORE_TIMESTAMP)[0])
 
 
 def encode_blank(size: int) -> bytes:

@@ -31,10 +31,8 @@ from broker.store.codec import (
     BLANK,
     END_FILE_MIN_BLANK_LENGTH,
     FIXED_SIZE,
-    QUEUE_AND_PHYSICAL_OFFSET,
     RECORD_MAGIC_CODE,
     RECORD_MAGIC_CODES,
-    STORE_TIMESTAMP,
     EncodeError,
     decode_message,
     encode_blank,
@@ -59,9 +57,7 @@ from broker.store.message import (
 log = logging.getLogger(__name__)
 
 _PUT_OK = PutMessageStatus.PUT_OK
-_pack_offsets = QUEUE_AND_PHYSICAL_OFFSET.pack_into  # QUEUEOFFSET, PHYSICALOFFSET
 _seal = codec.seal  # QUEUEOFFSET, PHYSICALOFFSET, STORETIMESTAMP and RECORDCRC
-_pack_timestamp = STORE_TIMESTAMP.pack_into  # STORETIMESTAMP
 
 
 def topic_queue_key(topic: str, queue_id: int) -> str:

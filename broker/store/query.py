@@ -1,8 +1,8 @@
 """Message queries the store facade answers: by key, by unique key, by offset message id.
 
-The hash index only knows 32-bit key hashes, so two keys with the same `String.hashCode`
-(`"Aa"` and `"BB"`) share entries. Every candidate is therefore decoded and kept only when
-its real topic and keys match: a query never returns a colliding message. A query is
+The hash index only knows 31-bit key hashes (`index_key`: a masked CRC-32 of `topic#key`),
+so two keys with the same hash share entries. Every candidate is therefore decoded and kept
+only when its real topic and keys match: a query never returns a colliding message. A query is
 bounded three ways: results (`max_num`, and the store's `max_query_results`), index entries
 visited (`IndexService.iter_offsets`'s scan budget) and records decoded (`max_candidates`).
 

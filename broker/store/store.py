@@ -52,7 +52,7 @@ from broker.store.config import (
 )
 from broker.store.consume_queue_store import ConsumeQueueStore
 from broker.store.dispatcher import CommitLogDispatcher, ReputService
-from broker.store.errors import InvalidQuery, StoreNotRunning
+from broker.store.errors import InvalidQuery
 from broker.store.index_service import IndexService
 from broker.store.json_config import JsonConfigFile
 from broker.store.message import (
@@ -424,14 +424,6 @@ class MessageStore:
         return cq.get_offset_in_queue_by_time(
             timestamp_ms, query.store_timestamp_lookup(self.commitlog.get_message))
 
-    def get_message_store_timestamp(self, topic: str, queue_id: int, queue_offset: int) -> int:
-        """Store time of the message at `queue_offset`; -1 when there is none."""
-        cq = self.consume_queues.get(topic, queue_id)
-        unit = None if cq is None else cq.get_unit(queue_offset)
-        if unit is None:
-            return -1
-        return query.store_timestamp_lookup(self.commitlog.get_message)(unit[0], unit[1])
-
     # ------------------------------------------------------------------ lookups
     def look_message_by_offset(self, commitlog_offset: int) -> MessageExt | None:
         return self.commitlog.look_message(commitlog_offset)
@@ -529,10 +521,6 @@ class MessageStore:
     def fsync_count(self) -> int:
         """Commitlog fsyncs so far (messages per fsync = puts / this)."""
         return self.commitlog.fsync_count
-
-    def require_running(self) -> None:
-        if not self.running:
-            raise StoreNotRunning(self.config.store_dir)
 
 
 __all__ = ["CONFIG_FILES", "MessageStore"]

@@ -87,8 +87,10 @@ class ConfigFileError(StoreError):
 
 
 class DispatchStuck(StoreError):
-    """At start, a recovered record cannot be dispatched to the consume queues and index
-    (the store refuses to start rather than hand out queue offsets twice)."""
+    """At start, a recovered record cannot be dispatched to the consume queues and index.
+
+    The store refuses to start rather than hand out queue offsets twice.
+    """
 
     def __init__(self, offset: int, reason: str) -> None:
         self.offset = offset
@@ -96,12 +98,10 @@ class DispatchStuck(StoreError):
         super().__init__(f"commitlog record at {offset} cannot be dispatched: {reason}")
 
 
+# a ValueError too, for parse functions that catch those; the message names the place
+# inside the document (`offsetTable.TopicA@g: expected an object, got a list`)
 class ConfigShapeError(StoreError, ValueError):
-    """A configuration document is valid JSON but not the shape its loader expects.
-
-    The message names the place inside the document (`offsetTable.TopicA@g: expected an
-    object, got a list`); a ValueError too, for parse functions that catch those.
-    """
+    """A configuration document is valid JSON but not the shape its loader expects."""
 
 
 class InvalidQuery(StoreError):

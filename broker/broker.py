@@ -25,13 +25,13 @@ from typing import TypeVar
 from broker.config import BrokerConfig
 from broker.consumers import ConsumerRegistry, tag_set
 from broker.errors import (
+    BodyOverLimit,
     BrokerError,
     BrokerNotRunning,
     ConsumeDisabled,
     GroupNotFound,
     InvalidArgument,
     MessageIllegal,
-    MessageTooLarge,
     MessageTypeMismatch,
     NoPermission,
     ResponseCode,
@@ -371,7 +371,7 @@ class Broker:
         if len(msg.body) == 0:
             raise MessageIllegal("message body is empty")
         if len(msg.body) > self.config.max_message_size:
-            raise MessageTooLarge(len(msg.body), self.config.max_message_size)
+            raise BodyOverLimit(len(msg.body), self.config.max_message_size)
         if not isinstance(msg.queue_id, int) or not 0 <= msg.queue_id < cfg.write_queue_nums:
             raise MessageIllegal(f"queue id {msg.queue_id!r} is not one of the "
                                  f"{cfg.write_queue_nums} write queues of {msg.topic!r}")

@@ -151,7 +151,7 @@ class _Failed(Exception):
 def _remote(args: argparse.Namespace, method: str, params: dict[str, Any]) -> Any:
     import grpc
 
-    from broker.server.admin import AdminCallError, AdminClient
+    from reliable.admin import AdminCallError, AdminClient
 
     client = AdminClient(args.endpoint, tls=args.tls, ca_file=args.ca_file,
                          access_key=args.access_key, secret_key=args.secret_key)

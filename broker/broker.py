@@ -22,6 +22,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from broker.clock import wall_ms
 from broker.config import BrokerConfig
 from broker.consumers import ConsumerRegistry, tag_set
 from broker.errors import (
@@ -39,6 +40,17 @@ from broker.errors import (
     TopicNotFound,
 )
 from broker.long_poll import ArrivalNotifier
+from broker.names import (
+    DLQ_GROUP_TOPIC_PREFIX,
+    RETRY_GROUP_TOPIC_PREFIX,
+    dlq_topic,
+    is_dlq_topic,
+    is_retry_topic,
+    retry_topic,
+    validate_group_name,
+    validate_topic_name,
+    validate_user_topic,
+)
 from broker.offsets import (
     DEFAULT_CONSUME_TIMESTAMP_AGO_MS,
     ConsumeFromWhere,
@@ -82,21 +94,7 @@ from broker.store.message import (
 from broker.store.service import ServiceThread
 from broker.store.store import MessageStore
 from broker.subscription import SubscriptionGroupConfig, SubscriptionGroupManager
-from broker.topic import (
-    DLQ_GROUP_TOPIC_PREFIX,
-    PERM_READ_WRITE,
-    RETRY_GROUP_TOPIC_PREFIX,
-    TopicConfig,
-    TopicConfigManager,
-    TopicMessageType,
-    dlq_topic,
-    is_dlq_topic,
-    is_retry_topic,
-    retry_topic,
-    validate_group_name,
-    validate_topic_name,
-    validate_user_topic,
-)
+from broker.topic import PERM_READ_WRITE, TopicConfig, TopicConfigManager, TopicMessageType
 from broker.transaction import Checker, TransactionService, look_checked, transaction_id_of
 
 __all__ = ["Broker", "PullResult", "PullStatus", "ReceivedEntry", "SendResult", "TopicRoute"]
@@ -109,10 +107,6 @@ GROUPS_FILE = "subscriptionGroup.json"
 OFFSETS_FILE = "consumerOffset.json"
 DELAY_OFFSETS_FILE = "delayOffset.json"
 POP_STATE_FILE = "popState.json"
-
-def _wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
-
 
 class _Maintenance(ServiceThread):
     """Persists offsets and progress, sweeps expired leases and consumers."""
@@ -143,7 +137,7 @@ class Broker:
         disk; by default the real partition is measured."""
         self.config = config or BrokerConfig()
         self.config.validate()
-        self._clock = clock or _wall_clock_ms
+        self._clock = clock or wall_ms
         self._levels = self.config.delay_levels_ms
         self.store = (MessageStore(store_config, clock=self._clock) if disk_usage is None
                       else MessageStore(store_config, clock=self._clock, disk_usage=disk_usage))

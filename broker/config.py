@@ -45,6 +45,10 @@ def parse_delay_levels(table: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+# RocketMQ's ladder in ms (level 1 first): what a client assumes of a broker that does not say
+DEFAULT_DELAY_LEVELS_MS: tuple[int, ...] = parse_delay_levels(DEFAULT_DELAY_LEVELS)
+
+
 @dataclass(frozen=True)
 class BrokerConfig:
     """Everything the delivery layer needs to know."""

@@ -50,13 +50,13 @@ from broker.errors import (
     ResponseCode,
     SendRejected,
 )
+from broker.names import REVIVE_TOPIC
 from broker.receipt import ReceiptHandle
 from broker.sendback import build_dlq_message
 from broker.store.config import FlushMode
 from broker.store.json_config import ConfigShapeError, JsonConfigFile, arr, integer, obj
 from broker.store.message import GetMessageStatus, Message, MessageExt, Prop
 from broker.store.store import MessageStore
-from broker.topic import REVIVE_TOPIC
 
 log = logging.getLogger(__name__)
 

@@ -94,7 +94,7 @@ def status_of(exc: BaseException) -> Any:
         _limited.log(logging.ERROR, f"unexpected {type(exc).__qualname__}",
                      "unexpected error while serving a request", exc_info=exc)
         return make_status(code, f"internal error ({type(exc).__name__})")
-    if code >= 50000:
+    if code >= Code.INTERNAL_ERROR:  # 5xxxx: the server failed, not the request
         _limited.log(logging.WARNING, f"failed {type(exc).__qualname__}",
                      "request failed: %s", exc)
     return make_status(code, str(exc)[:1024])

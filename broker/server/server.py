@@ -26,7 +26,7 @@ from broker.server.config import ServerConfig
 from broker.server.context import ServerContext
 from broker.server.errors import ServerError
 from broker.server.polling import ArrivalHook
-from broker.server.service import MessagingServicer, add_to_server
+from broker.server.servicer import MessagingServicer, add_to_server
 
 log = logging.getLogger(__name__)
 

@@ -107,7 +107,7 @@ def _register_store(nouns: Any) -> argparse.ArgumentParser:
 
 
 def _verify_store(args: argparse.Namespace) -> int:
-    from broker.config import config_file_parsers
+    from broker.config_files import config_file_parsers
     from broker.store.config import StoreConfig
     from broker.store.verify import iter_lines, verify_store
 

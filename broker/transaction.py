@@ -196,11 +196,6 @@ class TransactionService(ServiceThread):
                 return "resolved"
             return self._resolved.get(half_queue_offset)
 
-    def pending_count(self) -> int:
-        with self._lock:
-            total = self._store.get_max_offset_in_queue(TRANS_HALF_TOPIC, 0)
-            return max(0, total - self._half_progress - len(self._resolved))
-
     # ------------------------------------------------------------------ produce side
     def prepare(self, msg: Message, producer_group: str) -> PutMessageResult:
         return self._store.put_message(build_half_message(msg, producer_group))

@@ -1,5 +1,5 @@
 """The produce path's pure rules: property checks, message types, where a delayed message
-waits. No I/O: the Broker applies them."""
+waits. No I/O: `broker.produce_engine.ProduceEngine` applies them."""
 
 from __future__ import annotations
 

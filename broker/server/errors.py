@@ -149,3 +149,7 @@ class NotImplementedByServer(ServerError):
     """A protocol feature this server does not offer."""
 
     status_code = Code.NOT_IMPLEMENTED
+
+
+class ServerStartError(ServerError):
+    """The server did not start: port not bound, TLS files unreadable, already started."""

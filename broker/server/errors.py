@@ -13,12 +13,10 @@ from broker.server.codes import Code
 
 
 class ServerError(BrokerError):
-    """Root of every error the gRPC server raises; `status_code` is what the client receives.
+    """Root of every error the gRPC server raises; `status_code` is what the client receives."""
 
-    (`code`, inherited from `BrokerError`, is the delivery layer's `ResponseCode`; a server
-    error answers with `status_code`, the protocol's `Code`.)
-    """
-
+    # the protocol's Code; `code`, inherited from BrokerError, is the delivery layer's
+    # ResponseCode and is not what a server error answers with
     status_code: Code = Code.INTERNAL_ERROR
 
     def __init__(self, message: str, code: Code | None = None) -> None:

@@ -130,7 +130,7 @@ def parse_snapshot(data: dict[str, Any]) -> tuple[Windows, int]:
     return state, integer(data.get("reviveOffset", 0), "reviveOffset", minimum=0)
 
 
-# set by `PopService.deferring` on its thread: record the end instead of waiting
+# set by `PopJournal.deferring` on its thread: record the end instead of waiting
 _DEFER = threading.local()
 
 

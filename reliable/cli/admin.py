@@ -107,7 +107,7 @@ def _register_store(nouns: Any) -> argparse.ArgumentParser:
 
 
 def _verify_store(args: argparse.Namespace) -> int:
-    from broker.config import config_file_parsers
+    from broker.config_files import config_file_parsers
     from broker.store.config import StoreConfig
     from broker.store.verify import iter_lines, verify_store
 
@@ -151,7 +151,7 @@ class _Failed(Exception):
 def _remote(args: argparse.Namespace, method: str, params: dict[str, Any]) -> Any:
     import grpc
 
-    from broker.server.admin import AdminCallError, AdminClient
+    from reliable.admin import AdminCallError, AdminClient
 
     client = AdminClient(args.endpoint, tls=args.tls, ca_file=args.ca_file,
                          access_key=args.access_key, secret_key=args.secret_key)

@@ -77,7 +77,7 @@ def translate(exc: BaseException) -> BaseException:
     """One mapping from broker/store exceptions to the client's retry-aware errors."""
     if isinstance(exc, berr.ReceiptHandleError):
         return ReceiptHandleError(exc.handle, exc.reason)
-    if isinstance(exc, berr.MessageTooLarge):
+    if isinstance(exc, berr.BodyOverLimit):
         return BadRequest(str(exc), code="MESSAGE_BODY_TOO_LARGE")
     if isinstance(exc, berr.BrokerError):
         name = exc.code.name

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from broker.config import config_file_parsers
+from broker.config_files import config_file_parsers
 from broker.store import codec
 from broker.store.codec import (
     FIXED_SIZE,

@@ -63,11 +63,11 @@ class GuardConfig:
     def validate(self) -> GuardConfig:
         """Refuse settings that would let a late redelivery run a handler twice."""
         if not self.key_prefix:
-            raise InvalidGuardConfig("key_prefix must not be empty")
+            raise InvalidGuardConfig("key_prefix", self.key_prefix, "must not be empty")
         if self.lease <= timedelta(0):
-            raise InvalidGuardConfig(f"lease must be positive, got {self.lease}")
+            raise InvalidGuardConfig("lease", self.lease, "must be positive")
         if self.poll_interval <= timedelta(0):
-            raise InvalidGuardConfig(f"poll_interval must be positive, got {self.poll_interval}")
+            raise InvalidGuardConfig("poll_interval", self.poll_interval, "must be positive")
         if not self.allow_short_window:
             if self.ttl < self.horizon:
                 raise DedupWindowTooShort("Redis ttl", self.ttl, self.horizon)

@@ -1,10 +1,15 @@
-"""Errors of the reconciliation job: one root, narrow subclasses carrying what fixes them."""
+"""Errors of the reconciliation job: narrow subclasses carrying what fixes them.
+
+`ReconcileError` is the job's branch of the outbox's one root, `outbox.errors.OutboxError`.
+"""
 
 from __future__ import annotations
 
+from outbox.errors import OutboxError
 
-class ReconcileError(Exception):
-    """Root of every error the reconciliation job raises."""
+
+class ReconcileError(OutboxError):
+    """Root of every error the reconciliation job raises (an `OutboxError`)."""
 
 
 class InvalidOptions(ReconcileError):

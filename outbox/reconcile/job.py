@@ -27,11 +27,11 @@ from outbox.latency import ExpectedLatency
 from outbox.reconcile.bounds import BoundsSpec, check_spec, read_bounds
 from outbox.reconcile.certificate import Summary, facts, summarize, unaccounted_messages
 from outbox.reconcile.classify import Classified, Inputs, Window, classify
+from outbox.reconcile.details import detail_rows, write_parquet, write_table
 from outbox.reconcile.drivers import JdbcTarget, driver_jars, installed_system_jars, jdbc_target
 from outbox.reconcile.errors import InvalidOptions, JobFailed, SourceUnavailable
 from outbox.reconcile.preflight import check_database, check_parquet, find_java
 from outbox.reconcile.repair import Repairer, RepairOptions, RepairReport, candidates
-from outbox.reconcile.details import detail_rows, write_parquet, write_table
 from outbox.reconcile.session import require_driver, spark_session, under_spark_submit
 from outbox.reconcile.sources import (
     OFFSET_COLUMNS,

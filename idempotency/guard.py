@@ -1,4 +1,7 @@
-"""The idempotency guard: DESIGN §4.3's state machine, per message and consumer group.
+"""The idempotency guard: its state machine, per message and consumer group.
+
+docs/outbox.md draws the same diagram (tests/integration/idempotency/test_docs.py keeps
+the two equal).
 
     deliver (message, group)
       │

@@ -32,6 +32,16 @@ class DriverNotFound(ReconcileError):
         )
 
 
+class JavaNotFound(ReconcileError):
+    """No Java runtime for Spark: neither JAVA_HOME nor `java` on the PATH."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(
+            f"Spark needs a Java runtime (17 or later): {detail}. Install one "
+            "(apt-get install openjdk-17-jre-headless) or set JAVA_HOME to it")
+
+
 class SourceUnavailable(ReconcileError):
     """A table could not be read (database down, table missing, Parquet path missing)."""
 

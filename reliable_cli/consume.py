@@ -20,8 +20,8 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from reliable.cli.exit_codes import ExitCode
-from reliable.cli.store_options import add_disk_arguments, disk_options
+from reliable_cli.exit_codes import ExitCode
+from reliable_cli.store_options import add_disk_arguments, disk_options
 
 log = logging.getLogger("reliable.consume")
 

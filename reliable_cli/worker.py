@@ -12,7 +12,7 @@ import threading
 import urllib.parse
 from typing import Any
 
-from reliable.cli.exit_codes import ExitCode
+from reliable_cli.exit_codes import ExitCode
 
 log = logging.getLogger("reliable.worker")
 

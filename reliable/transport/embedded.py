@@ -20,6 +20,7 @@ from typing import Any
 from broker import errors as berr
 from broker.broker import Broker
 from broker.config import BrokerConfig
+from broker.names import dlq_topic, is_retry_topic, retry_topic
 from broker.offsets import ConsumeFromWhere
 from broker.store import errors as serr
 from broker.store.config import StoreConfig, embedded_store_config, max_message_size_for
@@ -147,7 +148,7 @@ def to_received(msg: MessageExt, *, receipt_handle: str | None = None,
                 attempt: int | None = None) -> ReceivedMessage:
     props = msg.properties
     topic = msg.topic
-    if topic.startswith("%RETRY%") and Prop.RETRY_TOPIC in props:
+    if is_retry_topic(topic) and Prop.RETRY_TOPIC in props:
         topic = props[Prop.RETRY_TOPIC]  # a retry copy is shown as its original topic
     reconsume = attempt - 1 if attempt is not None else msg.reconsume_times
     due = props.get(Prop.TIMER_DELIVER_MS)
@@ -427,16 +428,9 @@ class EmbeddedTransport:
         r = _call(self.broker.pull_message, group, queue.topic, queue.queue_id, offset,
                   max_msgs, tags, suspend_ms=suspend_ms)
         msgs = [to_received(m) for m in r.messages]
-        name = getattr(r.status, "name", str(r.status))
-        if msgs:
-            status = PullStatus.FOUND
-        elif name in ("NO_MATCHED_MESSAGE", "NO_MATCHED_MSG"):
-            status = PullStatus.NO_MATCHED_MSG
-        elif name in ("OFFSET_TOO_SMALL", "OFFSET_OVERFLOW_BADLY", "OFFSET_ILLEGAL",
-                      "OFFSET_FOUND_NULL", "NO_MATCHED_LOGIC_QUEUE"):
-            status = PullStatus.OFFSET_ILLEGAL
-        else:
-            status = PullStatus.NO_NEW_MSG
+        # the broker's PullStatus is the transport's own; FOUND without messages is nothing
+        status = PullStatus.FOUND if msgs else (
+            PullStatus.NO_NEW_MSG if r.status is PullStatus.FOUND else r.status)
         return PullBatch(status, msgs, r.next_begin_offset, r.min_offset, r.max_offset)
 
     def commit_offset(self, group: str, queue: QueueRef, offset: int) -> None:
@@ -558,7 +552,7 @@ class EmbeddedTransport:
         return int(self.broker.max_delivery_attempts(group))
 
     def retry_topic(self, group: str) -> str:
-        return f"%RETRY%{group}"
+        return retry_topic(group)
 
     def dlq_topic(self, group: str) -> str:
-        return f"%DLQ%{group}"
+        return dlq_topic(group)

@@ -116,9 +116,8 @@ def test_worker_and_certificate_agree_on_copies_whose_queue_is_unknown(
 
 
 def test_the_latency_comes_from_the_command_line(capsys) -> None:
-    from reliable_cli.reconcile import options_from, run
-
     from reliable_cli import build_parser
+    from reliable_cli.reconcile import options_from, run
 
     db_url = "sqlite:///unused.db"
     args = build_parser().parse_args(
@@ -137,10 +136,9 @@ def test_worker_and_reconcile_agree_out_of_the_box() -> None:
     """A user who sets no latency anywhere gets one rule: `reliable worker resend`,
     `reliable reconcile`, `ResendPolicy()` and `ReconcileOptions()` share the default, so a
     copy the worker resends as lost is the copy the certificate counts unaccounted."""
-    from reliable_cli.reconcile import options_from
-
     from outbox.latency import DEFAULT_EXPECTED_LATENCY
     from reliable_cli import build_parser
+    from reliable_cli.reconcile import options_from
 
     parser = build_parser()
     resend = parser.parse_args(["worker", "resend", "--db", "sqlite:///unused.db",

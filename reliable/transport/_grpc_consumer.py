@@ -356,11 +356,6 @@ class ConsumerSide(GrpcSession):
                     return levels
         return list(wire.ROCKETMQ_DELAY_LEVELS_MS)
 
-    def group_is_fifo(self, group: str) -> bool:
-        """What the server's Settings say about the group (FIFO is the server's call)."""
-        reply = self._settings_reply(group)
-        return bool(reply is not None and reply.subscription.fifo)
-
     # --- group administration: our server's admin service (the protocol has no such calls)
     def _admin(self, method: str, params: dict[str, Any]) -> bool:
         """Call `reliable.admin.v1.Admin/<method>`; False (logged once per method) when the

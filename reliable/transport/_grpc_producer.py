@@ -8,12 +8,12 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
 
+from broker.clock import wall_ms
 from reliable.errors import BadRequest, ReliableError, TransportError
 from reliable.message import Message, SendReceipt, SendStatus
 from reliable.transport import _grpc_wire as wire
@@ -54,14 +54,14 @@ class ProducerSide(GrpcSession):
             sp.tag = m.tags
         sp.keys.extend(m.keys)
         sp.message_id = m.message_id
-        wire.set_ms(sp.born_timestamp, int(time.time() * 1000))
+        wire.set_ms(sp.born_timestamp, wall_ms())
         sp.born_host = wire.local_ip()
         sp.body_encoding = wire.IDENTITY
         deliver_at = m.deliver_at_ms
         if deliver_at is None and m.delay_level:
             ladder = wire.ROCKETMQ_DELAY_LEVELS_MS
             level = min(max(m.delay_level, 1), len(ladder))
-            deliver_at = int(time.time() * 1000) + ladder[level - 1]
+            deliver_at = wall_ms() + ladder[level - 1]
         if transactional:
             if m.message_group or deliver_at is not None:
                 raise BadRequest("a transactional message cannot be FIFO or delayed")

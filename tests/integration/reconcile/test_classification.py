@@ -22,8 +22,8 @@ from outbox.reconcile import (
     StubClass,
     reconcile,
 )
-from reliable.cli import main
-from reliable.cli.exit_codes import ExitCode
+from reliable_cli import main
+from reliable_cli.exit_codes import ExitCode
 
 from .conftest import ALL_BACKENDS, BACKENDS
 from .dataset import BASE, NOW, Seeded, build

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from reliable.cli.exit_codes import ExitCode
+from reliable_cli.errors import CommandError
+from reliable_cli.exit_codes import ExitCode
 
 TOPIC_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION", "MIXED")
 
@@ -142,7 +143,9 @@ def _run(method: str, params: Callable[[argparse.Namespace], dict[str, Any]]
     return handler
 
 
-class _Failed(Exception):
+class _Failed(CommandError):
+    """An admin call failed; carries the exit code the command ends with."""
+
     def __init__(self, message: str, exit_code: ExitCode) -> None:
         self.exit_code = exit_code
         super().__init__(message)

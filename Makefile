@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 help:
 	@echo "make demo   - run the end-to-end demo on embedded defaults"
 	@echo "make test   - install everything needed and run the test suite"
-	@echo "make lint   - ruff and mypy (strict on broker/)"
+	@echo "make lint   - ruff, mypy (strict) and the layering contract (lint-imports)"
 	@echo "make bench  - run the benchmarks and print a table"
 
 # the system packages first: the install compiles broker/store/_recordpack.c against them
@@ -36,8 +36,9 @@ test: $(STAMP) system
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check broker reliable outbox idempotency bench tests examples
-	$(VENV)/bin/mypy broker reliable outbox idempotency
+	$(VENV)/bin/ruff check broker reliable outbox idempotency reliable_cli bench tests examples
+	$(VENV)/bin/mypy broker reliable outbox idempotency reliable_cli
+	$(VENV)/bin/lint-imports
 
 bench: $(STAMP)
 	$(PY) -m bench all

@@ -172,7 +172,7 @@ def serving(argv: list[str], home: Path, what: str) -> Iterator[str]:
 
 
 def broker_server(store: Path, home: Path, flush: str = "async") -> Any:
-    return serving(["-m", "reliable.cli", "broker", "start", "--store", str(store),
+    return serving(["-m", "reliable_cli", "broker", "start", "--store", str(store),
                     "--port", "0", "--min-long-polling-ms", "1000",
                     "--min-invisible-ms", "1000", "--flush", flush], home,
                    f"server (--flush {flush})")

@@ -44,9 +44,9 @@ from bench._common import Measured, Options, Row, SuiteResult, progress, timed
 from broker.store.codec import encode_host, encode_record
 from broker.store.commitlog import CommitLog
 from broker.store.config import FlushMode, StoreConfig
-from broker.store.consume_queue import ConsumeQueueStore
+from broker.store.consume_queue_store import ConsumeQueueStore
 from broker.store.dispatcher import ReputService
-from broker.store.index import IndexService
+from broker.store.index_service import IndexService
 from broker.store.message import Message, Prop
 
 DESCRIPTION = "commitlog put / dispatch / read vs a bare mmap floor"

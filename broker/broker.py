@@ -4,12 +4,19 @@ One object per broker process; the embedded transport calls it in-process and th
 server wraps it. Every public method validates its input and raises a `BrokerError`
 subclass for bad requests (nothing is stored then); the parts live in their own modules:
 
-    topic.py         topic table, names, permissions     subscription.py  groups, retry settings
-    offsets.py       consumer offsets                    consumers.py     live consumers
-    schedule.py      SCHEDULE_TOPIC_XXXX -> real topics  sendback.py      retry ladder, DLQ
-    pop.py           invisible-time consumption          transaction.py   half messages, checks
-    long_poll.py     wake parked pulls / receives on arrival
-    produce.py       message checks, delay placement      results.py       returned values
+    names.py         topic and group names, system topics
+    topic.py         topic table, permissions             subscription.py  groups, retry settings
+    offsets.py       consumer offsets                     consumers.py     live consumers
+    schedule.py      SCHEDULE_TOPIC_XXXX -> real topics   sendback.py      retry ladder, DLQ
+    pop.py           receive/ack policy (invisible time)  pop_journal.py   its windows, revive log
+    produce_engine.py  validate and store messages        produce.py       its pure rules
+    transaction.py   half messages, checks                long_poll.py     wake parked waits
+    parking.py       parked message groups                results.py       returned values
+    config.py        BrokerConfig, the delay ladder       config_files.py  config/ file names
+
+This module is the facade: lifecycle, topics and groups, pull, send-back, consumers and
+invisible-time calls. `Broker` is built on `ProduceEngine`, whose methods are its produce
+API (`send_message`, `send_batch`, `send_batch_pending`).
 """
 
 from __future__ import annotations
@@ -22,7 +29,15 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from broker.clock import wall_ms
 from broker.config import BrokerConfig
+from broker.config_files import (
+    DELAY_OFFSETS_FILE,
+    GROUPS_FILE,
+    OFFSETS_FILE,
+    POP_STATE_FILE,
+    TOPICS_FILE,
+)
 from broker.consumers import ConsumerRegistry, tag_set
 from broker.errors import (
     BrokerError,
@@ -30,41 +45,41 @@ from broker.errors import (
     ConsumeDisabled,
     GroupNotFound,
     InvalidArgument,
-    MessageIllegal,
-    MessageTooLarge,
-    MessageTypeMismatch,
     NoPermission,
-    ResponseCode,
-    SendRejected,
     TopicNotFound,
 )
 from broker.long_poll import ArrivalNotifier
+from broker.names import (
+    DLQ_GROUP_TOPIC_PREFIX,
+    RETRY_GROUP_TOPIC_PREFIX,
+    dlq_topic,
+    is_dlq_topic,
+    is_retry_topic,
+    retry_topic,
+    validate_group_name,
+    validate_topic_name,
+    validate_user_topic,
+)
 from broker.offsets import (
     DEFAULT_CONSUME_TIMESTAMP_AGO_MS,
     ConsumeFromWhere,
     ConsumerOffsetManager,
 )
 from broker.parking import PARKED_FILE, ParkedGroups
-from broker.pop import InFlight, PopService, ReceivedEntry, message_group_of
-from broker.produce import (
-    check_properties,
-    message_type_of,
-    schedule_target,
-    scheduled_copy,
-    without_delay,
-)
+from broker.pop import PopPolicy, ReceivedEntry, message_group_of
+from broker.pop_journal import InFlight
+from broker.produce_engine import ProduceEngine
 from broker.receipt import SEPARATOR as RECEIPT_SEPARATOR
 from broker.receipt import VERSION as RECEIPT_VERSION
 from broker.results import (
     PULL_STATUS,
-    PUT_STATUS_CODES,
     PullResult,
     PullStatus,
     QueueProgress,
     SendResult,
     TopicRoute,
 )
-from broker.schedule import ScheduleMessageService, encode_recall_handle
+from broker.schedule import ScheduleMessageService
 from broker.sendback import (
     PARKED_MESSAGE_GROUP,
     build_dlq_message,
@@ -77,43 +92,17 @@ from broker.store.config import StoreConfig
 from broker.store.message import (
     Message,
     MessageExt,
-    Prop,
-    PutMessageResult,
-    PutMessageStatus,
 )
 from broker.store.service import ServiceThread
 from broker.store.store import MessageStore
 from broker.subscription import SubscriptionGroupConfig, SubscriptionGroupManager
-from broker.topic import (
-    DLQ_GROUP_TOPIC_PREFIX,
-    PERM_READ_WRITE,
-    RETRY_GROUP_TOPIC_PREFIX,
-    TopicConfig,
-    TopicConfigManager,
-    TopicMessageType,
-    dlq_topic,
-    is_dlq_topic,
-    is_retry_topic,
-    retry_topic,
-    validate_group_name,
-    validate_topic_name,
-    validate_user_topic,
-)
+from broker.topic import PERM_READ_WRITE, TopicConfig, TopicConfigManager, TopicMessageType
 from broker.transaction import Checker, TransactionService, look_checked, transaction_id_of
 
 __all__ = ["Broker", "PullResult", "PullStatus", "ReceivedEntry", "SendResult", "TopicRoute"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-TOPICS_FILE = "topics.json"
-GROUPS_FILE = "subscriptionGroup.json"
-OFFSETS_FILE = "consumerOffset.json"
-DELAY_OFFSETS_FILE = "delayOffset.json"
-POP_STATE_FILE = "popState.json"
-
-def _wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class _Maintenance(ServiceThread):
@@ -135,39 +124,44 @@ class _Maintenance(ServiceThread):
             self.wait_for_running(self._interval_s)
 
 
-class Broker:
-    """Topics, groups, produce, pull, send-back, invisible-time receive, transactions."""
+class Broker(ProduceEngine):
+    """Topics, groups, produce, pull, send-back, invisible-time receive, transactions.
+
+    The produce methods (`send_message`, `send_batch`, `send_batch_pending`) are the
+    `ProduceEngine`'s; this class supplies its primitives `_require_running` and `_topic`.
+    """
 
     def __init__(self, store_config: StoreConfig, config: BrokerConfig | None = None, *,
                  clock: Callable[[], int] | None = None,
                  disk_usage: Callable[[Path], float] | None = None) -> None:
         """`disk_usage` (a partition's used ratio) is the store's seam for tests of a full
         disk; by default the real partition is measured."""
-        self.config = config or BrokerConfig()
-        self.config.validate()
-        self._clock = clock or _wall_clock_ms
-        self._levels = self.config.delay_levels_ms
-        self.store = (MessageStore(store_config, clock=self._clock) if disk_usage is None
-                      else MessageStore(store_config, clock=self._clock, disk_usage=disk_usage))
-        self._topics = TopicConfigManager(self.store.config_file(TOPICS_FILE))
-        self._groups = SubscriptionGroupManager(self.store.config_file(GROUPS_FILE))
-        self._offsets = ConsumerOffsetManager(self.store.config_file(OFFSETS_FILE))
-        self._consumers = ConsumerRegistry(self._clock, self.config.consumer_expiry_ms)
-        self.parked = ParkedGroups(self.store.config_file(PARKED_FILE))
+        config = config or BrokerConfig()
+        config.validate()
+        clock = clock or wall_ms
+        store = (MessageStore(store_config, clock=clock) if disk_usage is None
+                 else MessageStore(store_config, clock=clock, disk_usage=disk_usage))
+        self._topics = TopicConfigManager(store.config_file(TOPICS_FILE))
+        self._groups = SubscriptionGroupManager(store.config_file(GROUPS_FILE))
+        self._offsets = ConsumerOffsetManager(store.config_file(OFFSETS_FILE))
+        self._consumers = ConsumerRegistry(clock, config.consumer_expiry_ms)
+        self.parked = ParkedGroups(store.config_file(PARKED_FILE))
         self._notifier = ArrivalNotifier()
+        levels = config.delay_levels_ms
         self._schedule = ScheduleMessageService(
-            self.store, self._levels, self.store.config_file(DELAY_OFFSETS_FILE), self._clock,
-            self.config.schedule_interval_ms, before_put=self._ensure_derived_topic)
-        self._pop = PopService(
-            self.store, self.store.config_file(POP_STATE_FILE), self._clock,
+            store, levels, store.config_file(DELAY_OFFSETS_FILE), clock,
+            config.schedule_interval_ms, before_put=self._ensure_derived_topic)
+        self._pop = PopPolicy(
+            store, store.config_file(POP_STATE_FILE), clock,
             commit_offset=self._offsets.commit, query_offset=self._offsets.query,
             put_dlq=self._put_dlq)
-        self._tx = TransactionService(
-            self.store, self._clock, commit_offset=self._offsets.commit,
-            query_offset=self._offsets.query, timeout_ms=self.config.transaction_timeout_ms,
-            check_interval_ms=self.config.transaction_check_interval_ms,
-            check_max=self.config.transaction_check_max,
-            pass_interval_ms=min(self.config.transaction_check_interval_ms, 1_000))
+        transactions = TransactionService(
+            store, clock, commit_offset=self._offsets.commit,
+            query_offset=self._offsets.query, timeout_ms=config.transaction_timeout_ms,
+            check_interval_ms=config.transaction_check_interval_ms,
+            check_max=config.transaction_check_max,
+            pass_interval_ms=min(config.transaction_check_interval_ms, 1_000))
+        super().__init__(config, store, clock, levels, transactions)
         self._maintenance = _Maintenance(self, min(self.config.pop_revive_interval_ms,
                                                    self.config.flush_offset_interval_ms) / 1000)
         self._last_persist = 0
@@ -362,90 +356,12 @@ class Broker:
         return list(self._levels)
 
     # ------------------------------------------------------------------ produce
-    def _validate_message(self, msg: Message) -> TopicConfig:
-        if not isinstance(msg, Message):
-            raise MessageIllegal(f"expected a broker.store.Message, got {type(msg).__name__}")
-        cfg = self._topic(msg.topic, create=True)
-        if not cfg.writeable:
-            raise NoPermission(msg.topic, "writeable", cfg.perm)
-        if not isinstance(msg.body, bytes | bytearray | memoryview):
-            raise MessageIllegal("message body must be bytes")
-        if len(msg.body) == 0:
-            raise MessageIllegal("message body is empty")
-        if len(msg.body) > self.config.max_message_size:
-            raise MessageTooLarge(len(msg.body), self.config.max_message_size)
-        if not isinstance(msg.queue_id, int) or not 0 <= msg.queue_id < cfg.write_queue_nums:
-            raise MessageIllegal(f"queue id {msg.queue_id!r} is not one of the "
-                                 f"{cfg.write_queue_nums} write queues of {msg.topic!r}")
-        check_properties(msg.properties)
-        if self.config.check_message_type:
-            mtype = message_type_of(msg)
-            if not cfg.message_type.accepts(mtype):
-                raise MessageTypeMismatch(msg.topic, cfg.message_type.value, mtype.value)
-        return cfg
-
-    def _stored(self, topic: str, result: PutMessageResult) -> PutMessageResult:
-        if not result.status.stored or result.append is None:
-            raise SendRejected(topic, result.status.value,
-                               PUT_STATUS_CODES.get(result.status, ResponseCode.SYSTEM_ERROR))
-        return result
-
-    def send_message(self, msg: Message, *, producer_group: str | None = None) -> SendResult:
-        """Store one message: normal, delayed (DELAY / TIMER_DELIVER_MS) or half (TRAN_MSG)."""
-        self._require_running()
-        self._validate_message(msg)
-        props = msg.properties
-        transactional = props.get(Prop.TRAN_MSG) == "true"
-        if transactional:
-            if Prop.DELAY in props or Prop.TIMER_DELIVER_MS in props:
-                raise MessageIllegal("a transactional message cannot be delayed")
-            if producer_group is None:
-                producer_group = props.get(Prop.PRODUCER_GROUP)
-            if not producer_group:
-                raise MessageIllegal("a transactional message needs its producer group")
-            validate_group_name(producer_group)
-            result = self._stored(msg.topic, self._tx.prepare(msg, producer_group))
-            assert result.append is not None
-            return SendResult(result.status, msg.unique_key or result.append.msg_id,
-                              result.append.msg_id, msg.topic, msg.queue_id, -1,
-                              result.append.wrote_offset,
-                              transaction_id=msg.unique_key or result.append.msg_id)
-        target = schedule_target(msg, self._levels, self._clock(), self.config.max_delay_ms)
-        to_store = without_delay(msg) if target is None else scheduled_copy(msg, *target)
-        result = self._stored(msg.topic, self.store.put_message(to_store))
-        assert result.append is not None
-        msg_id = msg.unique_key or result.append.msg_id
-        recall = None
-        if target is not None:
-            recall = encode_recall_handle(msg.topic, target[0], result.append.queue_offset,
-                                          msg_id)
-        return SendResult(result.status, msg_id, result.append.msg_id, msg.topic, msg.queue_id,
-                          result.append.queue_offset if target is None else -1,
-                          result.append.wrote_offset, recall_handle=recall)
-
     def recall_message(self, topic: str, recall_handle: str) -> str:
         """Cancel a delayed message before it is due (RocketMQ 5 RecallMessage); returns its
         message id. InvalidRecallHandle when malformed or already delivered."""
         self._require_running()
         validate_user_topic(topic)
         return self._schedule.recall(topic, recall_handle)
-
-    def send_batch(self, msgs: Sequence[Message]) -> list[SendResult]:
-        """Store messages of one topic and queue together (no delay, no transaction).
-
-        Messages that differ only in body, KEYS and UNIQ_KEY (a producer's usual batch) are
-        stored as one record batch (`MessageStore.put_batch`: records written in one pass,
-        with the first message's born time, as RocketMQ's MessageBatch); others, or a batch
-        whose whole size passes `max_message_size`, message by message. Either way each
-        message is its own record, with its own offsets and results."""
-        return self._send_batch(msgs, wait=True)[0]
-
-    def send_batch_pending(self, msgs: Sequence[Message]) -> tuple[list[SendResult], int]:
-        """`send_batch` without waiting for the disk under SYNC_FLUSH: (results, end of the
-        last record). The messages are written (page cache, visible to consumers) but not
-        yet acknowledged: call `when_durable(end, callback)` and acknowledge them only once
-        it reports True. Under ASYNC_FLUSH the results are final."""
-        return self._send_batch(msgs, wait=False)
 
     def when_durable(self, end: int, callback: Callable[[bool], None]) -> bool:
         """Under SYNC_FLUSH: `callback(True)` once the commitlog is fsynced past `end`,
@@ -462,94 +378,6 @@ class Broker:
         once `when_durable(end, ...)` reports True: that is how an event loop makes these
         calls without parking a thread on the fsync."""
         return self._pop.deferring(call)
-
-    def _send_batch(self, msgs: Sequence[Message], *,
-                    wait: bool) -> tuple[list[SendResult], int]:
-        self._require_running()
-        if not msgs:
-            raise MessageIllegal("a batch needs at least one message")
-        self._validate_batch(msgs)
-        fast = self._send_record_batch(msgs, wait)
-        if fast is not None:
-            return fast
-        results = self.store.put_messages(list(msgs), wait=wait)
-        out: list[SendResult] = []
-        end = -1
-        for m, r in zip(msgs, results, strict=True):
-            self._stored(m.topic, r)
-            assert r.append is not None
-            end = max(end, r.append.wrote_offset + r.append.wrote_bytes)
-            out.append(SendResult(r.status, m.unique_key or r.append.msg_id, r.append.msg_id,
-                                  m.topic, m.queue_id, r.append.queue_offset,
-                                  r.append.wrote_offset))
-        return out, end
-
-    def _validate_batch(self, msgs: Sequence[Message]) -> None:
-        """`_validate_message` for each message of a batch, the topic and the properties
-        the messages share judged once: a message whose properties equal the first's but
-        for KEYS and UNIQ_KEY (a producer's usual batch) has only its body and those two
-        values checked; any other goes through the full check."""
-        first = msgs[0]
-        self._validate_message(first)
-        fp = first.properties
-        if Prop.DELAY in fp or Prop.TIMER_DELIVER_MS in fp or Prop.TRAN_MSG in fp:
-            raise MessageIllegal("a batch cannot hold delayed or transactional messages")
-        topic, queue_id, width = first.topic, first.queue_id, len(fp)
-        shared = [(k, v) for k, v in fp.items() if k != Prop.KEYS and k != Prop.UNIQ_KEY]
-        varying = width - len(shared)  # how many of KEYS, UNIQ_KEY the first one has
-        limit = self.config.max_message_size
-        for m in msgs[1:]:
-            p = m.properties
-            body = m.body
-            if (type(m) is Message and type(body) is bytes and 0 < len(body) <= limit
-                    and m.topic == topic and m.queue_id == queue_id and len(p) == width
-                    and (Prop.KEYS in p) + (Prop.UNIQ_KEY in p) == varying
-                    and all(p.get(k) == v for k, v in shared)):
-                for k in (Prop.KEYS, Prop.UNIQ_KEY):
-                    v = p.get(k)
-                    if v is not None and (type(v) is not str or "\x01" in v or "\x02" in v):
-                        check_properties({k: v})  # raises the precise error
-                continue
-            self._validate_message(m)
-            if (m.topic, m.queue_id) != (topic, queue_id):
-                raise MessageIllegal("every message of a batch goes to one topic and queue")
-            if any(k in p for k in (Prop.DELAY, Prop.TIMER_DELIVER_MS, Prop.TRAN_MSG)):
-                raise MessageIllegal("a batch cannot hold delayed or transactional messages")
-
-    def _send_record_batch(self, msgs: Sequence[Message],
-                           wait: bool) -> tuple[list[SendResult], int] | None:
-        """`send_batch` through `put_batch`; None when the batch has not that shape or
-        `put_batch` refuses it as a whole (then nothing was stored)."""
-        first = msgs[0]
-        props = first.properties
-        has_keys, has_uniq = Prop.KEYS in props, Prop.UNIQ_KEY in props
-        shared = {k: v for k, v in props.items() if k != Prop.KEYS and k != Prop.UNIQ_KEY}
-        width = len(shared) + has_keys + has_uniq
-        for m in msgs:
-            p = m.properties
-            if (m.flag != first.flag or m.sys_flag != first.sys_flag or m.reconsume_times
-                    or m.prepared_tx_offset or m.born_host != first.born_host
-                    or not isinstance(m.body, bytes) or len(p) != width
-                    or (Prop.KEYS in p) != has_keys or (Prop.UNIQ_KEY in p) != has_uniq
-                    or any(p.get(k) != v for k, v in shared.items())):
-                return None
-        result = self.store.put_batch(
-            first.topic, first.queue_id, [m.body for m in msgs], shared,
-            keys=[m.properties[Prop.KEYS] for m in msgs] if has_keys else None,
-            uniq_keys=[m.properties[Prop.UNIQ_KEY] for m in msgs] if has_uniq else None,
-            flag=first.flag, sys_flag=first.sys_flag, born_timestamp=first.born_timestamp,
-            born_host=first.born_host, wait=wait)
-        if result.status in (PutMessageStatus.MESSAGE_ILLEGAL,
-                             PutMessageStatus.PROPERTIES_SIZE_EXCEEDED):
-            return None  # message by message: each gets its own verdict
-        self._stored(first.topic, result)
-        append = result.append
-        assert append is not None
-        return [SendResult(result.status, m.unique_key or append.msg_id_at(offset),
-                           append.msg_id_at(offset), m.topic, m.queue_id,
-                           append.queue_offset + i, offset)
-                for i, (m, offset) in enumerate(zip(msgs, append.record_offsets, strict=True))
-                ], append.wrote_offset + append.wrote_bytes
 
     # ------------------------------------------------------------------ transactions
     def end_transaction(self, producer_group: str, transaction_id: str, commitlog_offset: int,

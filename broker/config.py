@@ -7,9 +7,7 @@ clock itself is injected into `Broker`, not configured here.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from broker.errors import ConfigError
 
@@ -43,6 +41,10 @@ def parse_delay_levels(table: str) -> tuple[int, ...]:
             raise ConfigError(f"delay level {i} {part!r} is shorter than level {i - 1}")
         out.append(ms)
     return tuple(out)
+
+
+# RocketMQ's ladder in ms (level 1 first): what a client assumes of a broker that does not say
+DEFAULT_DELAY_LEVELS_MS: tuple[int, ...] = parse_delay_levels(DEFAULT_DELAY_LEVELS)
 
 
 @dataclass(frozen=True)
@@ -105,24 +107,3 @@ class BrokerConfig:
             raise ConfigError("retry and check maximums must not be negative")
         if self.long_poll_max_ms < 0:
             raise ConfigError("long_poll_max_ms must not be negative")
-
-
-def config_file_parsers() -> dict[str, Callable[[dict[str, Any]], object]]:
-    """Each `config/` file's name -> its loader's parse (raises ConfigShapeError on a
-    document of the wrong shape): what `reliable admin store verify` checks them with."""
-    from broker.broker import (
-        DELAY_OFFSETS_FILE,
-        GROUPS_FILE,
-        OFFSETS_FILE,
-        POP_STATE_FILE,
-        TOPICS_FILE,
-    )
-    from broker.offsets import ConsumerOffsetManager
-    from broker.pop import parse_snapshot
-    from broker.schedule import ScheduleMessageService
-    from broker.subscription import SubscriptionGroupManager
-    from broker.topic import TopicConfigManager
-
-    return {TOPICS_FILE: TopicConfigManager.parse, GROUPS_FILE: SubscriptionGroupManager.parse,
-            OFFSETS_FILE: ConsumerOffsetManager.parse,
-            DELAY_OFFSETS_FILE: ScheduleMessageService.parse, POP_STATE_FILE: parse_snapshot}

@@ -37,15 +37,6 @@ class ConsumerRegistry:
         self._expiry_ms = expiry_ms
         self._lock = threading.Lock()
         self._groups: dict[str, dict[str, ConsumerInfo]] = {}
-        self._listeners: list[Callable[[str], None]] = []
-
-    def add_listener(self, listener: Callable[[str], None]) -> None:
-        """Called with the group name whenever a group's membership changes."""
-        self._listeners.append(listener)
-
-    def _changed(self, group: str) -> None:
-        for listener in list(self._listeners):
-            listener(group)
 
     def heartbeat(self, client_id: str, group: str,
                   subscriptions: Mapping[str, Collection[str] | None]) -> bool:
@@ -57,8 +48,6 @@ class ConsumerRegistry:
             info = members.get(client_id)
             is_new = info is None or now - info.last_heartbeat_ms > self._expiry_ms
             members[client_id] = ConsumerInfo(client_id, group, now, subs)
-        if is_new:
-            self._changed(group)
         return is_new
 
     def unregister(self, client_id: str, group: str) -> bool:
@@ -67,8 +56,6 @@ class ConsumerRegistry:
             removed = members.pop(client_id, None) is not None
             if not members:
                 self._groups.pop(group, None)
-        if removed:
-            self._changed(group)
         return removed
 
     def consumer_ids(self, group: str) -> list[str]:
@@ -102,6 +89,4 @@ class ConsumerRegistry:
                         removed.append((group, cid))
                 if not members:
                     del self._groups[group]
-        for group in sorted({g for g, _ in removed}):
-            self._changed(group)
         return removed

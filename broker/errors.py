@@ -1,9 +1,12 @@
 """The delivery layer's exceptions and response codes.
 
-`BrokerError` is the root of everything `broker.broker.Broker` raises on purpose; each
-subclass says what went wrong in one line, carries the data needed to act on it, and names
-the `ResponseCode` a wire protocol reports for it (the gRPC server maps codes to statuses
-in one function). Store errors (`broker.store.errors`) are a separate root below this one.
+`BrokerError` is the one root of every error the `broker` package raises on purpose: the
+delivery layer's (here), the store's (`broker.store.errors.StoreError`) and the gRPC
+server's (`broker.server.errors.ServerError`). Each subclass says what went wrong in one
+line, carries the data needed to act on it, and names the `ResponseCode` a wire protocol
+reports for it (the gRPC server maps codes to statuses in one function,
+`broker.server.status.code_of`). This module imports nothing else from `broker`: it is the
+bottom of the package's import graph.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ class ResponseCode(enum.IntEnum):
 
 
 class BrokerError(Exception):
-    """Root of every error the delivery layer raises."""
+    """Root of every error the broker package raises (delivery layer, store, server)."""
 
     code: ResponseCode = ResponseCode.SYSTEM_ERROR
 
@@ -144,8 +147,8 @@ class MessageIllegal(BrokerError):
     code = ResponseCode.MESSAGE_ILLEGAL
 
 
-class MessageTooLarge(MessageIllegal):
-    """The message body exceeds the broker's maximum message size."""
+class BodyOverLimit(MessageIllegal):
+    """The message body exceeds the broker's `max_message_size` (`size`, `limit` in bytes)."""
 
     def __init__(self, size: int, limit: int) -> None:
         self.size = size

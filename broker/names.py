@@ -3,7 +3,8 @@
 Rules follow RocketMQ's `TopicValidator`: a name is 1-127 characters of `[%|a-zA-Z0-9_-]`
 (a group at most 120, so that its `%RETRY%` and `%DLQ%` topics fit the 127 limit); the
 broker's own topics (`SCHEDULE_TOPIC_XXXX`, the transaction half/op topics, the revive log,
-`TBW102`, anything starting `rmq_sys_`) cannot be created or written by users.
+`TBW102`, anything starting `rmq_sys_`, `RMQ_SYS_` or `%SYS%`) cannot be created or written
+by users, and groups starting `CID_RMQ_SYS_` are the broker's own.
 `%RETRY%<group>` and `%DLQ%<group>` are per-group topics the broker creates on demand.
 
 Every layer checks names with these functions: the `*_problem` functions say what is wrong
@@ -30,10 +31,12 @@ TRANS_OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
 REVIVE_TOPIC = "rmq_sys_REVIVE_LOG"
 AUTO_CREATE_TEMPLATE_TOPIC = "TBW102"
 SYSTEM_TOPIC_PREFIX = "rmq_sys_"
+# every prefix that marks a topic as the broker's (RocketMQ's and its proxy's)
+SYSTEM_TOPIC_PREFIXES = (SYSTEM_TOPIC_PREFIX, "RMQ_SYS_", "%SYS%")
 SYSTEM_TOPICS = frozenset({
     SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, REVIVE_TOPIC,
     AUTO_CREATE_TEMPLATE_TOPIC, "BenchmarkTest", "OFFSET_MOVED_EVENT", "SELF_TEST_TOPIC",
-    "RMQ_SYS_TRACE_TOPIC", "rmq_sys_wheel_timer",
+    "RMQ_SYS_TRACE_TOPIC", "rmq_sys_wheel_timer", "TRANS_CHECK_MAX_TIME_TOPIC",
 })
 # groups the broker uses for its own bookkeeping in the offset table
 SYSTEM_GROUP_PREFIX = "CID_RMQ_SYS_"
@@ -56,7 +59,11 @@ def is_dlq_topic(topic: str) -> bool:
 
 
 def is_system_topic(topic: str) -> bool:
-    return topic in SYSTEM_TOPICS or topic.startswith(SYSTEM_TOPIC_PREFIX)
+    return topic in SYSTEM_TOPICS or topic.startswith(SYSTEM_TOPIC_PREFIXES)
+
+
+def is_system_group(group: str) -> bool:
+    return group.startswith(SYSTEM_GROUP_PREFIX)
 
 
 def _chars_problem(name: str) -> str | None:

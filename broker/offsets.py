@@ -119,11 +119,6 @@ class ConsumerOffsetManager:
         with self._lock:
             return dict(self._table.get(self.key(topic, group), {}))
 
-    def groups_of_topic(self, topic: str) -> list[str]:
-        prefix = topic + TOPIC_GROUP_SEPARATOR
-        with self._lock:
-            return sorted(k[len(prefix):] for k in self._table if k.startswith(prefix))
-
     def topics_of_group(self, group: str) -> list[str]:
         suffix = TOPIC_GROUP_SEPARATOR + group
         with self._lock:

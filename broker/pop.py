@@ -1,104 +1,29 @@
-"""Invisible-time consumption (RocketMQ 5 "pop"): receive, ack, change invisible duration.
+"""Invisible-time consumption (RocketMQ 5 "pop"): the receive and ack policy.
 
-Per (group, topic, queue) the broker keeps a window over the consume queue:
-
-    offset:   low ............................ next ................ max
-              | every offset below `low` is     | never handed out   |
-              | done (acked, dead-lettered,     |                    |
-              | filtered out by tag)            |                    |
-              [low, next): each offset is done, leased (in flight until `until`), or
-              pending (skipped by a FIFO receive because its message group was busy)
-
-A lease is (attempt, invisible until, nonce, message group). Receive hands out pending and
-expired offsets first (attempt + 1), then new ones (attempt 1). An expired lease at the
-group's maximum attempts is dead-lettered instead. The group's committed consumer offset
-is `low`, so the offset table and the resend worker see pop groups like any other.
-
-Durability: every change is first written as a record to the system topic
-`rmq_sys_REVIVE_LOG` through the store (so it is exactly as durable as the messages: fsynced
-before the answer under SYNC_FLUSH), then applied in memory. Under SYNC_FLUSH the wait for
-the fsync happens after the lock is released, so concurrent receives and acks share group
-commits; a change that others already build on is earlier in the log than theirs, so it is
-on disk whenever theirs is. A snapshot of the whole state
-with the revive-log offset it covers is written to `config/popState.json` periodically and at
-shutdown; start-up loads the snapshot and replays the log after it. A record holds a list
-of operations on one (group, topic):
-
-    ["I", qid, offset]                                   open the window at offset
-    ["L", qid, offset, attempt, until, nonce, msg_group] lease (receive, change invisible)
-    ["D", qid, lo, hi]                                    offsets lo..hi-1 are done
-    ["N", qid, next]                                      the window reaches `next`
-    ["X"]                                                 the topic was deleted: forget it
+Receive hands out pending and expired offsets first (attempt + 1), then new ones (attempt
+1); a FIFO receive skips a message whose message group has one in flight. An expired lease
+at the group's maximum attempts is dead-lettered instead (on receive, or by the revive
+sweep). Ack, change-invisible-duration and forward-to-DLQ check the receipt handle against
+the lease it names. Every decision is recorded through `broker.pop_journal.PopJournal`
+(the windows, the revive log, the snapshot), which `PopPolicy` is built on.
 """
 
 from __future__ import annotations
 
-import copy
 import itertools
-import json
-import logging
 import secrets
-import threading
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from dataclasses import dataclass, replace
 
-from broker.errors import (
-    InvalidReceiptHandle,
-    ReceiptHandleError,
-    ReceiptHandleExpired,
-    ResponseCode,
-    SendRejected,
-)
+from broker.errors import InvalidReceiptHandle, ReceiptHandleError, ReceiptHandleExpired
+from broker.pop_journal import Lease, Op, PopJournal, QueueWindow
 from broker.receipt import ReceiptHandle
 from broker.sendback import build_dlq_message
-from broker.store.config import FlushMode
-from broker.store.json_config import ConfigShapeError, JsonConfigFile, arr, integer, obj
+from broker.store.json_config import JsonConfigFile
 from broker.store.message import GetMessageStatus, Message, MessageExt, Prop
 from broker.store.store import MessageStore
-from broker.topic import REVIVE_TOPIC
 
-log = logging.getLogger(__name__)
-
-POP_GROUP = "CID_RMQ_SYS_POP"
-_REPLAY_BATCH = 256
 _READ_BATCH = 32
-
-Op = list[Any]
-T = TypeVar("T")
-
-
-@dataclass(slots=True)
-class Lease:
-    attempt: int
-    until_ms: int
-    nonce: int
-    message_group: str | None
-
-
-@dataclass(slots=True)
-class QueueWindow:
-    low: int
-    next: int
-    leases: dict[int, Lease] = field(default_factory=dict)
-    done: set[int] = field(default_factory=set)
-
-    def compact(self) -> None:
-        while self.low < self.next and self.low in self.done:
-            self.done.discard(self.low)
-            self.low += 1
-
-    def to_json(self) -> dict[str, Any]:
-        return {"low": self.low, "next": self.next, "done": sorted(self.done),
-                "leases": {str(o): [lz.attempt, lz.until_ms, lz.nonce, lz.message_group]
-                           for o, lz in sorted(self.leases.items())}}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> QueueWindow:
-        return cls(low=int(data["low"]), next=int(data["next"]),
-                   leases={int(o): Lease(int(v[0]), int(v[1]), int(v[2]), v[3])
-                           for o, v in data.get("leases", {}).items()},
-                   done={int(o) for o in data.get("done", [])})
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,53 +36,8 @@ class ReceivedEntry:
     invisible_until_ms: int
 
 
-@dataclass(frozen=True, slots=True)
-class InFlight:
-    """A leased message, for inspection (admin, tests)."""
-
-    queue_id: int
-    queue_offset: int
-    delivery_attempt: int
-    invisible_until_ms: int
-    message_group: str | None
-
-
 def message_group_of(msg: MessageExt) -> str | None:
     return msg.properties.get(Prop.SHARDING_KEY) or None
-
-
-Windows = dict[tuple[str, str], dict[int, QueueWindow]]
-
-
-def parse_snapshot(data: dict[str, Any]) -> tuple[Windows, int]:
-    """(windows, revive offset) of a pop state document (ConfigShapeError for a bad shape)."""
-    state: Windows = {}
-    for group, topics in obj(data.get("groups", {}), "groups").items():
-        for topic, queues in obj(topics, f"groups.{group}").items():
-            windows: dict[int, QueueWindow] = {}
-            for q, w in obj(queues, f"groups.{group}.{topic}").items():
-                where = f"groups.{group}.{topic}.{q}"
-                w = obj(w, where)
-                leases = {}
-                for o, v in obj(w.get("leases", {}), f"{where}.leases").items():
-                    v = arr(v, f"{where}.leases.{o}")
-                    if len(v) != 4 or not (v[3] is None or isinstance(v[3], str)):
-                        raise ConfigShapeError(f"{where}.leases.{o}: expected "
-                                               "[attempt, until, nonce, group or null]")
-                    attempt, until, nonce = (integer(x, f"{where}.leases.{o}[]") for x in v[:3])
-                    leases[integer(o, f"{where}.leases key", minimum=0)] = Lease(
-                        attempt, until, nonce, v[3])
-                windows[integer(q, f"{where} key", minimum=0)] = QueueWindow(
-                    low=integer(w.get("low"), f"{where}.low", minimum=0),
-                    next=integer(w.get("next"), f"{where}.next", minimum=0), leases=leases,
-                    done={integer(o, f"{where}.done[]") for o in
-                          arr(w.get("done", []), f"{where}.done")})
-            state[(group, topic)] = windows
-    return state, integer(data.get("reviveOffset", 0), "reviveOffset", minimum=0)
-
-
-# set by `PopService.deferring` on its thread: record the end instead of waiting
-_DEFER = threading.local()
 
 
 def _done_ranges(done: Collection[tuple[int, int]]) -> list[Op]:
@@ -174,185 +54,21 @@ def _done_ranges(done: Collection[tuple[int, int]]) -> list[Op]:
     return ops
 
 
-class _Changing:
-    """See `PopService._changing`."""
-
-    __slots__ = ("_mark", "_pop")
-
-    def __init__(self, pop: PopService) -> None:
-        self._pop = pop
-        self._mark = -1
-
-    def __enter__(self) -> None:
-        self._pop._lock.acquire()
-        self._mark = self._pop._logged_end
-
-    def __exit__(self, *exc: object) -> None:
-        pop = self._pop
-        end = pop._logged_end
-        pop._lock.release()
-        if end != self._mark:
-            if getattr(_DEFER, "on", False):
-                _DEFER.end = max(_DEFER.end, end)
-            else:
-                pop._durable(end)
-
-
-class PopService:
-    """The invisible-time state of every (group, topic); thread-safe."""
+class PopPolicy(PopJournal):
+    """Receive, ack, change invisible duration, dead-letter; thread-safe."""
 
     def __init__(self, store: MessageStore, snapshot: JsonConfigFile, clock: Callable[[], int],
                  *, commit_offset: Callable[[str, str, int, int], None],
                  query_offset: Callable[[str, str, int], int],
                  put_dlq: Callable[[Message], None]) -> None:
-        self._store = store
-        self._file = snapshot
-        self._clock = clock
-        self._commit_offset = commit_offset
+        super().__init__(store, snapshot, clock, commit_offset=commit_offset)
         self._query_offset = query_offset
         self._put_dlq = put_dlq
-        self._lock = threading.RLock()
-        self._state: dict[tuple[str, str], dict[int, QueueWindow]] = {}
-        self._revive_next = 0
         self._rotation: dict[tuple[str, str], int] = {}
-        self._dirty = False
-        self._logged_end = -1  # commitlog end of the last revive-log record
         # lease nonces: one random draw (a syscall) per start, then counting up, so every
         # lease this process hands out differs from every other, and from those of earlier
         # runs but by a 2^-61 chance
         self._nonces = itertools.count(secrets.randbits(61))
-
-    # ------------------------------------------------------------------ persistence
-    def load(self) -> int:
-        """Load the snapshot and replay the revive log after it; returns records replayed."""
-        state, revive_offset = self._file.load(parse_snapshot) or ({}, 0)
-        with self._lock:
-            self._state = state
-            offset = max(revive_offset,
-                         self._store.get_min_offset_in_queue(REVIVE_TOPIC, 0))
-            replayed = 0
-            while True:
-                result = self._store.get_messages(POP_GROUP, REVIVE_TOPIC, 0, offset,
-                                                  _REPLAY_BATCH)
-                for msg in result.messages:
-                    record = json.loads(msg.body)
-                    self._apply(record["g"], record["t"], record["ops"])
-                    offset = msg.queue_offset + 1
-                    replayed += 1
-                if not result.messages:
-                    break
-            # a snapshot ahead of a shortened log (tail lost): new records go at the log's end
-            self._revive_next = min(offset, self._store.get_max_offset_in_queue(REVIVE_TOPIC, 0))
-            for (group, topic), queues in self._state.items():
-                for qid, window in queues.items():
-                    self._clamp(group, topic, qid, window)
-                    self._commit_offset(group, topic, qid, window.low)
-            self._dirty = True
-        self.persist()
-        return replayed
-
-    def _clamp(self, group: str, topic: str, qid: int, window: QueueWindow) -> None:
-        """A window past the queue's end (the store lost its tail in a power cut under
-        async flush) is cut back, so messages written at those offsets again are delivered
-        instead of being taken for ones already handed out."""
-        end = self._store.get_max_offset_in_queue(topic, qid)
-        if window.next <= end:
-            return
-        log.warning("pop window %s/%s/%d reaches %d but the queue ends at %d; cut back",
-                    group, topic, qid, window.next, end)
-        window.next = end
-        window.low = min(window.low, end)
-        window.leases = {o: lz for o, lz in window.leases.items() if o < end}
-        window.done = {o for o in window.done if o < end}
-
-    def persist(self, force: bool = False) -> bool:
-        with self._lock:
-            if not (self._dirty or force):
-                return False
-            groups: dict[str, dict[str, dict[str, Any]]] = {}
-            for (group, topic), queues in sorted(self._state.items()):
-                groups.setdefault(group, {})[topic] = {
-                    str(q): w.to_json() for q, w in sorted(queues.items())}
-            data = {"reviveOffset": self._revive_next, "groups": groups}
-            self._dirty = False
-        self._file.save(data)
-        return True
-
-    def _log(self, group: str, topic: str, ops: list[Op]) -> None:
-        """Write one record to the revive log; SendRejected when the store refuses it."""
-        body = json.dumps({"g": group, "t": topic, "ops": ops}, separators=(",", ":"))
-        # no flush wait under the lock: `_changing` waits once the lock is released
-        result = self._store.put_messages([Message(topic=REVIVE_TOPIC, body=body.encode())],
-                                          wait=False)[0]
-        if not result.status.stored or result.append is None:
-            raise SendRejected(REVIVE_TOPIC, result.status.value,
-                               ResponseCode.SERVICE_NOT_AVAILABLE)
-        self._revive_next = result.append.queue_offset + 1
-        self._logged_end = result.append.wrote_offset + result.append.wrote_bytes
-        self._dirty = True
-
-    def _changing(self) -> _Changing:
-        """`with self._changing():` the lock, and after releasing it, under SYNC_FLUSH, the
-        wait for the fsync of what was logged meanwhile: the caller answers only once its
-        records are on disk, while others change state (and share the fsync) meanwhile."""
-        return _Changing(self)
-
-    def deferring(self, call: Callable[[], T]) -> tuple[T, int]:
-        """Run `call` (on this thread) without the SYNC_FLUSH wait of the changes it makes:
-        (its result, the commitlog end their records reach, -1 when it logged none). The
-        caller must wait for that end (`MessageStore.when_flushed`) before it answers."""
-        _DEFER.on, _DEFER.end = True, -1
-        try:
-            result = call()
-        finally:
-            _DEFER.on = False
-        return result, _DEFER.end
-
-    def _durable(self, end: int) -> None:
-        if self._store.config.flush_mode is not FlushMode.SYNC_FLUSH:
-            return  # nothing to wait for (and no Event to build per call)
-        done = threading.Event()
-        if self._store.when_flushed(end, lambda ok: done.set()):
-            done.wait()
-
-    def _apply(self, group: str, topic: str, ops: Sequence[Op]) -> None:
-        if ops and ops[0][0] == "X":  # the topic was deleted: forget the group's windows
-            self._state.pop((group, topic), None)
-            return
-        queues = self._state.setdefault((group, topic), {})
-        touched: set[int] = set()
-        for op in ops:
-            kind, qid = op[0], int(op[1])
-            touched.add(qid)
-            if kind == "I":
-                queues[qid] = QueueWindow(low=int(op[2]), next=int(op[2]))
-                continue
-            window = queues.get(qid)
-            if window is None:  # defensive: a window always opens with "I"
-                window = queues[qid] = QueueWindow(low=0, next=0)
-            if kind == "L":
-                offset = int(op[2])
-                window.leases[offset] = Lease(int(op[3]), int(op[4]), int(op[5]), op[6])
-                window.done.discard(offset)
-                window.next = max(window.next, offset + 1)
-            elif kind == "D":
-                lo, hi = int(op[2]), int(op[3])
-                for offset in range(max(lo, window.low), hi):
-                    window.leases.pop(offset, None)
-                    window.done.add(offset)
-                window.next = max(window.next, hi)
-            elif kind == "N":
-                window.next = max(window.next, int(op[2]))
-            window.compact()
-        for qid in touched:
-            self._commit_offset(group, topic, qid, queues[qid].low)
-
-    def _commit(self, group: str, topic: str, ops: list[Op]) -> None:
-        """Log then apply; the in-memory state changes only when the record is stored."""
-        if not ops:
-            return
-        self._log(group, topic, ops)
-        self._apply(group, topic, ops)
 
     # ------------------------------------------------------------------ receive
     def _initial_offset(self, group: str, topic: str, qid: int) -> int:
@@ -577,22 +293,3 @@ class PopService:
                         dead += 1
                 self._commit(group, topic, ops)
         return dead, sorted(wake)
-
-    def forget_topic(self, topic: str) -> None:
-        """Drop every group's window on a deleted topic (durably: a recreated topic's
-        offsets start again at 0 and must not be taken for ones already handed out)."""
-        with self._changing():
-            for group, t in [k for k in self._state if k[1] == topic]:
-                self._commit(group, t, [["X"]])
-
-    # ------------------------------------------------------------------ inspection
-    def in_flight(self, group: str, topic: str) -> list[InFlight]:
-        with self._lock:
-            out = [InFlight(qid, off, lz.attempt, lz.until_ms, lz.message_group)
-                   for qid, w in self._state.get((group, topic), {}).items()
-                   for off, lz in w.leases.items()]
-        return sorted(out, key=lambda f: (f.queue_id, f.queue_offset))
-
-    def windows(self, group: str, topic: str) -> dict[int, QueueWindow]:
-        with self._lock:
-            return copy.deepcopy(self._state.get((group, topic), {}))

@@ -1,5 +1,5 @@
 """The produce path's pure rules: property checks, message types, where a delayed message
-waits. No I/O: the Broker applies them."""
+waits. No I/O: `broker.produce_engine.ProduceEngine` applies them."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from broker.errors import MessageIllegal
+from broker.names import SCHEDULE_TOPIC
 from broker.schedule import TIMER_QUEUE_ID
 from broker.store.message import Message, Prop
-from broker.topic import SCHEDULE_TOPIC, TopicMessageType
+from broker.topic import TopicMessageType
 
 _DELAY_PROPS = (Prop.DELAY, Prop.TIMER_DELIVER_MS)
 

@@ -58,6 +58,8 @@ class SendResult:
 
 
 class PullStatus(enum.Enum):
+    """What a pull found: the one enum for it (the client's transports use it as it is)."""
+
     FOUND = "FOUND"
     NO_NEW_MSG = "NO_NEW_MSG"
     NO_MATCHED_MSG = "NO_MATCHED_MSG"  # units read, none passed the tag filter: advance

@@ -42,16 +42,16 @@ from collections.abc import Callable
 from typing import Any
 
 from broker.errors import InvalidArgument
-from broker.store.json_config import ConfigShapeError, JsonConfigFile, arr, integer, obj
+from broker.names import SCHEDULE_TOPIC
+from broker.store.errors import ConfigShapeError
+from broker.store.json_config import JsonConfigFile, arr, integer, obj
 from broker.store.message import Message, MessageExt, Prop
 from broker.store.service import ServiceThread
 from broker.store.store import MessageStore
-from broker.topic import SCHEDULE_TOPIC
 
 log = logging.getLogger(__name__)
 
 TIMER_QUEUE_ID = 64  # after the largest possible level queue (64 levels)
-SCHEDULE_GROUP = "CID_RMQ_SYS_SCHEDULE"
 _READ_BATCH = 32
 # properties that only mean something while the message waits in the schedule topic.
 # TIMER_DELIVER_MS stays on the delivered message: it is when the message was due, which
@@ -88,22 +88,6 @@ def decode_recall_handle(handle: object) -> tuple[str, int, int, str]:
         return parts[1], int(parts[2]), int(parts[3]), parts[4]
     except (ValueError, UnicodeEncodeError):
         raise InvalidRecallHandle(handle, "malformed") from None
-
-
-def delivery_time(msg: MessageExt, levels_ms: tuple[int, ...]) -> int:
-    """When a scheduled message is due: TIMER_DELIVER_MS, else store time + level delay."""
-    raw = msg.properties.get(Prop.TIMER_DELIVER_MS)
-    if raw is not None:
-        try:
-            return int(raw)
-        except ValueError:
-            log.warning("scheduled message at %d has a bad TIMER_DELIVER_MS %r; delivering now",
-                        msg.commitlog_offset, raw)
-            return 0
-    level = msg.queue_id + 1
-    if 1 <= level <= len(levels_ms):
-        return msg.store_timestamp + levels_ms[level - 1]
-    return 0
 
 
 def unschedule(msg: MessageExt) -> Message | None:

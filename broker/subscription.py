@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.errors import InvalidArgument
-from broker.store.json_config import ConfigShapeError, JsonConfigFile, flag, integer, obj, text
+from broker.store.errors import ConfigShapeError
+from broker.store.json_config import JsonConfigFile, flag, integer, obj, text
 
 MAX_RETRY_TIMES = 1000
 

@@ -17,29 +17,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from broker.errors import InvalidArgument
-from broker.names import (  # noqa: F401  re-exported until every importer uses broker.names
-    AUTO_CREATE_TEMPLATE_TOPIC,
-    DLQ_GROUP_TOPIC_PREFIX,
-    GROUP_MAX_LENGTH,
-    RETRY_GROUP_TOPIC_PREFIX,
-    REVIVE_TOPIC,
-    SCHEDULE_TOPIC,
-    SYSTEM_GROUP_PREFIX,
-    SYSTEM_TOPIC_PREFIX,
-    SYSTEM_TOPICS,
-    TOPIC_MAX_LENGTH,
-    TRANS_HALF_TOPIC,
-    TRANS_OP_HALF_TOPIC,
-    dlq_topic,
-    is_dlq_topic,
-    is_retry_topic,
-    is_system_topic,
-    retry_topic,
-    validate_group_name,
-    validate_topic_name,
-    validate_user_topic,
-)
-from broker.store.json_config import ConfigShapeError, JsonConfigFile, flag, integer, obj, text
+from broker.store.errors import ConfigShapeError
+from broker.store.json_config import JsonConfigFile, flag, integer, obj, text
 
 # --- permission bits (RocketMQ PermName)
 PERM_PRIORITY = 0x8

@@ -43,10 +43,10 @@ from broker.errors import (
     TransactionAlreadyResolved,
     TransactionNotFound,
 )
+from broker.names import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from broker.store.message import Message, MessageExt, Prop, PutMessageResult, SysFlag
 from broker.store.service import ServiceThread
 from broker.store.store import MessageStore
-from broker.topic import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 
 log = logging.getLogger(__name__)
 
@@ -195,11 +195,6 @@ class TransactionService(ServiceThread):
             if half_queue_offset < self._half_progress:
                 return "resolved"
             return self._resolved.get(half_queue_offset)
-
-    def pending_count(self) -> int:
-        with self._lock:
-            total = self._store.get_max_offset_in_queue(TRANS_HALF_TOPIC, 0)
-            return max(0, total - self._half_progress - len(self._resolved))
 
     # ------------------------------------------------------------------ produce side
     def prepare(self, msg: Message, producer_group: str) -> PutMessageResult:

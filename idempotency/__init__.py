@@ -1,4 +1,8 @@
-"""Idempotent consumption: Redis SET NX leases backed by the database."""
+"""Idempotent consumption: Redis SET NX leases backed by the database.
+
+`guard_from_environment` builds the default guard of `@handler(idempotent=True)` (the
+entry point `reliable.guards:default`).
+"""
 
 from idempotency.config import (
     DLQ_REPLAY,
@@ -6,6 +10,7 @@ from idempotency.config import (
     GuardConfig,
     MismatchPolicy,
 )
+from idempotency.environment import guard_from_environment
 from idempotency.errors import (
     BodyMismatch,
     DedupWindowTooShort,
@@ -31,6 +36,7 @@ __all__ = [  # noqa: RUF022 - grouped by concept
     "DLQ_REPLAY",
     "dead_letter_origin",
     "RETRY_HORIZON",
+    "guard_from_environment",
     # what it reports
     "EventKind",
     "GuardEvent",

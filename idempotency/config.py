@@ -6,14 +6,22 @@ import enum
 from dataclasses import dataclass
 from datetime import timedelta
 
+from broker.config import DEFAULT_DELAY_LEVELS, BrokerConfig, parse_delay_levels
+from broker.sendback import retry_level
 from idempotency.errors import DedupWindowTooShort, InvalidGuardConfig
 
-# RocketMQ's delay levels (1..18); consumer retry n uses level 3 + n - 1.
-DELAY_LEVELS_S = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800,
-                  3600, 7200)
-MAX_RECONSUME_TIMES = 16
-# 16 retries at levels 3..18: 4 h 45 min 40 s between the first delivery and the DLQ.
-RETRY_HORIZON = timedelta(seconds=sum(DELAY_LEVELS_S[2:2 + MAX_RECONSUME_TIMES]))
+
+def _retry_horizon(levels: str, retries: int) -> timedelta:
+    """From the first delivery to the dead-letter queue: the sum of the delays of the
+    `retries` retries on the broker's delay ladder (the broker's own rule for the level)."""
+    ladder = parse_delay_levels(levels)
+    return timedelta(milliseconds=sum(ladder[retry_level(0, r, len(ladder)) - 1]
+                                      for r in range(retries)))
+
+
+# The broker's defaults: 16 retries at levels 3..18 of its ladder, 4 h 45 min 40 s between
+# the first delivery and the DLQ.
+RETRY_HORIZON = _retry_horizon(DEFAULT_DELAY_LEVELS, BrokerConfig.default_retry_max_times)
 # Dead letters stay replayable as long as the broker keeps the commitlog (72 h by default).
 DLQ_REPLAY = timedelta(hours=72)
 
@@ -63,11 +71,11 @@ class GuardConfig:
     def validate(self) -> GuardConfig:
         """Refuse settings that would let a late redelivery run a handler twice."""
         if not self.key_prefix:
-            raise InvalidGuardConfig("key_prefix must not be empty")
+            raise InvalidGuardConfig("key_prefix", self.key_prefix, "must not be empty")
         if self.lease <= timedelta(0):
-            raise InvalidGuardConfig(f"lease must be positive, got {self.lease}")
+            raise InvalidGuardConfig("lease", self.lease, "must be positive")
         if self.poll_interval <= timedelta(0):
-            raise InvalidGuardConfig(f"poll_interval must be positive, got {self.poll_interval}")
+            raise InvalidGuardConfig("poll_interval", self.poll_interval, "must be positive")
         if not self.allow_short_window:
             if self.ttl < self.horizon:
                 raise DedupWindowTooShort("Redis ttl", self.ttl, self.horizon)

@@ -25,6 +25,12 @@ class DedupWindowTooShort(IdempotencyError):
 class InvalidGuardConfig(IdempotencyError):
     """A guard setting is out of range (non-positive lease, empty key prefix, ...)."""
 
+    def __init__(self, setting: str, value: object, rule: str) -> None:
+        self.setting = setting
+        self.value = value
+        self.rule = rule
+        super().__init__(f"{setting} {rule}" + (f", got {value}" if value != "" else ""))
+
 
 class BodyMismatch(IdempotencyError):
     """The same message id arrived with a different body than the one already known."""

@@ -1,4 +1,7 @@
-"""The idempotency guard: DESIGN §4.3's state machine, per message and consumer group.
+"""The idempotency guard: its state machine, per message and consumer group.
+
+docs/outbox.md draws the same diagram (tests/integration/idempotency/test_docs.py keeps
+the two equal).
 
     deliver (message, group)
       │
@@ -56,6 +59,8 @@ from sqlalchemy.exc import (
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session
 
+from broker.names import DLQ_GROUP_TOPIC_PREFIX, is_dlq_topic
+from broker.store.message import Prop
 from idempotency.config import GuardConfig, MismatchPolicy
 from idempotency.errors import BodyMismatch, NotADeadLetter
 from idempotency.leases import DONE, Leases, RedisLike
@@ -71,12 +76,10 @@ log = logging.getLogger(__name__)
 
 DB_DOWN = (OperationalError, InterfaceError, DisconnectionError, PoolTimeout)
 
-DLQ_PREFIX = "%DLQ%"
-# properties every retry / dead-letter copy carries (broker/sendback.py, broker/pop.py)
-_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"  # offset id of the first copy (set at 1st send-back)
-_DLQ_ORIGIN_MESSAGE_ID = "DLQ_ORIGIN_MESSAGE_ID"  # id of the copy that was dead-lettered
-_DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"
-_RETRY_TOPIC = "RETRY_TOPIC"
+# properties every retry / dead-letter copy carries (broker/sendback.py, broker/pop.py):
+# ORIGIN_MESSAGE_ID, the offset id of the first copy (set at the first send-back);
+# DLQ_ORIGIN_MESSAGE_ID, the id of the copy that was dead-lettered; DLQ_ORIGIN_TOPIC and
+# RETRY_TOPIC, the topic it was first sent to
 
 
 def dead_letter_origin(message: ReceivedMessage, group: str | None = None
@@ -88,18 +91,19 @@ def dead_letter_origin(message: ReceivedMessage, group: str | None = None
     (its id is its offset id, different for every copy) falls back to ORIGIN_MESSAGE_ID,
     then DLQ_ORIGIN_MESSAGE_ID.
     """
-    dlq_group = message.topic[len(DLQ_PREFIX):] if message.topic.startswith(DLQ_PREFIX) else None
+    dlq_group = (message.topic.removeprefix(DLQ_GROUP_TOPIC_PREFIX)
+                 if is_dlq_topic(message.topic) else None)
     if group is None:
         group = dlq_group
     if not group or (dlq_group is not None and dlq_group != group):
         raise NotADeadLetter(message.topic, group)
     props = message.properties
     if message.offset_msg_id and message.message_id == message.offset_msg_id:
-        original = (props.get(_ORIGIN_MESSAGE_ID) or props.get(_DLQ_ORIGIN_MESSAGE_ID)
+        original = (props.get(Prop.ORIGIN_MESSAGE_ID) or props.get(Prop.DLQ_ORIGIN_MESSAGE_ID)
                     or message.message_id)
     else:
         original = message.message_id
-    topic = props.get(_DLQ_ORIGIN_TOPIC) or props.get(_RETRY_TOPIC) or message.topic
+    topic = props.get(Prop.DLQ_ORIGIN_TOPIC) or props.get(Prop.RETRY_TOPIC) or message.topic
     return original, group, topic
 
 

@@ -54,7 +54,8 @@ def strategy_for(conn: Connection) -> ClaimStrategy:
 
 
 def due_clause(tables: OutboxTables, now: datetime) -> Any:
-    """UNCONFIRMED, not escalated, and due: `next_resend_at <= now` (the seed's '>' fixed)."""
+    """UNCONFIRMED, not escalated, and due: `next_resend_at <= now` (`>` would select only
+    the stubs not yet due)."""
     s = tables.stub.c
     return and_(s.status == StubStatus.UNCONFIRMED.value, s.next_resend_at <= now,
                 s.escalated_at.is_(None))

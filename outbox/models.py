@@ -52,7 +52,7 @@ NAME_LEN = 128
 
 @dataclass
 class OutboxTables:
-    """The three tables, built on one `MetaData`; names and schema are configurable."""
+    """The four tables, built on one `MetaData`; names and schema are configurable."""
 
     prefix: str = "reliable_"
     schema: str | None = None

@@ -7,6 +7,9 @@
 - `QueueBounds` (optional): the broker's current max offset of a queue, so a stub whose
   recorded offset the broker no longer holds (lost in a crash under async flush) is noticed.
 - `Clock`: naive UTC `datetime` now (the tables store naive UTC); injected so tests never sleep.
+
+Topic names and property names are the broker's (`broker.names`, `broker.store.message.Prop`):
+`retry_topic` here is `broker.names.retry_topic` itself.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Protocol, runtime_checkable
 
+from broker.names import retry_topic
+from broker.store.message import Prop
 from reliable.message import Message, SendReceipt
 
 Clock = Callable[[], datetime]
@@ -46,17 +51,16 @@ class QueueBounds(Protocol):
     def max_offset(self, topic: str, queue_id: int) -> int | None: ...
 
 
-def retry_topic(group: str) -> str:
-    """The retry topic of a consumer group (RocketMQ's `%RETRY%<group>`)."""
-    return f"%RETRY%{group}"
-
-
 # Property carrying the original topic of a message resent through a group's retry topic
-# (RocketMQ's `RETRY_TOPIC`).
-PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"
+# (`%RETRY%<group>`, `broker.names.retry_topic`): the broker's own `RETRY_TOPIC`.
+PROPERTY_RETRY_TOPIC = Prop.RETRY_TOPIC
 
 # Property numbering a resend (the stub's send count of that copy: "2" for the first resend).
 # A copy that differs from the first send only by its number is still the same message id to
 # consumers (the guard runs it once), but a server that deduplicates client retries on (topic,
 # message id, properties) stores it instead of answering with the first send's receipt.
 PROPERTY_SEND_COUNT = "OUTBOX_SEND_COUNT"
+
+
+__all__ = ["PROPERTY_RETRY_TOPIC", "PROPERTY_SEND_COUNT", "Clock", "OffsetSource", "QueueBounds",
+           "Sender", "retry_topic", "utcnow"]

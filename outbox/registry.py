@@ -18,10 +18,15 @@ from outbox.models import NAME_LEN, OutboxTables
 class InvalidGroup(OutboxError):
     """A consumer group or topic name is empty, too long or contains a comma."""
 
+    def __init__(self, what: str, name: str) -> None:
+        self.what = what  # "group" or "topic"
+        self.name = name
+        super().__init__(f"bad {what} name {name!r}: 1..{NAME_LEN} characters, no comma")
+
 
 def _check(name: str, what: str) -> str:
     if not name or len(name) > NAME_LEN or "," in name:
-        raise InvalidGroup(f"bad {what} name {name!r}: 1..{NAME_LEN} characters, no comma")
+        raise InvalidGroup(what, name)
     return name
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy.engine import RowMapping
 
+from broker.store.message import Prop
 from outbox.errors import InvalidStub
 from outbox.models import ID_LEN, NAME_LEN, StubStatus
 from reliable.errors import InvalidName
@@ -19,8 +20,9 @@ from reliable.naming import check_topic
 # The broker's default body limit (`reliable broker start --max-body-size`, RocketMQ's 4 MiB).
 DEFAULT_MAX_BODY_SIZE = 4 * 1024 * 1024
 
-# Message properties that travel on the broker but are not user headers.
-_RESERVED_PROPERTIES = frozenset({"UNIQ_KEY", "KEYS", "TAGS"})
+# Message properties that travel on the broker but are not user headers (the message's
+# id, keys and tags are fields of the message, and so columns of the stub).
+_RESERVED_PROPERTIES = frozenset({Prop.UNIQ_KEY, Prop.KEYS, Prop.TAGS})
 
 
 def body_digest(body: bytes) -> str:

@@ -10,7 +10,7 @@ from reliable.consumer.rebalance import (
 )
 from reliable.consumer.settings import ConsumerSettings
 from reliable.consumer.simple import SimpleConsumer
-from reliable.decorators import Handler, IdempotencyGuard, dlq_handler, handler
+from reliable.decorators import Handler, dlq_handler, handler
 from reliable.errors import (
     BadRequest,
     BrokerBusy,
@@ -27,6 +27,7 @@ from reliable.errors import (
     TransactionError,
     TransportError,
 )
+from reliable.idempotent import MessageGuard
 from reliable.message import (
     ConsumeResult,
     Message,
@@ -60,7 +61,7 @@ __all__ = [  # noqa: RUF022 - grouped by concern, as the conventions ask
     # handlers and outcomes
     "Discard",
     "Handler",
-    "IdempotencyGuard",
+    "MessageGuard",
     "Outcome",
     "RetryLater",
     "Worker",

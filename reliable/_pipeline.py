@@ -33,16 +33,14 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from reliable._linger import LingeringSender
 from reliable.errors import BrokerCallError, ClientStateError, FailureKind, SendFailed
+from reliable.latency import LatencyFaultTolerance
 from reliable.message import Message, SendReceipt, SendStatus
 from reliable.retry import SendPolicy, is_flow_control, is_try_elsewhere
-from reliable.transport.base import QueueRef
-
-if TYPE_CHECKING:
-    from reliable.producer import Producer
+from reliable.transport.base import QueueRef, TopicRoute
 
 log = logging.getLogger("reliable.producer")
 
@@ -54,6 +52,19 @@ _local = threading.local()
 DEFAULT_LINGER_MS = 1.0
 DEFAULT_BATCH_SIZE = 128
 DEFAULT_MAX_IN_FLIGHT = 16
+
+
+class RoutingProducer(Protocol):
+    """What the pipeline needs of its `Producer`: routes, queue choice and fault tracking
+    (a protocol, so that this module does not import the producer that imports it)."""
+
+    group: str
+    _faults: LatencyFaultTolerance | None
+
+    def _route(self, topic: str) -> TopicRoute: ...
+
+    def _select(self, route: TopicRoute, message: Message, last_broker: str | None
+                ) -> QueueRef: ...
 
 
 class PipelinedSends(Protocol):
@@ -95,7 +106,7 @@ class _Lane:
 class SendPipeline(LingeringSender):
     """One sender thread per producer; see the module docstring."""
 
-    def __init__(self, producer: Producer, transport: PipelinedSends, policy: SendPolicy, *,
+    def __init__(self, producer: RoutingProducer, transport: PipelinedSends, policy: SendPolicy, *,
                  linger_ms: float, batch_size: int, max_in_flight: int,
                  timeout_s: float) -> None:
         super().__init__(linger_ms=linger_ms, batch_size=batch_size,

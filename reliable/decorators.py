@@ -36,38 +36,28 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from reliable.consumer.listener import DLQ_NOW, ConsumeContext, MessageModel
 from reliable.consumer.push import PushConsumer
 from reliable.consumer.settings import ConsumerSettings
 from reliable.errors import ConfigurationError
-from reliable.idempotent import DefaultGuard
+from reliable.idempotent import DeadLetterMarker, DefaultGuard, MessageGuard
 from reliable.message import ConsumeResult, ReceivedMessage
-from reliable.naming import check_group, check_topic, dlq_topic
+from reliable.naming import (
+    DLQ_GROUP_TOPIC_PREFIX,
+    GROUP_MAX_LENGTH,
+    check_group,
+    check_topic,
+    dlq_topic,
+    is_dlq_topic,
+)
 from reliable.outcomes import Discard, RetryLater
 from reliable.ratelimit import TokenBucket
 from reliable.transport import Transport
 from reliable.transport.base import ConsumeFrom
 
 log = logging.getLogger(__name__)
-
-
-class IdempotencyGuard(Protocol):
-    """Runs a handler at most once per (message, group); see `idempotency`."""
-
-    def process(self, message: ReceivedMessage, group: str,
-                invoke: Callable[..., object]) -> ConsumeResult: ...
-
-
-class DeadLetterMarker(Protocol):
-    """Records that a group gave up on a message (`idempotency.IdempotencyGuard`)."""
-
-    def mark_dead_lettered(self, message: ReceivedMessage, group: str | None = None
-                           ) -> str: ...
-
-
-_DLQ_PREFIX = "%DLQ%"
 
 
 _SETTING_FIELDS = {f.name for f in dataclasses.fields(ConsumerSettings)}
@@ -91,7 +81,7 @@ def _exceptions(name: str, value: object) -> tuple[type[BaseException], ...]:
 
 
 def _default_group(fn: Callable[..., Any]) -> str:
-    return re.sub(r"[^a-zA-Z0-9_-]", "_", f"{fn.__module__}.{fn.__qualname__}")[:255]
+    return re.sub(r"[^a-zA-Z0-9_-]", "_", f"{fn.__module__}.{fn.__qualname__}")[:GROUP_MAX_LENGTH]
 
 
 class _AsyncRunner:
@@ -194,7 +184,7 @@ class Handler:
         functools.update_wrapper(self, fn)
 
     @staticmethod
-    def _guard(value: object) -> IdempotencyGuard | None:
+    def _guard(value: object) -> MessageGuard | None:
         if value is None or value is False:
             return None
         if value is True:
@@ -207,7 +197,7 @@ class Handler:
     def _marker(self, value: object, topic: str) -> DeadLetterMarker | DefaultGuard | None:
         if value is None or value is False:
             return None
-        if not topic.startswith(_DLQ_PREFIX):
+        if not is_dlq_topic(topic):
             raise ConfigurationError("mark_dead_letters= is for dead-letter handlers: "
                                      "@dlq_handler(group, mark_dead_letters=guard)")
         if value is True:  # the default guard, shared with idempotent=True
@@ -220,7 +210,9 @@ class Handler:
     @property
     def dead_letter_group(self) -> str | None:
         """The group whose dead letters this handler consumes (None for other topics)."""
-        return self.topic[len(_DLQ_PREFIX):] if self.topic.startswith(_DLQ_PREFIX) else None
+        if not is_dlq_topic(self.topic):
+            return None
+        return self.topic[len(DLQ_GROUP_TOPIC_PREFIX):]
 
     def _mark_dead_lettered(self, message: ReceivedMessage) -> None:
         marker = self.marker

@@ -124,15 +124,6 @@ class TransactionError(ReliableError):
     """A transactional send could not be completed."""
 
 
-class UnsupportedByTransport(ReliableError):
-    """The configured transport does not offer this operation."""
-
-    def __init__(self, transport: str, operation: str) -> None:
-        self.transport = transport
-        self.operation = operation
-        super().__init__(f"the {transport} transport does not support {operation}")
-
-
 class ReceiptHandleError(ReliableError):
     """A receipt handle is unknown, stale (replaced by a newer one) or expired."""
 

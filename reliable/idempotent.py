@@ -1,6 +1,14 @@
-"""`idempotent=True`: the default idempotency guard, built from configuration.
+"""Guards a handler runs through, and the default one behind `idempotent=True`.
 
-Configuration (environment, read when the consumer starts, never at import or declaration):
+`@handler(idempotent=guard)` takes any object with `process(message, group, invoke)`: the
+`MessageGuard` protocol below. The client core defines the protocol and nothing else; the
+concrete guard (`idempotency.IdempotencyGuard`: Redis + database) lives in a package above
+this one, so that `reliable` never imports `idempotency` or `outbox` (docs/architecture.md).
+
+`idempotent=True` asks for the installed default guard. It is found through the entry point
+group `reliable.guards`, name `default` (declared by this distribution's pyproject.toml as
+`idempotency.environment:guard_from_environment`), called with the environment when the
+consumer starts, never at import or declaration. Configuration of that default guard:
 
 | variable                 | meaning                                               | default     |
 |--------------------------|-------------------------------------------------------|-------------|
@@ -8,8 +16,7 @@ Configuration (environment, read when the consumer starts, never at import or de
 | `RELIABLE_REDIS_URL`     | Redis fast path (`SET NX PX`); unset = database only  | unset       |
 | `RELIABLE_TABLE_PREFIX`  | table name prefix of the outbox tables                | `reliable_` |
 
-The tables must exist (`OutboxTables(prefix).create_all(engine)`). For anything else (a
-shared engine, a Redis cluster client, custom lease and TTL), build an
+For anything else (a shared engine, a Redis cluster client, custom lease and TTL), build an
 `idempotency.IdempotencyGuard` yourself and pass it: `idempotent=guard`.
 """
 
@@ -18,44 +25,64 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from importlib.metadata import entry_points
+from typing import Any, Protocol
 
 from reliable.errors import ConfigurationError
 from reliable.message import ConsumeResult, ReceivedMessage
 
-DATABASE_URL = "RELIABLE_DATABASE_URL"
-REDIS_URL = "RELIABLE_REDIS_URL"
-TABLE_PREFIX = "RELIABLE_TABLE_PREFIX"
+GUARD_ENTRY_POINTS = "reliable.guards"
+DEFAULT_GUARD = "default"
+
+
+class MessageGuard(Protocol):
+    """Runs a handler at most once per (message, group): `idempotency.IdempotencyGuard`.
+
+    `invoke(**kwargs)` runs the handler; the guard may offer keyword arguments (a database
+    `session=`, say) that reach the function when it declares them."""
+
+    def process(self, message: ReceivedMessage, group: str,
+                invoke: Callable[..., object]) -> ConsumeResult: ...
+
+
+class DeadLetterMarker(Protocol):
+    """Records that a group gave up on a message (`idempotency.IdempotencyGuard`)."""
+
+    def mark_dead_lettered(self, message: ReceivedMessage, group: str | None = None
+                           ) -> str: ...
+
+
+class GuardFactory(Protocol):
+    """What the `reliable.guards` entry point names: the environment in, a guard out."""
+
+    def __call__(self, env: Mapping[str, str]) -> Any: ...
+
+
+def default_guard_factory() -> GuardFactory:
+    """The factory of the installed default guard (entry point `reliable.guards:default`).
+
+    Raises ConfigurationError, on one line naming the fix, when no distribution declares it
+    or its module cannot be imported."""
+    found = entry_points(group=GUARD_ENTRY_POINTS, name=DEFAULT_GUARD)
+    fix = "(pip install reliable), or pass a guard object: idempotent=guard"
+    if not found:
+        raise ConfigurationError(f"idempotent=True needs a default guard: no entry point "
+                                 f"{DEFAULT_GUARD!r} in group {GUARD_ENTRY_POINTS!r} {fix}")
+    point = next(iter(found))
+    try:
+        factory = point.load()
+    except (ImportError, AttributeError) as exc:
+        raise ConfigurationError(f"idempotent=True needs the default guard {point.value}, "
+                                 f"which cannot be loaded ({exc}) {fix}") from exc
+    if not callable(factory):
+        raise ConfigurationError(f"idempotent=True: the default guard {point.value} is not "
+                                 f"callable")
+    return factory  # type: ignore[no-any-return]
 
 
 def build_default_guard(env: Mapping[str, str] | None = None) -> Any:
-    """An `idempotency.IdempotencyGuard` from the environment (see the module docstring)."""
-    env = os.environ if env is None else env
-    url = env.get(DATABASE_URL)
-    if not url:
-        raise ConfigurationError(f"idempotent=True needs {DATABASE_URL} (and optionally "
-                                 f"{REDIS_URL}); or pass a guard object: idempotent=guard")
-    try:
-        import sqlalchemy
-
-        from idempotency import IdempotencyGuard
-        from outbox.errors import OutboxError
-        from outbox.models import OutboxTables
-    except ImportError as exc:  # pragma: no cover - installation problem
-        raise ImportError("idempotent=True needs the idempotency and outbox packages "
-                          "(pip install reliable)") from exc
-    engine = sqlalchemy.create_engine(url, pool_pre_ping=True)
-    redis_client = None
-    if env.get(REDIS_URL):
-        import redis
-
-        redis_client = redis.Redis.from_url(env[REDIS_URL], socket_timeout=2,
-                                            socket_connect_timeout=2)
-    tables = OutboxTables(prefix=env.get(TABLE_PREFIX, "reliable_"))
-    try:
-        return IdempotencyGuard(engine, tables, redis_client)
-    except OutboxError as exc:  # tables missing: one line naming the fix, at consumer start
-        raise ConfigurationError(f"idempotent=True: {exc}") from exc
+    """The default guard, built from `env` (the process environment when None)."""
+    return default_guard_factory()(os.environ if env is None else env)
 
 
 class DefaultGuard:

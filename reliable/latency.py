@@ -1,4 +1,6 @@
-"""Latency fault tolerance: avoid brokers that answered slowly or failed (DESIGN §3.3).
+"""Latency fault tolerance: avoid brokers that answered slowly or failed.
+
+The producer's `send_latency_fault_enable` option (docs/client.md) turns it on.
 
 After each send the producer reports the broker's latency. A latency at or above a threshold
 makes the broker unavailable for the matching duration:

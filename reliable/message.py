@@ -7,8 +7,9 @@ import itertools
 import os
 import socket
 import struct
-import time
 from dataclasses import dataclass, field
+
+from broker.clock import wall_ms
 
 
 class ConsumeResult(enum.Enum):
@@ -47,7 +48,7 @@ class _UniqueIdGenerator:
 
     def next(self) -> str:
         counter = next(self._counter) & 0xFFFF
-        ms = time.time_ns() // 1_000_000 & 0xFFFFFFFF
+        ms = wall_ms() & 0xFFFFFFFF
         return f"{self._prefix}{ms:08X}{counter:04X}"
 
 

@@ -1,43 +1,57 @@
-"""Topic and group name rules, checked where names are declared (RocketMQ's rules)."""
+"""Topic and group names, checked where they are declared.
+
+The rules are the broker's own (`broker.names`: RocketMQ's), so a name the client accepts is
+one the broker accepts: a group of more than 120 characters, whose `%RETRY%` topic would not
+fit, is refused when the handler or consumer is declared, not when it first runs. This
+module only turns the broker's verdict into the client's `InvalidName`.
+"""
 
 from __future__ import annotations
 
-import re
-
+from broker.names import (
+    DLQ_GROUP_TOPIC_PREFIX,
+    GROUP_MAX_LENGTH,
+    RETRY_GROUP_TOPIC_PREFIX,
+    TOPIC_MAX_LENGTH,
+    dlq_topic,
+    group_name_problem,
+    is_dlq_topic,
+    is_retry_topic,
+    is_system_topic,
+    retry_topic,
+    topic_name_problem,
+)
 from reliable.errors import InvalidName
 
-_VALID = re.compile(r"^[%|a-zA-Z0-9_-]+$")
-TOPIC_MAX_LEN = 127
-GROUP_MAX_LEN = 255
-SYSTEM_TOPICS = frozenset({"SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC",
-                           "RMQ_SYS_TRANS_OP_HALF_TOPIC", "TBW102"})
+__all__ = [
+    "DLQ_GROUP_TOPIC_PREFIX", "GROUP_MAX_LENGTH", "RETRY_GROUP_TOPIC_PREFIX",
+    "TOPIC_MAX_LENGTH", "check_group", "check_topic", "dlq_topic", "is_dlq_topic",
+    "is_retry_topic", "retry_topic",
+]
+
+_CHARACTERS = "only letters, digits, '%', '|', '_' and '-' allowed"
+
+
+def _reason(name: object, problem: str, max_length: int) -> str:
+    """The broker's problem, said as the client always said a bad character."""
+    if isinstance(name, str) and name.strip() and len(name) <= max_length:
+        return _CHARACTERS  # a non-blank name of legal length: its characters are wrong
+    return problem
 
 
 def check_topic(name: str, *, allow_system: bool = False) -> str:
-    if not isinstance(name, str) or not name:
-        raise InvalidName("topic", str(name), "must be a non-empty string")
-    if len(name) > TOPIC_MAX_LEN:
-        raise InvalidName("topic", name, f"longer than {TOPIC_MAX_LEN} characters")
-    if not _VALID.match(name):
-        raise InvalidName("topic", name, "only letters, digits, '%', '|', '_' and '-' allowed")
-    if not allow_system and name in SYSTEM_TOPICS:
+    """`name` itself, or InvalidName; a broker topic is refused unless `allow_system`."""
+    problem = topic_name_problem(name)
+    if problem is not None:
+        raise InvalidName("topic", str(name), _reason(name, problem, TOPIC_MAX_LENGTH))
+    if not allow_system and is_system_topic(name):
         raise InvalidName("topic", name, "reserved for the broker")
     return name
 
 
 def check_group(name: str) -> str:
-    if not isinstance(name, str) or not name:
-        raise InvalidName("group", str(name), "must be a non-empty string")
-    if len(name) > GROUP_MAX_LEN:
-        raise InvalidName("group", name, f"longer than {GROUP_MAX_LEN} characters")
-    if not _VALID.match(name):
-        raise InvalidName("group", name, "only letters, digits, '%', '|', '_' and '-' allowed")
+    """`name` itself, or InvalidName (at most `GROUP_MAX_LENGTH` characters)."""
+    problem = group_name_problem(name)
+    if problem is not None:
+        raise InvalidName("group", str(name), _reason(name, problem, GROUP_MAX_LENGTH))
     return name
-
-
-def retry_topic(group: str) -> str:
-    return f"%RETRY%{group}"
-
-
-def dlq_topic(group: str) -> str:
-    return f"%DLQ%{group}"

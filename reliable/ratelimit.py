@@ -40,13 +40,6 @@ class TokenBucket:
                 return True
             return False
 
-    def wait_time(self, tokens: float = 1.0) -> float:
-        """Seconds until `tokens` would be available (0 when they are now)."""
-        with self._lock:
-            self._refill()
-            missing = tokens - self._tokens
-        return max(0.0, missing / self.rate)
-
     def acquire(self, tokens: float = 1.0) -> float:
         """Block until `tokens` are taken; return the seconds spent waiting."""
         if tokens > self.burst:

@@ -20,11 +20,11 @@ from __future__ import annotations
 import shutil
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 from broker.broker import Broker
+from broker.clock import wall_ms
 from broker.config import BrokerConfig
 from broker.store.config import (
     WATERMARKS_OFF,
@@ -46,7 +46,7 @@ class VirtualClock:
     """Milliseconds since the epoch that move only when told to."""
 
     def __init__(self, start_ms: int | None = None) -> None:
-        self._now = int(time.time() * 1000) if start_ms is None else start_ms
+        self._now = wall_ms() if start_ms is None else start_ms
         self._lock = threading.Lock()
 
     def now_ms(self) -> int:

@@ -44,6 +44,7 @@ from broker.names import (
     is_system_topic,
 )
 from broker.store import query
+from broker.store.errors import InvalidQuery
 from broker.store.message import Message, MessageExt, Prop, decode_offset_msg_id
 from broker.store.store import MessageStore
 
@@ -204,7 +205,7 @@ class MessageOps:
             assert value is not None
             try:
                 found, more = self.find.by_key(topic, value, match, limit, begin, end)
-            except query.InvalidQuery as exc:
+            except InvalidQuery as exc:
                 raise InvalidArgument(str(exc)) from None
         elif offset is not None:
             if topic is None or queue is None:

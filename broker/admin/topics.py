@@ -8,6 +8,13 @@ from typing import Any
 from broker.admin import params as p
 from broker.broker import Broker
 from broker.errors import TopicNotFound
+from broker.store.store import MessageStore
+
+
+def _store_time(store: MessageStore, topic: str, queue_id: int, offset: int) -> int:
+    """Store time of the message at a queue offset; -1 when there is none (any more)."""
+    msg = store.get_message_by_queue_offset(topic, queue_id, offset) if offset >= 0 else None
+    return -1 if msg is None else msg.store_timestamp
 
 
 def topic_status(broker: Broker, params: dict[str, Any]) -> dict[str, Any]:
@@ -23,8 +30,7 @@ def topic_status(broker: Broker, params: dict[str, Any]) -> dict[str, Any]:
     queues: list[dict[str, Any]] = []
     for q in sorted(queue_ids):
         low, high = store.get_min_offset_in_queue(topic, q), store.get_max_offset_in_queue(topic, q)
-        first = store.get_message_store_timestamp(topic, q, low) if high > low else -1
-        last = store.get_message_store_timestamp(topic, q, high - 1) if high > low else -1
+        first, last = _store_time(store, topic, q, low), _store_time(store, topic, q, high - 1)
         queues.append({"queue_id": q, "min_offset": low, "max_offset": high,
                        "messages": high - low,
                        "first_store_time_ms": first if first >= 0 else None,

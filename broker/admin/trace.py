@@ -18,8 +18,8 @@ its topic, retry and reconsume copies for their group): the group's committed of
 the record's queue (past the record: consumed), whether it is in flight now, and, from the
 invisible-time log (`rmq_sys_REVIVE_LOG`, read from each record's store time on, at most
 `scan` entries from each), every delivery (attempt, invisible until), hand-back or renewal,
-and when the group was done with it. Done right after a dead-letter copy of that group was stored means
-dead-lettered; otherwise acknowledged.
+and when the group was done with it. Done right after a dead-letter copy of that group was
+stored means dead-lettered; otherwise acknowledged.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ Official RocketMQ 5 clients work against it unchanged. `MessagingServer` binds a
 """
 
 from broker.server.config import ServerConfig
-from broker.server.server import MessagingServer, ServerStartError
+from broker.server.errors import ServerStartError
+from broker.server.server import MessagingServer
 
 __all__ = ["MessagingServer", "ServerConfig", "ServerStartError"]

@@ -39,20 +39,21 @@ Messages (`QueryMessage`, `TraceMessage`, `SendMessage`, `ReconsumeMessage`) and
 `TopicStatus` are the operator operations of `broker.admin`, documented there.
 
 A response is `{"ok": true, "result": ...}` or `{"ok": false, "code": "<protocol code name>",
-"message": ...}`. The same access keys as the messaging service apply.
+"message": ...}`. The same access keys as the messaging service apply. The Python client
+of this service is `reliable.admin.AdminClient`.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import grpc
 
 from broker.admin import methods as operator_methods
 from broker.broker import Broker
+from broker.errors import TopicNotFound
 from broker.offsets import ConsumeFromWhere
 from broker.server.errors import BadRequest
 from broker.server.status import code_of, status_of
@@ -120,9 +121,7 @@ class AdminOps:
         name = str(params.get("name", ""))
         cfg = self.broker.get_topic(name)
         if cfg is None:
-            from broker.server.errors import TopicNotFound
-
-            raise TopicNotFound(f"topic {name!r} does not exist")
+            raise TopicNotFound(name)
         out = topic_json(cfg)
         out["queues"] = [{"queue_id": q, "min_offset": self.broker.min_offset(name, q),
                           "max_offset": self.broker.max_offset(name, q)}
@@ -194,9 +193,7 @@ class AdminOps:
             raise BadRequest("timestamp_ms must be a non-negative integer")
         cfg = self.broker.get_topic(topic)
         if cfg is None:
-            from broker.server.errors import TopicNotFound
-
-            raise TopicNotFound(f"topic {topic!r} does not exist")
+            raise TopicNotFound(topic)
         queues = []
         for q in range(cfg.read_queue_nums):
             before = self.broker.query_offset(group, topic, q)
@@ -261,49 +258,3 @@ def admin_handler(ctx: Any) -> Any:
             handle, request_deserializer=_decode, response_serializer=_encode)
 
     return grpc.method_handlers_generic_handler(SERVICE, {n: method(n) for n in ops.methods})
-
-
-class AdminCallError(Exception):
-    """A remote admin call failed; `code` is the protocol code name."""
-
-    def __init__(self, code: str, message: str) -> None:
-        self.code = code
-        super().__init__(f"{code}: {message}")
-
-
-class AdminClient:
-    """Calls `reliable.admin.v1.Admin` on a running server."""
-
-    def __init__(self, endpoint: str, *, tls: bool = False, ca_file: str | None = None,
-                 access_key: str = "", secret_key: str = "", timeout_s: float = 10.0) -> None:
-        if tls:
-            roots = Path(ca_file).read_bytes() if ca_file else None
-            self._channel = grpc.secure_channel(endpoint, grpc.ssl_channel_credentials(roots))
-        else:
-            self._channel = grpc.insecure_channel(endpoint)
-        self._access_key, self._secret_key = access_key, secret_key
-        self._timeout_s = timeout_s
-
-    def _metadata(self) -> list[tuple[str, str]]:
-        if not self._access_key:
-            return []
-        from datetime import UTC, datetime
-
-        from broker.server.auth import ALGORITHM, sign
-
-        now = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        return [("x-mq-date-time", now),
-                ("authorization", f"{ALGORITHM} Credential={self._access_key}, "
-                 f"SignedHeaders=x-mq-date-time, Signature={sign(self._secret_key, now)}")]
-
-    def call(self, method: str, **params: Any) -> Any:
-        stub = self._channel.unary_unary(f"/{SERVICE}/{method}", request_serializer=_encode,
-                                         response_deserializer=_decode)
-        reply = stub(params, timeout=self._timeout_s, metadata=self._metadata())
-        if not reply.get("ok"):
-            raise AdminCallError(str(reply.get("code", "UNKNOWN")),
-                                 str(reply.get("message", "")))
-        return reply.get("result")
-
-    def close(self) -> None:
-        self._channel.close()

@@ -24,11 +24,12 @@ from typing import Any
 
 import grpc
 
+from broker.errors import TopicNotFound
 from broker.protocol_pb import definition_pb2, service_pb2
 from broker.server import convert
 from broker.server.context import CallInfo, ServerContext
 from broker.server.decoding import Undecodable
-from broker.server.errors import BadRequest, ConsumerGroupNotFound, Forbidden, TopicNotFound
+from broker.server.errors import BadRequest, ConsumerGroupNotFound, Forbidden
 from broker.server.ratelimit import LogLimiter
 from broker.server.sessions import ClientKind, ClientSession, TelemetryStream
 from broker.server.status import ok, status_of
@@ -58,7 +59,7 @@ class ClientHandlers:
         broker.route(topic)
         cfg = broker.get_topic(topic)
         if cfg is None:
-            raise TopicNotFound(f"topic {topic!r} does not exist")
+            raise TopicNotFound(topic)
         return cfg
 
     def group_config(self, group: str) -> SubscriptionGroupConfig:

@@ -32,7 +32,7 @@ from broker.server.errors import (
     BadRequest,
     IllegalInvisibleTime,
     IllegalPollingTime,
-    InvalidReceiptHandle,
+    MissingReceiptHandle,
 )
 from broker.server.polling import REPOLL_S, Waiters
 from broker.server.sessions import ClientSession, Renewal
@@ -223,7 +223,7 @@ class ConsumerHandlers:
     async def _live_handle(self, call: CallInfo, handle: str) -> tuple[str, Renewal | None]:
         """The handle the broker honours now for the one the client holds; ends renewal."""
         if not handle:
-            raise InvalidReceiptHandle("receipt handle is empty")
+            raise MissingReceiptHandle("receipt handle is empty")
         session = self.ctx.sessions.get(call.client_id)
         renewal = session.renewals.get(handle) if session is not None else None
         if renewal is None or session is None:
@@ -257,7 +257,7 @@ class ConsumerHandlers:
                 if renewals and handle in renewals:
                     handle, _ = await self._live_handle(call, handle)
                 elif not handle:
-                    raise InvalidReceiptHandle("receipt handle is empty")
+                    raise MissingReceiptHandle("receipt handle is empty")
                 live.append(handle)
                 at.append(i)
             except Exception as exc:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 from broker.broker import Broker
+from broker.clock import wall_ms
 from broker.server import auth
 from broker.server.config import ServerConfig
 from broker.server.errors import ClientIdRequired
@@ -26,10 +26,6 @@ from broker.store.config import FlushMode
 
 P = ParamSpec("P")
 T = TypeVar("T")
-
-
-def _wall_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +49,7 @@ class ServerContext:
                  clock: Callable[[], int] | None = None) -> None:
         self.broker = broker
         self.config = config
-        self.clock = clock or _wall_ms
+        self.clock = clock or wall_ms
         self.sessions = SessionRegistry()
         self.started_ms = self.clock()
         # messages stored before this start may be resent by clients that lost our answer

@@ -26,7 +26,6 @@ from broker.store.message import Message, MessageExt, Prop
 # protocol MessageType numbers
 NORMAL, FIFO, DELAY, TRANSACTION = 1, 2, 3, 4
 TYPE_NAMES = {NORMAL: "NORMAL", FIFO: "FIFO", DELAY: "DELAY", TRANSACTION: "TRANSACTION"}
-TYPE_NUMBERS = {v: k for k, v in TYPE_NAMES.items()}
 ENCODING_IDENTITY = 1
 DIGEST_CRC32 = 1
 

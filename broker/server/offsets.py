@@ -19,10 +19,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from broker.errors import TopicNotFound
 from broker.protocol_pb import definition_pb2, service_pb2
 from broker.server import convert
 from broker.server.context import CallInfo, ServerContext
-from broker.server.errors import BadRequest, IllegalOffset, OffsetNotFound, TopicNotFound
+from broker.server.errors import BadRequest, IllegalOffset, OffsetNotFound
 from broker.server.status import ok
 from broker.server.validation import check_group, check_topic
 
@@ -39,7 +40,7 @@ class OffsetHandlers:
         topic = check_topic(mq.topic.name)
         cfg = self.ctx.broker.get_topic(topic)
         if cfg is None:
-            raise TopicNotFound(f"topic {topic!r} does not exist")
+            raise TopicNotFound(topic)
         queue_id = int(mq.id)
         if not 0 <= queue_id < max(cfg.read_queue_nums, cfg.write_queue_nums):
             raise IllegalOffset(f"topic {topic!r} has no queue {queue_id}")

@@ -24,18 +24,14 @@ from broker.broker import Broker
 from broker.server.admin import admin_handler
 from broker.server.config import ServerConfig
 from broker.server.context import ServerContext
-from broker.server.errors import ServerError
+from broker.server.errors import ServerStartError
 from broker.server.polling import ArrivalHook
-from broker.server.service import MessagingServicer, add_to_server
+from broker.server.servicer import MessagingServicer, add_to_server
 
 log = logging.getLogger(__name__)
 
 UPKEEP_INTERVAL_S = 1.0
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # one request; bigger ones fail in gRPC, not here
-
-
-class ServerStartError(ServerError):
-    """The server could not bind its port or load its TLS files."""
 
 
 class MessagingServer:

@@ -31,7 +31,7 @@ _BY_CLASS: tuple[tuple[type[BaseException], Code], ...] = (
     (be.GroupNotFound, Code.CONSUMER_GROUP_NOT_FOUND),
     (be.NoPermission, Code.FORBIDDEN),
     (be.ConsumeDisabled, Code.FORBIDDEN),
-    (be.MessageTooLarge, Code.MESSAGE_BODY_TOO_LARGE),
+    (be.BodyOverLimit, Code.MESSAGE_BODY_TOO_LARGE),
     (be.MessageTypeMismatch, Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
     (be.MessageIllegal, Code.BAD_REQUEST),
     (be.ReceiptHandleError, Code.INVALID_RECEIPT_HANDLE),
@@ -64,13 +64,13 @@ _BY_RESPONSE_CODE: dict[be.ResponseCode, Code] = {
 def code_of(exc: BaseException) -> Code:
     """The protocol code for an exception."""
     if isinstance(exc, ServerError):
-        return exc.code
+        return exc.status_code
     if isinstance(exc, be.SendRejected):
         return _BY_RESPONSE_CODE.get(exc.code, Code.INTERNAL_ERROR)
     for cls, code in _BY_CLASS:
         if isinstance(exc, cls):
             return code
-    if isinstance(exc, be.BrokerError):
+    if isinstance(exc, be.BrokerError) and not isinstance(exc, se.StoreError):
         return _BY_RESPONSE_CODE.get(exc.code, Code.INTERNAL_ERROR)
     return Code.INTERNAL_ERROR
 
@@ -89,11 +89,14 @@ def ok() -> Any:
 def status_of(exc: BaseException) -> Any:
     """The `Status` a response carries for `exc` (logged when it is not the client's fault)."""
     code = code_of(exc)
-    if code is Code.INTERNAL_ERROR and not isinstance(exc, (ServerError, be.BrokerError)):
+    # a store failure not mapped above is as unexpected as any other exception: its details
+    # go to the log, not to the wire
+    if code is Code.INTERNAL_ERROR and (not isinstance(exc, be.BrokerError)
+                                        or isinstance(exc, se.StoreError)):
         _limited.log(logging.ERROR, f"unexpected {type(exc).__qualname__}",
                      "unexpected error while serving a request", exc_info=exc)
         return make_status(code, f"internal error ({type(exc).__name__})")
-    if code >= 50000:
+    if code >= Code.INTERNAL_ERROR:  # 5xxxx: the server failed, not the request
         _limited.log(logging.WARNING, f"failed {type(exc).__qualname__}",
                      "request failed: %s", exc)
     return make_status(code, str(exc)[:1024])

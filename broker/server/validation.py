@@ -6,9 +6,14 @@ so a client sees the same status from us as from a RocketMQ 5 cluster.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 
+from broker.names import (
+    group_name_problem,
+    is_system_group,
+    is_system_topic,
+    topic_name_problem,
+)
 from broker.server.codes import Code
 from broker.server.config import ServerConfig
 from broker.server.errors import (
@@ -21,19 +26,6 @@ from broker.server.errors import (
     MessageBodyEmpty,
     MessageBodyTooLarge,
 )
-
-_NAME = re.compile(r"^[%|a-zA-Z0-9_-]+$")
-TOPIC_MAX_LENGTH = 127
-GROUP_MAX_LENGTH = 255
-
-# topics a client may never address directly (the broker's own machinery)
-SYSTEM_TOPICS = frozenset({
-    "SCHEDULE_TOPIC_XXXX", "TBW102", "BenchmarkTest", "OFFSET_MOVED_EVENT",
-    "SELF_TEST_TOPIC", "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRACE_TOPIC",
-    "RMQ_SYS_TRANS_OP_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC", "rmq_sys_wheel_timer",
-})
-SYSTEM_TOPIC_PREFIXES = ("rmq_sys_", "RMQ_SYS_", "%SYS%")
-SYSTEM_GROUP_PREFIX = "CID_RMQ_SYS_"
 
 # property names the broker itself interprets; users may not set them (RocketMQ MessageConst)
 RESERVED_PROPERTIES = frozenset({
@@ -60,25 +52,21 @@ def _has_control(text: str) -> bool:
 
 
 def check_topic(name: str) -> str:
-    if not name:
-        raise IllegalTopic("topic name is empty")
-    if len(name) > TOPIC_MAX_LENGTH:
-        raise IllegalTopic(f"topic name is longer than {TOPIC_MAX_LENGTH} characters")
-    if not _NAME.match(name):
-        raise IllegalTopic(f"topic {name!r} contains characters outside [%|a-zA-Z0-9_-]")
-    if name in SYSTEM_TOPICS or name.startswith(SYSTEM_TOPIC_PREFIXES):
+    """A topic a client may address (`broker.names` rules, not a system topic)."""
+    problem = topic_name_problem(name)
+    if problem is not None:
+        raise IllegalTopic(f"topic name {name!r} {problem}")
+    if is_system_topic(name):
         raise IllegalTopic(f"cannot access system topic {name!r}")
     return name
 
 
 def check_group(name: str) -> str:
-    if not name:
-        raise IllegalConsumerGroup("consumer group name is empty")
-    if len(name) > GROUP_MAX_LENGTH:
-        raise IllegalConsumerGroup(f"group name is longer than {GROUP_MAX_LENGTH} characters")
-    if not _NAME.match(name):
-        raise IllegalConsumerGroup(f"group {name!r} contains characters outside [%|a-zA-Z0-9_-]")
-    if name.startswith(SYSTEM_GROUP_PREFIX):
+    """A group a client may use (`broker.names` rules, not a system group)."""
+    problem = group_name_problem(name)
+    if problem is not None:
+        raise IllegalConsumerGroup(f"group name {name!r} {problem}")
+    if is_system_group(name):
         raise IllegalConsumerGroup(f"cannot use system consumer group {name!r}")
     return name
 

@@ -1,4 +1,4 @@
-"""The checkpoint file, the abort file and the store directory lock.
+"""The checkpoint file and the abort file: what decides how the store recovers.
 
 Checkpoint (`<store>/checkpoint`), 4096 bytes, big-endian; the first 24 bytes are
 RocketMQ's layout:
@@ -20,22 +20,19 @@ each is read before the flush it describes.
 Abort file (`<store>/abort`): empty; created (and its directory entry fsynced) when the
 store starts, removed when it shuts down cleanly. Present at start => the last run did not
 shut down => abnormal recovery.
-
-Lock file (`<store>/lock`): an exclusive `flock` held while the store is open, so two
-processes never write one store. The kernel drops it when the holder dies (kill -9 too).
+The store directory's lock file is `store_lock.py`'s.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 import struct
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.store.errors import ForeignFile, StoreLocked
-from broker.store.json_config import fsync_directory
+from broker.store.durable_write import fsync_directory
+from broker.store.errors import ForeignFile
 
 CHECKPOINT_FILE_SIZE = 4096
 CHECKPOINT_MAGIC = b"RCKP"
@@ -123,26 +120,3 @@ def create_abort_file(path: Path) -> None:
 def remove_abort_file(path: Path) -> None:
     path.unlink(missing_ok=True)
     fsync_directory(path.parent)
-
-
-class StoreLock:
-    """An exclusive advisory lock on `<store>/lock` for the life of the store."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._fd: int | None = None
-
-    def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise StoreLocked(self.path.parent) from None
-        self._fd = fd
-
-    def release(self) -> None:
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None

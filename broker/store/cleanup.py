@@ -33,9 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from broker.clock import wall_ms
 from broker.store.config import StoreConfig
-from broker.store.consume_queue import ConsumeQueueStore
-from broker.store.index import IndexService
+from broker.store.consume_queue_store import ConsumeQueueStore
+from broker.store.index_service import IndexService
 from broker.store.mapped_file_queue import MappedFileQueue
 from broker.store.service import ServiceThread
 
@@ -105,10 +106,6 @@ class CommitLogFiles(Protocol):
     def get_min_offset(self) -> int: ...
 
 
-def _wall_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 class CleanupService(ServiceThread):
     """Deletes expired commitlog, consume-queue and index files; tracks disk fullness."""
 
@@ -117,7 +114,7 @@ class CleanupService(ServiceThread):
     def __init__(self, config: StoreConfig, commitlog: CommitLogFiles,
                  consume_queues: ConsumeQueueStore, index: IndexService, *,
                  disk_usage: DiskUsage = disk_usage_ratio,
-                 clock: Callable[[], int] = _wall_ms,
+                 clock: Callable[[], int] = wall_ms,
                  sleep: Callable[[float], None] = time.sleep,
                  dispatched_offset: Callable[[], int] | None = None) -> None:
         """`dispatched_offset` (the reput service's `reput_from_offset`) bounds what may be

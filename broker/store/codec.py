@@ -1,4 +1,4 @@
-"""The commitlog record: layout, encoding, validation and decoding (DESIGN §3.1).
+"""The commitlog record: layout, encoding, validation and decoding (docs/store.md).
 
 Commitlog record, big-endian, 91 bytes + body + topic + properties:
 
@@ -58,6 +58,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from broker.names import SCHEDULE_TOPIC, TOPIC_MAX_LENGTH
 from broker.store.errors import InvalidMessage
 from broker.store.message import (
     MessageExt,
@@ -73,8 +74,6 @@ RECORD_MAGIC_CODES = (RECORD_MAGIC_CODE, MESSAGE_MAGIC_CODE)
 BLANK_MAGIC_CODE = -875286124  # 0xCBD43194 as a signed i32
 END_FILE_MIN_BLANK_LENGTH = 4 + 4  # TOTALSIZE + MAGICCODE of a blank record
 
-SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
-MAX_TOPIC_LENGTH = 127  # TOPICLEN is an i8
 MAX_PROPERTIES_LENGTH = 32767  # PROPERTIESLEN is an i16
 
 # TOTALSIZE .. BODYLEN: the 88 fixed bytes before the body
@@ -93,7 +92,6 @@ CRC_MASK = 0x7FFFFFFF
 _U32 = struct.Struct(">I")
 _DYNAMIC = struct.Struct(">qqq")  # QUEUEOFFSET, PHYSICALOFFSET, STORETIMESTAMP, as CRC'd
 _ZEROS_16 = bytes(16)
-_I8 = struct.Struct(">b")
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _PREFIX = struct.Struct(">ii")  # TOTALSIZE, MAGICCODE
@@ -250,9 +248,9 @@ class EncodeError(InvalidMessage):
 def _topic_tail(topic: str) -> bytes:
     """TOPICLEN + TOPIC, validated once per topic."""
     raw = topic.encode()
-    if not 0 < len(raw) <= MAX_TOPIC_LENGTH or b"\x00" in raw:
+    if not 0 < len(raw) <= TOPIC_MAX_LENGTH or b"\x00" in raw:
         raise EncodeError(PutMessageStatus.MESSAGE_ILLEGAL,
-                          f"topic must be 1..{MAX_TOPIC_LENGTH} bytes without NUL: {topic!r}")
+                          f"topic must be 1..{TOPIC_MAX_LENGTH} bytes without NUL: {topic!r}")
     if b"/" in raw or topic in (".", ".."):
         # it names a consume-queue directory: such a record could never be dispatched
         raise EncodeError(PutMessageStatus.MESSAGE_ILLEGAL,
@@ -267,7 +265,6 @@ _HOSTS: dict[tuple[str, int], bytes] = {}  # born host -> 8 encoded bytes
 _CACHE_LIMIT = 4096
 _pack_header = HEADER.pack
 _pack_i16 = _I16.pack
-_pack_u32 = _U32.pack
 _crc32 = zlib.crc32
 
 
@@ -415,10 +412,6 @@ def _strict_properties(raw: bytes | bytearray | memoryview) -> dict[str, str]:
     return dict(pair.split("\x01", 1) for pair in text[:-1].split("\x02"))
 
 
-def read_total_size(buf: memoryview | bytes | bytearray, pos: int) -> int:
-    return int(_I32.unpack_from(buf, pos)[0])
-
-
 def decode_message(buf: memoryview | bytes | bytearray | mmap.mmap, pos: int = 0
                    ) -> MessageExt:
     """Every field of the record at `pos` (no validation beyond the layout; `body_crc` is
@@ -441,10 +434,6 @@ def decode_message(buf: memoryview | bytes | bytearray | mmap.mmap, pos: int = 0
         prepared_tx_offset=prepared_tx, queue_offset=queue_offset, commitlog_offset=phy,
         store_timestamp=store_ts, store_host=decode_host(store_host), store_size=total,
         body_crc=crc)
-
-
-def decode_store_timestamp(buf: memoryview | bytes | bytearray, pos: int = 0) -> int:
-    return int(STORE_TIMESTAMP.unpack_from(buf, pos + POS_STORE_TIMESTAMP)[0])
 
 
 def encode_blank(size: int) -> bytes:

@@ -31,10 +31,8 @@ from broker.store.codec import (
     BLANK,
     END_FILE_MIN_BLANK_LENGTH,
     FIXED_SIZE,
-    QUEUE_AND_PHYSICAL_OFFSET,
     RECORD_MAGIC_CODE,
     RECORD_MAGIC_CODES,
-    STORE_TIMESTAMP,
     EncodeError,
     decode_message,
     encode_blank,
@@ -59,9 +57,7 @@ from broker.store.message import (
 log = logging.getLogger(__name__)
 
 _PUT_OK = PutMessageStatus.PUT_OK
-_pack_offsets = QUEUE_AND_PHYSICAL_OFFSET.pack_into  # QUEUEOFFSET, PHYSICALOFFSET
 _seal = codec.seal  # QUEUEOFFSET, PHYSICALOFFSET, STORETIMESTAMP and RECORDCRC
-_pack_timestamp = STORE_TIMESTAMP.pack_into  # STORETIMESTAMP
 
 
 def topic_queue_key(topic: str, queue_id: int) -> str:
@@ -202,7 +198,7 @@ class CommitLog:
     def _file_for(self, n: int) -> MappedFile:
         """The file the next `n` bytes go to (rolling over when they do not fit)."""
         if self._closed:
-            raise StoreNotRunning(f"commitlog {self.queue.directory} is closed")
+            raise StoreNotRunning(self.queue.directory, "commitlog", "closed")
         files = self.queue.mapped_files
         mf = files[-1] if files else None
         if mf is None or mf.file_size - mf.wrote_position < n + END_FILE_MIN_BLANK_LENGTH:

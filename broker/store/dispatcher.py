@@ -88,9 +88,6 @@ class ReputService(ServiceThread):
         """Bytes of commitlog not dispatched yet."""
         return max(0, self.commitlog.get_max_offset() - self.reput_from_offset)
 
-    def is_dispatched(self, offset: int) -> bool:
-        return self.reput_from_offset >= offset
-
     def wait_dispatched(self, offset: int, timeout_s: float) -> bool:
         """Wait until every record before commitlog `offset` is dispatched."""
         deadline = time.monotonic() + timeout_s

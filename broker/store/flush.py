@@ -40,17 +40,27 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from broker.store.config import StoreConfig
+from broker.store.mapped_file_queue import MappedFileQueue
 from broker.store.service import ServiceThread
-
-if TYPE_CHECKING:
-    from broker.store.commitlog import CommitLog
 
 log = logging.getLogger(__name__)
 
 _RETRY_FINAL_FLUSH = 10
+
+
+class FlushedLog(Protocol):
+    """What the flush services need of the commitlog (`commitlog.CommitLog`)."""
+
+    @property
+    def queue(self) -> MappedFileQueue: ...
+
+    @property
+    def last_store_timestamp(self) -> int: ...
+
+    def get_max_offset(self) -> int: ...
 
 
 class FlushCommitLogService(ServiceThread):
@@ -58,7 +68,7 @@ class FlushCommitLogService(ServiceThread):
 
     name = "flush-commitlog"
 
-    def __init__(self, commitlog: CommitLog, config: StoreConfig,
+    def __init__(self, commitlog: FlushedLog, config: StoreConfig,
                  clock: Callable[[], int]) -> None:
         super().__init__()
         self._commitlog = commitlog
@@ -116,7 +126,7 @@ class GroupCommitService(ServiceThread):
 
     name = "group-commit"
 
-    def __init__(self, commitlog: CommitLog, timeout_ms: int, max_wait_ms: float = 1.0) -> None:
+    def __init__(self, commitlog: FlushedLog, timeout_ms: int, max_wait_ms: float = 1.0) -> None:
         super().__init__()
         self._commitlog = commitlog
         self._timeout_s = timeout_ms / 1000
@@ -293,20 +303,3 @@ class GroupCommitService(ServiceThread):
         if self.failed is None:
             self.do_commit()
         self._finish(self.flushed_where, fail_all=True)
-
-
-class PeriodicService(ServiceThread):
-    """Runs `action()` every `interval_ms` (consume-queue/index flush and checkpoint)."""
-
-    def __init__(self, name: str, interval_ms: int, action: Callable[[], None]) -> None:
-        super().__init__(name)
-        self._interval_s = interval_ms / 1000
-        self._action = action
-
-    def run(self) -> None:
-        while not self.stopped:
-            self.wait_for_running(self._interval_s)
-            try:
-                self._action()
-            except Exception:
-                log.exception("%s failed", self.name)

@@ -3,9 +3,8 @@
 A save never leaves a half-written file where a reader (or the next start) looks:
 
 1. the previous valid content is copied to `<name>.bak` (itself written atomically);
-2. the new content goes to a temporary file in the same directory, which is fsynced;
-3. the temporary file is renamed over `<name>` (atomic on POSIX);
-4. the directory is fsynced so the rename itself survives a power cut.
+2. the new content replaces `<name>` atomically (`durable_write.write_atomically`: temp
+   file, fsync, rename, fsync of the directory).
 
 A load reads `<name>`; when it is corrupt (truncated, not JSON, not an object, or an object
 of the wrong shape for its loader's `parse`) it falls back to `<name>.bak`; when both are
@@ -22,67 +21,25 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
-from broker.store.errors import ConfigFileError
+from broker.store.durable_write import remove_stale_temp_files, write_atomically
+from broker.store.errors import ConfigFileError, ConfigShapeError, StoreError
 
 log = logging.getLogger(__name__)
 
 BACKUP_SUFFIX = ".bak"
-TEMP_SUFFIX = ".tmp"
 
 
-def fsync_directory(directory: Path) -> None:
-    """Make a rename or a create in `directory` durable."""
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+class _Unreadable(StoreError):
+    """Internal: a file exists but does not hold a JSON object (`reason` says why)."""
 
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Replace `path` with `data`: temp file -> fsync -> rename -> fsync directory."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}{TEMP_SUFFIX}.{os.getpid()}.{threading.get_ident()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        tmp.unlink(missing_ok=True)
-        raise
-    os.close(fd)
-    os.replace(tmp, path)
-    fsync_directory(path.parent)
-
-
-def _process_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-class _Unreadable(Exception):
-    """Internal: a file exists but does not hold a JSON object."""
-
-
-class ConfigShapeError(ValueError):
-    """A configuration document is valid JSON but not the shape its loader expects."""
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
 
 
 T = TypeVar("T")
@@ -243,14 +200,8 @@ class JsonConfigFile:
 
     def _remove_stale_temp_files(self) -> None:
         """Temp files left behind by a writer process that no longer exists."""
-        parent = self.path.parent
-        if not parent.is_dir():
-            return
-        for name in (self.path.name, self.backup_path.name):
-            for stale in parent.glob(f"{name}{TEMP_SUFFIX}.*"):
-                pid = stale.name[len(name) + len(TEMP_SUFFIX) + 1:].partition(".")[0]
-                if pid.isdigit() and not _process_alive(int(pid)):
-                    stale.unlink(missing_ok=True)
+        for path in (self.path, self.backup_path):
+            remove_stale_temp_files(path)
 
     def __repr__(self) -> str:
         return f"JsonConfigFile({str(self.path)!r})"

@@ -266,12 +266,6 @@ class MappedFileQueue:
         self.flushed_where = min(self.flushed_where, offset)
         self.committed_where = min(self.committed_where, offset)
 
-    def delete_last_mapped_file(self) -> None:
-        files = self.mapped_files
-        if files:
-            files[-1].destroy(1000)
-            self.mapped_files = files[:-1]
-
     def delete_expired_file_by_time(self, expired_ms: int, delete_interval_ms: int,
                                     interval_forcibly_ms: int, clean_immediately: bool,
                                     max_batch: int, now_ms: int,

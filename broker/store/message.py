@@ -10,9 +10,10 @@ from __future__ import annotations
 import enum
 import socket
 import struct
-import time
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from broker.clock import wall_ms
 
 
 class Prop:
@@ -99,10 +100,6 @@ class GetMessageStatus(enum.Enum):
     NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
 
 
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 def encode_properties(props: dict[str, str]) -> bytes:
     """`name\\x01value\\x02` pairs, UTF-8."""
     if not props:
@@ -159,7 +156,7 @@ class Message(_PropertyAccessors):
     flag: int = 0
     properties: dict[str, str] = field(default_factory=dict)
     sys_flag: int = 0
-    born_timestamp: int = field(default_factory=_now_ms)
+    born_timestamp: int = field(default_factory=wall_ms)
     born_host: tuple[str, int] = ("127.0.0.1", 0)
     reconsume_times: int = 0
     prepared_tx_offset: int = 0

@@ -1,8 +1,8 @@
 """Message queries the store facade answers: by key, by unique key, by offset message id.
 
-The hash index only knows 32-bit key hashes, so two keys with the same `String.hashCode`
-(`"Aa"` and `"BB"`) share entries. Every candidate is therefore decoded and kept only when
-its real topic and keys match: a query never returns a colliding message. A query is
+The hash index only knows 31-bit key hashes (`index_key`: a masked CRC-32 of `topic#key`),
+so two keys with the same hash share entries. Every candidate is therefore decoded and kept
+only when its real topic and keys match: a query never returns a colliding message. A query is
 bounded three ways: results (`max_num`, and the store's `max_query_results`), index entries
 visited (`IndexService.iter_offsets`'s scan budget) and records decoded (`max_candidates`).
 
@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from broker.store.codec import POS_STORE_TIMESTAMP
-from broker.store.errors import StoreError
+from broker.store.errors import InvalidQuery
 from broker.store.message import MessageExt, decode_offset_msg_id
 
 QUERY_CLOCK_SKEW_MS = 10 * 60_000  # producer/broker clocks may disagree by this much
@@ -27,10 +27,6 @@ DEFAULT_MAX_NUM = 64
 
 MessageLookup = Callable[[int], MessageExt | None]  # commitlog offset -> message or None
 ReadBytes = Callable[[int, int], bytes | None]  # (commitlog offset, size) -> bytes or None
-
-
-class InvalidQuery(StoreError):
-    """A query's arguments cannot name any message (empty key, malformed message id)."""
 
 
 class KeyMatch(enum.Enum):
@@ -56,7 +52,8 @@ def pad_time_range(begin_ms: int, end_ms: int | None,
     begin = max(0, begin_ms - skew_ms)
     end = MAX_TIME_MS if end_ms is None else min(MAX_TIME_MS, end_ms + skew_ms)
     if end < begin:
-        raise InvalidQuery(f"time range ends ({end_ms}) before it begins ({begin_ms})")
+        raise InvalidQuery("time range",
+                           f"time range ends ({end_ms}) before it begins ({begin_ms})")
     return begin, end
 
 
@@ -71,7 +68,7 @@ def message_matches(msg: MessageExt, topic: str, key: str, match: KeyMatch) -> b
 
 def _check_key(key: str) -> None:
     if not key or " " in key:
-        raise InvalidQuery(f"key {key!r} must be non-empty and hold no space "
+        raise InvalidQuery("key", f"key {key!r} must be non-empty and hold no space "
                            "(KEYS are space-separated)")
 
 
@@ -112,7 +109,8 @@ def look_by_offset_msg_id(look: MessageLookup, msg_id: str) -> MessageExt | None
     try:
         _host, offset = decode_offset_msg_id(msg_id)
     except ValueError as exc:
-        raise InvalidQuery(f"{msg_id!r} is not an offset message id: {exc}") from exc
+        raise InvalidQuery("message id",
+                           f"{msg_id!r} is not an offset message id: {exc}") from exc
     msg = look(offset)
     if msg is None or msg.offset_msg_id != msg_id.upper():
         return None  # another broker's id, or a record since deleted

@@ -5,12 +5,16 @@ in `wait_for_running(interval_s)` between rounds. `wakeup()` ends a park early (
 needs a flush now, a new record to dispatch). Each round's work lives in a method the
 subclass exposes separately (`do_flush()`, `do_reput()`, ...) so tests drive it directly
 with an injected clock instead of waiting for the thread.
+
+`PeriodicService` is the simplest one: a function run every interval (the consume-queue
+and index flush with the checkpoint).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -81,3 +85,20 @@ class ServiceThread:
 
     def run(self) -> None:  # pragma: no cover - every subclass overrides it
         raise NotImplementedError
+
+
+class PeriodicService(ServiceThread):
+    """Runs `action()` every `interval_ms` (consume-queue/index flush and checkpoint)."""
+
+    def __init__(self, name: str, interval_ms: int, action: Callable[[], None]) -> None:
+        super().__init__(name)
+        self._interval_s = interval_ms / 1000
+        self._action = action
+
+    def run(self) -> None:
+        while not self.stopped:
+            self.wait_for_running(self._interval_s)
+            try:
+                self._action()
+            except Exception:
+                log.exception("%s failed", self.name)

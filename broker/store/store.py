@@ -1,4 +1,4 @@
-"""`MessageStore`: the facade the rest of the broker uses.
+"""`MessageStore`: the facade the rest of the broker uses: put, get, query, admin.
 
 It owns the commitlog, the consume queues, the index, the reput (dispatch) service, the
 flush services, cleanup, the checkpoint, the abort file and the JSON config files, and
@@ -9,6 +9,7 @@ start:    lock the directory -> read checkpoint, note the abort file -> load com
           queues and index back to its end -> write the checkpoint -> create the abort file
           -> re-dispatch what the queues lack (synchronously) -> rebuild the topic-queue
           table from the queues -> start flush, reput, checkpoint and cleanup services.
+          (What each step does: startup.py.)
 shutdown: refuse puts -> dispatch the rest -> final flush of commitlog, queues, index ->
           checkpoint -> close files -> remove the abort file (only when every flush
           succeeded) -> unlock.
@@ -19,19 +20,17 @@ Hot paths return status values; queries raise `InvalidQuery` for malformed argum
 from __future__ import annotations
 
 import logging
-import mmap
 import os
 import threading
-import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 
+from broker.clock import wall_ms
 from broker.store import query
 from broker.store.batch import encode_batch
 from broker.store.checkpoint import (
     StoreCheckpoint,
-    StoreLock,
     abort_file_exists,
     create_abort_file,
     remove_abort_file,
@@ -41,10 +40,9 @@ from broker.store.codec import (
     DispatchRequest,
     EncodeError,
     check_message_and_return_size,
-    is_queued,
     tags_string_to_code,
 )
-from broker.store.commitlog import CommitLog, topic_queue_key
+from broker.store.commitlog import CommitLog
 from broker.store.config import (
     StoreConfig,
     describe,
@@ -52,11 +50,10 @@ from broker.store.config import (
     with_store_geometry,
     write_geometry,
 )
-from broker.store.consume_queue import ConsumeQueue, ConsumeQueueStore
+from broker.store.consume_queue_store import ConsumeQueueStore
 from broker.store.dispatcher import CommitLogDispatcher, ReputService
-from broker.store.errors import DispatchStuck, StoreNotRunning
-from broker.store.flush import PeriodicService
-from broker.store.index import IndexService
+from broker.store.errors import InvalidQuery
+from broker.store.index_service import IndexService
 from broker.store.json_config import JsonConfigFile
 from broker.store.message import (
     GetMessageResult,
@@ -66,8 +63,10 @@ from broker.store.message import (
     PutMessageResult,
     PutMessageStatus,
 )
-from broker.store.queue_check import UnitChecker
 from broker.store.recovery import RecoveryReport, recover_commitlog
+from broker.store.service import PeriodicService
+from broker.store.startup import align_to_commitlog, redispatch, repair_units, reput_start
+from broker.store.store_lock import StoreLock
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +77,6 @@ _SERVICE_NOT_AVAILABLE = PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE
 _DISK_FULL = PutMessageResult(PutMessageStatus.DISK_FULL)
 
 
-def _wall_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 class _DispatchTracker:
     """Last dispatched record's store time: the consume-queue/index checkpoint bound."""
 
@@ -90,47 +85,6 @@ class _DispatchTracker:
 
     def dispatch(self, request: DispatchRequest) -> None:
         self.store_timestamp = request.store_timestamp
-
-
-class _OnlyQueues:
-    """Dispatches to the given consume queues only (rebuilding deleted ones)."""
-
-    def __init__(self, queues: ConsumeQueueStore, wanted: set[tuple[str, int]]) -> None:
-        self.queues = queues
-        self.wanted = wanted
-
-    def dispatch(self, request: DispatchRequest) -> None:
-        if (request.topic, request.queue_id) in self.wanted:
-            self.queues.dispatch(request)
-
-
-class _QueuesWithoutFiles:
-    """Dispatches to the queues that had no file when the pass began (a lost registry)."""
-
-    def __init__(self, queues: ConsumeQueueStore) -> None:
-        self.queues = queues
-        self.existing = {(cq.topic, cq.queue_id) for cq in queues.queues()
-                         if cq.mfq.mapped_files}
-
-    def dispatch(self, request: DispatchRequest) -> None:
-        if (request.topic, request.queue_id) not in self.existing:
-            self.queues.dispatch(request)
-
-
-class _RepairUnits:
-    """Sets every unit of one queue to what the commitlog says it must be."""
-
-    def __init__(self, cq: ConsumeQueue) -> None:
-        self.cq = cq
-        self.fixed = 0
-
-    def dispatch(self, request: DispatchRequest) -> None:
-        cq = self.cq
-        if request.topic == cq.topic and request.queue_id == cq.queue_id \
-                and is_queued(request.sys_flag) and cq.rewrite_unit(
-                    request.queue_offset, request.commitlog_offset, request.msg_size,
-                    request.tags_code):
-            self.fixed += 1
 
 
 class MessageStore:
@@ -145,7 +99,7 @@ class MessageStore:
         self.created = read_geometry(config.store_dir) is None  # a new store
         config = with_store_geometry(config)
         self.config = config
-        self._clock = clock or _wall_ms
+        self._clock = clock or wall_ms
         self.running = False
         self.commitlog = CommitLog(config, self._clock, fsync=fsync)
         self.consume_queues = ConsumeQueueStore(config)
@@ -193,6 +147,7 @@ class MessageStore:
             raise
 
     def _start_locked(self) -> None:
+        """The start-up sequence (startup.py: what each step does)."""
         cfg = self.config
         abnormal = abort_file_exists(cfg.abort_path)
         self.abnormal_start = abnormal
@@ -206,131 +161,29 @@ class MessageStore:
 
         report = recover_commitlog(self.commitlog, self.checkpoint, abnormal, index_safe=True)
         self.recovery = report
-        end = report.end
-        self.consume_queues.recover()
-        self._check_queues(end, past_end_ok=report.abnormal)
-        self.consume_queues.truncate_dirty(end)
-        self.index.truncate_dirty(end)
-        cl_min = self.commitlog.get_min_offset()
-        if cl_min >= 0:
-            self.consume_queues.correct_min_offset(cl_min)
-            self.consume_queues.forget_deleted_below(cl_min)
-        self.reput.reput_from_offset = self._reput_start(report)
+        align_to_commitlog(self.commitlog, self.consume_queues, self.index, report)
+        self.reput.reput_from_offset = reput_start(self.commitlog, self.consume_queues,
+                                                   self.index, report)
         self.reput.skip = dict(report.quarantined)
         self.commitlog.quarantined = frozenset(self.reput.skip)
         log.info("store %s: %s recovery, commitlog end %d, dispatching from %d",
-                 cfg.store_dir, "abnormal" if report.abnormal else "normal", end,
+                 cfg.store_dir, "abnormal" if report.abnormal else "normal", report.end,
                  self.reput.reput_from_offset)
 
-        self.checkpoint.physic_flushed_offset = end
+        self.checkpoint.physic_flushed_offset = report.end
         self.checkpoint.flush()
         create_abort_file(cfg.abort_path)
 
         # rebuild what was deleted (index/, a queue's directory) from the commitlog, then
         # dispatch what the queues lack, before any put can take a queue offset
-        self._rebuild_missing()
-        self._dispatch_all(self.reput)
-        if self.commitlog.get_max_offset() > max(self.commitlog.get_min_offset(), 0):
-            # records without keys write no entry: remember that the index is complete
-            self.index.mark_indexed_to(self.commitlog.get_max_offset(),
-                                       self.commitlog.last_store_timestamp)
-        self.commitlog.reset_table({
-            topic_queue_key(cq.topic, cq.queue_id): cq.get_max_offset_in_queue()
-            for cq in self.consume_queues.queues()})
+        redispatch(cfg.store_dir, self.commitlog, self.consume_queues, self.index,
+                   self.reput)
 
         self.commitlog.start()
         self.reput.start()
         self._checkpoint_service.start()
         self.cleanup.start()
         self.running = True
-
-    def _dispatch_all(self, reput: ReputService) -> None:
-        """Dispatch synchronously up to the commitlog's end; DispatchStuck otherwise.
-
-        Rebuilding the topic-queue table from queues that miss records would hand their
-        queue offsets out a second time: the store refuses to start instead.
-        """
-        while reput.reput_from_offset < self.commitlog.get_max_offset():
-            before = reput.reput_from_offset
-            reput.do_reput()
-            if reput.reput_from_offset == before:
-                at = reput.stuck_at if reput.stuck_at >= 0 else before
-                raise DispatchStuck(at, reput.stuck_reason or "no progress") \
-                    from reput.last_error
-
-    def _rebuild_missing(self) -> None:
-        """Re-derive a deleted index and deleted consume queues from the commitlog.
-
-        Both are derived data: the index directory with no file left, or a queue registered
-        (`consumequeue.json`) with no file left, is rebuilt by a dispatch pass over the
-        whole commitlog that feeds only the missing parts (queues of deleted topics are
-        not registered and stay deleted).
-        """
-        cl_min = self.commitlog.get_min_offset()
-        if cl_min < 0 or cl_min >= self.commitlog.get_max_offset():
-            return
-        chain: list[CommitLogDispatcher] = []
-        if self.index.indexed_to() < 0:
-            log.warning("store %s: no index file: rebuilding the index from the commitlog",
-                        self.config.store_dir)
-            chain.append(self.index)
-        missing = self.consume_queues.missing_queues()
-        if self.consume_queues.registry_lost:
-            # which queues existed is unknown: every queue the log names that has no file
-            log.warning("store %s: no consume queue registry: rebuilding every queue of the "
-                        "commitlog that has no file", self.config.store_dir)
-            chain.append(_QueuesWithoutFiles(self.consume_queues))
-        elif missing:
-            log.warning("store %s: consume queues %s have no file: rebuilding them from the "
-                        "commitlog", self.config.store_dir,
-                        ", ".join(f"{t}-{q}" for t, q in missing))
-            chain.append(_OnlyQueues(self.consume_queues, set(missing)))
-        if chain:
-            rebuild = ReputService(self.commitlog, chain, reput_from_offset=cl_min)
-            rebuild.skip = self.reput.skip
-            self._dispatch_all(rebuild)
-
-    def _unit_checker(self, end: int | None = None) -> UnitChecker:
-        files = self.commitlog.queue
-        last: list[tuple[mmap.mmap, int, int]] = []  # the file found last: units go forward
-
-        def locate(phy: int) -> tuple[mmap.mmap, int] | None:
-            if last and last[0][1] <= phy < last[0][2]:
-                return last[0][0], last[0][1]
-            mf = files.find_mapped_file_by_offset(phy)
-            if mf is None:
-                return None
-            last[:] = [(mf.mapping, mf.file_from_offset, mf.file_from_offset + mf.file_size)]
-            return mf.mapping, mf.file_from_offset
-
-        return UnitChecker(locate, max(self.commitlog.get_min_offset(), 0),
-                           self.commitlog.get_max_offset() if end is None else end)
-
-    def _check_queues(self, end: int, *, past_end_ok: bool) -> None:
-        """At start, before the queues are cut back to the commitlog's end: every unit of
-        every queue must point at its record (queue_check.py); a queue with one that does
-        not is rebuilt from the commitlog (`_rebuild_missing`).
-
-        Units past the end are the records a crash cut off only after an abnormal stop,
-        and only as the queue's tail (`past_end_ok`); after a clean stop, or followed by a
-        unit inside the log, such a unit is damage: cutting the queue there would lose the
-        records after it. Header reads only: 1.4-1.9 us a unit (measured), ~2 s per
-        million messages."""
-        checker = self._unit_checker(end)
-        for cq in self.consume_queues.queues():
-            topic = cq.topic.encode()
-            beyond = -1  # first unit past the end
-            for index, phy, size, _tag in cq.iter_units(cq.get_min_offset_in_queue(),
-                                                        cq.get_max_offset_in_queue()):
-                if past_end_ok and phy + size > end:
-                    beyond = index if beyond < 0 else beyond
-                    continue
-                problem = checker.problem(topic, cq.queue_id, index, phy, size)
-                if problem is None and beyond >= 0 and phy >= checker.commitlog_min:
-                    problem = f"follows unit {beyond}, which points past the log's end"
-                if problem is not None:
-                    self.consume_queues.rebuild(cq, f"unit {index} {problem}")
-                    break
 
     def repair_queue(self, topic: str, queue_id: int) -> int:
         """Rewrite every unit of a queue that disagrees with the commitlog (a read found
@@ -339,49 +192,12 @@ class MessageStore:
         if cq is None:
             return 0
         with self._repair_lock:
-            repair = _RepairUnits(cq)
-            reput = ReputService(self.commitlog, [repair],
-                                 reput_from_offset=max(self.commitlog.get_min_offset(), 0))
-            reput.skip = self.reput.skip
-            until = self.reput.reput_from_offset  # every record below it has its unit
-            while reput.reput_from_offset < until:
-                before = reput.reput_from_offset
-                reput.do_reput()
-                if reput.reput_from_offset == before:
-                    break
+            # every record below the dispatcher's position has its unit
+            fixed = repair_units(self.commitlog, cq, self.reput.skip,
+                                 self.reput.reput_from_offset)
         log.warning("consume queue %s-%d: %d units did not match the commitlog; rewritten",
-                    topic, queue_id, repair.fixed)
-        return repair.fixed
-
-    def _reput_start(self, report: RecoveryReport) -> int:
-        cl_min = max(self.commitlog.get_min_offset(), 0)
-        cq_end = self.consume_queues.get_max_physic_offset()
-        start = cq_end if cq_end >= 0 else cl_min
-        if report.abnormal:
-            # re-dispatch the last queued record too: a kill between its consume-queue unit
-            # and its index entries must not leave it unindexed
-            last = self._last_queued_record_start()
-            if last >= 0:
-                start = min(start, last)
-            # the record being dispatched at the kill is the last queued one (queues come
-            # first in the chain), which covers a kill between its index header and slots
-            # (index.py). An index further behind (its files lost by a power cut) is caught
-            # up from where recovery's scan started, not from its own tail: that could be
-            # the whole log. (No index file at all: rebuilt by _rebuild_missing.)
-            indexed = self.index.indexed_to()
-            if indexed >= 0:
-                start = min(start, max(indexed, report.scanned_from))
-        return min(max(start, cl_min), report.end)
-
-    def _last_queued_record_start(self) -> int:
-        best = -1
-        for cq in self.consume_queues.queues():
-            n = cq.get_max_offset_in_queue()
-            if n > cq.get_min_offset_in_queue():
-                unit = cq.get_unit(n - 1)
-                if unit is not None and unit[0] > best:
-                    best = unit[0]
-        return best
+                    topic, queue_id, fixed)
+        return fixed
 
     def shutdown(self) -> None:
         """Stop services, flush everything, checkpoint, remove the abort file."""
@@ -608,14 +424,6 @@ class MessageStore:
         return cq.get_offset_in_queue_by_time(
             timestamp_ms, query.store_timestamp_lookup(self.commitlog.get_message))
 
-    def get_message_store_timestamp(self, topic: str, queue_id: int, queue_offset: int) -> int:
-        """Store time of the message at `queue_offset`; -1 when there is none."""
-        cq = self.consume_queues.get(topic, queue_id)
-        unit = None if cq is None else cq.get_unit(queue_offset)
-        if unit is None:
-            return -1
-        return query.store_timestamp_lookup(self.commitlog.get_message)(unit[0], unit[1])
-
     # ------------------------------------------------------------------ lookups
     def look_message_by_offset(self, commitlog_offset: int) -> MessageExt | None:
         return self.commitlog.look_message(commitlog_offset)
@@ -637,7 +445,7 @@ class MessageStore:
         """By offset message id (store host + commitlog offset, 32 hex characters)."""
         try:
             return query.look_by_offset_msg_id(self._look_checked, offset_msg_id)
-        except query.InvalidQuery:
+        except InvalidQuery:
             return None
 
     def get_message_by_queue_offset(self, topic: str, queue_id: int, queue_offset: int
@@ -658,7 +466,7 @@ class MessageStore:
         """By UNIQ_KEY through the index; else `unique_key` read as an offset message id."""
         try:
             return query.query_by_unique_key(self.index, self._look_checked, topic, unique_key)
-        except query.InvalidQuery:
+        except InvalidQuery:
             return None
 
     # ------------------------------------------------------------------ admin
@@ -713,10 +521,6 @@ class MessageStore:
     def fsync_count(self) -> int:
         """Commitlog fsyncs so far (messages per fsync = puts / this)."""
         return self.commitlog.fsync_count
-
-    def require_running(self) -> None:
-        if not self.running:
-            raise StoreNotRunning(f"store {self.config.store_dir} is not running")
 
 
 __all__ = ["CONFIG_FILES", "MessageStore"]

@@ -50,18 +50,16 @@ from broker.store.config import GEOMETRY_FILE, StoreConfig, with_store_geometry
 from broker.store.consume_queue import (
     BLANK_UNIT_SIZE,
     CQ_STORE_UNIT_SIZE,
-    QUEUE_REGISTRY_NAME,
-    ConsumeQueueStore,
 )
-from broker.store.errors import ForeignFile, StoreError
-from broker.store.index import (
+from broker.store.consume_queue_store import QUEUE_REGISTRY_NAME, ConsumeQueueStore
+from broker.store.errors import ConfigShapeError, ForeignFile, StoreError
+from broker.store.index_file import (
     HASH_SLOT_SIZE,
     INDEX_ENTRY_SIZE,
     INDEX_HEADER_SIZE,
     index_file_size,
-    topic_key_hash,
 )
-from broker.store.json_config import ConfigShapeError
+from broker.store.index_key import topic_key_hash
 from broker.store.queue_check import UnitChecker
 
 Parse = Callable[[dict[str, Any]], object]

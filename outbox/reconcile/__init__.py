@@ -16,6 +16,7 @@ from outbox.reconcile.errors import (
     DriverNotFound,
     InvalidBounds,
     InvalidOptions,
+    JavaNotFound,
     JobFailed,
     ReconcileError,
     RepairFailed,
@@ -23,7 +24,6 @@ from outbox.reconcile.errors import (
     SourceUnavailable,
 )
 from outbox.reconcile.job import ReconcileOptions, ReconcileResult, reconcile
-from outbox.reconcile.preflight import JavaNotFound
 from outbox.reconcile.repair import RepairOptions, RepairReport, audit_table
 from outbox.reconcile.report import as_json, as_text
 from outbox.reconcile.session import spark_session

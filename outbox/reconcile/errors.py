@@ -1,10 +1,15 @@
-"""Errors of the reconciliation job: one root, narrow subclasses carrying what fixes them."""
+"""Errors of the reconciliation job: narrow subclasses carrying what fixes them.
+
+`ReconcileError` is the job's branch of the outbox's one root, `outbox.errors.OutboxError`.
+"""
 
 from __future__ import annotations
 
+from outbox.errors import OutboxError
 
-class ReconcileError(Exception):
-    """Root of every error the reconciliation job raises."""
+
+class ReconcileError(OutboxError):
+    """Root of every error the reconciliation job raises (an `OutboxError`)."""
 
 
 class InvalidOptions(ReconcileError):
@@ -25,6 +30,16 @@ class DriverNotFound(ReconcileError):
             f"Install the Debian package `{package}` (apt-get install {package}), or point "
             f"--jdbc-jar (RELIABLE_JDBC_JARS) at the driver's jar"
         )
+
+
+class JavaNotFound(ReconcileError):
+    """No Java runtime for Spark: neither JAVA_HOME nor `java` on the PATH."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(
+            f"Spark needs a Java runtime (17 or later): {detail}. Install one "
+            "(apt-get install openjdk-17-jre-headless) or set JAVA_HOME to it")
 
 
 class SourceUnavailable(ReconcileError):

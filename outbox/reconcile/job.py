@@ -1,7 +1,10 @@
 """The job: read, classify, summarise, write the report, repair. The Python API.
 
     result = reconcile(ReconcileOptions(db_url="postgresql+psycopg2://u@h/db"))
-    result.summary.certificate.clean, result.exit_code
+    result.summary.certificate.clean
+
+The result says what the run found; what a clean or unclean window means to a process (its
+exit code) is the command line's business, not this layer's.
 
 Spark actions per run: the partition bounds of each table (one tiny query each), the
 watermarks (per queue and group), the facts (one aggregation over the classified rows);
@@ -24,11 +27,11 @@ from outbox.latency import ExpectedLatency
 from outbox.reconcile.bounds import BoundsSpec, check_spec, read_bounds
 from outbox.reconcile.certificate import Summary, facts, summarize, unaccounted_messages
 from outbox.reconcile.classify import Classified, Inputs, Window, classify
+from outbox.reconcile.details import detail_rows, write_parquet, write_table
 from outbox.reconcile.drivers import JdbcTarget, driver_jars, installed_system_jars, jdbc_target
 from outbox.reconcile.errors import InvalidOptions, JobFailed, SourceUnavailable
 from outbox.reconcile.preflight import check_database, check_parquet, find_java
 from outbox.reconcile.repair import Repairer, RepairOptions, RepairReport, candidates
-from outbox.reconcile.report import detail_rows, write_parquet, write_table
 from outbox.reconcile.session import require_driver, spark_session, under_spark_submit
 from outbox.reconcile.sources import (
     OFFSET_COLUMNS,
@@ -107,12 +110,6 @@ class ReconcileResult:
     repair: RepairReport | None = None
     plans: dict[str, tuple[str | None, int, int]] = field(default_factory=dict)
     master: str = ""  # the Spark master the job ran on
-
-    @property
-    def exit_code(self) -> int:
-        from reliable.cli.exit_codes import ExitCode
-
-        return ExitCode.OK if self.summary.certificate.clean else ExitCode.UNACCOUNTED
 
 
 def _naive_utc(value: datetime) -> datetime:

@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from outbox.reconcile.errors import ReconcileError, SourceUnavailable
+from outbox.reconcile.errors import JavaNotFound, SourceUnavailable
 from outbox.reconcile.sources import TABLES, TableNames
 
 if TYPE_CHECKING:
@@ -25,16 +25,6 @@ if TYPE_CHECKING:
 CONNECT_TIMEOUT_S = 2
 FIX_TABLES = ("create them with `reliable worker resend --ensure-schema` or "
               "`OutboxTables(...).create_all(engine)`")
-
-
-class JavaNotFound(ReconcileError):
-    """No Java runtime for Spark: neither JAVA_HOME nor `java` on the PATH."""
-
-    def __init__(self, detail: str) -> None:
-        self.detail = detail
-        super().__init__(
-            f"Spark needs a Java runtime (17 or later): {detail}. Install one "
-            "(apt-get install openjdk-17-jre-headless) or set JAVA_HOME to it")
 
 
 def find_java(env: dict[str, str] | None = None) -> str:

@@ -1,11 +1,6 @@
-"""Output: the summary for people, the JSON document for machines, the detail rows.
+"""What a run found, rendered: the summary for people and the JSON document for machines.
 
-Detail rows (one per stub and per log row; by default without CONFIRMED and VOID stubs)
-share one schema, so a report table or Parquet directory accumulates runs side by side:
-
-    run_id, kind ('stub' | 'log'), message_id, consumer_group (log row's group, or a
-    stub's missing groups comma-separated), topic, queue_id, queue_offset, class, reason,
-    created_at, in_window, send_count, max_sends
+The detail rows (one per stub and per log row) are written by `outbox.reconcile.details`.
 """
 
 from __future__ import annotations
@@ -15,84 +10,10 @@ import json
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from outbox.reconcile.classes import LOG_LABELS, STUB_LABELS, LogClass, StubClass
-from outbox.reconcile.errors import ReportWriteFailed
+from outbox.reconcile.classes import LOG_LABELS, STUB_LABELS, StubClass
 
 if TYPE_CHECKING:
-    import sqlalchemy as sa
-    from pyspark.sql import DataFrame
-
-    from outbox.reconcile.classify import Classified
-    from outbox.reconcile.drivers import JdbcTarget
     from outbox.reconcile.job import ReconcileResult
-
-
-def detail_rows(c: Classified, run_id: str, include_all: bool = False) -> DataFrame:
-    from pyspark.sql import functions as F
-
-    stubs = c.stubs()
-    if not include_all:
-        stubs = stubs.where(~F.col("class").isin(StubClass.CONFIRMED.value,
-                                                 StubClass.VOID.value))
-    rows = stubs.unionByName(c.logs())
-    return rows.select(F.lit(run_id).alias("run_id"), *rows.columns)
-
-
-def write_parquet(rows: DataFrame, path: str) -> None:
-    try:
-        rows.write.mode("append").parquet(path)
-    except Exception as exc:
-        raise ReportWriteFailed(path, _cause(exc)) from None
-
-
-def report_table(metadata: sa.MetaData, name: str, schema: str | None = None) -> sa.Table:
-    """The detail-row table (created through SQLAlchemy before Spark appends to it, so its
-    types are the same on every database)."""
-    import sqlalchemy as sa
-
-    return sa.Table(
-        name, metadata,
-        sa.Column("run_id", sa.String(64), nullable=False),
-        sa.Column("kind", sa.String(8), nullable=False),
-        sa.Column("message_id", sa.String(64), nullable=False),
-        sa.Column("consumer_group", sa.Text, nullable=True),
-        sa.Column("topic", sa.String(128), nullable=True),
-        sa.Column("queue_id", sa.Integer, nullable=True),
-        sa.Column("queue_offset", sa.BigInteger, nullable=True),
-        sa.Column("class", sa.String(16), nullable=False),
-        sa.Column("reason", sa.Text, nullable=True),
-        sa.Column("created_at", sa.DateTime(timezone=False), nullable=True),
-        sa.Column("in_window", sa.Boolean, nullable=True),
-        sa.Column("send_count", sa.Integer, nullable=True),
-        sa.Column("max_sends", sa.Integer, nullable=True),
-        sa.Index(f"ix_{name}_run", "run_id"),
-        schema=schema,
-    )
-
-
-def write_table(rows: DataFrame, target: JdbcTarget, table: str,
-                schema: str | None = None) -> None:
-    import sqlalchemy as sa
-
-    engine = sa.create_engine(target.sqlalchemy_url)
-    try:
-        report_table(sa.MetaData(), table, schema).create(engine, checkfirst=True)
-    except sa.exc.SQLAlchemyError as exc:
-        raise ReportWriteFailed(f"table {table}", str(exc).splitlines()[0]) from None
-    finally:
-        engine.dispose()
-    if schema:
-        table = f"{schema}.{table}"
-    if target.dialect == "sqlite":
-        rows = rows.coalesce(1)  # one writer: SQLite locks the whole file
-    try:
-        writer = rows.write.format("jdbc").mode("append").option("url", target.url) \
-            .option("dbtable", table)
-        for key, value in target.properties.items():
-            writer = writer.option(key, value)
-        writer.save()
-    except Exception as exc:
-        raise ReportWriteFailed(f"table {table}", _cause(exc)) from None
 
 
 def _plain(value: Any) -> Any:
@@ -107,8 +28,10 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def as_json(result: ReconcileResult) -> str:
-    """The machine-readable summary (stable keys; see docs/reconcile.md)."""
+def as_json(result: ReconcileResult, *, exit_code: int | None = None) -> str:
+    """The machine-readable summary (stable keys; see docs/reconcile.md). A command line
+    passes the exit code it ends with, which the document then reports last as
+    `exit_code`; this layer does not know exit codes."""
     s = result.summary
     doc = {
         "run_id": result.run_id,
@@ -125,8 +48,9 @@ def as_json(result: ReconcileResult) -> str:
         "repair": _plain(result.repair),
         "partitions": {k: {"column": v[0], "partitions": v[1], "rows": v[2]}
                        for k, v in result.plans.items()},
-        "exit_code": int(result.exit_code),
     }
+    if exit_code is not None:
+        doc["exit_code"] = int(exit_code)
     return json.dumps(doc, indent=2, sort_keys=False)
 
 
@@ -208,11 +132,4 @@ def _dash(value: Any) -> str:
     return "-" if value is None else f"{value:,}" if isinstance(value, int) else str(value)
 
 
-__all__ = ["LogClass", "as_json", "as_text", "detail_rows", "write_parquet", "write_table"]
-
-
-def _cause(exc: BaseException) -> str:
-    """The Java exception line of a Py4J error (its first line only says which call)."""
-    from outbox.reconcile.sources import _first_line
-
-    return _first_line(exc)
+__all__ = ["as_json", "as_text"]

@@ -61,9 +61,6 @@ class OrderlyConsumeService(PulledQueueService):
     def shutdown(self) -> None:
         """Nothing scheduled to cancel: suspended queues wake on the stop event."""
 
-    def parked_groups(self, queue: QueueRef) -> frozenset[str]:
-        return frozenset(self._parked_now(queue))
-
     def _parked_now(self, queue: QueueRef) -> set[str]:
         """The message groups parked on `queue`: the broker's durable record when the
         transport runs the broker in this process (it survives restarts and rebalances and

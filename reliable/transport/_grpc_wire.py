@@ -1,7 +1,9 @@
 """Wire helpers of the grpc transport: status checks, conversions, the Telemetry stream.
 
-Everything here speaks the protocol's generated types; `reliable.transport.grpc` builds the
-transport on top.
+Everything here speaks the protocol's generated types; the session, producer and consumer
+modules (`_grpc_session`, `_grpc_producer`, `_grpc_consumer`) build the transport on top.
+This module imports none of them: a Telemetry stream reaches its transport through the
+narrow `TelemetryHost` protocol.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import socket
 import threading
 import zlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -25,36 +27,47 @@ from reliable.errors import (
     ConfigurationError,
     FailureKind,
     ReceiptHandleError,
+    ReliableError,
 )
 from reliable.message import ReceivedMessage
 from reliable.transport._pb import definition_pb2, service_pb2
 
-if TYPE_CHECKING:
-    from reliable.transport.grpc import GrpcTransport
-
 log = logging.getLogger("reliable.transport.grpc")
 
-DEFAULT_DELAY_LEVELS_MS = (1_000, 5_000, 10_000, 30_000, 60_000, 120_000, 180_000, 240_000,
-                           300_000, 360_000, 420_000, 480_000, 540_000, 600_000, 1_200_000,
-                           1_800_000, 3_600_000, 7_200_000)
 MIN_LONG_POLL_MS = 5_000  # the proxy never polls for less, whatever the request says
 VERSION = "reliable-0.1"
 
-# protocol enum numbers
-PRODUCER, SIMPLE_CONSUMER = 1, 3
-NORMAL, FIFO, DELAY, TRANSACTION = 1, 2, 3, 4
-READ, WRITE, READ_WRITE = 2, 3, 4
-COMMIT, ROLLBACK = 1, 2
-SOURCE_CLIENT, SOURCE_SERVER_CHECK = 1, 2
-TAG = 1
-IDENTITY, GZIP = 1, 2
-OFFSET_BEGINNING, OFFSET_END, OFFSET_TIMESTAMP = 0, 1, 2  # QueryOffsetPolicy
+# the protocol's enums, by their generated names
+_pb = definition_pb2
+PRODUCER, SIMPLE_CONSUMER = _pb.ClientType.Value("PRODUCER"), _pb.ClientType.Value(
+    "SIMPLE_CONSUMER")
+NORMAL, FIFO, DELAY, TRANSACTION = (_pb.MessageType.Value(n) for n in (
+    "NORMAL", "FIFO", "DELAY", "TRANSACTION"))
+READ, WRITE, READ_WRITE = (_pb.Permission.Value(n) for n in ("READ", "WRITE", "READ_WRITE"))
+COMMIT, ROLLBACK = (_pb.TransactionResolution.Value(n) for n in ("COMMIT", "ROLLBACK"))
+SOURCE_CLIENT, SOURCE_SERVER_CHECK = (_pb.TransactionSource.Value(n) for n in (
+    "SOURCE_CLIENT", "SOURCE_SERVER_CHECK"))
+TAG = _pb.FilterType.Value("TAG")
+IDENTITY, GZIP = _pb.Encoding.Value("IDENTITY"), _pb.Encoding.Value("GZIP")
+OFFSET_BEGINNING, OFFSET_END, OFFSET_TIMESTAMP = (_pb.QueryOffsetPolicy.Value(n) for n in (
+    "BEGINNING", "END", "TIMESTAMP"))
+IPV4, DOMAIN_NAME = _pb.AddressScheme.Value("IPv4"), _pb.AddressScheme.Value("DOMAIN_NAME")
+PYTHON = _pb.Language.Value("PYTHON")
 
-_SUCCESS = {20000, 30000, 40401}
-_BUSY = {42900}
-_RECEIPT = {40013}
-_NOT_STORED_OK = {50401, 50402, 50002}
-_TRY_ELSEWHERE_4XX = {40300, 40400, 40402, 40403, 40800}
+
+def _codes(*names: str) -> frozenset[int]:
+    return frozenset(int(_pb.Code.Value(n)) for n in names)
+
+
+_SUCCESS = _codes("OK", "MULTIPLE_RESULTS", "MESSAGE_NOT_FOUND")
+_BUSY = _codes("TOO_MANY_REQUESTS")
+_RECEIPT = _codes("INVALID_RECEIPT_HANDLE")
+_NOT_STORED_OK = _codes("MASTER_PERSISTENCE_TIMEOUT", "SLAVE_PERSISTENCE_TIMEOUT",
+                        "HA_NOT_AVAILABLE")
+_TRY_ELSEWHERE_4XX = _codes("FORBIDDEN", "NOT_FOUND", "TOPIC_NOT_FOUND",
+                            "CONSUMER_GROUP_NOT_FOUND", "REQUEST_TIMEOUT")
+_SERVER_ERRORS_FROM = int(_pb.Code.Value("INTERNAL_ERROR"))  # every 5xxxx code
+_NO_STATUS = int(_pb.Code.Value("CODE_UNSPECIFIED"))
 
 
 def _code_name(code: int) -> str:
@@ -70,7 +83,7 @@ def check_status(status: Any, what: str) -> None:
     if code in _SUCCESS:
         return
     name, message = _code_name(code), f"{what}: {status.message}"
-    if code == 0:
+    if code == _NO_STATUS:
         raise BrokerCallError(FailureKind.TRY_ELSEWHERE, f"{what}: response without status")
     if code in _BUSY:
         raise BrokerBusy(message, code=name)
@@ -78,9 +91,20 @@ def check_status(status: Any, what: str) -> None:
         raise ReceiptHandleError("", message)
     if code in _NOT_STORED_OK:
         raise BrokerCallError(FailureKind.NOT_STORED_OK, message, code=name)
-    if code >= 50000 or code in _TRY_ELSEWHERE_4XX:
+    if code >= _SERVER_ERRORS_FROM or code in _TRY_ELSEWHERE_4XX:
         raise BrokerCallError(FailureKind.TRY_ELSEWHERE, message, code=name)
     raise BadRequest(message, code=name)
+
+
+def miscounted(response: Any, method: str, expected: int) -> ReliableError:
+    """The error of a whole request whose answer has not one entry per item: the status's
+    own error when it reports one, else a broker fault worth trying elsewhere."""
+    try:
+        check_status(response.status, method)
+    except ReliableError as exc:
+        return exc
+    return BrokerCallError(FailureKind.TRY_ELSEWHERE, f"{method} answered "
+                           f"{len(response.entries)} entries for {expected} items")
 
 
 def ms_of(ts: Any) -> int:
@@ -106,9 +130,9 @@ def parse_endpoint(endpoint: str) -> Any:
     out = definition_pb2.Endpoints()
     try:
         socket.inet_aton(host)
-        out.scheme = 1
+        out.scheme = IPV4
     except OSError:
-        out.scheme = 3
+        out.scheme = DOMAIN_NAME
     address = out.addresses.add()
     address.host, address.port = host, int(port)
     return out
@@ -131,10 +155,18 @@ def to_received(pm: Any, group: str | None) -> ReceivedMessage:
         else None)
 
 
+class TelemetryHost(Protocol):
+    """What a Telemetry stream needs of its transport: the stub and the call metadata."""
+
+    stub: Any
+
+    def metadata(self, client_id: str) -> list[tuple[str, str]]: ...
+
+
 class Telemetry:
     """One Telemetry stream for one client identity; reconnects until closed."""
 
-    def __init__(self, transport: GrpcTransport, client_id: str,
+    def __init__(self, transport: TelemetryHost, client_id: str,
                  settings: Callable[[], Any], on_command: Callable[[Any], None]) -> None:
         self._t = transport
         self.client_id = client_id

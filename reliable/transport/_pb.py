@@ -1,8 +1,8 @@
 """The RocketMQ 5 protocol modules for the gRPC transport.
 
 The loader lives in `broker.protocol_pb` (it keeps the official client package's
-`__init__` from running); this is the one place where `reliable.transport` imports from
-`broker`, and that module imports nothing else from `broker`.
+`__init__` from running); the grpc transport imports the generated modules from here, and
+`broker.protocol_pb` imports nothing else from `broker`.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
+from broker.results import PullStatus as PullStatus  # one enum for both layers
 from reliable.message import Message, ReceivedMessage, SendReceipt
 
 
@@ -75,13 +76,6 @@ class ConsumeFrom(enum.Enum):
     LAST = "LAST"
     FIRST = "FIRST"
     TIMESTAMP = "TIMESTAMP"
-
-
-class PullStatus(enum.Enum):
-    FOUND = "FOUND"
-    NO_NEW_MSG = "NO_NEW_MSG"
-    NO_MATCHED_MSG = "NO_MATCHED_MSG"  # units read, none passed the tag filter: advance
-    OFFSET_ILLEGAL = "OFFSET_ILLEGAL"  # below min or past max: correct to next_offset
 
 
 @dataclass(slots=True)

@@ -20,6 +20,7 @@ from typing import Any
 from broker import errors as berr
 from broker.broker import Broker
 from broker.config import BrokerConfig
+from broker.names import dlq_topic, is_retry_topic, retry_topic
 from broker.offsets import ConsumeFromWhere
 from broker.store import errors as serr
 from broker.store.config import StoreConfig, embedded_store_config, max_message_size_for
@@ -77,8 +78,16 @@ def translate(exc: BaseException) -> BaseException:
     """One mapping from broker/store exceptions to the client's retry-aware errors."""
     if isinstance(exc, berr.ReceiptHandleError):
         return ReceiptHandleError(exc.handle, exc.reason)
-    if isinstance(exc, berr.MessageTooLarge):
+    if isinstance(exc, berr.BodyOverLimit):
         return BadRequest(str(exc), code="MESSAGE_BODY_TOO_LARGE")
+    # store errors first: they are BrokerErrors too, but keep their own mapping
+    if isinstance(exc, serr.StoreNotRunning):
+        return BrokerUnavailable(str(exc), reason="SERVICE_NOT_AVAILABLE",
+                                 code="SERVICE_NOT_AVAILABLE")
+    if isinstance(exc, serr.MessageTooLarge | serr.InvalidMessage):
+        return BadRequest(str(exc), code="MESSAGE_ILLEGAL")
+    if isinstance(exc, serr.StoreError):
+        return BrokerCallError(FailureKind.TRY_ELSEWHERE, f"{type(exc).__name__}: {exc}")
     if isinstance(exc, berr.BrokerError):
         name = exc.code.name
         if exc.code is berr.ResponseCode.SERVICE_NOT_AVAILABLE:  # disk full, not running
@@ -89,18 +98,13 @@ def translate(exc: BaseException) -> BaseException:
         if name in _TRY_ELSEWHERE:
             return BrokerCallError(FailureKind.TRY_ELSEWHERE, str(exc), code=name)
         return BadRequest(str(exc), code=name)
-    if isinstance(exc, serr.StoreNotRunning):
-        return BrokerUnavailable(str(exc), reason="SERVICE_NOT_AVAILABLE",
-                                 code="SERVICE_NOT_AVAILABLE")
-    if isinstance(exc, serr.MessageTooLarge | serr.InvalidMessage):
-        return BadRequest(str(exc), code="MESSAGE_ILLEGAL")
     return BrokerCallError(FailureKind.TRY_ELSEWHERE, f"{type(exc).__name__}: {exc}")
 
 
 def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     try:
         return fn(*args, **kwargs)
-    except (berr.BrokerError, serr.StoreError) as exc:
+    except berr.BrokerError as exc:  # the store's errors included
         raise translate(exc) from exc
 
 
@@ -147,7 +151,7 @@ def to_received(msg: MessageExt, *, receipt_handle: str | None = None,
                 attempt: int | None = None) -> ReceivedMessage:
     props = msg.properties
     topic = msg.topic
-    if topic.startswith("%RETRY%") and Prop.RETRY_TOPIC in props:
+    if is_retry_topic(topic) and Prop.RETRY_TOPIC in props:
         topic = props[Prop.RETRY_TOPIC]  # a retry copy is shown as its original topic
     reconsume = attempt - 1 if attempt is not None else msg.reconsume_times
     due = props.get(Prop.TIMER_DELIVER_MS)
@@ -427,16 +431,9 @@ class EmbeddedTransport:
         r = _call(self.broker.pull_message, group, queue.topic, queue.queue_id, offset,
                   max_msgs, tags, suspend_ms=suspend_ms)
         msgs = [to_received(m) for m in r.messages]
-        name = getattr(r.status, "name", str(r.status))
-        if msgs:
-            status = PullStatus.FOUND
-        elif name in ("NO_MATCHED_MESSAGE", "NO_MATCHED_MSG"):
-            status = PullStatus.NO_MATCHED_MSG
-        elif name in ("OFFSET_TOO_SMALL", "OFFSET_OVERFLOW_BADLY", "OFFSET_ILLEGAL",
-                      "OFFSET_FOUND_NULL", "NO_MATCHED_LOGIC_QUEUE"):
-            status = PullStatus.OFFSET_ILLEGAL
-        else:
-            status = PullStatus.NO_NEW_MSG
+        # the broker's PullStatus is the transport's own; FOUND without messages is nothing
+        status = PullStatus.FOUND if msgs else (
+            PullStatus.NO_NEW_MSG if r.status is PullStatus.FOUND else r.status)
         return PullBatch(status, msgs, r.next_begin_offset, r.min_offset, r.max_offset)
 
     def commit_offset(self, group: str, queue: QueueRef, offset: int) -> None:
@@ -558,7 +555,7 @@ class EmbeddedTransport:
         return int(self.broker.max_delivery_attempts(group))
 
     def retry_topic(self, group: str) -> str:
-        return f"%RETRY%{group}"
+        return retry_topic(group)
 
     def dlq_topic(self, group: str) -> str:
-        return f"%DLQ%{group}"
+        return dlq_topic(group)

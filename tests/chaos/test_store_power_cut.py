@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import config_file_parsers
+from broker.config_files import config_file_parsers
 from broker.store.message import PutMessageStatus
 from broker.store.store import MessageStore
 from broker.store.verify import verify_store

@@ -27,7 +27,7 @@ def _transport(store: Path) -> reliable.Transport:
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "reliable.cli", *args], cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "reliable_cli", *args], cwd=ROOT,
                             env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from reliable.demo import FaultPlan, FaultRates
+from reliable_cli.demo import FaultPlan, FaultRates
 
 ORDERS = 40
 RATES = {"--fail-rate": 0.2, "--drop-rate": 0.15, "--duplicate-rate": 0.15,
@@ -21,7 +21,7 @@ POISON = 2
 
 
 def _demo(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "reliable.cli", "demo", *args],
+    return subprocess.run([sys.executable, "-m", "reliable_cli", "demo", *args],
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -102,7 +102,7 @@ def test_demo_on_postgresql_without_reconciliation(seed: int) -> None:
     assert s["resent"] >= s["dropped"]
     import sqlalchemy as sa
 
-    from reliable.demo import Shop
+    from reliable_cli.demo import Shop
 
     engine = sa.create_engine(POSTGRES_URL)
     try:

@@ -31,8 +31,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.protocol_pb import service_pb2
-from broker.server.admin import AdminClient
 from broker.server.codes import Code
+from reliable.admin import AdminClient
 from tests.e2e.grpc.server_process import ServerProcess
 
 SERVICE = service_pb2.DESCRIPTOR.services_by_name["MessagingService"]

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from broker.config import config_file_parsers
+from broker.config_files import config_file_parsers
 from broker.store import codec
 from broker.store.codec import (
     FIXED_SIZE,
@@ -29,9 +29,10 @@ from broker.store.codec import (
     seal,
 )
 from broker.store.config import WATERMARKS_OFF, StoreConfig
-from broker.store.consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueue, ConsumeQueueStore
+from broker.store.consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueue
+from broker.store.consume_queue_store import ConsumeQueueStore
 from broker.store.errors import ConfigFileError, ForeignFile, StoreCorrupted
-from broker.store.index import IndexService
+from broker.store.index_service import IndexService
 from broker.store.json_config import JsonConfigFile
 from broker.store.message import Message
 from broker.store.queue_check import unit_problem

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from reliable.cli.admin_message import CommandFailed, parse_time, table
-from reliable.cli.exit_codes import ExitCode
+from reliable_cli.admin_call import CommandFailed, table
+from reliable_cli.admin_message import parse_time
+from reliable_cli.exit_codes import ExitCode
 
 NOW = 1_795_478_400_000  # 2026-11-24T00:00:00Z
 

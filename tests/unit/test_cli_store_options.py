@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from broker.store.config import StoreConfig
-from reliable.cli.store_options import add_disk_arguments, disk_options
+from reliable_cli.store_options import add_disk_arguments, disk_options
 
 
 def parse(*argv: str) -> argparse.Namespace:

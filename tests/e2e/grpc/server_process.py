@@ -1,4 +1,4 @@
-"""The broker server as a real subprocess (`python -m reliable.cli broker start ...`)."""
+"""The broker server as a real subprocess (`python -m reliable_cli broker start ...`)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ class ServerProcess:
     def start(self, timeout_s: float = 30.0) -> ServerProcess:
         env = dict(os.environ, HOME=str(self.home), PYTHONUNBUFFERED="1")
         env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-        cmd = [sys.executable, "-m", "reliable.cli", "broker", "start", "--store",
+        cmd = [sys.executable, "-m", "reliable_cli", "broker", "start", "--store",
                str(self.store), "--port", str(self.port), *TEST_STORE, *self.extra]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, env=env, cwd=REPO)

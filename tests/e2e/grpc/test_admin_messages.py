@@ -23,8 +23,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from broker.server.admin import AdminClient
-from broker.store.index import topic_key_hash
+from broker.store.index_key import topic_key_hash
 from reliable import (
     ConsumeContext,
     ConsumeFrom,
@@ -36,13 +35,14 @@ from reliable import (
     connect,
 )
 from reliable import admin_messages as api
+from reliable.admin import AdminClient
 from tests.e2e.grpc import official
 from tests.e2e.grpc.server_process import REPO, ServerProcess
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "reliable.cli", "admin", *args], env=env,
+    return subprocess.run([sys.executable, "-m", "reliable_cli", "admin", *args], env=env,
                           cwd=REPO, text=True, capture_output=True, timeout=120)
 
 

@@ -32,7 +32,7 @@ WRONG_SHAPES = [
 def start(store: Path, home: Path) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, HOME=str(home))
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.run([sys.executable, "-m", "reliable.cli", "broker", "start", "--store",
+    return subprocess.run([sys.executable, "-m", "reliable_cli", "broker", "start", "--store",
                            str(store), "--port", "0", *TEST_STORE], env=env, cwd=REPO,
                           text=True, capture_output=True, timeout=60)
 

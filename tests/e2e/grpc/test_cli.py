@@ -18,7 +18,7 @@ def cli(*args: str, home: Path | None = None) -> subprocess.CompletedProcess[str
     env = dict(os.environ, PYTHONPATH=str(REPO))
     if home is not None:
         env["HOME"] = str(home)
-    return subprocess.run([sys.executable, "-m", "reliable.cli", *args], env=env, cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "reliable_cli", *args], env=env, cwd=REPO,
                           text=True, capture_output=True, timeout=60)
 
 

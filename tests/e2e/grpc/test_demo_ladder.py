@@ -18,7 +18,7 @@ from tests.e2e.grpc.server_process import REPO, ServerProcess
 
 def _demo(endpoint: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "reliable.cli", "demo", "--endpoint", endpoint,
+        [sys.executable, "-m", "reliable_cli", "demo", "--endpoint", endpoint,
          "--no-reconcile", "--db", f"sqlite:///{tmp_path / 'shop.db'}",
          "--table-prefix", f"ladder{os.getpid()}_", *args],
         cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True,

@@ -148,7 +148,7 @@ def test_handler_decorators_with_retry_and_dead_letter(transport: Transport) -> 
             dead.append((message.body, message.properties.get("DLQ_ORIGIN_TOPIC", "")))
 
     if transport.name == "grpc":  # the group's retry budget lives on the server
-        from broker.server.admin import AdminClient
+        from reliable.admin import AdminClient
 
         admin = AdminClient(transport.endpoint)  # type: ignore[attr-defined]
         admin.call("CreateGroup", name=group, max_retries=1)

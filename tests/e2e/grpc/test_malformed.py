@@ -124,7 +124,7 @@ def test_validation_codes(stub: Any) -> None:
 
 
 def test_type_conflict_with_topic(server: ServerProcess, stub: Any) -> None:
-    from broker.server.admin import AdminClient
+    from reliable.admin import AdminClient
 
     admin = AdminClient(server.endpoint)
     admin.call("CreateTopic", name="t-normal-only", type="NORMAL")

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 from idempotency import IdempotencyGuard
 from outbox import Outbox, OutboxConfig, OutboxTables, declare_groups
 from reliable import Message, Producer, SimpleConsumer, connect
-from reliable.cli.exit_codes import ExitCode
+from reliable_cli.exit_codes import ExitCode
 from tests.e2e.grpc.server_process import REPO, ServerProcess
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -37,7 +37,7 @@ LATENCY_S = "1"  # the expected latency given to both the worker and the reconci
 def _cli(*args: str, endpoint: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, OUTBOX_E2E_ENDPOINT=endpoint)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.run([sys.executable, "-m", "reliable.cli", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "reliable_cli", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -7,7 +7,7 @@ import threading
 from collections import Counter, defaultdict
 from typing import Any
 
-from broker.server.admin import AdminClient
+from reliable.admin import AdminClient
 from tests.e2e.grpc import official
 from tests.e2e.grpc.server_process import ServerProcess
 

@@ -23,7 +23,6 @@ from pathlib import Path
 import pytest
 
 import reliable
-from broker.server.admin import AdminClient
 from reliable import (
     ConfigurationError,
     ConsumeContext,
@@ -37,6 +36,7 @@ from reliable import (
     SimpleConsumer,
     Transport,
 )
+from reliable.admin import AdminClient
 from tests.e2e.grpc import official
 from tests.e2e.grpc.conftest import open_transport
 from tests.e2e.grpc.server_process import REPO, ServerProcess

@@ -104,7 +104,7 @@ def test_change_invisible_duration_returns_new_handle(server: ServerProcess) -> 
 
 
 def test_dead_letter_after_max_attempts(server: ServerProcess) -> None:
-    from broker.server.admin import AdminClient
+    from reliable.admin import AdminClient
 
     admin = AdminClient(server.endpoint)
     admin.call("CreateGroup", name="g-dlq", max_retries=1)  # 2 deliveries, then the DLQ

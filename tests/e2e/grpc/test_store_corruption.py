@@ -219,7 +219,7 @@ def test_a_record_whose_frame_is_damaged_refuses_the_start_in_one_line(
     flip(log, record_at + 2, 0x40)  # the size no longer leads to the next record
     # below what was flushed and not skippable: refused, one line naming file and offset
     again = subprocess.run(
-        [sys.executable, "-m", "reliable.cli", "broker", "start", "--store", str(store),
+        [sys.executable, "-m", "reliable_cli", "broker", "start", "--store", str(store),
          "--port", "0", *TEST_STORE], env=dict(os.environ, HOME=str(tmp_path)), cwd=REPO,
         text=True, capture_output=True, timeout=60)
     assert again.returncode != 0 and "Traceback" not in again.stderr

@@ -19,10 +19,10 @@ from broker_kit import (
 
 from broker.broker import Broker, PullStatus
 from broker.errors import (
+    BodyOverLimit,
     GroupNotFound,
     InvalidTopicName,
     MessageIllegal,
-    MessageTooLarge,
     MessageTypeMismatch,
     NoPermission,
     SystemTopicReserved,
@@ -66,7 +66,7 @@ def test_bad_input_gets_typed_errors_and_stores_nothing(make_broker: BrokerFacto
         b.route("missing")
     with pytest.raises(MessageIllegal):
         b.send_message(msg("t", b""))
-    with pytest.raises(MessageTooLarge):
+    with pytest.raises(BodyOverLimit):
         b.send_message(msg("t", b"x" * 1025))
     with pytest.raises(MessageIllegal):
         b.send_message(msg("t", queue_id=2))

@@ -8,8 +8,9 @@ import pytest
 from broker_kit import BrokerFactory, drain, msg, settle
 
 from broker.broker import Broker
+from broker.errors import TopicNotFound
 from broker.server.admin import AdminOps
-from broker.server.errors import BadRequest, TopicNotFound
+from broker.server.errors import BadRequest
 from broker.store.message import Prop
 
 PARKED = "PARKED_MESSAGE_GROUP"

@@ -1,4 +1,4 @@
-"""The idempotency guard against the real Redis and real databases (DESIGN §4.3)."""
+"""The idempotency guard against the real Redis and real databases (docs/outbox.md)."""
 
 from __future__ import annotations
 

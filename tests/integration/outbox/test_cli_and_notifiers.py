@@ -30,7 +30,7 @@ def _cli(db_url: str, prefix: str, *args: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{ROOT}",
            "OUTBOX_TEST_DB": db_url, "OUTBOX_TEST_PREFIX": prefix}
     return subprocess.Popen(
-        [sys.executable, "-m", "reliable.cli", "worker", "resend", "--db", db_url,
+        [sys.executable, "-m", "reliable_cli", "worker", "resend", "--db", db_url,
          "--table-prefix", prefix, "--sender", "outbox_testkit:sender_from_env",
          "--offsets", "outbox_testkit:FixedOffsets", "--json", *args],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -82,7 +82,7 @@ def test_cli_daemon_stops_cleanly_on_sigterm(db_url, engine, tables, sender,
 def test_cli_bad_target_is_a_usage_error(db_url, tables, table_prefix) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        [sys.executable, "-m", "reliable.cli", "worker", "resend", "--db", db_url,
+        [sys.executable, "-m", "reliable_cli", "worker", "resend", "--db", db_url,
          "--sender", "no_such_module:x", "--once"], env=env, capture_output=True, text=True,
         timeout=60)
     assert proc.returncode == 2 and "cannot import" in proc.stderr
@@ -91,14 +91,14 @@ def test_cli_bad_target_is_a_usage_error(db_url, tables, table_prefix) -> None:
                 ["--sender", "outbox_testkit:sender_from_env", "--batch-size", "0"],
                 ["--sender", "outbox_testkit:sender_from_env", "--notify", "pager:x"]):
         proc = subprocess.run(
-            [sys.executable, "-m", "reliable.cli", "worker", "resend", "--db", db_url, *bad],
+            [sys.executable, "-m", "reliable_cli", "worker", "resend", "--db", db_url, *bad],
             env={**env, "PYTHONPATH": f"{HERE}{os.pathsep}{ROOT}", "OUTBOX_TEST_DB": db_url,
                  "OUTBOX_TEST_PREFIX": table_prefix}, capture_output=True, text=True,
             timeout=60)
         assert proc.returncode == 2, (bad, proc.stderr)
         assert proc.stderr.startswith("reliable worker resend:"), proc.stderr
     down = subprocess.run(
-        [sys.executable, "-m", "reliable.cli", "worker", "resend", "--db",
+        [sys.executable, "-m", "reliable_cli", "worker", "resend", "--db",
          "postgresql+psycopg2://postgres@127.0.0.1:1/none", "--sender",
          "outbox_testkit:sender_from_env", "--once"],
         env={**env, "PYTHONPATH": f"{HERE}{os.pathsep}{ROOT}", "OUTBOX_TEST_DB": db_url,

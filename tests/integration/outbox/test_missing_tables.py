@@ -14,7 +14,7 @@ import sqlalchemy as sa
 
 from idempotency import IdempotencyGuard
 from outbox import OutboxTables, TablesMissing, require_tables
-from reliable.cli.exit_codes import ExitCode
+from reliable_cli.exit_codes import ExitCode
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[2]
@@ -26,7 +26,7 @@ def _worker(db_url: str, prefix: str, *args: str) -> subprocess.CompletedProcess
     env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{ROOT}",
            "OUTBOX_TEST_DB": db_url, "OUTBOX_TEST_PREFIX": prefix}
     return subprocess.run(
-        [sys.executable, "-m", "reliable.cli", "worker", "resend", "--db", db_url,
+        [sys.executable, "-m", "reliable_cli", "worker", "resend", "--db", db_url,
          "--table-prefix", prefix, "--sender", "outbox_testkit:sender_from_env", "--once",
          *args], env=env, capture_output=True, text=True, timeout=120)
 
@@ -95,7 +95,7 @@ def test_reliable_consume_with_idempotent_true_names_the_fix(tmp_path: Path) -> 
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}",
            "RELIABLE_DATABASE_URL": f"sqlite:///{db}"}
     proc = subprocess.run(
-        [sys.executable, "-m", "reliable.cli", "consume", "myhandlers", "--store",
+        [sys.executable, "-m", "reliable_cli", "consume", "myhandlers", "--store",
          str(tmp_path / "store"), "--commitlog-file-size", str(4 << 20)],
         env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == ExitCode.FAILURE

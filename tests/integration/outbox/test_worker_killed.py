@@ -35,7 +35,7 @@ def test_killed_worker_leaves_nothing_behind(db_url, engine, tables, sender, tab
            "OUTBOX_TEST_PREFIX": table_prefix, "OUTBOX_TEST_STALL_AFTER": "5",
            "OUTBOX_TEST_MARKER": str(marker)}
     child = subprocess.Popen(
-        [sys.executable, "-m", "reliable.cli", "worker", "resend", "--db", db_url,
+        [sys.executable, "-m", "reliable_cli", "worker", "resend", "--db", db_url,
          "--table-prefix", table_prefix, "--sender", "outbox_testkit:stalling_sender_from_env",
          "--batch-size", "10", "--once"], env=env, stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE)

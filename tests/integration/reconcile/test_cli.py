@@ -8,8 +8,8 @@ import pytest
 import sqlalchemy as sa
 
 from outbox.reconcile import DriverNotFound, InvalidOptions, driver_jars
-from reliable.cli import main
-from reliable.cli.exit_codes import ExitCode
+from reliable_cli import main
+from reliable_cli.exit_codes import ExitCode
 
 from .dataset import build
 
@@ -85,12 +85,12 @@ def test_runs_unchanged_under_spark_submit(sqlite_url, table_prefix, tmp_path):
 
     import pyspark
 
-    import outbox.reconcile
+    import reliable_cli.reconcile
 
     build(table_prefix).insert(sa.create_engine(sqlite_url))
     spark_home = os.path.dirname(pyspark.__file__)
-    entry = Path(outbox.reconcile.__file__).with_name("__main__.py")
-    root = Path(outbox.reconcile.__file__).parents[2]
+    entry = Path(reliable_cli.reconcile.__file__).with_name("__main__.py")
+    root = Path(reliable_cli.reconcile.__file__).parents[2]
     env = {**os.environ, "SPARK_HOME": spark_home, "PYSPARK_PYTHON": sys.executable,
            "PYSPARK_DRIVER_PYTHON": sys.executable,
            "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}

@@ -143,7 +143,7 @@ def test_repair_then_resend_leaves_nothing_lost(spark, db_url, engine, table_pre
     assert s.stubs[StubClass.BACKLOGGED.value] == len(seeded.stubs[StubClass.BACKLOGGED]) + 6
     assert s.stubs[StubClass.EXHAUSTED.value] == 2
     assert s.log_rows["STALE"] == 0
-    assert after.summary.certificate.clean and after.exit_code == 0
+    assert after.summary.certificate.clean
     with engine.connect() as conn:  # detail rows appended through JDBC, run id on each
         detail = conn.execute(sa.text(f'SELECT run_id, class, COUNT(*) FROM "{report}" '
                                       "WHERE kind = 'stub' GROUP BY run_id, class")).all()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from outbox import OutboxTables
-from reliable.cli.exit_codes import ExitCode
+from reliable_cli.exit_codes import ExitCode
 
 ROOT = Path(__file__).resolve().parents[3]
 POSTGRES = os.environ.get("RELIABLE_TEST_POSTGRES",
@@ -23,7 +23,7 @@ POSTGRES = os.environ.get("RELIABLE_TEST_POSTGRES",
 def _reconcile(*args: str, env: dict[str, str] | None = None
                ) -> subprocess.CompletedProcess[str]:
     base = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "reliable.cli", "reconcile", *args],
+    return subprocess.run([sys.executable, "-m", "reliable_cli", "reconcile", *args],
                           env={**base, **(env or {})}, capture_output=True, text=True,
                           timeout=120, cwd=ROOT)
 
@@ -56,7 +56,7 @@ def test_without_java(sqlite_db: str, tmp_path: Path) -> None:
     empty.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
     env.update(PATH=str(empty), PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "reliable.cli", "reconcile", "--db",
+    proc = subprocess.run([sys.executable, "-m", "reliable_cli", "reconcile", "--db",
                            sqlite_db], env=env, capture_output=True, text=True, timeout=120,
                           cwd=ROOT)
     assert proc.returncode == ExitCode.FAILURE

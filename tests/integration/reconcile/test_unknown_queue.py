@@ -98,7 +98,7 @@ def test_worker_and_certificate_agree_on_copies_whose_queue_is_unknown(
     assert s.stubs == {c.value: sum(1 for v in expected.values() if v is c)
                        for c in StubClass}
     cert = s.certificate
-    assert not cert.clean and result.exit_code == 3
+    assert not cert.clean
     named = {u.message_id: u for u in cert.unaccounted_messages}
     assert set(named) == {m for m, c in expected.items() if c is StubClass.LOST}
     assert named["lost-old"].missing_groups == "billing"
@@ -116,8 +116,8 @@ def test_worker_and_certificate_agree_on_copies_whose_queue_is_unknown(
 
 
 def test_the_latency_comes_from_the_command_line(capsys) -> None:
-    from outbox.reconcile.command import options_from, run
-    from reliable.cli import build_parser
+    from reliable_cli import build_parser
+    from reliable_cli.reconcile import options_from, run
 
     db_url = "sqlite:///unused.db"
     args = build_parser().parse_args(
@@ -137,8 +137,8 @@ def test_worker_and_reconcile_agree_out_of_the_box() -> None:
     `reliable reconcile`, `ResendPolicy()` and `ReconcileOptions()` share the default, so a
     copy the worker resends as lost is the copy the certificate counts unaccounted."""
     from outbox.latency import DEFAULT_EXPECTED_LATENCY
-    from outbox.reconcile.command import options_from
-    from reliable.cli import build_parser
+    from reliable_cli import build_parser
+    from reliable_cli.reconcile import options_from
 
     parser = build_parser()
     resend = parser.parse_args(["worker", "resend", "--db", "sqlite:///unused.db",

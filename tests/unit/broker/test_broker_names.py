@@ -10,20 +10,22 @@ from broker.errors import (
     InvalidTopicName,
     SystemTopicReserved,
 )
+from broker.names import (
+    dlq_topic,
+    retry_topic,
+    validate_group_name,
+    validate_topic_name,
+    validate_user_topic,
+)
 from broker.topic import (
     PERM_READ,
     PERM_READ_WRITE,
     PERM_WRITE,
     TopicConfig,
     TopicMessageType,
-    dlq_topic,
     is_readable,
     is_writeable,
     perm_to_string,
-    retry_topic,
-    validate_group_name,
-    validate_topic_name,
-    validate_user_topic,
 )
 
 

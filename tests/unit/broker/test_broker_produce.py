@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from broker.errors import MessageIllegal
+from broker.names import SCHEDULE_TOPIC
 from broker.produce import (
     check_properties,
     message_type_of,
@@ -12,9 +13,9 @@ from broker.produce import (
     scheduled_copy,
     without_delay,
 )
-from broker.schedule import TIMER_QUEUE_ID, delivery_time, unschedule
+from broker.schedule import TIMER_QUEUE_ID, unschedule
 from broker.store.message import Message, MessageExt, Prop
-from broker.topic import SCHEDULE_TOPIC, TopicMessageType
+from broker.topic import TopicMessageType
 
 LEVELS = (100, 200, 300)
 NOW = 1_000_000
@@ -57,7 +58,6 @@ def test_scheduled_copy_round_trip() -> None:
                         born_host=("127.0.0.1", 1), reconsume_times=0, prepared_tx_offset=0,
                         queue_offset=0, commitlog_offset=0, store_timestamp=NOW,
                         store_host=("127.0.0.1", 2), store_size=10, body_crc=0)
-    assert delivery_time(stored, LEVELS) == NOW + 200
     back = unschedule(stored)
     assert back is not None
     assert (back.topic, back.queue_id) == ("t", 2)

@@ -172,6 +172,30 @@ def test_bad_group_name_fails_at_declaration() -> None:
         def bill(message: ReceivedMessage) -> None: ...
 
 
+def test_a_group_the_broker_would_refuse_fails_at_declaration() -> None:
+    """120 characters is the broker's limit (so %RETRY%<group> fits a topic name): a longer
+    group is refused when the handler is declared, not by the broker at the first receive."""
+    @handler("orders", group="g" * 120)
+    def fits(message: ReceivedMessage) -> None: ...
+
+    assert fits.group == "g" * 120
+    with pytest.raises(InvalidName, match="at most 120"):
+        @handler("orders", group="g" * 121)
+        def too_long(message: ReceivedMessage) -> None: ...
+    with pytest.raises(InvalidName, match="at most 120"):
+        dlq_handler("g" * 121)
+
+
+def test_a_default_group_fits_the_broker_limit() -> None:
+    def deep() -> Callable[[ReceivedMessage], None]:
+        def a_function_whose_qualified_name_goes_on_and_on_well_past_the_limit_of_what_a_broker_takes(  # noqa: E501
+                message: ReceivedMessage) -> None: ...
+        return a_function_whose_qualified_name_goes_on_and_on_well_past_the_limit_of_what_a_broker_takes  # noqa: E501
+
+    h = handler("orders")(deep())
+    assert len(h.group) == 120
+
+
 def test_a_handler_needs_a_message_parameter() -> None:
     with pytest.raises(ConfigurationError):
         @handler("orders", group="billing")

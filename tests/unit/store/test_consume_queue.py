@@ -15,8 +15,8 @@ from broker.store.consume_queue import (
     BLANK_UNIT_SIZE,
     CQ_STORE_UNIT_SIZE,
     ConsumeQueue,
-    ConsumeQueueStore,
 )
+from broker.store.consume_queue_store import ConsumeQueueStore
 from broker.store.errors import ForeignFile, StoreCorrupted
 from broker.store.mapped_file import file_name
 from broker.store.message import SysFlag

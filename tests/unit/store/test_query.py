@@ -12,12 +12,13 @@ import pytest
 
 from broker.store.commitlog import CommitLog
 from broker.store.config import StoreConfig
-from broker.store.consume_queue import ConsumeQueueStore
+from broker.store.consume_queue_store import ConsumeQueueStore
 from broker.store.dispatcher import ReputService
-from broker.store.index import IndexService, index_key_hash
+from broker.store.errors import InvalidQuery
+from broker.store.index_key import index_key_hash
+from broker.store.index_service import IndexService
 from broker.store.message import Message, MessageExt, Prop
 from broker.store.query import (
-    InvalidQuery,
     KeyMatch,
     look_by_offset_msg_id,
     pad_time_range,

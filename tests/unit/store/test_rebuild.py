@@ -11,7 +11,7 @@ import pytest
 
 from broker.store.codec import POS_QUEUE_OFFSET, POS_STORE_TIMESTAMP, reseal
 from broker.store.config import StoreConfig
-from broker.store.consume_queue import QUEUE_REGISTRY_NAME
+from broker.store.consume_queue_store import QUEUE_REGISTRY_NAME
 from broker.store.errors import DispatchStuck
 from broker.store.message import Message, PutMessageStatus
 from broker.store.store import MessageStore

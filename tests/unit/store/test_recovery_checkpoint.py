@@ -10,13 +10,13 @@ import pytest
 from broker.store.checkpoint import (
     CHECKPOINT_FILE_SIZE,
     StoreCheckpoint,
-    StoreLock,
     abort_file_exists,
     create_abort_file,
     remove_abort_file,
 )
 from broker.store.errors import ForeignFile, StoreLocked
 from broker.store.service import ServiceThread
+from broker.store.store_lock import StoreLock
 
 from ._helpers import wait_until
 

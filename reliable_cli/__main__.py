@@ -1,5 +1,5 @@
 import sys
 
-from reliable.cli import main
+from reliable_cli import main
 
 sys.exit(main())

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from reliable.cli.exit_codes import ExitCode
+from reliable_cli.exit_codes import ExitCode
 
 
 def _rate(text: str) -> float:
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_order_flow(args: argparse.Namespace) -> int:
-    from reliable.demo import DEMO_DELAY_LEVELS, DemoFailed, DemoOptions, FaultRates, run_demo
+    from reliable_cli.demo import DEMO_DELAY_LEVELS, DemoFailed, DemoOptions, FaultRates, run_demo
 
     try:
         options = DemoOptions(

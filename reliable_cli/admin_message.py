@@ -22,41 +22,29 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import getpass
-import json
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from reliable import admin_messages as api
-from reliable.cli.exit_codes import ExitCode
+from reliable_cli.admin_call import PROG, CommandFailed, print_json, table
+from reliable_cli.admin_call import handler as _handler
+from reliable_cli.admin_trace import run_trace
+from reliable_cli.exit_codes import ExitCode
 
-PROG = "reliable admin"
-# protocol codes that mean "the arguments cannot name anything": a usage error
-_USAGE_CODES = frozenset({"BAD_REQUEST", "ILLEGAL_TOPIC", "ILLEGAL_CONSUMER_GROUP",
-                          "ILLEGAL_MESSAGE_ID", "ILLEGAL_MESSAGE_KEY", "NOT_IMPLEMENTED"})
 _RELATIVE = re.compile(r"^(\d+)([smhd])$")
 _UNIT_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
-class CommandFailed(Exception):
-    """A command ends with one line on stderr and an exit code."""
-
-    def __init__(self, message: str, exit_code: ExitCode) -> None:
-        self.exit_code = exit_code
-        super().__init__(message)
-
-
 # ---------------------------------------------------------------------- command line
-def register(nouns: Any, topic_verbs: Any) -> argparse.ArgumentParser:
-    """Add the `message` noun and `topic status`; returns the `message` parser."""
-    from reliable.cli.admin import _target
-
+def register(nouns: Any, topic_verbs: Any,
+             target: Callable[[argparse.ArgumentParser], None]) -> argparse.ArgumentParser:
+    """Add the `message` noun and `topic status`; returns the `message` parser. `target`
+    adds the options every admin command takes (`--endpoint`/`--store`, `--json`, ...)."""
     message: argparse.ArgumentParser = nouns.add_parser(
         "message", help="find, trace, send and reconsume messages", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -87,7 +75,7 @@ def register(nouns: Any, topic_verbs: Any) -> argparse.ArgumentParser:
                    help=f"at most this many messages (default 32, at most {api.MAX_LIMIT})")
     q.add_argument("--body", action="store_true",
                    help="print bodies (as text when they decode as UTF-8, else hex)")
-    _target(q)
+    target(q)
     q.set_defaults(handler=_handler(_query))
 
     t = verbs.add_parser(
@@ -108,7 +96,7 @@ def register(nouns: Any, topic_verbs: Any) -> argparse.ArgumentParser:
     t.add_argument("--scan", type=int, default=None, metavar="N",
                    help="read at most N entries of the broker's invisible-time log "
                         "(default 100,000; the output says when it stopped early)")
-    _target(t)
+    target(t)
     t.set_defaults(handler=_handler(_trace))
 
     s = verbs.add_parser("send", help="store one message (mqadmin sendMessage)",
@@ -121,7 +109,7 @@ def register(nouns: Any, topic_verbs: Any) -> argparse.ArgumentParser:
     s.add_argument("--tag", default=None)
     s.add_argument("--property", action="append", default=[], metavar="NAME=VALUE",
                    dest="properties", help="a user property (repeat for several)")
-    _target(s)
+    target(s)
     s.set_defaults(handler=_handler(_send))
 
     r = verbs.add_parser(
@@ -139,13 +127,13 @@ def register(nouns: Any, topic_verbs: Any) -> argparse.ArgumentParser:
                    help="not supported (see above); refused with exit 2")
     r.add_argument("--operator", default=None,
                    help="who does this, recorded on the copy (default: the login name)")
-    _target(r)
+    target(r)
     r.set_defaults(handler=_handler(_reconsume))
 
     st = topic_verbs.add_parser("status", help="per queue: min/max offset, last store time "
                                                "(mqadmin topicStatus)")
     st.add_argument("name")
-    _target(st)
+    target(st)
     st.set_defaults(handler=_handler(_topic_status))
     return message
 
@@ -169,112 +157,6 @@ def parse_time(value: str, *, now_ms: int | None = None) -> int:
     return int(moment.timestamp() * 1000)
 
 
-# ---------------------------------------------------------------------- running
-def _handler(run: Callable[[argparse.Namespace, api.AdminCaller], int]
-             ) -> Callable[[argparse.Namespace], int]:
-    def handler(args: argparse.Namespace) -> int:
-        try:
-            with open_admin(args) as admin:
-                return run(args, admin)
-        except CommandFailed as exc:
-            print(f"{PROG}: {exc}", file=sys.stderr)
-            return exc.exit_code
-
-    return handler
-
-
-@contextlib.contextmanager
-def open_admin(args: argparse.Namespace) -> Iterator[api.AdminCaller]:
-    """The admin service of `--endpoint`, or of `--store` opened in this process; a failed
-    call raises CommandFailed with the exit code it means."""
-    from broker.server.admin import AdminCallError
-
-    try:
-        if args.endpoint:
-            yield from _remote(args)
-        else:
-            yield from _local(args)
-    except AdminCallError as exc:
-        code = exc.code
-        raise CommandFailed(str(exc), ExitCode.USAGE if code in _USAGE_CODES
-                            else ExitCode.FAILURE) from None
-
-
-def _remote(args: argparse.Namespace) -> Iterator[api.AdminCaller]:
-    import grpc
-
-    from broker.server.admin import AdminClient
-
-    client = AdminClient(args.endpoint, tls=args.tls, ca_file=args.ca_file,
-                         access_key=args.access_key, secret_key=args.secret_key)
-    try:
-        yield client
-    except grpc.RpcError as exc:
-        raise CommandFailed(f"{args.endpoint}: {exc.code().name}: {exc.details()}",
-                            ExitCode.UNAVAILABLE) from None
-    finally:
-        client.close()
-
-
-class _StoreAdmin:
-    """The admin service's operations on a broker opened in this process."""
-
-    def __init__(self, broker: Any) -> None:
-        from broker.server.admin import AdminOps
-
-        self._ops = AdminOps(broker)
-
-    def call(self, method: str, **params: Any) -> Any:
-        from broker.errors import BrokerError
-        from broker.server.admin import AdminCallError
-        from broker.server.errors import ServerError
-        from broker.server.status import code_of
-        from broker.store.errors import StoreError
-
-        try:
-            return self._ops.call(method, params)
-        except (ServerError, BrokerError, StoreError) as exc:
-            raise AdminCallError(code_of(exc).name, str(exc)) from None
-
-
-def _local(args: argparse.Namespace) -> Iterator[api.AdminCaller]:
-    from broker.broker import Broker
-    from broker.errors import BrokerError
-    from broker.store.config import StoreConfig
-    from broker.store.errors import StoreError
-
-    store_dir: Path = args.store
-    if not (store_dir / "commitlog").is_dir():
-        raise CommandFailed(f"{store_dir}: not a store directory (no commitlog/)",
-                            ExitCode.USAGE)
-    if (store_dir / "abort").exists() and not args.force:
-        raise CommandFailed(f"{store_dir}: a broker seems to run on this store (abort file "
-                            "present); use --endpoint, or --force if it crashed",
-                            ExitCode.FAILURE)
-    try:
-        broker = Broker(StoreConfig(store_dir=store_dir))
-        broker.start()
-    except (BrokerError, StoreError, OSError) as exc:
-        raise CommandFailed(f"cannot open {store_dir}: {exc}", ExitCode.FAILURE) from None
-    try:
-        yield _StoreAdmin(broker)
-    finally:
-        broker.shutdown()
-
-
-def _print_json(doc: Any) -> None:
-    print(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False))
-
-
-def table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> list[str]:
-    """Lines of columns padded to their widest cell; an empty cell shows as `-`."""
-    cells = [[str(c) for c in header]] + [["-" if c is None or c == "" else str(c)
-                                           for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-            for r in cells]
-
-
 # ---------------------------------------------------------------------- query
 def _query(args: argparse.Namespace, admin: api.AdminCaller) -> int:
     if not 1 <= args.limit <= api.MAX_LIMIT:
@@ -292,7 +174,7 @@ def _query(args: argparse.Namespace, admin: api.AdminCaller) -> int:
                                until_ms=until, limit=args.limit, body=args.body)
     messages = found["messages"]
     if args.json:
-        _print_json(found)
+        print_json(found)
     else:
         for line in render_messages(messages, body=args.body):
             print(line)
@@ -329,8 +211,6 @@ def render_messages(messages: list[dict[str, Any]], *, body: bool) -> list[str]:
 
 # ---------------------------------------------------------------------- trace
 def _trace(args: argparse.Namespace, admin: api.AdminCaller) -> int:
-    from reliable.cli.admin_trace import run_trace
-
     return run_trace(args, admin)
 
 
@@ -345,7 +225,7 @@ def _send(args: argparse.Namespace, admin: api.AdminCaller) -> int:
     sent = api.send_message(admin, args.topic, args.body, keys=args.keys, tag=args.tag,
                             properties=props)
     if args.json:
-        _print_json(sent)
+        print_json(sent)
     else:
         for line in table([(sent["msg_id"], sent["offset_msg_id"], sent["topic"],
                             sent["queue_id"], sent["queue_offset"], sent["commitlog_offset"],
@@ -367,7 +247,7 @@ def _reconsume(args: argparse.Namespace, admin: api.AdminCaller) -> int:
     done = api.reconsume_message(admin, args.msg_id, args.group, topic=args.topic,
                                  operator=operator)
     if args.json:
-        _print_json(done)
+        print_json(done)
     else:
         src, copy = done["source"], done["copy"]
         print(f"re-sent {done['msg_id']} ({src['topic']} queue {src['queue_id']} offset "
@@ -390,7 +270,7 @@ def _login() -> str:
 def _topic_status(args: argparse.Namespace, admin: api.AdminCaller) -> int:
     status = api.topic_status(admin, args.name)
     if args.json:
-        _print_json(status)
+        print_json(status)
         return ExitCode.OK
     print(f"topic {status['topic']}: {status['messages']} messages held, last stored "
           f"{status['last_store_time'] or 'never'}")

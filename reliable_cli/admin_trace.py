@@ -22,8 +22,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from reliable import admin_messages as api
-from reliable.cli.admin_message import PROG, CommandFailed, _print_json, table
-from reliable.cli.exit_codes import ExitCode
+from reliable_cli.admin_call import PROG, CommandFailed, print_json, table
+from reliable_cli.exit_codes import ExitCode
 
 
 def run_trace(args: argparse.Namespace, admin: api.AdminCaller) -> int:
@@ -43,7 +43,7 @@ def run_trace(args: argparse.Namespace, admin: api.AdminCaller) -> int:
     else:
         known = bool(doc["records"])
     if args.json:
-        _print_json(doc)
+        print_json(doc)
     else:
         for line in render_trace(doc):
             print(line)

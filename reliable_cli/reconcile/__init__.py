@@ -1,6 +1,14 @@
-"""Command-line surface of the job, shared by `reliable reconcile` and `spark-submit`.
+"""`reliable reconcile`: the Spark audit of stubs against the consumption log.
 
-Exit codes (reliable.cli.exit_codes): 0 the window is clean; 3 it has unaccounted
+The same options serve `spark-submit` on a cluster, which runs this package's `__main__.py`
+as a file (`python -m reliable_cli.reconcile ...` is the same entry point):
+
+    spark-submit --master yarn .../reliable_cli/reconcile/__main__.py --db URL \\
+        --jdbc-jar /path/postgresql.jar
+
+PySpark is imported only when the job runs.
+
+Exit codes (`reliable_cli.exit_codes`): 0 the window is clean; 3 it has unaccounted
 messages; 1 the job failed to run (including a malformed queue-bounds file); 2 bad options;
 4 a source could not be read (including a missing bounds file or an unreachable broker).
 """
@@ -11,12 +19,14 @@ import argparse
 import logging
 import sys
 from datetime import datetime, timedelta
+from typing import Any
 
 from outbox.latency import DEFAULT_EXPECTED_LATENCY, ExpectedLatency
 from outbox.reconcile.errors import InvalidOptions, ReconcileError, SourceUnavailable
-from outbox.reconcile.job import ReconcileOptions, reconcile
+from outbox.reconcile.job import ReconcileOptions, ReconcileResult, reconcile
 from outbox.reconcile.repair import RepairOptions
 from outbox.reconcile.sources import PartitionPolicy
+from reliable_cli.exit_codes import ExitCode
 
 log = logging.getLogger("outbox.reconcile")
 
@@ -54,6 +64,22 @@ def _conf(text: str) -> tuple[str, str]:
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
     return key.strip(), value.strip()
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "reconcile",
+        help="prove every outbox message was consumed; report and repair what was not",
+        description="Reconcile message stubs with confirmations and the consumption log "
+                    "(PySpark; local[*] by default). Exit 0: the window is clean; 3: it has "
+                    "unaccounted messages; 1: failure; 2: bad options; 4: source unreadable.")
+    add_arguments(parser)
+    parser.set_defaults(handler=run)
+
+
+def exit_code_of(result: ReconcileResult) -> ExitCode:
+    """OK for a clean certificate, UNACCOUNTED when the window has unaccounted messages."""
+    return ExitCode.OK if result.summary.certificate.clean else ExitCode.UNACCOUNTED
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -174,7 +200,6 @@ class _Progress(logging.Handler):
 
 def _run(args: argparse.Namespace) -> int:
     from outbox.reconcile.report import as_json, as_text
-    from reliable.cli.exit_codes import ExitCode
 
     try:
         options = options_from(args)
@@ -189,7 +214,7 @@ def _run(args: argparse.Namespace) -> int:
     except (ReconcileError, ImportError) as exc:
         print(f"reliable reconcile: {exc}", file=sys.stderr)
         return ExitCode.FAILURE
-    text = as_json(result) if args.json else as_text(result)
+    text = as_json(result, exit_code=int(exit_code_of(result))) if args.json else as_text(result)
     print(text)
     if args.output:
         try:
@@ -198,11 +223,11 @@ def _run(args: argparse.Namespace) -> int:
         except OSError as exc:
             print(f"reliable reconcile: cannot write {args.output}: {exc}", file=sys.stderr)
             return ExitCode.FAILURE
-    return int(result.exit_code)
+    return exit_code_of(result)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point for `python -m outbox.reconcile` and `spark-submit .../__main__.py`."""
+    """Entry point for `python -m reliable_cli.reconcile` and `spark-submit .../__main__.py`."""
     parser = argparse.ArgumentParser(
         prog="reconcile", description="Reconcile outbox stubs with the consumption log.")
     add_arguments(parser)

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from reliable.cli.exit_codes import ExitCode
+from reliable_cli.errors import CommandError
+from reliable_cli.exit_codes import ExitCode
 
 TOPIC_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION", "MIXED")
 
@@ -83,9 +84,9 @@ def register(sub: Any) -> None:
     _target(gs)
     gs.set_defaults(handler=_run("GetGroup", lambda a: {"name": a.name, "topic": a.topic}))
     store = _register_store(nouns)
-    from reliable.cli.admin_message import register as register_messages
+    from reliable_cli.admin_message import register as register_messages
 
-    message = register_messages(nouns, tverbs)
+    message = register_messages(nouns, tverbs, _target)
     for parser in (p, topic, group, store, message):
         parser.set_defaults(handler=lambda _a, parser=parser: (
             parser.print_help(sys.stderr), ExitCode.USAGE)[1])
@@ -110,7 +111,7 @@ def _register_store(nouns: Any) -> argparse.ArgumentParser:
 
 
 def _verify_store(args: argparse.Namespace) -> int:
-    from broker.config import config_file_parsers
+    from broker.config_files import config_file_parsers
     from broker.store.config import StoreConfig
     from broker.store.verify import iter_lines, verify_store
 
@@ -145,7 +146,9 @@ def _run(method: str, params: Callable[[argparse.Namespace], dict[str, Any]]
     return handler
 
 
-class _Failed(Exception):
+class _Failed(CommandError):
+    """An admin call failed; carries the exit code the command ends with."""
+
     def __init__(self, message: str, exit_code: ExitCode) -> None:
         self.exit_code = exit_code
         super().__init__(message)
@@ -154,7 +157,7 @@ class _Failed(Exception):
 def _remote(args: argparse.Namespace, method: str, params: dict[str, Any]) -> Any:
     import grpc
 
-    from broker.server.admin import AdminCallError, AdminClient
+    from reliable.admin import AdminCallError, AdminClient
 
     client = AdminClient(args.endpoint, tls=args.tls, ca_file=args.ca_file,
                          access_key=args.access_key, secret_key=args.secret_key)

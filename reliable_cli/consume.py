@@ -11,27 +11,23 @@ their groups, exit code 0.
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
-import os
 import signal
 import sys
 import threading
 from collections.abc import Iterable
 from typing import Any
 
-from reliable.cli.exit_codes import ExitCode
-from reliable.cli.store_options import add_disk_arguments, disk_options
+from reliable_cli.errors import TargetError
+from reliable_cli.exit_codes import ExitCode
+from reliable_cli.store_options import add_disk_arguments, disk_options
+from reliable_cli.targets import resolve
 
 log = logging.getLogger("reliable.consume")
 
 # waiting for a broker that is not up yet: 0.5 s, doubling, at most 5 s between tries
 WAIT_FIRST_S = 0.5
 WAIT_MAX_S = 5.0
-
-
-class TargetError(Exception):
-    """A target could not be loaded or names no handler."""
 
 
 def register(subparsers: Any) -> None:
@@ -66,24 +62,13 @@ def load_handlers(targets: Iterable[str]) -> list[Any]:
     from reliable.errors import ConfigurationError
 
     found: list[Handler] = []
-    # `reliable consume myapp.handlers` from the application's directory: like `python -m`,
-    # the working directory is on the import path (the console script puts only its own)
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
     for target in targets:
-        module_name, _, attr = target.partition(":")
+        attr = target.partition(":")[2]
         try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise TargetError(f"{target}: cannot import {module_name!r}: {exc}") from exc
+            module, obj = resolve(target, attr_required=False)
         except ConfigurationError as exc:  # a handler declared with bad options
             raise TargetError(f"{target}: {exc}") from exc
         if attr:
-            try:
-                obj = getattr(module, attr)
-            except AttributeError:
-                raise TargetError(f"{target}: {module_name} has no {attr!r}") from None
             items = obj if isinstance(obj, list | tuple | set) else [obj]
         else:
             items = list(vars(module).values())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import logging
 import signal
@@ -12,13 +11,11 @@ import threading
 import urllib.parse
 from typing import Any
 
-from reliable.cli.exit_codes import ExitCode
+from reliable_cli.errors import TargetError
+from reliable_cli.exit_codes import ExitCode
+from reliable_cli.targets import load_target
 
 log = logging.getLogger("reliable.worker")
-
-
-class TargetError(Exception):
-    """A `module:attr` target could not be loaded or has the wrong shape."""
 
 
 def register(subparsers: Any) -> None:
@@ -67,27 +64,6 @@ def register(subparsers: Any) -> None:
 def _usage(parser: argparse.ArgumentParser) -> int:
     parser.print_help(sys.stderr)
     return ExitCode.USAGE
-
-
-def load_target(spec: str, *, method: str) -> Any:
-    """Import `module:attr`; call it when it is a factory lacking `method`."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise TargetError(f"{spec!r}: expected MODULE:ATTR")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise TargetError(f"{spec!r}: cannot import {module_name!r}: {exc}") from exc
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError as exc:
-            raise TargetError(f"{spec!r}: {module_name!r} has no attribute {attr!r}") from exc
-    if not hasattr(obj, method) and callable(obj):
-        obj = obj()
-    if not callable(getattr(obj, method, None)):
-        raise TargetError(f"{spec!r}: the object has no {method}() method")
-    return obj
 
 
 def _notifier(specs: list[str]) -> Any:

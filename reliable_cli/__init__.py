@@ -1,7 +1,10 @@
-"""The `reliable` command: `reliable <noun> <verb> [options]`.
+"""The `reliable` command: `reliable <noun> <verb> [options]`, the composition root.
 
-Each noun lives in its own module under `reliable.cli` with a `register(subparsers)`
-function; modules are imported when the command line is parsed, never at package import.
+This package sits above every other one: it builds brokers, transports, outbox workers,
+idempotency guards and reconciliation jobs from command-line options, and nothing imports
+it (see docs/architecture.md). Each noun lives in its own module with a
+`register(subparsers)` function; modules are imported when the command line is parsed, never
+at package import. `python -m reliable_cli` is the same command as `reliable`.
 """
 
 from __future__ import annotations
@@ -12,10 +15,17 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from reliable.cli.exit_codes import ExitCode
+from reliable_cli.exit_codes import ExitCode
 
-# noun modules, in the order `--help` lists them
-_NOUNS = ("demo", "broker", "admin", "worker", "consume", "reconcile")
+# noun -> its module, in the order `--help` lists them
+_NOUNS = {
+    "demo": "reliable_cli.demo.command",
+    "broker": "reliable_cli.broker",
+    "admin": "reliable_cli.admin",
+    "worker": "reliable_cli.worker",
+    "consume": "reliable_cli.consume",
+    "reconcile": "reliable_cli.reconcile",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,11 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="more logging on stderr (repeat for debug)")
     sub = parser.add_subparsers(dest="noun", metavar="<command>")
-    for noun in _NOUNS:
+    for name in _NOUNS.values():
         try:
-            module = importlib.import_module(f"reliable.cli.{noun}")
+            module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
-            if exc.name == f"reliable.cli.{noun}":
+            if exc.name == name:
                 continue  # that command is not part of this build
             raise
         module.register(sub)

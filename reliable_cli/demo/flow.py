@@ -44,10 +44,11 @@ from idempotency import EventKind, GuardConfig, IdempotencyGuard
 from outbox import Outbox, OutboxConfig, ResendPolicy, ResendWorker, StubStatus
 from outbox.adapters import TransportOffsets
 from reliable import Producer, connect
-from reliable.demo.faults import ChaoticSender, FaultPlan, FaultRates
-from reliable.demo.shop import GROUP, TOPIC, Inventory, Shop, counting_listener
 from reliable.naming import retry_topic
 from reliable.transport import Transport
+from reliable_cli.demo.faults import ChaoticSender, FaultPlan, FaultRates
+from reliable_cli.demo.shop import GROUP, TOPIC, Inventory, Shop, counting_listener
+from reliable_cli.errors import CommandError
 
 # Short delay levels so retries finish in seconds (RocketMQ's 1s 5s 10s 30s 1m ... in
 # production). Retry n waits at level 3 + n - 1: 200 ms, 300 ms, 500 ms, ...
@@ -150,7 +151,7 @@ class Summary:
         ]
 
 
-class DemoFailed(Exception):
+class DemoFailed(CommandError):
     """The demo could not run (a service is unreachable, a bad option)."""
 
 

@@ -1,41 +1,36 @@
-"""Hash index files: find commitlog offsets by message key (`topic#key`).
+"""One hash index file: a header, hash slots and entries, mapped whole.
 
     index/20261122053657123   created 2026-11-22 05:36:57.123 UTC
     index/20261122061502004   the next one, once the first holds `max_index_num` entries
 
-Every message is indexed under `topic#key` for each key in `KEYS` (space separated) and
-under `topic#<UNIQ_KEY>`. A lookup hashes the key (Java `String.hashCode`, made
-non-negative), reads the slot, and walks the chain of entries that share it, newest first.
-Entries carry the full 32-bit key hash, so slot collisions are skipped cheaply; entries with
-the *same* hash but another key cannot be told apart here: callers filter the decoded
-messages by their real keys (`broker.store.query`).
+A lookup hashes the key (`index_key.index_key_hash`: CRC-32 of the UTF-8 `topic#key`,
+masked to 31 bits), reads the slot, and walks the chain of entries that share it, newest
+first. Entries carry the full 31-bit key hash, so slot collisions are skipped cheaply;
+entries with the *same* hash but another key cannot be told apart here: callers filter
+the decoded messages by their real keys (`broker.store.query`).
 
 Files are sparse and mapped whole: a default file is 420 MB of address space, but only the
-pages written take disk space. Names are UTC creation times, strictly increasing.
+pages written take disk space. Names are UTC creation times, strictly increasing. The
+files of a store are kept by `index_service.IndexService`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import functools
 import logging
 import mmap
 import os
 import struct
 import sys
-import threading
-import time
-import zlib
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from broker.store.codec import DispatchRequest
-from broker.store.config import StoreConfig
+from broker.store.durable_write import fsync_directory
 from broker.store.errors import ForeignFile, StoreCorrupted
-from broker.store.json_config import fsync_directory
+from broker.store.index_key import index_key_hash
 from broker.store.refcount import ReferenceResource
 
 log = logging.getLogger(__name__)
@@ -75,72 +70,10 @@ assert _ENTRY.size == INDEX_ENTRY_SIZE
 INVALID_INDEX = 0
 _I32_MAX = 0x7FFFFFFF
 _NAME_DIGITS = 17  # yyyyMMddHHmmssSSS
-DEFAULT_MAX_SCAN = 100_000  # entries one query may visit, whatever it finds
 _RESERVE_CHUNK = 4 * 1024 * 1024  # entries get disk blocks this much at a time
 _REBUILD_HINT = ("; the index is derived data: stop the store and delete the index "
                  "directory to rebuild it from the commitlog")
-
-
-# --- key hash: zlib.crc32 of the UTF-8 `topic#key`, masked to 31 bits (never negative).
-# C speed, and incremental: crc32(key, crc32(prefix)) == crc32(prefix + key), so the
-# `topic#` part is hashed once per topic. (RocketMQ uses |String.hashCode|; the index
-# format is ours, its files are derived data: see docs/store.md.)
-_HASH_MASK = 0x7FFFFFFF
 _LITTLE = sys.byteorder == "little"
-_crc32 = zlib.crc32
-
-
-def index_key_hash(key: str) -> int:
-    """Non-negative key hash as stored in an entry: crc32(UTF-8 key) & 0x7FFFFFFF."""
-    return _crc32(key.encode()) & _HASH_MASK
-
-
-@functools.lru_cache(maxsize=4096)
-def _topic_prefix_crc(topic: str) -> int:
-    return _crc32(f"{topic}#".encode())
-
-
-def topic_key_hash(topic: str, key: str) -> int:
-    """`index_key_hash(topic + "#" + key)`, hashing only `key` (the prefix is cached)."""
-    return _crc32(key.encode(), _topic_prefix_crc(topic)) & _HASH_MASK
-
-
-def java_string_hash(s: str) -> int:
-    """`String.hashCode()` of `s` as a signed 32-bit int (RocketMQ's key hash; kept for
-    reference and tools, the index uses `index_key_hash`)."""
-    h = 0
-    units = s.encode("utf-16-be")
-    for i in range(0, len(units), 2):
-        h = (31 * h + ((units[i] << 8) | units[i + 1])) & 0xFFFFFFFF
-    return h - (1 << 32) if h & 0x80000000 else h
-
-
-def build_key(topic: str, key: str) -> str:
-    return f"{topic}#{key}"
-
-
-def index_keys(request: DispatchRequest) -> list[str]:
-    """The distinct `topic#key` strings a record is indexed under."""
-    return [build_key(request.topic, k) for k in _distinct_keys(request)]
-
-
-def _distinct_keys(request: DispatchRequest) -> list[str]:
-    keys = request.keys
-    if " " in keys:
-        out = list(dict.fromkeys(k for k in keys.split(" ") if k))
-    else:
-        out = [keys] if keys else []
-    uniq = request.uniq_key
-    if uniq and uniq not in out:
-        out.append(uniq)
-    return out
-
-
-def index_key_hashes(request: DispatchRequest) -> list[int]:
-    """The stored hashes of every key a record is indexed under."""
-    prefix = _topic_prefix_crc(request.topic)
-    crc = _crc32
-    return [crc(k.encode(), prefix) & _HASH_MASK for k in _distinct_keys(request)]
 
 
 def index_file_name(ms: int) -> str:
@@ -165,7 +98,8 @@ def index_temp_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp")
 
 
-def _is_index_temp(name: str) -> bool:
+def is_index_temp(name: str) -> bool:
+    """`name` is an index file's temporary name (`index_temp_path`)."""
     core = name[1:-4]
     return (name.startswith(".") and name.endswith(".tmp") and len(core) == _NAME_DIGITS
             and core.isdigit())
@@ -348,14 +282,6 @@ class IndexFile(ReferenceResource):
                 and self.end_timestamp >= begin_ms)
 
     # --- writing (one writer: the dispatcher, under the service's lock)
-    def put_key(self, key: str, phy_offset: int, store_timestamp: int) -> bool:
-        """Append an entry for `key`; False when the file is full."""
-        return self.put_keys((key,), phy_offset, store_timestamp) == 1
-
-    def put_keys(self, keys: Sequence[str], phy_offset: int, store_timestamp: int) -> int:
-        """Append an entry per key of one record; returns how many fit."""
-        return self.put_hashes([index_key_hash(k) for k in keys], phy_offset, store_timestamp)
-
     def put_hashes(self, hashes: Sequence[int], phy_offset: int, store_timestamp: int) -> int:
         """Append an entry per key hash of one record; returns how many fit.
 
@@ -510,217 +436,3 @@ class IndexFile(ReferenceResource):
     def __repr__(self) -> str:
         return (f"IndexFile({self.path.name}, entries={self.entry_count}, "
                 f"phy={self.begin_phy_offset}..{self.end_phy_offset})")
-
-
-def _newest_entry_offset(files: Sequence[IndexFile]) -> int:
-    for f in reversed(files):
-        if f.entry_count > 0:
-            return f.end_phy_offset
-    return -1
-
-
-def _wall_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-class IndexService:
-    """All index files: the dispatcher appends to the newest, queries read newest first."""
-
-    def __init__(self, config: StoreConfig, *, clock: Callable[[], int] = _wall_ms) -> None:
-        self.config = config
-        self.directory = config.index_dir
-        self.hash_slot_num = config.max_hash_slot_num
-        self.index_num = config.max_index_num
-        self.max_query_results = config.max_query_results
-        self._clock = clock
-        self.files: list[IndexFile] = []  # replaced, never mutated: readers take a snapshot
-        self._lock = threading.Lock()
-        self._max_phy = -1  # get_max_phy_offset(), cached for the dispatch path
-
-    # --- lifecycle
-    def load(self, last_exit_ok: bool) -> None:
-        """Open every index file; ForeignFile / StoreCorrupted for anything not ours.
-
-        After an abnormal exit the recovery calls `truncate_dirty(commitlog end)` so no
-        entry points past the commitlog, and the dispatcher re-indexes from there.
-        """
-        self.directory.mkdir(parents=True, exist_ok=True)
-        files: list[IndexFile] = []
-        try:
-            for path in sorted(self.directory.iterdir(), key=lambda p: p.name):
-                if _is_index_temp(path.name) and path.is_file():
-                    path.unlink()  # a file whose creation a crash interrupted: never used
-                    continue
-                if not path.is_file():
-                    raise ForeignFile(path, "a directory among index files")
-                parse_index_file_name(path)
-                files.append(IndexFile(path, self.hash_slot_num, self.index_num))
-        except BaseException:
-            for f in files:
-                f.close()
-            raise
-        self._max_phy = _newest_entry_offset(files)
-        if not last_exit_ok and files:
-            log.info("abnormal exit: %d index files loaded; entries past the commitlog end "
-                     "are truncated by recovery", len(files))
-        self.files = files
-
-    def flush(self) -> None:
-        for f in self.files:
-            f.flush()
-
-    def shutdown(self) -> None:
-        with self._lock:
-            files, self.files = self.files, []
-            self._max_phy = -1
-        for f in files:
-            f.flush()
-            f.close()
-
-    def destroy(self) -> None:
-        with self._lock:
-            files, self.files = self.files, []
-            self._max_phy = -1
-        for f in files:
-            f.destroy()
-
-    # --- writing
-    def dispatch(self, request: DispatchRequest) -> None:
-        """Index `request` under each of its keys (records indexed before are skipped).
-
-        The newest indexed record itself is not skipped: a crash may have cut its keys
-        short, and a duplicate entry costs nothing (queries return distinct offsets).
-        """
-        if not request.keys and not request.uniq_key:
-            return
-        if request.commitlog_offset < self._max_phy:
-            return  # re-dispatched after recovery: already indexed
-        hashes = index_key_hashes(request)
-        if not hashes:
-            return
-        with self._lock:
-            if request.commitlog_offset < self._max_phy:
-                return
-            f = self._writable_file()
-            while hashes:
-                done = f.put_hashes(hashes, request.commitlog_offset, request.store_timestamp)
-                hashes = hashes[done:]
-                if hashes:
-                    f = self._roll(f)
-            self._max_phy = request.commitlog_offset
-
-    def _writable_file(self) -> IndexFile:
-        files = self.files
-        if files and not files[-1].is_full():
-            return files[-1]
-        if files:
-            return self._roll(files[-1])
-        return self._create(0, 0)
-
-    def _roll(self, full: IndexFile) -> IndexFile:
-        nxt = self._create(full.end_phy_offset, full.end_timestamp)
-        # a full default-sized file holds ~400 MB of entries: flush it off the dispatch path
-        threading.Thread(target=full.flush, name=f"flush-index-{full.path.name}",
-                         daemon=True).start()
-        return nxt
-
-    def _create(self, end_phy: int, end_ts: int) -> IndexFile:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        ms = self._clock()
-        if self.files:  # names must sort in creation order
-            ms = max(ms, parse_index_file_name(self.files[-1].path) + 1)
-        path = self.directory / index_file_name(ms)
-        while path.exists():
-            ms += 1
-            path = self.directory / index_file_name(ms)
-        f = IndexFile(path, self.hash_slot_num, self.index_num, create_after=(end_phy, end_ts))
-        self.files = [*self.files, f]
-        return f
-
-    # --- reading
-    def iter_offsets(self, topic: str, key: str, begin_ms: int, end_ms: int,
-                     max_scan: int = DEFAULT_MAX_SCAN) -> Iterator[int]:
-        """Distinct commitlog offsets whose entry hash matches `topic#key`, newest first.
-
-        Visits at most `max_scan` entries in total, so one query never reads unbounded data.
-        """
-        full_key = build_key(topic, key)
-        budget = [max_scan]
-        seen: set[int] = set()
-        for f in reversed(self.files):
-            if budget[0] <= 0:
-                return
-            if not f.is_time_matched(begin_ms, end_ms) or not f.hold():
-                continue
-            try:
-                for phy in f.iter_offsets(full_key, begin_ms, end_ms, budget):
-                    if phy not in seen:
-                        seen.add(phy)
-                        yield phy
-            finally:
-                f.release()
-
-    def query_offsets(self, topic: str, key: str, max_num: int, begin_ms: int, end_ms: int,
-                      ) -> list[int]:
-        """Up to `max_num` (and at most `max_query_results`) hash-matching offsets."""
-        limit = min(max_num, self.max_query_results)
-        out: list[int] = []
-        if limit <= 0:
-            return out
-        for phy in self.iter_offsets(topic, key, begin_ms, end_ms):
-            out.append(phy)
-            if len(out) >= limit:
-                break
-        return out
-
-    def get_max_phy_offset(self) -> int:
-        """Commitlog offset of the newest indexed record; -1 when nothing is indexed."""
-        return _newest_entry_offset(self.files)
-
-    def indexed_to(self) -> int:
-        """Where re-dispatching must start for the index to be complete: the newest
-        indexed record (a crash may have cut its entries short), or the start offset of
-        an empty newest file (`mark_indexed_to`); -1 when there is no index file at all
-        (the index directory was deleted: rebuild from the commitlog's first record)."""
-        newest = _newest_entry_offset(self.files)
-        if newest >= 0:
-            return newest
-        files = self.files
-        return files[-1].begin_phy_offset if files else -1
-
-    def mark_indexed_to(self, offset: int, store_timestamp: int) -> None:
-        """Record that every record below `offset` is indexed, when no file says so yet
-        (records without keys write no entry): an empty file starting at `offset`."""
-        with self._lock:
-            if not self.files:
-                self._create(offset, store_timestamp)
-
-    # --- recovery and cleanup
-    def truncate_dirty(self, phy_offset: int) -> None:
-        """Forget every entry pointing at or after `phy_offset` (the commitlog's new end)."""
-        with self._lock:
-            files = list(self.files)
-            while files:
-                last = files[-1]
-                if last.entry_count > 0 and last.begin_phy_offset < phy_offset:
-                    last.truncate(phy_offset)
-                    break
-                if last.entry_count == 0 and last.begin_phy_offset <= phy_offset:
-                    break  # an empty file after the last real entry: keep it
-                files.pop()
-                last.destroy()
-            self.files = files
-            self._max_phy = _newest_entry_offset(files)
-
-    def delete_expired_file(self, commitlog_min_offset: int) -> int:
-        """Delete files (never the newest) whose every entry is below the commitlog's min."""
-        with self._lock:
-            files = self.files
-            gone = [f for f in files[:-1] if f.end_phy_offset < commitlog_min_offset]
-            if not gone:
-                return 0
-            self.files = [f for f in files if f not in gone]
-            self._max_phy = _newest_entry_offset(self.files)
-        for f in gone:
-            f.destroy()
-        return len(gone)

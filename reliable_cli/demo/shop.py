@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from outbox import Outbox, OutboxTables, declare_groups, utcnow
 from reliable import Handler, Message, ReceivedMessage, dlq_handler, handler
-from reliable.demo.faults import OrderFate
+from reliable_cli.demo.faults import OrderFate
 
 TOPIC = "OrderCreated"
 GROUP = "inventory"

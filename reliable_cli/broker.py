@@ -22,8 +22,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from reliable.cli.exit_codes import ExitCode
-from reliable.cli.store_options import add_disk_arguments, disk_options
+from reliable_cli.exit_codes import ExitCode
+from reliable_cli.store_options import add_disk_arguments, disk_options
 
 SWITCH_INTERVAL_S = 0.0005
 

@@ -6,13 +6,13 @@ retried through the delay levels; poison messages end in `%DLQ%inventory`; some 
 lost after the broker "acknowledged" them and the resend worker recovers them; finally the
 Spark reconciliation certifies that nothing is unaccounted for.
 
-    from reliable.demo import DemoOptions, run_demo
+    from reliable_cli.demo import DemoOptions, run_demo
     summary = run_demo(DemoOptions(orders=100, seed=7))
 """
 
-from reliable.demo.faults import ChaoticSender, FaultPlan, FaultRates, OrderFate
-from reliable.demo.flow import DEMO_DELAY_LEVELS, DemoFailed, DemoOptions, Summary, run_demo
-from reliable.demo.shop import GROUP, TOPIC, Inventory, Shop
+from reliable_cli.demo.faults import ChaoticSender, FaultPlan, FaultRates, OrderFate
+from reliable_cli.demo.flow import DEMO_DELAY_LEVELS, DemoFailed, DemoOptions, Summary, run_demo
+from reliable_cli.demo.shop import GROUP, TOPIC, Inventory, Shop
 
 __all__ = [  # noqa: RUF022 - grouped by purpose
     # running it

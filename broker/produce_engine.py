@@ -1,0 +1,227 @@
+"""The produce engine: validate messages, place delayed ones, store them, answer results.
+
+`Broker` is built on it (`class Broker(ProduceEngine)`), so a send goes from the facade's
+method straight to this code with no call in between. Two primitives are the facade's:
+`_require_running` and `_topic` (the topic table, with retry/DLQ topics created on demand).
+The pure rules it applies (property checks, message types, where a delayed message waits)
+are in `broker.produce`.
+
+A batch of messages that differ only in body, KEYS and UNIQ_KEY (a producer's usual batch) is
+stored as one record batch (`MessageStore.put_batch`); any other batch message by message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from broker.config import BrokerConfig
+from broker.errors import (
+    BodyOverLimit,
+    MessageIllegal,
+    MessageTypeMismatch,
+    NoPermission,
+    ResponseCode,
+    SendRejected,
+)
+from broker.names import validate_group_name
+from broker.produce import (
+    check_properties,
+    message_type_of,
+    schedule_target,
+    scheduled_copy,
+    without_delay,
+)
+from broker.results import PUT_STATUS_CODES, SendResult
+from broker.schedule import encode_recall_handle
+from broker.store.message import Message, Prop, PutMessageResult, PutMessageStatus
+from broker.store.store import MessageStore
+from broker.topic import TopicConfig
+from broker.transaction import TransactionService
+
+
+class ProduceEngine:
+    """Stores messages: normal, delayed, half (transactional), batches."""
+
+    def __init__(self, config: BrokerConfig, store: MessageStore, clock: Callable[[], int],
+                 levels: tuple[int, ...], transactions: TransactionService) -> None:
+        self.config = config
+        self.store = store
+        self._clock = clock
+        self._levels = levels
+        self._tx = transactions
+
+    # ------------------------------------------------------------------ the facade's primitives
+    def _require_running(self) -> None:
+        """Raise BrokerNotRunning unless the broker is started."""
+        raise NotImplementedError
+
+    def _topic(self, name: str, *, create: bool) -> TopicConfig:
+        """The topic's config (created when allowed); TopicNotFound otherwise."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ produce
+    def _validate_message(self, msg: Message) -> TopicConfig:
+        if not isinstance(msg, Message):
+            raise MessageIllegal(f"expected a broker.store.Message, got {type(msg).__name__}")
+        cfg = self._topic(msg.topic, create=True)
+        if not cfg.writeable:
+            raise NoPermission(msg.topic, "writeable", cfg.perm)
+        if not isinstance(msg.body, bytes | bytearray | memoryview):
+            raise MessageIllegal("message body must be bytes")
+        if len(msg.body) == 0:
+            raise MessageIllegal("message body is empty")
+        if len(msg.body) > self.config.max_message_size:
+            raise BodyOverLimit(len(msg.body), self.config.max_message_size)
+        if not isinstance(msg.queue_id, int) or not 0 <= msg.queue_id < cfg.write_queue_nums:
+            raise MessageIllegal(f"queue id {msg.queue_id!r} is not one of the "
+                                 f"{cfg.write_queue_nums} write queues of {msg.topic!r}")
+        check_properties(msg.properties)
+        if self.config.check_message_type:
+            mtype = message_type_of(msg)
+            if not cfg.message_type.accepts(mtype):
+                raise MessageTypeMismatch(msg.topic, cfg.message_type.value, mtype.value)
+        return cfg
+
+    def _stored(self, topic: str, result: PutMessageResult) -> PutMessageResult:
+        if not result.status.stored or result.append is None:
+            raise SendRejected(topic, result.status.value,
+                               PUT_STATUS_CODES.get(result.status, ResponseCode.SYSTEM_ERROR))
+        return result
+
+    def send_message(self, msg: Message, *, producer_group: str | None = None) -> SendResult:
+        """Store one message: normal, delayed (DELAY / TIMER_DELIVER_MS) or half (TRAN_MSG)."""
+        self._require_running()
+        self._validate_message(msg)
+        props = msg.properties
+        transactional = props.get(Prop.TRAN_MSG) == "true"
+        if transactional:
+            if Prop.DELAY in props or Prop.TIMER_DELIVER_MS in props:
+                raise MessageIllegal("a transactional message cannot be delayed")
+            if producer_group is None:
+                producer_group = props.get(Prop.PRODUCER_GROUP)
+            if not producer_group:
+                raise MessageIllegal("a transactional message needs its producer group")
+            validate_group_name(producer_group)
+            result = self._stored(msg.topic, self._tx.prepare(msg, producer_group))
+            assert result.append is not None
+            return SendResult(result.status, msg.unique_key or result.append.msg_id,
+                              result.append.msg_id, msg.topic, msg.queue_id, -1,
+                              result.append.wrote_offset,
+                              transaction_id=msg.unique_key or result.append.msg_id)
+        target = schedule_target(msg, self._levels, self._clock(), self.config.max_delay_ms)
+        to_store = without_delay(msg) if target is None else scheduled_copy(msg, *target)
+        result = self._stored(msg.topic, self.store.put_message(to_store))
+        assert result.append is not None
+        msg_id = msg.unique_key or result.append.msg_id
+        recall = None
+        if target is not None:
+            recall = encode_recall_handle(msg.topic, target[0], result.append.queue_offset,
+                                          msg_id)
+        return SendResult(result.status, msg_id, result.append.msg_id, msg.topic, msg.queue_id,
+                          result.append.queue_offset if target is None else -1,
+                          result.append.wrote_offset, recall_handle=recall)
+
+    def send_batch(self, msgs: Sequence[Message]) -> list[SendResult]:
+        """Store messages of one topic and queue together (no delay, no transaction).
+
+        Messages that differ only in body, KEYS and UNIQ_KEY (a producer's usual batch) are
+        stored as one record batch (`MessageStore.put_batch`: records written in one pass,
+        with the first message's born time, as RocketMQ's MessageBatch); others, or a batch
+        whose whole size passes `max_message_size`, message by message. Either way each
+        message is its own record, with its own offsets and results."""
+        return self._send_batch(msgs, wait=True)[0]
+
+    def send_batch_pending(self, msgs: Sequence[Message]) -> tuple[list[SendResult], int]:
+        """`send_batch` without waiting for the disk under SYNC_FLUSH: (results, end of the
+        last record). The messages are written (page cache, visible to consumers) but not
+        yet acknowledged: call `when_durable(end, callback)` and acknowledge them only once
+        it reports True. Under ASYNC_FLUSH the results are final."""
+        return self._send_batch(msgs, wait=False)
+
+    def _send_batch(self, msgs: Sequence[Message], *,
+                    wait: bool) -> tuple[list[SendResult], int]:
+        self._require_running()
+        if not msgs:
+            raise MessageIllegal("a batch needs at least one message")
+        self._validate_batch(msgs)
+        fast = self._send_record_batch(msgs, wait)
+        if fast is not None:
+            return fast
+        results = self.store.put_messages(list(msgs), wait=wait)
+        out: list[SendResult] = []
+        end = -1
+        for m, r in zip(msgs, results, strict=True):
+            self._stored(m.topic, r)
+            assert r.append is not None
+            end = max(end, r.append.wrote_offset + r.append.wrote_bytes)
+            out.append(SendResult(r.status, m.unique_key or r.append.msg_id, r.append.msg_id,
+                                  m.topic, m.queue_id, r.append.queue_offset,
+                                  r.append.wrote_offset))
+        return out, end
+
+    def _validate_batch(self, msgs: Sequence[Message]) -> None:
+        """`_validate_message` for each message of a batch, the topic and the properties
+        the messages share judged once: a message whose properties equal the first's but
+        for KEYS and UNIQ_KEY (a producer's usual batch) has only its body and those two
+        values checked; any other goes through the full check."""
+        first = msgs[0]
+        self._validate_message(first)
+        fp = first.properties
+        if Prop.DELAY in fp or Prop.TIMER_DELIVER_MS in fp or Prop.TRAN_MSG in fp:
+            raise MessageIllegal("a batch cannot hold delayed or transactional messages")
+        topic, queue_id, width = first.topic, first.queue_id, len(fp)
+        shared = [(k, v) for k, v in fp.items() if k != Prop.KEYS and k != Prop.UNIQ_KEY]
+        varying = width - len(shared)  # how many of KEYS, UNIQ_KEY the first one has
+        limit = self.config.max_message_size
+        for m in msgs[1:]:
+            p = m.properties
+            body = m.body
+            if (type(m) is Message and type(body) is bytes and 0 < len(body) <= limit
+                    and m.topic == topic and m.queue_id == queue_id and len(p) == width
+                    and (Prop.KEYS in p) + (Prop.UNIQ_KEY in p) == varying
+                    and all(p.get(k) == v for k, v in shared)):
+                for k in (Prop.KEYS, Prop.UNIQ_KEY):
+                    v = p.get(k)
+                    if v is not None and (type(v) is not str or "\x01" in v or "\x02" in v):
+                        check_properties({k: v})  # raises the precise error
+                continue
+            self._validate_message(m)
+            if (m.topic, m.queue_id) != (topic, queue_id):
+                raise MessageIllegal("every message of a batch goes to one topic and queue")
+            if any(k in p for k in (Prop.DELAY, Prop.TIMER_DELIVER_MS, Prop.TRAN_MSG)):
+                raise MessageIllegal("a batch cannot hold delayed or transactional messages")
+
+    def _send_record_batch(self, msgs: Sequence[Message],
+                           wait: bool) -> tuple[list[SendResult], int] | None:
+        """`send_batch` through `put_batch`; None when the batch has not that shape or
+        `put_batch` refuses it as a whole (then nothing was stored)."""
+        first = msgs[0]
+        props = first.properties
+        has_keys, has_uniq = Prop.KEYS in props, Prop.UNIQ_KEY in props
+        shared = {k: v for k, v in props.items() if k != Prop.KEYS and k != Prop.UNIQ_KEY}
+        width = len(shared) + has_keys + has_uniq
+        for m in msgs:
+            p = m.properties
+            if (m.flag != first.flag or m.sys_flag != first.sys_flag or m.reconsume_times
+                    or m.prepared_tx_offset or m.born_host != first.born_host
+                    or not isinstance(m.body, bytes) or len(p) != width
+                    or (Prop.KEYS in p) != has_keys or (Prop.UNIQ_KEY in p) != has_uniq
+                    or any(p.get(k) != v for k, v in shared.items())):
+                return None
+        result = self.store.put_batch(
+            first.topic, first.queue_id, [m.body for m in msgs], shared,
+            keys=[m.properties[Prop.KEYS] for m in msgs] if has_keys else None,
+            uniq_keys=[m.properties[Prop.UNIQ_KEY] for m in msgs] if has_uniq else None,
+            flag=first.flag, sys_flag=first.sys_flag, born_timestamp=first.born_timestamp,
+            born_host=first.born_host, wait=wait)
+        if result.status in (PutMessageStatus.MESSAGE_ILLEGAL,
+                             PutMessageStatus.PROPERTIES_SIZE_EXCEEDED):
+            return None  # message by message: each gets its own verdict
+        self._stored(first.topic, result)
+        append = result.append
+        assert append is not None
+        return [SendResult(result.status, m.unique_key or append.msg_id_at(offset),
+                           append.msg_id_at(offset), m.topic, m.queue_id,
+                           append.queue_offset + i, offset)
+                for i, (m, offset) in enumerate(zip(msgs, append.record_offsets, strict=True))
+                ], append.wrote_offset + append.wrote_bytes

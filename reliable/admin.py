@@ -1,0 +1,77 @@
+"""The client side of a running server's admin service (`reliable.admin.v1.Admin`).
+
+`AdminClient(endpoint).call("CreateTopic", name="orders")` sends one unary call whose
+request and response bodies are JSON objects (the methods and their parameters are listed in
+`broker.server.admin`); a refusal raises `AdminCallError` with the protocol code name, a
+broker that cannot be reached raises `grpc.RpcError`.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from broker.server.admin import SERVICE
+from broker.server.auth import ALGORITHM, sign
+from reliable.errors import ReliableError
+
+__all__ = ["AdminCallError", "AdminClient"]
+
+
+class AdminCallError(ReliableError):
+    """A remote admin call was refused; `code` is the protocol code name (e.g. BAD_REQUEST)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code
+        super().__init__(f"{code}: {message}")
+
+
+def _encode(value: dict[str, Any]) -> bytes:
+    return json.dumps(value, sort_keys=True).encode()
+
+
+def _decode(raw: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(raw.decode() or "{}")
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return {}  # not an answer of the admin service: refused as UNKNOWN
+    return value if isinstance(value, dict) else {}
+
+
+class AdminClient:
+    """Calls `reliable.admin.v1.Admin` on a running server."""
+
+    def __init__(self, endpoint: str, *, tls: bool = False, ca_file: str | None = None,
+                 access_key: str = "", secret_key: str = "", timeout_s: float = 10.0) -> None:
+        if tls:
+            roots = Path(ca_file).read_bytes() if ca_file else None
+            self._channel = grpc.secure_channel(endpoint, grpc.ssl_channel_credentials(roots))
+        else:
+            self._channel = grpc.insecure_channel(endpoint)
+        self._access_key, self._secret_key = access_key, secret_key
+        self._timeout_s = timeout_s
+
+    def _metadata(self) -> list[tuple[str, str]]:
+        if not self._access_key:
+            return []
+        now = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        return [("x-mq-date-time", now),
+                ("authorization", f"{ALGORITHM} Credential={self._access_key}, "
+                 f"SignedHeaders=x-mq-date-time, Signature={sign(self._secret_key, now)}")]
+
+    def call(self, method: str, **params: Any) -> Any:
+        """The `result` of `method` called with `params`; AdminCallError when refused."""
+        stub = self._channel.unary_unary(f"/{SERVICE}/{method}", request_serializer=_encode,
+                                         response_deserializer=_decode)
+        reply = stub(params, timeout=self._timeout_s, metadata=self._metadata())
+        if not reply.get("ok"):
+            raise AdminCallError(str(reply.get("code", "UNKNOWN")),
+                                 str(reply.get("message", "")))
+        return reply.get("result")
+
+    def close(self) -> None:
+        self._channel.close()

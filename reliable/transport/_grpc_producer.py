@@ -1,0 +1,230 @@
+"""The grpc transport's producer side: SendMessage (one, a batch, or pipelined),
+RecallMessage, EndTransaction and the orphaned-transaction checks a producer's Telemetry
+stream receives.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grpc
+
+from broker.clock import wall_ms
+from broker.config import DEFAULT_DELAY_LEVELS_MS
+from reliable.errors import BadRequest, ReliableError, TransportError
+from reliable.message import Message, SendReceipt, SendStatus
+from reliable.transport import _grpc_wire as wire
+from reliable.transport._grpc_session import GrpcSession
+from reliable.transport._pb import definition_pb2, service_pb2
+from reliable.transport.base import (
+    QueueRef,
+    TransactionChecker,
+    TransactionRef,
+    TransactionState,
+)
+
+log = logging.getLogger("reliable.transport.grpc")
+
+
+class ProducerSide(GrpcSession):
+    """Sending and transactions over the session."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._published: set[str] = set()
+        self._checkers: dict[str, TransactionChecker] = {}
+        self._producer_stream: wire.Telemetry | None = None
+
+    def _end_clients(self) -> None:
+        super()._end_clients()
+        if self._producer_stream is not None:
+            self._terminate(self._producer_stream.client_id, None, self._producer_stream)
+            self._producer_stream = None
+
+    def _proto(self, m: Message, transactional: bool) -> Any:
+        pm = definition_pb2.Message()
+        self._resource(pm.topic, m.topic)
+        pm.body = bytes(m.body)
+        pm.user_properties.update(m.properties)
+        sp = pm.system_properties
+        if m.tags:
+            sp.tag = m.tags
+        sp.keys.extend(m.keys)
+        sp.message_id = m.message_id
+        wire.set_ms(sp.born_timestamp, wall_ms())
+        sp.born_host = wire.local_ip()
+        sp.body_encoding = wire.IDENTITY
+        deliver_at = m.deliver_at_ms
+        if deliver_at is None and m.delay_level:
+            ladder = DEFAULT_DELAY_LEVELS_MS
+            level = min(max(m.delay_level, 1), len(ladder))
+            deliver_at = wall_ms() + ladder[level - 1]
+        if transactional:
+            if m.message_group or deliver_at is not None:
+                raise BadRequest("a transactional message cannot be FIFO or delayed")
+            sp.message_type = wire.TRANSACTION
+        elif m.message_group:
+            if deliver_at is not None:
+                raise BadRequest("a FIFO message cannot be delayed")
+            sp.message_type = wire.FIFO
+            sp.message_group = m.message_group
+        elif deliver_at is not None:
+            sp.message_type = wire.DELAY
+            wire.set_ms(sp.delivery_timestamp, deliver_at)
+        else:
+            sp.message_type = wire.NORMAL
+        return pm
+
+    def _request(self, messages: Sequence[Message], transactional: bool) -> Any:
+        request = service_pb2.SendMessageRequest()
+        request.messages.extend([self._proto(m, transactional) for m in messages])
+        for m in messages:
+            if m.topic not in self._published:
+                self._note_topic(m.topic)
+        return request
+
+    def _results(self, messages: Sequence[Message], response: Any
+                 ) -> list[SendReceipt | BaseException]:
+        """One result per message: its receipt, or the error its entry reports."""
+        if len(response.entries) != len(messages):
+            return [wire.miscounted(response, "SendMessage", len(messages))] * len(messages)
+        out: list[SendReceipt | BaseException] = []
+        for m, entry in zip(messages, response.entries, strict=True):
+            try:
+                wire.check_status(entry.status if entry.HasField("status") else
+                                  response.status, "SendMessage")
+            except ReliableError as exc:
+                out.append(exc)
+                continue
+            out.append(SendReceipt(
+                message_id=entry.message_id or m.message_id, topic=m.topic, queue_id=-1,
+                queue_offset=int(entry.offset), status=SendStatus.SEND_OK,
+                transaction_id=entry.transaction_id or None,
+                recall_handle=entry.recall_handle or None))
+        return out
+
+    def _send(self, messages: Sequence[Message], transactional: bool,
+              timeout_s: float | None) -> list[SendReceipt]:
+        request = self._request(messages, transactional)
+        stub = self._require()
+        self.requests["SendMessage"] += 1
+        try:
+            response = stub.SendMessage(request, timeout=timeout_s or self._timeout,
+                                        metadata=self.metadata(self._producer_id))
+        except grpc.RpcError as exc:
+            self._forget_route(messages[0].topic)
+            raise TransportError(f"SendMessage to {self.endpoint}: {exc.code().name}: "
+                                 f"{exc.details()}") from None
+        receipts = []
+        for result in self._results(messages, response):
+            if isinstance(result, BaseException):
+                raise result
+            receipts.append(result)
+        return receipts
+
+    def submit_send(self, messages: Sequence[Message], queue: QueueRef, *,
+                    producer_group: str | None, timeout_s: float | None,
+                    done: Callable[[list[SendReceipt | BaseException] | BaseException], None],
+                    ) -> None:
+        """One SendMessage carrying `messages`, without waiting: `done` gets a result per
+        message (or the request's error) on gRPC's completion thread. Many may be in
+        flight on the one channel."""
+        request = self._request(messages, False)
+        stub = self._require()
+        self.requests["SendMessage"] += 1
+        call = stub.SendMessage.future(request, timeout=timeout_s or self._timeout,
+                                       metadata=self.metadata(self._producer_id))
+        self._when_answered(call, "SendMessage", lambda r: self._results(messages, r), done,
+                            on_rpc_error=lambda: self._forget_route(messages[0].topic))
+
+    def send(self, message: Message, queue: QueueRef, *, producer_group: str | None = None,
+             transactional: bool = False, timeout_s: float | None = None) -> SendReceipt:
+        return self._send([message], transactional, timeout_s)[0]
+
+    def send_batch(self, messages: Sequence[Message], queue: QueueRef, *,
+                   producer_group: str | None = None) -> list[SendReceipt]:
+        if not messages:
+            return []
+        return self._send(list(messages), False, None)
+
+    def recall(self, topic: str, recall_handle: str) -> str:
+        request = service_pb2.RecallMessageRequest()
+        self._resource(request.topic, topic)
+        request.recall_handle = recall_handle
+        return str(self._unary("RecallMessage", request, self._producer_id).message_id)
+
+    @property
+    def _producer_id(self) -> str:
+        return f"{self._base_id}@producer"
+
+    def _note_topic(self, topic: str) -> None:
+        with self._lock:
+            if topic in self._published:
+                return
+            self._published.add(topic)
+            stream = self._producer_stream
+        if stream is not None:
+            stream.resend_settings()
+
+    def _producer_settings(self) -> Any:
+        settings = definition_pb2.Settings()
+        settings.client_type = wire.PRODUCER
+        settings.access_point.CopyFrom(self._access_point)
+        settings.request_timeout.seconds = int(self._timeout)
+        for topic in sorted(self._published):
+            self._resource(settings.publishing.topics.add(), topic)
+        settings.publishing.max_body_size = 4 * 1024 * 1024
+        settings.publishing.validate_message_type = True
+        settings.user_agent.language = wire.PYTHON
+        settings.user_agent.version = wire.VERSION
+        settings.user_agent.hostname = socket.gethostname()
+        return settings
+
+    def end_transaction(self, producer_group: str, ref: TransactionRef,
+                        state: TransactionState, *, from_check: bool = False) -> None:
+        if state is TransactionState.UNKNOWN and not from_check:
+            return
+        request = service_pb2.EndTransactionRequest()
+        self._resource(request.topic, ref.topic)
+        request.message_id = ref.message_id
+        request.transaction_id = ref.transaction_id or ""
+        request.resolution = {TransactionState.COMMIT: wire.COMMIT,
+                              TransactionState.ROLLBACK: wire.ROLLBACK}.get(state, 0)
+        request.source = wire.SOURCE_SERVER_CHECK if from_check else wire.SOURCE_CLIENT
+        self._unary("EndTransaction", request, self._producer_id)
+
+    def set_transaction_checker(self, producer_group: str,
+                                checker: TransactionChecker | None) -> None:
+        with self._lock:
+            if checker is None:
+                self._checkers.pop(producer_group, None)
+                return
+            self._checkers[producer_group] = checker
+            if self._producer_stream is None:
+                self._require()
+                self._producer_stream = wire.Telemetry(self, self._producer_id,
+                                                   self._producer_settings, self._on_check)
+
+    def _on_check(self, command: Any) -> None:
+        with self._lock:
+            checkers = list(self._checkers.items())
+        if not checkers:
+            return
+        producer_group, checker = checkers[0]
+        received = wire.to_received(command.message, None)
+        received.transaction_id = command.transaction_id
+
+        def resolve() -> None:
+            try:
+                state = checker(received)
+                self.end_transaction(producer_group, TransactionRef(
+                    received.topic, received.message_id, command.transaction_id, None),
+                    state, from_check=True)
+            except Exception:
+                log.exception("transaction check of %s failed", received.message_id)
+
+        threading.Thread(target=resolve, name="transaction-check", daemon=True).start()

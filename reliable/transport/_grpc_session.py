@@ -1,0 +1,217 @@
+"""The grpc transport's session: one channel to one endpoint, the calls' metadata and
+status checks, topic routes and client identities' termination.
+
+`_grpc_producer` and `_grpc_consumer` add the two sides; `reliable.transport.grpc` puts
+them together as `GrpcTransport`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from broker.names import dlq_topic, retry_topic
+from reliable.errors import BrokerCallError, ConfigurationError, TransportError
+from reliable.transport import _grpc_wire as wire
+from reliable.transport._pb import service_pb2, service_pb2_grpc
+from reliable.transport.base import QueueRef, TopicRoute
+
+log = logging.getLogger("reliable.transport.grpc")
+
+# gRPC's default reconnect backoff (1 s growing x1.6 to 120 s) kept sends failing for
+# seconds after the broker was back; a broker restart is the usual outage, so retry the
+# connection within about a second (attempts stay cheap: one TCP connect each)
+RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100),
+                     ("grpc.min_reconnect_backoff_ms", 100),
+                     ("grpc.max_reconnect_backoff_ms", 1_000)]
+
+ROUTE_TTL_S = 30.0
+
+
+class GrpcSession:
+    """The channel, the calls and the routes that both sides of the transport use."""
+
+    _ids = itertools.count()
+
+    def __init__(self, *, endpoint: str, tls: bool = False, ca_file: str | Path | None = None,
+                 access_key: str = "", secret_key: str = "", namespace: str = "",
+                 request_timeout_s: float = 3.0, settings_timeout_s: float = 5.0) -> None:
+        self.endpoint = endpoint
+        self._access_point = wire.parse_endpoint(endpoint)
+        self._tls, self._ca_file = tls, ca_file
+        self._access_key, self._secret_key = access_key, secret_key
+        self._namespace = namespace
+        self._timeout = request_timeout_s
+        self._settings_timeout = settings_timeout_s
+        self._base_id = f"{socket.gethostname()}@{os.getpid()}@{next(self._ids)}@" \
+                        f"{uuid.uuid4().hex[:8]}"
+        self._lock = threading.RLock()
+        self._channel: Any = None
+        self.stub: Any = None
+        self._brokers: dict[str, str] = {}  # topic -> a broker name from its route
+        self._routes: dict[str, tuple[float, TopicRoute]] = {}  # topic -> (fetched at, route)
+        self._static_md: dict[str, list[tuple[str, str]]] = {}  # client id -> fixed metadata
+        self._md_second = -1
+        self._md_date = ""
+        self.requests = {"SendMessage": 0, "AckMessage": 0}  # requests made (observability)
+
+    # --- lifecycle
+    def start(self) -> None:
+        with self._lock:
+            if self._channel is not None:
+                return
+            options = [("grpc.enable_retries", 0), ("grpc.max_receive_message_length", -1),
+                       ("grpc.max_send_message_length", -1), *RECONNECT_OPTIONS]
+            if self._tls:
+                roots = Path(self._ca_file).read_bytes() if self._ca_file else None
+                self._channel = grpc.secure_channel(
+                    self.endpoint, grpc.ssl_channel_credentials(roots), options)
+            else:
+                self._channel = grpc.insecure_channel(self.endpoint, options)
+            self.stub = service_pb2_grpc.MessagingServiceStub(self._channel)
+
+    def close(self) -> None:
+        with self._lock:
+            self._end_clients()
+            if self._channel is not None:
+                self._channel.close()
+                self._channel = None
+                self.stub = None
+
+    def _end_clients(self) -> None:
+        """Tell the server this process's client identities are gone (the producer and
+        consumer sides add theirs); called by `close` under the lock."""
+
+    def _terminate(self, client_id: str, group: str | None, stream: wire.Telemetry | None) -> None:
+        request = service_pb2.NotifyClientTerminationRequest()
+        if group:
+            request.group.name, request.group.resource_namespace = group, self._namespace
+        try:
+            self._unary("NotifyClientTermination", request, client_id)
+        except BrokerCallError as exc:
+            log.debug("termination notice for %s failed: %s", client_id, exc)
+        if stream is not None:
+            stream.close()
+
+    # --- calls
+    def metadata(self, client_id: str) -> list[tuple[str, str]]:
+        second = int(time.time())
+        if second != self._md_second:  # the date header changes once a second, not per call
+            self._md_date = datetime.fromtimestamp(second, UTC).strftime("%Y%m%dT%H%M%SZ")
+            self._md_second = second
+        now = self._md_date
+        static = self._static_md.get(client_id)
+        if static is None:
+            static = [("x-mq-language", "PYTHON"), ("x-mq-protocol", "GRPC_V2"),
+                      ("x-mq-client-version", wire.VERSION), ("x-mq-client-id", client_id),
+                      ("x-mq-namespace", self._namespace)]
+            if len(self._static_md) < 1024:
+                self._static_md[client_id] = static
+        md = [*static, ("x-mq-date-time", now), ("x-mq-request-id", uuid.uuid4().hex)]
+        if self._access_key:
+            import hashlib
+            import hmac
+
+            signature = hmac.new(self._secret_key.encode(), now.encode(),
+                                 hashlib.sha1).hexdigest()
+            md.append(("authorization", f"MQv2-HMAC-SHA1 Credential={self._access_key}, "
+                                        f"SignedHeaders=x-mq-date-time, Signature={signature}"))
+        return md
+
+    def _require(self) -> Any:
+        if self.stub is None:
+            raise ConfigurationError("the grpc transport is not started")
+        return self.stub
+
+    def _unary(self, method: str, request: Any, client_id: str | None = None,
+               timeout_s: float | None = None) -> Any:
+        stub = self._require()
+        try:
+            response = getattr(stub, method)(request, timeout=timeout_s or self._timeout,
+                                             metadata=self.metadata(client_id or self._base_id))
+        except grpc.RpcError as exc:
+            raise TransportError(f"{method} to {self.endpoint}: {exc.code().name}: "
+                                 f"{exc.details()}") from None
+        wire.check_status(response.status, method)
+        return response
+
+    def _resource(self, target: Any, name: str) -> None:
+        target.name, target.resource_namespace = name, self._namespace
+
+    def _when_answered(self, call: Any, method: str, read: Callable[[Any], Any],
+                       done: Callable[[Any], None],
+                       on_rpc_error: Callable[[], None] | None = None) -> None:
+        """Hand a future call's outcome to `done` on gRPC's completion thread: `read` of the
+        response, or the error of the whole request (a TransportError for the call itself;
+        an answer that cannot be read fails the whole request too)."""
+        def finished(f: Any) -> None:
+            try:
+                response = f.result()
+            except grpc.RpcError as exc:
+                if on_rpc_error is not None:
+                    on_rpc_error()
+                done(TransportError(f"{method} to {self.endpoint}: {exc.code().name}: "
+                                    f"{exc.details()}"))
+                return
+            except Exception as exc:  # cancelled on close
+                done(TransportError(f"{method} to {self.endpoint}: {exc!r}"))
+                return
+            try:
+                results = read(response)
+            except Exception as exc:
+                done(exc)
+                return
+            done(results)
+
+        call.add_done_callback(finished)
+
+    # --- routes
+    def route(self, topic: str) -> TopicRoute:
+        """The topic's route, cached for `ROUTE_TTL_S` (the official clients refresh theirs
+        every 30 s); a failed send forgets it so the next attempt asks again."""
+        cached = self._routes.get(topic)
+        if cached is not None and time.monotonic() - cached[0] < ROUTE_TTL_S:
+            return cached[1]
+        route = self._query_route(topic)
+        if route.write_queues or route.read_queues:
+            self._routes[topic] = (time.monotonic(), route)
+        return route
+
+    def _forget_route(self, topic: str) -> None:
+        self._routes.pop(topic, None)
+
+    def _query_route(self, topic: str) -> TopicRoute:
+        request = service_pb2.QueryRouteRequest()
+        self._resource(request.topic, topic)
+        request.endpoints.CopyFrom(self._access_point)
+        response = self._unary("QueryRoute", request)
+        writes: list[QueueRef] = []
+        reads: list[QueueRef] = []
+        for mq in response.message_queues:
+            if mq.broker.id != 0:
+                continue
+            ref = QueueRef(topic, mq.broker.name, int(mq.id))
+            if mq.permission in (wire.WRITE, wire.READ_WRITE):
+                writes.append(ref)
+            if mq.permission in (wire.READ, wire.READ_WRITE):
+                reads.append(ref)
+        if reads or writes:
+            self._brokers[topic] = (reads or writes)[0].broker
+        return TopicRoute(topic, tuple(writes), tuple(reads))
+
+    def retry_topic(self, group: str) -> str:
+        return retry_topic(group)
+
+    def dlq_topic(self, group: str) -> str:
+        return dlq_topic(group)

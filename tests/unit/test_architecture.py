@@ -1,0 +1,68 @@
+"""The layering contract (pyproject.toml, [tool.importlinter]) holds on the tree, and bites.
+
+reliable_cli > idempotency > outbox > reliable > broker: a package imports only from the
+layers below it, and the modules of the client and of the command line import each other
+without cycles. `make lint` runs the same check (`lint-imports`); this test runs it in the
+suite too, and proves that it fails on a deliberately wrong import, in a copy of the tree.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("broker", "reliable", "outbox", "idempotency", "reliable_cli")
+LINT = ("import sys; from importlinter.cli import lint_imports_command; "
+        "sys.exit(lint_imports_command())")
+
+pytest.importorskip("importlinter", reason="import-linter is a dev dependency")
+
+
+def _lint(root: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run([sys.executable, "-c", LINT, "--no-cache"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def _copy_of_the_tree(tmp_path: Path) -> Path:
+    for name in PACKAGES:
+        shutil.copytree(ROOT / name, tmp_path / name,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.c"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    return tmp_path
+
+
+def test_the_tree_keeps_the_layers_and_has_no_cycles() -> None:
+    proc = _lint(ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 broken" in proc.stdout
+
+
+@pytest.mark.parametrize(("module", "source", "broken"), [
+    # the client core reaching up for the concrete idempotency guard
+    ("reliable/_wrong.py", "import idempotency\n", "reliable is not allowed to import idempotency"),
+    # the broker importing the client
+    ("broker/_wrong.py", "from reliable.errors import ReliableError\n",
+     "broker is not allowed to import reliable"),
+    # the outbox importing the command line's exit codes (the cycle that used to be)
+    ("outbox/_wrong.py", "from reliable_cli.exit_codes import ExitCode\n",
+     "outbox is not allowed to import reliable_cli"),
+    # two client modules importing each other
+    ("reliable/_wrong.py", "import reliable.producer\n", "No cycles are allowed in reliable"),
+])
+def test_a_wrong_import_breaks_the_contract(tmp_path: Path, module: str, source: str,
+                                            broken: str) -> None:
+    tree = _copy_of_the_tree(tmp_path)
+    if "cycles" in broken:  # make the producer import the new module back
+        producer = tree / "reliable" / "producer.py"
+        producer.write_text(producer.read_text() + "\nfrom reliable import _wrong  # noqa\n")
+    (tree / module).write_text(source)
+    proc = _lint(tree)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert broken in proc.stdout, proc.stdout

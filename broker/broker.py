@@ -92,6 +92,7 @@ from broker.store.message import (
     MessageExt,
 )
 from broker.store.service import ServiceThread
+from broker.store.stats import KeyedCounter
 from broker.store.store import MessageStore
 from broker.subscription import SubscriptionGroupConfig, SubscriptionGroupManager
 from broker.topic import PERM_READ_WRITE, TopicConfig, TopicConfigManager, TopicMessageType
@@ -166,6 +167,9 @@ class Broker(ProduceEngine):
         self._last_revive = 0
         self._lock = threading.Lock()
         self._running = False
+        # messages handed out and acknowledged per (group, topic), for broker.metrics
+        self.delivered: KeyedCounter[tuple[str, str]] = KeyedCounter()
+        self.acked: KeyedCounter[tuple[str, str]] = KeyedCounter()
         self._notifier_added = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -438,6 +442,8 @@ class Broker(ProduceEngine):
             status = PULL_STATUS.get(got.status, PullStatus.NO_NEW_MSG)
             remaining_ms = int((deadline - time.monotonic()) * 1000)
             if status is not PullStatus.NO_NEW_MSG or remaining_ms <= 0 or not self._running:
+                if got.messages:
+                    self.delivered.add((group, topic), len(got.messages))
                 return PullResult(status, got.messages, got.next_begin_offset, got.min_offset,
                                   got.max_offset)
             self._notifier.wait({topic: version}, remaining_ms)
@@ -610,6 +616,8 @@ class Broker(ProduceEngine):
                 entries = kept
             remaining_ms = int((deadline - time.monotonic()) * 1000)
             if entries or remaining_ms <= 0 or not self._running:
+                if entries:
+                    self.delivered.add((group, topic), len(entries))
                 return entries
             self._notifier.wait({topic: version}, remaining_ms)
 
@@ -638,6 +646,7 @@ class Broker(ProduceEngine):
         validate_group_name(group)
         validate_topic_name(topic)
         self._pop.ack(group, topic, receipt_handle)
+        self.acked.add((group, topic))
 
     def ack_batch(self, group: str, topic: str,
                   receipt_handles: Sequence[str]) -> list[BrokerError | None]:
@@ -645,7 +654,10 @@ class Broker(ProduceEngine):
         self._require_running()
         validate_group_name(group)
         validate_topic_name(topic)
-        return list(self._pop.ack_many(group, topic, list(receipt_handles)))
+        errors: list[BrokerError | None] = list(
+            self._pop.ack_many(group, topic, list(receipt_handles)))
+        self.acked.add((group, topic), errors.count(None))
+        return errors
 
     def change_invisible_duration(self, group: str, topic: str, receipt_handle: str,
                                   invisible_ms: int) -> str:

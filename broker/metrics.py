@@ -14,7 +14,7 @@ topic, group and queue id only (bounded by the broker's configuration), never a 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
@@ -56,17 +56,23 @@ def histogram_family(name: str, doc: str, histogram: Histogram) -> HistogramMetr
 
 
 class BrokerCollector(Collector):
-    """The broker's metrics; `send_seconds` is the gRPC server's (absent when embedded)."""
+    """The broker's metrics; `send_seconds` is the gRPC server's (absent when embedded).
+    `broker` may be a callable returning the broker, or None while there is none yet (a
+    process whose embedded broker starts later): then the scrape has no broker families."""
 
-    def __init__(self, broker: Broker, *, send_seconds: Histogram | None = None) -> None:
-        self._broker = broker
+    def __init__(self, broker: Broker | Callable[[], Broker | None], *,
+                 send_seconds: Histogram | None = None) -> None:
+        self._source = broker
         self._send_seconds = send_seconds
 
     def describe(self) -> list[Metric]:
         return []  # families are built at collect time; registration must not scrape
 
     def collect(self) -> Iterator[Metric]:
-        b = self._broker
+        b = self._source if isinstance(self._source, Broker) else self._source()
+        if b is None:
+            return
+        self._broker = b
         store = b.store
         up = GaugeMetricFamily(PREFIX + "up", "1 while the broker is running")
         up.add_metric([], 1.0 if b.running else 0.0)

@@ -15,6 +15,7 @@ from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import cast
 
+from reliable import tracing
 from reliable.consumer.concurrent import ConcurrentConsumeService
 from reliable.consumer.listener import MessageListener, MessageModel
 from reliable.consumer.offset_store import LocalOffsetStore, OffsetStore, RemoteOffsetStore
@@ -218,6 +219,7 @@ class PullEngine:
                     finally:
                         self._room_waiters -= 1
                 continue
+            started_ns = time.time_ns()
             try:
                 batch = self._t.pull(self._group, q, offset, s.pull_batch_size, tags,
                                      suspend_ms=s.pull_suspend_ms)
@@ -231,6 +233,9 @@ class PullEngine:
             if batch.status is PullStatus.FOUND and batch.messages:
                 for m in batch.messages:
                     m.consumer_group = self._group
+                if tracing.enabled():
+                    tracing.received(q.topic, self._group,
+                                     [m.message_id for m in batch.messages], started_ns)
                 pq.put(batch.messages)
                 self._service.submit(pq, q, batch.messages)
             elif batch.status is not PullStatus.NO_NEW_MSG and pq.cached_count == 0:

@@ -44,9 +44,9 @@ from reliable.consumer.listener import DLQ_NOW, ConsumeContext, MessageModel
 from reliable.consumer.push import PushConsumer
 from reliable.consumer.settings import ConsumerSettings
 from reliable.errors import ConfigurationError
+from reliable.handler_stats import HANDLER_STATS, HandlerOutcome
 from reliable.idempotent import DeadLetterMarker, DefaultGuard, MessageGuard
 from reliable.message import ConsumeResult, ReceivedMessage
-from reliable.metrics import HANDLER_STATS, HandlerOutcome
 from reliable.naming import (
     DLQ_GROUP_TOPIC_PREFIX,
     GROUP_MAX_LENGTH,

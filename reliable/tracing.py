@@ -12,8 +12,10 @@ process` (the OpenTelemetry messaging conventions) and carry:
     messaging.message.id            the message id (send, process; receive: one message)
     messaging.batch.message_count   receive: how many messages the call returned
 
-A handler that raises records the exception on its span and sets the status to ERROR;
-`RetryLater` and `Discard` are outcomes, recorded as the `reliable.outcome` attribute.
+What a handler decided (success, retry, discard, dead_letter) is the process span's
+`reliable.outcome` attribute: the framework catches the handler's exceptions, so they are
+outcomes, not span errors. An exception leaving a span (a send that failed for good) is
+recorded on it by OpenTelemetry.
 """
 
 from __future__ import annotations
@@ -22,30 +24,35 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-try:
-    from opentelemetry import trace as _trace
-except ImportError:  # the optional extra is not installed: spans are no-ops
-    _trace = None  # type: ignore[assignment]
-
 SYSTEM = "rocketmq"
 TRACER_NAME = "reliable"
+
+_api: Any = None  # the opentelemetry.trace module, imported at the first span
+_looked = False
+
+
+def _trace() -> Any:
+    """opentelemetry.trace, or None when the optional extra is not installed. Imported on
+    first use, not with `reliable`: a program that never sends pays nothing for it."""
+    global _api, _looked
+    if not _looked:
+        try:
+            from opentelemetry import trace
+        except ImportError:  # spans are no-ops
+            trace = None  # type: ignore[assignment]
+        _api, _looked = trace, True
+    return _api
 
 
 def enabled() -> bool:
     """True when opentelemetry-api is importable (spans go to the configured provider)."""
-    return _trace is not None
+    return _trace() is not None
 
 
 class _NoSpan:
     """What `span()` yields without OpenTelemetry: accepts and drops everything."""
 
     def set_attribute(self, key: str, value: Any) -> None:
-        pass
-
-    def record_exception(self, exc: BaseException) -> None:
-        pass
-
-    def set_error(self, description: str) -> None:
         pass
 
 
@@ -61,13 +68,6 @@ class _Span:
     def set_attribute(self, key: str, value: Any) -> None:
         self._span.set_attribute(key, value)
 
-    def record_exception(self, exc: BaseException) -> None:
-        self._span.record_exception(exc)
-
-    def set_error(self, description: str) -> None:
-        assert _trace is not None
-        self._span.set_status(_trace.Status(_trace.StatusCode.ERROR, description))
-
 
 @contextlib.contextmanager
 def span(operation: str, topic: str, *, kind: str = "internal", group: str | None = None,
@@ -76,7 +76,8 @@ def span(operation: str, topic: str, *, kind: str = "internal", group: str | Non
 
     `kind`: "producer" (send), "consumer" (receive, process) or "internal". An exception
     leaving the block is recorded on the span by OpenTelemetry itself."""
-    if _trace is None:
+    api = _trace()
+    if api is None:
         yield _NO_SPAN
         return
     attributes: dict[str, str] = {"messaging.system": SYSTEM,
@@ -86,9 +87,9 @@ def span(operation: str, topic: str, *, kind: str = "internal", group: str | Non
         attributes["messaging.consumer.group.name"] = group
     if message_id is not None:
         attributes["messaging.message.id"] = message_id
-    span_kind = {"producer": _trace.SpanKind.PRODUCER,
-                 "consumer": _trace.SpanKind.CONSUMER}.get(kind, _trace.SpanKind.INTERNAL)
-    tracer = _trace.get_tracer(TRACER_NAME)
+    span_kind = {"producer": api.SpanKind.PRODUCER,
+                 "consumer": api.SpanKind.CONSUMER}.get(kind, api.SpanKind.INTERNAL)
+    tracer = api.get_tracer(TRACER_NAME)
     with tracer.start_as_current_span(f"{topic} {operation}", kind=span_kind,
                                       attributes=attributes) as s:
         yield _Span(s)
@@ -97,7 +98,8 @@ def span(operation: str, topic: str, *, kind: str = "internal", group: str | Non
 def received(topic: str, group: str, message_ids: Sequence[str], started_ns: int) -> None:
     """Record a `<topic> receive` span from `started_ns` (time.time_ns()) to now, after the
     fact and only when the call returned messages: an empty long poll makes no span."""
-    if _trace is None or not message_ids:
+    api = _trace()
+    if api is None or not message_ids:
         return
     attributes: dict[str, Any] = {"messaging.system": SYSTEM,
                                   "messaging.destination.name": topic,
@@ -106,8 +108,8 @@ def received(topic: str, group: str, message_ids: Sequence[str], started_ns: int
                                   "messaging.batch.message_count": len(message_ids)}
     if len(message_ids) == 1:
         attributes["messaging.message.id"] = message_ids[0]
-    tracer = _trace.get_tracer(TRACER_NAME)
-    tracer.start_span(f"{topic} receive", kind=_trace.SpanKind.CONSUMER,
+    tracer = api.get_tracer(TRACER_NAME)
+    tracer.start_span(f"{topic} receive", kind=api.SpanKind.CONSUMER,
                       attributes=attributes, start_time=started_ns).end()
 
 

@@ -10,6 +10,7 @@ Examples:
     reliable broker start --store /var/lib/reliable --port 8081 --flush sync
     reliable broker start --port 8443 --tls-cert server.pem --tls-key server.key \\
         --credentials-file access-keys.json
+    reliable broker start --metrics-port 9100 --log-format json   # docs/observability.md
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 import reliable
 from reliable import Message, Producer, SimpleConsumer
 from tests.e2e.grpc.scrape import metrics_url, probe, scrape, wait_for
-from tests.e2e.grpc.server_process import REPO, ServerProcess
+from tests.e2e.grpc.server_process import REPO, TEST_STORE, ServerProcess
 
 SENT, ACKED = 20, 7
 
@@ -99,12 +99,12 @@ def test_broker_health_says_not_serving_when_its_disk_is_full(
     assert probe(url, "/healthz")[0] == 200  # alive, only not ready
 
 
-def _consume(endpoint: str, home: Path) -> tuple[subprocess.Popen[str], list[str], list[str]]:
+def _consume(home: Path, *where: str) -> tuple[subprocess.Popen[str], list[str], list[str]]:
     env = dict(os.environ, HOME=str(home), PYTHONUNBUFFERED="1",
                PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "reliable_cli", "consume", "tests.e2e.obs_handlers",
-         "--endpoint", endpoint, "--metrics-port", "0", "--log-format", "json"],
+        [sys.executable, "-m", "reliable_cli", "consume", "tests.e2e.obs_handlers", *where,
+         "--metrics-port", "0", "--log-format", "json"],
         cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out: list[str] = []
     err: list[str] = []
@@ -125,7 +125,7 @@ def test_consume_metrics_count_outcomes_and_readyz_follows_the_broker(
         for kind, n in (("ok", ok), ("retry", retry), ("dead", dead), ("discard", discard)):
             for i in range(n):
                 producer.send(Message(topic="obs-consume", body=f"{kind}-{i}".encode()))
-    proc, out, err = _consume(server.endpoint, tmp_path)
+    proc, out, err = _consume(tmp_path, "--endpoint", server.endpoint)
     try:
         url = metrics_url(out)
         group = "obs-consume-g"
@@ -167,3 +167,22 @@ def test_consume_metrics_count_outcomes_and_readyz_follows_the_broker(
     assert len(retries) == retry, records
     assert all(r["level"] == "WARNING" and "exception" not in r for r in retries), retries
     assert all("ConnectionError" in r["message"] for r in retries)
+
+
+def test_embedded_consume_exports_its_broker_too(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    proc, out, err = _consume(tmp_path, "--store", str(store), *TEST_STORE)
+    try:
+        url = metrics_url(out)
+        wait_for(lambda: any("consuming" in line for line in out), 30, "consuming")
+        code, body = probe(url, "/readyz")
+        assert code == 200, body
+        assert body["checks"] == {"consuming": {"ok": True}, "broker": {"ok": True}}
+        s = scrape(url)
+        assert s.value("reliable_broker_up") == 1
+        assert s.has("reliable_broker_consumer_lag_messages")
+        assert s.value("reliable_guard_events_total", event="processed") == 0
+        assert not s.has("reliable_broker_send_duration_seconds_count")  # no server here
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, "".join(err)

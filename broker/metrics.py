@@ -72,12 +72,11 @@ class BrokerCollector(Collector):
         b = self._source if isinstance(self._source, Broker) else self._source()
         if b is None:
             return
-        self._broker = b
         store = b.store
         up = GaugeMetricFamily(PREFIX + "up", "1 while the broker is running")
         up.add_metric([], 1.0 if b.running else 0.0)
         yield up
-        yield from self._traffic()
+        yield from self._traffic(b)
         if self._send_seconds is not None:
             yield histogram_family(
                 PREFIX + "send_duration_seconds",
@@ -90,11 +89,12 @@ class BrokerCollector(Collector):
                                "Messages made durable by one commitlog fsync (group commit)",
                                flush.records)
         if b.running:
-            yield from self._consumption()
-        yield from self._disk()
+            yield from self._consumption(b)
+        yield from self._disk(b)
 
-    def _traffic(self) -> Iterator[Metric]:
-        store = self._broker.store
+    @staticmethod
+    def _traffic(b: Broker) -> Iterator[Metric]:
+        store = b.store
         put = CounterMetricFamily(
             PREFIX + "messages_put", "Messages stored per topic (the end of its queues)",
             labels=["topic"])
@@ -104,15 +104,15 @@ class BrokerCollector(Collector):
         yield put
         for name, doc, counter in (
                 ("messages_delivered", "Messages handed to a group (received or pulled)",
-                 self._broker.delivered),
-                ("messages_acked", "Messages a group acknowledged", self._broker.acked)):
+                 b.delivered),
+                ("messages_acked", "Messages a group acknowledged", b.acked)):
             family = CounterMetricFamily(PREFIX + name, doc, labels=["group", "topic"])
             for (group, topic), n in sorted(counter.snapshot().items()):
                 family.add_metric([group, topic], float(n))
             yield family
 
-    def _consumption(self) -> Iterator[Metric]:
-        b = self._broker
+    @staticmethod
+    def _consumption(b: Broker) -> Iterator[Metric]:
         store = b.store
         lag = GaugeMetricFamily(
             PREFIX + "consumer_lag_messages",
@@ -152,8 +152,9 @@ class BrokerCollector(Collector):
         yield retry
         yield dlq
 
-    def _disk(self) -> Iterator[Metric]:
-        store = self._broker.store
+    @staticmethod
+    def _disk(b: Broker) -> Iterator[Metric]:
+        store = b.store
         cfg = store.config
         used = GaugeMetricFamily(PREFIX + "commitlog_bytes",
                                  "Bytes of commitlog the store holds (max - min offset)")

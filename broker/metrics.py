@@ -129,19 +129,22 @@ class BrokerCollector(Collector):
             labels=["group"])
         for cfg in sorted(b.groups(), key=lambda g: g.group):
             group = cfg.group
-            retry_name = retry_topic(group)
-            waiting = 0
             leased: dict[str, int] = {}
-            for p in b.consumer_progress(group):
-                if is_dlq_topic(p.topic):
+            for p in b.consumer_progress(group):  # the topics the group has offsets on
+                if is_dlq_topic(p.topic) or is_retry_topic(p.topic):
                     continue
-                if p.topic == retry_name:
-                    waiting += p.lag
-                elif not is_retry_topic(p.topic):
-                    lag.add_metric([group, p.topic, str(p.queue_id)], float(p.lag))
+                lag.add_metric([group, p.topic, str(p.queue_id)], float(p.lag))
                 leased[p.topic] = leased.get(p.topic, 0) + p.in_flight
             for topic, n in sorted(leased.items()):
                 in_flight.add_metric([group, topic], float(n))
+            # the retry topic whether or not the group has consumed from it yet: its
+            # messages wait from its start until the group has an offset there
+            waiting = 0
+            name = retry_topic(group)
+            for q in store.queue_ids(name):
+                committed = b.query_offset(group, name, q)
+                start = committed if committed >= 0 else store.get_min_offset_in_queue(name, q)
+                waiting += max(0, store.get_max_offset_in_queue(name, q) - start)
             retry.add_metric([group], float(waiting))
             dead = dlq_topic(group)
             dlq.add_metric([group], float(sum(

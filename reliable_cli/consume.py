@@ -15,7 +15,7 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from reliable_cli import observe
@@ -139,7 +139,8 @@ def _consume(args: argparse.Namespace) -> int:
               f"{args.metrics_port}: {exc}", file=sys.stderr)
         return ExitCode.UNAVAILABLE
     try:
-        worker = _start(handlers, transport, options, stop, _where(args))
+        worker = _start(handlers, transport, options, stop, _where(args),
+                        say=observe.stderr_notice("reliable consume", args))
         if worker is None:
             return ExitCode.OK  # stopped while waiting for the broker
         started.append(worker)
@@ -191,7 +192,9 @@ def _metrics_endpoint(args: argparse.Namespace, handlers: list[Any], started: li
 
 
 def _start(handlers: list[Any], transport: str, options: dict[str, Any],
-           stop: threading.Event, where: str) -> Any:
+           stop: threading.Event, where: str, *,
+           say: Callable[[str], None] = lambda line: print(line, file=sys.stderr,
+                                                           flush=True)) -> Any:
     """A started Worker; waits for an unreachable broker with backoff, as a running
     consumer does, saying so on stderr. None when stopped while waiting."""
     from reliable.errors import BrokerUnavailable, TransportError
@@ -213,8 +216,7 @@ def _start(handlers: list[Any], transport: str, options: dict[str, Any],
         except (TransportError, BrokerUnavailable) as exc:
             worker.shutdown()
             worker.transport.close()
-            print(f"reliable consume: waiting for {where}: {exc}; retrying in {delay:.1f} s",
-                  file=sys.stderr, flush=True)
+            say(f"waiting for {where}: {exc}; retrying in {delay:.1f} s")
         if stop.wait(delay):
             break
         delay = min(delay * 2, WAIT_MAX_S)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from reliable.logs import LOG_FORMATS, log_formatter
@@ -66,6 +67,19 @@ def start_endpoint(args: argparse.Namespace, command: str, registry: CollectorRe
     return endpoint
 
 
+def stderr_notice(command: str, args: argparse.Namespace) -> Callable[[str], None]:
+    """How a running command tells the operator something on stderr: `<command>: line` as
+    text, or a WARNING record of logger `reliable.<command>` with `--log-format json`, so
+    that stderr stays one JSON object per line."""
+    if getattr(args, "log_format", "text") == "json":
+        logger = logging.getLogger(command.replace("reliable ", "reliable.").replace(" ", "."))
+        return logger.warning
+
+    def say(line: str) -> None:
+        print(f"{command}: {line}", file=sys.stderr, flush=True)
+    return say
+
+
 class BrokerProbe:
     """Asks a gRPC endpoint's standard health service whether it serves (one channel,
     reused). A server without the service (UNIMPLEMENTED) answered, so it counts as up."""
@@ -91,4 +105,5 @@ class BrokerProbe:
         self._channel.close()
 
 
-__all__ = ["BrokerProbe", "add_arguments", "configure_logging", "start_endpoint"]
+__all__ = ["BrokerProbe", "add_arguments", "configure_logging", "start_endpoint",
+           "stderr_notice"]

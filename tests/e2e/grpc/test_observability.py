@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -186,3 +187,22 @@ def test_embedded_consume_exports_its_broker_too(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0, "".join(err)
+
+
+def test_json_logs_stay_json_while_waiting_for_a_broker(tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc, out, err = _consume(tmp_path, "--endpoint", f"127.0.0.1:{port}")
+    try:
+        url = metrics_url(out)
+        wait_for(lambda: sum("waiting for" in line for line in err) >= 2, 20, "two waits")
+        code, body = probe(url, "/readyz")
+        assert code == 503 and body["checks"]["consuming"] == {"ok": False}, body
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    records = [json.loads(line) for line in err if line.strip()]
+    waits = [r for r in records if "waiting for" in r["message"]]
+    assert len(waits) >= 2 and all(r["level"] == "WARNING" and r["logger"] == "reliable.consume"
+                                   for r in waits)

@@ -94,6 +94,7 @@ from broker.store.message import (
     MessageExt,
 )
 from broker.store.service import ServiceThread
+from broker.store.stats import KeyedCounter
 from broker.store.store import MessageStore
 from broker.subscription import SubscriptionGroupConfig, SubscriptionGroupManager
 from broker.topic import PERM_READ_WRITE, TopicConfig, TopicConfigManager, TopicMessageType
@@ -168,6 +169,9 @@ class Broker(ProduceEngine):
         self._last_revive = 0
         self._lock = threading.Lock()
         self._running = False
+        # messages handed out and acknowledged per (group, topic), for broker.metrics
+        self.delivered: KeyedCounter[tuple[str, str]] = KeyedCounter()
+        self.acked: KeyedCounter[tuple[str, str]] = KeyedCounter()
         self._notifier_added = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -440,6 +444,8 @@ class Broker(ProduceEngine):
             status = PULL_STATUS.get(got.status, PullStatus.NO_NEW_MSG)
             remaining_ms = int((deadline - time.monotonic()) * 1000)
             if status is not PullStatus.NO_NEW_MSG or remaining_ms <= 0 or not self._running:
+                if got.messages:
+                    self.delivered.add((group, topic), len(got.messages))
                 return PullResult(status, got.messages, got.next_begin_offset, got.min_offset,
                                   got.max_offset)
             self._notifier.wait({topic: version}, remaining_ms)
@@ -624,6 +630,8 @@ class Broker(ProduceEngine):
                 entries = kept
             remaining_ms = int((deadline - time.monotonic()) * 1000)
             if entries or remaining_ms <= 0 or not self._running:
+                if entries:
+                    self.delivered.add((group, topic), len(entries))
                 return entries
             self._notifier.wait({topic: version}, remaining_ms)
 
@@ -679,6 +687,7 @@ class Broker(ProduceEngine):
         validate_group_name(group)
         validate_topic_name(topic)
         self._pop.ack(group, self._lease_topic(group, topic, receipt_handle), receipt_handle)
+        self.acked.add((group, topic))
 
     def ack_batch(self, group: str, topic: str,
                   receipt_handles: Sequence[str]) -> list[BrokerError | None]:
@@ -689,14 +698,17 @@ class Broker(ProduceEngine):
         handles = list(receipt_handles)
         on = [self._lease_topic(group, topic, h) for h in handles]
         if all(t == topic for t in on):
-            return list(self._pop.ack_many(group, topic, handles))
-        out: list[BrokerError | None] = [None] * len(handles)
-        for lease_topic in set(on):
-            at = [i for i, t in enumerate(on) if t == lease_topic]
-            for i, error in zip(at, self._pop.ack_many(group, lease_topic,
-                                                       [handles[i] for i in at]), strict=True):
-                out[i] = error
-        return out
+            errors: list[BrokerError | None] = list(self._pop.ack_many(group, topic, handles))
+        else:
+            errors = [None] * len(handles)
+            for lease_topic in set(on):
+                at = [i for i, t in enumerate(on) if t == lease_topic]
+                for i, error in zip(at, self._pop.ack_many(group, lease_topic,
+                                                           [handles[i] for i in at]),
+                                    strict=True):
+                    errors[i] = error
+        self.acked.add((group, topic), errors.count(None))
+        return errors
 
     def change_invisible_duration(self, group: str, topic: str, receipt_handle: str,
                                   invisible_ms: int) -> str:

@@ -150,8 +150,9 @@ class ResendWorker:
         while not stop.is_set():
             try:
                 result = self.run_once()
-            except Exception:
-                log.exception("resend worker %s: pass failed", self.name)
+            except Exception as exc:  # the next pass retries (a database outage, ...)
+                log.warning("resend worker %s: pass failed, retrying in %ss: %r", self.name,
+                            interval, exc, exc_info=log.isEnabledFor(logging.DEBUG))
                 self.metrics.errors += 1
                 result = Metrics(errors=1)
             if on_pass is not None:

@@ -35,13 +35,16 @@ import inspect
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+from reliable import tracing
 from reliable.consumer.listener import DLQ_NOW, ConsumeContext, MessageModel
 from reliable.consumer.push import PushConsumer
 from reliable.consumer.settings import ConsumerSettings
 from reliable.errors import ConfigurationError
+from reliable.handler_stats import HANDLER_STATS, HandlerOutcome
 from reliable.idempotent import DeadLetterMarker, DefaultGuard, MessageGuard
 from reliable.message import ConsumeResult, ReceivedMessage
 from reliable.naming import (
@@ -237,16 +240,34 @@ class Handler:
         return self.fn(message, **kwargs)
 
     def handle(self, message: ReceivedMessage, ctx: ConsumeContext) -> ConsumeResult:
-        """Run the handler for one message and map its outcome (see the module table)."""
+        """Run the handler for one message and map its outcome (see the module table);
+        timed and counted in `reliable.metrics.HANDLER_STATS`, traced by `reliable.tracing`."""
+        discarded_before, ctx.discarded = ctx.discarded, False
+        started = time.perf_counter()
+        with tracing.span("process", message.topic, kind="consumer", group=self.group,
+                          message_id=message.message_id) as span:
+            result = self._handle(message, ctx)
+            if result is ConsumeResult.SUCCESS:
+                outcome = HandlerOutcome.DISCARD if ctx.discarded else HandlerOutcome.SUCCESS
+            elif ctx.delay_level_when_next_consume == DLQ_NOW:
+                outcome = HandlerOutcome.DEAD_LETTER
+            else:
+                outcome = HandlerOutcome.RETRY
+            span.set_attribute("reliable.outcome", outcome.value)
+        HANDLER_STATS.record(self.group, time.perf_counter() - started, outcome)
+        ctx.discarded = ctx.discarded or discarded_before
+        return result
+
+    def _handle(self, message: ReceivedMessage, ctx: ConsumeContext) -> ConsumeResult:
         if self.bucket is not None:
             self.bucket.acquire()  # throttled by waiting, never by failing the message
         if self.marker is not None:
             # before the user's function, so the dead letter is on record even if it fails
             try:
                 self._mark_dead_lettered(message)
-            except Exception:  # database down: not the message's fault, retry it
-                log.warning("%s: recording dead letter %s failed; will retry", self.group,
-                            message.message_id, exc_info=True)
+            except Exception as exc:  # database down: not the message's fault, retry it
+                log.warning("%s: recording dead letter %s failed; will retry: %r", self.group,
+                            message.message_id, exc, exc_info=log.isEnabledFor(logging.DEBUG))
                 return ConsumeResult.RECONSUME_LATER
         try:
             if self.guard is not None:
@@ -280,8 +301,12 @@ class Handler:
                             exc, why, message.message_id, exc_info=True)
                 ctx.delay_level_when_next_consume = DLQ_NOW
                 return ConsumeResult.RECONSUME_LATER
-            log.warning("%s failed on %s (attempt %d); will retry", self.group,
-                        message.message_id, message.delivery_attempt, exc_info=True)
+            # an exception the handler declared retriable is expected: one line, no traceback
+            # (unless debugging); anything else may be a bug, and gets its traceback
+            expected = bool(self.retry_on) and isinstance(exc, self.retry_on)
+            log.warning("%s failed on %s (attempt %d); will retry: %r", self.group,
+                        message.message_id, message.delivery_attempt, exc,
+                        exc_info=not expected or log.isEnabledFor(logging.DEBUG))
             return ConsumeResult.RECONSUME_LATER
         if isinstance(outcome, ConsumeResult):
             return outcome

@@ -100,6 +100,11 @@ class DefaultGuard:
                 self._guard = self._factory()
             return self._guard
 
+    @property
+    def built(self) -> Any:
+        """The guard once built (None before): what metrics read, never building it."""
+        return self._guard
+
     def process(self, message: ReceivedMessage, group: str,
                 invoke: Callable[..., object]) -> ConsumeResult:
         result: ConsumeResult = self.ensure().process(message, group, invoke)

@@ -26,6 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from reliable import tracing
 from reliable._pipeline import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_LINGER_MS,
@@ -196,12 +197,17 @@ class Producer:
         """Send and wait for the broker's receipt; `SendFailed` after the last attempt."""
         self._check_started()
         self._validate(message)
-        pipeline = self._pipeline
-        if pipeline is not None and not pipeline.lane_idle(message):
-            # messages of its lane wait or are in flight: queue behind them (group order),
-            # and the waiting batch leaves at once instead of after the linger
-            return pipeline.add(message, urgent=True).result()
-        return self._send_with_policy(message, self._sync_policy, transactional=False)
+        with tracing.span("send", message.topic, kind="producer") as span:
+            pipeline = self._pipeline
+            if pipeline is not None and not pipeline.lane_idle(message):
+                # messages of its lane wait or are in flight: queue behind them (group
+                # order), and the waiting batch leaves at once instead of after the linger
+                receipt = pipeline.add(message, urgent=True).result()
+            else:
+                receipt = self._send_with_policy(message, self._sync_policy,
+                                                 transactional=False)
+            span.set_attribute("messaging.message.id", receipt.message_id)
+            return receipt
 
     @property
     def requests_sent(self) -> int:

@@ -51,8 +51,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
-    logging.basicConfig(level=level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # --log-format belongs to the long-running commands (reliable_cli.observe)
+    from reliable_cli.observe import configure_logging
+
+    configure_logging(level, getattr(args, "log_format", "text"))
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help(sys.stderr)

@@ -10,6 +10,7 @@ Examples:
     reliable broker start --store /var/lib/reliable --port 8081 --flush sync
     reliable broker start --port 8443 --tls-cert server.pem --tls-key server.key \\
         --credentials-file access-keys.json
+    reliable broker start --metrics-port 9100 --log-format json   # docs/observability.md
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from reliable_cli import observe
 from reliable_cli.exit_codes import ExitCode
 from reliable_cli.store_options import add_disk_arguments, disk_options
 
@@ -84,6 +86,7 @@ def register(sub: Any) -> None:
                    help="largest message body accepted, bytes (default 4 MiB); a body of "
                         "exactly this size is accepted, a larger one refused with "
                         "MESSAGE_BODY_TOO_LARGE")
+    observe.add_arguments(s)
     s.set_defaults(handler=start)
     p.set_defaults(handler=lambda _a: (p.print_help(sys.stderr), ExitCode.USAGE)[1])
 
@@ -192,6 +195,13 @@ def start(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
+    try:
+        endpoint = _metrics_endpoint(args, broker, server, stop)
+    except OSError as exc:
+        server.stop(grace_s=0)
+        broker.shutdown()
+        return _fail(f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {exc}",
+                     ExitCode.UNAVAILABLE)
     if broker.store.created:
         print(f"reliable broker: created a new store at {describe(broker.store.config)}",
               flush=True)
@@ -204,5 +214,27 @@ def start(args: argparse.Namespace) -> int:
     finally:
         server.stop(grace_s=2.0)
         broker.shutdown()
+        if endpoint is not None:
+            endpoint.stop()
     print("reliable broker: stopped", flush=True)
     return ExitCode.OK
+
+
+def _metrics_endpoint(args: argparse.Namespace, broker: Any, server: Any,
+                      stop: threading.Event) -> Any:
+    """/metrics with the broker's collector; /readyz: serving, store writable, not stopping."""
+    if args.metrics_port is None:
+        return None
+    from prometheus_client import CollectorRegistry
+
+    from broker.metrics import BrokerCollector
+    from broker.server.health import store_writable
+
+    registry = CollectorRegistry()
+    registry.register(BrokerCollector(broker, send_seconds=server.ctx.send_seconds))
+
+    def ready() -> dict[str, bool]:
+        return {"serving": not stop.is_set() and not server.wait(0),
+                "store_writable": store_writable(broker)}
+
+    return observe.start_endpoint(args, "reliable broker", registry, ready)

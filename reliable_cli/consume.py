@@ -15,9 +15,10 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
+from reliable_cli import observe
 from reliable_cli.errors import TargetError
 from reliable_cli.exit_codes import ExitCode
 from reliable_cli.store_options import add_disk_arguments, disk_options
@@ -54,6 +55,7 @@ def register(subparsers: Any) -> None:
                    help="embedded: size of each commitlog file of a new store (an existing "
                         "store keeps its own)")
     add_disk_arguments(p)
+    observe.add_arguments(p)
     p.set_defaults(handler=_consume)
 
 
@@ -129,15 +131,25 @@ def _consume(args: argparse.Namespace) -> int:
         stop.set()
 
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    started: list[Any] = []  # the worker, once consuming (read by /readyz)
     try:
-        worker = _start(handlers, transport, options, stop, _where(args))
+        endpoint = _metrics_endpoint(args, handlers, started, stop)
+    except OSError as exc:
+        print(f"reliable consume: cannot serve metrics on {args.metrics_host}:"
+              f"{args.metrics_port}: {exc}", file=sys.stderr)
+        return ExitCode.UNAVAILABLE
+    try:
+        worker = _start(handlers, transport, options, stop, _where(args),
+                        say=observe.stderr_notice("reliable consume", args))
         if worker is None:
             return ExitCode.OK  # stopped while waiting for the broker
+        started.append(worker)
         try:
             names = ", ".join(f"{h.topic} as {h.group}" for h in handlers)
             print(f"reliable consume: consuming {names} from {_where(args)}", flush=True)
             stop.wait()
         finally:
+            started.clear()
             worker.shutdown()
     except ReliableError as exc:
         print(f"reliable consume: {exc}", file=sys.stderr)
@@ -145,11 +157,44 @@ def _consume(args: argparse.Namespace) -> int:
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+        if endpoint is not None:
+            endpoint.stop()
     return ExitCode.OK
 
 
+def _metrics_endpoint(args: argparse.Namespace, handlers: list[Any], started: list[Any],
+                      stop: threading.Event) -> Any:
+    """/metrics: handlers and guards (and the embedded broker's own metrics); /readyz:
+    consuming, and the broker serving (its gRPC health service, or the embedded broker
+    running)."""
+    if args.metrics_port is None:
+        return None
+    from prometheus_client import CollectorRegistry
+
+    from broker.metrics import BrokerCollector
+    from reliable.metrics import ClientCollector, handler_guards
+
+    registry = CollectorRegistry()
+    registry.register(ClientCollector(guards=handler_guards(handlers)))
+    probe = observe.BrokerProbe(args.endpoint) if args.endpoint else None
+    if probe is None:  # embedded: the broker lives in this process; export it too
+        registry.register(BrokerCollector(
+            lambda: started[0].transport.broker if started else None))
+
+    def ready() -> dict[str, bool]:
+        consuming = bool(started) and not stop.is_set()
+        if probe is not None:
+            return {"consuming": consuming, "broker": probe()}
+        broker = started[0].transport.broker if started else None
+        return {"consuming": consuming, "broker": broker is not None and broker.running}
+
+    return observe.start_endpoint(args, "reliable consume", registry, ready)
+
+
 def _start(handlers: list[Any], transport: str, options: dict[str, Any],
-           stop: threading.Event, where: str) -> Any:
+           stop: threading.Event, where: str, *,
+           say: Callable[[str], None] = lambda line: print(line, file=sys.stderr,
+                                                           flush=True)) -> Any:
     """A started Worker; waits for an unreachable broker with backoff, as a running
     consumer does, saying so on stderr. None when stopped while waiting."""
     from reliable.errors import BrokerUnavailable, TransportError
@@ -171,8 +216,7 @@ def _start(handlers: list[Any], transport: str, options: dict[str, Any],
         except (TransportError, BrokerUnavailable) as exc:
             worker.shutdown()
             worker.transport.close()
-            print(f"reliable consume: waiting for {where}: {exc}; retrying in {delay:.1f} s",
-                  file=sys.stderr, flush=True)
+            say(f"waiting for {where}: {exc}; retrying in {delay:.1f} s")
         if stop.wait(delay):
             break
         delay = min(delay * 2, WAIT_MAX_S)

@@ -11,6 +11,7 @@ import threading
 import urllib.parse
 from typing import Any
 
+from reliable_cli import observe
 from reliable_cli.errors import TargetError
 from reliable_cli.exit_codes import ExitCode
 from reliable_cli.targets import load_target
@@ -57,6 +58,7 @@ def register(subparsers: Any) -> None:
                    help="create missing outbox tables and add missing columns/indexes first")
     p.add_argument("--once", action="store_true", help="run one pass and exit")
     p.add_argument("--json", action="store_true", help="print metrics as JSON on stdout")
+    observe.add_arguments(p)
     p.set_defaults(handler=_resend)
     worker.set_defaults(handler=lambda _args: _usage(worker))
 
@@ -164,11 +166,18 @@ def _resend(args: argparse.Namespace) -> int:
         elif kind != "pass":
             print(f"{kind}: {describe(metrics)}", flush=True)
 
+    stop = threading.Event()
+    try:
+        endpoint = _metrics_endpoint(args, engine, tables, worker, stop)
+    except OSError as exc:
+        print(f"reliable worker resend: cannot serve metrics on {args.metrics_host}:"
+              f"{args.metrics_port}: {exc}", file=sys.stderr)
+        engine.dispose()
+        return ExitCode.UNAVAILABLE
     try:
         if args.once:
             emit("done", worker.run_once())
             return ExitCode.OK
-        stop = threading.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
         log.info("resend worker %s started", worker.name)
@@ -187,7 +196,36 @@ def _resend(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return ExitCode.UNAVAILABLE
     finally:
+        if endpoint is not None:
+            endpoint.stop()
         engine.dispose()
+
+
+def _metrics_endpoint(args: argparse.Namespace, engine: Any, tables: Any, worker: Any,
+                      stop: threading.Event) -> Any:
+    """/metrics: the outbox backlog and the worker's counters; /readyz: the database
+    answers `select 1` and the worker runs."""
+    if args.metrics_port is None:
+        return None
+    import sqlalchemy as sa
+    from prometheus_client import CollectorRegistry
+
+    from outbox.metrics import OutboxCollector
+    from reliable.endpoint import check
+
+    registry = CollectorRegistry()
+    registry.register(OutboxCollector(engine, tables, worker=worker))
+
+    def select_one() -> None:
+        with engine.connect() as conn:
+            conn.execute(sa.text("select 1"))
+
+    database = check(select_one)
+
+    def ready() -> dict[str, bool]:
+        return {"running": not stop.is_set(), "database": database()}
+
+    return observe.start_endpoint(args, "reliable worker resend", registry, ready)
 
 
 def _first_line(exc: BaseException) -> str:

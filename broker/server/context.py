@@ -23,6 +23,7 @@ from broker.server.config import ServerConfig
 from broker.server.errors import ClientIdRequired
 from broker.server.sessions import ClientSession, SessionRegistry
 from broker.store.config import FlushMode
+from broker.store.stats import Histogram
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -63,6 +64,8 @@ class ServerContext:
         self.inline = broker.store.config.flush_mode is FlushMode.ASYNC_FLUSH
         self.loop: asyncio.AbstractEventLoop | None = None
         self.closing = False  # set at shutdown: parked polls answer, streams end
+        # seconds from a SendMessage request to its answer, one observation per request
+        self.send_seconds = Histogram()
 
     # --- broker calls
     async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:

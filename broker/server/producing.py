@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import time
 from typing import Any
 
 from broker.errors import ResponseCode, SendRejected
@@ -105,10 +106,12 @@ class ProducerHandlers:
         if self._inflight + count > config.max_inflight_sends:
             raise TooManyRequests(f"{self._inflight} messages are being stored; retry later")
         self._inflight += count
+        started = time.perf_counter()
         try:
             entries = await self._send_all(messages)
         finally:
             self._inflight -= count
+            self.ctx.send_seconds.observe(time.perf_counter() - started)
         response = service_pb2.SendMessageResponse()
         response.entries.extend(entries)
         first = entries[0].status

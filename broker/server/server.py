@@ -5,8 +5,9 @@
     ...
     server.stop()           # graceful: in-flight calls get `grace_s` to finish
 
-Both services share the port: `apache.rocketmq.v2.MessagingService` and the JSON admin
-service `reliable.admin.v1.Admin` (see `broker.server.admin`). The broker is the caller's:
+Three services share the port: `apache.rocketmq.v2.MessagingService`, the standard gRPC health
+service (`broker.server.health`) and the JSON admin service `reliable.admin.v1.Admin` (see
+`broker.server.admin`). The broker is the caller's:
 the server neither starts nor shuts it down.
 """
 
@@ -25,6 +26,7 @@ from broker.server.admin import admin_handler
 from broker.server.config import ServerConfig
 from broker.server.context import ServerContext
 from broker.server.errors import ServerStartError
+from broker.server.health import BrokerHealth
 from broker.server.polling import ArrivalHook
 from broker.server.servicer import MessagingServicer, add_to_server
 
@@ -40,6 +42,7 @@ class MessagingServer:
         self.config = config or ServerConfig()
         self.ctx = ServerContext(broker, self.config, clock=clock)
         self.servicer = MessagingServicer(self.ctx)
+        self.health = BrokerHealth(broker)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -129,6 +132,8 @@ class MessagingServer:
         ])
         add_to_server(self.servicer, server)
         server.add_generic_rpc_handlers((admin_handler(self.ctx),))
+        self.health.add_to(server)
+        await self.health.update()
         target = f"{self.config.host}:{self.config.port}"
         if self.config.tls:
             port = server.add_secure_port(target, self._credentials())
@@ -146,6 +151,7 @@ class MessagingServer:
             await self._stop.wait()
         finally:
             upkeep.cancel()
+            await self.health.shutdown()
             # answer parked receives and end telemetry streams before the grace runs out
             self.ctx.closing = True
             self.servicer.consuming.waiters.wake_all()
@@ -157,6 +163,7 @@ class MessagingServer:
         while True:
             await asyncio.sleep(UPKEEP_INTERVAL_S)
             try:
+                await self.health.update()
                 await self.servicer.consuming.upkeep()
             except Exception:
                 log.exception("server upkeep pass failed")

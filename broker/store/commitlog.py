@@ -80,6 +80,7 @@ class CommitLog:
                                      fsync=fsync)
         self.topic_queue_table: dict[str, int] = {}
         self.last_store_timestamp = 0
+        self.records_put = 0  # records appended since start, under `_lock` (metrics)
         self._lock = threading.Lock()
         self._store_host_raw = encode_host(config.store_host)
         self._max_message_size = config.max_message_size
@@ -295,6 +296,7 @@ class CommitLog:
         try:
             with self._lock:
                 phy, qoff, ts = self._place(rec, key)
+                self.records_put += 1
         except StoreNotRunning:
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE)
         except OSError:
@@ -335,6 +337,7 @@ class CommitLog:
         try:
             with self._lock:
                 self._place_batch(encoded, placed)
+                self.records_put += len(placed)
         except StoreNotRunning:
             failed = PutMessageStatus.SERVICE_NOT_AVAILABLE
         except OSError:
@@ -408,6 +411,7 @@ class CommitLog:
         try:
             with self._lock:
                 phy, qoff, ts, end = self._place_records(batch, key)
+                self.records_put += batch.count
         except StoreNotRunning:
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE)
         except OSError:

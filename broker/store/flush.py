@@ -45,6 +45,7 @@ from typing import Protocol
 from broker.store.config import StoreConfig
 from broker.store.mapped_file_queue import MappedFileQueue
 from broker.store.service import ServiceThread
+from broker.store.stats import BATCH_BUCKETS, Histogram
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,24 @@ class FlushedLog(Protocol):
     def last_store_timestamp(self) -> int: ...
 
     def get_max_offset(self) -> int: ...
+
+    @property
+    def records_put(self) -> int: ...
+
+
+class FsyncStats:
+    """What the flush services measure for metrics: seconds per fsync and records made
+    durable per fsync (the group commit's group size), observed once per fsync round."""
+
+    def __init__(self) -> None:
+        self.seconds = Histogram()
+        self.records = Histogram(BATCH_BUCKETS)
+        self._records_before = 0
+
+    def round(self, seconds: float, records_put: int) -> None:
+        self.seconds.observe(seconds)
+        self.records.observe(records_put - self._records_before)
+        self._records_before = records_put
 
 
 class FlushCommitLogService(ServiceThread):
@@ -80,6 +99,7 @@ class FlushCommitLogService(ServiceThread):
         self.fsync_count = 0
         self.flushed_store_timestamp = 0  # store time of a record known to be on disk
         self.failed: OSError | None = None
+        self.stats = FsyncStats()
 
     def do_flush(self, thorough: bool = False) -> None:
         """One round: flush when enough pages are dirty, or everything when thorough/due."""
@@ -92,12 +112,15 @@ class FlushCommitLogService(ServiceThread):
         ts = cl.last_store_timestamp  # read before the offset: the record is below it
         target = cl.get_max_offset()
         q = cl.queue
+        records = cl.records_put
         for _ in range(len(q.mapped_files) + 1):
             before = q.flushed_where
+            started = time.perf_counter()
             q.flush(least)
             if q.flushed_where == before:
                 break
             self.fsync_count += 1
+            self.stats.round(time.perf_counter() - started, records)
         if q.flushed_where >= target:
             self.flushed_store_timestamp = ts
 
@@ -142,6 +165,7 @@ class GroupCommitService(ServiceThread):
         self._reaper: threading.Thread | None = None
         self._reap_wakeup = threading.Event()
         self.fsync_count = 0
+        self.stats = FsyncStats()
         self.flushed_store_timestamp = 0
         self.failed: OSError | None = None
 
@@ -236,7 +260,9 @@ class GroupCommitService(ServiceThread):
                     break
                 self._gather()
             ts = cl.last_store_timestamp  # read before the offset: the record is below it
+            records = cl.records_put
             target = cl.get_max_offset()
+            started = time.perf_counter()
             try:
                 where = q.flush_to(target)
             except OSError as exc:
@@ -246,6 +272,7 @@ class GroupCommitService(ServiceThread):
                 self._finish(where=q.flushed_where, fail_all=True)
                 return
             self.fsync_count += 1
+            self.stats.round(time.perf_counter() - started, records)
             if where >= target:
                 self.flushed_store_timestamp = ts
             self._finish(where)

@@ -86,9 +86,10 @@ class ConcurrentConsumeService(PulledQueueService):
                         self._transport.send_back(self._group, m,
                                                   ctx.delay_level_when_next_consume,
                                                   self._s.max_reconsume_times)
-                    except Exception:  # retried locally below
-                        log.warning("send-back of %s failed; retrying locally in %ss",
-                                    m.message_id, self._s.send_back_retry_s, exc_info=True)
+                    except Exception as exc:  # retried locally below
+                        log.warning("send-back of %s failed; retrying locally in %ss: %r",
+                                    m.message_id, self._s.send_back_retry_s, exc,
+                                    exc_info=log.isEnabledFor(logging.DEBUG))
                         m.reconsume_times += 1
                         retry_locally.append(m)
         kept = {id(m) for m in retry_locally}

@@ -78,8 +78,9 @@ class RemoteOffsetStore(OffsetStore):
         for queue, offset in self.snapshot().items():
             try:
                 self._transport.commit_offset(self._group, queue, offset)
-            except Exception:  # retried at the next persist
-                log.warning("committing offset %s of %s failed", offset, queue, exc_info=True)
+            except Exception as exc:  # retried at the next persist
+                log.warning("committing offset %s of %s failed: %r", offset, queue, exc,
+                            exc_info=log.isEnabledFor(logging.DEBUG))
 
 
 class LocalOffsetStore(OffsetStore):

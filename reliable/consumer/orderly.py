@@ -167,6 +167,7 @@ class OrderlyConsumeService(PulledQueueService):
             m.properties[PARKED_PROPERTY] = group_key(m)
             self._transport.send_back(self._group, m, DLQ_NOW, self._s.max_reconsume_times)
             return True
-        except Exception:  # retried after a suspension
-            log.warning("parking %s failed; retrying", m.message_id, exc_info=True)
+        except Exception as exc:  # retried after a suspension
+            log.warning("parking %s failed; retrying: %r", m.message_id, exc,
+                        exc_info=log.isEnabledFor(logging.DEBUG))
             return False

@@ -15,6 +15,7 @@ from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import cast
 
+from reliable import tracing
 from reliable.consumer.concurrent import ConcurrentConsumeService
 from reliable.consumer.listener import MessageListener, MessageModel
 from reliable.consumer.offset_store import LocalOffsetStore, OffsetStore, RemoteOffsetStore
@@ -95,8 +96,9 @@ class PullEngine:
         self.offsets.persist_all()
         try:
             self._t.unregister(self._client_id, self._group)
-        except Exception:  # the broker forgets us by heartbeat expiry anyway
-            log.warning("unregistering %s failed", self._client_id, exc_info=True)
+        except Exception as exc:  # the broker forgets us by heartbeat expiry anyway
+            log.warning("unregistering %s failed: %r", self._client_id, exc,
+                        exc_info=log.isEnabledFor(logging.DEBUG))
 
     @property
     def assigned(self) -> list[QueueRef]:
@@ -129,8 +131,9 @@ class PullEngine:
                 if now >= due["po"]:
                     due["po"] = now + periods["po"]
                     self.offsets.persist_all()
-            except Exception:  # the next tick tries again
-                log.warning("consumer %s maintenance failed", self._group, exc_info=True)
+            except Exception as exc:  # the next tick tries again
+                log.warning("consumer %s maintenance failed: %r", self._group, exc,
+                            exc_info=log.isEnabledFor(logging.DEBUG))
 
     def _heartbeat(self) -> None:
         self._t.heartbeat(self._client_id, self._group, self._subs)
@@ -163,8 +166,9 @@ class PullEngine:
         self._wake_pullers()
         try:
             self.offsets.persist(q)
-        except Exception:
-            log.warning("persisting offset of %s failed", q, exc_info=True)
+        except Exception as exc:
+            log.warning("persisting offset of %s failed: %r", q, exc,
+                        exc_info=log.isEnabledFor(logging.DEBUG))
         self.offsets.remove(q)
         self._pullers.pop(q, None)
         log.info("consumer %s released %s", self._client_id, q)
@@ -183,8 +187,9 @@ class PullEngine:
     def _add(self, q: QueueRef) -> None:
         try:
             offset = self._start_offset(q)
-        except Exception:  # taken at the next rebalance
-            log.warning("no start offset for %s yet", q, exc_info=True)
+        except Exception as exc:  # taken at the next rebalance
+            log.warning("no start offset for %s yet: %r", q, exc,
+                        exc_info=log.isEnabledFor(logging.DEBUG))
             return
         pq = ProcessQueue()
         self._pqs[q] = pq
@@ -214,11 +219,13 @@ class PullEngine:
                     finally:
                         self._room_waiters -= 1
                 continue
+            started_ns = time.time_ns()
             try:
                 batch = self._t.pull(self._group, q, offset, s.pull_batch_size, tags,
                                      suspend_ms=s.pull_suspend_ms)
-            except Exception:  # a broken pull is retried after a pause
-                log.warning("pull of %s at %d failed", q, offset, exc_info=True)
+            except Exception as exc:  # a broken pull is retried after a pause
+                log.warning("pull of %s at %d failed: %r", q, offset, exc,
+                            exc_info=log.isEnabledFor(logging.DEBUG))
                 self._stopped.wait(s.pull_error_delay_s)
                 continue
             if pq.dropped or self._stopped.is_set():
@@ -226,6 +233,9 @@ class PullEngine:
             if batch.status is PullStatus.FOUND and batch.messages:
                 for m in batch.messages:
                     m.consumer_group = self._group
+                if tracing.enabled():
+                    tracing.received(q.topic, self._group,
+                                     [m.message_id for m in batch.messages], started_ns)
                 pq.put(batch.messages)
                 self._service.submit(pq, q, batch.messages)
             elif batch.status is not PullStatus.NO_NEW_MSG and pq.cached_count == 0:

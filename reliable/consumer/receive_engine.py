@@ -43,6 +43,7 @@ from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import cast
 
+from reliable import tracing
 from reliable._acks import AckBatcher, change_invisible_async
 from reliable.consumer.concurrent import call_listener
 from reliable.consumer.listener import DLQ_NOW, ConsumeContext, MessageListener
@@ -169,8 +170,9 @@ class ReceiveEngine:
         self._acks.close(self._s.shutdown_timeout_s)  # the handlers' last acks leave
         try:
             self._t.unregister(self._client_id, self._group)
-        except Exception:
-            log.warning("unregistering %s failed", self._client_id, exc_info=True)
+        except Exception as exc:
+            log.warning("unregistering %s failed: %r", self._client_id, exc,
+                        exc_info=log.isEnabledFor(logging.DEBUG))
 
     @property
     def assigned(self) -> list[object]:
@@ -180,8 +182,9 @@ class ReceiveEngine:
         while not self._stopped.wait(self._s.heartbeat_interval_s or 10.0):
             try:
                 self._t.heartbeat(self._client_id, self._group, self._subs)
-            except Exception:
-                log.warning("heartbeat of %s failed", self._client_id, exc_info=True)
+            except Exception as exc:
+                log.warning("heartbeat of %s failed: %r", self._client_id, exc,
+                            exc_info=log.isEnabledFor(logging.DEBUG))
 
     def _renew_leases(self) -> None:
         invisible = self._s.invisible_ms
@@ -196,9 +199,10 @@ class ReceiveEngine:
                     try:
                         self._t.change_invisible_duration(self._group, lease.message, invisible)
                         lease.renew_at = time.monotonic() + invisible / 2000
-                    except Exception:
-                        log.warning("renewing the lease of %s failed", lease.message.message_id,
-                                    exc_info=True)
+                    except Exception as exc:
+                        log.warning("renewing the lease of %s failed: %r", lease.message.message_id,
+                                    exc,
+                                    exc_info=log.isEnabledFor(logging.DEBUG))
                         with self._lease_lock:
                             self._leases.pop(key, None)
 
@@ -259,6 +263,7 @@ class ReceiveEngine:
             room = self._take_room(s.pull_batch_size)
             if room == 0:
                 continue
+            started_ns = time.time_ns()
             try:
                 if self._server_leases:
                     msgs = cast(ServerLeases, self._t).receive(
@@ -268,8 +273,9 @@ class ReceiveEngine:
                     msgs = self._t.receive(self._group, topic, room, s.invisible_ms, tags,
                                            long_poll_ms=s.receive_long_poll_ms,
                                            fifo=s.orderly)
-            except Exception:
-                log.warning("receive from %s failed", topic, exc_info=True)
+            except Exception as exc:
+                log.warning("receive from %s failed: %r", topic, exc,
+                            exc_info=log.isEnabledFor(logging.DEBUG))
                 msgs = []
                 self._stopped.wait(s.pull_error_delay_s)
             for _ in range(room - len(msgs)):
@@ -278,6 +284,8 @@ class ReceiveEngine:
                 continue
             for m in msgs:
                 m.consumer_group = self._group
+            if tracing.enabled():
+                tracing.received(topic, self._group, [m.message_id for m in msgs], started_ns)
             self._lease(msgs)
             if self._stopped.is_set():  # arrived while stopping: nobody will handle them
                 self._release(msgs)
@@ -435,7 +443,8 @@ class ReceiveEngine:
             except ReceiptHandleError:
                 log.warning("receipt handle no longer valid; the broker redelivers")
                 return
-            except Exception:
-                log.warning("settling a message failed; retrying", exc_info=True)
+            except Exception as exc:
+                log.warning("settling a message failed; retrying: %r", exc,
+                            exc_info=log.isEnabledFor(logging.DEBUG))
                 if self._stopped.wait(1.0):
                     return

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+from reliable import tracing
 from reliable._acks import AckBatcher, change_invisible_async
 from reliable.consumer.push import new_client_id
 from reliable.errors import ClientStateError, ConfigurationError
@@ -83,6 +85,7 @@ class SimpleConsumer:
             raise ConfigurationError("invisible_duration_s must be positive")
         for _ in range(len(self.subscriptions)):
             topic = next(self._topics)
+            started_ns = time.time_ns()
             msgs = self._transport.receive(
                 self.group, topic, max_messages, int(invisible * 1000),
                 self.subscriptions[topic], long_poll_ms=int(self.await_duration_s * 1000),
@@ -90,6 +93,9 @@ class SimpleConsumer:
             if msgs:
                 for m in msgs:
                     m.consumer_group = self.group
+                if tracing.enabled():
+                    tracing.received(topic, self.group, [m.message_id for m in msgs],
+                                     started_ns)
                 return msgs
         return []
 

@@ -1,0 +1,116 @@
+"""OpenTelemetry spans around send, receive and handle, when OpenTelemetry is installed.
+
+`pip install reliable[otel]` brings `opentelemetry-api`; the application configures the SDK
+(a tracer provider and an exporter) as usual, and the framework's spans appear in its
+traces. Without the package every `span()` is a no-op context manager: tracing is an
+option, never a requirement. Spans are named `<topic> send`, `<topic> receive` and `<topic>
+process` (the OpenTelemetry messaging conventions) and carry:
+
+    messaging.system                "rocketmq"
+    messaging.destination.name      the topic
+    messaging.consumer.group.name   the consumer group (receive, process)
+    messaging.message.id            the message id (send, process; receive: one message)
+    messaging.batch.message_count   receive: how many messages the call returned
+
+What a handler decided (success, retry, discard, dead_letter) is the process span's
+`reliable.outcome` attribute: the framework catches the handler's exceptions, so they are
+outcomes, not span errors. An exception leaving a span (a send that failed for good) is
+recorded on it by OpenTelemetry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+SYSTEM = "rocketmq"
+TRACER_NAME = "reliable"
+
+_api: Any = None  # the opentelemetry.trace module, imported at the first span
+_looked = False
+
+
+def _trace() -> Any:
+    """opentelemetry.trace, or None when the optional extra is not installed. Imported on
+    first use, not with `reliable`: a program that never sends pays nothing for it."""
+    global _api, _looked
+    if not _looked:
+        try:
+            from opentelemetry import trace
+        except ImportError:  # spans are no-ops
+            trace = None  # type: ignore[assignment]
+        _api, _looked = trace, True
+    return _api
+
+
+def enabled() -> bool:
+    """True when opentelemetry-api is importable (spans go to the configured provider)."""
+    return _trace() is not None
+
+
+class _NoSpan:
+    """What `span()` yields without OpenTelemetry: accepts and drops everything."""
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        pass
+
+
+_NO_SPAN = _NoSpan()
+
+
+class _Span:
+    __slots__ = ("_span",)
+
+    def __init__(self, span: Any) -> None:
+        self._span = span
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        self._span.set_attribute(key, value)
+
+
+@contextlib.contextmanager
+def span(operation: str, topic: str, *, kind: str = "internal", group: str | None = None,
+         message_id: str | None = None) -> Iterator[_Span | _NoSpan]:
+    """A span `<topic> <operation>` with the messaging attributes (no-op without OTel).
+
+    `kind`: "producer" (send), "consumer" (receive, process) or "internal". An exception
+    leaving the block is recorded on the span by OpenTelemetry itself."""
+    api = _trace()
+    if api is None:
+        yield _NO_SPAN
+        return
+    attributes: dict[str, str] = {"messaging.system": SYSTEM,
+                                  "messaging.destination.name": topic,
+                                  "messaging.operation.name": operation}
+    if group is not None:
+        attributes["messaging.consumer.group.name"] = group
+    if message_id is not None:
+        attributes["messaging.message.id"] = message_id
+    span_kind = {"producer": api.SpanKind.PRODUCER,
+                 "consumer": api.SpanKind.CONSUMER}.get(kind, api.SpanKind.INTERNAL)
+    tracer = api.get_tracer(TRACER_NAME)
+    with tracer.start_as_current_span(f"{topic} {operation}", kind=span_kind,
+                                      attributes=attributes) as s:
+        yield _Span(s)
+
+
+def received(topic: str, group: str, message_ids: Sequence[str], started_ns: int) -> None:
+    """Record a `<topic> receive` span from `started_ns` (time.time_ns()) to now, after the
+    fact and only when the call returned messages: an empty long poll makes no span."""
+    api = _trace()
+    if api is None or not message_ids:
+        return
+    attributes: dict[str, Any] = {"messaging.system": SYSTEM,
+                                  "messaging.destination.name": topic,
+                                  "messaging.operation.name": "receive",
+                                  "messaging.consumer.group.name": group,
+                                  "messaging.batch.message_count": len(message_ids)}
+    if len(message_ids) == 1:
+        attributes["messaging.message.id"] = message_ids[0]
+    tracer = api.get_tracer(TRACER_NAME)
+    tracer.start_span(f"{topic} receive", kind=api.SpanKind.CONSUMER,
+                      attributes=attributes, start_time=started_ns).end()
+
+
+__all__ = ["SYSTEM", "TRACER_NAME", "enabled", "received", "span"]

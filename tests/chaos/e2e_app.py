@@ -109,7 +109,11 @@ def publish(store: str, db: str, prefix: str, flush: str, run: str, threads: int
     outbox_tables, _, _ = tables(prefix)
     engine = engine_for(db)
     mode = FlushMode.SYNC_FLUSH if flush == "sync" else FlushMode.ASYNC_FLUSH
-    transport = connect("embedded", store_dir=store, flush_mode=mode, **STORE_SIZES)
+    # async: flush every 5 s, so that the tail a power cut drops was really not yet flushed
+    # however slowly a busy machine sends (with 500 ms it may all be flushed by the cut)
+    interval = {} if mode is FlushMode.SYNC_FLUSH else {"flush_interval_commitlog_ms": 5_000}
+    transport = connect("embedded", store_dir=store, flush_mode=mode, **STORE_SIZES,
+                        **interval)
     transport.start()
     producer = Producer(transport).start()
     outbox = Outbox(outbox_tables, RecordingSender(producer), config=OutboxConfig(

@@ -9,7 +9,8 @@ Persisted in `config/consumerOffset.json` (RocketMQ's layout):
     {"offsetTable": {"<topic>@<group>": {"<queueId>": <offset>, ...}, ...},
      "consumeTimeTable": {"<topic>@<group>": {"<queueId>": <epoch ms>, ...}, ...}}
 
-`consumeTimeTable` (ours) is when the group last acknowledged or committed in each queue
+`consumeTimeTable` (ours) is when the group last acknowledged, dead-lettered or committed
+in each queue
 (`touch`), what `reliable admin group show` prints as the last consume time.
 
 Written by the broker's maintenance service every `flush_offset_interval_ms` (5 s) when

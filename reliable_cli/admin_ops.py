@@ -394,8 +394,9 @@ def _group_reset(args: argparse.Namespace, admin: api.AdminCaller) -> int:
         return ExitCode.OK
     print(f"{'reset' if done['executed'] else 'dry run: would reset'} group {done['group']} "
           f"on {done['topic']} to {args.to_time or args.to_offset or done['to']}"
-          + (f" (forced: {len(done['forced_with_consumers'])} live consumer(s))"
-             if done["forced_with_consumers"] else ""))
+          + (f" ({len(done['consumers'])} live consumer(s)"
+             + (", forced)" if done["executed"] else ": --execute needs --force)")
+             if done["consumers"] else ""))
     for line in table([(q["queue_id"], q["min_offset"], q["max_offset"], q["before"],
                         q["after"], q["lag_before"], q["lag_after"]) for q in done["queues"]],
                       ("QUEUE", "MIN OFFSET", "MAX OFFSET", "BEFORE", "AFTER", "LAG BEFORE",

@@ -97,7 +97,10 @@ class ConsumerOffsetManager:
                      for k, v in sorted(self._times.items())}
             self._dirty = False
         try:
-            self._file.save({"offsetTable": snapshot, "consumeTimeTable": times})
+            doc: dict[str, Any] = {"offsetTable": snapshot}
+            if times:
+                doc["consumeTimeTable"] = times
+            self._file.save(doc)
         except BaseException:
             with self._lock:
                 self._dirty = True

@@ -168,7 +168,7 @@ def test_dlq_replay_is_rate_limited_once_only_audited_and_agrees_when_stopped(
     assert doc("dlq", "audit", "--group", group, *offline)["entries"] == audit
 
 
-def test_dlq_replay_to_the_original_topic_reaches_every_group(
+def test_dlq_replay_to_the_original_topic_reaches_every_group_the_retry_topic_one(
         tmp_path: Path, make_server: Callable[..., ServerProcess]) -> None:
     topic, bad, good = "tt-orders", "tt-failing", "tt-fine"
     server = make_server()
@@ -189,8 +189,12 @@ def test_dlq_replay_to_the_original_topic_reaches_every_group(
         assert {r["topic"] for r in done["replayed"]} == {topic}
         assert official.wait_for(lambda: failing.total() == 2 and fine.total() == 7,
                                  timeout_s=60)
+        # replayed to the group's retry topic instead, a message reaches that group alone
+        alone = doc("dlq", "replay", "--group", bad, "--id", sent[2], *ep)
+        assert [r["topic"] for r in alone["replayed"]] == [f"%RETRY%{bad}"]
+        assert official.wait_for(lambda: failing.total() == 3, timeout_s=60)
         time.sleep(2)
-    assert dict(failing.seen) == {mid: 1 for mid in picked}
+    assert dict(failing.seen) == {mid: 1 for mid in sent[:3]}
     assert dict(fine.seen) == {mid: 2 if mid in picked else 1 for mid in sent}
     unknown = cli("dlq", "replay", "--group", bad, "--id", "NO-SUCH-ID", *ep)
     assert unknown.returncode == 1 and "no dead letter" in unknown.stderr

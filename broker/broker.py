@@ -71,6 +71,7 @@ from broker.pop_journal import InFlight
 from broker.produce_engine import ProduceEngine
 from broker.receipt import SEPARATOR as RECEIPT_SEPARATOR
 from broker.receipt import VERSION as RECEIPT_VERSION
+from broker.receipt import ReceiptHandle
 from broker.results import (
     PULL_STATUS,
     PullResult,
@@ -286,6 +287,8 @@ class Broker(ProduceEngine):
 
     def delete_group(self, group: str) -> bool:
         validate_group_name(group)
+        if self._running:
+            self._pop.forget_group(group)
         self._offsets.remove_group(group)
         return self._groups.delete(group)
 
@@ -454,6 +457,7 @@ class Broker(ProduceEngine):
         validate_group_name(group)
         validate_topic_name(topic)
         self._offsets.commit(group, topic, queue_id, offset)
+        self._offsets.touch(group, topic, queue_id, self._clock())
 
     def query_offset(self, group: str, topic: str, queue_id: int) -> int:
         """The committed offset, -1 when the group has none for that queue."""
@@ -546,10 +550,12 @@ class Broker(ProduceEngine):
         self._stored(retry_msg.topic, self.store.put_message(retry_msg))
 
     def reconsume_directly(self, group: str, commitlog_offset: int, *,
-                           properties: Mapping[str, str] | None = None) -> SendResult:
+                           properties: Mapping[str, str] | None = None,
+                           reconsume_times: int | None = None) -> SendResult:
         """Admin: deliver one stored message to `group` again, now, through its retry topic
-        (any topic's message, e.g. one from the DLQ). Reconsume times are kept; `properties`
-        are added to the copy (e.g. what operator action made it)."""
+        (any topic's message, e.g. one from the DLQ). Reconsume times are kept unless
+        `reconsume_times` says otherwise (a DLQ replay starts the ladder again at 0);
+        `properties` are added to the copy (e.g. what operator action made it)."""
         self._require_running()
         self._group(group)
         stored = look_checked(self.store, commitlog_offset)
@@ -560,7 +566,8 @@ class Broker(ProduceEngine):
         copy = build_retry_message(group, stored, level=1, delay_ms=0, now_ms=self._clock(),
                                    retry_queue_id=random.randrange(rcfg.write_queue_nums),
                                    max_reconsume_times=self.max_delivery_attempts(group) - 1)
-        direct = unschedule_now(copy, reconsume_times=stored.reconsume_times)
+        direct = unschedule_now(copy, reconsume_times=stored.reconsume_times
+                                if reconsume_times is None else reconsume_times)
         direct.properties.update(properties or {})
         result = self._stored(direct.topic, self.store.put_message(direct))
         assert result.append is not None
@@ -688,6 +695,7 @@ class Broker(ProduceEngine):
         validate_topic_name(topic)
         self._pop.ack(group, self._lease_topic(group, topic, receipt_handle), receipt_handle)
         self.acked.add((group, topic))
+        self._touch(group, [receipt_handle])
 
     def ack_batch(self, group: str, topic: str,
                   receipt_handles: Sequence[str]) -> list[BrokerError | None]:
@@ -708,7 +716,31 @@ class Broker(ProduceEngine):
                                     strict=True):
                     errors[i] = error
         self.acked.add((group, topic), errors.count(None))
+        self._touch(group, [h for h, e in zip(handles, errors, strict=True) if e is None])
         return errors
+
+    def _touch(self, group: str, handles: Sequence[str]) -> None:
+        """Record when the group last acknowledged (or dead-lettered) in the queues these
+        handles name."""
+        now = self._clock()
+        for t, q in {(h.topic, h.queue_id) for h in map(ReceiptHandle.decode, handles)}:
+            self._offsets.touch(group, t, q, now)
+
+    def consume_times(self, group: str, topic: str) -> dict[int, int]:
+        """Per queue of `topic`: when `group` last acknowledged or committed there (ms)."""
+        return self._offsets.consume_times(group, topic)
+
+    def reset_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> None:
+        """Admin: move the group's committed offsets on `topic` (queue id -> offset). The
+        group's invisible-time windows there are replaced by ones opening at the new offsets
+        (one durable record), so leases handed out before no longer count; offsets are
+        written to disk before this returns."""
+        validate_group_name(group)
+        validate_topic_name(topic)
+        if not self._pop.reset_windows(group, topic, offsets):
+            for q, offset in offsets.items():
+                self._offsets.commit(group, topic, q, offset)
+        self._offsets.persist(force=True)
 
     def change_invisible_duration(self, group: str, topic: str, receipt_handle: str,
                                   invisible_ms: int) -> str:
@@ -740,6 +772,7 @@ class Broker(ProduceEngine):
 
         self._pop.forward_to_dlq(group, self._lease_topic(group, topic, receipt_handle),
                                  receipt_handle, parked=parked)
+        self._touch(group, [receipt_handle])
 
     def park_message_group(self, group: str, topic: str, message_group: str) -> bool:
         """Park a message group (an ordered consumer gave up on one of its messages): from

@@ -220,6 +220,7 @@ def _run(spark: SparkSession, source: TableSource, target: JdbcTarget | None,
         topic_group=source.read(spark, "topic_group"),
         offsets=read_offsets(spark, options.offsets, source),
         bounds=read_bounds(spark, options.queue_bounds, source, stub),
+        audit=source.read(spark, "audit"),
     )
     window = Window(_opt(options.since), _opt(options.until))
     classified = classify(inputs, now, options.grace, window, options.expected_latency)

@@ -123,8 +123,9 @@ def as_text(result: ReconcileResult) -> str:
         verb = "would change" if r.dry_run else "changed"
         out.append(f"repair{' (dry run)' if r.dry_run else ''}: {verb} "
                    f"{r.marked_due:,} stubs to resend now, "
-                   f"{r.closed_stale:,} stale log rows closed; {r.skipped:,} skipped "
-                   f"(moved on since the read); {r.batches} batches")
+                   f"{r.closed_stale:,} stale log rows closed; {r.already_due:,} already "
+                   f"due; {r.skipped:,} skipped (moved on since the read); "
+                   f"{r.batches} batches")
     return "\n".join(out)
 
 

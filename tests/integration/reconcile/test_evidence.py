@@ -144,3 +144,35 @@ def test_a_stale_row_makes_nothing_in_processing(spark, db_url, engine, table_pr
     assert verdicts["U"][0] == verdicts["V"][0] == "IN_PROCESSING"
     assert verdicts["S"] == ("BACKLOGGED", "offset not reached yet")
     assert verdicts["T"] == ("LOST", "passed by audit without a log row")
+
+
+@pytest.mark.parametrize("db_url", ALL_BACKENDS, indirect=True)
+def test_report_table_reads_back_through_sqlalchemy(spark, db_url, engine, table_prefix):
+    """The detail rows Spark appends have the report table's declared types on every
+    database: SQLAlchemy reads them back as datetimes, booleans and integers."""
+    from outbox.reconcile import ReconcileOptions, reconcile
+    from outbox.reconcile.details import report_table
+
+    from .dataset import NOW, build
+
+    seeded = build(table_prefix)
+    seeded.insert(engine)
+    name = f"{table_prefix}report"
+    result = reconcile(ReconcileOptions(db_url=db_url, table_prefix=table_prefix,
+                                        report_table=name, report_all=True),
+                       spark=spark, now=NOW)
+    table = report_table(sa.MetaData(), name)
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(table)).mappings().all()
+    assert len(rows) == result.summary.total_stubs + sum(result.summary.log_rows.values())
+    stubs = {r["message_id"]: r for r in rows if r["kind"] == "stub"}
+    assert set(stubs) == set(seeded.created)
+    for mid, at in seeded.created.items():  # the very instant, as a datetime
+        assert stubs[mid]["created_at"] == at, mid
+    for r in rows:
+        assert isinstance(r["in_window"], bool)
+        assert r["queue_offset"] is None or isinstance(r["queue_offset"], int)
+        assert r["send_count"] is None or isinstance(r["send_count"], int)
+        assert r["run_id"] == result.run_id
+    log_rows = [r for r in rows if r["kind"] == "log"]
+    assert all(r["created_at"] == NOW - timedelta(minutes=20) for r in log_rows)

@@ -39,6 +39,8 @@ def as_json(result: ReconcileResult, *, exit_code: int | None = None) -> str:
         "master": result.master,
         "generated_at": _plain(result.now),
         "elapsed_s": round(result.elapsed_s, 3),
+        "tasks": result.tasks,
+        "shuffle_partitions": result.shuffle_partitions,
         "stubs": {"total": s.total_stubs, **{k.lower(): v for k, v in s.stubs.items()}},
         "log_rows": {"total": sum(s.log_rows.values()),
                      **{k.lower(): v for k, v in s.log_rows.items()}},
@@ -60,7 +62,8 @@ def as_text(result: ReconcileResult) -> str:
     cert = s.certificate
     out: list[str] = []
     out.append(f"reconciliation {result.run_id}  source {result.source}  "
-               f"at {result.now:%Y-%m-%d %H:%M:%S} UTC  ({result.elapsed_s:.1f} s)")
+               f"at {result.now:%Y-%m-%d %H:%M:%S} UTC  ({result.elapsed_s:.1f} s, "
+               f"{result.tasks:,} tasks)")
     out.append("")
     out.append(f"stubs {s.total_stubs:>14,}")
     for cls, label in STUB_LABELS.items():

@@ -126,3 +126,46 @@ def test_a_driver_missing_from_the_session_is_named(spark):
                         "libpostgresql-jdbc-java")
     with pytest.raises(DriverNotFound, match="libpostgresql-jdbc-java"):
         require_driver(spark, absent)
+
+
+def test_jars_spark_submit_set_are_kept(tmp_path, monkeypatch):
+    """spark-submit's --jars count as the driver (no system jar needed) and stay first in
+    spark.jars: merged with --conf spark.jars and --jdbc-jar, never replaced."""
+    from outbox.reconcile.session import merge_jars, split_jars
+
+    monkeypatch.delenv("RELIABLE_JDBC_JARS", raising=False)
+    nowhere = (str(tmp_path),)
+    # a driver shipped by spark-submit, possibly remote: nothing more to add, no error
+    assert driver_jars("postgresql", search_dirs=nowhere,
+                       provided=("hdfs:///jars/postgresql-42.7.jar",)) == []
+    # a name that says nothing: the class check in the started session decides
+    assert driver_jars("mariadb", search_dirs=nowhere, provided=("/opt/x/driver.jar",)) == []
+    monkeypatch.setenv("RELIABLE_JDBC_SYSTEM_DIRS", "")
+    with pytest.raises(DriverNotFound):
+        driver_jars("sqlite")  # no system directory to search, nothing shipped
+    submitted = split_jars(" /a/one.jar,hdfs:///b/two.jar ,")
+    assert merge_jars(submitted, split_jars("/c/three.jar,/a/one.jar"), ["/d/four.jar"]) == [
+        "/a/one.jar", "hdfs:///b/two.jar", "/c/three.jar", "/d/four.jar"]
+
+
+@pytest.mark.slow
+def test_a_local_session_binds_to_loopback(tmp_path):
+    """Without SPARK_LOCAL_IP, a local master's driver still binds to 127.0.0.1 (no
+    non-loopback address, no warning about one)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from outbox.reconcile.session import spark_session\n"
+            "s = spark_session('local[1]')\n"
+            "print(s.sparkContext.getConf().get('spark.driver.host'))\n"
+            "s.stop()\n")
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_LOCAL_IP"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=180, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    import socket
+
+    host = proc.stdout.strip().splitlines()[-1]  # "localhost" for 127.0.0.1
+    assert socket.gethostbyname(host).startswith("127."), host
+    assert "loopback" not in proc.stderr

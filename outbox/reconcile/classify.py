@@ -15,7 +15,9 @@ or both. Every verdict is then a row-local expression over that row.
 Watermark of a consumer group on a queue (offsets below it were passed by the group):
 the group's committed offset from a snapshot when one is given, and the log's max offset
 for that topic/queue/group (rows at lower offsets were received later, so the group got
-that far); the greater of the two. A stub with no expected groups is compared with the
+that far), counting the log rows earlier repairs deleted (kept in the audit table,
+`repair_evidence`); the greatest of them. A stub a repair marked due (the audit again)
+stays LOST until it is confirmed. A stub with no expected groups is compared with the
 greatest watermark of any group on its queue.
 
 Queue bounds (optional, `bounds`): the offsets the broker still holds on a queue,

@@ -37,6 +37,30 @@ def test_json_exit_code_and_report_table(spark, sqlite_url, table_prefix, capsys
     assert sum(n for (k, _c), n in detail.items() if k == "log") == 11
 
 
+def test_a_small_run_with_a_report_takes_few_tasks(spark, sqlite_url, table_prefix, tmp_path):
+    """Partitions are sized from the data: the 41-stub data set with a report table and a
+    Parquet report runs in a few dozen tasks (Spark's default 200 shuffle partitions made
+    it over a thousand) and writes one Parquet file. A count of work, not a timing."""
+    from outbox.reconcile import ReconcileOptions, reconcile
+
+    from .dataset import NOW
+
+    build(table_prefix).insert(sa.create_engine(sqlite_url))
+    parquet = tmp_path / "report"
+    result = reconcile(ReconcileOptions(db_url=sqlite_url, table_prefix=table_prefix,
+                                        report_table=f"{table_prefix}report",
+                                        report_parquet=str(parquet)), spark=spark, now=NOW)
+    assert result.shuffle_partitions == spark.sparkContext.defaultParallelism == 2
+    assert 0 < result.tasks <= 60, result.tasks
+    assert len(list(parquet.glob("*.parquet"))) == 1
+    # the caller's setting stands
+    again = reconcile(ReconcileOptions(db_url=sqlite_url, table_prefix=table_prefix,
+                                       spark_conf={"spark.sql.shuffle.partitions": "7"}),
+                      spark=spark, now=NOW)
+    assert again.shuffle_partitions == 7
+    assert spark.conf.get("spark.sql.shuffle.partitions") != "7"  # given back afterwards
+
+
 def test_clean_window_exits_zero(spark, sqlite_url, table_prefix, capsys):
     build(table_prefix).insert(sa.create_engine(sqlite_url))
     # the first ten stubs (08:00-08:09) are all confirmed

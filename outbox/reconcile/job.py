@@ -34,6 +34,7 @@ from outbox.reconcile.errors import InvalidOptions, JobFailed, SourceUnavailable
 from outbox.reconcile.preflight import check_database, check_parquet, find_java
 from outbox.reconcile.repair import Repairer, RepairOptions, RepairReport, candidates
 from outbox.reconcile.session import (
+    add_to_driver,
     require_driver,
     spark_session,
     split_jars,
@@ -204,6 +205,8 @@ def reconcile(options: ReconcileOptions, spark: SparkSession | None = None,
         log.info("starting Spark (%s)", options.master or
                  ("spark-submit's master" if under_spark_submit() else "local[*]"))
         spark = spark_session(options.master, jars, options.spark_conf)
+        if under_spark_submit():
+            add_to_driver(spark, [j for j in jars if j not in submitted])
     if target is not None:
         require_driver(spark, target.driver)
 

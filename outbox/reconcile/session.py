@@ -150,6 +150,22 @@ def spark_session(master: str | None = None, jars: Iterable[str] = (),
     return session
 
 
+def add_to_driver(spark: SparkSession, jars: Iterable[str]) -> None:
+    """Put local jars on the running driver's class path. Under spark-submit the driver
+    JVM started before the job could name its jars (`--jdbc-jar`): `spark.jars` ships
+    them to the executors, and this makes the driver load them too (spark-submit's own
+    class loader takes more URLs)."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+    if loader is None or "MutableURLClassLoader" not in loader.getClass().getName():
+        return  # not spark-submit's loader: the driver check says what is missing
+    for jar in jars:
+        if "://" in jar or not os.path.isfile(jar):
+            continue
+        loader.addURL(jvm.java.io.File(jar).toURI().toURL())
+
+
 def require_driver(spark: SparkSession, driver: JdbcDriver) -> None:
     """Fail now, with the fix, when the driver class cannot be loaded in this session."""
     jvm = spark.sparkContext._jvm

@@ -101,8 +101,11 @@ def test_missing_driver_names_the_package_and_the_setting(tmp_path, monkeypatch)
 
 @pytest.mark.slow
 def test_runs_unchanged_under_spark_submit(sqlite_url, table_prefix, tmp_path):
-    """The entry point `spark-submit` runs keeps spark-submit's master and prints JSON."""
+    """The entry point `spark-submit` runs keeps spark-submit's master and prints JSON;
+    on a machine without system drivers, `--jdbc-jar` given to the job (not to
+    spark-submit) reaches the driver and the executors; Spark logs no INFO lines."""
     import os
+    import shutil
     import subprocess
     import sys
     from pathlib import Path
@@ -112,21 +115,28 @@ def test_runs_unchanged_under_spark_submit(sqlite_url, table_prefix, tmp_path):
     import reliable_cli.reconcile
 
     build(table_prefix).insert(sa.create_engine(sqlite_url))
+    jar = tmp_path / "ship" / "jdbc-driver.jar"  # a name that says nothing
+    jar.parent.mkdir()
+    shutil.copy(driver_jars("sqlite")[0], jar)
     spark_home = os.path.dirname(pyspark.__file__)
     entry = Path(reliable_cli.reconcile.__file__).with_name("__main__.py")
     root = Path(reliable_cli.reconcile.__file__).parents[2]
     env = {**os.environ, "SPARK_HOME": spark_home, "PYSPARK_PYTHON": sys.executable,
-           "PYSPARK_DRIVER_PYTHON": sys.executable,
+           "PYSPARK_DRIVER_PYTHON": sys.executable, "RELIABLE_JDBC_SYSTEM_DIRS": "",
+           "RELIABLE_JDBC_JARS": "",
            "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(
         [os.path.join(spark_home, "bin", "spark-submit"), "--master", "local[1]",
-         "--conf", "spark.ui.enabled=false", "--jars", driver_jars("sqlite")[0],
-         str(entry), "--db", sqlite_url, "--prefix", table_prefix, "--json"],
+         "--conf", "spark.ui.enabled=false",
+         str(entry), "--db", sqlite_url, "--prefix", table_prefix, "--json",
+         "--jdbc-jar", str(jar)],
         env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert proc.returncode == ExitCode.UNACCOUNTED, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
     assert doc["master"] == "local[1]"
     assert doc["stubs"]["total"] == 41
+    info = [ln for ln in proc.stderr.splitlines() if " INFO " in ln]
+    assert len(info) <= 5, info[:20]
 
 
 def test_bad_data_fails_with_a_typed_error(spark, sqlite_url, table_prefix, capsys):

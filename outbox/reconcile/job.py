@@ -216,14 +216,17 @@ def reconcile(options: ReconcileOptions, spark: SparkSession | None = None,
     previous_shuffle = spark.conf.get("spark.sql.shuffle.partitions")
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     sc = spark.sparkContext
+    # the run's jobs in one job group, to count their tasks; a caller's group comes back
+    group_keys = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
+    previous_group = {k: sc.getLocalProperty(k) for k in group_keys}
     sc.setJobGroup(run_id, "reliable reconcile", interruptOnCancel=False)
     try:
         summary, repair, shuffle = _run(spark, source, target, options, now, run_id)
     finally:
         spark.conf.set("spark.sql.session.timeZone", previous_tz or "UTC")
         spark.conf.set("spark.sql.shuffle.partitions", previous_shuffle or "200")
-        sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
-        sc.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
+        for key, value in previous_group.items():
+            sc.setLocalProperty(key, value)  # type: ignore[arg-type]  # None: unset
     plans = dict(getattr(source, "plans", {}))
     return ReconcileResult(run_id=run_id, source=source.describe(), now=now, summary=summary,
                            elapsed_s=time.monotonic() - started, repair=repair, plans=plans,

@@ -290,6 +290,7 @@ def run(opts: Options, rows: int | None = None) -> SuiteResult:
                            f"verdict {'matches' if ok_spark else 'DIFFERS'}"))
     result.rows.append(Row("spark_job_warm", n / warm_s, 0.0,
                            f"{warm_s:.1f} s; second run in the same JVM"))
+    # a later size of the same --sizes run finds the JVM running: its start is not a cold one
     result.rows.append(Row("jvm_start", 0.0, 0.0, f"{start_s:.1f} s (not in spark_job)"))
     result.rows.append(Row("spark_job+start", n / (job_s + start_s), 0.0,
                            f"{job_s + start_s:.1f} s incl. JVM start"))

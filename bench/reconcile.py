@@ -179,7 +179,7 @@ per_msg AS (
          bool_and(confirmed) AS all_confirmed,
          bool_or(NOT confirmed AND dead) AS any_dead,
          bool_or(NOT confirmed AND NOT logged AND passed) AS any_passed,
-         bool_or(logged) AS any_logged
+         bool_or(NOT confirmed AND logged) AS any_logged
   FROM per_pair GROUP BY id)
 SELECT CASE
   WHEN status = 'VOID' THEN 'VOID'
@@ -228,10 +228,11 @@ def postgres_sql() -> tuple[dict[str, int], dict[str, int], float]:
 
 def spark_job(n: int) -> tuple[dict[str, int], dict[str, int], float, float, float,
                               dict[str, object]]:
+    """The job on local[*] with its own partition sizing (no shuffle setting given):
+    JVM start-up timed apart from the job, then a cold and a warm run."""
     from outbox.reconcile import ReconcileOptions, driver_jars, reconcile, spark_session
 
     conf = {"spark.ui.enabled": "false", "spark.driver.memory": "4g",
-            "spark.sql.shuffle.partitions": str(max(4, min(64, n // 250_000))),
             "spark.ui.showConsoleProgress": "false"}
     started = time.perf_counter()
     spark = spark_session(None, driver_jars("postgresql"), conf, app_name="bench-reconcile")
@@ -246,6 +247,8 @@ def spark_job(n: int) -> tuple[dict[str, int], dict[str, int], float, float, flo
     reconcile(ReconcileOptions(db_url=PG_URL, table_prefix=PREFIX), spark=spark)
     warm_s = time.perf_counter() - began
     plans: dict[str, object] = dict(result.plans)
+    plans["tasks"] = result.tasks
+    plans["shuffle_partitions"] = result.shuffle_partitions
     spark.stop()
     s = result.summary
     return ({k: v for k, v in s.stubs.items() if v}, {k: v for k, v in s.log_rows.items() if v},
@@ -283,9 +286,12 @@ def run(opts: Options, rows: int | None = None) -> SuiteResult:
     result.rows.append(Row("postgres_sql", n / sql_s, 0.0,
                            f"{sql_s:.1f} s; verdict {'matches' if ok_sql else 'DIFFERS'}"))
     result.rows.append(Row("spark_job", n / job_s, 0.0,
-                           f"{job_s:.1f} s; verdict {'matches' if ok_spark else 'DIFFERS'}"))
+                           f"{job_s:.1f} s without JVM start; {plans.get('tasks')} tasks; "
+                           f"verdict {'matches' if ok_spark else 'DIFFERS'}"))
     result.rows.append(Row("spark_job_warm", n / warm_s, 0.0,
                            f"{warm_s:.1f} s; second run in the same JVM"))
+    # a later size of the same --sizes run finds the JVM running: its start is not a cold one
+    result.rows.append(Row("jvm_start", 0.0, 0.0, f"{start_s:.1f} s (not in spark_job)"))
     result.rows.append(Row("spark_job+start", n / (job_s + start_s), 0.0,
                            f"{job_s + start_s:.1f} s incl. JVM start"))
     result.notes.append(f"stubs {n:,}; classes {dict(sorted(expected.items()))}")
@@ -306,10 +312,23 @@ def run(opts: Options, rows: int | None = None) -> SuiteResult:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.reconcile", description=DESCRIPTION)
     parser.add_argument("--rows", type=int, default=None, help="stubs (default 1,000,000)")
+    parser.add_argument("--sizes", default=None, metavar="N,N,...",
+                        help="several sizes one after the other (e.g. 1000000,10000000); "
+                             "per-stub times side by side show whether the job scales "
+                             "linearly")
     parser.add_argument("--quick", action="store_true", help="100,000 stubs")
     args = parser.parse_args(argv)
-    res = run(Options(quick=args.quick, workdir=Path(".")), rows=args.rows)
-    print(format_table(f"== {NAME}: {DESCRIPTION}", res))
+    sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else [args.rows]
+    per_stub: list[str] = []
+    for size in sizes:
+        res = run(Options(quick=args.quick, workdir=Path(".")), rows=size)
+        print(format_table(f"== {NAME}: {DESCRIPTION}", res))
+        n = float(str(res.metrics["stubs"]))
+        job, sql = float(str(res.metrics["spark_job_s"])), float(str(res.metrics["sql_s"]))
+        per_stub.append(f"{int(n):,} stubs: spark {job / n * 1e6:.2f} us/stub, "
+                        f"sql {sql / n * 1e6:.2f} us/stub")
+    if len(sizes) > 1:
+        print("scaling: " + "; ".join(per_stub))
     return 0
 
 

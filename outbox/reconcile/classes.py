@@ -10,8 +10,10 @@ A stub gets exactly one class, the first that applies, in this order:
     LOST            a missing group without a log row has passed the stub's offset; or
                     the copy's queue is unknown (gRPC) and the stub is older than the
                     group's expected latency; or it was never sent and is older than the
-                    grace period: resend due
-    IN_PROCESSING   every group that passed it holds a log row: a consumer is working on it
+                    grace period: resend due. Also a stub a repair marked due, until it
+                    is confirmed (unaccounted, but not marked again)
+    IN_PROCESSING   a group still missing it holds a log row (a row left behind by a group
+                    that confirmed does not count): a consumer is working on it
     BACKLOGGED      no missing group has reached its offset yet (or it awaits its first send)
 
 A log row is ORPHAN (no stub with its id), STALE (its group confirmed the message, or the

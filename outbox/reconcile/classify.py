@@ -15,7 +15,9 @@ or both. Every verdict is then a row-local expression over that row.
 Watermark of a consumer group on a queue (offsets below it were passed by the group):
 the group's committed offset from a snapshot when one is given, and the log's max offset
 for that topic/queue/group (rows at lower offsets were received later, so the group got
-that far); the greater of the two. A stub with no expected groups is compared with the
+that far), counting the log rows earlier repairs deleted (kept in the audit table,
+`repair_evidence`); the greatest of them. A stub a repair marked due (the audit again)
+stays LOST until it is confirmed. A stub with no expected groups is compared with the
 greatest watermark of any group on its queue.
 
 Queue bounds (optional, `bounds`): the offsets the broker still holds on a queue,
@@ -36,7 +38,7 @@ from typing import TYPE_CHECKING
 
 from outbox.errors import REFUSED_PREFIX
 from outbox.latency import ExpectedLatency
-from outbox.reconcile.classes import LogClass, StubClass
+from outbox.reconcile.classes import LogClass, RepairAction, StubClass
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -62,6 +64,7 @@ class Inputs:
     topic_group: DataFrame | None = None
     offsets: DataFrame | None = None
     bounds: DataFrame | None = None  # topic, queue_id, max_offset, min_offset (`bounds`)
+    audit: DataFrame | None = None  # earlier repairs' audit rows (`repair.audit_table`)
 
 
 @dataclass
@@ -147,26 +150,52 @@ def _in_window(col: Column, window: Window) -> Column:
     return F.coalesce(cond, F.lit(False))
 
 
-def watermarks(log: DataFrame, offsets: DataFrame | None) -> DataFrame:
-    """Per (topic, queue_id, consumer_group): the exclusive offset the group has passed,
-    and where that figure came from."""
+def repair_evidence(audit: DataFrame | None) -> DataFrame | None:
+    """The log rows earlier repairs deleted (kept whole in the audit table): topic,
+    queue_id, consumer_group, queue_offset. Their group received those messages, so they
+    still count for its watermark: deleting a stale row never moves a watermark back."""
     from pyspark.sql import functions as F
 
-    from_log = (log.groupBy("topic", "queue_id", "consumer_group")
-                .agg(F.max("queue_offset").alias("log_max")))
+    if audit is None:
+        return None
+    row = F.col("before")
+    return audit.where(F.col("action") == RepairAction.CLOSE_STALE_LOG.value).select(
+        F.get_json_object(row, "$.topic").alias("topic"),
+        F.get_json_object(row, "$.queue_id").cast("int").alias("queue_id"),
+        F.coalesce(F.get_json_object(row, "$.consumer_group"),
+                   F.col("consumer_group")).alias("consumer_group"),
+        F.get_json_object(row, "$.queue_offset").cast("bigint").alias("queue_offset"))
+
+
+def watermarks(log: DataFrame, offsets: DataFrame | None,
+               evidence: DataFrame | None = None) -> DataFrame:
+    """Per (topic, queue_id, consumer_group): the exclusive offset the group has passed,
+    and where that figure came from (`log`, `audit`: a log row a repair deleted, or
+    `committed`)."""
+    from pyspark.sql import functions as F
+
+    rows = log.select("topic", "queue_id", "consumer_group", "queue_offset",
+                      F.lit("log").alias("src"))
+    if evidence is not None:
+        rows = rows.unionByName(evidence.select("*", F.lit("audit").alias("src")))
+    from_log = (rows.where(F.col("queue_offset").isNotNull())
+                .groupBy("topic", "queue_id", "consumer_group")
+                .agg(F.max("queue_offset").alias("log_max"),
+                     F.max_by("src", F.struct("queue_offset", F.col("src") == "log"))
+                     .alias("log_src")))
     if offsets is None:
         return from_log.select("topic", "queue_id", "consumer_group",
                                F.col("log_max").alias("watermark"),
-                               F.lit("log").alias("watermark_source"))
+                               F.col("log_src").alias("watermark_source"))
     committed = (offsets.groupBy("topic", "queue_id", "consumer_group")
                  .agg(F.max("committed_offset").alias("committed")))
     both = from_log.join(committed, ["topic", "queue_id", "consumer_group"], "full_outer")
     return both.select(
         "topic", "queue_id", "consumer_group",
         F.greatest("log_max", "committed").alias("watermark"),
-        F.when(F.col("committed").isNull(), "log")
+        F.when(F.col("committed").isNull(), F.col("log_src"))
         .when(F.col("log_max").isNull() | (F.col("committed") >= F.col("log_max")),
-              "committed").otherwise("log").alias("watermark_source"))
+              "committed").otherwise(F.col("log_src")).alias("watermark_source"))
 
 
 def _bounds_map(bounds: DataFrame) -> DataFrame:
@@ -229,17 +258,25 @@ def classify(inputs: Inputs, now: datetime, grace: timedelta = timedelta(minutes
         "message_id", "consumer_group", F.lit("L").alias("kind"),
         F.struct("consumer_group", "topic", "queue_id", "queue_offset", "created_at",
                  "dead_lettered_at", "in_window").alias("l"))
-    side = (conf.unionByName(logs).groupBy("message_id").agg(
+    side_rows = conf.unionByName(logs)
+    if inputs.audit is not None:  # stubs an earlier repair marked due
+        marked = inputs.audit.where(
+            F.col("action") == RepairAction.MARK_RESEND_DUE.value).select(
+            "message_id", F.lit(None).cast("string").alias("consumer_group"),
+            F.lit("R").alias("kind"), F.lit(None).cast(conf.schema["l"].dataType).alias("l"))
+        side_rows = side_rows.unionByName(marked)
+    side = (side_rows.groupBy("message_id").agg(
         F.collect_set(F.when(F.col("kind") == "C", F.col("consumer_group")))
         .alias("confirmed_groups"),
         F.count(F.when(F.col("kind") == "C", F.lit(1))).alias("confirmation_rows"),
-        F.collect_list(F.when(F.col("kind") == "L", F.col("l"))).alias("logs")))
+        F.collect_list(F.when(F.col("kind") == "L", F.col("l"))).alias("logs"),
+        F.max(F.col("kind") == "R").alias("marked_due")))
 
     joined = stub.join(side, "message_id", "full_outer")
 
     # watermarks as one small map, "topic SEP queue SEP group" -> offset, broadcast to
     # the join output (the ANY_GROUP entry of a queue is the greatest of its groups)
-    wm = watermarks(inputs.log, inputs.offsets)
+    wm = watermarks(inputs.log, inputs.offsets, repair_evidence(inputs.audit))
     keyed = wm.select(_wm_key(F.col("topic"), F.col("queue_id").cast("string"),
                               F.col("consumer_group")).alias("k"), "watermark")
     anyg = (wm.groupBy("topic", "queue_id").agg(F.max("watermark").alias("watermark"))
@@ -261,8 +298,10 @@ def classify(inputs: Inputs, now: datetime, grace: timedelta = timedelta(minutes
         F.coalesce("has_stub", F.lit(False)).alias("_has_stub"),
         F.coalesce("confirmed_groups", F.array().cast("array<string>")).alias("_conf"),
         F.coalesce("logs", F.array()).alias("_logs"),
-    ).drop("has_stub", "confirmed_groups", "logs").withColumnsRenamed(
-        {"_has_stub": "has_stub", "_conf": "confirmed_groups", "_logs": "logs"})
+        F.coalesce("marked_due", F.lit(False)).alias("_marked"),
+    ).drop("has_stub", "confirmed_groups", "logs", "marked_due").withColumnsRenamed(
+        {"_has_stub": "has_stub", "_conf": "confirmed_groups", "_logs": "logs",
+         "_marked": "marked_due"})
 
     status = F.upper(F.coalesce("status", F.lit("")))
     is_open = F.col("has_stub") & ~status.isin("CONFIRMED", "VOID")
@@ -349,6 +388,8 @@ def classify(inputs: Inputs, now: datetime, grace: timedelta = timedelta(minutes
         | F.col("escalated_at").isNotNull()
     dead = (F.size(F.array_intersect("missing_groups", dlq_groups)) > 0) \
         | (is_any & (F.size(dlq_groups) > 0))
+    held = (F.size(F.array_intersect("missing_groups", log_groups)) > 0) \
+        | (is_any & (F.size("logs") > 0))
     stub_class = (
         F.when(~F.col("has_stub"), F.lit(None).cast("string"))
         .when(status == "VOID", StubClass.VOID.value)
@@ -359,12 +400,17 @@ def classify(inputs: Inputs, now: datetime, grace: timedelta = timedelta(minutes
         .when((due & no_sends_left) | F.col("escalated_at").isNotNull(),
               StubClass.EXHAUSTED.value)
         .when(due, StubClass.LOST.value)
-        .when(F.size("logs") > 0, StubClass.IN_PROCESSING.value)
+        # a repair marked it due: unaccounted until every group confirms it
+        .when(F.col("marked_due"), StubClass.LOST.value)
+        # in processing only while a group still missing it holds a log row (a row left
+        # behind by a group that confirmed says nothing about the others)
+        .when(held, StubClass.IN_PROCESSING.value)
         .otherwise(StubClass.BACKLOGGED.value))
     passed_txt = F.array_join("passed_groups", ",")
     reason = (
         F.when(stub_class == StubClass.LOST.value,
-               F.when(unsent, F.lit("never sent; older than the grace period"))
+               F.when(~due, F.lit("marked due by a repair; not confirmed since"))
+               .when(unsent, F.lit("never sent; older than the grace period"))
                .when(F.size("gone_groups") > 0, F.concat(
                    F.lit("no longer held by the broker (queue "),
                    F.coalesce(F.try_element_at("bmin", F.concat_ws(
@@ -403,5 +449,6 @@ def classify(inputs: Inputs, now: datetime, grace: timedelta = timedelta(minutes
         .alias("duplicate_confirmations"),
         (status == "CONFIRMED").alias("status_confirmed"),
         stub_class.alias("stub_class"), reason.alias("reason"),
+        (is_open & due).alias("resend_due"),
         _in_window(F.col("created_at"), window).alias("in_window"))
     return Classified(messages=m, watermarks=wm)

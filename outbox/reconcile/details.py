@@ -81,7 +81,7 @@ def write_table(rows: DataFrame, target: JdbcTarget, table: str,
     if schema:
         table = f"{schema}.{table}"
     if target.dialect == "sqlite":
-        rows = rows.coalesce(1)  # one writer: SQLite locks the whole file
+        rows = sqlite_compatible(rows).coalesce(1)  # one writer: SQLite locks the file
     try:
         writer = rows.write.format("jdbc").mode("append").option("url", target.url) \
             .option("dbtable", table)
@@ -90,6 +90,23 @@ def write_table(rows: DataFrame, target: JdbcTarget, table: str,
         writer.save()
     except Exception as exc:
         raise ReportWriteFailed(f"table {table}", _cause(exc)) from None
+
+
+# SQLAlchemy's text format for a SQLite DATETIME (what the outbox's own tables hold)
+SQLITE_DATETIME = "yyyy-MM-dd HH:mm:ss.SSSSSS"
+
+
+def sqlite_compatible(rows: DataFrame) -> DataFrame:
+    """Timestamps as SQLAlchemy writes them to SQLite (ISO text). SQLite's JDBC driver
+    stores a timestamp as epoch milliseconds, which SQLAlchemy cannot read back from a
+    DATETIME column; text keeps the report table's types the same on every database."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import TimestampNTZType, TimestampType
+
+    return rows.select(*[
+        F.date_format(F.col(f.name), SQLITE_DATETIME).alias(f.name)
+        if isinstance(f.dataType, TimestampType | TimestampNTZType) else F.col(f.name)
+        for f in rows.schema.fields])
 
 
 def _cause(exc: BaseException) -> str:

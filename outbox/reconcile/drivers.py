@@ -15,6 +15,18 @@ from outbox.reconcile.errors import DriverNotFound, InvalidOptions
 
 SYSTEM_JAR_DIRS: tuple[str, ...] = ("/usr/share/java",)
 JARS_ENV = "RELIABLE_JDBC_JARS"
+# where system driver jars are looked for (colon separated; empty: nowhere), for a
+# machine whose drivers live elsewhere, or none at all (a cluster shipping --jars)
+SYSTEM_DIRS_ENV = "RELIABLE_JDBC_SYSTEM_DIRS"
+
+
+def system_jar_dirs() -> tuple[str, ...]:
+    """The directories searched for system driver jars (`RELIABLE_JDBC_SYSTEM_DIRS`, else
+    /usr/share/java)."""
+    value = os.environ.get(SYSTEM_DIRS_ENV)
+    if value is None:
+        return SYSTEM_JAR_DIRS
+    return tuple(d for d in value.split(os.pathsep) if d.strip())
 
 
 @dataclass(frozen=True)
@@ -106,17 +118,23 @@ def configured_jars(extra: tuple[str, ...] = ()) -> list[str]:
 
 
 def driver_jars(dialect: str, extra: tuple[str, ...] = (),
-                search_dirs: tuple[str, ...] = SYSTEM_JAR_DIRS) -> list[str]:
+                search_dirs: tuple[str, ...] | None = None,
+                provided: tuple[str, ...] = ()) -> list[str]:
     """Jars to put on Spark's classpath for `dialect`: every configured jar, plus the
-    system jar when no configured one looks like this driver. Raises `DriverNotFound`
-    (naming the package and the setting) when there is nothing to use."""
+    system jar when no configured one looks like this driver. `provided`: jars already
+    on the classpath (spark-submit's `--jars`; kept by the session, not returned, and
+    possibly remote URLs, so not checked here). Raises `DriverNotFound` (naming the
+    package and the setting) when there is nothing to use."""
     driver = DRIVERS[_DIALECT_ALIASES.get(dialect, dialect)]
+    if search_dirs is None:
+        search_dirs = system_jar_dirs()
     configured = configured_jars(extra)
     for path in configured:
         if not Path(path).is_file():
             raise InvalidOptions(f"configured JDBC jar does not exist: {path}")
     keys = _JAR_KEYS[driver.dialect]
-    if any(key in Path(p).name.lower() for p in configured for key in keys):
+    names = [p.rstrip("/").rsplit("/", 1)[-1].lower() for p in (*configured, *provided)]
+    if any(key in name for name in names for key in keys):
         return configured
     searched = list(configured)
     for directory in search_dirs:
@@ -125,15 +143,17 @@ def driver_jars(dialect: str, extra: tuple[str, ...] = (),
             searched.append(str(candidate))
             if candidate.is_file():
                 return [*configured, str(candidate)]
-    if configured:
+    if configured or provided:
         return configured  # unrecognised names: the class check after start-up decides
     raise DriverNotFound(driver.dialect, driver.driver_class, driver.package, searched)
 
 
-def installed_system_jars(search_dirs: tuple[str, ...] = SYSTEM_JAR_DIRS) -> list[str]:
+def installed_system_jars(search_dirs: tuple[str, ...] | None = None) -> list[str]:
     """Every system JDBC driver jar present (one per dialect). A JVM's classpath is fixed
     when its first session starts, so a session built with all of them serves every
     database a later job in the same process reads."""
+    if search_dirs is None:
+        search_dirs = system_jar_dirs()
     found: list[str] = []
     for driver in DRIVERS.values():
         for directory in search_dirs:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -32,7 +33,14 @@ from outbox.reconcile.drivers import JdbcTarget, driver_jars, installed_system_j
 from outbox.reconcile.errors import InvalidOptions, JobFailed, SourceUnavailable
 from outbox.reconcile.preflight import check_database, check_parquet, find_java
 from outbox.reconcile.repair import Repairer, RepairOptions, RepairReport, candidates
-from outbox.reconcile.session import require_driver, spark_session, under_spark_submit
+from outbox.reconcile.session import (
+    add_to_driver,
+    require_driver,
+    spark_session,
+    split_jars,
+    submitted_conf,
+    under_spark_submit,
+)
 from outbox.reconcile.sources import (
     OFFSET_COLUMNS,
     JdbcSource,
@@ -110,6 +118,8 @@ class ReconcileResult:
     repair: RepairReport | None = None
     plans: dict[str, tuple[str | None, int, int]] = field(default_factory=dict)
     master: str = ""  # the Spark master the job ran on
+    tasks: int = 0  # Spark tasks the run's jobs ran (from the status tracker)
+    shuffle_partitions: int = 0  # spark.sql.shuffle.partitions the run used
 
 
 def _naive_utc(value: datetime) -> datetime:
@@ -184,33 +194,89 @@ def reconcile(options: ReconcileOptions, spark: SparkSession | None = None,
             check_database(target, getattr(source, "names", TableNames()))
         elif options.parquet:
             check_parquet(options.parquet)
-        jars = driver_jars(target.dialect, options.jdbc_jars) if target else []
+        # spark-submit's --jars are on the classpath already (and stay: the session
+        # merges spark.jars, never replaces it)
+        submitted = tuple(split_jars(submitted_conf().get("spark.jars")))
+        jars = driver_jars(target.dialect, options.jdbc_jars,
+                           provided=submitted) if target else []
         # every installed driver too: the first session fixes the JVM's classpath for
         # every later job in this process, whichever database it reads
         jars = list(dict.fromkeys([*jars, *installed_system_jars()]))
         log.info("starting Spark (%s)", options.master or
                  ("spark-submit's master" if under_spark_submit() else "local[*]"))
         spark = spark_session(options.master, jars, options.spark_conf)
+        if under_spark_submit():
+            add_to_driver(spark, [j for j in jars if j not in submitted])
     if target is not None:
         require_driver(spark, target.driver)
 
     # timestamps are naive UTC throughout (a Parquet TIMESTAMP is read in the session's
     # zone): run in UTC, and give a caller's session its own setting back afterwards
     previous_tz = spark.conf.get("spark.sql.session.timeZone")
+    previous_shuffle = spark.conf.get("spark.sql.shuffle.partitions")
     spark.conf.set("spark.sql.session.timeZone", "UTC")
+    sc = spark.sparkContext
+    # the run's jobs in one job group, to count their tasks; a caller's group comes back
+    group_keys = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
+    previous_group = {k: sc.getLocalProperty(k) for k in group_keys}
+    sc.setJobGroup(run_id, "reliable reconcile", interruptOnCancel=False)
     try:
-        summary, repair = _run(spark, source, target, options, now, run_id)
+        summary, repair, shuffle = _run(spark, source, target, options, now, run_id)
     finally:
         spark.conf.set("spark.sql.session.timeZone", previous_tz or "UTC")
+        spark.conf.set("spark.sql.shuffle.partitions", previous_shuffle or "200")
+        for key, value in previous_group.items():
+            sc.setLocalProperty(key, value)  # type: ignore[arg-type]  # None: unset
     plans = dict(getattr(source, "plans", {}))
     return ReconcileResult(run_id=run_id, source=source.describe(), now=now, summary=summary,
                            elapsed_s=time.monotonic() - started, repair=repair, plans=plans,
-                           master=spark.sparkContext.master or "")
+                           master=sc.master or "", tasks=tasks_run(spark, run_id),
+                           shuffle_partitions=shuffle)
+
+
+def tasks_run(spark: SparkSession, job_group: str) -> int:
+    """How many tasks the jobs of a job group ran (completed or failed; a stage skipped
+    because its shuffle output was reused ran none), from Spark's status tracker."""
+    tracker = spark.sparkContext.statusTracker()
+    stages: set[int] = set()
+    for job_id in tracker.getJobIdsForGroup(job_group):
+        info = tracker.getJobInfo(job_id)
+        if info is not None:
+            stages.update(info.stageIds)
+    total = 0
+    for stage_id in stages:
+        stage = tracker.getStageInfo(stage_id)
+        if stage is not None:
+            total += stage.numCompletedTasks + stage.numFailedTasks
+    return total
+
+
+# Shuffle partitions from the data: one per this many input rows (stubs, confirmations
+# and log rows), at least the cluster's default parallelism, at most SHUFFLE_MAX.
+ROWS_PER_SHUFFLE_PARTITION = 500_000
+SHUFFLE_MAX = 2000
+# Detail rows per report output partition (one file, or one JDBC writer, each).
+ROWS_PER_REPORT_PARTITION = 1_000_000
+
+
+def shuffle_partitions(spark: SparkSession, rows: int | None, options: ReconcileOptions) -> int:
+    """The shuffle partitions for this run: what the caller set explicitly (`--conf
+    spark.sql.shuffle.partitions=N`, or spark-submit's `--conf`), else sized from the
+    input's row count (unknown for Parquet: the default parallelism); adaptive execution
+    then coalesces small partitions further."""
+    explicit = options.spark_conf.get("spark.sql.shuffle.partitions") or \
+        spark.sparkContext.getConf().get("spark.sql.shuffle.partitions")
+    if explicit:
+        return int(explicit)
+    floor = max(1, spark.sparkContext.defaultParallelism)
+    if rows is None:
+        return floor
+    return max(floor, min(SHUFFLE_MAX, math.ceil(rows / ROWS_PER_SHUFFLE_PARTITION)))
 
 
 def _run(spark: SparkSession, source: TableSource, target: JdbcTarget | None,
          options: ReconcileOptions, now: datetime,
-         run_id: str) -> tuple[Summary, RepairReport | None]:
+         run_id: str) -> tuple[Summary, RepairReport | None, int]:
     log.info("reading the tables from %s", source.describe())
     stub = _required(source.read(spark, "stub"))
     inputs = Inputs(
@@ -220,7 +286,12 @@ def _run(spark: SparkSession, source: TableSource, target: JdbcTarget | None,
         topic_group=source.read(spark, "topic_group"),
         offsets=read_offsets(spark, options.offsets, source),
         bounds=read_bounds(spark, options.queue_bounds, source, stub),
+        audit=source.read(spark, "audit"),
     )
+    plans: dict[str, tuple[str | None, int, int]] = getattr(source, "plans", {})
+    counted = [rows for _col, _parts, rows in plans.values() if rows >= 0]
+    shuffle = shuffle_partitions(spark, sum(counted) if counted else None, options)
+    spark.conf.set("spark.sql.shuffle.partitions", str(shuffle))
     window = Window(_opt(options.since), _opt(options.until))
     classified = classify(inputs, now, options.grace, window, options.expected_latency)
     outputs = bool(options.report_table or options.report_parquet or options.repair)
@@ -239,12 +310,19 @@ def _run(spark: SparkSession, source: TableSource, target: JdbcTarget | None,
             raise JobFailed(_first_line(exc)) from None
         log.info("classified %d stubs: %d unaccounted", summary.total_stubs,
                  summary.certificate.unaccounted)
-        _write_outputs(classified, options, target, run_id)
+        _write_outputs(classified, options, target, run_id, _detail_count(summary, options))
         repair = _repair(classified, options, run_id, now) if options.repair else None
     finally:
         if outputs:
             classified.messages.unpersist()
-    return summary, repair
+    return summary, repair, shuffle
+
+
+def _detail_count(summary: Summary, options: ReconcileOptions) -> int:
+    """How many detail rows the report receives (known from the summary's counts)."""
+    skipped = () if options.report_all else ("CONFIRMED", "VOID")
+    stubs = sum(n for cls, n in summary.stubs.items() if cls not in skipped)
+    return stubs + sum(summary.log_rows.values())
 
 
 def _spark_errors() -> tuple[type[BaseException], ...]:
@@ -265,10 +343,12 @@ def _required(df: DataFrame | None) -> DataFrame:
 
 
 def _write_outputs(c: Classified, options: ReconcileOptions, target: JdbcTarget | None,
-                   run_id: str) -> None:
+                   run_id: str, count: int) -> None:
     if not (options.report_table or options.report_parquet):
         return
-    rows = detail_rows(c, run_id, options.report_all)
+    # few files (and few JDBC writers): one output partition per million detail rows
+    parts = max(1, math.ceil(count / ROWS_PER_REPORT_PARTITION))
+    rows = detail_rows(c, run_id, options.report_all).coalesce(parts)
     if options.report_parquet:
         write_parquet(rows, options.report_parquet)
     if options.report_table:

@@ -55,7 +55,7 @@ def check_database(target: JdbcTarget, names: TableNames) -> None:
         database = url.database or ""
         if not Path(database).is_file():
             raise SourceUnavailable(f"the database {where}",
-                                    f"no such SQLite file {database!r}: check --db")
+                                    f"no such SQLite file {database!r} (check --db)")
         args: dict[str, object] = {"timeout": CONNECT_TIMEOUT_S}
     else:
         args = {"connect_timeout": CONNECT_TIMEOUT_S}
@@ -77,14 +77,14 @@ def check_database(target: JdbcTarget, names: TableNames) -> None:
                 missing.extend(f"{table}.{c}" for c in required if c not in present)
     except sa.exc.DBAPIError as exc:
         raise SourceUnavailable(f"the database {where}",
-                                f"{_one_line(exc.orig or exc)}: check --db") from None
+                                f"{_one_line(exc.orig or exc)} (check --db)") from None
     except ImportError:
         return
     finally:
         engine.dispose()
     if missing:
         raise SourceUnavailable(f"the database {where}",
-                                f"outbox tables missing: {', '.join(missing)}; {FIX_TABLES}")
+                                f"missing outbox tables {', '.join(missing)}; {FIX_TABLES}")
 
 
 # Python drivers to try, in order, when the URL names none (`postgresql://...`)

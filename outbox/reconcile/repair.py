@@ -7,7 +7,8 @@ changing a row, so a row that moved on since the read (resent, confirmed, reproc
 left alone, and re-running a repair changes nothing twice:
 
     MARK_RESEND_DUE   stub UNCONFIRMED with next_resend_at NULL or later than now
-                      -> next_resend_at = now, updated_at = now
+                      -> next_resend_at = now, updated_at = now (one already due is
+                      counted as such, not as skipped)
     CLOSE_STALE_LOG   log row whose group has a confirmation row, or whose stub is
                       CONFIRMED -> deleted (its content is kept in the audit row)
 
@@ -54,7 +55,8 @@ class RepairReport:
     dry_run: bool
     marked_due: int = 0
     closed_stale: int = 0
-    skipped: int = 0  # candidates that no longer qualified when re-checked
+    already_due: int = 0  # lost stubs whose resend was already due (nothing to change)
+    skipped: int = 0  # candidates that moved on since the read (confirmed, voided, gone)
     batches: int = 0
     sample: list[dict[str, Any]] = field(default_factory=list)  # first changes, for people
 
@@ -89,7 +91,10 @@ def candidates(messages: DataFrame, window_only: bool) -> DataFrame:
     from pyspark.sql import functions as F
 
     m = messages.where(F.col("in_window")) if window_only else messages
-    lost = m.where(F.col("stub_class") == StubClass.LOST.value).select(
+    # lost on the evidence (a stub unaccounted only because a repair marked it due is
+    # awaiting its resend's confirmation: marking it again would change nothing)
+    lost = m.where((F.col("stub_class") == StubClass.LOST.value)
+                   & F.col("resend_due")).select(
         F.lit(RepairAction.MARK_RESEND_DUE.value).alias("action"), "message_id",
         F.lit(None).cast("string").alias("consumer_group"), "reason")
     stale = (messages.where(F.col("has_stub") & (F.size("logs") > 0))
@@ -157,11 +162,14 @@ class Repairer:
         audit: list[dict[str, Any]] = []
         with self.engine.begin() as conn:
             if lost:
-                due_cond = sa.and_(
-                    stub.c.message_id.in_(list(lost)), stub.c.status == "UNCONFIRMED",
-                    sa.or_(stub.c.next_resend_at.is_(None), stub.c.next_resend_at > now))
-                rows = conn.execute(sa.select(stub.c.message_id, stub.c.next_resend_at)
-                                    .where(due_cond)).all()
+                open_cond = sa.and_(stub.c.message_id.in_(list(lost)),
+                                    stub.c.status == "UNCONFIRMED")
+                due_cond = sa.and_(open_cond, sa.or_(stub.c.next_resend_at.is_(None),
+                                                     stub.c.next_resend_at > now))
+                still_open = conn.execute(sa.select(stub.c.message_id, stub.c.next_resend_at)
+                                          .where(open_cond)).all()
+                rows = [r for r in still_open
+                        if r.next_resend_at is None or r.next_resend_at > now]
                 ids = [r.message_id for r in rows]
                 if ids and not self.options.dry_run:
                     conn.execute(sa.update(stub).where(due_cond)
@@ -173,7 +181,8 @@ class Repairer:
                         {"next_resend_at": _iso(r.next_resend_at)},
                         {"next_resend_at": _iso(now)}, now))
                 self.report.marked_due += len(rows)
-                self.report.skipped += len(lost) - len(rows)
+                self.report.already_due += len(still_open) - len(rows)
+                self.report.skipped += len(lost) - len(still_open)
             for mid, grp, reason in stale:
                 confirmed = sa.or_(
                     sa.exists().where(conf.c.message_id == log.c.message_id,

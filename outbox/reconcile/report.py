@@ -39,6 +39,8 @@ def as_json(result: ReconcileResult, *, exit_code: int | None = None) -> str:
         "master": result.master,
         "generated_at": _plain(result.now),
         "elapsed_s": round(result.elapsed_s, 3),
+        "tasks": result.tasks,
+        "shuffle_partitions": result.shuffle_partitions,
         "stubs": {"total": s.total_stubs, **{k.lower(): v for k, v in s.stubs.items()}},
         "log_rows": {"total": sum(s.log_rows.values()),
                      **{k.lower(): v for k, v in s.log_rows.items()}},
@@ -60,7 +62,8 @@ def as_text(result: ReconcileResult) -> str:
     cert = s.certificate
     out: list[str] = []
     out.append(f"reconciliation {result.run_id}  source {result.source}  "
-               f"at {result.now:%Y-%m-%d %H:%M:%S} UTC  ({result.elapsed_s:.1f} s)")
+               f"at {result.now:%Y-%m-%d %H:%M:%S} UTC  ({result.elapsed_s:.1f} s, "
+               f"{result.tasks:,} tasks)")
     out.append("")
     out.append(f"stubs {s.total_stubs:>14,}")
     for cls, label in STUB_LABELS.items():
@@ -123,8 +126,9 @@ def as_text(result: ReconcileResult) -> str:
         verb = "would change" if r.dry_run else "changed"
         out.append(f"repair{' (dry run)' if r.dry_run else ''}: {verb} "
                    f"{r.marked_due:,} stubs to resend now, "
-                   f"{r.closed_stale:,} stale log rows closed; {r.skipped:,} skipped "
-                   f"(moved on since the read); {r.batches} batches")
+                   f"{r.closed_stale:,} stale log rows closed; {r.already_due:,} already "
+                   f"due; {r.skipped:,} skipped (moved on since the read); "
+                   f"{r.batches} batches")
     return "\n".join(out)
 
 

@@ -19,10 +19,24 @@ if TYPE_CHECKING:
 DEFAULT_MASTER = "local[*]"
 
 # Settings the job relies on (timestamps are read and compared as UTC wall-clock values).
+# Partitions are sized from the data: adaptive execution coalesces small shuffle
+# partitions (the job also sets spark.sql.shuffle.partitions from the row counts).
 BASE_CONF: dict[str, str] = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.adaptive.enabled": "true",
+    "spark.sql.adaptive.coalescePartitions.enabled": "true",
+    # a cached plan (the classified rows, when a report or repair is asked) may be
+    # coalesced too
+    "spark.sql.optimizer.canChangeCachedPlanOutputPartitioning": "true",
 }
+# Under spark-submit the job cannot choose log4j's file (the JVM already runs), but it can
+# set the level before the SparkContext starts logging (`spark.log.level`): WARN, so a run
+# prints warnings, not thousands of INFO lines. `--conf spark.log.level=INFO` restores it.
+SUBMIT_LOG_LEVEL = "WARN"
+# A local master binds the driver to loopback (no warning about a non-loopback address,
+# no port open to the network); a cluster's driver address is the cluster's business
+# (set SPARK_LOCAL_IP or spark.driver.host there).
+LOCAL_IP = "127.0.0.1"
 
 # A quiet local session: no web UI (no port taken), no stage progress bars, and log4j at
 # ERROR (no WARN lines at start-up); the job reports its own progress instead. Any of them
@@ -71,37 +85,85 @@ def under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+def submitted_conf() -> dict[str, str]:
+    """The settings `spark-submit` gave this driver (`--jars`, `--conf`, ...): empty when
+    not under spark-submit. Reading them connects to spark-submit's JVM."""
+    if not under_spark_submit():
+        return {}
+    _pyspark()
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()
+    return dict(SparkConf().getAll())
+
+
+def split_jars(value: str | None) -> list[str]:
+    """The entries of a `spark.jars` value (comma separated)."""
+    return [j.strip() for j in (value or "").split(",") if j.strip()]
+
+
+def merge_jars(*lists: Iterable[str]) -> list[str]:
+    """Jar lists merged in order, each jar once: what spark-submit set is kept, never
+    replaced."""
+    return list(dict.fromkeys(j for jars in lists for j in jars if j))
+
+
 def spark_session(master: str | None = None, jars: Iterable[str] = (),
                   conf: Mapping[str, str] | None = None,
                   app_name: str = "reliable-reconcile") -> SparkSession:
     """Get or create the session. `master=None` means `local[*]`, unless `spark-submit`
-    started us (its `--master` stands). `jars` are added to `spark.jars`."""
+    started us (its `--master` stands). `jars` are added to `spark.jars`: after those
+    spark-submit set (`--jars`) and those in `conf`, never instead of them."""
     _pyspark()
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
+    submitted = submitted_conf()
     builder = SparkSession.builder.appName(app_name)
     if master:
         builder = builder.master(master)
     elif not under_spark_submit():
         builder = builder.master(DEFAULT_MASTER)
-    settings = {**BASE_CONF, **(conf or {})}
-    if not under_spark_submit():
+    # spark-submit's --conf stands over the job's defaults; the caller's conf over both
+    settings = {**BASE_CONF, **{k: v for k, v in submitted.items() if k in BASE_CONF},
+                **(conf or {})}
+    if under_spark_submit():
+        if "spark.log.level" not in submitted:
+            settings.setdefault("spark.log.level", SUBMIT_LOG_LEVEL)
+    else:
         quiet = {**QUIET_CONF, "spark.driver.extraJavaOptions":
                  f"-Dlog4j2.configurationFile=file:{quiet_log4j2()}"}
         settings = {**quiet, **settings}
-    jar_list = [j for j in jars if j]
-    if jar_list:
-        existing = settings.get("spark.jars", "")
-        settings["spark.jars"] = ",".join([*filter(None, existing.split(",")), *jar_list])
+        if (master or DEFAULT_MASTER).startswith("local"):
+            os.environ.setdefault("SPARK_LOCAL_IP", LOCAL_IP)  # the JVM inherits it
+    merged = merge_jars(split_jars(submitted.get("spark.jars")),
+                        split_jars(settings.get("spark.jars")), jars)
+    if merged:
+        settings["spark.jars"] = ",".join(merged)
     for key, value in settings.items():
         builder = builder.config(key, value)
     session = _launch_filtered(builder) if not under_spark_submit() else builder.getOrCreate()
     if not under_spark_submit() and "spark.driver.extraJavaOptions" not in (conf or {}):
         session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+def add_to_driver(spark: SparkSession, jars: Iterable[str]) -> None:
+    """Put local jars on the running driver's class path. Under spark-submit the driver
+    JVM started before the job could name its jars (`--jdbc-jar`): `spark.jars` ships
+    them to the executors, and this makes the driver load them too (spark-submit's own
+    class loader takes more URLs)."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+    if loader is None or "MutableURLClassLoader" not in loader.getClass().getName():
+        return  # not spark-submit's loader: the driver check says what is missing
+    for jar in jars:
+        if "://" in jar or not os.path.isfile(jar):
+            continue
+        loader.addURL(jvm.java.io.File(jar).toURI().toURL())
 
 
 def require_driver(spark: SparkSession, driver: JdbcDriver) -> None:

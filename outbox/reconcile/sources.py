@@ -58,6 +58,13 @@ OFFSET_COLUMNS: dict[str, str] = {
 BOUNDS_COLUMNS: dict[str, str] = {
     "topic": "string", "queue_id": "int", "max_offset": "bigint", "min_offset": "bigint",
 }
+# the repair audit (`repair.audit_table`): what earlier repairs changed, read back as
+# evidence (a deleted log row's offset still counts for the watermark; a stub marked due
+# stays unaccounted until it is confirmed)
+AUDIT_COLUMNS: dict[str, str] = {
+    "action": "string", "message_id": "string", "consumer_group": "string",
+    "before": "string",
+}
 
 TABLES: dict[str, tuple[dict[str, str], tuple[str, ...]]] = {
     "stub": (STUB_COLUMNS, STUB_REQUIRED),
@@ -66,6 +73,7 @@ TABLES: dict[str, tuple[dict[str, str], tuple[str, ...]]] = {
     "topic_group": (TOPIC_GROUP_COLUMNS, ("topic", "consumer_group")),
     "offsets": (OFFSET_COLUMNS, tuple(OFFSET_COLUMNS)),
     "bounds": (BOUNDS_COLUMNS, ("topic", "queue_id", "max_offset")),
+    "audit": (AUDIT_COLUMNS, ("action", "message_id")),
 }
 _TIMESTAMP = "timestamp_ntz"
 
@@ -79,11 +87,13 @@ class TableNames:
     log: str = "reliable_consumption_log"
     topic_group: str = "reliable_topic_group"
     schema: str | None = None
+    audit: str = "reliable_reconcile_audit"
 
     @classmethod
     def for_prefix(cls, prefix: str = "reliable_", schema: str | None = None) -> TableNames:
         return cls(f"{prefix}message_stub", f"{prefix}confirmation",
-                   f"{prefix}consumption_log", f"{prefix}topic_group", schema)
+                   f"{prefix}consumption_log", f"{prefix}topic_group", schema,
+                   f"{prefix}reconcile_audit")
 
     def physical(self, logical: str) -> str:
         return str(getattr(self, logical))
@@ -197,11 +207,10 @@ class JdbcSource:
             table = self.names.physical(logical)
         what = f"table {table} ({self.describe()})"
         dbtable = self._qualified(table)
-        optional = logical in ("topic_group", "offsets", "bounds")
         try:
             columns = self._columns(spark, dbtable, what)
         except SourceUnavailable:
-            if optional and logical == "topic_group":
+            if logical in ("topic_group", "audit"):  # never created: no rows
                 return None
             raise
         part_col = self.policy.columns.get(logical) or self._default_partition(logical)
@@ -270,7 +279,7 @@ class ParquetSource:
     directories: dict[str, str] = field(default_factory=lambda: {
         "stub": "message_stub", "confirmation": "confirmation", "log": "consumption_log",
         "topic_group": "topic_group", "offsets": "consumer_offset",
-        "bounds": "queue_bounds"})
+        "bounds": "queue_bounds", "audit": "reconcile_audit"})
 
     def describe(self) -> str:
         return f"parquet:{self.root}"
@@ -279,13 +288,13 @@ class ParquetSource:
         path = f"{self.root.rstrip('/')}/{self.directories[logical]}"
         local = "://" not in path
         if local and not Path(path).exists():
-            if logical in ("topic_group", "offsets"):
+            if logical in ("topic_group", "offsets", "audit"):
                 return None
             raise SourceUnavailable(f"parquet table {path}", "no such directory")
         try:
             df = spark.read.parquet(path)
         except Exception as exc:
-            if logical in ("topic_group", "offsets") and not local:
+            if logical in ("topic_group", "offsets", "audit") and not local:
                 return None
             raise SourceUnavailable(f"parquet table {path}", _first_line(exc)) from None
         return canonical(df, logical, f"parquet table {path}")

@@ -8,8 +8,9 @@ import pytest
 
 from outbox.reconcile import driver_jars, spark_session
 
+# no shuffle partition setting: the job sizes them from the data (here: 2, the default
+# parallelism of local[2])
 TEST_CONF = {
-    "spark.sql.shuffle.partitions": "2",
     "spark.default.parallelism": "2",
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",

@@ -37,6 +37,30 @@ def test_json_exit_code_and_report_table(spark, sqlite_url, table_prefix, capsys
     assert sum(n for (k, _c), n in detail.items() if k == "log") == 11
 
 
+def test_a_small_run_with_a_report_takes_few_tasks(spark, sqlite_url, table_prefix, tmp_path):
+    """Partitions are sized from the data: the 41-stub data set with a report table and a
+    Parquet report runs in a few dozen tasks (Spark's default 200 shuffle partitions made
+    it over a thousand) and writes one Parquet file. A count of work, not a timing."""
+    from outbox.reconcile import ReconcileOptions, reconcile
+
+    from .dataset import NOW
+
+    build(table_prefix).insert(sa.create_engine(sqlite_url))
+    parquet = tmp_path / "report"
+    result = reconcile(ReconcileOptions(db_url=sqlite_url, table_prefix=table_prefix,
+                                        report_table=f"{table_prefix}report",
+                                        report_parquet=str(parquet)), spark=spark, now=NOW)
+    assert result.shuffle_partitions == spark.sparkContext.defaultParallelism == 2
+    assert 0 < result.tasks <= 60, result.tasks
+    assert len(list(parquet.glob("*.parquet"))) == 1
+    # the caller's setting stands
+    again = reconcile(ReconcileOptions(db_url=sqlite_url, table_prefix=table_prefix,
+                                       spark_conf={"spark.sql.shuffle.partitions": "7"}),
+                      spark=spark, now=NOW)
+    assert again.shuffle_partitions == 7
+    assert spark.conf.get("spark.sql.shuffle.partitions") != "7"  # given back afterwards
+
+
 def test_clean_window_exits_zero(spark, sqlite_url, table_prefix, capsys):
     build(table_prefix).insert(sa.create_engine(sqlite_url))
     # the first ten stubs (08:00-08:09) are all confirmed
@@ -77,8 +101,11 @@ def test_missing_driver_names_the_package_and_the_setting(tmp_path, monkeypatch)
 
 @pytest.mark.slow
 def test_runs_unchanged_under_spark_submit(sqlite_url, table_prefix, tmp_path):
-    """The entry point `spark-submit` runs keeps spark-submit's master and prints JSON."""
+    """The entry point `spark-submit` runs keeps spark-submit's master and prints JSON;
+    on a machine without system drivers, `--jdbc-jar` given to the job (not to
+    spark-submit) reaches the driver and the executors; Spark logs no INFO lines."""
     import os
+    import shutil
     import subprocess
     import sys
     from pathlib import Path
@@ -88,21 +115,28 @@ def test_runs_unchanged_under_spark_submit(sqlite_url, table_prefix, tmp_path):
     import reliable_cli.reconcile
 
     build(table_prefix).insert(sa.create_engine(sqlite_url))
+    jar = tmp_path / "ship" / "jdbc-driver.jar"  # a name that says nothing
+    jar.parent.mkdir()
+    shutil.copy(driver_jars("sqlite")[0], jar)
     spark_home = os.path.dirname(pyspark.__file__)
     entry = Path(reliable_cli.reconcile.__file__).with_name("__main__.py")
     root = Path(reliable_cli.reconcile.__file__).parents[2]
     env = {**os.environ, "SPARK_HOME": spark_home, "PYSPARK_PYTHON": sys.executable,
-           "PYSPARK_DRIVER_PYTHON": sys.executable,
+           "PYSPARK_DRIVER_PYTHON": sys.executable, "RELIABLE_JDBC_SYSTEM_DIRS": "",
+           "RELIABLE_JDBC_JARS": "",
            "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(
         [os.path.join(spark_home, "bin", "spark-submit"), "--master", "local[1]",
-         "--conf", "spark.ui.enabled=false", "--jars", driver_jars("sqlite")[0],
-         str(entry), "--db", sqlite_url, "--prefix", table_prefix, "--json"],
+         "--conf", "spark.ui.enabled=false",
+         str(entry), "--db", sqlite_url, "--prefix", table_prefix, "--json",
+         "--jdbc-jar", str(jar)],
         env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert proc.returncode == ExitCode.UNACCOUNTED, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
     assert doc["master"] == "local[1]"
     assert doc["stubs"]["total"] == 41
+    info = [ln for ln in proc.stderr.splitlines() if " INFO " in ln]
+    assert len(info) <= 5, info[:20]
 
 
 def test_bad_data_fails_with_a_typed_error(spark, sqlite_url, table_prefix, capsys):
@@ -126,3 +160,46 @@ def test_a_driver_missing_from_the_session_is_named(spark):
                         "libpostgresql-jdbc-java")
     with pytest.raises(DriverNotFound, match="libpostgresql-jdbc-java"):
         require_driver(spark, absent)
+
+
+def test_jars_spark_submit_set_are_kept(tmp_path, monkeypatch):
+    """spark-submit's --jars count as the driver (no system jar needed) and stay first in
+    spark.jars: merged with --conf spark.jars and --jdbc-jar, never replaced."""
+    from outbox.reconcile.session import merge_jars, split_jars
+
+    monkeypatch.delenv("RELIABLE_JDBC_JARS", raising=False)
+    nowhere = (str(tmp_path),)
+    # a driver shipped by spark-submit, possibly remote: nothing more to add, no error
+    assert driver_jars("postgresql", search_dirs=nowhere,
+                       provided=("hdfs:///jars/postgresql-42.7.jar",)) == []
+    # a name that says nothing: the class check in the started session decides
+    assert driver_jars("mariadb", search_dirs=nowhere, provided=("/opt/x/driver.jar",)) == []
+    monkeypatch.setenv("RELIABLE_JDBC_SYSTEM_DIRS", "")
+    with pytest.raises(DriverNotFound):
+        driver_jars("sqlite")  # no system directory to search, nothing shipped
+    submitted = split_jars(" /a/one.jar,hdfs:///b/two.jar ,")
+    assert merge_jars(submitted, split_jars("/c/three.jar,/a/one.jar"), ["/d/four.jar"]) == [
+        "/a/one.jar", "hdfs:///b/two.jar", "/c/three.jar", "/d/four.jar"]
+
+
+@pytest.mark.slow
+def test_a_local_session_binds_to_loopback(tmp_path):
+    """Without SPARK_LOCAL_IP, a local master's driver still binds to 127.0.0.1 (no
+    non-loopback address, no warning about one)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from outbox.reconcile.session import spark_session\n"
+            "s = spark_session('local[1]')\n"
+            "print(s.sparkContext.getConf().get('spark.driver.host'))\n"
+            "s.stop()\n")
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_LOCAL_IP"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=180, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    import socket
+
+    host = proc.stdout.strip().splitlines()[-1]  # "localhost" for 127.0.0.1
+    assert socket.gethostbyname(host).startswith("127."), host
+    assert "loopback" not in proc.stderr

@@ -121,10 +121,11 @@ def test_repair_then_resend_leaves_nothing_lost(spark, db_url, engine, table_pre
     assert {r.message_id for r in rows
             if r.action == RepairAction.CLOSE_STALE_LOG.value} == stale
 
-    # re-running changes nothing more
+    # re-running changes nothing more: the lost stubs are still lost (their evidence was
+    # kept), and already due; nothing moved on since the read
     again = run(batch_size=3).repair
     assert again is not None and (again.marked_due, again.closed_stale) == (0, 0)
-    assert again.skipped == 6
+    assert (again.already_due, again.skipped) == (6, 0)
     assert _count(engine, audit) == 8
 
     # the resend worker picks up exactly what was marked due
@@ -135,12 +136,23 @@ def test_repair_then_resend_leaves_nothing_lost(spark, db_url, engine, table_pre
     metrics = worker.run_once()
     assert metrics.resent == 6
 
+    # resent, not confirmed yet: still unaccounted (a repair marked them due), though no
+    # longer lost on the evidence (the new copies are ahead of every group)
+    resent = reconcile(ReconcileOptions(**base.__dict__), spark=spark, now=NOW)
+    assert not resent.summary.certificate.clean
+    assert {(u.message_id, u.reason) for u in resent.summary.certificate.unaccounted_messages
+            } == {(mid, "marked due by a repair; not confirmed since") for mid in lost}
+    stub = tables.stub
+    with engine.begin() as conn:  # the consumers confirm the resent copies
+        conn.execute(sa.update(stub).where(stub.c.message_id.in_(lost))
+                     .values(status="CONFIRMED"))
+
     report = f"{table_prefix}reconcile_report"
     after = reconcile(ReconcileOptions(**{**base.__dict__, "report_table": report}),
                       spark=spark, now=NOW)
     s = after.summary
     assert s.stubs[StubClass.LOST.value] == 0
-    assert s.stubs[StubClass.BACKLOGGED.value] == len(seeded.stubs[StubClass.BACKLOGGED]) + 6
+    assert s.stubs[StubClass.CONFIRMED.value] == len(seeded.stubs[StubClass.CONFIRMED]) + 6
     assert s.stubs[StubClass.EXHAUSTED.value] == 2
     assert s.log_rows["STALE"] == 0
     assert after.summary.certificate.clean

@@ -102,5 +102,7 @@ def test_with_missing_tables(db_url: str, table_prefix: str) -> None:
     proc = _reconcile("--db", db_url, "--prefix", table_prefix)
     assert proc.returncode == ExitCode.UNAVAILABLE
     line = _one_error(proc)
-    assert f"outbox tables missing: {table_prefix}message_stub" in line
+    assert f"missing outbox tables {table_prefix}message_stub" in line
+    # "reliable reconcile: cannot read the database URL: missing ...; create them ..."
+    assert line.count(": ") == 2, line
     assert "--ensure-schema" in line and "create_all" in line

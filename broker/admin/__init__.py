@@ -9,6 +9,7 @@ own set of queries and actions:
     messages   query (by id, key, unique key, queue offset, time), send, reconsume
     trace      every record and consumer-group state of one business message
     topics     per-queue status (min/max offset, last store time)
+    store      disk use against the watermarks, commitlog size
 
 Each operation takes a JSON-shaped `dict` of parameters and returns a JSON-shaped `dict`;
 arguments are checked here (`InvalidArgument`, a protocol BAD_REQUEST) and a message that
@@ -27,6 +28,7 @@ from broker.broker import Broker
 def methods(broker: Broker) -> dict[str, Callable[[dict[str, Any]], Any]]:
     """The admin service's methods these modules implement, by protocol method name."""
     from broker.admin.messages import MessageOps
+    from broker.admin.store import store_status
     from broker.admin.topics import topic_status
     from broker.admin.trace import trace_message
 
@@ -36,4 +38,5 @@ def methods(broker: Broker) -> dict[str, Callable[[dict[str, Any]], Any]]:
         "ReconsumeMessage": ops.reconsume,
         "TraceMessage": lambda params: trace_message(broker, params),
         "TopicStatus": lambda params: topic_status(broker, params),
+        "StoreStatus": lambda params: store_status(broker, params),
     }

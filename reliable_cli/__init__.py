@@ -25,6 +25,7 @@ _NOUNS = {
     "worker": "reliable_cli.worker",
     "consume": "reliable_cli.consume",
     "reconcile": "reliable_cli.reconcile",
+    "console": "reliable_cli.console.command",
 }
 
 

@@ -41,8 +41,8 @@ def _fmt(value: float) -> str:
 
 
 def line_chart(series: Series, *, title: str, unit: str, chart_id: str,
-               width: int = 560, height: int = 200) -> Markup:
-    left, right, top, bottom = 48, 12, 24, 28
+               width: int = 420, height: int = 200) -> Markup:
+    left, right, top, bottom = 40, 10, 28, 24
     plot_w, plot_h = width - left - right, height - top - bottom
     points = [p for values in series.values() for p in values]
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" id="{escape(chart_id)}" '
@@ -50,8 +50,9 @@ def line_chart(series: Series, *, title: str, unit: str, chart_id: str,
            f'aria-label="{escape(title)}" data-series="{len(series)}" '
            f'data-points="{len(points)}">',
            f'<title>{escape(title)}</title>',
-           f'<text x="{left}" y="15" class="chart-title" font-size="13" '
-           f'font-weight="600" fill="#222">{escape(title)}</text>']
+           f'<text x="4" y="15" class="chart-title" font-size="13" font-weight="600" '
+           f'fill="#222">{escape(title)} <tspan font-weight="400" fill="#666">'
+           f'({escape(unit)})</tspan></text>']
     if len(points) < 2:
         out.append(f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle" '
                    f'font-size="12" fill="#777">collecting samples…</text></svg>')
@@ -79,8 +80,6 @@ def line_chart(series: Series, *, title: str, unit: str, chart_id: str,
         anchor = "start" if i == 0 else "end" if i == 3 else "middle"
         out.append(f'<text x="{x(t):.1f}" y="{height - 8}" text-anchor="{anchor}" '
                    f'font-size="10" fill="#666">{label}</text>')
-    out.append(f'<text x="{left - 6}" y="{top - 6}" text-anchor="end" font-size="10" '
-               f'fill="#666">{escape(unit)}</text>')
     legend_y = top + 12
     for n, (name, values) in enumerate(sorted(series.items())):
         colour = PALETTE[n % len(PALETTE)]

@@ -1,0 +1,290 @@
+"""The web console in a real headless Chromium, against a real broker process.
+
+An operator logs in, searches a message by key and opens its trace; watches a group's lag
+fall on the overview (number and chart) while a consumer works; replays one dead letter
+and sees the group consume it; and finds that a read-only console refuses actions and that
+nothing is shown without logging in.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reliable import (
+    ConsumeContext,
+    ConsumeFrom,
+    ConsumeResult,
+    Message,
+    Producer,
+    PushConsumer,
+    ReceivedMessage,
+    Transport,
+    connect,
+)
+from reliable.admin import AdminClient
+from tests.e2e.console.harness import PASSWORD, ConsoleProcess, http, login, save, wait_for
+from tests.e2e.grpc.server_process import ServerProcess
+
+pytestmark = pytest.mark.slow
+
+
+def by_id(driver: Any, element_id: str) -> Any:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.ID, element_id)
+
+
+def grpc_transport(endpoint: str) -> Transport:
+    t = connect("grpc", endpoint=endpoint)
+    t.start()
+    return t
+
+
+def send(endpoint: str, messages: Sequence[Message]) -> list[str]:
+    t = grpc_transport(endpoint)
+    try:
+        with Producer(t) as producer:
+            return [producer.send(m).message_id for m in messages]
+    finally:
+        t.close()
+
+
+def consumer(t: Transport, group: str, topic: str,
+             listener: Callable[[Sequence[ReceivedMessage], ConsumeContext], ConsumeResult]
+             ) -> PushConsumer:
+    return PushConsumer(group, listener, {topic: "*"}, transport=t,
+                        consume_from=ConsumeFrom.FIRST, consume_threads=1,
+                        heartbeat_interval_s=0.5, receive_long_poll_ms=1000)
+
+
+def session_cookie(driver: Any) -> str:
+    return "; ".join(f"{c['name']}={c['value']}" for c in driver.get_cookies())
+
+
+def csrf_of(html: str) -> str:
+    m = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert m, html[:500]
+    return m.group(1)
+
+
+def test_nothing_is_shown_without_logging_in(
+        broker: ServerProcess, browser: Any, make_console: Callable[..., ConsoleProcess],
+        shots: Path | None) -> None:
+    console = make_console(broker.endpoint)
+    browser.delete_all_cookies()
+    for page in ("", "messages", "dlq", "topics/anything", "trace?key=x"):
+        browser.get(console.url + page)
+        assert "/login" in browser.current_url, page
+        status, body = http(console.url + page)
+        assert status == 302 and "/login" in body, (page, status)
+    save(browser, shots, "login")
+    login(browser, console.url, password="not-the-password", accepted=False)
+    assert "wrong credentials" in by_id(browser, "login-error").text
+    assert "/login" in browser.current_url
+    login(browser, console.url)
+    assert browser.current_url.rstrip("/") == console.url.rstrip("/")
+    assert by_id(browser, "user").text == "oncall"
+    # scripts may read with HTTP basic auth, and only with the right password
+    assert http(console.url, user="ops", password="wrong-password")[0] == 401
+    status, body = http(console.url, user="ops", password=PASSWORD)
+    assert status == 200 and 'id="total-lag"' in body
+    # every answer forbids framing and foreign scripts
+    browser.get(console.url)
+    status, body = http(console.url + "messages", cookie=session_cookie(browser))
+    assert status == 200
+    # logging out ends the session
+    browser.find_element("css selector", "header form button").click()
+    browser.get(console.url)
+    assert "/login" in browser.current_url
+
+
+def test_a_read_only_console_refuses_actions(
+        broker: ServerProcess, browser: Any, make_console: Callable[..., ConsoleProcess]
+        ) -> None:
+    [mid] = send(broker.endpoint, [Message("ro-orders", b"order 1", keys=["ro-1"])])
+    admin = AdminClient(broker.endpoint)
+    try:
+        admin.call("CreateGroup", name="ro-billing")
+    finally:
+        admin.close()
+    console = make_console(broker.endpoint)  # no --allow-actions
+    browser.delete_all_cookies()
+    login(browser, console.url)
+    assert by_id(browser, "mode").text == "read-only"
+    browser.get(console.url + f"trace?key={mid}")
+    assert "read-only" in by_id(browser, "read-only-note").text
+    assert not browser.find_elements("id", "reconsume-form")
+    # a forged POST with the session's own CSRF token is still refused, and does nothing
+    cookie = session_cookie(browser)
+    _, page = http(console.url + f"trace?key={mid}", cookie=cookie)
+    token = csrf_of(page)
+    for path, form in (("reconsume", {"id": mid, "group": "ro-billing", "step": "confirm"}),
+                       ("dlq/ro-billing/replay", {"id": mid, "step": "confirm"})):
+        status, body = http(console.url + path, data={"csrf": token, **form}, cookie=cookie)
+        assert status == 403 and "read-only" in body, (path, status, body[:300])
+    admin = AdminClient(broker.endpoint)
+    try:
+        copies = admin.call("QueryMessage", id=mid)["messages"]
+    finally:
+        admin.close()
+    assert [c["topic"] for c in copies] == ["ro-orders"]  # no copy was made
+
+
+def test_an_action_needs_the_csrf_token_and_the_same_origin(
+        broker: ServerProcess, browser: Any, make_console: Callable[..., ConsoleProcess]
+        ) -> None:
+    [mid] = send(broker.endpoint, [Message("csrf-orders", b"order 1", keys=["csrf-1"])])
+    console = make_console(broker.endpoint, "--allow-actions")
+    browser.delete_all_cookies()
+    login(browser, console.url)
+    cookie = session_cookie(browser)
+    form = {"id": mid, "group": "csrf-billing", "step": "confirm"}
+    status, body = http(console.url + "reconsume", data=form, cookie=cookie)
+    assert status == 403 and "CSRF" in body
+    status, body = http(console.url + "reconsume", data={**form, "csrf": "forged"},
+                        cookie=cookie)
+    assert status == 403 and "CSRF" in body
+    _, page = http(console.url + "messages", cookie=cookie)
+    status, body = http(console.url + "reconsume", data={**form, "csrf": csrf_of(page)},
+                        cookie=cookie, headers={"Origin": "http://evil.example"})
+    assert status == 403 and "another site" in body
+    # without a session, basic auth does not allow actions either
+    status, _ = http(console.url + "reconsume", data=form, user="x", password=PASSWORD)
+    assert status == 401
+    # the same form with the session's token, from the console's own page, is done
+    admin = AdminClient(broker.endpoint)
+    try:
+        admin.call("CreateGroup", name="csrf-billing")
+        status, body = http(console.url + "reconsume", data={**form, "csrf": csrf_of(page)},
+                            cookie=cookie, headers={"Origin": console.url.rstrip("/")})
+        assert status == 200 and 'id="done"' in body, body[:500]
+        copies = wait_for(lambda: [m for m in admin.call("QueryMessage", id=mid)["messages"]
+                                   if m["topic"] != "csrf-orders"], 10)
+    finally:
+        admin.close()
+    assert [c["topic"] for c in copies] == ["%RETRY%csrf-billing"]
+    assert copies[0]["properties"]["OPERATOR"] == "console:oncall"
+
+
+def test_search_a_message_by_key_and_open_its_trace(
+        broker: ServerProcess, browser: Any, make_console: Callable[..., ConsoleProcess],
+        shots: Path | None) -> None:
+    from selenium.webdriver.support.ui import Select
+
+    topic, group = "search-orders", "search-billing"
+    done = threading.Event()
+
+    def listener(messages: Sequence[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        if any(m.keys == ["order-42"] for m in messages):
+            done.set()
+        return ConsumeResult.SUCCESS
+
+    t = grpc_transport(broker.endpoint)
+    try:
+        with consumer(t, group, topic, listener), Producer(t) as producer:
+            for i in range(40, 45):
+                producer.send(Message(topic, f"order {i}".encode(), keys=[f"order-{i}"],
+                                      tags="created"))
+            assert done.wait(30)
+
+            console = make_console(broker.endpoint)
+            browser.delete_all_cookies()
+            login(browser, console.url)
+
+            def acknowledged() -> bool:
+                browser.get(console.url + "trace?key=order-42")
+                return any(e.get_attribute("data-kind") == "acknowledged"
+                           for e in browser.find_elements("css selector", "li.event"))
+
+            wait_for(acknowledged, 30, 0.5)
+    finally:
+        t.close()
+
+    browser.get(console.url + "messages")
+    Select(by_id(browser, "by")).select_by_value("key")
+    by_id(browser, "value").send_keys("order-42")
+    Select(by_id(browser, "topic")).select_by_visible_text(topic)
+    by_id(browser, "search-button").click()
+    rows = browser.find_elements("css selector", "#results tr")[1:]
+    assert len(rows) == 1 and "order-42" in rows[0].text and topic in rows[0].text
+    save(browser, shots, "messages")
+    rows[0].find_element("css selector", "a.trace-link").click()
+    wait_for(lambda: "/trace" in browser.current_url, 10)
+    kinds = [e.get_attribute("data-kind") for e in browser.find_elements("css selector",
+                                                                          "li.event")]
+    assert kinds[0] == "original" and "delivered" in kinds and kinds[-1] == "acknowledged"
+    state = browser.find_element("css selector", f'[data-group="{group}"]').text
+    assert state == "acknowledged"
+    assert "order-42" in by_id(browser, "records").text
+    save(browser, shots, "trace")
+    # another key finds nothing, and says so
+    browser.get(console.url + f"messages?by=key&value=order-99&topic={topic}")
+    assert by_id(browser, "no-results").text == "no message found"
+
+
+def test_the_lag_falls_on_the_overview_as_a_consumer_runs(
+        broker: ServerProcess, browser: Any, make_console: Callable[..., ConsoleProcess],
+        shots: Path | None) -> None:
+    topic, group, count = "lag-orders", "lag-billing", 300
+    admin = AdminClient(broker.endpoint)
+    try:
+        admin.call("CreateTopic", name=topic, queues=2)
+        admin.call("CreateGroup", name=group)
+        send(broker.endpoint, [Message(topic, f"order {i}".encode(), keys=[f"lag-{i}"])
+                               for i in range(count)])
+        # the group starts at the first message: all of them are its lag
+        admin.call("SetGroupStart", group=group, topic=topic, consume_from="FIRST")
+    finally:
+        admin.close()
+    console = make_console(broker.endpoint)
+    browser.delete_all_cookies()
+    login(browser, console.url)
+
+    def lag_shown() -> int:
+        browser.get(console.url)
+        return int(by_id(browser, f"lag-{group}").text.replace(",", ""))
+
+    assert wait_for(lambda: lag_shown() == count, 20)
+    seen: list[int] = []
+    handled: list[int] = []
+
+    def slow(messages: Sequence[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        time.sleep(0.03 * len(messages))  # about 30 messages a second: the fall is visible
+        handled.extend(1 for _ in messages)
+        return ConsumeResult.SUCCESS
+
+    t = grpc_transport(broker.endpoint)
+    try:
+        with consumer(t, group, topic, slow):
+            def drained() -> bool:
+                seen.append(lag_shown())
+                return seen[-1] == 0
+
+            wait_for(drained, 90, 1.0)
+    finally:
+        t.close()
+    assert len(handled) >= count
+    between = [v for v in seen if 0 < v < count]
+    assert between, seen  # seen on its way down, not only before and after
+    assert seen == sorted(seen, reverse=True), seen  # it only ever fell
+    # the chart drew the same fall: its line for the group ends at 0 after a higher point
+    chart = by_id(browser, "chart-lag")
+    line = chart.find_element("css selector", f'polyline[data-name="{group}"]')
+    assert line.get_attribute("data-last") == "0"
+    ys = [float(p.split(",")[1]) for p in line.get_attribute("points").split()]
+    assert min(ys) < ys[-1]  # an earlier point was higher on the chart (smaller y)
+    browser.get(console.url + f"groups/{group}")
+    assert by_id(browser, "group-lag").text == "0"
+    save(browser, shots, "group")
+    browser.get(console.url + f"topics/{topic}")
+    assert by_id(browser, "held").text == f"{count:,}"
+    save(browser, shots, "topic")
+    browser.get(console.url)
+    save(browser, shots, "overview")

@@ -33,11 +33,13 @@ from flask import (
     session,
     url_for,
 )
+from werkzeug.exceptions import HTTPException
 
 from reliable.admin import AdminCallError
 from reliable_cli.console import charts, security
 from reliable_cli.console.broker_view import BrokerView, ConsoleError, NotAvailable
 from reliable_cli.console.database import OutboxView
+from reliable_cli.console.replay import ReplayJobs
 from reliable_cli.console.sampler import (
     Sampler,
     consumed_rates,
@@ -48,7 +50,8 @@ from reliable_cli.console.sampler import (
 log = logging.getLogger(__name__)
 
 MAX_REPLAY_RATE = 1000  # messages per second a replay may be asked for
-MAX_REPLAY_IDS = 1000
+MAX_REPLAY_IDS = 1000  # the broker's limit of one replay call
+DEFAULT_REPLAY_RATE = 10
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,7 @@ def _parse_time(text: str) -> int | None:
 def create_app(settings: Settings, view: BrokerView, sampler: Sampler,
                outbox: OutboxView | None) -> Flask:
     app = Flask(__name__)
+    jobs = ReplayJobs(view)
     app.config.update(
         SECRET_KEY=secrets.token_bytes(32),  # sessions end when the console restarts
         SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Strict",
@@ -172,6 +176,14 @@ def create_app(settings: Settings, view: BrokerView, sampler: Sampler,
     def console_error(exc: ConsoleError) -> tuple[str, int]:
         status = 501 if isinstance(exc, NotAvailable) else 503
         return render_template("error.html", title="Unavailable", message=str(exc)), status
+
+    @app.errorhandler(Exception)
+    def unexpected(exc: Exception) -> Any:
+        if isinstance(exc, HTTPException):
+            return exc
+        log.exception("console: %s %s failed", request.method, request.path)
+        return render_template("error.html", title="Error",
+                               message=f"{type(exc).__name__}: {exc}"), 500
 
     @app.route("/login", methods=["GET", "POST"])
     def login() -> Any:
@@ -347,36 +359,46 @@ def create_app(settings: Settings, view: BrokerView, sampler: Sampler,
                 listing = {"messages": [], "more": False}
         return render_template("dlq.html", title=f"Dead letters of {group_name}",
                                group=group_name, listing=listing, fallback=fallback,
+                               rate=DEFAULT_REPLAY_RATE,
                                replay_available=view.available("ReplayDeadLetters"))
 
     @app.route("/dlq/<path:group_name>/replay", methods=["POST"])
     def dlq_replay(group_name: str) -> Any:
         require_actions()
-        ids = [i for i in request.form.getlist("id") if i.strip()][:MAX_REPLAY_IDS]
         try:
+            offsets = sorted({int(o) for o in request.form.getlist("offset")})
             rate = int(request.form.get("rate") or 0) or None
         except ValueError:
-            abort(400, "rate must be a whole number of messages per second")
+            abort(400, "offsets and the rate must be whole numbers")
+        if len(offsets) > MAX_REPLAY_IDS:
+            abort(400, f"at most {MAX_REPLAY_IDS} dead letters at once")
         if rate is not None and not 1 <= rate <= MAX_REPLAY_RATE:
             abort(400, f"rate must be 1..{MAX_REPLAY_RATE} messages per second")
-        if not ids:
+        if not offsets:
             return render_template("error.html", title="Nothing to replay",
                                    message="select at least one dead letter")
         to_topic = request.form.get("to_topic") == "1"
-        confirmed = request.form.get("step") == "confirm"
-        try:
-            result = view.replay(group_name, ids, rate, dry_run=not confirmed,
-                                 operator=_operator(), to_topic=to_topic)
-        except AdminCallError as exc:
-            return render_template("error.html", title="Replay refused", message=str(exc))
-        if not confirmed:
+        if request.form.get("step") != "confirm":
+            try:  # the broker's own dry run: what would go where, what it would skip
+                preview = view.replay(group_name, offsets, dry_run=True,
+                                      operator=_operator(), run="console-dry-run",
+                                      to_topic=to_topic)
+            except AdminCallError as exc:
+                return render_template("error.html", title="Replay refused",
+                                       message=str(exc))
             return render_template("confirm_replay.html", title="Confirm replay",
-                                   group=group_name, ids=ids, rate=rate, to_topic=to_topic,
-                                   preview=result)
-        log.warning("console: %s replayed %d dead letters of %s", _operator(), len(ids),
-                    group_name)
-        return render_template("done.html", title="Replayed", result=result,
-                               back=url_for("dlq", group_name=group_name))
+                                   group=group_name, offsets=offsets, rate=rate,
+                                   to_topic=to_topic, preview=preview)
+        job = jobs.start(group_name, offsets, rate, to_topic, _operator())
+        return redirect(url_for("dlq_job", group_name=group_name, job_id=job.id))
+
+    @app.route("/dlq/<path:group_name>/jobs/<job_id>")
+    def dlq_job(group_name: str, job_id: str) -> str:
+        job = jobs.get(job_id)
+        if job is None or job.group != group_name:
+            abort(404, "no such replay (the console keeps the last 50 since it started)")
+        return render_template("replay_job.html", title=f"Replay {job.id}", job=job,
+                               refresh=None if job.finished else 1)
 
     # ------------------------------------------------------------------ database
     def need_db() -> OutboxView:

@@ -183,12 +183,13 @@ class BrokerView:
                 out.consumed += consumed
                 out.topics[name] = {"lag": lag, "consumed": consumed}
         total = doc.get("total") or {}
-        if "dlq_depth" in total:
-            out.dlq_depth = int(total["dlq_depth"])
+        if "dlq_depth" in doc or "dlq_depth" in total:  # GroupProgress says it
+            out.dlq_depth = int(doc.get("dlq_pending", doc.get("dlq_depth",
+                                                                total.get("dlq_depth", 0))))
         else:
             out.dlq_depth = self.topic_depth(dlq_topic(group))
-        if "retry_depth" in total:
-            out.retry_depth = int(total["retry_depth"])
+        if "retry_depth" in doc:
+            out.retry_depth = int(doc["retry_depth"])
         return out
 
     # ------------------------------------------------------------------ messages
@@ -204,14 +205,14 @@ class BrokerView:
 
     # ------------------------------------------------------------------ dead letters
     def dead_letters(self, group: str, limit: int = 100) -> dict[str, Any]:
+        """`{messages: [{dlq_offset, msg_id, origin_topic, keys, replayed, ...}], more,
+        depth, replayed, pending}`, oldest first."""
         return dict(self.call("ListDeadLetters", group=group, limit=limit))
 
-    def replay(self, group: str, ids: list[str], rate: int | None, dry_run: bool,
-               operator: str, to_topic: bool = False) -> dict[str, Any]:
-        params: dict[str, Any] = {"group": group, "ids": ids, "dry_run": dry_run,
-                                  "operator": operator}
-        if rate:
-            params["rate"] = rate
-        if to_topic:
-            params["to_topic"] = True
-        return dict(self.call("ReplayDeadLetters", **params))
+    def replay(self, group: str, offsets: list[int], *, dry_run: bool, operator: str,
+               run: str, to_topic: bool = False) -> dict[str, Any]:
+        """Replay the dead letters at these `%DLQ%<group>` queue offsets (the broker skips,
+        and says so, any replayed before)."""
+        return dict(self.call("ReplayDeadLetters", group=group, offsets=offsets,
+                              dry_run=dry_run, operator=operator, run=run,
+                              to_topic=to_topic))

@@ -174,14 +174,18 @@ class OutboxView:
                 bucket[str(cls)] = bucket.get(str(cls), 0) + int(n)
                 if kind == "stub" and cls == StubClass.LOST.value and in_window is not False:
                     run.unaccounted += int(n)
+            # Spark's JDBC writer stores a timestamp as SQLite sees fit (epoch ms): read it raw
+            created = sa.type_coerce(report.c.created_at, sa.types.NullType()).label("created")
             for r in conn.execute(
                     sa.select(report.c.run_id, report.c.message_id, report.c.topic,
-                              report.c.consumer_group, report.c.reason, report.c.created_at)
+                              report.c.consumer_group, report.c.reason, created)
                     .where(report.c.run_id.in_(ids), lost)
                     .order_by(report.c.created_at).limit(20 * len(ids))):
                 run = runs[str(r.run_id)]
                 if len(run.unaccounted_ids) < 20:
-                    run.unaccounted_ids.append(dict(r._mapping))
+                    row = dict(r._mapping)
+                    row["created_at"] = _as_time(row.pop("created"))
+                    run.unaccounted_ids.append(row)
             if inspector.has_table(audit.name, schema=audit.schema):
                 for run_id, n in conn.execute(
                         sa.select(audit.c.run_id, sa.func.count())
@@ -191,6 +195,15 @@ class OutboxView:
 
         result: list[ReconcileRun] | None = self._read(read)
         return result
+
+
+def _as_time(value: Any) -> datetime | str | None:
+    """A timestamp as a database returned it: a datetime, epoch milliseconds, or text."""
+    if value is None or isinstance(value, datetime):
+        return value
+    if isinstance(value, (int, float)):
+        return datetime.fromtimestamp(value / 1000, UTC).replace(tzinfo=None)
+    return str(value)
 
 
 def _read_only(dbapi_conn: Any, _record: Any) -> None:

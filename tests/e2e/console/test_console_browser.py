@@ -288,3 +288,82 @@ def test_the_lag_falls_on_the_overview_as_a_consumer_runs(
     save(browser, shots, "topic")
     browser.get(console.url)
     save(browser, shots, "overview")
+
+
+def test_replay_one_dead_letter_and_see_it_consumed(
+        broker: ServerProcess, browser: Any, make_console: Callable[..., ConsoleProcess],
+        shots: Path | None) -> None:
+    topic, group = "dlq-orders", "dlq-billing"
+    fixed = threading.Event()
+    lock = threading.Lock()
+    handled: list[tuple[str, int]] = []
+    consumed_after_fix = threading.Event()
+
+    def listener(messages: Sequence[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        [m] = messages
+        with lock:
+            handled.append((m.keys[0], m.delivery_attempt))
+        if m.keys == ["poison-1"] and not fixed.is_set():
+            return ConsumeResult.RECONSUME_LATER  # a bad deploy: fails until fixed
+        if m.keys == ["poison-1"]:
+            consumed_after_fix.set()
+        return ConsumeResult.SUCCESS
+
+    admin = AdminClient(broker.endpoint)
+    t = grpc_transport(broker.endpoint)
+    try:
+        admin.call("CreateTopic", name=topic, queues=2)
+        admin.call("CreateGroup", name=group, max_retries=1)
+        with consumer(t, group, topic, listener), Producer(t) as producer:
+            producer.send(Message(topic, b"order 1", keys=["ok-1"]))
+            [poison] = [producer.send(Message(topic, b"order 2", keys=["poison-1"])).message_id]
+            wait_for(lambda: admin.call("ListDeadLetters", group=group)["messages"], 60, 0.5)
+
+            console = make_console(broker.endpoint, "--allow-actions")
+            browser.delete_all_cookies()
+            login(browser, console.url)
+            assert by_id(browser, "mode").text == "actions enabled"
+            wait_for(lambda: (browser.get(console.url),
+                              by_id(browser, f"dlq-{group}").text == "1")[1], 20)
+            by_id(browser, f"dlq-{group}").click()
+            rows = browser.find_elements("css selector", "tr.dead-letter")
+            assert [r.get_attribute("data-id") for r in rows] == [poison]
+            assert by_id(browser, "dlq-pending").text == "1"
+            save(browser, shots, "dlq")
+            fixed.set()  # the fix is deployed: replay
+            rows[0].find_element("css selector", "input.pick").click()
+            rate = by_id(browser, "rate")
+            rate.clear()
+            rate.send_keys("5")
+            by_id(browser, "review-button").click()
+            assert by_id(browser, "replay-count").text == "1"
+            assert f"%RETRY%{group}" in by_id(browser, "preview").text
+            save(browser, shots, "dlq-confirm")
+            assert not consumed_after_fix.is_set()  # nothing happens before the confirmation
+            by_id(browser, "confirm-button").click()
+            wait_for(lambda: (browser.refresh(),
+                              by_id(browser, "job-state").text == "done")[1], 30)
+            assert by_id(browser, "job-replayed").text == "1"
+            assert consumed_after_fix.wait(30)  # the group consumed the replayed message
+            save(browser, shots, "dlq-replayed")
+
+            def settled() -> bool:
+                browser.get(console.url + f"trace?key={poison}")
+                badge = browser.find_element("css selector", f'[data-group="{group}"]')
+                return badge.text == "acknowledged"
+
+            wait_for(settled, 30, 0.5)
+            kinds = [e.get_attribute("data-kind")
+                     for e in browser.find_elements("css selector", "li.event")]
+            assert "dead-letter" in kinds and kinds[-1] == "acknowledged"
+            # the replayed dead letter is marked, and a second replay would skip it
+            browser.get(console.url + f"dlq/{group}")
+            assert by_id(browser, "dlq-pending").text == "0"
+            assert browser.find_elements("css selector", "span.replayed")
+            assert not browser.find_elements("css selector", "input.pick")
+    finally:
+        t.close()
+        admin.close()
+    with lock:
+        poison_deliveries = [a for k, a in handled if k == "poison-1"]
+    assert len(poison_deliveries) == 3  # two failed attempts, then the replayed copy once

@@ -367,3 +367,31 @@ def test_replay_one_dead_letter_and_see_it_consumed(
     with lock:
         poison_deliveries = [a for k, a in handled if k == "poison-1"]
     assert len(poison_deliveries) == 3  # two failed attempts, then the replayed copy once
+
+
+def test_logging_in_with_an_access_key_the_broker_accepts(
+        tmp_path: Path, browser: Any, make_console: Callable[..., ConsoleProcess]) -> None:
+    import json
+
+    from tests.e2e.grpc.conftest import FAST
+
+    keys = tmp_path / "access-keys.json"
+    keys.write_text(json.dumps({"console": "console-secret", "alice": "alice-secret"}))
+    secret = tmp_path / "console.key"
+    secret.write_text("console-secret\n")
+    broker = ServerProcess(tmp_path / "store", tmp_path, *FAST, "--credentials-file",
+                           str(keys)).start()
+    try:
+        console = make_console(broker.endpoint, "--access-key", "console", "--secret-key-file",
+                               str(secret), password=False)
+        browser.delete_all_cookies()
+        login(browser, console.url, user="alice", password="not-alice-secret",
+              accepted=False)
+        login(browser, console.url, user="mallory", password="alice-secret", accepted=False)
+        login(browser, console.url, user="alice", password="alice-secret")
+        assert by_id(browser, "user").text == "alice"
+        assert by_id(browser, "topic-count").text.isdigit()  # the console reads the broker
+        assert http(console.url, user="alice", password="alice-secret")[0] == 200
+        assert http(console.url, user="alice", password="wrong-secret")[0] == 401
+    finally:
+        assert broker.terminate() == 0

@@ -37,7 +37,12 @@ from werkzeug.exceptions import HTTPException
 
 from reliable.admin import AdminCallError
 from reliable_cli.console import charts, security
-from reliable_cli.console.broker_view import BrokerView, ConsoleError, NotAvailable
+from reliable_cli.console.broker_view import (
+    BrokerView,
+    ConsoleError,
+    NotAvailable,
+    is_user_topic,
+)
 from reliable_cli.console.database import OutboxView
 from reliable_cli.console.replay import ReplayJobs
 from reliable_cli.console.sampler import (
@@ -247,10 +252,11 @@ def create_app(settings: Settings, view: BrokerView, sampler: Sampler,
     @app.route("/groups/<path:name>")
     def group(name: str) -> str:
         names = [t["name"] for t in view.topics()]
-        from reliable_cli.console.broker_view import is_user_topic
-
         progress = view.group_progress(name, [n for n in names if is_user_topic(n)])
         lag = view.group_lag(name, [n for n in names if is_user_topic(n)])
+        if not progress.get("settings"):
+            info = view.call("GetGroup", name=name)
+            progress["settings"] = {k: v for k, v in info.items() if k != "consumers"}
         samples = sampler.samples()
         return render_template(
             "group.html", title=f"Group {name}", name=name, progress=progress, lag=lag,

@@ -71,6 +71,7 @@ from broker.pop_journal import InFlight
 from broker.produce_engine import ProduceEngine
 from broker.receipt import SEPARATOR as RECEIPT_SEPARATOR
 from broker.receipt import VERSION as RECEIPT_VERSION
+from broker.receipt import ReceiptHandle
 from broker.results import (
     PULL_STATUS,
     PullResult,
@@ -282,6 +283,8 @@ class Broker(ProduceEngine):
 
     def delete_group(self, group: str) -> bool:
         validate_group_name(group)
+        if self._running:
+            self._pop.forget_group(group)
         self._offsets.remove_group(group)
         return self._groups.delete(group)
 
@@ -448,6 +451,7 @@ class Broker(ProduceEngine):
         validate_group_name(group)
         validate_topic_name(topic)
         self._offsets.commit(group, topic, queue_id, offset)
+        self._offsets.touch(group, topic, queue_id, self._clock())
 
     def query_offset(self, group: str, topic: str, queue_id: int) -> int:
         """The committed offset, -1 when the group has none for that queue."""
@@ -540,10 +544,12 @@ class Broker(ProduceEngine):
         self._stored(retry_msg.topic, self.store.put_message(retry_msg))
 
     def reconsume_directly(self, group: str, commitlog_offset: int, *,
-                           properties: Mapping[str, str] | None = None) -> SendResult:
+                           properties: Mapping[str, str] | None = None,
+                           reconsume_times: int | None = None) -> SendResult:
         """Admin: deliver one stored message to `group` again, now, through its retry topic
-        (any topic's message, e.g. one from the DLQ). Reconsume times are kept; `properties`
-        are added to the copy (e.g. what operator action made it)."""
+        (any topic's message, e.g. one from the DLQ). Reconsume times are kept unless
+        `reconsume_times` says otherwise (a DLQ replay starts the ladder again at 0);
+        `properties` are added to the copy (e.g. what operator action made it)."""
         self._require_running()
         self._group(group)
         stored = look_checked(self.store, commitlog_offset)
@@ -554,7 +560,8 @@ class Broker(ProduceEngine):
         copy = build_retry_message(group, stored, level=1, delay_ms=0, now_ms=self._clock(),
                                    retry_queue_id=random.randrange(rcfg.write_queue_nums),
                                    max_reconsume_times=self.max_delivery_attempts(group) - 1)
-        direct = unschedule_now(copy, reconsume_times=stored.reconsume_times)
+        direct = unschedule_now(copy, reconsume_times=stored.reconsume_times
+                                if reconsume_times is None else reconsume_times)
         direct.properties.update(properties or {})
         result = self._stored(direct.topic, self.store.put_message(direct))
         assert result.append is not None
@@ -679,6 +686,7 @@ class Broker(ProduceEngine):
         validate_group_name(group)
         validate_topic_name(topic)
         self._pop.ack(group, self._lease_topic(group, topic, receipt_handle), receipt_handle)
+        self._touch(group, [receipt_handle])
 
     def ack_batch(self, group: str, topic: str,
                   receipt_handles: Sequence[str]) -> list[BrokerError | None]:
@@ -689,14 +697,39 @@ class Broker(ProduceEngine):
         handles = list(receipt_handles)
         on = [self._lease_topic(group, topic, h) for h in handles]
         if all(t == topic for t in on):
-            return list(self._pop.ack_many(group, topic, handles))
-        out: list[BrokerError | None] = [None] * len(handles)
-        for lease_topic in set(on):
-            at = [i for i, t in enumerate(on) if t == lease_topic]
-            for i, error in zip(at, self._pop.ack_many(group, lease_topic,
-                                                       [handles[i] for i in at]), strict=True):
-                out[i] = error
+            out: list[BrokerError | None] = list(self._pop.ack_many(group, topic, handles))
+        else:
+            out = [None] * len(handles)
+            for lease_topic in set(on):
+                at = [i for i, t in enumerate(on) if t == lease_topic]
+                for i, error in zip(at, self._pop.ack_many(group, lease_topic,
+                                                           [handles[i] for i in at]),
+                                    strict=True):
+                    out[i] = error
+        self._touch(group, [h for h, e in zip(handles, out, strict=True) if e is None])
         return out
+
+    def _touch(self, group: str, handles: Sequence[str]) -> None:
+        """Record when the group last acknowledged in the queues these handles name."""
+        now = self._clock()
+        for t, q in {(h.topic, h.queue_id) for h in map(ReceiptHandle.decode, handles)}:
+            self._offsets.touch(group, t, q, now)
+
+    def consume_times(self, group: str, topic: str) -> dict[int, int]:
+        """Per queue of `topic`: when `group` last acknowledged or committed there (ms)."""
+        return self._offsets.consume_times(group, topic)
+
+    def reset_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> None:
+        """Admin: move the group's committed offsets on `topic` (queue id -> offset). The
+        group's invisible-time windows there are replaced by ones opening at the new offsets
+        (one durable record), so leases handed out before no longer count; offsets are
+        written to disk before this returns."""
+        validate_group_name(group)
+        validate_topic_name(topic)
+        if not self._pop.reset_windows(group, topic, offsets):
+            for q, offset in offsets.items():
+                self._offsets.commit(group, topic, q, offset)
+        self._offsets.persist(force=True)
 
     def change_invisible_duration(self, group: str, topic: str, receipt_handle: str,
                                   invisible_ms: int) -> str:

@@ -6,7 +6,11 @@ consumed. Clients commit the smallest offset still in flight, so a crash re-deli
 
 Persisted in `config/consumerOffset.json` (RocketMQ's layout):
 
-    {"offsetTable": {"<topic>@<group>": {"<queueId>": <offset>, ...}, ...}}
+    {"offsetTable": {"<topic>@<group>": {"<queueId>": <offset>, ...}, ...},
+     "consumeTimeTable": {"<topic>@<group>": {"<queueId>": <epoch ms>, ...}, ...}}
+
+`consumeTimeTable` (ours) is when the group last acknowledged or committed in each queue
+(`touch`), what `reliable admin group show` prints as the last consume time.
 
 Written by the broker's maintenance service every `flush_offset_interval_ms` (5 s) when
 something changed, and at shutdown. A broker killed between two writes restarts from the
@@ -44,6 +48,7 @@ class ConsumerOffsetManager:
         self._file = file
         self._lock = threading.Lock()
         self._table: dict[str, dict[int, int]] = {}
+        self._times: dict[str, dict[int, int]] = {}
         self._dirty = False
 
     @staticmethod
@@ -61,10 +66,23 @@ class ConsumerOffsetManager:
                           for q, o in obj(queues, where).items()}
         return table
 
+    @staticmethod
+    def parse_times(data: dict[str, Any]) -> dict[str, dict[int, int]]:
+        """The consume-time table of a `consumerOffset.json` document (ConfigShapeError)."""
+        times: dict[str, dict[int, int]] = {}
+        for key, queues in obj(data.get("consumeTimeTable", {}), "consumeTimeTable").items():
+            where = f"consumeTimeTable.{key}"
+            times[key] = {integer(q, f"{where} key", minimum=0):
+                          integer(t, f"{where}.{q}", minimum=0)
+                          for q, t in obj(queues, where).items()}
+        return times
+
     def load(self) -> None:
-        table = self._file.load(self.parse) or {}
+        both = self._file.load(lambda d: (self.parse(d), self.parse_times(d)))
+        table, times = both or ({}, {})
         with self._lock:
             self._table = table
+            self._times = times
             self._dirty = False
 
     def persist(self, force: bool = False) -> bool:
@@ -74,9 +92,11 @@ class ConsumerOffsetManager:
                 return False
             snapshot = {k: {str(q): o for q, o in sorted(v.items())}
                         for k, v in sorted(self._table.items())}
+            times = {k: {str(q): t for q, t in sorted(v.items())}
+                     for k, v in sorted(self._times.items())}
             self._dirty = False
         try:
-            self._file.save({"offsetTable": snapshot})
+            self._file.save({"offsetTable": snapshot, "consumeTimeTable": times})
         except BaseException:
             with self._lock:
                 self._dirty = True
@@ -110,6 +130,19 @@ class ConsumerOffsetManager:
             self._dirty = True
             return offset
 
+    def touch(self, group: str, topic: str, queue_id: int, now_ms: int) -> None:
+        """The group acknowledged or committed in the queue at `now_ms`."""
+        with self._lock:
+            queues = self._times.setdefault(self.key(topic, group), {})
+            if queues.get(queue_id, -1) < now_ms:
+                queues[queue_id] = now_ms
+                self._dirty = True
+
+    def consume_times(self, group: str, topic: str) -> dict[int, int]:
+        """Per queue, when the group last acknowledged or committed in it (epoch ms)."""
+        with self._lock:
+            return dict(self._times.get(self.key(topic, group), {}))
+
     def query(self, group: str, topic: str, queue_id: int) -> int:
         """The committed offset, -1 when the group has none for that queue."""
         with self._lock:
@@ -130,10 +163,16 @@ class ConsumerOffsetManager:
             for key in [k for k in self._table if k.startswith(prefix)]:
                 del self._table[key]
                 self._dirty = True
+            for key in [k for k in self._times if k.startswith(prefix)]:
+                del self._times[key]
+                self._dirty = True
 
     def remove_group(self, group: str) -> None:
         suffix = TOPIC_GROUP_SEPARATOR + group
         with self._lock:
             for key in [k for k in self._table if k.endswith(suffix)]:
                 del self._table[key]
+                self._dirty = True
+            for key in [k for k in self._times if k.endswith(suffix)]:
+                del self._times[key]
                 self._dirty = True

@@ -29,6 +29,8 @@ of operations on one (group, topic):
     ["D", qid, lo, hi]                                    offsets lo..hi-1 are done
     ["N", qid, next]                                      the window reaches `next`
     ["X"]                                                 the topic was deleted: forget it
+                                                          (first op of a record; "I" ops may
+                                                          follow: an operator's offset reset)
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -269,9 +271,11 @@ class PopJournal:
             done.wait()
 
     def _apply(self, group: str, topic: str, ops: Sequence[Op]) -> None:
-        if ops and ops[0][0] == "X":  # the topic was deleted: forget the group's windows
-            self._state.pop((group, topic), None)
-            return
+        if ops and ops[0][0] == "X":  # the topic was deleted (or the group's offsets reset
+            self._state.pop((group, topic), None)  # and "I" ops follow): forget the windows
+            ops = ops[1:]
+            if not ops:
+                return
         queues = self._state.setdefault((group, topic), {})
         touched: set[int] = set()
         for op in ops:
@@ -313,6 +317,24 @@ class PopJournal:
         with self._changing():
             for group, t in [k for k in self._state if k[1] == topic]:
                 self._commit(group, t, [["X"]])
+
+    def reset_windows(self, group: str, topic: str, offsets: Mapping[int, int]) -> bool:
+        """An operator moved the group's offsets on `topic`: its windows there (leases,
+        done sets) are replaced, in one record, by windows opening at `offsets` (queue id
+        -> offset), which commits them. False (nothing logged) when the group never
+        received from `topic` by invisible time."""
+        with self._changing():
+            if (group, topic) not in self._state:
+                return False
+            self._commit(group, topic, [["X"]] + [["I", int(q), int(o)]
+                                                  for q, o in sorted(offsets.items())])
+            return True
+
+    def forget_group(self, group: str) -> None:
+        """Drop the group's windows on every topic (the group was deleted), durably."""
+        with self._changing():
+            for g, t in [k for k in self._state if k[0] == group]:
+                self._commit(g, t, [["X"]])
 
     # ------------------------------------------------------------------ inspection
     def in_flight(self, group: str, topic: str) -> list[InFlight]:

@@ -23,6 +23,7 @@ _NOUNS = {
     "broker": "reliable_cli.broker",
     "admin": "reliable_cli.admin",
     "worker": "reliable_cli.worker",
+    "outbox": "reliable_cli.outbox",
     "consume": "reliable_cli.consume",
     "reconcile": "reliable_cli.reconcile",
     "console": "reliable_cli.console.command",

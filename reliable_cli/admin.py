@@ -42,9 +42,9 @@ def _target(p: argparse.ArgumentParser) -> None:
 def register(sub: Any) -> None:
     p = sub.add_parser("admin", help="administer topics and groups", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    nouns = p.add_subparsers(dest="admin_noun", metavar="<topic|group|store|message>")
+    nouns = p.add_subparsers(dest="admin_noun", metavar="<topic|group|store|message|dlq>")
     topic = nouns.add_parser("topic", help="create, list and show topics")
-    tverbs = topic.add_subparsers(dest="verb", metavar="<create|list|show|status>")
+    tverbs = topic.add_subparsers(dest="verb", metavar="<create|list|show|status|delete>")
     c = tverbs.add_parser("create", help="create or update a topic (mqadmin updateTopic)")
     c.add_argument("name")
     c.add_argument("--queues", type=int, default=4, help="read and write queues (default 4)")
@@ -64,7 +64,8 @@ def register(sub: Any) -> None:
     sh.set_defaults(handler=_run("GetTopic", lambda a: {"name": a.name}))
 
     group = nouns.add_parser("group", help="create, list and show consumer groups")
-    gverbs = group.add_subparsers(dest="verb", metavar="<create|list|show>")
+    gverbs = group.add_subparsers(dest="verb",
+                                   metavar="<create|list|show|reset-offset|delete>")
     gc = gverbs.add_parser("create", help="create or update a group (mqadmin updateSubGroup)")
     gc.add_argument("name")
     gc.add_argument("--fifo", action="store_true",
@@ -77,17 +78,13 @@ def register(sub: Any) -> None:
     gl = gverbs.add_parser("list", help="list groups")
     _target(gl)
     gl.set_defaults(handler=_run("ListGroups", lambda a: {}))
-    gs = gverbs.add_parser("show", help="one group: settings, live consumers, progress "
-                                        "(mqadmin consumerProgress)")
-    gs.add_argument("name")
-    gs.add_argument("--topic", default=None, help="also show progress on this topic's queues")
-    _target(gs)
-    gs.set_defaults(handler=_run("GetGroup", lambda a: {"name": a.name, "topic": a.topic}))
     store = _register_store(nouns)
     from reliable_cli.admin_message import register as register_messages
+    from reliable_cli.admin_ops import register as register_ops
 
     message = register_messages(nouns, tverbs, _target)
-    for parser in (p, topic, group, store, message):
+    dlq = register_ops(nouns, tverbs, gverbs, _target)
+    for parser in (p, topic, group, store, message, dlq):
         parser.set_defaults(handler=lambda _a, parser=parser: (
             parser.print_help(sys.stderr), ExitCode.USAGE)[1])
 

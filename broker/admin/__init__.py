@@ -9,6 +9,8 @@ own set of queries and actions:
     messages   query (by id, key, unique key, queue offset, time), send, reconsume
     trace      every record and consumer-group state of one business message
     topics     per-queue status (min/max offset, last store time)
+    dlq        dead letters: list, replay (audited, idempotent), the replay audit
+    groups     group progress, offset reset, group and topic deletion
     store      disk use against the watermarks, commitlog size
 
 Each operation takes a JSON-shaped `dict` of parameters and returns a JSON-shaped `dict`;
@@ -39,4 +41,21 @@ def methods(broker: Broker) -> dict[str, Callable[[dict[str, Any]], Any]]:
         "TraceMessage": lambda params: trace_message(broker, params),
         "TopicStatus": lambda params: topic_status(broker, params),
         "StoreStatus": lambda params: store_status(broker, params),
+        **_group_methods(broker),
+    }
+
+
+def _group_methods(broker: Broker) -> dict[str, Callable[[dict[str, Any]], Any]]:
+    """Dead letters and groups (`broker.admin.dlq`, `broker.admin.groups`)."""
+    from broker.admin import groups
+    from broker.admin.dlq import DeadLetterOps
+
+    dead = DeadLetterOps(broker)
+    return {
+        "ListDeadLetters": dead.list, "ReplayDeadLetters": dead.replay,
+        "DeadLetterAudit": dead.audit,
+        "GroupProgress": lambda params: groups.group_progress(broker, params),
+        "ResetGroupOffset": lambda params: groups.reset_group_offset(broker, params),
+        "DeleteGroup": lambda params: groups.delete_group(broker, params),
+        "DeleteTopic": lambda params: groups.delete_topic(broker, params),
     }

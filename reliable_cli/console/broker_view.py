@@ -174,7 +174,7 @@ class BrokerView:
         for t in doc.get("topics", []):
             name = t["topic"]
             lag = int(t.get("lag", sum(q.get("lag", 0) for q in t.get("queues", []))))
-            consumed = sum(max(int(q.get("committed_offset", 0)), 0)
+            consumed = sum(max(int(q.get("committed_offset") or 0), 0)  # None: never
                            for q in t.get("queues", []))
             if is_retry_topic(name):
                 out.retry_depth += lag

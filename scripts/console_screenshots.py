@@ -169,6 +169,10 @@ def shoot(url: str, endpoint: str, out: Path) -> None:
             driver.find_elements(By.CSS_SELECTOR, "input.pick")[0].click()
             driver.find_element(By.ID, "review-button").click()
             save(driver, out, "dlq-confirm")
+            driver.find_element(By.ID, "confirm-button").click()
+            wait_for(lambda: (driver.refresh(),
+                              driver.find_element(By.ID, "job-state").text == "done")[1], 30)
+            save(driver, out, "dlq-replay-job")
         driver.get(url + "outbox")
         save(driver, out, "outbox")
         driver.get(url + "reconcile")

@@ -78,6 +78,15 @@ def _iso(ms: int | None) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def _when(value: Any) -> str:
+    """A database timestamp to the second (the outbox writes naive UTC)."""
+    if value is None:
+        return "-"
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S")
+    return str(value)
+
+
 def _age(value: datetime | None, now: datetime) -> str:
     if value is None:
         return "-"
@@ -117,6 +126,7 @@ def create_app(settings: Settings, view: BrokerView, sampler: Sampler,
     )
     app.jinja_env.globals.update(iso=_iso, age=_age, settings=settings)
     app.jinja_env.filters["iso"] = _iso
+    app.jinja_env.filters["when"] = _when
 
     # ------------------------------------------------------------------ security
     @app.before_request

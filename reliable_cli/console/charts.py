@@ -55,7 +55,8 @@ def line_chart(series: Series, *, title: str, unit: str, chart_id: str,
            f'({escape(unit)})</tspan></text>']
     if len(points) < 2:
         out.append(f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle" '
-                   f'font-size="12" fill="#777">collecting samples…</text></svg>')
+                   f'font-size="12" fill="#777">'
+                   f'{"collecting samples…" if series else "nothing to draw yet"}</text></svg>')
         return Markup("".join(out))
     t0 = min(t for t, _ in points)
     t1 = max(t for t, _ in points)

@@ -168,7 +168,13 @@ def save(driver: Any, directory: Path | None, name: str) -> None:
     if directory is None:
         return
     directory.mkdir(parents=True, exist_ok=True)
-    height = driver.execute_script("return document.documentElement.scrollHeight")
-    width = driver.get_window_size()["width"]
-    driver.set_window_size(width, max(700, min(int(height) + 140, 3000)))
+    width, height = driver.get_window_size()["width"], driver.get_window_size()["height"]
+    # the page's own height (where its content ends), whatever the window's
+    page = int(driver.execute_script(
+        "const m = document.querySelector('main');"
+        "return Math.ceil(m.getBoundingClientRect().bottom + window.scrollY);"))
+    chrome_px = height - int(driver.execute_script("return window.innerHeight"))
+    driver.set_window_size(width, max(360, min(page + 8, 3000)) + chrome_px)
+    time.sleep(0.3)  # let the resized page settle before it is captured
     driver.save_screenshot(str(directory / f"{name}.png"))
+    driver.set_window_size(width, height)

@@ -91,3 +91,21 @@ def test_csrf_and_origin_checks() -> None:
 def test_a_run_id_says_when_the_run_was() -> None:
     assert run_time("20261124T003000-1a2b3c4d") == datetime(2026, 11, 24, 0, 30, tzinfo=UTC)
     assert run_time("my-own-run") is None
+
+
+def test_the_command_refuses_to_start_without_a_way_to_log_in(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from reliable_cli import main
+
+    ep = ("console", "--endpoint", "127.0.0.1:1")
+    assert main([*ep]) == 2
+    assert "give --password-file" in capsys.readouterr().err
+    assert main([*ep, "--no-auth", "--allow-actions"]) == 2
+    assert "--no-auth only for a read-only console" in capsys.readouterr().err
+    assert main([*ep, "--no-auth", "--host", "0.0.0.0"]) == 2
+    short = tmp_path / "pw"
+    short.write_text("short\n")
+    assert main([*ep, "--password-file", str(short)]) == 2
+    assert "at least 8 characters" in capsys.readouterr().err
+    assert main([*ep, "--access-key", "ops"]) == 2
+    assert "--secret-key-file" in capsys.readouterr().err

@@ -91,6 +91,17 @@ def test_nothing_is_shown_without_logging_in(
     login(browser, console.url)
     assert browser.current_url.rstrip("/") == console.url.rstrip("/")
     assert by_id(browser, "user").text == "oncall"
+    # the store's disk use, against its watermarks (StoreStatus)
+    admin = AdminClient(broker.endpoint)
+    try:
+        store = admin.call("StoreStatus")
+    finally:
+        admin.close()
+    assert 0 < store["disk_used_ratio"] < 1 and store["commitlog_bytes"] >= 0
+    assert store["watermarks"]["refuse_writes"] == 1.0  # the tests' broker: --disk-full-ratio
+    shown = by_id(browser, "disk").text
+    # the host's disk is shared: its use may move a little between the two readings
+    assert shown.endswith("%") and abs(int(shown[:-1]) - store["disk_used_ratio"] * 100) < 3
     # scripts may read with HTTP basic auth, and only with the right password
     assert http(console.url, user="ops", password="wrong-password")[0] == 401
     status, body = http(console.url, user="ops", password=PASSWORD)

@@ -406,3 +406,55 @@ def test_logging_in_with_an_access_key_the_broker_accepts(
         assert http(console.url, user="alice", password="wrong-secret")[0] == 401
     finally:
         assert broker.terminate() == 0
+
+
+def test_a_replay_keeps_its_rate_and_never_replays_twice(
+        broker: ServerProcess, browser: Any, make_console: Callable[..., ConsoleProcess]
+        ) -> None:
+    topic, group, count, rate = "rate-orders", "rate-billing", 6, 2
+    admin = AdminClient(broker.endpoint)
+    t = grpc_transport(broker.endpoint)
+    try:
+        admin.call("CreateTopic", name=topic, queues=2)
+        admin.call("CreateGroup", name=group, max_retries=0)  # the first failure dead-letters
+        fail = consumer(t, group, topic, lambda ms, ctx: ConsumeResult.RECONSUME_LATER)
+        with fail:
+            send(broker.endpoint, [Message(topic, f"order {i}".encode(), keys=[f"rate-{i}"])
+                                   for i in range(count)])
+            wait_for(lambda: len(admin.call("ListDeadLetters", group=group)["messages"])
+                     == count, 60, 0.5)
+        console = make_console(broker.endpoint, "--allow-actions")
+        browser.delete_all_cookies()
+        login(browser, console.url)
+        browser.get(console.url + f"dlq/{group}")
+        for box in browser.find_elements("css selector", "input.pick"):
+            box.click()
+        field = by_id(browser, "rate")
+        field.clear()
+        field.send_keys(str(rate))
+        by_id(browser, "review-button").click()
+        assert by_id(browser, "replay-count").text == str(count)
+        by_id(browser, "confirm-button").click()
+        started = time.monotonic()
+        wait_for(lambda: (browser.refresh(), by_id(browser, "job-state").text == "done")[1],
+                 30, 0.2)
+        took = time.monotonic() - started
+        assert by_id(browser, "job-replayed").text == str(count)
+        # 6 at 2 a second: three calls, a second apart
+        assert took >= (count / rate - 1) - 0.2, took
+        audit = admin.call("DeadLetterAudit", group=group)["entries"]
+        assert len(audit) == count // rate
+        assert all(len(e["replayed"]) == rate for e in audit)
+        listed = admin.call("ListDeadLetters", group=group)
+        assert listed["pending"] == 0 and listed["replayed"] == count
+        # asking again, even with a forged form naming them all, replays nothing
+        cookie = session_cookie(browser)
+        _, page = http(console.url + f"dlq/{group}", cookie=cookie)
+        form = {"csrf": csrf_of(page), "offset": [str(o) for o in range(count)], "rate": "2"}
+        status, preview = http(console.url + f"dlq/{group}/replay", data=form, cookie=cookie)
+        assert status == 200 and 'id="replay-count">0<' in preview
+        assert preview.count("skipped: already replayed") == count
+        assert 'id="confirm-button"' not in preview
+    finally:
+        t.close()
+        admin.close()

@@ -710,7 +710,8 @@ class Broker(ProduceEngine):
         return out
 
     def _touch(self, group: str, handles: Sequence[str]) -> None:
-        """Record when the group last acknowledged in the queues these handles name."""
+        """Record when the group last acknowledged (or dead-lettered) in the queues these
+        handles name."""
         now = self._clock()
         for t, q in {(h.topic, h.queue_id) for h in map(ReceiptHandle.decode, handles)}:
             self._offsets.touch(group, t, q, now)
@@ -761,6 +762,7 @@ class Broker(ProduceEngine):
 
         self._pop.forward_to_dlq(group, self._lease_topic(group, topic, receipt_handle),
                                  receipt_handle, parked=parked)
+        self._touch(group, [receipt_handle])
 
     def park_message_group(self, group: str, topic: str, message_group: str) -> bool:
         """Park a message group (an ordered consumer gave up on one of its messages): from

@@ -9,7 +9,8 @@ Persisted in `config/consumerOffset.json` (RocketMQ's layout):
     {"offsetTable": {"<topic>@<group>": {"<queueId>": <offset>, ...}, ...},
      "consumeTimeTable": {"<topic>@<group>": {"<queueId>": <epoch ms>, ...}, ...}}
 
-`consumeTimeTable` (ours) is when the group last acknowledged or committed in each queue
+`consumeTimeTable` (ours) is when the group last acknowledged, dead-lettered or committed
+in each queue
 (`touch`), what `reliable admin group show` prints as the last consume time.
 
 Written by the broker's maintenance service every `flush_offset_interval_ms` (5 s) when
@@ -96,7 +97,10 @@ class ConsumerOffsetManager:
                      for k, v in sorted(self._times.items())}
             self._dirty = False
         try:
-            self._file.save({"offsetTable": snapshot, "consumeTimeTable": times})
+            doc: dict[str, Any] = {"offsetTable": snapshot}
+            if times:
+                doc["consumeTimeTable"] = times
+            self._file.save(doc)
         except BaseException:
             with self._lock:
                 self._dirty = True

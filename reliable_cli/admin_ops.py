@@ -91,9 +91,13 @@ def register(nouns: Any, topic_verbs: Any, group_verbs: Any,
     target(rp)
     rp.set_defaults(handler=_handler(_dlq_replay))
 
-    au = verbs.add_parser("audit", help="who replayed which dead letters, when")
+    au = verbs.add_parser("audit", help="who replayed which dead letters, when",
+                          description="The replay audit of the store, newest first: one row "
+                                      "per replay run (a run records one entry per batch; "
+                                      "--json prints the entries with every message id).")
     au.add_argument("--group", default=None)
-    au.add_argument("--limit", type=int, default=32, help="newest entries (default 32)")
+    au.add_argument("--limit", type=int, default=100,
+                    help="read the newest N entries (default 100)")
     target(au)
     au.set_defaults(handler=_handler(_dlq_audit))
 
@@ -327,12 +331,19 @@ def _dlq_audit(args: argparse.Namespace, admin: api.AdminCaller) -> int:
     if args.json:
         print_json(found)
         return ExitCode.OK
-    rows = [(e.get("at"), e.get("run"), e.get("operator"), e.get("group"), e.get("mode"),
-             len(e.get("replayed", [])),
-             " ".join(r["msg_id"] for r in e.get("replayed", [])[:3])
-             + (" ..." if len(e.get("replayed", [])) > 3 else ""))
-            for e in found["entries"]]
-    for line in table(rows, ("AT", "RUN", "OPERATOR", "GROUP", "TO", "COUNT", "MSG IDS")):
+    # one row per run (a run writes one entry per batch it replayed), newest first
+    runs: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for e in found["entries"]:
+        runs.setdefault((e.get("run"), e.get("group"), e.get("operator"), e.get("mode")),
+                        []).append(e)
+    rows = []
+    for (run, group, operator, mode), entries in runs.items():
+        ids = [r["msg_id"] for e in reversed(entries) for r in e.get("replayed", [])]
+        rows.append((entries[-1].get("at"), entries[0].get("at"), run, operator, group,
+                     "original topic" if mode == "topic" else f"%RETRY%{group}", len(ids),
+                     " ".join(ids[:2]) + (" ..." if len(ids) > 2 else "")))
+    for line in table(rows, ("FROM", "UNTIL", "RUN", "OPERATOR", "GROUP", "TO", "MESSAGES",
+                             "MSG IDS")):
         print(line)
     if found["more"]:
         print("(more entries: raise --limit)")
@@ -394,8 +405,9 @@ def _group_reset(args: argparse.Namespace, admin: api.AdminCaller) -> int:
         return ExitCode.OK
     print(f"{'reset' if done['executed'] else 'dry run: would reset'} group {done['group']} "
           f"on {done['topic']} to {args.to_time or args.to_offset or done['to']}"
-          + (f" (forced: {len(done['forced_with_consumers'])} live consumer(s))"
-             if done["forced_with_consumers"] else ""))
+          + (f" ({len(done['consumers'])} live consumer(s)"
+             + (", forced)" if done["executed"] else ": --execute needs --force)")
+             if done["consumers"] else ""))
     for line in table([(q["queue_id"], q["min_offset"], q["max_offset"], q["before"],
                         q["after"], q["lag_before"], q["lag_after"]) for q in done["queues"]],
                       ("QUEUE", "MIN OFFSET", "MAX OFFSET", "BEFORE", "AFTER", "LAG BEFORE",

@@ -96,12 +96,16 @@ class ReplayLedger:
         return out
 
     def append(self, entry: dict[str, Any]) -> None:
-        """Append one line durably (O_APPEND, fsync; the directory too when created)."""
+        """Append one line durably (O_APPEND, fsync; the directory too when created),
+        after ending a torn last line if a crash left one."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         created = not self.path.exists()
         line = (json.dumps(entry, sort_keys=True, separators=(",", ":")) + "\n").encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                line = b"\n" + line  # end a line torn by a crash, so this one parses
             os.write(fd, line)
             os.fsync(fd)
         finally:

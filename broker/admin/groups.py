@@ -150,7 +150,8 @@ def reset_group_offset(broker: Broker, params: dict[str, Any]) -> dict[str, Any]
     if to == "time" and time_ms is None:
         raise InvalidArgument("to=time needs time_ms")
     execute = p.flag(params, "execute")
-    live = _refuse_live(broker, group, p.flag(params, "force"))
+    live = (_refuse_live(broker, group, p.flag(params, "force")) if execute
+            else broker.consumer_ids(group))
     store = broker.store
     queues: list[dict[str, Any]] = []
     after: dict[int, int] = {}
@@ -176,7 +177,7 @@ def reset_group_offset(broker: Broker, params: dict[str, Any]) -> dict[str, Any]
     if execute:
         broker.reset_offsets(group, topic, after)
     return {"group": group, "topic": topic, "to": to, "executed": execute,
-            "forced_with_consumers": live, "queues": queues}
+            "consumers": live, "queues": queues}
 
 
 def delete_group(broker: Broker, params: dict[str, Any]) -> dict[str, Any]:

@@ -35,8 +35,10 @@ gave up on: from then on the server moves every message of that message group to
 `%DLQ%<group>` (in order, with `PARKED_MESSAGE_GROUP`) instead of delivering it, until an
 operator calls `UnparkMessageGroup` (see `broker.parking`).
 
-Messages (`QueryMessage`, `TraceMessage`, `SendMessage`, `ReconsumeMessage`) and
-`TopicStatus` are the operator operations of `broker.admin`, documented there.
+Messages (`QueryMessage`, `TraceMessage`, `SendMessage`, `ReconsumeMessage`),
+`TopicStatus`, dead letters (`ListDeadLetters`, `ReplayDeadLetters`, `DeadLetterAudit`) and
+groups (`GroupProgress`, `ResetGroupOffset`, `DeleteGroup`, `DeleteTopic`) are the
+operator operations of `broker.admin`, documented there.
 
 A response is `{"ok": true, "result": ...}` or `{"ok": false, "code": "<protocol code name>",
 "message": ...}`. The same access keys as the messaging service apply. The Python client

@@ -204,8 +204,9 @@ def create_app(settings: Settings, view: BrokerView, sampler: Sampler,
     def login() -> Any:
         error = None
         target = request.args.get("next") or "/"
-        if urlsplit(target).netloc or not target.startswith("/"):
-            target = "/"  # never an open redirect
+        if (not target.startswith("/") or target.startswith(("//", "/\\")) or "\\" in target
+                or urlsplit(target).netloc):
+            target = "/"  # never an open redirect (browsers read "/\\host" as "//host")
         if request.method == "POST":
             user = request.form.get("user", "")
             if settings.auth.check(user, request.form.get("password", "")):

@@ -109,3 +109,30 @@ def test_the_command_refuses_to_start_without_a_way_to_log_in(
     assert "at least 8 characters" in capsys.readouterr().err
     assert main([*ep, "--access-key", "ops"]) == 2
     assert "--secret-key-file" in capsys.readouterr().err
+
+
+def test_login_never_redirects_to_another_site(monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+
+    from reliable_cli.console.app import Settings, create_app
+    from reliable_cli.console.broker_view import BrokerView
+    from reliable_cli.console.sampler import Sampler
+
+    view = BrokerView("127.0.0.1:1")  # the login page never calls the broker
+    auth = security.Authenticator("password", password="s3cret-pass")
+    app = create_app(Settings(endpoint="127.0.0.1:1", auth=auth), view, Sampler(view), None)
+    try:
+        for target, expected in (("//evil.example/x", "/"), ("/\\evil.example", "/"),
+                                 ("https://evil.example", "/"), ("/dlq?x=1", "/dlq?x=1")):
+            client = app.test_client()
+            page = client.get("/login").get_data(as_text=True)
+            token = re.search(r'name="csrf" value="([^"]+)"', page)
+            assert token
+            answer = client.post("/login", query_string={"next": target}, data={
+                "csrf": token.group(1), "user": "u", "password": "s3cret-pass"})
+            assert answer.status_code == 302 and answer.headers["Location"] == expected, target
+            assert "frame-ancestors 'none'" in answer.headers["Content-Security-Policy"]
+        forged = app.test_client().post("/login", data={"user": "u", "password": "s3cret-pass"})
+        assert forged.status_code == 403  # a login form posted from elsewhere has no token
+    finally:
+        view.close()

@@ -226,6 +226,7 @@ def test_search_a_message_by_key_and_open_its_trace(
     rows = browser.find_elements("css selector", "#results tr")[1:]
     assert len(rows) == 1 and "order-42" in rows[0].text and topic in rows[0].text
     save(browser, shots, "messages")
+    uniq = rows[0].find_element("css selector", "a.trace-link").text  # the client's id
     rows[0].find_element("css selector", "a.trace-link").click()
     wait_for(lambda: "/trace" in browser.current_url, 10)
     kinds = [e.get_attribute("data-kind") for e in browser.find_elements("css selector",
@@ -234,10 +235,22 @@ def test_search_a_message_by_key_and_open_its_trace(
     state = browser.find_element("css selector", f'[data-group="{group}"]').text
     assert state == "acknowledged"
     assert "order-42" in by_id(browser, "records").text
+    offset_id = browser.find_element("css selector", "#records td.mono").text
     save(browser, shots, "trace")
     # another key finds nothing, and says so
     browser.get(console.url + f"messages?by=key&value=order-99&topic={topic}")
     assert by_id(browser, "no-results").text == "no message found"
+    # the other forms: message id (any topic), unique key, a time range of the topic
+    found = {}
+    for form in (f"by=id&value={offset_id}", f"by=unique_key&value={uniq}&topic={topic}",
+                 f"by=time&topic={topic}", f"by=time&topic={topic}&limit=2"):
+        browser.get(console.url + "messages?" + form)
+        found[form] = [r.text for r in browser.find_elements("css selector", "#results tr")[1:]]
+    forms = list(found)
+    assert len(found[forms[0]]) == 1 and "order-42" in found[forms[0]][0]
+    assert len(found[forms[1]]) == 1 and "order-42" in found[forms[1]][0]
+    assert [r.split()[5] for r in found[forms[2]]] == [f"order-{i}" for i in range(44, 39, -1)]
+    assert len(found[forms[3]]) == 2 and by_id(browser, "more").is_displayed()
 
 
 def test_the_lag_falls_on_the_overview_as_a_consumer_runs(

@@ -182,10 +182,14 @@ def create_app(settings: Settings, view: BrokerView, sampler: Sampler,
         if not session.get("user"):
             abort(403, "actions need a logged-in session")
 
-    @app.errorhandler(403)
-    def forbidden(exc: Any) -> tuple[str, int]:
-        return render_template("error.html", title="Refused",
-                               message=getattr(exc, "description", str(exc))), 403
+    def refused(exc: HTTPException) -> tuple[str, int]:
+        code = exc.code or 400
+        title = {403: "Refused", 404: "Not found"}.get(code, "Bad request")
+        return render_template("error.html", title=title,
+                               message=exc.description or str(exc)), code
+
+    for code in (400, 403, 404, 405, 413):
+        app.register_error_handler(code, refused)
 
     @app.errorhandler(ConsoleError)
     def console_error(exc: ConsoleError) -> tuple[str, int]:

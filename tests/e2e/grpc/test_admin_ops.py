@@ -168,7 +168,7 @@ def test_dlq_replay_is_rate_limited_once_only_audited_and_agrees_when_stopped(
     assert doc("dlq", "audit", "--group", group, *offline)["entries"] == audit
 
 
-def test_dlq_replay_to_the_original_topic_reaches_every_group(
+def test_dlq_replay_to_the_original_topic_reaches_every_group_the_retry_topic_one(
         tmp_path: Path, make_server: Callable[..., ServerProcess]) -> None:
     topic, bad, good = "tt-orders", "tt-failing", "tt-fine"
     server = make_server()
@@ -189,8 +189,12 @@ def test_dlq_replay_to_the_original_topic_reaches_every_group(
         assert {r["topic"] for r in done["replayed"]} == {topic}
         assert official.wait_for(lambda: failing.total() == 2 and fine.total() == 7,
                                  timeout_s=60)
+        # replayed to the group's retry topic instead, a message reaches that group alone
+        alone = doc("dlq", "replay", "--group", bad, "--id", sent[2], *ep)
+        assert [r["topic"] for r in alone["replayed"]] == [f"%RETRY%{bad}"]
+        assert official.wait_for(lambda: failing.total() == 3, timeout_s=60)
         time.sleep(2)
-    assert dict(failing.seen) == {mid: 1 for mid in picked}
+    assert dict(failing.seen) == {mid: 1 for mid in sent[:3]}
     assert dict(fine.seen) == {mid: 2 if mid in picked else 1 for mid in sent}
     unknown = cli("dlq", "replay", "--group", bad, "--id", "NO-SUCH-ID", *ep)
     assert unknown.returncode == 1 and "no dead letter" in unknown.stderr
@@ -283,3 +287,35 @@ def test_group_show_counts_lag_retry_and_dlq_then_group_and_topic_delete(
     assert cli("group", "show", group, *offline).returncode == 1
     names = [t["name"] for t in doc("topic", "list", *offline)["topics"]]
     assert topic not in names
+
+
+def test_a_replay_killed_midway_and_run_again_replays_each_dead_letter_once(
+        tmp_path: Path, make_server: Callable[..., ServerProcess]) -> None:
+    topic, group = "kr-orders", "kr-billing"
+    server = make_server()
+    ep = ("--endpoint", server.endpoint)
+    assert cli("topic", "create", topic, "--queues", "2", *ep).returncode == 0
+    assert cli("group", "create", group, "--max-retries", "0", *ep).returncode == 0
+    sent = send(server.endpoint, topic, 40, "kr")
+    listener = Counting(failing=True)
+    with consuming(server.endpoint, group, topic, listener):
+        assert official.wait_for(lambda: dlq_depth(server.endpoint, group) == 40,
+                                 timeout_s=90, interval_s=0.5)
+        listener.failing = False
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        proc = subprocess.Popen([sys.executable, "-m", "reliable_cli", "admin", "dlq",
+                                 "replay", "--group", group, "--rate", "20", *ep], env=env,
+                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True)
+        assert official.wait_for(lambda: listener.total() >= 4, timeout_s=30)
+        proc.kill()  # SIGKILL, midway through the replay
+        proc.wait(10)
+        partial = listener.total()
+        assert 0 < partial < 40
+        rest = doc("dlq", "replay", "--group", group, *ep)
+        assert len(rest["replayed"]) + len(rest["already_replayed"]) == 40
+        assert len(rest["replayed"]) == 40 - len(rest["already_replayed"])
+        assert rest["replayed"] and rest["already_replayed"]  # it was stopped midway
+        assert official.wait_for(lambda: listener.total() >= 40, timeout_s=60)
+        time.sleep(2)
+    assert dict(listener.seen) == {mid: 1 for mid in sent}

@@ -26,6 +26,7 @@ _NOUNS = {
     "outbox": "reliable_cli.outbox",
     "consume": "reliable_cli.consume",
     "reconcile": "reliable_cli.reconcile",
+    "console": "reliable_cli.console.command",
 }
 
 

@@ -20,8 +20,10 @@ as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 # Debian packages: JDBC drivers for the Spark reconciliation, Java for Spark itself, the
 # database and cache servers for the integration tests, a C compiler and libdeflate for the
-# store's compiled record packer (broker/store/_recordpack.c; zlib when libdeflate is absent).
-packages=(libpostgresql-jdbc-java libxerial-sqlite-jdbc-java libmariadb-java libdeflate-dev)
+# store's compiled record packer (broker/store/_recordpack.c; zlib when libdeflate is absent),
+# and a headless browser with its driver for the console's browser tests (tests/e2e/console).
+packages=(libpostgresql-jdbc-java libxerial-sqlite-jdbc-java libmariadb-java libdeflate-dev
+          chromium chromium-driver)
 command -v gcc >/dev/null 2>&1 || packages+=(gcc)
 command -v java >/dev/null 2>&1 || packages+=(openjdk-17-jre-headless)
 command -v redis-server >/dev/null 2>&1 || packages+=(redis-server)

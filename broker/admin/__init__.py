@@ -11,6 +11,7 @@ own set of queries and actions:
     topics     per-queue status (min/max offset, last store time)
     dlq        dead letters: list, replay (audited, idempotent), the replay audit
     groups     group progress, offset reset, group and topic deletion
+    store      disk use against the watermarks, commitlog size
 
 Each operation takes a JSON-shaped `dict` of parameters and returns a JSON-shaped `dict`;
 arguments are checked here (`InvalidArgument`, a protocol BAD_REQUEST) and a message that
@@ -29,6 +30,7 @@ from broker.broker import Broker
 def methods(broker: Broker) -> dict[str, Callable[[dict[str, Any]], Any]]:
     """The admin service's methods these modules implement, by protocol method name."""
     from broker.admin.messages import MessageOps
+    from broker.admin.store import store_status
     from broker.admin.topics import topic_status
     from broker.admin.trace import trace_message
 
@@ -38,6 +40,7 @@ def methods(broker: Broker) -> dict[str, Callable[[dict[str, Any]], Any]]:
         "ReconsumeMessage": ops.reconsume,
         "TraceMessage": lambda params: trace_message(broker, params),
         "TopicStatus": lambda params: topic_status(broker, params),
+        "StoreStatus": lambda params: store_status(broker, params),
         **_group_methods(broker),
     }
 

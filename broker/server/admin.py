@@ -37,8 +37,8 @@ operator calls `UnparkMessageGroup` (see `broker.parking`).
 
 Messages (`QueryMessage`, `TraceMessage`, `SendMessage`, `ReconsumeMessage`),
 `TopicStatus`, dead letters (`ListDeadLetters`, `ReplayDeadLetters`, `DeadLetterAudit`) and
-groups (`GroupProgress`, `ResetGroupOffset`, `DeleteGroup`, `DeleteTopic`) are the
-operator operations of `broker.admin`, documented there.
+groups (`GroupProgress`, `ResetGroupOffset`, `DeleteGroup`, `DeleteTopic`) and the store
+(`StoreStatus`) are the operator operations of `broker.admin`, documented there.
 
 A response is `{"ok": true, "result": ...}` or `{"ok": false, "code": "<protocol code name>",
 "message": ...}`. The same access keys as the messaging service apply. The Python client

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -11,6 +12,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[3]
 # Small files: the 1 GiB default is preallocated on disk for every store a test makes.
@@ -77,3 +79,17 @@ class ServerProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout_s)
+
+
+def admin_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """`reliable admin ARGS...` as a user runs it, from the repository."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-m", "reliable_cli", "admin", *args], env=env,
+                          cwd=REPO, text=True, capture_output=True, timeout=180)
+
+
+def admin_json(*args: str) -> Any:
+    """The JSON document `reliable admin ARGS... --json` prints; it must exit 0."""
+    done = admin_cli(*args, "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)

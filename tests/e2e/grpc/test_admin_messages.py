@@ -11,13 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
-import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -37,19 +33,9 @@ from reliable import (
 from reliable import admin_messages as api
 from reliable.admin import AdminClient
 from tests.e2e.grpc import official
-from tests.e2e.grpc.server_process import REPO, ServerProcess
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "reliable_cli", "admin", *args], env=env,
-                          cwd=REPO, text=True, capture_output=True, timeout=120)
-
-
-def doc(*args: str) -> Any:
-    done = cli(*args, "--json")
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+from tests.e2e.grpc.server_process import ServerProcess
+from tests.e2e.grpc.server_process import admin_cli as cli
+from tests.e2e.grpc.server_process import admin_json as doc
 
 
 def colliding_keys(topic: str, prefix: str = "k") -> tuple[str, str]:

@@ -15,7 +15,6 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from reliable import (
     ConsumeContext,
@@ -30,18 +29,8 @@ from reliable import (
 from reliable.admin import AdminClient
 from tests.e2e.grpc import official
 from tests.e2e.grpc.server_process import REPO, ServerProcess
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "reliable_cli", "admin", *args], env=env,
-                          cwd=REPO, text=True, capture_output=True, timeout=180)
-
-
-def doc(*args: str) -> Any:
-    done = cli(*args, "--json")
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+from tests.e2e.grpc.server_process import admin_cli as cli
+from tests.e2e.grpc.server_process import admin_json as doc
 
 
 def send(endpoint: str, topic: str, n: int, prefix: str) -> list[str]:

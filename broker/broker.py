@@ -200,8 +200,9 @@ class Broker(ProduceEngine):
                 self.store.shutdown()
                 raise
             self._last_persist = self._last_revive = self._clock()
-            self._schedule.start()
-            self._tx.start()
+            if not self.config.replica:  # a slave's commitlog is its master's alone
+                self._schedule.start()
+                self._tx.start()
             self._maintenance.start()
             self._running = True
 
@@ -232,7 +233,8 @@ class Broker(ProduceEngine):
     def do_maintenance(self) -> None:
         """One maintenance pass (the background service runs it; tests may call it)."""
         now = self._clock()
-        if now - self._last_revive >= self.config.pop_revive_interval_ms:
+        if now - self._last_revive >= self.config.pop_revive_interval_ms \
+                and not self.config.replica:
             self._last_revive = now
             _, wake = self._pop.revive(self.max_delivery_attempts)
             for topic in wake:

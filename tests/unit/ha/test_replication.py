@@ -1,0 +1,167 @@
+"""Replication between two stores in one process, over a real loopback socket."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from broker.ha import HaConfig, HaMaster, HaRole, HaSlave
+from broker.store.codec import reseal
+from broker.store.errors import ReplicaRejected
+from broker.store.message import Message
+from broker.store.store import MessageStore
+
+from tests.unit.store._helpers import small_config
+
+FILE = 8 * 1024
+
+
+def _store(path: Path) -> MessageStore:
+    store = MessageStore(small_config(path))
+    store.start()
+    return store
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[tuple[MessageStore, MessageStore]]:
+    master, slave = _store(tmp_path / "m"), _store(tmp_path / "s")
+    yield master, slave
+    master.shutdown()
+    slave.shutdown()
+
+
+def _put(store: MessageStore, n: int, start: int = 0) -> None:
+    for i in range(start, start + n):
+        res = store.put_message(Message("ha-t", f"body-{i}".encode() * 12, queue_id=i % 3,
+                                        properties={"KEYS": f"k{i}"}))
+        assert res.append is not None
+
+
+def _log_bytes(store: MessageStore) -> bytes:
+    cl = store.commitlog
+    low, high = cl.get_min_offset(), cl.get_max_offset()
+    out = bytearray()
+    at = low
+    while at < high:
+        n = min(FILE - at % FILE, high - at)
+        chunk = cl.get_message(at, n)
+        assert chunk is not None
+        out += chunk
+        at += n
+    return bytes(out)
+
+
+def _wait(cond: object, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():  # type: ignore[operator]
+            return
+        time.sleep(0.02)
+    raise AssertionError("timed out")
+
+
+def test_slave_catches_up_byte_for_byte_and_builds_its_queues(
+        pair: tuple[MessageStore, MessageStore]) -> None:
+    master, slave = pair
+    _put(master, 100)  # several commitlog files, with blank records at their ends
+    assert master.commitlog.get_max_offset() > 2 * FILE
+    ha = HaMaster(master, HaConfig(HaRole.SYNC_MASTER, port=0))
+    ha.start()
+    client = HaSlave(slave, HaConfig(HaRole.SLAVE, broker_id=1,
+                                     master=("127.0.0.1", ha.port)))
+    client.start()
+    try:
+        _put(master, 200, start=100)  # while streaming
+        end = master.commitlog.get_max_offset()
+        _wait(lambda: ha.acked_offset() == end)
+        assert slave.commitlog.get_max_offset() == end
+        assert _log_bytes(slave) == _log_bytes(master)
+        slave.wait_dispatched()
+        for q in range(3):
+            assert slave.get_max_offset_in_queue("ha-t", q) == \
+                master.get_max_offset_in_queue("ha-t", q)
+        found = slave.query_message_by_key("ha-t", "k217")
+        assert [m.body for m in found] == [b"body-217" * 12]
+        assert ha.wait_acked(end, 0.1)
+        assert not ha.wait_acked(end + 1, 0.1)
+        [state] = ha.slaves()
+        assert state.acked_offset == end and state.start_offset == 0
+    finally:
+        client.stop()
+        ha.stop()
+
+
+def test_a_restarted_slave_resumes_from_its_own_end(tmp_path: Path) -> None:
+    master = _store(tmp_path / "m")
+    slave = _store(tmp_path / "s")
+    ha = HaMaster(master, HaConfig(HaRole.ASYNC_MASTER, port=0))
+    ha.start()
+    cfg = HaConfig(HaRole.SLAVE, broker_id=1, master=("127.0.0.1", ha.port),
+                   reconnect_ms=100)
+    try:
+        _put(master, 50)
+        client = HaSlave(slave, cfg)
+        client.start()
+        _wait(lambda: slave.commitlog.get_max_offset() == master.commitlog.get_max_offset())
+        client.stop()
+        slave.shutdown()
+        _put(master, 150, start=50)
+        slave = _store(tmp_path / "s")
+        client = HaSlave(slave, cfg)
+        client.start()
+        end = master.commitlog.get_max_offset()
+        _wait(lambda: ha.acked_offset() == end)
+        assert [s.start_offset for s in ha.slaves()] != [0]
+        assert _log_bytes(slave) == _log_bytes(master)
+        client.stop()
+    finally:
+        ha.stop()
+        master.shutdown()
+        slave.shutdown()
+
+
+def test_append_raw_refuses_damaged_or_misplaced_records(
+        pair: tuple[MessageStore, MessageStore]) -> None:
+    master, slave = pair
+    _put(master, 3)
+    data = bytearray(master.read_replica(0, 1 << 20))
+    assert len(data) == master.commitlog.get_max_offset()
+    size = int.from_bytes(data[:4], "big")
+    with pytest.raises(ReplicaRejected, match="ends at 0"):
+        slave.append_replica(size, data[size:])  # not at the slave's end
+    with pytest.raises(ReplicaRejected, match="cut short"):
+        slave.append_replica(0, data[:-1])
+    bad = bytearray(data)
+    bad[size + 100] ^= 0xFF  # a body byte of the second record
+    with pytest.raises(ReplicaRejected, match=f"at commitlog offset {size}"):
+        slave.append_replica(0, bad)
+    resealed = bytearray(data)
+    resealed[size + 28:size + 36] = (size + 1).to_bytes(8, "big")  # PHYSICALOFFSET moved
+    reseal(resealed, size)
+    with pytest.raises(ReplicaRejected):
+        slave.append_replica(0, resealed)
+    assert slave.commitlog.get_max_offset() == 0  # nothing written by any refusal
+    assert slave.append_replica(0, data) == len(data)
+    assert _log_bytes(slave) == _log_bytes(master)
+    assert slave.commitlog.topic_queue_table == master.commitlog.topic_queue_table
+
+
+def test_a_slave_ahead_of_its_master_is_refused(
+        pair: tuple[MessageStore, MessageStore]) -> None:
+    master, slave = pair
+    _put(slave, 5)  # records the master never had
+    ha = HaMaster(master, HaConfig(HaRole.ASYNC_MASTER, port=0))
+    ha.start()
+    client = HaSlave(slave, HaConfig(HaRole.SLAVE, broker_id=1,
+                                     master=("127.0.0.1", ha.port), reconnect_ms=100))
+    client.start()
+    try:
+        time.sleep(0.5)
+        assert ha.slaves() == []
+        assert ha.acked_offset() == -1
+    finally:
+        client.stop()
+        ha.stop()

@@ -13,7 +13,6 @@ from broker.store.codec import reseal
 from broker.store.errors import ReplicaRejected
 from broker.store.message import Message
 from broker.store.store import MessageStore
-
 from tests.unit.store._helpers import small_config
 
 FILE = 8 * 1024

@@ -99,6 +99,10 @@ def register(sub: Any) -> None:
                     help="a master's replication port, on --host (default 10912)")
     ha.add_argument("--master", default=None, metavar="HOST:HAPORT",
                     help="a slave's master (its --host and --ha-port)")
+    ha.add_argument("--ha-sync-timeout-ms", type=int, default=3000, metavar="MS",
+                    help="sync-master: longest wait for a slave to acknowledge a send; "
+                         "then the producer gets SLAVE_PERSISTENCE_TIMEOUT and retries "
+                         "(default 3000)")
     observe.add_arguments(s)
     s.set_defaults(handler=start)
     p.set_defaults(handler=lambda _a: (p.print_help(sys.stderr), ExitCode.USAGE)[1])
@@ -217,6 +221,8 @@ def start(args: argparse.Namespace) -> int:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     stop = threading.Event()
     server = MessagingServer(broker, server_config)
+    if ha_config.role is HaRole.SYNC_MASTER and isinstance(replication, HaMaster):
+        server.ctx.replication = replication  # sends wait for a slave's acknowledgement
     try:
         server.start()
     except ServerStartError as exc:
@@ -284,6 +290,7 @@ def _ha_config(args: argparse.Namespace) -> Any:
         1 if role is HaRole.SLAVE else 0)
     config = HaConfig(role=role, broker_name=args.broker_name, broker_id=broker_id,
                       host=args.host, port=args.ha_port,
+                      sync_timeout_ms=args.ha_sync_timeout_ms,
                       master=parse_address(args.master) if args.master else None)
     config.validate()
     return config

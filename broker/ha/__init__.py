@@ -7,8 +7,9 @@ commitlog ends, writes what it receives byte for byte at the same offsets
 """
 
 from broker.ha.config import HaConfig, HaRole
-from broker.ha.master import HaMaster, SlaveState
+from broker.ha.master import AckOutcome, HaMaster, SlaveState
 from broker.ha.protocol import HaProtocolError
 from broker.ha.slave import HaSlave
 
-__all__ = ["HaConfig", "HaMaster", "HaProtocolError", "HaRole", "HaSlave", "SlaveState"]
+__all__ = ["AckOutcome", "HaConfig", "HaMaster", "HaProtocolError", "HaRole", "HaSlave",
+           "SlaveState"]

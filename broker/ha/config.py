@@ -31,6 +31,7 @@ class HaConfig:
     heartbeat_ms: int = 1000  # a frame (or a report) at least this often on an idle link
     idle_timeout_ms: int = 10_000  # a link silent this long is dropped (and redialled)
     reconnect_ms: int = 1000  # a slave's wait before dialling again
+    sync_timeout_ms: int = 3000  # SYNC_MASTER: longest wait for a slave's acknowledgement
 
     def validate(self) -> None:
         if self.role is HaRole.SLAVE:
@@ -42,6 +43,8 @@ class HaConfig:
             raise ValueError("a master's broker id is 0")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"HA port {self.port} out of range")
+        if self.sync_timeout_ms < 1:
+            raise ValueError("the sync timeout must be at least 1 ms")
         if self.max_chunk_bytes < 1:
             raise ValueError("max_chunk_bytes must be at least 1")
 

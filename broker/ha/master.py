@@ -14,17 +14,35 @@ slave's reports: its acknowledged offset, which the master keeps (`slaves()`).
 from __future__ import annotations
 
 import contextlib
+import enum
+import heapq
+import itertools
 import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from broker.errors import BrokerError, ResponseCode
 from broker.ha.config import HaConfig
+from broker.ha.errors import NotReplicated
 from broker.ha.protocol import FRAME, HELLO, REPORT, HaProtocolError, recv_exact, unpack_hello
 from broker.store.store import MessageStore
 
 log = logging.getLogger(__name__)
+
+
+class AckOutcome(enum.Enum):
+    """How a SYNC_MASTER wait for a slave's acknowledgement ended."""
+
+    ACKED = "acked"  # a slave has the bytes (fsynced, when it flushes synchronously)
+    SLAVE_NOT_AVAILABLE = "slave-not-available"  # no slave connected when the send came
+    TIMEOUT = "flush-slave-timeout"  # no slave acknowledged within the timeout
+
+
+# a SYNC_MASTER wait: (end, sequence, deadline, callback)
+_Waiter = tuple[int, int, float, Callable[[AckOutcome], None]]
 
 
 @dataclass
@@ -53,6 +71,10 @@ class HaMaster:
         self._next_id = 0
         self._threads: list[threading.Thread] = []
         self.port = 0
+        # SYNC_MASTER waits: (end, sequence, deadline, callback), earliest end first
+        self._waiters: list[_Waiter] = []
+        self._sequence = itertools.count()
+        self._reaper_wake = threading.Event()
 
     # --- lifecycle
     def start(self) -> None:
@@ -70,9 +92,10 @@ class HaMaster:
                 conn.wake.set()
 
         self.store.commitlog.on_append = on_append
-        t = threading.Thread(target=self._accept, name="ha-accept", daemon=True)
-        t.start()
-        self._threads.append(t)
+        for target, name in ((self._accept, "ha-accept"), (self._reap, "ha-timeouts")):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
         log.info("replication: listening on %s:%d", self.config.host, self.port)
 
     def stop(self) -> None:
@@ -81,10 +104,14 @@ class HaMaster:
             self._server.close()
         for conn in list(self._conns.values()):
             conn.close()
+        self._reaper_wake.set()
         for t in self._threads:
             t.join(5)
         with self._acked:
             self._acked.notify_all()
+            waiters, self._waiters = self._waiters, []
+        for *_, callback in waiters:
+            callback(AckOutcome.TIMEOUT)
 
     # --- what the master knows
     def slaves(self) -> list[SlaveState]:
@@ -107,6 +134,75 @@ class HaMaster:
                 if left <= 0 or self._stopped.is_set():
                     return False
                 self._acked.wait(left)
+
+    def when_acked(self, end: int, timeout_ms: int,
+                   callback: Callable[[AckOutcome], None]) -> None:
+        """SYNC_MASTER: `callback(ACKED)` once a slave acknowledges the log up to `end`;
+        `SLAVE_NOT_AVAILABLE` at once when no slave is connected; `TIMEOUT` when none
+        acknowledged within `timeout_ms`. Called on a replication thread (or this one):
+        keep it short."""
+        with self._lock:
+            if not self._conns:
+                outcome = AckOutcome.SLAVE_NOT_AVAILABLE
+            elif any(c.state.acked_offset >= end for c in self._conns.values()):
+                outcome = AckOutcome.ACKED
+            else:
+                deadline = time.monotonic() + timeout_ms / 1000
+                first = not self._waiters or deadline < min(w[2] for w in self._waiters)
+                heapq.heappush(self._waiters, (end, next(self._sequence), deadline, callback))
+                if first:
+                    self._reaper_wake.set()
+                return
+        callback(outcome)
+
+    def _release(self, acked: int) -> None:
+        """Answer every wait up to `acked` (called with the lock held; calls after)."""
+        done = []
+        while self._waiters and self._waiters[0][0] <= acked:
+            done.append(heapq.heappop(self._waiters)[3])
+        if done:
+            self._lock.release()
+            try:
+                for callback in done:
+                    callback(AckOutcome.ACKED)
+            finally:
+                self._lock.acquire()
+
+    def _reap(self) -> None:
+        """Answer the waits whose timeout passed."""
+        while not self._stopped.is_set():
+            now = time.monotonic()
+            expired: list[_Waiter] = []
+            with self._lock:
+                kept: list[_Waiter] = []
+                for w in self._waiters:
+                    (expired if w[2] <= now else kept).append(w)
+                if expired:
+                    heapq.heapify(kept)
+                    self._waiters = kept
+                next_at = min((w[2] for w in self._waiters), default=now + 1.0)
+            for *_, callback in expired:
+                callback(AckOutcome.TIMEOUT)
+            self._reaper_wake.wait(max(next_at - time.monotonic(), 0.001))
+            self._reaper_wake.clear()
+
+    def when_replicated(self, end: int,
+                        callback: Callable[[BrokerError | None], None]) -> None:
+        """The server's SYNC_MASTER gate (`broker.server.context.SyncReplication`):
+        `callback(None)` once a slave has the log up to `end`, else the error to answer."""
+        timeout_ms = self.config.sync_timeout_ms
+
+        def done(outcome: AckOutcome) -> None:
+            if outcome is AckOutcome.ACKED:
+                callback(None)
+            elif outcome is AckOutcome.SLAVE_NOT_AVAILABLE:
+                callback(NotReplicated(ResponseCode.SLAVE_NOT_AVAILABLE,
+                                       "no slave is connected"))
+            else:
+                callback(NotReplicated(ResponseCode.FLUSH_SLAVE_TIMEOUT,
+                                       f"no slave acknowledged within {timeout_ms} ms"))
+
+        self.when_acked(end, timeout_ms, done)
 
     # --- connections
     def _accept(self) -> None:
@@ -197,6 +293,8 @@ class HaMaster:
                     conn.state.acked_offset = max(conn.state.acked_offset, offset)
                     conn.state.last_report_ms = int(time.time() * 1000)
                     self._acked.notify_all()
+                    if self._waiters:
+                        self._release(conn.state.acked_offset)
         except (HaProtocolError, OSError, ValueError):
             pass
         finally:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import socket
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -94,5 +96,61 @@ def test_a_slave_refuses_sends_and_its_store_serves_as_a_broker(
     try:
         got = official.receive_until(consumer, lambda g: len(g) >= 50, timeout_s=60)
         assert {m.message_id for m in got} == sent
+    finally:
+        consumer.shutdown()
+
+
+def test_sync_master_without_a_slave_answers_a_retryable_error_in_time(
+        make_server: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    master, _ = _master(make_server, tmp_path, "sync-master")
+    producer = official.producer(master.endpoint, ["t-ha-none"])
+    try:
+        started = time.monotonic()
+        with pytest.raises(Exception, match=r"HA_NOT_AVAILABLE|no slave"):
+            producer.send(official.message("t-ha-none", b"m"))
+        assert time.monotonic() - started < 10  # each attempt answered at once
+    finally:
+        producer.shutdown()
+
+
+def test_sync_master_sync_flush_sigkill_loses_no_acknowledged_message(
+        make_server: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    ha_port = _free_port()
+    master = make_server("--role", "sync-master", "--ha-port", str(ha_port), "--flush", "sync",
+                         "--ha-sync-timeout-ms", "2000", store=tmp_path / "m")
+    slave = make_server("--role", "slave", "--broker-id", "1", "--master",
+                        f"127.0.0.1:{ha_port}", "--ha-port", str(_free_port()),
+                        "--flush", "sync", store=tmp_path / "s")
+    acked: list[str] = []
+    stop = threading.Event()
+
+    def produce() -> None:
+        producer = official.producer(master.endpoint, ["t-ha-sync"])
+        try:
+            i = 0
+            while not stop.is_set():
+                try:
+                    receipt = producer.send(official.message("t-ha-sync", f"m{i}".encode()))
+                except Exception:
+                    return  # the master is gone
+                acked.append(receipt.message_id)
+                i += 1
+        finally:
+            producer.shutdown()
+
+    thread = threading.Thread(target=produce, daemon=True)
+    thread.start()
+    assert official.wait_for(lambda: len(acked) >= 150, timeout_s=60)
+    master.kill()  # SIGKILL while the producer sends
+    stop.set()
+    thread.join(60)
+    slave.kill()
+    # the slave's store, started as a broker, has every acknowledged message
+    alone = make_server(store=tmp_path / "s")
+    consumer = official.simple_consumer(alone.endpoint, "g-ha-sync", "t-ha-sync")
+    try:
+        got = official.receive_until(consumer, lambda g: set(acked) <= {m.message_id for m in g},
+                                     timeout_s=60)
+        assert set(acked) <= {m.message_id for m in got}
     finally:
         consumer.shutdown()

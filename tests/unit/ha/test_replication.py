@@ -164,3 +164,52 @@ def test_a_slave_ahead_of_its_master_is_refused(
     finally:
         client.stop()
         ha.stop()
+
+
+def test_sync_waits_end_acked_unavailable_or_timed_out(
+        pair: tuple[MessageStore, MessageStore]) -> None:
+    import socket
+
+    from broker.errors import ResponseCode
+    from broker.ha import AckOutcome
+    from broker.ha.errors import NotReplicated
+    from broker.ha.protocol import pack_hello
+
+    master, slave = pair
+    ha = HaMaster(master, HaConfig(HaRole.SYNC_MASTER, port=0, sync_timeout_ms=300))
+    ha.start()
+    got: list[object] = []
+    try:
+        ha.when_acked(0, 1000, got.append)  # nobody connected: at once
+        assert got == [AckOutcome.SLAVE_NOT_AVAILABLE]
+        errors: list[BaseException | None] = []
+        ha.when_replicated(0, errors.append)
+        assert isinstance(errors[0], NotReplicated)
+        assert errors[0].code is ResponseCode.SLAVE_NOT_AVAILABLE
+        # a slave that connects and never reports: the wait times out
+        with socket.create_connection(("127.0.0.1", ha.port)) as mute:
+            mute.sendall(pack_hello(0))
+            _wait(lambda: len(ha.slaves()) == 1)
+            _put(master, 3)
+            end = master.commitlog.get_max_offset()
+            started = time.monotonic()
+            ha.when_replicated(end, errors.append)
+            _wait(lambda: len(errors) == 2)
+            assert 0.25 < time.monotonic() - started < 2.0
+            assert isinstance(errors[1], NotReplicated)
+            assert errors[1].code is ResponseCode.FLUSH_SLAVE_TIMEOUT
+        # a real slave: the wait ends when it has the bytes
+        client = HaSlave(slave, HaConfig(HaRole.SLAVE, broker_id=1,
+                                         master=("127.0.0.1", ha.port)))
+        client.start()
+        try:
+            _put(master, 3, start=3)
+            end = master.commitlog.get_max_offset()
+            ha.when_replicated(end, errors.append)
+            _wait(lambda: len(errors) == 3)
+            assert errors[2] is None
+            assert slave.commitlog.get_max_offset() >= end
+        finally:
+            client.stop()
+    finally:
+        ha.stop()

@@ -221,6 +221,8 @@ def start(args: argparse.Namespace) -> int:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     stop = threading.Event()
     server = MessagingServer(broker, server_config)
+    if replication is not None:
+        server.ctx.ha_status = replication.status  # the admin service's HaStatus
     if ha_config.role is HaRole.SYNC_MASTER and isinstance(replication, HaMaster):
         server.ctx.replication = replication  # sends wait for a slave's acknowledgement
     try:

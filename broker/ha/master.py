@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from broker.errors import BrokerError, ResponseCode
 from broker.ha.config import HaConfig
@@ -117,6 +118,21 @@ class HaMaster:
     def slaves(self) -> list[SlaveState]:
         with self._lock:
             return [SlaveState(**vars(c.state)) for c in self._conns.values()]
+
+    def status(self) -> dict[str, Any]:
+        """The admin service's `HaStatus` of a master: each slave's acknowledged offset
+        and how many bytes of the log it lacks."""
+        end = self.store.commitlog.get_max_offset()
+        states = self.slaves()
+        slaves: list[dict[str, Any]] = [{"address": s.address, "acked_offset": s.acked_offset,
+                   "sent_offset": s.sent_offset, "lag_bytes": max(end - s.acked_offset, 0),
+                   "connected_ms": s.connected_ms, "last_report_ms": s.last_report_ms}
+                  for s in states]
+        return {"role": self.config.role.value, "broker_name": self.config.broker_name,
+                "broker_id": self.config.broker_id, "ha_port": self.port,
+                "max_offset": end, "slaves": slaves,
+                "lag_bytes": min((max(end - s.acked_offset, 0) for s in states), default=None),
+                "sync_timeout_ms": self.config.sync_timeout_ms}
 
     def acked_offset(self) -> int:
         """The furthest offset any connected slave has acknowledged (-1: no slave)."""

@@ -14,6 +14,7 @@ import logging
 import socket
 import threading
 import time
+from typing import Any
 
 from broker.ha.config import HaConfig
 from broker.ha.protocol import FRAME, MAX_FRAME, REPORT, HaProtocolError, pack_hello, recv_exact
@@ -42,6 +43,18 @@ class HaSlave:
 
     def start(self) -> None:
         self._thread.start()
+
+    def status(self) -> dict[str, Any]:
+        """The admin service's `HaStatus` of a slave: how far behind its master it is
+        (as of the master's last frame or heartbeat)."""
+        end = self.store.get_commitlog_max_offset()
+        known = self.master_max_offset
+        return {"role": "slave", "broker_name": self.config.broker_name,
+                "broker_id": self.config.broker_id,
+                "master": f"{self.master[0]}:{self.master[1]}", "connected": self.connected,
+                "max_offset": end, "master_max_offset": known,
+                "lag_bytes": max(known - end, 0) if known >= 0 else None,
+                "last_frame_ms": self.last_frame_ms}
 
     def stop(self) -> None:
         self._stopped.set()

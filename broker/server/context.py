@@ -77,6 +77,8 @@ class ServerContext:
         self.send_seconds = Histogram()
         # SYNC_MASTER: sends are answered once a slave has them (None: no such wait)
         self.replication: SyncReplication | None = None
+        # the admin service's HaStatus (broker.ha's `status`); None: no replication role
+        self.ha_status: Callable[[], dict[str, Any]] | None = None
 
     # --- broker calls
     async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +30,15 @@ def _digest(store: Path) -> list[tuple[str, str]]:
     so equal digests mean the same records at the same offsets and nothing beyond."""
     return [(p.name, hashlib.sha256(p.read_bytes()).hexdigest())
             for p in sorted((store / "commitlog").iterdir()) if p.name.isdigit()]
+
+
+def _ha_status(endpoint: str) -> dict[str, Any]:
+    """`reliable admin broker status --json` of a running broker."""
+    out = subprocess.run([sys.executable, "-m", "reliable_cli", "admin", "broker", "status",
+                          "--endpoint", endpoint, "--json"], capture_output=True, text=True,
+                         check=True, timeout=60)
+    value: dict[str, Any] = json.loads(out.stdout)
+    return value
 
 
 def _send(endpoint: str, topic: str, first: int, count: int) -> set[str]:
@@ -61,6 +74,14 @@ def test_a_late_slave_catches_up_byte_for_byte(
     assert official.wait_for(lambda: _digest(tmp_path / "s") == _digest(tmp_path / "m"))
     _send(master.endpoint, "t-ha-late", 300, 100)  # and keeps up while connected
     assert official.wait_for(lambda: _digest(tmp_path / "s") == _digest(tmp_path / "m"))
+    # the lag, as an operator sees it: none once caught up
+    assert official.wait_for(lambda: _ha_status(master.endpoint)["lag_bytes"] == 0)
+    status = _ha_status(master.endpoint)
+    assert status["role"] == "async-master" and len(status["slaves"]) == 1
+    assert status["slaves"][0]["acked_offset"] == status["max_offset"] > 0
+    mine = _ha_status(slave.endpoint)
+    assert mine["role"] == "slave" and mine["connected"] is True
+    assert mine["max_offset"] == status["max_offset"]
     assert slave.terminate() == 0, "".join(slave.output)
     assert master.terminate() == 0, "".join(master.output)
     assert _digest(tmp_path / "s") == _digest(tmp_path / "m")

@@ -199,10 +199,12 @@ def test_sync_waits_end_acked_unavailable_or_timed_out(
             assert isinstance(errors[1], NotReplicated)
             assert errors[1].code is ResponseCode.FLUSH_SLAVE_TIMEOUT
         # a real slave: the wait ends when it has the bytes
+        _wait(lambda: ha.slaves() == [])  # the mute one is gone
         client = HaSlave(slave, HaConfig(HaRole.SLAVE, broker_id=1,
                                          master=("127.0.0.1", ha.port)))
         client.start()
         try:
+            _wait(lambda: len(ha.slaves()) == 1)
             _put(master, 3, start=3)
             end = master.commitlog.get_max_offset()
             ha.when_replicated(end, errors.append)

@@ -209,6 +209,10 @@ def start(args: argparse.Namespace) -> int:
             replication = HaMaster(broker.store, ha_config)
         elif ha_config.role is HaRole.SLAVE:
             replication = HaSlave(broker.store, ha_config)
+        if isinstance(replication, HaMaster):
+            replication.config_source = broker.config_snapshot
+        elif isinstance(replication, HaSlave):
+            replication.config_sink = broker.apply_config_snapshot
         if replication is not None:
             replication.start()
     except OSError as exc:

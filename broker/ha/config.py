@@ -31,6 +31,7 @@ class HaConfig:
     heartbeat_ms: int = 1000  # a frame (or a report) at least this often on an idle link
     idle_timeout_ms: int = 10_000  # a link silent this long is dropped (and redialled)
     reconnect_ms: int = 1000  # a slave's wait before dialling again
+    config_sync_ms: int = 5000  # how often a master sends its topics, groups, offsets
     sync_timeout_ms: int = 3000  # SYNC_MASTER: longest wait for a slave's acknowledgement
 
     def validate(self) -> None:

@@ -17,6 +17,7 @@ import contextlib
 import enum
 import heapq
 import itertools
+import json
 import logging
 import socket
 import threading
@@ -28,7 +29,15 @@ from typing import Any
 from broker.errors import BrokerError, ResponseCode
 from broker.ha.config import HaConfig
 from broker.ha.errors import NotReplicated
-from broker.ha.protocol import FRAME, HELLO, REPORT, HaProtocolError, recv_exact, unpack_hello
+from broker.ha.protocol import (
+    CONFIG_FRAME,
+    FRAME,
+    HELLO,
+    REPORT,
+    HaProtocolError,
+    recv_exact,
+    unpack_hello,
+)
 from broker.store.store import MessageStore
 
 log = logging.getLogger(__name__)
@@ -76,6 +85,8 @@ class HaMaster:
         self._waiters: list[_Waiter] = []
         self._sequence = itertools.count()
         self._reaper_wake = threading.Event()
+        # topics, groups and offsets for the slaves (`Broker.config_snapshot`); None: none
+        self.config_source: Callable[[], dict[str, Any]] | None = None
 
     # --- lifecycle
     def start(self) -> None:
@@ -290,7 +301,12 @@ class HaMaster:
         cfg = self.config
         heartbeat_s = cfg.heartbeat_ms / 1000
         store = self.store
+        config_due = 0.0  # at once: a slave gets the configuration as it connects
         while not self._stopped.is_set() and not conn.closed:
+            if self.config_source is not None and time.monotonic() >= config_due:
+                body = json.dumps(self.config_source(), separators=(",", ":")).encode()
+                conn.sock.sendall(FRAME.pack(CONFIG_FRAME, len(body)) + body)
+                config_due = time.monotonic() + cfg.config_sync_ms / 1000
             conn.wake.clear()
             data = store.read_replica(offset, cfg.max_chunk_bytes)
             if data:

@@ -9,6 +9,9 @@ master -> slave
     frame    offset u64 | length u32 | length bytes     whole records from `offset`;
                                                         length 0: a heartbeat whose
                                                         offset is the master's log end
+    config   offset -1 | length u32 | JSON              the master's topics, groups and
+                                                        committed offsets (config sync:
+                                                        at connect, then periodically)
 
 Every integer is big-endian. A frame holds whole records of one commitlog file (the
 slave checks each before it writes, `CommitLog.append_raw`).
@@ -26,6 +29,7 @@ VERSION = 1
 HELLO = struct.Struct(">4sBq")
 REPORT = struct.Struct(">q")
 FRAME = struct.Struct(">qI")
+CONFIG_FRAME = -1  # the offset field of a config frame
 MAX_FRAME = 1 << 30  # larger than any commitlog file: a corrupt length, not a record
 
 

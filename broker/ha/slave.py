@@ -10,14 +10,24 @@ again from wherever this log ends (the master resends from there).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from broker.ha.config import HaConfig
-from broker.ha.protocol import FRAME, MAX_FRAME, REPORT, HaProtocolError, pack_hello, recv_exact
+from broker.ha.protocol import (
+    CONFIG_FRAME,
+    FRAME,
+    MAX_FRAME,
+    REPORT,
+    HaProtocolError,
+    pack_hello,
+    recv_exact,
+)
 from broker.store.config import FlushMode
 from broker.store.errors import StoreError
 from broker.store.store import MessageStore
@@ -40,6 +50,9 @@ class HaSlave:
         self.connected = False
         self.master_max_offset = -1  # the master's log end, from its last heartbeat/frame
         self.last_frame_ms = 0
+        # takes the master's topics, groups and offsets (`Broker.apply_config_snapshot`)
+        self.config_sink: Callable[[dict[str, Any]], None] | None = None
+        self.config_synced_ms = 0  # when the last configuration was applied
 
     def start(self) -> None:
         self._thread.start()
@@ -54,7 +67,8 @@ class HaSlave:
                 "master": f"{self.master[0]}:{self.master[1]}", "connected": self.connected,
                 "max_offset": end, "master_max_offset": known,
                 "lag_bytes": max(known - end, 0) if known >= 0 else None,
-                "last_frame_ms": self.last_frame_ms}
+                "last_frame_ms": self.last_frame_ms,
+                "config_synced_ms": self.config_synced_ms}
 
     def stop(self) -> None:
         self._stopped.set()
@@ -79,6 +93,22 @@ class HaSlave:
                 if sock is not None:
                     sock.close()
             self._stopped.wait(wait_s)
+
+    def _apply_config(self, data: bytes) -> None:
+        """Take the master's configuration; a bad one is logged and skipped (the log
+        copy goes on, the next one comes in `config_sync_ms`)."""
+        sink = self.config_sink
+        if sink is None:
+            return
+        try:
+            snapshot = json.loads(data)
+            if not isinstance(snapshot, dict):
+                raise ValueError("not a JSON object")
+            sink(snapshot)
+        except Exception as exc:
+            log.warning("replication: the master's configuration was not applied: %s", exc)
+            return
+        self.config_synced_ms = int(time.time() * 1000)
 
     def _session(self) -> None:
         cfg = self.config
@@ -107,6 +137,9 @@ class HaSlave:
             if length > MAX_FRAME:
                 raise HaProtocolError(f"a frame of {length} bytes")
             data = recv_exact(sock, length)
+            if offset == CONFIG_FRAME:
+                self._apply_config(data)
+                continue
             end = store.append_replica(offset, data)
             self.master_max_offset = max(self.master_max_offset, end)
             if sync and not store.commitlog.wait_flushed(end):

@@ -175,3 +175,50 @@ def test_sync_master_sync_flush_sigkill_loses_no_acknowledged_message(
         assert set(acked) <= {m.message_id for m in got}
     finally:
         consumer.shutdown()
+
+
+def _admin(endpoint: str, *args: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-m", "reliable_cli", "admin", *args,
+                          "--endpoint", endpoint, "--json"], capture_output=True, text=True,
+                         check=True, timeout=60)
+    value: dict[str, Any] = json.loads(out.stdout)
+    return value
+
+
+def test_a_slave_keeps_its_masters_topics_groups_and_offsets(
+        make_server: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    master, ha_port = _master(make_server, tmp_path)
+    slave = _slave(make_server, tmp_path, ha_port)
+    sent = _send(master.endpoint, "t-ha-conf", 0, 30)
+    consumer = official.simple_consumer(master.endpoint, "g-ha-conf", "t-ha-conf")
+    try:
+        got = official.receive_until(consumer, lambda g: len(g) >= 30, timeout_s=60)
+        assert {m.message_id for m in got} == sent  # receive_until acks each
+    finally:
+        consumer.shutdown()
+
+    def progress(endpoint: str) -> list[Any] | None:
+        try:
+            shown = _admin(endpoint, "group", "show", "g-ha-conf", "--topic", "t-ha-conf")
+        except subprocess.CalledProcessError as exc:
+            assert "CONSUMER_GROUP_NOT_FOUND" in exc.stderr, exc.stderr  # not synced yet
+            return None
+        return [(q["queue_id"], q["consumer_offset"]) for q in shown["progress"]["queues"]]
+
+    on_master = progress(master.endpoint)
+    assert on_master is not None and sum(offset for _, offset in on_master) == 30
+    # the master sends its configuration every 5 s: the slave has the topic, the group and
+    # the committed offsets
+    assert official.wait_for(lambda: progress(slave.endpoint) == on_master, timeout_s=30)
+    topics = {t["name"] for t in _admin(slave.endpoint, "topic", "list")["topics"]}
+    assert "t-ha-conf" in topics
+    assert _ha_status(slave.endpoint)["config_synced_ms"] > 0
+    # the slave's store, started as a broker: the group resumes where it was, nothing again
+    slave.kill()
+    master.kill()
+    alone = make_server(store=tmp_path / "s")
+    again = official.simple_consumer(alone.endpoint, "g-ha-conf", "t-ha-conf")
+    try:
+        assert again.receive(32, 15) == []
+    finally:
+        again.shutdown()

@@ -215,3 +215,30 @@ def test_sync_waits_end_acked_unavailable_or_timed_out(
             client.stop()
     finally:
         ha.stop()
+
+
+def test_only_a_slave_takes_a_masters_configuration(tmp_path: Path) -> None:
+    from broker.broker import Broker
+    from broker.config import BrokerConfig
+    from broker.errors import InvalidArgument
+
+    master = Broker(small_config(tmp_path / "m"), BrokerConfig())
+    slave = Broker(small_config(tmp_path / "s"), BrokerConfig(replica=True))
+    master.start()
+    slave.start()
+    try:
+        master.create_topic("t-conf", queues=2)
+        master.create_group("g-conf", retry_max_times=3)
+        master.commit_offset("g-conf", "t-conf", 1, 7)
+        snapshot = master.config_snapshot()
+        with pytest.raises(InvalidArgument):
+            master.apply_config_snapshot(snapshot)
+        slave.apply_config_snapshot(snapshot)
+        topic = slave.get_topic("t-conf")
+        assert topic is not None and topic.read_queue_nums == 2
+        group = slave.get_group("g-conf")
+        assert group is not None and group.retry_max_times == 3
+        assert slave.offsets_of("g-conf", "t-conf") == {1: 7}
+    finally:
+        master.shutdown()
+        slave.shutdown()

@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from broker.clock import wall_ms
 from broker.config import BrokerConfig
@@ -201,8 +201,9 @@ class Broker(ProduceEngine):
                 self.store.shutdown()
                 raise
             self._last_persist = self._last_revive = self._clock()
-            self._schedule.start()
-            self._tx.start()
+            if not self.config.replica:  # a slave's commitlog is its master's alone
+                self._schedule.start()
+                self._tx.start()
             self._maintenance.start()
             self._running = True
 
@@ -233,7 +234,8 @@ class Broker(ProduceEngine):
     def do_maintenance(self) -> None:
         """One maintenance pass (the background service runs it; tests may call it)."""
         now = self._clock()
-        if now - self._last_revive >= self.config.pop_revive_interval_ms:
+        if now - self._last_revive >= self.config.pop_revive_interval_ms \
+                and not self.config.replica:
             self._last_revive = now
             _, wake = self._pop.revive(self.max_delivery_attempts)
             for topic in wake:
@@ -297,6 +299,29 @@ class Broker(ProduceEngine):
 
     def groups(self) -> list[SubscriptionGroupConfig]:
         return self._groups.all()
+
+    # ------------------------------------------------------------------ replication
+    def config_snapshot(self) -> dict[str, Any]:
+        """Topics, groups and committed offsets, JSON-shaped: what a master sends its
+        slaves (docs/ha.md, config sync)."""
+        return {"topics": [c.to_json() for c in self._topics.all()],
+                "groups": [c.to_json() for c in self._groups.all()],
+                "offsets": self._offsets.snapshot()}
+
+    def apply_config_snapshot(self, snapshot: Mapping[str, Any]) -> None:
+        """A slave takes its master's topics and groups (created or updated; none
+        removed) and its committed offsets (the whole table). ValueError/KeyError/
+        ConfigShapeError on a malformed snapshot, before anything changed for the bad
+        part."""
+        if not self.config.replica:
+            raise InvalidArgument("only a slave takes its master's configuration")
+        topics = [TopicConfig.from_json(t) for t in snapshot.get("topics", [])]
+        groups = [SubscriptionGroupConfig.from_json(g) for g in snapshot.get("groups", [])]
+        for topic in topics:
+            self._topics.put(topic)
+        for group in groups:
+            self._groups.put(group)
+        self._offsets.replace(dict(snapshot.get("offsets", {})))
 
     def _group(self, group: str) -> SubscriptionGroupConfig:
         validate_group_name(group)

@@ -51,6 +51,11 @@ DEFAULT_DELAY_LEVELS_MS: tuple[int, ...] = parse_delay_levels(DEFAULT_DELAY_LEVE
 class BrokerConfig:
     """Everything the delivery layer needs to know."""
 
+    # --- replication: a slave's broker writes nothing of its own to the commitlog (no
+    # delayed-message delivery, no transaction checks, no pop revive): its commitlog is
+    # its master's, byte for byte (docs/ha.md)
+    replica: bool = False
+
     # --- topics and groups
     auto_create_topic: bool = True
     auto_create_subscription_group: bool = True

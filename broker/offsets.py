@@ -107,6 +107,21 @@ class ConsumerOffsetManager:
             raise
         return True
 
+    def snapshot(self) -> dict[str, dict[str, int]]:
+        """The whole table in `consumerOffset.json`'s shape (a slave's config sync)."""
+        with self._lock:
+            return {k: {str(q): o for q, o in sorted(v.items())}
+                    for k, v in sorted(self._table.items())}
+
+    def replace(self, table: dict[str, Any]) -> None:
+        """Take a master's table as it is (`snapshot()`'s shape; ConfigShapeError when it
+        is not): a slave keeps its master's committed offsets."""
+        parsed = self.parse({"offsetTable": table})
+        with self._lock:
+            if parsed != self._table:
+                self._table = parsed
+                self._dirty = True
+
     def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         if not isinstance(offset, int) or offset < 0:
             raise InvalidArgument(f"offset {offset!r} must be a non-negative integer")

@@ -42,7 +42,8 @@ def _target(p: argparse.ArgumentParser) -> None:
 def register(sub: Any) -> None:
     p = sub.add_parser("admin", help="administer topics and groups", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    nouns = p.add_subparsers(dest="admin_noun", metavar="<topic|group|store|message|dlq>")
+    nouns = p.add_subparsers(dest="admin_noun",
+                             metavar="<topic|group|store|message|dlq|broker>")
     topic = nouns.add_parser("topic", help="create, list and show topics")
     tverbs = topic.add_subparsers(dest="verb", metavar="<create|list|show|status|delete>")
     c = tverbs.add_parser("create", help="create or update a topic (mqadmin updateTopic)")
@@ -79,12 +80,19 @@ def register(sub: Any) -> None:
     _target(gl)
     gl.set_defaults(handler=_run("ListGroups", lambda a: {}))
     store = _register_store(nouns)
+    broker = nouns.add_parser("broker", help="a broker's replication role and lag")
+    bverbs = broker.add_subparsers(dest="verb", metavar="<status>")
+    bs = bverbs.add_parser(
+        "status", help="replication: role, commitlog end, each slave's acknowledged offset "
+                       "and lag in bytes (docs/ha.md)")
+    _target(bs)
+    bs.set_defaults(handler=_run("HaStatus", lambda a: {}))
     from reliable_cli.admin_message import register as register_messages
     from reliable_cli.admin_ops import register as register_ops
 
     message = register_messages(nouns, tverbs, _target)
     dlq = register_ops(nouns, tverbs, gverbs, _target)
-    for parser in (p, topic, group, store, message, dlq):
+    for parser in (p, topic, group, store, message, dlq, broker):
         parser.set_defaults(handler=lambda _a, parser=parser: (
             parser.print_help(sys.stderr), ExitCode.USAGE)[1])
 

@@ -86,6 +86,23 @@ def register(sub: Any) -> None:
                    help="largest message body accepted, bytes (default 4 MiB); a body of "
                         "exactly this size is accepted, a larger one refused with "
                         "MESSAGE_BODY_TOO_LARGE")
+    ha = s.add_argument_group("replication (docs/ha.md; default: a single broker, none)")
+    ha.add_argument("--role", choices=("none", "async-master", "sync-master", "slave"),
+                    default="none",
+                    help="replication role: a master streams its commitlog to its slaves "
+                         "on --ha-port; a slave copies its master's and takes no writes")
+    ha.add_argument("--broker-name", default="broker-a",
+                    help="the broker group's name (default broker-a)")
+    ha.add_argument("--broker-id", type=int, default=None,
+                    help="0 for a master (the default), 1.. for a slave")
+    ha.add_argument("--ha-port", type=int, default=10912,
+                    help="a master's replication port, on --host (default 10912)")
+    ha.add_argument("--master", default=None, metavar="HOST:HAPORT",
+                    help="a slave's master (its --host and --ha-port)")
+    ha.add_argument("--ha-sync-timeout-ms", type=int, default=3000, metavar="MS",
+                    help="sync-master: longest wait for a slave to acknowledge a send; "
+                         "then the producer gets SLAVE_PERSISTENCE_TIMEOUT and retries "
+                         "(default 3000)")
     observe.add_arguments(s)
     s.set_defaults(handler=start)
     p.set_defaults(handler=lambda _a: (p.print_help(sys.stderr), ExitCode.USAGE)[1])
@@ -100,6 +117,7 @@ def start(args: argparse.Namespace) -> int:
     from broker.broker import Broker
     from broker.config import BrokerConfig
     from broker.errors import BrokerError
+    from broker.ha import HaMaster, HaRole, HaSlave
     from broker.server import MessagingServer, ServerConfig, ServerStartError
     from broker.store.config import (
         FlushMode,
@@ -153,8 +171,15 @@ def start(args: argparse.Namespace) -> int:
     }
     if args.delay_levels:
         broker_kwargs["message_delay_level"] = args.delay_levels
+    try:
+        ha_config = _ha_config(args)
+    except ValueError as exc:
+        return _fail(str(exc))
+    if ha_config.role is HaRole.SLAVE:
+        broker_kwargs["replica"] = True
     server_config = ServerConfig(
         host=args.host, port=args.port, advertised_host=args.advertise,
+        broker_name=args.broker_name, read_only=ha_config.role is HaRole.SLAVE,
         tls_cert=args.tls_cert, tls_key=args.tls_key, credentials=credentials,
         max_body_size=args.max_body_size, min_invisible_ms=args.min_invisible_ms,
         max_long_polling_ms=args.long_polling_ms,
@@ -178,15 +203,37 @@ def start(args: argparse.Namespace) -> int:
         broker.start()
     except (BrokerError, StoreError, OSError) as exc:
         return _fail(f"cannot start the broker: {exc}", ExitCode.FAILURE)
+    replication: HaMaster | HaSlave | None = None
+    try:
+        if ha_config.role.is_master:
+            replication = HaMaster(broker.store, ha_config)
+        elif ha_config.role is HaRole.SLAVE:
+            replication = HaSlave(broker.store, ha_config)
+        if isinstance(replication, HaMaster):
+            replication.config_source = broker.config_snapshot
+        elif isinstance(replication, HaSlave):
+            replication.config_sink = broker.apply_config_snapshot
+        if replication is not None:
+            replication.start()
+    except OSError as exc:
+        broker.shutdown()
+        return _fail(f"cannot serve replication on {args.host}:{args.ha_port}: {exc}",
+                     ExitCode.UNAVAILABLE)
     # the event loop, the gRPC threads, the call pool and the store's services hand the GIL
     # to each other on every request; the default 5 ms switch interval turns each handoff
     # into a wait (measured: 9.5 ms per send at 5 ms, 2.3 ms at 0.5 ms)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     stop = threading.Event()
     server = MessagingServer(broker, server_config)
+    if replication is not None:
+        server.ctx.ha_status = replication.status  # the admin service's HaStatus
+    if ha_config.role is HaRole.SYNC_MASTER and isinstance(replication, HaMaster):
+        server.ctx.replication = replication  # sends wait for a slave's acknowledgement
     try:
         server.start()
     except ServerStartError as exc:
+        if replication is not None:
+            replication.stop()
         broker.shutdown()
         return _fail(f"cannot serve on {args.host}:{args.port}: {exc}", ExitCode.UNAVAILABLE)
 
@@ -199,12 +246,21 @@ def start(args: argparse.Namespace) -> int:
         endpoint = _metrics_endpoint(args, broker, server, stop)
     except OSError as exc:
         server.stop(grace_s=0)
+        if replication is not None:
+            replication.stop()
         broker.shutdown()
         return _fail(f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {exc}",
                      ExitCode.UNAVAILABLE)
     if broker.store.created:
         print(f"reliable broker: created a new store at {describe(broker.store.config)}",
               flush=True)
+    # before the ready line: whoever waits for it knows the role too
+    if isinstance(replication, HaMaster):
+        print(f"reliable broker: {ha_config.role.value} {args.broker_name}, replication on "
+              f"{args.host}:{replication.port}", flush=True)
+    elif isinstance(replication, HaSlave):
+        print(f"reliable broker: slave {args.broker_name}/{ha_config.broker_id} of "
+              f"{args.master} (read-only)", flush=True)
     print(f"reliable broker: serving on {args.host}:{server.port} "
           f"(store {store_dir}, flush {args.flush})", flush=True)
     try:
@@ -213,11 +269,37 @@ def start(args: argparse.Namespace) -> int:
                 return _fail("the server stopped unexpectedly", ExitCode.FAILURE)
     finally:
         server.stop(grace_s=2.0)
+        if replication is not None:
+            replication.stop()
         broker.shutdown()
         if endpoint is not None:
             endpoint.stop()
     print("reliable broker: stopped", flush=True)
     return ExitCode.OK
+
+
+def _ha_config(args: argparse.Namespace) -> Any:
+    """The replication settings the options give (ValueError: a usage error)."""
+    from broker.ha import HaConfig, HaRole
+    from broker.ha.config import parse_address
+
+    role = HaRole(args.role)
+    if role is HaRole.NONE:
+        if args.master is not None:
+            raise ValueError("--master is for --role slave")
+        return HaConfig()
+    if role is HaRole.SLAVE and args.master is None:
+        raise ValueError("--role slave needs --master HOST:HAPORT")
+    if role is not HaRole.SLAVE and args.master is not None:
+        raise ValueError("--master is for --role slave")
+    broker_id = args.broker_id if args.broker_id is not None else (
+        1 if role is HaRole.SLAVE else 0)
+    config = HaConfig(role=role, broker_name=args.broker_name, broker_id=broker_id,
+                      host=args.host, port=args.ha_port,
+                      sync_timeout_ms=args.ha_sync_timeout_ms,
+                      master=parse_address(args.master) if args.master else None)
+    config.validate()
+    return config
 
 
 def _metrics_endpoint(args: argparse.Namespace, broker: Any, server: Any,

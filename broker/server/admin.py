@@ -18,6 +18,7 @@ are UTF-8 JSON objects (no generated stubs needed):
 | `ListParkedGroups` | `{group?}`                                       | `{parked: [...]}`   |
 | `UnparkMessageGroup` | `{group, topic, message_group}`                | `{unparked: bool}`  |
 | `MakeGroupFifo` | `{group}`                                          | the group           |
+| `HaStatus`    | `{}`                                                 | role, offsets, lag  |
 
 `SetGroupStart` is what a consumer calls when it joins: on every queue of `topic` where the
 group has no committed offset yet it commits the start (`FIRST`: the queue's first message
@@ -25,6 +26,10 @@ still held, `LAST`: its end, `TIMESTAMP`: the first message stored at/after `tim
 30 minutes ago by default); queues the group already consumed keep their offset. Without
 it, a group's first receive starts at the queue's start while nothing was cleaned from it
 (RocketMQ's pop behaviour).
+
+`HaStatus` is the broker's replication state (docs/ha.md): its role, its commitlog end,
+and for a master each connected slave's acknowledged offset and lag in bytes, for a slave
+its master and its lag; `{"role": "none"}` for a single broker (and for `--store`).
 
 `MakeGroupFifo` is what an orderly consumer calls when it joins: the server delivers a
 group's messages in message-group order only when the group is FIFO, so the group is
@@ -98,6 +103,7 @@ class AdminOps:
             "SetGroupStart": self.set_group_start, "ParkMessageGroup": self.park,
             "ListParkedGroups": self.list_parked, "UnparkMessageGroup": self.unpark,
             "MakeGroupFifo": self.make_group_fifo,
+            "HaStatus": lambda params: {"role": "none"},
         }
         self.methods.update(operator_methods(broker))
 
@@ -243,6 +249,8 @@ def _encode(value: dict[str, Any]) -> bytes:
 def admin_handler(ctx: Any) -> Any:
     """The generic gRPC handler serving `reliable.admin.v1.Admin` over `ctx.broker`."""
     ops = AdminOps(ctx.broker)
+    ops.methods["HaStatus"] = lambda params: (
+        ctx.ha_status() if ctx.ha_status is not None else {"role": "none"})
 
     def method(name: str) -> Any:
         async def handle(params: dict[str, Any], context: Any) -> dict[str, Any]:

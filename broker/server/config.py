@@ -19,6 +19,9 @@ class ServerConfig:
     # the endpoint advertised in routes when a client's request does not name one
     advertised_host: str | None = None
     broker_name: str = "broker-a"
+    # a slave (docs/ha.md): its commitlog is its master's copy, so every call that would
+    # write to it (sends, transactions, receives, acks) is refused with FORBIDDEN
+    read_only: bool = False
 
     # --- TLS: both files, or neither (plaintext)
     tls_cert: Path | None = None

@@ -14,10 +14,11 @@ import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 from broker.broker import Broker
 from broker.clock import wall_ms
+from broker.errors import BrokerError
 from broker.server import auth
 from broker.server.config import ServerConfig
 from broker.server.errors import ClientIdRequired
@@ -45,6 +46,14 @@ def _settle(future: asyncio.Future[bool], ok: bool) -> None:
         future.set_result(ok)
 
 
+class SyncReplication(Protocol):
+    """A SYNC_MASTER's gate (`broker.ha.HaMaster`): a send is answered once a slave has
+    its bytes; `callback(None)` then, else with the error to answer (on any thread)."""
+
+    def when_replicated(self, end: int,
+                        callback: Callable[[BrokerError | None], None]) -> None: ...
+
+
 class ServerContext:
     def __init__(self, broker: Broker, config: ServerConfig, *,
                  clock: Callable[[], int] | None = None) -> None:
@@ -66,6 +75,10 @@ class ServerContext:
         self.closing = False  # set at shutdown: parked polls answer, streams end
         # seconds from a SendMessage request to its answer, one observation per request
         self.send_seconds = Histogram()
+        # SYNC_MASTER: sends are answered once a slave has them (None: no such wait)
+        self.replication: SyncReplication | None = None
+        # the admin service's HaStatus (broker.ha's `status`); None: no replication role
+        self.ha_status: Callable[[], dict[str, Any]] | None = None
 
     # --- broker calls
     async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:

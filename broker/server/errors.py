@@ -119,6 +119,14 @@ class Forbidden(ServerError):
     status_code = Code.FORBIDDEN
 
 
+class ReadOnlySlave(Forbidden):
+    """This broker is a slave: its commitlog is its master's copy and takes no writes."""
+
+    def __init__(self) -> None:
+        super().__init__("this broker is a slave (read-only replica of its master): "
+                         "send to the master of its broker group")
+
+
 class ConsumerGroupNotFound(ServerError):
     """The consumer group does not exist and auto-creation is off."""
 

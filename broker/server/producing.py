@@ -57,6 +57,12 @@ def _not_acknowledged(result: SendResult) -> Any:
         result.status, ResponseCode.SYSTEM_ERROR)))
 
 
+def _settle_error(future: asyncio.Future[BaseException | None],
+                  error: BaseException | None) -> None:
+    if not future.done():
+        future.set_result(error)
+
+
 def _settle(future: asyncio.Future[bool], ok: bool) -> None:
     if not future.done():
         future.set_result(ok)
@@ -269,6 +275,10 @@ class ProducerHandlers:
                 durable = await asyncio.shield(future)
         status = ok() if durable else make_status(
             Code.MASTER_PERSISTENCE_TIMEOUT, "stored, but not flushed to disk in time")
+        if durable and stored and end > 0 and self.ctx.replication is not None:
+            refused = await self._replicated(end, loop)
+            if refused is not None:
+                status = status_of(refused)
         for i, result in stored:
             entry = service_pb2.SendResultEntry()
             entry.status.CopyFrom(status)
@@ -305,12 +315,32 @@ class ProducerHandlers:
         entry.offset = result.queue_offset
         if result.status is not PutMessageStatus.PUT_OK:  # stored, not acknowledged
             entry.status.CopyFrom(_not_acknowledged(result))
+        elif self.ctx.replication is not None:
+            # the log's end now is at or past this record's: a slave having it has the record
+            end = self.ctx.broker.store.get_commitlog_max_offset()
+            refused = await self._replicated(end, asyncio.get_running_loop())
+            if refused is not None:
+                entry.status.CopyFrom(status_of(refused))
         if transactional:
             entry.transaction_id = encode_transaction_id(
                 result.offset_msg_id, result.transaction_id or sp.message_id)
         if result.recall_handle:  # a delayed message, waiting in the schedule topic
             entry.recall_handle = result.recall_handle
         return entry
+
+    async def _replicated(self, end: int, loop: asyncio.AbstractEventLoop
+                          ) -> BaseException | None:
+        """SYNC_MASTER: wait (holding no thread) until a slave has the log up to `end`;
+        None then, else the error the send is answered with (the client retries it)."""
+        gate = self.ctx.replication
+        assert gate is not None
+        future: asyncio.Future[BaseException | None] = loop.create_future()
+
+        def done(error: BaseException | None) -> None:  # on a replication thread
+            loop.call_soon_threadsafe(_settle_error, future, error)
+
+        gate.when_replicated(end, done)
+        return await asyncio.shield(future)
 
     def _remember(self, key: bytes, entry: Any) -> None:
         self._recent.put(key, entry.SerializeToString())

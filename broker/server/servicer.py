@@ -24,7 +24,7 @@ from broker.server.clients import ClientHandlers
 from broker.server.consuming import ConsumerHandlers
 from broker.server.context import CallInfo, ServerContext
 from broker.server.decoding import Undecodable, parser
-from broker.server.errors import NotImplementedByServer, ServerError
+from broker.server.errors import NotImplementedByServer, ReadOnlySlave, ServerError
 from broker.server.offsets import OffsetHandlers
 from broker.server.producing import ProducerHandlers
 from broker.server.status import status_of
@@ -50,6 +50,10 @@ def add_to_server(servicer: MessagingServicer, server: Any) -> None:
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
 
 
+async def _refuse_on_slave(request: Any, call: CallInfo) -> Any:
+    raise ReadOnlySlave()
+
+
 class MessagingServicer:
     """Registered with `add_to_server` (duck-typed, no base class)."""
 
@@ -59,6 +63,18 @@ class MessagingServicer:
         self.producing = ProducerHandlers(ctx, self.clients)
         self.consuming = ConsumerHandlers(ctx, self.clients)
         self.offsets = OffsetHandlers(ctx)
+        # a slave's writes are refused by handlers chosen here, once: a master's calls
+        # take no extra step
+        self._send: Handler = self.producing.send
+        self._end_transaction: Handler = self.producing.end_transaction
+        self._recall: Handler = self.producing.recall
+        self._ack: Handler = self.consuming.ack
+        self._forward: Handler = self.consuming.forward_to_dlq
+        self._change_invisible: Handler = self.consuming.change_invisible_duration
+        self._read_only = ctx.config.read_only
+        if self._read_only:
+            self._send = self._end_transaction = self._recall = _refuse_on_slave
+            self._ack = self._forward = self._change_invisible = _refuse_on_slave
 
     async def _unary(self, context: Any, response_type: Any, handler: Handler,
                      request: Any) -> Any:
@@ -82,7 +98,7 @@ class MessagingServicer:
 
     async def SendMessage(self, request: Any, context: Any) -> Any:
         return await self._unary(context, service_pb2.SendMessageResponse,
-                                 self.producing.send, request)
+                                 self._send, request)
 
     async def QueryAssignment(self, request: Any, context: Any) -> Any:
         return await self._unary(context, service_pb2.QueryAssignmentResponse,
@@ -96,6 +112,10 @@ class MessagingServicer:
             except Exception as exc:
                 for response in self._refused_receive(exc):
                     yield response
+            return
+        if self._read_only:
+            for response in self._refused_receive(ReadOnlySlave()):
+                yield response
             return
         answered = False
         try:
@@ -117,16 +137,16 @@ class MessagingServicer:
 
     async def AckMessage(self, request: Any, context: Any) -> Any:
         return await self._unary(context, service_pb2.AckMessageResponse,
-                                 self.consuming.ack, request)
+                                 self._ack, request)
 
     async def ForwardMessageToDeadLetterQueue(self, request: Any,
                                               context: Any) -> Any:
         return await self._unary(context, service_pb2.ForwardMessageToDeadLetterQueueResponse,
-                                 self.consuming.forward_to_dlq, request)
+                                 self._forward, request)
 
     async def EndTransaction(self, request: Any, context: Any) -> Any:
         return await self._unary(context, service_pb2.EndTransactionResponse,
-                                 self.producing.end_transaction, request)
+                                 self._end_transaction, request)
 
     async def Telemetry(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
         async for command in self.clients.telemetry(request_iterator, context):
@@ -142,11 +162,11 @@ class MessagingServicer:
 
     async def ChangeInvisibleDuration(self, request: Any, context: Any) -> Any:
         return await self._unary(context, service_pb2.ChangeInvisibleDurationResponse,
-                                 self.consuming.change_invisible_duration, request)
+                                 self._change_invisible, request)
 
     async def RecallMessage(self, request: Any, context: Any) -> Any:
         return await self._unary(context, service_pb2.RecallMessageResponse,
-                                 self.producing.recall, request)
+                                 self._recall, request)
 
     async def GetOffset(self, request: Any, context: Any) -> Any:
         return await self._unary(context, service_pb2.GetOffsetResponse,

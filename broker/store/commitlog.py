@@ -29,11 +29,13 @@ from broker.store import codec
 from broker.store.batch import RecordBatch
 from broker.store.codec import (
     BLANK,
+    BLANK_MAGIC_CODE,
     END_FILE_MIN_BLANK_LENGTH,
     FIXED_SIZE,
     RECORD_MAGIC_CODE,
     RECORD_MAGIC_CODES,
     EncodeError,
+    check_message_and_return_size,
     decode_message,
     encode_blank,
     encode_host,
@@ -42,7 +44,7 @@ from broker.store.codec import (
     record_crc,
 )
 from broker.store.config import FlushMode, StoreConfig
-from broker.store.errors import StoreNotRunning
+from broker.store.errors import ReplicaRejected, StoreNotRunning
 from broker.store.flush import FlushCommitLogService, GroupCommitService
 from broker.store.mapped_file import MappedFile
 from broker.store.mapped_file_queue import MappedFileAllocator, MappedFileQueue
@@ -460,6 +462,72 @@ class CommitLog:
         assert isinstance(service, GroupCommitService)
         return service.wait_flushed(end, self.config.sync_flush_timeout_ms / 1000)
 
+    # --- replication (a slave's commitlog; never called on the put path)
+    def append_raw(self, offset: int, data: bytes | bytearray | memoryview) -> int:
+        """Write records replicated from a master at `offset`, byte for byte; the new end.
+
+        `data` must start at this log's end and hold whole records of one file, each
+        checked before a byte is written (framing, RECORDCRC or BODYCRC, PHYSICALOFFSET
+        equal to its position), optionally ending with the blank record that closes the
+        file. Raises `ReplicaRejected` otherwise, and nothing is written. The records keep
+        the master's queue offsets and store times; the topic-queue table follows them and
+        the dispatcher builds consume queues and the index as for any append.
+        """
+        view = memoryview(data)
+        n = len(view)
+        if n == 0:
+            raise ReplicaRejected(offset, "empty")
+        with self._lock:
+            if self._closed:
+                raise StoreNotRunning(self.queue.directory, "commitlog", "closed")
+            end = self.queue.get_max_offset()
+            files = self.queue.mapped_files
+            if not files and offset % self.file_size == 0:
+                end = offset  # an empty slave starts at the master's first file
+            if offset != end:
+                raise ReplicaRejected(offset, f"this log ends at {end}")
+            pos = offset % self.file_size
+            if pos + n > self.file_size:
+                raise ReplicaRejected(offset, "crosses a file boundary")
+            table_updates, last_ts, count = _check_replica(view, offset, pos, self.file_size)
+            mf = self.queue.get_last_mapped_file(offset, create=True)
+            if mf is None or mf.file_from_offset + mf.wrote_position != offset:
+                raise ReplicaRejected(offset, "no file starts there")
+            mf.mapping[pos:pos + n] = view
+            mf.wrote_position = mf.committed_position = pos + n
+            self.topic_queue_table.update(table_updates)
+            if last_ts > self.last_store_timestamp:
+                self.last_store_timestamp = last_ts
+            self.records_put += count
+        if self.on_append is not None:
+            self.on_append()
+        return offset + n
+
+    def read_records(self, offset: int, limit: int) -> bytes:
+        """Whole records from `offset` (a record's start), within one file: up to `limit`
+        bytes, or the one record there when it alone is larger; a file's closing blank
+        record goes with them. Empty when nothing is written there yet."""
+        mf = self.queue.find_mapped_file_by_offset(offset)
+        if mf is None or not mf.hold():
+            return b""
+        try:
+            pos = offset - mf.file_from_offset
+            wrote = mf.wrote_position
+            if pos < 0 or pos >= wrote:
+                return b""
+            mm = mf.mapping
+            at = pos
+            while at < wrote:
+                total = BLANK.unpack_from(mm, at)[0]
+                if total <= 0 or at + total > wrote:  # pragma: no cover - below wrote_position
+                    break
+                if at > pos and at + total - pos > limit:
+                    break
+                at += total
+            return mf.read(pos, at - pos)
+        finally:
+            mf.release()
+
     # --- reading
     def get_message(self, offset: int, size: int) -> bytes | None:
         """Bytes [offset, offset+size) when they are all written, else None."""
@@ -590,3 +658,34 @@ class _Warmer:
             except Exception:  # pragma: no cover - populate swallows the expected ones
                 log.exception("warming %s failed", mf.path.name)
                 mf.warming = False
+
+
+def _check_replica(view: memoryview, offset: int, pos: int,
+                   file_size: int) -> tuple[dict[str, int], int, int]:
+    """Check every record of a replicated chunk: the topic-queue table entries it moves,
+    its last store time, its number of records. `ReplicaRejected` at the first bad one."""
+    updates: dict[str, int] = {}
+    last_ts = 0
+    count = 0
+    at = 0
+    n = len(view)
+    while at < n:
+        if n - at < END_FILE_MIN_BLANK_LENGTH:
+            raise ReplicaRejected(offset + at, "a record is cut short")
+        total, magic = BLANK.unpack_from(view, at)
+        if magic == BLANK_MAGIC_CODE:
+            if total != file_size - (pos + at) or at + total != n:
+                raise ReplicaRejected(offset + at, "a blank record that does not end the file")
+            return updates, last_ts, count
+        if total < FIXED_SIZE or at + total > n:
+            raise ReplicaRejected(offset + at, "a record is cut short")
+        size, request = check_message_and_return_size(view[at:at + total], 0, True,
+                                                      offset + at)
+        if size != total or request is None:
+            raise ReplicaRejected(offset + at, "a record fails its checks")
+        if is_queued(request.sys_flag):
+            updates[f"{request.topic}-{request.queue_id}"] = request.queue_offset + 1
+        last_ts = request.store_timestamp
+        count += 1
+        at += total
+    return updates, last_ts, count

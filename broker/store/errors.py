@@ -113,3 +113,12 @@ class InvalidQuery(StoreError):
         self.argument = argument  # which argument: "key", "time range", "message id"
         self.reason = reason
         super().__init__(reason)
+
+
+class ReplicaRejected(StoreError):
+    """Bytes replicated from a master are not whole, valid records at this log's end."""
+
+    def __init__(self, offset: int, reason: str) -> None:
+        self.offset = offset
+        self.reason = reason
+        super().__init__(f"replicated bytes at commitlog offset {offset} rejected: {reason}")

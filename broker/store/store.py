@@ -52,7 +52,7 @@ from broker.store.config import (
 )
 from broker.store.consume_queue_store import ConsumeQueueStore
 from broker.store.dispatcher import CommitLogDispatcher, ReputService
-from broker.store.errors import InvalidQuery
+from broker.store.errors import InvalidQuery, StoreNotRunning
 from broker.store.index_service import IndexService
 from broker.store.json_config import JsonConfigFile
 from broker.store.message import (
@@ -472,6 +472,18 @@ class MessageStore:
     # ------------------------------------------------------------------ admin
     def get_commitlog_min_offset(self) -> int:
         return self.commitlog.get_min_offset()
+
+    def append_replica(self, offset: int, data: bytes | bytearray | memoryview) -> int:
+        """A slave's write: records replicated from its master, at the same offsets
+        (`CommitLog.append_raw`); the new commitlog end. Raises `StoreNotRunning` when
+        stopped, `ReplicaRejected` when the bytes are not valid records at the log's end."""
+        if not self.running:
+            raise StoreNotRunning(self.config.store_dir, "store", "not running")
+        return self.commitlog.append_raw(offset, data)
+
+    def read_replica(self, offset: int, limit: int) -> bytes:
+        """A master's read for its slaves: whole records from `offset`, within one file."""
+        return self.commitlog.read_records(offset, limit)
 
     def get_commitlog_max_offset(self) -> int:
         return self.commitlog.get_max_offset()

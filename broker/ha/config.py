@@ -1,0 +1,58 @@
+"""Roles and settings of replication."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class HaRole(enum.Enum):
+    """RocketMQ's brokerRole. NONE: the single broker, no replication at all."""
+
+    NONE = "none"
+    ASYNC_MASTER = "async-master"
+    SYNC_MASTER = "sync-master"
+    SLAVE = "slave"
+
+    @property
+    def is_master(self) -> bool:
+        return self in (HaRole.ASYNC_MASTER, HaRole.SYNC_MASTER)
+
+
+@dataclass(frozen=True)
+class HaConfig:
+    role: HaRole = HaRole.NONE
+    broker_name: str = "broker-a"
+    broker_id: int = 0  # 0: the master of its group; slaves 1, 2, ...
+    host: str = "127.0.0.1"  # the master's HA listener
+    port: int = 10912  # 0: any free port (tests)
+    master: tuple[str, int] | None = None  # a slave's master (HOST, HAPORT)
+    max_chunk_bytes: int = 1024 * 1024  # bytes of records in one frame (a larger record alone)
+    heartbeat_ms: int = 1000  # a frame (or a report) at least this often on an idle link
+    idle_timeout_ms: int = 10_000  # a link silent this long is dropped (and redialled)
+    reconnect_ms: int = 1000  # a slave's wait before dialling again
+    config_sync_ms: int = 5000  # how often a master sends its topics, groups, offsets
+    sync_timeout_ms: int = 3000  # SYNC_MASTER: longest wait for a slave's acknowledgement
+
+    def validate(self) -> None:
+        if self.role is HaRole.SLAVE:
+            if self.master is None:
+                raise ValueError("a slave needs its master's HOST:HAPORT")
+            if self.broker_id < 1:
+                raise ValueError("a slave's broker id is 1 or more (0 is the master)")
+        elif self.role.is_master and self.broker_id != 0:
+            raise ValueError("a master's broker id is 0")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"HA port {self.port} out of range")
+        if self.sync_timeout_ms < 1:
+            raise ValueError("the sync timeout must be at least 1 ms")
+        if self.max_chunk_bytes < 1:
+            raise ValueError("max_chunk_bytes must be at least 1")
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """'HOST:PORT' -> (HOST, PORT); ValueError when it is not one."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ValueError(f"{text!r} is not HOST:PORT")
+    return host, int(port)

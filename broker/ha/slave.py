@@ -1,0 +1,148 @@
+"""The slave's side: dial the master, write what it streams, report how far it has it.
+
+One thread: connect, say where this commitlog ends (hello), then for each frame write
+the records at the same offsets (`MessageStore.append_replica`, which checks each record
+first), wait for the fsync when the store flushes synchronously, and report the new end.
+A dropped link, a refused chunk or a master that is down: wait `reconnect_ms` and dial
+again from wherever this log ends (the master resends from there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from broker.ha.config import HaConfig
+from broker.ha.protocol import (
+    CONFIG_FRAME,
+    FRAME,
+    MAX_FRAME,
+    REPORT,
+    HaProtocolError,
+    pack_hello,
+    recv_exact,
+)
+from broker.store.config import FlushMode
+from broker.store.errors import StoreError
+from broker.store.store import MessageStore
+
+log = logging.getLogger(__name__)
+
+
+class HaSlave:
+    """Keeps this store's commitlog a copy of the master's."""
+
+    def __init__(self, store: MessageStore, config: HaConfig) -> None:
+        if config.master is None:
+            raise ValueError("a slave needs its master's address")
+        self.store = store
+        self.config = config
+        self.master = config.master
+        self._stopped = threading.Event()
+        self._sock: socket.socket | None = None
+        self._thread = threading.Thread(target=self._run, name="ha-slave", daemon=True)
+        self.connected = False
+        self.master_max_offset = -1  # the master's log end, from its last heartbeat/frame
+        self.last_frame_ms = 0
+        # takes the master's topics, groups and offsets (`Broker.apply_config_snapshot`)
+        self.config_sink: Callable[[dict[str, Any]], None] | None = None
+        self.config_synced_ms = 0  # when the last configuration was applied
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def status(self) -> dict[str, Any]:
+        """The admin service's `HaStatus` of a slave: how far behind its master it is
+        (as of the master's last frame or heartbeat)."""
+        end = self.store.get_commitlog_max_offset()
+        known = self.master_max_offset
+        return {"role": "slave", "broker_name": self.config.broker_name,
+                "broker_id": self.config.broker_id,
+                "master": f"{self.master[0]}:{self.master[1]}", "connected": self.connected,
+                "max_offset": end, "master_max_offset": known,
+                "lag_bytes": max(known - end, 0) if known >= 0 else None,
+                "last_frame_ms": self.last_frame_ms,
+                "config_synced_ms": self.config_synced_ms}
+
+    def stop(self) -> None:
+        self._stopped.set()
+        sock = self._sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        wait_s = self.config.reconnect_ms / 1000
+        while not self._stopped.is_set():
+            try:
+                self._session()
+            except (HaProtocolError, OSError, StoreError) as exc:
+                if not self._stopped.is_set():
+                    log.warning("replication from %s:%d: %s; dialling again in %.1f s",
+                                *self.master, exc, wait_s)
+            finally:
+                self.connected = False
+                sock, self._sock = self._sock, None
+                if sock is not None:
+                    sock.close()
+            self._stopped.wait(wait_s)
+
+    def _apply_config(self, data: bytes) -> None:
+        """Take the master's configuration; a bad one is logged and skipped (the log
+        copy goes on, the next one comes in `config_sync_ms`)."""
+        sink = self.config_sink
+        if sink is None:
+            return
+        try:
+            snapshot = json.loads(data)
+            if not isinstance(snapshot, dict):
+                raise ValueError("not a JSON object")
+            sink(snapshot)
+        except Exception as exc:
+            log.warning("replication: the master's configuration was not applied: %s", exc)
+            return
+        self.config_synced_ms = int(time.time() * 1000)
+
+    def _session(self) -> None:
+        cfg = self.config
+        store = self.store
+        sock = socket.create_connection(self.master, timeout=cfg.idle_timeout_ms / 1000)
+        self._sock = sock
+        if self._stopped.is_set():
+            return
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        end = store.get_commitlog_max_offset()
+        sock.sendall(pack_hello(end))
+        self.connected = True
+        log.info("replication: connected to %s:%d, this log ends at %d", *self.master, end)
+        sync = store.config.flush_mode is FlushMode.SYNC_FLUSH
+        heartbeat_s = cfg.heartbeat_ms / 1000
+        last_report = time.monotonic()
+        while not self._stopped.is_set():
+            offset, length = FRAME.unpack(recv_exact(sock, FRAME.size))
+            self.last_frame_ms = int(time.time() * 1000)
+            if length == 0:  # a heartbeat: the master's log end
+                self.master_max_offset = offset
+                if time.monotonic() - last_report >= heartbeat_s / 2:
+                    sock.sendall(REPORT.pack(store.get_commitlog_max_offset()))
+                    last_report = time.monotonic()
+                continue
+            if length > MAX_FRAME:
+                raise HaProtocolError(f"a frame of {length} bytes")
+            data = recv_exact(sock, length)
+            if offset == CONFIG_FRAME:
+                self._apply_config(data)
+                continue
+            end = store.append_replica(offset, data)
+            self.master_max_offset = max(self.master_max_offset, end)
+            if sync and not store.commitlog.wait_flushed(end):
+                raise HaProtocolError(f"this store did not fsync up to {end} in time")
+            sock.sendall(REPORT.pack(end))
+            last_report = time.monotonic()

@@ -1,0 +1,224 @@
+"""Master/slave replication with real broker processes on loopback (docs/ha.md)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.grpc import official
+from tests.e2e.grpc.server_process import ServerProcess
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _digest(store: Path) -> list[tuple[str, str]]:
+    """Every commitlog file by name and SHA-256. The files are preallocated with zeros,
+    so equal digests mean the same records at the same offsets and nothing beyond."""
+    return [(p.name, hashlib.sha256(p.read_bytes()).hexdigest())
+            for p in sorted((store / "commitlog").iterdir()) if p.name.isdigit()]
+
+
+def _ha_status(endpoint: str) -> dict[str, Any]:
+    """`reliable admin broker status --json` of a running broker."""
+    out = subprocess.run([sys.executable, "-m", "reliable_cli", "admin", "broker", "status",
+                          "--endpoint", endpoint, "--json"], capture_output=True, text=True,
+                         check=True, timeout=60)
+    value: dict[str, Any] = json.loads(out.stdout)
+    return value
+
+
+def _send(endpoint: str, topic: str, first: int, count: int) -> set[str]:
+    producer = official.producer(endpoint, [topic])
+    try:
+        return {producer.send(official.message(topic, f"m{i}".encode() * 50,
+                                               keys=[f"k{i}"])).message_id
+                for i in range(first, first + count)}
+    finally:
+        producer.shutdown()
+
+
+def _master(make_server: Callable[..., ServerProcess], tmp_path: Path,
+            role: str = "async-master") -> tuple[ServerProcess, int]:
+    ha_port = _free_port()
+    master = make_server("--role", role, "--ha-port", str(ha_port), store=tmp_path / "m")
+    return master, ha_port
+
+
+def _slave(make_server: Callable[..., ServerProcess], tmp_path: Path,
+           ha_port: int) -> ServerProcess:
+    return make_server("--role", "slave", "--broker-id", "1", "--master",
+                       f"127.0.0.1:{ha_port}", "--ha-port", str(_free_port()),
+                       store=tmp_path / "s")
+
+
+def test_a_late_slave_catches_up_byte_for_byte(
+        make_server: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    master, ha_port = _master(make_server, tmp_path)
+    assert "async-master broker-a, replication on" in "".join(master.output)
+    _send(master.endpoint, "t-ha-late", 0, 300)
+    slave = _slave(make_server, tmp_path, ha_port)
+    assert official.wait_for(lambda: _digest(tmp_path / "s") == _digest(tmp_path / "m"))
+    _send(master.endpoint, "t-ha-late", 300, 100)  # and keeps up while connected
+    assert official.wait_for(lambda: _digest(tmp_path / "s") == _digest(tmp_path / "m"))
+    # the lag, as an operator sees it: none once caught up
+    assert official.wait_for(lambda: _ha_status(master.endpoint)["lag_bytes"] == 0)
+    status = _ha_status(master.endpoint)
+    assert status["role"] == "async-master" and len(status["slaves"]) == 1
+    assert status["slaves"][0]["acked_offset"] == status["max_offset"] > 0
+    mine = _ha_status(slave.endpoint)
+    assert mine["role"] == "slave" and mine["connected"] is True
+    assert mine["max_offset"] == status["max_offset"]
+    assert slave.terminate() == 0, "".join(slave.output)
+    assert master.terminate() == 0, "".join(master.output)
+    assert _digest(tmp_path / "s") == _digest(tmp_path / "m")
+
+
+def test_a_killed_slave_restarts_and_catches_up_byte_for_byte(
+        make_server: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    master, ha_port = _master(make_server, tmp_path)
+    slave = _slave(make_server, tmp_path, ha_port)
+    _send(master.endpoint, "t-ha-kill", 0, 200)
+    slave.kill()  # SIGKILL, maybe mid-stream: no shutdown hook runs
+    _send(master.endpoint, "t-ha-kill", 200, 200)
+    slave = _slave(make_server, tmp_path, ha_port)  # recovers, then resumes from its end
+    assert official.wait_for(lambda: _digest(tmp_path / "s") == _digest(tmp_path / "m"))
+    assert slave.terminate() == 0, "".join(slave.output)
+    assert master.terminate() == 0, "".join(master.output)
+    assert _digest(tmp_path / "s") == _digest(tmp_path / "m")
+
+
+def test_a_slave_refuses_sends_and_its_store_serves_as_a_broker(
+        make_server: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    master, ha_port = _master(make_server, tmp_path)
+    slave = _slave(make_server, tmp_path, ha_port)
+    sent = _send(master.endpoint, "t-ha-ro", 0, 50)
+    with pytest.raises(Exception, match=r"(?i)slave|forbidden"):
+        _send(slave.endpoint, "t-ha-ro", 50, 1)
+    assert official.wait_for(lambda: _digest(tmp_path / "s") == _digest(tmp_path / "m"))
+    slave.kill()
+    master.kill()
+    # the slave's store, started as a broker of its own, serves every message it copied
+    alone = make_server(store=tmp_path / "s")
+    consumer = official.simple_consumer(alone.endpoint, "g-ha-ro", "t-ha-ro")
+    try:
+        got = official.receive_until(consumer, lambda g: len(g) >= 50, timeout_s=60)
+        assert {m.message_id for m in got} == sent
+    finally:
+        consumer.shutdown()
+
+
+def test_sync_master_without_a_slave_answers_a_retryable_error_in_time(
+        make_server: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    master, _ = _master(make_server, tmp_path, "sync-master")
+    producer = official.producer(master.endpoint, ["t-ha-none"])
+    try:
+        started = time.monotonic()
+        with pytest.raises(Exception, match=r"HA_NOT_AVAILABLE|no slave"):
+            producer.send(official.message("t-ha-none", b"m"))
+        assert time.monotonic() - started < 10  # each attempt answered at once
+    finally:
+        producer.shutdown()
+
+
+def test_sync_master_sync_flush_sigkill_loses_no_acknowledged_message(
+        make_server: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    ha_port = _free_port()
+    master = make_server("--role", "sync-master", "--ha-port", str(ha_port), "--flush", "sync",
+                         "--ha-sync-timeout-ms", "2000", store=tmp_path / "m")
+    slave = make_server("--role", "slave", "--broker-id", "1", "--master",
+                        f"127.0.0.1:{ha_port}", "--ha-port", str(_free_port()),
+                        "--flush", "sync", store=tmp_path / "s")
+    acked: list[str] = []
+    stop = threading.Event()
+
+    def produce() -> None:
+        producer = official.producer(master.endpoint, ["t-ha-sync"])
+        try:
+            i = 0
+            while not stop.is_set():
+                try:
+                    receipt = producer.send(official.message("t-ha-sync", f"m{i}".encode()))
+                except Exception:
+                    return  # the master is gone
+                acked.append(receipt.message_id)
+                i += 1
+        finally:
+            producer.shutdown()
+
+    thread = threading.Thread(target=produce, daemon=True)
+    thread.start()
+    assert official.wait_for(lambda: len(acked) >= 150, timeout_s=60)
+    master.kill()  # SIGKILL while the producer sends
+    stop.set()
+    thread.join(60)
+    slave.kill()
+    # the slave's store, started as a broker, has every acknowledged message
+    alone = make_server(store=tmp_path / "s")
+    consumer = official.simple_consumer(alone.endpoint, "g-ha-sync", "t-ha-sync")
+    try:
+        got = official.receive_until(consumer, lambda g: set(acked) <= {m.message_id for m in g},
+                                     timeout_s=60)
+        assert set(acked) <= {m.message_id for m in got}
+    finally:
+        consumer.shutdown()
+
+
+def _admin(endpoint: str, *args: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-m", "reliable_cli", "admin", *args,
+                          "--endpoint", endpoint, "--json"], capture_output=True, text=True,
+                         check=True, timeout=60)
+    value: dict[str, Any] = json.loads(out.stdout)
+    return value
+
+
+def test_a_slave_keeps_its_masters_topics_groups_and_offsets(
+        make_server: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    master, ha_port = _master(make_server, tmp_path)
+    slave = _slave(make_server, tmp_path, ha_port)
+    sent = _send(master.endpoint, "t-ha-conf", 0, 30)
+    consumer = official.simple_consumer(master.endpoint, "g-ha-conf", "t-ha-conf")
+    try:
+        got = official.receive_until(consumer, lambda g: len(g) >= 30, timeout_s=60)
+        assert {m.message_id for m in got} == sent  # receive_until acks each
+    finally:
+        consumer.shutdown()
+
+    def progress(endpoint: str) -> list[Any] | None:
+        try:
+            shown = _admin(endpoint, "group", "show", "g-ha-conf", "--topic", "t-ha-conf")
+        except subprocess.CalledProcessError as exc:
+            assert "CONSUMER_GROUP_NOT_FOUND" in exc.stderr, exc.stderr  # not synced yet
+            return None
+        return [(q["queue_id"], q["consumer_offset"]) for q in shown["progress"]["queues"]]
+
+    on_master = progress(master.endpoint)
+    assert on_master is not None and sum(offset for _, offset in on_master) == 30
+    # the master sends its configuration every 5 s: the slave has the topic, the group and
+    # the committed offsets
+    assert official.wait_for(lambda: progress(slave.endpoint) == on_master, timeout_s=30)
+    topics = {t["name"] for t in _admin(slave.endpoint, "topic", "list")["topics"]}
+    assert "t-ha-conf" in topics
+    assert _ha_status(slave.endpoint)["config_synced_ms"] > 0
+    # the slave's store, started as a broker: the group resumes where it was, nothing again
+    slave.kill()
+    master.kill()
+    alone = make_server(store=tmp_path / "s")
+    again = official.simple_consumer(alone.endpoint, "g-ha-conf", "t-ha-conf")
+    try:
+        assert again.receive(32, 15) == []
+    finally:
+        again.shutdown()

@@ -29,8 +29,9 @@ from bench._common import Options, SuiteResult, format_table, progress
 def discover() -> list[str]:
     """Suite names: the package's modules without a leading underscore (not imported yet,
     so one suite's heavy or missing dependency never stops another from running)."""
-    return sorted(info.name for info in pkgutil.iter_modules(bench.__path__)
-                  if not info.name.startswith("_"))
+    return sorted(
+        info.name for info in pkgutil.iter_modules(bench.__path__) if not info.name.startswith("_")
+    )
 
 
 def load(name: str) -> ModuleType:
@@ -42,18 +43,29 @@ def load(name: str) -> ModuleType:
 
 def main(argv: list[str] | None = None) -> int:
     suites = discover()
-    parser = argparse.ArgumentParser(prog="python -m bench",
-                                     description="Run benchmark suites and print their figures.")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench", description="Run benchmark suites and print their figures."
+    )
     parser.add_argument("suite", choices=[*suites, "all"], help="suite to run, or all")
-    parser.add_argument("--quick", action="store_true",
-                        help="short runs (under a minute per suite)")
-    parser.add_argument("--json", action="store_true",
-                        help="print the metrics as one JSON object on the last line")
-    parser.add_argument("--dir", type=Path, default=None,
-                        help="directory for the suites' files (default: a temp dir)")
-    parser.add_argument("--only", metavar="REGEX", default=None,
-                        help="run only the cases whose name matches (grpc: a case's group, "
-                             "e.g. '^framework_send$' or 'official|stub_official')")
+    parser.add_argument(
+        "--quick", action="store_true", help="short runs (under a minute per suite)"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the metrics as one JSON object on the last line"
+    )
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="directory for the suites' files (default: a temp dir)",
+    )
+    parser.add_argument(
+        "--only",
+        metavar="REGEX",
+        default=None,
+        help="run only the cases whose name matches (grpc: a case's group, "
+        "e.g. '^framework_send$' or 'official|stub_official')",
+    )
     args = parser.parse_args(argv)
     if args.only is not None:
         try:
@@ -68,8 +80,9 @@ def main(argv: list[str] | None = None) -> int:
             workdir = Path(tmp) / name
             workdir.mkdir()
             progress(f"suite {name}{' (quick)' if args.quick else ''} in {workdir}")
-            results[name] = modules[name].run(Options(quick=args.quick, workdir=workdir,
-                                                      only=args.only))
+            results[name] = modules[name].run(
+                Options(quick=args.quick, workdir=workdir, only=args.only)
+            )
             description = getattr(modules[name], "DESCRIPTION", "")
             print(format_table(f"== {name}: {description}", results[name]))
             print()

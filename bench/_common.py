@@ -93,14 +93,12 @@ def percentiles_ms(seconds: Sequence[float]) -> tuple[float, float]:
 
 
 def format_table(title: str, result: SuiteResult) -> str:
-    lines = [title, f"{'case':<34} {'msgs/s':>12} {'MB/s':>10} {'CPU us/msg':>10}  note",
-             "-" * 84]
+    lines = [title, f"{'case':<34} {'msgs/s':>12} {'MB/s':>10} {'CPU us/msg':>10}  note", "-" * 84]
     for row in result.rows:
         if row.missing:
             lines.append(f"{row.name:<34} {'-':>12} {'-':>10} {'-':>10}  {row.note}")
             continue
         cpu = "-" if row.cpu_us is None else f"{row.cpu_us:.2f}"
-        lines.append(f"{row.name:<34} {row.msgs_s:>12,.0f} {row.mb_s:>10.1f} {cpu:>10}  "
-                     f"{row.note}")
+        lines.append(f"{row.name:<34} {row.msgs_s:>12,.0f} {row.mb_s:>10.1f} {cpu:>10}  {row.note}")
     lines.extend(result.notes)
     return "\n".join(lines)

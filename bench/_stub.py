@@ -176,14 +176,15 @@ class StubMessagingService:
         yield _ok(service_pb2.PullMessageResponse())
 
 
-async def serve(port: int = 0, host: str = "127.0.0.1",
-                ready: Any = None) -> None:
+async def serve(port: int = 0, host: str = "127.0.0.1", ready: Any = None) -> None:
     """Serve until cancelled; `ready(port)` is called once the port is bound."""
-    server = grpc.aio.server(options=[
-        ("grpc.so_reuseport", 0),
-        ("grpc.max_receive_message_length", -1),
-        ("grpc.max_send_message_length", -1),
-    ])
+    server = grpc.aio.server(
+        options=[
+            ("grpc.so_reuseport", 0),
+            ("grpc.max_receive_message_length", -1),
+            ("grpc.max_send_message_length", -1),
+        ]
+    )
     service_pb2_grpc.add_MessagingServiceServicer_to_server(StubMessagingService(), server)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
@@ -198,8 +199,9 @@ async def serve(port: int = 0, host: str = "127.0.0.1",
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench._stub",
-                                     description="A RocketMQ 5 gRPC server that does no work.")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench._stub", description="A RocketMQ 5 gRPC server that does no work."
+    )
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args(argv)
 

@@ -66,27 +66,52 @@ WINDOW = 1000  # pipelined sends in flight, as the peers' pipelined cases
 # the official client's send_async: with 1000 in flight on a loaded machine the case stalled
 # (futures still pending after 300 s); 256 stays well inside the client's 3 s request deadline
 OFFICIAL_WINDOW = 256
-BATCH = 32     # messages per send_batch and per receive
+BATCH = 32  # messages per send_batch and per receive
 REPO = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 60.0
 STALL_TIMEOUT_S = 60.0  # a case fails when nothing completes for this long
 
 # every figure this suite reports (null when its case failed); the JSON always has them
 THROUGHPUT_KEYS = (
-    "framework_send", "framework_send_sync_flush", "framework_send_pipelined",
-    "framework_send_pipelined_sync_flush", "framework_asend_pipelined", "framework_send_batch",
+    "framework_send",
+    "framework_send_sync_flush",
+    "framework_send_pipelined",
+    "framework_send_pipelined_sync_flush",
+    "framework_asend_pipelined",
+    "framework_send_batch",
     "framework_receive_ack",
-    "official_send", "official_send_async", "official_receive_ack",
-    "stub_official_send", "stub_official_send_async", "stub_official_receive_ack",
-    "stub_framework_send", "stub_framework_send_pipelined", "stub_framework_asend_pipelined",
-    "stub_framework_send_batch", "stub_framework_receive_ack",
-    "embedded_send", "embedded_receive_ack", "embedded_push_consume",
+    "official_send",
+    "official_send_async",
+    "official_receive_ack",
+    "stub_official_send",
+    "stub_official_send_async",
+    "stub_official_receive_ack",
+    "stub_framework_send",
+    "stub_framework_send_pipelined",
+    "stub_framework_asend_pipelined",
+    "stub_framework_send_batch",
+    "stub_framework_receive_ack",
+    "embedded_send",
+    "embedded_receive_ack",
+    "embedded_push_consume",
 )
-LATENCY_KEYS = ("framework_send", "framework_send_sync_flush", "official_send",
-                "stub_official_send", "stub_framework_send")
-CAP_KEYS = ("official_send", "official_send_async", "official_receive_ack", "framework_send",
-            "framework_send_pipelined", "framework_asend_pipelined", "framework_send_batch",
-            "framework_receive_ack")
+LATENCY_KEYS = (
+    "framework_send",
+    "framework_send_sync_flush",
+    "official_send",
+    "stub_official_send",
+    "stub_framework_send",
+)
+CAP_KEYS = (
+    "official_send",
+    "official_send_async",
+    "official_receive_ack",
+    "framework_send",
+    "framework_send_pipelined",
+    "framework_asend_pipelined",
+    "framework_send_batch",
+    "framework_receive_ack",
+)
 
 
 @dataclass(frozen=True)
@@ -101,8 +126,12 @@ class Comparison:
 COMPARISONS = (
     Comparison("framework_send", "rabbitmq_publish_each"),
     Comparison("framework_send", "nats_publish_each"),
-    Comparison("framework_send_sync_flush", "rabbitmq_publish_each",
-               ">= 3x, >= 2,000/s, p50 <= 0.6 ms", 3.0),
+    Comparison(
+        "framework_send_sync_flush",
+        "rabbitmq_publish_each",
+        ">= 3x, >= 2,000/s, p50 <= 0.6 ms",
+        3.0,
+    ),
     Comparison("framework_send_sync_flush", "nats_publish_each"),
     Comparison("framework_send_pipelined", "rabbitmq_publish_pipelined"),
     Comparison("framework_send_pipelined", "nats_publish_pipelined", ">= 1x", 1.0),
@@ -133,13 +162,20 @@ class CaseFailed(Exception):
 
 # --- processes
 
+
 @contextmanager
 def serving(argv: list[str], home: Path, what: str) -> Iterator[str]:
     """Run a server subprocess that prints `serving on <host>:<port>`; yield the endpoint.
     Its output is drained in a thread (a full pipe would stall it) and shown on failure."""
     env = dict(os.environ, HOME=str(home), PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
     assert proc.stdout is not None
     tail: collections.deque[str] = collections.deque(maxlen=20)
     found = threading.Event()
@@ -172,10 +208,26 @@ def serving(argv: list[str], home: Path, what: str) -> Iterator[str]:
 
 
 def broker_server(store: Path, home: Path, flush: str = "async") -> Any:
-    return serving(["-m", "reliable_cli", "broker", "start", "--store", str(store),
-                    "--port", "0", "--min-long-polling-ms", "1000",
-                    "--min-invisible-ms", "1000", "--flush", flush], home,
-                   f"server (--flush {flush})")
+    return serving(
+        [
+            "-m",
+            "reliable_cli",
+            "broker",
+            "start",
+            "--store",
+            str(store),
+            "--port",
+            "0",
+            "--min-long-polling-ms",
+            "1000",
+            "--min-invisible-ms",
+            "1000",
+            "--flush",
+            flush,
+        ],
+        home,
+        f"server (--flush {flush})",
+    )
 
 
 def stub_server(home: Path) -> Any:
@@ -184,6 +236,7 @@ def stub_server(home: Path) -> Any:
 
 # --- measuring helpers
 
+
 class Recorder:
     """Rows, metrics and the latencies of one run."""
 
@@ -191,8 +244,7 @@ class Recorder:
         self.result = result
         self.errors: list[str] = []
 
-    def add(self, name: str, m: Measured, note: str,
-            latencies: list[float] | None = None) -> None:
+    def add(self, name: str, m: Measured, note: str, latencies: list[float] | None = None) -> None:
         metrics = self.result.metrics
         if latencies:
             p50, p99 = percentiles_ms(latencies)
@@ -256,8 +308,7 @@ def windowed(submit: Callable[[], Any], n: int, window: int = WINDOW) -> Measure
             submit().add_done_callback(done)
         for _ in range(window):
             if not slots.acquire(timeout=STALL_TIMEOUT_S):
-                raise CaseFailed(f"sends still pending, none completed for "
-                                 f"{STALL_TIMEOUT_S:.0f} s")
+                raise CaseFailed(f"sends still pending, none completed for {STALL_TIMEOUT_S:.0f} s")
         if errors:
             raise CaseFailed(f"{len(errors)} pipelined sends failed, first: {errors[0]!r}")
         return n, n * len(BODY)
@@ -265,8 +316,7 @@ def windowed(submit: Callable[[], Any], n: int, window: int = WINDOW) -> Measure
     return timed(run)
 
 
-def async_windowed(send: Callable[[], Awaitable[Any]], n: int,
-                   window: int = WINDOW) -> Measured:
+def async_windowed(send: Callable[[], Awaitable[Any]], n: int, window: int = WINDOW) -> Measured:
     """`await send()` n times on one asyncio loop with at most `window` awaiting at once."""
 
     async def main() -> None:
@@ -315,17 +365,16 @@ def drain(receive: Callable[[], list[Any]], ack: Callable[[Any], None], n: int) 
             got += 1
             deadline = time.monotonic() + STALL_TIMEOUT_S
     if got < n:
-        raise CaseFailed(f"received {got} of {n} messages, then none for "
-                         f"{STALL_TIMEOUT_S:.0f} s")
+        raise CaseFailed(f"received {got} of {n} messages, then none for {STALL_TIMEOUT_S:.0f} s")
     return got
 
 
-def consumed(receive: Callable[[], list[Any]], ack: Callable[[Any], None],
-             n: int) -> Measured:
+def consumed(receive: Callable[[], list[Any]], ack: Callable[[Any], None], n: int) -> Measured:
     return timed(lambda: (drain(receive, ack, n), n * len(BODY)))
 
 
 # --- the official client
+
 
 def official(endpoint: str, prefix: str, n: peers.Counts, rec: Recorder) -> None:
     from rocketmq import (
@@ -339,8 +388,9 @@ def official(endpoint: str, prefix: str, n: peers.Counts, rec: Recorder) -> None
 
     topic = f"bench-{prefix.replace('_', '-')}"
     config = ClientConfiguration(endpoint, Credentials())
-    consumer = SimpleConsumer(config, f"{topic}-g", {topic: FilterExpression("*")},
-                              await_duration=2)
+    consumer = SimpleConsumer(
+        config, f"{topic}-g", {topic: FilterExpression("*")}, await_duration=2
+    )
     consumer.startup()
     producer = Producer(config, [topic])
     producer.startup()
@@ -355,12 +405,16 @@ def official(endpoint: str, prefix: str, n: peers.Counts, rec: Recorder) -> None
         drain(lambda: consumer.receive(BATCH, 30), consumer.ack, 1)
         sync, latencies = each(lambda: producer.send(message()), n.each)
         rec.add(f"{prefix}_send", sync, "send, one at a time", latencies)
-        rec.add(f"{prefix}_send_async",
-                windowed(lambda: producer.send_async(message()), n.pipelined,
-                         OFFICIAL_WINDOW), f"send_async, {OFFICIAL_WINDOW} in flight")
-        rec.add(f"{prefix}_receive_ack",
-                consumed(lambda: consumer.receive(BATCH, 30), consumer.ack, n.pipelined),
-                f"receive({BATCH}), ack each")
+        rec.add(
+            f"{prefix}_send_async",
+            windowed(lambda: producer.send_async(message()), n.pipelined, OFFICIAL_WINDOW),
+            f"send_async, {OFFICIAL_WINDOW} in flight",
+        )
+        rec.add(
+            f"{prefix}_receive_ack",
+            consumed(lambda: consumer.receive(BATCH, 30), consumer.ack, n.pipelined),
+            f"receive({BATCH}), ack each",
+        )
     finally:
         producer.shutdown()
         consumer.shutdown()
@@ -368,14 +422,32 @@ def official(endpoint: str, prefix: str, n: peers.Counts, rec: Recorder) -> None
 
 # --- the framework (grpc and embedded transports)
 
-def framework(transport: Any, prefix: str, suffix: str, n: peers.Counts, rec: Recorder, *,
-              send_each: bool = True, asend: bool = True, batch: bool = True,
-              receive: bool = True) -> None:
+
+def framework(
+    transport: Any,
+    prefix: str,
+    suffix: str,
+    n: peers.Counts,
+    rec: Recorder,
+    *,
+    send_each: bool = True,
+    asend: bool = True,
+    batch: bool = True,
+    receive: bool = True,
+) -> None:
     from reliable import Message, Producer, SimpleConsumer
 
     topic = f"bench-{prefix}{suffix}".replace("_", "-")
-    with SimpleConsumer(f"{topic}-g", {topic: "*"}, transport=transport, await_duration_s=1,
-                        invisible_duration_s=30) as consumer, Producer(transport) as producer:
+    with (
+        SimpleConsumer(
+            f"{topic}-g",
+            {topic: "*"},
+            transport=transport,
+            await_duration_s=1,
+            invisible_duration_s=30,
+        ) as consumer,
+        Producer(transport) as producer,
+    ):
         producer.send(Message(topic, BODY))  # warm-up: route, channel, topic creation
         drain(lambda: consumer.receive(max_messages=BATCH), consumer.ack, 1)
         if send_each:
@@ -383,15 +455,18 @@ def framework(transport: Any, prefix: str, suffix: str, n: peers.Counts, rec: Re
             rec.add(f"{prefix}_send{suffix}", sync, "send, one at a time", latencies)
         name = f"{prefix}_send_pipelined{suffix}" if send_each else f"{prefix}_send{suffix}"
         before = _requests(producer)
-        rec.add(name, windowed(lambda: producer.send_async(Message(topic, BODY)),
-                               n.pipelined),
-                f"send_async, {WINDOW} in flight{_per_request(producer, before, n.pipelined)}")
+        rec.add(
+            name,
+            windowed(lambda: producer.send_async(Message(topic, BODY)), n.pipelined),
+            f"send_async, {WINDOW} in flight{_per_request(producer, before, n.pipelined)}",
+        )
         if asend:
             before = _requests(producer)
-            rec.add(f"{prefix}_asend_pipelined{suffix}",
-                    async_windowed(lambda: producer.asend(Message(topic, BODY)), n.pipelined),
-                    f"await asend, {WINDOW} in flight"
-                    f"{_per_request(producer, before, n.pipelined)}")
+            rec.add(
+                f"{prefix}_asend_pipelined{suffix}",
+                async_windowed(lambda: producer.asend(Message(topic, BODY)), n.pipelined),
+                f"await asend, {WINDOW} in flight{_per_request(producer, before, n.pipelined)}",
+            )
         if batch:
             batches = max(1, n.pipelined // BATCH)
 
@@ -400,8 +475,7 @@ def framework(transport: Any, prefix: str, suffix: str, n: peers.Counts, rec: Re
                     producer.send_batch([Message(topic, BODY) for _ in range(BATCH)])
                 return batches * BATCH, batches * BATCH * len(BODY)
 
-            rec.add(f"{prefix}_send_batch{suffix}", timed(send_batches),
-                    f"send_batch of {BATCH}")
+            rec.add(f"{prefix}_send_batch{suffix}", timed(send_batches), f"send_batch of {BATCH}")
         if receive:
             measured, note = receive_ack(consumer, n.pipelined)
             rec.add(f"{prefix}_receive_ack{suffix}", measured, note)
@@ -426,8 +500,9 @@ def push_consume(transport: Any, n: int, rec: Recorder) -> None:
             seen[0] += len(messages)
         return ConsumeResult.SUCCESS
 
-    consumer = PushConsumer(f"{topic}-g", listener, {topic: "*"}, transport=transport,
-                            consume_from=ConsumeFrom.FIRST)
+    consumer = PushConsumer(
+        f"{topic}-g", listener, {topic: "*"}, transport=transport, consume_from=ConsumeFrom.FIRST
+    )
 
     def run() -> tuple[int, int]:
         consumer.start()
@@ -437,8 +512,9 @@ def push_consume(transport: Any, n: int, rec: Recorder) -> None:
             if seen[0] != last:
                 last, deadline = seen[0], time.monotonic() + STALL_TIMEOUT_S
             elif time.monotonic() > deadline:
-                raise CaseFailed(f"consumed {last} of {total} messages, then none for "
-                                 f"{STALL_TIMEOUT_S:.0f} s")
+                raise CaseFailed(
+                    f"consumed {last} of {total} messages, then none for {STALL_TIMEOUT_S:.0f} s"
+                )
         return total, total * len(BODY)
 
     try:
@@ -467,13 +543,16 @@ def receive_ack(consumer: Any, n: int) -> tuple[Measured, str]:
     either), all acks confirmed before the clock stops; else `ack`, one call each."""
     ack_async = getattr(consumer, "ack_async", None)
     if ack_async is None:
-        return (consumed(lambda: consumer.receive(max_messages=BATCH), consumer.ack, n),
-                f"receive({BATCH}), ack each")
+        return (
+            consumed(lambda: consumer.receive(max_messages=BATCH), consumer.ack, n),
+            f"receive({BATCH}), ack each",
+        )
     pending: list[Any] = []
 
     def run() -> tuple[int, int]:
-        got = drain(lambda: consumer.receive(max_messages=BATCH),
-                    lambda m: pending.append(ack_async(m)), n)
+        got = drain(
+            lambda: consumer.receive(max_messages=BATCH), lambda m: pending.append(ack_async(m)), n
+        )
         for future in pending:
             future.result(timeout=STALL_TIMEOUT_S)  # an ack that failed fails the case
         return got, got * len(BODY)
@@ -498,8 +577,10 @@ def started(transport: Any) -> Iterator[Any]:
 
 # --- the run
 
-def measure(n: peers.Counts, workdir: Path, result: SuiteResult,
-            only: str | None = None) -> list[str]:
+
+def measure(
+    n: peers.Counts, workdir: Path, result: SuiteResult, only: str | None = None
+) -> list[str]:
     """The suite's cases into `result`; returns the failures (empty when all ran).
 
     `only` (a regular expression) keeps the groups of cases with a name it matches (a
@@ -525,16 +606,18 @@ def measure(n: peers.Counts, workdir: Path, result: SuiteResult,
             result.metrics[f"{peer.name}_{case}_p99_ms"] = None
     rec = Recorder(result)
 
-    chosen = tuple(p for p in peers.PEERS
-                   if wanted(*(f"{p.name}_{case}" for case in peers.CASES)))
+    chosen = tuple(p for p in peers.PEERS if wanted(*(f"{p.name}_{case}" for case in peers.CASES)))
     if chosen:
         peers.measure(n, workdir, result, peers=chosen)
 
-    framework_cases = ("framework_send", "framework_send_pipelined",
-                       "framework_asend_pipelined", "framework_send_batch",
-                       "framework_receive_ack")
-    stub_official = ("stub_official_send", "stub_official_send_async",
-                     "stub_official_receive_ack")
+    framework_cases = (
+        "framework_send",
+        "framework_send_pipelined",
+        "framework_asend_pipelined",
+        "framework_send_batch",
+        "framework_receive_ack",
+    )
+    stub_official = ("stub_official_send", "stub_official_send_async", "stub_official_receive_ack")
     stub_framework = tuple(f"stub_{case}" for case in framework_cases)
     if wanted(*stub_official, *stub_framework):
         with rec.section(*stub_official, *stub_framework), stub_server(home) as endpoint:
@@ -547,8 +630,10 @@ def measure(n: peers.Counts, workdir: Path, result: SuiteResult,
 
     official_cases = ("official_send", "official_send_async", "official_receive_ack")
     if wanted(*official_cases, *framework_cases):
-        with rec.section(*framework_cases, *official_cases), \
-                broker_server(workdir / "server-store", home) as endpoint:
+        with (
+            rec.section(*framework_cases, *official_cases),
+            broker_server(workdir / "server-store", home) as endpoint,
+        ):
             if wanted(*official_cases):
                 with rec.section(*official_cases):
                     official(endpoint, "official", n, rec)
@@ -558,11 +643,14 @@ def measure(n: peers.Counts, workdir: Path, result: SuiteResult,
 
     sync_cases = ("framework_send_sync_flush", "framework_send_pipelined_sync_flush")
     if wanted(*sync_cases):
-        with rec.section(*sync_cases), \
-                broker_server(workdir / "sync-store", home, flush="sync") as endpoint, \
-                started(_grpc_transport(endpoint)) as t:
-            framework(t, "framework", "_sync_flush", n, rec, asend=False, batch=False,
-                      receive=False)
+        with (
+            rec.section(*sync_cases),
+            broker_server(workdir / "sync-store", home, flush="sync") as endpoint,
+            started(_grpc_transport(endpoint)) as t,
+        ):
+            framework(
+                t, "framework", "_sync_flush", n, rec, asend=False, batch=False, receive=False
+            )
 
     embedded_cases = ("embedded_send", "embedded_receive_ack", "embedded_push_consume")
     if wanted(*embedded_cases):
@@ -571,33 +659,42 @@ def measure(n: peers.Counts, workdir: Path, result: SuiteResult,
             from broker.config import BrokerConfig
             from broker.store.config import StoreConfig
 
-            embedded = reliable.connect("embedded", store_config=StoreConfig(
-                store_dir=workdir / "embedded-store", mapped_file_size_commitlog=256 << 20),
-                broker_config=BrokerConfig())
+            embedded = reliable.connect(
+                "embedded",
+                store_config=StoreConfig(
+                    store_dir=workdir / "embedded-store", mapped_file_size_commitlog=256 << 20
+                ),
+                broker_config=BrokerConfig(),
+            )
             with started(embedded) as t:
                 if wanted("embedded_send", "embedded_receive_ack"):
                     with rec.section("embedded_send", "embedded_receive_ack"):
-                        framework(t, "embedded", "", n, rec, send_each=False, asend=False,
-                                  batch=False)
+                        framework(
+                            t, "embedded", "", n, rec, send_each=False, asend=False, batch=False
+                        )
                 if wanted("embedded_push_consume"):
                     with rec.section("embedded_push_consume"):
                         push_consume(t, n.pipelined, rec)
 
     for key in CAP_KEYS:
-        ours, cap = result.metrics.get(f"{key}_msgs_s"), result.metrics.get(
-            f"stub_{key}_msgs_s")
+        ours, cap = result.metrics.get(f"{key}_msgs_s"), result.metrics.get(f"stub_{key}_msgs_s")
         result.metrics[f"{key}_pct_of_cap"] = (
             round(100 * float(ours) / float(cap), 1)
             if isinstance(ours, int | float) and isinstance(cap, int | float) and cap
-            else None)
+            else None
+        )
     return rec.errors
 
 
 def comparison_table(metrics: dict[str, Any]) -> list[str]:
     """Each of our cases beside its peer: ratio (or % of the stub's cap) and target."""
-    lines = ["", "ours beside the peers (same run, same counts, 1 KiB):",
-             f"{'case':<36} {'ours msg/s':>11}  {'peer case':<32} {'peer msg/s':>11} "
-             f"{'ratio':>7}  target", "-" * 124]
+    lines = [
+        "",
+        "ours beside the peers (same run, same counts, 1 KiB):",
+        f"{'case':<36} {'ours msg/s':>11}  {'peer case':<32} {'peer msg/s':>11} "
+        f"{'ratio':>7}  target",
+        "-" * 124,
+    ]
 
     def fmt(value: Any) -> str:
         return f"{value:,.0f}" if isinstance(value, int | float) else "-"
@@ -610,11 +707,15 @@ def comparison_table(metrics: dict[str, Any]) -> list[str]:
             ratio = f"{100 * r:.0f}%" if c.peer.startswith("stub_") else f"{r:.2f}x"
             if c.target_ratio is not None:
                 verdict = " (met)" if r >= c.target_ratio else " (short)"
-        lines.append(f"{c.ours:<36} {fmt(ours):>11}  {c.peer:<32} {fmt(peer):>11} "
-                     f"{ratio:>7}  {c.target}{verdict if c.target else ''}")
-    lat = [f"{key} p50 {metrics[f'{key}_p50_ms']:.2f} ms p99 {metrics[f'{key}_p99_ms']:.2f} ms"
-           for key in (*LATENCY_KEYS, "rabbitmq_publish_each", "nats_publish_each")
-           if isinstance(metrics.get(f"{key}_p50_ms"), int | float)]
+        lines.append(
+            f"{c.ours:<36} {fmt(ours):>11}  {c.peer:<32} {fmt(peer):>11} "
+            f"{ratio:>7}  {c.target}{verdict if c.target else ''}"
+        )
+    lat = [
+        f"{key} p50 {metrics[f'{key}_p50_ms']:.2f} ms p99 {metrics[f'{key}_p99_ms']:.2f} ms"
+        for key in (*LATENCY_KEYS, "rabbitmq_publish_each", "nats_publish_each")
+        if isinstance(metrics.get(f"{key}_p50_ms"), int | float)
+    ]
     if lat:
         lines.append("one at a time: " + "; ".join(lat))
     return lines
@@ -627,9 +728,11 @@ def run(opts: Options) -> SuiteResult:
     errors = measure(n, workdir, result, opts.only)
     result.metrics["messages_each"] = n.each
     result.metrics["messages_pipelined"] = n.pipelined
-    result.notes.append(f"{len(BODY)} B bodies; one-at-a-time cases: {n.each} messages, "
-                        f"pipelined and consume cases: {n.pipelined}; server: a separate "
-                        "process on loopback, async flush unless the case says sync_flush")
+    result.notes.append(
+        f"{len(BODY)} B bodies; one-at-a-time cases: {n.each} messages, "
+        f"pipelined and consume cases: {n.pipelined}; server: a separate "
+        "process on loopback, async flush unless the case says sync_flush"
+    )
     result.notes.extend(comparison_table(result.metrics))
     result.errors.extend(errors)
     return result

@@ -74,7 +74,7 @@ def counts(quick: bool) -> Counts:
 
 @dataclass(frozen=True)
 class Peer:
-    name: str   # metric prefix: rabbitmq, nats
+    name: str  # metric prefix: rabbitmq, nats
     title: str
     host: str
     port: int
@@ -108,16 +108,20 @@ def _wait_port(host: str, port: int, proc: subprocess.Popen[bytes] | None, what:
         if proc is not None and proc.poll() is not None:
             raise PeerUnavailable(f"{what} exited with {proc.returncode} before listening")
         time.sleep(0.25)
-    raise PeerUnavailable(f"{what} did not listen on {host}:{port} within "
-                          f"{START_TIMEOUT_S:.0f} s")
+    raise PeerUnavailable(f"{what} did not listen on {host}:{port} within {START_TIMEOUT_S:.0f} s")
 
 
 def _stop(proc: subprocess.Popen[bytes], stop_command: list[str] | None = None) -> None:
     """Stop a peer started here: its own stop command first (the RabbitMQ script runs the
     node under `su`, which does not pass SIGTERM on), then its process group."""
     if proc.poll() is None and stop_command:
-        subprocess.run(stop_command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       timeout=60, check=False)
+        subprocess.run(
+            stop_command,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=60,
+            check=False,
+        )
     for sig in (signal.SIGTERM, signal.SIGKILL):
         if proc.poll() is not None:
             return
@@ -148,11 +152,13 @@ def running(peer: Peer, workdir: Path) -> Iterator[str]:
     started: Started | None = None
     with open(workdir / f"{peer.name}.log", "wb") as log:
         try:
-            started = (_start_rabbitmq(peer, workdir, log) if peer.name == "rabbitmq"
-                       else _start_nats(peer, workdir, log))
+            started = (
+                _start_rabbitmq(peer, workdir, log)
+                if peer.name == "rabbitmq"
+                else _start_nats(peer, workdir, log)
+            )
             progress(f"{peer.title}: not running on {peer.host}:{peer.port}, {started.how}")
-            _wait_port(peer.host, peer.port, started.proc,
-                       f"{peer.title} (log: {log.name})")
+            _wait_port(peer.host, peer.port, started.proc, f"{peer.title} (log: {log.name})")
             yield started.how
         finally:
             if started is not None and started.proc is not None:
@@ -162,14 +168,18 @@ def running(peer: Peer, workdir: Path) -> Iterator[str]:
 def _start_rabbitmq(peer: Peer, workdir: Path, log: Any) -> Started:
     script = Path("/etc/init.d/rabbitmq-server")
     if peer.port == RABBITMQ.port and script.exists():
-        done = subprocess.run([str(script), "start"], stdout=log, stderr=subprocess.STDOUT,
-                              timeout=START_TIMEOUT_S, check=False)
+        done = subprocess.run(
+            [str(script), "start"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=START_TIMEOUT_S,
+            check=False,
+        )
         if done.returncode == 0:
             return Started("started the rabbitmq-server service")
     binary = shutil.which("rabbitmq-server")
     if binary is None:
-        raise PeerUnavailable("rabbitmq-server is not installed (apt-get install "
-                              "rabbitmq-server)")
+        raise PeerUnavailable("rabbitmq-server is not installed (apt-get install rabbitmq-server)")
     env = dict(os.environ, RABBITMQ_NODE_PORT=str(peer.port))
     stop = [shutil.which("rabbitmqctl") or "rabbitmqctl", "stop"]
     if peer.port != RABBITMQ.port:  # a node of its own beside the machine's
@@ -181,16 +191,18 @@ def _start_rabbitmq(peer: Peer, workdir: Path, log: Any) -> Started:
             for path in (workdir, base, base / "rabbitmq.conf", base / "enabled_plugins"):
                 shutil.chown(path, "rabbitmq", "rabbitmq")
         node = f"bench{peer.port}@localhost"
-        env.update(RABBITMQ_NODENAME=node,
-                   RABBITMQ_DIST_PORT=str(peer.port + 20000 if peer.port < 45536 else
-                                          peer.port - 20000),
-                   RABBITMQ_CONFIG_FILE=str(base / "rabbitmq.conf"),
-                   RABBITMQ_ENABLED_PLUGINS_FILE=str(base / "enabled_plugins"),
-                   RABBITMQ_MNESIA_BASE=str(base / "mnesia"),
-                   RABBITMQ_LOG_BASE=str(base / "log"))
+        env.update(
+            RABBITMQ_NODENAME=node,
+            RABBITMQ_DIST_PORT=str(peer.port + 20000 if peer.port < 45536 else peer.port - 20000),
+            RABBITMQ_CONFIG_FILE=str(base / "rabbitmq.conf"),
+            RABBITMQ_ENABLED_PLUGINS_FILE=str(base / "enabled_plugins"),
+            RABBITMQ_MNESIA_BASE=str(base / "mnesia"),
+            RABBITMQ_LOG_BASE=str(base / "log"),
+        )
         stop = [stop[0], "-n", node, "stop"]
-    proc = subprocess.Popen([binary], stdout=log, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [binary], stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+    )
     return Started("started rabbitmq-server", proc, stop)
 
 
@@ -200,21 +212,29 @@ def _start_nats(peer: Peer, workdir: Path, log: Any) -> Started:
         raise PeerUnavailable("nats-server is not installed (apt-get install nats-server)")
     store = workdir / f"nats-{peer.port}"
     store.mkdir(exist_ok=True)
-    proc = subprocess.Popen([binary, "-a", peer.host, "-p", str(peer.port), "-js",
-                             "-sd", str(store)], stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [binary, "-a", peer.host, "-p", str(peer.port), "-js", "-sd", str(store)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     return Started("started nats-server", proc)
 
 
 # --- RabbitMQ
 
+
 def _rabbit_params(peer: Peer) -> Any:
     import pika
 
-    return pika.ConnectionParameters(host=peer.host, port=peer.port,
-                                     credentials=pika.PlainCredentials("guest", "guest"),
-                                     connection_attempts=1, socket_timeout=10,
-                                     blocked_connection_timeout=60)
+    return pika.ConnectionParameters(
+        host=peer.host,
+        port=peer.port,
+        credentials=pika.PlainCredentials("guest", "guest"),
+        connection_attempts=1,
+        socket_timeout=10,
+        blocked_connection_timeout=60,
+    )
 
 
 def _rabbit(peer: Peer, n: Counts, body: bytes) -> dict[str, Any]:
@@ -244,8 +264,9 @@ def _rabbit(peer: Peer, n: Counts, body: bytes) -> dict[str, Any]:
         out["publish_pipelined"] = _rabbit_pipelined(peer, queue, n.pipelined, body)
         ch.close()
         total = 1 + n.each + n.pipelined
-        out["consume_ack"] = timed(lambda: _rabbit_consume(conn, queue, n.pipelined, total,
-                                                            len(body)))
+        out["consume_ack"] = timed(
+            lambda: _rabbit_consume(conn, queue, n.pipelined, total, len(body))
+        )
     finally:
         try:
             if conn.is_open:
@@ -265,8 +286,16 @@ def _rabbit_pipelined(peer: Peer, queue: str, n: int, body: bytes) -> Measured:
 
     persistent = pika.BasicProperties(delivery_mode=2)
     pending: deque[int] = deque()
-    state: dict[str, Any] = {"sent": 0, "confirmed": 0, "error": None, "channel": None,
-                             "start": 0.0, "cpu": 0.0, "end": 0.0, "end_cpu": 0.0}
+    state: dict[str, Any] = {
+        "sent": 0,
+        "confirmed": 0,
+        "error": None,
+        "channel": None,
+        "start": 0.0,
+        "cpu": 0.0,
+        "end": 0.0,
+        "end_cpu": 0.0,
+    }
 
     def fail(conn: Any, why: str) -> None:
         if state["error"] is None:
@@ -316,20 +345,25 @@ def _rabbit_pipelined(peer: Peer, queue: str, n: int, body: bytes) -> Measured:
     conn = pika.SelectConnection(
         _rabbit_params(peer),
         on_open_callback=lambda c: c.channel(on_open_callback=on_channel),
-        on_open_error_callback=lambda c, exc: (state.update(error=f"connect: {exc}"),
-                                               c.ioloop.stop()),
-        on_close_callback=lambda c, reason: c.ioloop.stop())
+        on_open_error_callback=lambda c, exc: (
+            state.update(error=f"connect: {exc}"),
+            c.ioloop.stop(),
+        ),
+        on_close_callback=lambda c, reason: c.ioloop.stop(),
+    )
     conn.ioloop.call_later(CASE_TIMEOUT_S, lambda: fail(conn, "timed out"))
     conn.ioloop.start()
     if state["error"] is not None or state["confirmed"] < n:
-        raise PeerUnavailable(f"pipelined publish: {state['error'] or 'closed early'} "
-                              f"({state['confirmed']}/{n} confirmed)")
-    return Measured(n, state["end"] - state["start"], n * len(body),
-                    state["end_cpu"] - state["cpu"])
+        raise PeerUnavailable(
+            f"pipelined publish: {state['error'] or 'closed early'} "
+            f"({state['confirmed']}/{n} confirmed)"
+        )
+    return Measured(
+        n, state["end"] - state["start"], n * len(body), state["end_cpu"] - state["cpu"]
+    )
 
 
-def _rabbit_consume(conn: Any, queue: str, n: int, available: int,
-                    size: int) -> tuple[int, int]:
+def _rabbit_consume(conn: Any, queue: str, n: int, available: int, size: int) -> tuple[int, int]:
     ch = conn.channel()
     ch.basic_qos(prefetch_count=RABBITMQ_PREFETCH)
     got = 0
@@ -349,6 +383,7 @@ def _rabbit_consume(conn: Any, queue: str, n: int, available: int,
 
 # --- NATS JetStream
 
+
 def _nats(peer: Peer, n: Counts, body: bytes) -> dict[str, Any]:
     return asyncio.run(_nats_async(peer, n, body))
 
@@ -359,8 +394,9 @@ async def _nats_async(peer: Peer, n: Counts, body: bytes) -> dict[str, Any]:
 
     tag = f"{os.getpid()}_{time.monotonic_ns()}"
     stream, subject = f"RELIABLE_BENCH_{tag}", f"reliable.bench.{tag}"
-    nc = await nats.connect(f"nats://{peer.host}:{peer.port}", connect_timeout=5,
-                            allow_reconnect=False)
+    nc = await nats.connect(
+        f"nats://{peer.host}:{peer.port}", connect_timeout=5, allow_reconnect=False
+    )
     out: dict[str, Any] = {}
     try:
         js = nc.jetstream(publish_async_max_pending=WINDOW, timeout=30)
@@ -402,23 +438,32 @@ async def _nats_async(peer: Peer, n: Counts, body: bytes) -> dict[str, Any]:
 
 # --- measuring
 
+
 def _measured(count: int, start: float, cpu: float, size: int) -> Measured:
-    return Measured(count, time.perf_counter() - start, count * size,
-                    time.thread_time() - cpu)
+    return Measured(count, time.perf_counter() - start, count * size, time.thread_time() - cpu)
 
 
 MEASURE = {"rabbitmq": _rabbit, "nats": _nats}
 NOTES = {
     "publish_each": {"rabbitmq": "confirm each, persistent", "nats": "js.publish awaited each"},
-    "publish_pipelined": {"rabbitmq": f"confirms, {WINDOW} outstanding",
-                          "nats": f"publish_async, window {WINDOW}"},
-    "consume_ack": {"rabbitmq": f"prefetch {RABBITMQ_PREFETCH}, basic_ack each",
-                    "nats": f"pull fetch {NATS_FETCH}, ack each"},
+    "publish_pipelined": {
+        "rabbitmq": f"confirms, {WINDOW} outstanding",
+        "nats": f"publish_async, window {WINDOW}",
+    },
+    "consume_ack": {
+        "rabbitmq": f"prefetch {RABBITMQ_PREFETCH}, basic_ack each",
+        "nats": f"pull fetch {NATS_FETCH}, ack each",
+    },
 }
 
 
-def measure(n: Counts, workdir: Path, result: SuiteResult,
-            peers: tuple[Peer, ...] = PEERS, body: bytes = BODY) -> None:
+def measure(
+    n: Counts,
+    workdir: Path,
+    result: SuiteResult,
+    peers: tuple[Peer, ...] = PEERS,
+    body: bytes = BODY,
+) -> None:
     """Measure every peer into `result` (rows and metrics); never raises for a peer that
     cannot be measured: its rows say why and its figures are null."""
     for peer in peers:
@@ -436,8 +481,9 @@ def measure(n: Counts, workdir: Path, result: SuiteResult,
             progress(f"{peer.title}: not measured ({why})")
             result.metrics[f"{peer.name}_error"] = why
             for case in CASES:
-                result.rows.append(Row(f"{peer.name}_{case}", 0.0, 0.0,
-                                       f"not measured: {why}"[:120], missing=True))
+                result.rows.append(
+                    Row(f"{peer.name}_{case}", 0.0, 0.0, f"not measured: {why}"[:120], missing=True)
+                )
             continue
         for case in CASES:
             m: Measured = figures[case]
@@ -461,8 +507,10 @@ def run(opts: Options) -> SuiteResult:
     measure(n, workdir, result)
     result.metrics["peer_messages_each"] = n.each
     result.metrics["peer_messages_pipelined"] = n.pipelined
-    result.notes.append(f"{len(BODY)} B bodies; publish each: {n.each} messages; pipelined "
-                        f"and consume+ack: {n.pipelined}; durable queue / file stream")
+    result.notes.append(
+        f"{len(BODY)} B bodies; publish each: {n.each} messages; pipelined "
+        f"and consume+ack: {n.pipelined}; durable queue / file stream"
+    )
     return result
 
 

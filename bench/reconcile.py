@@ -32,8 +32,9 @@ from bench._common import Options, Row, SuiteResult, format_table, progress
 NAME = "reconcile"
 DESCRIPTION = "Spark reconciliation vs the same classification as SQL in PostgreSQL"
 
-PG_URL = os.environ.get("RELIABLE_BENCH_POSTGRES",
-                        "postgresql+psycopg2://postgres@127.0.0.1:5432/test")
+PG_URL = os.environ.get(
+    "RELIABLE_BENCH_POSTGRES", "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
+)
 PREFIX = "bench_rc_"
 TOPICS = 4
 QUEUES = 4
@@ -98,16 +99,21 @@ def generate(n: int) -> tuple[dict[str, list[str]], Counter[str], Counter[str]]:
                 want_log["STALE"] += 1
                 logs.append(f"{mid},{group},{topic},{queue},{off},{CREATED},\n")
         want[cls] += 1
-        stubs.append(f"{i + 1},{mid},{topic},\\x,-,{group},{status},{sends},16,{queue},{off},"
-                     f"{CREATED},{CREATED}\n")
+        stubs.append(
+            f"{i + 1},{mid},{topic},\\x,-,{group},{status},{sends},16,{queue},{off},"
+            f"{CREATED},{CREATED}\n"
+        )
         if conf:  # confirmations spread over the day (the read partitions on confirmed_at)
             sec = i // 1000
-            confs.append(f"{mid},{group},{topic},"
-                         f"2026-01-01 {sec // 3600:02d}:{sec // 60 % 60:02d}:{sec % 60:02d}\n")
+            confs.append(
+                f"{mid},{group},{topic},"
+                f"2026-01-01 {sec // 3600:02d}:{sec // 60 % 60:02d}:{sec % 60:02d}\n"
+            )
         if log_row:
             want_log["MATCHED"] += 1
-            logs.append(f"{mid},{group},{topic},{queue},{off},{CREATED},"
-                        f"{CREATED if dead else ''}\n")
+            logs.append(
+                f"{mid},{group},{topic},{queue},{off},{CREATED},{CREATED if dead else ''}\n"
+            )
         if r == 999 and i % 2000 == 999:
             want_log["ORPHAN"] += 1
             logs.append(f"orphan-{i:025x},{group},{topic},{queue},0,{CREATED},\n")
@@ -126,26 +132,39 @@ def load(n: int) -> tuple[Counter[str], Counter[str], float]:
     started = time.perf_counter()
     rows, want, want_log = generate(n)
     columns = {
-        "stub": (tables.stub.name, "id, message_id, topic, body, body_digest, expected_groups, "
-                 "status, send_count, max_sends, queue_id, queue_offset, created_at, "
-                 "updated_at"),
-        "confirmation": (tables.confirmation.name,
-                         "message_id, consumer_group, topic, confirmed_at"),
-        "log": (tables.consumption_log.name, "message_id, consumer_group, topic, queue_id, "
-                "queue_offset, created_at, dead_lettered_at"),
+        "stub": (
+            tables.stub.name,
+            "id, message_id, topic, body, body_digest, expected_groups, "
+            "status, send_count, max_sends, queue_id, queue_offset, created_at, "
+            "updated_at",
+        ),
+        "confirmation": (
+            tables.confirmation.name,
+            "message_id, consumer_group, topic, confirmed_at",
+        ),
+        "log": (
+            tables.consumption_log.name,
+            "message_id, consumer_group, topic, queue_id, "
+            "queue_offset, created_at, dead_lettered_at",
+        ),
     }
     raw = engine.raw_connection()
     try:
         cur = raw.cursor()
         for key, (table, cols) in columns.items():
-            cur.copy_expert(f"COPY {table} ({cols}) FROM STDIN WITH (FORMAT csv)",
-                            _Stream(iter(rows[key])))
+            cur.copy_expert(
+                f"COPY {table} ({cols}) FROM STDIN WITH (FORMAT csv)", _Stream(iter(rows[key]))
+            )
         for q in range(TOPICS):
-            cur.execute(f"INSERT INTO {tables.topic_group.name} VALUES (%s, %s)",
-                        (f"topic-{q}", f"group-{q}"))
+            cur.execute(
+                f"INSERT INTO {tables.topic_group.name} VALUES (%s, %s)",
+                (f"topic-{q}", f"group-{q}"),
+            )
         raw.commit()
-        cur.execute(f"ANALYZE {tables.stub.name}; ANALYZE {tables.confirmation.name}; "
-                    f"ANALYZE {tables.consumption_log.name}")
+        cur.execute(
+            f"ANALYZE {tables.stub.name}; ANALYZE {tables.confirmation.name}; "
+            f"ANALYZE {tables.consumption_log.name}"
+        )
         raw.commit()
     finally:
         raw.close()
@@ -206,8 +225,12 @@ GROUP BY 1
 def postgres_sql() -> tuple[dict[str, int], dict[str, int], float]:
     import sqlalchemy as sa
 
-    names = {"stub": f"{PREFIX}message_stub", "conf": f"{PREFIX}confirmation",
-             "log": f"{PREFIX}consumption_log", "tg": f"{PREFIX}topic_group"}
+    names = {
+        "stub": f"{PREFIX}message_stub",
+        "conf": f"{PREFIX}confirmation",
+        "log": f"{PREFIX}consumption_log",
+        "tg": f"{PREFIX}topic_group",
+    }
     stub_sql = STUB_SQL
     engine = sa.create_engine(PG_URL)
     raw = engine.raw_connection()
@@ -226,14 +249,18 @@ def postgres_sql() -> tuple[dict[str, int], dict[str, int], float]:
     return stubs, logs, elapsed
 
 
-def spark_job(n: int) -> tuple[dict[str, int], dict[str, int], float, float, float,
-                              dict[str, object]]:
+def spark_job(
+    n: int,
+) -> tuple[dict[str, int], dict[str, int], float, float, float, dict[str, object]]:
     """The job on local[*] with its own partition sizing (no shuffle setting given):
     JVM start-up timed apart from the job, then a cold and a warm run."""
     from outbox.reconcile import ReconcileOptions, driver_jars, reconcile, spark_session
 
-    conf = {"spark.ui.enabled": "false", "spark.driver.memory": "4g",
-            "spark.ui.showConsoleProgress": "false"}
+    conf = {
+        "spark.ui.enabled": "false",
+        "spark.driver.memory": "4g",
+        "spark.ui.showConsoleProgress": "false",
+    }
     started = time.perf_counter()
     spark = spark_session(None, driver_jars("postgresql"), conf, app_name="bench-reconcile")
     spark.sparkContext.setLogLevel("ERROR")
@@ -251,8 +278,14 @@ def spark_job(n: int) -> tuple[dict[str, int], dict[str, int], float, float, flo
     plans["shuffle_partitions"] = result.shuffle_partitions
     spark.stop()
     s = result.summary
-    return ({k: v for k, v in s.stubs.items() if v}, {k: v for k, v in s.log_rows.items() if v},
-            start_s, job_s, warm_s, plans)
+    return (
+        {k: v for k, v in s.stubs.items() if v},
+        {k: v for k, v in s.log_rows.items() if v},
+        start_s,
+        job_s,
+        warm_s,
+        plans,
+    )
 
 
 def _drop() -> None:
@@ -266,8 +299,11 @@ def _drop() -> None:
 
 
 def run(opts: Options, rows: int | None = None) -> SuiteResult:
-    n = rows or int(os.environ.get("RELIABLE_BENCH_RECONCILE_ROWS", "0") or 0) or (
-        100_000 if opts.quick else 1_000_000)
+    n = (
+        rows
+        or int(os.environ.get("RELIABLE_BENCH_RECONCILE_ROWS", "0") or 0)
+        or (100_000 if opts.quick else 1_000_000)
+    )
     result = SuiteResult()
     progress(f"reconcile: generating and COPYing {n:,} stubs into PostgreSQL")
     want, want_log, load_s = load(n)
@@ -283,39 +319,72 @@ def run(opts: Options, rows: int | None = None) -> SuiteResult:
     ok_sql = sql_stubs == expected and sql_logs == dict(want_log)
     ok_spark = sp_stubs == expected and sp_logs == dict(want_log)
     result.rows.append(Row("load_copy", n / load_s, 0.0, f"{load_s:.1f} s generate + COPY"))
-    result.rows.append(Row("postgres_sql", n / sql_s, 0.0,
-                           f"{sql_s:.1f} s; verdict {'matches' if ok_sql else 'DIFFERS'}"))
-    result.rows.append(Row("spark_job", n / job_s, 0.0,
-                           f"{job_s:.1f} s without JVM start; {plans.get('tasks')} tasks; "
-                           f"verdict {'matches' if ok_spark else 'DIFFERS'}"))
-    result.rows.append(Row("spark_job_warm", n / warm_s, 0.0,
-                           f"{warm_s:.1f} s; second run in the same JVM"))
+    result.rows.append(
+        Row(
+            "postgres_sql",
+            n / sql_s,
+            0.0,
+            f"{sql_s:.1f} s; verdict {'matches' if ok_sql else 'DIFFERS'}",
+        )
+    )
+    result.rows.append(
+        Row(
+            "spark_job",
+            n / job_s,
+            0.0,
+            f"{job_s:.1f} s without JVM start; {plans.get('tasks')} tasks; "
+            f"verdict {'matches' if ok_spark else 'DIFFERS'}",
+        )
+    )
+    result.rows.append(
+        Row("spark_job_warm", n / warm_s, 0.0, f"{warm_s:.1f} s; second run in the same JVM")
+    )
     # a later size of the same --sizes run finds the JVM running: its start is not a cold one
     result.rows.append(Row("jvm_start", 0.0, 0.0, f"{start_s:.1f} s (not in spark_job)"))
-    result.rows.append(Row("spark_job+start", n / (job_s + start_s), 0.0,
-                           f"{job_s + start_s:.1f} s incl. JVM start"))
+    result.rows.append(
+        Row(
+            "spark_job+start",
+            n / (job_s + start_s),
+            0.0,
+            f"{job_s + start_s:.1f} s incl. JVM start",
+        )
+    )
     result.notes.append(f"stubs {n:,}; classes {dict(sorted(expected.items()))}")
     result.notes.append(f"log rows {dict(sorted(want_log.items()))}")
-    result.notes.append("spark partitions (column, partitions, rows): "
-                        + ", ".join(f"{k}={v}" for k, v in plans.items()))
+    result.notes.append(
+        "spark partitions (column, partitions, rows): "
+        + ", ".join(f"{k}={v}" for k, v in plans.items())
+    )
     if not ok_sql:
         result.notes.append(f"SQL verdict: {sql_stubs} {sql_logs}")
     if not ok_spark:
         result.notes.append(f"Spark verdict: {sp_stubs} {sp_logs}")
-    result.metrics.update({"stubs": n, "load_s": round(load_s, 2), "sql_s": round(sql_s, 2),
-                           "spark_job_s": round(job_s, 2), "spark_warm_s": round(warm_s, 2),
-                           "spark_start_s": round(start_s, 2),
-                           "sql_matches": str(ok_sql), "spark_matches": str(ok_spark)})
+    result.metrics.update(
+        {
+            "stubs": n,
+            "load_s": round(load_s, 2),
+            "sql_s": round(sql_s, 2),
+            "spark_job_s": round(job_s, 2),
+            "spark_warm_s": round(warm_s, 2),
+            "spark_start_s": round(start_s, 2),
+            "sql_matches": str(ok_sql),
+            "spark_matches": str(ok_spark),
+        }
+    )
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.reconcile", description=DESCRIPTION)
     parser.add_argument("--rows", type=int, default=None, help="stubs (default 1,000,000)")
-    parser.add_argument("--sizes", default=None, metavar="N,N,...",
-                        help="several sizes one after the other (e.g. 1000000,10000000); "
-                             "per-stub times side by side show whether the job scales "
-                             "linearly")
+    parser.add_argument(
+        "--sizes",
+        default=None,
+        metavar="N,N,...",
+        help="several sizes one after the other (e.g. 1000000,10000000); "
+        "per-stub times side by side show whether the job scales "
+        "linearly",
+    )
     parser.add_argument("--quick", action="store_true", help="100,000 stubs")
     args = parser.parse_args(argv)
     sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else [args.rows]
@@ -325,8 +394,9 @@ def main(argv: list[str] | None = None) -> int:
         print(format_table(f"== {NAME}: {DESCRIPTION}", res))
         n = float(str(res.metrics["stubs"]))
         job, sql = float(str(res.metrics["spark_job_s"])), float(str(res.metrics["sql_s"]))
-        per_stub.append(f"{int(n):,} stubs: spark {job / n * 1e6:.2f} us/stub, "
-                        f"sql {sql / n * 1e6:.2f} us/stub")
+        per_stub.append(
+            f"{int(n):,} stubs: spark {job / n * 1e6:.2f} us/stub, sql {sql / n * 1e6:.2f} us/stub"
+        )
     if len(sizes) > 1:
         print("scaling: " + "; ".join(per_stub))
     return 0

@@ -79,8 +79,9 @@ def _body(size: int) -> bytes:
 
 
 def _message(body: bytes, i: int) -> Message:
-    return Message(TOPIC, body, queue_id=i % QUEUES,
-                   properties={Prop.KEYS: f"order-{i}", Prop.TAGS: "bench"})
+    return Message(
+        TOPIC, body, queue_id=i % QUEUES, properties={Prop.KEYS: f"order-{i}", Prop.TAGS: "bench"}
+    )
 
 
 # --- floor ------------------------------------------------------------------------------
@@ -93,30 +94,43 @@ def _pretouched(path: Path, size: int) -> mmap.mmap:
         os.close(fd)
     zeros = bytes(MIB)
     for pos in range(0, size, MIB):
-        mm[pos:pos + MIB] = zeros[:size - pos]
+        mm[pos : pos + MIB] = zeros[: size - pos]
     return mm
 
 
 def floor(workdir: Path, body_size: int, records: int, file_size: int) -> Measured:
     """Copy an encoded record + a consume-queue unit per message; nothing else."""
-    record = bytes(encode_record(TOPIC, 0, _body(body_size), 0,
-                                 {Prop.KEYS: "order-1", Prop.TAGS: "bench"}, 0,
-                                 int(time.time() * 1000), ("127.0.0.1", 1),
-                                 encode_host(("127.0.0.1", 10911)), 0, 0, 4 * MIB))
+    record = bytes(
+        encode_record(
+            TOPIC,
+            0,
+            _body(body_size),
+            0,
+            {Prop.KEYS: "order-1", Prop.TAGS: "bench"},
+            0,
+            int(time.time() * 1000),
+            ("127.0.0.1", 1),
+            encode_host(("127.0.0.1", 10911)),
+            0,
+            0,
+            4 * MIB,
+        )
+    )
     unit = bytes(20)
     n = len(record)
     per_file = file_size // n
     log = _pretouched(workdir / "floor-commitlog", per_file * n)
     cq = _pretouched(workdir / "floor-cq", per_file * 20)
     try:
+
         def loop() -> tuple[int, int]:
             done = 0
             while done < records:
                 batch = min(per_file, records - done)
                 pos = cpos = 0
                 for _ in range(batch):
-                    log[pos:pos + n] = record
-                    cq[cpos:cpos + 20] = unit
+                    log[pos : pos + n] = record
+                    cq[cpos : cpos + 20] = unit
                     pos += n
                     cpos += 20
                 done += batch
@@ -132,8 +146,9 @@ def floor(workdir: Path, body_size: int, records: int, file_size: int) -> Measur
 
 # --- facade cases ----------------------------------------------------------------------
 def _store_config(root: Path, mode: FlushMode, budget: Budget) -> StoreConfig:
-    return StoreConfig(store_dir=root, mapped_file_size_commitlog=budget.commitlog_file,
-                       flush_mode=mode)
+    return StoreConfig(
+        store_dir=root, mapped_file_size_commitlog=budget.commitlog_file, flush_mode=mode
+    )
 
 
 def _open_store(config: StoreConfig) -> object:
@@ -157,8 +172,9 @@ def _open_store(config: StoreConfig) -> object:
     return store
 
 
-def put_async(workdir: Path, budget: Budget, body_size: int, count: int,
-              batch: int = 1) -> tuple[Measured, object]:
+def put_async(
+    workdir: Path, budget: Budget, body_size: int, count: int, batch: int = 1
+) -> tuple[Measured, object]:
     """Put `count` messages (or until the time budget); returns the still running store."""
     store = _open_store(_store_config(workdir, FlushMode.ASYNC_FLUSH, budget))
     body = _body(body_size)
@@ -171,14 +187,14 @@ def put_async(workdir: Path, budget: Budget, body_size: int, count: int,
         done = 0
         if batch == 1:
             for start in range(0, count, 1000):
-                for msg in msgs[start:start + 1000]:
+                for msg in msgs[start : start + 1000]:
                     put(msg)
                 done = min(count, start + 1000)
                 if time.perf_counter() > deadline:
                     break
         else:
             for start in range(0, count, batch):
-                put_many(msgs[start:start + batch])
+                put_many(msgs[start : start + batch])
                 done = min(count, start + batch)
                 if start % (batch * 32) == 0 and time.perf_counter() > deadline:
                     break
@@ -187,8 +203,14 @@ def put_async(workdir: Path, budget: Budget, body_size: int, count: int,
     return timed(loop), store
 
 
-def put_async_fast(workdir: Path, budget: Budget, body_size: int, count: int,
-                   batch: int = 32, keys: list[list[str]] | None = None) -> Measured:
+def put_async_fast(
+    workdir: Path,
+    budget: Budget,
+    body_size: int,
+    count: int,
+    batch: int = 32,
+    keys: list[list[str]] | None = None,
+) -> Measured:
     """`put_batch` of `batch` messages of one queue at a time (queues in turn)."""
     store = _open_store(_store_config(workdir, FlushMode.ASYNC_FLUSH, budget))
     body = _body(body_size)
@@ -202,8 +224,13 @@ def put_async_fast(workdir: Path, budget: Budget, body_size: int, count: int,
     def loop() -> tuple[int, int]:
         done = 0
         for k, ks in enumerate(keys):
-            put_batch(TOPIC, k % QUEUES, bodies if len(ks) == batch else bodies[:len(ks)],
-                      shared, keys=ks)
+            put_batch(
+                TOPIC,
+                k % QUEUES,
+                bodies if len(ks) == batch else bodies[: len(ks)],
+                shared,
+                keys=ks,
+            )
             done = min(count, done + batch)
             if k % 32 == 0 and time.perf_counter() > deadline:
                 break
@@ -217,8 +244,10 @@ def put_async_fast(workdir: Path, budget: Budget, body_size: int, count: int,
 
 def batch_keys(count: int, batch: int = 32) -> list[list[str]]:
     """One KEYS value a message, in lists of `batch`."""
-    return [[f"order-{i}" for i in range(start, min(count, start + batch))]
-            for start in range(0, count, batch)]
+    return [
+        [f"order-{i}" for i in range(start, min(count, start + batch))]
+        for start in range(0, count, batch)
+    ]
 
 
 def median(runs: list[Measured]) -> Measured:
@@ -250,8 +279,9 @@ def put_sync(workdir: Path, budget: Budget, producers: int) -> tuple[Measured, f
             counts[k] = n
             failures[k] = bad
 
-        threads = [threading.Thread(target=producer, args=(k,), daemon=True)
-                   for k in range(producers)]
+        threads = [
+            threading.Thread(target=producer, args=(k,), daemon=True) for k in range(producers)
+        ]
         for t in threads:
             t.start()
         fsyncs_before = _fsync_count(store)
@@ -322,6 +352,7 @@ def dispatch(workdir: Path, budget: Budget) -> tuple[Measured, Measured]:
     for i, msg in enumerate(msgs):
         msg.properties[Prop.UNIQ_KEY] = f"{i:032X}"
     try:
+
         def append() -> tuple[int, int]:
             for msg in msgs:
                 commitlog.append(msg)
@@ -338,8 +369,9 @@ def dispatch(workdir: Path, budget: Budget) -> tuple[Measured, Measured]:
         commitlog.close()
 
 
-def commitlog_put_batch(workdir: Path, count: int, keys: list[list[str]],
-                        batch: int = 32) -> Measured:
+def commitlog_put_batch(
+    workdir: Path, count: int, keys: list[list[str]], batch: int = 32
+) -> Measured:
     """`put_batch`'s own path, encode_batch + CommitLog.put_batch, with no dispatch thread
     taking turns on the interpreter: what a put costs the producer, as the floor."""
     from broker.store.batch import encode_batch
@@ -348,8 +380,9 @@ def commitlog_put_batch(workdir: Path, count: int, keys: list[list[str]],
     file_size = (count * record // MIB + 1) * MIB
     # one file for all of it, pre-touched here (untimed, as the floor's); not warming the
     # next one, which the allocator would do beside the loop once this one is half full
-    config = StoreConfig(store_dir=workdir, mapped_file_size_commitlog=file_size,
-                         warm_mapped_file=False)
+    config = StoreConfig(
+        store_dir=workdir, mapped_file_size_commitlog=file_size, warm_mapped_file=False
+    )
     commitlog = CommitLog(config, clock=lambda: int(time.time() * 1000))
     commitlog.load()
     first = commitlog.queue.get_last_mapped_file(0, create=True)
@@ -362,12 +395,25 @@ def commitlog_put_batch(workdir: Path, count: int, keys: list[list[str]],
     max_size, max_record = config.max_message_size, commitlog.max_record
     put = commitlog.put_batch
     try:
+
         def loop() -> tuple[int, int]:
             done = 0
             for k, ks in enumerate(keys):
-                b, key = encode_batch(TOPIC, k % QUEUES, bodies[:len(ks)], shared, ks, None, 0,
-                                      0, int(time.time() * 1000), host, store_host, max_size,
-                                      max_record)
+                b, key = encode_batch(
+                    TOPIC,
+                    k % QUEUES,
+                    bodies[: len(ks)],
+                    shared,
+                    ks,
+                    None,
+                    0,
+                    0,
+                    int(time.time() * 1000),
+                    host,
+                    store_host,
+                    max_size,
+                    max_record,
+                )
                 put(b, key)
                 done += len(ks)
             return done, done * KIB
@@ -401,35 +447,66 @@ def run(opts: Options) -> SuiteResult:
     m["cpus"] = os.cpu_count() or 0
 
     progress("floor: bare mmap copy of the same record bytes")
-    f1 = median([floor(_case(workdir, "floor"), KIB, budget.floor_records, 64 * MIB)
-                 for _ in range(budget.repeats)])
+    f1 = median(
+        [
+            floor(_case(workdir, "floor"), KIB, budget.floor_records, 64 * MIB)
+            for _ in range(budget.repeats)
+        ]
+    )
     f16 = floor(_case(workdir, "floor"), 16 * KIB, budget.floor_records // 8, 256 * MIB)
-    result.rows += [Row("floor 1 KiB (bare mmap loop)", f1.msgs_s, f1.mb_s, cpu_us=f1.cpu_us),
-                    Row("floor 16 KiB (bare mmap loop)", f16.msgs_s, f16.mb_s,
-                        cpu_us=f16.cpu_us)]
-    m.update(floor_msgs_s=round(f1.msgs_s), floor_mb_s=round(f1.mb_s, 1),
-             floor_16k_msgs_s=round(f16.msgs_s), floor_16k_mb_s=round(f16.mb_s, 1))
+    result.rows += [
+        Row("floor 1 KiB (bare mmap loop)", f1.msgs_s, f1.mb_s, cpu_us=f1.cpu_us),
+        Row("floor 16 KiB (bare mmap loop)", f16.msgs_s, f16.mb_s, cpu_us=f16.cpu_us),
+    ]
+    m.update(
+        floor_msgs_s=round(f1.msgs_s),
+        floor_mb_s=round(f1.mb_s, 1),
+        floor_16k_msgs_s=round(f16.msgs_s),
+        floor_16k_mb_s=round(f16.mb_s, 1),
+    )
 
     progress("commitlog append alone, then dispatch: consume queues + index")
     ap, d = dispatch(_case(workdir, "dispatch"), budget)
-    result.rows.append(Row("commitlog append 1 KiB (no facade)", ap.msgs_s, ap.mb_s,
-                           f"{ap.msgs_s / f1.msgs_s:.0%} of floor", ap.cpu_us))
+    result.rows.append(
+        Row(
+            "commitlog append 1 KiB (no facade)",
+            ap.msgs_s,
+            ap.mb_s,
+            f"{ap.msgs_s / f1.msgs_s:.0%} of floor",
+            ap.cpu_us,
+        )
+    )
     result.rows.append(Row("dispatch (CQ + index, 1 KiB)", d.msgs_s, d.mb_s, cpu_us=d.cpu_us))
-    m.update(commitlog_append_1k_msgs_s=round(ap.msgs_s), dispatch_msgs_s=round(d.msgs_s),
-             floor_cpu_us=round(f1.cpu_us, 3), commitlog_append_1k_cpu_us=round(ap.cpu_us, 2),
-             dispatch_cpu_us=round(d.cpu_us, 2))
+    m.update(
+        commitlog_append_1k_msgs_s=round(ap.msgs_s),
+        dispatch_msgs_s=round(d.msgs_s),
+        floor_cpu_us=round(f1.cpu_us, 3),
+        commitlog_append_1k_cpu_us=round(ap.cpu_us, 2),
+        dispatch_cpu_us=round(d.cpu_us, 2),
+    )
 
     progress("put async 1 KiB")
     a1, store = put_async(_case(workdir, "async1k"), budget, KIB, budget.put_1k)
     try:
-        result.rows.append(Row("put async 1 KiB", a1.msgs_s, a1.mb_s,
-                               f"{a1.msgs_s / f1.msgs_s:.0%} of floor", a1.cpu_us))
-        m.update(put_async_1k_msgs_s=round(a1.msgs_s), put_async_1k_mb_s=round(a1.mb_s, 1),
-                 put_async_1k_vs_floor=round(a1.msgs_s / f1.msgs_s, 3))
+        result.rows.append(
+            Row(
+                "put async 1 KiB",
+                a1.msgs_s,
+                a1.mb_s,
+                f"{a1.msgs_s / f1.msgs_s:.0%} of floor",
+                a1.cpu_us,
+            )
+        )
+        m.update(
+            put_async_1k_msgs_s=round(a1.msgs_s),
+            put_async_1k_mb_s=round(a1.mb_s, 1),
+            put_async_1k_vs_floor=round(a1.msgs_s / f1.msgs_s, 3),
+        )
         progress("read by queue offset (get_messages x32)")
         r = read(store, budget, a1.count)
-        result.rows.append(Row("read by offset (get_messages x32)", r.msgs_s, r.mb_s,
-                               cpu_us=r.cpu_us))
+        result.rows.append(
+            Row("read by offset (get_messages x32)", r.msgs_s, r.mb_s, cpu_us=r.cpu_us)
+        )
         m.update(read_msgs_s=round(r.msgs_s), read_mb_s=round(r.mb_s, 1))
     finally:
         store.shutdown()  # type: ignore[attr-defined]
@@ -437,47 +514,102 @@ def run(opts: Options) -> SuiteResult:
     progress("put async 1 KiB, batches of 32")
     ab, store = put_async(_case(workdir, "async1kb"), budget, KIB, budget.put_1k, batch=32)
     store.shutdown()  # type: ignore[attr-defined]
-    result.rows.append(Row("put async 1 KiB (put_messages x32)", ab.msgs_s, ab.mb_s,
-                           f"{ab.msgs_s / f1.msgs_s:.0%} of floor", ab.cpu_us))
+    result.rows.append(
+        Row(
+            "put async 1 KiB (put_messages x32)",
+            ab.msgs_s,
+            ab.mb_s,
+            f"{ab.msgs_s / f1.msgs_s:.0%} of floor",
+            ab.cpu_us,
+        )
+    )
     m.update(put_async_1k_batch_msgs_s=round(ab.msgs_s))
 
     progress("put async 1 KiB, put_batch of 32")
     keys = batch_keys(budget.put_batch_1k)
-    af = median([put_async_fast(_case(workdir, "async1kf"), budget, KIB, budget.put_batch_1k,
-                                keys=keys) for _ in range(budget.repeats)])
+    af = median(
+        [
+            put_async_fast(_case(workdir, "async1kf"), budget, KIB, budget.put_batch_1k, keys=keys)
+            for _ in range(budget.repeats)
+        ]
+    )
     progress("put_batch of 32 into the commitlog, no dispatch thread")
-    cf = median([commitlog_put_batch(_case(workdir, "clbatch"), budget.put_batch_1k, keys)
-                 for _ in range(budget.repeats)])
-    result.rows.append(Row("put async 1 KiB (put_batch x32)", af.msgs_s, af.mb_s,
-                           f"{af.msgs_s / f1.msgs_s:.0%} of floor", af.cpu_us))
-    result.rows.append(Row("  same, no dispatch thread", cf.msgs_s, cf.mb_s,
-                           f"{cf.msgs_s / f1.msgs_s:.0%} of floor", cf.cpu_us))
-    m.update(put_async_1k_batch_fast_msgs_s=round(af.msgs_s),
-             put_async_1k_batch_fast_vs_floor=round(af.msgs_s / f1.msgs_s, 3),
-             put_async_1k_batch_fast_cpu_us=round(af.cpu_us, 2),
-             put_batch_1k_no_dispatch_msgs_s=round(cf.msgs_s),
-             put_batch_1k_no_dispatch_vs_floor=round(cf.msgs_s / f1.msgs_s, 3),
-             put_batch_1k_no_dispatch_cpu_us=round(cf.cpu_us, 3))
+    cf = median(
+        [
+            commitlog_put_batch(_case(workdir, "clbatch"), budget.put_batch_1k, keys)
+            for _ in range(budget.repeats)
+        ]
+    )
+    result.rows.append(
+        Row(
+            "put async 1 KiB (put_batch x32)",
+            af.msgs_s,
+            af.mb_s,
+            f"{af.msgs_s / f1.msgs_s:.0%} of floor",
+            af.cpu_us,
+        )
+    )
+    result.rows.append(
+        Row(
+            "  same, no dispatch thread",
+            cf.msgs_s,
+            cf.mb_s,
+            f"{cf.msgs_s / f1.msgs_s:.0%} of floor",
+            cf.cpu_us,
+        )
+    )
+    m.update(
+        put_async_1k_batch_fast_msgs_s=round(af.msgs_s),
+        put_async_1k_batch_fast_vs_floor=round(af.msgs_s / f1.msgs_s, 3),
+        put_async_1k_batch_fast_cpu_us=round(af.cpu_us, 2),
+        put_batch_1k_no_dispatch_msgs_s=round(cf.msgs_s),
+        put_batch_1k_no_dispatch_vs_floor=round(cf.msgs_s / f1.msgs_s, 3),
+        put_batch_1k_no_dispatch_cpu_us=round(cf.cpu_us, 3),
+    )
 
     progress("put async 16 KiB")
     a16, store = put_async(_case(workdir, "async16k"), budget, 16 * KIB, budget.put_16k)
     store.shutdown()  # type: ignore[attr-defined]
-    result.rows.append(Row("put async 16 KiB", a16.msgs_s, a16.mb_s,
-                           f"{a16.mb_s / f16.mb_s:.0%} of floor MB/s", a16.cpu_us))
+    result.rows.append(
+        Row(
+            "put async 16 KiB",
+            a16.msgs_s,
+            a16.mb_s,
+            f"{a16.mb_s / f16.mb_s:.0%} of floor MB/s",
+            a16.cpu_us,
+        )
+    )
     m.update(put_async_16k_msgs_s=round(a16.msgs_s), put_async_16k_mb_s=round(a16.mb_s, 1))
 
     for producers in (1, 8, 64):
         progress(f"put sync 1 KiB, {producers} producers")
         s, per_fsync = put_sync(_case(workdir, f"sync{producers}"), budget, producers)
-        result.rows.append(Row(f"put sync 1 KiB x{producers} producers", s.msgs_s, s.mb_s,
-                               f"{per_fsync:.1f} msgs/fsync"))
+        result.rows.append(
+            Row(
+                f"put sync 1 KiB x{producers} producers",
+                s.msgs_s,
+                s.mb_s,
+                f"{per_fsync:.1f} msgs/fsync",
+            )
+        )
         m[f"put_sync_{producers}_msgs_s"] = round(s.msgs_s)
         m[f"sync_{producers}_msgs_per_fsync"] = round(per_fsync, 2)
 
-    for name in ("floor", "dispatch", "async1k", "async1kb", "async1kf", "async16k", "sync1",
-                 "sync8", "sync64"):
+    for name in (
+        "floor",
+        "dispatch",
+        "async1k",
+        "async1kb",
+        "async1kf",
+        "async16k",
+        "sync1",
+        "sync8",
+        "sync64",
+    ):
         shutil.rmtree(workdir / name, ignore_errors=True)
-    result.notes.append(f"(quick={opts.quick}; {os.cpu_count()} CPUs; MB = 1e6 bytes of "
-                        "message body; CPU = the measuring thread only, background "
-                        "dispatch/flush threads not included)")
+    result.notes.append(
+        f"(quick={opts.quick}; {os.cpu_count()} CPUs; MB = 1e6 bytes of "
+        "message body; CPU = the measuring thread only, background "
+        "dispatch/flush threads not included)"
+    )
     return result

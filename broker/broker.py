@@ -133,16 +133,24 @@ class Broker(ProduceEngine):
     `ProduceEngine`'s; this class supplies its primitives `_require_running` and `_topic`.
     """
 
-    def __init__(self, store_config: StoreConfig, config: BrokerConfig | None = None, *,
-                 clock: Callable[[], int] | None = None,
-                 disk_usage: Callable[[Path], float] | None = None) -> None:
+    def __init__(
+        self,
+        store_config: StoreConfig,
+        config: BrokerConfig | None = None,
+        *,
+        clock: Callable[[], int] | None = None,
+        disk_usage: Callable[[Path], float] | None = None,
+    ) -> None:
         """`disk_usage` (a partition's used ratio) is the store's seam for tests of a full
         disk; by default the real partition is measured."""
         config = config or BrokerConfig()
         config.validate()
         clock = clock or wall_ms
-        store = (MessageStore(store_config, clock=clock) if disk_usage is None
-                 else MessageStore(store_config, clock=clock, disk_usage=disk_usage))
+        store = (
+            MessageStore(store_config, clock=clock)
+            if disk_usage is None
+            else MessageStore(store_config, clock=clock, disk_usage=disk_usage)
+        )
         self._topics = TopicConfigManager(store.config_file(TOPICS_FILE))
         self._groups = SubscriptionGroupManager(store.config_file(GROUPS_FILE))
         self._offsets = ConsumerOffsetManager(store.config_file(OFFSETS_FILE))
@@ -151,21 +159,36 @@ class Broker(ProduceEngine):
         self._notifier = ArrivalNotifier()
         levels = config.delay_levels_ms
         self._schedule = ScheduleMessageService(
-            store, levels, store.config_file(DELAY_OFFSETS_FILE), clock,
-            config.schedule_interval_ms, before_put=self._ensure_derived_topic)
+            store,
+            levels,
+            store.config_file(DELAY_OFFSETS_FILE),
+            clock,
+            config.schedule_interval_ms,
+            before_put=self._ensure_derived_topic,
+        )
         self._pop = PopPolicy(
-            store, store.config_file(POP_STATE_FILE), clock,
-            commit_offset=self._offsets.commit, query_offset=self._offsets.query,
-            put_dlq=self._put_dlq)
+            store,
+            store.config_file(POP_STATE_FILE),
+            clock,
+            commit_offset=self._offsets.commit,
+            query_offset=self._offsets.query,
+            put_dlq=self._put_dlq,
+        )
         transactions = TransactionService(
-            store, clock, commit_offset=self._offsets.commit,
-            query_offset=self._offsets.query, timeout_ms=config.transaction_timeout_ms,
+            store,
+            clock,
+            commit_offset=self._offsets.commit,
+            query_offset=self._offsets.query,
+            timeout_ms=config.transaction_timeout_ms,
             check_interval_ms=config.transaction_check_interval_ms,
             check_max=config.transaction_check_max,
-            pass_interval_ms=min(config.transaction_check_interval_ms, 1_000))
+            pass_interval_ms=min(config.transaction_check_interval_ms, 1_000),
+        )
         super().__init__(config, store, clock, levels, transactions)
-        self._maintenance = _Maintenance(self, min(self.config.pop_revive_interval_ms,
-                                                   self.config.flush_offset_interval_ms) / 1000)
+        self._maintenance = _Maintenance(
+            self,
+            min(self.config.pop_revive_interval_ms, self.config.flush_offset_interval_ms) / 1000,
+        )
         self._last_persist = 0
         self._last_revive = 0
         self._lock = threading.Lock()
@@ -234,8 +257,10 @@ class Broker(ProduceEngine):
     def do_maintenance(self) -> None:
         """One maintenance pass (the background service runs it; tests may call it)."""
         now = self._clock()
-        if now - self._last_revive >= self.config.pop_revive_interval_ms \
-                and not self.config.replica:
+        if (
+            now - self._last_revive >= self.config.pop_revive_interval_ms
+            and not self.config.replica
+        ):
             self._last_revive = now
             _, wake = self._pop.revive(self.max_delivery_attempts)
             for topic in wake:
@@ -250,16 +275,27 @@ class Broker(ProduceEngine):
             raise BrokerNotRunning("the broker is not running")
 
     # ------------------------------------------------------------------ topics and groups
-    def create_topic(self, name: str, *, queues: int = 4, perm: int = PERM_READ_WRITE,
-                     message_type: str | TopicMessageType = "NORMAL",
-                     read_queues: int | None = None,
-                     write_queues: int | None = None) -> TopicConfig:
+    def create_topic(
+        self,
+        name: str,
+        *,
+        queues: int = 4,
+        perm: int = PERM_READ_WRITE,
+        message_type: str | TopicMessageType = "NORMAL",
+        read_queues: int | None = None,
+        write_queues: int | None = None,
+    ) -> TopicConfig:
         """Create or update a topic (an upsert, like mqadmin updateTopic)."""
         validate_user_topic(name)
         mtype = TopicMessageType.parse(message_type)
-        cfg = TopicConfig(name, read_queue_nums=read_queues or queues,
-                          write_queue_nums=write_queues or queues, perm=perm,
-                          message_type=mtype, order=mtype is TopicMessageType.FIFO)
+        cfg = TopicConfig(
+            name,
+            read_queue_nums=read_queues or queues,
+            write_queue_nums=write_queues or queues,
+            perm=perm,
+            message_type=mtype,
+            order=mtype is TopicMessageType.FIFO,
+        )
         return self._topics.put(cfg)
 
     def delete_topic(self, name: str) -> bool:
@@ -279,13 +315,27 @@ class Broker(ProduceEngine):
     def topics(self) -> list[TopicConfig]:
         return self._topics.all()
 
-    def create_group(self, group: str, *, retry_max_times: int = 16, retry_queue_nums: int = 1,
-                     consume_broadcast: bool = True, fifo: bool = False,
-                     consume_enable: bool = True) -> SubscriptionGroupConfig:
+    def create_group(
+        self,
+        group: str,
+        *,
+        retry_max_times: int = 16,
+        retry_queue_nums: int = 1,
+        consume_broadcast: bool = True,
+        fifo: bool = False,
+        consume_enable: bool = True,
+    ) -> SubscriptionGroupConfig:
         validate_group_name(group)
-        return self._groups.put(SubscriptionGroupConfig(
-            group, consume_enable=consume_enable, consume_broadcast=consume_broadcast,
-            retry_queue_nums=retry_queue_nums, retry_max_times=retry_max_times, fifo=fifo))
+        return self._groups.put(
+            SubscriptionGroupConfig(
+                group,
+                consume_enable=consume_enable,
+                consume_broadcast=consume_broadcast,
+                retry_queue_nums=retry_queue_nums,
+                retry_max_times=retry_max_times,
+                fifo=fifo,
+            )
+        )
 
     def delete_group(self, group: str) -> bool:
         validate_group_name(group)
@@ -304,9 +354,11 @@ class Broker(ProduceEngine):
     def config_snapshot(self) -> dict[str, Any]:
         """Topics, groups and committed offsets, JSON-shaped: what a master sends its
         slaves (docs/ha.md, config sync)."""
-        return {"topics": [c.to_json() for c in self._topics.all()],
-                "groups": [c.to_json() for c in self._groups.all()],
-                "offsets": self._offsets.snapshot()}
+        return {
+            "topics": [c.to_json() for c in self._topics.all()],
+            "groups": [c.to_json() for c in self._groups.all()],
+            "offsets": self._offsets.snapshot(),
+        }
 
     def apply_config_snapshot(self, snapshot: Mapping[str, Any]) -> None:
         """A slave takes its master's topics and groups (created or updated; none
@@ -330,17 +382,23 @@ class Broker(ProduceEngine):
             return cfg
         if not self.config.auto_create_subscription_group:
             raise GroupNotFound(group)
-        return self._groups.get_or_create(SubscriptionGroupConfig(
-            group, retry_max_times=self.config.default_retry_max_times))
+        return self._groups.get_or_create(
+            SubscriptionGroupConfig(group, retry_max_times=self.config.default_retry_max_times)
+        )
 
     def _derived_config(self, name: str) -> TopicConfig | None:
         """Retry and DLQ topics are created on demand from their group's settings."""
         if is_retry_topic(name):
-            group = self._group(name[len(RETRY_GROUP_TOPIC_PREFIX):])
-            cfg = TopicConfig(name, group.retry_queue_nums, group.retry_queue_nums,
-                              PERM_READ_WRITE, TopicMessageType.MIXED)
+            group = self._group(name[len(RETRY_GROUP_TOPIC_PREFIX) :])
+            cfg = TopicConfig(
+                name,
+                group.retry_queue_nums,
+                group.retry_queue_nums,
+                PERM_READ_WRITE,
+                TopicMessageType.MIXED,
+            )
         elif is_dlq_topic(name):
-            self._group(name[len(DLQ_GROUP_TOPIC_PREFIX):])
+            self._group(name[len(DLQ_GROUP_TOPIC_PREFIX) :])
             cfg = TopicConfig(name, 1, 1, PERM_READ_WRITE, TopicMessageType.MIXED)
         else:
             return None
@@ -362,16 +420,23 @@ class Broker(ProduceEngine):
         if derived is not None:
             return derived
         if create and self.config.auto_create_topic:
-            return self._topics.get_or_create(TopicConfig(
-                name, self.config.default_queue_nums, self.config.default_queue_nums,
-                PERM_READ_WRITE, TopicMessageType.MIXED))
+            return self._topics.get_or_create(
+                TopicConfig(
+                    name,
+                    self.config.default_queue_nums,
+                    self.config.default_queue_nums,
+                    PERM_READ_WRITE,
+                    TopicMessageType.MIXED,
+                )
+            )
         raise TopicNotFound(name)
 
     def route(self, topic: str) -> TopicRoute:
         """Queues and permission of a topic; auto-creates it when configured."""
         cfg = self._topic(topic, create=True)
-        return TopicRoute(cfg.name, cfg.read_queue_nums, cfg.write_queue_nums, cfg.perm,
-                          cfg.message_type)
+        return TopicRoute(
+            cfg.name, cfg.read_queue_nums, cfg.write_queue_nums, cfg.perm, cfg.message_type
+        )
 
     def retry_topic(self, group: str) -> str:
         return retry_topic(validate_group_name(group))
@@ -412,8 +477,15 @@ class Broker(ProduceEngine):
         return self._pop.deferring(call)
 
     # ------------------------------------------------------------------ transactions
-    def end_transaction(self, producer_group: str, transaction_id: str, commitlog_offset: int,
-                        commit: bool, *, from_check: bool = False) -> None:
+    def end_transaction(
+        self,
+        producer_group: str,
+        transaction_id: str,
+        commitlog_offset: int,
+        commit: bool,
+        *,
+        from_check: bool = False,
+    ) -> None:
         """Commit (the real message becomes visible) or roll back a half message."""
         self._require_running()
         validate_group_name(producer_group)
@@ -421,8 +493,11 @@ class Broker(ProduceEngine):
             raise InvalidArgument(f"commitlog offset {commitlog_offset!r} is not an offset")
         self._tx.end(producer_group, transaction_id, commitlog_offset, commit)
         if from_check:
-            log.info("transaction %s resolved by check-back: %s", transaction_id,
-                     "commit" if commit else "rollback")
+            log.info(
+                "transaction %s resolved by check-back: %s",
+                transaction_id,
+                "commit" if commit else "rollback",
+            )
 
     def register_transaction_checker(self, producer_group: str, checker: Checker) -> None:
         """The check service calls `checker(half message)` (in a worker thread) for
@@ -447,15 +522,26 @@ class Broker(ProduceEngine):
         cfg = self._topic(topic, create=False)
         if not cfg.readable:
             raise NoPermission(topic, "readable", cfg.perm)
-        if queue_id is not None and (not isinstance(queue_id, int)
-                                     or not 0 <= queue_id < cfg.read_queue_nums):
-            raise InvalidArgument(f"queue id {queue_id!r} is not one of the "
-                                  f"{cfg.read_queue_nums} read queues of {topic!r}")
+        if queue_id is not None and (
+            not isinstance(queue_id, int) or not 0 <= queue_id < cfg.read_queue_nums
+        ):
+            raise InvalidArgument(
+                f"queue id {queue_id!r} is not one of the "
+                f"{cfg.read_queue_nums} read queues of {topic!r}"
+            )
         return cfg
 
-    def pull_message(self, group: str, topic: str, queue_id: int, offset: int,
-                     max_msgs: int = 32, tags: Collection[str] | str | None = None, *,
-                     suspend_ms: int = 0) -> PullResult:
+    def pull_message(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_msgs: int = 32,
+        tags: Collection[str] | str | None = None,
+        *,
+        suspend_ms: int = 0,
+    ) -> PullResult:
         """Read from `offset`; with `suspend_ms`, wait up to that long for a new message."""
         self._require_running()
         self._readable(group, topic, queue_id)
@@ -474,8 +560,9 @@ class Broker(ProduceEngine):
             if status is not PullStatus.NO_NEW_MSG or remaining_ms <= 0 or not self._running:
                 if got.messages:
                     self.delivered.add((group, topic), len(got.messages))
-                return PullResult(status, got.messages, got.next_begin_offset, got.min_offset,
-                                  got.max_offset)
+                return PullResult(
+                    status, got.messages, got.next_begin_offset, got.min_offset, got.max_offset
+                )
             self._notifier.wait({topic: version}, remaining_ms)
 
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
@@ -490,8 +577,14 @@ class Broker(ProduceEngine):
         validate_topic_name(topic)
         return self._offsets.query(group, topic, queue_id)
 
-    def initial_offset(self, group: str, topic: str, queue_id: int, where: ConsumeFromWhere,
-                       timestamp_ms: int | None = None) -> int:
+    def initial_offset(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        where: ConsumeFromWhere,
+        timestamp_ms: int | None = None,
+    ) -> int:
         """The committed offset, else where a new group starts (committed right away, so
         every consumer that takes the queue over later starts at the same place)."""
         validate_group_name(group)
@@ -504,8 +597,11 @@ class Broker(ProduceEngine):
                 return self.store.get_min_offset_in_queue(topic, queue_id)
             if where is ConsumeFromWhere.LAST_OFFSET:
                 return self.store.get_max_offset_in_queue(topic, queue_id)
-            ts = timestamp_ms if timestamp_ms is not None else (
-                self._clock() - DEFAULT_CONSUME_TIMESTAMP_AGO_MS)
+            ts = (
+                timestamp_ms
+                if timestamp_ms is not None
+                else (self._clock() - DEFAULT_CONSUME_TIMESTAMP_AGO_MS)
+            )
             return self.store.get_offset_in_queue_by_time(topic, queue_id, ts)
 
         return self._offsets.commit_if_absent(group, topic, queue_id, start)
@@ -530,9 +626,16 @@ class Broker(ProduceEngine):
             leased: dict[int, int] = {}
             for f in self._pop.in_flight(group, t):
                 leased[f.queue_id] = leased.get(f.queue_id, 0) + 1
-            out.extend(QueueProgress(t, q, self.store.get_max_offset_in_queue(t, q),
-                                     committed.get(q, -1), leased.get(q, 0))
-                       for q in sorted(queue_ids))
+            out.extend(
+                QueueProgress(
+                    t,
+                    q,
+                    self.store.get_max_offset_in_queue(t, q),
+                    committed.get(q, -1),
+                    leased.get(q, 0),
+                )
+                for q in sorted(queue_ids)
+            )
         return out
 
     def min_offset(self, topic: str, queue_id: int) -> int:
@@ -546,8 +649,13 @@ class Broker(ProduceEngine):
         self._ensure_derived_topic(msg)
         self._stored(msg.topic, self.store.put_message(msg))
 
-    def consumer_send_back(self, group: str, msg: MessageExt, delay_level: int = 0,
-                           max_reconsume_times: int | None = None) -> None:
+    def consumer_send_back(
+        self,
+        group: str,
+        msg: MessageExt,
+        delay_level: int = 0,
+        max_reconsume_times: int | None = None,
+    ) -> None:
         """Hand a failed message back: next rung of the retry ladder, or the DLQ.
 
         `delay_level` 0 uses 3 + reconsume times; -1 sends it to the DLQ now.
@@ -569,14 +677,24 @@ class Broker(ProduceEngine):
         assert rcfg is not None
         level = retry_level(delay_level, stored.reconsume_times, len(self._levels))
         retry_msg = build_retry_message(
-            group, stored, level=level, delay_ms=self._levels[level - 1], now_ms=self._clock(),
+            group,
+            stored,
+            level=level,
+            delay_ms=self._levels[level - 1],
+            now_ms=self._clock(),
             retry_queue_id=random.randrange(rcfg.write_queue_nums),
-            max_reconsume_times=limit)
+            max_reconsume_times=limit,
+        )
         self._stored(retry_msg.topic, self.store.put_message(retry_msg))
 
-    def reconsume_directly(self, group: str, commitlog_offset: int, *,
-                           properties: Mapping[str, str] | None = None,
-                           reconsume_times: int | None = None) -> SendResult:
+    def reconsume_directly(
+        self,
+        group: str,
+        commitlog_offset: int,
+        *,
+        properties: Mapping[str, str] | None = None,
+        reconsume_times: int | None = None,
+    ) -> SendResult:
         """Admin: deliver one stored message to `group` again, now, through its retry topic
         (any topic's message, e.g. one from the DLQ). Reconsume times are kept unless
         `reconsume_times` says otherwise (a DLQ replay starts the ladder again at 0);
@@ -588,16 +706,31 @@ class Broker(ProduceEngine):
             raise InvalidArgument(f"no message at commitlog offset {commitlog_offset}")
         rcfg = self._derived_config(retry_topic(group))
         assert rcfg is not None
-        copy = build_retry_message(group, stored, level=1, delay_ms=0, now_ms=self._clock(),
-                                   retry_queue_id=random.randrange(rcfg.write_queue_nums),
-                                   max_reconsume_times=self.max_delivery_attempts(group) - 1)
-        direct = unschedule_now(copy, reconsume_times=stored.reconsume_times
-                                if reconsume_times is None else reconsume_times)
+        copy = build_retry_message(
+            group,
+            stored,
+            level=1,
+            delay_ms=0,
+            now_ms=self._clock(),
+            retry_queue_id=random.randrange(rcfg.write_queue_nums),
+            max_reconsume_times=self.max_delivery_attempts(group) - 1,
+        )
+        direct = unschedule_now(
+            copy,
+            reconsume_times=stored.reconsume_times if reconsume_times is None else reconsume_times,
+        )
         direct.properties.update(properties or {})
         result = self._stored(direct.topic, self.store.put_message(direct))
         assert result.append is not None
-        return SendResult(result.status, stored.msg_id, result.append.msg_id, direct.topic,
-                          direct.queue_id, result.append.queue_offset, result.append.wrote_offset)
+        return SendResult(
+            result.status,
+            stored.msg_id,
+            result.append.msg_id,
+            direct.topic,
+            direct.queue_id,
+            result.append.queue_offset,
+            result.append.wrote_offset,
+        )
 
     def deliver_due(self) -> int:
         """Run one schedule pass now (the service runs one every `schedule_interval_ms`)."""
@@ -607,8 +740,9 @@ class Broker(ProduceEngine):
         return self._schedule.offsets()
 
     # ------------------------------------------------------------------ consumers
-    def heartbeat(self, client_id: str, group: str,
-                  subscriptions: Mapping[str, Collection[str] | None]) -> None:
+    def heartbeat(
+        self, client_id: str, group: str, subscriptions: Mapping[str, Collection[str] | None]
+    ) -> None:
         validate_group_name(group)
         if not isinstance(client_id, str) or not client_id:
             raise InvalidArgument("client id must be a non-empty string")
@@ -625,9 +759,17 @@ class Broker(ProduceEngine):
         return self._consumers.consumer_ids(group)
 
     # ------------------------------------------------------------------ invisible time
-    def receive(self, group: str, topic: str, max_msgs: int, invisible_ms: int,
-                tags: Collection[str] | str | None = None, *, long_poll_ms: int = 0,
-                fifo: bool = False) -> list[ReceivedEntry]:
+    def receive(
+        self,
+        group: str,
+        topic: str,
+        max_msgs: int,
+        invisible_ms: int,
+        tags: Collection[str] | str | None = None,
+        *,
+        long_poll_ms: int = 0,
+        fifo: bool = False,
+    ) -> list[ReceivedEntry]:
         """Up to `max_msgs` messages, each hidden from the group for `invisible_ms`; the
         group's retry topic first, when it reads `topic` alone (see `_retry_config`)."""
         self._require_running()
@@ -647,13 +789,31 @@ class Broker(ProduceEngine):
             version = self._notifier.version(topic)
             # the group's retry topic first (RocketMQ's pop reads it too): copies an operator
             # or the outbox sent to this group alone (reconsume, DLQ replay, resend)
-            entries = [] if retry is None else self._pop.receive(
-                group, retry.name, list(range(retry.read_queue_nums)), want, invisible_ms, tags,
-                fifo=False, max_attempts=gcfg.max_delivery_attempts)
+            entries = (
+                []
+                if retry is None
+                else self._pop.receive(
+                    group,
+                    retry.name,
+                    list(range(retry.read_queue_nums)),
+                    want,
+                    invisible_ms,
+                    tags,
+                    fifo=False,
+                    max_attempts=gcfg.max_delivery_attempts,
+                )
+            )
             if len(entries) < want:
-                entries += self._pop.receive(group, topic, queue_ids, want - len(entries),
-                                             invisible_ms, tags, fifo=fifo,
-                                             max_attempts=gcfg.max_delivery_attempts)
+                entries += self._pop.receive(
+                    group,
+                    topic,
+                    queue_ids,
+                    want - len(entries),
+                    invisible_ms,
+                    tags,
+                    fifo=fifo,
+                    max_attempts=gcfg.max_delivery_attempts,
+                )
             parked = self.parked.of(group, topic)
             if parked and entries:
                 kept = self._divert_parked(group, topic, entries, parked)
@@ -678,8 +838,10 @@ class Broker(ProduceEngine):
         cfg = self._topics.get(name)
         if cfg is None:
             return None
-        subscribed = [{t for t in c.subscriptions if not is_retry_topic(t)}
-                      for c in self._consumers.consumers(group)]
+        subscribed = [
+            {t for t in c.subscriptions if not is_retry_topic(t)}
+            for c in self._consumers.consumers(group)
+        ]
         if not subscribed or any(s != {topic} for s in subscribed):
             return None
         return cfg
@@ -690,12 +852,14 @@ class Broker(ProduceEngine):
         `receive` took from it (the client only knows the topic it asked for), else `topic`."""
         name = retry_topic(group)
         if isinstance(receipt_handle, str) and receipt_handle.startswith(
-                f"{RECEIPT_VERSION}{RECEIPT_SEPARATOR}{name}{RECEIPT_SEPARATOR}"):
+            f"{RECEIPT_VERSION}{RECEIPT_SEPARATOR}{name}{RECEIPT_SEPARATOR}"
+        ):
             return name
         return topic
 
-    def _divert_parked(self, group: str, topic: str, entries: list[ReceivedEntry],
-                       parked: frozenset[str]) -> list[ReceivedEntry]:
+    def _divert_parked(
+        self, group: str, topic: str, entries: list[ReceivedEntry], parked: frozenset[str]
+    ) -> list[ReceivedEntry]:
         """Received messages of parked message groups go to the DLQ instead (in order: FIFO
         hands out one message of a group at a time); the rest are returned."""
         kept: list[ReceivedEntry] = []
@@ -703,15 +867,17 @@ class Broker(ProduceEngine):
             if message_group_of(entry.message) not in parked:
                 kept.append(entry)
                 continue
-            self._pop.forward_to_dlq(group, topic, entry.receipt_handle,
-                                     parked=lambda _mg: True)
+            self._pop.forward_to_dlq(group, topic, entry.receipt_handle, parked=lambda _mg: True)
         return kept
 
     def _check_invisible(self, invisible_ms: int, minimum: int = 1) -> None:
         if not isinstance(invisible_ms, int) or not minimum <= invisible_ms <= (
-                self.config.max_invisible_ms):
-            raise InvalidArgument(f"invisible duration {invisible_ms!r} ms must be {minimum}.."
-                                  f"{self.config.max_invisible_ms}")
+            self.config.max_invisible_ms
+        ):
+            raise InvalidArgument(
+                f"invisible duration {invisible_ms!r} ms must be {minimum}.."
+                f"{self.config.max_invisible_ms}"
+            )
 
     def ack(self, group: str, topic: str, receipt_handle: str) -> None:
         """Done with a received message. Acking the same handle twice is harmless."""
@@ -722,8 +888,9 @@ class Broker(ProduceEngine):
         self.acked.add((group, topic))
         self._touch(group, [receipt_handle])
 
-    def ack_batch(self, group: str, topic: str,
-                  receipt_handles: Sequence[str]) -> list[BrokerError | None]:
+    def ack_batch(
+        self, group: str, topic: str, receipt_handles: Sequence[str]
+    ) -> list[BrokerError | None]:
         """Ack many handles at once (one durable record): per handle None or its error."""
         self._require_running()
         validate_group_name(group)
@@ -736,9 +903,11 @@ class Broker(ProduceEngine):
             errors = [None] * len(handles)
             for lease_topic in set(on):
                 at = [i for i, t in enumerate(on) if t == lease_topic]
-                for i, error in zip(at, self._pop.ack_many(group, lease_topic,
-                                                           [handles[i] for i in at]),
-                                    strict=True):
+                for i, error in zip(
+                    at,
+                    self._pop.ack_many(group, lease_topic, [handles[i] for i in at]),
+                    strict=True,
+                ):
                     errors[i] = error
         self.acked.add((group, topic), errors.count(None))
         self._touch(group, [h for h, e in zip(handles, errors, strict=True) if e is None])
@@ -767,8 +936,9 @@ class Broker(ProduceEngine):
                 self._offsets.commit(group, topic, q, offset)
         self._offsets.persist(force=True)
 
-    def change_invisible_duration(self, group: str, topic: str, receipt_handle: str,
-                                  invisible_ms: int) -> str:
+    def change_invisible_duration(
+        self, group: str, topic: str, receipt_handle: str, invisible_ms: int
+    ) -> str:
         """Hide the message for `invisible_ms` from now; returns the new handle (the old
         one stops working). The delivery attempt does not change; 0 makes the message
         visible again at once (a negative acknowledgement)."""
@@ -777,10 +947,12 @@ class Broker(ProduceEngine):
         validate_topic_name(topic)
         self._check_invisible(invisible_ms, minimum=0)
         return self._pop.change_invisible_duration(
-            group, self._lease_topic(group, topic, receipt_handle), receipt_handle, invisible_ms)
+            group, self._lease_topic(group, topic, receipt_handle), receipt_handle, invisible_ms
+        )
 
-    def forward_to_dlq(self, group: str, topic: str, receipt_handle: str, *,
-                       park: bool = False) -> None:
+    def forward_to_dlq(
+        self, group: str, topic: str, receipt_handle: str, *, park: bool = False
+    ) -> None:
         """Dead-letter a received message now. With `park` its message group is parked
         first: no later message of it reaches the group until an operator unparks it
         (`unpark_message_group`; see broker.parking). The copy of a message whose group is
@@ -795,8 +967,9 @@ class Broker(ProduceEngine):
                 return True
             return message_group in self.parked.of(group, topic)
 
-        self._pop.forward_to_dlq(group, self._lease_topic(group, topic, receipt_handle),
-                                 receipt_handle, parked=parked)
+        self._pop.forward_to_dlq(
+            group, self._lease_topic(group, topic, receipt_handle), receipt_handle, parked=parked
+        )
         self._touch(group, [receipt_handle])
 
     def park_message_group(self, group: str, topic: str, message_group: str) -> bool:

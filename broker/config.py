@@ -32,8 +32,10 @@ def parse_delay_levels(table: str) -> tuple[int, ...]:
     for i, part in enumerate(parts, start=1):
         m = _LEVEL.match(part)
         if m is None:
-            raise ConfigError(f"delay level {i} {part!r}: expected a number and a unit "
-                              f"(ms, s, m, h, d), e.g. '5s'")
+            raise ConfigError(
+                f"delay level {i} {part!r}: expected a number and a unit "
+                f"(ms, s, m, h, d), e.g. '5s'"
+            )
         ms = int(m.group(1)) * _UNIT_MS[m.group(2)]
         if ms <= 0:
             raise ConfigError(f"delay level {i} {part!r} must be positive")
@@ -100,10 +102,20 @@ class BrokerConfig:
     def validate(self) -> None:
         """Raise ConfigError for any value the broker cannot run with."""
         parse_delay_levels(self.message_delay_level)
-        for name in ("default_queue_nums", "max_message_size", "schedule_interval_ms",
-                     "flush_offset_interval_ms", "max_pull_batch", "max_receive_batch",
-                     "max_invisible_ms", "pop_revive_interval_ms", "transaction_timeout_ms",
-                     "transaction_check_interval_ms", "consumer_expiry_ms", "max_delay_ms"):
+        for name in (
+            "default_queue_nums",
+            "max_message_size",
+            "schedule_interval_ms",
+            "flush_offset_interval_ms",
+            "max_pull_batch",
+            "max_receive_batch",
+            "max_invisible_ms",
+            "pop_revive_interval_ms",
+            "transaction_timeout_ms",
+            "transaction_check_interval_ms",
+            "consumer_expiry_ms",
+            "max_delay_ms",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if self.default_queue_nums > 1024:

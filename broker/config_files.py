@@ -16,8 +16,14 @@ from broker.schedule import ScheduleMessageService
 from broker.subscription import SubscriptionGroupManager
 from broker.topic import TopicConfigManager
 
-__all__ = ["DELAY_OFFSETS_FILE", "GROUPS_FILE", "OFFSETS_FILE",
-           "POP_STATE_FILE", "TOPICS_FILE", "config_file_parsers"]
+__all__ = [
+    "DELAY_OFFSETS_FILE",
+    "GROUPS_FILE",
+    "OFFSETS_FILE",
+    "POP_STATE_FILE",
+    "TOPICS_FILE",
+    "config_file_parsers",
+]
 
 TOPICS_FILE = "topics.json"
 GROUPS_FILE = "subscriptionGroup.json"
@@ -29,6 +35,10 @@ POP_STATE_FILE = "popState.json"
 def config_file_parsers() -> dict[str, Callable[[dict[str, Any]], object]]:
     """Each `config/` file's name -> its loader's parse (raises ConfigShapeError on a
     document of the wrong shape): what `reliable admin store verify` checks them with."""
-    return {TOPICS_FILE: TopicConfigManager.parse, GROUPS_FILE: SubscriptionGroupManager.parse,
-            OFFSETS_FILE: ConsumerOffsetManager.parse,
-            DELAY_OFFSETS_FILE: ScheduleMessageService.parse, POP_STATE_FILE: parse_snapshot}
+    return {
+        TOPICS_FILE: TopicConfigManager.parse,
+        GROUPS_FILE: SubscriptionGroupManager.parse,
+        OFFSETS_FILE: ConsumerOffsetManager.parse,
+        DELAY_OFFSETS_FILE: ScheduleMessageService.parse,
+        POP_STATE_FILE: parse_snapshot,
+    }

@@ -38,8 +38,9 @@ class ConsumerRegistry:
         self._lock = threading.Lock()
         self._groups: dict[str, dict[str, ConsumerInfo]] = {}
 
-    def heartbeat(self, client_id: str, group: str,
-                  subscriptions: Mapping[str, Collection[str] | None]) -> bool:
+    def heartbeat(
+        self, client_id: str, group: str, subscriptions: Mapping[str, Collection[str] | None]
+    ) -> bool:
         """Record a heartbeat; True when the client is new to the group."""
         subs = {t: tag_set(tags) for t, tags in subscriptions.items()}
         now = self._clock()
@@ -63,15 +64,21 @@ class ConsumerRegistry:
         now = self._clock()
         with self._lock:
             members = self._groups.get(group, {})
-            return sorted(c for c, info in members.items()
-                          if now - info.last_heartbeat_ms <= self._expiry_ms)
+            return sorted(
+                c for c, info in members.items() if now - info.last_heartbeat_ms <= self._expiry_ms
+            )
 
     def consumers(self, group: str) -> list[ConsumerInfo]:
         now = self._clock()
         with self._lock:
-            return sorted((info for info in self._groups.get(group, {}).values()
-                           if now - info.last_heartbeat_ms <= self._expiry_ms),
-                          key=lambda i: i.client_id)
+            return sorted(
+                (
+                    info
+                    for info in self._groups.get(group, {}).values()
+                    if now - info.last_heartbeat_ms <= self._expiry_ms
+                ),
+                key=lambda i: i.client_id,
+            )
 
     def groups(self) -> list[str]:
         with self._lock:

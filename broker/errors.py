@@ -165,8 +165,7 @@ class MessageTypeMismatch(MessageIllegal):
         self.topic = topic
         self.topic_type = topic_type
         self.message_type = message_type
-        super().__init__(
-            f"topic {topic!r} accepts {topic_type} messages, not {message_type}")
+        super().__init__(f"topic {topic!r} accepts {topic_type} messages, not {message_type}")
 
 
 class SendRejected(BrokerError):
@@ -220,8 +219,7 @@ class TransactionNotFound(TransactionError):
     def __init__(self, transaction_id: str, commitlog_offset: int, reason: str) -> None:
         self.transaction_id = transaction_id
         self.commitlog_offset = commitlog_offset
-        super().__init__(
-            f"transaction {transaction_id!r} at offset {commitlog_offset}: {reason}")
+        super().__init__(f"transaction {transaction_id!r} at offset {commitlog_offset}: {reason}")
 
 
 class TransactionAlreadyResolved(TransactionError):

@@ -60,8 +60,9 @@ class BrokerCollector(Collector):
     `broker` may be a callable returning the broker, or None while there is none yet (a
     process whose embedded broker starts later): then the scrape has no broker families."""
 
-    def __init__(self, broker: Broker | Callable[[], Broker | None], *,
-                 send_seconds: Histogram | None = None) -> None:
+    def __init__(
+        self, broker: Broker | Callable[[], Broker | None], *, send_seconds: Histogram | None = None
+    ) -> None:
         self._source = broker
         self._send_seconds = send_seconds
 
@@ -81,13 +82,17 @@ class BrokerCollector(Collector):
             yield histogram_family(
                 PREFIX + "send_duration_seconds",
                 "Server-side handling of one SendMessage request, from arrival to answer",
-                self._send_seconds)
+                self._send_seconds,
+            )
         flush = store.commitlog.flush_service.stats
-        yield histogram_family(PREFIX + "fsync_duration_seconds",
-                               "Duration of one commitlog fsync", flush.seconds)
-        yield histogram_family(PREFIX + "fsync_messages",
-                               "Messages made durable by one commitlog fsync (group commit)",
-                               flush.records)
+        yield histogram_family(
+            PREFIX + "fsync_duration_seconds", "Duration of one commitlog fsync", flush.seconds
+        )
+        yield histogram_family(
+            PREFIX + "fsync_messages",
+            "Messages made durable by one commitlog fsync (group commit)",
+            flush.records,
+        )
         if b.running:
             yield from self._consumption(b)
         yield from self._disk(b)
@@ -96,16 +101,20 @@ class BrokerCollector(Collector):
     def _traffic(b: Broker) -> Iterator[Metric]:
         store = b.store
         put = CounterMetricFamily(
-            PREFIX + "messages_put", "Messages stored per topic (the end of its queues)",
-            labels=["topic"])
+            PREFIX + "messages_put",
+            "Messages stored per topic (the end of its queues)",
+            labels=["topic"],
+        )
         for topic in sorted(store.topics()):
-            put.add_metric([topic], float(sum(
-                store.get_max_offset_in_queue(topic, q) for q in store.queue_ids(topic))))
+            put.add_metric(
+                [topic],
+                float(sum(store.get_max_offset_in_queue(topic, q) for q in store.queue_ids(topic))),
+            )
         yield put
         for name, doc, counter in (
-                ("messages_delivered", "Messages handed to a group (received or pulled)",
-                 b.delivered),
-                ("messages_acked", "Messages a group acknowledged", b.acked)):
+            ("messages_delivered", "Messages handed to a group (received or pulled)", b.delivered),
+            ("messages_acked", "Messages a group acknowledged", b.acked),
+        ):
             family = CounterMetricFamily(PREFIX + name, doc, labels=["group", "topic"])
             for (group, topic), n in sorted(counter.snapshot().items()):
                 family.add_metric([group, topic], float(n))
@@ -117,16 +126,23 @@ class BrokerCollector(Collector):
         lag = GaugeMetricFamily(
             PREFIX + "consumer_lag_messages",
             "Messages of a queue the group has not acknowledged yet (queue end - offset)",
-            labels=["group", "topic", "queue"])
+            labels=["group", "topic", "queue"],
+        )
         in_flight = GaugeMetricFamily(
-            PREFIX + "in_flight_messages", "Messages received by a group and not yet acked",
-            labels=["group", "topic"])
+            PREFIX + "in_flight_messages",
+            "Messages received by a group and not yet acked",
+            labels=["group", "topic"],
+        )
         retry = GaugeMetricFamily(
             PREFIX + "retry_depth_messages",
-            "Messages waiting in a group's retry topic", labels=["group"])
+            "Messages waiting in a group's retry topic",
+            labels=["group"],
+        )
         dlq = GaugeMetricFamily(
-            PREFIX + "dlq_depth_messages", "Messages in a group's dead-letter topic",
-            labels=["group"])
+            PREFIX + "dlq_depth_messages",
+            "Messages in a group's dead-letter topic",
+            labels=["group"],
+        )
         for cfg in sorted(b.groups(), key=lambda g: g.group):
             group = cfg.group
             leased: dict[str, int] = {}
@@ -147,9 +163,16 @@ class BrokerCollector(Collector):
                 waiting += max(0, store.get_max_offset_in_queue(name, q) - start)
             retry.add_metric([group], float(waiting))
             dead = dlq_topic(group)
-            dlq.add_metric([group], float(sum(
-                store.get_max_offset_in_queue(dead, q) - store.get_min_offset_in_queue(dead, q)
-                for q in store.queue_ids(dead))))
+            dlq.add_metric(
+                [group],
+                float(
+                    sum(
+                        store.get_max_offset_in_queue(dead, q)
+                        - store.get_min_offset_in_queue(dead, q)
+                        for q in store.queue_ids(dead)
+                    )
+                ),
+            )
         yield lag
         yield in_flight
         yield retry
@@ -159,26 +182,32 @@ class BrokerCollector(Collector):
     def _disk(b: Broker) -> Iterator[Metric]:
         store = b.store
         cfg = store.config
-        used = GaugeMetricFamily(PREFIX + "commitlog_bytes",
-                                 "Bytes of commitlog the store holds (max - min offset)")
-        used.add_metric([], float(store.get_commitlog_max_offset()
-                                  - store.get_commitlog_min_offset()))
+        used = GaugeMetricFamily(
+            PREFIX + "commitlog_bytes", "Bytes of commitlog the store holds (max - min offset)"
+        )
+        used.add_metric(
+            [], float(store.get_commitlog_max_offset() - store.get_commitlog_min_offset())
+        )
         yield used
         ratio = GaugeMetricFamily(
             PREFIX + "disk_used_ratio",
-            "Used fraction of the fullest partition holding the store (0..1)")
+            "Used fraction of the fullest partition holding the store (0..1)",
+        )
         ratio.add_metric([], store.cleanup.measure_disk())
         yield ratio
         marks = GaugeMetricFamily(
             PREFIX + "disk_watermark_ratio",
             "The store's disk watermarks: max_used (age-based cleanup starts), clean "
-            "(files go regardless of age), refuse (puts are refused)", labels=["watermark"])
+            "(files go regardless of age), refuse (puts are refused)",
+            labels=["watermark"],
+        )
         marks.add_metric(["max_used"], cfg.disk_max_used_space_ratio)
         marks.add_metric(["clean"], cfg.disk_clean_watermark)
         marks.add_metric(["refuse"], cfg.disk_refuse_watermark)
         yield marks
-        full = GaugeMetricFamily(PREFIX + "disk_full",
-                                 "1 while the store refuses puts (disk above the refuse mark)")
+        full = GaugeMetricFamily(
+            PREFIX + "disk_full", "1 while the store refuses puts (disk above the refuse mark)"
+        )
         full.add_metric([], 1.0 if store.is_disk_full() else 0.0)
         yield full
 

@@ -33,11 +33,21 @@ AUTO_CREATE_TEMPLATE_TOPIC = "TBW102"
 SYSTEM_TOPIC_PREFIX = "rmq_sys_"
 # every prefix that marks a topic as the broker's (RocketMQ's and its proxy's)
 SYSTEM_TOPIC_PREFIXES = (SYSTEM_TOPIC_PREFIX, "RMQ_SYS_", "%SYS%")
-SYSTEM_TOPICS = frozenset({
-    SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, REVIVE_TOPIC,
-    AUTO_CREATE_TEMPLATE_TOPIC, "BenchmarkTest", "OFFSET_MOVED_EVENT", "SELF_TEST_TOPIC",
-    "RMQ_SYS_TRACE_TOPIC", "rmq_sys_wheel_timer", "TRANS_CHECK_MAX_TIME_TOPIC",
-})
+SYSTEM_TOPICS = frozenset(
+    {
+        SCHEDULE_TOPIC,
+        TRANS_HALF_TOPIC,
+        TRANS_OP_HALF_TOPIC,
+        REVIVE_TOPIC,
+        AUTO_CREATE_TEMPLATE_TOPIC,
+        "BenchmarkTest",
+        "OFFSET_MOVED_EVENT",
+        "SELF_TEST_TOPIC",
+        "RMQ_SYS_TRACE_TOPIC",
+        "rmq_sys_wheel_timer",
+        "TRANS_CHECK_MAX_TIME_TOPIC",
+    }
+)
 # groups the broker uses for its own bookkeeping in the offset table
 SYSTEM_GROUP_PREFIX = "CID_RMQ_SYS_"
 
@@ -91,8 +101,10 @@ def group_name_problem(name: object) -> str | None:
     if not name or not name.strip():
         return "must not be blank"
     if len(name) > GROUP_MAX_LENGTH:
-        return (f"is {len(name)} characters; at most {GROUP_MAX_LENGTH} "
-                f"(so that %RETRY%<group> fits the topic limit)")
+        return (
+            f"is {len(name)} characters; at most {GROUP_MAX_LENGTH} "
+            f"(so that %RETRY%<group> fits the topic limit)"
+        )
     return _chars_problem(name)
 
 

@@ -62,9 +62,10 @@ class ConsumerOffsetManager:
         table: dict[str, dict[int, int]] = {}
         for key, queues in obj(data.get("offsetTable", {}), "offsetTable").items():
             where = f"offsetTable.{key}"
-            table[key] = {integer(q, f"{where} key", minimum=0):
-                          integer(o, f"{where}.{q}", minimum=0)
-                          for q, o in obj(queues, where).items()}
+            table[key] = {
+                integer(q, f"{where} key", minimum=0): integer(o, f"{where}.{q}", minimum=0)
+                for q, o in obj(queues, where).items()
+            }
         return table
 
     @staticmethod
@@ -73,9 +74,10 @@ class ConsumerOffsetManager:
         times: dict[str, dict[int, int]] = {}
         for key, queues in obj(data.get("consumeTimeTable", {}), "consumeTimeTable").items():
             where = f"consumeTimeTable.{key}"
-            times[key] = {integer(q, f"{where} key", minimum=0):
-                          integer(t, f"{where}.{q}", minimum=0)
-                          for q, t in obj(queues, where).items()}
+            times[key] = {
+                integer(q, f"{where} key", minimum=0): integer(t, f"{where}.{q}", minimum=0)
+                for q, t in obj(queues, where).items()
+            }
         return times
 
     def load(self) -> None:
@@ -91,10 +93,12 @@ class ConsumerOffsetManager:
         with self._lock:
             if not (self._dirty or force):
                 return False
-            snapshot = {k: {str(q): o for q, o in sorted(v.items())}
-                        for k, v in sorted(self._table.items())}
-            times = {k: {str(q): t for q, t in sorted(v.items())}
-                     for k, v in sorted(self._times.items())}
+            snapshot = {
+                k: {str(q): o for q, o in sorted(v.items())} for k, v in sorted(self._table.items())
+            }
+            times = {
+                k: {str(q): t for q, t in sorted(v.items())} for k, v in sorted(self._times.items())
+            }
             self._dirty = False
         try:
             doc: dict[str, Any] = {"offsetTable": snapshot}
@@ -110,8 +114,9 @@ class ConsumerOffsetManager:
     def snapshot(self) -> dict[str, dict[str, int]]:
         """The whole table in `consumerOffset.json`'s shape (a slave's config sync)."""
         with self._lock:
-            return {k: {str(q): o for q, o in sorted(v.items())}
-                    for k, v in sorted(self._table.items())}
+            return {
+                k: {str(q): o for q, o in sorted(v.items())} for k, v in sorted(self._table.items())
+            }
 
     def replace(self, table: dict[str, Any]) -> None:
         """Take a master's table as it is (`snapshot()`'s shape; ConfigShapeError when it
@@ -133,8 +138,9 @@ class ConsumerOffsetManager:
                 queues[queue_id] = offset
                 self._dirty = True
 
-    def commit_if_absent(self, group: str, topic: str, queue_id: int,
-                         compute: Callable[[], int]) -> int:
+    def commit_if_absent(
+        self, group: str, topic: str, queue_id: int, compute: Callable[[], int]
+    ) -> int:
         """The committed offset, or `compute()` committed atomically when there is none (two
         consumers starting a new group at once agree on where it starts)."""
         with self._lock:
@@ -174,7 +180,7 @@ class ConsumerOffsetManager:
     def topics_of_group(self, group: str) -> list[str]:
         suffix = TOPIC_GROUP_SEPARATOR + group
         with self._lock:
-            return sorted(k[:-len(suffix)] for k in self._table if k.endswith(suffix))
+            return sorted(k[: -len(suffix)] for k in self._table if k.endswith(suffix))
 
     def remove_topic(self, topic: str) -> None:
         prefix = topic + TOPIC_GROUP_SEPARATOR

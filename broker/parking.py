@@ -40,8 +40,11 @@ class ParkedGroups:
             self._parked.setdefault(key, set()).add(str(entry["message_group"]))
 
     def _save_locked(self) -> None:
-        rows = [{"group": g, "topic": t, "message_group": p}
-                for (g, t), groups in sorted(self._parked.items()) for p in sorted(groups)]
+        rows = [
+            {"group": g, "topic": t, "message_group": p}
+            for (g, t), groups in sorted(self._parked.items())
+            for p in sorted(groups)
+        ]
         self._file.save({"parked": rows})
 
     def park(self, group: str, topic: str, message_group: str) -> bool:
@@ -72,9 +75,12 @@ class ParkedGroups:
 
     def listing(self, group: str | None = None) -> list[dict[str, Any]]:
         with self._lock:
-            return [{"group": g, "topic": t, "message_group": p}
-                    for (g, t), groups in sorted(self._parked.items())
-                    if group is None or g == group for p in sorted(groups)]
+            return [
+                {"group": g, "topic": t, "message_group": p}
+                for (g, t), groups in sorted(self._parked.items())
+                if group is None or g == group
+                for p in sorted(groups)
+            ]
 
     def forget_topic(self, topic: str) -> None:
         with self._lock:

@@ -57,10 +57,16 @@ def _done_ranges(done: Collection[tuple[int, int]]) -> list[Op]:
 class PopPolicy(PopJournal):
     """Receive, ack, change invisible duration, dead-letter; thread-safe."""
 
-    def __init__(self, store: MessageStore, snapshot: JsonConfigFile, clock: Callable[[], int],
-                 *, commit_offset: Callable[[str, str, int, int], None],
-                 query_offset: Callable[[str, str, int], int],
-                 put_dlq: Callable[[Message], None]) -> None:
+    def __init__(
+        self,
+        store: MessageStore,
+        snapshot: JsonConfigFile,
+        clock: Callable[[], int],
+        *,
+        commit_offset: Callable[[str, str, int, int], None],
+        query_offset: Callable[[str, str, int], int],
+        put_dlq: Callable[[Message], None],
+    ) -> None:
         super().__init__(store, snapshot, clock, commit_offset=commit_offset)
         self._query_offset = query_offset
         self._put_dlq = put_dlq
@@ -82,9 +88,18 @@ class PopPolicy(PopJournal):
             return 0
         return self._store.get_max_offset_in_queue(topic, qid)
 
-    def receive(self, group: str, topic: str, queue_ids: Sequence[int], max_msgs: int,
-                invisible_ms: int, tags: Collection[str] | None, *, fifo: bool,
-                max_attempts: int) -> list[ReceivedEntry]:
+    def receive(
+        self,
+        group: str,
+        topic: str,
+        queue_ids: Sequence[int],
+        max_msgs: int,
+        invisible_ms: int,
+        tags: Collection[str] | None,
+        *,
+        fifo: bool,
+        max_attempts: int,
+    ) -> list[ReceivedEntry]:
         with self._changing():
             key = (group, topic)
             start = self._rotation.get(key, 0)
@@ -94,13 +109,31 @@ class PopPolicy(PopJournal):
             for qid in order:
                 if len(entries) >= max_msgs:
                     break
-                entries.extend(self._receive_queue(group, topic, qid, max_msgs - len(entries),
-                                                   invisible_ms, tags, fifo, max_attempts))
+                entries.extend(
+                    self._receive_queue(
+                        group,
+                        topic,
+                        qid,
+                        max_msgs - len(entries),
+                        invisible_ms,
+                        tags,
+                        fifo,
+                        max_attempts,
+                    )
+                )
             return entries
 
-    def _receive_queue(self, group: str, topic: str, qid: int, want: int, invisible_ms: int,
-                       tags: Collection[str] | None, fifo: bool,
-                       max_attempts: int) -> list[ReceivedEntry]:
+    def _receive_queue(
+        self,
+        group: str,
+        topic: str,
+        qid: int,
+        want: int,
+        invisible_ms: int,
+        tags: Collection[str] | None,
+        fifo: bool,
+        max_attempts: int,
+    ) -> list[ReceivedEntry]:
         queues = self._state.setdefault((group, topic), {})
         ops: list[Op] = []
         window = queues.get(qid)
@@ -113,8 +146,11 @@ class PopPolicy(PopJournal):
         picked: list[tuple[MessageExt, int, int]] = []  # message, attempt, nonce
         busy: set[str] = set()
         if fifo:
-            busy = {lz.message_group for lz in window.leases.values()
-                    if lz.until_ms > now and lz.message_group}
+            busy = {
+                lz.message_group
+                for lz in window.leases.values()
+                if lz.until_ms > now and lz.message_group
+            }
 
         nonces = self._nonces
 
@@ -182,19 +218,27 @@ class PopPolicy(PopJournal):
         out: list[ReceivedEntry] = []
         for msg, attempt, nonce in picked:
             handle = ReceiptHandle(topic, qid, msg.queue_offset, nonce, until, attempt)
-            shown = msg if msg.reconsume_times == attempt - 1 else replace(
-                msg, reconsume_times=attempt - 1)
+            shown = (
+                msg
+                if msg.reconsume_times == attempt - 1
+                else replace(msg, reconsume_times=attempt - 1)
+            )
             out.append(ReceivedEntry(shown, handle.encode(), attempt, until))
         return out
 
-    def _dead_letter(self, group: str, msg: MessageExt, reconsumed: int,
-                     parked_group: str | None = None) -> None:
-        self._put_dlq(build_dlq_message(group, replace(msg, reconsume_times=reconsumed),
-                                        parked_group=parked_group))
+    def _dead_letter(
+        self, group: str, msg: MessageExt, reconsumed: int, parked_group: str | None = None
+    ) -> None:
+        self._put_dlq(
+            build_dlq_message(
+                group, replace(msg, reconsume_times=reconsumed), parked_group=parked_group
+            )
+        )
 
     # ------------------------------------------------------------------ ack & co
-    def _lease_of(self, group: str, topic: str, handle: str,
-                  allow_done: bool) -> tuple[ReceiptHandle, QueueWindow, Lease | None]:
+    def _lease_of(
+        self, group: str, topic: str, handle: str, allow_done: bool
+    ) -> tuple[ReceiptHandle, QueueWindow, Lease | None]:
         parsed = ReceiptHandle.decode(handle)
         if parsed.topic != topic:
             raise InvalidReceiptHandle(handle, f"issued for topic {parsed.topic!r}, not {topic!r}")
@@ -203,8 +247,9 @@ class PopPolicy(PopJournal):
             raise InvalidReceiptHandle(handle, f"no message was received by group {group!r}")
         lease = window.leases.get(parsed.queue_offset)
         if lease is None:
-            if allow_done and (parsed.queue_offset < window.low
-                               or parsed.queue_offset in window.done):
+            if allow_done and (
+                parsed.queue_offset < window.low or parsed.queue_offset in window.done
+            ):
                 return parsed, window, None  # already acknowledged: acks are idempotent
             raise InvalidReceiptHandle(handle, "the message is not in flight")
         if lease.nonce != parsed.nonce:
@@ -218,11 +263,13 @@ class PopPolicy(PopJournal):
             parsed, _, lease = self._lease_of(group, topic, handle, allow_done=True)
             if lease is None:
                 return
-            self._commit(group, topic, [["D", parsed.queue_id, parsed.queue_offset,
-                                         parsed.queue_offset + 1]])
+            self._commit(
+                group, topic, [["D", parsed.queue_id, parsed.queue_offset, parsed.queue_offset + 1]]
+            )
 
-    def ack_many(self, group: str, topic: str,
-                 handles: Sequence[str]) -> list[ReceiptHandleError | None]:
+    def ack_many(
+        self, group: str, topic: str, handles: Sequence[str]
+    ) -> list[ReceiptHandleError | None]:
         """Ack several handles with one revive-log record; per handle None or its error."""
         with self._changing():
             out: list[ReceiptHandleError | None] = []
@@ -239,34 +286,55 @@ class PopPolicy(PopJournal):
             self._commit(group, topic, _done_ranges(done))
             return out
 
-    def change_invisible_duration(self, group: str, topic: str, handle: str,
-                                  invisible_ms: int) -> str:
+    def change_invisible_duration(
+        self, group: str, topic: str, handle: str, invisible_ms: int
+    ) -> str:
         with self._changing():
             parsed, _, lease = self._lease_of(group, topic, handle, allow_done=False)
             assert lease is not None
             nonce = next(self._nonces)
             until = self._clock() + invisible_ms
-            self._commit(group, topic, [["L", parsed.queue_id, parsed.queue_offset,
-                                         lease.attempt, until, nonce, lease.message_group]])
-            return ReceiptHandle(topic, parsed.queue_id, parsed.queue_offset, nonce, until,
-                                 lease.attempt).encode()
+            self._commit(
+                group,
+                topic,
+                [
+                    [
+                        "L",
+                        parsed.queue_id,
+                        parsed.queue_offset,
+                        lease.attempt,
+                        until,
+                        nonce,
+                        lease.message_group,
+                    ]
+                ],
+            )
+            return ReceiptHandle(
+                topic, parsed.queue_id, parsed.queue_offset, nonce, until, lease.attempt
+            ).encode()
 
-    def forward_to_dlq(self, group: str, topic: str, handle: str,
-                       parked: Callable[[str], bool] | None = None) -> None:
+    def forward_to_dlq(
+        self, group: str, topic: str, handle: str, parked: Callable[[str], bool] | None = None
+    ) -> None:
         """Dead-letter a leased message now. `parked(message_group)` is asked first for a
         message of a message group: True stamps the copy as parked (see broker.parking)."""
         with self._changing():
             parsed, _, lease = self._lease_of(group, topic, handle, allow_done=False)
             assert lease is not None
-            msg = self._store.get_message_by_queue_offset(topic, parsed.queue_id,
-                                                          parsed.queue_offset)
+            msg = self._store.get_message_by_queue_offset(
+                topic, parsed.queue_id, parsed.queue_offset
+            )
             if msg is not None:
                 message_group = message_group_of(msg)
-                stamp = (message_group if parked is not None and message_group is not None
-                         and parked(message_group) else None)
+                stamp = (
+                    message_group
+                    if parked is not None and message_group is not None and parked(message_group)
+                    else None
+                )
                 self._dead_letter(group, msg, lease.attempt - 1, stamp)
-            self._commit(group, topic, [["D", parsed.queue_id, parsed.queue_offset,
-                                         parsed.queue_offset + 1]])
+            self._commit(
+                group, topic, [["D", parsed.queue_id, parsed.queue_offset, parsed.queue_offset + 1]]
+            )
 
     # ------------------------------------------------------------------ revive sweep
     def revive(self, max_attempts_of: Callable[[str], int]) -> tuple[int, list[str]]:

@@ -80,16 +80,27 @@ class QueueWindow:
             self.low += 1
 
     def to_json(self) -> dict[str, Any]:
-        return {"low": self.low, "next": self.next, "done": sorted(self.done),
-                "leases": {str(o): [lz.attempt, lz.until_ms, lz.nonce, lz.message_group]
-                           for o, lz in sorted(self.leases.items())}}
+        return {
+            "low": self.low,
+            "next": self.next,
+            "done": sorted(self.done),
+            "leases": {
+                str(o): [lz.attempt, lz.until_ms, lz.nonce, lz.message_group]
+                for o, lz in sorted(self.leases.items())
+            },
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> QueueWindow:
-        return cls(low=int(data["low"]), next=int(data["next"]),
-                   leases={int(o): Lease(int(v[0]), int(v[1]), int(v[2]), v[3])
-                           for o, v in data.get("leases", {}).items()},
-                   done={int(o) for o in data.get("done", [])})
+        return cls(
+            low=int(data["low"]),
+            next=int(data["next"]),
+            leases={
+                int(o): Lease(int(v[0]), int(v[1]), int(v[2]), v[3])
+                for o, v in data.get("leases", {}).items()
+            },
+            done={int(o) for o in data.get("done", [])},
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,16 +130,22 @@ def parse_snapshot(data: dict[str, Any]) -> tuple[Windows, int]:
                 for o, v in obj(w.get("leases", {}), f"{where}.leases").items():
                     v = arr(v, f"{where}.leases.{o}")
                     if len(v) != 4 or not (v[3] is None or isinstance(v[3], str)):
-                        raise ConfigShapeError(f"{where}.leases.{o}: expected "
-                                               "[attempt, until, nonce, group or null]")
+                        raise ConfigShapeError(
+                            f"{where}.leases.{o}: expected [attempt, until, nonce, group or null]"
+                        )
                     attempt, until, nonce = (integer(x, f"{where}.leases.{o}[]") for x in v[:3])
                     leases[integer(o, f"{where}.leases key", minimum=0)] = Lease(
-                        attempt, until, nonce, v[3])
+                        attempt, until, nonce, v[3]
+                    )
                 windows[integer(q, f"{where} key", minimum=0)] = QueueWindow(
                     low=integer(w.get("low"), f"{where}.low", minimum=0),
-                    next=integer(w.get("next"), f"{where}.next", minimum=0), leases=leases,
-                    done={integer(o, f"{where}.done[]") for o in
-                          arr(w.get("done", []), f"{where}.done")})
+                    next=integer(w.get("next"), f"{where}.next", minimum=0),
+                    leases=leases,
+                    done={
+                        integer(o, f"{where}.done[]")
+                        for o in arr(w.get("done", []), f"{where}.done")
+                    },
+                )
             state[(group, topic)] = windows
     return state, integer(data.get("reviveOffset", 0), "reviveOffset", minimum=0)
 
@@ -165,8 +182,14 @@ class PopJournal:
     """The windows and leases of every (group, topic), logged before they change;
     thread-safe (one lock, `_changing`)."""
 
-    def __init__(self, store: MessageStore, snapshot: JsonConfigFile, clock: Callable[[], int],
-                 *, commit_offset: Callable[[str, str, int, int], None]) -> None:
+    def __init__(
+        self,
+        store: MessageStore,
+        snapshot: JsonConfigFile,
+        clock: Callable[[], int],
+        *,
+        commit_offset: Callable[[str, str, int, int], None],
+    ) -> None:
         self._store = store
         self._file = snapshot
         self._clock = clock
@@ -183,12 +206,10 @@ class PopJournal:
         state, revive_offset = self._file.load(parse_snapshot) or ({}, 0)
         with self._lock:
             self._state = state
-            offset = max(revive_offset,
-                         self._store.get_min_offset_in_queue(REVIVE_TOPIC, 0))
+            offset = max(revive_offset, self._store.get_min_offset_in_queue(REVIVE_TOPIC, 0))
             replayed = 0
             while True:
-                result = self._store.get_messages(POP_GROUP, REVIVE_TOPIC, 0, offset,
-                                                  _REPLAY_BATCH)
+                result = self._store.get_messages(POP_GROUP, REVIVE_TOPIC, 0, offset, _REPLAY_BATCH)
                 for msg in result.messages:
                     record = json.loads(msg.body)
                     self._apply(record["g"], record["t"], record["ops"])
@@ -213,8 +234,14 @@ class PopJournal:
         end = self._store.get_max_offset_in_queue(topic, qid)
         if window.next <= end:
             return
-        log.warning("pop window %s/%s/%d reaches %d but the queue ends at %d; cut back",
-                    group, topic, qid, window.next, end)
+        log.warning(
+            "pop window %s/%s/%d reaches %d but the queue ends at %d; cut back",
+            group,
+            topic,
+            qid,
+            window.next,
+            end,
+        )
         window.next = end
         window.low = min(window.low, end)
         window.leases = {o: lz for o, lz in window.leases.items() if o < end}
@@ -227,7 +254,8 @@ class PopJournal:
             groups: dict[str, dict[str, dict[str, Any]]] = {}
             for (group, topic), queues in sorted(self._state.items()):
                 groups.setdefault(group, {})[topic] = {
-                    str(q): w.to_json() for q, w in sorted(queues.items())}
+                    str(q): w.to_json() for q, w in sorted(queues.items())
+                }
             data = {"reviveOffset": self._revive_next, "groups": groups}
             self._dirty = False
         self._file.save(data)
@@ -237,11 +265,13 @@ class PopJournal:
         """Write one record to the revive log; SendRejected when the store refuses it."""
         body = json.dumps({"g": group, "t": topic, "ops": ops}, separators=(",", ":"))
         # no flush wait under the lock: `_changing` waits once the lock is released
-        result = self._store.put_messages([Message(topic=REVIVE_TOPIC, body=body.encode())],
-                                          wait=False)[0]
+        result = self._store.put_messages(
+            [Message(topic=REVIVE_TOPIC, body=body.encode())], wait=False
+        )[0]
         if not result.status.stored or result.append is None:
-            raise SendRejected(REVIVE_TOPIC, result.status.value,
-                               ResponseCode.SERVICE_NOT_AVAILABLE)
+            raise SendRejected(
+                REVIVE_TOPIC, result.status.value, ResponseCode.SERVICE_NOT_AVAILABLE
+            )
         self._revive_next = result.append.queue_offset + 1
         self._logged_end = result.append.wrote_offset + result.append.wrote_bytes
         self._dirty = True
@@ -326,8 +356,9 @@ class PopJournal:
         with self._changing():
             if (group, topic) not in self._state:
                 return False
-            self._commit(group, topic, [["X"]] + [["I", int(q), int(o)]
-                                                  for q, o in sorted(offsets.items())])
+            self._commit(
+                group, topic, [["X"]] + [["I", int(q), int(o)] for q, o in sorted(offsets.items())]
+            )
             return True
 
     def forget_group(self, group: str) -> None:
@@ -339,7 +370,9 @@ class PopJournal:
     # ------------------------------------------------------------------ inspection
     def in_flight(self, group: str, topic: str) -> list[InFlight]:
         with self._lock:
-            out = [InFlight(qid, off, lz.attempt, lz.until_ms, lz.message_group)
-                   for qid, w in self._state.get((group, topic), {}).items()
-                   for off, lz in w.leases.items()]
+            out = [
+                InFlight(qid, off, lz.attempt, lz.until_ms, lz.message_group)
+                for qid, w in self._state.get((group, topic), {}).items()
+                for off, lz in w.leases.items()
+            ]
         return sorted(out, key=lambda f: (f.queue_id, f.queue_offset))

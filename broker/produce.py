@@ -23,7 +23,6 @@ def check_properties(props: Mapping[str, str]) -> None:
             raise MessageIllegal(f"property {k!r} contains a reserved separator character")
 
 
-
 def message_type_of(msg: Message) -> TopicMessageType:
     """What kind of message this is, as a topic's `message.type` judges it."""
     p = msg.properties
@@ -36,8 +35,9 @@ def message_type_of(msg: Message) -> TopicMessageType:
     return TopicMessageType.NORMAL
 
 
-def schedule_target(msg: Message, levels_ms: tuple[int, ...], now_ms: int,
-                    max_delay_ms: int) -> tuple[int, int] | None:
+def schedule_target(
+    msg: Message, levels_ms: tuple[int, ...], now_ms: int, max_delay_ms: int
+) -> tuple[int, int] | None:
     """(schedule queue id, delivery ms) for a delayed message; None to deliver now.
 
     DELAY=L waits in queue L-1 for the level's delay (L <= 0: no delay); TIMER_DELIVER_MS
@@ -55,14 +55,16 @@ def schedule_target(msg: Message, levels_ms: tuple[int, ...], now_ms: int,
             return None  # RocketMQ: level 0 means no delay
         if level > len(levels_ms):
             raise MessageIllegal(
-                f"delay level {level} is beyond the {len(levels_ms)} configured levels")
+                f"delay level {level} is beyond the {len(levels_ms)} configured levels"
+            )
         return level - 1, now_ms + levels_ms[level - 1]
     if Prop.TIMER_DELIVER_MS in p:
         try:
             at = int(p[Prop.TIMER_DELIVER_MS])
         except ValueError:
             raise MessageIllegal(
-                f"delivery time {p[Prop.TIMER_DELIVER_MS]!r} is not epoch ms") from None
+                f"delivery time {p[Prop.TIMER_DELIVER_MS]!r} is not epoch ms"
+            ) from None
         if at > now_ms + max_delay_ms:
             raise MessageIllegal(f"delivery time is more than {max_delay_ms} ms in the future")
         if at <= now_ms:
@@ -75,15 +77,29 @@ def without_delay(msg: Message) -> Message:
     """The message minus delay properties that turned out to mean "now"."""
     if not any(k in msg.properties for k in _DELAY_PROPS):
         return msg
-    return replace(msg, properties={k: v for k, v in msg.properties.items()
-                                    if k not in _DELAY_PROPS})
+    return replace(
+        msg, properties={k: v for k, v in msg.properties.items() if k not in _DELAY_PROPS}
+    )
 
 
 def scheduled_copy(msg: Message, queue_id: int, deliver_ms: int) -> Message:
     """The SCHEDULE_TOPIC_XXXX copy that waits until `deliver_ms` (also its CQ tag code)."""
     props = dict(msg.properties)
-    props.update({Prop.REAL_TOPIC: msg.topic, Prop.REAL_QID: str(msg.queue_id),
-                  Prop.TIMER_DELIVER_MS: str(deliver_ms)})
-    return Message(topic=SCHEDULE_TOPIC, body=msg.body, queue_id=queue_id, flag=msg.flag,
-                   properties=props, sys_flag=msg.sys_flag, born_timestamp=msg.born_timestamp,
-                   born_host=msg.born_host, reconsume_times=msg.reconsume_times)
+    props.update(
+        {
+            Prop.REAL_TOPIC: msg.topic,
+            Prop.REAL_QID: str(msg.queue_id),
+            Prop.TIMER_DELIVER_MS: str(deliver_ms),
+        }
+    )
+    return Message(
+        topic=SCHEDULE_TOPIC,
+        body=msg.body,
+        queue_id=queue_id,
+        flag=msg.flag,
+        properties=props,
+        sys_flag=msg.sys_flag,
+        born_timestamp=msg.born_timestamp,
+        born_host=msg.born_host,
+        reconsume_times=msg.reconsume_times,
+    )

@@ -42,8 +42,14 @@ from broker.transaction import TransactionService
 class ProduceEngine:
     """Stores messages: normal, delayed, half (transactional), batches."""
 
-    def __init__(self, config: BrokerConfig, store: MessageStore, clock: Callable[[], int],
-                 levels: tuple[int, ...], transactions: TransactionService) -> None:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        store: MessageStore,
+        clock: Callable[[], int],
+        levels: tuple[int, ...],
+        transactions: TransactionService,
+    ) -> None:
         self.config = config
         self.store = store
         self._clock = clock
@@ -73,8 +79,10 @@ class ProduceEngine:
         if len(msg.body) > self.config.max_message_size:
             raise BodyOverLimit(len(msg.body), self.config.max_message_size)
         if not isinstance(msg.queue_id, int) or not 0 <= msg.queue_id < cfg.write_queue_nums:
-            raise MessageIllegal(f"queue id {msg.queue_id!r} is not one of the "
-                                 f"{cfg.write_queue_nums} write queues of {msg.topic!r}")
+            raise MessageIllegal(
+                f"queue id {msg.queue_id!r} is not one of the "
+                f"{cfg.write_queue_nums} write queues of {msg.topic!r}"
+            )
         check_properties(msg.properties)
         if self.config.check_message_type:
             mtype = message_type_of(msg)
@@ -84,8 +92,11 @@ class ProduceEngine:
 
     def _stored(self, topic: str, result: PutMessageResult) -> PutMessageResult:
         if not result.status.stored or result.append is None:
-            raise SendRejected(topic, result.status.value,
-                               PUT_STATUS_CODES.get(result.status, ResponseCode.SYSTEM_ERROR))
+            raise SendRejected(
+                topic,
+                result.status.value,
+                PUT_STATUS_CODES.get(result.status, ResponseCode.SYSTEM_ERROR),
+            )
         return result
 
     def send_message(self, msg: Message, *, producer_group: str | None = None) -> SendResult:
@@ -104,10 +115,16 @@ class ProduceEngine:
             validate_group_name(producer_group)
             result = self._stored(msg.topic, self._tx.prepare(msg, producer_group))
             assert result.append is not None
-            return SendResult(result.status, msg.unique_key or result.append.msg_id,
-                              result.append.msg_id, msg.topic, msg.queue_id, -1,
-                              result.append.wrote_offset,
-                              transaction_id=msg.unique_key or result.append.msg_id)
+            return SendResult(
+                result.status,
+                msg.unique_key or result.append.msg_id,
+                result.append.msg_id,
+                msg.topic,
+                msg.queue_id,
+                -1,
+                result.append.wrote_offset,
+                transaction_id=msg.unique_key or result.append.msg_id,
+            )
         target = schedule_target(msg, self._levels, self._clock(), self.config.max_delay_ms)
         to_store = without_delay(msg) if target is None else scheduled_copy(msg, *target)
         result = self._stored(msg.topic, self.store.put_message(to_store))
@@ -115,11 +132,17 @@ class ProduceEngine:
         msg_id = msg.unique_key or result.append.msg_id
         recall = None
         if target is not None:
-            recall = encode_recall_handle(msg.topic, target[0], result.append.queue_offset,
-                                          msg_id)
-        return SendResult(result.status, msg_id, result.append.msg_id, msg.topic, msg.queue_id,
-                          result.append.queue_offset if target is None else -1,
-                          result.append.wrote_offset, recall_handle=recall)
+            recall = encode_recall_handle(msg.topic, target[0], result.append.queue_offset, msg_id)
+        return SendResult(
+            result.status,
+            msg_id,
+            result.append.msg_id,
+            msg.topic,
+            msg.queue_id,
+            result.append.queue_offset if target is None else -1,
+            result.append.wrote_offset,
+            recall_handle=recall,
+        )
 
     def send_batch(self, msgs: Sequence[Message]) -> list[SendResult]:
         """Store messages of one topic and queue together (no delay, no transaction).
@@ -138,8 +161,7 @@ class ProduceEngine:
         it reports True. Under ASYNC_FLUSH the results are final."""
         return self._send_batch(msgs, wait=False)
 
-    def _send_batch(self, msgs: Sequence[Message], *,
-                    wait: bool) -> tuple[list[SendResult], int]:
+    def _send_batch(self, msgs: Sequence[Message], *, wait: bool) -> tuple[list[SendResult], int]:
         self._require_running()
         if not msgs:
             raise MessageIllegal("a batch needs at least one message")
@@ -154,9 +176,17 @@ class ProduceEngine:
             self._stored(m.topic, r)
             assert r.append is not None
             end = max(end, r.append.wrote_offset + r.append.wrote_bytes)
-            out.append(SendResult(r.status, m.unique_key or r.append.msg_id, r.append.msg_id,
-                                  m.topic, m.queue_id, r.append.queue_offset,
-                                  r.append.wrote_offset))
+            out.append(
+                SendResult(
+                    r.status,
+                    m.unique_key or r.append.msg_id,
+                    r.append.msg_id,
+                    m.topic,
+                    m.queue_id,
+                    r.append.queue_offset,
+                    r.append.wrote_offset,
+                )
+            )
         return out, end
 
     def _validate_batch(self, msgs: Sequence[Message]) -> None:
@@ -176,10 +206,16 @@ class ProduceEngine:
         for m in msgs[1:]:
             p = m.properties
             body = m.body
-            if (type(m) is Message and type(body) is bytes and 0 < len(body) <= limit
-                    and m.topic == topic and m.queue_id == queue_id and len(p) == width
-                    and (Prop.KEYS in p) + (Prop.UNIQ_KEY in p) == varying
-                    and all(p.get(k) == v for k, v in shared)):
+            if (
+                type(m) is Message
+                and type(body) is bytes
+                and 0 < len(body) <= limit
+                and m.topic == topic
+                and m.queue_id == queue_id
+                and len(p) == width
+                and (Prop.KEYS in p) + (Prop.UNIQ_KEY in p) == varying
+                and all(p.get(k) == v for k, v in shared)
+            ):
                 for k in (Prop.KEYS, Prop.UNIQ_KEY):
                     v = p.get(k)
                     if v is not None and (type(v) is not str or "\x01" in v or "\x02" in v):
@@ -191,8 +227,9 @@ class ProduceEngine:
             if any(k in p for k in (Prop.DELAY, Prop.TIMER_DELIVER_MS, Prop.TRAN_MSG)):
                 raise MessageIllegal("a batch cannot hold delayed or transactional messages")
 
-    def _send_record_batch(self, msgs: Sequence[Message],
-                           wait: bool) -> tuple[list[SendResult], int] | None:
+    def _send_record_batch(
+        self, msgs: Sequence[Message], wait: bool
+    ) -> tuple[list[SendResult], int] | None:
         """`send_batch` through `put_batch`; None when the batch has not that shape or
         `put_batch` refuses it as a whole (then nothing was stored)."""
         first = msgs[0]
@@ -202,26 +239,49 @@ class ProduceEngine:
         width = len(shared) + has_keys + has_uniq
         for m in msgs:
             p = m.properties
-            if (m.flag != first.flag or m.sys_flag != first.sys_flag or m.reconsume_times
-                    or m.prepared_tx_offset or m.born_host != first.born_host
-                    or not isinstance(m.body, bytes) or len(p) != width
-                    or (Prop.KEYS in p) != has_keys or (Prop.UNIQ_KEY in p) != has_uniq
-                    or any(p.get(k) != v for k, v in shared.items())):
+            if (
+                m.flag != first.flag
+                or m.sys_flag != first.sys_flag
+                or m.reconsume_times
+                or m.prepared_tx_offset
+                or m.born_host != first.born_host
+                or not isinstance(m.body, bytes)
+                or len(p) != width
+                or (Prop.KEYS in p) != has_keys
+                or (Prop.UNIQ_KEY in p) != has_uniq
+                or any(p.get(k) != v for k, v in shared.items())
+            ):
                 return None
         result = self.store.put_batch(
-            first.topic, first.queue_id, [m.body for m in msgs], shared,
+            first.topic,
+            first.queue_id,
+            [m.body for m in msgs],
+            shared,
             keys=[m.properties[Prop.KEYS] for m in msgs] if has_keys else None,
             uniq_keys=[m.properties[Prop.UNIQ_KEY] for m in msgs] if has_uniq else None,
-            flag=first.flag, sys_flag=first.sys_flag, born_timestamp=first.born_timestamp,
-            born_host=first.born_host, wait=wait)
-        if result.status in (PutMessageStatus.MESSAGE_ILLEGAL,
-                             PutMessageStatus.PROPERTIES_SIZE_EXCEEDED):
+            flag=first.flag,
+            sys_flag=first.sys_flag,
+            born_timestamp=first.born_timestamp,
+            born_host=first.born_host,
+            wait=wait,
+        )
+        if result.status in (
+            PutMessageStatus.MESSAGE_ILLEGAL,
+            PutMessageStatus.PROPERTIES_SIZE_EXCEEDED,
+        ):
             return None  # message by message: each gets its own verdict
         self._stored(first.topic, result)
         append = result.append
         assert append is not None
-        return [SendResult(result.status, m.unique_key or append.msg_id_at(offset),
-                           append.msg_id_at(offset), m.topic, m.queue_id,
-                           append.queue_offset + i, offset)
-                for i, (m, offset) in enumerate(zip(msgs, append.record_offsets, strict=True))
-                ], append.wrote_offset + append.wrote_bytes
+        return [
+            SendResult(
+                result.status,
+                m.unique_key or append.msg_id_at(offset),
+                append.msg_id_at(offset),
+                m.topic,
+                m.queue_id,
+                append.queue_offset + i,
+                offset,
+            )
+            for i, (m, offset) in enumerate(zip(msgs, append.record_offsets, strict=True))
+        ], append.wrote_offset + append.wrote_bytes

@@ -21,15 +21,19 @@ import sys
 import types
 from typing import Any
 
-_HINT = "the RocketMQ 5 protocol stubs come with rocketmq-python-client: " \
-        "pip install 'rocketmq-python-client==5.1.2'"
+_HINT = (
+    "the RocketMQ 5 protocol stubs come with rocketmq-python-client: "
+    "pip install 'rocketmq-python-client==5.1.2'"
+)
 
 
 def _load() -> tuple[Any, Any, Any]:
     names = ("definition_pb2", "service_pb2", "service_pb2_grpc")
     if "rocketmq" in sys.modules:
-        return tuple(importlib.import_module(f"rocketmq.grpc_protocol.{n}")  # type: ignore[return-value]
-                     for n in names)
+        return tuple(
+            importlib.import_module(f"rocketmq.grpc_protocol.{n}")  # type: ignore[return-value]
+            for n in names
+        )
     spec = importlib.util.find_spec("rocketmq")
     if spec is None or not spec.submodule_search_locations:
         raise ImportError(_HINT)
@@ -39,8 +43,10 @@ def _load() -> tuple[Any, Any, Any]:
     try:
         # import the generated modules directly: the stub package's own __init__ is harmless
         # but the shell keeps the client's __init__ from running
-        return tuple(importlib.import_module(f"rocketmq.grpc_protocol.{n}")  # type: ignore[return-value]
-                     for n in names)
+        return tuple(
+            importlib.import_module(f"rocketmq.grpc_protocol.{n}")  # type: ignore[return-value]
+            for n in names
+        )
     except ImportError as exc:
         raise ImportError(_HINT) from exc
     finally:

@@ -34,9 +34,17 @@ class ReceiptHandle:
     attempt: int
 
     def encode(self) -> str:
-        body = SEPARATOR.join((VERSION, self.topic, str(self.queue_id), str(self.queue_offset),
-                               f"{self.nonce:x}", str(self.invisible_until_ms),
-                               str(self.attempt)))
+        body = SEPARATOR.join(
+            (
+                VERSION,
+                self.topic,
+                str(self.queue_id),
+                str(self.queue_offset),
+                f"{self.nonce:x}",
+                str(self.invisible_until_ms),
+                str(self.attempt),
+            )
+        )
         return f"{body}{SEPARATOR}{zlib.crc32(body.encode()):08x}"
 
     @classmethod
@@ -59,9 +67,14 @@ class ReceiptHandle:
         if len(parts) != 7 or parts[0] != VERSION:
             raise InvalidReceiptHandle(handle, "unknown format version")
         try:
-            result = cls(topic=parts[1], queue_id=int(parts[2]), queue_offset=int(parts[3]),
-                         nonce=int(parts[4], 16), invisible_until_ms=int(parts[5]),
-                         attempt=int(parts[6]))
+            result = cls(
+                topic=parts[1],
+                queue_id=int(parts[2]),
+                queue_offset=int(parts[3]),
+                nonce=int(parts[4], 16),
+                invisible_until_ms=int(parts[5]),
+                attempt=int(parts[6]),
+            )
         except ValueError:
             raise InvalidReceiptHandle(handle, "malformed number") from None
         if result.queue_id < 0 or result.queue_offset < 0 or result.attempt < 1:

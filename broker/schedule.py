@@ -82,8 +82,12 @@ def decode_recall_handle(handle: object) -> tuple[str, int, int, str]:
     body, _, crc = handle.rpartition("~")
     parts = body.split("~")
     try:
-        if len(crc) != 8 or int(crc, 16) != zlib.crc32(body.encode()) or len(parts) != 5 \
-                or parts[0] != "1":
+        if (
+            len(crc) != 8
+            or int(crc, 16) != zlib.crc32(body.encode())
+            or len(parts) != 5
+            or parts[0] != "1"
+        ):
             raise ValueError
         return parts[1], int(parts[2]), int(parts[3]), parts[4]
     except (ValueError, UnicodeEncodeError):
@@ -101,10 +105,18 @@ def unschedule(msg: MessageExt) -> Message | None:
     except ValueError:
         return None
     props = {k: v for k, v in msg.properties.items() if k not in _SCHEDULE_ONLY}
-    return Message(topic=real_topic, body=msg.body, queue_id=real_qid, flag=msg.flag,
-                   properties=props, sys_flag=msg.sys_flag, born_timestamp=msg.born_timestamp,
-                   born_host=msg.born_host, reconsume_times=msg.reconsume_times,
-                   prepared_tx_offset=msg.prepared_tx_offset)
+    return Message(
+        topic=real_topic,
+        body=msg.body,
+        queue_id=real_qid,
+        flag=msg.flag,
+        properties=props,
+        sys_flag=msg.sys_flag,
+        born_timestamp=msg.born_timestamp,
+        born_host=msg.born_host,
+        reconsume_times=msg.reconsume_times,
+        prepared_tx_offset=msg.prepared_tx_offset,
+    )
 
 
 class ScheduleMessageService(ServiceThread):
@@ -112,9 +124,15 @@ class ScheduleMessageService(ServiceThread):
 
     name = "schedule-message-service"
 
-    def __init__(self, store: MessageStore, levels_ms: tuple[int, ...], progress: JsonConfigFile,
-                 clock: Callable[[], int], interval_ms: int,
-                 before_put: Callable[[Message], None] | None = None) -> None:
+    def __init__(
+        self,
+        store: MessageStore,
+        levels_ms: tuple[int, ...],
+        progress: JsonConfigFile,
+        clock: Callable[[], int],
+        interval_ms: int,
+        before_put: Callable[[Message], None] | None = None,
+    ) -> None:
         super().__init__()
         self._store = store
         self._levels = levels_ms
@@ -136,20 +154,29 @@ class ScheduleMessageService(ServiceThread):
     def parse(data: dict[str, Any]) -> tuple[dict[int, int], int, set[int], set[tuple[int, int]]]:
         """(level offsets, timer low, timer delivered, recalled) of a `delayOffset.json`
         document (ConfigShapeError)."""
-        offsets = {integer(level, "offsetTable key", minimum=1) - 1:
-                   integer(off, f"offsetTable.{level}", minimum=0)
-                   for level, off in obj(data.get("offsetTable", {}), "offsetTable").items()}
+        offsets = {
+            integer(level, "offsetTable key", minimum=1) - 1: integer(
+                off, f"offsetTable.{level}", minimum=0
+            )
+            for level, off in obj(data.get("offsetTable", {}), "offsetTable").items()
+        }
         timer = obj(data.get("timer", {}), "timer")
         low = integer(timer.get("low", 0), "timer.low", minimum=0)
-        delivered = {integer(o, "timer.delivered[]") for o in
-                     arr(timer.get("delivered", []), "timer.delivered")}
+        delivered = {
+            integer(o, "timer.delivered[]")
+            for o in arr(timer.get("delivered", []), "timer.delivered")
+        }
         recalled: set[tuple[int, int]] = set()
         for pair in arr(data.get("recalled", []), "recalled"):
             pair = arr(pair, "recalled[]")
             if len(pair) != 2:
                 raise ConfigShapeError(f"recalled[]: expected [queueId, offset], got {pair!r:.60}")
-            recalled.add((integer(pair[0], "recalled[][0]", minimum=0),
-                          integer(pair[1], "recalled[][1]", minimum=0)))
+            recalled.add(
+                (
+                    integer(pair[0], "recalled[][0]", minimum=0),
+                    integer(pair[1], "recalled[][1]", minimum=0),
+                )
+            )
         return offsets, low, {o for o in delivered if o >= low}, recalled
 
     def load(self) -> None:
@@ -171,8 +198,9 @@ class ScheduleMessageService(ServiceThread):
             data: dict[str, Any] = {
                 "offsetTable": {str(q + 1): o for q, o in sorted(self._offsets.items())},
                 "timer": {"low": self._timer_low, "delivered": sorted(self._timer_delivered)},
-                "recalled": [[q, o] for q, o in sorted(self._recalled)
-                             if not self._delivered_locked(q, o)],
+                "recalled": [
+                    [q, o] for q, o in sorted(self._recalled) if not self._delivered_locked(q, o)
+                ],
             }
             self._dirty = False
         self._file.save(data)
@@ -196,8 +224,7 @@ class ScheduleMessageService(ServiceThread):
             msg = self._store.get_message_by_queue_offset(SCHEDULE_TOPIC, qid, offset)
             if msg is None and self._store.wait_dispatched(5.0):  # sent a moment ago
                 msg = self._store.get_message_by_queue_offset(SCHEDULE_TOPIC, qid, offset)
-            if msg is None or msg.msg_id != msg_id or msg.properties.get(
-                    Prop.REAL_TOPIC) != topic:
+            if msg is None or msg.msg_id != msg_id or msg.properties.get(Prop.REAL_TOPIC) != topic:
                 raise InvalidRecallHandle(handle, "no such scheduled message")
             self._recalled.add((qid, offset))
             self._dirty = True
@@ -276,8 +303,9 @@ class ScheduleMessageService(ServiceThread):
         end = cq.get_max_offset_in_queue()
         self._timer_scanned = max(self._timer_scanned, cq.get_min_offset_in_queue())
         while self._timer_scanned < end:
-            for index, _phy, _size, deliver_ms in cq.iter_units(self._timer_scanned,
-                                                                  _READ_BATCH * 32):
+            for index, _phy, _size, deliver_ms in cq.iter_units(
+                self._timer_scanned, _READ_BATCH * 32
+            ):
                 if index not in self._timer_delivered:
                     heapq.heappush(self._timer_heap, (deliver_ms, index))
             self._timer_scanned = min(self._timer_scanned + _READ_BATCH * 32, end)
@@ -294,8 +322,9 @@ class ScheduleMessageService(ServiceThread):
             self._dirty = True
             if not recalled:
                 moved += 1
-        low = max(self._timer_low,
-                  self._store.get_min_offset_in_queue(SCHEDULE_TOPIC, TIMER_QUEUE_ID))
+        low = max(
+            self._timer_low, self._store.get_min_offset_in_queue(SCHEDULE_TOPIC, TIMER_QUEUE_ID)
+        )
         while low in self._timer_delivered:
             self._timer_delivered.discard(low)
             low += 1
@@ -309,14 +338,20 @@ class ScheduleMessageService(ServiceThread):
         """Put `msg` into its real topic; False when the store refused (retry next pass)."""
         real = unschedule(msg)
         if real is None:
-            log.error("scheduled message at commitlog offset %d names no real topic; dropped",
-                      msg.commitlog_offset)
+            log.error(
+                "scheduled message at commitlog offset %d names no real topic; dropped",
+                msg.commitlog_offset,
+            )
             return True
         if self._before_put is not None:
             self._before_put(real)
         result = self._store.put_message(real)
         if not result.status.stored:
-            log.warning("schedule: moving message %d to %s failed: %s; retrying",
-                        msg.commitlog_offset, real.topic, result.status.value)
+            log.warning(
+                "schedule: moving message %d to %s failed: %s; retrying",
+                msg.commitlog_offset,
+                real.topic,
+                result.status.value,
+            )
             return False
         return True

@@ -26,8 +26,15 @@ FIRST_RETRY_LEVEL = 3  # reconsume 0 -> level 3 (10 s with the default table)
 # on a dead letter: the message group an ordered consumer parked with it (see broker.parking)
 PARKED_MESSAGE_GROUP = "PARKED_MESSAGE_GROUP"
 _TRANSACTION_BITS = int(SysFlag.TRANSACTION_ROLLBACK)  # both transaction bits
-_DROPPED_ON_REWRITE = (Prop.DELAY, Prop.TIMER_DELIVER_MS, Prop.REAL_TOPIC, Prop.REAL_QID,
-                       Prop.TRAN_MSG, Prop.PRODUCER_GROUP, Prop.TRANSACTION_CHECK_TIMES)
+_DROPPED_ON_REWRITE = (
+    Prop.DELAY,
+    Prop.TIMER_DELIVER_MS,
+    Prop.REAL_TOPIC,
+    Prop.REAL_QID,
+    Prop.TRAN_MSG,
+    Prop.PRODUCER_GROUP,
+    Prop.TRANSACTION_CHECK_TIMES,
+)
 
 
 def original_topic(msg: MessageExt) -> str:
@@ -53,27 +60,43 @@ def _carried_properties(msg: MessageExt) -> dict[str, str]:
     return props
 
 
-def build_retry_message(group: str, msg: MessageExt, *, level: int, delay_ms: int, now_ms: int,
-                        retry_queue_id: int, max_reconsume_times: int) -> Message:
+def build_retry_message(
+    group: str,
+    msg: MessageExt,
+    *,
+    level: int,
+    delay_ms: int,
+    now_ms: int,
+    retry_queue_id: int,
+    max_reconsume_times: int,
+) -> Message:
     """The schedule-topic copy that becomes retry number `msg.reconsume_times + 1`."""
     props = _carried_properties(msg)
     reconsume = msg.reconsume_times + 1
-    props.update({
-        Prop.REAL_TOPIC: retry_topic(group),
-        Prop.REAL_QID: str(retry_queue_id),
-        Prop.DELAY: str(level),
-        Prop.TIMER_DELIVER_MS: str(now_ms + delay_ms),
-        Prop.RECONSUME_TIME: str(reconsume),
-        Prop.MAX_RECONSUME_TIMES: str(max_reconsume_times),
-    })
-    return Message(topic=SCHEDULE_TOPIC, body=msg.body, queue_id=level - 1, flag=msg.flag,
-                   properties=props, sys_flag=msg.sys_flag & ~_TRANSACTION_BITS,
-                   born_timestamp=msg.born_timestamp, born_host=msg.born_host,
-                   reconsume_times=reconsume)
+    props.update(
+        {
+            Prop.REAL_TOPIC: retry_topic(group),
+            Prop.REAL_QID: str(retry_queue_id),
+            Prop.DELAY: str(level),
+            Prop.TIMER_DELIVER_MS: str(now_ms + delay_ms),
+            Prop.RECONSUME_TIME: str(reconsume),
+            Prop.MAX_RECONSUME_TIMES: str(max_reconsume_times),
+        }
+    )
+    return Message(
+        topic=SCHEDULE_TOPIC,
+        body=msg.body,
+        queue_id=level - 1,
+        flag=msg.flag,
+        properties=props,
+        sys_flag=msg.sys_flag & ~_TRANSACTION_BITS,
+        born_timestamp=msg.born_timestamp,
+        born_host=msg.born_host,
+        reconsume_times=reconsume,
+    )
 
 
-def build_dlq_message(group: str, msg: MessageExt, *,
-                      parked_group: str | None = None) -> Message:
+def build_dlq_message(group: str, msg: MessageExt, *, parked_group: str | None = None) -> Message:
     """The dead-letter copy of `msg` for `group`; `parked_group`: the message group an
     ordered consumer parks with it (stamped as `PARKED_MESSAGE_GROUP`)."""
     props = _carried_properties(msg)
@@ -82,18 +105,35 @@ def build_dlq_message(group: str, msg: MessageExt, *,
     props[Prop.DLQ_ORIGIN_TOPIC] = original_topic(msg)
     props[Prop.DLQ_ORIGIN_MESSAGE_ID] = msg.msg_id
     props[Prop.RECONSUME_TIME] = str(msg.reconsume_times)
-    return Message(topic=dlq_topic(group), body=msg.body, queue_id=0, flag=msg.flag,
-                   properties=props, sys_flag=msg.sys_flag & ~_TRANSACTION_BITS,
-                   born_timestamp=msg.born_timestamp, born_host=msg.born_host,
-                   reconsume_times=msg.reconsume_times)
+    return Message(
+        topic=dlq_topic(group),
+        body=msg.body,
+        queue_id=0,
+        flag=msg.flag,
+        properties=props,
+        sys_flag=msg.sys_flag & ~_TRANSACTION_BITS,
+        born_timestamp=msg.born_timestamp,
+        born_host=msg.born_host,
+        reconsume_times=msg.reconsume_times,
+    )
 
 
 def unschedule_now(scheduled: Message, *, reconsume_times: int) -> Message:
     """A schedule-topic copy turned into its real-topic message right away (no delay)."""
-    props = {k: v for k, v in scheduled.properties.items()
-             if k not in (Prop.DELAY, Prop.TIMER_DELIVER_MS)}
+    props = {
+        k: v
+        for k, v in scheduled.properties.items()
+        if k not in (Prop.DELAY, Prop.TIMER_DELIVER_MS)
+    }
     props[Prop.RECONSUME_TIME] = str(reconsume_times)
-    return Message(topic=props[Prop.REAL_TOPIC], body=scheduled.body,
-                   queue_id=int(props[Prop.REAL_QID]), flag=scheduled.flag, properties=props,
-                   sys_flag=scheduled.sys_flag, born_timestamp=scheduled.born_timestamp,
-                   born_host=scheduled.born_host, reconsume_times=reconsume_times)
+    return Message(
+        topic=props[Prop.REAL_TOPIC],
+        body=scheduled.body,
+        queue_id=int(props[Prop.REAL_QID]),
+        flag=scheduled.flag,
+        properties=props,
+        sys_flag=scheduled.sys_flag,
+        born_timestamp=scheduled.born_timestamp,
+        born_host=scheduled.born_host,
+        reconsume_times=reconsume_times,
+    )

@@ -35,12 +35,15 @@ class SubscriptionGroupConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.retry_queue_nums, int) or not 1 <= self.retry_queue_nums <= 64:
             raise InvalidArgument(
-                f"group {self.group!r}: retry_queue_nums {self.retry_queue_nums!r} must be 1..64")
+                f"group {self.group!r}: retry_queue_nums {self.retry_queue_nums!r} must be 1..64"
+            )
         if not isinstance(self.retry_max_times, int) or not (
-                0 <= self.retry_max_times <= MAX_RETRY_TIMES):
+            0 <= self.retry_max_times <= MAX_RETRY_TIMES
+        ):
             raise InvalidArgument(
                 f"group {self.group!r}: retry_max_times {self.retry_max_times!r} must be "
-                f"0..{MAX_RETRY_TIMES}")
+                f"0..{MAX_RETRY_TIMES}"
+            )
 
     @property
     def max_delivery_attempts(self) -> int:
@@ -48,19 +51,25 @@ class SubscriptionGroupConfig:
         return self.retry_max_times + 1
 
     def to_json(self) -> dict[str, Any]:
-        return {"groupName": self.group, "consumeEnable": self.consume_enable,
-                "consumeBroadcastEnable": self.consume_broadcast,
-                "retryQueueNums": self.retry_queue_nums, "retryMaxTimes": self.retry_max_times,
-                "consumeMessageOrderly": self.fifo}
+        return {
+            "groupName": self.group,
+            "consumeEnable": self.consume_enable,
+            "consumeBroadcastEnable": self.consume_broadcast,
+            "retryQueueNums": self.retry_queue_nums,
+            "retryMaxTimes": self.retry_max_times,
+            "consumeMessageOrderly": self.fifo,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SubscriptionGroupConfig:
-        return cls(group=str(data["groupName"]),
-                   consume_enable=bool(data.get("consumeEnable", True)),
-                   consume_broadcast=bool(data.get("consumeBroadcastEnable", True)),
-                   retry_queue_nums=int(data.get("retryQueueNums", 1)),
-                   retry_max_times=int(data.get("retryMaxTimes", 16)),
-                   fifo=bool(data.get("consumeMessageOrderly", False)))
+        return cls(
+            group=str(data["groupName"]),
+            consume_enable=bool(data.get("consumeEnable", True)),
+            consume_broadcast=bool(data.get("consumeBroadcastEnable", True)),
+            retry_queue_nums=int(data.get("retryQueueNums", 1)),
+            retry_max_times=int(data.get("retryMaxTimes", 16)),
+            fifo=bool(data.get("consumeMessageOrderly", False)),
+        )
 
 
 class SubscriptionGroupManager:
@@ -101,10 +110,12 @@ class SubscriptionGroupManager:
 
     def _persist(self) -> None:
         self._version += 1
-        self._file.save({
-            "subscriptionGroupTable": {g: c.to_json() for g, c in sorted(self._table.items())},
-            "dataVersion": {"counter": self._version},
-        })
+        self._file.save(
+            {
+                "subscriptionGroupTable": {g: c.to_json() for g, c in sorted(self._table.items())},
+                "dataVersion": {"counter": self._version},
+            }
+        )
 
     def get(self, group: str) -> SubscriptionGroupConfig | None:
         return self._table.get(group)

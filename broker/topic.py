@@ -38,8 +38,11 @@ def is_writeable(perm: int) -> bool:
 
 
 def perm_to_string(perm: int) -> str:
-    return ("R" if is_readable(perm) else "-") + ("W" if is_writeable(perm) else "-") + (
-        "X" if perm & PERM_INHERIT else "-")
+    return (
+        ("R" if is_readable(perm) else "-")
+        + ("W" if is_writeable(perm) else "-")
+        + ("X" if perm & PERM_INHERIT else "-")
+    )
 
 
 class TopicMessageType(enum.Enum):
@@ -59,8 +62,8 @@ class TopicMessageType(enum.Enum):
             return cls(str(value).upper())
         except ValueError:
             raise InvalidArgument(
-                f"message type {value!r}: expected one of "
-                f"{', '.join(t.value for t in cls)}") from None
+                f"message type {value!r}: expected one of {', '.join(t.value for t in cls)}"
+            ) from None
 
     def accepts(self, message_type: TopicMessageType) -> bool:
         return self is TopicMessageType.MIXED or self is message_type
@@ -84,11 +87,13 @@ class TopicConfig:
         for label, n in (("read", self.read_queue_nums), ("write", self.write_queue_nums)):
             if not isinstance(n, int) or not 1 <= n <= MAX_QUEUE_NUMS:
                 raise InvalidArgument(
-                    f"topic {self.name!r}: {label} queue count {n!r} must be 1..{MAX_QUEUE_NUMS}")
+                    f"topic {self.name!r}: {label} queue count {n!r} must be 1..{MAX_QUEUE_NUMS}"
+                )
         if not isinstance(self.perm, int) or self.perm & ~_PERM_ALL:
             raise InvalidArgument(
                 f"topic {self.name!r}: perm {self.perm!r} is not a combination of "
-                f"8 (priority), 4 (read), 2 (write), 1 (inherit)")
+                f"8 (priority), 4 (read), 2 (write), 1 (inherit)"
+            )
 
     @property
     def readable(self) -> bool:
@@ -99,16 +104,25 @@ class TopicConfig:
         return is_writeable(self.perm)
 
     def to_json(self) -> dict[str, Any]:
-        return {"topicName": self.name, "readQueueNums": self.read_queue_nums,
-                "writeQueueNums": self.write_queue_nums, "perm": self.perm,
-                "messageType": self.message_type.value, "order": self.order}
+        return {
+            "topicName": self.name,
+            "readQueueNums": self.read_queue_nums,
+            "writeQueueNums": self.write_queue_nums,
+            "perm": self.perm,
+            "messageType": self.message_type.value,
+            "order": self.order,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TopicConfig:
-        return cls(name=str(data["topicName"]), read_queue_nums=int(data["readQueueNums"]),
-                   write_queue_nums=int(data["writeQueueNums"]), perm=int(data["perm"]),
-                   message_type=TopicMessageType.parse(data.get("messageType", "NORMAL")),
-                   order=bool(data.get("order", False)))
+        return cls(
+            name=str(data["topicName"]),
+            read_queue_nums=int(data["readQueueNums"]),
+            write_queue_nums=int(data["writeQueueNums"]),
+            perm=int(data["perm"]),
+            message_type=TopicMessageType.parse(data.get("messageType", "NORMAL")),
+            order=bool(data.get("order", False)),
+        )
 
 
 class TopicConfigManager:
@@ -147,10 +161,12 @@ class TopicConfigManager:
 
     def _persist(self) -> None:
         self._version += 1
-        self._file.save({
-            "topicConfigTable": {n: c.to_json() for n, c in sorted(self._table.items())},
-            "dataVersion": {"counter": self._version},
-        })
+        self._file.save(
+            {
+                "topicConfigTable": {n: c.to_json() for n, c in sorted(self._table.items())},
+                "dataVersion": {"counter": self._version},
+            }
+        )
 
     def get(self, name: str) -> TopicConfig | None:
         return self._table.get(name)
@@ -183,8 +199,11 @@ class TopicConfigManager:
             cfg = self._table[name]
             if cfg.read_queue_nums >= queue_nums and cfg.write_queue_nums >= queue_nums:
                 return cfg
-            new = replace(cfg, read_queue_nums=max(cfg.read_queue_nums, queue_nums),
-                          write_queue_nums=max(cfg.write_queue_nums, queue_nums))
+            new = replace(
+                cfg,
+                read_queue_nums=max(cfg.read_queue_nums, queue_nums),
+                write_queue_nums=max(cfg.write_queue_nums, queue_nums),
+            )
             self._table[name] = new
             self._persist()
             return new

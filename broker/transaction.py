@@ -65,7 +65,8 @@ def look_checked(store: MessageStore, offset: object) -> MessageExt | None:
     """The record starting exactly at commitlog `offset`, CRC-checked; None for any offset
     a client made up (mid-record, past the end, cleaned away)."""
     if not isinstance(offset, int) or not (
-            store.get_commitlog_min_offset() <= offset < store.get_commitlog_max_offset()):
+        store.get_commitlog_min_offset() <= offset < store.get_commitlog_max_offset()
+    ):
         return None
     try:
         msg = store.look_message_by_offset(offset)
@@ -88,18 +89,32 @@ def build_half_message(msg: Message, producer_group: str) -> Message:
     props[Prop.TRAN_MSG] = "true"
     props[Prop.PRODUCER_GROUP] = producer_group
     props.setdefault(PROP_TRANSACTION_ID, msg.unique_key or "")
-    return Message(topic=TRANS_HALF_TOPIC, body=msg.body, queue_id=0, flag=msg.flag,
-                   properties=props, sys_flag=msg.sys_flag & ~int(SysFlag.TRANSACTION_ROLLBACK),
-                   born_timestamp=msg.born_timestamp, born_host=msg.born_host)
+    return Message(
+        topic=TRANS_HALF_TOPIC,
+        body=msg.body,
+        queue_id=0,
+        flag=msg.flag,
+        properties=props,
+        sys_flag=msg.sys_flag & ~int(SysFlag.TRANSACTION_ROLLBACK),
+        born_timestamp=msg.born_timestamp,
+        born_host=msg.born_host,
+    )
 
 
 def build_committed_message(half: MessageExt) -> Message:
     props = {k: v for k, v in half.properties.items() if k not in _HALF_ONLY}
     flag = (half.sys_flag & ~int(SysFlag.TRANSACTION_ROLLBACK)) | int(SysFlag.TRANSACTION_COMMIT)
-    return Message(topic=half.properties[Prop.REAL_TOPIC], body=half.body,
-                   queue_id=int(half.properties.get(Prop.REAL_QID, "0")), flag=half.flag,
-                   properties=props, sys_flag=flag, born_timestamp=half.born_timestamp,
-                   born_host=half.born_host, prepared_tx_offset=half.commitlog_offset)
+    return Message(
+        topic=half.properties[Prop.REAL_TOPIC],
+        body=half.body,
+        queue_id=int(half.properties.get(Prop.REAL_QID, "0")),
+        flag=half.flag,
+        properties=props,
+        sys_flag=flag,
+        born_timestamp=half.born_timestamp,
+        born_host=half.born_host,
+        prepared_tx_offset=half.commitlog_offset,
+    )
 
 
 class TransactionService(ServiceThread):
@@ -107,11 +122,18 @@ class TransactionService(ServiceThread):
 
     name = "transaction-check-service"
 
-    def __init__(self, store: MessageStore, clock: Callable[[], int], *,
-                 commit_offset: Callable[[str, str, int, int], None],
-                 query_offset: Callable[[str, str, int], int],
-                 timeout_ms: int, check_interval_ms: int, check_max: int,
-                 pass_interval_ms: int) -> None:
+    def __init__(
+        self,
+        store: MessageStore,
+        clock: Callable[[], int],
+        *,
+        commit_offset: Callable[[str, str, int, int], None],
+        query_offset: Callable[[str, str, int], int],
+        timeout_ms: int,
+        check_interval_ms: int,
+        check_max: int,
+        pass_interval_ms: int,
+    ) -> None:
         super().__init__()
         self._store = store
         self._clock = clock
@@ -136,17 +158,18 @@ class TransactionService(ServiceThread):
         with self._lock:
             half = self._query_offset(TRANSACTION_GROUP, TRANS_HALF_TOPIC, 0)
             op = self._query_offset(TRANSACTION_GROUP, TRANS_OP_HALF_TOPIC, 0)
-            self._half_progress = max(half, self._store.get_min_offset_in_queue(
-                TRANS_HALF_TOPIC, 0))
-            self._op_progress = max(op, self._store.get_min_offset_in_queue(
-                TRANS_OP_HALF_TOPIC, 0))
+            self._half_progress = max(
+                half, self._store.get_min_offset_in_queue(TRANS_HALF_TOPIC, 0)
+            )
+            self._op_progress = max(op, self._store.get_min_offset_in_queue(TRANS_OP_HALF_TOPIC, 0))
             self._resolved.clear()
             self._checks.clear()
             self._ops.clear()
             offset = self._op_progress
             while True:
-                result = self._store.get_messages(TRANSACTION_GROUP, TRANS_OP_HALF_TOPIC, 0,
-                                                  offset, _READ_BATCH)
+                result = self._store.get_messages(
+                    TRANSACTION_GROUP, TRANS_OP_HALF_TOPIC, 0, offset, _READ_BATCH
+                )
                 for msg in result.messages:
                     self._apply_op(msg.queue_offset, json.loads(msg.body))
                     offset = msg.queue_offset + 1
@@ -180,12 +203,18 @@ class TransactionService(ServiceThread):
         body: dict[str, object] = {"h": half_offset, "r": kind}
         if kind == CHECK:
             body["n"] = checks
-        result = self._store.put_message(Message(
-            topic=TRANS_OP_HALF_TOPIC, body=json.dumps(body).encode(), queue_id=0,
-            properties={Prop.TAGS: "d"}))
+        result = self._store.put_message(
+            Message(
+                topic=TRANS_OP_HALF_TOPIC,
+                body=json.dumps(body).encode(),
+                queue_id=0,
+                properties={Prop.TAGS: "d"},
+            )
+        )
         if not result.status.stored or result.append is None:
-            raise SendRejected(TRANS_OP_HALF_TOPIC, result.status.value,
-                               ResponseCode.SERVICE_NOT_AVAILABLE)
+            raise SendRejected(
+                TRANS_OP_HALF_TOPIC, result.status.value, ResponseCode.SERVICE_NOT_AVAILABLE
+            )
         self._apply_op(result.append.queue_offset, body)
         self._advance()
 
@@ -200,22 +229,28 @@ class TransactionService(ServiceThread):
     def prepare(self, msg: Message, producer_group: str) -> PutMessageResult:
         return self._store.put_message(build_half_message(msg, producer_group))
 
-    def end(self, producer_group: str, transaction_id: str, commitlog_offset: int,
-            commit: bool) -> None:
+    def end(
+        self, producer_group: str, transaction_id: str, commitlog_offset: int, commit: bool
+    ) -> None:
         with self._lock:
             half = look_checked(self._store, commitlog_offset)
             if half is None or half.topic != TRANS_HALF_TOPIC:
-                raise TransactionNotFound(transaction_id, commitlog_offset,
-                                          "no half message at that offset")
-            if transaction_id not in (transaction_id_of(half), half.offset_msg_id,
-                                      half.unique_key):
-                raise TransactionNotFound(transaction_id, commitlog_offset,
-                                          "the half message there has another transaction id")
+                raise TransactionNotFound(
+                    transaction_id, commitlog_offset, "no half message at that offset"
+                )
+            if transaction_id not in (transaction_id_of(half), half.offset_msg_id, half.unique_key):
+                raise TransactionNotFound(
+                    transaction_id,
+                    commitlog_offset,
+                    "the half message there has another transaction id",
+                )
             if half.properties.get(Prop.PRODUCER_GROUP) != producer_group:
                 raise TransactionNotFound(
-                    transaction_id, commitlog_offset,
+                    transaction_id,
+                    commitlog_offset,
                     f"the half message belongs to producer group "
-                    f"{half.properties.get(Prop.PRODUCER_GROUP)!r}")
+                    f"{half.properties.get(Prop.PRODUCER_GROUP)!r}",
+                )
             wanted = COMMIT if commit else ROLLBACK
             done = self.resolution(half.queue_offset)
             if done == "resolved":  # settled long ago: its op record left memory
@@ -234,8 +269,9 @@ class TransactionService(ServiceThread):
     def _put_real(self, half: MessageExt) -> None:
         result = self._store.put_message(build_committed_message(half))
         if not result.status.stored:
-            raise SendRejected(half.properties[Prop.REAL_TOPIC], result.status.value,
-                               ResponseCode.SYSTEM_ERROR)
+            raise SendRejected(
+                half.properties[Prop.REAL_TOPIC], result.status.value, ResponseCode.SYSTEM_ERROR
+            )
 
     # ------------------------------------------------------------------ check-back
     def register_checker(self, producer_group: str, checker: Checker) -> None:
@@ -268,8 +304,9 @@ class TransactionService(ServiceThread):
             now = self._clock()
             offset = self._half_progress
             while True:
-                result = self._store.get_messages(TRANSACTION_GROUP, TRANS_HALF_TOPIC, 0,
-                                                  offset, _READ_BATCH)
+                result = self._store.get_messages(
+                    TRANSACTION_GROUP, TRANS_HALF_TOPIC, 0, offset, _READ_BATCH
+                )
                 if not result.messages:
                     break
                 young = False
@@ -304,9 +341,12 @@ class TransactionService(ServiceThread):
             return None
         checks = self._checks.get(qoff, 0)
         if checks >= self._check_max:
-            log.warning("transaction %s (producer group %s) unresolved after %d checks; "
-                        "rolled back", transaction_id_of(half),
-                        half.properties.get(Prop.PRODUCER_GROUP), checks)
+            log.warning(
+                "transaction %s (producer group %s) unresolved after %d checks; rolled back",
+                transaction_id_of(half),
+                half.properties.get(Prop.PRODUCER_GROUP),
+                checks,
+            )
             self._write_op(qoff, ROLLBACK)
             return None
         checker = self._checkers.get(half.properties.get(Prop.PRODUCER_GROUP, ""))
@@ -314,10 +354,12 @@ class TransactionService(ServiceThread):
             return None  # nobody to ask yet; not counted
         self._write_op(qoff, CHECK, checks + 1)
         self._last_check[qoff] = now
-        shown = replace(half, topic=real_topic,
-                        queue_id=int(half.properties.get(Prop.REAL_QID, "0")),
-                        properties={**half.properties,
-                                    Prop.TRANSACTION_CHECK_TIMES: str(checks + 1)})
+        shown = replace(
+            half,
+            topic=real_topic,
+            queue_id=int(half.properties.get(Prop.REAL_QID, "0")),
+            properties={**half.properties, Prop.TRANSACTION_CHECK_TIMES: str(checks + 1)},
+        )
         return checker, shown
 
     def _committed_copy_exists(self, half: MessageExt, real_topic: str) -> bool:

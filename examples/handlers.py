@@ -17,15 +17,25 @@ import threading
 from reliable import Discard, Message, ReceivedMessage, RetryLater, Worker, dlq_handler, handler
 
 # a small store and a fast retry ladder, so the demo runs in seconds
-STORE = {"mapped_file_size_commitlog": 16 << 20, "max_hash_slot_num": 25_000,
-         "max_index_num": 100_000, "delay_levels": "100ms 200ms 300ms 500ms 800ms 1s"}
+STORE = {
+    "mapped_file_size_commitlog": 16 << 20,
+    "max_hash_slot_num": 25_000,
+    "max_index_num": 100_000,
+    "delay_levels": "100ms 200ms 300ms 500ms 800ms 1s",
+}
 
 done = threading.Event()
 log: list[str] = []
 
 
-@handler("orders", group="billing", max_reconsume_times=2, rate_limit=200,
-         ignore_on=KeyError, consume_from="first")
+@handler(
+    "orders",
+    group="billing",
+    max_reconsume_times=2,
+    rate_limit=200,
+    ignore_on=KeyError,
+    consume_from="first",
+)
 def bill(message: ReceivedMessage) -> None:
     order = message.body.decode()
     if order == "cancelled":

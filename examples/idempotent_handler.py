@@ -24,8 +24,11 @@ from idempotency import IdempotencyGuard
 from outbox.models import OutboxTables
 from reliable import Message, ReceivedMessage, Worker, handler, new_message_id
 
-STORE = {"mapped_file_size_commitlog": 16 << 20, "max_hash_slot_num": 25_000,
-         "max_index_num": 100_000}
+STORE = {
+    "mapped_file_size_commitlog": 16 << 20,
+    "max_hash_slot_num": 25_000,
+    "max_index_num": 100_000,
+}
 
 
 def main(store_dir: str) -> int:
@@ -34,8 +37,13 @@ def main(store_dir: str) -> int:
     tables.create_all(db)
     payments = sa.Table("payments", tables.metadata, sa.Column("order_id", sa.String(64)))
     payments.create(db, checkfirst=True)
-    guard = IdempotencyGuard(db, tables, redis.Redis.from_url(
-        os.environ.get("RELIABLE_REDIS_URL", "redis://127.0.0.1:6379/0"), socket_timeout=2))
+    guard = IdempotencyGuard(
+        db,
+        tables,
+        redis.Redis.from_url(
+            os.environ.get("RELIABLE_REDIS_URL", "redis://127.0.0.1:6379/0"), socket_timeout=2
+        ),
+    )
     calls = threading.Semaphore(0)
 
     @handler("payments", group="ledger", idempotent=guard, consume_from="first")

@@ -16,8 +16,11 @@ from collections import defaultdict
 
 from reliable import Message, ReceivedMessage, Worker, handler
 
-STORE = {"mapped_file_size_commitlog": 16 << 20, "max_hash_slot_num": 25_000,
-         "max_index_num": 100_000}
+STORE = {
+    "mapped_file_size_commitlog": 16 << 20,
+    "max_hash_slot_num": 25_000,
+    "max_index_num": 100_000,
+}
 STEPS = ["created", "paid", "shipped", "delivered"]
 
 seen: defaultdict[str, list[str]] = defaultdict(list)
@@ -37,8 +40,7 @@ def track(message: ReceivedMessage) -> None:
 
 
 def main(store_dir: str) -> int:
-    with Worker(track, store_dir=store_dir, **STORE) as worker, \
-            worker.producer() as producer:
+    with Worker(track, store_dir=store_dir, **STORE) as worker, worker.producer() as producer:
         for step in STEPS:
             for order in ("order-1", "order-2", "order-3"):
                 producer.send(Message("order-status", step.encode(), message_group=order))

@@ -1,6 +1,6 @@
 """Producer send modes: sync, async with a callback, awaitable, oneway and batch.
 
-    python examples/producer_modes.py [STORE_DIR]
+python examples/producer_modes.py [STORE_DIR]
 """
 
 from __future__ import annotations
@@ -11,13 +11,17 @@ import tempfile
 
 from reliable import Message, Producer, SendReceipt
 
-STORE = {"mapped_file_size_commitlog": 16 << 20, "max_hash_slot_num": 25_000,
-         "max_index_num": 100_000}
+STORE = {
+    "mapped_file_size_commitlog": 16 << 20,
+    "max_hash_slot_num": 25_000,
+    "max_index_num": 100_000,
+}
 
 
 def main(store_dir: str) -> int:
-    with Producer("embedded", store_dir=store_dir, retry_times_when_send_failed=2,
-                  **STORE) as producer:
+    with Producer(
+        "embedded", store_dir=store_dir, retry_times_when_send_failed=2, **STORE
+    ) as producer:
         # sync: returns once the broker stored it (retried on another queue if needed)
         r = producer.send(Message("events", b"sync", tags="created", keys=["order-1"]))
         print(f"sync     -> queue {r.queue_id} offset {r.queue_offset} id {r.message_id}")

@@ -23,10 +23,17 @@ from reliable import (
     ReceivedMessage,
 )
 
-STORE = {"mapped_file_size_commitlog": 16 << 20, "max_hash_slot_num": 25_000,
-         "max_index_num": 100_000}
-FAST = {"rebalance_interval_s": 0.5, "heartbeat_interval_s": 0.5,
-        "consume_from": ConsumeFrom.FIRST, "consume_threads": 4}
+STORE = {
+    "mapped_file_size_commitlog": 16 << 20,
+    "max_hash_slot_num": 25_000,
+    "max_index_num": 100_000,
+}
+FAST = {
+    "rebalance_interval_s": 0.5,
+    "heartbeat_interval_s": 0.5,
+    "consume_from": ConsumeFrom.FIRST,
+    "consume_threads": 4,
+}
 
 seen: Counter[str] = Counter()
 by_consumer: Counter[str] = Counter()
@@ -40,6 +47,7 @@ def listener_for(name: str):  # type: ignore[no-untyped-def]
                 seen[m.message_id] += 1
                 by_consumer[name] += 1
         return ConsumeResult.SUCCESS
+
     return consume
 
 
@@ -59,13 +67,19 @@ def main(store_dir: str) -> int:
             ids = {producer.send(Message("clicks", b"click")).message_id for _ in range(50)}
             ok = wait_for(lambda: ids <= set(seen))
             ok = ok and wait_for(lambda: not set(a.assigned_queues) & set(b.assigned_queues))
-            print("a holds", [q.queue_id for q in a.assigned_queues if q.topic == "clicks"],
-                  "b holds", [q.queue_id for q in b.assigned_queues if q.topic == "clicks"])
+            print(
+                "a holds",
+                [q.queue_id for q in a.assigned_queues if q.topic == "clicks"],
+                "b holds",
+                [q.queue_id for q in b.assigned_queues if q.topic == "clicks"],
+            )
             b.shutdown()  # graceful: commits its offsets, leaves the group
             ids |= {producer.send(Message("clicks", b"click")).message_id for _ in range(50)}
             ok = ok and wait_for(lambda: ids <= set(seen))
-            print("after b left, a holds",
-                  [q.queue_id for q in a.assigned_queues if q.topic == "clicks"])
+            print(
+                "after b left, a holds",
+                [q.queue_id for q in a.assigned_queues if q.topic == "clicks"],
+            )
         print(f"100 sent, {len(seen)} consumed, by consumer {dict(by_consumer)}")
 
         everyone: Counter[str] = Counter()
@@ -75,12 +89,25 @@ def main(store_dir: str) -> int:
                 with lock:
                     everyone[name] += len(messages)
                 return ConsumeResult.SUCCESS
+
             return consume
 
-        x = PushConsumer("cache-refresh", count("x"), {"config": "*"}, transport=t,
-                         message_model=MessageModel.BROADCASTING, **FAST)
-        y = PushConsumer("cache-refresh", count("y"), {"config": "*"}, transport=t,
-                         message_model=MessageModel.BROADCASTING, **FAST)
+        x = PushConsumer(
+            "cache-refresh",
+            count("x"),
+            {"config": "*"},
+            transport=t,
+            message_model=MessageModel.BROADCASTING,
+            **FAST,
+        )
+        y = PushConsumer(
+            "cache-refresh",
+            count("y"),
+            {"config": "*"},
+            transport=t,
+            message_model=MessageModel.BROADCASTING,
+            **FAST,
+        )
         with x, y:
             for _ in range(5):
                 producer.send(Message("config", b"reload"))

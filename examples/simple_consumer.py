@@ -1,6 +1,6 @@
 """SimpleConsumer: receive with an invisible time, ack, and extend the lease of slow work.
 
-    python examples/simple_consumer.py [STORE_DIR]
+python examples/simple_consumer.py [STORE_DIR]
 """
 
 from __future__ import annotations
@@ -10,16 +10,24 @@ import tempfile
 
 from reliable import Message, Producer, SimpleConsumer
 
-STORE = {"mapped_file_size_commitlog": 16 << 20, "max_hash_slot_num": 25_000,
-         "max_index_num": 100_000}
+STORE = {
+    "mapped_file_size_commitlog": 16 << 20,
+    "max_hash_slot_num": 25_000,
+    "max_index_num": 100_000,
+}
 
 
 def main(store_dir: str) -> int:
     with Producer("embedded", store_dir=store_dir, **STORE) as producer:
         for i in range(3):
             producer.send(Message("jobs", f"job-{i}".encode()))
-        with SimpleConsumer("workers", {"jobs": "*"}, transport=producer.transport,
-                            await_duration_s=1, invisible_duration_s=30) as consumer:
+        with SimpleConsumer(
+            "workers",
+            {"jobs": "*"},
+            transport=producer.transport,
+            await_duration_s=1,
+            invisible_duration_s=30,
+        ) as consumer:
             done = 0
             while done < 3:
                 for job in consumer.receive(max_messages=2):

@@ -14,8 +14,11 @@ from typing import Any
 
 from reliable import Message, Producer, ReceivedMessage, SimpleConsumer, TransactionState
 
-STORE = {"mapped_file_size_commitlog": 16 << 20, "max_hash_slot_num": 25_000,
-         "max_index_num": 100_000}
+STORE = {
+    "mapped_file_size_commitlog": 16 << 20,
+    "max_hash_slot_num": 25_000,
+    "max_index_num": 100_000,
+}
 
 orders_db: dict[str, str] = {}  # stands in for the application's database
 
@@ -42,13 +45,23 @@ def main(store_dir: str) -> int:
 
     # check unknown transactions after 0.5 s instead of RocketMQ's default minute
     config = BrokerConfig(transaction_timeout_ms=500, transaction_check_interval_ms=500)
-    with Producer("embedded", group="orders-tx", transaction_checker=check,
-                  store_dir=store_dir, broker_config=config, **STORE) as producer, \
-            SimpleConsumer("shipping", {"orders": "*"}, transport=producer.transport,
-                           await_duration_s=0.5) as consumer:
+    with (
+        Producer(
+            "embedded",
+            group="orders-tx",
+            transaction_checker=check,
+            store_dir=store_dir,
+            broker_config=config,
+            **STORE,
+        ) as producer,
+        SimpleConsumer(
+            "shipping", {"orders": "*"}, transport=producer.transport, await_duration_s=0.5
+        ) as consumer,
+    ):
         for order_id in ("o-1", "o-2", "o-3"):
             result = producer.send_in_transaction(
-                Message("orders", order_id.encode(), keys=[order_id]), place_order, order_id)
+                Message("orders", order_id.encode(), keys=[order_id]), place_order, order_id
+            )
             print(f"{order_id}: local transaction -> {result.state.value}")
         delivered: list[str] = []
         deadline = time.time() + 30

@@ -15,8 +15,9 @@ def _retry_horizon(levels: str, retries: int) -> timedelta:
     """From the first delivery to the dead-letter queue: the sum of the delays of the
     `retries` retries on the broker's delay ladder (the broker's own rule for the level)."""
     ladder = parse_delay_levels(levels)
-    return timedelta(milliseconds=sum(ladder[retry_level(0, r, len(ladder)) - 1]
-                                      for r in range(retries)))
+    return timedelta(
+        milliseconds=sum(ladder[retry_level(0, r, len(ladder)) - 1] for r in range(retries))
+    )
 
 
 # The broker's defaults: 16 retries at levels 3..18 of its ladder, 4 h 45 min 40 s between

@@ -43,15 +43,18 @@ def guard_from_environment(env: Mapping[str, str] | None = None) -> IdempotencyG
     env = os.environ if env is None else env
     url = env.get(DATABASE_URL)
     if not url:
-        raise ConfigurationError(f"idempotent=True needs {DATABASE_URL} (and optionally "
-                                 f"{REDIS_URL}); or pass a guard object: idempotent=guard")
+        raise ConfigurationError(
+            f"idempotent=True needs {DATABASE_URL} (and optionally "
+            f"{REDIS_URL}); or pass a guard object: idempotent=guard"
+        )
     engine = sqlalchemy.create_engine(url, pool_pre_ping=True)
     redis_client = None
     if env.get(REDIS_URL):
         import redis
 
-        redis_client = redis.Redis.from_url(env[REDIS_URL], socket_timeout=2,
-                                            socket_connect_timeout=2)
+        redis_client = redis.Redis.from_url(
+            env[REDIS_URL], socket_timeout=2, socket_connect_timeout=2
+        )
     tables = OutboxTables(prefix=env.get(TABLE_PREFIX, DEFAULT_TABLE_PREFIX))
     try:
         return IdempotencyGuard(engine, tables, redis_client)

@@ -19,7 +19,8 @@ class DedupWindowTooShort(IdempotencyError):
         super().__init__(
             f"{setting} of {configured} is shorter than the retry horizon {required} "
             "(16 retries plus DLQ replay): a late redelivery would run the handler again; "
-            "raise it, or pass allow_short_window=True if you accept that")
+            "raise it, or pass allow_short_window=True if you accept that"
+        )
 
 
 class InvalidGuardConfig(IdempotencyError):
@@ -35,8 +36,9 @@ class InvalidGuardConfig(IdempotencyError):
 class BodyMismatch(IdempotencyError):
     """The same message id arrived with a different body than the one already known."""
 
-    def __init__(self, message_id: str, group: str, known_digest: str, got_digest: str,
-                 source: str) -> None:
+    def __init__(
+        self, message_id: str, group: str, known_digest: str, got_digest: str, source: str
+    ) -> None:
         self.message_id = message_id
         self.group = group
         self.known_digest = known_digest
@@ -45,7 +47,8 @@ class BodyMismatch(IdempotencyError):
         super().__init__(
             f"message {message_id!r} for group {group!r} arrived with body digest "
             f"{got_digest[:12]}..., but the {source} has {known_digest[:12]}...: "
-            "a reused id or a corrupted message; not processed")
+            "a reused id or a corrupted message; not processed"
+        )
 
 
 class NotADeadLetter(IdempotencyError):
@@ -56,4 +59,5 @@ class NotADeadLetter(IdempotencyError):
         self.group = group
         super().__init__(
             f"a message from {topic!r} is not a dead letter"
-            + (f" of group {group!r}" if group else "; name its group explicitly"))
+            + (f" of group {group!r}" if group else "; name its group explicitly")
+        )

@@ -82,8 +82,7 @@ DB_DOWN = (OperationalError, InterfaceError, DisconnectionError, PoolTimeout)
 # RETRY_TOPIC, the topic it was first sent to
 
 
-def dead_letter_origin(message: ReceivedMessage, group: str | None = None
-                       ) -> tuple[str, str, str]:
+def dead_letter_origin(message: ReceivedMessage, group: str | None = None) -> tuple[str, str, str]:
     """(original message id, group, original topic) of a copy read from `%DLQ%<group>`.
 
     The id is the one the guard keyed the group's deliveries by: the client-visible id
@@ -91,16 +90,20 @@ def dead_letter_origin(message: ReceivedMessage, group: str | None = None
     (its id is its offset id, different for every copy) falls back to ORIGIN_MESSAGE_ID,
     then DLQ_ORIGIN_MESSAGE_ID.
     """
-    dlq_group = (message.topic.removeprefix(DLQ_GROUP_TOPIC_PREFIX)
-                 if is_dlq_topic(message.topic) else None)
+    dlq_group = (
+        message.topic.removeprefix(DLQ_GROUP_TOPIC_PREFIX) if is_dlq_topic(message.topic) else None
+    )
     if group is None:
         group = dlq_group
     if not group or (dlq_group is not None and dlq_group != group):
         raise NotADeadLetter(message.topic, group)
     props = message.properties
     if message.offset_msg_id and message.message_id == message.offset_msg_id:
-        original = (props.get(Prop.ORIGIN_MESSAGE_ID) or props.get(Prop.DLQ_ORIGIN_MESSAGE_ID)
-                    or message.message_id)
+        original = (
+            props.get(Prop.ORIGIN_MESSAGE_ID)
+            or props.get(Prop.DLQ_ORIGIN_MESSAGE_ID)
+            or message.message_id
+        )
     else:
         original = message.message_id
     topic = props.get(Prop.DLQ_ORIGIN_TOPIC) or props.get(Prop.RETRY_TOPIC) or message.topic
@@ -151,8 +154,15 @@ class _Fenced(Exception):
 class _Renewer:
     """Extends both leases every lease/3 while the handler runs (when configured)."""
 
-    def __init__(self, guard: IdempotencyGuard, message_id: str, group: str, key: str,
-                 token: str, held: bool | None) -> None:
+    def __init__(
+        self,
+        guard: IdempotencyGuard,
+        message_id: str,
+        group: str,
+        key: str,
+        token: str,
+        held: bool | None,
+    ) -> None:
         self.guard, self.message_id, self.group = guard, message_id, group
         self.key, self.token, self.held = key, token, held
         self._stop = threading.Event()
@@ -160,8 +170,9 @@ class _Renewer:
 
     def __enter__(self) -> _Renewer:
         if self.guard.config.renew_lease:
-            self._thread = threading.Thread(target=self._run, daemon=True,
-                                            name=f"lease-renew-{self.message_id}")
+            self._thread = threading.Thread(
+                target=self._run, daemon=True, name=f"lease-renew-{self.message_id}"
+            )
             self._thread.start()
         return self
 
@@ -178,8 +189,9 @@ class _Renewer:
             try:
                 if self.held and guard.leases is not None:
                     guard.leases.renew(self.key, self.token)
-                if not guard.store.renew(self.message_id, self.group, self.token,
-                                         guard.clock() + guard.config.lease):
+                if not guard.store.renew(
+                    self.message_id, self.group, self.token, guard.clock() + guard.config.lease
+                ):
                     return  # taken over: fencing will refuse the confirmation
             except Exception as exc:  # a failed renewal only shortens the lease
                 log.warning("lease renewal of %s failed: %s", self.message_id, exc)
@@ -194,20 +206,33 @@ class IdempotencyGuard:
         handlers get a `Session` on this engine so their writes commit with the confirmation.
     """
 
-    def __init__(self, engine: Engine, tables: OutboxTables, redis: RedisLike | None, *,
-                 config: GuardConfig | None = None, clock: Clock = utcnow,
-                 sleep: Callable[[float], None] = time.sleep,
-                 on_event: Callable[[GuardEvent], None] | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        tables: OutboxTables,
+        redis: RedisLike | None,
+        *,
+        config: GuardConfig | None = None,
+        clock: Clock = utcnow,
+        sleep: Callable[[float], None] = time.sleep,
+        on_event: Callable[[GuardEvent], None] | None = None,
+    ) -> None:
         self.config = (config or GuardConfig()).validate()  # refuses short dedup windows
         # missing tables fail here, naming the fix (`TablesMissing`), not once per message
         require_tables(engine, tables, unreachable_ok=True)
         self.engine = engine
         self.tables = tables
         self.store = GuardStore(engine, tables)
-        self.leases = (Leases(redis, self.config.key_prefix,
-                              _ms(self.config.lease.total_seconds()),
-                              _ms(self.config.ttl.total_seconds()))
-                       if redis is not None else None)
+        self.leases = (
+            Leases(
+                redis,
+                self.config.key_prefix,
+                _ms(self.config.lease.total_seconds()),
+                _ms(self.config.ttl.total_seconds()),
+            )
+            if redis is not None
+            else None
+        )
         self.clock = clock
         self.sleep = sleep
         self.on_event = on_event
@@ -215,8 +240,9 @@ class IdempotencyGuard:
         self._redis_errors = _redis_errors()
 
     # -- the decorator's entry point -------------------------------------------------------
-    def process(self, message: ReceivedMessage, group: str,
-                invoke: Callable[..., object]) -> ConsumeResult:
+    def process(
+        self, message: ReceivedMessage, group: str, invoke: Callable[..., object]
+    ) -> ConsumeResult:
         """Run `invoke(session=...)` once for (message, group); see the module docstring.
 
         Returns SUCCESS (processed, or a duplicate) or RECONSUME_LATER (in progress
@@ -227,8 +253,11 @@ class IdempotencyGuard:
         token = uuid.uuid4().hex
         key = self.leases.key(group, message.message_id) if self.leases else ""
         started = self.clock()
-        deadline = (started + self.config.wait_for_result
-                    if self.config.wait_for_result is not None else None)
+        deadline = (
+            started + self.config.wait_for_result
+            if self.config.wait_for_result is not None
+            else None
+        )
         try:
             self.store.log_received(message, group, started)
         except DB_DOWN as exc:
@@ -246,8 +275,9 @@ class IdempotencyGuard:
                 return self._duplicate(message, group, key, token, held)
             if held is not False:
                 try:
-                    claimed = self.store.claim(message.message_id, group, token, start,
-                                               start + self.config.lease)
+                    claimed = self.store.claim(
+                        message.message_id, group, token, start, start + self.config.lease
+                    )
                 except DB_DOWN as exc:
                     self._release_redis(key, token, held)
                     return self._later(EventKind.DB_UNAVAILABLE, message, group, str(exc))
@@ -270,14 +300,16 @@ class IdempotencyGuard:
         database error propagates (the caller retries).
         """
         original, group, topic = dead_letter_origin(message, group)
-        self.store.mark_dead_lettered(original, group, topic, message.queue_id,
-                                      message.queue_offset, self.clock())
+        self.store.mark_dead_lettered(
+            original, group, topic, message.queue_id, message.queue_offset, self.clock()
+        )
         log.info("%s dead-lettered %s", group, original)
         return original
 
     # -- standalone use (no decorator) ---------------------------------------------------
-    def consume(self, message: ReceivedMessage, group: str,
-                handler: Callable[..., object]) -> ConsumeResult:
+    def consume(
+        self, message: ReceivedMessage, group: str, handler: Callable[..., object]
+    ) -> ConsumeResult:
         """Call `handler(message[, session=...])` under the guard and map its outcome.
 
         Returns normally: SUCCESS. `Discard`: SUCCESS (recorded as done). Any other
@@ -286,8 +318,7 @@ class IdempotencyGuard:
         wants_session = _accepts(handler, "session")
 
         def invoke(**kwargs: Any) -> object:
-            return handler(message, **({"session": kwargs["session"]} if wants_session
-                                       else {}))
+            return handler(message, **({"session": kwargs["session"]} if wants_session else {}))
 
         try:
             return self.process(message, group, invoke)
@@ -300,8 +331,9 @@ class IdempotencyGuard:
             log.exception("handler failed for message %s (group %s)", message.message_id, group)
             return ConsumeResult.RECONSUME_LATER
 
-    def listener(self, group: str,
-                 handler: Callable[..., object]) -> Callable[[ReceivedMessage], ConsumeResult]:
+    def listener(
+        self, group: str, handler: Callable[..., object]
+    ) -> Callable[[ReceivedMessage], ConsumeResult]:
         """A transport listener `message -> ConsumeResult` running `handler` idempotently."""
         return lambda message: self.consume(message, group, handler)
 
@@ -316,8 +348,7 @@ class IdempotencyGuard:
         return self.store.purge(self.clock() - self.config.db_retention)
 
     # -- steps -------------------------------------------------------------------------------
-    def _acquire(self, key: str, token: str, message: ReceivedMessage,
-                 group: str) -> bool | None:
+    def _acquire(self, key: str, token: str, message: ReceivedMessage, group: str) -> bool | None:
         if self.leases is None:
             return None
         try:
@@ -326,8 +357,16 @@ class IdempotencyGuard:
             self._emit(EventKind.REDIS_UNAVAILABLE, message, group, str(exc))
             return None
 
-    def _run(self, message: ReceivedMessage, group: str, invoke: Callable[..., object],
-             key: str, token: str, digest: str, held: bool | None) -> ConsumeResult:
+    def _run(
+        self,
+        message: ReceivedMessage,
+        group: str,
+        invoke: Callable[..., object],
+        key: str,
+        token: str,
+        digest: str,
+        held: bool | None,
+    ) -> ConsumeResult:
         session = Session(self.engine)
         renewer = _Renewer(self, message.message_id, group, key, token, held)
         try:
@@ -337,8 +376,10 @@ class IdempotencyGuard:
                     invoke(session=session)
             except Discard:
                 session.rollback()
-                if self._finish_discard(message, group, key, token, digest,
-                                        held) is not ConsumeResult.SUCCESS:
+                if (
+                    self._finish_discard(message, group, key, token, digest, held)
+                    is not ConsumeResult.SUCCESS
+                ):
                     return ConsumeResult.RECONSUME_LATER  # not recorded: never acknowledge
                 raise
             except BaseException as exc:
@@ -347,26 +388,43 @@ class IdempotencyGuard:
                 self._emit(EventKind.HANDLER_FAILED, message, group, repr(exc))
                 raise
             if session.get_transaction() is not tx:
-                log.warning("handler for %s ended the guard's transaction itself: its writes "
-                            "were not atomic with the confirmation", message.message_id)
-            return self._confirm(session, message, group, key, token, digest, held,
-                                 ConfirmationOutcome.SUCCESS)
+                log.warning(
+                    "handler for %s ended the guard's transaction itself: its writes "
+                    "were not atomic with the confirmation",
+                    message.message_id,
+                )
+            return self._confirm(
+                session, message, group, key, token, digest, held, ConfirmationOutcome.SUCCESS
+            )
         finally:
             session.close()
 
-    def _confirm(self, session: Session, message: ReceivedMessage, group: str, key: str,
-                 token: str, digest: str, held: bool | None,
-                 outcome: ConfirmationOutcome) -> ConsumeResult:
+    def _confirm(
+        self,
+        session: Session,
+        message: ReceivedMessage,
+        group: str,
+        key: str,
+        token: str,
+        digest: str,
+        held: bool | None,
+        outcome: ConfirmationOutcome,
+    ) -> ConsumeResult:
         try:
-            status = self.store.confirm(session, message, group, token, digest,
-                                        outcome.value, self.clock())
+            status = self.store.confirm(
+                session, message, group, token, digest, outcome.value, self.clock()
+            )
             if status is ConfirmStatus.FENCED:
                 raise _Fenced
             session.commit()
         except _Fenced:
             session.rollback()
-            return self._later(EventKind.FENCED, message, group,
-                               "lease taken over by another worker; work rolled back")
+            return self._later(
+                EventKind.FENCED,
+                message,
+                group,
+                "lease taken over by another worker; work rolled back",
+            )
         except IntegrityError:
             session.rollback()
             return self._duplicate(message, group, key, token, held)
@@ -375,20 +433,30 @@ class IdempotencyGuard:
             self._release(message, group, key, token, held)
             return self._later(EventKind.DB_UNAVAILABLE, message, group, str(exc))
         self._mark_done(key, token, held)
-        kind = (EventKind.PROCESSED if outcome is ConfirmationOutcome.SUCCESS
-                else EventKind.DISCARDED)
+        kind = (
+            EventKind.PROCESSED if outcome is ConfirmationOutcome.SUCCESS else EventKind.DISCARDED
+        )
         self._emit(kind, message, group)
         return ConsumeResult.SUCCESS
 
-    def _finish_discard(self, message: ReceivedMessage, group: str, key: str, token: str,
-                        digest: str, held: bool | None) -> ConsumeResult:
+    def _finish_discard(
+        self,
+        message: ReceivedMessage,
+        group: str,
+        key: str,
+        token: str,
+        digest: str,
+        held: bool | None,
+    ) -> ConsumeResult:
         with Session(self.engine) as session:
             session.begin()
-            return self._confirm(session, message, group, key, token, digest, held,
-                          ConfirmationOutcome.DISCARDED)
+            return self._confirm(
+                session, message, group, key, token, digest, held, ConfirmationOutcome.DISCARDED
+            )
 
-    def _duplicate(self, message: ReceivedMessage, group: str, key: str, token: str,
-                   held: bool | None) -> ConsumeResult:
+    def _duplicate(
+        self, message: ReceivedMessage, group: str, key: str, token: str, held: bool | None
+    ) -> ConsumeResult:
         try:
             self.store.forget_log(message.message_id, group)
         except DB_DOWN as exc:  # confirmed is confirmed: acknowledging is still right
@@ -397,10 +465,20 @@ class IdempotencyGuard:
         self._emit(EventKind.DUPLICATE, message, group)
         return ConsumeResult.SUCCESS
 
-    def _check_body(self, known: Any, digest: str, message: ReceivedMessage, group: str,
-                    key: str, token: str, held: bool | None) -> None:
-        for source, known_digest in (("confirmation", known.confirmation_digest),
-                                     ("stub", known.stub_digest)):
+    def _check_body(
+        self,
+        known: Any,
+        digest: str,
+        message: ReceivedMessage,
+        group: str,
+        key: str,
+        token: str,
+        held: bool | None,
+    ) -> None:
+        for source, known_digest in (
+            ("confirmation", known.confirmation_digest),
+            ("stub", known.stub_digest),
+        ):
             if known_digest and known_digest != digest:
                 error = BodyMismatch(message.message_id, group, known_digest, digest, source)
                 self._emit(EventKind.BODY_MISMATCH, message, group, str(error))
@@ -408,8 +486,9 @@ class IdempotencyGuard:
                     self._release_redis(key, token, held)
                     raise error
 
-    def _release(self, message: ReceivedMessage, group: str, key: str, token: str,
-                 held: bool | None) -> None:
+    def _release(
+        self, message: ReceivedMessage, group: str, key: str, token: str, held: bool | None
+    ) -> None:
         try:
             self.store.release(message.message_id, group, token)
         except DB_DOWN as exc:  # the DB lease expires by itself
@@ -434,13 +513,15 @@ class IdempotencyGuard:
         except self._redis_errors as exc:
             log.warning("could not mark %s done in Redis: %s", key, exc)
 
-    def _later(self, kind: EventKind, message: ReceivedMessage, group: str,
-               detail: str = "") -> ConsumeResult:
+    def _later(
+        self, kind: EventKind, message: ReceivedMessage, group: str, detail: str = ""
+    ) -> ConsumeResult:
         self._emit(kind, message, group, detail)
         return ConsumeResult.RECONSUME_LATER
 
-    def _emit(self, kind: EventKind, message: ReceivedMessage, group: str,
-              detail: str = "") -> None:
+    def _emit(
+        self, kind: EventKind, message: ReceivedMessage, group: str, detail: str = ""
+    ) -> None:
         self.stats.add(kind)
         if kind in (EventKind.DB_UNAVAILABLE, EventKind.FENCED, EventKind.BODY_MISMATCH):
             log.warning("%s %s/%s %s", kind.value, group, message.message_id, detail)

@@ -23,8 +23,10 @@ class TransportOffsets:
 
     def __init__(self, transport: Any) -> None:
         if not callable(getattr(transport, "query_offset", None)):
-            raise TypeError("TransportOffsets needs a transport with query_offset() "
-                            "(the embedded or the grpc transport)")
+            raise TypeError(
+                "TransportOffsets needs a transport with query_offset() "
+                "(the embedded or the grpc transport)"
+            )
         self.transport = transport
         self._routes: dict[str, dict[int, Any]] = {}
 

@@ -57,27 +57,41 @@ def due_clause(tables: OutboxTables, now: datetime) -> Any:
     """UNCONFIRMED, not escalated, and due: `next_resend_at <= now` (`>` would select only
     the stubs not yet due)."""
     s = tables.stub.c
-    return and_(s.status == StubStatus.UNCONFIRMED.value, s.next_resend_at <= now,
-                s.escalated_at.is_(None))
+    return and_(
+        s.status == StubStatus.UNCONFIRMED.value, s.next_resend_at <= now, s.escalated_at.is_(None)
+    )
 
 
-def claim_batch(conn: Connection, tables: OutboxTables, *, token: str, now: datetime,
-                until: datetime, limit: int,
-                strategy: ClaimStrategy | None = None) -> Sequence[RowMapping]:
+def claim_batch(
+    conn: Connection,
+    tables: OutboxTables,
+    *,
+    token: str,
+    now: datetime,
+    until: datetime,
+    limit: int,
+    strategy: ClaimStrategy | None = None,
+) -> Sequence[RowMapping]:
     """Claim up to `limit` due stubs for `token` in the caller's transaction; return them."""
     stub = tables.stub
     strategy = strategy or strategy_for(conn)
-    picked = (select(stub.c.id).where(due_clause(tables, now))
-              .order_by(stub.c.next_resend_at, stub.c.id).limit(limit))
+    picked = (
+        select(stub.c.id)
+        .where(due_clause(tables, now))
+        .order_by(stub.c.next_resend_at, stub.c.id)
+        .limit(limit)
+    )
     stamp = {"claimed_by": token, "next_resend_at": until}
     if strategy is ClaimStrategy.ATOMIC_UPDATE:
-        conn.execute(update(stub).where(stub.c.id.in_(picked.scalar_subquery()))
-                     .values(**stamp))
+        conn.execute(update(stub).where(stub.c.id.in_(picked.scalar_subquery())).values(**stamp))
     else:
         locked = picked.with_for_update(skip_locked=strategy is ClaimStrategy.SKIP_LOCKED)
         ids = list(conn.execute(locked).scalars())
         if not ids:
             return []
         conn.execute(update(stub).where(stub.c.id.in_(ids)).values(**stamp))
-    return conn.execute(select(stub).where(stub.c.claimed_by == token)
-                        .order_by(stub.c.id)).mappings().all()
+    return (
+        conn.execute(select(stub).where(stub.c.claimed_by == token).order_by(stub.c.id))
+        .mappings()
+        .all()
+    )

@@ -50,8 +50,10 @@ _WORKER_COUNTERS = {
     "escalated": ("escalations", "Stubs escalated (max sends reached, or refused)"),
     "refused": ("resend_refused", "Resends the broker refused (escalated at once)"),
     "confirmed": ("resend_confirmed", "Stubs the worker found confirmed by every group"),
-    "backlogged": ("resend_backlogged",
-                   "Stubs not yet due (their group is behind them): left for later"),
+    "backlogged": (
+        "resend_backlogged",
+        "Stubs not yet due (their group is behind them): left for later",
+    ),
     "errors": ("resend_errors", "Stubs or passes that failed with an error"),
 }
 
@@ -59,9 +61,14 @@ _WORKER_COUNTERS = {
 class OutboxCollector(Collector):
     """The outbox's backlog from its tables, and a resend worker's counters if given."""
 
-    def __init__(self, engine: Engine, tables: OutboxTables, *,
-                 worker: ResendWorker | None = None,
-                 clock: Callable[[], datetime] = utcnow) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        tables: OutboxTables,
+        *,
+        worker: ResendWorker | None = None,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
         self._engine = engine
         self._tables = tables
         self._worker = worker
@@ -81,16 +88,18 @@ class OutboxCollector(Collector):
         else:
             up.add_metric([], 1.0)
             yield up
-            stubs = GaugeMetricFamily(PREFIX + "stubs", "Outbox stubs by status",
-                                      labels=["status"])
+            stubs = GaugeMetricFamily(PREFIX + "stubs", "Outbox stubs by status", labels=["status"])
             for status in StubStatus:
                 stubs.add_metric([status.value.lower()], float(counts.get(status.value, 0)))
             yield stubs
             age = GaugeMetricFamily(
                 PREFIX + "oldest_unconfirmed_age_seconds",
-                "Age of the oldest UNCONFIRMED stub (0 when there is none)")
-            age.add_metric([], max(0.0, (self._clock() - oldest).total_seconds())
-                           if oldest is not None else 0.0)
+                "Age of the oldest UNCONFIRMED stub (0 when there is none)",
+            )
+            age.add_metric(
+                [],
+                max(0.0, (self._clock() - oldest).total_seconds()) if oldest is not None else 0.0,
+            )
             yield age
         if self._worker is not None:
             values = self._worker.metrics.as_dict()
@@ -102,10 +111,17 @@ class OutboxCollector(Collector):
     def _read(self) -> tuple[dict[str, int], datetime | None]:
         stub = self._tables.stub
         with self._engine.connect() as conn:
-            counts = {row[0]: int(row[1]) for row in conn.execute(
-                sa.select(stub.c.status, sa.func.count()).group_by(stub.c.status))}
-            oldest = conn.execute(sa.select(sa.func.min(stub.c.created_at)).where(
-                stub.c.status == StubStatus.UNCONFIRMED.value)).scalar()
+            counts = {
+                row[0]: int(row[1])
+                for row in conn.execute(
+                    sa.select(stub.c.status, sa.func.count()).group_by(stub.c.status)
+                )
+            }
+            oldest = conn.execute(
+                sa.select(sa.func.min(stub.c.created_at)).where(
+                    stub.c.status == StubStatus.UNCONFIRMED.value
+                )
+            ).scalar()
         return counts, oldest
 
 

@@ -63,14 +63,21 @@ class OutboxTables:
         self.stub = Table(
             f"{p}message_stub",
             md,
-            Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
-                   autoincrement=True),
+            Column(
+                "id",
+                BigInteger().with_variant(Integer, "sqlite"),
+                primary_key=True,
+                autoincrement=True,
+            ),
             Column("message_id", String(ID_LEN), nullable=False),
             Column("topic", String(NAME_LEN), nullable=False),
             Column("tags", String(NAME_LEN), nullable=True),
             Column("keys", String(512), nullable=True),
-            Column("body", LargeBinary().with_variant(LargeBinary(2**32 - 1), "mysql",
-                                                       "mariadb"), nullable=False),
+            Column(
+                "body",
+                LargeBinary().with_variant(LargeBinary(2**32 - 1), "mysql", "mariadb"),
+                nullable=False,
+            ),
             Column("body_digest", String(64), nullable=False),
             Column("headers", Text, nullable=True),  # JSON object of user properties
             Column("expected_groups", Text, nullable=False, default=""),  # comma-separated
@@ -109,8 +116,7 @@ class OutboxTables:
             # the same id with another body is reported) and the outcome (SUCCESS / DISCARDED).
             Column("body_digest", String(64), nullable=True),
             Column("outcome", String(16), nullable=True),
-            PrimaryKeyConstraint("message_id", "consumer_group",
-                                 name=f"{p}pk_confirmation"),
+            PrimaryKeyConstraint("message_id", "consumer_group", name=f"{p}pk_confirmation"),
             Index(f"{p}ix_confirmation_time", "confirmed_at"),
             schema=sch,
         )

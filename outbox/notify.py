@@ -47,10 +47,14 @@ class Escalation:
     def summary(self) -> str:
         groups = ", ".join(self.missing_groups) or "any group"
         if self.refused:
-            return (f"message {self.message_id} on {self.topic} can never be sent (refused: "
-                    f"{self.last_error}); manual handling needed")
-        return (f"message {self.message_id} on {self.topic} unconfirmed by {groups} after "
-                f"{self.send_count}/{self.max_sends} sends; manual handling needed")
+            return (
+                f"message {self.message_id} on {self.topic} can never be sent (refused: "
+                f"{self.last_error}); manual handling needed"
+            )
+        return (
+            f"message {self.message_id} on {self.topic} unconfirmed by {groups} after "
+            f"{self.send_count}/{self.max_sends} sends; manual handling needed"
+        )
 
 
 @runtime_checkable
@@ -73,8 +77,9 @@ class LogNotifier:
 class WebhookNotifier:
     """POSTs the escalation as JSON to a URL; any non-2xx answer is a failure."""
 
-    def __init__(self, url: str, *, timeout: float = 10.0,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, url: str, *, timeout: float = 10.0, headers: dict[str, str] | None = None
+    ) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"webhook url must be http(s): {url!r}")
         self.url = url
@@ -83,8 +88,7 @@ class WebhookNotifier:
 
     def notify(self, escalation: Escalation) -> None:
         body = json.dumps({"event": "reliable.escalation", **escalation.as_dict()}).encode()
-        request = urllib.request.Request(self.url, data=body, headers=self.headers,
-                                         method="POST")
+        request = urllib.request.Request(self.url, data=body, headers=self.headers, method="POST")
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 status = response.status
@@ -97,9 +101,18 @@ class WebhookNotifier:
 class SmtpNotifier:
     """Sends the escalation by e-mail over SMTP (optionally STARTTLS and login)."""
 
-    def __init__(self, host: str, port: int, *, sender: str, recipients: Sequence[str],
-                 starttls: bool = False, username: str | None = None,
-                 password: str | None = None, timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        sender: str,
+        recipients: Sequence[str],
+        starttls: bool = False,
+        username: str | None = None,
+        password: str | None = None,
+        timeout: float = 10.0,
+    ) -> None:
         if not recipients:
             raise ValueError("SmtpNotifier needs at least one recipient")
         self.host, self.port = host, port
@@ -112,8 +125,7 @@ class SmtpNotifier:
         mail["From"] = self.sender
         mail["To"] = ", ".join(self.recipients)
         mail["Subject"] = f"[reliable] message {escalation.message_id} needs manual handling"
-        mail.set_content(escalation.summary() + "\n\n"
-                         + json.dumps(escalation.as_dict(), indent=2))
+        mail.set_content(escalation.summary() + "\n\n" + json.dumps(escalation.as_dict(), indent=2))
         try:
             with smtplib.SMTP(self.host, self.port, timeout=self.timeout) as smtp:
                 if self.starttls:

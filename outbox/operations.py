@@ -19,24 +19,46 @@ from outbox.models import OutboxTables, StubStatus
 from outbox.ports import utcnow
 
 
-def void(engine: Engine, tables: OutboxTables, message_id: str, *,
-         reason: str = "voided by an operator", now: datetime | None = None) -> bool:
+def void(
+    engine: Engine,
+    tables: OutboxTables,
+    message_id: str,
+    *,
+    reason: str = "voided by an operator",
+    now: datetime | None = None,
+) -> bool:
     stub = tables.stub
     with engine.begin() as conn:
-        result = conn.execute(update(stub).where(
-            stub.c.message_id == message_id, stub.c.status == StubStatus.UNCONFIRMED.value,
-        ).values(status=StubStatus.VOID.value, last_error=reason[:2000],
-                 claimed_by=None, updated_at=now or utcnow()))
+        result = conn.execute(
+            update(stub)
+            .where(
+                stub.c.message_id == message_id,
+                stub.c.status == StubStatus.UNCONFIRMED.value,
+            )
+            .values(
+                status=StubStatus.VOID.value,
+                last_error=reason[:2000],
+                claimed_by=None,
+                updated_at=now or utcnow(),
+            )
+        )
         return bool(result.rowcount == 1)
 
 
-def requeue(engine: Engine, tables: OutboxTables, message_id: str, *,
-            now: datetime | None = None) -> bool:
+def requeue(
+    engine: Engine, tables: OutboxTables, message_id: str, *, now: datetime | None = None
+) -> bool:
     stub = tables.stub
     at = now or utcnow()
     with engine.begin() as conn:
-        result = conn.execute(update(stub).where(
-            stub.c.message_id == message_id, stub.c.status == StubStatus.UNCONFIRMED.value,
-        ).values(escalated_at=None, send_count=0, next_resend_at=at, claimed_by=None,
-                 updated_at=at))
+        result = conn.execute(
+            update(stub)
+            .where(
+                stub.c.message_id == message_id,
+                stub.c.status == StubStatus.UNCONFIRMED.value,
+            )
+            .values(
+                escalated_at=None, send_count=0, next_resend_at=at, claimed_by=None, updated_at=at
+            )
+        )
         return bool(result.rowcount == 1)

@@ -62,5 +62,13 @@ PROPERTY_RETRY_TOPIC = Prop.RETRY_TOPIC
 PROPERTY_SEND_COUNT = "OUTBOX_SEND_COUNT"
 
 
-__all__ = ["PROPERTY_RETRY_TOPIC", "PROPERTY_SEND_COUNT", "Clock", "OffsetSource", "QueueBounds",
-           "Sender", "retry_topic", "utcnow"]
+__all__ = [
+    "PROPERTY_RETRY_TOPIC",
+    "PROPERTY_SEND_COUNT",
+    "Clock",
+    "OffsetSource",
+    "QueueBounds",
+    "Sender",
+    "retry_topic",
+    "utcnow",
+]

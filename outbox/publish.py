@@ -80,16 +80,21 @@ class _Pending:
 class Outbox:
     """Transactional publish over one set of outbox tables and one `Sender`."""
 
-    def __init__(self, tables: OutboxTables, sender: Sender, *,
-                 config: OutboxConfig | None = None, clock: Clock = utcnow) -> None:
+    def __init__(
+        self,
+        tables: OutboxTables,
+        sender: Sender,
+        *,
+        config: OutboxConfig | None = None,
+        clock: Clock = utcnow,
+    ) -> None:
         self.tables = tables
         self.sender = sender
         self.config = config or OutboxConfig()
         self.clock = clock
 
     # -- ORM Session ---------------------------------------------------------------------
-    def publish(self, session: Session, message: Message, *,
-                max_sends: int | None = None) -> str:
+    def publish(self, session: Session, message: Message, *, max_sends: int | None = None) -> str:
         """Add the stub to the session's transaction; send after it commits. Returns the id."""
         conn = session.connection()  # begins the transaction if none is active
         row = self._row(conn, message, max_sends)
@@ -111,8 +116,10 @@ class Outbox:
                 yield tx
             return
         if bind.in_transaction():
-            raise OutboxMisuse("the connection is already in a transaction; pass a connection "
-                               "outside one (or an Engine) so the outbox can own the commit")
+            raise OutboxMisuse(
+                "the connection is already in a transaction; pass a connection "
+                "outside one (or an Engine) so the outbox can own the commit"
+            )
         trans = bind.begin()
         tx = OutboxTransaction(self, bind)
         try:
@@ -124,8 +131,10 @@ class Outbox:
         finally:
             tx._open = False
         if not trans.is_active:
-            raise OutboxMisuse("the transaction was ended inside the `begin` block; nothing "
-                               "was sent (committed stubs are sent by the resend worker)")
+            raise OutboxMisuse(
+                "the transaction was ended inside the `begin` block; nothing "
+                "was sent (committed stubs are sent by the resend worker)"
+            )
         trans.commit()
         if self.config.send_after_commit:
             for message in tx._messages:
@@ -151,8 +160,8 @@ class Outbox:
             expected_groups=expected_groups(conn, self.tables, message.topic),
             max_sends=self.config.max_sends if max_sends is None else max_sends,
             now=now,
-            next_resend_at=now + (self.config.retry_after_failure
-                                  if self.config.send_after_commit else timedelta(0)),
+            next_resend_at=now
+            + (self.config.retry_after_failure if self.config.send_after_commit else timedelta(0)),
             max_body_size=self.max_body_size,
         )
 
@@ -166,12 +175,19 @@ class Outbox:
             now = self.clock()
             if is_permanent(exc):
                 # no retry can succeed: due now, so the resend worker escalates it at once
-                log.error("outbox: send of %s refused after commit (%s); the resend worker "
-                          "will escalate it", message.message_id, exc)
+                log.error(
+                    "outbox: send of %s refused after commit (%s); the resend worker "
+                    "will escalate it",
+                    message.message_id,
+                    exc,
+                )
                 retry_at = now
             else:
-                log.warning("outbox: send of %s failed after commit (%s); the resend worker "
-                            "will retry it", message.message_id, exc)
+                log.warning(
+                    "outbox: send of %s failed after commit (%s); the resend worker will retry it",
+                    message.message_id,
+                    exc,
+                )
                 retry_at = now + self.config.retry_after_failure
             values: dict[str, Any] = {
                 "last_error": f"{type(exc).__name__}: {exc}"[:2000],
@@ -183,18 +199,24 @@ class Outbox:
                 "queue_id": receipt.queue_id,
                 "queue_offset": receipt.queue_offset,
                 "broker_msg_id": receipt.offset_msg_id,
-                "last_error": None if receipt.status is SendStatus.SEND_OK
+                "last_error": None
+                if receipt.status is SendStatus.SEND_OK
                 else receipt.status.value,
                 "next_resend_at": now + self.config.resend_after,
             }
         values.update(send_count=stub.c.send_count + 1, updated_at=now)
         try:
             with engine.begin() as conn:
-                conn.execute(update(stub).where(stub.c.message_id == message.message_id)
-                             .values(**values))
+                conn.execute(
+                    update(stub).where(stub.c.message_id == message.message_id).values(**values)
+                )
         except SQLAlchemyError as exc:
-            log.warning("outbox: could not record the send of %s (%s); the resend worker "
-                        "will look at it when due", message.message_id, exc)
+            log.warning(
+                "outbox: could not record the send of %s (%s); the resend worker "
+                "will look at it when due",
+                message.message_id,
+                exc,
+            )
         return receipt
 
 
@@ -238,8 +260,11 @@ def _after_commit(session: Session) -> None:
             # inside connection.begin()): its "commit" committed nothing yet. Sending now
             # could announce data that still rolls back; the committed stub is sent by the
             # resend worker instead.
-            log.info("outbox: %s not sent at session commit: the enclosing transaction is "
-                     "still open; the resend worker will send it", item.message.message_id)
+            log.info(
+                "outbox: %s not sent at session commit: the enclosing transaction is "
+                "still open; the resend worker will send it",
+                item.message.message_id,
+            )
             continue
         if item.outbox.config.send_after_commit:
             item.outbox._send_and_record(item.connection.engine, item.message)

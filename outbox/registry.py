@@ -30,8 +30,9 @@ def _check(name: str, what: str) -> str:
     return name
 
 
-def declare_groups(bind: Engine | Connection, tables: OutboxTables, topic: str,
-                   groups: Iterable[str]) -> None:
+def declare_groups(
+    bind: Engine | Connection, tables: OutboxTables, topic: str, groups: Iterable[str]
+) -> None:
     """Declare (replace) the consumer groups that must confirm messages of `topic`."""
     _check(topic, "topic")
     wanted = sorted({_check(g, "group") for g in groups})

@@ -24,15 +24,18 @@ class SchemaMismatch(OutboxError):
     def __init__(self, table: str, column: str) -> None:
         self.table = table
         self.column = column
-        super().__init__(f"table {table!r} lacks the NOT NULL column {column!r}: "
-                         "migrate it by hand")
+        super().__init__(
+            f"table {table!r} lacks the NOT NULL column {column!r}: migrate it by hand"
+        )
 
 
 class TablesMissing(OutboxError):
     """The database lacks outbox tables (or columns a later version added): create them."""
 
-    FIX = ("create them with `reliable worker resend --ensure-schema`, "
-           "`outbox.ensure_schema(engine, tables)` or `tables.create_all(engine)`")
+    FIX = (
+        "create them with `reliable worker resend --ensure-schema`, "
+        "`outbox.ensure_schema(engine, tables)` or `tables.create_all(engine)`"
+    )
 
     def __init__(self, where: str, missing: list[str]) -> None:
         self.where = where
@@ -53,8 +56,7 @@ def missing_schema(engine: Engine, tables: OutboxTables) -> list[str]:
     return missing
 
 
-def require_tables(engine: Engine, tables: OutboxTables, *,
-                   unreachable_ok: bool = False) -> None:
+def require_tables(engine: Engine, tables: OutboxTables, *, unreachable_ok: bool = False) -> None:
     """Raise `TablesMissing` (one line naming the fix) when the outbox tables are not all
     there. A database that cannot be reached raises its `OperationalError`, or, with
     `unreachable_ok`, passes (a guard started while its database is down retries later)."""
@@ -98,8 +100,12 @@ def ensure_schema(engine: Engine, tables: OutboxTables) -> SchemaReport:
         with engine.begin() as conn:
             for column in missing:
                 kind = column.type.compile(dialect=engine.dialect)
-                conn.execute(text(f"ALTER TABLE {prep.format_table(table)} "
-                                  f"ADD COLUMN {prep.format_column(column)} {kind}"))
+                conn.execute(
+                    text(
+                        f"ALTER TABLE {prep.format_table(table)} "
+                        f"ADD COLUMN {prep.format_column(column)} {kind}"
+                    )
+                )
                 report.added_columns.append(f"{table.name}.{column.name}")
         indexes = {ix["name"] for ix in inspector.get_indexes(table.name, schema=table.schema)}
         for index in table.indexes:

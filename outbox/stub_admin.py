@@ -34,10 +34,26 @@ from outbox.ports import utcnow
 from outbox.reconcile.repair import audit_table
 
 MAX_LIST = 1000
-_STUB_FIELDS = ("message_id", "topic", "tags", "keys", "status", "send_count", "max_sends",
-                "queue_id", "queue_offset", "broker_msg_id", "expected_groups",
-                "next_resend_at", "escalated_at", "created_at", "updated_at", "last_error",
-                "claimed_by", "group_positions")
+_STUB_FIELDS = (
+    "message_id",
+    "topic",
+    "tags",
+    "keys",
+    "status",
+    "send_count",
+    "max_sends",
+    "queue_id",
+    "queue_offset",
+    "broker_msg_id",
+    "expected_groups",
+    "next_resend_at",
+    "escalated_at",
+    "created_at",
+    "updated_at",
+    "last_error",
+    "claimed_by",
+    "group_positions",
+)
 
 
 class OperatorAction(enum.Enum):
@@ -62,8 +78,9 @@ class StubNotOpen(OutboxError):
     def __init__(self, message_id: str, status: str) -> None:
         self.message_id = message_id
         self.status = status
-        super().__init__(f"stub {message_id!r} is {status}; only UNCONFIRMED stubs can be "
-                         "voided or requeued")
+        super().__init__(
+            f"stub {message_id!r} is {status}; only UNCONFIRMED stubs can be voided or requeued"
+        )
 
 
 @dataclass(frozen=True)
@@ -75,8 +92,13 @@ class ActionResult:
     after: dict[str, Any]
 
     def to_json(self) -> dict[str, Any]:
-        return {"message_id": self.message_id, "action": self.action.value,
-                "run_id": self.run_id, "before": self.before, "after": self.after}
+        return {
+            "message_id": self.message_id,
+            "action": self.action.value,
+            "run_id": self.run_id,
+            "before": self.before,
+            "after": self.after,
+        }
 
 
 def _plain(value: Any) -> Any:
@@ -92,9 +114,16 @@ def _row(row: Any, fields: Sequence[str]) -> dict[str, Any]:
     return {f: _plain(m[f]) for f in fields}
 
 
-def list_stubs(engine: sa.Engine, tables: OutboxTables, *, status: str | None = None,
-               older_than: timedelta | None = None, topic: str | None = None,
-               limit: int = 50, now: datetime | None = None) -> tuple[list[dict[str, Any]], bool]:
+def list_stubs(
+    engine: sa.Engine,
+    tables: OutboxTables,
+    *,
+    status: str | None = None,
+    older_than: timedelta | None = None,
+    topic: str | None = None,
+    limit: int = 50,
+    now: datetime | None = None,
+) -> tuple[list[dict[str, Any]], bool]:
     """(stubs, more): oldest first, at most `limit` (1..1000)."""
     if not 1 <= limit <= MAX_LIST:
         raise ValueError(f"limit must be 1..{MAX_LIST}")
@@ -117,78 +146,167 @@ def show_stub(engine: sa.Engine, tables: OutboxTables, message_id: str) -> dict[
     stub, conf, log = tables.stub, tables.confirmation, tables.consumption_log
     audit = audit_table(tables.metadata, tables.prefix, tables.schema)
     with engine.connect() as conn:
-        row = conn.execute(sa.select(*[stub.c[f] for f in _STUB_FIELDS]).where(
-            stub.c.message_id == message_id)).first()
+        row = conn.execute(
+            sa.select(*[stub.c[f] for f in _STUB_FIELDS]).where(stub.c.message_id == message_id)
+        ).first()
         if row is None:
             raise StubNotFound(message_id)
-        confirmations = [_row(r, ("consumer_group", "topic", "confirmed_at", "outcome"))
-                         for r in conn.execute(sa.select(conf).where(
-                             conf.c.message_id == message_id).order_by(conf.c.confirmed_at))]
-        logs = [_row(r, ("consumer_group", "topic", "queue_id", "queue_offset", "created_at",
-                         "lease_until", "dead_lettered_at"))
-                for r in conn.execute(sa.select(log).where(
-                    log.c.message_id == message_id).order_by(log.c.created_at))]
+        confirmations = [
+            _row(r, ("consumer_group", "topic", "confirmed_at", "outcome"))
+            for r in conn.execute(
+                sa.select(conf).where(conf.c.message_id == message_id).order_by(conf.c.confirmed_at)
+            )
+        ]
+        logs = [
+            _row(
+                r,
+                (
+                    "consumer_group",
+                    "topic",
+                    "queue_id",
+                    "queue_offset",
+                    "created_at",
+                    "lease_until",
+                    "dead_lettered_at",
+                ),
+            )
+            for r in conn.execute(
+                sa.select(log).where(log.c.message_id == message_id).order_by(log.c.created_at)
+            )
+        ]
         audits: list[dict[str, Any]] = []
         if sa.inspect(conn).has_table(audit.name, schema=tables.schema):
-            audits = [_row(r, ("run_id", "action", "consumer_group", "reason", "before",
-                               "after", "changed_at"))
-                      for r in conn.execute(sa.select(audit).where(
-                          audit.c.message_id == message_id).order_by(audit.c.id))]
-    return {"stub": _row(row, _STUB_FIELDS), "confirmations": confirmations,
-            "consumption_log": logs, "audit": audits}
+            audits = [
+                _row(
+                    r,
+                    (
+                        "run_id",
+                        "action",
+                        "consumer_group",
+                        "reason",
+                        "before",
+                        "after",
+                        "changed_at",
+                    ),
+                )
+                for r in conn.execute(
+                    sa.select(audit).where(audit.c.message_id == message_id).order_by(audit.c.id)
+                )
+            ]
+    return {
+        "stub": _row(row, _STUB_FIELDS),
+        "confirmations": confirmations,
+        "consumption_log": logs,
+        "audit": audits,
+    }
 
 
-def _act(engine: sa.Engine, tables: OutboxTables, message_id: str, action: OperatorAction,
-         values: dict[str, Any], reason: str, run_id: str | None, now: datetime
-         ) -> ActionResult:
+def _act(
+    engine: sa.Engine,
+    tables: OutboxTables,
+    message_id: str,
+    action: OperatorAction,
+    values: dict[str, Any],
+    reason: str,
+    run_id: str | None,
+    now: datetime,
+) -> ActionResult:
     stub = tables.stub
     audit = audit_table(tables.metadata, tables.prefix, tables.schema)
     audit.create(engine, checkfirst=True)
     watched = ("status", "send_count", "next_resend_at", "escalated_at", "last_error")
     run = run_id or uuid.uuid4().hex
     with engine.begin() as conn:
-        current = conn.execute(sa.select(*[stub.c[f] for f in watched]).where(
-            stub.c.message_id == message_id).with_for_update()).first()
+        current = conn.execute(
+            sa.select(*[stub.c[f] for f in watched])
+            .where(stub.c.message_id == message_id)
+            .with_for_update()
+        ).first()
         if current is None:
             raise StubNotFound(message_id)
         before = _row(current, watched)
         if current.status != StubStatus.UNCONFIRMED.value:
             raise StubNotOpen(message_id, current.status)
-        conn.execute(sa.update(stub).where(
-            stub.c.message_id == message_id,
-            stub.c.status == StubStatus.UNCONFIRMED.value).values(**values, updated_at=now))
+        conn.execute(
+            sa.update(stub)
+            .where(stub.c.message_id == message_id, stub.c.status == StubStatus.UNCONFIRMED.value)
+            .values(**values, updated_at=now)
+        )
         after = {**before, **{k: _plain(v) for k, v in values.items() if k in watched}}
-        conn.execute(sa.insert(audit).values(
-            run_id=run, action=action.value, message_id=message_id, consumer_group=None,
-            reason=reason, before=json.dumps(before, sort_keys=True),
-            after=json.dumps(after, sort_keys=True), changed_at=now))
+        conn.execute(
+            sa.insert(audit).values(
+                run_id=run,
+                action=action.value,
+                message_id=message_id,
+                consumer_group=None,
+                reason=reason,
+                before=json.dumps(before, sort_keys=True),
+                after=json.dumps(after, sort_keys=True),
+                changed_at=now,
+            )
+        )
     return ActionResult(message_id, action, run, before, after)
 
 
-def void_stub(engine: sa.Engine, tables: OutboxTables, message_id: str, *, operator: str,
-              reason: str = "voided by an operator", run_id: str | None = None,
-              now: datetime | None = None) -> ActionResult:
+def void_stub(
+    engine: sa.Engine,
+    tables: OutboxTables,
+    message_id: str,
+    *,
+    operator: str,
+    reason: str = "voided by an operator",
+    run_id: str | None = None,
+    now: datetime | None = None,
+) -> ActionResult:
     """Status VOID: the resend worker never sends it again."""
     at = now or utcnow()
     text = f"{reason} ({operator})"
-    return _act(engine, tables, message_id, OperatorAction.VOID,
-                {"status": StubStatus.VOID.value, "last_error": text[:2000], "claimed_by": None},
-                text, run_id, at)
+    return _act(
+        engine,
+        tables,
+        message_id,
+        OperatorAction.VOID,
+        {"status": StubStatus.VOID.value, "last_error": text[:2000], "claimed_by": None},
+        text,
+        run_id,
+        at,
+    )
 
 
-def requeue_stub(engine: sa.Engine, tables: OutboxTables, message_id: str, *, operator: str,
-                 reason: str = "requeued by an operator", run_id: str | None = None,
-                 now: datetime | None = None) -> ActionResult:
+def requeue_stub(
+    engine: sa.Engine,
+    tables: OutboxTables,
+    message_id: str,
+    *,
+    operator: str,
+    reason: str = "requeued by an operator",
+    run_id: str | None = None,
+    now: datetime | None = None,
+) -> ActionResult:
     """Due now with a fresh send budget (send_count 0, escalation cleared)."""
     at = now or utcnow()
-    return _act(engine, tables, message_id, OperatorAction.REQUEUE,
-                {"send_count": 0, "escalated_at": None, "next_resend_at": at,
-                 "claimed_by": None}, f"{reason} ({operator})", run_id, at)
+    return _act(
+        engine,
+        tables,
+        message_id,
+        OperatorAction.REQUEUE,
+        {"send_count": 0, "escalated_at": None, "next_resend_at": at, "claimed_by": None},
+        f"{reason} ({operator})",
+        run_id,
+        at,
+    )
 
 
-def reopen_dead_lettered(engine: sa.Engine, tables: OutboxTables, group: str,
-                         message_ids: Sequence[str], *, operator: str,
-                         run_id: str | None = None, now: datetime | None = None) -> int:
+def reopen_dead_lettered(
+    engine: sa.Engine,
+    tables: OutboxTables,
+    group: str,
+    message_ids: Sequence[str],
+    *,
+    operator: str,
+    run_id: str | None = None,
+    now: datetime | None = None,
+) -> int:
     """Clear `dead_lettered_at` on the group's log rows of these messages (they were
     replayed from the DLQ); returns how many rows changed."""
     log = tables.consumption_log
@@ -199,23 +317,42 @@ def reopen_dead_lettered(engine: sa.Engine, tables: OutboxTables, group: str,
     changed = 0
     ids = list(dict.fromkeys(message_ids))
     for i in range(0, len(ids), 500):
-        chunk = ids[i:i + 500]
+        chunk = ids[i : i + 500]
         with engine.begin() as conn:
-            marked = conn.execute(sa.select(log.c.message_id, log.c.dead_lettered_at).where(
-                log.c.consumer_group == group, log.c.message_id.in_(chunk),
-                log.c.dead_lettered_at.is_not(None)).with_for_update()).all()
+            marked = conn.execute(
+                sa.select(log.c.message_id, log.c.dead_lettered_at)
+                .where(
+                    log.c.consumer_group == group,
+                    log.c.message_id.in_(chunk),
+                    log.c.dead_lettered_at.is_not(None),
+                )
+                .with_for_update()
+            ).all()
             if not marked:
                 continue
-            conn.execute(sa.update(log).where(
-                log.c.consumer_group == group,
-                log.c.message_id.in_([m.message_id for m in marked])).values(
-                dead_lettered_at=None))
-            conn.execute(sa.insert(audit), [{
-                "run_id": run, "action": OperatorAction.DLQ_REPLAY.value,
-                "message_id": m.message_id, "consumer_group": group,
-                "reason": f"replayed from the dead-letter queue by {operator}",
-                "before": json.dumps({"dead_lettered_at": _plain(m.dead_lettered_at)}),
-                "after": json.dumps({"dead_lettered_at": None}), "changed_at": at}
-                for m in marked])
+            conn.execute(
+                sa.update(log)
+                .where(
+                    log.c.consumer_group == group,
+                    log.c.message_id.in_([m.message_id for m in marked]),
+                )
+                .values(dead_lettered_at=None)
+            )
+            conn.execute(
+                sa.insert(audit),
+                [
+                    {
+                        "run_id": run,
+                        "action": OperatorAction.DLQ_REPLAY.value,
+                        "message_id": m.message_id,
+                        "consumer_group": group,
+                        "reason": f"replayed from the dead-letter queue by {operator}",
+                        "before": json.dumps({"dead_lettered_at": _plain(m.dead_lettered_at)}),
+                        "after": json.dumps({"dead_lettered_at": None}),
+                        "changed_at": at,
+                    }
+                    for m in marked
+                ],
+            )
             changed += len(marked)
     return changed

@@ -44,8 +44,7 @@ def check_sendable(message: Message, max_body_size: int | None) -> None:
     mid = message.message_id
     if not isinstance(mid, str) or not mid or len(mid) > ID_LEN:
         raise InvalidStub(str(mid), f"message_id must be 1..{ID_LEN} characters")
-    if not isinstance(message.topic, str) or not message.topic \
-            or len(message.topic) > NAME_LEN:
+    if not isinstance(message.topic, str) or not message.topic or len(message.topic) > NAME_LEN:
         raise InvalidStub(mid, f"topic must be 1..{NAME_LEN} characters")
     try:
         check_topic(message.topic)
@@ -56,13 +55,22 @@ def check_sendable(message: Message, max_body_size: int | None) -> None:
     if not message.body:
         raise InvalidStub(mid, "body is empty (the broker refuses empty bodies)")
     if max_body_size is not None and len(message.body) > max_body_size:
-        raise InvalidStub(mid, f"body of {len(message.body):,} bytes exceeds the broker's "
-                               f"limit of {max_body_size:,} bytes")
+        raise InvalidStub(
+            mid,
+            f"body of {len(message.body):,} bytes exceeds the broker's "
+            f"limit of {max_body_size:,} bytes",
+        )
 
 
-def stub_values(message: Message, *, expected_groups: Iterable[str], max_sends: int,
-                now: datetime, next_resend_at: datetime,
-                max_body_size: int | None = DEFAULT_MAX_BODY_SIZE) -> dict[str, Any]:
+def stub_values(
+    message: Message,
+    *,
+    expected_groups: Iterable[str],
+    max_sends: int,
+    now: datetime,
+    next_resend_at: datetime,
+    max_body_size: int | None = DEFAULT_MAX_BODY_SIZE,
+) -> dict[str, Any]:
     """The row inserted for `message` (status UNCONFIRMED, never sent yet)."""
     check_sendable(message, max_body_size)
     if max_sends < 1:

@@ -79,11 +79,13 @@ class ResendPolicy:
     """
 
     batch_size: int = 200
-    backoff: Wait = field(default_factory=lambda: tenacity.wait_exponential(
-        multiplier=60, min=60, max=3600))
+    backoff: Wait = field(
+        default_factory=lambda: tenacity.wait_exponential(multiplier=60, min=60, max=3600)
+    )
     recheck_after: timedelta = timedelta(minutes=1)
-    error_backoff: Wait = field(default_factory=lambda: tenacity.wait_exponential(
-        multiplier=10, min=10, max=600))
+    error_backoff: Wait = field(
+        default_factory=lambda: tenacity.wait_exponential(multiplier=10, min=10, max=600)
+    )
     claim_ttl: timedelta = timedelta(minutes=5)
     stale_log_after: timedelta = timedelta(hours=6)
     expected_latency: ExpectedLatency = field(default_factory=ExpectedLatency)
@@ -126,11 +128,20 @@ class _Plan:
 class ResendWorker:
     """Resends lost stubs; safe to run as many of these at once as wanted."""
 
-    def __init__(self, engine: Engine, tables: OutboxTables, sender: Sender, *,
-                 offsets: OffsetSource | None = None, bounds: QueueBounds | None = None,
-                 notifier: Notifier | None = None, policy: ResendPolicy | None = None,
-                 clock: Clock = utcnow, claim: ClaimStrategy | None = None,
-                 name: str | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        tables: OutboxTables,
+        sender: Sender,
+        *,
+        offsets: OffsetSource | None = None,
+        bounds: QueueBounds | None = None,
+        notifier: Notifier | None = None,
+        policy: ResendPolicy | None = None,
+        clock: Clock = utcnow,
+        claim: ClaimStrategy | None = None,
+        name: str | None = None,
+    ) -> None:
         self.engine = engine
         self.tables = tables
         self.sender = sender
@@ -144,15 +155,25 @@ class ResendWorker:
         self.metrics = Metrics()
 
     # -- loop ------------------------------------------------------------------------------
-    def run(self, stop: threading.Event, *, interval: float = 1.0,
-            on_pass: Callable[[Metrics], None] | None = None) -> Metrics:
+    def run(
+        self,
+        stop: threading.Event,
+        *,
+        interval: float = 1.0,
+        on_pass: Callable[[Metrics], None] | None = None,
+    ) -> Metrics:
         """Run passes until `stop` is set (e.g. by SIGTERM); a pass is never cut in half."""
         while not stop.is_set():
             try:
                 result = self.run_once()
             except Exception as exc:  # the next pass retries (a database outage, ...)
-                log.warning("resend worker %s: pass failed, retrying in %ss: %r", self.name,
-                            interval, exc, exc_info=log.isEnabledFor(logging.DEBUG))
+                log.warning(
+                    "resend worker %s: pass failed, retrying in %ss: %r",
+                    self.name,
+                    interval,
+                    exc,
+                    exc_info=log.isEnabledFor(logging.DEBUG),
+                )
                 self.metrics.errors += 1
                 result = Metrics(errors=1)
             if on_pass is not None:
@@ -166,15 +187,27 @@ class ResendWorker:
         now = self.clock()
         token = f"{self.name}:{uuid.uuid4().hex}"
         with self.engine.begin() as conn:
-            rows = claim_batch(conn, self.tables, token=token, now=now,
-                               until=now + self.policy.claim_ttl,
-                               limit=self.policy.batch_size, strategy=self.claim)
+            rows = claim_batch(
+                conn,
+                self.tables,
+                token=token,
+                now=now,
+                until=now + self.policy.claim_ttl,
+                limit=self.policy.batch_size,
+                strategy=self.claim,
+            )
         result = Metrics(passes=1, selected=len(rows))
         if rows:
             confirmed, in_log = self._progress([r["message_id"] for r in rows])
-            plans = [self._safely(row, confirmed.get(row["message_id"], set()),
-                                  in_log.get(row["message_id"], set()), result)
-                     for row in rows]
+            plans = [
+                self._safely(
+                    row,
+                    confirmed.get(row["message_id"], set()),
+                    in_log.get(row["message_id"], set()),
+                    result,
+                )
+                for row in rows
+            ]
             self._finalise(plans, token)
         self.metrics.add(result)
         return result
@@ -185,32 +218,42 @@ class ResendWorker:
         confirmed: dict[str, set[str]] = {}
         in_log: dict[str, set[str]] = {}
         with self.engine.connect() as conn:
-            for mid, grp in conn.execute(select(conf.c.message_id, conf.c.consumer_group)
-                                         .where(conf.c.message_id.in_(ids))):
+            for mid, grp in conn.execute(
+                select(conf.c.message_id, conf.c.consumer_group).where(conf.c.message_id.in_(ids))
+            ):
                 confirmed.setdefault(mid, set()).add(grp)
             stale = self.clock() - self.policy.stale_log_after
             for mid, grp in conn.execute(
-                    select(logt.c.message_id, logt.c.consumer_group).where(
-                        logt.c.message_id.in_(ids),
-                        or_(logt.c.created_at > stale, logt.c.lease_until > self.clock()))):
+                select(logt.c.message_id, logt.c.consumer_group).where(
+                    logt.c.message_id.in_(ids),
+                    or_(logt.c.created_at > stale, logt.c.lease_until > self.clock()),
+                )
+            ):
                 in_log.setdefault(mid, set()).add(grp)
         return confirmed, in_log
 
-    def _safely(self, row: RowMapping, confirmed: set[str], in_log: set[str],
-                result: Metrics) -> _Plan:
+    def _safely(
+        self, row: RowMapping, confirmed: set[str], in_log: set[str], result: Metrics
+    ) -> _Plan:
         """`_handle`, but one stub's failure (an unreachable offset source, a bad row) only
         postpones that stub; the rest of the batch goes on and every claim is released."""
         try:
             return self._handle(row, confirmed, in_log, result)
         except Exception as exc:
             result.errors += 1
-            log.warning("resend worker %s: stub %s failed: %s", self.name,
-                        row["message_id"], exc)
-            return _Plan(row, {"next_resend_at": self.clock() + self.policy.delay(
-                self.policy.error_backoff, 1), "last_error": f"{type(exc).__name__}: {exc}"[:2000]})
+            log.warning("resend worker %s: stub %s failed: %s", self.name, row["message_id"], exc)
+            return _Plan(
+                row,
+                {
+                    "next_resend_at": self.clock()
+                    + self.policy.delay(self.policy.error_backoff, 1),
+                    "last_error": f"{type(exc).__name__}: {exc}"[:2000],
+                },
+            )
 
-    def _handle(self, row: RowMapping, confirmed: set[str], in_log: set[str],
-                result: Metrics) -> _Plan:
+    def _handle(
+        self, row: RowMapping, confirmed: set[str], in_log: set[str], result: Metrics
+    ) -> _Plan:
         now = self.clock()
         expected = split_groups(row["expected_groups"])
         if expected:
@@ -237,7 +280,8 @@ class ResendWorker:
             return True  # never sent (or the send result was never recorded): due by age
         positions: dict[str, list[Any]] = json.loads(row["group_positions"] or "{}")
         topic, queue_id, offset = positions.get(
-            group, [row["topic"], row["queue_id"], row["queue_offset"]])
+            group, [row["topic"], row["queue_id"], row["queue_offset"]]
+        )
         if queue_id is None or queue_id < 0 or offset is None or offset < 0:
             # where the copy landed is unknown (a send over gRPC names no queue; a delayed
             # message is not in its queue yet): no watermark can prove it passed or pending,
@@ -254,25 +298,32 @@ class ResendWorker:
         committed = self.offsets.committed_offset(group, topic, queue_id)
         return committed is not None and committed > offset
 
-    def _resend(self, row: RowMapping, lost: list[str], *, to_topic: bool,
-                result: Metrics) -> _Plan:
+    def _resend(
+        self, row: RowMapping, lost: list[str], *, to_topic: bool, result: Metrics
+    ) -> _Plan:
         attempt = row["send_count"] + 1
         message = message_from_stub(row)
-        message = replace(message, properties={**message.properties,
-                                               PROPERTY_SEND_COUNT: str(attempt)})
+        message = replace(
+            message, properties={**message.properties, PROPERTY_SEND_COUNT: str(attempt)}
+        )
         values: dict[str, Any] = {"send_count": attempt}
         positions: dict[str, list[Any]] = json.loads(row["group_positions"] or "{}")
         try:
             if to_topic:
                 receipt = self.sender.send(message)
-                values.update(queue_id=receipt.queue_id, queue_offset=receipt.queue_offset,
-                              broker_msg_id=receipt.offset_msg_id)
+                values.update(
+                    queue_id=receipt.queue_id,
+                    queue_offset=receipt.queue_offset,
+                    broker_msg_id=receipt.offset_msg_id,
+                )
                 positions = {}
             else:
                 for group in lost:
-                    copy = replace(message, topic=retry_topic(group),
-                                   properties={**message.properties,
-                                               PROPERTY_RETRY_TOPIC: message.topic})
+                    copy = replace(
+                        message,
+                        topic=retry_topic(group),
+                        properties={**message.properties, PROPERTY_RETRY_TOPIC: message.topic},
+                    )
                     receipt = self.sender.send(copy)
                     positions[group] = [receipt.topic, receipt.queue_id, receipt.queue_offset]
         except Exception as exc:
@@ -280,45 +331,65 @@ class ResendWorker:
                 return self._refused(row, lost, exc, attempt, result)
             result.errors += 1
             log.warning("resend of %s failed: %s", row["message_id"], exc)
-            values.update(last_error=f"{type(exc).__name__}: {exc}"[:2000],
-                          next_resend_at=self.clock() + self.policy.delay(
-                              self.policy.error_backoff, attempt))
+            values.update(
+                last_error=f"{type(exc).__name__}: {exc}"[:2000],
+                next_resend_at=self.clock() + self.policy.delay(self.policy.error_backoff, attempt),
+            )
         else:
             result.resent += 1
-            values.update(last_error=None, next_resend_at=self.clock() + self.policy.delay(
-                self.policy.backoff, attempt))
+            values.update(
+                last_error=None,
+                next_resend_at=self.clock() + self.policy.delay(self.policy.backoff, attempt),
+            )
         values["group_positions"] = json.dumps(positions, sort_keys=True) if positions else None
         return _Plan(row, values)
 
-    def _refused(self, row: RowMapping, lost: list[str], exc: BaseException, attempt: int,
-                 result: Metrics) -> _Plan:
+    def _refused(
+        self, row: RowMapping, lost: list[str], exc: BaseException, attempt: int, result: Metrics
+    ) -> _Plan:
         """The broker refused the message itself: no resend can succeed. Escalate now (once),
         instead of retrying until max_sends."""
         error = f"{REFUSED_PREFIX}{type(exc).__name__}: {exc}"[:2000]
         log.error("resend of %s refused for good: %s", row["message_id"], exc)
         result.refused += 1
-        plan = self._escalate(row, lost, result, last_error=error, refused=True,
-                              send_count=attempt)
+        plan = self._escalate(row, lost, result, last_error=error, refused=True, send_count=attempt)
         plan.values.setdefault("last_error", error)
         plan.values["send_count"] = attempt
         return plan
 
-    def _escalate(self, row: RowMapping, lost: list[str], result: Metrics, *,
-                  last_error: str | None = None, refused: bool = False,
-                  send_count: int | None = None) -> _Plan:
+    def _escalate(
+        self,
+        row: RowMapping,
+        lost: list[str],
+        result: Metrics,
+        *,
+        last_error: str | None = None,
+        refused: bool = False,
+        send_count: int | None = None,
+    ) -> _Plan:
         escalation = Escalation(
-            message_id=row["message_id"], topic=row["topic"],
+            message_id=row["message_id"],
+            topic=row["topic"],
             send_count=row["send_count"] if send_count is None else send_count,
-            max_sends=row["max_sends"], missing_groups=tuple(g for g in lost if g),
-            created_at=row["created_at"], last_error=last_error or row["last_error"],
-            refused=refused)
+            max_sends=row["max_sends"],
+            missing_groups=tuple(g for g in lost if g),
+            created_at=row["created_at"],
+            last_error=last_error or row["last_error"],
+            refused=refused,
+        )
         try:
             self.notifier.notify(escalation)
         except Exception as exc:
             result.errors += 1
             log.warning("escalation of %s not delivered: %s", row["message_id"], exc)
-            return _Plan(row, {"next_resend_at": self.clock() + self.policy.delay(
-                self.policy.error_backoff, 1), "last_error": str(exc)[:2000]})
+            return _Plan(
+                row,
+                {
+                    "next_resend_at": self.clock()
+                    + self.policy.delay(self.policy.error_backoff, 1),
+                    "last_error": str(exc)[:2000],
+                },
+            )
         result.escalated += 1
         return _Plan(row, {"escalated_at": self.clock()})
 
@@ -333,9 +404,11 @@ class ResendWorker:
             groups.setdefault(tuple(sorted(values)), []).append(params)
         with self.engine.begin() as conn:
             for keys, batch in groups.items():
-                stmt = (update(stub)
-                        .where(stub.c.id == bindparam("b_id"), stub.c.claimed_by == token)
-                        .values({k: bindparam(f"v_{k}") for k in keys}))
+                stmt = (
+                    update(stub)
+                    .where(stub.c.id == bindparam("b_id"), stub.c.claimed_by == token)
+                    .values({k: bindparam(f"v_{k}") for k in keys})
+                )
                 conn.execute(stmt, batch)
 
 

@@ -37,29 +37,44 @@ DEFAULT_ACK_IN_FLIGHT = 4
 
 
 class BatchedAcks(Protocol):
-    def submit_ack(self, group: str, messages: Sequence[ReceivedMessage],
-                   done: Callable[[AckResults | BaseException], None]) -> None: ...
+    def submit_ack(
+        self,
+        group: str,
+        messages: Sequence[ReceivedMessage],
+        done: Callable[[AckResults | BaseException], None],
+    ) -> None: ...
 
 
 class AckBatcher(LingeringSender):
     """One per consumer (group); see the module docstring."""
 
-    def __init__(self, transport: Any, group: str, *,
-                 linger_ms: float = DEFAULT_ACK_LINGER_MS,
-                 batch_size: int = DEFAULT_ACK_BATCH_SIZE,
-                 max_in_flight: int = DEFAULT_ACK_IN_FLIGHT) -> None:
-        super().__init__(linger_ms=linger_ms, batch_size=batch_size,
-                         max_in_flight=max_in_flight, thread_name=f"acks-{group}")
+    def __init__(
+        self,
+        transport: Any,
+        group: str,
+        *,
+        linger_ms: float = DEFAULT_ACK_LINGER_MS,
+        batch_size: int = DEFAULT_ACK_BATCH_SIZE,
+        max_in_flight: int = DEFAULT_ACK_IN_FLIGHT,
+    ) -> None:
+        super().__init__(
+            linger_ms=linger_ms,
+            batch_size=batch_size,
+            max_in_flight=max_in_flight,
+            thread_name=f"acks-{group}",
+        )
         self._t = transport
-        self._batched: BatchedAcks | None = (transport if callable(
-            getattr(transport, "submit_ack", None)) else None)
+        self._batched: BatchedAcks | None = (
+            transport if callable(getattr(transport, "submit_ack", None)) else None
+        )
         self._group = group
         self._topics: dict[str, list[tuple[ReceivedMessage, Future[None]]]] = {}
         self._first_at: dict[str, float] = {}
         # a transport whose submit_ack runs inline (the in-process broker): a full batch is
         # sent by the caller that filled it, without a hop to the batcher's thread
         self._caller_runs = self._batched is not None and bool(
-            getattr(transport, "inline_acks", False))
+            getattr(transport, "inline_acks", False)
+        )
         self._start_thread()
 
     def ack(self, message: ReceivedMessage) -> Future[None]:
@@ -74,10 +89,13 @@ class AckBatcher(LingeringSender):
             waiting.append((message, future))
             self._pending += 1
             batch = None
-            if (self._caller_runs and len(waiting) >= self._batch_size
-                    and self._in_flight < self._max_in_flight):
-                batch = waiting[:self._batch_size]
-                del waiting[:self._batch_size]
+            if (
+                self._caller_runs
+                and len(waiting) >= self._batch_size
+                and self._in_flight < self._max_in_flight
+            ):
+                batch = waiting[: self._batch_size]
+                del waiting[: self._batch_size]
                 self._first_at[message.topic] = time.monotonic()
                 self._in_flight += 1
             elif self._waiting and (len(waiting) == 1 or len(waiting) >= self._batch_size):
@@ -90,8 +108,9 @@ class AckBatcher(LingeringSender):
     def _emit(self, batch: Any) -> None:
         self._send(batch)
 
-    def _collect(self, now: float
-                 ) -> tuple[list[list[tuple[ReceivedMessage, Future[None]]]], float | None]:
+    def _collect(
+        self, now: float
+    ) -> tuple[list[list[tuple[ReceivedMessage, Future[None]]]], float | None]:
         out = []
         wait_s: float | None = None
         idle = self._in_flight == 0
@@ -99,12 +118,11 @@ class AckBatcher(LingeringSender):
             waiting = self._topics[topic]
             while waiting and self._in_flight < self._max_in_flight:
                 due = self._first_at[topic] + self._linger_s
-                if not (idle or self._closing or len(waiting) >= self._batch_size
-                        or due <= now):
+                if not (idle or self._closing or len(waiting) >= self._batch_size or due <= now):
                     wait_s = max(due - now, 0.0) if wait_s is None else min(wait_s, due - now)
                     break
-                out.append(waiting[:self._batch_size])
-                del waiting[:self._batch_size]
+                out.append(waiting[: self._batch_size])
+                del waiting[: self._batch_size]
                 self._first_at[topic] = now
                 self._in_flight += 1
             if not waiting:
@@ -133,11 +151,15 @@ class AckBatcher(LingeringSender):
         except BaseException as exc:
             self._complete(batch, exc)
 
-    def _complete(self, batch: list[tuple[ReceivedMessage, Future[None]]],
-                  results: AckResults | BaseException) -> None:
+    def _complete(
+        self, batch: list[tuple[ReceivedMessage, Future[None]]], results: AckResults | BaseException
+    ) -> None:
         if isinstance(results, BaseException) or len(results) != len(batch):
-            whole: BaseException = results if isinstance(results, BaseException) else \
-                RuntimeError(f"{len(results)} ack results for {len(batch)} messages")
+            whole: BaseException = (
+                results
+                if isinstance(results, BaseException)
+                else RuntimeError(f"{len(results)} ack results for {len(batch)} messages")
+            )
             results = [whole] * len(batch)
         with self._cond:
             self._in_flight -= 1
@@ -152,8 +174,9 @@ class AckBatcher(LingeringSender):
                 future.set_exception(error)
 
 
-def change_invisible_async(transport: Any, group: str, message: ReceivedMessage,
-                           invisible_ms: int) -> Future[str]:
+def change_invisible_async(
+    transport: Any, group: str, message: ReceivedMessage, invisible_ms: int
+) -> Future[str]:
     """Change a message's invisible duration without waiting for the answer: the future
     gets the new receipt handle (also stored on `message`) or the error. Transports without
     `submit_change_invisible` are called synchronously."""

@@ -19,8 +19,9 @@ from typing import Any
 
 
 class LingeringSender:
-    def __init__(self, *, linger_ms: float, batch_size: int, max_in_flight: int,
-                 thread_name: str) -> None:
+    def __init__(
+        self, *, linger_ms: float, batch_size: int, max_in_flight: int, thread_name: str
+    ) -> None:
         self._linger_s = linger_ms / 1000
         self._batch_size = batch_size
         self._max_in_flight = max_in_flight

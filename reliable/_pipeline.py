@@ -63,16 +63,21 @@ class RoutingProducer(Protocol):
 
     def _route(self, topic: str) -> TopicRoute: ...
 
-    def _select(self, route: TopicRoute, message: Message, last_broker: str | None
-                ) -> QueueRef: ...
+    def _select(self, route: TopicRoute, message: Message, last_broker: str | None) -> QueueRef: ...
 
 
 class PipelinedSends(Protocol):
     """What a transport offers to be pipelined (the grpc and embedded transports do)."""
 
-    def submit_send(self, messages: Sequence[Message], queue: QueueRef, *,
-                    producer_group: str | None, timeout_s: float | None,
-                    done: SendDone) -> None:
+    def submit_send(
+        self,
+        messages: Sequence[Message],
+        queue: QueueRef,
+        *,
+        producer_group: str | None,
+        timeout_s: float | None,
+        done: SendDone,
+    ) -> None:
         """Send `messages` (one lane: one topic, one message group) as one request without
         waiting; call `done` once, with a result per message (receipt or its error) or with
         the error of the whole request. `done` may run on any thread, or inline."""
@@ -106,11 +111,23 @@ class _Lane:
 class SendPipeline(LingeringSender):
     """One sender thread per producer; see the module docstring."""
 
-    def __init__(self, producer: RoutingProducer, transport: PipelinedSends, policy: SendPolicy, *,
-                 linger_ms: float, batch_size: int, max_in_flight: int,
-                 timeout_s: float) -> None:
-        super().__init__(linger_ms=linger_ms, batch_size=batch_size,
-                         max_in_flight=max_in_flight, thread_name=f"sender-{producer.group}")
+    def __init__(
+        self,
+        producer: RoutingProducer,
+        transport: PipelinedSends,
+        policy: SendPolicy,
+        *,
+        linger_ms: float,
+        batch_size: int,
+        max_in_flight: int,
+        timeout_s: float,
+    ) -> None:
+        super().__init__(
+            linger_ms=linger_ms,
+            batch_size=batch_size,
+            max_in_flight=max_in_flight,
+            thread_name=f"sender-{producer.group}",
+        )
         self._producer = producer
         self._transport = transport
         self._policy = policy
@@ -150,10 +167,14 @@ class SendPipeline(LingeringSender):
             if urgent:
                 lane.urgent += 1
             batch: list[_Item] | None = None
-            if (self._caller_runs and len(lane.items) >= self._batch_size
-                    and self._in_flight < self._max_in_flight
-                    and not (lane.ordered and lane.in_flight)
-                    and not lane.items[0].alone and lane.paused_until <= time.monotonic()):
+            if (
+                self._caller_runs
+                and len(lane.items) >= self._batch_size
+                and self._in_flight < self._max_in_flight
+                and not (lane.ordered and lane.in_flight)
+                and not lane.items[0].alone
+                and lane.paused_until <= time.monotonic()
+            ):
                 batch = [lane.items.popleft() for _ in range(self._batch_size)]
                 lane.first_at = time.monotonic()
                 lane.in_flight += 1
@@ -190,8 +211,13 @@ class SendPipeline(LingeringSender):
                 if lane.ordered and lane.in_flight:
                     break
                 due = lane.first_at + self._linger_s
-                if not (idle or self._closing or lane.urgent
-                        or len(lane.items) >= self._batch_size or due <= now):
+                if not (
+                    idle
+                    or self._closing
+                    or lane.urgent
+                    or len(lane.items) >= self._batch_size
+                    or due <= now
+                ):
                     wait_s = _earliest(wait_s, due - now)
                     break
                 n = 1 if lane.items[0].alone else min(len(lane.items), self._batch_size)
@@ -220,14 +246,24 @@ class SendPipeline(LingeringSender):
             self._complete(lane, items, queue, started, results)
 
         try:
-            self._transport.submit_send([i.message for i in items], queue,
-                                        producer_group=producer.group,
-                                        timeout_s=self._timeout_s, done=done)
+            self._transport.submit_send(
+                [i.message for i in items],
+                queue,
+                producer_group=producer.group,
+                timeout_s=self._timeout_s,
+                done=done,
+            )
         except BaseException as exc:
             self._complete(lane, items, queue, started, exc)
 
-    def _complete(self, lane: _Lane, items: list[_Item], queue: QueueRef | None,
-                  started: float, results: Results | BaseException) -> None:
+    def _complete(
+        self,
+        lane: _Lane,
+        items: list[_Item],
+        queue: QueueRef | None,
+        started: float,
+        results: Results | BaseException,
+    ) -> None:
         if len(items) > 1 and _refused(results):
             # a request refused as a whole for what one message holds (a bad property):
             # each message goes again alone, so only the bad one fails
@@ -243,21 +279,31 @@ class SendPipeline(LingeringSender):
                     self._cond.notify()
             return
         if isinstance(results, BaseException) or len(results) != len(items):
-            error = results if isinstance(results, BaseException) else BrokerCallError(
-                FailureKind.TRY_ELSEWHERE, f"{len(results)} results for {len(items)} messages")
+            error = (
+                results
+                if isinstance(results, BaseException)
+                else BrokerCallError(
+                    FailureKind.TRY_ELSEWHERE, f"{len(results)} results for {len(items)} messages"
+                )
+            )
             results = [error] * len(items)
         faults = self._producer._faults
         if faults is not None and queue is not None:
-            failed = any(isinstance(r, BrokerCallError) and r.kind is not FailureKind.BAD_REQUEST
-                         for r in results)
+            failed = any(
+                isinstance(r, BrokerCallError) and r.kind is not FailureKind.BAD_REQUEST
+                for r in results
+            )
             faults.update(queue.broker, (time.monotonic() - started) * 1000, isolation=failed)
         settled: list[tuple[_Item, SendReceipt | BaseException]] = []
         retry: list[_Item] = []
         pause_s = 0.0
         for item, result in zip(items, results, strict=True):
             if isinstance(result, SendReceipt):
-                if result.status is not SendStatus.SEND_OK and self._policy.retry_not_stored_ok \
-                        and item.elsewhere < self._policy.retry_times:
+                if (
+                    result.status is not SendStatus.SEND_OK
+                    and self._policy.retry_not_stored_ok
+                    and item.elsewhere < self._policy.retry_times
+                ):
                     item.elsewhere += 1
                     retry.append(item)
                 else:

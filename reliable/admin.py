@@ -45,8 +45,16 @@ def _decode(raw: bytes) -> dict[str, Any]:
 class AdminClient:
     """Calls `reliable.admin.v1.Admin` on a running server."""
 
-    def __init__(self, endpoint: str, *, tls: bool = False, ca_file: str | None = None,
-                 access_key: str = "", secret_key: str = "", timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        tls: bool = False,
+        ca_file: str | None = None,
+        access_key: str = "",
+        secret_key: str = "",
+        timeout_s: float = 10.0,
+    ) -> None:
         if tls:
             roots = Path(ca_file).read_bytes() if ca_file else None
             self._channel = grpc.secure_channel(endpoint, grpc.ssl_channel_credentials(roots))
@@ -59,18 +67,23 @@ class AdminClient:
         if not self._access_key:
             return []
         now = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        return [("x-mq-date-time", now),
-                ("authorization", f"{ALGORITHM} Credential={self._access_key}, "
-                 f"SignedHeaders=x-mq-date-time, Signature={sign(self._secret_key, now)}")]
+        return [
+            ("x-mq-date-time", now),
+            (
+                "authorization",
+                f"{ALGORITHM} Credential={self._access_key}, "
+                f"SignedHeaders=x-mq-date-time, Signature={sign(self._secret_key, now)}",
+            ),
+        ]
 
     def call(self, method: str, **params: Any) -> Any:
         """The `result` of `method` called with `params`; AdminCallError when refused."""
-        stub = self._channel.unary_unary(f"/{SERVICE}/{method}", request_serializer=_encode,
-                                         response_deserializer=_decode)
+        stub = self._channel.unary_unary(
+            f"/{SERVICE}/{method}", request_serializer=_encode, response_deserializer=_decode
+        )
         reply = stub(params, timeout=self._timeout_s, metadata=self._metadata())
         if not reply.get("ok"):
-            raise AdminCallError(str(reply.get("code", "UNKNOWN")),
-                                 str(reply.get("message", "")))
+            raise AdminCallError(str(reply.get("code", "UNKNOWN")), str(reply.get("message", "")))
         return reply.get("result")
 
     def close(self) -> None:

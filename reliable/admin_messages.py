@@ -33,48 +33,99 @@ def _given(**params: Any) -> dict[str, Any]:
     return {k: v for k, v in params.items() if v is not None}
 
 
-def query_messages(admin: AdminCaller, *, msg_id: str | None = None, key: str | None = None,
-                   unique_key: str | None = None, topic: str | None = None,
-                   queue: int | None = None, offset: int | None = None,
-                   since_ms: int | None = None, until_ms: int | None = None,
-                   limit: int = 32, body: bool = False) -> dict[str, Any]:
+def query_messages(
+    admin: AdminCaller,
+    *,
+    msg_id: str | None = None,
+    key: str | None = None,
+    unique_key: str | None = None,
+    topic: str | None = None,
+    queue: int | None = None,
+    offset: int | None = None,
+    since_ms: int | None = None,
+    until_ms: int | None = None,
+    limit: int = 32,
+    body: bool = False,
+) -> dict[str, Any]:
     """`{"messages": [...], "more": bool}`, newest first; one query form (see
     `broker.admin.messages`): `msg_id`; `key` or `unique_key` with `topic`; `topic`,
     `queue` and `offset`; or `topic` with `since_ms`/`until_ms`."""
-    result: dict[str, Any] = admin.call("QueryMessage", **_given(
-        id=msg_id, key=key, unique_key=unique_key, topic=topic, queue=queue, offset=offset,
-        since_ms=since_ms, until_ms=until_ms, limit=limit, body=body))
+    result: dict[str, Any] = admin.call(
+        "QueryMessage",
+        **_given(
+            id=msg_id,
+            key=key,
+            unique_key=unique_key,
+            topic=topic,
+            queue=queue,
+            offset=offset,
+            since_ms=since_ms,
+            until_ms=until_ms,
+            limit=limit,
+            body=body,
+        ),
+    )
     return result
 
 
-def trace_message(admin: AdminCaller, key_or_id: str, *, topic: str | None = None,
-                  limit: int | None = None, scan: int | None = None) -> dict[str, Any]:
+def trace_message(
+    admin: AdminCaller,
+    key_or_id: str,
+    *,
+    topic: str | None = None,
+    limit: int | None = None,
+    scan: int | None = None,
+) -> dict[str, Any]:
     """Every broker record of one business message and what each group did with it."""
-    result: dict[str, Any] = admin.call("TraceMessage", **_given(
-        key=key_or_id, topic=topic, limit=limit, scan=scan))
+    result: dict[str, Any] = admin.call(
+        "TraceMessage", **_given(key=key_or_id, topic=topic, limit=limit, scan=scan)
+    )
     return result
 
 
-def send_message(admin: AdminCaller, topic: str, body: bytes | str, *,
-                 keys: Sequence[str] = (), tag: str | None = None,
-                 properties: Mapping[str, str] | None = None, message_id: str | None = None,
-                 queue: int | None = None) -> dict[str, Any]:
+def send_message(
+    admin: AdminCaller,
+    topic: str,
+    body: bytes | str,
+    *,
+    keys: Sequence[str] = (),
+    tag: str | None = None,
+    properties: Mapping[str, str] | None = None,
+    message_id: str | None = None,
+    queue: int | None = None,
+) -> dict[str, Any]:
     """Store one message; returns its ids and offsets. A fresh client message id is made
     when `message_id` is not given (as a producer would)."""
-    payload: dict[str, Any] = ({"body": body} if isinstance(body, str)
-                               else {"body_hex": bytes(body).hex()})
-    result: dict[str, Any] = admin.call("SendMessage", **_given(
-        topic=topic, keys=list(keys), tag=tag, properties=dict(properties or {}),
-        message_id=message_id or new_message_id(), queue=queue, **payload))
+    payload: dict[str, Any] = (
+        {"body": body} if isinstance(body, str) else {"body_hex": bytes(body).hex()}
+    )
+    result: dict[str, Any] = admin.call(
+        "SendMessage",
+        **_given(
+            topic=topic,
+            keys=list(keys),
+            tag=tag,
+            properties=dict(properties or {}),
+            message_id=message_id or new_message_id(),
+            queue=queue,
+            **payload,
+        ),
+    )
     return result
 
 
-def reconsume_message(admin: AdminCaller, msg_id: str, group: str, *,
-                      topic: str | None = None, operator: str | None = None
-                      ) -> dict[str, Any]:
+def reconsume_message(
+    admin: AdminCaller,
+    msg_id: str,
+    group: str,
+    *,
+    topic: str | None = None,
+    operator: str | None = None,
+) -> dict[str, Any]:
     """Deliver one stored message to `group` again, through `%RETRY%<group>`."""
-    result: dict[str, Any] = admin.call("ReconsumeMessage", **_given(
-        id=msg_id, group=group, topic=topic, operator=operator))
+    result: dict[str, Any] = admin.call(
+        "ReconsumeMessage", **_given(id=msg_id, group=group, topic=topic, operator=operator)
+    )
     return result
 
 

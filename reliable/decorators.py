@@ -64,13 +64,28 @@ log = logging.getLogger(__name__)
 
 
 _SETTING_FIELDS = {f.name for f in dataclasses.fields(ConsumerSettings)}
-_HANDLER_OPTIONS = {"group", "tags", "orderly", "broadcasting", "max_reconsume_times",
-                    "retry_on", "dead_letter_other", "dead_letter_on", "ignore_on",
-                    "rate_limit", "rate_burst", "idempotent",
-                    "consume_from", "max_cached_messages", "mark_dead_letters"}
-OPTIONS = frozenset(_HANDLER_OPTIONS | (_SETTING_FIELDS - {"message_model", "allocate",
-                                                           "pull_threshold_for_queue"})
-                    | {"allocate"})
+_HANDLER_OPTIONS = {
+    "group",
+    "tags",
+    "orderly",
+    "broadcasting",
+    "max_reconsume_times",
+    "retry_on",
+    "dead_letter_other",
+    "dead_letter_on",
+    "ignore_on",
+    "rate_limit",
+    "rate_burst",
+    "idempotent",
+    "consume_from",
+    "max_cached_messages",
+    "mark_dead_letters",
+}
+OPTIONS = frozenset(
+    _HANDLER_OPTIONS
+    | (_SETTING_FIELDS - {"message_model", "allocate", "pull_threshold_for_queue"})
+    | {"allocate"}
+)
 
 
 def _exceptions(name: str, value: object) -> tuple[type[BaseException], ...]:
@@ -98,8 +113,9 @@ class _AsyncRunner:
         with cls._lock:
             if cls._loop is None or cls._loop.is_closed():
                 loop = asyncio.new_event_loop()
-                threading.Thread(target=loop.run_forever, name="reliable-async",
-                                 daemon=True).start()
+                threading.Thread(
+                    target=loop.run_forever, name="reliable-async", daemon=True
+                ).start()
                 cls._loop = loop
             loop = cls._loop
         return asyncio.run_coroutine_threadsafe(coro, loop).result()
@@ -114,24 +130,30 @@ class Handler:
         unknown = set(options) - OPTIONS
         if unknown:
             hints = {u: difflib.get_close_matches(u, sorted(OPTIONS), n=1) for u in unknown}
-            detail = ", ".join(f"{u!r}" + (f" (did you mean {h[0]!r}?)" if h else "")
-                               for u, h in sorted(hints.items()))
-            raise ConfigurationError(f"unknown handler option(s) for {fn.__qualname__}: "
-                                     f"{detail}")
+            detail = ", ".join(
+                f"{u!r}" + (f" (did you mean {h[0]!r}?)" if h else "")
+                for u, h in sorted(hints.items())
+            )
+            raise ConfigurationError(f"unknown handler option(s) for {fn.__qualname__}: {detail}")
         if not callable(fn):
             raise ConfigurationError(f"{fn!r} is not callable")
-        params = [p for p in inspect.signature(fn).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        params = [
+            p
+            for p in inspect.signature(fn).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
         if not params:
-            raise ConfigurationError(f"{fn.__qualname__} must take the message as its first "
-                                     "argument")
+            raise ConfigurationError(
+                f"{fn.__qualname__} must take the message as its first argument"
+            )
         self.fn = fn
         # keyword arguments the guard may offer (e.g. `session=`) reach the function only
         # when it declares them, or takes **kwargs
         every = inspect.signature(fn).parameters.values()
         self._takes_any_kw = any(p.kind is p.VAR_KEYWORD for p in every)
-        self._kw_names = frozenset(p.name for p in every if p.kind in (
-            p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)) - {params[0].name}
+        self._kw_names = frozenset(
+            p.name for p in every if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        ) - {params[0].name}
         self.topic = topic
         self.group = check_group(options.get("group") or _default_group(fn))
         self.tags: str | None = options.get("tags")
@@ -149,14 +171,17 @@ class Handler:
                 f"{fn.__qualname__}: retry_on= would dead-letter every other exception on "
                 "its first failure; every exception is retried by default, so either drop "
                 "retry_on=, name what to dead-letter at once with dead_letter_on=, or keep "
-                "retry_on= and add dead_letter_other=True")
+                "retry_on= and add dead_letter_other=True"
+            )
         if self.dead_letter_other and not self.retry_on:
-            raise ConfigurationError("dead_letter_other=True needs retry_on= (the exceptions "
-                                     "still retried)")
+            raise ConfigurationError(
+                "dead_letter_other=True needs retry_on= (the exceptions still retried)"
+            )
         both = set(self.retry_on) & set(self.dead_letter_on)
         if both:
-            raise ConfigurationError(f"{sorted(c.__name__ for c in both)} both in retry_on "
-                                     "and dead_letter_on")
+            raise ConfigurationError(
+                f"{sorted(c.__name__ for c in both)} both in retry_on and dead_letter_on"
+            )
         rate = options.get("rate_limit")
         if rate is not None and (not isinstance(rate, int | float) or rate <= 0):
             raise ConfigurationError(f"rate_limit must be a positive number, got {rate!r}")
@@ -173,11 +198,13 @@ class Handler:
         where = options.get("consume_from")
         if where is not None:
             try:
-                settings["consume_from"] = (where if isinstance(where, ConsumeFrom)
-                                            else ConsumeFrom[str(where).upper()])
+                settings["consume_from"] = (
+                    where if isinstance(where, ConsumeFrom) else ConsumeFrom[str(where).upper()]
+                )
             except KeyError:
-                raise ConfigurationError(f"consume_from must be one of "
-                                         f"{[c.name for c in ConsumeFrom]}") from None
+                raise ConfigurationError(
+                    f"consume_from must be one of {[c.name for c in ConsumeFrom]}"
+                ) from None
         if options.get("max_cached_messages") is not None:
             settings["pull_threshold_for_queue"] = options["max_cached_messages"]
         try:
@@ -193,21 +220,26 @@ class Handler:
         if value is True:
             return DefaultGuard()  # built from the environment when the consumer starts
         if not callable(getattr(value, "process", None)):
-            raise ConfigurationError("idempotent= takes True or a guard object with "
-                                     "process(message, group, invoke)")
+            raise ConfigurationError(
+                "idempotent= takes True or a guard object with process(message, group, invoke)"
+            )
         return value  # type: ignore[return-value]
 
     def _marker(self, value: object, topic: str) -> DeadLetterMarker | DefaultGuard | None:
         if value is None or value is False:
             return None
         if not is_dlq_topic(topic):
-            raise ConfigurationError("mark_dead_letters= is for dead-letter handlers: "
-                                     "@dlq_handler(group, mark_dead_letters=guard)")
+            raise ConfigurationError(
+                "mark_dead_letters= is for dead-letter handlers: "
+                "@dlq_handler(group, mark_dead_letters=guard)"
+            )
         if value is True:  # the default guard, shared with idempotent=True
             return self.guard if isinstance(self.guard, DefaultGuard) else DefaultGuard()
         if not callable(getattr(value, "mark_dead_lettered", None)):
-            raise ConfigurationError("mark_dead_letters= takes True or a guard object with "
-                                     "mark_dead_lettered(message, group)")
+            raise ConfigurationError(
+                "mark_dead_letters= takes True or a guard object with "
+                "mark_dead_lettered(message, group)"
+            )
         return value  # type: ignore[return-value]
 
     @property
@@ -215,7 +247,7 @@ class Handler:
         """The group whose dead letters this handler consumes (None for other topics)."""
         if not is_dlq_topic(self.topic):
             return None
-        return self.topic[len(DLQ_GROUP_TOPIC_PREFIX):]
+        return self.topic[len(DLQ_GROUP_TOPIC_PREFIX) :]
 
     def _mark_dead_lettered(self, message: ReceivedMessage) -> None:
         marker = self.marker
@@ -244,8 +276,13 @@ class Handler:
         timed and counted in `reliable.metrics.HANDLER_STATS`, traced by `reliable.tracing`."""
         discarded_before, ctx.discarded = ctx.discarded, False
         started = time.perf_counter()
-        with tracing.span("process", message.topic, kind="consumer", group=self.group,
-                          message_id=message.message_id) as span:
+        with tracing.span(
+            "process",
+            message.topic,
+            kind="consumer",
+            group=self.group,
+            message_id=message.message_id,
+        ) as span:
             result = self._handle(message, ctx)
             if result is ConsumeResult.SUCCESS:
                 outcome = HandlerOutcome.DISCARD if ctx.discarded else HandlerOutcome.SUCCESS
@@ -266,13 +303,19 @@ class Handler:
             try:
                 self._mark_dead_lettered(message)
             except Exception as exc:  # database down: not the message's fault, retry it
-                log.warning("%s: recording dead letter %s failed; will retry: %r", self.group,
-                            message.message_id, exc, exc_info=log.isEnabledFor(logging.DEBUG))
+                log.warning(
+                    "%s: recording dead letter %s failed; will retry: %r",
+                    self.group,
+                    message.message_id,
+                    exc,
+                    exc_info=log.isEnabledFor(logging.DEBUG),
+                )
                 return ConsumeResult.RECONSUME_LATER
         try:
             if self.guard is not None:
                 result = self.guard.process(
-                    message, self.group, lambda **kw: self._invoke(message, **kw))
+                    message, self.group, lambda **kw: self._invoke(message, **kw)
+                )
                 return result if isinstance(result, ConsumeResult) else ConsumeResult.SUCCESS
             outcome = self._invoke(message)
         except RetryLater as exc:
@@ -286,8 +329,7 @@ class Handler:
             return ConsumeResult.SUCCESS
         except Exception as exc:
             if self.ignore_on and isinstance(exc, self.ignore_on):
-                log.warning("%s ignores %r for %s (ignore_on)", self.group, exc,
-                            message.message_id)
+                log.warning("%s ignores %r for %s (ignore_on)", self.group, exc, message.message_id)
                 ctx.discarded = True
                 return ConsumeResult.SUCCESS
             if self.dead_letter_on and isinstance(exc, self.dead_letter_on):
@@ -297,23 +339,33 @@ class Handler:
             else:
                 why = ""
             if why:
-                log.warning("%s: %r is not retriable (%s); dead-lettering %s", self.group,
-                            exc, why, message.message_id, exc_info=True)
+                log.warning(
+                    "%s: %r is not retriable (%s); dead-lettering %s",
+                    self.group,
+                    exc,
+                    why,
+                    message.message_id,
+                    exc_info=True,
+                )
                 ctx.delay_level_when_next_consume = DLQ_NOW
                 return ConsumeResult.RECONSUME_LATER
             # an exception the handler declared retriable is expected: one line, no traceback
             # (unless debugging); anything else may be a bug, and gets its traceback
             expected = bool(self.retry_on) and isinstance(exc, self.retry_on)
-            log.warning("%s failed on %s (attempt %d); will retry: %r", self.group,
-                        message.message_id, message.delivery_attempt, exc,
-                        exc_info=not expected or log.isEnabledFor(logging.DEBUG))
+            log.warning(
+                "%s failed on %s (attempt %d); will retry: %r",
+                self.group,
+                message.message_id,
+                message.delivery_attempt,
+                exc,
+                exc_info=not expected or log.isEnabledFor(logging.DEBUG),
+            )
             return ConsumeResult.RECONSUME_LATER
         if isinstance(outcome, ConsumeResult):
             return outcome
         return ConsumeResult.SUCCESS
 
-    def listener(self, messages: Sequence[ReceivedMessage],
-                 ctx: ConsumeContext) -> ConsumeResult:
+    def listener(self, messages: Sequence[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
         """The `MessageListener` for this handler: a batch stops at its first failure, and
         only that message and the ones after it are retried."""
         for i, m in enumerate(messages):
@@ -327,8 +379,14 @@ class Handler:
         for guard in (self.guard, self.marker):
             if isinstance(guard, DefaultGuard):
                 guard.ensure()  # configuration errors surface now, not at the first message
-        return PushConsumer(self.group, self.listener, {self.topic: self.tags},
-                            transport=transport, settings=self.settings, **options)
+        return PushConsumer(
+            self.group,
+            self.listener,
+            {self.topic: self.tags},
+            transport=transport,
+            settings=self.settings,
+            **options,
+        )
 
 
 def handler(topic: str, **options: Any) -> Callable[[Callable[..., Any]], Handler]:

@@ -52,6 +52,7 @@ def run_checks(ready: ReadyChecks | None) -> tuple[bool, dict[str, Any]]:
 def check(fn: Callable[[], object]) -> Callable[[], bool]:
     """Wrap a probe that raises when unhealthy (a `SELECT 1`) as a check returning a bool;
     the failure is logged at DEBUG, once per probe, without a traceback."""
+
     def probe() -> bool:
         try:
             fn()
@@ -59,15 +60,21 @@ def check(fn: Callable[[], object]) -> Callable[[], bool]:
             log.debug("readiness probe failed: %s", exc)
             return False
         return True
+
     return probe
 
 
 class MetricsEndpoint:
     """A started HTTP endpoint; `port` is the bound port (0 at construction picks one)."""
 
-    def __init__(self, port: int, *, host: str = "127.0.0.1",
-                 registry: CollectorRegistry = REGISTRY,
-                 ready: ReadyChecks | None = None) -> None:
+    def __init__(
+        self,
+        port: int,
+        *,
+        host: str = "127.0.0.1",
+        registry: CollectorRegistry = REGISTRY,
+        ready: ReadyChecks | None = None,
+    ) -> None:
         self.registry = registry
         self.ready = ready
         endpoint = self
@@ -83,8 +90,9 @@ class MetricsEndpoint:
         self._server.daemon_threads = True
         self.host = host
         self.port: int = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever,
-                                        name="metrics-http", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="metrics-http", daemon=True
+        )
         self._thread.start()
 
     def _answer(self, req: BaseHTTPRequestHandler) -> None:
@@ -96,11 +104,17 @@ class MetricsEndpoint:
             self._json(req, 200, {"status": "alive"})
         elif path == "/readyz":
             ok, checks = run_checks(self.ready)
-            self._json(req, 200 if ok else 503,
-                       {"status": "ready" if ok else "not ready", "checks": checks})
+            self._json(
+                req,
+                200 if ok else 503,
+                {"status": "ready" if ok else "not ready", "checks": checks},
+            )
         else:
-            self._json(req, 404, {"error": f"no such path {path!r}",
-                                  "paths": ["/metrics", "/healthz", "/readyz"]})
+            self._json(
+                req,
+                404,
+                {"error": f"no such path {path!r}", "paths": ["/metrics", "/healthz", "/readyz"]},
+            )
 
     def _json(self, req: BaseHTTPRequestHandler, code: int, body: Mapping[str, Any]) -> None:
         self._send(req, code, json.dumps(body).encode(), "application/json")
@@ -123,9 +137,13 @@ class MetricsEndpoint:
         self._thread.join(5)
 
 
-def serve_metrics(port: int, *, host: str = "127.0.0.1",
-                  registry: CollectorRegistry = REGISTRY,
-                  ready: ReadyChecks | None = None) -> MetricsEndpoint:
+def serve_metrics(
+    port: int,
+    *,
+    host: str = "127.0.0.1",
+    registry: CollectorRegistry = REGISTRY,
+    ready: ReadyChecks | None = None,
+) -> MetricsEndpoint:
     """Serve `/metrics`, `/healthz` and `/readyz` on `host:port` from background threads."""
     return MetricsEndpoint(port, host=host, registry=registry, ready=ready)
 

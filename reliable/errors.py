@@ -55,8 +55,11 @@ class BrokerCallError(SendError):
 
     @property
     def retriable(self) -> bool:
-        return self.kind in (FailureKind.TRANSPORT, FailureKind.TRY_ELSEWHERE,
-                             FailureKind.FLOW_CONTROL)
+        return self.kind in (
+            FailureKind.TRANSPORT,
+            FailureKind.TRY_ELSEWHERE,
+            FailureKind.FLOW_CONTROL,
+        )
 
 
 class TransportError(BrokerCallError):

@@ -11,7 +11,22 @@ from broker.store.stats import Histogram, KeyedCounter
 
 # seconds: 1 ms .. 60 s, the range of a message handler's work
 HANDLER_BUCKETS_S: tuple[float, ...] = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
 
 
 class HandlerOutcome(enum.Enum):
@@ -45,7 +60,6 @@ class HandlerStats:
 
 
 HANDLER_STATS = HandlerStats()
-
 
 
 __all__ = ["HANDLER_BUCKETS_S", "HANDLER_STATS", "HandlerOutcome", "HandlerStats"]

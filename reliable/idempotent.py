@@ -41,15 +41,15 @@ class MessageGuard(Protocol):
     `invoke(**kwargs)` runs the handler; the guard may offer keyword arguments (a database
     `session=`, say) that reach the function when it declares them."""
 
-    def process(self, message: ReceivedMessage, group: str,
-                invoke: Callable[..., object]) -> ConsumeResult: ...
+    def process(
+        self, message: ReceivedMessage, group: str, invoke: Callable[..., object]
+    ) -> ConsumeResult: ...
 
 
 class DeadLetterMarker(Protocol):
     """Records that a group gave up on a message (`idempotency.IdempotencyGuard`)."""
 
-    def mark_dead_lettered(self, message: ReceivedMessage, group: str | None = None
-                           ) -> str: ...
+    def mark_dead_lettered(self, message: ReceivedMessage, group: str | None = None) -> str: ...
 
 
 class GuardFactory(Protocol):
@@ -66,17 +66,22 @@ def default_guard_factory() -> GuardFactory:
     found = entry_points(group=GUARD_ENTRY_POINTS, name=DEFAULT_GUARD)
     fix = "(pip install reliable), or pass a guard object: idempotent=guard"
     if not found:
-        raise ConfigurationError(f"idempotent=True needs a default guard: no entry point "
-                                 f"{DEFAULT_GUARD!r} in group {GUARD_ENTRY_POINTS!r} {fix}")
+        raise ConfigurationError(
+            f"idempotent=True needs a default guard: no entry point "
+            f"{DEFAULT_GUARD!r} in group {GUARD_ENTRY_POINTS!r} {fix}"
+        )
     point = next(iter(found))
     try:
         factory = point.load()
     except (ImportError, AttributeError) as exc:
-        raise ConfigurationError(f"idempotent=True needs the default guard {point.value}, "
-                                 f"which cannot be loaded ({exc}) {fix}") from exc
+        raise ConfigurationError(
+            f"idempotent=True needs the default guard {point.value}, "
+            f"which cannot be loaded ({exc}) {fix}"
+        ) from exc
     if not callable(factory):
-        raise ConfigurationError(f"idempotent=True: the default guard {point.value} is not "
-                                 f"callable")
+        raise ConfigurationError(
+            f"idempotent=True: the default guard {point.value} is not callable"
+        )
     return factory  # type: ignore[no-any-return]
 
 
@@ -105,7 +110,8 @@ class DefaultGuard:
         """The guard once built (None before): what metrics read, never building it."""
         return self._guard
 
-    def process(self, message: ReceivedMessage, group: str,
-                invoke: Callable[..., object]) -> ConsumeResult:
+    def process(
+        self, message: ReceivedMessage, group: str, invoke: Callable[..., object]
+    ) -> ConsumeResult:
         result: ConsumeResult = self.ensure().process(message, group, invoke)
         return result

@@ -23,8 +23,11 @@ NOT_AVAILABLE_MS: tuple[int, ...] = (0, 0, 30_000, 60_000, 120_000, 180_000, 600
 ISOLATION_LATENCY_MS = 30_000
 
 
-def not_available_duration_ms(latency_ms: float, latency_max: Sequence[int] = LATENCY_MAX_MS,
-                              not_available: Sequence[int] = NOT_AVAILABLE_MS) -> int:
+def not_available_duration_ms(
+    latency_ms: float,
+    latency_max: Sequence[int] = LATENCY_MAX_MS,
+    not_available: Sequence[int] = NOT_AVAILABLE_MS,
+) -> int:
     for threshold, duration in zip(reversed(latency_max), reversed(not_available), strict=True):
         if latency_ms >= threshold:
             return duration
@@ -41,9 +44,12 @@ class FaultItem:
 class LatencyFaultTolerance:
     """Which brokers to avoid now; thread-safe; the clock (ms) is injected."""
 
-    def __init__(self, clock_ms: Callable[[], float] | None = None,
-                 latency_max: Sequence[int] = LATENCY_MAX_MS,
-                 not_available: Sequence[int] = NOT_AVAILABLE_MS) -> None:
+    def __init__(
+        self,
+        clock_ms: Callable[[], float] | None = None,
+        latency_max: Sequence[int] = LATENCY_MAX_MS,
+        not_available: Sequence[int] = NOT_AVAILABLE_MS,
+    ) -> None:
         if len(latency_max) != len(not_available):
             raise ValueError("latency_max and not_available must have the same length")
         self._clock = clock_ms or (lambda: time.monotonic() * 1000)

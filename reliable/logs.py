@@ -19,8 +19,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 # attributes every LogRecord has: anything else on a record came from `extra=`
-_STANDARD = frozenset(logging.LogRecord(
-    "x", logging.INFO, "x", 0, "", None, None).__dict__) | {"message", "asctime", "taskName"}
+_STANDARD = frozenset(logging.LogRecord("x", logging.INFO, "x", 0, "", None, None).__dict__) | {
+    "message",
+    "asctime",
+    "taskName",
+}
 
 LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -31,8 +34,9 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(
-                timespec="milliseconds").replace("+00:00", "Z"),
+            "time": datetime.fromtimestamp(record.created, UTC)
+            .isoformat(timespec="milliseconds")
+            .replace("+00:00", "Z"),
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),

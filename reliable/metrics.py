@@ -35,8 +35,14 @@ from reliable.handler_stats import (
 PREFIX = "reliable_"
 
 #: guard events always exported (0 until they happen), as `idempotency.EventKind` values
-GUARD_EVENTS = ("processed", "duplicate", "in_progress", "fenced", "redis_unavailable",
-                "db_unavailable")
+GUARD_EVENTS = (
+    "processed",
+    "duplicate",
+    "in_progress",
+    "fenced",
+    "redis_unavailable",
+    "db_unavailable",
+)
 
 #: every family this module exports, with its type (the dashboard test checks against it)
 CLIENT_METRICS: dict[str, str] = {
@@ -66,8 +72,12 @@ def _guard_counts(guard: object) -> dict[str, int]:
 class ClientCollector(Collector):
     """Handler metrics from `stats`, guard events from the guards `guards()` returns."""
 
-    def __init__(self, *, stats: HandlerStats = HANDLER_STATS,
-                 guards: Callable[[], Iterable[object]] | Iterable[object] = ()) -> None:
+    def __init__(
+        self,
+        *,
+        stats: HandlerStats = HANDLER_STATS,
+        guards: Callable[[], Iterable[object]] | Iterable[object] = (),
+    ) -> None:
         self._stats = stats
         self._guards = guards
 
@@ -77,21 +87,28 @@ class ClientCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         duration = HistogramMetricFamily(
             PREFIX + "handler_duration_seconds",
-            "Time a handler took for one message (guard included)", labels=["group"])
+            "Time a handler took for one message (guard included)",
+            labels=["group"],
+        )
         for group, hist in sorted(self._stats.durations().items()):
             snap = hist.snapshot()
             duration.add_metric([group], snap.cumulative(), snap.total)
         yield duration
         outcomes = CounterMetricFamily(
-            PREFIX + "handler_messages", "Messages handled, by what the handler decided",
-            labels=["group", "outcome"])
-        for (group, outcome), n in sorted(self._stats.outcomes.snapshot().items(),
-                                          key=lambda kv: (kv[0][0], kv[0][1].value)):
+            PREFIX + "handler_messages",
+            "Messages handled, by what the handler decided",
+            labels=["group", "outcome"],
+        )
+        for (group, outcome), n in sorted(
+            self._stats.outcomes.snapshot().items(), key=lambda kv: (kv[0][0], kv[0][1].value)
+        ):
             outcomes.add_metric([group, outcome.value], float(n))
         yield outcomes
         events = CounterMetricFamily(
-            PREFIX + "guard_events", "Idempotency guard decisions, summed over the guards",
-            labels=["event"])
+            PREFIX + "guard_events",
+            "Idempotency guard decisions, summed over the guards",
+            labels=["event"],
+        )
         totals = dict.fromkeys(GUARD_EVENTS, 0)
         guards = self._guards() if callable(self._guards) else self._guards
         seen: set[int] = set()
@@ -115,20 +132,32 @@ def handler_guards(handlers: Iterable[Any]) -> Callable[[], list[object]]:
     def guards() -> list[object]:
         out: list[object] = []
         for h in handlers:
-            out.extend(g for g in (getattr(h, "guard", None), getattr(h, "marker", None))
-                       if g is not None)
+            out.extend(
+                g for g in (getattr(h, "guard", None), getattr(h, "marker", None)) if g is not None
+            )
         return out
+
     return guards
 
 
-def register_client_metrics(registry: CollectorRegistry = REGISTRY, *,
-                            guards: Callable[[], Iterable[object]] | Iterable[object] = (),
-                            ) -> ClientCollector:
+def register_client_metrics(
+    registry: CollectorRegistry = REGISTRY,
+    *,
+    guards: Callable[[], Iterable[object]] | Iterable[object] = (),
+) -> ClientCollector:
     """Register the client's collector (handlers, and `guards`' events) in `registry`."""
     collector = ClientCollector(guards=guards)
     registry.register(collector)
     return collector
 
 
-__all__ = ["CLIENT_METRICS", "GUARD_EVENTS", "HANDLER_STATS", "ClientCollector",
-           "HandlerOutcome", "HandlerStats", "handler_guards", "register_client_metrics"]
+__all__ = [
+    "CLIENT_METRICS",
+    "GUARD_EVENTS",
+    "HANDLER_STATS",
+    "ClientCollector",
+    "HandlerOutcome",
+    "HandlerStats",
+    "handler_guards",
+    "register_client_metrics",
+]

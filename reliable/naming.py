@@ -24,9 +24,16 @@ from broker.names import (
 from reliable.errors import InvalidName
 
 __all__ = [
-    "DLQ_GROUP_TOPIC_PREFIX", "GROUP_MAX_LENGTH", "RETRY_GROUP_TOPIC_PREFIX",
-    "TOPIC_MAX_LENGTH", "check_group", "check_topic", "dlq_topic", "is_dlq_topic",
-    "is_retry_topic", "retry_topic",
+    "DLQ_GROUP_TOPIC_PREFIX",
+    "GROUP_MAX_LENGTH",
+    "RETRY_GROUP_TOPIC_PREFIX",
+    "TOPIC_MAX_LENGTH",
+    "check_group",
+    "check_topic",
+    "dlq_topic",
+    "is_dlq_topic",
+    "is_retry_topic",
+    "retry_topic",
 ]
 
 _CHARACTERS = "only letters, digits, '%', '|', '_' and '-' allowed"

@@ -78,37 +78,41 @@ def _to_state(value: object) -> TransactionState:
         return TransactionState.COMMIT
     if value is False:
         return TransactionState.ROLLBACK
-    log.error("a transaction callback returned %r; treated as UNKNOWN (the check decides)",
-              value)
+    log.error("a transaction callback returned %r; treated as UNKNOWN (the check decides)", value)
     return TransactionState.UNKNOWN
 
 
 class Producer:
     """Send messages. Use as a context manager, or call `start()` / `shutdown()`."""
 
-    def __init__(self, transport: Transport | str = "embedded", *,
-                 group: str = "DEFAULT_PRODUCER",
-                 retry_times_when_send_failed: int = 2,
-                 retry_times_when_send_async_failed: int = 2,
-                 retry_another_broker_when_not_store_ok: bool = False,
-                 send_latency_fault_enable: bool = False,
-                 flow_control_retries: int = 5,
-                 backoff: Backoff | None = None,
-                 send_timeout_s: float = 3.0,
-                 transaction_checker: TransactionCheckerFn | None = None,
-                 async_workers: int = 4,
-                 linger_ms: float = DEFAULT_LINGER_MS,
-                 batch_size: int = DEFAULT_BATCH_SIZE,
-                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
-                 sleep: Callable[[float], None] = time.sleep,
-                 clock_ms: Callable[[], float] | None = None,
-                 rng: random.Random | None = None,
-                 **transport_options: Any) -> None:
+    def __init__(
+        self,
+        transport: Transport | str = "embedded",
+        *,
+        group: str = "DEFAULT_PRODUCER",
+        retry_times_when_send_failed: int = 2,
+        retry_times_when_send_async_failed: int = 2,
+        retry_another_broker_when_not_store_ok: bool = False,
+        send_latency_fault_enable: bool = False,
+        flow_control_retries: int = 5,
+        backoff: Backoff | None = None,
+        send_timeout_s: float = 3.0,
+        transaction_checker: TransactionCheckerFn | None = None,
+        async_workers: int = 4,
+        linger_ms: float = DEFAULT_LINGER_MS,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        sleep: Callable[[float], None] = time.sleep,
+        clock_ms: Callable[[], float] | None = None,
+        rng: random.Random | None = None,
+        **transport_options: Any,
+    ) -> None:
         check_group(group)
-        for name, value in (("retry_times_when_send_failed", retry_times_when_send_failed),
-                            ("retry_times_when_send_async_failed",
-                             retry_times_when_send_async_failed),
-                            ("flow_control_retries", flow_control_retries)):
+        for name, value in (
+            ("retry_times_when_send_failed", retry_times_when_send_failed),
+            ("retry_times_when_send_async_failed", retry_times_when_send_async_failed),
+            ("flow_control_retries", flow_control_retries),
+        ):
             if value < 0:
                 raise ConfigurationError(f"{name} must be >= 0, got {value}")
         if async_workers < 1:
@@ -116,24 +120,37 @@ class Producer:
         if linger_ms < 0:
             raise ConfigurationError(f"linger_ms must be >= 0, got {linger_ms}")
         if batch_size < 1 or max_in_flight < 1:
-            raise ConfigurationError("batch_size and max_in_flight must be >= 1, got "
-                                     f"{batch_size} and {max_in_flight}")
+            raise ConfigurationError(
+                f"batch_size and max_in_flight must be >= 1, got {batch_size} and {max_in_flight}"
+            )
         self.group = group
         self._owns_transport = isinstance(transport, str)
-        self._transport: Transport = (connect(transport, **transport_options)
-                                      if isinstance(transport, str) else transport)
+        self._transport: Transport = (
+            connect(transport, **transport_options) if isinstance(transport, str) else transport
+        )
         if transport_options and not self._owns_transport:
-            raise ConfigurationError("transport options given with a transport object: "
-                                     f"{sorted(transport_options)}")
+            raise ConfigurationError(
+                f"transport options given with a transport object: {sorted(transport_options)}"
+            )
         self._clock_ms = clock_ms or (lambda: time.monotonic() * 1000)
         rng = rng or random.Random()
         backoff = backoff or Backoff()
-        self._sync_policy = SendPolicy(retry_times_when_send_failed, flow_control_retries,
-                                       backoff, retry_another_broker_when_not_store_ok,
-                                       sleep, rng)
-        self._async_policy = SendPolicy(retry_times_when_send_async_failed,
-                                        flow_control_retries, backoff,
-                                        retry_another_broker_when_not_store_ok, sleep, rng)
+        self._sync_policy = SendPolicy(
+            retry_times_when_send_failed,
+            flow_control_retries,
+            backoff,
+            retry_another_broker_when_not_store_ok,
+            sleep,
+            rng,
+        )
+        self._async_policy = SendPolicy(
+            retry_times_when_send_async_failed,
+            flow_control_retries,
+            backoff,
+            retry_another_broker_when_not_store_ok,
+            sleep,
+            rng,
+        )
         self._faults = LatencyFaultTolerance(self._clock_ms) if send_latency_fault_enable else None
         self._send_timeout_s = send_timeout_s
         self._checker = transaction_checker
@@ -158,12 +175,18 @@ class Producer:
         pipelined = wants(self._transport)
         if pipelined is not None:
             self._pipeline = SendPipeline(
-                self, pipelined, self._async_policy, linger_ms=self._linger_ms,
-                batch_size=self._batch_size, max_in_flight=self._max_in_flight,
-                timeout_s=self._send_timeout_s)
+                self,
+                pipelined,
+                self._async_policy,
+                linger_ms=self._linger_ms,
+                batch_size=self._batch_size,
+                max_in_flight=self._max_in_flight,
+                timeout_s=self._send_timeout_s,
+            )
         else:
-            self._executor = ThreadPoolExecutor(self._async_workers,
-                                                thread_name_prefix=f"send-{self.group}")
+            self._executor = ThreadPoolExecutor(
+                self._async_workers, thread_name_prefix=f"send-{self.group}"
+            )
         self._started = True
         return self
 
@@ -204,8 +227,7 @@ class Producer:
                 # order), and the waiting batch leaves at once instead of after the linger
                 receipt = pipeline.add(message, urgent=True).result()
             else:
-                receipt = self._send_with_policy(message, self._sync_policy,
-                                                 transactional=False)
+                receipt = self._send_with_policy(message, self._sync_policy, transactional=False)
             span.set_attribute("messaging.message.id", receipt.message_id)
             return receipt
 
@@ -215,10 +237,13 @@ class Producer:
         batch); with batching it is smaller than the number of messages."""
         return self._pipeline.requests if self._pipeline is not None else 0
 
-    def send_async(self, message: Message, *,
-                   on_success: Callable[[SendReceipt], None] | None = None,
-                   on_error: Callable[[BaseException], None] | None = None,
-                   ) -> Future[SendReceipt]:
+    def send_async(
+        self,
+        message: Message,
+        *,
+        on_success: Callable[[SendReceipt], None] | None = None,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> Future[SendReceipt]:
         """Send in the background (own retry setting); result by future and/or callbacks.
 
         Never waits for other sends: pipelined transports batch it with the messages sent
@@ -231,8 +256,9 @@ class Producer:
             future = self._pipeline.add(message)
         else:
             assert self._executor is not None
-            future = self._executor.submit(self._send_with_policy, message,
-                                           self._async_policy, False)
+            future = self._executor.submit(
+                self._send_with_policy, message, self._async_policy, False
+            )
         if on_success is None and on_error is None:
             return future
 
@@ -260,8 +286,9 @@ class Producer:
         try:
             route = self._route(message.topic)
             queue = self._select(route, message, None)
-            self._transport.send(message, queue, producer_group=self.group,
-                                 timeout_s=self._send_timeout_s)
+            self._transport.send(
+                message, queue, producer_group=self.group, timeout_s=self._send_timeout_s
+            )
         except Exception:
             log.debug("oneway send to %s failed", message.topic, exc_info=True)
 
@@ -288,14 +315,15 @@ class Producer:
             queue = self._select(route, messages[0], last_broker[0])
             last_broker[0] = queue.broker
             receipts: list[SendReceipt] = self._timed(
-                queue, attempts,
-                lambda: self._transport.send_batch(messages, queue, producer_group=self.group))
+                queue,
+                attempts,
+                lambda: self._transport.send_batch(messages, queue, producer_group=self.group),
+            )
             return receipts
 
         return self._run(topic, self._sync_policy, attempt, attempts)  # type: ignore[no-any-return]
 
-    def recall(self, receipt_or_topic: SendReceipt | str, recall_handle: str | None = None
-               ) -> str:
+    def recall(self, receipt_or_topic: SendReceipt | str, recall_handle: str | None = None) -> str:
         """Cancel a delayed message before it is due: `recall(receipt)` or
         `recall(topic, receipt.recall_handle)`. Returns its message id. No consumer ever
         sees a recalled message (the broker's schedule service drops it). `BadRequest` when
@@ -306,12 +334,14 @@ class Producer:
         else:
             topic, handle = receipt_or_topic, recall_handle
         if not handle:
-            raise InvalidMessage("nothing to recall: only a delayed message's receipt carries "
-                                 "a recall handle")
+            raise InvalidMessage(
+                "nothing to recall: only a delayed message's receipt carries a recall handle"
+            )
         return self._transport.recall(topic, handle)
 
-    def send_in_transaction(self, message: Message, execute: LocalTransaction,
-                            arg: Any = None) -> TransactionSendResult:
+    def send_in_transaction(
+        self, message: Message, execute: LocalTransaction, arg: Any = None
+    ) -> TransactionSendResult:
         """Send a half message, run `execute(message, arg)`, then commit or roll back.
 
         `execute` returns a `TransactionState` (or True/False). If it raises or returns
@@ -329,17 +359,24 @@ class Producer:
         try:
             state = _to_state(execute(message, arg))
         except Exception as exc:
-            log.warning("local transaction of %s raised; left to the check-back",
-                        receipt.message_id, exc_info=True)
+            log.warning(
+                "local transaction of %s raised; left to the check-back",
+                receipt.message_id,
+                exc_info=True,
+            )
             state, error = TransactionState.UNKNOWN, exc
         if state is not TransactionState.UNKNOWN:
-            ref = TransactionRef(message.topic, receipt.message_id, receipt.transaction_id,
-                                 receipt.offset_msg_id)
+            ref = TransactionRef(
+                message.topic, receipt.message_id, receipt.transaction_id, receipt.offset_msg_id
+            )
             try:
                 self._transport.end_transaction(self.group, ref, state)
             except Exception:
-                log.warning("ending transaction %s failed; the check-back will resolve it",
-                            receipt.message_id, exc_info=True)
+                log.warning(
+                    "ending transaction %s failed; the check-back will resolve it",
+                    receipt.message_id,
+                    exc_info=True,
+                )
         return TransactionSendResult(receipt, state, error)
 
     # --- internals
@@ -392,8 +429,9 @@ class Producer:
                     return q
         return candidates[0]
 
-    def _timed(self, queue: QueueRef, attempts: list[tuple[str, BaseException]],
-               call: Callable[[], Any]) -> Any:
+    def _timed(
+        self, queue: QueueRef, attempts: list[tuple[str, BaseException]], call: Callable[[], Any]
+    ) -> Any:
         t0 = self._clock_ms()
         try:
             result = call()
@@ -406,8 +444,9 @@ class Producer:
             self._faults.update(queue.broker, self._clock_ms() - t0)
         return result
 
-    def _send_with_policy(self, message: Message, policy: SendPolicy,
-                          transactional: bool) -> SendReceipt:
+    def _send_with_policy(
+        self, message: Message, policy: SendPolicy, transactional: bool
+    ) -> SendReceipt:
         attempts: list[tuple[str, BaseException]] = []
         last_broker: list[str | None] = [None]
 
@@ -415,9 +454,17 @@ class Producer:
             route = self._route(message.topic)
             queue = self._select(route, message, last_broker[0])
             last_broker[0] = queue.broker
-            receipt: SendReceipt = self._timed(queue, attempts, lambda: self._transport.send(
-                message, queue, producer_group=self.group, transactional=transactional,
-                timeout_s=self._send_timeout_s))
+            receipt: SendReceipt = self._timed(
+                queue,
+                attempts,
+                lambda: self._transport.send(
+                    message,
+                    queue,
+                    producer_group=self.group,
+                    transactional=transactional,
+                    timeout_s=self._send_timeout_s,
+                ),
+            )
             if receipt.status is not SendStatus.SEND_OK and policy.retry_not_stored_ok:
                 attempts.append((str(queue), _NotStoredOk(receipt)))
                 raise _NotStoredOk(receipt)
@@ -425,8 +472,13 @@ class Producer:
 
         return self._run(message.topic, policy, attempt, attempts)  # type: ignore[no-any-return]
 
-    def _run(self, topic: str, policy: SendPolicy, attempt: Callable[[int], Any],
-             attempts: list[tuple[str, BaseException]]) -> Any:
+    def _run(
+        self,
+        topic: str,
+        policy: SendPolicy,
+        attempt: Callable[[int], Any],
+        attempts: list[tuple[str, BaseException]],
+    ) -> Any:
         try:
             return call_with_policy(policy, attempt)
         except _NotStoredOk as exc:

@@ -10,9 +10,14 @@ from collections.abc import Callable
 class TokenBucket:
     """`rate` tokens per second, holding at most `burst`; thread-safe; time is injected."""
 
-    def __init__(self, rate: float, burst: float | None = None, *,
-                 clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        rate: float,
+        burst: float | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         if rate <= 0:
             raise ValueError(f"rate must be > 0, got {rate}")
         burst = max(1.0, rate) if burst is None else burst

@@ -53,8 +53,12 @@ class Backoff:
 class wait_backoff(wait_base):  # tenacity naming style
     """tenacity wait strategy for a `Backoff`, counting only the attempts `counts` accepts."""
 
-    def __init__(self, backoff: Backoff, rng: random.Random,
-                 counts: Callable[[BaseException], bool] = lambda e: True) -> None:
+    def __init__(
+        self,
+        backoff: Backoff,
+        rng: random.Random,
+        counts: Callable[[BaseException], bool] = lambda e: True,
+    ) -> None:
         self.backoff = backoff
         self.rng = rng
         self.counts = counts

@@ -75,14 +75,18 @@ class TestBroker:
         # broker, so the small commitlog files are still big enough for the largest record
         record = max_message_size_for(broker_config.max_message_size)
         commitlog = max(4 << 20, smallest_commitlog_file_for(record))
-        store = StoreConfig(store_dir=self.directory, mapped_file_size_commitlog=commitlog,
-                            max_message_size=record,
-                            mapped_file_size_consume_queue=20 * 20_000,
-                            max_hash_slot_num=4096, max_index_num=16_384,
-                            warm_mapped_file=False,
-                            # a throwaway store on a shared disk: the host's fill level is
-                            # not the test's to answer for
-                            **WATERMARKS_OFF)
+        store = StoreConfig(
+            store_dir=self.directory,
+            mapped_file_size_commitlog=commitlog,
+            max_message_size=record,
+            mapped_file_size_consume_queue=20 * 20_000,
+            max_hash_slot_num=4096,
+            max_index_num=16_384,
+            warm_mapped_file=False,
+            # a throwaway store on a shared disk: the host's fill level is
+            # not the test's to answer for
+            **WATERMARKS_OFF,
+        )
         self.broker = Broker(store, broker_config, clock=self.clock.now_ms)
         self.broker.start()
         self.transport = EmbeddedTransport(broker=self.broker)
@@ -107,8 +111,9 @@ class TestBroker:
         for qid in self.transport.route(topic).read_queues:
             offset = self.broker.min_offset(topic, qid.queue_id)
             while True:
-                batch = self.transport.pull("reliable-testing", QueueRef(topic, qid.broker,
-                                                                         qid.queue_id), offset, 32)
+                batch = self.transport.pull(
+                    "reliable-testing", QueueRef(topic, qid.broker, qid.queue_id), offset, 32
+                )
                 out.extend(batch.messages)
                 if not batch.messages or batch.next_offset <= offset:
                     break
@@ -126,17 +131,24 @@ class TestBroker:
         self.close()
 
 
-def run_handler(handler: Handler, message: Message | ReceivedMessage, *,
-                reconsume_times: int = 0) -> tuple[ConsumeResult, ConsumeContext]:
+def run_handler(
+    handler: Handler, message: Message | ReceivedMessage, *, reconsume_times: int = 0
+) -> tuple[ConsumeResult, ConsumeContext]:
     """Call a declared handler on one message, as its consumer would; return the result and
     the context (`delay_level_when_next_consume`, `discarded`)."""
     if isinstance(message, Message):
         message = ReceivedMessage(
-            message_id=message.message_id, topic=message.topic, body=bytes(message.body),
-            queue_id=0, queue_offset=0, tags=message.tags, keys=list(message.keys),
-            properties=dict(message.properties), reconsume_times=reconsume_times,
-            message_group=message.message_group, consumer_group=handler.group)
+            message_id=message.message_id,
+            topic=message.topic,
+            body=bytes(message.body),
+            queue_id=0,
+            queue_offset=0,
+            tags=message.tags,
+            keys=list(message.keys),
+            properties=dict(message.properties),
+            reconsume_times=reconsume_times,
+            message_group=message.message_group,
+            consumer_group=handler.group,
+        )
     ctx = ConsumeContext(group=handler.group)
     return handler.listener([message], ctx), ctx
-
-

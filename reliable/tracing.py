@@ -70,8 +70,14 @@ class _Span:
 
 
 @contextlib.contextmanager
-def span(operation: str, topic: str, *, kind: str = "internal", group: str | None = None,
-         message_id: str | None = None) -> Iterator[_Span | _NoSpan]:
+def span(
+    operation: str,
+    topic: str,
+    *,
+    kind: str = "internal",
+    group: str | None = None,
+    message_id: str | None = None,
+) -> Iterator[_Span | _NoSpan]:
     """A span `<topic> <operation>` with the messaging attributes (no-op without OTel).
 
     `kind`: "producer" (send), "consumer" (receive, process) or "internal". An exception
@@ -80,18 +86,22 @@ def span(operation: str, topic: str, *, kind: str = "internal", group: str | Non
     if api is None:
         yield _NO_SPAN
         return
-    attributes: dict[str, str] = {"messaging.system": SYSTEM,
-                                  "messaging.destination.name": topic,
-                                  "messaging.operation.name": operation}
+    attributes: dict[str, str] = {
+        "messaging.system": SYSTEM,
+        "messaging.destination.name": topic,
+        "messaging.operation.name": operation,
+    }
     if group is not None:
         attributes["messaging.consumer.group.name"] = group
     if message_id is not None:
         attributes["messaging.message.id"] = message_id
-    span_kind = {"producer": api.SpanKind.PRODUCER,
-                 "consumer": api.SpanKind.CONSUMER}.get(kind, api.SpanKind.INTERNAL)
+    span_kind = {"producer": api.SpanKind.PRODUCER, "consumer": api.SpanKind.CONSUMER}.get(
+        kind, api.SpanKind.INTERNAL
+    )
     tracer = api.get_tracer(TRACER_NAME)
-    with tracer.start_as_current_span(f"{topic} {operation}", kind=span_kind,
-                                      attributes=attributes) as s:
+    with tracer.start_as_current_span(
+        f"{topic} {operation}", kind=span_kind, attributes=attributes
+    ) as s:
         yield _Span(s)
 
 
@@ -101,16 +111,19 @@ def received(topic: str, group: str, message_ids: Sequence[str], started_ns: int
     api = _trace()
     if api is None or not message_ids:
         return
-    attributes: dict[str, Any] = {"messaging.system": SYSTEM,
-                                  "messaging.destination.name": topic,
-                                  "messaging.operation.name": "receive",
-                                  "messaging.consumer.group.name": group,
-                                  "messaging.batch.message_count": len(message_ids)}
+    attributes: dict[str, Any] = {
+        "messaging.system": SYSTEM,
+        "messaging.destination.name": topic,
+        "messaging.operation.name": "receive",
+        "messaging.consumer.group.name": group,
+        "messaging.batch.message_count": len(message_ids),
+    }
     if len(message_ids) == 1:
         attributes["messaging.message.id"] = message_ids[0]
     tracer = api.get_tracer(TRACER_NAME)
-    tracer.start_span(f"{topic} receive", kind=api.SpanKind.CONSUMER,
-                      attributes=attributes, start_time=started_ns).end()
+    tracer.start_span(
+        f"{topic} receive", kind=api.SpanKind.CONSUMER, attributes=attributes, start_time=started_ns
+    ).end()
 
 
 __all__ = ["SYSTEM", "TRACER_NAME", "enabled", "received", "span"]

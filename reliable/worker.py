@@ -24,10 +24,13 @@ class Worker:
     `Transport`; consumer options (`engine=`, ...) go in `consumer_options`.
     """
 
-    def __init__(self, *handlers: Handler | Iterable[Handler],
-                 transport: Transport | str = "embedded",
-                 consumer_options: dict[str, Any] | None = None,
-                 **transport_options: Any) -> None:
+    def __init__(
+        self,
+        *handlers: Handler | Iterable[Handler],
+        transport: Transport | str = "embedded",
+        consumer_options: dict[str, Any] | None = None,
+        **transport_options: Any,
+    ) -> None:
         flat: list[Handler] = []
         for h in handlers:
             flat.extend([h] if isinstance(h, Handler) else h)
@@ -39,8 +42,9 @@ class Worker:
             raise ConfigurationError("two handlers share one (topic, group)")
         self.handlers = flat
         self._owns = isinstance(transport, str)
-        self.transport: Transport = (connect(transport, **transport_options)
-                                     if isinstance(transport, str) else transport)
+        self.transport: Transport = (
+            connect(transport, **transport_options) if isinstance(transport, str) else transport
+        )
         self._consumer_options = dict(consumer_options or {})
         self.consumers: list[PushConsumer] = []
         self._stop = threading.Event()
@@ -70,6 +74,7 @@ class Worker:
 
     def run(self) -> None:
         """Start, then block until SIGINT/SIGTERM; shut down gracefully."""
+
         def stop(signum: int, frame: object) -> None:
             log.info("signal %d: shutting down", signum)
             self._stop.set()

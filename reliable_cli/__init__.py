@@ -35,8 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="reliable",
         description="Reliable messaging: broker, outbox, idempotent consumers, reconciliation.",
     )
-    parser.add_argument("-v", "--verbose", action="count", default=0,
-                        help="more logging on stderr (repeat for debug)")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="more logging on stderr (repeat for debug)",
+    )
     sub = parser.add_subparsers(dest="noun", metavar="<command>")
     for name in _NOUNS.values():
         try:

@@ -29,9 +29,12 @@ def _target(p: argparse.ArgumentParser) -> None:
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--endpoint", metavar="HOST:PORT", help="a running broker's address")
     where.add_argument("--store", type=Path, help="a stopped broker's store directory")
-    p.add_argument("--force", action="store_true",
-                   help="with --store: open it even though its abort file is present "
-                        "(only when no broker runs on it)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="with --store: open it even though its abort file is present "
+        "(only when no broker runs on it)",
+    )
     p.add_argument("--tls", action="store_true", help="with --endpoint: connect over TLS")
     p.add_argument("--ca-file", default=None, help="with --tls: PEM roots to trust")
     p.add_argument("--access-key", default="", help="access key, when the broker has auth on")
@@ -40,22 +43,35 @@ def _target(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("admin", help="administer topics and groups", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    nouns = p.add_subparsers(dest="admin_noun",
-                             metavar="<topic|group|store|message|dlq|broker>")
+    p = sub.add_parser(
+        "admin",
+        help="administer topics and groups",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    nouns = p.add_subparsers(dest="admin_noun", metavar="<topic|group|store|message|dlq|broker>")
     topic = nouns.add_parser("topic", help="create, list and show topics")
     tverbs = topic.add_subparsers(dest="verb", metavar="<create|list|show|status|delete>")
     c = tverbs.add_parser("create", help="create or update a topic (mqadmin updateTopic)")
     c.add_argument("name")
     c.add_argument("--queues", type=int, default=4, help="read and write queues (default 4)")
-    c.add_argument("--type", choices=TOPIC_TYPES, default="NORMAL", type=str.upper,
-                   help="message type the topic accepts (default NORMAL; MIXED: any)")
-    c.add_argument("--perm", type=int, default=6,
-                   help="permission bits: 2 write, 4 read, 6 both (default 6)")
+    c.add_argument(
+        "--type",
+        choices=TOPIC_TYPES,
+        default="NORMAL",
+        type=str.upper,
+        help="message type the topic accepts (default NORMAL; MIXED: any)",
+    )
+    c.add_argument(
+        "--perm", type=int, default=6, help="permission bits: 2 write, 4 read, 6 both (default 6)"
+    )
     _target(c)
-    c.set_defaults(handler=_run("CreateTopic", lambda a: {
-        "name": a.name, "queues": a.queues, "type": a.type, "perm": a.perm}))
+    c.set_defaults(
+        handler=_run(
+            "CreateTopic",
+            lambda a: {"name": a.name, "queues": a.queues, "type": a.type, "perm": a.perm},
+        )
+    )
     ls = tverbs.add_parser("list", help="list topics (mqadmin topicList)")
     _target(ls)
     ls.set_defaults(handler=_run("ListTopics", lambda a: {}))
@@ -65,17 +81,22 @@ def register(sub: Any) -> None:
     sh.set_defaults(handler=_run("GetTopic", lambda a: {"name": a.name}))
 
     group = nouns.add_parser("group", help="create, list and show consumer groups")
-    gverbs = group.add_subparsers(dest="verb",
-                                   metavar="<create|list|show|reset-offset|delete>")
+    gverbs = group.add_subparsers(dest="verb", metavar="<create|list|show|reset-offset|delete>")
     gc = gverbs.add_parser("create", help="create or update a group (mqadmin updateSubGroup)")
     gc.add_argument("name")
-    gc.add_argument("--fifo", action="store_true",
-                    help="consume in order per message group")
-    gc.add_argument("--max-retries", type=int, default=16,
-                    help="redeliveries before the dead-letter queue (default 16)")
+    gc.add_argument("--fifo", action="store_true", help="consume in order per message group")
+    gc.add_argument(
+        "--max-retries",
+        type=int,
+        default=16,
+        help="redeliveries before the dead-letter queue (default 16)",
+    )
     _target(gc)
-    gc.set_defaults(handler=_run("CreateGroup", lambda a: {
-        "name": a.name, "fifo": a.fifo, "max_retries": a.max_retries}))
+    gc.set_defaults(
+        handler=_run(
+            "CreateGroup", lambda a: {"name": a.name, "fifo": a.fifo, "max_retries": a.max_retries}
+        )
+    )
     gl = gverbs.add_parser("list", help="list groups")
     _target(gl)
     gl.set_defaults(handler=_run("ListGroups", lambda a: {}))
@@ -83,8 +104,10 @@ def register(sub: Any) -> None:
     broker = nouns.add_parser("broker", help="a broker's replication role and lag")
     bverbs = broker.add_subparsers(dest="verb", metavar="<status>")
     bs = bverbs.add_parser(
-        "status", help="replication: role, commitlog end, each slave's acknowledged offset "
-                       "and lag in bytes (docs/ha.md)")
+        "status",
+        help="replication: role, commitlog end, each slave's acknowledged offset "
+        "and lag in bytes (docs/ha.md)",
+    )
     _target(bs)
     bs.set_defaults(handler=_run("HaStatus", lambda a: {}))
     from reliable_cli.admin_message import register as register_messages
@@ -93,22 +116,24 @@ def register(sub: Any) -> None:
     message = register_messages(nouns, tverbs, _target)
     dlq = register_ops(nouns, tverbs, gverbs, _target)
     for parser in (p, topic, group, store, message, dlq, broker):
-        parser.set_defaults(handler=lambda _a, parser=parser: (
-            parser.print_help(sys.stderr), ExitCode.USAGE)[1])
+        parser.set_defaults(
+            handler=lambda _a, parser=parser: (parser.print_help(sys.stderr), ExitCode.USAGE)[1]
+        )
 
 
 def _register_store(nouns: Any) -> argparse.ArgumentParser:
     """`reliable admin store verify --store DIR [--json]`."""
-    store: argparse.ArgumentParser = nouns.add_parser(
-        "store", help="check a stopped store's files")
+    store: argparse.ArgumentParser = nouns.add_parser("store", help="check a stopped store's files")
     verbs = store.add_subparsers(dest="verb", metavar="<verify>")
     v = verbs.add_parser(
-        "verify", help="check every file of a stopped store; exit 1 when anything is damaged",
+        "verify",
+        help="check every file of a stopped store; exit 1 when anything is damaged",
         description="Read every file of a stopped store (commitlog records and checksums, "
-                    "consume-queue units against the commitlog, index entries, config "
-                    "files, checkpoint) and print one line per problem: the file, the byte "
-                    "offset in it and what is wrong. Nothing is changed. Exit code 0: no "
-                    "problem; 1: problems found; 2: not a store directory.")
+        "consume-queue units against the commitlog, index entries, config "
+        "files, checkpoint) and print one line per problem: the file, the byte "
+        "offset in it and what is wrong. Nothing is changed. Exit code 0: no "
+        "problem; 1: problems found; 2: not a store directory.",
+    )
     v.add_argument("--store", type=Path, required=True, help="the store directory")
     v.add_argument("--json", action="store_true", help="print one JSON object")
     v.set_defaults(handler=_verify_store)
@@ -122,12 +147,16 @@ def _verify_store(args: argparse.Namespace) -> int:
 
     store_dir: Path = args.store
     if not (store_dir / "commitlog").is_dir():
-        print(f"reliable admin: {store_dir}: not a store directory (no commitlog/)",
-              file=sys.stderr)
+        print(
+            f"reliable admin: {store_dir}: not a store directory (no commitlog/)", file=sys.stderr
+        )
         return ExitCode.USAGE
     if (store_dir / "abort").exists():
-        print(f"reliable admin: {store_dir}: abort file present: a broker runs on it or "
-              "crashed; files still being written may be reported", file=sys.stderr)
+        print(
+            f"reliable admin: {store_dir}: abort file present: a broker runs on it or "
+            "crashed; files still being written may be reported",
+            file=sys.stderr,
+        )
     report = verify_store(StoreConfig(store_dir=store_dir), config_file_parsers())
     if args.json:
         print(json.dumps(report.to_json(), indent=2, sort_keys=True))
@@ -137,8 +166,9 @@ def _verify_store(args: argparse.Namespace) -> int:
     return ExitCode.OK if report.ok else ExitCode.FAILURE
 
 
-def _run(method: str, params: Callable[[argparse.Namespace], dict[str, Any]]
-         ) -> Callable[[argparse.Namespace], int]:
+def _run(
+    method: str, params: Callable[[argparse.Namespace], dict[str, Any]]
+) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
         try:
             result = (_remote if args.endpoint else _local)(args, method, params(args))
@@ -164,15 +194,21 @@ def _remote(args: argparse.Namespace, method: str, params: dict[str, Any]) -> An
 
     from reliable.admin import AdminCallError, AdminClient
 
-    client = AdminClient(args.endpoint, tls=args.tls, ca_file=args.ca_file,
-                         access_key=args.access_key, secret_key=args.secret_key)
+    client = AdminClient(
+        args.endpoint,
+        tls=args.tls,
+        ca_file=args.ca_file,
+        access_key=args.access_key,
+        secret_key=args.secret_key,
+    )
     try:
         return client.call(method, **params)
     except AdminCallError as exc:
         raise _Failed(str(exc), ExitCode.FAILURE) from None
     except grpc.RpcError as exc:
-        raise _Failed(f"{args.endpoint}: {exc.code().name}: {exc.details()}",
-                      ExitCode.UNAVAILABLE) from None
+        raise _Failed(
+            f"{args.endpoint}: {exc.code().name}: {exc.details()}", ExitCode.UNAVAILABLE
+        ) from None
     finally:
         client.close()
 
@@ -190,8 +226,11 @@ def _local(args: argparse.Namespace, method: str, params: dict[str, Any]) -> Any
     if not store_dir.is_dir():
         raise _Failed(f"{store_dir}: no such store directory", ExitCode.USAGE)
     if (store_dir / "abort").exists() and not args.force:
-        raise _Failed(f"{store_dir}: a broker seems to run on this store (abort file present); "
-                      "use --endpoint, or --force if it crashed", ExitCode.FAILURE)
+        raise _Failed(
+            f"{store_dir}: a broker seems to run on this store (abort file present); "
+            "use --endpoint, or --force if it crashed",
+            ExitCode.FAILURE,
+        )
     try:
         broker = Broker(StoreConfig(store_dir=store_dir))
         broker.start()
@@ -219,8 +258,14 @@ def _print(result: Any, as_json: bool) -> None:
         print("  ".join(f"{k}={v}" for k, v in flat.items()))
         for key, value in row.items():
             if isinstance(value, list):
-                print(f"  {key}: " + (", ".join(map(str, value)) if value and not isinstance(
-                    value[0], dict) else ""))
+                print(
+                    f"  {key}: "
+                    + (
+                        ", ".join(map(str, value))
+                        if value and not isinstance(value[0], dict)
+                        else ""
+                    )
+                )
                 for item in value:
                     if isinstance(item, dict):
                         print("    " + "  ".join(f"{k}={v}" for k, v in item.items()))

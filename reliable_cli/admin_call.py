@@ -23,8 +23,16 @@ from reliable_cli.exit_codes import ExitCode
 
 PROG = "reliable admin"
 # protocol codes that mean "the arguments cannot name anything": a usage error
-_USAGE_CODES = frozenset({"BAD_REQUEST", "ILLEGAL_TOPIC", "ILLEGAL_CONSUMER_GROUP",
-                          "ILLEGAL_MESSAGE_ID", "ILLEGAL_MESSAGE_KEY", "NOT_IMPLEMENTED"})
+_USAGE_CODES = frozenset(
+    {
+        "BAD_REQUEST",
+        "ILLEGAL_TOPIC",
+        "ILLEGAL_CONSUMER_GROUP",
+        "ILLEGAL_MESSAGE_ID",
+        "ILLEGAL_MESSAGE_KEY",
+        "NOT_IMPLEMENTED",
+    }
+)
 
 
 class CommandFailed(CommandError):
@@ -35,8 +43,9 @@ class CommandFailed(CommandError):
         super().__init__(message)
 
 
-def handler(run: Callable[[argparse.Namespace, api.AdminCaller], int]
-            ) -> Callable[[argparse.Namespace], int]:
+def handler(
+    run: Callable[[argparse.Namespace, api.AdminCaller], int],
+) -> Callable[[argparse.Namespace], int]:
     """An argparse handler running `run(args, admin)` against the admin service the command
     line names; a CommandFailed is its one line on stderr and its exit code."""
 
@@ -64,8 +73,9 @@ def open_admin(args: argparse.Namespace) -> Iterator[api.AdminCaller]:
             yield from _local(args)
     except AdminCallError as exc:
         code = exc.code
-        raise CommandFailed(str(exc), ExitCode.USAGE if code in _USAGE_CODES
-                            else ExitCode.FAILURE) from None
+        raise CommandFailed(
+            str(exc), ExitCode.USAGE if code in _USAGE_CODES else ExitCode.FAILURE
+        ) from None
 
 
 def _remote(args: argparse.Namespace) -> Iterator[api.AdminCaller]:
@@ -73,13 +83,19 @@ def _remote(args: argparse.Namespace) -> Iterator[api.AdminCaller]:
 
     from reliable.admin import AdminClient
 
-    client = AdminClient(args.endpoint, tls=args.tls, ca_file=args.ca_file,
-                         access_key=args.access_key, secret_key=args.secret_key)
+    client = AdminClient(
+        args.endpoint,
+        tls=args.tls,
+        ca_file=args.ca_file,
+        access_key=args.access_key,
+        secret_key=args.secret_key,
+    )
     try:
         yield client
     except grpc.RpcError as exc:
-        raise CommandFailed(f"{args.endpoint}: {exc.code().name}: {exc.details()}",
-                            ExitCode.UNAVAILABLE) from None
+        raise CommandFailed(
+            f"{args.endpoint}: {exc.code().name}: {exc.details()}", ExitCode.UNAVAILABLE
+        ) from None
     finally:
         client.close()
 
@@ -113,12 +129,13 @@ def _local(args: argparse.Namespace) -> Iterator[api.AdminCaller]:
 
     store_dir: Path = args.store
     if not (store_dir / "commitlog").is_dir():
-        raise CommandFailed(f"{store_dir}: not a store directory (no commitlog/)",
-                            ExitCode.USAGE)
+        raise CommandFailed(f"{store_dir}: not a store directory (no commitlog/)", ExitCode.USAGE)
     if (store_dir / "abort").exists() and not args.force:
-        raise CommandFailed(f"{store_dir}: a broker seems to run on this store (abort file "
-                            "present); use --endpoint, or --force if it crashed",
-                            ExitCode.FAILURE)
+        raise CommandFailed(
+            f"{store_dir}: a broker seems to run on this store (abort file "
+            "present); use --endpoint, or --force if it crashed",
+            ExitCode.FAILURE,
+        )
     try:
         broker = Broker(StoreConfig(store_dir=store_dir))
         broker.start()
@@ -136,8 +153,8 @@ def print_json(doc: Any) -> None:
 
 def table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> list[str]:
     """Lines of columns padded to their widest cell; an empty cell shows as `-`."""
-    cells = [[str(c) for c in header]] + [["-" if c is None or c == "" else str(c)
-                                           for c in row] for row in rows]
+    cells = [[str(c) for c in header]] + [
+        ["-" if c is None or c == "" else str(c) for c in row] for row in rows
+    ]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-            for r in cells]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]

@@ -41,97 +41,152 @@ _UNIT_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
 # ---------------------------------------------------------------------- command line
-def register(nouns: Any, topic_verbs: Any,
-             target: Callable[[argparse.ArgumentParser], None]) -> argparse.ArgumentParser:
+def register(
+    nouns: Any, topic_verbs: Any, target: Callable[[argparse.ArgumentParser], None]
+) -> argparse.ArgumentParser:
     """Add the `message` noun and `topic status`; returns the `message` parser. `target`
     adds the options every admin command takes (`--endpoint`/`--store`, `--json`, ...)."""
     message: argparse.ArgumentParser = nouns.add_parser(
-        "message", help="find, trace, send and reconsume messages", description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        "message",
+        help="find, trace, send and reconsume messages",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     verbs = message.add_subparsers(dest="verb", metavar="<query|trace|send|reconsume>")
 
     q = verbs.add_parser(
-        "query", help="find messages by id, key, unique key, queue offset or time",
+        "query",
+        help="find messages by id, key, unique key, queue offset or time",
         description="Find stored messages, newest first, at most --limit of them (a line "
-                    "says when more match). One form: --id (offset message id or client "
-                    "message id, in every topic unless --topic); --key or --unique-key with "
-                    "--topic; --topic --queue --offset; --topic with --since and/or --until. "
-                    "Keys are matched exactly (hash collisions are never returned). Exit 1 "
-                    "when nothing matches.")
+        "says when more match). One form: --id (offset message id or client "
+        "message id, in every topic unless --topic); --key or --unique-key with "
+        "--topic; --topic --queue --offset; --topic with --since and/or --until. "
+        "Keys are matched exactly (hash collisions are never returned). Exit 1 "
+        "when nothing matches.",
+    )
     form = q.add_mutually_exclusive_group()
-    form.add_argument("--id", dest="msg_id", metavar="ID",
-                      help="an offset message id or a client message id (both are tried)")
+    form.add_argument(
+        "--id",
+        dest="msg_id",
+        metavar="ID",
+        help="an offset message id or a client message id (both are tried)",
+    )
     form.add_argument("--key", help="one of the messages' keys (needs --topic)")
-    form.add_argument("--unique-key", metavar="KEY",
-                      help="the client message id (UNIQ_KEY) (needs --topic)")
-    form.add_argument("--offset", type=int, metavar="N",
-                      help="a queue offset (needs --topic and --queue)")
+    form.add_argument(
+        "--unique-key", metavar="KEY", help="the client message id (UNIQ_KEY) (needs --topic)"
+    )
+    form.add_argument(
+        "--offset", type=int, metavar="N", help="a queue offset (needs --topic and --queue)"
+    )
     q.add_argument("--topic", help="the topic to look in")
     q.add_argument("--queue", type=int, metavar="Q", help="a queue id of --topic")
-    q.add_argument("--since", metavar="TIME", help="stored at or after TIME: ISO-8601 "
-                   "(UTC unless it has an offset), epoch milliseconds, or 30m/2h/1d ago")
+    q.add_argument(
+        "--since",
+        metavar="TIME",
+        help="stored at or after TIME: ISO-8601 "
+        "(UTC unless it has an offset), epoch milliseconds, or 30m/2h/1d ago",
+    )
     q.add_argument("--until", metavar="TIME", help="stored at or before TIME (same forms)")
-    q.add_argument("--limit", type=int, default=32,
-                   help=f"at most this many messages (default 32, at most {api.MAX_LIMIT})")
-    q.add_argument("--body", action="store_true",
-                   help="print bodies (as text when they decode as UTF-8, else hex)")
+    q.add_argument(
+        "--limit",
+        type=int,
+        default=32,
+        help=f"at most this many messages (default 32, at most {api.MAX_LIMIT})",
+    )
+    q.add_argument(
+        "--body",
+        action="store_true",
+        help="print bodies (as text when they decode as UTF-8, else hex)",
+    )
     target(q)
     q.set_defaults(handler=_handler(_query))
 
     t = verbs.add_parser(
-        "trace", help="everything known about one business message, in time order",
+        "trace",
+        help="everything known about one business message, in time order",
         description="Follow one business message, named by a key, a client message id or "
-                    "an offset message id: every broker record (original, retry and "
-                    "schedule copies, dead letters, operator copies), per consumer group "
-                    "its deliveries, retries, acknowledgement or dead-lettering, and with "
-                    "--db the outbox stub and the consumption-log and confirmation rows. "
-                    "Exit 1 when nothing is known about it.")
+        "an offset message id: every broker record (original, retry and "
+        "schedule copies, dead letters, operator copies), per consumer group "
+        "its deliveries, retries, acknowledgement or dead-lettering, and with "
+        "--db the outbox stub and the consumption-log and confirmation rows. "
+        "Exit 1 when nothing is known about it.",
+    )
     t.add_argument("key_or_id", metavar="KEY_OR_ID")
     t.add_argument("--topic", help="the message's topic (default: look in every topic)")
-    t.add_argument("--db", metavar="URL", default=None,
-                   help="SQLAlchemy URL of the database holding the outbox tables")
+    t.add_argument(
+        "--db",
+        metavar="URL",
+        default=None,
+        help="SQLAlchemy URL of the database holding the outbox tables",
+    )
     t.add_argument("--table-prefix", default="reliable_", help="outbox table name prefix")
     t.add_argument("--schema", default=None, help="database schema of the outbox tables")
     t.add_argument("--limit", type=int, default=200, help="at most this many broker records")
-    t.add_argument("--scan", type=int, default=None, metavar="N",
-                   help="read at most N entries of the broker's invisible-time log "
-                        "(default 100,000; the output says when it stopped early)")
+    t.add_argument(
+        "--scan",
+        type=int,
+        default=None,
+        metavar="N",
+        help="read at most N entries of the broker's invisible-time log "
+        "(default 100,000; the output says when it stopped early)",
+    )
     target(t)
     t.set_defaults(handler=_handler(_trace))
 
-    s = verbs.add_parser("send", help="store one message (mqadmin sendMessage)",
-                         description="Send one message, as a producer would (a fresh client "
-                                     "message id), and print its ids and offsets.")
+    s = verbs.add_parser(
+        "send",
+        help="store one message (mqadmin sendMessage)",
+        description="Send one message, as a producer would (a fresh client "
+        "message id), and print its ids and offsets.",
+    )
     s.add_argument("topic")
     s.add_argument("body", help="the body, as text (UTF-8)")
-    s.add_argument("--key", action="append", default=[], dest="keys",
-                   help="a key (repeat for several)")
+    s.add_argument(
+        "--key", action="append", default=[], dest="keys", help="a key (repeat for several)"
+    )
     s.add_argument("--tag", default=None)
-    s.add_argument("--property", action="append", default=[], metavar="NAME=VALUE",
-                   dest="properties", help="a user property (repeat for several)")
+    s.add_argument(
+        "--property",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        dest="properties",
+        help="a user property (repeat for several)",
+    )
     target(s)
     s.set_defaults(handler=_handler(_send))
 
     r = verbs.add_parser(
-        "reconsume", help="deliver one stored message to a group again",
+        "reconsume",
+        help="deliver one stored message to a group again",
         description="Write a copy of the message to %%RETRY%%<group>, so that only GROUP "
-                    "receives it again (the copy keeps the client message id, and says "
-                    "OPERATOR_ACTION=reconsume and who did it). --client (RocketMQ's "
-                    "CONSUME_MESSAGE_DIRECTLY to one client) is not supported: the protocol "
-                    "our clients speak cannot deliver to one client.")
+        "receives it again (the copy keeps the client message id, and says "
+        "OPERATOR_ACTION=reconsume and who did it). --client (RocketMQ's "
+        "CONSUME_MESSAGE_DIRECTLY to one client) is not supported: the protocol "
+        "our clients speak cannot deliver to one client.",
+    )
     r.add_argument("msg_id", metavar="ID", help="offset message id or client message id")
     r.add_argument("--group", required=True, help="the consumer group to deliver it to")
-    r.add_argument("--topic", default=None, help="the original topic, if the id names "
-                                                 "messages in several")
-    r.add_argument("--client", default=None, metavar="CLIENT_ID",
-                   help="not supported (see above); refused with exit 2")
-    r.add_argument("--operator", default=None,
-                   help="who does this, recorded on the copy (default: the login name)")
+    r.add_argument(
+        "--topic", default=None, help="the original topic, if the id names messages in several"
+    )
+    r.add_argument(
+        "--client",
+        default=None,
+        metavar="CLIENT_ID",
+        help="not supported (see above); refused with exit 2",
+    )
+    r.add_argument(
+        "--operator",
+        default=None,
+        help="who does this, recorded on the copy (default: the login name)",
+    )
     target(r)
     r.set_defaults(handler=_handler(_reconsume))
 
-    st = topic_verbs.add_parser("status", help="per queue: min/max offset, last store time "
-                                               "(mqadmin topicStatus)")
+    st = topic_verbs.add_parser(
+        "status", help="per queue: min/max offset, last store time (mqadmin topicStatus)"
+    )
     st.add_argument("name")
     target(st)
     st.set_defaults(handler=_handler(_topic_status))
@@ -150,8 +205,11 @@ def parse_time(value: str, *, now_ms: int | None = None) -> int:
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
-        raise CommandFailed(f"{value!r} is not a time: use ISO-8601 (2026-11-23T10:00:00Z), "
-                            "epoch milliseconds, or 30m/2h/1d ago", ExitCode.USAGE) from None
+        raise CommandFailed(
+            f"{value!r} is not a time: use ISO-8601 (2026-11-23T10:00:00Z), "
+            "epoch milliseconds, or 30m/2h/1d ago",
+            ExitCode.USAGE,
+        ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return int(moment.timestamp() * 1000)
@@ -163,15 +221,30 @@ def _query(args: argparse.Namespace, admin: api.AdminCaller) -> int:
         raise CommandFailed(f"--limit must be 1..{api.MAX_LIMIT}", ExitCode.USAGE)
     since = parse_time(args.since) if args.since else None
     until = parse_time(args.until) if args.until else None
-    if args.msg_id is None and args.key is None and args.unique_key is None \
-            and args.offset is None and (args.topic is None or (since is None
-                                                                 and until is None)):
-        raise CommandFailed("give --id, --key, --unique-key, --offset, or --topic with "
-                            "--since/--until", ExitCode.USAGE)
-    found = api.query_messages(admin, msg_id=args.msg_id, key=args.key,
-                               unique_key=args.unique_key, topic=args.topic,
-                               queue=args.queue, offset=args.offset, since_ms=since,
-                               until_ms=until, limit=args.limit, body=args.body)
+    if (
+        args.msg_id is None
+        and args.key is None
+        and args.unique_key is None
+        and args.offset is None
+        and (args.topic is None or (since is None and until is None))
+    ):
+        raise CommandFailed(
+            "give --id, --key, --unique-key, --offset, or --topic with --since/--until",
+            ExitCode.USAGE,
+        )
+    found = api.query_messages(
+        admin,
+        msg_id=args.msg_id,
+        key=args.key,
+        unique_key=args.unique_key,
+        topic=args.topic,
+        queue=args.queue,
+        offset=args.offset,
+        since_ms=since,
+        until_ms=until,
+        limit=args.limit,
+        body=args.body,
+    )
     messages = found["messages"]
     if args.json:
         print_json(found)
@@ -179,8 +252,10 @@ def _query(args: argparse.Namespace, admin: api.AdminCaller) -> int:
         for line in render_messages(messages, body=args.body):
             print(line)
         if found["more"]:
-            print(f"(more messages match: only the newest {len(messages)} are shown; raise "
-                  "--limit or narrow the query)")
+            print(
+                f"(more messages match: only the newest {len(messages)} are shown; raise "
+                "--limit or narrow the query)"
+            )
     if not messages:
         if not args.json:
             print(f"{PROG}: no message found", file=sys.stderr)
@@ -191,19 +266,48 @@ def _query(args: argparse.Namespace, admin: api.AdminCaller) -> int:
 def render_messages(messages: list[dict[str, Any]], *, body: bool) -> list[str]:
     if not messages:
         return []
-    lines = table([(m["store_time"], m["topic"], m["queue_id"], m["queue_offset"],
-                    m["commitlog_offset"], m["offset_msg_id"], m["msg_id"], m["tags"],
-                    " ".join(m["keys"]), m["reconsume_times"], m["size"]) for m in messages],
-                  ("STORE TIME", "TOPIC", "QUEUE", "OFFSET", "COMMITLOG", "OFFSET MSG ID",
-                   "MSG ID", "TAGS", "KEYS", "RECONSUMED", "SIZE"))
+    lines = table(
+        [
+            (
+                m["store_time"],
+                m["topic"],
+                m["queue_id"],
+                m["queue_offset"],
+                m["commitlog_offset"],
+                m["offset_msg_id"],
+                m["msg_id"],
+                m["tags"],
+                " ".join(m["keys"]),
+                m["reconsume_times"],
+                m["size"],
+            )
+            for m in messages
+        ],
+        (
+            "STORE TIME",
+            "TOPIC",
+            "QUEUE",
+            "OFFSET",
+            "COMMITLOG",
+            "OFFSET MSG ID",
+            "MSG ID",
+            "TAGS",
+            "KEYS",
+            "RECONSUMED",
+            "SIZE",
+        ),
+    )
     for m in messages:
         lines.append("")
-        lines.append(f"{m['offset_msg_id']}  ({m['topic']} queue {m['queue_id']} offset "
-                     f"{m['queue_offset']})")
+        lines.append(
+            f"{m['offset_msg_id']}  ({m['topic']} queue {m['queue_id']} offset {m['queue_offset']})"
+        )
         lines.append(f"  born        {m['born_time']} at {m['born_host']}")
         lines.append(f"  stored      {m['store_time']} at {m['store_host']}")
-        lines.append(f"  body        {m['body_size']} bytes" + (
-            f" ({m['body_encoding']}): {m['body']}" if body and "body" in m else ""))
+        lines.append(
+            f"  body        {m['body_size']} bytes"
+            + (f" ({m['body_encoding']}): {m['body']}" if body and "body" in m else "")
+        )
         for i, (name, value) in enumerate(sorted(m["properties"].items())):
             lines.append(f"  {'properties' if i == 0 else '':<11} {name}={value}")
     return lines
@@ -222,16 +326,26 @@ def _send(args: argparse.Namespace, admin: api.AdminCaller) -> int:
         if not sep or not name:
             raise CommandFailed(f"--property {item!r}: expected NAME=VALUE", ExitCode.USAGE)
         props[name] = value
-    sent = api.send_message(admin, args.topic, args.body, keys=args.keys, tag=args.tag,
-                            properties=props)
+    sent = api.send_message(
+        admin, args.topic, args.body, keys=args.keys, tag=args.tag, properties=props
+    )
     if args.json:
         print_json(sent)
     else:
-        for line in table([(sent["msg_id"], sent["offset_msg_id"], sent["topic"],
-                            sent["queue_id"], sent["queue_offset"], sent["commitlog_offset"],
-                            sent["status"])],
-                          ("MSG ID", "OFFSET MSG ID", "TOPIC", "QUEUE", "OFFSET", "COMMITLOG",
-                           "STATUS")):
+        for line in table(
+            [
+                (
+                    sent["msg_id"],
+                    sent["offset_msg_id"],
+                    sent["topic"],
+                    sent["queue_id"],
+                    sent["queue_offset"],
+                    sent["commitlog_offset"],
+                    sent["status"],
+                )
+            ],
+            ("MSG ID", "OFFSET MSG ID", "TOPIC", "QUEUE", "OFFSET", "COMMITLOG", "STATUS"),
+        ):
             print(line)
     return ExitCode.OK
 
@@ -242,19 +356,33 @@ def _reconsume(args: argparse.Namespace, admin: api.AdminCaller) -> int:
             "--client: delivering a message to one client (RocketMQ's "
             "CONSUME_MESSAGE_DIRECTLY) is not supported: the RocketMQ 5 protocol our clients "
             "speak has no command for it; leave out --client to deliver it to the whole "
-            "group (nothing was sent)", ExitCode.USAGE)
+            "group (nothing was sent)",
+            ExitCode.USAGE,
+        )
     operator = args.operator or _login()
-    done = api.reconsume_message(admin, args.msg_id, args.group, topic=args.topic,
-                                 operator=operator)
+    done = api.reconsume_message(
+        admin, args.msg_id, args.group, topic=args.topic, operator=operator
+    )
     if args.json:
         print_json(done)
     else:
         src, copy = done["source"], done["copy"]
-        print(f"re-sent {done['msg_id']} ({src['topic']} queue {src['queue_id']} offset "
-              f"{src['queue_offset']}) to group {done['group']}:")
-        for line in table([(copy["topic"], copy["queue_id"], copy["queue_offset"],
-                            copy["commitlog_offset"], copy["offset_msg_id"])],
-                          ("COPY IN", "QUEUE", "OFFSET", "COMMITLOG", "OFFSET MSG ID")):
+        print(
+            f"re-sent {done['msg_id']} ({src['topic']} queue {src['queue_id']} offset "
+            f"{src['queue_offset']}) to group {done['group']}:"
+        )
+        for line in table(
+            [
+                (
+                    copy["topic"],
+                    copy["queue_id"],
+                    copy["queue_offset"],
+                    copy["commitlog_offset"],
+                    copy["offset_msg_id"],
+                )
+            ],
+            ("COPY IN", "QUEUE", "OFFSET", "COMMITLOG", "OFFSET MSG ID"),
+        ):
             print(line)
     return ExitCode.OK
 
@@ -272,12 +400,23 @@ def _topic_status(args: argparse.Namespace, admin: api.AdminCaller) -> int:
     if args.json:
         print_json(status)
         return ExitCode.OK
-    print(f"topic {status['topic']}: {status['messages']} messages held, last stored "
-          f"{status['last_store_time'] or 'never'}")
-    for line in table([(q["queue_id"], q["min_offset"], q["max_offset"], q["messages"],
-                        q["first_store_time"], q["last_store_time"])
-                       for q in status["queues"]],
-                      ("QUEUE", "MIN OFFSET", "MAX OFFSET", "MESSAGES", "FIRST STORED",
-                       "LAST STORED")):
+    print(
+        f"topic {status['topic']}: {status['messages']} messages held, last stored "
+        f"{status['last_store_time'] or 'never'}"
+    )
+    for line in table(
+        [
+            (
+                q["queue_id"],
+                q["min_offset"],
+                q["max_offset"],
+                q["messages"],
+                q["first_store_time"],
+                q["last_store_time"],
+            )
+            for q in status["queues"]
+        ],
+        ("QUEUE", "MIN OFFSET", "MAX OFFSET", "MESSAGES", "FIRST STORED", "LAST STORED"),
+    ):
         print(line)
     return ExitCode.OK

@@ -39,21 +39,31 @@ Target = Callable[[argparse.ArgumentParser], None]
 
 
 # ---------------------------------------------------------------------- command line
-def register(nouns: Any, topic_verbs: Any, group_verbs: Any,
-             target: Target) -> argparse.ArgumentParser:
+def register(
+    nouns: Any, topic_verbs: Any, group_verbs: Any, target: Target
+) -> argparse.ArgumentParser:
     """Add the `dlq` noun, `group show|reset-offset|delete` and `topic delete`; returns
     the `dlq` parser."""
     dlq: argparse.ArgumentParser = nouns.add_parser(
-        "dlq", help="list, replay and audit a group's dead letters", description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        "dlq",
+        help="list, replay and audit a group's dead letters",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     verbs = dlq.add_subparsers(dest="verb", metavar="<list|replay|audit>")
-    ls = verbs.add_parser("list", help="a group's dead letters, oldest first",
-                          description="The messages in %%DLQ%%<group>, oldest first, with "
-                                      "their original topic and whether (when, by whom) "
-                                      "they were replayed.")
+    ls = verbs.add_parser(
+        "list",
+        help="a group's dead letters, oldest first",
+        description="The messages in %%DLQ%%<group>, oldest first, with "
+        "their original topic and whether (when, by whom) "
+        "they were replayed.",
+    )
     ls.add_argument("--group", required=True)
-    ls.add_argument("--since", metavar="TIME", help="stored at or after TIME: ISO-8601, "
-                    "epoch milliseconds, or 30m/2h/1d ago")
+    ls.add_argument(
+        "--since",
+        metavar="TIME",
+        help="stored at or after TIME: ISO-8601, epoch milliseconds, or 30m/2h/1d ago",
+    )
     ls.add_argument("--until", metavar="TIME", help="stored at or before TIME")
     ls.add_argument("--limit", type=int, default=32, help="at most this many (default 32)")
     ls.add_argument("--pending", action="store_true", help="only those not replayed yet")
@@ -61,69 +71,96 @@ def register(nouns: Any, topic_verbs: Any, group_verbs: Any,
     ls.set_defaults(handler=_handler(_dlq_list))
 
     rp = verbs.add_parser(
-        "replay", help="deliver dead letters again (to the group, or the original topic)",
+        "replay",
+        help="deliver dead letters again (to the group, or the original topic)",
         description="Replay dead letters of GROUP: by default each to %%RETRY%%<group>, so "
-                    "only GROUP receives it again; with --to-topic to its original topic "
-                    "(every subscribed group receives it). The copy keeps the client "
-                    "message id and starts the retry ladder again. A dead letter is "
-                    "replayed at most once, whoever runs the command again; every replay "
-                    "is recorded (who, when, which) in the store's replay audit (`dlq "
-                    "audit`). Progress goes to stderr.")
+        "only GROUP receives it again; with --to-topic to its original topic "
+        "(every subscribed group receives it). The copy keeps the client "
+        "message id and starts the retry ladder again. A dead letter is "
+        "replayed at most once, whoever runs the command again; every replay "
+        "is recorded (who, when, which) in the store's replay audit (`dlq "
+        "audit`). Progress goes to stderr.",
+    )
     rp.add_argument("--group", required=True)
-    rp.add_argument("--id", action="append", default=[], dest="ids", metavar="ID",
-                    help="a dead letter's client message id or offset message id (repeat; "
-                         "default: every dead letter in the time range)")
+    rp.add_argument(
+        "--id",
+        action="append",
+        default=[],
+        dest="ids",
+        metavar="ID",
+        help="a dead letter's client message id or offset message id (repeat; "
+        "default: every dead letter in the time range)",
+    )
     rp.add_argument("--since", metavar="TIME", help="stored at or after TIME")
     rp.add_argument("--until", metavar="TIME", help="stored at or before TIME")
-    rp.add_argument("--rate", type=float, default=None, metavar="N",
-                    help="at most N messages per second (default: no limit)")
-    rp.add_argument("--to-topic", action="store_true",
-                    help="replay to each message's original topic instead of the group's "
-                         "retry topic")
+    rp.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        metavar="N",
+        help="at most N messages per second (default: no limit)",
+    )
+    rp.add_argument(
+        "--to-topic",
+        action="store_true",
+        help="replay to each message's original topic instead of the group's retry topic",
+    )
     rp.add_argument("--dry-run", action="store_true", help="show what would be replayed")
-    rp.add_argument("--operator", default=None,
-                    help="who does this, for the audit (default: the login name)")
-    rp.add_argument("--db", metavar="URL", default=None,
-                    help="the outbox database: mark the group's consumption-log rows of the "
-                         "replayed messages as in processing again (not dead-lettered)")
+    rp.add_argument(
+        "--operator", default=None, help="who does this, for the audit (default: the login name)"
+    )
+    rp.add_argument(
+        "--db",
+        metavar="URL",
+        default=None,
+        help="the outbox database: mark the group's consumption-log rows of the "
+        "replayed messages as in processing again (not dead-lettered)",
+    )
     rp.add_argument("--table-prefix", default="reliable_", help="outbox table name prefix")
     rp.add_argument("--schema", default=None, help="database schema of the outbox tables")
     target(rp)
     rp.set_defaults(handler=_handler(_dlq_replay))
 
-    au = verbs.add_parser("audit", help="who replayed which dead letters, when",
-                          description="The replay audit of the store, newest first: one row "
-                                      "per replay run (a run records one entry per batch; "
-                                      "--json prints the entries with every message id).")
+    au = verbs.add_parser(
+        "audit",
+        help="who replayed which dead letters, when",
+        description="The replay audit of the store, newest first: one row "
+        "per replay run (a run records one entry per batch; "
+        "--json prints the entries with every message id).",
+    )
     au.add_argument("--group", default=None)
-    au.add_argument("--limit", type=int, default=100,
-                    help="read the newest N entries (default 100)")
+    au.add_argument(
+        "--limit", type=int, default=100, help="read the newest N entries (default 100)"
+    )
     target(au)
     au.set_defaults(handler=_handler(_dlq_audit))
 
     gs = group_verbs.add_parser(
-        "show", help="one group: settings, consumers, per-queue progress, retry and DLQ "
-                     "depth (mqadmin consumerProgress)")
+        "show",
+        help="one group: settings, consumers, per-queue progress, retry and DLQ "
+        "depth (mqadmin consumerProgress)",
+    )
     gs.add_argument("name")
     gs.add_argument("--topic", default=None, help="only this topic's queues")
     target(gs)
     gs.set_defaults(handler=_handler(_group_show))
 
     rs = group_verbs.add_parser(
-        "reset-offset", help="move a group's offsets on a topic (kafka-consumer-groups "
-                             "--reset-offsets)",
+        "reset-offset",
+        help="move a group's offsets on a topic (kafka-consumer-groups --reset-offsets)",
         description="Print the before/after offsets per queue and, with --execute, move "
-                    "them. Refused while the group has live consumers unless --force (a "
-                    "running consumer would write its own position back). The group's "
-                    "invisible-time state on the topic is reset too, so the next receive "
-                    "starts at the new offsets.")
+        "them. Refused while the group has live consumers unless --force (a "
+        "running consumer would write its own position back). The group's "
+        "invisible-time state on the topic is reset too, so the next receive "
+        "starts at the new offsets.",
+    )
     rs.add_argument("name", metavar="GROUP")
     rs.add_argument("--topic", required=True)
     to = rs.add_mutually_exclusive_group(required=True)
-    to.add_argument("--to-time", metavar="TIME",
-                    help="the first message stored at or after TIME")
-    to.add_argument("--to-offset", type=int, metavar="N",
-                    help="offset N in every queue (clamped to the queue)")
+    to.add_argument("--to-time", metavar="TIME", help="the first message stored at or after TIME")
+    to.add_argument(
+        "--to-offset", type=int, metavar="N", help="offset N in every queue (clamped to the queue)"
+    )
     to.add_argument("--earliest", action="store_true", help="the oldest message held")
     to.add_argument("--latest", action="store_true", help="the end: skip everything held")
     mode = rs.add_mutually_exclusive_group(required=True)
@@ -133,21 +170,25 @@ def register(nouns: Any, topic_verbs: Any, group_verbs: Any,
     rs.set_defaults(handler=_handler(_group_reset))
 
     gd = group_verbs.add_parser(
-        "delete", help="delete a group: its config, offsets and invisible-time state",
+        "delete",
+        help="delete a group: its config, offsets and invisible-time state",
         description="Delete GROUP's config, its offsets (on every topic, its retry topic "
-                    "included) and its invisible-time state. The messages of its retry and "
-                    "dead-letter topics stay. Refused while it has live consumers unless "
-                    "--force.")
+        "included) and its invisible-time state. The messages of its retry and "
+        "dead-letter topics stay. Refused while it has live consumers unless "
+        "--force.",
+    )
     gd.add_argument("name", metavar="GROUP")
     gd.add_argument("--yes", action="store_true", help="really delete it")
     target(gd)
     gd.set_defaults(handler=_handler(_group_delete))
 
     td = topic_verbs.add_parser(
-        "delete", help="delete a topic: its config, queues and every group's offsets",
+        "delete",
+        help="delete a topic: its config, queues and every group's offsets",
         description="Delete TOPIC's config, its consume queues and every group's offsets "
-                    "on it. Its messages stay in the commitlog until the commitlog files "
-                    "expire (RocketMQ's deleteTopic). System topics are refused.")
+        "on it. Its messages stay in the commitlog until the commitlog files "
+        "expire (RocketMQ's deleteTopic). System topics are refused.",
+    )
     td.add_argument("name", metavar="TOPIC")
     td.add_argument("--yes", action="store_true", help="really delete it")
     target(td)
@@ -168,33 +209,66 @@ def _times(args: argparse.Namespace) -> dict[str, int]:
 def _dlq_list(args: argparse.Namespace, admin: api.AdminCaller) -> int:
     if not 1 <= args.limit <= api.MAX_LIMIT:
         raise CommandFailed(f"--limit must be 1..{api.MAX_LIMIT}", ExitCode.USAGE)
-    found = admin.call("ListDeadLetters", group=args.group, limit=args.limit,
-                       pending_only=args.pending, **_times(args))
+    found = admin.call(
+        "ListDeadLetters",
+        group=args.group,
+        limit=args.limit,
+        pending_only=args.pending,
+        **_times(args),
+    )
     if args.json:
         print_json(found)
         return ExitCode.OK
-    print(f"{found['dlq_topic']}: {found['depth']} held, {found['replayed']} replayed, "
-          f"{found['pending']} not replayed")
+    print(
+        f"{found['dlq_topic']}: {found['depth']} held, {found['replayed']} replayed, "
+        f"{found['pending']} not replayed"
+    )
     if found["messages"]:
         for line in _dead_table(found["messages"]):
             print(line)
     if found["more"]:
-        print(f"(more: only the first {len(found['messages'])} are shown; raise --limit or "
-              "narrow --since/--until)")
+        print(
+            f"(more: only the first {len(found['messages'])} are shown; raise --limit or "
+            "narrow --since/--until)"
+        )
     return ExitCode.OK
 
 
 def _dead_table(messages: list[dict[str, Any]]) -> list[str]:
-    return table([(m["dlq_offset"], m["store_time"], m["msg_id"], m["origin_topic"],
-                   m["tags"], " ".join(m["keys"]), m["reconsume_times"],
-                   (f"{m['replayed']['at']} by {m['replayed']['operator']}"
-                    if m["replayed"] else None)) for m in messages],
-                 ("DLQ OFFSET", "STORED", "MSG ID", "ORIGIN TOPIC", "TAGS", "KEYS",
-                  "RECONSUMED", "REPLAYED"))
+    return table(
+        [
+            (
+                m["dlq_offset"],
+                m["store_time"],
+                m["msg_id"],
+                m["origin_topic"],
+                m["tags"],
+                " ".join(m["keys"]),
+                m["reconsume_times"],
+                (
+                    f"{m['replayed']['at']} by {m['replayed']['operator']}"
+                    if m["replayed"]
+                    else None
+                ),
+            )
+            for m in messages
+        ],
+        (
+            "DLQ OFFSET",
+            "STORED",
+            "MSG ID",
+            "ORIGIN TOPIC",
+            "TAGS",
+            "KEYS",
+            "RECONSUMED",
+            "REPLAYED",
+        ),
+    )
 
 
-def collect(admin: api.AdminCaller, group: str, times: dict[str, int],
-            ids: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def collect(
+    admin: api.AdminCaller, group: str, times: dict[str, int], ids: list[str]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(dead letters to replay, those already replayed) of `group` in the time range, or
     with `ids` only those whose client or offset message id is one of them."""
     wanted = set(ids)
@@ -222,25 +296,45 @@ def _dlq_replay(args: argparse.Namespace, admin: api.AdminCaller) -> int:
     run = uuid.uuid4().hex[:12]
     target = "original topics" if args.to_topic else f"%RETRY%{args.group}"
     if args.dry_run or not pending:
-        doc = {"group": args.group, "dry_run": args.dry_run, "run": None, "to": target,
-               "replayed": [], "would_replay": pending if args.dry_run else [],
-               "already_replayed": done, "unknown_ids": unknown}
-        _replay_output(args, doc, pending if args.dry_run else [], done, unknown,
-                       dry_run=args.dry_run)
+        doc = {
+            "group": args.group,
+            "dry_run": args.dry_run,
+            "run": None,
+            "to": target,
+            "replayed": [],
+            "would_replay": pending if args.dry_run else [],
+            "already_replayed": done,
+            "unknown_ids": unknown,
+        }
+        _replay_output(
+            args, doc, pending if args.dry_run else [], done, unknown, dry_run=args.dry_run
+        )
         return ExitCode.FAILURE if unknown and not (pending or done) else ExitCode.OK
     replayed, skipped = _paced_replay(args, admin, pending, operator, run)
     if args.db:
         _reopen_logs(args, [r["msg_id"] for r in replayed], operator, run)
-    doc = {"group": args.group, "dry_run": False, "run": run, "operator": operator,
-           "to": target, "replayed": replayed, "skipped": skipped,
-           "already_replayed": done, "unknown_ids": unknown}
+    doc = {
+        "group": args.group,
+        "dry_run": False,
+        "run": run,
+        "operator": operator,
+        "to": target,
+        "replayed": replayed,
+        "skipped": skipped,
+        "already_replayed": done,
+        "unknown_ids": unknown,
+    }
     _replay_output(args, doc, replayed, done, unknown, dry_run=False, skipped=skipped)
     return ExitCode.OK
 
 
-def _paced_replay(args: argparse.Namespace, admin: api.AdminCaller,
-                  pending: list[dict[str, Any]], operator: str, run: str
-                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _paced_replay(
+    args: argparse.Namespace,
+    admin: api.AdminCaller,
+    pending: list[dict[str, Any]],
+    operator: str,
+    run: str,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Replay in batches, at most `--rate` messages a second; progress on stderr."""
     from reliable.ratelimit import TokenBucket
 
@@ -251,25 +345,33 @@ def _paced_replay(args: argparse.Namespace, admin: api.AdminCaller,
     started = time.monotonic()
     last_report = 0.0
     for i in range(0, len(pending), batch):
-        chunk = pending[i:i + batch]
+        chunk = pending[i : i + batch]
         if bucket is not None:
             bucket.acquire(len(chunk))
-        done = admin.call("ReplayDeadLetters", group=args.group,
-                          offsets=[m["dlq_offset"] for m in chunk], to_topic=args.to_topic,
-                          operator=operator, run=run)
+        done = admin.call(
+            "ReplayDeadLetters",
+            group=args.group,
+            offsets=[m["dlq_offset"] for m in chunk],
+            to_topic=args.to_topic,
+            operator=operator,
+            run=run,
+        )
         replayed += done["replayed"]
         skipped += done["skipped"]
         now = time.monotonic()
         if now - last_report >= 1.0 or i + batch >= len(pending):
             last_report = now
             elapsed = max(now - started, 1e-6)
-            print(f"replayed {len(replayed)}/{len(pending)} ({len(skipped)} skipped) "
-                  f"{len(replayed) / elapsed:.1f} msg/s", file=sys.stderr, flush=True)
+            print(
+                f"replayed {len(replayed)}/{len(pending)} ({len(skipped)} skipped) "
+                f"{len(replayed) / elapsed:.1f} msg/s",
+                file=sys.stderr,
+                flush=True,
+            )
     return replayed, skipped
 
 
-def _reopen_logs(args: argparse.Namespace, message_ids: list[str], operator: str,
-                 run: str) -> None:
+def _reopen_logs(args: argparse.Namespace, message_ids: list[str], operator: str, run: str) -> None:
     """The consumption-log rows of the replayed messages are no longer dead-lettered."""
     from outbox.errors import OutboxError
     from reliable_cli.outbox import open_tables
@@ -281,40 +383,63 @@ def _reopen_logs(args: argparse.Namespace, message_ids: list[str], operator: str
     from outbox.stub_admin import reopen_dead_lettered
 
     try:
-        n = reopen_dead_lettered(engine, tables, args.group, message_ids, operator=operator,
-                                 run_id=run)
+        n = reopen_dead_lettered(
+            engine, tables, args.group, message_ids, operator=operator, run_id=run
+        )
     finally:
         engine.dispose()
-    print(f"consumption log: {n} dead-lettered row(s) of {args.group} back in processing",
-          file=sys.stderr)
+    print(
+        f"consumption log: {n} dead-lettered row(s) of {args.group} back in processing",
+        file=sys.stderr,
+    )
 
 
-def _replay_output(args: argparse.Namespace, doc: dict[str, Any], shown: list[dict[str, Any]],
-                   done: list[dict[str, Any]], unknown: list[str], *, dry_run: bool,
-                   skipped: list[dict[str, Any]] | None = None) -> None:
+def _replay_output(
+    args: argparse.Namespace,
+    doc: dict[str, Any],
+    shown: list[dict[str, Any]],
+    done: list[dict[str, Any]],
+    unknown: list[str],
+    *,
+    dry_run: bool,
+    skipped: list[dict[str, Any]] | None = None,
+) -> None:
     if args.json:
         print_json(doc)
         return
     if dry_run:
-        print(f"dry run: would replay {len(shown)} dead letter(s) of {args.group} to "
-              f"{doc['to']}")
+        print(f"dry run: would replay {len(shown)} dead letter(s) of {args.group} to {doc['to']}")
         if shown:
             for line in _dead_table(shown):
                 print(line)
     elif shown:
-        print(f"replayed {len(shown)} dead letter(s) of {args.group} to {doc['to']} "
-              f"(run {doc['run']}, operator {doc['operator']})")
-        for line in table([(r["dlq_offset"], r["msg_id"], r["topic"], r["queue_id"],
-                            r["queue_offset"], r["offset_msg_id"]) for r in shown],
-                          ("DLQ OFFSET", "MSG ID", "COPY IN", "QUEUE", "OFFSET",
-                           "OFFSET MSG ID")):
+        print(
+            f"replayed {len(shown)} dead letter(s) of {args.group} to {doc['to']} "
+            f"(run {doc['run']}, operator {doc['operator']})"
+        )
+        for line in table(
+            [
+                (
+                    r["dlq_offset"],
+                    r["msg_id"],
+                    r["topic"],
+                    r["queue_id"],
+                    r["queue_offset"],
+                    r["offset_msg_id"],
+                )
+                for r in shown
+            ],
+            ("DLQ OFFSET", "MSG ID", "COPY IN", "QUEUE", "OFFSET", "OFFSET MSG ID"),
+        ):
             print(line)
     else:
         print(f"nothing to replay for {args.group}")
     if done:
-        print(f"{len(done)} already replayed (not again): "
-              + ", ".join(str(m["dlq_offset"]) for m in done[:20])
-              + (" ..." if len(done) > 20 else ""))
+        print(
+            f"{len(done)} already replayed (not again): "
+            + ", ".join(str(m["dlq_offset"]) for m in done[:20])
+            + (" ..." if len(done) > 20 else "")
+        )
     for s in skipped or []:
         print(f"skipped DLQ offset {s['dlq_offset']}: {s['reason']}")
     for i in unknown:
@@ -334,16 +459,27 @@ def _dlq_audit(args: argparse.Namespace, admin: api.AdminCaller) -> int:
     # one row per run (a run writes one entry per batch it replayed), newest first
     runs: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for e in found["entries"]:
-        runs.setdefault((e.get("run"), e.get("group"), e.get("operator"), e.get("mode")),
-                        []).append(e)
+        runs.setdefault(
+            (e.get("run"), e.get("group"), e.get("operator"), e.get("mode")), []
+        ).append(e)
     rows = []
     for (run, group, operator, mode), entries in runs.items():
         ids = [r["msg_id"] for e in reversed(entries) for r in e.get("replayed", [])]
-        rows.append((entries[-1].get("at"), entries[0].get("at"), run, operator, group,
-                     "original topic" if mode == "topic" else f"%RETRY%{group}", len(ids),
-                     " ".join(ids[:2]) + (" ..." if len(ids) > 2 else "")))
-    for line in table(rows, ("FROM", "UNTIL", "RUN", "OPERATOR", "GROUP", "TO", "MESSAGES",
-                             "MSG IDS")):
+        rows.append(
+            (
+                entries[-1].get("at"),
+                entries[0].get("at"),
+                run,
+                operator,
+                group,
+                "original topic" if mode == "topic" else f"%RETRY%{group}",
+                len(ids),
+                " ".join(ids[:2]) + (" ..." if len(ids) > 2 else ""),
+            )
+        )
+    for line in table(
+        rows, ("FROM", "UNTIL", "RUN", "OPERATOR", "GROUP", "TO", "MESSAGES", "MSG IDS")
+    ):
         print(line)
     if found["more"]:
         print("(more entries: raise --limit)")
@@ -364,33 +500,54 @@ def _group_show(args: argparse.Namespace, admin: api.AdminCaller) -> int:
         print_json(doc)
         return ExitCode.OK
     consumers = doc["consumers"]
-    print(f"group {doc['group']}: {'FIFO' if doc['fifo'] else 'concurrent'}, max retries "
-          f"{doc['max_retries']}, {len(consumers)} live consumer(s)"
-          + (f": {', '.join(consumers)}" if consumers else ""))
+    print(
+        f"group {doc['group']}: {'FIFO' if doc['fifo'] else 'concurrent'}, max retries "
+        f"{doc['max_retries']}, {len(consumers)} live consumer(s)"
+        + (f": {', '.join(consumers)}" if consumers else "")
+    )
     rows: list[tuple[object, ...]] = []
     for t in doc["topics"]:
         for q in t["queues"]:
-            rows.append((t["topic"], q["queue_id"], q["committed_offset"], q["max_offset"],
-                         q["lag"], q["in_flight"], q["last_consume_time"]))
-        rows.append((t["topic"], "total", "", "", t["lag"], t["in_flight"],
-                     t["last_consume_time"]))
+            rows.append(
+                (
+                    t["topic"],
+                    q["queue_id"],
+                    q["committed_offset"],
+                    q["max_offset"],
+                    q["lag"],
+                    q["in_flight"],
+                    q["last_consume_time"],
+                )
+            )
+        rows.append((t["topic"], "total", "", "", t["lag"], t["in_flight"], t["last_consume_time"]))
     if rows:
-        for line in table(rows, ("TOPIC", "QUEUE", "COMMITTED", "MAX OFFSET", "LAG",
-                                 "IN FLIGHT", "LAST CONSUMED")):
+        for line in table(
+            rows, ("TOPIC", "QUEUE", "COMMITTED", "MAX OFFSET", "LAG", "IN FLIGHT", "LAST CONSUMED")
+        ):
             print(line)
     total = doc["total"]
-    print(f"retry topic {doc['retry_topic']}: depth {doc['retry_depth']}, in flight "
-          f"{doc['retry_in_flight']}")
-    print(f"dead letters {doc['dlq_topic']}: depth {doc['dlq_depth']} ({doc['dlq_replayed']} "
-          f"replayed, {doc['dlq_pending']} not replayed)")
-    print(f"total: lag {total['lag']}, in flight {total['in_flight']}, last consumed "
-          f"{total['last_consume_time'] or 'never'}")
+    print(
+        f"retry topic {doc['retry_topic']}: depth {doc['retry_depth']}, in flight "
+        f"{doc['retry_in_flight']}"
+    )
+    print(
+        f"dead letters {doc['dlq_topic']}: depth {doc['dlq_depth']} ({doc['dlq_replayed']} "
+        f"replayed, {doc['dlq_pending']} not replayed)"
+    )
+    print(
+        f"total: lag {total['lag']}, in flight {total['in_flight']}, last consumed "
+        f"{total['last_consume_time'] or 'never'}"
+    )
     return ExitCode.OK
 
 
 def _group_reset(args: argparse.Namespace, admin: api.AdminCaller) -> int:
-    params: dict[str, Any] = {"group": args.name, "topic": args.topic,
-                              "execute": args.execute, "force": args.force}
+    params: dict[str, Any] = {
+        "group": args.name,
+        "topic": args.topic,
+        "execute": args.execute,
+        "force": args.force,
+    }
     if args.to_time:
         params.update(to="time", time_ms=parse_time(args.to_time))
     elif args.to_offset is not None:
@@ -403,15 +560,31 @@ def _group_reset(args: argparse.Namespace, admin: api.AdminCaller) -> int:
     if args.json:
         print_json(done)
         return ExitCode.OK
-    print(f"{'reset' if done['executed'] else 'dry run: would reset'} group {done['group']} "
-          f"on {done['topic']} to {args.to_time or args.to_offset or done['to']}"
-          + (f" ({len(done['consumers'])} live consumer(s)"
-             + (", forced)" if done["executed"] else ": --execute needs --force)")
-             if done["consumers"] else ""))
-    for line in table([(q["queue_id"], q["min_offset"], q["max_offset"], q["before"],
-                        q["after"], q["lag_before"], q["lag_after"]) for q in done["queues"]],
-                      ("QUEUE", "MIN OFFSET", "MAX OFFSET", "BEFORE", "AFTER", "LAG BEFORE",
-                       "LAG AFTER")):
+    print(
+        f"{'reset' if done['executed'] else 'dry run: would reset'} group {done['group']} "
+        f"on {done['topic']} to {args.to_time or args.to_offset or done['to']}"
+        + (
+            f" ({len(done['consumers'])} live consumer(s)"
+            + (", forced)" if done["executed"] else ": --execute needs --force)")
+            if done["consumers"]
+            else ""
+        )
+    )
+    for line in table(
+        [
+            (
+                q["queue_id"],
+                q["min_offset"],
+                q["max_offset"],
+                q["before"],
+                q["after"],
+                q["lag_before"],
+                q["lag_after"],
+            )
+            for q in done["queues"]
+        ],
+        ("QUEUE", "MIN OFFSET", "MAX OFFSET", "BEFORE", "AFTER", "LAG BEFORE", "LAG AFTER"),
+    ):
         print(line)
     return ExitCode.OK
 
@@ -427,8 +600,10 @@ def _group_delete(args: argparse.Namespace, admin: api.AdminCaller) -> int:
     if args.json:
         print_json(done)
     else:
-        print(f"deleted group {done['group']}; offsets removed on: "
-              f"{', '.join(done['offsets_removed_on']) or 'none'}")
+        print(
+            f"deleted group {done['group']}; offsets removed on: "
+            f"{', '.join(done['offsets_removed_on']) or 'none'}"
+        )
     return ExitCode.OK
 
 
@@ -438,6 +613,8 @@ def _topic_delete(args: argparse.Namespace, admin: api.AdminCaller) -> int:
     if args.json:
         print_json(done)
     else:
-        print(f"deleted topic {done['topic']} ({len(done['queues'])} queues); its messages "
-              "stay in the commitlog until its files expire")
+        print(
+            f"deleted topic {done['topic']} ({len(done['queues'])} queues); its messages "
+            "stay in the commitlog until its files expire"
+        )
     return ExitCode.OK

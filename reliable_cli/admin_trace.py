@@ -31,15 +31,21 @@ def run_trace(args: argparse.Namespace, admin: api.AdminCaller) -> int:
         raise CommandFailed(f"--limit must be 1..{api.MAX_LIMIT}", ExitCode.USAGE)
     if args.scan is not None and args.scan < 0:
         raise CommandFailed("--scan must be >= 0", ExitCode.USAGE)
-    doc = api.trace_message(admin, args.key_or_id, topic=args.topic, limit=args.limit,
-                            scan=args.scan)
+    doc = api.trace_message(
+        admin, args.key_or_id, topic=args.topic, limit=args.limit, scan=args.scan
+    )
     if args.db:
-        outbox = outbox_trace(args.db, args.table_prefix, args.schema, args.key_or_id,
-                              doc["message_ids"])
+        outbox = outbox_trace(
+            args.db, args.table_prefix, args.schema, args.key_or_id, doc["message_ids"]
+        )
         doc["outbox"] = outbox
         doc["events"] = sorted(doc["events"] + outbox.pop("events"), key=_when)
-        known = bool(doc["records"] or outbox["stubs"] or outbox["confirmations"]
-                     or outbox["consumption_log"])
+        known = bool(
+            doc["records"]
+            or outbox["stubs"]
+            or outbox["confirmations"]
+            or outbox["consumption_log"]
+        )
     else:
         known = bool(doc["records"])
     if args.json:
@@ -61,7 +67,8 @@ def _when(event: dict[str, Any]) -> tuple[int, int]:
     its events in one millisecond stays."""
     kind = event["kind"]
     rank = {"stub-created": 0, "stub-updated": 3, "stub-escalated": 3}.get(
-        kind, 2 if event["source"] == "consumer" else 1)
+        kind, 2 if event["source"] == "consumer" else 1
+    )
     return event["time_ms"], rank
 
 
@@ -80,14 +87,29 @@ def _iso(value: datetime | None) -> str | None:
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
-def _event(at: datetime, source: str, kind: str, detail: str, *, group: str | None = None,
-           message_id: str | None = None) -> dict[str, Any]:
-    return {"time_ms": _ms(at), "time": _iso(at), "source": source, "kind": kind,
-            "group": group, "detail": detail, "message_id": message_id}
+def _event(
+    at: datetime,
+    source: str,
+    kind: str,
+    detail: str,
+    *,
+    group: str | None = None,
+    message_id: str | None = None,
+) -> dict[str, Any]:
+    return {
+        "time_ms": _ms(at),
+        "time": _iso(at),
+        "source": source,
+        "kind": kind,
+        "group": group,
+        "detail": detail,
+        "message_id": message_id,
+    }
 
 
-def outbox_trace(db_url: str, prefix: str, schema: str | None, key: str,
-                 message_ids: list[str]) -> dict[str, Any]:
+def outbox_trace(
+    db_url: str, prefix: str, schema: str | None, key: str, message_ids: list[str]
+) -> dict[str, Any]:
     """Stubs, consumption-log and confirmation rows of the message, and their events."""
     import sqlalchemy as sa
 
@@ -107,8 +129,9 @@ def outbox_trace(db_url: str, prefix: str, schema: str | None, key: str,
     except OutboxError as exc:
         raise CommandFailed(str(exc), ExitCode.FAILURE) from None
     except sa.exc.SQLAlchemyError as exc:
-        raise CommandFailed(f"database unavailable: {str(exc).splitlines()[0]}",
-                            ExitCode.UNAVAILABLE) from None
+        raise CommandFailed(
+            f"database unavailable: {str(exc).splitlines()[0]}", ExitCode.UNAVAILABLE
+        ) from None
     finally:
         engine.dispose()
 
@@ -119,61 +142,132 @@ def _read(conn: Any, tables: Any, key: str, message_ids: list[str]) -> dict[str,
     stub, log, conf = tables.stub, tables.consumption_log, tables.confirmation
     ids = set(message_ids) | {key}
     like = key.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    rows = conn.execute(sa.select(stub).where(sa.or_(
-        stub.c.message_id.in_(sorted(ids)),
-        stub.c["keys"].like(f"%{like}%", escape="\\")))).mappings().all()
+    rows = (
+        conn.execute(
+            sa.select(stub).where(
+                sa.or_(
+                    stub.c.message_id.in_(sorted(ids)),
+                    stub.c["keys"].like(f"%{like}%", escape="\\"),
+                )
+            )
+        )
+        .mappings()
+        .all()
+    )
     stubs = [r for r in rows if r["message_id"] in ids or key in (r["keys"] or "").split()]
     ids |= {r["message_id"] for r in stubs}
-    logs = conn.execute(sa.select(log).where(log.c.message_id.in_(sorted(ids)))
-                        ).mappings().all()
-    confs = conn.execute(sa.select(conf).where(conf.c.message_id.in_(sorted(ids)))
-                         ).mappings().all()
+    logs = conn.execute(sa.select(log).where(log.c.message_id.in_(sorted(ids)))).mappings().all()
+    confs = conn.execute(sa.select(conf).where(conf.c.message_id.in_(sorted(ids)))).mappings().all()
     events: list[dict[str, Any]] = []
     for r in stubs:
         mid = r["message_id"]
-        events.append(_event(r["created_at"], "outbox", "stub-created",
-                             f"outbox stub written for {r['topic']} (the business "
-                             "transaction committed)", message_id=mid))
+        events.append(
+            _event(
+                r["created_at"],
+                "outbox",
+                "stub-created",
+                f"outbox stub written for {r['topic']} (the business transaction committed)",
+                message_id=mid,
+            )
+        )
         error = f", last error: {r['last_error']}" if r["last_error"] else ""
-        events.append(_event(r["updated_at"], "outbox", "stub-updated",
-                             f"outbox stub {r['status']}, sent {r['send_count']} time(s)"
-                             f"{error}", message_id=mid))
+        events.append(
+            _event(
+                r["updated_at"],
+                "outbox",
+                "stub-updated",
+                f"outbox stub {r['status']}, sent {r['send_count']} time(s){error}",
+                message_id=mid,
+            )
+        )
         if r["escalated_at"] is not None:
-            events.append(_event(r["escalated_at"], "outbox", "stub-escalated",
-                                 "outbox escalated it (sends exhausted)", message_id=mid))
+            events.append(
+                _event(
+                    r["escalated_at"],
+                    "outbox",
+                    "stub-escalated",
+                    "outbox escalated it (sends exhausted)",
+                    message_id=mid,
+                )
+            )
     for r in logs:
-        events.append(_event(r["created_at"], "consumer", "processing",
-                             f"{r['consumer_group']} started processing it (consumption log, "
-                             f"{r['topic']} queue {r['queue_id']} offset {r['queue_offset']})",
-                             group=r["consumer_group"], message_id=r["message_id"]))
+        events.append(
+            _event(
+                r["created_at"],
+                "consumer",
+                "processing",
+                f"{r['consumer_group']} started processing it (consumption log, "
+                f"{r['topic']} queue {r['queue_id']} offset {r['queue_offset']})",
+                group=r["consumer_group"],
+                message_id=r["message_id"],
+            )
+        )
         if r["dead_lettered_at"] is not None:
-            events.append(_event(r["dead_lettered_at"], "consumer", "gave-up",
-                                 f"{r['consumer_group']} recorded giving up on it "
-                                 "(dead-lettered)", group=r["consumer_group"],
-                                 message_id=r["message_id"]))
+            events.append(
+                _event(
+                    r["dead_lettered_at"],
+                    "consumer",
+                    "gave-up",
+                    f"{r['consumer_group']} recorded giving up on it (dead-lettered)",
+                    group=r["consumer_group"],
+                    message_id=r["message_id"],
+                )
+            )
     for r in confs:
-        events.append(_event(r["confirmed_at"], "consumer", "confirmed",
-                             f"{r['consumer_group']} confirmed it ({r['outcome'] or 'SUCCESS'})",
-                             group=r["consumer_group"], message_id=r["message_id"]))
+        events.append(
+            _event(
+                r["confirmed_at"],
+                "consumer",
+                "confirmed",
+                f"{r['consumer_group']} confirmed it ({r['outcome'] or 'SUCCESS'})",
+                group=r["consumer_group"],
+                message_id=r["message_id"],
+            )
+        )
     return {
-        "stubs": [{"message_id": r["message_id"], "topic": r["topic"], "tags": r["tags"],
-                   "keys": (r["keys"] or "").split(), "status": r["status"],
-                   "send_count": r["send_count"], "max_sends": r["max_sends"],
-                   "last_error": r["last_error"], "queue_id": r["queue_id"],
-                   "queue_offset": r["queue_offset"], "broker_msg_id": r["broker_msg_id"],
-                   "expected_groups": [g for g in (r["expected_groups"] or "").split(",")
-                                       if g],
-                   "created_at": _iso(r["created_at"]), "updated_at": _iso(r["updated_at"]),
-                   "next_resend_at": _iso(r["next_resend_at"]),
-                   "escalated_at": _iso(r["escalated_at"])} for r in stubs],
-        "consumption_log": [{"message_id": r["message_id"], "group": r["consumer_group"],
-                             "topic": r["topic"], "queue_id": r["queue_id"],
-                             "queue_offset": r["queue_offset"],
-                             "created_at": _iso(r["created_at"]),
-                             "dead_lettered_at": _iso(r["dead_lettered_at"])} for r in logs],
-        "confirmations": [{"message_id": r["message_id"], "group": r["consumer_group"],
-                           "topic": r["topic"], "outcome": r["outcome"],
-                           "confirmed_at": _iso(r["confirmed_at"])} for r in confs],
+        "stubs": [
+            {
+                "message_id": r["message_id"],
+                "topic": r["topic"],
+                "tags": r["tags"],
+                "keys": (r["keys"] or "").split(),
+                "status": r["status"],
+                "send_count": r["send_count"],
+                "max_sends": r["max_sends"],
+                "last_error": r["last_error"],
+                "queue_id": r["queue_id"],
+                "queue_offset": r["queue_offset"],
+                "broker_msg_id": r["broker_msg_id"],
+                "expected_groups": [g for g in (r["expected_groups"] or "").split(",") if g],
+                "created_at": _iso(r["created_at"]),
+                "updated_at": _iso(r["updated_at"]),
+                "next_resend_at": _iso(r["next_resend_at"]),
+                "escalated_at": _iso(r["escalated_at"]),
+            }
+            for r in stubs
+        ],
+        "consumption_log": [
+            {
+                "message_id": r["message_id"],
+                "group": r["consumer_group"],
+                "topic": r["topic"],
+                "queue_id": r["queue_id"],
+                "queue_offset": r["queue_offset"],
+                "created_at": _iso(r["created_at"]),
+                "dead_lettered_at": _iso(r["dead_lettered_at"]),
+            }
+            for r in logs
+        ],
+        "confirmations": [
+            {
+                "message_id": r["message_id"],
+                "group": r["consumer_group"],
+                "topic": r["topic"],
+                "outcome": r["outcome"],
+                "confirmed_at": _iso(r["confirmed_at"]),
+            }
+            for r in confs
+        ],
         "events": events,
     }
 
@@ -187,22 +281,36 @@ def render_trace(doc: dict[str, Any]) -> list[str]:
     if not doc["events"]:
         return lines
     lines.append("")
-    lines += table([(e["time"], e["source"], e["detail"]) for e in doc["events"]],
-                   ("TIME", "SOURCE", "WHAT"))
+    lines += table(
+        [(e["time"], e["source"], e["detail"]) for e in doc["events"]], ("TIME", "SOURCE", "WHAT")
+    )
     if doc["groups"]:
         lines.append("")
-        lines += table([(g["group"], g["state"], g["deliveries"], g["retries"],
-                         ", ".join(g["dead_lettered_at"]) or "no", g["reconsumed"])
-                        for g in doc["groups"]],
-                       ("GROUP", "STATE", "DELIVERIES", "RETRIES", "DEAD-LETTERED",
-                        "RECONSUMED"))
+        lines += table(
+            [
+                (
+                    g["group"],
+                    g["state"],
+                    g["deliveries"],
+                    g["retries"],
+                    ", ".join(g["dead_lettered_at"]) or "no",
+                    g["reconsumed"],
+                )
+                for g in doc["groups"]
+            ],
+            ("GROUP", "STATE", "DELIVERIES", "RETRIES", "DEAD-LETTERED", "RECONSUMED"),
+        )
     for s in doc.get("outbox", {}).get("stubs", []):
         lines.append("")
-        lines.append(f"outbox stub {s['message_id']}: {s['status']}, sent {s['send_count']} "
-                     f"of {s['max_sends']} time(s), expects "
-                     f"{', '.join(s['expected_groups']) or '-'}; last error: "
-                     f"{s['last_error'] or '-'}")
+        lines.append(
+            f"outbox stub {s['message_id']}: {s['status']}, sent {s['send_count']} "
+            f"of {s['max_sends']} time(s), expects "
+            f"{', '.join(s['expected_groups']) or '-'}; last error: "
+            f"{s['last_error'] or '-'}"
+        )
     if not doc["pop_log"]["complete"]:
-        lines.append(f"(the invisible-time log was read for {doc['pop_log']['scanned']} "
-                     "entries only: later deliveries may be missing; raise --scan)")
+        lines.append(
+            f"(the invisible-time log was read for {doc['pop_log']['scanned']} "
+            "entries only: later deliveries may be missing; raise --scan)"
+        )
     return lines

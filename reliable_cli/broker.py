@@ -31,78 +31,163 @@ SWITCH_INTERVAL_S = 0.0005
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("broker", help="run the broker (RocketMQ 5 gRPC server)",
-                       description="Run the broker as a server.")
+    p = sub.add_parser(
+        "broker",
+        help="run the broker (RocketMQ 5 gRPC server)",
+        description="Run the broker as a server.",
+    )
     verbs = p.add_subparsers(dest="verb", metavar="<verb>")
-    s = verbs.add_parser("start", help="start the server in the foreground",
-                         description=__doc__,
-                         formatter_class=argparse.RawDescriptionHelpFormatter)
-    s.add_argument("--store", type=Path, default=None,
-                   help="store directory (default ~/.reliable/store)")
-    s.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
-    s.add_argument("--port", type=int, default=8081,
-                   help="port to listen on (default 8081; 0 picks a free one)")
-    s.add_argument("--advertise", default=None, metavar="HOST",
-                   help="host put in routes when a client's request names none "
-                        "(default: --host)")
-    s.add_argument("--flush", choices=("sync", "async"), default="async",
-                   help="sync: acknowledge a send after fsync (group commit); async: after "
-                        "the page cache (default async)")
-    s.add_argument("--tls-cert", type=Path, default=None,
-                   help="PEM certificate chain; with --tls-key turns TLS on")
+    s = verbs.add_parser(
+        "start",
+        help="start the server in the foreground",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    s.add_argument(
+        "--store", type=Path, default=None, help="store directory (default ~/.reliable/store)"
+    )
+    s.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)",
+    )
+    s.add_argument(
+        "--port",
+        type=int,
+        default=8081,
+        help="port to listen on (default 8081; 0 picks a free one)",
+    )
+    s.add_argument(
+        "--advertise",
+        default=None,
+        metavar="HOST",
+        help="host put in routes when a client's request names none (default: --host)",
+    )
+    s.add_argument(
+        "--flush",
+        choices=("sync", "async"),
+        default="async",
+        help="sync: acknowledge a send after fsync (group commit); async: after "
+        "the page cache (default async)",
+    )
+    s.add_argument(
+        "--tls-cert",
+        type=Path,
+        default=None,
+        help="PEM certificate chain; with --tls-key turns TLS on",
+    )
     s.add_argument("--tls-key", type=Path, default=None, help="PEM private key for --tls-cert")
-    s.add_argument("--credentials-file", type=Path, default=None,
-                   help="JSON object {access key: secret key}; turns MQv2-HMAC-SHA1 "
-                        "authentication on")
-    s.add_argument("--no-auto-create-topics", action="store_true",
-                   help="answer TOPIC_NOT_FOUND for unknown topics instead of creating them")
-    s.add_argument("--no-auto-create-groups", action="store_true",
-                   help="answer CONSUMER_GROUP_NOT_FOUND for unknown groups")
-    s.add_argument("--queues", type=int, default=4,
-                   help="queues of an auto-created topic (default 4)")
-    s.add_argument("--delay-levels", default=None, metavar="TABLE",
-                   help='retry/delay ladder, e.g. "1s 5s 10s 30s 1m" '
-                        "(default RocketMQ's 18 levels, 1s .. 2h)")
-    s.add_argument("--min-invisible-ms", type=int, default=10_000,
-                   help="smallest invisible time a receive may ask for (default 10000)")
-    s.add_argument("--long-polling-ms", type=int, default=20_000,
-                   help="longest long poll; also what push consumers are told (default 20000)")
-    s.add_argument("--min-long-polling-ms", type=int, default=5_000,
-                   help="shortest long poll (default 5000)")
-    s.add_argument("--default-invisible-ms", type=int, default=60_000,
-                   help="invisible time of push consumers' messages, renewed while they "
-                        "live (default 60000)")
-    s.add_argument("--transaction-timeout-ms", type=int, default=6_000,
-                   help="age at which an unresolved half message is first checked "
-                        "(default 6000)")
-    s.add_argument("--transaction-check-interval-ms", type=int, default=60_000,
-                   help="time between checks of one half message (default 60000)")
-    s.add_argument("--commitlog-file-size", type=int, default=None, metavar="BYTES",
-                   help="size of one commitlog file of a new store (default 1 GiB; an "
-                        "existing store keeps its own)")
+    s.add_argument(
+        "--credentials-file",
+        type=Path,
+        default=None,
+        help="JSON object {access key: secret key}; turns MQv2-HMAC-SHA1 authentication on",
+    )
+    s.add_argument(
+        "--no-auto-create-topics",
+        action="store_true",
+        help="answer TOPIC_NOT_FOUND for unknown topics instead of creating them",
+    )
+    s.add_argument(
+        "--no-auto-create-groups",
+        action="store_true",
+        help="answer CONSUMER_GROUP_NOT_FOUND for unknown groups",
+    )
+    s.add_argument(
+        "--queues", type=int, default=4, help="queues of an auto-created topic (default 4)"
+    )
+    s.add_argument(
+        "--delay-levels",
+        default=None,
+        metavar="TABLE",
+        help='retry/delay ladder, e.g. "1s 5s 10s 30s 1m" '
+        "(default RocketMQ's 18 levels, 1s .. 2h)",
+    )
+    s.add_argument(
+        "--min-invisible-ms",
+        type=int,
+        default=10_000,
+        help="smallest invisible time a receive may ask for (default 10000)",
+    )
+    s.add_argument(
+        "--long-polling-ms",
+        type=int,
+        default=20_000,
+        help="longest long poll; also what push consumers are told (default 20000)",
+    )
+    s.add_argument(
+        "--min-long-polling-ms", type=int, default=5_000, help="shortest long poll (default 5000)"
+    )
+    s.add_argument(
+        "--default-invisible-ms",
+        type=int,
+        default=60_000,
+        help="invisible time of push consumers' messages, renewed while they live (default 60000)",
+    )
+    s.add_argument(
+        "--transaction-timeout-ms",
+        type=int,
+        default=6_000,
+        help="age at which an unresolved half message is first checked (default 6000)",
+    )
+    s.add_argument(
+        "--transaction-check-interval-ms",
+        type=int,
+        default=60_000,
+        help="time between checks of one half message (default 60000)",
+    )
+    s.add_argument(
+        "--commitlog-file-size",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="size of one commitlog file of a new store (default 1 GiB; an "
+        "existing store keeps its own)",
+    )
     add_disk_arguments(s)
-    s.add_argument("--max-body-size", type=int, default=4 * 1024 * 1024,
-                   help="largest message body accepted, bytes (default 4 MiB); a body of "
-                        "exactly this size is accepted, a larger one refused with "
-                        "MESSAGE_BODY_TOO_LARGE")
+    s.add_argument(
+        "--max-body-size",
+        type=int,
+        default=4 * 1024 * 1024,
+        help="largest message body accepted, bytes (default 4 MiB); a body of "
+        "exactly this size is accepted, a larger one refused with "
+        "MESSAGE_BODY_TOO_LARGE",
+    )
     ha = s.add_argument_group("replication (docs/ha.md; default: a single broker, none)")
-    ha.add_argument("--role", choices=("none", "async-master", "sync-master", "slave"),
-                    default="none",
-                    help="replication role: a master streams its commitlog to its slaves "
-                         "on --ha-port; a slave copies its master's and takes no writes")
-    ha.add_argument("--broker-name", default="broker-a",
-                    help="the broker group's name (default broker-a)")
-    ha.add_argument("--broker-id", type=int, default=None,
-                    help="0 for a master (the default), 1.. for a slave")
-    ha.add_argument("--ha-port", type=int, default=10912,
-                    help="a master's replication port, on --host (default 10912)")
-    ha.add_argument("--master", default=None, metavar="HOST:HAPORT",
-                    help="a slave's master (its --host and --ha-port)")
-    ha.add_argument("--ha-sync-timeout-ms", type=int, default=3000, metavar="MS",
-                    help="sync-master: longest wait for a slave to acknowledge a send; "
-                         "then the producer gets SLAVE_PERSISTENCE_TIMEOUT and retries "
-                         "(default 3000)")
+    ha.add_argument(
+        "--role",
+        choices=("none", "async-master", "sync-master", "slave"),
+        default="none",
+        help="replication role: a master streams its commitlog to its slaves "
+        "on --ha-port; a slave copies its master's and takes no writes",
+    )
+    ha.add_argument(
+        "--broker-name", default="broker-a", help="the broker group's name (default broker-a)"
+    )
+    ha.add_argument(
+        "--broker-id", type=int, default=None, help="0 for a master (the default), 1.. for a slave"
+    )
+    ha.add_argument(
+        "--ha-port",
+        type=int,
+        default=10912,
+        help="a master's replication port, on --host (default 10912)",
+    )
+    ha.add_argument(
+        "--master",
+        default=None,
+        metavar="HOST:HAPORT",
+        help="a slave's master (its --host and --ha-port)",
+    )
+    ha.add_argument(
+        "--ha-sync-timeout-ms",
+        type=int,
+        default=3000,
+        metavar="MS",
+        help="sync-master: longest wait for a slave to acknowledge a send; "
+        "then the producer gets SLAVE_PERSISTENCE_TIMEOUT and retries "
+        "(default 3000)",
+    )
     observe.add_arguments(s)
     s.set_defaults(handler=start)
     p.set_defaults(handler=lambda _a: (p.print_help(sys.stderr), ExitCode.USAGE)[1])
@@ -141,7 +226,8 @@ def start(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as exc:
             return _fail(f"{args.credentials_file}: {exc}")
         if not isinstance(raw, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
+            isinstance(k, str) and isinstance(v, str) for k, v in raw.items()
+        ):
             return _fail(f"{args.credentials_file}: expected a JSON object of strings")
         credentials = raw
     store_dir = args.store or default_store_dir()
@@ -178,14 +264,21 @@ def start(args: argparse.Namespace) -> int:
     if ha_config.role is HaRole.SLAVE:
         broker_kwargs["replica"] = True
     server_config = ServerConfig(
-        host=args.host, port=args.port, advertised_host=args.advertise,
-        broker_name=args.broker_name, read_only=ha_config.role is HaRole.SLAVE,
-        tls_cert=args.tls_cert, tls_key=args.tls_key, credentials=credentials,
-        max_body_size=args.max_body_size, min_invisible_ms=args.min_invisible_ms,
+        host=args.host,
+        port=args.port,
+        advertised_host=args.advertise,
+        broker_name=args.broker_name,
+        read_only=ha_config.role is HaRole.SLAVE,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        credentials=credentials,
+        max_body_size=args.max_body_size,
+        min_invisible_ms=args.min_invisible_ms,
         max_long_polling_ms=args.long_polling_ms,
         min_long_polling_ms=min(args.min_long_polling_ms, args.long_polling_ms),
         default_invisible_ms=args.default_invisible_ms,
-        auto_create_group=not args.no_auto_create_groups)
+        auto_create_group=not args.no_auto_create_groups,
+    )
     try:
         broker_config = BrokerConfig(**broker_kwargs)
         broker_config.validate()
@@ -193,13 +286,17 @@ def start(args: argparse.Namespace) -> int:
         broker = Broker(StoreConfig(**store_kwargs), broker_config)
         file_size = broker.store.config.mapped_file_size_commitlog  # the store's own
         if args.commitlog_file_size and args.commitlog_file_size != file_size:
-            print(f"reliable broker: {store_dir} keeps its own commitlog file size "
-                  f"({file_size} bytes); --commitlog-file-size applies to new stores",
-                  file=sys.stderr)
+            print(
+                f"reliable broker: {store_dir} keeps its own commitlog file size "
+                f"({file_size} bytes); --commitlog-file-size applies to new stores",
+                file=sys.stderr,
+            )
         needed = smallest_commitlog_file_for(store_kwargs["max_message_size"])
         if file_size < needed:
-            return _fail(f"--max-body-size {args.max_body_size} needs commitlog files of at "
-                         f"least {needed} bytes; the store's are {file_size}")
+            return _fail(
+                f"--max-body-size {args.max_body_size} needs commitlog files of at "
+                f"least {needed} bytes; the store's are {file_size}"
+            )
         broker.start()
     except (BrokerError, StoreError, OSError) as exc:
         return _fail(f"cannot start the broker: {exc}", ExitCode.FAILURE)
@@ -217,8 +314,9 @@ def start(args: argparse.Namespace) -> int:
             replication.start()
     except OSError as exc:
         broker.shutdown()
-        return _fail(f"cannot serve replication on {args.host}:{args.ha_port}: {exc}",
-                     ExitCode.UNAVAILABLE)
+        return _fail(
+            f"cannot serve replication on {args.host}:{args.ha_port}: {exc}", ExitCode.UNAVAILABLE
+        )
     # the event loop, the gRPC threads, the call pool and the store's services hand the GIL
     # to each other on every request; the default 5 ms switch interval turns each handoff
     # into a wait (measured: 9.5 ms per send at 5 ms, 2.3 ms at 0.5 ms)
@@ -249,20 +347,32 @@ def start(args: argparse.Namespace) -> int:
         if replication is not None:
             replication.stop()
         broker.shutdown()
-        return _fail(f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {exc}",
-                     ExitCode.UNAVAILABLE)
+        return _fail(
+            f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {exc}",
+            ExitCode.UNAVAILABLE,
+        )
     if broker.store.created:
-        print(f"reliable broker: created a new store at {describe(broker.store.config)}",
-              flush=True)
+        print(
+            f"reliable broker: created a new store at {describe(broker.store.config)}", flush=True
+        )
     # before the ready line: whoever waits for it knows the role too
     if isinstance(replication, HaMaster):
-        print(f"reliable broker: {ha_config.role.value} {args.broker_name}, replication on "
-              f"{args.host}:{replication.port}", flush=True)
+        print(
+            f"reliable broker: {ha_config.role.value} {args.broker_name}, replication on "
+            f"{args.host}:{replication.port}",
+            flush=True,
+        )
     elif isinstance(replication, HaSlave):
-        print(f"reliable broker: slave {args.broker_name}/{ha_config.broker_id} of "
-              f"{args.master} (read-only)", flush=True)
-    print(f"reliable broker: serving on {args.host}:{server.port} "
-          f"(store {store_dir}, flush {args.flush})", flush=True)
+        print(
+            f"reliable broker: slave {args.broker_name}/{ha_config.broker_id} of "
+            f"{args.master} (read-only)",
+            flush=True,
+        )
+    print(
+        f"reliable broker: serving on {args.host}:{server.port} "
+        f"(store {store_dir}, flush {args.flush})",
+        flush=True,
+    )
     try:
         while not stop.wait(0.5):
             if server.wait(0):
@@ -292,18 +402,23 @@ def _ha_config(args: argparse.Namespace) -> Any:
         raise ValueError("--role slave needs --master HOST:HAPORT")
     if role is not HaRole.SLAVE and args.master is not None:
         raise ValueError("--master is for --role slave")
-    broker_id = args.broker_id if args.broker_id is not None else (
-        1 if role is HaRole.SLAVE else 0)
-    config = HaConfig(role=role, broker_name=args.broker_name, broker_id=broker_id,
-                      host=args.host, port=args.ha_port,
-                      sync_timeout_ms=args.ha_sync_timeout_ms,
-                      master=parse_address(args.master) if args.master else None)
+    broker_id = args.broker_id if args.broker_id is not None else (1 if role is HaRole.SLAVE else 0)
+    config = HaConfig(
+        role=role,
+        broker_name=args.broker_name,
+        broker_id=broker_id,
+        host=args.host,
+        port=args.ha_port,
+        sync_timeout_ms=args.ha_sync_timeout_ms,
+        master=parse_address(args.master) if args.master else None,
+    )
     config.validate()
     return config
 
 
-def _metrics_endpoint(args: argparse.Namespace, broker: Any, server: Any,
-                      stop: threading.Event) -> Any:
+def _metrics_endpoint(
+    args: argparse.Namespace, broker: Any, server: Any, stop: threading.Event
+) -> Any:
     """/metrics with the broker's collector; /readyz: serving, store writable, not stopping."""
     if args.metrics_port is None:
         return None
@@ -316,7 +431,9 @@ def _metrics_endpoint(args: argparse.Namespace, broker: Any, server: Any,
     registry.register(BrokerCollector(broker, send_seconds=server.ctx.send_seconds))
 
     def ready() -> dict[str, bool]:
-        return {"serving": not stop.is_set() and not server.wait(0),
-                "store_writable": store_writable(broker)}
+        return {
+            "serving": not stop.is_set() and not server.wait(0),
+            "store_writable": store_writable(broker),
+        }
 
     return observe.start_endpoint(args, "reliable broker", registry, ready)

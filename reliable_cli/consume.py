@@ -33,27 +33,43 @@ WAIT_MAX_S = 5.0
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "consume", help="run declared handlers (module:attr) until SIGTERM",
+        "consume",
+        help="run declared handlers (module:attr) until SIGTERM",
         description="Run the handlers declared with @handler / @dlq_handler. TARGET is "
-                    "module:attr (a handler or a list of handlers) or a module (all of its "
-                    "handlers), imported from the working directory first. With --endpoint, "
-                    "a broker that is not up yet is waited for with backoff. SIGTERM/SIGINT "
-                    "stop gracefully: running handlers finish and offsets are committed.")
+        "module:attr (a handler or a list of handlers) or a module (all of its "
+        "handlers), imported from the working directory first. With --endpoint, "
+        "a broker that is not up yet is waited for with backoff. SIGTERM/SIGINT "
+        "stop gracefully: running handlers finish and offsets are committed.",
+    )
     p.add_argument("targets", nargs="+", metavar="TARGET", help="module:attr or module")
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--store", metavar="DIR",
-                       help="embedded transport: the broker's store directory "
-                            "(default ~/.reliable/store)")
-    where.add_argument("--endpoint", metavar="HOST:PORT",
-                       help="grpc transport: a RocketMQ 5 gRPC endpoint")
-    p.add_argument("--delay-levels", metavar="TABLE",
-                   help="embedded: delay level table, e.g. '1s 5s 10s' (default RocketMQ's)")
-    p.add_argument("--flush", choices=("sync", "async"), default=None,
-                   help="embedded: acknowledge after fsync (sync) or the page cache (async, "
-                        "default)")
-    p.add_argument("--commitlog-file-size", type=int, default=None, metavar="BYTES",
-                   help="embedded: size of each commitlog file of a new store (an existing "
-                        "store keeps its own)")
+    where.add_argument(
+        "--store",
+        metavar="DIR",
+        help="embedded transport: the broker's store directory (default ~/.reliable/store)",
+    )
+    where.add_argument(
+        "--endpoint", metavar="HOST:PORT", help="grpc transport: a RocketMQ 5 gRPC endpoint"
+    )
+    p.add_argument(
+        "--delay-levels",
+        metavar="TABLE",
+        help="embedded: delay level table, e.g. '1s 5s 10s' (default RocketMQ's)",
+    )
+    p.add_argument(
+        "--flush",
+        choices=("sync", "async"),
+        default=None,
+        help="embedded: acknowledge after fsync (sync) or the page cache (async, default)",
+    )
+    p.add_argument(
+        "--commitlog-file-size",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="embedded: size of each commitlog file of a new store (an existing "
+        "store keeps its own)",
+    )
     add_disk_arguments(p)
     observe.add_arguments(p)
     p.set_defaults(handler=_consume)
@@ -101,10 +117,18 @@ def _consume(args: argparse.Namespace) -> int:
         return ExitCode.USAGE
     options: dict[str, Any] = {}
     if args.endpoint:
-        if (args.delay_levels or args.flush or args.commitlog_file_size
-                or args.disk_clean_ratio is not None or args.disk_full_ratio is not None):
-            print("reliable consume: --delay-levels, --flush, --commitlog-file-size and the "
-                  "--disk ratios apply to the embedded transport only", file=sys.stderr)
+        if (
+            args.delay_levels
+            or args.flush
+            or args.commitlog_file_size
+            or args.disk_clean_ratio is not None
+            or args.disk_full_ratio is not None
+        ):
+            print(
+                "reliable consume: --delay-levels, --flush, --commitlog-file-size and the "
+                "--disk ratios apply to the embedded transport only",
+                file=sys.stderr,
+            )
             return ExitCode.USAGE
         transport, options["endpoint"] = "grpc", args.endpoint
     else:
@@ -135,12 +159,21 @@ def _consume(args: argparse.Namespace) -> int:
     try:
         endpoint = _metrics_endpoint(args, handlers, started, stop)
     except OSError as exc:
-        print(f"reliable consume: cannot serve metrics on {args.metrics_host}:"
-              f"{args.metrics_port}: {exc}", file=sys.stderr)
+        print(
+            f"reliable consume: cannot serve metrics on {args.metrics_host}:"
+            f"{args.metrics_port}: {exc}",
+            file=sys.stderr,
+        )
         return ExitCode.UNAVAILABLE
     try:
-        worker = _start(handlers, transport, options, stop, _where(args),
-                        say=observe.stderr_notice("reliable consume", args))
+        worker = _start(
+            handlers,
+            transport,
+            options,
+            stop,
+            _where(args),
+            say=observe.stderr_notice("reliable consume", args),
+        )
         if worker is None:
             return ExitCode.OK  # stopped while waiting for the broker
         started.append(worker)
@@ -162,8 +195,9 @@ def _consume(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-def _metrics_endpoint(args: argparse.Namespace, handlers: list[Any], started: list[Any],
-                      stop: threading.Event) -> Any:
+def _metrics_endpoint(
+    args: argparse.Namespace, handlers: list[Any], started: list[Any], stop: threading.Event
+) -> Any:
     """/metrics: handlers and guards (and the embedded broker's own metrics); /readyz:
     consuming, and the broker serving (its gRPC health service, or the embedded broker
     running)."""
@@ -178,8 +212,7 @@ def _metrics_endpoint(args: argparse.Namespace, handlers: list[Any], started: li
     registry.register(ClientCollector(guards=handler_guards(handlers)))
     probe = observe.BrokerProbe(args.endpoint) if args.endpoint else None
     if probe is None:  # embedded: the broker lives in this process; export it too
-        registry.register(BrokerCollector(
-            lambda: started[0].transport.broker if started else None))
+        registry.register(BrokerCollector(lambda: started[0].transport.broker if started else None))
 
     def ready() -> dict[str, bool]:
         consuming = bool(started) and not stop.is_set()
@@ -191,10 +224,15 @@ def _metrics_endpoint(args: argparse.Namespace, handlers: list[Any], started: li
     return observe.start_endpoint(args, "reliable consume", registry, ready)
 
 
-def _start(handlers: list[Any], transport: str, options: dict[str, Any],
-           stop: threading.Event, where: str, *,
-           say: Callable[[str], None] = lambda line: print(line, file=sys.stderr,
-                                                           flush=True)) -> Any:
+def _start(
+    handlers: list[Any],
+    transport: str,
+    options: dict[str, Any],
+    stop: threading.Event,
+    where: str,
+    *,
+    say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+) -> Any:
     """A started Worker; waits for an unreachable broker with backoff, as a running
     consumer does, saying so on stderr. None when stopped while waiting."""
     from reliable.errors import BrokerUnavailable, TransportError

@@ -29,15 +29,27 @@ HEALTH_TIMEOUT_S = 2.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
-                        help="serve /metrics (Prometheus), /healthz and /readyz on this port "
-                             "(0 picks a free one; default: no endpoint)")
-    parser.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
-                        help="address of the metrics endpoint (default 127.0.0.1; 0.0.0.0 "
-                             "for all)")
-    parser.add_argument("--log-format", choices=LOG_FORMATS, default="text",
-                        help="text (default) or json: one JSON object per line on stderr "
-                             "(time, level, logger, message and extra fields)")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve /metrics (Prometheus), /healthz and /readyz on this port "
+        "(0 picks a free one; default: no endpoint)",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="address of the metrics endpoint (default 127.0.0.1; 0.0.0.0 for all)",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default="text",
+        help="text (default) or json: one JSON object per line on stderr "
+        "(time, level, logger, message and extra fields)",
+    )
 
 
 def configure_logging(level: int, log_format: str) -> None:
@@ -47,11 +59,12 @@ def configure_logging(level: int, log_format: str) -> None:
     logging.basicConfig(level=level, handlers=[handler], force=True)
 
 
-def start_endpoint(args: argparse.Namespace, command: str, registry: CollectorRegistry,
-                   ready: ReadyChecks) -> MetricsEndpoint | None:
+def start_endpoint(
+    args: argparse.Namespace, command: str, registry: CollectorRegistry, ready: ReadyChecks
+) -> MetricsEndpoint | None:
     """Start the endpoint when `--metrics-port` was given, and say where on stdout:
 
-        <command>: metrics on http://HOST:PORT/metrics
+    <command>: metrics on http://HOST:PORT/metrics
     """
     if args.metrics_port is None:
         return None
@@ -61,8 +74,9 @@ def start_endpoint(args: argparse.Namespace, command: str, registry: CollectorRe
 
     for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
         registry.register(collector)  # process_* and python_* families, as exporters do
-    endpoint = MetricsEndpoint(args.metrics_port, host=args.metrics_host, registry=registry,
-                               ready=ready)
+    endpoint = MetricsEndpoint(
+        args.metrics_port, host=args.metrics_host, registry=registry, ready=ready
+    )
     print(f"{command}: metrics on {endpoint.url}/metrics", flush=True)
     return endpoint
 
@@ -77,6 +91,7 @@ def stderr_notice(command: str, args: argparse.Namespace) -> Callable[[str], Non
 
     def say(line: str) -> None:
         print(f"{command}: {line}", file=sys.stderr, flush=True)
+
     return say
 
 
@@ -95,8 +110,9 @@ class BrokerProbe:
 
         stub = health_pb2_grpc.HealthStub(self._channel)
         try:
-            reply: Any = stub.Check(health_pb2.HealthCheckRequest(service=""),
-                                    timeout=HEALTH_TIMEOUT_S)
+            reply: Any = stub.Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=HEALTH_TIMEOUT_S
+            )
         except grpc.RpcError as exc:
             return bool(exc.code() == grpc.StatusCode.UNIMPLEMENTED)
         return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
@@ -105,5 +121,4 @@ class BrokerProbe:
         self._channel.close()
 
 
-__all__ = ["BrokerProbe", "add_arguments", "configure_logging", "start_endpoint",
-           "stderr_notice"]
+__all__ = ["BrokerProbe", "add_arguments", "configure_logging", "start_endpoint", "stderr_notice"]

@@ -35,37 +35,49 @@ _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("outbox", help="list, show, void and requeue outbox stubs",
-                       description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "outbox",
+        help="list, show, void and requeue outbox stubs",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     verbs = p.add_subparsers(dest="verb", metavar="<list|show|void|requeue>")
     ls = verbs.add_parser("list", help="stubs, oldest first")
     ls.add_argument("--status", type=str.upper, choices=("UNCONFIRMED", "CONFIRMED", "VOID"))
-    ls.add_argument("--older-than", metavar="DURATION", help="created more than DURATION ago "
-                    "(30s, 15m, 2h, 1d)")
+    ls.add_argument(
+        "--older-than", metavar="DURATION", help="created more than DURATION ago (30s, 15m, 2h, 1d)"
+    )
     ls.add_argument("--topic")
     ls.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
     _db(ls)
     ls.set_defaults(handler=_handler(_list))
-    for verb, text in (("show", "one stub with its log, confirmation and audit rows"),
-                       ("void", "never send this stub again (status VOID)"),
-                       ("requeue", "send this stub again now, with a fresh send budget")):
+    for verb, text in (
+        ("show", "one stub with its log, confirmation and audit rows"),
+        ("void", "never send this stub again (status VOID)"),
+        ("requeue", "send this stub again now, with a fresh send budget"),
+    ):
         v = verbs.add_parser(verb, help=text)
         v.add_argument("message_id", metavar="ID")
         if verb != "show":
             v.add_argument("--yes", action="store_true", help="really do it")
-            v.add_argument("--operator", default=None,
-                           help="who does this, for the audit (default: the login name)")
+            v.add_argument(
+                "--operator",
+                default=None,
+                help="who does this, for the audit (default: the login name)",
+            )
             v.add_argument("--reason", default=None, help="why, for the audit")
         _db(v)
-        v.set_defaults(handler=_handler({"show": _show, "void": _void,
-                                         "requeue": _requeue}[verb]))
+        v.set_defaults(handler=_handler({"show": _show, "void": _void, "requeue": _requeue}[verb]))
     p.set_defaults(handler=lambda _a: (p.print_help(sys.stderr), ExitCode.USAGE)[1])
 
 
 def _db(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--db", required=True, metavar="URL",
-                   help="SQLAlchemy URL of the database holding the outbox tables")
+    p.add_argument(
+        "--db",
+        required=True,
+        metavar="URL",
+        help="SQLAlchemy URL of the database holding the outbox tables",
+    )
     p.add_argument("--table-prefix", default="reliable_", help="table name prefix")
     p.add_argument("--schema", default=None, help="database schema of the outbox tables")
     p.add_argument("--json", action="store_true", help="print one JSON document")
@@ -88,13 +100,15 @@ def open_tables(url: str, prefix: str, schema: str | None) -> tuple[Any, Any]:
         require_tables(engine, tables)
     except sa.exc.SQLAlchemyError as exc:
         engine.dispose()
-        raise _Failed(f"database unavailable: {str(exc).splitlines()[0]}",
-                      ExitCode.UNAVAILABLE) from None
+        raise _Failed(
+            f"database unavailable: {str(exc).splitlines()[0]}", ExitCode.UNAVAILABLE
+        ) from None
     return engine, tables
 
 
-def _handler(run: Callable[[argparse.Namespace, Any, Any], int]
-             ) -> Callable[[argparse.Namespace], int]:
+def _handler(
+    run: Callable[[argparse.Namespace, Any, Any], int],
+) -> Callable[[argparse.Namespace], int]:
     def handle(args: argparse.Namespace) -> int:
         import sqlalchemy as sa
 
@@ -117,8 +131,7 @@ def _handler(run: Callable[[argparse.Namespace, Any, Any], int]
             print(f"{PROG}: {exc}", file=sys.stderr)
             return ExitCode.FAILURE
         except sa.exc.SQLAlchemyError as exc:
-            print(f"{PROG}: database unavailable: {str(exc).splitlines()[0]}",
-                  file=sys.stderr)
+            print(f"{PROG}: database unavailable: {str(exc).splitlines()[0]}", file=sys.stderr)
             return ExitCode.UNAVAILABLE
 
     return handle
@@ -137,18 +150,41 @@ def _list(args: argparse.Namespace, engine: Any, tables: Any) -> int:
     if not 1 <= args.limit <= MAX_LIST:
         raise _Failed(f"--limit must be 1..{MAX_LIST}", ExitCode.USAGE)
     older = parse_duration(args.older_than) if args.older_than else None
-    stubs, more = list_stubs(engine, tables, status=args.status, older_than=older,
-                             topic=args.topic, limit=args.limit)
+    stubs, more = list_stubs(
+        engine, tables, status=args.status, older_than=older, topic=args.topic, limit=args.limit
+    )
     if args.json:
         print_json({"stubs": stubs, "more": more})
         return ExitCode.OK
-    for line in table([(s["message_id"], s["topic"], s["status"],
-                        f"{s['send_count']}/{s['max_sends']}", s["queue_id"],
-                        s["queue_offset"], s["created_at"], s["next_resend_at"],
-                        "yes" if s["escalated_at"] else None,
-                        (s["last_error"] or "")[:60]) for s in stubs],
-                      ("MESSAGE ID", "TOPIC", "STATUS", "SENDS", "QUEUE", "OFFSET", "CREATED",
-                       "NEXT RESEND", "ESCALATED", "LAST ERROR")):
+    for line in table(
+        [
+            (
+                s["message_id"],
+                s["topic"],
+                s["status"],
+                f"{s['send_count']}/{s['max_sends']}",
+                s["queue_id"],
+                s["queue_offset"],
+                s["created_at"],
+                s["next_resend_at"],
+                "yes" if s["escalated_at"] else None,
+                (s["last_error"] or "")[:60],
+            )
+            for s in stubs
+        ],
+        (
+            "MESSAGE ID",
+            "TOPIC",
+            "STATUS",
+            "SENDS",
+            "QUEUE",
+            "OFFSET",
+            "CREATED",
+            "NEXT RESEND",
+            "ESCALATED",
+            "LAST ERROR",
+        ),
+    ):
         print(line)
     if more:
         print(f"(more stubs match: only the oldest {len(stubs)} are shown; raise --limit)")
@@ -165,16 +201,30 @@ def _show(args: argparse.Namespace, engine: Any, tables: Any) -> int:
     for name, value in doc["stub"].items():
         print(f"{name:<16} {'-' if value is None or value == '' else value}")
     for title, rows, cols in (
-            ("confirmations", doc["confirmations"],
-             ("consumer_group", "topic", "confirmed_at", "outcome")),
-            ("consumption log", doc["consumption_log"],
-             ("consumer_group", "topic", "queue_id", "queue_offset", "created_at",
-              "dead_lettered_at")),
-            ("audit", doc["audit"], ("changed_at", "action", "consumer_group", "reason"))):
+        (
+            "confirmations",
+            doc["confirmations"],
+            ("consumer_group", "topic", "confirmed_at", "outcome"),
+        ),
+        (
+            "consumption log",
+            doc["consumption_log"],
+            (
+                "consumer_group",
+                "topic",
+                "queue_id",
+                "queue_offset",
+                "created_at",
+                "dead_lettered_at",
+            ),
+        ),
+        ("audit", doc["audit"], ("changed_at", "action", "consumer_group", "reason")),
+    ):
         print(f"\n{title}: {len(rows)}")
         if rows:
-            for line in table([[r[c] for c in cols] for r in rows],
-                              [c.upper().replace("_", " ") for c in cols]):
+            for line in table(
+                [[r[c] for c in cols] for r in rows], [c.upper().replace("_", " ") for c in cols]
+            ):
                 print("  " + line)
     return ExitCode.OK
 
@@ -184,8 +234,7 @@ def _act(args: argparse.Namespace, engine: Any, tables: Any, verb: str) -> int:
     from reliable_cli.admin_message import _login
 
     if not args.yes:
-        raise _Failed(f"{verb} changes stub {args.message_id}: add --yes to do it",
-                      ExitCode.USAGE)
+        raise _Failed(f"{verb} changes stub {args.message_id}: add --yes to do it", ExitCode.USAGE)
     action = void_stub if verb == "void" else requeue_stub
     kwargs: dict[str, Any] = {"operator": args.operator or _login()}
     if args.reason:
@@ -194,9 +243,11 @@ def _act(args: argparse.Namespace, engine: Any, tables: Any, verb: str) -> int:
     if args.json:
         print_json(done.to_json())
     else:
-        print(f"{verb}: stub {done.message_id}: status {done.before['status']} -> "
-              f"{done.after['status']}, send count {done.before['send_count']} -> "
-              f"{done.after['send_count']} (audit run {done.run_id})")
+        print(
+            f"{verb}: stub {done.message_id}: status {done.before['status']} -> "
+            f"{done.after['status']}, send count {done.before['send_count']} -> "
+            f"{done.after['send_count']} (audit run {done.run_id})"
+        )
     return ExitCode.OK
 
 

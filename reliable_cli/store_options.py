@@ -8,12 +8,21 @@ from typing import Any
 
 def add_disk_arguments(parser: argparse.ArgumentParser) -> None:
     """`--disk-clean-ratio` and `--disk-full-ratio`: the store's disk watermarks."""
-    parser.add_argument("--disk-clean-ratio", type=float, default=None, metavar="RATIO",
-                        help="disk use above which the oldest files are deleted regardless "
-                             "of age (default 0.85)")
-    parser.add_argument("--disk-full-ratio", type=float, default=None, metavar="RATIO",
-                        help="disk use above which puts are refused with DISK_FULL "
-                             "(default 0.90; 1.0 never refuses)")
+    parser.add_argument(
+        "--disk-clean-ratio",
+        type=float,
+        default=None,
+        metavar="RATIO",
+        help="disk use above which the oldest files are deleted regardless of age (default 0.85)",
+    )
+    parser.add_argument(
+        "--disk-full-ratio",
+        type=float,
+        default=None,
+        metavar="RATIO",
+        help="disk use above which puts are refused with DISK_FULL "
+        "(default 0.90; 1.0 never refuses)",
+    )
 
 
 def disk_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -34,5 +43,8 @@ def disk_options(args: argparse.Namespace) -> dict[str, Any]:
     clean = min(shipped.disk_clean_watermark, full) if clean is None else clean
     if clean > full:
         raise ValueError("--disk-clean-ratio must not exceed --disk-full-ratio")
-    return {"disk_max_used_space_ratio": min(shipped.disk_max_used_space_ratio, clean),
-            "disk_clean_watermark": clean, "disk_refuse_watermark": full}
+    return {
+        "disk_max_used_space_ratio": min(shipped.disk_max_used_space_ratio, clean),
+        "disk_clean_watermark": clean,
+        "disk_refuse_watermark": full,
+    }

@@ -55,11 +55,18 @@ def log(text: str) -> None:
 
 def run_cli(*args: str, ok: Sequence[int] = (0,)) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    done = subprocess.run([sys.executable, "-m", "reliable_cli", *args], env=env, cwd=REPO,
-                          text=True, capture_output=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, "-m", "reliable_cli", *args],
+        env=env,
+        cwd=REPO,
+        text=True,
+        capture_output=True,
+        timeout=900,
+    )
     if done.returncode not in ok:
-        raise SystemExit(f"reliable {' '.join(args[:2])} exited {done.returncode}:\n"
-                         f"{done.stderr[-3000:]}")
+        raise SystemExit(
+            f"reliable {' '.join(args[:2])} exited {done.returncode}:\n{done.stderr[-3000:]}"
+        )
     return done
 
 
@@ -73,8 +80,9 @@ def lagging_group(endpoint: str, count: int) -> threading.Thread:
     t.start()
     with Producer(t) as producer:
         for i in range(count):
-            producer.send(Message(topic, f'{{"payment": {i}}}'.encode(),
-                                  keys=[f"P-{i:06d}"], tags="captured"))
+            producer.send(
+                Message(topic, f'{{"payment": {i}}}'.encode(), keys=[f"P-{i:06d}"], tags="captured")
+            )
     admin.call("SetGroupStart", group=group, topic=topic, consume_from="FIRST")
     admin.close()
 
@@ -84,14 +92,22 @@ def lagging_group(endpoint: str, count: int) -> threading.Thread:
 
     def work() -> None:
         time.sleep(8)  # a flat stretch on the chart first
-        consumer = PushConsumer(group, slow, {topic: "*"}, transport=t,
-                                consume_from=ConsumeFrom.FIRST, consume_threads=1,
-                                heartbeat_interval_s=1.0, receive_long_poll_ms=1000)
+        consumer = PushConsumer(
+            group,
+            slow,
+            {topic: "*"},
+            transport=t,
+            consume_from=ConsumeFrom.FIRST,
+            consume_threads=1,
+            heartbeat_interval_s=1.0,
+            receive_long_poll_ms=1000,
+        )
         with consumer:
             admin = AdminClient(endpoint)
             try:
-                wait_for(lambda: admin.call("GroupProgress", group=group)["total"]["lag"]
-                         == 0, 300, 1.0)
+                wait_for(
+                    lambda: admin.call("GroupProgress", group=group)["total"]["lag"] == 0, 300, 1.0
+                )
             finally:
                 admin.close()
         t.close()
@@ -102,8 +118,9 @@ def lagging_group(endpoint: str, count: int) -> threading.Thread:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "console")
     parser.add_argument("--orders", type=int, default=200)
     parser.add_argument("--payments", type=int, default=800)
@@ -115,21 +132,50 @@ def main() -> int:
         password.write_text(PASSWORD + "\n")
         broker = ServerProcess(work / "store", work, *FAST).start()
         log(f"broker on {broker.endpoint}")
-        console = ConsoleProcess(broker.endpoint, "--db", db, "--prefix", "demo_",
-                                 "--report-table", "demo_reconcile_report",
-                                 "--allow-actions", password_file=password)
+        console = ConsoleProcess(
+            broker.endpoint,
+            "--db",
+            db,
+            "--prefix",
+            "demo_",
+            "--report-table",
+            "demo_reconcile_report",
+            "--allow-actions",
+            password_file=password,
+        )
         console.extra = (*console.extra, "--sample-interval", "2")
         console.start()
         log(f"console on {console.url}")
         try:
             log(f"demo: {args.orders} orders through the outbox")
-            run_cli("demo", "--endpoint", broker.endpoint, "--db", db, "--orders",
-                    str(args.orders), "--seed", "42", "--no-reconcile", ok=(0, 3))
+            run_cli(
+                "demo",
+                "--endpoint",
+                broker.endpoint,
+                "--db",
+                db,
+                "--orders",
+                str(args.orders),
+                "--seed",
+                "42",
+                "--no-reconcile",
+                ok=(0, 3),
+            )
             log(f"{args.payments} payments behind group settlement")
             worker = lagging_group(broker.endpoint, args.payments)
             log("reconciliation (Spark) with a report table")
-            run_cli("reconcile", "--db", db, "--prefix", "demo_", "--report-table",
-                    "demo_reconcile_report", "--conf", "spark.ui.enabled=false", ok=(0, 3))
+            run_cli(
+                "reconcile",
+                "--db",
+                db,
+                "--prefix",
+                "demo_",
+                "--report-table",
+                "demo_reconcile_report",
+                "--conf",
+                "spark.ui.enabled=false",
+                ok=(0, 3),
+            )
             worker.join(300)
             time.sleep(4)
             shoot(console.url, broker.endpoint, args.out)
@@ -170,8 +216,12 @@ def shoot(url: str, endpoint: str, out: Path) -> None:
             driver.find_element(By.ID, "review-button").click()
             save(driver, out, "dlq-confirm")
             driver.find_element(By.ID, "confirm-button").click()
-            wait_for(lambda: (driver.refresh(),
-                              driver.find_element(By.ID, "job-state").text == "done")[1], 30)
+            wait_for(
+                lambda: (driver.refresh(), driver.find_element(By.ID, "job-state").text == "done")[
+                    1
+                ],
+                30,
+            )
             save(driver, out, "dlq-replay-job")
         driver.get(url + "outbox")
         save(driver, out, "outbox")

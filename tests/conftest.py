@@ -21,10 +21,12 @@ MARIADB_URL = os.environ.get("RELIABLE_TEST_MARIADB", "mysql+pymysql://root@127.
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--soak", action="store_true", default=False,
-                     help="run chaos tests for longer (make soak)")
-    parser.addoption("--seed", type=int, default=None,
-                     help="seed for randomised tests (printed on failure)")
+    parser.addoption(
+        "--soak", action="store_true", default=False, help="run chaos tests for longer (make soak)"
+    )
+    parser.addoption(
+        "--seed", type=int, default=None, help="seed for randomised tests (printed on failure)"
+    )
 
 
 @pytest.fixture

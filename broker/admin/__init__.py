@@ -36,7 +36,8 @@ def methods(broker: Broker) -> dict[str, Callable[[dict[str, Any]], Any]]:
 
     ops = MessageOps(broker)
     return {
-        "QueryMessage": ops.query, "SendMessage": ops.send,
+        "QueryMessage": ops.query,
+        "SendMessage": ops.send,
         "ReconsumeMessage": ops.reconsume,
         "TraceMessage": lambda params: trace_message(broker, params),
         "TopicStatus": lambda params: topic_status(broker, params),
@@ -52,7 +53,8 @@ def _group_methods(broker: Broker) -> dict[str, Callable[[dict[str, Any]], Any]]
 
     dead = DeadLetterOps(broker)
     return {
-        "ListDeadLetters": dead.list, "ReplayDeadLetters": dead.replay,
+        "ListDeadLetters": dead.list,
+        "ReplayDeadLetters": dead.replay,
         "DeadLetterAudit": dead.audit,
         "GroupProgress": lambda params: groups.group_progress(broker, params),
         "ResetGroupOffset": lambda params: groups.reset_group_offset(broker, params),

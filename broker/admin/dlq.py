@@ -47,10 +47,20 @@ AUDIT_FILE = "dlqReplay.jsonl"
 REPLAY_ACTION = "dlq-replay"
 DLQ_REPLAY_OFFSET = "DLQ_REPLAY_OFFSET"  # on a replayed copy: its DLQ record's queue offset
 MAX_REPLAY_BATCH = 1000  # DLQ records one replay call may name
-_DROPPED = (Prop.DLQ_ORIGIN_TOPIC, Prop.DLQ_ORIGIN_MESSAGE_ID, Prop.RECONSUME_TIME,
-            Prop.MAX_RECONSUME_TIMES, Prop.RETRY_TOPIC, Prop.ORIGIN_MESSAGE_ID,
-            Prop.ORIGIN_COMMITLOG_OFFSET, Prop.REAL_TOPIC, Prop.REAL_QID, Prop.DELAY,
-            Prop.TIMER_DELIVER_MS, "PARKED_MESSAGE_GROUP")
+_DROPPED = (
+    Prop.DLQ_ORIGIN_TOPIC,
+    Prop.DLQ_ORIGIN_MESSAGE_ID,
+    Prop.RECONSUME_TIME,
+    Prop.MAX_RECONSUME_TIMES,
+    Prop.RETRY_TOPIC,
+    Prop.ORIGIN_MESSAGE_ID,
+    Prop.ORIGIN_COMMITLOG_OFFSET,
+    Prop.REAL_TOPIC,
+    Prop.REAL_QID,
+    Prop.DELAY,
+    Prop.TIMER_DELIVER_MS,
+    "PARKED_MESSAGE_GROUP",
+)
 # one lock per audit file: replays of one store never interleave their check and record
 _LOCKS: dict[Path, threading.Lock] = {}
 _LOCKS_GUARD = threading.Lock()
@@ -130,16 +140,26 @@ def _group(broker: Broker, params: dict[str, Any]) -> str:
 def _dead_letter_json(msg: MessageExt, replayed: dict[str, Any] | None) -> dict[str, Any]:
     props = msg.properties
     return {
-        "dlq_offset": msg.queue_offset, "msg_id": msg.msg_id,
-        "offset_msg_id": msg.offset_msg_id, "commitlog_offset": msg.commitlog_offset,
+        "dlq_offset": msg.queue_offset,
+        "msg_id": msg.msg_id,
+        "offset_msg_id": msg.offset_msg_id,
+        "commitlog_offset": msg.commitlog_offset,
         "origin_topic": props.get(Prop.DLQ_ORIGIN_TOPIC),
         "origin_msg_id": props.get(Prop.DLQ_ORIGIN_MESSAGE_ID),
-        "tags": msg.tags, "keys": msg.keys, "reconsume_times": msg.reconsume_times,
-        "store_time_ms": msg.store_timestamp, "store_time": p.iso_ms(msg.store_timestamp),
+        "tags": msg.tags,
+        "keys": msg.keys,
+        "reconsume_times": msg.reconsume_times,
+        "store_time_ms": msg.store_timestamp,
+        "store_time": p.iso_ms(msg.store_timestamp),
         "body_size": len(msg.body),
-        "replayed": None if replayed is None else {
-            "at": replayed.get("at"), "run": replayed.get("run"),
-            "operator": replayed.get("operator"), "mode": replayed.get("mode")},
+        "replayed": None
+        if replayed is None
+        else {
+            "at": replayed.get("at"),
+            "run": replayed.get("run"),
+            "operator": replayed.get("operator"),
+            "mode": replayed.get("mode"),
+        },
     }
 
 
@@ -189,10 +209,16 @@ class DeadLetterOps:
                 break
             out.append(_dead_letter_json(msg, done))
         held_replayed = sum(1 for (offset, _) in replayed if low <= offset < high)
-        return {"group": group, "dlq_topic": topic, "messages": out, "more": more,
-                "next_after": out[-1]["dlq_offset"] if out else after,
-                "depth": high - low, "replayed": held_replayed,
-                "pending": high - low - held_replayed}
+        return {
+            "group": group,
+            "dlq_topic": topic,
+            "messages": out,
+            "more": more,
+            "next_after": out[-1]["dlq_offset"] if out else after,
+            "depth": high - low,
+            "replayed": held_replayed,
+            "pending": high - low - held_replayed,
+        }
 
     def replay(self, params: dict[str, Any]) -> dict[str, Any]:
         """`{group, offsets: [DLQ queue offsets], to_topic=false, operator, run, dry_run}`:
@@ -201,7 +227,8 @@ class DeadLetterOps:
         group = _group(self.broker, params)
         offsets = params.get("offsets")
         if not isinstance(offsets, list) or not all(
-                isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets):
+            isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets
+        ):
             raise InvalidArgument("offsets must be a list of DLQ queue offsets")
         if len(offsets) > MAX_REPLAY_BATCH:
             raise InvalidArgument(f"at most {MAX_REPLAY_BATCH} offsets per call")
@@ -218,29 +245,57 @@ class DeadLetterOps:
             for offset in dict.fromkeys(offsets):
                 msg = store.get_message_by_queue_offset(topic, 0, offset)
                 if msg is None:
-                    skipped.append({"dlq_offset": offset, "msg_id": None,
-                                    "reason": "no such dead letter (never stored, or expired)"})
+                    skipped.append(
+                        {
+                            "dlq_offset": offset,
+                            "msg_id": None,
+                            "reason": "no such dead letter (never stored, or expired)",
+                        }
+                    )
                     continue
                 earlier = done.get((offset, msg.msg_id))
                 if earlier is not None:
-                    skipped.append({"dlq_offset": offset, "msg_id": msg.msg_id,
-                                    "reason": f"already replayed at {earlier.get('at')} by "
-                                              f"{earlier.get('operator')} (run "
-                                              f"{earlier.get('run')})"})
+                    skipped.append(
+                        {
+                            "dlq_offset": offset,
+                            "msg_id": msg.msg_id,
+                            "reason": f"already replayed at {earlier.get('at')} by "
+                            f"{earlier.get('operator')} (run "
+                            f"{earlier.get('run')})",
+                        }
+                    )
                     continue
                 if dry_run:
-                    replayed.append({"dlq_offset": offset, "msg_id": msg.msg_id,
-                                     "topic": self._target(group, msg, to_topic)})
+                    replayed.append(
+                        {
+                            "dlq_offset": offset,
+                            "msg_id": msg.msg_id,
+                            "topic": self._target(group, msg, to_topic),
+                        }
+                    )
                     continue
                 replayed.append(self._replay_one(group, msg, to_topic, operator))
             now = wall_ms()
-            entry = {"at_ms": now, "at": p.iso_ms(now), "run": run, "operator": operator,
-                     "group": group, "mode": "topic" if to_topic else "retry",
-                     "replayed": replayed}
+            entry = {
+                "at_ms": now,
+                "at": p.iso_ms(now),
+                "run": run,
+                "operator": operator,
+                "group": group,
+                "mode": "topic" if to_topic else "retry",
+                "replayed": replayed,
+            }
             if replayed and not dry_run:
                 self.ledger.append(entry)
-        return {"group": group, "dry_run": dry_run, "mode": entry["mode"], "run": run,
-                "operator": operator, "replayed": replayed, "skipped": skipped}
+        return {
+            "group": group,
+            "dry_run": dry_run,
+            "mode": entry["mode"],
+            "run": run,
+            "operator": operator,
+            "replayed": replayed,
+            "skipped": skipped,
+        }
 
     def _target(self, group: str, msg: MessageExt, to_topic: bool) -> str:
         if not to_topic:
@@ -250,25 +305,43 @@ class DeadLetterOps:
             raise InvalidArgument(f"dead letter {msg.msg_id} does not say its original topic")
         return origin
 
-    def _replay_one(self, group: str, msg: MessageExt, to_topic: bool,
-                    operator: str) -> dict[str, Any]:
-        marks = {OPERATOR_ACTION: REPLAY_ACTION, OPERATOR: operator,
-                 DLQ_REPLAY_OFFSET: str(msg.queue_offset)}
+    def _replay_one(
+        self, group: str, msg: MessageExt, to_topic: bool, operator: str
+    ) -> dict[str, Any]:
+        marks = {
+            OPERATOR_ACTION: REPLAY_ACTION,
+            OPERATOR: operator,
+            DLQ_REPLAY_OFFSET: str(msg.queue_offset),
+        }
         if not to_topic:
-            sent = self.broker.reconsume_directly(group, msg.commitlog_offset,
-                                                  properties=marks, reconsume_times=0)
+            sent = self.broker.reconsume_directly(
+                group, msg.commitlog_offset, properties=marks, reconsume_times=0
+            )
         else:
             origin = self._target(group, msg, to_topic)
             route = self.broker.route(origin)
             props = {k: v for k, v in msg.properties.items() if k not in _DROPPED}
             props.update(marks)
             queue = msg.queue_offset % max(route.write_queue_nums, 1)
-            sent = self.broker.send_message(Message(
-                topic=origin, body=msg.body, queue_id=queue, flag=msg.flag, properties=props,
-                born_timestamp=msg.born_timestamp, born_host=msg.born_host))
-        return {"dlq_offset": msg.queue_offset, "msg_id": msg.msg_id, "topic": sent.topic,
-                "queue_id": sent.queue_id, "queue_offset": sent.queue_offset,
-                "offset_msg_id": sent.offset_msg_id}
+            sent = self.broker.send_message(
+                Message(
+                    topic=origin,
+                    body=msg.body,
+                    queue_id=queue,
+                    flag=msg.flag,
+                    properties=props,
+                    born_timestamp=msg.born_timestamp,
+                    born_host=msg.born_host,
+                )
+            )
+        return {
+            "dlq_offset": msg.queue_offset,
+            "msg_id": msg.msg_id,
+            "topic": sent.topic,
+            "queue_id": sent.queue_id,
+            "queue_offset": sent.queue_offset,
+            "offset_msg_id": sent.offset_msg_id,
+        }
 
     def audit(self, params: dict[str, Any]) -> dict[str, Any]:
         """`{group?, limit=32}`: the newest replay audit entries, newest first."""
@@ -276,5 +349,8 @@ class DeadLetterOps:
         limit = p.limit(params)
         entries = [e for e in self.ledger.entries() if group is None or e.get("group") == group]
         entries.reverse()
-        return {"entries": entries[:limit], "more": len(entries) > limit,
-                "file": str(self.ledger.path)}
+        return {
+            "entries": entries[:limit],
+            "more": len(entries) > limit,
+            "file": str(self.ledger.path),
+        }

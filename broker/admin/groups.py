@@ -52,8 +52,10 @@ class GroupHasConsumers(BrokerError):
     def __init__(self, group: str, consumers: list[str]) -> None:
         self.group = group
         self.consumers = consumers
-        super().__init__(f"group {group!r} has {len(consumers)} live consumer(s) "
-                         f"({', '.join(consumers[:5])}); stop them first, or force it")
+        super().__init__(
+            f"group {group!r} has {len(consumers)} live consumer(s) "
+            f"({', '.join(consumers[:5])}); stop them first, or force it"
+        )
 
 
 def _group(broker: Broker, params: dict[str, Any]) -> str:
@@ -66,8 +68,10 @@ def _group(broker: Broker, params: dict[str, Any]) -> str:
 
 
 def _ms(value: int | None) -> dict[str, Any]:
-    return {"last_consume_time_ms": value,
-            "last_consume_time": p.iso_ms(value) if value is not None else None}
+    return {
+        "last_consume_time_ms": value,
+        "last_consume_time": p.iso_ms(value) if value is not None else None,
+    }
 
 
 def _latest(values: list[int | None]) -> int | None:
@@ -86,16 +90,28 @@ def group_progress(broker: Broker, params: dict[str, Any]) -> dict[str, Any]:
         committed = qp.consumer_offset if qp.consumer_offset >= 0 else None
         lag = max(0, qp.broker_offset - (committed if committed is not None else low))
         when = broker.consume_times(group, qp.topic).get(qp.queue_id)
-        topics.setdefault(qp.topic, []).append({
-            "queue_id": qp.queue_id, "committed_offset": committed, "min_offset": low,
-            "max_offset": qp.broker_offset, "lag": lag, "in_flight": qp.in_flight, **_ms(when)})
+        topics.setdefault(qp.topic, []).append(
+            {
+                "queue_id": qp.queue_id,
+                "committed_offset": committed,
+                "min_offset": low,
+                "max_offset": qp.broker_offset,
+                "lag": lag,
+                "in_flight": qp.in_flight,
+                **_ms(when),
+            }
+        )
     out_topics = []
     for topic, queues in sorted(topics.items()):
-        out_topics.append({
-            "topic": topic, "queues": queues,
-            "lag": sum(q["lag"] for q in queues),
-            "in_flight": sum(q["in_flight"] for q in queues),
-            **_ms(_latest([q["last_consume_time_ms"] for q in queues]))})
+        out_topics.append(
+            {
+                "topic": topic,
+                "queues": queues,
+                "lag": sum(q["lag"] for q in queues),
+                "in_flight": sum(q["in_flight"] for q in queues),
+                **_ms(_latest([q["last_consume_time_ms"] for q in queues])),
+            }
+        )
     retry = retry_topic(group)
     rcfg = broker.get_topic(retry)
     retry_depth = retry_in_flight = 0
@@ -103,26 +119,37 @@ def group_progress(broker: Broker, params: dict[str, Any]) -> dict[str, Any]:
     if rcfg is not None:
         times = broker.consume_times(group, retry)
         for q in range(rcfg.read_queue_nums):
-            low, high = store.get_min_offset_in_queue(retry, q), store.get_max_offset_in_queue(
-                retry, q)
+            low, high = (
+                store.get_min_offset_in_queue(retry, q),
+                store.get_max_offset_in_queue(retry, q),
+            )
             committed = broker.query_offset(group, retry, q)
             retry_depth += max(0, high - (committed if committed >= 0 else low))
             retry_times.append(times.get(q))
         retry_in_flight = len(broker.in_flight(group, retry))
     dlq = dlq_topic(group)
-    dlq_low, dlq_high = store.get_min_offset_in_queue(dlq, 0), store.get_max_offset_in_queue(
-        dlq, 0)
-    replayed = sum(1 for (offset, _) in ReplayLedger(store.config.config_dir).replayed(group)
-                   if dlq_low <= offset < dlq_high)
+    dlq_low, dlq_high = store.get_min_offset_in_queue(dlq, 0), store.get_max_offset_in_queue(dlq, 0)
+    replayed = sum(
+        1
+        for (offset, _) in ReplayLedger(store.config.config_dir).replayed(group)
+        if dlq_low <= offset < dlq_high
+    )
     return {
-        "group": group, "consumers": broker.consumer_ids(group), "topics": out_topics,
-        "retry_topic": retry, "retry_depth": retry_depth, "retry_in_flight": retry_in_flight,
-        "dlq_topic": dlq, "dlq_depth": dlq_high - dlq_low, "dlq_replayed": replayed,
+        "group": group,
+        "consumers": broker.consumer_ids(group),
+        "topics": out_topics,
+        "retry_topic": retry,
+        "retry_depth": retry_depth,
+        "retry_in_flight": retry_in_flight,
+        "dlq_topic": dlq,
+        "dlq_depth": dlq_high - dlq_low,
+        "dlq_replayed": replayed,
         "dlq_pending": dlq_high - dlq_low - replayed,
-        "total": {"lag": sum(t["lag"] for t in out_topics),
-                  "in_flight": sum(t["in_flight"] for t in out_topics) + retry_in_flight,
-                  **_ms(_latest([t["last_consume_time_ms"] for t in out_topics]
-                                + retry_times))},
+        "total": {
+            "lag": sum(t["lag"] for t in out_topics),
+            "in_flight": sum(t["in_flight"] for t in out_topics) + retry_in_flight,
+            **_ms(_latest([t["last_consume_time_ms"] for t in out_topics] + retry_times)),
+        },
     }
 
 
@@ -150,14 +177,16 @@ def reset_group_offset(broker: Broker, params: dict[str, Any]) -> dict[str, Any]
     if to == "time" and time_ms is None:
         raise InvalidArgument("to=time needs time_ms")
     execute = p.flag(params, "execute")
-    live = (_refuse_live(broker, group, p.flag(params, "force")) if execute
-            else broker.consumer_ids(group))
+    live = (
+        _refuse_live(broker, group, p.flag(params, "force"))
+        if execute
+        else broker.consumer_ids(group)
+    )
     store = broker.store
     queues: list[dict[str, Any]] = []
     after: dict[int, int] = {}
     for q in range(cfg.read_queue_nums):
-        low, high = store.get_min_offset_in_queue(topic, q), store.get_max_offset_in_queue(
-            topic, q)
+        low, high = store.get_min_offset_in_queue(topic, q), store.get_max_offset_in_queue(topic, q)
         if to == "earliest":
             new = low
         elif to == "latest":
@@ -170,14 +199,27 @@ def reset_group_offset(broker: Broker, params: dict[str, Any]) -> dict[str, Any]
             new = max(store.get_offset_in_queue_by_time(topic, q, time_ms), low)
         before = broker.query_offset(group, topic, q)
         after[q] = new
-        queues.append({"queue_id": q, "min_offset": low, "max_offset": high,
-                       "before": before if before >= 0 else None, "after": new,
-                       "lag_before": max(0, high - (before if before >= 0 else low)),
-                       "lag_after": high - new})
+        queues.append(
+            {
+                "queue_id": q,
+                "min_offset": low,
+                "max_offset": high,
+                "before": before if before >= 0 else None,
+                "after": new,
+                "lag_before": max(0, high - (before if before >= 0 else low)),
+                "lag_after": high - new,
+            }
+        )
     if execute:
         broker.reset_offsets(group, topic, after)
-    return {"group": group, "topic": topic, "to": to, "executed": execute,
-            "consumers": live, "queues": queues}
+    return {
+        "group": group,
+        "topic": topic,
+        "to": to,
+        "executed": execute,
+        "consumers": live,
+        "queues": queues,
+    }
 
 
 def delete_group(broker: Broker, params: dict[str, Any]) -> dict[str, Any]:
@@ -186,8 +228,12 @@ def delete_group(broker: Broker, params: dict[str, Any]) -> dict[str, Any]:
     topics = broker.consumer_progress(group)
     broker.delete_group(group)
     broker.persist_offsets()
-    return {"group": group, "deleted": True, "forced_with_consumers": live,
-            "offsets_removed_on": sorted({qp.topic for qp in topics})}
+    return {
+        "group": group,
+        "deleted": True,
+        "forced_with_consumers": live,
+        "offsets_removed_on": sorted({qp.topic for qp in topics}),
+    }
 
 
 def delete_topic(broker: Broker, params: dict[str, Any]) -> dict[str, Any]:
@@ -197,10 +243,19 @@ def delete_topic(broker: Broker, params: dict[str, Any]) -> dict[str, Any]:
     cfg = broker.get_topic(topic)
     if cfg is None:
         raise TopicNotFound(topic)
-    queues = [{"queue_id": q, "min_offset": broker.min_offset(topic, q),
-               "max_offset": broker.max_offset(topic, q)}
-              for q in range(max(cfg.read_queue_nums, cfg.write_queue_nums))]
+    queues = [
+        {
+            "queue_id": q,
+            "min_offset": broker.min_offset(topic, q),
+            "max_offset": broker.max_offset(topic, q),
+        }
+        for q in range(max(cfg.read_queue_nums, cfg.write_queue_nums))
+    ]
     deleted = broker.delete_topic(topic)
     broker.persist_offsets()
-    return {"topic": topic, "deleted": deleted, "queues": queues,
-            "note": "messages stay in the commitlog until its files expire"}
+    return {
+        "topic": topic,
+        "deleted": deleted,
+        "queues": queues,
+        "note": "messages stay in the commitlog until its files expire",
+    }

@@ -71,22 +71,24 @@ class _UncappedIndex:
         self._index = store.index
         self.max_query_results = cap
 
-    def iter_offsets(self, topic: str, key: str, begin_ms: int, end_ms: int,
-                     max_scan: int = 100_000) -> Iterator[int]:
+    def iter_offsets(
+        self, topic: str, key: str, begin_ms: int, end_ms: int, max_scan: int = 100_000
+    ) -> Iterator[int]:
         return self._index.iter_offsets(topic, key, begin_ms, end_ms, max_scan)
 
 
 def check_id(value: str) -> str:
     if len(value) > MAX_ID_LENGTH or any(c.isspace() or not c.isprintable() for c in value):
-        raise InvalidArgument(f"message id {value[:MAX_ID_LENGTH]!r} is not an id: at most "
-                              f"{MAX_ID_LENGTH} printable characters, no spaces")
+        raise InvalidArgument(
+            f"message id {value[:MAX_ID_LENGTH]!r} is not an id: at most "
+            f"{MAX_ID_LENGTH} printable characters, no spaces"
+        )
     return value
 
 
 def is_original(msg: MessageExt) -> bool:
     """A record of the message as its producer sent it (not a retry, DLQ or schedule copy)."""
-    return not (is_retry_topic(msg.topic) or is_dlq_topic(msg.topic)
-                or is_system_topic(msg.topic))
+    return not (is_retry_topic(msg.topic) or is_dlq_topic(msg.topic) or is_system_topic(msg.topic))
 
 
 def searchable_topics(store: MessageStore) -> list[str]:
@@ -101,13 +103,26 @@ class MessageFinder:
         self.broker = broker
         self.store = broker.store
 
-    def by_key(self, topic: str, key: str, match: query.KeyMatch, limit: int,
-               begin_ms: int = 0, end_ms: int | None = None) -> tuple[list[MessageExt], bool]:
+    def by_key(
+        self,
+        topic: str,
+        key: str,
+        match: query.KeyMatch,
+        limit: int,
+        begin_ms: int = 0,
+        end_ms: int | None = None,
+    ) -> tuple[list[MessageExt], bool]:
         """Up to `limit` records of `topic` with `key`, newest first; (records, more)."""
-        hits = query.query_by_key(_UncappedIndex(self.store, limit + 1),
-                                  self.store.look_message_by_offset, topic, key,
-                                  max_num=limit + 1, begin_ms=begin_ms, end_ms=end_ms,
-                                  match=match)
+        hits = query.query_by_key(
+            _UncappedIndex(self.store, limit + 1),
+            self.store.look_message_by_offset,
+            topic,
+            key,
+            max_num=limit + 1,
+            begin_ms=begin_ms,
+            end_ms=end_ms,
+            match=match,
+        )
         return hits[:limit], len(hits) > limit
 
     def by_offset_id(self, msg_id: str) -> MessageExt | None:
@@ -117,9 +132,15 @@ class MessageFinder:
             return None  # not that form: only a client id can name it
         return self.store.look_message_by_msg_id(msg_id)
 
-    def by_id(self, msg_id: str, topics: list[str], limit: int, begin_ms: int = 0,
-              end_ms: int | None = None, match: query.KeyMatch = query.KeyMatch.UNIQUE_KEY
-              ) -> tuple[list[MessageExt], bool]:
+    def by_id(
+        self,
+        msg_id: str,
+        topics: list[str],
+        limit: int,
+        begin_ms: int = 0,
+        end_ms: int | None = None,
+        match: query.KeyMatch = query.KeyMatch.UNIQUE_KEY,
+    ) -> tuple[list[MessageExt], bool]:
         """Records an id names: the one at its offset (offset message id) and every record
         whose UNIQ_KEY (or, with KeyMatch.ANY, a KEY) it is, in `topics`; newest first."""
         found: dict[int, MessageExt] = {}
@@ -133,18 +154,23 @@ class MessageFinder:
                 more = more or cut
                 for m in hits:
                     found.setdefault(m.commitlog_offset, m)
-        ordered = sorted(found.values(), key=lambda m: (m.store_timestamp, m.commitlog_offset),
-                         reverse=True)
+        ordered = sorted(
+            found.values(), key=lambda m: (m.store_timestamp, m.commitlog_offset), reverse=True
+        )
         return ordered[:limit], more or len(ordered) > limit
 
-    def by_time(self, topic: str, queues: list[int], since_ms: int, until_ms: int | None,
-                limit: int) -> tuple[list[MessageExt], bool]:
+    def by_time(
+        self, topic: str, queues: list[int], since_ms: int, until_ms: int | None, limit: int
+    ) -> tuple[list[MessageExt], bool]:
         """Records of `topic` stored in [since, until], newest first across its queues."""
         newest: list[Iterator[tuple[int, int, MessageExt]]] = []
         for q in queues:
             lo = self.store.get_offset_in_queue_by_time(topic, q, since_ms)
-            hi = (self.store.get_max_offset_in_queue(topic, q) if until_ms is None
-                  else self.store.get_offset_in_queue_by_time(topic, q, until_ms + 1))
+            hi = (
+                self.store.get_max_offset_in_queue(topic, q)
+                if until_ms is None
+                else self.store.get_offset_in_queue_by_time(topic, q, until_ms + 1)
+            )
             lo = max(lo, self.store.get_min_offset_in_queue(topic, q))
             if hi > lo:
                 newest.append(self._downwards(topic, q, lo, hi, since_ms, until_ms))
@@ -155,12 +181,16 @@ class MessageFinder:
             picked.append(m)
         return picked, False
 
-    def _downwards(self, topic: str, q: int, lo: int, hi: int, since_ms: int,
-                   until_ms: int | None) -> Iterator[tuple[int, int, MessageExt]]:
+    def _downwards(
+        self, topic: str, q: int, lo: int, hi: int, since_ms: int, until_ms: int | None
+    ) -> Iterator[tuple[int, int, MessageExt]]:
         for offset in range(hi - 1, lo - 1, -1):
             m = self.store.get_message_by_queue_offset(topic, q, offset)
-            if m is None or m.store_timestamp < since_ms or (
-                    until_ms is not None and m.store_timestamp > until_ms):
+            if (
+                m is None
+                or m.store_timestamp < since_ms
+                or (until_ms is not None and m.store_timestamp > until_ms)
+            ):
                 continue
             yield m.store_timestamp, m.commitlog_offset, m
 
@@ -186,12 +216,20 @@ class MessageOps:
         until = p.integer(params, "until_ms")
         if since is not None and until is not None and until < since:
             raise InvalidArgument(f"until_ms ({until}) is before since_ms ({since})")
-        forms = [name for name, value in (("id", msg_id), ("key", key),
-                                          ("unique_key", unique_key), ("offset", offset))
-                 if value is not None]
+        forms = [
+            name
+            for name, value in (
+                ("id", msg_id),
+                ("key", key),
+                ("unique_key", unique_key),
+                ("offset", offset),
+            )
+            if value is not None
+        ]
         if len(forms) > 1:
-            raise InvalidArgument(f"give one of id, key, unique_key, offset; got "
-                                  f"{', '.join(forms)}")
+            raise InvalidArgument(
+                f"give one of id, key, unique_key, offset; got {', '.join(forms)}"
+            )
         begin, end = since or 0, until
         if msg_id is not None:
             check_id(msg_id)
@@ -216,8 +254,10 @@ class MessageOps:
             queues = [queue] if queue is not None else self.broker.store.queue_ids(topic)
             found, more = self.find.by_time(topic, queues, since or 0, until, limit)
         else:
-            raise InvalidArgument("give id; key or unique_key with topic; topic, queue and "
-                                  "offset; or topic with since_ms and/or until_ms")
+            raise InvalidArgument(
+                "give id; key or unique_key with topic; topic, queue and "
+                "offset; or topic with since_ms and/or until_ms"
+            )
         return {"messages": [p.message_json(m, body=body) for m in found], "more": more}
 
     # ------------------------------------------------------------------ send
@@ -236,18 +276,22 @@ class MessageOps:
         else:
             raise InvalidArgument("body (a string) or body_hex is required")
         keys = params.get("keys") or []
-        if not isinstance(keys, list) or not all(isinstance(k, str) and k and " " not in k
-                                                 for k in keys):
+        if not isinstance(keys, list) or not all(
+            isinstance(k, str) and k and " " not in k for k in keys
+        ):
             raise InvalidArgument("keys must be a list of non-empty strings without spaces")
         tag = p.text(params, "tag")
         user = params.get("properties") or {}
-        if not isinstance(user, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                                 for k, v in user.items()):
+        if not isinstance(user, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in user.items()
+        ):
             raise InvalidArgument("properties must be an object of strings")
         reserved = sorted(set(user) & _RESERVED)
         if reserved:
-            raise InvalidArgument(f"properties {', '.join(reserved)} are set by the broker or "
-                                  "by the command's own options")
+            raise InvalidArgument(
+                f"properties {', '.join(reserved)} are set by the broker or "
+                "by the command's own options"
+            )
         msg_id = p.text(params, "message_id") or secrets.token_hex(16).upper()
         check_id(msg_id)
         props = dict(user)
@@ -260,12 +304,18 @@ class MessageOps:
         queue = p.integer(params, "queue")
         if queue is None:
             queue = random.randrange(route.write_queue_nums)
-        result = self.broker.send_message(Message(topic=topic, body=body, queue_id=queue,
-                                                  properties=props))
-        return {"msg_id": result.msg_id, "offset_msg_id": result.offset_msg_id,
-                "topic": result.topic, "queue_id": result.queue_id,
-                "queue_offset": result.queue_offset,
-                "commitlog_offset": result.commitlog_offset, "status": result.status.value}
+        result = self.broker.send_message(
+            Message(topic=topic, body=body, queue_id=queue, properties=props)
+        )
+        return {
+            "msg_id": result.msg_id,
+            "offset_msg_id": result.offset_msg_id,
+            "topic": result.topic,
+            "queue_id": result.queue_id,
+            "queue_offset": result.queue_offset,
+            "commitlog_offset": result.commitlog_offset,
+            "status": result.status.value,
+        }
 
     # ------------------------------------------------------------------ reconsume
     def reconsume(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -278,18 +328,28 @@ class MessageOps:
             raise Unsupported(
                 "delivering a message to one client (CONSUME_MESSAGE_DIRECTLY) is not "
                 "supported: the RocketMQ 5 protocol our clients speak has no such command; "
-                "reconsume to the whole group instead (the group's retry topic)")
+                "reconsume to the whole group instead (the group's retry topic)"
+            )
         if self.broker.get_group(group) is None:
             raise GroupNotFound(group)
         source = self.pick_source(msg_id, topic)
         sent = self.broker.reconsume_directly(
-            group, source.commitlog_offset,
-            properties={OPERATOR_ACTION: "reconsume", OPERATOR: operator})
-        return {"msg_id": sent.msg_id, "group": group, "source": p.message_json(source),
-                "copy": {"topic": sent.topic, "queue_id": sent.queue_id,
-                         "queue_offset": sent.queue_offset,
-                         "commitlog_offset": sent.commitlog_offset,
-                         "offset_msg_id": sent.offset_msg_id}}
+            group,
+            source.commitlog_offset,
+            properties={OPERATOR_ACTION: "reconsume", OPERATOR: operator},
+        )
+        return {
+            "msg_id": sent.msg_id,
+            "group": group,
+            "source": p.message_json(source),
+            "copy": {
+                "topic": sent.topic,
+                "queue_id": sent.queue_id,
+                "queue_offset": sent.queue_offset,
+                "commitlog_offset": sent.commitlog_offset,
+                "offset_msg_id": sent.offset_msg_id,
+            },
+        }
 
     def pick_source(self, msg_id: str, topic: str | None) -> MessageExt:
         """The record to deliver again: the producer's original (newest, if sent twice),
@@ -297,17 +357,20 @@ class MessageOps:
         topics = [topic] if topic else searchable_topics(self.broker.store)
         found, _ = self.find.by_id(msg_id, topics, p.MAX_LIMIT)
         if not found:
-            raise MessageNotFound(f"with id {msg_id!r}" + (f" in topic {topic!r}" if topic
-                                                           else ""))
+            raise MessageNotFound(f"with id {msg_id!r}" + (f" in topic {topic!r}" if topic else ""))
         originals = [m for m in found if is_original(m)]
         if len({m.topic for m in originals}) > 1:
-            raise InvalidArgument(f"id {msg_id!r} names messages in topics "
-                                  f"{', '.join(sorted({m.topic for m in originals}))}: "
-                                  "give the topic")
+            raise InvalidArgument(
+                f"id {msg_id!r} names messages in topics "
+                f"{', '.join(sorted({m.topic for m in originals}))}: "
+                "give the topic"
+            )
         dead = [m for m in found if is_dlq_topic(m.topic)]
         copies = [m for m in found if is_retry_topic(m.topic)]
         usable = originals or dead or copies
         if not usable:  # only a delayed or half message: not deliverable yet
-            raise InvalidArgument(f"id {msg_id!r} names only {found[0].topic} records (a "
-                                  "delayed or transactional message not delivered yet)")
+            raise InvalidArgument(
+                f"id {msg_id!r} names only {found[0].topic} records (a "
+                "delayed or transactional message not delivered yet)"
+            )
         return usable[0]

@@ -36,8 +36,9 @@ def text(params: dict[str, Any], name: str, *, required: bool = False) -> str | 
     return value
 
 
-def integer(params: dict[str, Any], name: str, default: int | None = None, *,
-            minimum: int = 0) -> int | None:
+def integer(
+    params: dict[str, Any], name: str, default: int | None = None, *, minimum: int = 0
+) -> int | None:
     value = params.get(name)
     if value is None:
         return default
@@ -55,8 +56,7 @@ def flag(params: dict[str, Any], name: str) -> bool:
     return value
 
 
-def topic(params: dict[str, Any], name: str = "topic", *,
-          required: bool = False) -> str | None:
+def topic(params: dict[str, Any], name: str = "topic", *, required: bool = False) -> str | None:
     value = text(params, name, required=required)
     if value is not None:
         problem = topic_name_problem(value)
@@ -89,16 +89,26 @@ def body_json(body: bytes) -> dict[str, str]:
 def message_json(msg: MessageExt, *, body: bool = False) -> dict[str, Any]:
     """Everything a stored record says about its message."""
     out: dict[str, Any] = {
-        "topic": msg.topic, "queue_id": msg.queue_id, "queue_offset": msg.queue_offset,
-        "commitlog_offset": msg.commitlog_offset, "offset_msg_id": msg.offset_msg_id,
-        "msg_id": msg.msg_id, "unique_key": msg.unique_key, "tags": msg.tags,
-        "keys": msg.keys, "properties": dict(sorted(msg.properties.items())),
-        "store_time_ms": msg.store_timestamp, "store_time": iso_ms(msg.store_timestamp),
-        "born_time_ms": msg.born_timestamp, "born_time": iso_ms(msg.born_timestamp),
+        "topic": msg.topic,
+        "queue_id": msg.queue_id,
+        "queue_offset": msg.queue_offset,
+        "commitlog_offset": msg.commitlog_offset,
+        "offset_msg_id": msg.offset_msg_id,
+        "msg_id": msg.msg_id,
+        "unique_key": msg.unique_key,
+        "tags": msg.tags,
+        "keys": msg.keys,
+        "properties": dict(sorted(msg.properties.items())),
+        "store_time_ms": msg.store_timestamp,
+        "store_time": iso_ms(msg.store_timestamp),
+        "born_time_ms": msg.born_timestamp,
+        "born_time": iso_ms(msg.born_timestamp),
         "born_host": f"{msg.born_host[0]}:{msg.born_host[1]}",
         "store_host": f"{msg.store_host[0]}:{msg.store_host[1]}",
-        "reconsume_times": msg.reconsume_times, "size": msg.store_size,
-        "body_size": len(msg.body), "body_crc": msg.body_crc,
+        "reconsume_times": msg.reconsume_times,
+        "size": msg.store_size,
+        "body_size": len(msg.body),
+        "body_crc": msg.body_crc,
     }
     if body:
         out.update(body_json(msg.body))

@@ -16,9 +16,12 @@ def store_status(broker: Broker, params: dict[str, Any]) -> dict[str, Any]:
         "store_dir": str(cfg.store_dir),
         "disk_used_ratio": round(store.cleanup.measure_disk(), 4),
         "disk_full": store.is_disk_full(),
-        "watermarks": {"cleanup_from": cfg.disk_max_used_space_ratio,
-                       "clean_forcibly": cfg.disk_clean_watermark,
-                       "refuse_writes": cfg.disk_refuse_watermark},
-        "commitlog_min_offset": low, "commitlog_max_offset": high,
+        "watermarks": {
+            "cleanup_from": cfg.disk_max_used_space_ratio,
+            "clean_forcibly": cfg.disk_clean_watermark,
+            "refuse_writes": cfg.disk_refuse_watermark,
+        },
+        "commitlog_min_offset": low,
+        "commitlog_max_offset": high,
         "commitlog_bytes": high - low,
     }

@@ -31,14 +31,24 @@ def topic_status(broker: Broker, params: dict[str, Any]) -> dict[str, Any]:
     for q in sorted(queue_ids):
         low, high = store.get_min_offset_in_queue(topic, q), store.get_max_offset_in_queue(topic, q)
         first, last = _store_time(store, topic, q, low), _store_time(store, topic, q, high - 1)
-        queues.append({"queue_id": q, "min_offset": low, "max_offset": high,
-                       "messages": high - low,
-                       "first_store_time_ms": first if first >= 0 else None,
-                       "first_store_time": p.iso_ms(first) if first >= 0 else None,
-                       "last_store_time_ms": last if last >= 0 else None,
-                       "last_store_time": p.iso_ms(last) if last >= 0 else None})
+        queues.append(
+            {
+                "queue_id": q,
+                "min_offset": low,
+                "max_offset": high,
+                "messages": high - low,
+                "first_store_time_ms": first if first >= 0 else None,
+                "first_store_time": p.iso_ms(first) if first >= 0 else None,
+                "last_store_time_ms": last if last >= 0 else None,
+                "last_store_time": p.iso_ms(last) if last >= 0 else None,
+            }
+        )
     lasts = [q["last_store_time_ms"] for q in queues if q["last_store_time_ms"] is not None]
-    return {"topic": topic, "exists": cfg is not None, "queues": queues,
-            "messages": sum(q["messages"] for q in queues),
-            "last_store_time_ms": max(lasts) if lasts else None,
-            "last_store_time": p.iso_ms(max(lasts)) if lasts else None}
+    return {
+        "topic": topic,
+        "exists": cfg is not None,
+        "queues": queues,
+        "messages": sum(q["messages"] for q in queues),
+        "last_store_time_ms": max(lasts) if lasts else None,
+        "last_store_time": p.iso_ms(max(lasts)) if lasts else None,
+    }

@@ -62,15 +62,15 @@ def role_of(msg: MessageExt) -> tuple[str, str | None]:
     if msg.topic == SCHEDULE_TOPIC:
         real = msg.properties.get(Prop.REAL_TOPIC, "")
         if is_retry_topic(real):
-            return "retry-scheduled", real[len(RETRY_GROUP_TOPIC_PREFIX):]
+            return "retry-scheduled", real[len(RETRY_GROUP_TOPIC_PREFIX) :]
         return "delayed", None
     if msg.topic == TRANS_HALF_TOPIC:
         return "half", None
     if is_retry_topic(msg.topic):
-        group = msg.topic[len(RETRY_GROUP_TOPIC_PREFIX):]
+        group = msg.topic[len(RETRY_GROUP_TOPIC_PREFIX) :]
         return ("reconsume" if OPERATOR_ACTION in msg.properties else "retry"), group
     if is_dlq_topic(msg.topic):
-        return "dead-letter", msg.topic[len(DLQ_GROUP_TOPIC_PREFIX):]
+        return "dead-letter", msg.topic[len(DLQ_GROUP_TOPIC_PREFIX) :]
     return "original", None
 
 
@@ -91,17 +91,33 @@ class _Readable:
     done_how: str | None = None
 
 
-def _event(time_ms: int, log_offset: int, kind: str, detail: str,
-           msg: MessageExt | None = None, group: str | None = None,
-           **extra: Any) -> dict[str, Any]:
+def _event(
+    time_ms: int,
+    log_offset: int,
+    kind: str,
+    detail: str,
+    msg: MessageExt | None = None,
+    group: str | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
     """One timeline entry; `log_offset` is the commitlog offset of the record that says so
     (a stored copy, or an invisible-time log entry): the order of events within one ms."""
-    out: dict[str, Any] = {"time_ms": time_ms, "time": p.iso_ms(time_ms), "source": "broker",
-                           "kind": kind, "group": group, "detail": detail,
-                           "log_offset": log_offset}
+    out: dict[str, Any] = {
+        "time_ms": time_ms,
+        "time": p.iso_ms(time_ms),
+        "source": "broker",
+        "kind": kind,
+        "group": group,
+        "detail": detail,
+        "log_offset": log_offset,
+    }
     if msg is not None:
-        out.update(topic=msg.topic, queue_id=msg.queue_id, queue_offset=msg.queue_offset,
-                   offset_msg_id=msg.offset_msg_id)
+        out.update(
+            topic=msg.topic,
+            queue_id=msg.queue_id,
+            queue_offset=msg.queue_offset,
+            offset_msg_id=msg.offset_msg_id,
+        )
     out.update(extra)
     return out
 
@@ -117,13 +133,15 @@ def _stored_event(msg: MessageExt, role: str, group: str | None) -> dict[str, An
         text = f"stored as a transactional half message in {where}"
     elif role == "retry-scheduled":
         due = msg.properties.get(Prop.TIMER_DELIVER_MS)
-        text = (f"handed back by {group}: retry {msg.reconsume_times} scheduled in {where}"
-                + (f", due {p.iso_ms(int(due))}" if due else ""))
+        text = f"handed back by {group}: retry {msg.reconsume_times} scheduled in {where}" + (
+            f", due {p.iso_ms(int(due))}" if due else ""
+        )
     elif role == "retry":
         text = f"retry {msg.reconsume_times} for {group} in {where}"
     elif role == "reconsume":
-        text = (f"operator {msg.properties.get(OPERATOR, '?')} re-sent it to {group}: "
-                f"copy in {where}")
+        text = (
+            f"operator {msg.properties.get(OPERATOR, '?')} re-sent it to {group}: copy in {where}"
+        )
     else:
         text = f"{group} gave up on it: dead-letter copy in {where}"
     return _event(msg.store_timestamp, msg.commitlog_offset, role, text, msg, group)
@@ -141,8 +159,14 @@ def trace_message(broker: Broker, params: dict[str, Any]) -> dict[str, Any]:
     if topic is None:
         topics = everywhere
     else:
-        topics = [t for t in everywhere if t == topic or is_retry_topic(t) or is_dlq_topic(t)
-                  or t in (SCHEDULE_TOPIC, TRANS_HALF_TOPIC)]
+        topics = [
+            t
+            for t in everywhere
+            if t == topic
+            or is_retry_topic(t)
+            or is_dlq_topic(t)
+            or t in (SCHEDULE_TOPIC, TRANS_HALF_TOPIC)
+        ]
     find = MessageFinder(broker)
     found, more = find.by_id(key, topics, limit, match=query.KeyMatch.ANY)
     records = {m.commitlog_offset: m for m in found}
@@ -171,47 +195,86 @@ def trace_message(broker: Broker, params: dict[str, Any]) -> dict[str, Any]:
             readers = []
         for g in readers:
             committed = broker.query_offset(g, m.topic, m.queue_id)
-            leased = any(f.queue_id == m.queue_id and f.queue_offset == m.queue_offset
-                         for f in broker.in_flight(g, m.topic))
+            leased = any(
+                f.queue_id == m.queue_id and f.queue_offset == m.queue_offset
+                for f in broker.in_flight(g, m.topic)
+            )
             readables.append(_Readable(m, g, committed, leased))
     scanned, complete = _read_pop_log(broker, readables, scan)
     dead_letters = [m for m in ordered if roles[m.commitlog_offset][0] == "dead-letter"]
     for r in readables:
         for at, attempt, until, seq in r.deliveries:
-            events.append(_event(at, seq, "delivered", f"delivered to {r.group} (attempt "
-                                 f"{attempt}, invisible until {p.iso_ms(until)})", r.msg,
-                                 r.group, attempt=attempt))
+            events.append(
+                _event(
+                    at,
+                    seq,
+                    "delivered",
+                    f"delivered to {r.group} (attempt "
+                    f"{attempt}, invisible until {p.iso_ms(until)})",
+                    r.msg,
+                    r.group,
+                    attempt=attempt,
+                )
+            )
         for at, attempt, until, before, seq in r.changes:
             if until < before:
-                events.append(_event(at, seq, "handed-back", f"{r.group} handed it back "
-                                     f"(attempt {attempt} failed): redelivery from "
-                                     f"{p.iso_ms(until)}", r.msg, r.group, attempt=attempt))
+                events.append(
+                    _event(
+                        at,
+                        seq,
+                        "handed-back",
+                        f"{r.group} handed it back "
+                        f"(attempt {attempt} failed): redelivery from "
+                        f"{p.iso_ms(until)}",
+                        r.msg,
+                        r.group,
+                        attempt=attempt,
+                    )
+                )
             else:
-                events.append(_event(at, seq, "extended", f"{r.group} extended its invisible "
-                                     f"time to {p.iso_ms(until)}", r.msg, r.group,
-                                     attempt=attempt))
+                events.append(
+                    _event(
+                        at,
+                        seq,
+                        "extended",
+                        f"{r.group} extended its invisible time to {p.iso_ms(until)}",
+                        r.msg,
+                        r.group,
+                        attempt=attempt,
+                    )
+                )
         if r.done is not None:
             done_ms, done_seq = r.done
             last = max((d[3] for d in r.deliveries), default=None)  # by log order
             r.done_how = "skipped" if last is None else "acknowledged"
             # a dead-letter copy of this group written between its last delivery and done
             if last is not None and any(
-                    d.topic == DLQ_GROUP_TOPIC_PREFIX + r.group
-                    and last < d.commitlog_offset < done_seq for d in dead_letters):
+                d.topic == DLQ_GROUP_TOPIC_PREFIX + r.group and last < d.commitlog_offset < done_seq
+                for d in dead_letters
+            ):
                 r.done_how = "dead-lettered"
-            text = {"acknowledged": f"acknowledged by {r.group}",
-                    "dead-lettered": f"{r.group} gave up on it (dead-lettered)",
-                    "skipped": f"skipped by {r.group} (filtered by tag, or before the "
-                               "group's start)"}[r.done_how]
+            text = {
+                "acknowledged": f"acknowledged by {r.group}",
+                "dead-lettered": f"{r.group} gave up on it (dead-lettered)",
+                "skipped": f"skipped by {r.group} (filtered by tag, or before the group's start)",
+            }[r.done_how]
             events.append(_event(done_ms, done_seq, r.done_how, text, r.msg, r.group))
     events.sort(key=lambda e: (e["time_ms"], e["log_offset"]))
     return {
-        "key": key, "topic": topic,
+        "key": key,
+        "topic": topic,
         "message_ids": sorted({m.unique_key or m.offset_msg_id for m in ordered}),
-        "records": [dict(p.message_json(m), role=roles[m.commitlog_offset][0],
-                         group=roles[m.commitlog_offset][1]) for m in ordered],
+        "records": [
+            dict(
+                p.message_json(m),
+                role=roles[m.commitlog_offset][0],
+                group=roles[m.commitlog_offset][1],
+            )
+            for m in ordered
+        ],
         "groups": _group_summaries(readables, ordered, roles),
-        "events": events, "more": more,
+        "events": events,
+        "more": more,
         "pop_log": {"scanned": scanned, "complete": complete},
     }
 
@@ -226,19 +289,30 @@ def _read_pop_log(broker: Broker, readables: list[_Readable], scan: int) -> tupl
         return 0, not readables
     store = broker.store
     by_place: dict[tuple[str, str, int, int], _Readable] = {
-        (r.group, r.msg.topic, r.msg.queue_id, r.msg.queue_offset): r for r in readables}
+        (r.group, r.msg.topic, r.msg.queue_id, r.msg.queue_offset): r for r in readables
+    }
     wanted = {(g, t) for g, t, _q, _o in by_place}
     low = store.get_min_offset_in_queue(REVIVE_TOPIC, 0)
     end = store.get_max_offset_in_queue(REVIVE_TOPIC, 0)
-    starts = sorted({max(low, store.get_offset_in_queue_by_time(
-        REVIVE_TOPIC, 0, r.msg.store_timestamp - _SLACK_MS)) for r in readables})
+    starts = sorted(
+        {
+            max(
+                low,
+                store.get_offset_in_queue_by_time(
+                    REVIVE_TOPIC, 0, r.msg.store_timestamp - _SLACK_MS
+                ),
+            )
+            for r in readables
+        }
+    )
     scanned, read_to, complete = 0, low, True
     for i, start in enumerate(starts):
         offset = max(start, read_to)
         stop = min(end, offset + scan)
         while offset < stop:
-            got = store.get_messages(_ADMIN_GROUP, REVIVE_TOPIC, 0, offset,
-                                     min(_READ_BATCH, stop - offset))
+            got = store.get_messages(
+                _ADMIN_GROUP, REVIVE_TOPIC, 0, offset, min(_READ_BATCH, stop - offset)
+            )
             if not got.messages:
                 if got.next_begin_offset <= offset:
                     break
@@ -254,8 +328,11 @@ def _read_pop_log(broker: Broker, readables: list[_Readable], scan: int) -> tupl
     return scanned, complete
 
 
-def _read_entry(entry: MessageExt, wanted: set[tuple[str, str]],
-                by_place: dict[tuple[str, str, int, int], _Readable]) -> None:
+def _read_entry(
+    entry: MessageExt,
+    wanted: set[tuple[str, str]],
+    by_place: dict[tuple[str, str, int, int], _Readable],
+) -> None:
     try:
         record = json.loads(entry.body)
         group, topic, ops = record["g"], record["t"], record["ops"]
@@ -266,8 +343,14 @@ def _read_entry(entry: MessageExt, wanted: set[tuple[str, str]],
             _apply(op, group, topic, entry.store_timestamp, entry.commitlog_offset, by_place)
 
 
-def _apply(op: list[Any], group: str, topic: str, at: int, seq: int,
-           by_place: dict[tuple[str, str, int, int], _Readable]) -> None:
+def _apply(
+    op: list[Any],
+    group: str,
+    topic: str,
+    at: int,
+    seq: int,
+    by_place: dict[tuple[str, str, int, int], _Readable],
+) -> None:
     if not op or op[0] not in ("L", "D"):
         return
     qid = int(op[1])
@@ -316,39 +399,54 @@ def _state(last: _Readable | None, dead: list[MessageExt]) -> str:
     return CONSUMED_BY_OFFSET if past else "not delivered yet"
 
 
-def _group_summaries(readables: list[_Readable], ordered: list[MessageExt],
-                     roles: dict[int, tuple[str, str | None]]) -> list[dict[str, Any]]:
-    names = sorted({r.group for r in readables}
-                   | {g for role, g in roles.values() if g is not None})
+def _group_summaries(
+    readables: list[_Readable], ordered: list[MessageExt], roles: dict[int, tuple[str, str | None]]
+) -> list[dict[str, Any]]:
+    names = sorted(
+        {r.group for r in readables} | {g for role, g in roles.values() if g is not None}
+    )
     out = []
     for g in names:
-        mine = sorted((r for r in readables if r.group == g),
-                      key=lambda r: (r.msg.store_timestamp, r.msg.commitlog_offset))
+        mine = sorted(
+            (r for r in readables if r.group == g),
+            key=lambda r: (r.msg.store_timestamp, r.msg.commitlog_offset),
+        )
         copies = [m for m in ordered if roles[m.commitlog_offset][1] == g]
         dead = [m for m in copies if roles[m.commitlog_offset][0] == "dead-letter"]
         sendbacks = [m for m in copies if roles[m.commitlog_offset][0] == "retry-scheduled"]
         reconsumed = [m for m in copies if roles[m.commitlog_offset][0] == "reconsume"]
         deliveries = sorted(d for r in mine for d in r.deliveries)
         redeliveries = [d for r in mine for d in r.deliveries if d[1] > 1]
-        retry_times = sorted([d[0] for d in redeliveries]
-                             + [m.store_timestamp for m in sendbacks])
+        retry_times = sorted([d[0] for d in redeliveries] + [m.store_timestamp for m in sendbacks])
         state = _state(mine[-1] if mine else None, dead)
-        out.append({
-            "group": g, "state": state,
-            # no delivery trace (pull): the offset passed it (or the group started later)
-            "delivered": bool(deliveries) or any(r.committed > r.msg.queue_offset
-                                                 for r in mine),
-            "deliveries": len(deliveries), "acknowledged": state == "acknowledged",
-            "retries": len(retry_times), "retry_times": [p.iso_ms(t) for t in retry_times],
-            "dead_lettered": bool(dead),
-            "dead_lettered_at": [p.iso_ms(m.store_timestamp) for m in dead],
-            "reconsumed": len(reconsumed),
-            "records": [{"topic": r.msg.topic, "queue_id": r.msg.queue_id,
-                         "queue_offset": r.msg.queue_offset,
-                         "offset_msg_id": r.msg.offset_msg_id,
-                         "committed_offset": r.committed,
-                         "committed_past": r.committed > r.msg.queue_offset,
-                         "in_flight": r.in_flight, "deliveries": len(r.deliveries),
-                         "done": r.done_how} for r in mine],
-        })
+        out.append(
+            {
+                "group": g,
+                "state": state,
+                # no delivery trace (pull): the offset passed it (or the group started later)
+                "delivered": bool(deliveries)
+                or any(r.committed > r.msg.queue_offset for r in mine),
+                "deliveries": len(deliveries),
+                "acknowledged": state == "acknowledged",
+                "retries": len(retry_times),
+                "retry_times": [p.iso_ms(t) for t in retry_times],
+                "dead_lettered": bool(dead),
+                "dead_lettered_at": [p.iso_ms(m.store_timestamp) for m in dead],
+                "reconsumed": len(reconsumed),
+                "records": [
+                    {
+                        "topic": r.msg.topic,
+                        "queue_id": r.msg.queue_id,
+                        "queue_offset": r.msg.queue_offset,
+                        "offset_msg_id": r.msg.offset_msg_id,
+                        "committed_offset": r.committed,
+                        "committed_past": r.committed > r.msg.queue_offset,
+                        "in_flight": r.in_flight,
+                        "deliveries": len(r.deliveries),
+                        "done": r.done_how,
+                    }
+                    for r in mine
+                ],
+            }
+        )
     return out

@@ -11,5 +11,12 @@ from broker.ha.master import AckOutcome, HaMaster, SlaveState
 from broker.ha.protocol import HaProtocolError
 from broker.ha.slave import HaSlave
 
-__all__ = ["AckOutcome", "HaConfig", "HaMaster", "HaProtocolError", "HaRole", "HaSlave",
-           "SlaveState"]
+__all__ = [
+    "AckOutcome",
+    "HaConfig",
+    "HaMaster",
+    "HaProtocolError",
+    "HaRole",
+    "HaSlave",
+    "SlaveState",
+]

@@ -135,15 +135,27 @@ class HaMaster:
         and how many bytes of the log it lacks."""
         end = self.store.commitlog.get_max_offset()
         states = self.slaves()
-        slaves: list[dict[str, Any]] = [{"address": s.address, "acked_offset": s.acked_offset,
-                   "sent_offset": s.sent_offset, "lag_bytes": max(end - s.acked_offset, 0),
-                   "connected_ms": s.connected_ms, "last_report_ms": s.last_report_ms}
-                  for s in states]
-        return {"role": self.config.role.value, "broker_name": self.config.broker_name,
-                "broker_id": self.config.broker_id, "ha_port": self.port,
-                "max_offset": end, "slaves": slaves,
-                "lag_bytes": min((max(end - s.acked_offset, 0) for s in states), default=None),
-                "sync_timeout_ms": self.config.sync_timeout_ms}
+        slaves: list[dict[str, Any]] = [
+            {
+                "address": s.address,
+                "acked_offset": s.acked_offset,
+                "sent_offset": s.sent_offset,
+                "lag_bytes": max(end - s.acked_offset, 0),
+                "connected_ms": s.connected_ms,
+                "last_report_ms": s.last_report_ms,
+            }
+            for s in states
+        ]
+        return {
+            "role": self.config.role.value,
+            "broker_name": self.config.broker_name,
+            "broker_id": self.config.broker_id,
+            "ha_port": self.port,
+            "max_offset": end,
+            "slaves": slaves,
+            "lag_bytes": min((max(end - s.acked_offset, 0) for s in states), default=None),
+            "sync_timeout_ms": self.config.sync_timeout_ms,
+        }
 
     def acked_offset(self) -> int:
         """The furthest offset any connected slave has acknowledged (-1: no slave)."""
@@ -162,8 +174,7 @@ class HaMaster:
                     return False
                 self._acked.wait(left)
 
-    def when_acked(self, end: int, timeout_ms: int,
-                   callback: Callable[[AckOutcome], None]) -> None:
+    def when_acked(self, end: int, timeout_ms: int, callback: Callable[[AckOutcome], None]) -> None:
         """SYNC_MASTER: `callback(ACKED)` once a slave acknowledges the log up to `end`;
         `SLAVE_NOT_AVAILABLE` at once when no slave is connected; `TIMEOUT` when none
         acknowledged within `timeout_ms`. Called on a replication thread (or this one):
@@ -213,8 +224,7 @@ class HaMaster:
             self._reaper_wake.wait(max(next_at - time.monotonic(), 0.001))
             self._reaper_wake.clear()
 
-    def when_replicated(self, end: int,
-                        callback: Callable[[BrokerError | None], None]) -> None:
+    def when_replicated(self, end: int, callback: Callable[[BrokerError | None], None]) -> None:
         """The server's SYNC_MASTER gate (`broker.server.context.SyncReplication`):
         `callback(None)` once a slave has the log up to `end`, else the error to answer."""
         timeout_ms = self.config.sync_timeout_ms
@@ -223,11 +233,14 @@ class HaMaster:
             if outcome is AckOutcome.ACKED:
                 callback(None)
             elif outcome is AckOutcome.SLAVE_NOT_AVAILABLE:
-                callback(NotReplicated(ResponseCode.SLAVE_NOT_AVAILABLE,
-                                       "no slave is connected"))
+                callback(NotReplicated(ResponseCode.SLAVE_NOT_AVAILABLE, "no slave is connected"))
             else:
-                callback(NotReplicated(ResponseCode.FLUSH_SLAVE_TIMEOUT,
-                                       f"no slave acknowledged within {timeout_ms} ms"))
+                callback(
+                    NotReplicated(
+                        ResponseCode.FLUSH_SLAVE_TIMEOUT,
+                        f"no slave acknowledged within {timeout_ms} ms",
+                    )
+                )
 
         self.when_acked(end, timeout_ms, done)
 
@@ -242,8 +255,12 @@ class HaMaster:
                 continue
             except OSError:
                 return
-            t = threading.Thread(target=self._serve, args=(sock, f"{addr[0]}:{addr[1]}"),
-                                 name="ha-slave", daemon=True)
+            t = threading.Thread(
+                target=self._serve,
+                args=(sock, f"{addr[0]}:{addr[1]}"),
+                name="ha-slave",
+                daemon=True,
+            )
             t.start()
             self._threads = [x for x in self._threads if x.is_alive()] + [t]
 
@@ -265,10 +282,15 @@ class HaMaster:
             key = self._next_id
             self._next_id += 1
             self._conns[key] = conn
-        log.info("replication: slave %s connected, its log ends at %d; sending from %d",
-                 address, offset, start)
-        reader = threading.Thread(target=self._read_reports, args=(conn,),
-                                  name="ha-reports", daemon=True)
+        log.info(
+            "replication: slave %s connected, its log ends at %d; sending from %d",
+            address,
+            offset,
+            start,
+        )
+        reader = threading.Thread(
+            target=self._read_reports, args=(conn,), name="ha-reports", daemon=True
+        )
         reader.start()
         try:
             self._write(conn, start)
@@ -287,14 +309,18 @@ class HaMaster:
         log_ = self.store.commitlog
         end = log_.get_max_offset()
         if offset > end:
-            raise HaProtocolError(f"the slave's log ends at {offset}, beyond this master's "
-                                  f"({end}): it holds records this master never had")
+            raise HaProtocolError(
+                f"the slave's log ends at {offset}, beyond this master's "
+                f"({end}): it holds records this master never had"
+            )
         low = log_.get_min_offset()
         if offset == 0 and low > 0:
             return low  # a new slave of a master whose first files were cleaned up
         if 0 <= offset < low:
-            raise HaProtocolError(f"the slave's log ends at {offset}, before this master's "
-                                  f"first record ({low}): start it from an empty store")
+            raise HaProtocolError(
+                f"the slave's log ends at {offset}, before this master's "
+                f"first record ({low}): start it from an empty store"
+            )
         return offset
 
     def _write(self, conn: _SlaveConnection, offset: int) -> None:

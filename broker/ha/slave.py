@@ -62,13 +62,18 @@ class HaSlave:
         (as of the master's last frame or heartbeat)."""
         end = self.store.get_commitlog_max_offset()
         known = self.master_max_offset
-        return {"role": "slave", "broker_name": self.config.broker_name,
-                "broker_id": self.config.broker_id,
-                "master": f"{self.master[0]}:{self.master[1]}", "connected": self.connected,
-                "max_offset": end, "master_max_offset": known,
-                "lag_bytes": max(known - end, 0) if known >= 0 else None,
-                "last_frame_ms": self.last_frame_ms,
-                "config_synced_ms": self.config_synced_ms}
+        return {
+            "role": "slave",
+            "broker_name": self.config.broker_name,
+            "broker_id": self.config.broker_id,
+            "master": f"{self.master[0]}:{self.master[1]}",
+            "connected": self.connected,
+            "max_offset": end,
+            "master_max_offset": known,
+            "lag_bytes": max(known - end, 0) if known >= 0 else None,
+            "last_frame_ms": self.last_frame_ms,
+            "config_synced_ms": self.config_synced_ms,
+        }
 
     def stop(self) -> None:
         self._stopped.set()
@@ -85,8 +90,12 @@ class HaSlave:
                 self._session()
             except (HaProtocolError, OSError, StoreError) as exc:
                 if not self._stopped.is_set():
-                    log.warning("replication from %s:%d: %s; dialling again in %.1f s",
-                                *self.master, exc, wait_s)
+                    log.warning(
+                        "replication from %s:%d: %s; dialling again in %.1f s",
+                        *self.master,
+                        exc,
+                        wait_s,
+                    )
             finally:
                 self.connected = False
                 sock, self._sock = self._sock, None

@@ -72,16 +72,26 @@ SERVICE = "reliable.admin.v1.Admin"
 
 
 def topic_json(cfg: TopicConfig) -> dict[str, Any]:
-    return {"name": cfg.name, "read_queues": cfg.read_queue_nums,
-            "write_queues": cfg.write_queue_nums, "perm": cfg.perm,
-            "perm_string": perm_to_string(cfg.perm), "type": cfg.message_type.value}
+    return {
+        "name": cfg.name,
+        "read_queues": cfg.read_queue_nums,
+        "write_queues": cfg.write_queue_nums,
+        "perm": cfg.perm,
+        "perm_string": perm_to_string(cfg.perm),
+        "type": cfg.message_type.value,
+    }
 
 
 def group_json(cfg: SubscriptionGroupConfig) -> dict[str, Any]:
-    return {"name": cfg.group, "fifo": cfg.fifo, "max_retries": cfg.retry_max_times,
-            "max_delivery_attempts": cfg.max_delivery_attempts,
-            "retry_queues": cfg.retry_queue_nums, "consume_enable": cfg.consume_enable,
-            "broadcast": cfg.consume_broadcast}
+    return {
+        "name": cfg.group,
+        "fifo": cfg.fifo,
+        "max_retries": cfg.retry_max_times,
+        "max_delivery_attempts": cfg.max_delivery_attempts,
+        "retry_queues": cfg.retry_queue_nums,
+        "consume_enable": cfg.consume_enable,
+        "broadcast": cfg.consume_broadcast,
+    }
 
 
 def _int(params: dict[str, Any], name: str, default: int) -> int:
@@ -97,11 +107,16 @@ class AdminOps:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.methods: dict[str, Callable[[dict[str, Any]], Any]] = {
-            "CreateTopic": self.create_topic, "ListTopics": self.list_topics,
-            "GetTopic": self.get_topic, "CreateGroup": self.create_group,
-            "ListGroups": self.list_groups, "GetGroup": self.get_group,
-            "SetGroupStart": self.set_group_start, "ParkMessageGroup": self.park,
-            "ListParkedGroups": self.list_parked, "UnparkMessageGroup": self.unpark,
+            "CreateTopic": self.create_topic,
+            "ListTopics": self.list_topics,
+            "GetTopic": self.get_topic,
+            "CreateGroup": self.create_group,
+            "ListGroups": self.list_groups,
+            "GetGroup": self.get_group,
+            "SetGroupStart": self.set_group_start,
+            "ParkMessageGroup": self.park,
+            "ListParkedGroups": self.list_parked,
+            "UnparkMessageGroup": self.unpark,
             "MakeGroupFifo": self.make_group_fifo,
             "HaStatus": lambda params: {"role": "none"},
         }
@@ -118,8 +133,9 @@ class AdminOps:
         kind = str(params.get("type", "NORMAL")).upper()
         if kind not in TOPIC_TYPES:
             raise BadRequest(f"topic type must be one of {', '.join(TOPIC_TYPES)}")
-        cfg = self.broker.create_topic(name, queues=_int(params, "queues", 4),
-                                       perm=_int(params, "perm", 6), message_type=kind)
+        cfg = self.broker.create_topic(
+            name, queues=_int(params, "queues", 4), perm=_int(params, "perm", 6), message_type=kind
+        )
         return topic_json(cfg)
 
     def list_topics(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -131,9 +147,14 @@ class AdminOps:
         if cfg is None:
             raise TopicNotFound(name)
         out = topic_json(cfg)
-        out["queues"] = [{"queue_id": q, "min_offset": self.broker.min_offset(name, q),
-                          "max_offset": self.broker.max_offset(name, q)}
-                         for q in range(max(cfg.read_queue_nums, cfg.write_queue_nums))]
+        out["queues"] = [
+            {
+                "queue_id": q,
+                "min_offset": self.broker.min_offset(name, q),
+                "max_offset": self.broker.max_offset(name, q),
+            }
+            for q in range(max(cfg.read_queue_nums, cfg.write_queue_nums))
+        ]
         return out
 
     def create_group(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -141,8 +162,9 @@ class AdminOps:
         fifo = params.get("fifo", False)
         if not isinstance(fifo, bool):
             raise BadRequest("fifo must be true or false")
-        cfg = self.broker.create_group(name, retry_max_times=_int(params, "max_retries", 16),
-                                       fifo=fifo)
+        cfg = self.broker.create_group(
+            name, retry_max_times=_int(params, "max_retries", 16), fifo=fifo
+        )
         return group_json(cfg)
 
     def make_group_fifo(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -155,12 +177,17 @@ class AdminOps:
                 raise ConsumerGroupNotFound(f"consumer group {name!r} does not exist")
             # what the group would have been created with on first use, FIFO
             cfg = self.broker.create_group(
-                name, retry_max_times=self.broker.config.default_retry_max_times, fifo=True)
+                name, retry_max_times=self.broker.config.default_retry_max_times, fifo=True
+            )
         elif not cfg.fifo:
             cfg = self.broker.create_group(
-                name, retry_max_times=cfg.retry_max_times, retry_queue_nums=cfg.retry_queue_nums,
-                consume_broadcast=cfg.consume_broadcast, fifo=True,
-                consume_enable=cfg.consume_enable)
+                name,
+                retry_max_times=cfg.retry_max_times,
+                retry_queue_nums=cfg.retry_queue_nums,
+                consume_broadcast=cfg.consume_broadcast,
+                fifo=True,
+                consume_enable=cfg.consume_enable,
+            )
         return group_json(cfg)
 
     def list_groups(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -183,9 +210,14 @@ class AdminOps:
             for q in range(queues):
                 broker_offset = self.broker.max_offset(str(topic), q)
                 consumer_offset = self.broker.query_offset(name, str(topic), q)
-                progress.append({"queue_id": q, "broker_offset": broker_offset,
-                                 "consumer_offset": consumer_offset,
-                                 "lag": broker_offset - max(consumer_offset, 0)})
+                progress.append(
+                    {
+                        "queue_id": q,
+                        "broker_offset": broker_offset,
+                        "consumer_offset": consumer_offset,
+                        "lag": broker_offset - max(consumer_offset, 0),
+                    }
+                )
             out["progress"] = {"topic": topic, "queues": progress}
         return out
 
@@ -196,8 +228,9 @@ class AdminOps:
         if where is None:
             raise BadRequest(f"consume_from must be one of {', '.join(_STARTS)}")
         timestamp = params.get("timestamp_ms")
-        if timestamp is not None and (isinstance(timestamp, bool)
-                                      or not isinstance(timestamp, int) or timestamp < 0):
+        if timestamp is not None and (
+            isinstance(timestamp, bool) or not isinstance(timestamp, int) or timestamp < 0
+        ):
             raise BadRequest("timestamp_ms must be a non-negative integer")
         cfg = self.broker.get_topic(topic)
         if cfg is None:
@@ -211,8 +244,9 @@ class AdminOps:
 
     def list_parked(self, params: dict[str, Any]) -> dict[str, Any]:
         group = params.get("group")
-        return {"parked": self.broker.parked_message_groups(
-            check_group(str(group)) if group else None)}
+        return {
+            "parked": self.broker.parked_message_groups(check_group(str(group)) if group else None)
+        }
 
     @staticmethod
     def _parked_target(params: dict[str, Any]) -> tuple[str, str, str]:
@@ -230,8 +264,11 @@ class AdminOps:
         return {"unparked": self.broker.unpark_message_group(*self._parked_target(params))}
 
 
-_STARTS = {"FIRST": ConsumeFromWhere.FIRST_OFFSET, "LAST": ConsumeFromWhere.LAST_OFFSET,
-           "TIMESTAMP": ConsumeFromWhere.TIMESTAMP}
+_STARTS = {
+    "FIRST": ConsumeFromWhere.FIRST_OFFSET,
+    "LAST": ConsumeFromWhere.LAST_OFFSET,
+    "TIMESTAMP": ConsumeFromWhere.TIMESTAMP,
+}
 
 
 def _decode(raw: bytes) -> dict[str, Any]:
@@ -250,7 +287,8 @@ def admin_handler(ctx: Any) -> Any:
     """The generic gRPC handler serving `reliable.admin.v1.Admin` over `ctx.broker`."""
     ops = AdminOps(ctx.broker)
     ops.methods["HaStatus"] = lambda params: (
-        ctx.ha_status() if ctx.ha_status is not None else {"role": "none"})
+        ctx.ha_status() if ctx.ha_status is not None else {"role": "none"}
+    )
 
     def method(name: str) -> Any:
         async def handle(params: dict[str, Any], context: Any) -> dict[str, Any]:
@@ -261,10 +299,10 @@ def admin_handler(ctx: Any) -> Any:
                 result = await ctx.run_in_pool(ops.call, name, params)
                 return {"ok": True, "result": result}
             except Exception as exc:
-                return {"ok": False, "code": code_of(exc).name,
-                        "message": status_of(exc).message}
+                return {"ok": False, "code": code_of(exc).name, "message": status_of(exc).message}
 
         return grpc.unary_unary_rpc_method_handler(
-            handle, request_deserializer=_decode, response_serializer=_encode)
+            handle, request_deserializer=_decode, response_serializer=_encode
+        )
 
     return grpc.method_handlers_generic_handler(SERVICE, {n: method(n) for n in ops.methods})

@@ -34,8 +34,9 @@ def _fields(header: str) -> dict[str, str]:
     return out
 
 
-def verify(metadata: Mapping[str, str], credentials: Mapping[str, str], now_s: float,
-           max_skew_s: int) -> str:
+def verify(
+    metadata: Mapping[str, str], credentials: Mapping[str, str], now_s: float, max_skew_s: int
+) -> str:
     """The caller's access key, or `Unauthorized`."""
     header = metadata.get("authorization")
     if not header:

@@ -76,8 +76,10 @@ class ClientHandlers:
         if requested is not None and len(requested.addresses) > 0:
             for address in requested.addresses:
                 if not 0 < address.port <= 65535 or not address.host:
-                    raise BadRequest(f"endpoint {address.host[:64]!r}:{address.port} is not "
-                                     "a host and a port in 1..65535")
+                    raise BadRequest(
+                        f"endpoint {address.host[:64]!r}:{address.port} is not "
+                        "a host and a port in 1..65535"
+                    )
             out.CopyFrom(requested)
             return out
         host = self.ctx.config.advertised_host or self.ctx.config.host
@@ -91,8 +93,9 @@ class ClientHandlers:
         address.port = self.ctx.bound_port
         return out
 
-    def message_queue(self, topic: str, namespace: str, queue_id: int, perm: int,
-                      endpoints: Any, topic_type: str) -> Any:
+    def message_queue(
+        self, topic: str, namespace: str, queue_id: int, perm: int, endpoints: Any, topic_type: str
+    ) -> Any:
         mq = definition_pb2.MessageQueue()
         mq.topic.name = topic
         mq.topic.resource_namespace = namespace
@@ -113,9 +116,16 @@ class ClientHandlers:
         for queue_id in range(max(cfg.read_queue_nums, cfg.write_queue_nums)):
             readable = queue_id < cfg.read_queue_nums and bool(cfg.perm & PERM_READ)
             writeable = queue_id < cfg.write_queue_nums and bool(cfg.perm & PERM_WRITE)
-            response.message_queues.append(self.message_queue(
-                topic, request.topic.resource_namespace, queue_id,
-                PERMISSION[(readable, writeable)], endpoints, cfg.message_type.value))
+            response.message_queues.append(
+                self.message_queue(
+                    topic,
+                    request.topic.resource_namespace,
+                    queue_id,
+                    PERMISSION[(readable, writeable)],
+                    endpoints,
+                    cfg.message_type.value,
+                )
+            )
         response.status.CopyFrom(ok())
         return response
 
@@ -128,9 +138,16 @@ class ClientHandlers:
             raise Forbidden(f"topic {topic!r} is not readable")
         response = service_pb2.QueryAssignmentResponse()
         assignment = response.assignments.add()
-        assignment.message_queue.CopyFrom(self.message_queue(
-            topic, request.topic.resource_namespace, -1, PERMISSION[(True, True)],
-            self.endpoints(request.endpoints), cfg.message_type.value))
+        assignment.message_queue.CopyFrom(
+            self.message_queue(
+                topic,
+                request.topic.resource_namespace,
+                -1,
+                PERMISSION[(True, True)],
+                self.endpoints(request.endpoints),
+                cfg.message_type.value,
+            )
+        )
         response.status.CopyFrom(ok())
         return response
 
@@ -148,8 +165,9 @@ class ClientHandlers:
         response.status.CopyFrom(ok())
         return response
 
-    async def notify_termination(self, request: Any, call: CallInfo,
-                                 release: Callable[[ClientSession], Any]) -> Any:
+    async def notify_termination(
+        self, request: Any, call: CallInfo, release: Callable[[ClientSession], Any]
+    ) -> Any:
         session = self.ctx.sessions.remove(call.client_id)
         if session is not None:
             await release(session)
@@ -174,14 +192,14 @@ class ClientHandlers:
         session.stream = stream
         session.streams += 1
         outbox = stream.queue
-        reader = asyncio.ensure_future(self._read_commands(requests, session, call, stream,
-                                                                context))
+        reader = asyncio.ensure_future(
+            self._read_commands(requests, session, call, stream, context)
+        )
         getter: asyncio.Future[Any] | None = None
         try:
             while True:
                 getter = asyncio.ensure_future(outbox.get())
-                done, _ = await asyncio.wait({getter, reader},
-                                             return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
                 if getter in done:
                     command = getter.result()
                     if command is None:  # the server is stopping: end the stream cleanly
@@ -216,25 +234,32 @@ class ClientHandlers:
             session.stream = None
         session.last_seen_ms = session.disconnected_ms = self.ctx.clock()
 
-    async def _cut_off(self, session: ClientSession, stream: TelemetryStream,
-                       context: Any) -> None:
+    async def _cut_off(self, session: ClientSession, stream: TelemetryStream, context: Any) -> None:
         """End a stream whose client does not read it: final status, then cancel the call."""
         stream.cut = True
         self._stream_closed(session, stream)
         try:  # the status waits behind the unread replies: a client that reads again sees it
-            await asyncio.wait_for(context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"more than {stream.queue.maxsize} telemetry replies were left unread"),
-                CUT_OFF_STATUS_WAIT_S)
+            await asyncio.wait_for(
+                context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"more than {stream.queue.maxsize} telemetry replies were left unread",
+                ),
+                CUT_OFF_STATUS_WAIT_S,
+            )
         except (grpc.aio.AbortError, TimeoutError):
             pass  # AbortError is how abort() ends
         except Exception as exc:  # the call ended meanwhile
-            log.debug("telemetry stream of %s: final status not sent: %s",
-                      session.client_id, exc)
+            log.debug("telemetry stream of %s: final status not sent: %s", session.client_id, exc)
         stream.cut_off()
 
-    async def _read_commands(self, requests: AsyncIterator[Any], session: ClientSession,
-                             call: CallInfo, stream: TelemetryStream, context: Any) -> None:
+    async def _read_commands(
+        self,
+        requests: AsyncIterator[Any],
+        session: ClientSession,
+        call: CallInfo,
+        stream: TelemetryStream,
+        context: Any,
+    ) -> None:
         try:
             async for command in requests:
                 session.last_seen_ms = self.ctx.clock()
@@ -245,15 +270,20 @@ class ClientHandlers:
                     continue  # thread stack traces, verify results: nothing to do
                 else:
                     try:
-                        reply.settings.CopyFrom(await self._apply_settings(
-                            session, command.settings, call))
+                        reply.settings.CopyFrom(
+                            await self._apply_settings(session, command.settings, call)
+                        )
                         reply.status.CopyFrom(ok())
                     except Exception as exc:
                         reply.status.CopyFrom(status_of(exc))
                 if not stream.push(reply):  # its replies are not read: stop serving it
-                    _limited.log(logging.WARNING, "telemetry unread",
-                                 "telemetry stream of %s ended: %d replies are waiting unread",
-                                 call.client_id[:64], stream.queue.qsize())
+                    _limited.log(
+                        logging.WARNING,
+                        "telemetry unread",
+                        "telemetry stream of %s ended: %d replies are waiting unread",
+                        call.client_id[:64],
+                        stream.queue.qsize(),
+                    )
                     await self._cut_off(session, stream, context)
                     return
         except asyncio.CancelledError:
@@ -261,8 +291,7 @@ class ClientHandlers:
         except Exception as exc:  # the client vanished or sent garbage: end the stream
             log.debug("telemetry stream of %s ended: %s", call.client_id, exc)
 
-    async def _apply_settings(self, session: ClientSession, settings: Any,
-                              call: CallInfo) -> Any:
+    async def _apply_settings(self, session: ClientSession, settings: Any, call: CallInfo) -> Any:
         kind = ClientKind.of(settings.client_type)
         if settings.HasField("request_timeout"):  # echoed back: never a malformed duration
             convert.duration_ms(settings.request_timeout, "request timeout")
@@ -294,7 +323,8 @@ class ClientHandlers:
         subscriptions: dict[str, frozenset[str] | None] = {}
         for entry in sub.subscriptions:
             subscriptions[check_topic(entry.topic.name)] = parse_filter(
-                entry.expression.type, entry.expression.expression)
+                entry.expression.type, entry.expression.expression
+            )
         cfg = self.group_config(group)
         session.kind, session.group, session.settings = kind, group, settings
         session.subscriptions = subscriptions
@@ -304,9 +334,13 @@ class ClientHandlers:
         config = self.ctx.config
         polling = config.max_long_polling_ms
         if kind is ClientKind.SIMPLE_CONSUMER and sub.HasField("long_polling_timeout"):
-            polling = max(config.min_long_polling_ms, min(
-                convert.duration_ms(sub.long_polling_timeout, "long polling timeout"),
-                config.max_long_polling_ms))
+            polling = max(
+                config.min_long_polling_ms,
+                min(
+                    convert.duration_ms(sub.long_polling_timeout, "long polling timeout"),
+                    config.max_long_polling_ms,
+                ),
+            )
         convert.set_duration_ms(reply.subscription.long_polling_timeout, polling)
         policy = reply.backoff_policy
         policy.Clear()

@@ -104,23 +104,34 @@ class ConsumerHandlers:
         if plan.auto_renew:
             for entry in entries:
                 session.renewals[entry.receipt_handle] = Renewal(
-                    group=group, topic=topic, original=entry.receipt_handle,
-                    current=entry.receipt_handle, expires_ms=now + invisible_ms, first_ms=now)
+                    group=group,
+                    topic=topic,
+                    original=entry.receipt_handle,
+                    current=entry.receipt_handle,
+                    expires_ms=now + invisible_ms,
+                    first_ms=now,
+                )
         finished = False
         try:
             # every response built before the first write: the writes go back to back, and
             # what the messages share (topic, digest kind, invisible time) is built once
             template = convert.delivery_template(
-                topic=topic, namespace=request.message_queue.topic.resource_namespace,
-                invisible_ms=invisible_ms)
+                topic=topic,
+                namespace=request.message_queue.topic.resource_namespace,
+                invisible_ms=invisible_ms,
+            )
             responses = [_OK_RESPONSE]
             fill = convert.fill_proto
             response_type = service_pb2.ReceiveMessageResponse
             for entry in entries:
                 response = response_type()
-                fill(response.message, entry.message, template=template,
-                     receipt_handle=entry.receipt_handle,
-                     delivery_attempt=entry.delivery_attempt)
+                fill(
+                    response.message,
+                    entry.message,
+                    template=template,
+                    receipt_handle=entry.receipt_handle,
+                    delivery_attempt=entry.delivery_attempt,
+                )
                 responses.append(response)
             responses.append(_timestamp_response(self.ctx.clock()))
             for response in responses:
@@ -143,13 +154,30 @@ class ConsumerHandlers:
             event = self.waiters.park(topic)
             try:
                 if self.ctx.inline:  # nothing to wait for: done by the time it returns
-                    future = self.ctx.submit(lambda: broker.receive(
-                        group, topic, plan.batch, plan.invisible_ms, plan.tags,
-                        long_poll_ms=0, fifo=plan.fifo))
+                    future = self.ctx.submit(
+                        lambda: broker.receive(
+                            group,
+                            topic,
+                            plan.batch,
+                            plan.invisible_ms,
+                            plan.tags,
+                            long_poll_ms=0,
+                            fifo=plan.fifo,
+                        )
+                    )
                 else:  # its leases' fsync awaited on the loop
-                    future = asyncio.ensure_future(self.ctx.run_durably(
-                        broker.receive, group, topic, plan.batch, plan.invisible_ms,
-                        plan.tags, long_poll_ms=0, fifo=plan.fifo))
+                    future = asyncio.ensure_future(
+                        self.ctx.run_durably(
+                            broker.receive,
+                            group,
+                            topic,
+                            plan.batch,
+                            plan.invisible_ms,
+                            plan.tags,
+                            long_poll_ms=0,
+                            fifo=plan.fifo,
+                        )
+                    )
                 try:
                     entries = await asyncio.shield(future)
                 except asyncio.CancelledError:
@@ -167,8 +195,9 @@ class ConsumerHandlers:
         config = self.ctx.config
         group = validation.check_group(request.group.name)
         topic = validation.check_topic(request.message_queue.topic.name)
-        tags = validation.parse_filter(request.filter_expression.type,
-                                       request.filter_expression.expression)
+        tags = validation.parse_filter(
+            request.filter_expression.type, request.filter_expression.expression
+        )
         batch = int(request.batch_size)
         if batch <= 0:
             raise BadRequest(f"batch size must be positive, got {batch}")
@@ -180,8 +209,10 @@ class ConsumerHandlers:
             raise IllegalInvisibleTime("invisible duration is required without auto_renew")
         else:
             invisible_ms = validation.check_invisible_ms(
-                convert.duration_ms(request.invisible_duration), config.min_invisible_ms,
-                config.max_invisible_ms)
+                convert.duration_ms(request.invisible_duration),
+                config.min_invisible_ms,
+                config.max_invisible_ms,
+            )
         poll_ms = config.max_long_polling_ms
         if request.HasField("long_polling_timeout"):
             poll_ms = convert.duration_ms(request.long_polling_timeout)
@@ -192,12 +223,14 @@ class ConsumerHandlers:
             if room_ms < config.min_long_polling_ms:
                 raise IllegalPollingTime(
                     f"the call's deadline leaves {max(room_ms, 0)} ms; long polling needs "
-                    f"{config.min_long_polling_ms} ms")
+                    f"{config.min_long_polling_ms} ms"
+                )
             poll_ms = min(poll_ms, room_ms)
         group_cfg = self.clients.group_config(group)
         self.clients.topic_config(topic)
-        return ReceivePlan(group, topic, batch, invisible_ms, tags, poll_ms, group_cfg.fifo,
-                           auto_renew)
+        return ReceivePlan(
+            group, topic, batch, invisible_ms, tags, poll_ms, group_cfg.fifo, auto_renew
+        )
 
     def _release_result(self, group: str, topic: str, future: asyncio.Future[Any]) -> None:
         if future.cancelled() or future.exception() is not None:
@@ -209,8 +242,13 @@ class ConsumerHandlers:
     async def _release(self, group: str, topic: str, handles: list[str]) -> None:
         for handle in handles:
             try:
-                await self.ctx.run_durably(self.ctx.broker.change_invisible_duration, group,
-                                           topic, handle, self.ctx.config.release_invisible_ms)
+                await self.ctx.run_durably(
+                    self.ctx.broker.change_invisible_duration,
+                    group,
+                    topic,
+                    handle,
+                    self.ctx.config.release_invisible_ms,
+                )
             except Exception as exc:  # already acked or expired: nothing to release
                 log.debug("release of %s skipped: %s", handle[:40], exc)
 
@@ -264,8 +302,7 @@ class ConsumerHandlers:
                 statuses[i] = status_of(exc)
         if live:
             try:
-                errors = await self.ctx.run_durably(self.ctx.broker.ack_batch, group, topic,
-                                                    live)
+                errors = await self.ctx.run_durably(self.ctx.broker.ack_batch, group, topic, live)
             except Exception as exc:  # the whole batch failed (e.g. the store refused it)
                 failed = status_of(exc)
                 for i in at:
@@ -281,8 +318,7 @@ class ConsumerHandlers:
             result.receipt_handle = handle
             result.status.CopyFrom(status)
         first = statuses[0]
-        if all(st is first for st in statuses) or \
-                all(st.code == first.code for st in statuses):
+        if all(st is first for st in statuses) or all(st.code == first.code for st in statuses):
             response.status.CopyFrom(first)
         else:
             response.status.CopyFrom(make_status(Code.MULTIPLE_RESULTS, "entries differ"))
@@ -293,13 +329,15 @@ class ConsumerHandlers:
         group = validation.check_group(request.group.name)
         topic = validation.check_topic(request.topic.name)
         invisible_ms = validation.check_invisible_ms(
-            convert.duration_ms(request.invisible_duration), 0, self.ctx.config.max_invisible_ms)
+            convert.duration_ms(request.invisible_duration), 0, self.ctx.config.max_invisible_ms
+        )
         # 0 (the proxy accepts it; a push consumer's sub-second backoff arrives as 0 s) means
         # "visible again now"; the broker's smallest lease is 1 ms
         invisible_ms = max(invisible_ms, 1)
         handle, _ = await self._live_handle(call, request.receipt_handle)
-        new_handle = await self.ctx.run_durably(self.ctx.broker.change_invisible_duration,
-                                                group, topic, handle, invisible_ms)
+        new_handle = await self.ctx.run_durably(
+            self.ctx.broker.change_invisible_duration, group, topic, handle, invisible_ms
+        )
         self.waiters.wake(topic)
         response = service_pb2.ChangeInvisibleDurationResponse()
         response.status.CopyFrom(ok())
@@ -334,8 +372,12 @@ class ConsumerHandlers:
         config = self.ctx.config
         due: list[tuple[ClientSession, Renewal]] = []
         for session in self.ctx.sessions:
-            if session.renewals and not session.connected and session.disconnected_ms and \
-                    now - session.disconnected_ms > config.stream_grace_ms:
+            if (
+                session.renewals
+                and not session.connected
+                and session.disconnected_ms
+                and now - session.disconnected_ms > config.stream_grace_ms
+            ):
                 await self.release_session(session)
                 continue
             for renewal in list(session.renewals.values()):
@@ -350,8 +392,7 @@ class ConsumerHandlers:
             await self.release_session(session)
             if session.group:
                 try:
-                    await self.ctx.run(self.ctx.broker.unregister, session.client_id,
-                                       session.group)
+                    await self.ctx.run(self.ctx.broker.unregister, session.client_id, session.group)
                 except BrokerError:
                     log.debug("unregister of %s failed", session.client_id, exc_info=True)
 
@@ -362,8 +403,12 @@ class ConsumerHandlers:
             invisible_ms = self.ctx.config.default_invisible_ms
             try:
                 renewal.current = await self.ctx.run_durably(
-                    self.ctx.broker.change_invisible_duration, renewal.group, renewal.topic,
-                    renewal.current, invisible_ms)
+                    self.ctx.broker.change_invisible_duration,
+                    renewal.group,
+                    renewal.topic,
+                    renewal.current,
+                    invisible_ms,
+                )
                 renewal.expires_ms = self.ctx.clock() + invisible_ms
             except BrokerError as exc:
                 log.info("stopped renewing %s: %s", renewal.original[:40], exc)

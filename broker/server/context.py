@@ -50,13 +50,13 @@ class SyncReplication(Protocol):
     """A SYNC_MASTER's gate (`broker.ha.HaMaster`): a send is answered once a slave has
     its bytes; `callback(None)` then, else with the error to answer (on any thread)."""
 
-    def when_replicated(self, end: int,
-                        callback: Callable[[BrokerError | None], None]) -> None: ...
+    def when_replicated(self, end: int, callback: Callable[[BrokerError | None], None]) -> None: ...
 
 
 class ServerContext:
-    def __init__(self, broker: Broker, config: ServerConfig, *,
-                 clock: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self, broker: Broker, config: ServerConfig, *, clock: Callable[[], int] | None = None
+    ) -> None:
         self.broker = broker
         self.config = config
         self.clock = clock or wall_ms
@@ -126,19 +126,28 @@ class ServerContext:
 
     # --- callers
     def call_info(self, context: Any, *, require_client_id: bool = True) -> CallInfo:
-        metadata = {k.lower(): v for k, v in (context.invocation_metadata() or ())
-                    if isinstance(v, str)}
+        metadata = {
+            k.lower(): v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)
+        }
         client_id = metadata.get("x-mq-client-id", "").strip()
         if require_client_id and not client_id:
             raise ClientIdRequired("x-mq-client-id header is required")
         access_key = ""
         if self.config.auth:
-            access_key = auth.verify(metadata, self.config.credentials, self.clock() / 1000,
-                                     self.config.max_signature_skew_s)
+            access_key = auth.verify(
+                metadata,
+                self.config.credentials,
+                self.clock() / 1000,
+                self.config.max_signature_skew_s,
+            )
             self.sessions.check_owner(client_id, access_key)
-        return CallInfo(client_id=client_id, namespace=metadata.get("x-mq-namespace", ""),
-                        request_id=metadata.get("x-mq-request-id", ""), metadata=metadata,
-                        access_key=access_key)
+        return CallInfo(
+            client_id=client_id,
+            namespace=metadata.get("x-mq-namespace", ""),
+            request_id=metadata.get("x-mq-request-id", ""),
+            metadata=metadata,
+            access_key=access_key,
+        )
 
     def session(self, call: CallInfo) -> ClientSession:
         return self.sessions.touch(call.client_id, self.clock(), call.access_key)

@@ -30,8 +30,14 @@ ENCODING_IDENTITY = 1
 DIGEST_CRC32 = 1
 
 _SYSTEM_NAMES = RESERVED_PROPERTIES | {
-    Prop.UNIQ_KEY, Prop.SHARDING_KEY, Prop.TIMER_DELIVER_MS, Prop.TRAN_MSG,
-    Prop.PRODUCER_GROUP, Prop.REAL_TOPIC, Prop.REAL_QID, Prop.RETRY_TOPIC,
+    Prop.UNIQ_KEY,
+    Prop.SHARDING_KEY,
+    Prop.TIMER_DELIVER_MS,
+    Prop.TRAN_MSG,
+    Prop.PRODUCER_GROUP,
+    Prop.REAL_TOPIC,
+    Prop.REAL_QID,
+    Prop.RETRY_TOPIC,
 }
 # broker-set properties a consumer may read (never set: sends reject them as reserved):
 # where a dead letter came from, so a DLQ handler can tell
@@ -46,8 +52,7 @@ MAX_DURATION_S = 315_576_000_000
 _MAX_NANOS = 999_999_999
 
 
-def timestamp_ms(ts: Any, what: str = "timestamp",
-                 error: type[ServerError] = BadRequest) -> int:
+def timestamp_ms(ts: Any, what: str = "timestamp", error: type[ServerError] = BadRequest) -> int:
     """A protobuf Timestamp as epoch milliseconds; `error` when it is out of range."""
     seconds, nanos = int(ts.seconds), int(ts.nanos)
     if not 0 <= seconds <= MAX_TIMESTAMP_S or not 0 <= nanos <= _MAX_NANOS:
@@ -63,8 +68,12 @@ def set_timestamp_ms(ts: Any, ms: int) -> None:
 def duration_ms(d: Any, what: str = "duration", error: type[ServerError] = BadRequest) -> int:
     """A protobuf Duration in milliseconds (negative when it is); `error` when malformed."""
     seconds, nanos = int(d.seconds), int(d.nanos)
-    if abs(seconds) > MAX_DURATION_S or abs(nanos) > _MAX_NANOS or \
-            (seconds < 0 < nanos) or (nanos < 0 < seconds):
+    if (
+        abs(seconds) > MAX_DURATION_S
+        or abs(nanos) > _MAX_NANOS
+        or (seconds < 0 < nanos)
+        or (nanos < 0 < seconds)
+    ):
         raise error(f"{what} ({seconds} s, {nanos} ns) is not a valid duration")
     return seconds * 1000 + int(nanos / 1_000_000)
 
@@ -84,8 +93,9 @@ def message_type_of(sp: Any) -> str:
     if declared in TYPE_NAMES:
         return TYPE_NAMES[declared]
     if declared != 0:
-        raise BadRequest(f"message type {declared} is not supported (NORMAL, FIFO, DELAY, "
-                         "TRANSACTION)")
+        raise BadRequest(
+            f"message type {declared} is not supported (NORMAL, FIFO, DELAY, TRANSACTION)"
+        )
     if sp.HasField("message_group"):
         return "FIFO"
     if sp.HasField("delivery_timestamp"):
@@ -93,8 +103,7 @@ def message_type_of(sp: Any) -> str:
     return "NORMAL"
 
 
-def to_store(pm: Any, queue_id: int, *, transactional: bool,
-             producer_group: str | None) -> Message:
+def to_store(pm: Any, queue_id: int, *, transactional: bool, producer_group: str | None) -> Message:
     """Build the store message for one (already validated) protocol message."""
     sp = pm.system_properties
     props: dict[str, str] = dict(pm.user_properties)
@@ -107,16 +116,23 @@ def to_store(pm: Any, queue_id: int, *, transactional: bool,
     if sp.HasField("message_group") and sp.message_group:
         props[Prop.SHARDING_KEY] = sp.message_group
     if sp.HasField("delivery_timestamp"):
-        props[Prop.TIMER_DELIVER_MS] = str(timestamp_ms(sp.delivery_timestamp,
-                                                        "delivery timestamp"))
+        props[Prop.TIMER_DELIVER_MS] = str(
+            timestamp_ms(sp.delivery_timestamp, "delivery timestamp")
+        )
     if transactional:
         props[Prop.TRAN_MSG] = "true"
         if producer_group:
             props[Prop.PRODUCER_GROUP] = producer_group
-    born_ms = timestamp_ms(sp.born_timestamp, "born timestamp") \
-        if sp.HasField("born_timestamp") else 0
-    msg = Message(topic=pm.topic.name, body=bytes(pm.body), queue_id=queue_id,
-                  properties=props, born_host=(_host_only(sp.born_host), 0))
+    born_ms = (
+        timestamp_ms(sp.born_timestamp, "born timestamp") if sp.HasField("born_timestamp") else 0
+    )
+    msg = Message(
+        topic=pm.topic.name,
+        body=bytes(pm.body),
+        queue_id=queue_id,
+        properties=props,
+        born_host=(_host_only(sp.born_host), 0),
+    )
     if born_ms > 0:
         msg.born_timestamp = born_ms
     return msg
@@ -149,8 +165,9 @@ def delivery_template(*, topic: str, namespace: str, invisible_ms: int | None = 
     return pm
 
 
-def fill_proto(pm: Any, ext: MessageExt, *, template: Any, receipt_handle: str | None,
-               delivery_attempt: int) -> None:
+def fill_proto(
+    pm: Any, ext: MessageExt, *, template: Any, receipt_handle: str | None, delivery_attempt: int
+) -> None:
     """Write into `pm` (a fresh protocol Message, e.g. a response's field, so nothing is
     copied twice) the message a consumer receives for one stored message; `template`
     comes from `delivery_template`. One pass over the properties, each field set once."""
@@ -204,11 +221,22 @@ def fill_proto(pm: Any, ext: MessageExt, *, template: Any, receipt_handle: str |
         sp.delivery_attempt = delivery_attempt
 
 
-def to_proto(ext: MessageExt, *, topic: str, namespace: str, receipt_handle: str | None,
-             delivery_attempt: int, invisible_ms: int | None = None) -> Any:
+def to_proto(
+    ext: MessageExt,
+    *,
+    topic: str,
+    namespace: str,
+    receipt_handle: str | None,
+    delivery_attempt: int,
+    invisible_ms: int | None = None,
+) -> Any:
     """The protocol message a consumer receives for one stored message."""
     pm = definition_pb2.Message()
-    fill_proto(pm, ext, template=delivery_template(topic=topic, namespace=namespace,
-                                                   invisible_ms=invisible_ms),
-               receipt_handle=receipt_handle, delivery_attempt=delivery_attempt)
+    fill_proto(
+        pm,
+        ext,
+        template=delivery_template(topic=topic, namespace=namespace, invisible_ms=invisible_ms),
+        receipt_handle=receipt_handle,
+        delivery_attempt=delivery_attempt,
+    )
     return pm

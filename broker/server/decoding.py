@@ -31,8 +31,15 @@ class Undecodable:
     def refuse(self, context: Any) -> BadRequest:
         """The error to answer with; logs one line per RPC a minute at most."""
         peer = context.peer() if context is not None else "?"
-        _limited.log(logging.WARNING, self.method, "undecodable %s request of %d bytes from "
-                     "%s: %s", self.method, self.size, peer, self.reason[:200])
+        _limited.log(
+            logging.WARNING,
+            self.method,
+            "undecodable %s request of %d bytes from %s: %s",
+            self.method,
+            self.size,
+            peer,
+            self.reason[:200],
+        )
         return BadRequest(f"request body is not a valid {self.method} request")
 
 

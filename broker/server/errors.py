@@ -123,8 +123,10 @@ class ReadOnlySlave(Forbidden):
     """This broker is a slave: its commitlog is its master's copy and takes no writes."""
 
     def __init__(self) -> None:
-        super().__init__("this broker is a slave (read-only replica of its master): "
-                         "send to the master of its broker group")
+        super().__init__(
+            "this broker is a slave (read-only replica of its master): "
+            "send to the master of its broker group"
+        )
 
 
 class ConsumerGroupNotFound(ServerError):

@@ -21,8 +21,9 @@ SERVICES = ("", MESSAGING_SERVICE)
 def store_writable(broker: Broker) -> bool:
     """The broker runs, its disk is below the refuse mark and no flush has failed."""
     store = broker.store
-    return (broker.running and not store.is_disk_full()
-            and store.commitlog.flush_service.failed is None)
+    return (
+        broker.running and not store.is_disk_full() and store.commitlog.flush_service.failed is None
+    )
 
 
 class BrokerHealth:
@@ -41,8 +42,11 @@ class BrokerHealth:
         if serving == self._serving:
             return
         self._serving = serving
-        status = (health_pb2.HealthCheckResponse.SERVING if serving
-                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
         for service in SERVICES:
             await self.servicer.set(service, status)
 

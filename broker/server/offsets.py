@@ -68,8 +68,12 @@ class OffsetHandlers:
         elif policy == _TIMESTAMP:
             if not request.HasField("timestamp"):
                 raise BadRequest("a TIMESTAMP offset query needs a timestamp")
-            offset = await self.ctx.run(broker.store.get_offset_in_queue_by_time, topic,
-                                        queue_id, convert.timestamp_ms(request.timestamp))
+            offset = await self.ctx.run(
+                broker.store.get_offset_in_queue_by_time,
+                topic,
+                queue_id,
+                convert.timestamp_ms(request.timestamp),
+            )
         else:
             raise BadRequest(f"unknown query offset policy {policy}")
         response = service_pb2.QueryOffsetResponse()

@@ -29,8 +29,12 @@ class ArrivalHook:
     parks before it looks at the queue, so a receive that parks after the check sees the
     message itself."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, wake: Callable[[str], None],
-                 wanted: Callable[[str], bool] | None = None) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        wake: Callable[[str], None],
+        wanted: Callable[[str], bool] | None = None,
+    ) -> None:
         self._loop = loop
         self._wake = wake
         self._wanted = wanted

@@ -53,12 +53,18 @@ def _failed(message_id: str, exc: BaseException) -> Any:
 
 def _not_acknowledged(result: SendResult) -> Any:
     """The status of a message stored but not acknowledged (e.g. its fsync timed out)."""
-    return status_of(SendRejected(result.topic, result.status.value, PUT_STATUS_CODES.get(
-        result.status, ResponseCode.SYSTEM_ERROR)))
+    return status_of(
+        SendRejected(
+            result.topic,
+            result.status.value,
+            PUT_STATUS_CODES.get(result.status, ResponseCode.SYSTEM_ERROR),
+        )
+    )
 
 
-def _settle_error(future: asyncio.Future[BaseException | None],
-                  error: BaseException | None) -> None:
+def _settle_error(
+    future: asyncio.Future[BaseException | None], error: BaseException | None
+) -> None:
     if not future.done():
         future.set_result(error)
 
@@ -108,7 +114,8 @@ class ProducerHandlers:
         config = self.ctx.config
         if count > config.max_batch_messages:
             raise PayloadTooLarge(
-                f"{count} messages in one request; at most {config.max_batch_messages}")
+                f"{count} messages in one request; at most {config.max_batch_messages}"
+            )
         if self._inflight + count > config.max_inflight_sends:
             raise TooManyRequests(f"{self._inflight} messages are being stored; retry later")
         self._inflight += count
@@ -136,14 +143,16 @@ class ProducerHandlers:
         duplicates: list[tuple[int, asyncio.Future[Any]]] = []
         buckets: dict[tuple[str, int], list[tuple[int, Message]]] = {}
         one_by_one: list[int] = []  # delayed, transactional; every send while recovering
-        recovering = ctx.had_messages and \
-            ctx.clock() - ctx.started_ms < ctx.config.dedupe_recovery_window_ms
+        recovering = (
+            ctx.had_messages and ctx.clock() - ctx.started_ms < ctx.config.dedupe_recovery_window_ms
+        )
         queues: dict[str, int] = {}  # the request's queue per topic (round-robin)
         for i, pm in enumerate(messages):
             sp = pm.system_properties
             try:
-                key = send_key(pm.topic.name, validation.check_message_id(sp.message_id),
-                               pm.user_properties)
+                key = send_key(
+                    pm.topic.name, validation.check_message_id(sp.message_id), pm.user_properties
+                )
             except Exception as exc:
                 entries[i] = _failed(sp.message_id, exc)
                 continue
@@ -180,8 +189,10 @@ class ProducerHandlers:
                 del self._pending[key]
                 entry = entries[i]
                 if entry is None:  # cancelled: duplicates waiting on it fail, not hang
-                    entry = _failed(messages[i].system_properties.message_id,
-                                    TooManyRequests("the send was interrupted; retry"))
+                    entry = _failed(
+                        messages[i].system_properties.message_id,
+                        TooManyRequests("the send was interrupted; retry"),
+                    )
                 elif entry.status.code == Code.OK:
                     self._remember(key, entry)
                 future.set_result(entry)
@@ -210,8 +221,9 @@ class ProducerHandlers:
             validation.check_properties(user, tag, sp.keys, config)
         delayed = sp.HasField("delivery_timestamp")
         if delayed:
-            validation.check_delivery_time(convert.timestamp_ms(sp.delivery_timestamp),
-                                           self.ctx.clock(), config)
+            validation.check_delivery_time(
+                convert.timestamp_ms(sp.delivery_timestamp), self.ctx.clock(), config
+            )
         cfg = self.clients.topic_config(topic)
         validation.check_type_accepted(topic, cfg.message_type.value, message_type)
         if not cfg.perm & PERM_WRITE:
@@ -223,8 +235,12 @@ class ProducerHandlers:
             queue_id = queues.get(topic, -1)
             if queue_id < 0:
                 queue_id = queues[topic] = self._next_queue(cfg)
-        msg = convert.to_store(pm, queue_id, transactional=transactional,
-                               producer_group=topic if transactional else None)
+        msg = convert.to_store(
+            pm,
+            queue_id,
+            transactional=transactional,
+            producer_group=topic if transactional else None,
+        )
         return msg, not (delayed or transactional)
 
     def _next_queue(self, cfg: TopicConfig) -> int:
@@ -232,9 +248,13 @@ class ProducerHandlers:
         self._round_robin[cfg.name] = turn + 1
         return turn % cfg.write_queue_nums
 
-    async def _store_buckets(self, buckets: dict[tuple[str, int], list[tuple[int, Message]]],
-                             messages: Any, entries: list[Any],
-                             loop: asyncio.AbstractEventLoop) -> None:
+    async def _store_buckets(
+        self,
+        buckets: dict[tuple[str, int], list[tuple[int, Message]]],
+        messages: Any,
+        entries: list[Any],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
         """Each bucket (one topic and queue) in one broker call, on the loop: a page-cache
         append. Under SYNC_FLUSH the entries are answered once the group commit has
         fsynced past the last record (a timeout answers MASTER_PERSISTENCE_TIMEOUT)."""
@@ -273,8 +293,13 @@ class ProducerHandlers:
 
             if broker.when_durable(end, flushed):
                 durable = await asyncio.shield(future)
-        status = ok() if durable else make_status(
-            Code.MASTER_PERSISTENCE_TIMEOUT, "stored, but not flushed to disk in time")
+        status = (
+            ok()
+            if durable
+            else make_status(
+                Code.MASTER_PERSISTENCE_TIMEOUT, "stored, but not flushed to disk in time"
+            )
+        )
         if durable and stored and end > 0 and self.ctx.replication is not None:
             refused = await self._replicated(end, loop)
             if refused is not None:
@@ -295,20 +320,28 @@ class ProducerHandlers:
         sp = pm.system_properties
         topic = validation.check_topic(pm.topic.name)
         message_type = convert.message_type_of(sp)
-        if self.ctx.had_messages and \
-                self.ctx.clock() - self.ctx.started_ms < config.dedupe_recovery_window_ms:
-            earlier = await self.ctx.run_in_pool(self._stored_before, topic, sp.message_id,
-                                                 dict(pm.user_properties))
+        if (
+            self.ctx.had_messages
+            and self.ctx.clock() - self.ctx.started_ms < config.dedupe_recovery_window_ms
+        ):
+            earlier = await self.ctx.run_in_pool(
+                self._stored_before, topic, sp.message_id, dict(pm.user_properties)
+            )
             if earlier is not None:
                 return earlier
         transactional = message_type == "TRANSACTION"
         cfg = self.clients.topic_config(topic)
         if transactional:
             self.clients.watch_transactions(topic)
-        msg = convert.to_store(pm, self._queue_for(cfg, sp), transactional=transactional,
-                               producer_group=topic if transactional else None)
-        result = await self.ctx.run(self.ctx.broker.send_message, msg,
-                                    producer_group=topic if transactional else None)
+        msg = convert.to_store(
+            pm,
+            self._queue_for(cfg, sp),
+            transactional=transactional,
+            producer_group=topic if transactional else None,
+        )
+        result = await self.ctx.run(
+            self.ctx.broker.send_message, msg, producer_group=topic if transactional else None
+        )
         entry = service_pb2.SendResultEntry()
         entry.status.CopyFrom(ok())
         entry.message_id = sp.message_id
@@ -323,13 +356,13 @@ class ProducerHandlers:
                 entry.status.CopyFrom(status_of(refused))
         if transactional:
             entry.transaction_id = encode_transaction_id(
-                result.offset_msg_id, result.transaction_id or sp.message_id)
+                result.offset_msg_id, result.transaction_id or sp.message_id
+            )
         if result.recall_handle:  # a delayed message, waiting in the schedule topic
             entry.recall_handle = result.recall_handle
         return entry
 
-    async def _replicated(self, end: int, loop: asyncio.AbstractEventLoop
-                          ) -> BaseException | None:
+    async def _replicated(self, end: int, loop: asyncio.AbstractEventLoop) -> BaseException | None:
         """SYNC_MASTER: wait (holding no thread) until a slave has the log up to `end`;
         None then, else the error the send is answered with (the client retries it)."""
         gate = self.ctx.replication
@@ -352,8 +385,11 @@ class ProducerHandlers:
         except Exception:  # the lookup is an optimisation; never fail a send over it
             log.debug("unique-key lookup failed for %s", message_id, exc_info=True)
             return None
-        if ext is None or ext.topic != topic or any(
-                ext.properties.get(k) != v for k, v in properties.items()):
+        if (
+            ext is None
+            or ext.topic != topic
+            or any(ext.properties.get(k) != v for k, v in properties.items())
+        ):
             return None
         entry = service_pb2.SendResultEntry()
         entry.status.CopyFrom(ok())
@@ -379,9 +415,14 @@ class ProducerHandlers:
             if int(request.source) == SOURCE_SERVER_CHECK:
                 return response  # "unknown": the check service asks again later
             raise BadRequest("resolution must be COMMIT or ROLLBACK")
-        await self.ctx.run(self.ctx.broker.end_transaction, topic, broker_txn_id, offset,
-                           resolution == RESOLUTION_COMMIT,
-                           from_check=int(request.source) == SOURCE_SERVER_CHECK)
+        await self.ctx.run(
+            self.ctx.broker.end_transaction,
+            topic,
+            broker_txn_id,
+            offset,
+            resolution == RESOLUTION_COMMIT,
+            from_check=int(request.source) == SOURCE_SERVER_CHECK,
+        )
         return response
 
     # --- RecallMessage
@@ -391,8 +432,9 @@ class ProducerHandlers:
             raise BadRequest("recall handle is empty")
         # the broker's schedule service cancels it (durably) before it is due; every
         # consumer, whatever its transport, then never sees it
-        message_id = await self.ctx.run_in_pool(self.ctx.broker.recall_message, topic,
-                                                request.recall_handle)
+        message_id = await self.ctx.run_in_pool(
+            self.ctx.broker.recall_message, topic, request.recall_handle
+        )
         response = service_pb2.RecallMessageResponse()
         response.status.CopyFrom(ok())
         response.message_id = message_id

@@ -24,8 +24,12 @@ DEFAULT_INTERVAL_S = 60.0
 
 
 class LogLimiter:
-    def __init__(self, logger: logging.Logger, interval_s: float = DEFAULT_INTERVAL_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        logger: logging.Logger,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.logger = logger
         self.interval_s = interval_s
         self.clock = clock
@@ -33,8 +37,9 @@ class LogLimiter:
         self._suppressed: dict[str, int] = {}
         self._lock = threading.Lock()  # status_of may run on a pool thread
 
-    def log(self, level: int, kind: str, message: str, *args: Any,
-            exc_info: BaseException | None = None) -> bool:
+    def log(
+        self, level: int, kind: str, message: str, *args: Any, exc_info: BaseException | None = None
+    ) -> bool:
         """Log one line of `kind` unless one was logged within the interval; True if logged."""
         now = self.clock()
         with self._lock:

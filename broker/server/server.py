@@ -37,8 +37,13 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # one request; bigger ones fail in gRPC, n
 
 
 class MessagingServer:
-    def __init__(self, broker: Broker, config: ServerConfig | None = None, *,
-                 clock: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        config: ServerConfig | None = None,
+        *,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
         self.config = config or ServerConfig()
         self.ctx = ServerContext(broker, self.config, clock=clock)
         self.servicer = MessagingServicer(self.ctx)
@@ -121,15 +126,18 @@ class MessagingServer:
         self.ctx.loop = asyncio.get_running_loop()
         waiters = self.servicer.consuming.waiters
         self.ctx.broker.store.add_dispatcher(
-            ArrivalHook(self.ctx.loop, waiters.wake, wanted=waiters.parked))
-        server = grpc.aio.server(options=[
-            ("grpc.so_reuseport", 0),
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", -1),
-            ("grpc.keepalive_time_ms", 30_000),
-            ("grpc.http2.max_pings_without_data", 0),
-            ("grpc.keepalive_permit_without_calls", 1),
-        ])
+            ArrivalHook(self.ctx.loop, waiters.wake, wanted=waiters.parked)
+        )
+        server = grpc.aio.server(
+            options=[
+                ("grpc.so_reuseport", 0),
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", -1),
+                ("grpc.keepalive_time_ms", 30_000),
+                ("grpc.http2.max_pings_without_data", 0),
+                ("grpc.keepalive_permit_without_calls", 1),
+            ]
+        )
         add_to_server(self.servicer, server)
         server.add_generic_rpc_handlers((admin_handler(self.ctx),))
         self.health.add_to(server)
@@ -143,8 +151,12 @@ class MessagingServer:
             raise ServerStartError(f"cannot bind {target}")
         self.ctx.bound_port = port
         await server.start()
-        log.info("serving RocketMQ 5 gRPC on %s:%d (%s)", self.config.host, port,
-                 "TLS" if self.config.tls else "plaintext")
+        log.info(
+            "serving RocketMQ 5 gRPC on %s:%d (%s)",
+            self.config.host,
+            port,
+            "TLS" if self.config.tls else "plaintext",
+        )
         self._started.set()
         upkeep = asyncio.ensure_future(self._upkeep())
         try:

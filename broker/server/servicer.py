@@ -35,18 +35,22 @@ Handler = Callable[[Any, CallInfo], Awaitable[Any]]
 
 def add_to_server(servicer: MessagingServicer, server: Any) -> None:
     """Register `servicer` on a `grpc.aio` server with never-raising request parsers."""
-    kinds = {(False, False): grpc.unary_unary_rpc_method_handler,
-             (False, True): grpc.unary_stream_rpc_method_handler,
-             (True, False): grpc.stream_unary_rpc_method_handler,
-             (True, True): grpc.stream_stream_rpc_method_handler}
+    kinds = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }
     handlers = {}
     for method in service_pb2.DESCRIPTOR.services_by_name["MessagingService"].methods:
         request = getattr(service_pb2, method.input_type.name)
         response = getattr(service_pb2, method.output_type.name)
         make = kinds[(method.client_streaming, method.server_streaming)]
-        handlers[method.name] = make(getattr(servicer, method.name),
-                                     request_deserializer=parser(request, method.name),
-                                     response_serializer=response.SerializeToString)
+        handlers[method.name] = make(
+            getattr(servicer, method.name),
+            request_deserializer=parser(request, method.name),
+            response_serializer=response.SerializeToString,
+        )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
 
 
@@ -76,8 +80,7 @@ class MessagingServicer:
             self._send = self._end_transaction = self._recall = _refuse_on_slave
             self._ack = self._forward = self._change_invisible = _refuse_on_slave
 
-    async def _unary(self, context: Any, response_type: Any, handler: Handler,
-                     request: Any) -> Any:
+    async def _unary(self, context: Any, response_type: Any, handler: Handler, request: Any) -> Any:
         try:
             call = self.ctx.call_info(context)
             if isinstance(request, Undecodable):
@@ -89,20 +92,22 @@ class MessagingServicer:
             return response
 
     async def QueryRoute(self, request: Any, context: Any) -> Any:
-        return await self._unary(context, service_pb2.QueryRouteResponse,
-                                 self.clients.query_route, request)
+        return await self._unary(
+            context, service_pb2.QueryRouteResponse, self.clients.query_route, request
+        )
 
     async def Heartbeat(self, request: Any, context: Any) -> Any:
-        return await self._unary(context, service_pb2.HeartbeatResponse,
-                                 self.clients.heartbeat, request)
+        return await self._unary(
+            context, service_pb2.HeartbeatResponse, self.clients.heartbeat, request
+        )
 
     async def SendMessage(self, request: Any, context: Any) -> Any:
-        return await self._unary(context, service_pb2.SendMessageResponse,
-                                 self._send, request)
+        return await self._unary(context, service_pb2.SendMessageResponse, self._send, request)
 
     async def QueryAssignment(self, request: Any, context: Any) -> Any:
-        return await self._unary(context, service_pb2.QueryAssignmentResponse,
-                                 self.clients.query_assignment, request)
+        return await self._unary(
+            context, service_pb2.QueryAssignmentResponse, self.clients.query_assignment, request
+        )
 
     async def ReceiveMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
         if isinstance(request, Undecodable):
@@ -136,17 +141,17 @@ class MessagingServicer:
         return [service_pb2.ReceiveMessageResponse(status=status_of(exc)), last]
 
     async def AckMessage(self, request: Any, context: Any) -> Any:
-        return await self._unary(context, service_pb2.AckMessageResponse,
-                                 self._ack, request)
+        return await self._unary(context, service_pb2.AckMessageResponse, self._ack, request)
 
-    async def ForwardMessageToDeadLetterQueue(self, request: Any,
-                                              context: Any) -> Any:
-        return await self._unary(context, service_pb2.ForwardMessageToDeadLetterQueueResponse,
-                                 self._forward, request)
+    async def ForwardMessageToDeadLetterQueue(self, request: Any, context: Any) -> Any:
+        return await self._unary(
+            context, service_pb2.ForwardMessageToDeadLetterQueueResponse, self._forward, request
+        )
 
     async def EndTransaction(self, request: Any, context: Any) -> Any:
-        return await self._unary(context, service_pb2.EndTransactionResponse,
-                                 self._end_transaction, request)
+        return await self._unary(
+            context, service_pb2.EndTransactionResponse, self._end_transaction, request
+        )
 
     async def Telemetry(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
         async for command in self.clients.telemetry(request_iterator, context):
@@ -154,27 +159,29 @@ class MessagingServicer:
 
     async def NotifyClientTermination(self, request: Any, context: Any) -> Any:
         async def handler(req: Any, call: CallInfo) -> Any:
-            return await self.clients.notify_termination(req, call,
-                                                         self.consuming.release_session)
+            return await self.clients.notify_termination(req, call, self.consuming.release_session)
 
-        return await self._unary(context, service_pb2.NotifyClientTerminationResponse,
-                                 handler, request)
+        return await self._unary(
+            context, service_pb2.NotifyClientTerminationResponse, handler, request
+        )
 
     async def ChangeInvisibleDuration(self, request: Any, context: Any) -> Any:
-        return await self._unary(context, service_pb2.ChangeInvisibleDurationResponse,
-                                 self._change_invisible, request)
+        return await self._unary(
+            context, service_pb2.ChangeInvisibleDurationResponse, self._change_invisible, request
+        )
 
     async def RecallMessage(self, request: Any, context: Any) -> Any:
-        return await self._unary(context, service_pb2.RecallMessageResponse,
-                                 self._recall, request)
+        return await self._unary(context, service_pb2.RecallMessageResponse, self._recall, request)
 
     async def GetOffset(self, request: Any, context: Any) -> Any:
-        return await self._unary(context, service_pb2.GetOffsetResponse,
-                                 self.offsets.get_offset, request)
+        return await self._unary(
+            context, service_pb2.GetOffsetResponse, self.offsets.get_offset, request
+        )
 
     async def QueryOffset(self, request: Any, context: Any) -> Any:
-        return await self._unary(context, service_pb2.QueryOffsetResponse,
-                                 self.offsets.query_offset, request)
+        return await self._unary(
+            context, service_pb2.QueryOffsetResponse, self.offsets.query_offset, request
+        )
 
     # --- not offered: the Python client never calls these; answer in-band, never crash,
     # and only to a caller whose signature holds, like every other RPC
@@ -186,14 +193,19 @@ class MessagingServicer:
         return handler
 
     async def UpdateOffset(self, request: Any, context: Any) -> Any:
-        return await self._unary(context, service_pb2.UpdateOffsetResponse, self._not_offered(
-            "UpdateOffset"), request)
+        return await self._unary(
+            context, service_pb2.UpdateOffsetResponse, self._not_offered("UpdateOffset"), request
+        )
 
     async def SyncLiteSubscription(self, request: Any, context: Any) -> Any:
-        return await self._unary(context, service_pb2.SyncLiteSubscriptionResponse,
-                                 self._not_offered("SyncLiteSubscription (lite topics)"),
-                                 request)
+        return await self._unary(
+            context,
+            service_pb2.SyncLiteSubscriptionResponse,
+            self._not_offered("SyncLiteSubscription (lite topics)"),
+            request,
+        )
 
     async def PullMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
-        yield await self._unary(context, service_pb2.PullMessageResponse,
-                                self._not_offered("PullMessage"), request)
+        yield await self._unary(
+            context, service_pb2.PullMessageResponse, self._not_offered("PullMessage"), request
+        )

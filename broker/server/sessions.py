@@ -46,9 +46,13 @@ class ClientKind(enum.Enum):
 
     @property
     def consumer(self) -> bool:
-        return self in (ClientKind.PUSH_CONSUMER, ClientKind.SIMPLE_CONSUMER,
-                        ClientKind.PULL_CONSUMER, ClientKind.LITE_PUSH_CONSUMER,
-                        ClientKind.LITE_SIMPLE_CONSUMER)
+        return self in (
+            ClientKind.PUSH_CONSUMER,
+            ClientKind.SIMPLE_CONSUMER,
+            ClientKind.PULL_CONSUMER,
+            ClientKind.LITE_PUSH_CONSUMER,
+            ClientKind.LITE_SIMPLE_CONSUMER,
+        )
 
 
 @dataclass(eq=False)
@@ -175,11 +179,16 @@ class SessionRegistry:
 
     def publishers_of(self, topic: str) -> list[ClientSession]:
         """Producers with an open stream that declared `topic`, most recently seen first."""
-        found = [s for s in self._sessions.values()
-                 if s.kind is ClientKind.PRODUCER and s.stream is not None
-                 and topic in s.publishing]
+        found = [
+            s
+            for s in self._sessions.values()
+            if s.kind is ClientKind.PRODUCER and s.stream is not None and topic in s.publishing
+        ]
         return sorted(found, key=lambda s: -s.last_seen_ms)
 
     def expired(self, now_ms: int, expiry_ms: int) -> list[ClientSession]:
-        return [s for s in self._sessions.values()
-                if not s.connected and now_ms - s.last_seen_ms > expiry_ms]
+        return [
+            s
+            for s in self._sessions.values()
+            if not s.connected and now_ms - s.last_seen_ms > expiry_ms
+        ]

@@ -91,12 +91,16 @@ def status_of(exc: BaseException) -> Any:
     code = code_of(exc)
     # a store failure not mapped above is as unexpected as any other exception: its details
     # go to the log, not to the wire
-    if code is Code.INTERNAL_ERROR and (not isinstance(exc, be.BrokerError)
-                                        or isinstance(exc, se.StoreError)):
-        _limited.log(logging.ERROR, f"unexpected {type(exc).__qualname__}",
-                     "unexpected error while serving a request", exc_info=exc)
+    if code is Code.INTERNAL_ERROR and (
+        not isinstance(exc, be.BrokerError) or isinstance(exc, se.StoreError)
+    ):
+        _limited.log(
+            logging.ERROR,
+            f"unexpected {type(exc).__qualname__}",
+            "unexpected error while serving a request",
+            exc_info=exc,
+        )
         return make_status(code, f"internal error ({type(exc).__name__})")
     if code >= Code.INTERNAL_ERROR:  # 5xxxx: the server failed, not the request
-        _limited.log(logging.WARNING, f"failed {type(exc).__qualname__}",
-                     "request failed: %s", exc)
+        _limited.log(logging.WARNING, f"failed {type(exc).__qualname__}", "request failed: %s", exc)
     return make_status(code, str(exc)[:1024])

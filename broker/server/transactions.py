@@ -31,8 +31,7 @@ def decode_transaction_id(transaction_id: str) -> tuple[int, str]:
     try:
         _, offset = decode_offset_msg_id(offset_id)
     except ValueError:
-        raise InvalidTransactionId(
-            f"transaction id {transaction_id[:80]!r} is malformed") from None
+        raise InvalidTransactionId(f"transaction id {transaction_id[:80]!r} is malformed") from None
     return offset, broker_txn_id
 
 
@@ -42,9 +41,11 @@ def orphan_command(ext: MessageExt) -> Any:
     command = service_pb2.TelemetryCommand()
     command.status.CopyFrom(ok())
     check = command.recover_orphaned_transaction_command
-    check.message.CopyFrom(convert.to_proto(ext, topic=topic, namespace="",
-                                            receipt_handle=None, delivery_attempt=0))
+    check.message.CopyFrom(
+        convert.to_proto(ext, topic=topic, namespace="", receipt_handle=None, delivery_attempt=0)
+    )
     broker_txn_id = ext.properties.get(TRANSACTION_ID_PROPERTY) or ext.msg_id
     check.transaction_id = encode_transaction_id(
-        encode_offset_msg_id(ext.store_host, ext.commitlog_offset), broker_txn_id)
+        encode_offset_msg_id(ext.store_host, ext.commitlog_offset), broker_txn_id
+    )
     return command

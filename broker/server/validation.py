@@ -28,19 +28,64 @@ from broker.server.errors import (
 )
 
 # property names the broker itself interprets; users may not set them (RocketMQ MessageConst)
-RESERVED_PROPERTIES = frozenset({
-    "KEYS", "TAGS", "WAIT", "DELAY", "RETRY_TOPIC", "REAL_TOPIC", "REAL_QID", "TRAN_MSG",
-    "PGROUP", "MIN_OFFSET", "MAX_OFFSET", "BUYER_ID", "ORIGIN_MESSAGE_ID", "TRANSFER_FLAG",
-    "CORRECTION_FLAG", "MQ2_FLAG", "RECONSUME_TIME", "MSG_REGION", "TRACE_ON",
-    "UNIQ_CLIENT_MESSAGE_ID_KEYIDX", "MAX_RECONSUME_TIMES", "CONSUME_START_TIME",
-    "TRAN_PREPARED_QUEUE_OFFSET", "TRANSACTION_CHECK_TIMES", "CHECK_IMMUNITY_TIME_IN_SECONDS",
-    "INSTANCE_ID", "CORRELATION_ID", "REPLY_TO_CLIENT", "TTL", "ARRIVE_TIME", "PUSH_REPLY_TIME",
-    "CLUSTER", "MSG_TYPE", "__SHARDINGKEY", "TIMER_DELIVER_MS", "TIMER_DELAY_SEC",
-    "TIMER_DELAY_MS", "TIMER_OUT_MS", "TIMER_ENQUEUE_MS", "TIMER_DEQUEUE_MS", "TIMER_ROLL_TIMES",
-    "TIMER_DEL_UNIQKEY", "__STARTDELIVERTIME", "DLQ_ORIGIN_TOPIC", "DLQ_ORIGIN_MESSAGE_ID",
-    "ORIGIN_COMMITLOG_OFFSET", "__transactionId__", "POP_CK", "POP_CK_OFFSET", "1ST_POP_TIME",
-    "INNER_MULTI_DISPATCH", "INNER_MULTI_QUEUE_OFFSET", "TRACE_CONTEXT", "__RECALL_HANDLE",
-})
+RESERVED_PROPERTIES = frozenset(
+    {
+        "KEYS",
+        "TAGS",
+        "WAIT",
+        "DELAY",
+        "RETRY_TOPIC",
+        "REAL_TOPIC",
+        "REAL_QID",
+        "TRAN_MSG",
+        "PGROUP",
+        "MIN_OFFSET",
+        "MAX_OFFSET",
+        "BUYER_ID",
+        "ORIGIN_MESSAGE_ID",
+        "TRANSFER_FLAG",
+        "CORRECTION_FLAG",
+        "MQ2_FLAG",
+        "RECONSUME_TIME",
+        "MSG_REGION",
+        "TRACE_ON",
+        "UNIQ_CLIENT_MESSAGE_ID_KEYIDX",
+        "MAX_RECONSUME_TIMES",
+        "CONSUME_START_TIME",
+        "TRAN_PREPARED_QUEUE_OFFSET",
+        "TRANSACTION_CHECK_TIMES",
+        "CHECK_IMMUNITY_TIME_IN_SECONDS",
+        "INSTANCE_ID",
+        "CORRELATION_ID",
+        "REPLY_TO_CLIENT",
+        "TTL",
+        "ARRIVE_TIME",
+        "PUSH_REPLY_TIME",
+        "CLUSTER",
+        "MSG_TYPE",
+        "__SHARDINGKEY",
+        "TIMER_DELIVER_MS",
+        "TIMER_DELAY_SEC",
+        "TIMER_DELAY_MS",
+        "TIMER_OUT_MS",
+        "TIMER_ENQUEUE_MS",
+        "TIMER_DEQUEUE_MS",
+        "TIMER_ROLL_TIMES",
+        "TIMER_DEL_UNIQKEY",
+        "__STARTDELIVERTIME",
+        "DLQ_ORIGIN_TOPIC",
+        "DLQ_ORIGIN_MESSAGE_ID",
+        "ORIGIN_COMMITLOG_OFFSET",
+        "__transactionId__",
+        "POP_CK",
+        "POP_CK_OFFSET",
+        "1ST_POP_TIME",
+        "INNER_MULTI_DISPATCH",
+        "INNER_MULTI_QUEUE_OFFSET",
+        "TRACE_CONTEXT",
+        "__RECALL_HANDLE",
+    }
+)
 
 # topic message types (as the admin stores them) and what they accept
 TOPIC_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION", "MIXED")
@@ -84,7 +129,8 @@ def check_body(body: bytes, config: ServerConfig) -> None:
         raise MessageBodyEmpty("message body is empty")
     if len(body) > config.max_body_size:
         raise MessageBodyTooLarge(
-            f"message body of {len(body)} bytes exceeds {config.max_body_size} bytes")
+            f"message body of {len(body)} bytes exceeds {config.max_body_size} bytes"
+        )
 
 
 def check_tag(tag: str) -> None:
@@ -103,8 +149,9 @@ def check_keys(keys: Iterable[str]) -> None:
         if not key or not key.strip():
             raise IllegalMessage("message key cannot be blank", Code.ILLEGAL_MESSAGE_KEY)
         if _has_control(key):
-            raise IllegalMessage("message key cannot contain control characters",
-                                 Code.ILLEGAL_MESSAGE_KEY)
+            raise IllegalMessage(
+                "message key cannot contain control characters", Code.ILLEGAL_MESSAGE_KEY
+            )
 
 
 def check_message_group(group: str, config: ServerConfig) -> None:
@@ -113,40 +160,49 @@ def check_message_group(group: str, config: ServerConfig) -> None:
     if len(group.encode()) >= config.max_message_group_size:
         raise IllegalMessage(
             f"message group is {config.max_message_group_size} bytes or longer",
-            Code.ILLEGAL_MESSAGE_GROUP)
+            Code.ILLEGAL_MESSAGE_GROUP,
+        )
     if _has_control(group):
-        raise IllegalMessage("message group cannot contain control characters",
-                             Code.ILLEGAL_MESSAGE_GROUP)
+        raise IllegalMessage(
+            "message group cannot contain control characters", Code.ILLEGAL_MESSAGE_GROUP
+        )
 
 
-def check_properties(user: Mapping[str, str], tag: str, keys: Iterable[str],
-                     config: ServerConfig) -> None:
+def check_properties(
+    user: Mapping[str, str], tag: str, keys: Iterable[str], config: ServerConfig
+) -> None:
     if len(user) > config.max_properties:
-        raise IllegalMessage(f"more than {config.max_properties} properties",
-                             Code.MESSAGE_PROPERTIES_TOO_LARGE)
+        raise IllegalMessage(
+            f"more than {config.max_properties} properties", Code.MESSAGE_PROPERTIES_TOO_LARGE
+        )
     size = len(tag.encode()) + sum(len(k.encode()) for k in keys)
     for name, value in user.items():
         if not name or not name.strip():
-            raise IllegalMessage("property name cannot be blank",
-                                 Code.ILLEGAL_MESSAGE_PROPERTY_KEY)
+            raise IllegalMessage("property name cannot be blank", Code.ILLEGAL_MESSAGE_PROPERTY_KEY)
         if name in RESERVED_PROPERTIES:
-            raise IllegalMessage(f"property name {name!r} is reserved by the broker",
-                                 Code.ILLEGAL_MESSAGE_PROPERTY_KEY)
+            raise IllegalMessage(
+                f"property name {name!r} is reserved by the broker",
+                Code.ILLEGAL_MESSAGE_PROPERTY_KEY,
+            )
         if _has_control(name) or "\x01" in value or "\x02" in value:
-            raise IllegalMessage(f"property {name!r} contains control characters",
-                                 Code.ILLEGAL_MESSAGE_PROPERTY_KEY)
+            raise IllegalMessage(
+                f"property {name!r} contains control characters", Code.ILLEGAL_MESSAGE_PROPERTY_KEY
+            )
         size += len(name.encode()) + len(value.encode())
     if size > config.max_properties_size:
         raise IllegalMessage(
             f"properties, tag and keys take {size} bytes, over {config.max_properties_size}",
-            Code.MESSAGE_PROPERTIES_TOO_LARGE)
+            Code.MESSAGE_PROPERTIES_TOO_LARGE,
+        )
 
 
 def check_delivery_time(deliver_at_ms: int, now_ms: int, config: ServerConfig) -> None:
     if deliver_at_ms - now_ms > config.max_delay_ms:
         raise IllegalMessage(
             f"delivery time is more than {config.max_delay_ms // 1000} s ahead "
-            "(the timestamp is in epoch seconds)", Code.ILLEGAL_DELIVERY_TIME)
+            "(the timestamp is in epoch seconds)",
+            Code.ILLEGAL_DELIVERY_TIME,
+        )
 
 
 def check_type_accepted(topic: str, topic_type: str, message_type: str) -> None:
@@ -154,7 +210,8 @@ def check_type_accepted(topic: str, topic_type: str, message_type: str) -> None:
         return
     raise IllegalMessage(
         f"topic {topic} accepts {topic_type} messages, not {message_type}",
-        Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE)
+        Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+    )
 
 
 def accepted_types(topic_type: str) -> tuple[str, ...]:

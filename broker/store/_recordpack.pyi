@@ -17,17 +17,45 @@ class Batch:
     def placed(self) -> int: ...
     def next_size(self) -> int: ...
     def offsets(self) -> list[int]: ...
-    def place(self, buffer: mmap.mmap | bytearray, pos: int, limit: int, queue_offset: int,
-              step: int, phy_base: int, store_timestamp: int, /) -> tuple[int, int, int]: ...
+    def place(
+        self,
+        buffer: mmap.mmap | bytearray,
+        pos: int,
+        limit: int,
+        queue_offset: int,
+        step: int,
+        phy_base: int,
+        store_timestamp: int,
+        /,
+    ) -> tuple[int, int, int]: ...
 
-def prepare(bodies: Sequence[bytes], topic_tail: bytes, shared_properties: bytes,
-            keys_name: bytes, keys: Sequence[str] | None, uniq_name: bytes,
-            uniq_keys: Sequence[str] | None, queue_id: int, flag: int, sys_flag: int,
-            born_timestamp: int, born_host: bytes, store_host: bytes, max_message_size: int,
-            max_record: int, /) -> Batch: ...
-
-def record_crc(buffer: bytes | bytearray | memoryview | mmap.mmap, pos: int, total: int, /
-               ) -> int: ...
-def seal(buffer: bytearray | mmap.mmap | memoryview, pos: int, queue_offset: int,
-         physical_offset: int, store_timestamp: int, /) -> None: ...
+def prepare(
+    bodies: Sequence[bytes],
+    topic_tail: bytes,
+    shared_properties: bytes,
+    keys_name: bytes,
+    keys: Sequence[str] | None,
+    uniq_name: bytes,
+    uniq_keys: Sequence[str] | None,
+    queue_id: int,
+    flag: int,
+    sys_flag: int,
+    born_timestamp: int,
+    born_host: bytes,
+    store_host: bytes,
+    max_message_size: int,
+    max_record: int,
+    /,
+) -> Batch: ...
+def record_crc(
+    buffer: bytes | bytearray | memoryview | mmap.mmap, pos: int, total: int, /
+) -> int: ...
+def seal(
+    buffer: bytearray | mmap.mmap | memoryview,
+    pos: int,
+    queue_offset: int,
+    physical_offset: int,
+    store_timestamp: int,
+    /,
+) -> None: ...
 def partial(record: bytearray | memoryview, /) -> None: ...

@@ -84,8 +84,16 @@ class RecordBatch(Protocol):
         """Commitlog offsets of the records placed so far."""
         ...
 
-    def place(self, buffer: mmap.mmap | bytearray, pos: int, limit: int, queue_offset: int,
-              step: int, phy_base: int, store_timestamp: int) -> tuple[int, int, int]:
+    def place(
+        self,
+        buffer: mmap.mmap | bytearray,
+        pos: int,
+        limit: int,
+        queue_offset: int,
+        step: int,
+        phy_base: int,
+        store_timestamp: int,
+    ) -> tuple[int, int, int]:
         """Write the next records that fit whole into `buffer[pos:limit]`, with queue offsets
         from `queue_offset` (+ `step` a record), PHYSICALOFFSET `phy_base` + position and
         STORETIMESTAMP; (records written, position after them, next queue offset)."""
@@ -121,8 +129,16 @@ class EncodedBatch:
     def offsets(self) -> list[int]:
         return list(self.phys)
 
-    def place(self, buffer: mmap.mmap | bytearray, pos: int, limit: int, queue_offset: int,
-              step: int, phy_base: int, store_timestamp: int) -> tuple[int, int, int]:
+    def place(
+        self,
+        buffer: mmap.mmap | bytearray,
+        pos: int,
+        limit: int,
+        queue_offset: int,
+        step: int,
+        phy_base: int,
+        store_timestamp: int,
+    ) -> tuple[int, int, int]:
         starts, count, i = self.starts, self.count, self.cursor
         a = starts[i]
         room = limit - pos
@@ -138,13 +154,25 @@ class EncodedBatch:
         phys = [base + s for s in starts[i:j]]
         partials = self.partials
         for k, (s, phy) in enumerate(zip(starts[i:j], phys, strict=True), start=i):
-            _pack_offsets_to_ts(buf, s + POS_QUEUE_OFFSET, queue_offset, phy, sys_flag,
-                                born_ts, born_host, store_timestamp)
-            _pack_crc(buf, s + POS_CRC, zlib.crc32(
-                _pack_dynamic(queue_offset, phy, store_timestamp), partials[k]) & CRC_MASK)
+            _pack_offsets_to_ts(
+                buf,
+                s + POS_QUEUE_OFFSET,
+                queue_offset,
+                phy,
+                sys_flag,
+                born_ts,
+                born_host,
+                store_timestamp,
+            )
+            _pack_crc(
+                buf,
+                s + POS_CRC,
+                zlib.crc32(_pack_dynamic(queue_offset, phy, store_timestamp), partials[k])
+                & CRC_MASK,
+            )
             queue_offset += step
         n = starts[j] - a
-        buffer[pos:pos + n] = memoryview(buf)[a:starts[j]]
+        buffer[pos : pos + n] = memoryview(buf)[a : starts[j]]
         self.phys.extend(phys)
         self.cursor = j
         return j - i, pos + n, queue_offset
@@ -169,8 +197,9 @@ def _shared_raw(properties: Mapping[str, str]) -> bytes:
         raw = _SHARED.get(items)
     except TypeError:  # an unhashable value: not cacheable (and refused below)
         return _props_raw(properties)
-    return raw if raw is not None else remember(_SHARED, items, _props_raw(properties),
-                                                 _SHARED_LIMIT)
+    return (
+        raw if raw is not None else remember(_SHARED, items, _props_raw(properties), _SHARED_LIMIT)
+    )
 
 
 def _per_message(name: str, values: Sequence[str] | None, count: int) -> list[bytes] | None:
@@ -190,11 +219,21 @@ def _per_message(name: str, values: Sequence[str] | None, count: int) -> list[by
     return raw
 
 
-def encode_batch(topic: str, queue_id: int, bodies: Sequence[bytes],
-                 properties: Mapping[str, str] | None, keys: Sequence[str] | None,
-                 uniq_keys: Sequence[str] | None, flag: int, sys_flag: int,
-                 born_timestamp: int, born_host: tuple[str, int], store_host_raw: bytes,
-                 max_message_size: int, max_record: int) -> tuple[RecordBatch, str | None]:
+def encode_batch(
+    topic: str,
+    queue_id: int,
+    bodies: Sequence[bytes],
+    properties: Mapping[str, str] | None,
+    keys: Sequence[str] | None,
+    uniq_keys: Sequence[str] | None,
+    flag: int,
+    sys_flag: int,
+    born_timestamp: int,
+    born_host: tuple[str, int],
+    store_host_raw: bytes,
+    max_message_size: int,
+    max_record: int,
+) -> tuple[RecordBatch, str | None]:
     """Check and encode the batch: (the batch, its topic-queue key or None when its records
     take no queue offset); EncodeError (nothing to store) for any invalid part of it.
 
@@ -219,12 +258,26 @@ def encode_batch(topic: str, queue_id: int, bodies: Sequence[bytes],
     if NATIVE:
         try:
             return _recordpack.prepare(
-                bodies, tail, shared_raw, _KEYS, keys, _UNIQ_KEY, uniq_keys, queue_id, flag,
-                sys_flag, born_timestamp, host, store_host_raw, max_message_size,
-                max_record), key
+                bodies,
+                tail,
+                shared_raw,
+                _KEYS,
+                keys,
+                _UNIQ_KEY,
+                uniq_keys,
+                queue_id,
+                flag,
+                sys_flag,
+                born_timestamp,
+                host,
+                store_host_raw,
+                max_message_size,
+                max_record,
+            ), key
         except OverflowError as exc:
-            status = (PutMessageStatus.PROPERTIES_SIZE_EXCEEDED if "properties" in str(exc)
-                      else _ILLEGAL)
+            status = (
+                PutMessageStatus.PROPERTIES_SIZE_EXCEEDED if "properties" in str(exc) else _ILLEGAL
+            )
             raise EncodeError(status, str(exc)) from exc
         except TypeError:
             pass  # bodies that are bytes-like but not bytes: the Python path takes them
@@ -235,8 +288,10 @@ def encode_batch(topic: str, queue_id: int, bodies: Sequence[bytes],
     if per_keys is None and per_uniq is None:
         plen = len(shared_raw)
         if plen > _I16_MAX:
-            raise EncodeError(PutMessageStatus.PROPERTIES_SIZE_EXCEEDED,
-                              f"properties of {plen} bytes exceed {_I16_MAX}")
+            raise EncodeError(
+                PutMessageStatus.PROPERTIES_SIZE_EXCEEDED,
+                f"properties of {plen} bytes exceed {_I16_MAX}",
+            )
         const_tail = tail + plen.to_bytes(2, "big") + shared_raw
         tails: list[bytes] | None = None
         tails_len = len(const_tail) * count
@@ -246,8 +301,10 @@ def encode_batch(topic: str, queue_id: int, bodies: Sequence[bytes],
         else:
             raws = [shared_raw + x for x in (per_keys or per_uniq or ())]
         if max(map(len, raws)) > _I16_MAX:
-            raise EncodeError(PutMessageStatus.PROPERTIES_SIZE_EXCEEDED,
-                              f"properties of {max(map(len, raws))} bytes exceed {_I16_MAX}")
+            raise EncodeError(
+                PutMessageStatus.PROPERTIES_SIZE_EXCEEDED,
+                f"properties of {max(map(len, raws))} bytes exceed {_I16_MAX}",
+            )
         tails = [tail + _pack_i16(len(raw)) + raw for raw in raws]
         const_tail = b""
         tails_len = sum(map(len, tails))
@@ -268,8 +325,23 @@ def encode_batch(topic: str, queue_id: int, bodies: Sequence[bytes],
             t = const_tail if tails is None else tails[i]
             blen = len(body)
             total = HEADER_SIZE + blen + len(t)
-            header = pack(total, RECORD_MAGIC_CODE, 0, queue_id, flag, 0, 0, sys_flag,
-                          born_timestamp, host, 0, store_host_raw, 0, 0, blen)
+            header = pack(
+                total,
+                RECORD_MAGIC_CODE,
+                0,
+                queue_id,
+                flag,
+                0,
+                0,
+                sys_flag,
+                born_timestamp,
+                host,
+                0,
+                store_host_raw,
+                0,
+                0,
+                blen,
+            )
             partials.append(crc32(t, crc32(body, crc32(header))))
             append(header)
             append(body)

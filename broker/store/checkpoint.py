@@ -65,13 +65,14 @@ class StoreCheckpoint:
         except FileNotFoundError:
             return cp
         if len(raw) != CHECKPOINT_FILE_SIZE:
-            raise ForeignFile(path, f"checkpoint of {len(raw)} bytes, "
-                                    f"expected {CHECKPOINT_FILE_SIZE}")
+            raise ForeignFile(
+                path, f"checkpoint of {len(raw)} bytes, expected {CHECKPOINT_FILE_SIZE}"
+            )
         physic, logics, index, flushed, magic, version = _BODY.unpack_from(raw, 0)
         if magic != CHECKPOINT_MAGIC:
             raise ForeignFile(path, "no checkpoint magic")
         (crc,) = _CRC.unpack_from(raw, _BODY.size)
-        if crc != zlib.crc32(raw[:_BODY.size]) or version != CHECKPOINT_VERSION:
+        if crc != zlib.crc32(raw[: _BODY.size]) or version != CHECKPOINT_VERSION:
             return cp  # torn or from a future version: trust nothing in it
         cp.physic_msg_timestamp = physic
         cp.logics_msg_timestamp = logics
@@ -81,9 +82,14 @@ class StoreCheckpoint:
         return cp
 
     def encode(self) -> bytes:
-        body = _BODY.pack(self.physic_msg_timestamp, self.logics_msg_timestamp,
-                          self.index_msg_timestamp, self.physic_flushed_offset,
-                          CHECKPOINT_MAGIC, CHECKPOINT_VERSION)
+        body = _BODY.pack(
+            self.physic_msg_timestamp,
+            self.logics_msg_timestamp,
+            self.index_msg_timestamp,
+            self.physic_flushed_offset,
+            CHECKPOINT_MAGIC,
+            CHECKPOINT_VERSION,
+        )
         raw = body + _CRC.pack(zlib.crc32(body))
         return raw + bytes(CHECKPOINT_FILE_SIZE - len(raw))
 

@@ -111,17 +111,28 @@ class CleanupService(ServiceThread):
 
     name = "clean-expired-files"
 
-    def __init__(self, config: StoreConfig, commitlog: CommitLogFiles,
-                 consume_queues: ConsumeQueueStore, index: IndexService, *,
-                 disk_usage: DiskUsage = disk_usage_ratio,
-                 clock: Callable[[], int] = wall_ms,
-                 sleep: Callable[[float], None] = time.sleep,
-                 dispatched_offset: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        config: StoreConfig,
+        commitlog: CommitLogFiles,
+        consume_queues: ConsumeQueueStore,
+        index: IndexService,
+        *,
+        disk_usage: DiskUsage = disk_usage_ratio,
+        clock: Callable[[], int] = wall_ms,
+        sleep: Callable[[float], None] = time.sleep,
+        dispatched_offset: Callable[[], int] | None = None,
+    ) -> None:
         """`dispatched_offset` (the reput service's `reput_from_offset`) bounds what may be
         deleted; by default the furthest record any consume queue points to."""
         super().__init__()
-        if not (0 < config.disk_max_used_space_ratio <= config.disk_clean_watermark
-                <= config.disk_refuse_watermark <= 1):
+        if not (
+            0
+            < config.disk_max_used_space_ratio
+            <= config.disk_clean_watermark
+            <= config.disk_refuse_watermark
+            <= 1
+        ):
             raise ValueError("disk watermarks must satisfy 0 < max_used <= clean <= refuse <= 1")
         self.config = config
         self.commitlog = commitlog
@@ -149,8 +160,11 @@ class CleanupService(ServiceThread):
         full = ratio > self.config.disk_refuse_watermark
         if full != self._disk_full:
             if full:
-                log.error("disk %.1f%% used, above %.0f%%: refusing writes", ratio * 100,
-                          self.config.disk_refuse_watermark * 100)
+                log.error(
+                    "disk %.1f%% used, above %.0f%%: refusing writes",
+                    ratio * 100,
+                    self.config.disk_refuse_watermark * 100,
+                )
             elif self._disk_full:
                 log.warning("disk %.1f%% used: accepting writes again", ratio * 100)
         self._disk_full = full
@@ -193,18 +207,27 @@ class CleanupService(ServiceThread):
             batch = min(cfg.delete_files_batch_max, self._dispatched_files())
             if batch > 0:
                 deleted = self.commitlog.queue.delete_expired_file_by_time(
-                    int(cfg.file_reserved_time_hours * 3_600_000), cfg.delete_files_interval_ms,
-                    cfg.destroy_mapped_file_interval_forcibly_ms, force, batch, now,
-                    sleep=self._sleep)
+                    int(cfg.file_reserved_time_hours * 3_600_000),
+                    cfg.delete_files_interval_ms,
+                    cfg.destroy_mapped_file_interval_forcibly_ms,
+                    force,
+                    batch,
+                    now,
+                    sleep=self._sleep,
+                )
             if deleted:
-                log.info("deleted %d commitlog files (%s, disk %.1f%%)", deleted,
-                         reason.value, ratio * 100)
+                log.info(
+                    "deleted %d commitlog files (%s, disk %.1f%%)",
+                    deleted,
+                    reason.value,
+                    ratio * 100,
+                )
             elif force:
-                log.warning("disk %.1f%% used and no commitlog file could be deleted",
-                            ratio * 100)
+                log.warning("disk %.1f%% used and no commitlog file could be deleted", ratio * 100)
         cq_deleted, index_deleted = self.clean_logic_files()
-        report = CleanupReport(ratio, bool(self._disk_full), reason, deleted, cq_deleted,
-                               index_deleted)
+        report = CleanupReport(
+            ratio, bool(self._disk_full), reason, deleted, cq_deleted, index_deleted
+        )
         self.last_report = report
         return report
 
@@ -234,8 +257,12 @@ class CleanupService(ServiceThread):
         index_deleted = self.index.delete_expired_file(min_offset)
         self._last_min_offset = min_offset
         if cq_deleted or index_deleted:
-            log.info("deleted %d consume queue and %d index files below commitlog offset %d",
-                     cq_deleted, index_deleted, min_offset)
+            log.info(
+                "deleted %d consume queue and %d index files below commitlog offset %d",
+                cq_deleted,
+                index_deleted,
+                min_offset,
+            )
         return cq_deleted, index_deleted
 
     # --- thread

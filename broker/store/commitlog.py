@@ -69,17 +69,23 @@ def topic_queue_key(topic: str, queue_id: int) -> str:
 class CommitLog:
     """Append-only log of all records, with the topic-queue offset table and flushing."""
 
-    def __init__(self, config: StoreConfig, clock: Callable[[], int],
-                 fsync: Callable[[int], None] = os.fdatasync) -> None:
+    def __init__(
+        self,
+        config: StoreConfig,
+        clock: Callable[[], int],
+        fsync: Callable[[int], None] = os.fdatasync,
+    ) -> None:
         self.config = config
         self._clock = clock
         self.file_size = config.mapped_file_size_commitlog
         sync = config.flush_mode is FlushMode.SYNC_FLUSH
         self._warm_ahead = max(config.warm_ahead_bytes, 0)
-        allocator = MappedFileAllocator(warm=config.warm_mapped_file and self._warm_ahead > 0,
-                                        flush_on_warm=sync, warm_limit=self._warm_ahead)
-        self.queue = MappedFileQueue(config.commitlog_dir, self.file_size, allocator,
-                                     fsync=fsync)
+        allocator = MappedFileAllocator(
+            warm=config.warm_mapped_file and self._warm_ahead > 0,
+            flush_on_warm=sync,
+            warm_limit=self._warm_ahead,
+        )
+        self.queue = MappedFileQueue(config.commitlog_dir, self.file_size, allocator, fsync=fsync)
         self.topic_queue_table: dict[str, int] = {}
         self.last_store_timestamp = 0
         self.records_put = 0  # records appended since start, under `_lock` (metrics)
@@ -97,8 +103,9 @@ class CommitLog:
         self._msg_id_prefix = self._store_host_raw.hex().upper()
         self.flush_service: FlushCommitLogService | GroupCommitService
         if sync:
-            self.flush_service = GroupCommitService(self, config.sync_flush_timeout_ms,
-                                                    config.group_commit_max_wait_ms)
+            self.flush_service = GroupCommitService(
+                self, config.sync_flush_timeout_ms, config.group_commit_max_wait_ms
+            )
         else:
             self.flush_service = FlushCommitLogService(self, config, clock)
         self._sync = sync
@@ -156,14 +163,25 @@ class CommitLog:
     # --- encoding (no lock)
     def _encode(self, msg: Message) -> tuple[bytearray, str | None]:
         """The record's bytes and its topic-queue key (None: takes no queue offset)."""
-        rec = encode_record(msg.topic, msg.queue_id, msg.body, msg.flag, msg.properties,
-                            msg.sys_flag, msg.born_timestamp, msg.born_host,
-                            self._store_host_raw, msg.reconsume_times, msg.prepared_tx_offset,
-                            self._max_message_size)
+        rec = encode_record(
+            msg.topic,
+            msg.queue_id,
+            msg.body,
+            msg.flag,
+            msg.properties,
+            msg.sys_flag,
+            msg.born_timestamp,
+            msg.born_host,
+            self._store_host_raw,
+            msg.reconsume_times,
+            msg.prepared_tx_offset,
+            self._max_message_size,
+        )
         if len(rec) > self._max_record:
-            raise EncodeError(PutMessageStatus.MESSAGE_ILLEGAL,
-                              f"record of {len(rec)} bytes cannot fit a commitlog file of "
-                              f"{self.file_size}")
+            raise EncodeError(
+                PutMessageStatus.MESSAGE_ILLEGAL,
+                f"record of {len(rec)} bytes cannot fit a commitlog file of {self.file_size}",
+            )
         return rec, (f"{msg.topic}-{msg.queue_id}" if is_queued(msg.sys_flag) else None)
 
     # --- appending (under the lock)
@@ -229,7 +247,7 @@ class CommitLog:
         table = self.topic_queue_table
         qoff = 0 if key is None else table.get(key, 0)
         mm = mf.mapping
-        mm[pos:pos + n] = rec
+        mm[pos : pos + n] = rec
         # offsets, store time, and RECORDCRC: the partial checksum encoded outside the
         # lock continued over those 24 bytes (codec.py)
         _seal(mm, pos, qoff, phy, ts)
@@ -240,8 +258,9 @@ class CommitLog:
         self.last_store_timestamp = ts
         return phy, qoff, ts
 
-    def _place_batch(self, recs: list[tuple[bytearray, str | None]],
-                     out: list[tuple[int, int, int]]) -> None:
+    def _place_batch(
+        self, recs: list[tuple[bytearray, str | None]], out: list[tuple[int, int, int]]
+    ) -> None:
         """Place consecutive records with one copy per file: they are laid out (offsets
         and store time patched) in one buffer, copied into the mapping at once, and made
         visible together by one move of `wrote_position`. `out` gets (phy, queue offset,
@@ -285,10 +304,20 @@ class CommitLog:
     def append(self, msg: Message) -> PutMessageResult:
         """Write one record into the page cache (no flush wait)."""
         try:
-            rec = encode_record(msg.topic, msg.queue_id, msg.body, msg.flag, msg.properties,
-                                msg.sys_flag, msg.born_timestamp, msg.born_host,
-                                self._store_host_raw, msg.reconsume_times,
-                                msg.prepared_tx_offset, self._max_message_size)
+            rec = encode_record(
+                msg.topic,
+                msg.queue_id,
+                msg.body,
+                msg.flag,
+                msg.properties,
+                msg.sys_flag,
+                msg.born_timestamp,
+                msg.born_host,
+                self._store_host_raw,
+                msg.reconsume_times,
+                msg.prepared_tx_offset,
+                self._max_message_size,
+            )
         except EncodeError as exc:
             return PutMessageResult(exc.status)
         n = len(rec)
@@ -306,8 +335,10 @@ class CommitLog:
             return PutMessageResult(PutMessageStatus.CREATE_MAPPED_FILE_FAILED)
         if self.on_append is not None:
             self.on_append()
-        return PutMessageResult(_PUT_OK, AppendMessageResult(
-            phy, n, None, ts, qoff, 1, msg_id_prefix=self._msg_id_prefix))
+        return PutMessageResult(
+            _PUT_OK,
+            AppendMessageResult(phy, n, None, ts, qoff, 1, msg_id_prefix=self._msg_id_prefix),
+        )
 
     def put_message(self, msg: Message) -> PutMessageResult:
         """Append one message; under SYNC_FLUSH return only once it is on disk."""
@@ -318,8 +349,7 @@ class CommitLog:
                 return PutMessageResult(PutMessageStatus.FLUSH_DISK_TIMEOUT, result.append)
         return result
 
-    def put_messages(self, msgs: Sequence[Message], *,
-                     wait: bool = True) -> list[PutMessageResult]:
+    def put_messages(self, msgs: Sequence[Message], *, wait: bool = True) -> list[PutMessageResult]:
         """Append a batch contiguously under one lock; one flush wait for all of it
         (none with `wait=False`: the caller waits with `when_flushed`).
 
@@ -363,15 +393,21 @@ class CommitLog:
             n = len(encoded[k][0])
             k += 1
             end = phy + n
-            results.append(PutMessageResult(_PUT_OK, AppendMessageResult(
-                phy, n, None, ts, qoff, 1, msg_id_prefix=prefix)))
+            results.append(
+                PutMessageResult(
+                    _PUT_OK, AppendMessageResult(phy, n, None, ts, qoff, 1, msg_id_prefix=prefix)
+                )
+            )
         if wait and self._sync and end > 0 and not self.wait_flushed(end):
-            results = [PutMessageResult(PutMessageStatus.FLUSH_DISK_TIMEOUT, r.append)
-                       if r.status is _PUT_OK else r for r in results]
+            results = [
+                PutMessageResult(PutMessageStatus.FLUSH_DISK_TIMEOUT, r.append)
+                if r.status is _PUT_OK
+                else r
+                for r in results
+            ]
         return results
 
-    def _place_records(self, batch: RecordBatch,
-                       key: str | None) -> tuple[int, int, int, int]:
+    def _place_records(self, batch: RecordBatch, key: str | None) -> tuple[int, int, int, int]:
         """Place a checked batch, one `place` call per file it lands in (which writes the
         records, their offsets and store time, into the mapping); (first phy, first queue
         offset, store time, end offset). A batch reaching a file's end continues in the
@@ -387,8 +423,14 @@ class CommitLog:
             pos = mf.wrote_position
             ts = self._now()
             placed, new_pos, qoff = batch.place(
-                mf.mapping, pos, mf.file_size - END_FILE_MIN_BLANK_LENGTH, qoff, step,
-                mf.file_from_offset, ts)
+                mf.mapping,
+                pos,
+                mf.file_size - END_FILE_MIN_BLANK_LENGTH,
+                qoff,
+                step,
+                mf.file_from_offset,
+                ts,
+            )
             if not placed:  # pragma: no cover - _file_for left room for the next record
                 raise RuntimeError(f"a record of {size} bytes did not fit at {pos}")
             # only now are the records visible to readers (they stop at wrote_position)
@@ -402,8 +444,9 @@ class CommitLog:
             size = batch.next_size()
         return first_phy, first_qoff, first_ts, end
 
-    def put_batch(self, batch: RecordBatch, key: str | None, *,
-                  wait: bool = True) -> PutMessageResult:
+    def put_batch(
+        self, batch: RecordBatch, key: str | None, *, wait: bool = True
+    ) -> PutMessageResult:
         """Append an encoded batch under one lock; under SYNC_FLUSH one flush wait for it
         (none with `wait=False`: the caller waits with `when_flushed`).
 
@@ -421,8 +464,16 @@ class CommitLog:
             return PutMessageResult(PutMessageStatus.CREATE_MAPPED_FILE_FAILED)
         if self.on_append is not None:
             self.on_append()
-        append = AppendMessageResult(phy, end - phy, None, ts, qoff, batch.count,
-                                     msg_id_prefix=self._msg_id_prefix, batch=batch)
+        append = AppendMessageResult(
+            phy,
+            end - phy,
+            None,
+            ts,
+            qoff,
+            batch.count,
+            msg_id_prefix=self._msg_id_prefix,
+            batch=batch,
+        )
         if wait and self._sync and not self.wait_flushed(end):
             return PutMessageResult(PutMessageStatus.FLUSH_DISK_TIMEOUT, append)
         return PutMessageResult(_PUT_OK, append)
@@ -438,8 +489,9 @@ class CommitLog:
         end = append.wrote_offset + append.wrote_bytes
 
         def done(ok: bool) -> None:
-            future.set_result(result if ok else
-                              PutMessageResult(PutMessageStatus.FLUSH_DISK_TIMEOUT, append))
+            future.set_result(
+                result if ok else PutMessageResult(PutMessageStatus.FLUSH_DISK_TIMEOUT, append)
+            )
 
         service = self.flush_service
         assert isinstance(service, GroupCommitService)
@@ -493,7 +545,7 @@ class CommitLog:
             mf = self.queue.get_last_mapped_file(offset, create=True)
             if mf is None or mf.file_from_offset + mf.wrote_position != offset:
                 raise ReplicaRejected(offset, "no file starts there")
-            mf.mapping[pos:pos + n] = view
+            mf.mapping[pos : pos + n] = view
             mf.wrote_position = mf.committed_position = pos + n
             self.topic_queue_table.update(table_updates)
             if last_ts > self.last_store_timestamp:
@@ -549,8 +601,11 @@ class CommitLog:
         if len(self._reported) >= 1024:
             self._reported.clear()
         self._reported.add(offset)
-        log.error("commitlog record at %d %s: not served (run `reliable admin store verify`)",
-                  offset, what)
+        log.error(
+            "commitlog record at %d %s: not served (run `reliable admin store verify`)",
+            offset,
+            what,
+        )
 
     def look_message(self, offset: int) -> MessageExt | None:
         """The record starting at `offset`, decoded; None when there is none, or when a
@@ -574,8 +629,11 @@ class CommitLog:
                 msg = decode_message(mm, pos)  # straight from the mapping: one copy
             except (ValueError, IndexError, UnicodeDecodeError, struct.error):
                 return None
-            if magic == RECORD_MAGIC_CODE and self.verify_on_read \
-                    and record_crc(mm, pos, size) != msg.body_crc:
+            if (
+                magic == RECORD_MAGIC_CODE
+                and self.verify_on_read
+                and record_crc(mm, pos, size) != msg.body_crc
+            ):
                 self._report_corrupt(offset, "fails its checksum")
                 return None
             return msg
@@ -586,8 +644,7 @@ class CommitLog:
         mf = self.queue.get_first_mapped_file()
         if mf is None:
             return -1
-        return mf.file_from_offset if mf.available else self.roll_next_file(
-            mf.file_from_offset)
+        return mf.file_from_offset if mf.available else self.roll_next_file(mf.file_from_offset)
 
     def get_max_offset(self) -> int:
         return self.queue.get_max_offset()
@@ -610,9 +667,11 @@ class CommitLog:
     def remove_queue_offsets(self, topic: str) -> None:
         prefix = f"{topic}-"
         with self._lock:
-            self.topic_queue_table = {k: v for k, v in self.topic_queue_table.items()
-                                      if not (k.startswith(prefix)
-                                              and k[len(prefix):].isdigit())}
+            self.topic_queue_table = {
+                k: v
+                for k, v in self.topic_queue_table.items()
+                if not (k.startswith(prefix) and k[len(prefix) :].isdigit())
+            }
 
 
 class _Warmer:
@@ -660,8 +719,9 @@ class _Warmer:
                 mf.warming = False
 
 
-def _check_replica(view: memoryview, offset: int, pos: int,
-                   file_size: int) -> tuple[dict[str, int], int, int]:
+def _check_replica(
+    view: memoryview, offset: int, pos: int, file_size: int
+) -> tuple[dict[str, int], int, int]:
     """Check every record of a replicated chunk: the topic-queue table entries it moves,
     its last store time, its number of records. `ReplicaRejected` at the first bad one."""
     updates: dict[str, int] = {}
@@ -679,8 +739,7 @@ def _check_replica(view: memoryview, offset: int, pos: int,
             return updates, last_ts, count
         if total < FIXED_SIZE or at + total > n:
             raise ReplicaRejected(offset + at, "a record is cut short")
-        size, request = check_message_and_return_size(view[at:at + total], 0, True,
-                                                      offset + at)
+        size, request = check_message_and_return_size(view[at : at + total], 0, True, offset + at)
         if size != total or request is None:
             raise ReplicaRejected(offset + at, "a record fails its checks")
         if is_queued(request.sys_flag):

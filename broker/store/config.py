@@ -161,8 +161,12 @@ SHIPPED_WATERMARKS: Watermarks = {
 
 # --- geometry: the sizes that shape a store's files, fixed when the store is created
 GEOMETRY_FILE = "geometry.json"
-GEOMETRY_FIELDS = ("mapped_file_size_commitlog", "mapped_file_size_consume_queue",
-                   "max_hash_slot_num", "max_index_num")
+GEOMETRY_FIELDS = (
+    "mapped_file_size_commitlog",
+    "mapped_file_size_consume_queue",
+    "max_hash_slot_num",
+    "max_index_num",
+)
 
 # development stores (the embedded transport's default): 64 MiB commitlog files and a small
 # index, ~100 MB on disk at first instead of ~1.5 GB. Production stores (`reliable broker
@@ -173,8 +177,7 @@ DEVELOPMENT_GEOMETRY: dict[str, int] = {
     "max_hash_slot_num": 500_000,
     "max_index_num": 2_000_000,
 }
-PRODUCTION_GEOMETRY: dict[str, int] = {
-    name: getattr(StoreConfig, name) for name in GEOMETRY_FIELDS}
+PRODUCTION_GEOMETRY: dict[str, int] = {name: getattr(StoreConfig, name) for name in GEOMETRY_FIELDS}
 
 _INDEX_HEADER, _HASH_SLOT, _INDEX_ENTRY = 40, 4, 20
 
@@ -194,7 +197,8 @@ def read_geometry(store_dir: Path) -> dict[str, int] | None:
     except (OSError, ValueError) as exc:
         raise ForeignFile(path, f"unreadable store geometry: {exc}") from exc
     if not isinstance(raw, dict) or not all(
-            isinstance(raw.get(n), int) and raw[n] > 0 for n in GEOMETRY_FIELDS):
+        isinstance(raw.get(n), int) and raw[n] > 0 for n in GEOMETRY_FIELDS
+    ):
         raise ForeignFile(path, f"expected positive integers {', '.join(GEOMETRY_FIELDS)}")
     return {n: raw[n] for n in GEOMETRY_FIELDS}
 
@@ -215,8 +219,13 @@ def _infer_geometry(store_dir: Path) -> dict[str, int] | None:
     if commitlog:
         found["mapped_file_size_commitlog"] = commitlog
     try:
-        queue_dirs = sorted(q for t in (store_dir / "consumequeue").iterdir() if t.is_dir()
-                            for q in t.iterdir() if q.is_dir())
+        queue_dirs = sorted(
+            q
+            for t in (store_dir / "consumequeue").iterdir()
+            if t.is_dir()
+            for q in t.iterdir()
+            if q.is_dir()
+        )
     except FileNotFoundError:
         queue_dirs = []
     for queue_dir in queue_dirs:
@@ -245,8 +254,11 @@ def with_store_geometry(config: StoreConfig) -> StoreConfig:
     changed: dict[str, object] = {n: v for n, v in stored.items() if getattr(config, n) != v}
     if not changed:
         return config
-    log.info("store %s: using its own geometry %s", config.store_dir,
-             ", ".join(f"{n}={v}" for n, v in changed.items()))
+    log.info(
+        "store %s: using its own geometry %s",
+        config.store_dir,
+        ", ".join(f"{n}={v}" for n, v in changed.items()),
+    )
     return dataclasses.replace(config, **changed)  # type: ignore[arg-type]
 
 
@@ -265,8 +277,9 @@ def write_geometry(config: StoreConfig) -> bool:
 
 def initial_footprint(config: StoreConfig) -> int:
     """Bytes a new store's first files take (commitlog, one index file; sparse at first)."""
-    index = (_INDEX_HEADER + config.max_hash_slot_num * _HASH_SLOT
-             + config.max_index_num * _INDEX_ENTRY)
+    index = (
+        _INDEX_HEADER + config.max_hash_slot_num * _HASH_SLOT + config.max_index_num * _INDEX_ENTRY
+    )
     return config.mapped_file_size_commitlog + index
 
 
@@ -276,16 +289,18 @@ def is_new_store(store_dir: Path) -> bool:
 
 def describe(config: StoreConfig) -> str:
     mib = 1024 * 1024
-    return (f"{config.store_dir} (commitlog files of {config.mapped_file_size_commitlog // mib}"
-            f" MiB; its first files take up to {initial_footprint(config) // mib} MiB)")
-
+    return (
+        f"{config.store_dir} (commitlog files of {config.mapped_file_size_commitlog // mib}"
+        f" MiB; its first files take up to {initial_footprint(config) // mib} MiB)"
+    )
 
 
 GEOMETRIES = {"development": DEVELOPMENT_GEOMETRY, "production": PRODUCTION_GEOMETRY}
 
 
-def embedded_store_config(store_dir: Path | str | None, geometry: str = "development",
-                          **options: object) -> StoreConfig:
+def embedded_store_config(
+    store_dir: Path | str | None, geometry: str = "development", **options: object
+) -> StoreConfig:
     """The StoreConfig of an in-process store from keywords (the embedded transport's).
 
     A new store takes the named `geometry` ("development": small files; "production":
@@ -299,7 +314,11 @@ def embedded_store_config(store_dir: Path | str | None, geometry: str = "develop
     sizes = {k: v for k, v in GEOMETRIES[geometry].items() if k not in options}
     config = StoreConfig(store_dir=directory, **sizes, **options)  # type: ignore[arg-type]
     if is_new_store(directory):
-        log.log(logging.WARNING if implicit else logging.INFO,
-                "new %s store at %s; give store_dir= (and geometry=\"production\" for "
-                "1 GiB commitlog files) to choose", geometry, describe(config))
+        log.log(
+            logging.WARNING if implicit else logging.INFO,
+            'new %s store at %s; give store_dir= (and geometry="production" for '
+            "1 GiB commitlog files) to choose",
+            geometry,
+            describe(config),
+        )
     return config

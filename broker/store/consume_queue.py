@@ -66,11 +66,20 @@ def skips_consume_queue(sys_flag: int) -> bool:
 class ConsumeQueue:
     """One logical queue: append units, read them by queue offset, recover, truncate."""
 
-    def __init__(self, topic: str, queue_id: int, store_dir: Path, mapped_file_size: int,
-                 *, max_unit_size: int = BLANK_UNIT_SIZE - 1) -> None:
+    def __init__(
+        self,
+        topic: str,
+        queue_id: int,
+        store_dir: Path,
+        mapped_file_size: int,
+        *,
+        max_unit_size: int = BLANK_UNIT_SIZE - 1,
+    ) -> None:
         if mapped_file_size <= 0 or mapped_file_size % CQ_STORE_UNIT_SIZE:
-            raise ValueError(f"consume queue file size {mapped_file_size} is not a positive "
-                             f"multiple of {CQ_STORE_UNIT_SIZE}")
+            raise ValueError(
+                f"consume queue file size {mapped_file_size} is not a positive "
+                f"multiple of {CQ_STORE_UNIT_SIZE}"
+            )
         self.topic = topic
         self.queue_id = queue_id
         self.directory = Path(store_dir) / topic / str(queue_id)
@@ -104,8 +113,7 @@ class ConsumeQueue:
             process_offset = files[start].file_from_offset
             last_phy, max_end = -1, -1
             for mf in files[start:]:
-                end, last_phy, max_end = self._scan_valid(mf, last_phy, max_end,
-                                                          mf is files[-1])
+                end, last_phy, max_end = self._scan_valid(mf, last_phy, max_end, mf is files[-1])
                 mf.wrote_position = mf.committed_position = mf.flushed_position = end
                 process_offset = mf.file_from_offset + end
                 if end < mf.file_size:
@@ -115,8 +123,9 @@ class ConsumeQueue:
             self.mfq.truncate_dirty_files(process_offset)
             self._set_min_to_first_file()
 
-    def _scan_valid(self, mf: MappedFile, last_phy: int, max_end: int, last_file: bool = False
-                    ) -> tuple[int, int, int]:
+    def _scan_valid(
+        self, mf: MappedFile, last_phy: int, max_end: int, last_file: bool = False
+    ) -> tuple[int, int, int]:
         """(valid prefix length, last commitlog offset, its record end) of `mf`.
 
         A unit is one 20-byte store, so a kill leaves it whole or absent, except in the
@@ -137,16 +146,25 @@ class ConsumeQueue:
             if size != BLANK_UNIT_SIZE:
                 if not _is_valid(phy, size) or size > self.max_unit_size:
                     if last_file and len(data.rstrip(b"\0")) <= pos + CQ_STORE_UNIT_SIZE:
-                        log.warning("%s: torn last unit (%d, %d, %d) at %d dropped",
-                                    mf.path, phy, size, tag, pos)
+                        log.warning(
+                            "%s: torn last unit (%d, %d, %d) at %d dropped",
+                            mf.path,
+                            phy,
+                            size,
+                            tag,
+                            pos,
+                        )
                         break
-                    raise StoreCorrupted(mf.path, pos,
-                                         f"unit ({phy}, {size}, {tag}) is not a commitlog "
-                                         "pointer")
+                    raise StoreCorrupted(
+                        mf.path, pos, f"unit ({phy}, {size}, {tag}) is not a commitlog pointer"
+                    )
                 if phy < last_phy:
-                    raise StoreCorrupted(mf.path, pos,
-                                         f"commitlog offset {phy} goes backwards (previous "
-                                         f"unit points at {last_phy})")
+                    raise StoreCorrupted(
+                        mf.path,
+                        pos,
+                        f"commitlog offset {phy} goes backwards (previous "
+                        f"unit points at {last_phy})",
+                    )
                 last_phy, max_end = phy, phy + size
             pos += CQ_STORE_UNIT_SIZE
         return pos, last_phy, max_end
@@ -162,8 +180,9 @@ class ConsumeQueue:
         A unit already present (a re-dispatch after recovery) is skipped; a gap before the
         expected position is filled with blank units so indexes stay positional.
         """
-        return self.put_unit(request.queue_offset, request.commitlog_offset,
-                             request.msg_size, request.tags_code)
+        return self.put_unit(
+            request.queue_offset, request.commitlog_offset, request.msg_size, request.tags_code
+        )
 
     def put_unit(self, queue_offset: int, phy_offset: int, size: int, tags_code: int) -> bool:
         with self._lock:
@@ -194,17 +213,31 @@ class ConsumeQueue:
                 existing = self._read_unit(expected)
                 if existing is not None and existing[0] != phy_offset:
                     # two records claim one queue offset: the later one is unreachable
-                    log.error("%s-%d: queue offset %d already holds the record at %d; the "
-                              "record at %d is not queued", self.topic, self.queue_id,
-                              queue_offset, existing[0], phy_offset)
+                    log.error(
+                        "%s-%d: queue offset %d already holds the record at %d; the "
+                        "record at %d is not queued",
+                        self.topic,
+                        self.queue_id,
+                        queue_offset,
+                        existing[0],
+                        phy_offset,
+                    )
                     return True
-                log.warning("%s-%d: unit %d already written; skipped", self.topic,
-                            self.queue_id, queue_offset)
+                log.warning(
+                    "%s-%d: unit %d already written; skipped",
+                    self.topic,
+                    self.queue_id,
+                    queue_offset,
+                )
                 return True
             if current < expected:
-                log.error("%s-%d: gap before queue offset %d; filling %d blank units",
-                          self.topic, self.queue_id, queue_offset,
-                          (expected - current) // CQ_STORE_UNIT_SIZE)
+                log.error(
+                    "%s-%d: gap before queue offset %d; filling %d blank units",
+                    self.topic,
+                    self.queue_id,
+                    queue_offset,
+                    (expected - current) // CQ_STORE_UNIT_SIZE,
+                )
             while current < expected:
                 mf.append(_BLANK_UNIT)
                 if mf.is_full():
@@ -217,8 +250,7 @@ class ConsumeQueue:
             self.max_physic_offset = phy_offset + size
             return True
 
-    def rewrite_unit(self, queue_offset: int, phy_offset: int, size: int, tags_code: int
-                     ) -> bool:
+    def rewrite_unit(self, queue_offset: int, phy_offset: int, size: int, tags_code: int) -> bool:
         """Repair: set the unit at `queue_offset` (already written) to the given pointer;
         True when it held something else. Units not written yet are the dispatcher's."""
         with self._lock:
@@ -229,8 +261,9 @@ class ConsumeQueue:
             if mf is None:
                 return False
             pos = logic - mf.file_from_offset
-            if pos + CQ_STORE_UNIT_SIZE > mf.wrote_position or \
-                    _UNIT.unpack_from(mf.mapping, pos) == (phy_offset, size, tags_code):
+            if pos + CQ_STORE_UNIT_SIZE > mf.wrote_position or _UNIT.unpack_from(
+                mf.mapping, pos
+            ) == (phy_offset, size, tags_code):
                 return False
             _UNIT.pack_into(mf.mapping, pos, phy_offset, size, tags_code)
             if logic + CQ_STORE_UNIT_SIZE == self.mfq.get_max_offset():
@@ -288,8 +321,9 @@ class ConsumeQueue:
         """End (offset + size) in the commitlog of the last unit's record; -1 when empty."""
         return self.max_physic_offset
 
-    def get_offset_in_queue_by_time(self, timestamp_ms: int,
-                                    lookup_store_ts: StoreTimestampLookup) -> int:
+    def get_offset_in_queue_by_time(
+        self, timestamp_ms: int, lookup_store_ts: StoreTimestampLookup
+    ) -> int:
         """The first queue offset whose message was stored at or after `timestamp_ms`.
 
         Binary search over store timestamps (read from the commitlog through
@@ -371,8 +405,7 @@ class ConsumeQueue:
     def delete_expired_file(self, commitlog_min_offset: int) -> int:
         """Delete files (never the last) whose every unit is below the commitlog's min."""
         with self._lock:
-            count = self.mfq.delete_expired_file_by_offset(commitlog_min_offset,
-                                                           CQ_STORE_UNIT_SIZE)
+            count = self.mfq.delete_expired_file_by_offset(commitlog_min_offset, CQ_STORE_UNIT_SIZE)
         self.correct_min_offset(commitlog_min_offset)
         return count
 
@@ -389,5 +422,7 @@ class ConsumeQueue:
             self.min_logic_offset = 0
 
     def __repr__(self) -> str:
-        return (f"ConsumeQueue({self.topic!r}, {self.queue_id}, "
-                f"min={self.get_min_offset_in_queue()}, max={self.get_max_offset_in_queue()})")
+        return (
+            f"ConsumeQueue({self.topic!r}, {self.queue_id}, "
+            f"min={self.get_min_offset_in_queue()}, max={self.get_max_offset_in_queue()})"
+        )

@@ -57,8 +57,7 @@ class ConsumeQueueStore:
         self.registry_lost = False
 
     # --- lookup
-    def find_or_create(self, topic: str, queue_id: int, *, register: bool = True
-                       ) -> ConsumeQueue:
+    def find_or_create(self, topic: str, queue_id: int, *, register: bool = True) -> ConsumeQueue:
         by_id = self._queues.get(topic)
         if by_id is not None:
             cq = by_id.get(queue_id)
@@ -79,9 +78,12 @@ class ConsumeQueueStore:
             return cq
 
     def _save_registry(self) -> None:
-        self.registry.save({"queues": {t: sorted(ids) for t, ids in
-                                       sorted(self._registered.items()) if ids},
-                            "deleted": dict(sorted(self._deleted.items()))})
+        self.registry.save(
+            {
+                "queues": {t: sorted(ids) for t, ids in sorted(self._registered.items()) if ids},
+                "deleted": dict(sorted(self._deleted.items())),
+            }
+        )
 
     def forget_deleted_below(self, commitlog_min_offset: int) -> None:
         """Drop tombstones of deleted topics whose records are all gone from the log."""
@@ -94,18 +96,24 @@ class ConsumeQueueStore:
     @staticmethod
     def parse_registry(data: dict[str, Any]) -> tuple[dict[str, set[int]], dict[str, int]]:
         """(queues, deleted) of a `consumequeue.json` document (ConfigShapeError)."""
-        queues = {t: {integer(q, f"queues.{t}[]", minimum=0) for q in arr(ids, f"queues.{t}")}
-                  for t, ids in obj(data.get("queues"), "queues").items()}
-        deleted = {t: integer(o, f"deleted.{t}")
-                   for t, o in obj(data.get("deleted", {}), "deleted").items()}
+        queues = {
+            t: {integer(q, f"queues.{t}[]", minimum=0) for q in arr(ids, f"queues.{t}")}
+            for t, ids in obj(data.get("queues"), "queues").items()
+        }
+        deleted = {
+            t: integer(o, f"deleted.{t}")
+            for t, o in obj(data.get("deleted", {}), "deleted").items()
+        }
         return queues, deleted
 
     def _load_registry(self) -> None:
         parsed = self.registry.load(self.parse_registry)
         if parsed is None:  # a store from before the registry, or the registry was deleted
             self.registry_lost = True
-            self._registered = {t: {q for q, cq in by_id.items() if cq.mfq.mapped_files}
-                                for t, by_id in self._queues.items()}
+            self._registered = {
+                t: {q for q, cq in by_id.items() if cq.mfq.mapped_files}
+                for t, by_id in self._queues.items()
+            }
             self._save_registry()
             return
         self._registered, self._deleted = parsed
@@ -143,8 +151,7 @@ class ConsumeQueueStore:
             for queue_dir in sorted(topic_dir.iterdir()):
                 if not queue_dir.is_dir() or not queue_dir.name.isdigit():
                     raise ForeignFile(queue_dir, "not a queue-id directory")
-                cq = self.find_or_create(topic_dir.name, int(queue_dir.name),
-                                         register=False)
+                cq = self.find_or_create(topic_dir.name, int(queue_dir.name), register=False)
                 cq.load()
         self._load_registry()
 
@@ -160,8 +167,12 @@ class ConsumeQueueStore:
     def rebuild(self, cq: ConsumeQueue, reason: str) -> None:
         """Delete a damaged queue's files; it stays registered, so `missing_queues` names it
         and the store dispatches it again from the commitlog."""
-        log.warning("consume queue %s-%d is damaged (%s): rebuilding it from the commitlog",
-                    cq.topic, cq.queue_id, reason)
+        log.warning(
+            "consume queue %s-%d is damaged (%s): rebuilding it from the commitlog",
+            cq.topic,
+            cq.queue_id,
+            reason,
+        )
         cq.destroy()
         with self._lock:
             if cq.queue_id not in self._registered.get(cq.topic, ()):
@@ -180,8 +191,11 @@ class ConsumeQueueStore:
             return  # a record of a topic deleted after it was written
         cq = self.find_or_create(request.topic, request.queue_id)
         if not cq.put_message_position_info(request):
-            raise StoreCorrupted(cq.directory, request.queue_offset * CQ_STORE_UNIT_SIZE,
-                                 "cannot create a consume queue file")
+            raise StoreCorrupted(
+                cq.directory,
+                request.queue_offset * CQ_STORE_UNIT_SIZE,
+                "cannot create a consume queue file",
+            )
 
     def truncate_dirty(self, phy_offset: int) -> None:
         for cq in self.queues():

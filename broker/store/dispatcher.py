@@ -56,9 +56,15 @@ class ReputService(ServiceThread):
 
     name = "reput"
 
-    def __init__(self, commitlog: CommitLogSource, dispatchers: Sequence[CommitLogDispatcher],
-                 *, reput_from_offset: int = 0, interval_ms: int = 1,
-                 check_crc: bool = False) -> None:
+    def __init__(
+        self,
+        commitlog: CommitLogSource,
+        dispatchers: Sequence[CommitLogDispatcher],
+        *,
+        reput_from_offset: int = 0,
+        interval_ms: int = 1,
+        check_crc: bool = False,
+    ) -> None:
         super().__init__()
         self.commitlog = commitlog
         self.reput_from_offset = reput_from_offset
@@ -119,9 +125,12 @@ class ReputService(ServiceThread):
         commitlog = self.commitlog
         min_offset = commitlog.get_min_offset()
         if min_offset >= 0 and self.reput_from_offset < min_offset:
-            log.warning("reput offset %d is below the commitlog min %d (files deleted before "
-                        "dispatch); continuing from the min", self.reput_from_offset,
-                        min_offset)
+            log.warning(
+                "reput offset %d is below the commitlog min %d (files deleted before "
+                "dispatch); continuing from the min",
+                self.reput_from_offset,
+                min_offset,
+            )
             self.reput_from_offset = min_offset
         check = check_message_and_return_size
         check_crc = self.check_crc
@@ -151,8 +160,12 @@ class ReputService(ServiceThread):
                                     for failed in core:
                                         failed.dispatch(request)
                                 except Exception as exc:
-                                    log.exception("dispatching the record at %d to %r failed; "
-                                                  "retrying next round", base + pos, failed)
+                                    log.exception(
+                                        "dispatching the record at %d to %r failed; "
+                                        "retrying next round",
+                                        base + pos,
+                                        failed,
+                                    )
                                     self._stuck(base + pos, f"{failed!r} failed: {exc!r}", exc)
                                     stop = True
                                     break
@@ -188,14 +201,20 @@ class ReputService(ServiceThread):
             try:
                 dispatcher.dispatch(request)
             except Exception:
-                log.exception("extra dispatcher %r failed on the record at %d", dispatcher,
-                              request.commitlog_offset)
+                log.exception(
+                    "extra dispatcher %r failed on the record at %d",
+                    dispatcher,
+                    request.commitlog_offset,
+                )
 
     def _invalid(self, offset: int) -> None:
         if self._blocked_at != offset:
             self._blocked_at = offset
-            log.error("invalid commitlog record at %d: dispatching stops here until the "
-                      "store is recovered", offset)
+            log.error(
+                "invalid commitlog record at %d: dispatching stops here until the "
+                "store is recovered",
+                offset,
+            )
 
     # --- thread
     def run(self) -> None:

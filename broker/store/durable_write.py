@@ -69,6 +69,6 @@ def remove_stale_temp_files(path: Path) -> None:
     if not parent.is_dir():
         return
     for stale in parent.glob(f"{path.name}{TEMP_SUFFIX}.*"):
-        pid = stale.name[len(path.name) + len(TEMP_SUFFIX) + 1:].partition(".")[0]
+        pid = stale.name[len(path.name) + len(TEMP_SUFFIX) + 1 :].partition(".")[0]
         if pid.isdigit() and not _process_alive(int(pid)):
             stale.unlink(missing_ok=True)

@@ -70,8 +70,7 @@ class StoreNotRunning(StoreError):
 
     code = ResponseCode.SERVICE_NOT_AVAILABLE
 
-    def __init__(self, path: Path | str, what: str = "store", state: str = "not running"
-                 ) -> None:
+    def __init__(self, path: Path | str, what: str = "store", state: str = "not running") -> None:
         self.path = Path(path)
         self.state = state
         super().__init__(f"{what} {path} is {state}")

@@ -87,8 +87,9 @@ class FlushCommitLogService(ServiceThread):
 
     name = "flush-commitlog"
 
-    def __init__(self, commitlog: FlushedLog, config: StoreConfig,
-                 clock: Callable[[], int]) -> None:
+    def __init__(
+        self, commitlog: FlushedLog, config: StoreConfig, clock: Callable[[], int]
+    ) -> None:
         super().__init__()
         self._commitlog = commitlog
         self._interval_s = config.flush_interval_commitlog_ms / 1000
@@ -239,8 +240,9 @@ class GroupCommitService(ServiceThread):
     def start(self) -> None:
         super().start()
         if self._reaper is None:
-            self._reaper = threading.Thread(target=self._reap_loop, name="group-commit-timeouts",
-                                            daemon=True)
+            self._reaper = threading.Thread(
+                target=self._reap_loop, name="group-commit-timeouts", daemon=True
+            )
             self._reaper.start()
 
     def shutdown(self, timeout: float = 10.0) -> None:
@@ -267,8 +269,7 @@ class GroupCommitService(ServiceThread):
                 where = q.flush_to(target)
             except OSError as exc:
                 self.failed = exc
-                log.error("commitlog fsync failed; SYNC_FLUSH puts time out from now on: %s",
-                          exc)
+                log.error("commitlog fsync failed; SYNC_FLUSH puts time out from now on: %s", exc)
                 self._finish(where=q.flushed_where, fail_all=True)
                 return
             self.fsync_count += 1

@@ -71,8 +71,10 @@ INVALID_INDEX = 0
 _I32_MAX = 0x7FFFFFFF
 _NAME_DIGITS = 17  # yyyyMMddHHmmssSSS
 _RESERVE_CHUNK = 4 * 1024 * 1024  # entries get disk blocks this much at a time
-_REBUILD_HINT = ("; the index is derived data: stop the store and delete the index "
-                 "directory to rebuild it from the commitlog")
+_REBUILD_HINT = (
+    "; the index is derived data: stop the store and delete the index "
+    "directory to rebuild it from the commitlog"
+)
 _LITTLE = sys.byteorder == "little"
 
 
@@ -101,8 +103,12 @@ def index_temp_path(path: Path) -> Path:
 def is_index_temp(name: str) -> bool:
     """`name` is an index file's temporary name (`index_temp_path`)."""
     core = name[1:-4]
-    return (name.startswith(".") and name.endswith(".tmp") and len(core) == _NAME_DIGITS
-            and core.isdigit())
+    return (
+        name.startswith(".")
+        and name.endswith(".tmp")
+        and len(core) == _NAME_DIGITS
+        and core.isdigit()
+    )
 
 
 def index_file_size(hash_slot_num: int, index_num: int) -> int:
@@ -112,8 +118,14 @@ def index_file_size(hash_slot_num: int, index_num: int) -> int:
 class IndexFile(ReferenceResource):
     """One hash index file, mapped whole; reference counted like a mapped file."""
 
-    def __init__(self, path: Path, hash_slot_num: int, index_num: int, *,
-                 create_after: tuple[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        hash_slot_num: int,
+        index_num: int,
+        *,
+        create_after: tuple[int, int] | None = None,
+    ) -> None:
         """Open `path`, or create it when `create_after` = (end phy, end ts) of the previous."""
         if hash_slot_num <= 0 or index_num <= 1:
             raise ValueError("an index file needs at least 1 hash slot and 2 entries")
@@ -128,8 +140,11 @@ class IndexFile(ReferenceResource):
         if create_after is None:
             size = self.path.stat().st_size
             if size != self.file_size:
-                raise ForeignFile(self.path, f"size {size} != {self.file_size} expected for "
-                                  f"{hash_slot_num} hash slots and {index_num} entries")
+                raise ForeignFile(
+                    self.path,
+                    f"size {size} != {self.file_size} expected for "
+                    f"{hash_slot_num} hash slots and {index_num} entries",
+                )
             self._fd = os.open(self.path, os.O_RDWR)
         else:
             # created under a temporary name, renamed into place once sized and headed:
@@ -152,8 +167,14 @@ class IndexFile(ReferenceResource):
         self._reserved_to = self._entries_at if create_after is not None else 0
         if create_after is None:
             header = [int(v) for v in _HEADER.unpack_from(self._mm, 0)]
-            (self.begin_timestamp, self.end_timestamp, self.begin_phy_offset,
-             self.end_phy_offset, self.hash_slot_count, self.index_count) = header
+            (
+                self.begin_timestamp,
+                self.end_timestamp,
+                self.begin_phy_offset,
+                self.end_phy_offset,
+                self.hash_slot_count,
+                self.index_count,
+            ) = header
             if self.index_count == 0:  # created, never written
                 self.index_count = 1
             try:
@@ -210,39 +231,54 @@ class IndexFile(ReferenceResource):
         """
         n = self.index_count
         if not 1 <= n <= self.index_num:
-            raise StoreCorrupted(self.path, 36, f"index count {n} outside 1..{self.index_num}"
-                                 f"{_REBUILD_HINT}")
+            raise StoreCorrupted(
+                self.path, 36, f"index count {n} outside 1..{self.index_num}{_REBUILD_HINT}"
+            )
         if self.begin_phy_offset < 0 or self.end_phy_offset < self.begin_phy_offset:
-            raise StoreCorrupted(self.path, 16, f"phy offsets {self.begin_phy_offset}.."
-                                 f"{self.end_phy_offset} are not a range{_REBUILD_HINT}")
+            raise StoreCorrupted(
+                self.path,
+                16,
+                f"phy offsets {self.begin_phy_offset}.."
+                f"{self.end_phy_offset} are not a range{_REBUILD_HINT}",
+            )
         slots = array("i")
-        slots.frombytes(self._mm[INDEX_HEADER_SIZE:self._entries_at])
+        slots.frombytes(self._mm[INDEX_HEADER_SIZE : self._entries_at])
         if _LITTLE:
             slots.byteswap()
         if slots and (min(slots) < 0 or max(slots) >= self.index_num):
-            raise StoreCorrupted(self.path, INDEX_HEADER_SIZE,
-                                 f"a hash slot points outside entries 0..{self.index_num - 1}"
-                                 f"{_REBUILD_HINT}")
+            raise StoreCorrupted(
+                self.path,
+                INDEX_HEADER_SIZE,
+                f"a hash slot points outside entries 0..{self.index_num - 1}{_REBUILD_HINT}",
+            )
         if slots and max(slots) >= n:
             repaired = 0
             for i, value in enumerate(slots):
                 if value >= n:
-                    _SLOT.pack_into(self._mm, INDEX_HEADER_SIZE + i * HASH_SLOT_SIZE,
-                                    self._live_link(value, n))
+                    _SLOT.pack_into(
+                        self._mm, INDEX_HEADER_SIZE + i * HASH_SLOT_SIZE, self._live_link(value, n)
+                    )
                     repaired += 1
             self._dirty = True
-            log.warning("%s: %d hash slot(s) pointed past the %d entries counted (a crash "
-                        "between two writes); set back to their chains' counted entries",
-                        self.path, repaired, n - 1)
+            log.warning(
+                "%s: %d hash slot(s) pointed past the %d entries counted (a crash "
+                "between two writes); set back to their chains' counted entries",
+                self.path,
+                repaired,
+                n - 1,
+            )
             slots = array("i")
-            slots.frombytes(self._mm[INDEX_HEADER_SIZE:self._entries_at])
+            slots.frombytes(self._mm[INDEX_HEADER_SIZE : self._entries_at])
         # a statistic: recounted rather than trusted (a crash can leave it one step off)
         self.hash_slot_count = len(slots) - slots.count(0)
         if n > 1:
             _, phy, _, prev = _ENTRY.unpack_from(self._mm, self._entry_pos(n - 1))
             if phy != self.end_phy_offset or not 0 <= prev < n - 1:
-                raise StoreCorrupted(self.path, self._entry_pos(n - 1),
-                                     f"last entry does not match the header{_REBUILD_HINT}")
+                raise StoreCorrupted(
+                    self.path,
+                    self._entry_pos(n - 1),
+                    f"last entry does not match the header{_REBUILD_HINT}",
+                )
 
     def _live_link(self, value: int, count: int) -> int:
         """Follow `previous` links from entry `value` down to the first entry below
@@ -265,9 +301,16 @@ class IndexFile(ReferenceResource):
 
     def _write_header(self) -> None:
         self._dirty = True
-        _HEADER.pack_into(self._mm, 0, self.begin_timestamp, self.end_timestamp,
-                          self.begin_phy_offset, self.end_phy_offset, self.hash_slot_count,
-                          self.index_count)
+        _HEADER.pack_into(
+            self._mm,
+            0,
+            self.begin_timestamp,
+            self.end_timestamp,
+            self.begin_phy_offset,
+            self.end_phy_offset,
+            self.hash_slot_count,
+            self.index_count,
+        )
 
     # --- state
     @property
@@ -278,8 +321,11 @@ class IndexFile(ReferenceResource):
         return self.index_count >= self.index_num
 
     def is_time_matched(self, begin_ms: int, end_ms: int) -> bool:
-        return (self.entry_count > 0 and self.begin_timestamp <= end_ms
-                and self.end_timestamp >= begin_ms)
+        return (
+            self.entry_count > 0
+            and self.begin_timestamp <= end_ms
+            and self.end_timestamp >= begin_ms
+        )
 
     # --- writing (one writer: the dispatcher, under the service's lock)
     def put_hashes(self, hashes: Sequence[int], phy_offset: int, store_timestamp: int) -> int:
@@ -297,8 +343,7 @@ class IndexFile(ReferenceResource):
         slots = self.hash_slot_num
         entries_at = self._entries_at
         # reserve first: an error leaves the file exactly as it was
-        if (entries_at + (self.index_count + len(hashes)) * INDEX_ENTRY_SIZE
-                > self._reserved_to):
+        if entries_at + (self.index_count + len(hashes)) * INDEX_ENTRY_SIZE > self._reserved_to:
             self._reserve_entries(min(self.index_num, self.index_count + len(hashes)))
         if self.index_count == 1 and hashes:
             self.begin_timestamp = store_timestamp
@@ -321,8 +366,9 @@ class IndexFile(ReferenceResource):
                 if slot_value <= INVALID_INDEX or slot_value >= first:
                     slot_value = INVALID_INDEX
                     used += 1
-            pack_entry(mm, entries_at + index * INDEX_ENTRY_SIZE, key_hash, phy_offset,
-                       diff, slot_value)
+            pack_entry(
+                mm, entries_at + index * INDEX_ENTRY_SIZE, key_hash, phy_offset, diff, slot_value
+            )
             new_slots[slot_pos] = index
             index += 1
         done = index - first
@@ -377,12 +423,14 @@ class IndexFile(ReferenceResource):
         self._write_header()
         for slot_pos, value in restored.items():
             _SLOT.pack_into(mm, slot_pos, value)
-        mm[self._entry_pos(n):self._entry_pos(old_count)] = bytes(
-            (old_count - n) * INDEX_ENTRY_SIZE)
+        mm[self._entry_pos(n) : self._entry_pos(old_count)] = bytes(
+            (old_count - n) * INDEX_ENTRY_SIZE
+        )
 
     # --- reading
-    def iter_offsets(self, key: str, begin_ms: int, end_ms: int, budget: list[int]
-                     ) -> Iterator[int]:
+    def iter_offsets(
+        self, key: str, begin_ms: int, end_ms: int, budget: list[int]
+    ) -> Iterator[int]:
         """Commitlog offsets of entries with `key`'s hash stored within [begin, end].
 
         `budget[0]` is how many entries may still be visited; it is decremented in place so
@@ -434,5 +482,7 @@ class IndexFile(ReferenceResource):
         self.path.unlink(missing_ok=True)
 
     def __repr__(self) -> str:
-        return (f"IndexFile({self.path.name}, entries={self.entry_count}, "
-                f"phy={self.begin_phy_offset}..{self.end_phy_offset})")
+        return (
+            f"IndexFile({self.path.name}, entries={self.entry_count}, "
+            f"phy={self.begin_phy_offset}..{self.end_phy_offset})"
+        )

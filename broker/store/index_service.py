@@ -74,8 +74,11 @@ class IndexService:
             raise
         self._max_phy = _newest_entry_offset(files)
         if not last_exit_ok and files:
-            log.info("abnormal exit: %d index files loaded; entries past the commitlog end "
-                     "are truncated by recovery", len(files))
+            log.info(
+                "abnormal exit: %d index files loaded; entries past the commitlog end "
+                "are truncated by recovery",
+                len(files),
+            )
         self.files = files
 
     def flush(self) -> None:
@@ -133,8 +136,9 @@ class IndexService:
     def _roll(self, full: IndexFile) -> IndexFile:
         nxt = self._create(full.end_phy_offset, full.end_timestamp)
         # a full default-sized file holds ~400 MB of entries: flush it off the dispatch path
-        threading.Thread(target=full.flush, name=f"flush-index-{full.path.name}",
-                         daemon=True).start()
+        threading.Thread(
+            target=full.flush, name=f"flush-index-{full.path.name}", daemon=True
+        ).start()
         return nxt
 
     def _create(self, end_phy: int, end_ts: int) -> IndexFile:
@@ -151,8 +155,9 @@ class IndexService:
         return f
 
     # --- reading
-    def iter_offsets(self, topic: str, key: str, begin_ms: int, end_ms: int,
-                     max_scan: int = DEFAULT_MAX_SCAN) -> Iterator[int]:
+    def iter_offsets(
+        self, topic: str, key: str, begin_ms: int, end_ms: int, max_scan: int = DEFAULT_MAX_SCAN
+    ) -> Iterator[int]:
         """Distinct commitlog offsets whose entry hash matches `topic#key`, newest first.
 
         Visits at most `max_scan` entries in total, so one query never reads unbounded data.

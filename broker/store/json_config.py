@@ -43,8 +43,15 @@ class _Unreadable(StoreError):
 
 
 T = TypeVar("T")
-_KINDS = {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
-          int: "an integer", float: "a number", type(None): "null"}
+_KINDS = {
+    dict: "an object",
+    list: "a list",
+    str: "a string",
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    type(None): "null",
+}
 
 
 def _kind(value: object) -> str:
@@ -172,8 +179,12 @@ class JsonConfigFile:
                 if main_problem is None:
                     return None  # nothing was ever saved
                 raise ConfigFileError(self.path, f"{main_problem}, and no backup")
-            log.warning("%s is %s; using its backup %s", self.path,
-                        main_problem or "missing", self.backup_path.name)
+            log.warning(
+                "%s is %s; using its backup %s",
+                self.path,
+                main_problem or "missing",
+                self.backup_path.name,
+            )
             return backup
 
     def save(self, data: Mapping[str, Any]) -> None:

@@ -85,8 +85,12 @@ def temp_name(path: Path) -> Path:
 
 def is_temp_name(name: str) -> bool:
     core = name[1:-4]
-    return (name.startswith(".") and name.endswith(".tmp") and len(core) == FILE_NAME_DIGITS
-            and core.isdigit())
+    return (
+        name.startswith(".")
+        and name.endswith(".tmp")
+        and len(core) == FILE_NAME_DIGITS
+        and core.isdigit()
+    )
 
 
 def _create_preallocated(path: Path, file_size: int) -> int:
@@ -122,13 +126,20 @@ def _monotonic_ms() -> int:
 class MappedFile(ReferenceResource):
     """A fixed-size store file mapped into memory, with reference counting."""
 
-    def __init__(self, path: Path, file_size: int, file_from_offset: int | None = None,
-                 *, clock: Callable[[], int] = _monotonic_ms,
-                 fsync: Callable[[int], None] = os.fdatasync) -> None:
+    def __init__(
+        self,
+        path: Path,
+        file_size: int,
+        file_from_offset: int | None = None,
+        *,
+        clock: Callable[[], int] = _monotonic_ms,
+        fsync: Callable[[int], None] = os.fdatasync,
+    ) -> None:
         self.path = Path(path)
         self.file_size = file_size
-        self.file_from_offset = (parse_file_name(self.path) if file_from_offset is None
-                                 else file_from_offset)
+        self.file_from_offset = (
+            parse_file_name(self.path) if file_from_offset is None else file_from_offset
+        )
         self.wrote_position = 0
         self.committed_position = 0
         self.flushed_position = 0
@@ -150,8 +161,9 @@ class MappedFile(ReferenceResource):
         else:
             self._fd = _create_preallocated(self.path, file_size)
         try:
-            self._mm = mmap.mmap(self._fd, file_size, mmap.MAP_SHARED,
-                                 mmap.PROT_READ | mmap.PROT_WRITE)
+            self._mm = mmap.mmap(
+                self._fd, file_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE
+            )
         except BaseException:
             os.close(self._fd)
             raise
@@ -180,14 +192,15 @@ class MappedFile(ReferenceResource):
         """Overwrite bytes at `position` (does not move `wrote_position`)."""
         end = position + len(data)
         if position < 0 or end > self.file_size:
-            raise ValueError(f"{self.path}: write of {len(data)} bytes at {position} "
-                             "outside the file")
+            raise ValueError(
+                f"{self.path}: write of {len(data)} bytes at {position} outside the file"
+            )
         self._mm[position:end] = data
 
     # --- reading
     def read(self, position: int, size: int) -> bytes:
         """Bytes [position, position+size); short when past the end of the file."""
-        return self._mm[position:position + size]
+        return self._mm[position : position + size]
 
     def buffer(self) -> memoryview:
         """The whole mapping; the caller holds the file and releases the view first."""
@@ -214,8 +227,11 @@ class MappedFile(ReferenceResource):
             dirty = target - self.flushed_position
             if dirty <= 0:
                 return self.flushed_position
-            if least_pages > 0 and dirty // OS_PAGE_SIZE < least_pages and not (
-                    target >= self.file_size):
+            if (
+                least_pages > 0
+                and dirty // OS_PAGE_SIZE < least_pages
+                and not (target >= self.file_size)
+            ):
                 return self.flushed_position
             if self.hold():
                 try:
@@ -250,7 +266,7 @@ class MappedFile(ReferenceResource):
             pos = _round_up(max(self.wrote_position, self.warmed_to))  # never a page of data
             while pos < stop and self._available:
                 end = min(pos + _WARM_CHUNK, stop)
-                self._mm[pos:end] = _ZEROS[:end - pos]
+                self._mm[pos:end] = _ZEROS[: end - pos]
                 pos = end
             if flush and self._available:
                 os.fdatasync(self._fd)
@@ -359,5 +375,7 @@ class MappedFile(ReferenceResource):
                 self._free()
 
     def __repr__(self) -> str:
-        return (f"MappedFile({self.path.name}, wrote={self.wrote_position}, "
-                f"flushed={self.flushed_position})")
+        return (
+            f"MappedFile({self.path.name}, wrote={self.wrote_position}, "
+            f"flushed={self.flushed_position})"
+        )

@@ -36,8 +36,9 @@ class MappedFileAllocator:
     file after it.
     """
 
-    def __init__(self, warm: bool = True, flush_on_warm: bool = False,
-                 warm_limit: int | None = None) -> None:
+    def __init__(
+        self, warm: bool = True, flush_on_warm: bool = False, warm_limit: int | None = None
+    ) -> None:
         self.warm = warm
         self.flush_on_warm = flush_on_warm
         # pre-touch only the first `warm_limit` bytes (None: all); the writer's warm-ahead
@@ -71,8 +72,9 @@ class MappedFileAllocator:
         with self._lock:
             if self._closed or path in self._pending or path in self._ready or path.exists():
                 return
-            t = threading.Thread(target=self._prepare, args=(path, size),
-                                 name=f"allocate-{path.name}", daemon=True)
+            t = threading.Thread(
+                target=self._prepare, args=(path, size), name=f"allocate-{path.name}", daemon=True
+            )
             self._pending[path] = t
         t.start()
 
@@ -107,9 +109,13 @@ class MappedFileAllocator:
 class MappedFileQueue:
     """Ordered mapped files of one size in one directory."""
 
-    def __init__(self, directory: Path, mapped_file_size: int,
-                 allocator: MappedFileAllocator | None = None,
-                 fsync: Callable[[int], None] = os.fdatasync) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        mapped_file_size: int,
+        allocator: MappedFileAllocator | None = None,
+        fsync: Callable[[int], None] = os.fdatasync,
+    ) -> None:
         self.directory = Path(directory)
         self.fsync = fsync
         self.mapped_file_size = mapped_file_size
@@ -138,13 +144,17 @@ class MappedFileQueue:
                     raise ForeignFile(path, "a directory among store files")
                 start = parse_file_name(path)
                 if start % self.mapped_file_size:
-                    raise ForeignFile(path, f"offset {start} is not a multiple of the "
-                                            f"file size {self.mapped_file_size}")
+                    raise ForeignFile(
+                        path,
+                        f"offset {start} is not a multiple of the "
+                        f"file size {self.mapped_file_size}",
+                    )
                 if expected is not None and start != expected:
                     raise ForeignFile(path, f"gap: expected a file at offset {expected}")
                 mf = MappedFile(path, self.mapped_file_size, start, fsync=self.fsync)
                 mf.wrote_position = mf.committed_position = mf.flushed_position = (
-                    self.mapped_file_size)
+                    self.mapped_file_size
+                )
                 files.append(mf)
                 expected = start + self.mapped_file_size
         except BaseException:
@@ -158,8 +168,7 @@ class MappedFileQueue:
         files = self.mapped_files
         return files[0] if files else None
 
-    def get_last_mapped_file(self, start_offset: int = 0, create: bool = True
-                             ) -> MappedFile | None:
+    def get_last_mapped_file(self, start_offset: int = 0, create: bool = True) -> MappedFile | None:
         """The last file; a new one when there is none or it is full and `create`."""
         files = self.mapped_files
         last = files[-1] if files else None
@@ -195,8 +204,9 @@ class MappedFileQueue:
             nxt = files[-1].file_from_offset + self.mapped_file_size
             self.allocator.request(self.directory / file_name(nxt), self.mapped_file_size)
 
-    def find_mapped_file_by_offset(self, offset: int, return_first_on_not_found: bool = False
-                                   ) -> MappedFile | None:
+    def find_mapped_file_by_offset(
+        self, offset: int, return_first_on_not_found: bool = False
+    ) -> MappedFile | None:
         files = self.mapped_files
         if not files:
             return None
@@ -266,10 +276,16 @@ class MappedFileQueue:
         self.flushed_where = min(self.flushed_where, offset)
         self.committed_where = min(self.committed_where, offset)
 
-    def delete_expired_file_by_time(self, expired_ms: int, delete_interval_ms: int,
-                                    interval_forcibly_ms: int, clean_immediately: bool,
-                                    max_batch: int, now_ms: int,
-                                    sleep: Callable[[float], None] = time.sleep) -> int:
+    def delete_expired_file_by_time(
+        self,
+        expired_ms: int,
+        delete_interval_ms: int,
+        interval_forcibly_ms: int,
+        clean_immediately: bool,
+        max_batch: int,
+        now_ms: int,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> int:
         """Delete files last modified `expired_ms` ago (all but the last); returns the count."""
         files = self.mapped_files
         deleted: list[MappedFile] = []

@@ -81,9 +81,12 @@ class PutMessageStatus(enum.Enum):
     @property
     def stored(self) -> bool:
         """The bytes are in the commitlog (possibly not yet on disk)."""
-        return self in (PutMessageStatus.PUT_OK, PutMessageStatus.FLUSH_DISK_TIMEOUT,
-                        PutMessageStatus.FLUSH_SLAVE_TIMEOUT,
-                        PutMessageStatus.SLAVE_NOT_AVAILABLE)
+        return self in (
+            PutMessageStatus.PUT_OK,
+            PutMessageStatus.FLUSH_DISK_TIMEOUT,
+            PutMessageStatus.FLUSH_SLAVE_TIMEOUT,
+            PutMessageStatus.SLAVE_NOT_AVAILABLE,
+        )
 
 
 class GetMessageStatus(enum.Enum):
@@ -234,9 +237,18 @@ class AppendMessageResult:
         "wrote_offset",
     )
 
-    def __init__(self, wrote_offset: int, wrote_bytes: int, msg_id: str | None = None,
-                 store_timestamp: int = 0, queue_offset: int = 0, msg_num: int = 1, *,
-                 msg_id_prefix: str = "", batch: _PlacedRecords | None = None) -> None:
+    def __init__(
+        self,
+        wrote_offset: int,
+        wrote_bytes: int,
+        msg_id: str | None = None,
+        store_timestamp: int = 0,
+        queue_offset: int = 0,
+        msg_num: int = 1,
+        *,
+        msg_id_prefix: str = "",
+        batch: _PlacedRecords | None = None,
+    ) -> None:
         self.wrote_offset = wrote_offset  # commitlog offset of the first record
         self.wrote_bytes = wrote_bytes
         self._msg_id = msg_id
@@ -271,8 +283,14 @@ class AppendMessageResult:
         self._msg_id = value
 
     def _key(self) -> tuple[int, int, str, int, int, int]:
-        return (self.wrote_offset, self.wrote_bytes, self.msg_id, self.store_timestamp,
-                self.queue_offset, self.msg_num)
+        return (
+            self.wrote_offset,
+            self.wrote_bytes,
+            self.msg_id,
+            self.store_timestamp,
+            self.queue_offset,
+            self.msg_num,
+        )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, AppendMessageResult):
@@ -282,10 +300,12 @@ class AppendMessageResult:
     __hash__ = None  # type: ignore[assignment]  # mutable, like the dataclass it replaced
 
     def __repr__(self) -> str:
-        return (f"AppendMessageResult(wrote_offset={self.wrote_offset}, "
-                f"wrote_bytes={self.wrote_bytes}, msg_id={self.msg_id!r}, "
-                f"store_timestamp={self.store_timestamp}, queue_offset={self.queue_offset}, "
-                f"msg_num={self.msg_num})")
+        return (
+            f"AppendMessageResult(wrote_offset={self.wrote_offset}, "
+            f"wrote_bytes={self.wrote_bytes}, msg_id={self.msg_id!r}, "
+            f"store_timestamp={self.store_timestamp}, queue_offset={self.queue_offset}, "
+            f"msg_num={self.msg_num})"
+        )
 
 
 @dataclass(slots=True)

@@ -42,18 +42,21 @@ class OffsetIndex(Protocol):
 
     max_query_results: int
 
-    def iter_offsets(self, topic: str, key: str, begin_ms: int, end_ms: int,
-                     max_scan: int = ...) -> Iterator[int]: ...
+    def iter_offsets(
+        self, topic: str, key: str, begin_ms: int, end_ms: int, max_scan: int = ...
+    ) -> Iterator[int]: ...
 
 
-def pad_time_range(begin_ms: int, end_ms: int | None,
-                   skew_ms: int = QUERY_CLOCK_SKEW_MS) -> tuple[int, int]:
+def pad_time_range(
+    begin_ms: int, end_ms: int | None, skew_ms: int = QUERY_CLOCK_SKEW_MS
+) -> tuple[int, int]:
     """[begin - skew, end + skew], clamped; an open end means "up to now and beyond"."""
     begin = max(0, begin_ms - skew_ms)
     end = MAX_TIME_MS if end_ms is None else min(MAX_TIME_MS, end_ms + skew_ms)
     if end < begin:
-        raise InvalidQuery("time range",
-                           f"time range ends ({end_ms}) before it begins ({begin_ms})")
+        raise InvalidQuery(
+            "time range", f"time range ends ({end_ms}) before it begins ({begin_ms})"
+        )
     return begin, end
 
 
@@ -68,14 +71,24 @@ def message_matches(msg: MessageExt, topic: str, key: str, match: KeyMatch) -> b
 
 def _check_key(key: str) -> None:
     if not key or " " in key:
-        raise InvalidQuery("key", f"key {key!r} must be non-empty and hold no space "
-                           "(KEYS are space-separated)")
+        raise InvalidQuery(
+            "key", f"key {key!r} must be non-empty and hold no space (KEYS are space-separated)"
+        )
 
 
-def query_by_key(index: OffsetIndex, look: MessageLookup, topic: str, key: str, *,
-                 max_num: int = DEFAULT_MAX_NUM, begin_ms: int = 0, end_ms: int | None = None,
-                 skew_ms: int = QUERY_CLOCK_SKEW_MS, match: KeyMatch = KeyMatch.KEYS,
-                 max_candidates: int | None = None) -> list[MessageExt]:
+def query_by_key(
+    index: OffsetIndex,
+    look: MessageLookup,
+    topic: str,
+    key: str,
+    *,
+    max_num: int = DEFAULT_MAX_NUM,
+    begin_ms: int = 0,
+    end_ms: int | None = None,
+    skew_ms: int = QUERY_CLOCK_SKEW_MS,
+    match: KeyMatch = KeyMatch.KEYS,
+    max_candidates: int | None = None,
+) -> list[MessageExt]:
     """Messages of `topic` whose key is exactly `key`, newest first, at most `max_num`.
 
     At most `max_candidates` records are decoded (default: 4 x the result cap + 32), so a
@@ -93,8 +106,11 @@ def query_by_key(index: OffsetIndex, look: MessageLookup, topic: str, key: str, 
             break
         budget -= 1
         msg = look(phy)
-        if msg is not None and msg.commitlog_offset == phy and message_matches(
-                msg, topic, key, match):
+        if (
+            msg is not None
+            and msg.commitlog_offset == phy
+            and message_matches(msg, topic, key, match)
+        ):
             found.append(msg)
             if len(found) >= limit:
                 break
@@ -109,25 +125,40 @@ def look_by_offset_msg_id(look: MessageLookup, msg_id: str) -> MessageExt | None
     try:
         _host, offset = decode_offset_msg_id(msg_id)
     except ValueError as exc:
-        raise InvalidQuery("message id",
-                           f"{msg_id!r} is not an offset message id: {exc}") from exc
+        raise InvalidQuery("message id", f"{msg_id!r} is not an offset message id: {exc}") from exc
     msg = look(offset)
     if msg is None or msg.offset_msg_id != msg_id.upper():
         return None  # another broker's id, or a record since deleted
     return msg
 
 
-def query_by_unique_key(index: OffsetIndex, look: MessageLookup, topic: str,
-                        unique_key: str, *, begin_ms: int = 0, end_ms: int | None = None,
-                        skew_ms: int = QUERY_CLOCK_SKEW_MS) -> MessageExt | None:
+def query_by_unique_key(
+    index: OffsetIndex,
+    look: MessageLookup,
+    topic: str,
+    unique_key: str,
+    *,
+    begin_ms: int = 0,
+    end_ms: int | None = None,
+    skew_ms: int = QUERY_CLOCK_SKEW_MS,
+) -> MessageExt | None:
     """The message whose UNIQ_KEY is `unique_key`; falls back to reading it as an offset id.
 
     Producers' unique keys are indexed; an id that was never a UNIQ_KEY (a message stored
     without one reports its offset message id) is decoded to its commitlog offset instead.
     """
     _check_key(unique_key)
-    hits = query_by_key(index, look, topic, unique_key, max_num=1, begin_ms=begin_ms,
-                        end_ms=end_ms, skew_ms=skew_ms, match=KeyMatch.UNIQUE_KEY)
+    hits = query_by_key(
+        index,
+        look,
+        topic,
+        unique_key,
+        max_num=1,
+        begin_ms=begin_ms,
+        end_ms=end_ms,
+        skew_ms=skew_ms,
+        match=KeyMatch.UNIQUE_KEY,
+    )
     if hits:
         return hits[0]
     try:

@@ -28,8 +28,9 @@ Buffer = mmap.mmap | bytes | bytearray | memoryview
 Locate = Callable[[int], tuple[Buffer, int] | None]
 
 
-def unit_problem(buf: Buffer, pos: int, phy: int, size: int, topic: bytes, queue_id: int,
-                 queue_offset: int) -> str | None:
+def unit_problem(
+    buf: Buffer, pos: int, phy: int, size: int, topic: bytes, queue_id: int, queue_offset: int
+) -> str | None:
     """What is wrong with the unit (phy, size) at `queue_offset` of `topic`-`queue_id`, the
     record's bytes starting at buf[pos]; None when it matches."""
     if pos < 0 or pos + FIXED_SIZE > len(buf):
@@ -47,8 +48,12 @@ def unit_problem(buf: Buffer, pos: int, phy: int, size: int, topic: bytes, queue
     if not problems:
         (blen,) = _BODYLEN.unpack_from(buf, pos + HEADER_SIZE - 4)
         at = pos + HEADER_SIZE + blen
-        if blen < 0 or at + 1 + len(topic) > min(len(buf), pos + total) or \
-                buf[at] != len(topic) or bytes(buf[at + 1:at + 1 + len(topic)]) != topic:
+        if (
+            blen < 0
+            or at + 1 + len(topic) > min(len(buf), pos + total)
+            or buf[at] != len(topic)
+            or bytes(buf[at + 1 : at + 1 + len(topic)]) != topic
+        ):
             problems.append("the record is of another topic")
     if problems:
         return f"points at the record at {phy}, but " + ", ".join(problems)
@@ -63,14 +68,14 @@ class UnitChecker:
         self.commitlog_min = commitlog_min
         self.commitlog_end = commitlog_end
 
-    def problem(self, topic: bytes, queue_id: int, queue_offset: int, phy: int, size: int
-                ) -> str | None:
+    def problem(
+        self, topic: bytes, queue_id: int, queue_offset: int, phy: int, size: int
+    ) -> str | None:
         """None when the unit matches or points below the commitlog's min (expired)."""
         if phy < self.commitlog_min:
             return None
         if size <= 0 or phy + size > self.commitlog_end:
-            return f"points at {phy} (size {size}), past the commitlog's end " \
-                   f"{self.commitlog_end}"
+            return f"points at {phy} (size {size}), past the commitlog's end {self.commitlog_end}"
         found = self._locate(phy)
         if found is None:
             return f"points at {phy}, in no commitlog file"

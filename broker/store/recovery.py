@@ -53,8 +53,7 @@ from broker.store.mapped_file import MappedFile
 log = logging.getLogger(__name__)
 
 NORMAL_RECOVERY_FILES = 3
-_MAGICS = tuple(m.to_bytes(4, "big", signed=True)
-                for m in (RECORD_MAGIC_CODE, MESSAGE_MAGIC_CODE))
+_MAGICS = tuple(m.to_bytes(4, "big", signed=True) for m in (RECORD_MAGIC_CODE, MESSAGE_MAGIC_CODE))
 _MAGIC_PREFIX = _MAGICS[0][:3]  # both record versions' magic codes start DA A3 20
 assert all(m.startswith(_MAGIC_PREFIX) for m in _MAGICS)
 _ZERO_HEADER = bytes(8)
@@ -105,7 +104,7 @@ def _starts_like_ours(mf: MappedFile) -> bool:
 def _find_magic(mm: mmap.mmap, start: int) -> int:
     """Position of the next record magic code (either version) at or after `start`."""
     at = mm.find(_MAGIC_PREFIX, start)
-    while at >= 0 and mm[at:at + 4] not in _MAGICS:
+    while at >= 0 and mm[at : at + 4] not in _MAGICS:
         at = mm.find(_MAGIC_PREFIX, at + 1)
     return at
 
@@ -116,8 +115,12 @@ def _first_record_older_than(mf: MappedFile, limit_ts: int) -> bool:
     try:
         with mf.buffer() as buf:
             size, req = check_message_and_return_size(buf, 0, True, mf.file_from_offset)
-        return (size > 0 and req is not None and req.store_timestamp != 0
-                and req.store_timestamp <= limit_ts)
+        return (
+            size > 0
+            and req is not None
+            and req.store_timestamp != 0
+            and req.store_timestamp <= limit_ts
+        )
     finally:
         mf.release()
 
@@ -129,8 +132,8 @@ def _framed_size(buf: memoryview, pos: int, base: int) -> int:
     left = len(buf) - pos
     if left < FIXED_SIZE:
         return 0
-    total = int.from_bytes(buf[pos:pos + 4], "big", signed=True)
-    if bytes(buf[pos + 4:pos + 8]) not in _MAGICS or not FIXED_SIZE <= total <= left:
+    total = int.from_bytes(buf[pos : pos + 4], "big", signed=True)
+    if bytes(buf[pos + 4 : pos + 8]) not in _MAGICS or not FIXED_SIZE <= total <= left:
         return 0
     size, _ = check_message_and_return_size(buf, pos + total, True, base + pos + total)
     return total if size >= 0 else 0
@@ -160,19 +163,29 @@ def _scan(files: list[MappedFile], start: int, flushed: int = 0) -> _ScanEnd:
                         break  # blank record or exact end: the next file goes on
                     framed = _framed_size(buf, pos, base) if base + pos < flushed else 0
                     if framed:
-                        log.error("commitlog %s: the record at offset %d is damaged (run "
-                                  "`reliable admin store verify`); quarantined: kept on disk, "
-                                  "never served", mf.path, base + pos)
+                        log.error(
+                            "commitlog %s: the record at offset %d is damaged (run "
+                            "`reliable admin store verify`); quarantined: kept on disk, "
+                            "never served",
+                            mf.path,
+                            base + pos,
+                        )
                         quarantined.append((base + pos, framed))
                         pos += framed
                         continue
-                    return _ScanEnd(base + pos, i, pos, records, last_ts, True,
-                                    tuple(quarantined))
+                    return _ScanEnd(base + pos, i, pos, records, last_ts, True, tuple(quarantined))
         finally:
             mf.release()
     last = files[-1]
-    return _ScanEnd(last.file_from_offset + last.file_size, len(files) - 1, last.file_size,
-                    records, last_ts, False, tuple(quarantined))
+    return _ScanEnd(
+        last.file_from_offset + last.file_size,
+        len(files) - 1,
+        last.file_size,
+        records,
+        last_ts,
+        False,
+        tuple(quarantined),
+    )
 
 
 def _count_valid_after(files: list[MappedFile], index: int, pos: int) -> tuple[int, int]:
@@ -188,8 +201,9 @@ def _count_valid_after(files: list[MappedFile], index: int, pos: int) -> tuple[i
             with mf.buffer() as buf:
                 while at >= 0:
                     start = at - 4
-                    size, _ = check_message_and_return_size(buf, start, True,
-                                                            mf.file_from_offset + start)
+                    size, _ = check_message_and_return_size(
+                        buf, start, True, mf.file_from_offset + start
+                    )
                     if size > 0:
                         count += 1
                         if first < 0:
@@ -202,8 +216,9 @@ def _count_valid_after(files: list[MappedFile], index: int, pos: int) -> tuple[i
     return count, first
 
 
-def recover_commitlog(commitlog: CommitLog, checkpoint: StoreCheckpoint, abnormal: bool,
-                      index_safe: bool = False) -> RecoveryReport:
+def recover_commitlog(
+    commitlog: CommitLog, checkpoint: StoreCheckpoint, abnormal: bool, index_safe: bool = False
+) -> RecoveryReport:
     """Find and set the commitlog's end; raise StoreCorrupted where data cannot be trusted."""
     q = commitlog.queue
     files = q.mapped_files
@@ -234,21 +249,28 @@ def recover_commitlog(commitlog: CommitLog, checkpoint: StoreCheckpoint, abnorma
     if found.invalid:
         mf = files[found.file_index]
         header = mf.read(found.pos, 8)
-        torn = header != _ZERO_HEADER[:len(header)]
+        torn = header != _ZERO_HEADER[: len(header)]
         if end < flushed:
-            raise StoreCorrupted(mf.path, found.pos,
-                                 f"invalid record below the flushed offset {flushed}")
+            raise StoreCorrupted(
+                mf.path, found.pos, f"invalid record below the flushed offset {flushed}"
+            )
         if abnormal or torn:
             dropped, first_valid = _count_valid_after(files, found.file_index, found.pos)
             if dropped:
                 if commitlog.config.flush_mode is FlushMode.SYNC_FLUSH:
                     raise StoreCorrupted(
-                        mf.path, found.pos,
+                        mf.path,
+                        found.pos,
                         f"invalid record followed by {dropped} valid record(s) from offset "
-                        f"{first_valid}; acknowledged data would be lost by truncating")
-                log.warning("commitlog %s: invalid record at %d followed by %d valid "
-                            "record(s) (unflushed at the crash); truncating them",
-                            mf.path, end, dropped)
+                        f"{first_valid}; acknowledged data would be lost by truncating",
+                    )
+                log.warning(
+                    "commitlog %s: invalid record at %d followed by %d valid "
+                    "record(s) (unflushed at the crash); truncating them",
+                    mf.path,
+                    end,
+                    dropped,
+                )
                 torn = True
     q.truncate_dirty_files(end, zero_tail=torn or abnormal)
     files = q.mapped_files
@@ -259,12 +281,15 @@ def recover_commitlog(commitlog: CommitLog, checkpoint: StoreCheckpoint, abnorma
         if mf.file_from_offset + mf.file_size <= end:
             mf.flushed_position = mf.committed_position = mf.wrote_position = mf.file_size
     q.flushed_where = q.committed_where = end
-    commitlog.last_store_timestamp = max(commitlog.last_store_timestamp,
-                                         found.last_store_timestamp)
+    commitlog.last_store_timestamp = max(commitlog.last_store_timestamp, found.last_store_timestamp)
     if torn:
         log.warning("commitlog recovered to offset %d: torn tail cut off", end)
     if found.quarantined:
-        log.error("commitlog recovered to offset %d with %d damaged record(s) quarantined",
-                  end, len(found.quarantined))
-    return RecoveryReport(abnormal, scanned_from, end, found.records, torn, dropped,
-                          found.quarantined)
+        log.error(
+            "commitlog recovered to offset %d with %d damaged record(s) quarantined",
+            end,
+            len(found.quarantined),
+        )
+    return RecoveryReport(
+        abnormal, scanned_from, end, found.records, torn, dropped, found.quarantined
+    )

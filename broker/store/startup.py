@@ -54,8 +54,7 @@ class _QueuesWithoutFiles:
 
     def __init__(self, queues: ConsumeQueueStore) -> None:
         self.queues = queues
-        self.existing = {(cq.topic, cq.queue_id) for cq in queues.queues()
-                         if cq.mfq.mapped_files}
+        self.existing = {(cq.topic, cq.queue_id) for cq in queues.queues() if cq.mfq.mapped_files}
 
     def dispatch(self, request: DispatchRequest) -> None:
         if (request.topic, request.queue_id) not in self.existing:
@@ -71,15 +70,20 @@ class _RepairUnits:
 
     def dispatch(self, request: DispatchRequest) -> None:
         cq = self.cq
-        if request.topic == cq.topic and request.queue_id == cq.queue_id \
-                and is_queued(request.sys_flag) and cq.rewrite_unit(
-                    request.queue_offset, request.commitlog_offset, request.msg_size,
-                    request.tags_code):
+        if (
+            request.topic == cq.topic
+            and request.queue_id == cq.queue_id
+            and is_queued(request.sys_flag)
+            and cq.rewrite_unit(
+                request.queue_offset, request.commitlog_offset, request.msg_size, request.tags_code
+            )
+        ):
             self.fixed += 1
 
 
-def align_to_commitlog(commitlog: CommitLog, queues: ConsumeQueueStore,
-                       index: IndexService, report: RecoveryReport) -> None:
+def align_to_commitlog(
+    commitlog: CommitLog, queues: ConsumeQueueStore, index: IndexService, report: RecoveryReport
+) -> None:
     """Step 2: recover the queues, check their units, cut queues and index back to the
     recovered commitlog's end, and move the queues' min offsets up to its min."""
     end = report.end
@@ -107,12 +111,16 @@ def unit_checker(commitlog: CommitLog, end: int | None = None) -> UnitChecker:
         last[:] = [(mf.mapping, mf.file_from_offset, mf.file_from_offset + mf.file_size)]
         return mf.mapping, mf.file_from_offset
 
-    return UnitChecker(locate, max(commitlog.get_min_offset(), 0),
-                       commitlog.get_max_offset() if end is None else end)
+    return UnitChecker(
+        locate,
+        max(commitlog.get_min_offset(), 0),
+        commitlog.get_max_offset() if end is None else end,
+    )
 
 
-def check_queues(commitlog: CommitLog, queues: ConsumeQueueStore, end: int, *,
-                 past_end_ok: bool) -> None:
+def check_queues(
+    commitlog: CommitLog, queues: ConsumeQueueStore, end: int, *, past_end_ok: bool
+) -> None:
     """At start, before the queues are cut back to the commitlog's end: every unit of
     every queue must point at its record (queue_check.py); a queue with one that does
     not is rebuilt from the commitlog (`redispatch`).
@@ -126,8 +134,9 @@ def check_queues(commitlog: CommitLog, queues: ConsumeQueueStore, end: int, *,
     for cq in queues.queues():
         topic = cq.topic.encode()
         beyond = -1  # first unit past the end
-        for index, phy, size, _tag in cq.iter_units(cq.get_min_offset_in_queue(),
-                                                    cq.get_max_offset_in_queue()):
+        for index, phy, size, _tag in cq.iter_units(
+            cq.get_min_offset_in_queue(), cq.get_max_offset_in_queue()
+        ):
             if past_end_ok and phy + size > end:
                 beyond = index if beyond < 0 else beyond
                 continue
@@ -139,8 +148,9 @@ def check_queues(commitlog: CommitLog, queues: ConsumeQueueStore, end: int, *,
                 break
 
 
-def reput_start(commitlog: CommitLog, queues: ConsumeQueueStore, index: IndexService,
-                report: RecoveryReport) -> int:
+def reput_start(
+    commitlog: CommitLog, queues: ConsumeQueueStore, index: IndexService, report: RecoveryReport
+) -> int:
     """Step 3: the commitlog offset re-dispatching starts from."""
     cl_min = max(commitlog.get_min_offset(), 0)
     cq_end = queues.get_max_physic_offset()
@@ -185,12 +195,16 @@ def dispatch_all(commitlog: CommitLog, reput: ReputService) -> None:
         reput.do_reput()
         if reput.reput_from_offset == before:
             at = reput.stuck_at if reput.stuck_at >= 0 else before
-            raise DispatchStuck(at, reput.stuck_reason or "no progress") \
-                from reput.last_error
+            raise DispatchStuck(at, reput.stuck_reason or "no progress") from reput.last_error
 
 
-def rebuild_missing(store_dir: Path, commitlog: CommitLog, queues: ConsumeQueueStore,
-                    index: IndexService, skip: dict[int, int]) -> None:
+def rebuild_missing(
+    store_dir: Path,
+    commitlog: CommitLog,
+    queues: ConsumeQueueStore,
+    index: IndexService,
+    skip: dict[int, int],
+) -> None:
     """Re-derive a deleted index and deleted consume queues from the commitlog.
 
     Both are derived data: the index directory with no file left, or a queue registered
@@ -203,18 +217,23 @@ def rebuild_missing(store_dir: Path, commitlog: CommitLog, queues: ConsumeQueueS
         return
     chain: list[CommitLogDispatcher] = []
     if index.indexed_to() < 0:
-        log.warning("store %s: no index file: rebuilding the index from the commitlog",
-                    store_dir)
+        log.warning("store %s: no index file: rebuilding the index from the commitlog", store_dir)
         chain.append(index)
     missing = queues.missing_queues()
     if queues.registry_lost:
         # which queues existed is unknown: every queue the log names that has no file
-        log.warning("store %s: no consume queue registry: rebuilding every queue of the "
-                    "commitlog that has no file", store_dir)
+        log.warning(
+            "store %s: no consume queue registry: rebuilding every queue of the "
+            "commitlog that has no file",
+            store_dir,
+        )
         chain.append(_QueuesWithoutFiles(queues))
     elif missing:
-        log.warning("store %s: consume queues %s have no file: rebuilding them from the "
-                    "commitlog", store_dir, ", ".join(f"{t}-{q}" for t, q in missing))
+        log.warning(
+            "store %s: consume queues %s have no file: rebuilding them from the commitlog",
+            store_dir,
+            ", ".join(f"{t}-{q}" for t, q in missing),
+        )
         chain.append(_OnlyQueues(queues, set(missing)))
     if chain:
         rebuild = ReputService(commitlog, chain, reput_from_offset=cl_min)
@@ -222,8 +241,13 @@ def rebuild_missing(store_dir: Path, commitlog: CommitLog, queues: ConsumeQueueS
         dispatch_all(commitlog, rebuild)
 
 
-def redispatch(store_dir: Path, commitlog: CommitLog, queues: ConsumeQueueStore,
-               index: IndexService, reput: ReputService) -> None:
+def redispatch(
+    store_dir: Path,
+    commitlog: CommitLog,
+    queues: ConsumeQueueStore,
+    index: IndexService,
+    reput: ReputService,
+) -> None:
     """Step 5: rebuild what was deleted, dispatch what the queues lack (DispatchStuck when
     a record cannot be), then rebuild the commitlog's topic-queue table from the queues."""
     rebuild_missing(store_dir, commitlog, queues, index, reput.skip)
@@ -231,18 +255,19 @@ def redispatch(store_dir: Path, commitlog: CommitLog, queues: ConsumeQueueStore,
     if commitlog.get_max_offset() > max(commitlog.get_min_offset(), 0):
         # records without keys write no entry: remember that the index is complete
         index.mark_indexed_to(commitlog.get_max_offset(), commitlog.last_store_timestamp)
-    commitlog.reset_table({
-        topic_queue_key(cq.topic, cq.queue_id): cq.get_max_offset_in_queue()
-        for cq in queues.queues()})
+    commitlog.reset_table(
+        {
+            topic_queue_key(cq.topic, cq.queue_id): cq.get_max_offset_in_queue()
+            for cq in queues.queues()
+        }
+    )
 
 
-def repair_units(commitlog: CommitLog, cq: ConsumeQueue, skip: dict[int, int],
-                 until: int) -> int:
+def repair_units(commitlog: CommitLog, cq: ConsumeQueue, skip: dict[int, int], until: int) -> int:
     """Rewrite every unit of `cq` below commitlog offset `until` that disagrees with the
     commitlog; returns how many were wrong. Reads the whole log: meant for the rare case."""
     repair = _RepairUnits(cq)
-    reput = ReputService(commitlog, [repair],
-                         reput_from_offset=max(commitlog.get_min_offset(), 0))
+    reput = ReputService(commitlog, [repair], reput_from_offset=max(commitlog.get_min_offset(), 0))
     reput.skip = skip
     while reput.reput_from_offset < until:
         before = reput.reput_from_offset

@@ -21,8 +21,24 @@ K = TypeVar("K", bound=Hashable)
 
 # seconds: 50 us .. 10 s, the range of an fsync and of a send's server-side handling
 LATENCY_BUCKETS_S: tuple[float, ...] = (
-    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-    0.5, 1.0, 2.5, 5.0, 10.0)
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
 # messages acknowledged by one fsync
 BATCH_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 
@@ -87,5 +103,4 @@ class Histogram:
             return HistogramSnapshot(self._bounds, tuple(self._counts), self._sum)
 
 
-__all__ = ["BATCH_BUCKETS", "LATENCY_BUCKETS_S", "Histogram", "HistogramSnapshot",
-           "KeyedCounter"]
+__all__ = ["BATCH_BUCKETS", "LATENCY_BUCKETS_S", "Histogram", "HistogramSnapshot", "KeyedCounter"]

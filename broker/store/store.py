@@ -70,8 +70,7 @@ from broker.store.store_lock import StoreLock
 
 log = logging.getLogger(__name__)
 
-CONFIG_FILES = ("topics.json", "subscriptionGroup.json", "consumerOffset.json",
-                "delayOffset.json")
+CONFIG_FILES = ("topics.json", "subscriptionGroup.json", "consumerOffset.json", "delayOffset.json")
 MAX_FILTER_SCAN = 16_000  # consume-queue units one get_messages may inspect
 _SERVICE_NOT_AVAILABLE = PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE)
 _DISK_FULL = PutMessageResult(PutMessageStatus.DISK_FULL)
@@ -90,9 +89,14 @@ class _DispatchTracker:
 class MessageStore:
     """Put, get, query; start and shut down every part of the store."""
 
-    def __init__(self, config: StoreConfig, *, clock: Callable[[], int] | None = None,
-                 fsync: Callable[[int], None] = os.fdatasync,
-                 disk_usage: Callable[[Path], float] = disk_usage_ratio) -> None:
+    def __init__(
+        self,
+        config: StoreConfig,
+        *,
+        clock: Callable[[], int] | None = None,
+        fsync: Callable[[int], None] = os.fdatasync,
+        disk_usage: Callable[[Path], float] = disk_usage_ratio,
+    ) -> None:
         """`clock` gives store timestamps (wall ms); `fsync` and `disk_usage` are seams
         for fault injection (a slow or failing disk, a full disk). The file sizes of an
         existing store are its own (`geometry.json`), whatever `config` says."""
@@ -105,18 +109,27 @@ class MessageStore:
         self.consume_queues = ConsumeQueueStore(config)
         self.index = IndexService(config, clock=self._clock)
         self._tracker = _DispatchTracker()
-        self.reput = ReputService(self.commitlog, [self.consume_queues, self.index],
-                                  interval_ms=config.dispatch_interval_ms)
+        self.reput = ReputService(
+            self.commitlog,
+            [self.consume_queues, self.index],
+            interval_ms=config.dispatch_interval_ms,
+        )
         self.reput.add_dispatcher(self._tracker)
         # every append wakes the dispatcher (no polling while idle, no wait once written)
         self.commitlog.on_append = self.reput.wakeup
-        self.cleanup = CleanupService(config, self.commitlog, self.consume_queues, self.index,
-                                      disk_usage=disk_usage, clock=self._clock,
-                                      dispatched_offset=self._dispatched_offset)
+        self.cleanup = CleanupService(
+            config,
+            self.commitlog,
+            self.consume_queues,
+            self.index,
+            disk_usage=disk_usage,
+            clock=self._clock,
+            dispatched_offset=self._dispatched_offset,
+        )
         self.checkpoint = StoreCheckpoint(config.checkpoint_path)
-        self._checkpoint_service = PeriodicService("flush-logics",
-                                                   config.flush_interval_consume_queue_ms,
-                                                   self._flush_logics)
+        self._checkpoint_service = PeriodicService(
+            "flush-logics", config.flush_interval_consume_queue_ms, self._flush_logics
+        )
         self._checkpoint_lock = threading.Lock()
         self._lock = StoreLock(config.store_dir / "lock")
         self._config_files: dict[str, JsonConfigFile] = {}
@@ -162,13 +175,18 @@ class MessageStore:
         report = recover_commitlog(self.commitlog, self.checkpoint, abnormal, index_safe=True)
         self.recovery = report
         align_to_commitlog(self.commitlog, self.consume_queues, self.index, report)
-        self.reput.reput_from_offset = reput_start(self.commitlog, self.consume_queues,
-                                                   self.index, report)
+        self.reput.reput_from_offset = reput_start(
+            self.commitlog, self.consume_queues, self.index, report
+        )
         self.reput.skip = dict(report.quarantined)
         self.commitlog.quarantined = frozenset(self.reput.skip)
-        log.info("store %s: %s recovery, commitlog end %d, dispatching from %d",
-                 cfg.store_dir, "abnormal" if report.abnormal else "normal", report.end,
-                 self.reput.reput_from_offset)
+        log.info(
+            "store %s: %s recovery, commitlog end %d, dispatching from %d",
+            cfg.store_dir,
+            "abnormal" if report.abnormal else "normal",
+            report.end,
+            self.reput.reput_from_offset,
+        )
 
         self.checkpoint.physic_flushed_offset = report.end
         self.checkpoint.flush()
@@ -176,8 +194,7 @@ class MessageStore:
 
         # rebuild what was deleted (index/, a queue's directory) from the commitlog, then
         # dispatch what the queues lack, before any put can take a queue offset
-        redispatch(cfg.store_dir, self.commitlog, self.consume_queues, self.index,
-                   self.reput)
+        redispatch(cfg.store_dir, self.commitlog, self.consume_queues, self.index, self.reput)
 
         self.commitlog.start()
         self.reput.start()
@@ -193,10 +210,13 @@ class MessageStore:
             return 0
         with self._repair_lock:
             # every record below the dispatcher's position has its unit
-            fixed = repair_units(self.commitlog, cq, self.reput.skip,
-                                 self.reput.reput_from_offset)
-        log.warning("consume queue %s-%d: %d units did not match the commitlog; rewritten",
-                    topic, queue_id, fixed)
+            fixed = repair_units(self.commitlog, cq, self.reput.skip, self.reput.reput_from_offset)
+        log.warning(
+            "consume queue %s-%d: %d units did not match the commitlog; rewritten",
+            topic,
+            queue_id,
+            fixed,
+        )
         return fixed
 
     def shutdown(self) -> None:
@@ -217,8 +237,10 @@ class MessageStore:
         if clean:
             remove_abort_file(self.config.abort_path)
         else:
-            log.error("store %s: not every flush succeeded; the next start recovers "
-                      "abnormally", self.config.store_dir)
+            log.error(
+                "store %s: not every flush succeeded; the next start recovers abnormally",
+                self.config.store_dir,
+            )
         self._lock.release()
 
     def _close_files(self) -> None:
@@ -236,14 +258,16 @@ class MessageStore:
             cp = self.checkpoint
             service = self.commitlog.flush_service
             if final and service.failed is None:
-                cp.physic_msg_timestamp = max(cp.physic_msg_timestamp,
-                                              self.commitlog.last_store_timestamp
-                                              if self.commitlog.get_flushed_offset()
-                                              >= self.commitlog.get_max_offset() else 0)
-            cp.physic_msg_timestamp = max(cp.physic_msg_timestamp,
-                                          service.flushed_store_timestamp)
-            cp.physic_flushed_offset = max(cp.physic_flushed_offset,
-                                           self.commitlog.get_flushed_offset())
+                cp.physic_msg_timestamp = max(
+                    cp.physic_msg_timestamp,
+                    self.commitlog.last_store_timestamp
+                    if self.commitlog.get_flushed_offset() >= self.commitlog.get_max_offset()
+                    else 0,
+                )
+            cp.physic_msg_timestamp = max(cp.physic_msg_timestamp, service.flushed_store_timestamp)
+            cp.physic_flushed_offset = max(
+                cp.physic_flushed_offset, self.commitlog.get_flushed_offset()
+            )
             if logics_ts:
                 cp.logics_msg_timestamp = max(cp.logics_msg_timestamp, logics_ts)
                 cp.index_msg_timestamp = max(cp.index_msg_timestamp, logics_ts)
@@ -263,20 +287,28 @@ class MessageStore:
             return refused
         return self.commitlog.put_message(msg)
 
-    def put_messages(self, msgs: Sequence[Message], *,
-                     wait: bool = True) -> list[PutMessageResult]:
+    def put_messages(self, msgs: Sequence[Message], *, wait: bool = True) -> list[PutMessageResult]:
         """`wait=False`: no SYNC_FLUSH wait here; the caller waits with `when_flushed`."""
         refused = self._refuse()
         if refused is not None:
             return [refused] * len(msgs)
         return self.commitlog.put_messages(msgs, wait=wait)
 
-    def put_batch(self, topic: str, queue_id: int, bodies: Sequence[bytes],
-                  properties: Mapping[str, str] | None = None, *,
-                  keys: Sequence[str] | None = None, uniq_keys: Sequence[str] | None = None,
-                  flag: int = 0, sys_flag: int = 0, born_timestamp: int | None = None,
-                  born_host: tuple[str, int] = ("127.0.0.1", 0),
-                  wait: bool = True) -> PutMessageResult:
+    def put_batch(
+        self,
+        topic: str,
+        queue_id: int,
+        bodies: Sequence[bytes],
+        properties: Mapping[str, str] | None = None,
+        *,
+        keys: Sequence[str] | None = None,
+        uniq_keys: Sequence[str] | None = None,
+        flag: int = 0,
+        sys_flag: int = 0,
+        born_timestamp: int | None = None,
+        born_host: tuple[str, int] = ("127.0.0.1", 0),
+        wait: bool = True,
+    ) -> PutMessageResult:
         """Store `bodies` as consecutive records of one topic/queue (a RocketMQ batch).
 
         All records share `properties`, flag, sys flag, born time (default: now) and host;
@@ -293,9 +325,20 @@ class MessageStore:
         log = self.commitlog
         try:
             batch, key = encode_batch(
-                topic, queue_id, bodies, properties, keys, uniq_keys, flag, sys_flag,
-                self._clock() if born_timestamp is None else born_timestamp, born_host,
-                log.store_host_raw, self.config.max_message_size, log.max_record)
+                topic,
+                queue_id,
+                bodies,
+                properties,
+                keys,
+                uniq_keys,
+                flag,
+                sys_flag,
+                self._clock() if born_timestamp is None else born_timestamp,
+                born_host,
+                log.store_host_raw,
+                self.config.max_message_size,
+                log.max_record,
+            )
         except EncodeError as exc:
             return PutMessageResult(exc.status)
         return log.put_batch(batch, key, wait=wait)
@@ -321,8 +364,15 @@ class MessageStore:
         return self.commitlog.put_message_async(msg)
 
     # ------------------------------------------------------------------ consume
-    def get_messages(self, group: str, topic: str, queue_id: int, offset: int, max_msgs: int,
-                     tags: Collection[str] | None = None) -> GetMessageResult:
+    def get_messages(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_msgs: int,
+        tags: Collection[str] | None = None,
+    ) -> GetMessageResult:
         """Up to `max_msgs` messages from queue offset `offset`, filtered by tags.
 
         `tags` None, empty or containing "*" means all. Units are filtered by tag code first,
@@ -332,9 +382,17 @@ class MessageStore:
         """
         return self._get_messages(group, topic, queue_id, offset, max_msgs, tags, repair=True)
 
-    def _get_messages(self, group: str, topic: str, queue_id: int, offset: int,
-                      max_msgs: int, tags: Collection[str] | None, *, repair: bool
-                      ) -> GetMessageResult:
+    def _get_messages(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_msgs: int,
+        tags: Collection[str] | None,
+        *,
+        repair: bool,
+    ) -> GetMessageResult:
         cq = self.consume_queues.get(topic, queue_id)
         if cq is None:
             return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, [], 0, 0, 0)
@@ -343,14 +401,17 @@ class MessageStore:
         if max_off == 0:
             return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, [], 0, 0, 0)
         if offset < min_off:
-            return GetMessageResult(GetMessageStatus.OFFSET_TOO_SMALL, [], min_off, min_off,
-                                    max_off)
+            return GetMessageResult(
+                GetMessageStatus.OFFSET_TOO_SMALL, [], min_off, min_off, max_off
+            )
         if offset == max_off:
-            return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_ONE, [], offset, min_off,
-                                    max_off)
+            return GetMessageResult(
+                GetMessageStatus.OFFSET_OVERFLOW_ONE, [], offset, min_off, max_off
+            )
         if offset > max_off:
-            return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, [], max_off,
-                                    min_off, max_off)
+            return GetMessageResult(
+                GetMessageStatus.OFFSET_OVERFLOW_BADLY, [], max_off, min_off, max_off
+            )
         wanted: frozenset[str] | None = None
         codes: frozenset[int] | None = None
         if tags and "*" not in tags:
@@ -369,8 +430,13 @@ class MessageStore:
             if codes is not None and tag not in codes:
                 continue
             msg = self.commitlog.look_message(phy)
-            if msg is None or msg.queue_offset != index or msg.store_size != size \
-                    or msg.queue_id != queue_id or msg.topic != topic:
+            if (
+                msg is None
+                or msg.queue_offset != index
+                or msg.store_size != size
+                or msg.queue_id != queue_id
+                or msg.topic != topic
+            ):
                 if phy < cl_min:
                     removing = True
                     continue
@@ -380,12 +446,18 @@ class MessageStore:
                 # record that fails its checksum, which no repair brings back)
                 where = (topic, queue_id, index)
                 if repair and where not in self._unrepairable:
-                    log.error("consume queue %s-%d: unit %d points at %d, not at its record: "
-                              "repairing the queue from the commitlog", topic, queue_id,
-                              index, phy)
+                    log.error(
+                        "consume queue %s-%d: unit %d points at %d, not at its record: "
+                        "repairing the queue from the commitlog",
+                        topic,
+                        queue_id,
+                        index,
+                        phy,
+                    )
                     if self.repair_queue(topic, queue_id):
-                        return self._get_messages(group, topic, queue_id, offset, max_msgs,
-                                                  tags, repair=False)
+                        return self._get_messages(
+                            group, topic, queue_id, offset, max_msgs, tags, repair=False
+                        )
                 if len(self._unrepairable) >= 4096:
                     self._unrepairable.clear()
                 self._unrepairable.add(where)
@@ -422,7 +494,8 @@ class MessageStore:
         if cq is None:
             return 0
         return cq.get_offset_in_queue_by_time(
-            timestamp_ms, query.store_timestamp_lookup(self.commitlog.get_message))
+            timestamp_ms, query.store_timestamp_lookup(self.commitlog.get_message)
+        )
 
     # ------------------------------------------------------------------ lookups
     def look_message_by_offset(self, commitlog_offset: int) -> MessageExt | None:
@@ -448,19 +521,28 @@ class MessageStore:
         except InvalidQuery:
             return None
 
-    def get_message_by_queue_offset(self, topic: str, queue_id: int, queue_offset: int
-                                    ) -> MessageExt | None:
+    def get_message_by_queue_offset(
+        self, topic: str, queue_id: int, queue_offset: int
+    ) -> MessageExt | None:
         cq = self.consume_queues.get(topic, queue_id)
         unit = None if cq is None else cq.get_unit(queue_offset)
         if unit is None:
             return None
         return self.commitlog.look_message(unit[0])
 
-    def query_message_by_key(self, topic: str, key: str, max_num: int = 64, begin_ms: int = 0,
-                             end_ms: int | None = None) -> list[MessageExt]:
+    def query_message_by_key(
+        self, topic: str, key: str, max_num: int = 64, begin_ms: int = 0, end_ms: int | None = None
+    ) -> list[MessageExt]:
         """Messages of `topic` with exactly `key` among their KEYS, newest first, capped."""
-        return query.query_by_key(self.index, self._look_checked, topic, key, max_num=max_num,
-                                  begin_ms=begin_ms, end_ms=end_ms)
+        return query.query_by_key(
+            self.index,
+            self._look_checked,
+            topic,
+            key,
+            max_num=max_num,
+            begin_ms=begin_ms,
+            end_ms=end_ms,
+        )
 
     def query_message_by_unique_key(self, topic: str, unique_key: str) -> MessageExt | None:
         """By UNIQ_KEY through the index; else `unique_key` read as an offset message id."""
@@ -498,8 +580,8 @@ class MessageStore:
         ids = set(self.consume_queues.queue_ids(topic))
         prefix = f"{topic}-"
         for key in list(self.commitlog.topic_queue_table):
-            if key.startswith(prefix) and key[len(prefix):].isdigit():
-                ids.add(int(key[len(prefix):]))
+            if key.startswith(prefix) and key[len(prefix) :].isdigit():
+                ids.add(int(key[len(prefix) :]))
         return sorted(ids)
 
     def delete_topics(self, topics: Collection[str]) -> None:

@@ -90,17 +90,29 @@ class Problem:
 class VerifyReport:
     store: str
     problems: list[Problem] = field(default_factory=list)
-    checked: dict[str, int] = field(default_factory=lambda: {
-        "commitlog_files": 0, "records": 0, "queues": 0, "units": 0, "index_files": 0,
-        "index_entries": 0, "config_files": 0})
+    checked: dict[str, int] = field(
+        default_factory=lambda: {
+            "commitlog_files": 0,
+            "records": 0,
+            "queues": 0,
+            "units": 0,
+            "index_files": 0,
+            "index_entries": 0,
+            "config_files": 0,
+        }
+    )
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
     def to_json(self) -> dict[str, Any]:
-        return {"store": self.store, "ok": self.ok, "checked": dict(self.checked),
-                "problems": [asdict(p) for p in self.problems]}
+        return {
+            "store": self.store,
+            "ok": self.ok,
+            "checked": dict(self.checked),
+            "problems": [asdict(p) for p in self.problems],
+        }
 
 
 class _Problems:
@@ -121,8 +133,9 @@ class _Problems:
     def close(self) -> None:
         for name, n in self._per_file.items():
             if n > _MAX_PROBLEMS_PER_FILE:
-                self.report.problems.append(Problem(
-                    name, -1, f"{n - _MAX_PROBLEMS_PER_FILE} more problems not listed"))
+                self.report.problems.append(
+                    Problem(name, -1, f"{n - _MAX_PROBLEMS_PER_FILE} more problems not listed")
+                )
 
 
 def _map(path: Path, stack: ExitStack) -> mmap.mmap | bytes:
@@ -139,8 +152,7 @@ def _numbered_files(directory: Path, digits: int, out: _Problems) -> list[tuple[
         if path.name.startswith(".") and path.name.endswith(".tmp"):
             continue  # an allocation cut short: deleted at load
         if not path.is_file() or len(path.name) != digits or not path.name.isdigit():
-            out.add(path, 0, "not a store file (expected a file named by a "
-                             f"{digits}-digit offset)")
+            out.add(path, 0, f"not a store file (expected a file named by a {digits}-digit offset)")
             continue
         files.append((int(path.name), path))
     return files
@@ -175,13 +187,15 @@ def describe_record(buf: mmap.mmap | bytes, pos: int, phy: int) -> str:
     if magic == RECORD_MAGIC_CODE:
         want = record_crc(buf, pos, total)
         if want != crc:
-            return f"fails its checksum (stored {crc:#010x}, computed {want:#010x}): " \
-                   "some byte of the record changed"
-    elif body_crc(buf[pos + HEADER_SIZE:body_end]) != crc:
+            return (
+                f"fails its checksum (stored {crc:#010x}, computed {want:#010x}): "
+                "some byte of the record changed"
+            )
+    elif body_crc(buf[pos + HEADER_SIZE : body_end]) != crc:
         return "body fails its CRC (version 1 record)"
     try:
-        topic = str(buf[body_end + 1:body_end + 1 + tlen], "utf-8")
-        _strict_properties(buf[body_end + 3 + tlen:pos + total])
+        topic = str(buf[body_end + 1 : body_end + 1 + tlen], "utf-8")
+        _strict_properties(buf[body_end + 3 + tlen : pos + total])
     except ValueError:
         return "topic or properties do not decode"
     if "\x00" in topic:
@@ -201,8 +215,10 @@ def _resync(buf: mmap.mmap | bytes, pos: int, base: int) -> int:
         if i < 0:
             return -1
         start = i - 4
-        if buf[i:i + 4] in _MAGICS and \
-                check_message_and_return_size(buf, start, True, base + start)[0] > 0:
+        if (
+            buf[i : i + 4] in _MAGICS
+            and check_message_and_return_size(buf, start, True, base + start)[0] > 0
+        ):
             return start
         at = start + 1
 
@@ -223,8 +239,9 @@ class _Commitlog:
         return None
 
 
-def _scan_commitlog(root: Path, out: _Problems, report: VerifyReport, stack: ExitStack
-                    ) -> _Commitlog:
+def _scan_commitlog(
+    root: Path, out: _Problems, report: VerifyReport, stack: ExitStack
+) -> _Commitlog:
     cl = _Commitlog()
     directory = root / "commitlog"
     if not directory.is_dir():
@@ -239,8 +256,12 @@ def _scan_commitlog(root: Path, out: _Problems, report: VerifyReport, stack: Exi
         elif len(buf) != size:
             out.add(path, 0, f"file of {len(buf)} bytes, the others have {size}")
         if cl.files and cl.files[-1][0] + len(cl.files[-1][1]) != base:
-            out.add(path, 0, f"does not follow the previous file (ends at "
-                             f"{cl.files[-1][0] + len(cl.files[-1][1])})")
+            out.add(
+                path,
+                0,
+                f"does not follow the previous file (ends at "
+                f"{cl.files[-1][0] + len(cl.files[-1][1])})",
+            )
         cl.files.append((base, buf))
         last = i == len(files) - 1
         pos = 0
@@ -264,21 +285,35 @@ def _scan_commitlog(root: Path, out: _Problems, report: VerifyReport, stack: Exi
                 break  # never written: the end of the log
             nxt = _resync(buf, pos, base)
             if last and nxt < 0:
-                out.add(path, pos, f"{len(buf) - pos} bytes after the last record are not a "
-                                   "record (a write cut short: the next start drops them): "
-                                   + describe_record(buf, pos, base + pos))
+                out.add(
+                    path,
+                    pos,
+                    f"{len(buf) - pos} bytes after the last record are not a "
+                    "record (a write cut short: the next start drops them): "
+                    + describe_record(buf, pos, base + pos),
+                )
                 break
             skipped = (nxt if nxt >= 0 else len(buf)) - pos
-            out.add(path, pos, f"{describe_record(buf, pos, base + pos)}; {skipped} bytes "
-                               "up to the next valid record are lost")
+            out.add(
+                path,
+                pos,
+                f"{describe_record(buf, pos, base + pos)}; {skipped} bytes "
+                "up to the next valid record are lost",
+            )
             if nxt < 0:
                 break
             pos = nxt
     return cl
 
 
-def _check_queues(root: Path, config: StoreConfig, cl: _Commitlog, out: _Problems,
-                  report: VerifyReport, stack: ExitStack) -> None:
+def _check_queues(
+    root: Path,
+    config: StoreConfig,
+    cl: _Commitlog,
+    out: _Problems,
+    report: VerifyReport,
+    stack: ExitStack,
+) -> None:
     directory = root / "consumequeue"
     checker = UnitChecker(cl.locate, max(cl.min, 0), cl.end)
     seen: set[tuple[str, int]] = set()
@@ -298,26 +333,34 @@ def _check_queues(root: Path, config: StoreConfig, cl: _Commitlog, out: _Problem
             queue_id = int(queue_dir.name)
             seen.add((topic_dir.name, queue_id))
             report.checked["queues"] += 1
-            _check_queue(topic_dir.name, queue_id, queue_dir, checker, cl, out, report,
-                         stack)
+            _check_queue(topic_dir.name, queue_id, queue_dir, checker, cl, out, report, stack)
     for (topic, queue_id), n in sorted(cl.queued.items()):
         if (topic, queue_id) not in seen and topic not in deleted:
-            out.add(directory / topic / str(queue_id), 0,
-                    f"missing: the commitlog holds {n} records of this queue (the next "
-                    "start rebuilds it)")
+            out.add(
+                directory / topic / str(queue_id),
+                0,
+                f"missing: the commitlog holds {n} records of this queue (the next "
+                "start rebuilds it)",
+            )
 
 
-def _check_queue(topic: str, queue_id: int, directory: Path, checker: UnitChecker,
-                 cl: _Commitlog, out: _Problems, report: VerifyReport,
-                 stack: ExitStack) -> None:
+def _check_queue(
+    topic: str,
+    queue_id: int,
+    directory: Path,
+    checker: UnitChecker,
+    cl: _Commitlog,
+    out: _Problems,
+    report: VerifyReport,
+    stack: ExitStack,
+) -> None:
     raw_topic = topic.encode()
     last_phy = -1
     ended: Path | None = None
     for base, path in _numbered_files(directory, 20, out):
         buf = _map(path, stack)
         if base % CQ_STORE_UNIT_SIZE or len(buf) % CQ_STORE_UNIT_SIZE:
-            out.add(path, 0, f"size {len(buf)} or name is not a multiple of "
-                             f"{CQ_STORE_UNIT_SIZE}")
+            out.add(path, 0, f"size {len(buf)} or name is not a multiple of {CQ_STORE_UNIT_SIZE}")
             continue
         used = len(bytes(buf).rstrip(b"\0"))  # C speed: most of a file is never written
         used += -used % CQ_STORE_UNIT_SIZE
@@ -337,8 +380,12 @@ def _check_queue(topic: str, queue_id: int, directory: Path, checker: UnitChecke
             report.checked["units"] += 1
             index = (base + pos) // CQ_STORE_UNIT_SIZE
             if phy < last_phy:
-                out.add(path, pos, f"unit {index} points at {phy}, before the previous "
-                                   f"unit's record at {last_phy}")
+                out.add(
+                    path,
+                    pos,
+                    f"unit {index} points at {phy}, before the previous "
+                    f"unit's record at {last_phy}",
+                )
             last_phy = max(last_phy, phy)
             problem = checker.problem(raw_topic, queue_id, index, phy, size)
             if problem is None and phy >= checker.commitlog_min:
@@ -362,8 +409,14 @@ def _tags_problem(cl: _Commitlog, topic: str, phy: int, tags: int) -> str | None
     return None
 
 
-def _check_index(root: Path, config: StoreConfig, cl: _Commitlog, out: _Problems,
-                 report: VerifyReport, stack: ExitStack) -> None:
+def _check_index(
+    root: Path,
+    config: StoreConfig,
+    cl: _Commitlog,
+    out: _Problems,
+    report: VerifyReport,
+    stack: ExitStack,
+) -> None:
     directory = root / "index"
     if not directory.is_dir():
         return
@@ -378,8 +431,12 @@ def _check_index(root: Path, config: StoreConfig, cl: _Commitlog, out: _Problems
         report.checked["index_files"] += 1
         buf = _map(path, stack)
         if len(buf) != expected:
-            out.add(path, 0, f"{len(buf)} bytes, not the configured geometry's {expected} "
-                             f"({slots_n} slots, {entries_n} entries)")
+            out.add(
+                path,
+                0,
+                f"{len(buf)} bytes, not the configured geometry's {expected} "
+                f"({slots_n} slots, {entries_n} entries)",
+            )
             continue
         _, _, _, _end_phy, _used, count = _INDEX_HEADER.unpack_from(buf, 0)
         if not 0 <= count <= entries_n + 1:
@@ -388,13 +445,16 @@ def _check_index(root: Path, config: StoreConfig, cl: _Commitlog, out: _Problems
         entries_at = INDEX_HEADER_SIZE + slots_n * HASH_SLOT_SIZE
         limit = max(count, 1)
         for block in range(INDEX_HEADER_SIZE, entries_at, _BLOCK):
-            raw = buf[block:min(block + _BLOCK, entries_at)]
-            if raw == _ZERO_BLOCK[:len(raw)]:
+            raw = buf[block : min(block + _BLOCK, entries_at)]
+            if raw == _ZERO_BLOCK[: len(raw)]:
                 continue  # most slots are empty: skip them a block at a time
             for k, (slot,) in enumerate(_I32.iter_unpack(raw)):
                 if slot and not 0 < slot < limit:
-                    out.add(path, block + k * HASH_SLOT_SIZE,
-                            f"hash slot points at entry {slot}, past the index count {count}")
+                    out.add(
+                        path,
+                        block + k * HASH_SLOT_SIZE,
+                        f"hash slot points at entry {slot}, past the index count {count}",
+                    )
         for n in range(1, max(count, 1)):
             at = entries_at + n * INDEX_ENTRY_SIZE
             key_hash, phy, _diff, previous = _ENTRY.unpack_from(buf, at)
@@ -426,10 +486,16 @@ def _entry_problem(cl: _Commitlog, key_hash: int, phy: int) -> str | None:
     return None
 
 
-def _check_config_files(root: Path, config: StoreConfig, parsers: Mapping[str, Parse],
-                        out: _Problems, report: VerifyReport) -> None:
+def _check_config_files(
+    root: Path,
+    config: StoreConfig,
+    parsers: Mapping[str, Parse],
+    out: _Problems,
+    report: VerifyReport,
+) -> None:
     files: list[tuple[Path, Parse | None]] = [
-        (root / QUEUE_REGISTRY_NAME, ConsumeQueueStore.parse_registry)]
+        (root / QUEUE_REGISTRY_NAME, ConsumeQueueStore.parse_registry)
+    ]
     config_dir = config.config_dir
     if config_dir.is_dir():
         for path in sorted(config_dir.glob("*.json")):
@@ -442,16 +508,20 @@ def _check_config_files(root: Path, config: StoreConfig, parsers: Mapping[str, P
             problem = _config_problem(candidate, parse)
             if problem is not None:
                 backup = candidate.name.endswith(".bak")
-                out.add(candidate, 0, problem + ("" if backup else
-                                                 " (a start falls back to the .bak)"))
+                out.add(
+                    candidate, 0, problem + ("" if backup else " (a start falls back to the .bak)")
+                )
     try:
         cp = StoreCheckpoint.open(config.checkpoint_path)
     except StoreError as exc:
         out.add(config.checkpoint_path, 0, str(exc))
     else:
         if config.checkpoint_path.exists() and not cp.loaded:
-            out.add(config.checkpoint_path, 0, "torn (its CRC fails): the next start "
-                                               "recovers as after a crash")
+            out.add(
+                config.checkpoint_path,
+                0,
+                "torn (its CRC fails): the next start recovers as after a crash",
+            )
 
 
 def _config_problem(path: Path, parse: Parse | None) -> str | None:
@@ -471,8 +541,7 @@ def _config_problem(path: Path, parse: Parse | None) -> str | None:
     return None
 
 
-def verify_store(config: StoreConfig, parsers: Mapping[str, Parse] | None = None
-                 ) -> VerifyReport:
+def verify_store(config: StoreConfig, parsers: Mapping[str, Parse] | None = None) -> VerifyReport:
     """Check every file of the (stopped) store at `config.store_dir`; nothing is changed.
 
     `parsers` maps a `config/` file name to its loader's parse function (shape check).

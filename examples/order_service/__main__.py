@@ -29,10 +29,19 @@ from outbox import Outbox, ResendWorker, StubStatus, utcnow
 from outbox.adapters import TransportOffsets
 from reliable import Message, Producer, SendReceipt, Worker
 
-STORE = {"mapped_file_size_commitlog": 16 << 20, "max_hash_slot_num": 25_000,
-         "max_index_num": 100_000, "delay_levels": "100ms 200ms 300ms 500ms 800ms 1s"}
-FAST = {"consume_from": "first", "rebalance_interval_s": 0.2, "heartbeat_interval_s": 0.2,
-        "persist_offset_interval_s": 0.2, "pull_suspend_ms": 200}
+STORE = {
+    "mapped_file_size_commitlog": 16 << 20,
+    "max_hash_slot_num": 25_000,
+    "max_index_num": 100_000,
+    "delay_levels": "100ms 200ms 300ms 500ms 800ms 1s",
+}
+FAST = {
+    "consume_from": "first",
+    "rebalance_interval_s": 0.2,
+    "heartbeat_interval_s": 0.2,
+    "persist_offset_interval_s": 0.2,
+    "pull_suspend_ms": 200,
+}
 
 
 class FlakyNetwork:
@@ -62,8 +71,9 @@ def main(db_url: str, redis_url: str, store_dir: str) -> int:
     engine = sa.create_engine(db_url)
     create(engine, {"book": 10, "pen": 1})
     client = redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
-    guard = IdempotencyGuard(engine, outbox_tables, client,
-                             config=GuardConfig(key_prefix=f"shop:{time.time_ns()}:"))
+    guard = IdempotencyGuard(
+        engine, outbox_tables, client, config=GuardConfig(key_prefix=f"shop:{time.time_ns()}:")
+    )
     reserve = inventory_handler(guard, **FAST)
 
     with Worker(reserve, store_dir=store_dir, **STORE) as worker, worker.producer() as producer:
@@ -85,23 +95,35 @@ def main(db_url: str, redis_url: str, store_dir: str) -> int:
             lost = create_order(session, outbox, "book", 3)
 
         with engine.connect() as conn:  # a producer retry: the same message id twice
-            first = conn.execute(sa.select(outbox_tables.stub).order_by(
-                outbox_tables.stub.c.id)).mappings().first()
+            first = (
+                conn.execute(sa.select(outbox_tables.stub).order_by(outbox_tables.stub.c.id))
+                .mappings()
+                .first()
+            )
         assert first is not None
-        producer.send(Message(topic=first["topic"], body=first["body"],
-                              message_id=first["message_id"]))
+        producer.send(
+            Message(topic=first["topic"], body=first["body"], message_id=first["message_id"])
+        )
 
-        resender = ResendWorker(engine, outbox_tables, network,
-                                offsets=TransportOffsets(worker.transport),
-                                clock=lambda: utcnow() + timedelta(minutes=1))
+        resender = ResendWorker(
+            engine,
+            outbox_tables,
+            network,
+            offsets=TransportOffsets(worker.transport),
+            clock=lambda: utcnow() + timedelta(minutes=1),
+        )
         resent = resender.run_once().resent
-        settled = wait_for(lambda: _confirmed(engine) == 4
-                           and guard.stats[EventKind.DUPLICATE] >= 1)
+        settled = wait_for(
+            lambda: _confirmed(engine) == 4 and guard.stats[EventKind.DUPLICATE] >= 1
+        )
 
     with engine.connect() as conn:
         rows = conn.execute(sa.select(stock).order_by(stock.c.sku)).all()
-        reserved = conn.execute(sa.select(reservations.c.order_id)
-                                .order_by(reservations.c.order_id)).scalars().all()
+        reserved = (
+            conn.execute(sa.select(reservations.c.order_id).order_by(reservations.c.order_id))
+            .scalars()
+            .all()
+        )
     print(f"resend worker recovered {resent} lost send(s) (order {lost})")
     for row in rows:
         print(f"stock {row.sku}: available={row.available} reserved={row.reserved}")
@@ -115,19 +137,25 @@ def main(db_url: str, redis_url: str, store_dir: str) -> int:
 def _confirmed(engine: sa.Engine) -> int:
     stub = outbox_tables.stub
     with engine.connect() as conn:
-        return int(conn.execute(sa.select(sa.func.count()).where(
-            stub.c.status == StubStatus.CONFIRMED.value)).scalar() or 0)
+        return int(
+            conn.execute(
+                sa.select(sa.func.count()).where(stub.c.status == StubStatus.CONFIRMED.value)
+            ).scalar()
+            or 0
+        )
 
 
 def _stats(guard: IdempotencyGuard) -> str:
-    return ", ".join(f"{k.value}={v}" for k, v in sorted(guard.stats.counts.items(),
-                                                         key=lambda kv: kv[0].value))
+    return ", ".join(
+        f"{k.value}={v}" for k, v in sorted(guard.stats.counts.items(), key=lambda kv: kv[0].value)
+    )
 
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.ERROR)
-    parser = argparse.ArgumentParser(prog="python -m examples.order_service",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m examples.order_service", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--db", help="SQLAlchemy URL (default: a SQLite file in a temp dir)")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--store", help="broker store directory (default: a temp dir)")

@@ -23,11 +23,17 @@ def inventory_handler(guard: IdempotencyGuard, **options: object) -> Handler:
         updated = session.execute(
             sa.update(stock)
             .where(stock.c.sku == order["sku"], stock.c.available >= order["quantity"])
-            .values(available=stock.c.available - order["quantity"],
-                    reserved=stock.c.reserved + order["quantity"]))
+            .values(
+                available=stock.c.available - order["quantity"],
+                reserved=stock.c.reserved + order["quantity"],
+            )
+        )
         if updated.rowcount == 0:
             raise Discard(f"no stock for order {order['order_id']}")  # done, never retried
-        session.execute(sa.insert(reservations).values(
-            order_id=order["order_id"], sku=order["sku"], quantity=order["quantity"]))
+        session.execute(
+            sa.insert(reservations).values(
+                order_id=order["order_id"], sku=order["sku"], quantity=order["quantity"]
+            )
+        )
 
     return reserve_stock

@@ -20,8 +20,9 @@ def create_order(session: Session, outbox: Outbox, sku: str, quantity: int) -> i
     """
     if quantity <= 0:
         raise ValueError("quantity must be positive")
-    order_id = session.execute(sa.insert(orders).values(sku=sku, quantity=quantity)
-                               ).inserted_primary_key[0]
+    order_id = session.execute(
+        sa.insert(orders).values(sku=sku, quantity=quantity)
+    ).inserted_primary_key[0]
     body = json.dumps({"order_id": order_id, "sku": sku, "quantity": quantity}).encode()
     outbox.publish(session, Message(topic=TOPIC, body=body, keys=[f"order-{order_id}"]))
     return int(order_id)

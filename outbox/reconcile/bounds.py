@@ -83,10 +83,16 @@ def _bound_row(topic: object, qid: object, high: object, low: object, where: str
         min_offset = None if low is None else int(str(low))
     except (TypeError, ValueError) as exc:
         raise InvalidBounds(where, f"{topic!r} queue {qid!r}: {exc}") from None
-    if queue_id < 0 or max_offset < 0 or (min_offset is not None and
-                                          not 0 <= min_offset <= max_offset):
-        raise InvalidBounds(where, f"{topic} queue {queue_id}: offsets must satisfy "
-                                   f"0 <= min ({min_offset}) <= max ({max_offset})")
+    if (
+        queue_id < 0
+        or max_offset < 0
+        or (min_offset is not None and not 0 <= min_offset <= max_offset)
+    ):
+        raise InvalidBounds(
+            where,
+            f"{topic} queue {queue_id}: offsets must satisfy "
+            f"0 <= min ({min_offset}) <= max ({max_offset})",
+        )
     return topic, queue_id, max_offset, min_offset
 
 
@@ -104,8 +110,15 @@ def parse_json(text: str, where: str) -> list[Bound]:
             missing = [k for k in BOUNDS_REQUIRED if k not in item]
             if missing:
                 raise InvalidBounds(where, f"{item!r} lacks {', '.join(missing)}")
-            rows.append(_bound_row(item["topic"], item["queue_id"], item["max_offset"],
-                                   item.get("min_offset"), where))
+            rows.append(
+                _bound_row(
+                    item["topic"],
+                    item["queue_id"],
+                    item["max_offset"],
+                    item.get("min_offset"),
+                    where,
+                )
+            )
         return rows
     if not isinstance(doc, dict):
         raise InvalidBounds(where, "expected {topic: {queue_id: max_offset}} or a list")
@@ -115,7 +128,7 @@ def parse_json(text: str, where: str) -> list[Bound]:
         for qid, value in queues.items():
             if isinstance(value, dict):
                 if "max" not in value:
-                    raise InvalidBounds(where, f"{topic} queue {qid}: no \"max\"")
+                    raise InvalidBounds(where, f'{topic} queue {qid}: no "max"')
                 rows.append(_bound_row(topic, qid, value["max"], value.get("min"), where))
             else:
                 rows.append(_bound_row(topic, qid, value, None, where))
@@ -134,11 +147,16 @@ def open_queues(stub: DataFrame) -> DataFrame:
 
     open_ = stub.where(~F.upper(F.coalesce("status", F.lit(""))).isin("CONFIRMED", "VOID"))
     own = open_.where(F.col("queue_id") >= 0).select("topic", "queue_id")
-    pos = (open_.where(F.col("group_positions").isNotNull())
-           .select(F.explode(F.map_values(F.from_json(
-               "group_positions", "map<string,array<string>>"))).alias("p"))
-           .select(F.col("p")[0].alias("topic"), F.col("p")[1].cast("int").alias("queue_id"))
-           .where(F.col("topic").isNotNull() & (F.col("queue_id") >= 0)))
+    pos = (
+        open_.where(F.col("group_positions").isNotNull())
+        .select(
+            F.explode(
+                F.map_values(F.from_json("group_positions", "map<string,array<string>>"))
+            ).alias("p")
+        )
+        .select(F.col("p")[0].alias("topic"), F.col("p")[1].cast("int").alias("queue_id"))
+        .where(F.col("topic").isNotNull() & (F.col("queue_id") >= 0))
+    )
     return own.unionByName(pos).distinct()
 
 
@@ -160,8 +178,11 @@ def ask_live(live: Any, queues: Iterable[tuple[str, int]], where: str) -> list[B
                 if ref is None:
                     continue
                 high: int | None = int(live.max_offset(ref))
-                low = int(live.min_offset(ref)) if callable(
-                    getattr(live, "min_offset", None)) else None
+                low = (
+                    int(live.min_offset(ref))
+                    if callable(getattr(live, "min_offset", None))
+                    else None
+                )
             else:
                 high = live.max_offset(topic, queue_id)
                 low = None
@@ -179,19 +200,23 @@ def ask_live(live: Any, queues: Iterable[tuple[str, int]], where: str) -> list[B
     return rows
 
 
-def read_bounds(spark: SparkSession, spec: BoundsSpec | None, source: TableSource,
-                stub: DataFrame) -> DataFrame | None:
+def read_bounds(
+    spark: SparkSession, spec: BoundsSpec | None, source: TableSource, stub: DataFrame
+) -> DataFrame | None:
     """The bounds as a DataFrame (topic, queue_id, max_offset, min_offset), or None."""
     if spec is None:
         return None
     if isinstance(spec, Mapping):
-        rows = [_bound_row(t, q, high, None, "queue bounds mapping")
-                for (t, q), high in spec.items()]
+        rows = [
+            _bound_row(t, q, high, None, "queue bounds mapping") for (t, q), high in spec.items()
+        ]
         return frame(spark, rows)
     if not isinstance(spec, str):
         if not (callable(getattr(spec, "max_offset", None))):
-            raise InvalidOptions("queue_bounds: expected a spec string, a mapping, a "
-                                 "transport or an object with max_offset(topic, queue_id)")
+            raise InvalidOptions(
+                "queue_bounds: expected a spec string, a mapping, a "
+                "transport or an object with max_offset(topic, queue_id)"
+            )
         queues = [(r["topic"], int(r["queue_id"])) for r in open_queues(stub).collect()]
         return frame(spark, ask_live(spec, queues, type(spec).__name__))
     check_spec(spec)

@@ -144,43 +144,57 @@ def facts(c: Classified) -> DataFrame:
         F.when(is_log, lg["topic"]).otherwise(F.col("topic")).alias("topic"),
         F.when(is_log, lg["queue_id"]).otherwise(F.col("queue_id")).alias("queue_id"),
         F.when(is_conf, F.try_element_at("confirmed_groups", F.when(is_conf, i)))
-        .when(is_log, lg["consumer_group"]).alias("grp"),
+        .when(is_log, lg["consumer_group"])
+        .alias("grp"),
         F.when(is_stub, F.col("stub_class")).when(is_log, log_class(lg)).alias("cls"),
         F.when(is_log & ~F.col("has_stub"), lg["in_window"])
-        .otherwise(F.col("in_window")).alias("in_window"),
+        .otherwise(F.col("in_window"))
+        .alias("in_window"),
         F.when(is_log, lg["created_at"]).otherwise(F.col("created_at")).alias("created_at"),
-        F.when(is_log, lg["queue_offset"]).otherwise(F.col("queue_offset"))
-        .alias("queue_offset"),
-        F.when(is_stub, F.col("duplicate_confirmations")).otherwise(0).cast("bigint")
-        .alias("dups"))
+        F.when(is_log, lg["queue_offset"]).otherwise(F.col("queue_offset")).alias("queue_offset"),
+        F.when(is_stub, F.col("duplicate_confirmations")).otherwise(0).cast("bigint").alias("dups"),
+    )
     h = F.xxhash64("message_id")
-    return (facts_row.groupBy("section", "topic", "queue_id", "grp", "cls", "in_window")
-            .agg(F.count(F.lit(1)).alias("n"),
-                 F.min_by("message_id", F.struct("created_at", "message_id"))
-                 .alias("oldest_id"),
-                 F.min("created_at").alias("oldest_at"),
-                 F.min_by("queue_offset", F.struct("created_at", "message_id"))
-                 .alias("oldest_offset"),
-                 # sum(h) as two long sums (high and low 32 bits) keeps the aggregation
-                 # hash-based (a decimal(38) sum would force a sort); exact up to 2^31 rows
-                 F.sum(F.shiftright(h, 32)).alias("hash_hi"),
-                 F.sum(h.bitwiseAND(F.lit(0xFFFFFFFF))).alias("hash_lo"),
-                 F.bit_xor(h).alias("hash_xor"),
-                 F.max("queue_offset").alias("max_offset"),
-                 F.sum("dups").alias("dups")))
+    return facts_row.groupBy("section", "topic", "queue_id", "grp", "cls", "in_window").agg(
+        F.count(F.lit(1)).alias("n"),
+        F.min_by("message_id", F.struct("created_at", "message_id")).alias("oldest_id"),
+        F.min("created_at").alias("oldest_at"),
+        F.min_by("queue_offset", F.struct("created_at", "message_id")).alias("oldest_offset"),
+        # sum(h) as two long sums (high and low 32 bits) keeps the aggregation
+        # hash-based (a decimal(38) sum would force a sort); exact up to 2^31 rows
+        F.sum(F.shiftright(h, 32)).alias("hash_hi"),
+        F.sum(h.bitwiseAND(F.lit(0xFFFFFFFF))).alias("hash_lo"),
+        F.bit_xor(h).alias("hash_xor"),
+        F.max("queue_offset").alias("max_offset"),
+        F.sum("dups").alias("dups"),
+    )
 
 
 def unaccounted_messages(c: Classified, limit: int = NAMED_UNACCOUNTED) -> list[Unaccounted]:
     """The oldest unaccounted stubs of the window (one small bounded action)."""
     from pyspark.sql import functions as F
 
-    rows = (c.messages.where(F.col("in_window") & F.col("stub_class").isin(
-        [k.value for k in UNACCOUNTED]))
-        .select("message_id", "topic", F.array_join("missing_groups", ",").alias("groups"),
-                "reason", "created_at")
-        .orderBy("created_at", "message_id").limit(limit).collect())
-    return [Unaccounted(r["message_id"], r["topic"], r["groups"] or "", r["reason"] or "",
-                        r["created_at"]) for r in rows]
+    rows = (
+        c.messages.where(
+            F.col("in_window") & F.col("stub_class").isin([k.value for k in UNACCOUNTED])
+        )
+        .select(
+            "message_id",
+            "topic",
+            F.array_join("missing_groups", ",").alias("groups"),
+            "reason",
+            "created_at",
+        )
+        .orderBy("created_at", "message_id")
+        .limit(limit)
+        .collect()
+    )
+    return [
+        Unaccounted(
+            r["message_id"], r["topic"], r["groups"] or "", r["reason"] or "", r["created_at"]
+        )
+        for r in rows
+    ]
 
 
 def summarize(fact_rows: list[Row], watermark_rows: list[Row], window: Window) -> Summary:
@@ -197,8 +211,13 @@ def summarize(fact_rows: list[Row], watermark_rows: list[Row], window: Window) -
     oldest_win: tuple[Any, ...] | None = None
 
     def older(cur: tuple[Any, ...] | None, row: Row) -> tuple[Any, ...]:
-        cand = (row["oldest_at"], row["oldest_id"], row["topic"], row["queue_id"],
-                row["oldest_offset"])
+        cand = (
+            row["oldest_at"],
+            row["oldest_id"],
+            row["topic"],
+            row["queue_id"],
+            row["oldest_offset"],
+        )
         if cur is None or (cand[0], cand[1]) < (cur[0], cur[1]):
             return cand
         return cur
@@ -238,30 +257,42 @@ def summarize(fact_rows: list[Row], watermark_rows: list[Row], window: Window) -
         q = queues.setdefault(key, QueueFigures(topic=key[0], queue_id=key[1]))
         mark = None if w["watermark"] is None else int(w["watermark"])
         lag = None if mark is None or q.head is None else max(0, q.head - mark)
-        q.lag[w["consumer_group"]] = {"watermark": mark, "source": w["watermark_source"],
-                                      "lag": lag}
+        q.lag[w["consumer_group"]] = {
+            "watermark": mark,
+            "source": w["watermark_source"],
+            "lag": lag,
+        }
     for digest_name in ("produced", "consumed", "unaccounted"):
         digests.setdefault(digest_name, IdDigest())
     cert = Certificate(
-        since=window.since, until=window.until,
-        produced=sum(win.values()), confirmed=win[StubClass.CONFIRMED.value],
-        confirmed_per_group=dict(sorted(per_group.items())), duplicated=duplicated,
+        since=window.since,
+        until=window.until,
+        produced=sum(win.values()),
+        confirmed=win[StubClass.CONFIRMED.value],
+        confirmed_per_group=dict(sorted(per_group.items())),
+        duplicated=duplicated,
         in_flight=win[StubClass.IN_PROCESSING.value],
         backlogged=win[StubClass.BACKLOGGED.value],
         dead_lettered=win[StubClass.DEAD_LETTERED.value],
-        manual=win[StubClass.EXHAUSTED.value], void=win[StubClass.VOID.value],
+        manual=win[StubClass.EXHAUSTED.value],
+        void=win[StubClass.VOID.value],
         unaccounted=sum(win[c.value] for c in UNACCOUNTED),
         orphan_log_rows=win_logs[LogClass.ORPHAN.value],
         stale_log_rows=win_logs[LogClass.STALE.value],
         digests={k: v.hex for k, v in sorted(digests.items())},
-        oldest_unaccounted=_oldest(oldest_win))
+        oldest_unaccounted=_oldest(oldest_win),
+    )
     ordered = sorted(queues.values(), key=lambda q: (q.topic or "", q.queue_id or -1))
-    return Summary(stubs=stubs, log_rows=logs, queues=ordered,
-                   oldest_unaccounted=_oldest(oldest_all), certificate=cert)
+    return Summary(
+        stubs=stubs,
+        log_rows=logs,
+        queues=ordered,
+        oldest_unaccounted=_oldest(oldest_all),
+        certificate=cert,
+    )
 
 
 def _oldest(t: tuple[Any, ...] | None) -> Oldest | None:
     if t is None:
         return None
-    return Oldest(message_id=t[1], topic=t[2], queue_id=t[3], queue_offset=t[4],
-                  created_at=t[0])
+    return Oldest(message_id=t[1], topic=t[2], queue_id=t[3], queue_offset=t[4], created_at=t[0])

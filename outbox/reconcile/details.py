@@ -29,8 +29,7 @@ def detail_rows(c: Classified, run_id: str, include_all: bool = False) -> DataFr
 
     stubs = c.stubs()
     if not include_all:
-        stubs = stubs.where(~F.col("class").isin(StubClass.CONFIRMED.value,
-                                                 StubClass.VOID.value))
+        stubs = stubs.where(~F.col("class").isin(StubClass.CONFIRMED.value, StubClass.VOID.value))
     rows = stubs.unionByName(c.logs())
     return rows.select(F.lit(run_id).alias("run_id"), *rows.columns)
 
@@ -48,7 +47,8 @@ def report_table(metadata: sa.MetaData, name: str, schema: str | None = None) ->
     import sqlalchemy as sa
 
     return sa.Table(
-        name, metadata,
+        name,
+        metadata,
         sa.Column("run_id", sa.String(64), nullable=False),
         sa.Column("kind", sa.String(8), nullable=False),
         sa.Column("message_id", sa.String(64), nullable=False),
@@ -67,8 +67,7 @@ def report_table(metadata: sa.MetaData, name: str, schema: str | None = None) ->
     )
 
 
-def write_table(rows: DataFrame, target: JdbcTarget, table: str,
-                schema: str | None = None) -> None:
+def write_table(rows: DataFrame, target: JdbcTarget, table: str, schema: str | None = None) -> None:
     import sqlalchemy as sa
 
     engine = sa.create_engine(target.sqlalchemy_url)
@@ -83,8 +82,12 @@ def write_table(rows: DataFrame, target: JdbcTarget, table: str,
     if target.dialect == "sqlite":
         rows = sqlite_compatible(rows).coalesce(1)  # one writer: SQLite locks the file
     try:
-        writer = rows.write.format("jdbc").mode("append").option("url", target.url) \
+        writer = (
+            rows.write.format("jdbc")
+            .mode("append")
+            .option("url", target.url)
             .option("dbtable", table)
+        )
         for key, value in target.properties.items():
             writer = writer.option(key, value)
         writer.save()
@@ -103,10 +106,14 @@ def sqlite_compatible(rows: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
     from pyspark.sql.types import TimestampNTZType, TimestampType
 
-    return rows.select(*[
-        F.date_format(F.col(f.name), SQLITE_DATETIME).alias(f.name)
-        if isinstance(f.dataType, TimestampType | TimestampNTZType) else F.col(f.name)
-        for f in rows.schema.fields])
+    return rows.select(
+        *[
+            F.date_format(F.col(f.name), SQLITE_DATETIME).alias(f.name)
+            if isinstance(f.dataType, TimestampType | TimestampNTZType)
+            else F.col(f.name)
+            for f in rows.schema.fields
+        ]
+    )
 
 
 def _cause(exc: BaseException) -> str:

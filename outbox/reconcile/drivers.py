@@ -40,13 +40,18 @@ class JdbcDriver:
 
 
 DRIVERS: dict[str, JdbcDriver] = {
-    "postgresql": JdbcDriver("postgresql", "org.postgresql.Driver",
-                             ("postgresql.jar",), "libpostgresql-jdbc-java"),
-    "sqlite": JdbcDriver("sqlite", "org.sqlite.JDBC",
-                         ("sqlite-jdbc.jar", "xerial-sqlite-jdbc.jar"),
-                         "libxerial-sqlite-jdbc-java"),
-    "mysql": JdbcDriver("mysql", "org.mariadb.jdbc.Driver",
-                        ("mariadb-java-client.jar",), "libmariadb-java"),
+    "postgresql": JdbcDriver(
+        "postgresql", "org.postgresql.Driver", ("postgresql.jar",), "libpostgresql-jdbc-java"
+    ),
+    "sqlite": JdbcDriver(
+        "sqlite",
+        "org.sqlite.JDBC",
+        ("sqlite-jdbc.jar", "xerial-sqlite-jdbc.jar"),
+        "libxerial-sqlite-jdbc-java",
+    ),
+    "mysql": JdbcDriver(
+        "mysql", "org.mariadb.jdbc.Driver", ("mariadb-java-client.jar",), "libmariadb-java"
+    ),
 }
 _DIALECT_ALIASES = {"postgres": "postgresql", "mariadb": "mysql"}
 
@@ -86,7 +91,8 @@ def jdbc_target(sqlalchemy_url: str) -> JdbcTarget:
     driver = DRIVERS.get(backend)
     if driver is None:
         raise InvalidOptions(
-            f"reconciliation reads sqlite, postgresql or mysql/mariadb; not {backend!r}")
+            f"reconciliation reads sqlite, postgresql or mysql/mariadb; not {backend!r}"
+        )
     props: dict[str, str] = {"driver": driver.driver_class}
     if url.username:
         props["user"] = url.username
@@ -103,8 +109,7 @@ def jdbc_target(sqlalchemy_url: str) -> JdbcTarget:
         # dialect (backtick quoting); jdbc:mariadb would get ANSI double quotes.
         scheme = "postgresql" if backend == "postgresql" else "mysql"
         jdbc = f"jdbc:{scheme}://{host}{port}/{url.database or ''}"
-    return JdbcTarget(url=jdbc, driver=driver, properties=props,
-                      sqlalchemy_url=sqlalchemy_url)
+    return JdbcTarget(url=jdbc, driver=driver, properties=props, sqlalchemy_url=sqlalchemy_url)
 
 
 def configured_jars(extra: tuple[str, ...] = ()) -> list[str]:
@@ -117,9 +122,12 @@ def configured_jars(extra: tuple[str, ...] = ()) -> list[str]:
     return paths
 
 
-def driver_jars(dialect: str, extra: tuple[str, ...] = (),
-                search_dirs: tuple[str, ...] | None = None,
-                provided: tuple[str, ...] = ()) -> list[str]:
+def driver_jars(
+    dialect: str,
+    extra: tuple[str, ...] = (),
+    search_dirs: tuple[str, ...] | None = None,
+    provided: tuple[str, ...] = (),
+) -> list[str]:
     """Jars to put on Spark's classpath for `dialect`: every configured jar, plus the
     system jar when no configured one looks like this driver. `provided`: jars already
     on the classpath (spark-submit's `--jars`; kept by the session, not returned, and
@@ -157,8 +165,14 @@ def installed_system_jars(search_dirs: tuple[str, ...] | None = None) -> list[st
     found: list[str] = []
     for driver in DRIVERS.values():
         for directory in search_dirs:
-            hit = next((str(Path(directory) / n) for n in driver.jar_names
-                        if (Path(directory) / n).is_file()), None)
+            hit = next(
+                (
+                    str(Path(directory) / n)
+                    for n in driver.jar_names
+                    if (Path(directory) / n).is_file()
+                ),
+                None,
+            )
             if hit:
                 found.append(hit)
                 break
@@ -166,5 +180,7 @@ def installed_system_jars(search_dirs: tuple[str, ...] | None = None) -> list[st
 
 
 _JAR_KEYS: dict[str, tuple[str, ...]] = {
-    "postgresql": ("postgresql",), "sqlite": ("sqlite",), "mysql": ("mariadb", "mysql"),
+    "postgresql": ("postgresql",),
+    "sqlite": ("sqlite",),
+    "mysql": ("mariadb", "mysql"),
 }

@@ -39,7 +39,8 @@ class JavaNotFound(ReconcileError):
         self.detail = detail
         super().__init__(
             f"Spark needs a Java runtime (17 or later): {detail}. Install one "
-            "(apt-get install openjdk-17-jre-headless) or set JAVA_HOME to it")
+            "(apt-get install openjdk-17-jre-headless) or set JAVA_HOME to it"
+        )
 
 
 class SourceUnavailable(ReconcileError):

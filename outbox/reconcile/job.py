@@ -98,8 +98,11 @@ class ReconcileOptions:
         if self.since and self.until and self.since >= self.until:
             raise InvalidOptions(f"empty window: since {self.since} >= until {self.until}")
         ro = self.repair_options
-        if ro.batch_size < 1 or (ro.rate_limit is not None and ro.rate_limit <= 0) \
-                or (ro.limit is not None and ro.limit < 0):
+        if (
+            ro.batch_size < 1
+            or (ro.rate_limit is not None and ro.rate_limit <= 0)
+            or (ro.limit is not None and ro.limit < 0)
+        ):
             raise InvalidOptions("batch size, rate limit and limit must be positive")
         if self.grace < timedelta(0):
             raise InvalidOptions("the grace period cannot be negative")
@@ -138,14 +141,12 @@ def build_source(options: ReconcileOptions) -> tuple[TableSource, JdbcTarget | N
         qb = options.queue_bounds
         if isinstance(qb, str) and qb.startswith("table:"):
             bounds_table = qb.removeprefix("table:").strip()
-        return JdbcSource(target, names, options.partitions, offsets_table,
-                          bounds_table), target
+        return JdbcSource(target, names, options.partitions, offsets_table, bounds_table), target
     assert options.parquet is not None
     return ParquetSource(options.parquet), None
 
 
-def read_offsets(spark: SparkSession, spec: str | None,
-                 source: TableSource) -> DataFrame | None:
+def read_offsets(spark: SparkSession, spec: str | None, source: TableSource) -> DataFrame | None:
     """The committed-offset snapshot: the broker's consumerOffset.json
     (`{"offsetTable": {"topic@group": {"queueId": offset}}}`), a Parquet directory or a
     table (`table:NAME`) with topic, consumer_group, queue_id, committed_offset; else the
@@ -177,8 +178,12 @@ def read_offsets(spark: SparkSession, spec: str | None,
     return canonical(df, "offsets", f"offsets {spec}")
 
 
-def reconcile(options: ReconcileOptions, spark: SparkSession | None = None,
-              now: datetime | None = None, run_id: str | None = None) -> ReconcileResult:
+def reconcile(
+    options: ReconcileOptions,
+    spark: SparkSession | None = None,
+    now: datetime | None = None,
+    run_id: str | None = None,
+) -> ReconcileResult:
     """Run one reconciliation (and repair, if asked). `now` is injectable (naive UTC)."""
     options.validate()
     started = time.monotonic()
@@ -197,13 +202,14 @@ def reconcile(options: ReconcileOptions, spark: SparkSession | None = None,
         # spark-submit's --jars are on the classpath already (and stay: the session
         # merges spark.jars, never replaces it)
         submitted = tuple(split_jars(submitted_conf().get("spark.jars")))
-        jars = driver_jars(target.dialect, options.jdbc_jars,
-                           provided=submitted) if target else []
+        jars = driver_jars(target.dialect, options.jdbc_jars, provided=submitted) if target else []
         # every installed driver too: the first session fixes the JVM's classpath for
         # every later job in this process, whichever database it reads
         jars = list(dict.fromkeys([*jars, *installed_system_jars()]))
-        log.info("starting Spark (%s)", options.master or
-                 ("spark-submit's master" if under_spark_submit() else "local[*]"))
+        log.info(
+            "starting Spark (%s)",
+            options.master or ("spark-submit's master" if under_spark_submit() else "local[*]"),
+        )
         spark = spark_session(options.master, jars, options.spark_conf)
         if under_spark_submit():
             add_to_driver(spark, [j for j in jars if j not in submitted])
@@ -228,10 +234,18 @@ def reconcile(options: ReconcileOptions, spark: SparkSession | None = None,
         for key, value in previous_group.items():
             sc.setLocalProperty(key, value)  # type: ignore[arg-type]  # None: unset
     plans = dict(getattr(source, "plans", {}))
-    return ReconcileResult(run_id=run_id, source=source.describe(), now=now, summary=summary,
-                           elapsed_s=time.monotonic() - started, repair=repair, plans=plans,
-                           master=sc.master or "", tasks=tasks_run(spark, run_id),
-                           shuffle_partitions=shuffle)
+    return ReconcileResult(
+        run_id=run_id,
+        source=source.describe(),
+        now=now,
+        summary=summary,
+        elapsed_s=time.monotonic() - started,
+        repair=repair,
+        plans=plans,
+        master=sc.master or "",
+        tasks=tasks_run(spark, run_id),
+        shuffle_partitions=shuffle,
+    )
 
 
 def tasks_run(spark: SparkSession, job_group: str) -> int:
@@ -264,8 +278,9 @@ def shuffle_partitions(spark: SparkSession, rows: int | None, options: Reconcile
     spark.sql.shuffle.partitions=N`, or spark-submit's `--conf`), else sized from the
     input's row count (unknown for Parquet: the default parallelism); adaptive execution
     then coalesces small partitions further."""
-    explicit = options.spark_conf.get("spark.sql.shuffle.partitions") or \
-        spark.sparkContext.getConf().get("spark.sql.shuffle.partitions")
+    explicit = options.spark_conf.get(
+        "spark.sql.shuffle.partitions"
+    ) or spark.sparkContext.getConf().get("spark.sql.shuffle.partitions")
     if explicit:
         return int(explicit)
     floor = max(1, spark.sparkContext.defaultParallelism)
@@ -274,9 +289,14 @@ def shuffle_partitions(spark: SparkSession, rows: int | None, options: Reconcile
     return max(floor, min(SHUFFLE_MAX, math.ceil(rows / ROWS_PER_SHUFFLE_PARTITION)))
 
 
-def _run(spark: SparkSession, source: TableSource, target: JdbcTarget | None,
-         options: ReconcileOptions, now: datetime,
-         run_id: str) -> tuple[Summary, RepairReport | None, int]:
+def _run(
+    spark: SparkSession,
+    source: TableSource,
+    target: JdbcTarget | None,
+    options: ReconcileOptions,
+    now: datetime,
+    run_id: str,
+) -> tuple[Summary, RepairReport | None, int]:
     log.info("reading the tables from %s", source.describe())
     stub = _required(source.read(spark, "stub"))
     inputs = Inputs(
@@ -302,14 +322,18 @@ def _run(spark: SparkSession, source: TableSource, target: JdbcTarget | None,
     log.info("classifying")
     try:
         try:
-            summary = summarize(facts(classified).collect(), classified.watermarks.collect(),
-                                window)
+            summary = summarize(
+                facts(classified).collect(), classified.watermarks.collect(), window
+            )
             if summary.certificate.unaccounted:
                 summary.certificate.unaccounted_messages = unaccounted_messages(classified)
         except _spark_errors() as exc:
             raise JobFailed(_first_line(exc)) from None
-        log.info("classified %d stubs: %d unaccounted", summary.total_stubs,
-                 summary.certificate.unaccounted)
+        log.info(
+            "classified %d stubs: %d unaccounted",
+            summary.total_stubs,
+            summary.certificate.unaccounted,
+        )
         _write_outputs(classified, options, target, run_id, _detail_count(summary, options))
         repair = _repair(classified, options, run_id, now) if options.repair else None
     finally:
@@ -342,8 +366,9 @@ def _required(df: DataFrame | None) -> DataFrame:
     return df
 
 
-def _write_outputs(c: Classified, options: ReconcileOptions, target: JdbcTarget | None,
-                   run_id: str, count: int) -> None:
+def _write_outputs(
+    c: Classified, options: ReconcileOptions, target: JdbcTarget | None, run_id: str, count: int
+) -> None:
     if not (options.report_table or options.report_parquet):
         return
     # few files (and few JDBC writers): one output partition per million detail rows
@@ -356,8 +381,7 @@ def _write_outputs(c: Classified, options: ReconcileOptions, target: JdbcTarget 
         write_table(rows, target, options.report_table, options.schema)
 
 
-def _repair(c: Classified, options: ReconcileOptions, run_id: str,
-            now: datetime) -> RepairReport:
+def _repair(c: Classified, options: ReconcileOptions, run_id: str, now: datetime) -> RepairReport:
     import sqlalchemy as sa
 
     from outbox.models import OutboxTables

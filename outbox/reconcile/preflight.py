@@ -23,8 +23,10 @@ if TYPE_CHECKING:
     from outbox.reconcile.drivers import JdbcTarget
 
 CONNECT_TIMEOUT_S = 2
-FIX_TABLES = ("create them with `reliable worker resend --ensure-schema` or "
-              "`OutboxTables(...).create_all(engine)`")
+FIX_TABLES = (
+    "create them with `reliable worker resend --ensure-schema` or "
+    "`OutboxTables(...).create_all(engine)`"
+)
 
 
 def find_java(env: dict[str, str] | None = None) -> str:
@@ -54,8 +56,9 @@ def check_database(target: JdbcTarget, names: TableNames) -> None:
     if backend == "sqlite":
         database = url.database or ""
         if not Path(database).is_file():
-            raise SourceUnavailable(f"the database {where}",
-                                    f"no such SQLite file {database!r} (check --db)")
+            raise SourceUnavailable(
+                f"the database {where}", f"no such SQLite file {database!r} (check --db)"
+            )
         args: dict[str, object] = {"timeout": CONNECT_TIMEOUT_S}
     else:
         args = {"connect_timeout": CONNECT_TIMEOUT_S}
@@ -71,25 +74,31 @@ def check_database(target: JdbcTarget, names: TableNames) -> None:
                 if not inspector.has_table(table, schema=names.schema):
                     missing.append(table)
                     continue
-                present = {c["name"].lower()
-                           for c in inspector.get_columns(table, schema=names.schema)}
+                present = {
+                    c["name"].lower() for c in inspector.get_columns(table, schema=names.schema)
+                }
                 _, required = TABLES[logical]
                 missing.extend(f"{table}.{c}" for c in required if c not in present)
     except sa.exc.DBAPIError as exc:
-        raise SourceUnavailable(f"the database {where}",
-                                f"{_one_line(exc.orig or exc)} (check --db)") from None
+        raise SourceUnavailable(
+            f"the database {where}", f"{_one_line(exc.orig or exc)} (check --db)"
+        ) from None
     except ImportError:
         return
     finally:
         engine.dispose()
     if missing:
-        raise SourceUnavailable(f"the database {where}",
-                                f"missing outbox tables {', '.join(missing)}; {FIX_TABLES}")
+        raise SourceUnavailable(
+            f"the database {where}", f"missing outbox tables {', '.join(missing)}; {FIX_TABLES}"
+        )
 
 
 # Python drivers to try, in order, when the URL names none (`postgresql://...`)
-_PY_DRIVERS = {"postgresql": ("psycopg2", "psycopg", "pg8000"),
-               "mysql": ("pymysql", "mysqldb"), "mariadb": ("pymysql", "mysqldb")}
+_PY_DRIVERS = {
+    "postgresql": ("psycopg2", "psycopg", "pg8000"),
+    "mysql": ("pymysql", "mysqldb"),
+    "mariadb": ("pymysql", "mysqldb"),
+}
 
 
 def _engine(url: Any, args: dict[str, object]) -> Any:
@@ -97,8 +106,10 @@ def _engine(url: Any, args: dict[str, object]) -> Any:
 
     candidates = [url]
     if "+" not in url.drivername:
-        candidates += [url.set(drivername=f"{url.drivername}+{d}")
-                       for d in _PY_DRIVERS.get(url.get_backend_name(), ())]
+        candidates += [
+            url.set(drivername=f"{url.drivername}+{d}")
+            for d in _PY_DRIVERS.get(url.get_backend_name(), ())
+        ]
     for candidate in candidates:
         try:
             return sa.create_engine(candidate, connect_args=args)

@@ -70,9 +70,14 @@ def audit_table(metadata: sa.MetaData, prefix: str, schema: str | None = None) -
     if existing is not None:
         return existing
     return sa.Table(
-        name, metadata,
-        sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True,
-                  autoincrement=True),
+        name,
+        metadata,
+        sa.Column(
+            "id",
+            sa.BigInteger().with_variant(sa.Integer, "sqlite"),
+            primary_key=True,
+            autoincrement=True,
+        ),
         sa.Column("run_id", sa.String(64), nullable=False),
         sa.Column("action", sa.String(32), nullable=False),
         sa.Column("message_id", sa.String(64), nullable=False),
@@ -93,31 +98,45 @@ def candidates(messages: DataFrame, window_only: bool) -> DataFrame:
     m = messages.where(F.col("in_window")) if window_only else messages
     # lost on the evidence (a stub unaccounted only because a repair marked it due is
     # awaiting its resend's confirmation: marking it again would change nothing)
-    lost = m.where((F.col("stub_class") == StubClass.LOST.value)
-                   & F.col("resend_due")).select(
-        F.lit(RepairAction.MARK_RESEND_DUE.value).alias("action"), "message_id",
-        F.lit(None).cast("string").alias("consumer_group"), "reason")
-    stale = (messages.where(F.col("has_stub") & (F.size("logs") > 0))
-             .select("message_id", "status_confirmed", "confirmed_groups", "in_window",
-                     F.explode("logs").alias("l")))
+    lost = m.where((F.col("stub_class") == StubClass.LOST.value) & F.col("resend_due")).select(
+        F.lit(RepairAction.MARK_RESEND_DUE.value).alias("action"),
+        "message_id",
+        F.lit(None).cast("string").alias("consumer_group"),
+        "reason",
+    )
+    stale = messages.where(F.col("has_stub") & (F.size("logs") > 0)).select(
+        "message_id",
+        "status_confirmed",
+        "confirmed_groups",
+        "in_window",
+        F.explode("logs").alias("l"),
+    )
     if window_only:
         stale = stale.where(F.col("in_window"))
     stale = stale.where(
-        F.col("status_confirmed")
-        | F.array_contains("confirmed_groups", F.col("l.consumer_group"))).select(
-        F.lit(RepairAction.CLOSE_STALE_LOG.value).alias("action"), "message_id",
+        F.col("status_confirmed") | F.array_contains("confirmed_groups", F.col("l.consumer_group"))
+    ).select(
+        F.lit(RepairAction.CLOSE_STALE_LOG.value).alias("action"),
+        "message_id",
         F.col("l.consumer_group").alias("consumer_group"),
-        F.lit(f"{LogClass.STALE.value}: group confirmed; log row left behind").alias("reason"))
+        F.lit(f"{LogClass.STALE.value}: group confirmed; log row left behind").alias("reason"),
+    )
     return lost.unionByName(stale)
 
 
 class Repairer:
     """Applies repair actions in audited, re-checked batches."""
 
-    def __init__(self, engine: sa.Engine, tables: OutboxTables, run_id: str,
-                 options: RepairOptions, now: Callable[[], datetime],
-                 sleep: Callable[[float], None] = time.sleep,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        engine: sa.Engine,
+        tables: OutboxTables,
+        run_id: str,
+        options: RepairOptions,
+        now: Callable[[], datetime],
+        sleep: Callable[[float], None] = time.sleep,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.engine = engine
         self.tables = tables
         self.audit = audit_table(tables.metadata, tables.prefix, tables.schema)
@@ -155,40 +174,62 @@ class Repairer:
 
         now = self.now()
         stub, log, conf = self.tables.stub, self.tables.consumption_log, self.tables.confirmation
-        lost = {mid: reason for action, mid, _g, reason in batch
-                if action == RepairAction.MARK_RESEND_DUE.value}
-        stale = [(mid, grp, reason) for action, mid, grp, reason in batch
-                 if action == RepairAction.CLOSE_STALE_LOG.value]
+        lost = {
+            mid: reason
+            for action, mid, _g, reason in batch
+            if action == RepairAction.MARK_RESEND_DUE.value
+        }
+        stale = [
+            (mid, grp, reason)
+            for action, mid, grp, reason in batch
+            if action == RepairAction.CLOSE_STALE_LOG.value
+        ]
         audit: list[dict[str, Any]] = []
         with self.engine.begin() as conn:
             if lost:
-                open_cond = sa.and_(stub.c.message_id.in_(list(lost)),
-                                    stub.c.status == "UNCONFIRMED")
-                due_cond = sa.and_(open_cond, sa.or_(stub.c.next_resend_at.is_(None),
-                                                     stub.c.next_resend_at > now))
-                still_open = conn.execute(sa.select(stub.c.message_id, stub.c.next_resend_at)
-                                          .where(open_cond)).all()
-                rows = [r for r in still_open
-                        if r.next_resend_at is None or r.next_resend_at > now]
+                open_cond = sa.and_(
+                    stub.c.message_id.in_(list(lost)), stub.c.status == "UNCONFIRMED"
+                )
+                due_cond = sa.and_(
+                    open_cond, sa.or_(stub.c.next_resend_at.is_(None), stub.c.next_resend_at > now)
+                )
+                still_open = conn.execute(
+                    sa.select(stub.c.message_id, stub.c.next_resend_at).where(open_cond)
+                ).all()
+                rows = [r for r in still_open if r.next_resend_at is None or r.next_resend_at > now]
                 ids = [r.message_id for r in rows]
                 if ids and not self.options.dry_run:
-                    conn.execute(sa.update(stub).where(due_cond)
-                                 .where(stub.c.message_id.in_(ids))
-                                 .values(next_resend_at=now, updated_at=now))
+                    conn.execute(
+                        sa.update(stub)
+                        .where(due_cond)
+                        .where(stub.c.message_id.in_(ids))
+                        .values(next_resend_at=now, updated_at=now)
+                    )
                 for r in rows:
-                    audit.append(self._audit(
-                        RepairAction.MARK_RESEND_DUE, r.message_id, None, lost[r.message_id],
-                        {"next_resend_at": _iso(r.next_resend_at)},
-                        {"next_resend_at": _iso(now)}, now))
+                    audit.append(
+                        self._audit(
+                            RepairAction.MARK_RESEND_DUE,
+                            r.message_id,
+                            None,
+                            lost[r.message_id],
+                            {"next_resend_at": _iso(r.next_resend_at)},
+                            {"next_resend_at": _iso(now)},
+                            now,
+                        )
+                    )
                 self.report.marked_due += len(rows)
                 self.report.already_due += len(still_open) - len(rows)
                 self.report.skipped += len(lost) - len(still_open)
             for mid, grp, reason in stale:
                 confirmed = sa.or_(
-                    sa.exists().where(conf.c.message_id == log.c.message_id,
-                                      conf.c.consumer_group == log.c.consumer_group),
-                    sa.exists().where(stub.c.message_id == log.c.message_id,
-                                      stub.c.status == "CONFIRMED"))
+                    sa.exists().where(
+                        conf.c.message_id == log.c.message_id,
+                        conf.c.consumer_group == log.c.consumer_group,
+                    ),
+                    sa.exists().where(
+                        stub.c.message_id == log.c.message_id, stub.c.status == "CONFIRMED"
+                    ),
+                )
                 cond = sa.and_(log.c.message_id == mid, log.c.consumer_group == grp, confirmed)
                 row = conn.execute(sa.select(log).where(cond)).mappings().first()
                 if row is None:
@@ -196,8 +237,17 @@ class Repairer:
                     continue
                 if not self.options.dry_run:
                     conn.execute(sa.delete(log).where(cond))
-                audit.append(self._audit(RepairAction.CLOSE_STALE_LOG, mid, grp, reason,
-                                         {k: _iso(v) for k, v in row.items()}, None, now))
+                audit.append(
+                    self._audit(
+                        RepairAction.CLOSE_STALE_LOG,
+                        mid,
+                        grp,
+                        reason,
+                        {k: _iso(v) for k, v in row.items()},
+                        None,
+                        now,
+                    )
+                )
                 self.report.closed_stale += 1
             if audit and not self.options.dry_run:
                 conn.execute(sa.insert(self.audit), audit)
@@ -205,25 +255,39 @@ class Repairer:
         if room > 0:
             self.report.sample.extend(
                 {k: v for k, v in a.items() if k not in ("run_id", "changed_at")}
-                for a in audit[:room])
+                for a in audit[:room]
+            )
         return len(audit)
 
-    def _audit(self, action: RepairAction, mid: str, grp: str | None, reason: str,
-               before: dict[str, Any] | None, after: dict[str, Any] | None,
-               now: datetime) -> dict[str, Any]:
-        return {"run_id": self.run_id, "action": action.value, "message_id": mid,
-                "consumer_group": grp, "reason": reason or action.value,
-                "before": json.dumps(before, sort_keys=True) if before else None,
-                "after": json.dumps(after, sort_keys=True) if after else None,
-                "changed_at": now}
+    def _audit(
+        self,
+        action: RepairAction,
+        mid: str,
+        grp: str | None,
+        reason: str,
+        before: dict[str, Any] | None,
+        after: dict[str, Any] | None,
+        now: datetime,
+    ) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "action": action.value,
+            "message_id": mid,
+            "consumer_group": grp,
+            "reason": reason or action.value,
+            "before": json.dumps(before, sort_keys=True) if before else None,
+            "after": json.dumps(after, sort_keys=True) if after else None,
+            "changed_at": now,
+        }
 
 
 def _iso(value: Any) -> Any:
     return value.isoformat(sep=" ") if isinstance(value, datetime) else value
 
 
-def _batches(rows: Iterable[tuple[str, str, str | None, str]], size: int,
-             limit: int | None) -> Iterator[list[tuple[str, str, str | None, str]]]:
+def _batches(
+    rows: Iterable[tuple[str, str, str | None, str]], size: int, limit: int | None
+) -> Iterator[list[tuple[str, str, str | None, str]]]:
     batch: list[tuple[str, str, str | None, str]] = []
     for taken, row in enumerate(rows):
         if limit is not None and taken >= limit:

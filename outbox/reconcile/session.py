@@ -76,7 +76,8 @@ def _pyspark() -> Any:
         import pyspark
     except ImportError as exc:  # pragma: no cover - depends on the installation
         raise ImportError(
-            "the reconciliation job needs PySpark: pip install 'reliable[spark]'") from exc
+            "the reconciliation job needs PySpark: pip install 'reliable[spark]'"
+        ) from exc
     return pyspark
 
 
@@ -108,9 +109,12 @@ def merge_jars(*lists: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(j for jars in lists for j in jars if j))
 
 
-def spark_session(master: str | None = None, jars: Iterable[str] = (),
-                  conf: Mapping[str, str] | None = None,
-                  app_name: str = "reliable-reconcile") -> SparkSession:
+def spark_session(
+    master: str | None = None,
+    jars: Iterable[str] = (),
+    conf: Mapping[str, str] | None = None,
+    app_name: str = "reliable-reconcile",
+) -> SparkSession:
     """Get or create the session. `master=None` means `local[*]`, unless `spark-submit`
     started us (its `--master` stands). `jars` are added to `spark.jars`: after those
     spark-submit set (`--jars`) and those in `conf`, never instead of them."""
@@ -127,19 +131,25 @@ def spark_session(master: str | None = None, jars: Iterable[str] = (),
     elif not under_spark_submit():
         builder = builder.master(DEFAULT_MASTER)
     # spark-submit's --conf stands over the job's defaults; the caller's conf over both
-    settings = {**BASE_CONF, **{k: v for k, v in submitted.items() if k in BASE_CONF},
-                **(conf or {})}
+    settings = {
+        **BASE_CONF,
+        **{k: v for k, v in submitted.items() if k in BASE_CONF},
+        **(conf or {}),
+    }
     if under_spark_submit():
         if "spark.log.level" not in submitted:
             settings.setdefault("spark.log.level", SUBMIT_LOG_LEVEL)
     else:
-        quiet = {**QUIET_CONF, "spark.driver.extraJavaOptions":
-                 f"-Dlog4j2.configurationFile=file:{quiet_log4j2()}"}
+        quiet = {
+            **QUIET_CONF,
+            "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{quiet_log4j2()}",
+        }
         settings = {**quiet, **settings}
         if (master or DEFAULT_MASTER).startswith("local"):
             os.environ.setdefault("SPARK_LOCAL_IP", LOCAL_IP)  # the JVM inherits it
-    merged = merge_jars(split_jars(submitted.get("spark.jars")),
-                        split_jars(settings.get("spark.jars")), jars)
+    merged = merge_jars(
+        split_jars(submitted.get("spark.jars")), split_jars(settings.get("spark.jars")), jars
+    )
     if merged:
         settings["spark.jars"] = ",".join(merged)
     for key, value in settings.items():
@@ -180,15 +190,19 @@ def require_driver(spark: SparkSession, driver: JdbcDriver) -> None:
         if java_class != "java.lang.ClassNotFoundException":
             raise
         jars = spark.sparkContext.getConf().get("spark.jars", "") or ""
-        raise DriverNotFound(driver.dialect, driver.driver_class, driver.package,
-                             [j for j in jars.split(",") if j]) from None
+        raise DriverNotFound(
+            driver.dialect, driver.driver_class, driver.package, [j for j in jars.split(",") if j]
+        ) from None
 
 
 # What the JVM prints on stderr at start whatever log4j says (Spark 4 adds an incubator
 # module; a PySpark driver announces the shell's log level): dropped from a local
 # session's stderr; every other line passes.
-_JVM_NOISE = (b"WARNING: Using incubator modules", b"Setting default log level to",
-              b"To adjust logging level use sc.setLogLevel")
+_JVM_NOISE = (
+    b"WARNING: Using incubator modules",
+    b"Setting default log level to",
+    b"To adjust logging level use sc.setLogLevel",
+)
 
 
 def _launch_filtered(builder: Any) -> SparkSession:
@@ -215,8 +229,7 @@ def _launch_filtered(builder: Any) -> SparkSession:
             while chunk := src.read(65536):
                 pending += chunk
                 *lines, pending = pending.split(b"\n")
-                out = b"".join(line + b"\n" for line in lines
-                               if not line.startswith(_JVM_NOISE))
+                out = b"".join(line + b"\n" for line in lines if not line.startswith(_JVM_NOISE))
                 if out:
                     os.write(original, out)
             if pending:

@@ -33,36 +33,58 @@ if TYPE_CHECKING:
 
 # canonical columns: name -> Spark SQL type; the first ones of each table are required
 STUB_COLUMNS: dict[str, str] = {
-    "id": "bigint", "message_id": "string", "topic": "string", "status": "string",
+    "id": "bigint",
+    "message_id": "string",
+    "topic": "string",
+    "status": "string",
     "created_at": "timestamp_ntz",
-    "expected_groups": "string", "send_count": "int", "max_sends": "int", "queue_id": "int",
-    "queue_offset": "bigint", "next_resend_at": "timestamp_ntz",
-    "escalated_at": "timestamp_ntz", "group_positions": "string", "last_error": "string",
+    "expected_groups": "string",
+    "send_count": "int",
+    "max_sends": "int",
+    "queue_id": "int",
+    "queue_offset": "bigint",
+    "next_resend_at": "timestamp_ntz",
+    "escalated_at": "timestamp_ntz",
+    "group_positions": "string",
+    "last_error": "string",
 }
 STUB_REQUIRED = ("message_id", "topic", "status", "created_at")
 CONFIRMATION_COLUMNS: dict[str, str] = {
-    "message_id": "string", "consumer_group": "string", "confirmed_at": "timestamp_ntz",
+    "message_id": "string",
+    "consumer_group": "string",
+    "confirmed_at": "timestamp_ntz",
 }
 CONFIRMATION_REQUIRED = ("message_id", "consumer_group")
 LOG_COLUMNS: dict[str, str] = {
-    "message_id": "string", "consumer_group": "string", "topic": "string",
-    "queue_id": "int", "queue_offset": "bigint", "created_at": "timestamp_ntz",
+    "message_id": "string",
+    "consumer_group": "string",
+    "topic": "string",
+    "queue_id": "int",
+    "queue_offset": "bigint",
+    "created_at": "timestamp_ntz",
     "dead_lettered_at": "timestamp_ntz",
 }
 LOG_REQUIRED = ("message_id", "consumer_group", "topic", "queue_id", "queue_offset")
 TOPIC_GROUP_COLUMNS: dict[str, str] = {"topic": "string", "consumer_group": "string"}
 OFFSET_COLUMNS: dict[str, str] = {
-    "topic": "string", "consumer_group": "string", "queue_id": "int",
+    "topic": "string",
+    "consumer_group": "string",
+    "queue_id": "int",
     "committed_offset": "bigint",
 }
 BOUNDS_COLUMNS: dict[str, str] = {
-    "topic": "string", "queue_id": "int", "max_offset": "bigint", "min_offset": "bigint",
+    "topic": "string",
+    "queue_id": "int",
+    "max_offset": "bigint",
+    "min_offset": "bigint",
 }
 # the repair audit (`repair.audit_table`): what earlier repairs changed, read back as
 # evidence (a deleted log row's offset still counts for the watermark; a stub marked due
 # stays unaccounted until it is confirmed)
 AUDIT_COLUMNS: dict[str, str] = {
-    "action": "string", "message_id": "string", "consumer_group": "string",
+    "action": "string",
+    "message_id": "string",
+    "consumer_group": "string",
     "before": "string",
 }
 
@@ -91,9 +113,14 @@ class TableNames:
 
     @classmethod
     def for_prefix(cls, prefix: str = "reliable_", schema: str | None = None) -> TableNames:
-        return cls(f"{prefix}message_stub", f"{prefix}confirmation",
-                   f"{prefix}consumption_log", f"{prefix}topic_group", schema,
-                   f"{prefix}reconcile_audit")
+        return cls(
+            f"{prefix}message_stub",
+            f"{prefix}confirmation",
+            f"{prefix}consumption_log",
+            f"{prefix}topic_group",
+            schema,
+            f"{prefix}reconcile_audit",
+        )
 
     def physical(self, logical: str) -> str:
         return str(getattr(self, logical))
@@ -225,9 +252,12 @@ class JdbcSource:
             parts = self.policy.count_for(rows)
             self.plans[logical] = (part_col, parts, rows)
             if lo is not None and hi is not None and parts > 1:
-                reader = (reader.option("partitionColumn", part_col)
-                          .option("lowerBound", str(lo)).option("upperBound", str(hi))
-                          .option("numPartitions", str(parts)))
+                reader = (
+                    reader.option("partitionColumn", part_col)
+                    .option("lowerBound", str(lo))
+                    .option("upperBound", str(hi))
+                    .option("numPartitions", str(parts))
+                )
         else:
             self.plans[logical] = (None, 1, -1)
         try:
@@ -247,15 +277,15 @@ class JdbcSource:
             return "_rowid" if self.target.dialect == "sqlite" else "confirmed_at"
         return None
 
-    def _bounds(self, spark: SparkSession, dbtable: str, column: str, logical: str,
-                what: str) -> tuple[object, object, int]:
-        query = (f"SELECT MIN({column}) AS lo, MAX({column}) AS hi, COUNT(*) AS n "
-                 f"FROM {dbtable}")
+    def _bounds(
+        self, spark: SparkSession, dbtable: str, column: str, logical: str, what: str
+    ) -> tuple[object, object, int]:
+        query = f"SELECT MIN({column}) AS lo, MAX({column}) AS hi, COUNT(*) AS n FROM {dbtable}"
         custom = "lo BIGINT, hi BIGINT, n BIGINT"
         if self.target.dialect == "sqlite" and column not in ("id", "_rowid", "queue_offset"):
             custom = "lo STRING, hi STRING, n BIGINT"
         try:
-            row = (self._reader(spark, custom).option("query", query).load().collect()[0])
+            row = self._reader(spark, custom).option("query", query).load().collect()[0]
         except Exception as exc:
             raise SourceUnavailable(what, _first_line(exc)) from None
         return row["lo"], row["hi"], int(row["n"] or 0)
@@ -276,10 +306,17 @@ class ParquetSource:
     """Tables exported to Parquet, one directory per table under `root`."""
 
     root: str
-    directories: dict[str, str] = field(default_factory=lambda: {
-        "stub": "message_stub", "confirmation": "confirmation", "log": "consumption_log",
-        "topic_group": "topic_group", "offsets": "consumer_offset",
-        "bounds": "queue_bounds", "audit": "reconcile_audit"})
+    directories: dict[str, str] = field(
+        default_factory=lambda: {
+            "stub": "message_stub",
+            "confirmation": "confirmation",
+            "log": "consumption_log",
+            "topic_group": "topic_group",
+            "offsets": "consumer_offset",
+            "bounds": "queue_bounds",
+            "audit": "reconcile_audit",
+        }
+    )
 
     def describe(self) -> str:
         return f"parquet:{self.root}"

@@ -17,14 +17,19 @@ from reliable.transport.base import PullTransport, QueueRef
 log = logging.getLogger(__name__)
 
 
-def call_listener(listener: MessageListener, msgs: Sequence[ReceivedMessage],
-                  ctx: ConsumeContext) -> ConsumeResult:
+def call_listener(
+    listener: MessageListener, msgs: Sequence[ReceivedMessage], ctx: ConsumeContext
+) -> ConsumeResult:
     """A listener that raises asked for a retry; anything but SUCCESS is a retry."""
     try:
         result = listener(list(msgs), ctx)
     except Exception:  # the listener's failure is a retry, not our crash
-        log.warning("listener of %s raised; will retry %s", ctx.group,
-                    [m.message_id for m in msgs], exc_info=True)
+        log.warning(
+            "listener of %s raised; will retry %s",
+            ctx.group,
+            [m.message_id for m in msgs],
+            exc_info=True,
+        )
         return ConsumeResult.RECONSUME_LATER
     if result is None:  # a plain function that returned nothing succeeded
         return ConsumeResult.SUCCESS
@@ -37,9 +42,16 @@ def call_listener(listener: MessageListener, msgs: Sequence[ReceivedMessage],
 class PulledQueueService:
     """What every consume service over pulled queues works with (concurrent and orderly)."""
 
-    def __init__(self, transport: PullTransport, group: str, listener: MessageListener,
-                 settings: ConsumerSettings, offsets: OffsetStore,
-                 executor: ThreadPoolExecutor, stopped: threading.Event) -> None:
+    def __init__(
+        self,
+        transport: PullTransport,
+        group: str,
+        listener: MessageListener,
+        settings: ConsumerSettings,
+        offsets: OffsetStore,
+        executor: ThreadPoolExecutor,
+        stopped: threading.Event,
+    ) -> None:
         self._transport = transport
         self._group = group
         self._listener = listener
@@ -50,10 +62,17 @@ class PulledQueueService:
 
 
 class ConcurrentConsumeService(PulledQueueService):
-    def __init__(self, transport: PullTransport, group: str, listener: MessageListener,
-                 settings: ConsumerSettings, offsets: OffsetStore,
-                 executor: ThreadPoolExecutor, stopped: threading.Event,
-                 on_consumed: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        transport: PullTransport,
+        group: str,
+        listener: MessageListener,
+        settings: ConsumerSettings,
+        offsets: OffsetStore,
+        executor: ThreadPoolExecutor,
+        stopped: threading.Event,
+        on_consumed: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(transport, group, listener, settings, offsets, executor, stopped)
         self._on_consumed = on_consumed
         self._timers: set[threading.Timer] = set()
@@ -62,7 +81,7 @@ class ConcurrentConsumeService(PulledQueueService):
     def submit(self, pq: ProcessQueue, queue: QueueRef, msgs: Sequence[ReceivedMessage]) -> None:
         size = self._s.consume_batch_size
         for i in range(0, len(msgs), size):
-            chunk = list(msgs[i:i + size])
+            chunk = list(msgs[i : i + size])
             try:
                 self._executor.submit(self._consume, pq, queue, chunk)
             except RuntimeError:  # executor shut down: the messages stay uncommitted
@@ -78,18 +97,26 @@ class ConcurrentConsumeService(PulledQueueService):
         retry_locally: list[ReceivedMessage] = []
         if result is not ConsumeResult.SUCCESS:
             if self._s.message_model is MessageModel.BROADCASTING:
-                log.warning("broadcast consumer of %s dropped %d failed message(s)",
-                            self._group, len(msgs))
+                log.warning(
+                    "broadcast consumer of %s dropped %d failed message(s)", self._group, len(msgs)
+                )
             else:
-                for m in msgs[max(0, min(ctx.succeeded, len(msgs))):]:
+                for m in msgs[max(0, min(ctx.succeeded, len(msgs))) :]:
                     try:
-                        self._transport.send_back(self._group, m,
-                                                  ctx.delay_level_when_next_consume,
-                                                  self._s.max_reconsume_times)
+                        self._transport.send_back(
+                            self._group,
+                            m,
+                            ctx.delay_level_when_next_consume,
+                            self._s.max_reconsume_times,
+                        )
                     except Exception as exc:  # retried locally below
-                        log.warning("send-back of %s failed; retrying locally in %ss: %r",
-                                    m.message_id, self._s.send_back_retry_s, exc,
-                                    exc_info=log.isEnabledFor(logging.DEBUG))
+                        log.warning(
+                            "send-back of %s failed; retrying locally in %ss: %r",
+                            m.message_id,
+                            self._s.send_back_retry_s,
+                            exc,
+                            exc_info=log.isEnabledFor(logging.DEBUG),
+                        )
                         m.reconsume_times += 1
                         retry_locally.append(m)
         kept = {id(m) for m in retry_locally}

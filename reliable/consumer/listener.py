@@ -37,5 +37,6 @@ class ConsumeContext:
 
 
 class MessageListener(Protocol):
-    def __call__(self, messages: Sequence[ReceivedMessage], context: ConsumeContext,
-                 /) -> ConsumeResult: ...
+    def __call__(
+        self, messages: Sequence[ReceivedMessage], context: ConsumeContext, /
+    ) -> ConsumeResult: ...

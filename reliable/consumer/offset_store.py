@@ -79,8 +79,13 @@ class RemoteOffsetStore(OffsetStore):
             try:
                 self._transport.commit_offset(self._group, queue, offset)
             except Exception as exc:  # retried at the next persist
-                log.warning("committing offset %s of %s failed: %r", offset, queue, exc,
-                            exc_info=log.isEnabledFor(logging.DEBUG))
+                log.warning(
+                    "committing offset %s of %s failed: %r",
+                    offset,
+                    queue,
+                    exc,
+                    exc_info=log.isEnabledFor(logging.DEBUG),
+                )
 
 
 class LocalOffsetStore(OffsetStore):

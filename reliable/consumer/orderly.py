@@ -51,9 +51,16 @@ def parks_in_broker(transport: object) -> bool:
 
 
 class OrderlyConsumeService(PulledQueueService):
-    def __init__(self, transport: PullTransport, group: str, listener: MessageListener,
-                 settings: ConsumerSettings, offsets: OffsetStore,
-                 executor: ThreadPoolExecutor, stopped: threading.Event) -> None:
+    def __init__(
+        self,
+        transport: PullTransport,
+        group: str,
+        listener: MessageListener,
+        settings: ConsumerSettings,
+        offsets: OffsetStore,
+        executor: ThreadPoolExecutor,
+        stopped: threading.Event,
+    ) -> None:
         super().__init__(transport, group, listener, settings, offsets, executor, stopped)
         self._parked: dict[QueueRef, set[str]] = {}
         self._sched = threading.Lock()
@@ -120,17 +127,25 @@ class OrderlyConsumeService(PulledQueueService):
         self._offsets.update(queue, offset)
         return False
 
-    def _failed(self, pq: ProcessQueue, queue: QueueRef, live: list[ReceivedMessage],
-                taken: list[ReceivedMessage], ctx: ConsumeContext) -> bool:
-        ok = live[:max(0, min(ctx.succeeded, len(live) - 1))]
+    def _failed(
+        self,
+        pq: ProcessQueue,
+        queue: QueueRef,
+        live: list[ReceivedMessage],
+        taken: list[ReceivedMessage],
+        ctx: ConsumeContext,
+    ) -> bool:
+        ok = live[: max(0, min(ctx.succeeded, len(live) - 1))]
         if ok:  # the head of the batch succeeded: finish it, retry only the rest
             pq.discard_taken(ok)
             self._offsets.update(queue, pq.commit_offset())
-            live = live[len(ok):]
+            live = live[len(ok) :]
             taken = [m for m in taken if all(m is not o for o in ok)]
         head = live[0]
-        give_up = (ctx.delay_level_when_next_consume == DLQ_NOW
-                   or head.reconsume_times >= self._s.max_reconsume_times)
+        give_up = (
+            ctx.delay_level_when_next_consume == DLQ_NOW
+            or head.reconsume_times >= self._s.max_reconsume_times
+        )
         if len(live) > 1 and not give_up:
             # retry one at a time so the attempt cap applies to the failing message alone
             pq.put_back(taken)
@@ -138,17 +153,27 @@ class OrderlyConsumeService(PulledQueueService):
         if give_up:
             key = group_key(head)
             if self._s.message_model is MessageModel.CLUSTERING:
-                log.error("orderly consumer %s parks message group %r of %s after %d "
-                          "attempt(s) (message %s)", self._group, key, queue,
-                          head.reconsume_times + 1, head.message_id)
+                log.error(
+                    "orderly consumer %s parks message group %r of %s after %d "
+                    "attempt(s) (message %s)",
+                    self._group,
+                    key,
+                    queue,
+                    head.reconsume_times + 1,
+                    head.message_id,
+                )
                 if not self._park(head):
                     pq.put_back(taken)
                     self._stopped.wait(self._s.suspend_ms / 1000)
                     return True
                 self._parked.setdefault(queue, set()).add(key)
             else:
-                log.error("broadcast orderly consumer %s drops %s after %d attempt(s)",
-                          self._group, head.message_id, head.reconsume_times + 1)
+                log.error(
+                    "broadcast orderly consumer %s drops %s after %d attempt(s)",
+                    self._group,
+                    head.message_id,
+                    head.reconsume_times + 1,
+                )
             live_ids = {id(m) for m in live}
             finished = [m for m in taken if m is head or id(m) not in live_ids]
             pq.discard_taken(finished)
@@ -168,6 +193,10 @@ class OrderlyConsumeService(PulledQueueService):
             self._transport.send_back(self._group, m, DLQ_NOW, self._s.max_reconsume_times)
             return True
         except Exception as exc:  # retried after a suspension
-            log.warning("parking %s failed; retrying: %r", m.message_id, exc,
-                        exc_info=log.isEnabledFor(logging.DEBUG))
+            log.warning(
+                "parking %s failed; retrying: %r",
+                m.message_id,
+                exc,
+                exc_info=log.isEnabledFor(logging.DEBUG),
+            )
             return False

@@ -36,9 +36,15 @@ log = logging.getLogger(__name__)
 
 
 class PullEngine:
-    def __init__(self, transport: PullTransport, group: str, client_id: str,
-                 subscriptions: Mapping[str, Collection[str] | None],
-                 listener: MessageListener, settings: ConsumerSettings) -> None:
+    def __init__(
+        self,
+        transport: PullTransport,
+        group: str,
+        client_id: str,
+        subscriptions: Mapping[str, Collection[str] | None],
+        listener: MessageListener,
+        settings: ConsumerSettings,
+    ) -> None:
         self._t = transport
         self._group = group
         self._client_id = client_id
@@ -47,20 +53,30 @@ class PullEngine:
         if settings.message_model is MessageModel.CLUSTERING:
             self._subs.setdefault(transport.retry_topic(group), None)
         self._stopped = threading.Event()
-        self._executor = ThreadPoolExecutor(settings.consume_threads,
-                                            thread_name_prefix=f"consume-{group}")
+        self._executor = ThreadPoolExecutor(
+            settings.consume_threads, thread_name_prefix=f"consume-{group}"
+        )
         self.offsets: OffsetStore = (
             RemoteOffsetStore(transport, group)
             if settings.message_model is MessageModel.CLUSTERING
-            else LocalOffsetStore(settings.local_offset_path))
+            else LocalOffsetStore(settings.local_offset_path)
+        )
         self._service: ConcurrentConsumeService | OrderlyConsumeService
         if settings.orderly:
-            self._service = OrderlyConsumeService(transport, group, listener, settings,
-                                                  self.offsets, self._executor, self._stopped)
+            self._service = OrderlyConsumeService(
+                transport, group, listener, settings, self.offsets, self._executor, self._stopped
+            )
         else:
-            self._service = ConcurrentConsumeService(transport, group, listener, settings,
-                                                     self.offsets, self._executor,
-                                                     self._stopped, self._wake_pullers)
+            self._service = ConcurrentConsumeService(
+                transport,
+                group,
+                listener,
+                settings,
+                self.offsets,
+                self._executor,
+                self._stopped,
+                self._wake_pullers,
+            )
         self._pqs: dict[QueueRef, ProcessQueue] = {}
         self._pullers: dict[QueueRef, threading.Thread] = {}
         self._lock = threading.RLock()
@@ -72,12 +88,14 @@ class PullEngine:
     # --- lifecycle
     def start(self) -> None:
         if Capability.MEMBERSHIP_EVENTS in self._t.capabilities:
-            cast(MembershipEvents, self._t).watch_consumers(self._group, self._client_id,
-                                                            self._membership_changed)
+            cast(MembershipEvents, self._t).watch_consumers(
+                self._group, self._client_id, self._membership_changed
+            )
         self._heartbeat()
         self.rebalance()
-        self._maint = threading.Thread(target=self._maintain, name=f"maint-{self._group}",
-                                       daemon=True)
+        self._maint = threading.Thread(
+            target=self._maintain, name=f"maint-{self._group}", daemon=True
+        )
         self._maint.start()
 
     def shutdown(self) -> None:
@@ -97,8 +115,12 @@ class PullEngine:
         try:
             self._t.unregister(self._client_id, self._group)
         except Exception as exc:  # the broker forgets us by heartbeat expiry anyway
-            log.warning("unregistering %s failed: %r", self._client_id, exc,
-                        exc_info=log.isEnabledFor(logging.DEBUG))
+            log.warning(
+                "unregistering %s failed: %r",
+                self._client_id,
+                exc,
+                exc_info=log.isEnabledFor(logging.DEBUG),
+            )
 
     @property
     def assigned(self) -> list[QueueRef]:
@@ -111,8 +133,11 @@ class PullEngine:
 
     def _maintain(self) -> None:
         s = self._s
-        periods = {"hb": s.heartbeat_interval_s, "rb": s.rebalance_interval_s,
-                   "po": s.persist_offset_interval_s}
+        periods = {
+            "hb": s.heartbeat_interval_s,
+            "rb": s.rebalance_interval_s,
+            "po": s.persist_offset_interval_s,
+        }
         tick = min([p for p in periods.values() if p > 0] or [1.0])
         due = {k: time.monotonic() + p for k, p in periods.items()}
         while not self._stopped.is_set():
@@ -132,8 +157,12 @@ class PullEngine:
                     due["po"] = now + periods["po"]
                     self.offsets.persist_all()
             except Exception as exc:  # the next tick tries again
-                log.warning("consumer %s maintenance failed: %r", self._group, exc,
-                            exc_info=log.isEnabledFor(logging.DEBUG))
+                log.warning(
+                    "consumer %s maintenance failed: %r",
+                    self._group,
+                    exc,
+                    exc_info=log.isEnabledFor(logging.DEBUG),
+                )
 
     def _heartbeat(self) -> None:
         self._t.heartbeat(self._client_id, self._group, self._subs)
@@ -167,8 +196,12 @@ class PullEngine:
         try:
             self.offsets.persist(q)
         except Exception as exc:
-            log.warning("persisting offset of %s failed: %r", q, exc,
-                        exc_info=log.isEnabledFor(logging.DEBUG))
+            log.warning(
+                "persisting offset of %s failed: %r",
+                q,
+                exc,
+                exc_info=log.isEnabledFor(logging.DEBUG),
+            )
         self.offsets.remove(q)
         self._pullers.pop(q, None)
         log.info("consumer %s released %s", self._client_id, q)
@@ -188,13 +221,15 @@ class PullEngine:
         try:
             offset = self._start_offset(q)
         except Exception as exc:  # taken at the next rebalance
-            log.warning("no start offset for %s yet: %r", q, exc,
-                        exc_info=log.isEnabledFor(logging.DEBUG))
+            log.warning(
+                "no start offset for %s yet: %r", q, exc, exc_info=log.isEnabledFor(logging.DEBUG)
+            )
             return
         pq = ProcessQueue()
         self._pqs[q] = pq
-        t = threading.Thread(target=self._pull_loop, args=(q, pq, offset),
-                             name=f"pull-{q}", daemon=True)
+        t = threading.Thread(
+            target=self._pull_loop, args=(q, pq, offset), name=f"pull-{q}", daemon=True
+        )
         self._pullers[q] = t
         t.start()
         log.info("consumer %s took %s from offset %d", self._client_id, q, offset)
@@ -221,11 +256,17 @@ class PullEngine:
                 continue
             started_ns = time.time_ns()
             try:
-                batch = self._t.pull(self._group, q, offset, s.pull_batch_size, tags,
-                                     suspend_ms=s.pull_suspend_ms)
+                batch = self._t.pull(
+                    self._group, q, offset, s.pull_batch_size, tags, suspend_ms=s.pull_suspend_ms
+                )
             except Exception as exc:  # a broken pull is retried after a pause
-                log.warning("pull of %s at %d failed: %r", q, offset, exc,
-                            exc_info=log.isEnabledFor(logging.DEBUG))
+                log.warning(
+                    "pull of %s at %d failed: %r",
+                    q,
+                    offset,
+                    exc,
+                    exc_info=log.isEnabledFor(logging.DEBUG),
+                )
                 self._stopped.wait(s.pull_error_delay_s)
                 continue
             if pq.dropped or self._stopped.is_set():
@@ -234,8 +275,9 @@ class PullEngine:
                 for m in batch.messages:
                     m.consumer_group = self._group
                 if tracing.enabled():
-                    tracing.received(q.topic, self._group,
-                                     [m.message_id for m in batch.messages], started_ns)
+                    tracing.received(
+                        q.topic, self._group, [m.message_id for m in batch.messages], started_ns
+                    )
                 pq.put(batch.messages)
                 self._service.submit(pq, q, batch.messages)
             elif batch.status is not PullStatus.NO_NEW_MSG and pq.cached_count == 0:

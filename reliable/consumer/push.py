@@ -34,11 +34,18 @@ class PushConsumer:
     (`store_dir=`, `broker=`, `endpoint=`) build a transport when `transport` is a name.
     """
 
-    def __init__(self, group: str, listener: MessageListener,
-                 subscriptions: Mapping[str, str | None], *,
-                 transport: Transport | str = "embedded", engine: str = "auto",
-                 client_id: str | None = None, settings: ConsumerSettings | None = None,
-                 **options: Any) -> None:
+    def __init__(
+        self,
+        group: str,
+        listener: MessageListener,
+        subscriptions: Mapping[str, str | None],
+        *,
+        transport: Transport | str = "embedded",
+        engine: str = "auto",
+        client_id: str | None = None,
+        settings: ConsumerSettings | None = None,
+        **options: Any,
+    ) -> None:
         check_group(group)
         if not subscriptions:
             raise ConfigurationError("a consumer needs at least one subscription")
@@ -54,8 +61,9 @@ class PushConsumer:
         self._owns_transport = isinstance(transport, str)
         if transport_opts and not self._owns_transport:
             raise ConfigurationError(f"unknown consumer options: {sorted(transport_opts)}")
-        self._transport: Transport = (connect(transport, **transport_opts)
-                                      if isinstance(transport, str) else transport)
+        self._transport: Transport = (
+            connect(transport, **transport_opts) if isinstance(transport, str) else transport
+        )
         self.group = group
         self.client_id = client_id or new_client_id()
         self.subscriptions = {t: parse_tags(e) for t, e in subscriptions.items()}
@@ -65,14 +73,17 @@ class PushConsumer:
             raise ConfigurationError(f"the {self._transport.name} transport cannot pull")
         if not use_pull and self.settings.message_model is MessageModel.BROADCASTING:
             if can_pull(self._transport):
-                raise ConfigurationError("broadcasting needs the pull engine (engine='auto' "
-                                         "or 'pull'), not engine='receive'")
+                raise ConfigurationError(
+                    "broadcasting needs the pull engine (engine='auto' "
+                    "or 'pull'), not engine='receive'"
+                )
             raise ConfigurationError(
                 f"broadcasting needs a transport that can pull (the embedded one); the "
                 f"{self._transport.name} transport only receives, so every message goes to "
                 f"one consumer of group {group!r}. To give every instance every message, "
                 f"give each instance its own consumer group (e.g. {group}-<instance name>, "
-                f"with consume_from='last'); see docs/client.md, Broadcasting")
+                f"with consume_from='last'); see docs/client.md, Broadcasting"
+            )
         self._use_pull = use_pull
         self._engine: PullEngine | ReceiveEngine | None = None
 
@@ -86,12 +97,23 @@ class PushConsumer:
         if self._owns_transport:
             self._transport.start()
         if self._use_pull:
-            self._engine = PullEngine(self._transport, self.group,  # type: ignore[arg-type]
-                                      self.client_id, self.subscriptions, self._listener,
-                                      self.settings)
+            self._engine = PullEngine(
+                self._transport,  # type: ignore[arg-type]
+                self.group,
+                self.client_id,
+                self.subscriptions,
+                self._listener,
+                self.settings,
+            )
         else:
-            self._engine = ReceiveEngine(self._transport, self.group, self.client_id,
-                                         self.subscriptions, self._listener, self.settings)
+            self._engine = ReceiveEngine(
+                self._transport,
+                self.group,
+                self.client_id,
+                self.subscriptions,
+                self._listener,
+                self.settings,
+            )
         self._engine.start()
         return self
 

@@ -80,9 +80,15 @@ class ReceiveEngine:
     # room); in-process there is no wait to overlap, and two loops only contend
     receive_loops = 2
 
-    def __init__(self, transport: Transport, group: str, client_id: str,
-                 subscriptions: Mapping[str, Collection[str] | None],
-                 listener: MessageListener, settings: ConsumerSettings) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        group: str,
+        client_id: str,
+        subscriptions: Mapping[str, Collection[str] | None],
+        listener: MessageListener,
+        settings: ConsumerSettings,
+    ) -> None:
         self._t = transport
         self._group = group
         self._client_id = client_id
@@ -90,13 +96,16 @@ class ReceiveEngine:
         self._listener = listener
         self._s = settings
         self._stopped = threading.Event()
-        self._executor = ThreadPoolExecutor(settings.consume_threads,
-                                            thread_name_prefix=f"consume-{group}")
+        self._executor = ThreadPoolExecutor(
+            settings.consume_threads, thread_name_prefix=f"consume-{group}"
+        )
         self._server_leases = Capability.SERVER_LEASES in transport.capabilities
         # the handlers' current round and the next: one round alone leaves them idle while
         # a receive is on the wire (measured: ~0.6x the throughput with fast handlers)
-        self._prefetch = min(settings.pull_threshold_for_queue,
-                             2 * settings.consume_threads * settings.consume_batch_size)
+        self._prefetch = min(
+            settings.pull_threshold_for_queue,
+            2 * settings.consume_threads * settings.consume_batch_size,
+        )
         self._room = threading.BoundedSemaphore(self._prefetch)
         self._threads: list[threading.Thread] = []
         self._leases: dict[int, _Lease] = {}  # id(message) -> its lease
@@ -110,8 +119,12 @@ class ReceiveEngine:
         self._set_group_start()
         for topic in self._subs:
             for i in range(1 if can_pull(self._t) else self.receive_loops):
-                t = threading.Thread(target=self._receive_loop, args=(topic,),
-                                     name=f"receive-{topic}-{i}", daemon=True)
+                t = threading.Thread(
+                    target=self._receive_loop,
+                    args=(topic,),
+                    name=f"receive-{topic}-{i}",
+                    daemon=True,
+                )
                 self._threads.append(t)
                 t.start()
         services = [(self._heartbeats, "hb")]
@@ -131,9 +144,13 @@ class ReceiveEngine:
         try:
             cast(GroupAdmin, self._t).make_group_fifo(self._group)
         except Exception as exc:
-            log.warning("could not make group %s FIFO (%s); create it with fifo "
-                        "(reliable admin group create %s --fifo)", self._group, exc,
-                        self._group)
+            log.warning(
+                "could not make group %s FIFO (%s); create it with fifo "
+                "(reliable admin group create %s --fifo)",
+                self._group,
+                exc,
+                self._group,
+            )
 
     def _set_group_start(self) -> None:
         """Commit where a new group starts on each subscribed topic (a no-op for queues the
@@ -149,14 +166,25 @@ class ReceiveEngine:
                     cast(GroupAdmin, self._t).set_group_start(self._group, topic, where, ts)
             except BrokerCallError as exc:
                 if exc.code == "TOPIC_NOT_FOUND":  # created later: everything in it is new
-                    log.info("topic %s does not exist yet; group %s will read it from its "
-                             "start", topic, self._group)
+                    log.info(
+                        "topic %s does not exist yet; group %s will read it from its start",
+                        topic,
+                        self._group,
+                    )
                     continue
-                log.warning("could not set where group %s starts on %s (%s); the broker's "
-                            "default applies", self._group, topic, exc)
+                log.warning(
+                    "could not set where group %s starts on %s (%s); the broker's default applies",
+                    self._group,
+                    topic,
+                    exc,
+                )
             except Exception as exc:
-                log.warning("could not set where group %s starts on %s (%s); the broker's "
-                            "default applies", self._group, topic, exc)
+                log.warning(
+                    "could not set where group %s starts on %s (%s); the broker's default applies",
+                    self._group,
+                    topic,
+                    exc,
+                )
 
     def shutdown(self) -> None:
         """Release what no handler started, let running handlers finish, leave the group."""
@@ -171,8 +199,12 @@ class ReceiveEngine:
         try:
             self._t.unregister(self._client_id, self._group)
         except Exception as exc:
-            log.warning("unregistering %s failed: %r", self._client_id, exc,
-                        exc_info=log.isEnabledFor(logging.DEBUG))
+            log.warning(
+                "unregistering %s failed: %r",
+                self._client_id,
+                exc,
+                exc_info=log.isEnabledFor(logging.DEBUG),
+            )
 
     @property
     def assigned(self) -> list[object]:
@@ -183,8 +215,12 @@ class ReceiveEngine:
             try:
                 self._t.heartbeat(self._client_id, self._group, self._subs)
             except Exception as exc:
-                log.warning("heartbeat of %s failed: %r", self._client_id, exc,
-                            exc_info=log.isEnabledFor(logging.DEBUG))
+                log.warning(
+                    "heartbeat of %s failed: %r",
+                    self._client_id,
+                    exc,
+                    exc_info=log.isEnabledFor(logging.DEBUG),
+                )
 
     def _renew_leases(self) -> None:
         invisible = self._s.invisible_ms
@@ -200,9 +236,12 @@ class ReceiveEngine:
                         self._t.change_invisible_duration(self._group, lease.message, invisible)
                         lease.renew_at = time.monotonic() + invisible / 2000
                     except Exception as exc:
-                        log.warning("renewing the lease of %s failed: %r", lease.message.message_id,
-                                    exc,
-                                    exc_info=log.isEnabledFor(logging.DEBUG))
+                        log.warning(
+                            "renewing the lease of %s failed: %r",
+                            lease.message.message_id,
+                            exc,
+                            exc_info=log.isEnabledFor(logging.DEBUG),
+                        )
                         with self._lease_lock:
                             self._leases.pop(key, None)
 
@@ -267,15 +306,32 @@ class ReceiveEngine:
             try:
                 if self._server_leases:
                     msgs = cast(ServerLeases, self._t).receive(
-                        self._group, topic, room, s.invisible_ms, tags,
-                        long_poll_ms=s.receive_long_poll_ms, fifo=s.orderly, auto_renew=True)
+                        self._group,
+                        topic,
+                        room,
+                        s.invisible_ms,
+                        tags,
+                        long_poll_ms=s.receive_long_poll_ms,
+                        fifo=s.orderly,
+                        auto_renew=True,
+                    )
                 else:
-                    msgs = self._t.receive(self._group, topic, room, s.invisible_ms, tags,
-                                           long_poll_ms=s.receive_long_poll_ms,
-                                           fifo=s.orderly)
+                    msgs = self._t.receive(
+                        self._group,
+                        topic,
+                        room,
+                        s.invisible_ms,
+                        tags,
+                        long_poll_ms=s.receive_long_poll_ms,
+                        fifo=s.orderly,
+                    )
             except Exception as exc:
-                log.warning("receive from %s failed: %r", topic, exc,
-                            exc_info=log.isEnabledFor(logging.DEBUG))
+                log.warning(
+                    "receive from %s failed: %r",
+                    topic,
+                    exc,
+                    exc_info=log.isEnabledFor(logging.DEBUG),
+                )
                 msgs = []
                 self._stopped.wait(s.pull_error_delay_s)
             for _ in range(room - len(msgs)):
@@ -325,8 +381,10 @@ class ReceiveEngine:
             result = call_listener(self._listener, [m], ctx)
             if result is ConsumeResult.SUCCESS:
                 self._ack(m)
-            elif (ctx.delay_level_when_next_consume == DLQ_NOW
-                  or m.reconsume_times >= self._s.max_reconsume_times):
+            elif (
+                ctx.delay_level_when_next_consume == DLQ_NOW
+                or m.reconsume_times >= self._s.max_reconsume_times
+            ):
                 # the consumer's own cap, whatever the broker's group setting allows
                 self._settle(m, lambda: self._t.forward_to_dlq(self._group, m))
             else:
@@ -357,11 +415,19 @@ class ReceiveEngine:
                     if result is ConsumeResult.SUCCESS:
                         self._ack(m)
                         break
-                    if (ctx.delay_level_when_next_consume == DLQ_NOW
-                            or attempt >= self._s.max_reconsume_times):
-                        log.error("orderly consumer %s parks message group %r of %s after %d "
-                                  "attempt(s) (message %s)", self._group, group_key(m),
-                                  m.topic, attempt + 1, m.message_id)
+                    if (
+                        ctx.delay_level_when_next_consume == DLQ_NOW
+                        or attempt >= self._s.max_reconsume_times
+                    ):
+                        log.error(
+                            "orderly consumer %s parks message group %r of %s after %d "
+                            "attempt(s) (message %s)",
+                            self._group,
+                            group_key(m),
+                            m.topic,
+                            attempt + 1,
+                            m.message_id,
+                        )
                         self._settle(m, lambda m=m: self._park(m))
                         break
                     m.reconsume_times += 1
@@ -400,28 +466,41 @@ class ReceiveEngine:
         except Exception:  # shutting down: the broker redelivers after the invisible time
             log.warning("ack of %s dropped at shutdown", m.message_id)
             return
-        future.add_done_callback(lambda f: self._settled(
-            m, f.exception(), "acking", lambda: self._ack(m, attempts - 1), attempts - 1))
+        future.add_done_callback(
+            lambda f: self._settled(
+                m, f.exception(), "acking", lambda: self._ack(m, attempts - 1), attempts - 1
+            )
+        )
 
     def _nack(self, m: ReceivedMessage, delay_ms: int, attempts: int = 5) -> None:
         """Hide the message for its retry delay, pipelined: the handler thread goes on."""
         self._release_lease(m)
         future = change_invisible_async(self._t, self._group, m, delay_ms)
-        future.add_done_callback(lambda f: self._settled(
-            m, f.exception(), "hiding", lambda: self._nack(m, delay_ms, attempts - 1),
-            attempts - 1))
+        future.add_done_callback(
+            lambda f: self._settled(
+                m,
+                f.exception(),
+                "hiding",
+                lambda: self._nack(m, delay_ms, attempts - 1),
+                attempts - 1,
+            )
+        )
 
-    def _settled(self, m: ReceivedMessage, error: BaseException | None, what: str,
-                 again: object, attempts: int) -> None:
+    def _settled(
+        self,
+        m: ReceivedMessage,
+        error: BaseException | None,
+        what: str,
+        again: object,
+        attempts: int,
+    ) -> None:
         if error is None:
             return
         if isinstance(error, ReceiptHandleError):
-            log.warning("receipt handle of %s no longer valid; the broker redelivers",
-                        m.message_id)
+            log.warning("receipt handle of %s no longer valid; the broker redelivers", m.message_id)
             return
         if attempts <= 0 or self._stopped.is_set():
-            log.warning("%s %s failed; the broker redelivers", what, m.message_id,
-                        exc_info=error)
+            log.warning("%s %s failed; the broker redelivers", what, m.message_id, exc_info=error)
             return
         log.warning("%s %s failed; retrying", what, m.message_id, exc_info=error)
         timer = threading.Timer(1.0, again)  # type: ignore[arg-type]
@@ -444,7 +523,10 @@ class ReceiveEngine:
                 log.warning("receipt handle no longer valid; the broker redelivers")
                 return
             except Exception as exc:
-                log.warning("settling a message failed; retrying: %r", exc,
-                            exc_info=log.isEnabledFor(logging.DEBUG))
+                log.warning(
+                    "settling a message failed; retrying: %r",
+                    exc,
+                    exc_info=log.isEnabledFor(logging.DEBUG),
+                )
                 if self._stopped.wait(1.0):
                     return

@@ -37,21 +37,34 @@ class ConsumerSettings:
     shutdown_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
-        positive = ("consume_threads", "consume_batch_size", "pull_batch_size",
-                    "pull_threshold_for_queue")
+        positive = (
+            "consume_threads",
+            "consume_batch_size",
+            "pull_batch_size",
+            "pull_threshold_for_queue",
+        )
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_reconsume_times < 0:
             raise ConfigurationError("max_reconsume_times must be >= 0")
-        nonneg = ("pull_suspend_ms", "suspend_ms", "rebalance_interval_s", "heartbeat_interval_s",
-                  "persist_offset_interval_s", "send_back_retry_s", "pull_error_delay_s")
+        nonneg = (
+            "pull_suspend_ms",
+            "suspend_ms",
+            "rebalance_interval_s",
+            "heartbeat_interval_s",
+            "persist_offset_interval_s",
+            "send_back_retry_s",
+            "pull_error_delay_s",
+        )
         for name in nonneg:
             if getattr(self, name) < 0:
                 raise ConfigurationError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not isinstance(self.message_model, MessageModel):
-            raise ConfigurationError(f"message_model must be a MessageModel, got "
-                                     f"{self.message_model!r}")
+            raise ConfigurationError(
+                f"message_model must be a MessageModel, got {self.message_model!r}"
+            )
         if not isinstance(self.consume_from, ConsumeFrom):
-            raise ConfigurationError(f"consume_from must be a ConsumeFrom, got "
-                                     f"{self.consume_from!r}")
+            raise ConfigurationError(
+                f"consume_from must be a ConsumeFrom, got {self.consume_from!r}"
+            )

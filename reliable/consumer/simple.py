@@ -24,10 +24,17 @@ class SimpleConsumer:
     `change_invisible_duration` extends (or shortens) the lease and replaces the receipt
     handle; an unacked message comes back with `delivery_attempt + 1`."""
 
-    def __init__(self, group: str, subscriptions: Mapping[str, str | None], *,
-                 transport: Transport | str = "embedded", await_duration_s: float = 0.0,
-                 invisible_duration_s: float = 30.0, fifo: bool = False,
-                 **transport_options: Any) -> None:
+    def __init__(
+        self,
+        group: str,
+        subscriptions: Mapping[str, str | None],
+        *,
+        transport: Transport | str = "embedded",
+        await_duration_s: float = 0.0,
+        invisible_duration_s: float = 30.0,
+        fifo: bool = False,
+        **transport_options: Any,
+    ) -> None:
         check_group(group)
         if not subscriptions:
             raise ConfigurationError("a consumer needs at least one subscription")
@@ -36,8 +43,9 @@ class SimpleConsumer:
         if await_duration_s < 0 or invisible_duration_s <= 0:
             raise ConfigurationError("durations must be positive")
         self._owns_transport = isinstance(transport, str)
-        self._transport: Transport = (connect(transport, **transport_options)
-                                      if isinstance(transport, str) else transport)
+        self._transport: Transport = (
+            connect(transport, **transport_options) if isinstance(transport, str) else transport
+        )
         self.group = group
         self.client_id = new_client_id()
         self.subscriptions = {t: parse_tags(e) for t, e in subscriptions.items()}
@@ -73,8 +81,9 @@ class SimpleConsumer:
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
-    def receive(self, max_messages: int = 16,
-                invisible_duration_s: float | None = None) -> list[ReceivedMessage]:
+    def receive(
+        self, max_messages: int = 16, invisible_duration_s: float | None = None
+    ) -> list[ReceivedMessage]:
         """Up to `max_messages` from the next subscribed topic (round-robin), waiting up to
         `await_duration_s` for one to arrive."""
         self._check()
@@ -87,15 +96,19 @@ class SimpleConsumer:
             topic = next(self._topics)
             started_ns = time.time_ns()
             msgs = self._transport.receive(
-                self.group, topic, max_messages, int(invisible * 1000),
-                self.subscriptions[topic], long_poll_ms=int(self.await_duration_s * 1000),
-                fifo=self.fifo)
+                self.group,
+                topic,
+                max_messages,
+                int(invisible * 1000),
+                self.subscriptions[topic],
+                long_poll_ms=int(self.await_duration_s * 1000),
+                fifo=self.fifo,
+            )
             if msgs:
                 for m in msgs:
                     m.consumer_group = self.group
                 if tracing.enabled():
-                    tracing.received(topic, self.group, [m.message_id for m in msgs],
-                                     started_ns)
+                    tracing.received(topic, self.group, [m.message_id for m in msgs], started_ns)
                 return msgs
         return []
 
@@ -127,18 +140,17 @@ class SimpleConsumer:
         self._check()
         if seconds < 0:
             raise ConfigurationError("seconds must be >= 0")
-        return self._transport.change_invisible_duration(self.group, message,
-                                                         int(seconds * 1000))
+        return self._transport.change_invisible_duration(self.group, message, int(seconds * 1000))
 
-    def change_invisible_duration_async(self, message: ReceivedMessage, seconds: float
-                                        ) -> Future[str]:
+    def change_invisible_duration_async(
+        self, message: ReceivedMessage, seconds: float
+    ) -> Future[str]:
         """`change_invisible_duration` without waiting (many in flight): the future gets
         the new handle (also stored on `message`) or this message's error."""
         self._check()
         if seconds < 0:
             raise ConfigurationError("seconds must be >= 0")
-        return change_invisible_async(self._transport, self.group, message,
-                                      int(seconds * 1000))
+        return change_invisible_async(self._transport, self.group, message, int(seconds * 1000))
 
     def _check(self) -> None:
         if not self._started:

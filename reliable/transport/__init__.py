@@ -33,11 +33,19 @@ def connect(transport: str = "embedded", **options: Any) -> Transport:
         try:
             from reliable.transport.grpc import GrpcTransport
         except ImportError as exc:
-            raise ConfigurationError("the grpc transport is not available in this "
-                                     "version") from exc
+            raise ConfigurationError("the grpc transport is not available in this version") from exc
         return GrpcTransport(**options)
     raise ConfigurationError(f"unknown transport {transport!r}; choose one of {TRANSPORTS}")
 
 
-__all__ = ["TRANSPORTS", "Capability", "ConsumeFrom", "PullTransport", "QueueRef",
-           "TopicRoute", "TransactionState", "Transport", "connect"]
+__all__ = [
+    "TRANSPORTS",
+    "Capability",
+    "ConsumeFrom",
+    "PullTransport",
+    "QueueRef",
+    "TopicRoute",
+    "TransactionState",
+    "Transport",
+    "connect",
+]

@@ -32,10 +32,10 @@ log = logging.getLogger("reliable.transport.grpc")
 
 _NO_ADMIN = {
     "SetGroupStart": "a new consumer group starts where the server's default puts it "
-                     "(set it with mqadmin resetOffsetByTime)",
+    "(set it with mqadmin resetOffsetByTime)",
     "ParkMessageGroup": "parked message groups are kept by each consumer only",
     "MakeGroupFifo": "an orderly consumer's group must be FIFO on the server "
-                     "(mqadmin updateSubGroup -o true)",
+    "(mqadmin updateSubGroup -o true)",
 }
 
 
@@ -98,8 +98,9 @@ class ConsumerSide(GrpcSession):
         return self._queue_offset(queue, wire.OFFSET_END)
 
     # --- consumers
-    def _consumer(self, group: str, topic: str | None = None,
-                  tags: Collection[str] | None = None) -> _ConsumerIdentity:
+    def _consumer(
+        self, group: str, topic: str | None = None, tags: Collection[str] | None = None
+    ) -> _ConsumerIdentity:
         with self._lock:
             identity = self._consumers.get(group)
             changed = False
@@ -112,9 +113,12 @@ class ConsumerSide(GrpcSession):
                 changed = True
             if identity.stream is None:
                 self._require()
-                identity.stream = wire.Telemetry(self, identity.client_id,
-                                             lambda: self._consumer_settings(identity),
-                                             lambda _c: None)
+                identity.stream = wire.Telemetry(
+                    self,
+                    identity.client_id,
+                    lambda: self._consumer_settings(identity),
+                    lambda _c: None,
+                )
             elif changed:
                 identity.stream.resend_settings()
         if not identity.waited:  # once: the server's Settings tell FIFO and max attempts
@@ -139,8 +143,9 @@ class ConsumerSide(GrpcSession):
         settings.user_agent.version = wire.VERSION
         return settings
 
-    def heartbeat(self, client_id: str, group: str,
-                  subscriptions: Mapping[str, Collection[str] | None]) -> None:
+    def heartbeat(
+        self, client_id: str, group: str, subscriptions: Mapping[str, Collection[str] | None]
+    ) -> None:
         identity = self._consumer(group)
         changed = False
         with self._lock:
@@ -161,16 +166,34 @@ class ConsumerSide(GrpcSession):
         if identity is not None and self.stub is not None:
             self._terminate(identity.client_id, group, identity.stream)
 
-    def receive(self, group: str, topic: str, max_msgs: int, invisible_ms: int,
-                tags: Collection[str] | None = None, *, long_poll_ms: int = 0,
-                fifo: bool = False, auto_renew: bool = False) -> list[ReceivedMessage]:
+    def receive(
+        self,
+        group: str,
+        topic: str,
+        max_msgs: int,
+        invisible_ms: int,
+        tags: Collection[str] | None = None,
+        *,
+        long_poll_ms: int = 0,
+        fifo: bool = False,
+        auto_renew: bool = False,
+    ) -> list[ReceivedMessage]:
         identity = self._consumer(group, topic, tags)
-        if fifo and not identity.warned_fifo and identity.stream is not None and \
-                identity.stream.reply is not None and not identity.stream.reply.subscription.fifo:
+        if (
+            fifo
+            and not identity.warned_fifo
+            and identity.stream is not None
+            and identity.stream.reply is not None
+            and not identity.stream.reply.subscription.fifo
+        ):
             identity.warned_fifo = True
-            log.warning("group %s consumes in order but the server's group is not FIFO: "
-                        "create it with fifo (reliable admin group create %s --fifo; "
-                        "mqadmin updateSubGroup -o true)", group, group)
+            log.warning(
+                "group %s consumes in order but the server's group is not FIFO: "
+                "create it with fifo (reliable admin group create %s --fifo; "
+                "mqadmin updateSubGroup -o true)",
+                group,
+                group,
+            )
         if topic not in self._brokers:
             self.route(topic)
         request = service_pb2.ReceiveMessageRequest()
@@ -195,16 +218,17 @@ class ConsumerSide(GrpcSession):
         out: list[ReceivedMessage] = []
         try:
             for response in stub.ReceiveMessage(
-                    request, timeout=self._timeout + wait_s,
-                    metadata=self.metadata(identity.client_id)):
+                request, timeout=self._timeout + wait_s, metadata=self.metadata(identity.client_id)
+            ):
                 kind = response.WhichOneof("content")
                 if kind == "status":
                     status = response.status
                 elif kind == "message":
                     out.append(wire.to_received(response.message, group))
         except grpc.RpcError as exc:
-            raise TransportError(f"ReceiveMessage from {self.endpoint}: {exc.code().name}: "
-                                 f"{exc.details()}") from None
+            raise TransportError(
+                f"ReceiveMessage from {self.endpoint}: {exc.code().name}: {exc.details()}"
+            ) from None
         if status is not None:
             wire.check_status(status, "ReceiveMessage")
         return out
@@ -238,22 +262,25 @@ class ConsumerSide(GrpcSession):
         return request
 
     @staticmethod
-    def _ack_results(messages: Sequence[ReceivedMessage], response: Any
-                     ) -> list[BaseException | None]:
+    def _ack_results(
+        messages: Sequence[ReceivedMessage], response: Any
+    ) -> list[BaseException | None]:
         if len(response.entries) != len(messages):
             return [wire.miscounted(response, "AckMessage", len(messages))] * len(messages)
         out: list[BaseException | None] = []
         for entry in response.entries:
             try:
-                wire.check_status(entry.status if entry.HasField("status") else
-                                  response.status, "AckMessage")
+                wire.check_status(
+                    entry.status if entry.HasField("status") else response.status, "AckMessage"
+                )
                 out.append(None)
             except ReliableError as exc:
                 out.append(exc)
         return out
 
-    def ack_many(self, group: str, messages: Sequence[ReceivedMessage]
-                 ) -> list[BaseException | None]:
+    def ack_many(
+        self, group: str, messages: Sequence[ReceivedMessage]
+    ) -> list[BaseException | None]:
         """Ack messages of one topic in one AckMessage (repeated entries): per message None
         or the error its entry reports; a failed request raises."""
         if not messages:
@@ -262,22 +289,29 @@ class ConsumerSide(GrpcSession):
         stub = self._require()
         self.requests["AckMessage"] += 1
         try:
-            response = stub.AckMessage(request, timeout=self._timeout,
-                                       metadata=self.metadata(self._client_of(group)))
+            response = stub.AckMessage(
+                request, timeout=self._timeout, metadata=self.metadata(self._client_of(group))
+            )
         except grpc.RpcError as exc:
-            raise TransportError(f"AckMessage to {self.endpoint}: {exc.code().name}: "
-                                 f"{exc.details()}") from None
+            raise TransportError(
+                f"AckMessage to {self.endpoint}: {exc.code().name}: {exc.details()}"
+            ) from None
         return self._ack_results(messages, response)
 
-    def submit_ack(self, group: str, messages: Sequence[ReceivedMessage],
-                   done: Callable[[list[BaseException | None] | BaseException], None]) -> None:
+    def submit_ack(
+        self,
+        group: str,
+        messages: Sequence[ReceivedMessage],
+        done: Callable[[list[BaseException | None] | BaseException], None],
+    ) -> None:
         """`ack_many` without waiting: `done` gets the per-message results (or the request's
         error) on gRPC's completion thread."""
         request = self._ack_request(group, messages)
         stub = self._require()
         self.requests["AckMessage"] += 1
-        call = stub.AckMessage.future(request, timeout=self._timeout,
-                                      metadata=self.metadata(self._client_of(group)))
+        call = stub.AckMessage.future(
+            request, timeout=self._timeout, metadata=self.metadata(self._client_of(group))
+        )
         self._when_answered(call, "AckMessage", lambda r: self._ack_results(messages, r), done)
 
     def _change_request(self, group: str, message: ReceivedMessage, invisible_ms: int) -> Any:
@@ -289,30 +323,41 @@ class ConsumerSide(GrpcSession):
         wire.set_ms(request.invisible_duration, invisible_ms)
         return request
 
-    def change_invisible_duration(self, group: str, message: ReceivedMessage,
-                                  invisible_ms: int) -> str:
+    def change_invisible_duration(
+        self, group: str, message: ReceivedMessage, invisible_ms: int
+    ) -> str:
         request = self._change_request(group, message, invisible_ms)
         response = self._unary("ChangeInvisibleDuration", request, self._client_of(group))
         message.receipt_handle = str(response.receipt_handle)
         return message.receipt_handle
 
-    def submit_change_invisible(self, group: str, message: ReceivedMessage, invisible_ms: int,
-                                done: Callable[[str | BaseException], None]) -> None:
+    def submit_change_invisible(
+        self,
+        group: str,
+        message: ReceivedMessage,
+        invisible_ms: int,
+        done: Callable[[str | BaseException], None],
+    ) -> None:
         """`change_invisible_duration` without waiting (the protocol's request carries one
         handle, so these are pipelined rather than batched): `done` gets the new handle
         (also stored on `message`) or the error, on gRPC's completion thread."""
         request = self._change_request(group, message, invisible_ms)
         stub = self._require()
         call = stub.ChangeInvisibleDuration.future(
-            request, timeout=self._timeout, metadata=self.metadata(self._client_of(group)))
+            request, timeout=self._timeout, metadata=self.metadata(self._client_of(group))
+        )
 
         def finished(f: Any) -> None:
             try:
                 response = f.result()
                 wire.check_status(response.status, "ChangeInvisibleDuration")
             except grpc.RpcError as exc:
-                done(TransportError(f"ChangeInvisibleDuration to {self.endpoint}: "
-                                    f"{exc.code().name}: {exc.details()}"))
+                done(
+                    TransportError(
+                        f"ChangeInvisibleDuration to {self.endpoint}: "
+                        f"{exc.code().name}: {exc.details()}"
+                    )
+                )
                 return
             except Exception as exc:
                 done(exc)
@@ -350,8 +395,10 @@ class ConsumerSide(GrpcSession):
         identities.sort(key=lambda i: i.group != group)
         for identity in identities:
             reply = identity.stream.reply if identity.stream is not None else None
-            if reply is not None and reply.backoff_policy.WhichOneof("strategy") == \
-                    "customized_backoff":
+            if (
+                reply is not None
+                and reply.backoff_policy.WhichOneof("strategy") == "customized_backoff"
+            ):
                 levels = [wire.ms_of(d) for d in reply.backoff_policy.customized_backoff.next]
                 if levels:
                     return levels
@@ -365,25 +412,35 @@ class ConsumerSide(GrpcSession):
         call = self._channel.unary_unary(
             f"/reliable.admin.v1.Admin/{method}",
             request_serializer=lambda v: json.dumps(v).encode(),
-            response_deserializer=lambda b: json.loads(b.decode() or "{}"))
+            response_deserializer=lambda b: json.loads(b.decode() or "{}"),
+        )
         try:
             reply = call(params, timeout=self._timeout, metadata=self.metadata(self._base_id))
         except grpc.RpcError as exc:
             if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
                 if method not in self._no_admin:
                     self._no_admin.add(method)
-                    log.warning("%s does not offer %s (no reliable admin service): %s",
-                                self.endpoint, method, _NO_ADMIN.get(method, ""))
+                    log.warning(
+                        "%s does not offer %s (no reliable admin service): %s",
+                        self.endpoint,
+                        method,
+                        _NO_ADMIN.get(method, ""),
+                    )
                 return False
-            raise TransportError(f"{method} to {self.endpoint}: {exc.code().name}: "
-                                 f"{exc.details()}") from None
+            raise TransportError(
+                f"{method} to {self.endpoint}: {exc.code().name}: {exc.details()}"
+            ) from None
         if not reply.get("ok"):
-            raise BrokerCallError(FailureKind.BAD_REQUEST, f"{method}: {reply.get('message')}",
-                                  code=str(reply.get("code")))
+            raise BrokerCallError(
+                FailureKind.BAD_REQUEST,
+                f"{method}: {reply.get('message')}",
+                code=str(reply.get("code")),
+            )
         return True
 
-    def set_group_start(self, group: str, topic: str, where: ConsumeFrom,
-                        timestamp_ms: int | None = None) -> bool:
+    def set_group_start(
+        self, group: str, topic: str, where: ConsumeFrom, timestamp_ms: int | None = None
+    ) -> bool:
         """Where a new group starts on `topic` (`SetGroupStart`)."""
         params: dict[str, Any] = {"group": group, "topic": topic, "consume_from": where.value}
         if timestamp_ms is not None:
@@ -396,5 +453,6 @@ class ConsumerSide(GrpcSession):
 
     def park_message_group(self, group: str, topic: str, message_group: str) -> bool:
         """Park a message group on the server (`ParkMessageGroup`)."""
-        return self._admin("ParkMessageGroup", {"group": group, "topic": topic,
-                                                "message_group": message_group})
+        return self._admin(
+            "ParkMessageGroup", {"group": group, "topic": topic, "message_group": message_group}
+        )

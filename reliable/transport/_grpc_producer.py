@@ -87,38 +87,51 @@ class ProducerSide(GrpcSession):
                 self._note_topic(m.topic)
         return request
 
-    def _results(self, messages: Sequence[Message], response: Any
-                 ) -> list[SendReceipt | BaseException]:
+    def _results(
+        self, messages: Sequence[Message], response: Any
+    ) -> list[SendReceipt | BaseException]:
         """One result per message: its receipt, or the error its entry reports."""
         if len(response.entries) != len(messages):
             return [wire.miscounted(response, "SendMessage", len(messages))] * len(messages)
         out: list[SendReceipt | BaseException] = []
         for m, entry in zip(messages, response.entries, strict=True):
             try:
-                wire.check_status(entry.status if entry.HasField("status") else
-                                  response.status, "SendMessage")
+                wire.check_status(
+                    entry.status if entry.HasField("status") else response.status, "SendMessage"
+                )
             except ReliableError as exc:
                 out.append(exc)
                 continue
-            out.append(SendReceipt(
-                message_id=entry.message_id or m.message_id, topic=m.topic, queue_id=-1,
-                queue_offset=int(entry.offset), status=SendStatus.SEND_OK,
-                transaction_id=entry.transaction_id or None,
-                recall_handle=entry.recall_handle or None))
+            out.append(
+                SendReceipt(
+                    message_id=entry.message_id or m.message_id,
+                    topic=m.topic,
+                    queue_id=-1,
+                    queue_offset=int(entry.offset),
+                    status=SendStatus.SEND_OK,
+                    transaction_id=entry.transaction_id or None,
+                    recall_handle=entry.recall_handle or None,
+                )
+            )
         return out
 
-    def _send(self, messages: Sequence[Message], transactional: bool,
-              timeout_s: float | None) -> list[SendReceipt]:
+    def _send(
+        self, messages: Sequence[Message], transactional: bool, timeout_s: float | None
+    ) -> list[SendReceipt]:
         request = self._request(messages, transactional)
         stub = self._require()
         self.requests["SendMessage"] += 1
         try:
-            response = stub.SendMessage(request, timeout=timeout_s or self._timeout,
-                                        metadata=self.metadata(self._producer_id))
+            response = stub.SendMessage(
+                request,
+                timeout=timeout_s or self._timeout,
+                metadata=self.metadata(self._producer_id),
+            )
         except grpc.RpcError as exc:
             self._forget_route(messages[0].topic)
-            raise TransportError(f"SendMessage to {self.endpoint}: {exc.code().name}: "
-                                 f"{exc.details()}") from None
+            raise TransportError(
+                f"SendMessage to {self.endpoint}: {exc.code().name}: {exc.details()}"
+            ) from None
         receipts = []
         for result in self._results(messages, response):
             if isinstance(result, BaseException):
@@ -126,27 +139,46 @@ class ProducerSide(GrpcSession):
             receipts.append(result)
         return receipts
 
-    def submit_send(self, messages: Sequence[Message], queue: QueueRef, *,
-                    producer_group: str | None, timeout_s: float | None,
-                    done: Callable[[list[SendReceipt | BaseException] | BaseException], None],
-                    ) -> None:
+    def submit_send(
+        self,
+        messages: Sequence[Message],
+        queue: QueueRef,
+        *,
+        producer_group: str | None,
+        timeout_s: float | None,
+        done: Callable[[list[SendReceipt | BaseException] | BaseException], None],
+    ) -> None:
         """One SendMessage carrying `messages`, without waiting: `done` gets a result per
         message (or the request's error) on gRPC's completion thread. Many may be in
         flight on the one channel."""
         request = self._request(messages, False)
         stub = self._require()
         self.requests["SendMessage"] += 1
-        call = stub.SendMessage.future(request, timeout=timeout_s or self._timeout,
-                                       metadata=self.metadata(self._producer_id))
-        self._when_answered(call, "SendMessage", lambda r: self._results(messages, r), done,
-                            on_rpc_error=lambda: self._forget_route(messages[0].topic))
+        call = stub.SendMessage.future(
+            request, timeout=timeout_s or self._timeout, metadata=self.metadata(self._producer_id)
+        )
+        self._when_answered(
+            call,
+            "SendMessage",
+            lambda r: self._results(messages, r),
+            done,
+            on_rpc_error=lambda: self._forget_route(messages[0].topic),
+        )
 
-    def send(self, message: Message, queue: QueueRef, *, producer_group: str | None = None,
-             transactional: bool = False, timeout_s: float | None = None) -> SendReceipt:
+    def send(
+        self,
+        message: Message,
+        queue: QueueRef,
+        *,
+        producer_group: str | None = None,
+        transactional: bool = False,
+        timeout_s: float | None = None,
+    ) -> SendReceipt:
         return self._send([message], transactional, timeout_s)[0]
 
-    def send_batch(self, messages: Sequence[Message], queue: QueueRef, *,
-                   producer_group: str | None = None) -> list[SendReceipt]:
+    def send_batch(
+        self, messages: Sequence[Message], queue: QueueRef, *, producer_group: str | None = None
+    ) -> list[SendReceipt]:
         if not messages:
             return []
         return self._send(list(messages), False, None)
@@ -184,21 +216,30 @@ class ProducerSide(GrpcSession):
         settings.user_agent.hostname = socket.gethostname()
         return settings
 
-    def end_transaction(self, producer_group: str, ref: TransactionRef,
-                        state: TransactionState, *, from_check: bool = False) -> None:
+    def end_transaction(
+        self,
+        producer_group: str,
+        ref: TransactionRef,
+        state: TransactionState,
+        *,
+        from_check: bool = False,
+    ) -> None:
         if state is TransactionState.UNKNOWN and not from_check:
             return
         request = service_pb2.EndTransactionRequest()
         self._resource(request.topic, ref.topic)
         request.message_id = ref.message_id
         request.transaction_id = ref.transaction_id or ""
-        request.resolution = {TransactionState.COMMIT: wire.COMMIT,
-                              TransactionState.ROLLBACK: wire.ROLLBACK}.get(state, 0)
+        request.resolution = {
+            TransactionState.COMMIT: wire.COMMIT,
+            TransactionState.ROLLBACK: wire.ROLLBACK,
+        }.get(state, 0)
         request.source = wire.SOURCE_SERVER_CHECK if from_check else wire.SOURCE_CLIENT
         self._unary("EndTransaction", request, self._producer_id)
 
-    def set_transaction_checker(self, producer_group: str,
-                                checker: TransactionChecker | None) -> None:
+    def set_transaction_checker(
+        self, producer_group: str, checker: TransactionChecker | None
+    ) -> None:
         with self._lock:
             if checker is None:
                 self._checkers.pop(producer_group, None)
@@ -206,8 +247,9 @@ class ProducerSide(GrpcSession):
             self._checkers[producer_group] = checker
             if self._producer_stream is None:
                 self._require()
-                self._producer_stream = wire.Telemetry(self, self._producer_id,
-                                                   self._producer_settings, self._on_check)
+                self._producer_stream = wire.Telemetry(
+                    self, self._producer_id, self._producer_settings, self._on_check
+                )
 
     def _on_check(self, command: Any) -> None:
         with self._lock:
@@ -221,9 +263,14 @@ class ProducerSide(GrpcSession):
         def resolve() -> None:
             try:
                 state = checker(received)
-                self.end_transaction(producer_group, TransactionRef(
-                    received.topic, received.message_id, command.transaction_id, None),
-                    state, from_check=True)
+                self.end_transaction(
+                    producer_group,
+                    TransactionRef(
+                        received.topic, received.message_id, command.transaction_id, None
+                    ),
+                    state,
+                    from_check=True,
+                )
             except Exception:
                 log.exception("transaction check of %s failed", received.message_id)
 

@@ -32,9 +32,11 @@ log = logging.getLogger("reliable.transport.grpc")
 # gRPC's default reconnect backoff (1 s growing x1.6 to 120 s) kept sends failing for
 # seconds after the broker was back; a broker restart is the usual outage, so retry the
 # connection within about a second (attempts stay cheap: one TCP connect each)
-RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100),
-                     ("grpc.min_reconnect_backoff_ms", 100),
-                     ("grpc.max_reconnect_backoff_ms", 1_000)]
+RECONNECT_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
+]
 
 ROUTE_TTL_S = 30.0
 
@@ -44,9 +46,18 @@ class GrpcSession:
 
     _ids = itertools.count()
 
-    def __init__(self, *, endpoint: str, tls: bool = False, ca_file: str | Path | None = None,
-                 access_key: str = "", secret_key: str = "", namespace: str = "",
-                 request_timeout_s: float = 3.0, settings_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        *,
+        endpoint: str,
+        tls: bool = False,
+        ca_file: str | Path | None = None,
+        access_key: str = "",
+        secret_key: str = "",
+        namespace: str = "",
+        request_timeout_s: float = 3.0,
+        settings_timeout_s: float = 5.0,
+    ) -> None:
         self.endpoint = endpoint
         self._access_point = wire.parse_endpoint(endpoint)
         self._tls, self._ca_file = tls, ca_file
@@ -54,8 +65,9 @@ class GrpcSession:
         self._namespace = namespace
         self._timeout = request_timeout_s
         self._settings_timeout = settings_timeout_s
-        self._base_id = f"{socket.gethostname()}@{os.getpid()}@{next(self._ids)}@" \
-                        f"{uuid.uuid4().hex[:8]}"
+        self._base_id = (
+            f"{socket.gethostname()}@{os.getpid()}@{next(self._ids)}@{uuid.uuid4().hex[:8]}"
+        )
         self._lock = threading.RLock()
         self._channel: Any = None
         self.stub: Any = None
@@ -71,12 +83,17 @@ class GrpcSession:
         with self._lock:
             if self._channel is not None:
                 return
-            options = [("grpc.enable_retries", 0), ("grpc.max_receive_message_length", -1),
-                       ("grpc.max_send_message_length", -1), *RECONNECT_OPTIONS]
+            options = [
+                ("grpc.enable_retries", 0),
+                ("grpc.max_receive_message_length", -1),
+                ("grpc.max_send_message_length", -1),
+                *RECONNECT_OPTIONS,
+            ]
             if self._tls:
                 roots = Path(self._ca_file).read_bytes() if self._ca_file else None
                 self._channel = grpc.secure_channel(
-                    self.endpoint, grpc.ssl_channel_credentials(roots), options)
+                    self.endpoint, grpc.ssl_channel_credentials(roots), options
+                )
             else:
                 self._channel = grpc.insecure_channel(self.endpoint, options)
             self.stub = service_pb2_grpc.MessagingServiceStub(self._channel)
@@ -113,9 +130,13 @@ class GrpcSession:
         now = self._md_date
         static = self._static_md.get(client_id)
         if static is None:
-            static = [("x-mq-language", "PYTHON"), ("x-mq-protocol", "GRPC_V2"),
-                      ("x-mq-client-version", wire.VERSION), ("x-mq-client-id", client_id),
-                      ("x-mq-namespace", self._namespace)]
+            static = [
+                ("x-mq-language", "PYTHON"),
+                ("x-mq-protocol", "GRPC_V2"),
+                ("x-mq-client-version", wire.VERSION),
+                ("x-mq-client-id", client_id),
+                ("x-mq-namespace", self._namespace),
+            ]
             if len(self._static_md) < 1024:
                 self._static_md[client_id] = static
         md = [*static, ("x-mq-date-time", now), ("x-mq-request-id", uuid.uuid4().hex)]
@@ -123,10 +144,14 @@ class GrpcSession:
             import hashlib
             import hmac
 
-            signature = hmac.new(self._secret_key.encode(), now.encode(),
-                                 hashlib.sha1).hexdigest()
-            md.append(("authorization", f"MQv2-HMAC-SHA1 Credential={self._access_key}, "
-                                        f"SignedHeaders=x-mq-date-time, Signature={signature}"))
+            signature = hmac.new(self._secret_key.encode(), now.encode(), hashlib.sha1).hexdigest()
+            md.append(
+                (
+                    "authorization",
+                    f"MQv2-HMAC-SHA1 Credential={self._access_key}, "
+                    f"SignedHeaders=x-mq-date-time, Signature={signature}",
+                )
+            )
         return md
 
     def _require(self) -> Any:
@@ -134,35 +159,53 @@ class GrpcSession:
             raise ConfigurationError("the grpc transport is not started")
         return self.stub
 
-    def _unary(self, method: str, request: Any, client_id: str | None = None,
-               timeout_s: float | None = None) -> Any:
+    def _unary(
+        self,
+        method: str,
+        request: Any,
+        client_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Any:
         stub = self._require()
         try:
-            response = getattr(stub, method)(request, timeout=timeout_s or self._timeout,
-                                             metadata=self.metadata(client_id or self._base_id))
+            response = getattr(stub, method)(
+                request,
+                timeout=timeout_s or self._timeout,
+                metadata=self.metadata(client_id or self._base_id),
+            )
         except grpc.RpcError as exc:
-            raise TransportError(f"{method} to {self.endpoint}: {exc.code().name}: "
-                                 f"{exc.details()}") from None
+            raise TransportError(
+                f"{method} to {self.endpoint}: {exc.code().name}: {exc.details()}"
+            ) from None
         wire.check_status(response.status, method)
         return response
 
     def _resource(self, target: Any, name: str) -> None:
         target.name, target.resource_namespace = name, self._namespace
 
-    def _when_answered(self, call: Any, method: str, read: Callable[[Any], Any],
-                       done: Callable[[Any], None],
-                       on_rpc_error: Callable[[], None] | None = None) -> None:
+    def _when_answered(
+        self,
+        call: Any,
+        method: str,
+        read: Callable[[Any], Any],
+        done: Callable[[Any], None],
+        on_rpc_error: Callable[[], None] | None = None,
+    ) -> None:
         """Hand a future call's outcome to `done` on gRPC's completion thread: `read` of the
         response, or the error of the whole request (a TransportError for the call itself;
         an answer that cannot be read fails the whole request too)."""
+
         def finished(f: Any) -> None:
             try:
                 response = f.result()
             except grpc.RpcError as exc:
                 if on_rpc_error is not None:
                     on_rpc_error()
-                done(TransportError(f"{method} to {self.endpoint}: {exc.code().name}: "
-                                    f"{exc.details()}"))
+                done(
+                    TransportError(
+                        f"{method} to {self.endpoint}: {exc.code().name}: {exc.details()}"
+                    )
+                )
                 return
             except Exception as exc:  # cancelled on close
                 done(TransportError(f"{method} to {self.endpoint}: {exc!r}"))

@@ -39,18 +39,23 @@ VERSION = "reliable-0.1"
 
 # the protocol's enums, by their generated names
 _pb = definition_pb2
-PRODUCER, SIMPLE_CONSUMER = _pb.ClientType.Value("PRODUCER"), _pb.ClientType.Value(
-    "SIMPLE_CONSUMER")
-NORMAL, FIFO, DELAY, TRANSACTION = (_pb.MessageType.Value(n) for n in (
-    "NORMAL", "FIFO", "DELAY", "TRANSACTION"))
+PRODUCER, SIMPLE_CONSUMER = (
+    _pb.ClientType.Value("PRODUCER"),
+    _pb.ClientType.Value("SIMPLE_CONSUMER"),
+)
+NORMAL, FIFO, DELAY, TRANSACTION = (
+    _pb.MessageType.Value(n) for n in ("NORMAL", "FIFO", "DELAY", "TRANSACTION")
+)
 READ, WRITE, READ_WRITE = (_pb.Permission.Value(n) for n in ("READ", "WRITE", "READ_WRITE"))
 COMMIT, ROLLBACK = (_pb.TransactionResolution.Value(n) for n in ("COMMIT", "ROLLBACK"))
-SOURCE_CLIENT, SOURCE_SERVER_CHECK = (_pb.TransactionSource.Value(n) for n in (
-    "SOURCE_CLIENT", "SOURCE_SERVER_CHECK"))
+SOURCE_CLIENT, SOURCE_SERVER_CHECK = (
+    _pb.TransactionSource.Value(n) for n in ("SOURCE_CLIENT", "SOURCE_SERVER_CHECK")
+)
 TAG = _pb.FilterType.Value("TAG")
 IDENTITY, GZIP = _pb.Encoding.Value("IDENTITY"), _pb.Encoding.Value("GZIP")
-OFFSET_BEGINNING, OFFSET_END, OFFSET_TIMESTAMP = (_pb.QueryOffsetPolicy.Value(n) for n in (
-    "BEGINNING", "END", "TIMESTAMP"))
+OFFSET_BEGINNING, OFFSET_END, OFFSET_TIMESTAMP = (
+    _pb.QueryOffsetPolicy.Value(n) for n in ("BEGINNING", "END", "TIMESTAMP")
+)
 IPV4, DOMAIN_NAME = _pb.AddressScheme.Value("IPv4"), _pb.AddressScheme.Value("DOMAIN_NAME")
 PYTHON = _pb.Language.Value("PYTHON")
 
@@ -62,10 +67,12 @@ def _codes(*names: str) -> frozenset[int]:
 _SUCCESS = _codes("OK", "MULTIPLE_RESULTS", "MESSAGE_NOT_FOUND")
 _BUSY = _codes("TOO_MANY_REQUESTS")
 _RECEIPT = _codes("INVALID_RECEIPT_HANDLE")
-_NOT_STORED_OK = _codes("MASTER_PERSISTENCE_TIMEOUT", "SLAVE_PERSISTENCE_TIMEOUT",
-                        "HA_NOT_AVAILABLE")
-_TRY_ELSEWHERE_4XX = _codes("FORBIDDEN", "NOT_FOUND", "TOPIC_NOT_FOUND",
-                            "CONSUMER_GROUP_NOT_FOUND", "REQUEST_TIMEOUT")
+_NOT_STORED_OK = _codes(
+    "MASTER_PERSISTENCE_TIMEOUT", "SLAVE_PERSISTENCE_TIMEOUT", "HA_NOT_AVAILABLE"
+)
+_TRY_ELSEWHERE_4XX = _codes(
+    "FORBIDDEN", "NOT_FOUND", "TOPIC_NOT_FOUND", "CONSUMER_GROUP_NOT_FOUND", "REQUEST_TIMEOUT"
+)
 _SERVER_ERRORS_FROM = int(_pb.Code.Value("INTERNAL_ERROR"))  # every 5xxxx code
 _NO_STATUS = int(_pb.Code.Value("CODE_UNSPECIFIED"))
 
@@ -103,8 +110,10 @@ def miscounted(response: Any, method: str, expected: int) -> ReliableError:
         check_status(response.status, method)
     except ReliableError as exc:
         return exc
-    return BrokerCallError(FailureKind.TRY_ELSEWHERE, f"{method} answered "
-                           f"{len(response.entries)} entries for {expected} items")
+    return BrokerCallError(
+        FailureKind.TRY_ELSEWHERE,
+        f"{method} answered {len(response.entries)} entries for {expected} items",
+    )
 
 
 def ms_of(ts: Any) -> int:
@@ -145,14 +154,22 @@ def to_received(pm: Any, group: str | None) -> ReceivedMessage:
         body = gzip.decompress(body) if body[:2] == b"\x1f\x8b" else zlib.decompress(body)
     attempt = int(sp.delivery_attempt) if sp.HasField("delivery_attempt") else 1
     return ReceivedMessage(
-        message_id=sp.message_id, topic=pm.topic.name, body=body, queue_id=int(sp.queue_id),
-        queue_offset=int(sp.queue_offset), tags=sp.tag or None, keys=list(sp.keys),
-        properties=dict(pm.user_properties), reconsume_times=max(attempt - 1, 0),
-        born_timestamp=ms_of(sp.born_timestamp), store_timestamp=ms_of(sp.store_timestamp),
-        message_group=sp.message_group or None, consumer_group=group,
+        message_id=sp.message_id,
+        topic=pm.topic.name,
+        body=body,
+        queue_id=int(sp.queue_id),
+        queue_offset=int(sp.queue_offset),
+        tags=sp.tag or None,
+        keys=list(sp.keys),
+        properties=dict(pm.user_properties),
+        reconsume_times=max(attempt - 1, 0),
+        born_timestamp=ms_of(sp.born_timestamp),
+        store_timestamp=ms_of(sp.store_timestamp),
+        message_group=sp.message_group or None,
+        consumer_group=group,
         receipt_handle=sp.receipt_handle or None,
-        deliver_at_ms=ms_of(sp.delivery_timestamp) if sp.HasField("delivery_timestamp")
-        else None)
+        deliver_at_ms=ms_of(sp.delivery_timestamp) if sp.HasField("delivery_timestamp") else None,
+    )
 
 
 class TelemetryHost(Protocol):
@@ -166,8 +183,13 @@ class TelemetryHost(Protocol):
 class Telemetry:
     """One Telemetry stream for one client identity; reconnects until closed."""
 
-    def __init__(self, transport: TelemetryHost, client_id: str,
-                 settings: Callable[[], Any], on_command: Callable[[Any], None]) -> None:
+    def __init__(
+        self,
+        transport: TelemetryHost,
+        client_id: str,
+        settings: Callable[[], Any],
+        on_command: Callable[[Any], None],
+    ) -> None:
         self._t = transport
         self.client_id = client_id
         self._settings = settings
@@ -177,8 +199,9 @@ class Telemetry:
         self.ready = threading.Event()
         self.reply: Any = None
         self._call: Any = None
-        self._thread = threading.Thread(target=self._run, name=f"telemetry-{client_id}",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name=f"telemetry-{client_id}", daemon=True
+        )
         self._thread.start()
 
     def resend_settings(self) -> None:
@@ -199,8 +222,9 @@ class Telemetry:
             self._queue = queue.Queue()
             self.resend_settings()
             try:
-                self._call = self._t.stub.Telemetry(self._requests(),
-                                                    metadata=self._t.metadata(self.client_id))
+                self._call = self._t.stub.Telemetry(
+                    self._requests(), metadata=self._t.metadata(self.client_id)
+                )
                 for reply in self._call:
                     backoff = 0.5
                     kind = reply.WhichOneof("command")
@@ -212,8 +236,7 @@ class Telemetry:
             except grpc.RpcError as exc:
                 if self._closed.is_set():
                     return
-                log.info("telemetry stream %s broke (%s); reconnecting", self.client_id,
-                         exc.code())
+                log.info("telemetry stream %s broke (%s); reconnecting", self.client_id, exc.code())
             if self._closed.wait(backoff):
                 return
             backoff = min(backoff * 2, 30.0)

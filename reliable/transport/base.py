@@ -112,47 +112,77 @@ class Transport(Protocol):
 
     # --- producing
     def route(self, topic: str) -> TopicRoute: ...
-    def send(self, message: Message, queue: QueueRef, *, producer_group: str | None = None,
-             transactional: bool = False, timeout_s: float | None = None) -> SendReceipt:
+    def send(
+        self,
+        message: Message,
+        queue: QueueRef,
+        *,
+        producer_group: str | None = None,
+        transactional: bool = False,
+        timeout_s: float | None = None,
+    ) -> SendReceipt:
         """Store one message on `queue`; raise `BrokerCallError` with the right `kind`."""
         ...
-    def send_batch(self, messages: Sequence[Message], queue: QueueRef, *,
-                   producer_group: str | None = None) -> list[SendReceipt]: ...
-    def end_transaction(self, producer_group: str, ref: TransactionRef,
-                        state: TransactionState, *, from_check: bool = False) -> None: ...
+
+    def send_batch(
+        self, messages: Sequence[Message], queue: QueueRef, *, producer_group: str | None = None
+    ) -> list[SendReceipt]: ...
+    def end_transaction(
+        self,
+        producer_group: str,
+        ref: TransactionRef,
+        state: TransactionState,
+        *,
+        from_check: bool = False,
+    ) -> None: ...
     def recall(self, topic: str, recall_handle: str) -> str:
         """Cancel a delayed message before it is due (the handle of its receipt); return its
         message id. `BadRequest` when the handle is malformed, for another topic, or the
         message was already delivered."""
         ...
-    def set_transaction_checker(self, producer_group: str,
-                                checker: TransactionChecker | None) -> None:
+
+    def set_transaction_checker(
+        self, producer_group: str, checker: TransactionChecker | None
+    ) -> None:
         """Register (None: remove) the checker the broker's check-back reaches; the transport
         answers the broker with the state the checker returns."""
         ...
 
     # --- client liveness
-    def heartbeat(self, client_id: str, group: str,
-                  subscriptions: Mapping[str, Collection[str] | None]) -> None: ...
+    def heartbeat(
+        self, client_id: str, group: str, subscriptions: Mapping[str, Collection[str] | None]
+    ) -> None: ...
     def unregister(self, client_id: str, group: str) -> None: ...
 
     # --- invisible-time consumption (every transport)
-    def receive(self, group: str, topic: str, max_msgs: int, invisible_ms: int,
-                tags: Collection[str] | None = None, *, long_poll_ms: int = 0,
-                fifo: bool = False) -> list[ReceivedMessage]:
+    def receive(
+        self,
+        group: str,
+        topic: str,
+        max_msgs: int,
+        invisible_ms: int,
+        tags: Collection[str] | None = None,
+        *,
+        long_poll_ms: int = 0,
+        fifo: bool = False,
+    ) -> list[ReceivedMessage]:
         """Messages with `receipt_handle` set and `reconsume_times` = delivery attempt - 1."""
         ...
+
     def ack(self, group: str, message: ReceivedMessage) -> None: ...
-    def change_invisible_duration(self, group: str, message: ReceivedMessage,
-                                  invisible_ms: int) -> str:
+    def change_invisible_duration(
+        self, group: str, message: ReceivedMessage, invisible_ms: int
+    ) -> str:
         """Return the new receipt handle (also stored on `message`); the old one is dead."""
         ...
+
     def forward_to_dlq(self, group: str, message: ReceivedMessage) -> None: ...
     def max_delivery_attempts(self, group: str) -> int: ...
     def delay_levels_ms(self, group: str | None = None) -> list[int]:
         """The retry ladder (level 1 first), used to space redeliveries; `group`: the ladder
         that consumer group was given (a server may set it per group)."""
         ...
+
     def retry_topic(self, group: str) -> str: ...
     def dlq_topic(self, group: str) -> str: ...
 
@@ -161,16 +191,31 @@ class PullTransport(Transport, Protocol):
     """A transport with `Capability.PULL`: the client keeps offsets and rebalances."""
 
     def consumer_ids(self, group: str) -> list[str]: ...
-    def pull(self, group: str, queue: QueueRef, offset: int, max_msgs: int,
-             tags: Collection[str] | None = None, *, suspend_ms: int = 0) -> PullBatch: ...
+    def pull(
+        self,
+        group: str,
+        queue: QueueRef,
+        offset: int,
+        max_msgs: int,
+        tags: Collection[str] | None = None,
+        *,
+        suspend_ms: int = 0,
+    ) -> PullBatch: ...
     def commit_offset(self, group: str, queue: QueueRef, offset: int) -> None: ...
     def query_offset(self, group: str, queue: QueueRef) -> int:
         """The committed offset, or -1 when the group has none."""
         ...
-    def initial_offset(self, group: str, queue: QueueRef, where: ConsumeFrom,
-                       timestamp_ms: int | None = None) -> int: ...
-    def send_back(self, group: str, message: ReceivedMessage, delay_level: int = 0,
-                  max_reconsume_times: int | None = None) -> None:
+
+    def initial_offset(
+        self, group: str, queue: QueueRef, where: ConsumeFrom, timestamp_ms: int | None = None
+    ) -> int: ...
+    def send_back(
+        self,
+        group: str,
+        message: ReceivedMessage,
+        delay_level: int = 0,
+        max_reconsume_times: int | None = None,
+    ) -> None:
         """Hand a failed message back for a later retry (0: the broker's ladder; -1: DLQ now)."""
         ...
 
@@ -179,8 +224,9 @@ class MembershipEvents(Protocol):
     """A transport with `Capability.MEMBERSHIP_EVENTS` (optional): consumers rebalance at once
     when their group's membership changes instead of at their next period."""
 
-    def watch_consumers(self, group: str, client_id: str,
-                        callback: Callable[[str], None] | None) -> None:
+    def watch_consumers(
+        self, group: str, client_id: str, callback: Callable[[str], None] | None
+    ) -> None:
         """Call `callback(group)` on every membership change of `group` (None: stop)."""
         ...
 
@@ -188,9 +234,18 @@ class MembershipEvents(Protocol):
 class ServerLeases(Protocol):
     """A transport with `Capability.SERVER_LEASES`."""
 
-    def receive(self, group: str, topic: str, max_msgs: int, invisible_ms: int,
-                tags: Collection[str] | None = None, *, long_poll_ms: int = 0,
-                fifo: bool = False, auto_renew: bool = False) -> list[ReceivedMessage]:
+    def receive(
+        self,
+        group: str,
+        topic: str,
+        max_msgs: int,
+        invisible_ms: int,
+        tags: Collection[str] | None = None,
+        *,
+        long_poll_ms: int = 0,
+        fifo: bool = False,
+        auto_renew: bool = False,
+    ) -> list[ReceivedMessage]:
         """`auto_renew`: the server renews the messages' invisible time while this client
         lives (the receipt handles stay valid) and releases them when it leaves."""
         ...
@@ -200,8 +255,9 @@ class GroupAdmin(Protocol):
     """A transport with `Capability.GROUP_ADMIN`: each call returns False when the server
     at the other end does not offer it."""
 
-    def set_group_start(self, group: str, topic: str, where: ConsumeFrom,
-                        timestamp_ms: int | None = None) -> bool:
+    def set_group_start(
+        self, group: str, topic: str, where: ConsumeFrom, timestamp_ms: int | None = None
+    ) -> bool:
         """Commit where `group` starts on every queue of `topic` it has not consumed yet."""
         ...
 

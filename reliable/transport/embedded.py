@@ -62,8 +62,15 @@ _PERM_READ, _PERM_WRITE = 4, 2
 # properties the client maps onto ReceivedMessage fields instead of `properties`
 _MAPPED = {Prop.TAGS, Prop.KEYS, Prop.UNIQ_KEY, Prop.SHARDING_KEY, Prop.TIMER_DELIVER_MS}
 
-_TRY_ELSEWHERE = {"SYSTEM_ERROR", "NO_PERMISSION", "TOPIC_NOT_EXIST", "SERVICE_NOT_AVAILABLE",
-                  "SLAVE_NOT_AVAILABLE", "FLUSH_SLAVE_TIMEOUT", "SUBSCRIPTION_GROUP_NOT_EXIST"}
+_TRY_ELSEWHERE = {
+    "SYSTEM_ERROR",
+    "NO_PERMISSION",
+    "TOPIC_NOT_EXIST",
+    "SERVICE_NOT_AVAILABLE",
+    "SLAVE_NOT_AVAILABLE",
+    "FLUSH_SLAVE_TIMEOUT",
+    "SUBSCRIPTION_GROUP_NOT_EXIST",
+}
 _BUSY = {"SYSTEM_BUSY"}
 
 _SEND_STATUS = {
@@ -82,8 +89,9 @@ def translate(exc: BaseException) -> BaseException:
         return BadRequest(str(exc), code="MESSAGE_BODY_TOO_LARGE")
     # store errors first: they are BrokerErrors too, but keep their own mapping
     if isinstance(exc, serr.StoreNotRunning):
-        return BrokerUnavailable(str(exc), reason="SERVICE_NOT_AVAILABLE",
-                                 code="SERVICE_NOT_AVAILABLE")
+        return BrokerUnavailable(
+            str(exc), reason="SERVICE_NOT_AVAILABLE", code="SERVICE_NOT_AVAILABLE"
+        )
     if isinstance(exc, serr.MessageTooLarge | serr.InvalidMessage):
         return BadRequest(str(exc), code="MESSAGE_ILLEGAL")
     if isinstance(exc, serr.StoreError):
@@ -109,8 +117,14 @@ def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 def to_store_message(m: Message, queue_id: int) -> StoreMessage:
-    if not m.properties and not m.tags and not m.keys and m.message_group is None \
-            and m.delay_level is None and m.deliver_at_ms is None:
+    if (
+        not m.properties
+        and not m.tags
+        and not m.keys
+        and m.message_group is None
+        and m.delay_level is None
+        and m.deliver_at_ms is None
+    ):
         # the usual message: only its id travels as a property
         return StoreMessage(m.topic, bytes(m.body), queue_id, 0, {Prop.UNIQ_KEY: m.message_id})
     props = dict(m.properties)
@@ -147,8 +161,9 @@ def _offset_msg_id(msg: MessageExt) -> str:
     return f"{prefix}{offset:016X}"
 
 
-def to_received(msg: MessageExt, *, receipt_handle: str | None = None,
-                attempt: int | None = None) -> ReceivedMessage:
+def to_received(
+    msg: MessageExt, *, receipt_handle: str | None = None, attempt: int | None = None
+) -> ReceivedMessage:
     props = msg.properties
     topic = msg.topic
     if is_retry_topic(topic) and Prop.RETRY_TOPIC in props:
@@ -158,14 +173,25 @@ def to_received(msg: MessageExt, *, receipt_handle: str | None = None,
     offset_id = _offset_msg_id(msg)
     raw_keys = props.get(Prop.KEYS)
     return ReceivedMessage(
-        props.get(Prop.UNIQ_KEY) or offset_id, topic, msg.body, msg.queue_id,
-        msg.queue_offset, props.get(Prop.TAGS),
+        props.get(Prop.UNIQ_KEY) or offset_id,
+        topic,
+        msg.body,
+        msg.queue_id,
+        msg.queue_offset,
+        props.get(Prop.TAGS),
         [k for k in raw_keys.split(" ") if k] if raw_keys else [],
         {k: v for k, v in props.items() if k not in _MAPPED},
-        reconsume, msg.born_timestamp, msg.store_timestamp,
-        props.get(Prop.SHARDING_KEY) or None, None, offset_id, receipt_handle,
+        reconsume,
+        msg.born_timestamp,
+        msg.store_timestamp,
+        props.get(Prop.SHARDING_KEY) or None,
+        None,
+        offset_id,
+        receipt_handle,
         props.get("__transactionId__") or None,
-        int(due) if due and due.isdigit() else None, msg)
+        int(due) if due and due.isdigit() else None,
+        msg,
+    )
 
 
 class _Shared:
@@ -210,8 +236,9 @@ class _Membership:
     watchers: dict[tuple[int, str], dict[str, Callable[[str], None]]] = {}
 
     @classmethod
-    def watch(cls, broker: Broker, group: str, key: str,
-              callback: Callable[[str], None] | None) -> None:
+    def watch(
+        cls, broker: Broker, group: str, key: str, callback: Callable[[str], None] | None
+    ) -> None:
         with cls.lock:
             slot = cls.watchers.setdefault((id(broker), group), {})
             if callback is None:
@@ -236,22 +263,33 @@ class EmbeddedTransport:
     name = "embedded"
     # submit_send and submit_ack complete before they return: callers may run them
     inline_sends = inline_acks = True
-    capabilities = frozenset({Capability.PULL, Capability.BROKER_SIDE_FIFO,
-                              Capability.MEMBERSHIP_EVENTS})
+    capabilities = frozenset(
+        {Capability.PULL, Capability.BROKER_SIDE_FIFO, Capability.MEMBERSHIP_EVENTS}
+    )
 
-    def __init__(self, *, store_dir: str | Path | None = None, broker: Broker | None = None,
-                 broker_config: BrokerConfig | None = None,
-                 store_config: StoreConfig | None = None,
-                 delay_levels: str | None = None, **store_options: Any) -> None:
+    def __init__(
+        self,
+        *,
+        store_dir: str | Path | None = None,
+        broker: Broker | None = None,
+        broker_config: BrokerConfig | None = None,
+        store_config: StoreConfig | None = None,
+        delay_levels: str | None = None,
+        **store_options: Any,
+    ) -> None:
         """`store_dir` (default `~/.reliable/store`) plus optional `StoreConfig` fields as
         keywords (`flush_mode=`, `mapped_file_size_commitlog=`, ...) and `geometry=`
         ("development", the default for a new store: 64 MiB commitlog files; "production":
         1 GiB; an existing store keeps its own sizes); or a full
         `store_config`; or an existing `broker`. `delay_levels` overrides the delay table
         (e.g. `"100ms 200ms 500ms"`) of a default `BrokerConfig`."""
-        if broker is not None and (store_dir is not None or store_config is not None
-                                   or broker_config is not None or store_options
-                                   or delay_levels is not None):
+        if broker is not None and (
+            store_dir is not None
+            or store_config is not None
+            or broker_config is not None
+            or store_options
+            or delay_levels is not None
+        ):
             raise ConfigurationError("give broker= or store settings, not both")
         if store_config is not None and (store_dir is not None or store_options):
             raise ConfigurationError("give store_config= or store_dir=/store options, not both")
@@ -316,18 +354,31 @@ class EmbeddedTransport:
         if isinstance(status, PutMessageStatus):
             send_status = _SEND_STATUS.get(status)
             if send_status is None:
-                raise translate(berr.SendRejected(m.topic, status.value,
-                                                  berr.ResponseCode.SYSTEM_ERROR))
+                raise translate(
+                    berr.SendRejected(m.topic, status.value, berr.ResponseCode.SYSTEM_ERROR)
+                )
         else:
             send_status = SendStatus.SEND_OK
-        return SendReceipt(message_id=result.msg_id or m.message_id, topic=m.topic,
-                           queue_id=result.queue_id, queue_offset=result.queue_offset,
-                           status=send_status, offset_msg_id=result.offset_msg_id,
-                           transaction_id=result.transaction_id,
-                           recall_handle=result.recall_handle)
+        return SendReceipt(
+            message_id=result.msg_id or m.message_id,
+            topic=m.topic,
+            queue_id=result.queue_id,
+            queue_offset=result.queue_offset,
+            status=send_status,
+            offset_msg_id=result.offset_msg_id,
+            transaction_id=result.transaction_id,
+            recall_handle=result.recall_handle,
+        )
 
-    def send(self, message: Message, queue: QueueRef, *, producer_group: str | None = None,
-             transactional: bool = False, timeout_s: float | None = None) -> SendReceipt:
+    def send(
+        self,
+        message: Message,
+        queue: QueueRef,
+        *,
+        producer_group: str | None = None,
+        transactional: bool = False,
+        timeout_s: float | None = None,
+    ) -> SendReceipt:
         sm = to_store_message(message, queue.queue_id)
         if transactional:
             sm.properties[Prop.TRAN_MSG] = "true"
@@ -338,8 +389,9 @@ class EmbeddedTransport:
     def recall(self, topic: str, recall_handle: str) -> str:
         return str(_call(self.broker.recall_message, topic, recall_handle))
 
-    def send_batch(self, messages: Sequence[Message], queue: QueueRef, *,
-                   producer_group: str | None = None) -> list[SendReceipt]:
+    def send_batch(
+        self, messages: Sequence[Message], queue: QueueRef, *, producer_group: str | None = None
+    ) -> list[SendReceipt]:
         queue_id = queue.queue_id
         sms = [to_store_message(m, queue_id) for m in messages]
         results = _call(self.broker.send_batch, sms)
@@ -347,23 +399,37 @@ class EmbeddedTransport:
         ok = PutMessageStatus.PUT_OK
         for m, r in zip(messages, results, strict=True):
             if r.status is ok:  # a batch holds plain messages: no transaction, no recall
-                out.append(SendReceipt(r.msg_id or m.message_id, m.topic, r.queue_id,
-                                       r.queue_offset, SendStatus.SEND_OK, r.offset_msg_id))
+                out.append(
+                    SendReceipt(
+                        r.msg_id or m.message_id,
+                        m.topic,
+                        r.queue_id,
+                        r.queue_offset,
+                        SendStatus.SEND_OK,
+                        r.offset_msg_id,
+                    )
+                )
             else:
                 out.append(self._receipt(m, r))
         return out
 
-    def submit_send(self, messages: Sequence[Message], queue: QueueRef, *,
-                    producer_group: str | None, timeout_s: float | None,
-                    done: Callable[[list[SendReceipt | BaseException] | BaseException], None],
-                    ) -> None:
+    def submit_send(
+        self,
+        messages: Sequence[Message],
+        queue: QueueRef,
+        *,
+        producer_group: str | None,
+        timeout_s: float | None,
+        done: Callable[[list[SendReceipt | BaseException] | BaseException], None],
+    ) -> None:
         """The pipelined producer's send: runs inline (the broker is in this process), one
         `Broker.send_batch` (the store's compiled batch path) for a batch of plain messages,
         message by message for delayed ones; `done` gets a result per message."""
         results: list[SendReceipt | BaseException]
         try:
-            if len(messages) > 1 and all(m.delay_level is None and m.deliver_at_ms is None
-                                         for m in messages):
+            if len(messages) > 1 and all(
+                m.delay_level is None and m.deliver_at_ms is None for m in messages
+            ):
                 results = list(self.send_batch(messages, queue, producer_group=producer_group))
             else:
                 results = []
@@ -377,18 +443,31 @@ class EmbeddedTransport:
             return
         done(results)
 
-    def end_transaction(self, producer_group: str, ref: TransactionRef,
-                        state: TransactionState, *, from_check: bool = False) -> None:
+    def end_transaction(
+        self,
+        producer_group: str,
+        ref: TransactionRef,
+        state: TransactionState,
+        *,
+        from_check: bool = False,
+    ) -> None:
         if state is TransactionState.UNKNOWN:
             return
         if ref.offset_msg_id is None:
             raise BadRequest("end_transaction needs the half message's offset id")
         _, offset = decode_offset_msg_id(ref.offset_msg_id)
-        _call(self.broker.end_transaction, producer_group, ref.transaction_id or ref.message_id,
-              offset, state is TransactionState.COMMIT, from_check=from_check)
+        _call(
+            self.broker.end_transaction,
+            producer_group,
+            ref.transaction_id or ref.message_id,
+            offset,
+            state is TransactionState.COMMIT,
+            from_check=from_check,
+        )
 
-    def set_transaction_checker(self, producer_group: str,
-                                checker: TransactionChecker | None) -> None:
+    def set_transaction_checker(
+        self, producer_group: str, checker: TransactionChecker | None
+    ) -> None:
         if checker is None:
             self._checkers.pop(producer_group, None)
             # the broker keeps the last registration; answer nothing (checks stay pending)
@@ -399,15 +478,20 @@ class EmbeddedTransport:
         def on_check(msg: MessageExt) -> None:
             received = to_received(msg)
             state = checker(received)
-            ref = TransactionRef(received.topic, received.message_id,
-                                 Broker.transaction_id_of(msg), msg.offset_msg_id)
+            ref = TransactionRef(
+                received.topic,
+                received.message_id,
+                Broker.transaction_id_of(msg),
+                msg.offset_msg_id,
+            )
             self.end_transaction(producer_group, ref, state, from_check=True)
 
         self.broker.register_transaction_checker(producer_group, on_check)
 
     # --- liveness
-    def heartbeat(self, client_id: str, group: str,
-                  subscriptions: Mapping[str, Collection[str] | None]) -> None:
+    def heartbeat(
+        self, client_id: str, group: str, subscriptions: Mapping[str, Collection[str] | None]
+    ) -> None:
         known = client_id in _call(self.broker.consumer_ids, group)
         _call(self.broker.heartbeat, client_id, group, subscriptions)
         if not known:
@@ -418,22 +502,42 @@ class EmbeddedTransport:
             _call(self.broker.unregister, client_id, group)
             _Membership.notify(self.broker, group)
 
-    def watch_consumers(self, group: str, client_id: str,
-                        callback: Callable[[str], None] | None) -> None:
+    def watch_consumers(
+        self, group: str, client_id: str, callback: Callable[[str], None] | None
+    ) -> None:
         _Membership.watch(self.broker, group, client_id, callback)
 
     def consumer_ids(self, group: str) -> list[str]:
         return list(_call(self.broker.consumer_ids, group))
 
     # --- pull
-    def pull(self, group: str, queue: QueueRef, offset: int, max_msgs: int,
-             tags: Collection[str] | None = None, *, suspend_ms: int = 0) -> PullBatch:
-        r = _call(self.broker.pull_message, group, queue.topic, queue.queue_id, offset,
-                  max_msgs, tags, suspend_ms=suspend_ms)
+    def pull(
+        self,
+        group: str,
+        queue: QueueRef,
+        offset: int,
+        max_msgs: int,
+        tags: Collection[str] | None = None,
+        *,
+        suspend_ms: int = 0,
+    ) -> PullBatch:
+        r = _call(
+            self.broker.pull_message,
+            group,
+            queue.topic,
+            queue.queue_id,
+            offset,
+            max_msgs,
+            tags,
+            suspend_ms=suspend_ms,
+        )
         msgs = [to_received(m) for m in r.messages]
         # the broker's PullStatus is the transport's own; FOUND without messages is nothing
-        status = PullStatus.FOUND if msgs else (
-            PullStatus.NO_NEW_MSG if r.status is PullStatus.FOUND else r.status)
+        status = (
+            PullStatus.FOUND
+            if msgs
+            else (PullStatus.NO_NEW_MSG if r.status is PullStatus.FOUND else r.status)
+        )
         return PullBatch(status, msgs, r.next_begin_offset, r.min_offset, r.max_offset)
 
     def commit_offset(self, group: str, queue: QueueRef, offset: int) -> None:
@@ -450,24 +554,32 @@ class EmbeddedTransport:
         """One past the queue's last offset."""
         return int(_call(self.broker.max_offset, queue.topic, queue.queue_id))
 
-    def initial_offset(self, group: str, queue: QueueRef, where: ConsumeFrom,
-                       timestamp_ms: int | None = None) -> int:
-        w = {ConsumeFrom.LAST: ConsumeFromWhere.LAST_OFFSET,
-             ConsumeFrom.FIRST: ConsumeFromWhere.FIRST_OFFSET,
-             ConsumeFrom.TIMESTAMP: ConsumeFromWhere.TIMESTAMP}[where]
-        return int(_call(self.broker.initial_offset, group, queue.topic, queue.queue_id, w,
-                         timestamp_ms))
+    def initial_offset(
+        self, group: str, queue: QueueRef, where: ConsumeFrom, timestamp_ms: int | None = None
+    ) -> int:
+        w = {
+            ConsumeFrom.LAST: ConsumeFromWhere.LAST_OFFSET,
+            ConsumeFrom.FIRST: ConsumeFromWhere.FIRST_OFFSET,
+            ConsumeFrom.TIMESTAMP: ConsumeFromWhere.TIMESTAMP,
+        }[where]
+        return int(
+            _call(self.broker.initial_offset, group, queue.topic, queue.queue_id, w, timestamp_ms)
+        )
 
-    def send_back(self, group: str, message: ReceivedMessage, delay_level: int = 0,
-                  max_reconsume_times: int | None = None) -> None:
+    def send_back(
+        self,
+        group: str,
+        message: ReceivedMessage,
+        delay_level: int = 0,
+        max_reconsume_times: int | None = None,
+    ) -> None:
         raw = self._raw(message)
         _call(self.broker.consumer_send_back, group, raw, delay_level, max_reconsume_times)
 
     @staticmethod
     def _raw(message: ReceivedMessage) -> MessageExt:
         if not isinstance(message.source, MessageExt):
-            raise BadRequest(f"message {message.message_id} was not received from this "
-                             "transport")
+            raise BadRequest(f"message {message.message_id} was not received from this transport")
         raw = message.source
         if message.reconsume_times != raw.reconsume_times and not message.receipt_handle:
             raw.reconsume_times = message.reconsume_times  # local retries count too
@@ -480,13 +592,31 @@ class EmbeddedTransport:
         return list(self.broker.delay_levels_ms())
 
     # --- invisible time
-    def receive(self, group: str, topic: str, max_msgs: int, invisible_ms: int,
-                tags: Collection[str] | None = None, *, long_poll_ms: int = 0,
-                fifo: bool = False) -> list[ReceivedMessage]:
-        entries = _call(self.broker.receive, group, topic, max_msgs, invisible_ms, tags,
-                        long_poll_ms=long_poll_ms, fifo=fifo)
-        return [to_received(e.message, receipt_handle=e.receipt_handle,
-                            attempt=e.delivery_attempt) for e in entries]
+    def receive(
+        self,
+        group: str,
+        topic: str,
+        max_msgs: int,
+        invisible_ms: int,
+        tags: Collection[str] | None = None,
+        *,
+        long_poll_ms: int = 0,
+        fifo: bool = False,
+    ) -> list[ReceivedMessage]:
+        entries = _call(
+            self.broker.receive,
+            group,
+            topic,
+            max_msgs,
+            invisible_ms,
+            tags,
+            long_poll_ms=long_poll_ms,
+            fifo=fifo,
+        )
+        return [
+            to_received(e.message, receipt_handle=e.receipt_handle, attempt=e.delivery_attempt)
+            for e in entries
+        ]
 
     @staticmethod
     def _handle(message: ReceivedMessage) -> str:
@@ -501,8 +631,9 @@ class EmbeddedTransport:
     def ack(self, group: str, message: ReceivedMessage) -> None:
         _call(self.broker.ack, group, self._source_topic(message), self._handle(message))
 
-    def ack_many(self, group: str, messages: Sequence[ReceivedMessage]
-                 ) -> list[BaseException | None]:
+    def ack_many(
+        self, group: str, messages: Sequence[ReceivedMessage]
+    ) -> list[BaseException | None]:
         """Ack many messages with one durable record per topic (`Broker.ack_batch`): per
         message None or its error (a dead receipt handle fails that message alone)."""
         out: list[BaseException | None] = [None] * len(messages)
@@ -513,15 +644,20 @@ class EmbeddedTransport:
                 continue
             by_topic.setdefault(self._source_topic(m), []).append(i)
         for topic, indexes in by_topic.items():
-            errors = _call(self.broker.ack_batch, group, topic,
-                           [messages[i].receipt_handle for i in indexes])
+            errors = _call(
+                self.broker.ack_batch, group, topic, [messages[i].receipt_handle for i in indexes]
+            )
             for i, error in zip(indexes, errors, strict=True):
                 if error is not None:
                     out[i] = translate(error)
         return out
 
-    def submit_ack(self, group: str, messages: Sequence[ReceivedMessage],
-                   done: Callable[[list[BaseException | None] | BaseException], None]) -> None:
+    def submit_ack(
+        self,
+        group: str,
+        messages: Sequence[ReceivedMessage],
+        done: Callable[[list[BaseException | None] | BaseException], None],
+    ) -> None:
         """`ack_many`, reported through `done` (inline: the broker is in this process)."""
         try:
             acked = self.ack_many(group, messages)
@@ -530,15 +666,26 @@ class EmbeddedTransport:
             return
         done(acked)
 
-    def change_invisible_duration(self, group: str, message: ReceivedMessage,
-                                  invisible_ms: int) -> str:
-        new = _call(self.broker.change_invisible_duration, group, self._source_topic(message),
-                    self._handle(message), invisible_ms)
+    def change_invisible_duration(
+        self, group: str, message: ReceivedMessage, invisible_ms: int
+    ) -> str:
+        new = _call(
+            self.broker.change_invisible_duration,
+            group,
+            self._source_topic(message),
+            self._handle(message),
+            invisible_ms,
+        )
         message.receipt_handle = new
         return str(new)
 
-    def submit_change_invisible(self, group: str, message: ReceivedMessage, invisible_ms: int,
-                                done: Callable[[str | BaseException], None]) -> None:
+    def submit_change_invisible(
+        self,
+        group: str,
+        message: ReceivedMessage,
+        invisible_ms: int,
+        done: Callable[[str | BaseException], None],
+    ) -> None:
         """`change_invisible_duration` reported through `done` (inline)."""
         try:
             handle = self.change_invisible_duration(group, message, invisible_ms)
@@ -548,8 +695,13 @@ class EmbeddedTransport:
         done(handle)
 
     def forward_to_dlq(self, group: str, message: ReceivedMessage) -> None:
-        _call(self.broker.forward_to_dlq, group, self._source_topic(message),
-              self._handle(message), park="PARKED_MESSAGE_GROUP" in message.properties)
+        _call(
+            self.broker.forward_to_dlq,
+            group,
+            self._source_topic(message),
+            self._handle(message),
+            park="PARKED_MESSAGE_GROUP" in message.properties,
+        )
 
     def max_delivery_attempts(self, group: str) -> int:
         return int(self.broker.max_delivery_attempts(group))

@@ -48,13 +48,29 @@ class GrpcTransport(ProducerSide, ConsumerSide):
     """A `Transport` over a RocketMQ 5 gRPC endpoint."""
 
     name = "grpc"
-    capabilities = frozenset({Capability.BROKER_SIDE_FIFO, Capability.SERVER_LEASES,
-                              Capability.GROUP_ADMIN})
+    capabilities = frozenset(
+        {Capability.BROKER_SIDE_FIFO, Capability.SERVER_LEASES, Capability.GROUP_ADMIN}
+    )
 
-    def __init__(self, *, endpoint: str, tls: bool = False, ca_file: str | Path | None = None,
-                 access_key: str = "", secret_key: str = "", namespace: str = "",
-                 request_timeout_s: float = 3.0, settings_timeout_s: float = 5.0) -> None:
-        super().__init__(endpoint=endpoint, tls=tls, ca_file=ca_file, access_key=access_key,
-                         secret_key=secret_key, namespace=namespace,
-                         request_timeout_s=request_timeout_s,
-                         settings_timeout_s=settings_timeout_s)
+    def __init__(
+        self,
+        *,
+        endpoint: str,
+        tls: bool = False,
+        ca_file: str | Path | None = None,
+        access_key: str = "",
+        secret_key: str = "",
+        namespace: str = "",
+        request_timeout_s: float = 3.0,
+        settings_timeout_s: float = 5.0,
+    ) -> None:
+        super().__init__(
+            endpoint=endpoint,
+            tls=tls,
+            ca_file=ca_file,
+            access_key=access_key,
+            secret_key=secret_key,
+            namespace=namespace,
+            request_timeout_s=request_timeout_s,
+            settings_timeout_s=settings_timeout_s,
+        )

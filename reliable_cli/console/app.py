@@ -113,13 +113,15 @@ def _parse_time(text: str) -> int | None:
     raise ValueError(f"{text!r} is not a time (YYYY-MM-DDTHH:MM, UTC)")
 
 
-def create_app(settings: Settings, view: BrokerView, sampler: Sampler,
-               outbox: OutboxView | None) -> Flask:
+def create_app(
+    settings: Settings, view: BrokerView, sampler: Sampler, outbox: OutboxView | None
+) -> Flask:
     app = Flask(__name__)
     jobs = ReplayJobs(view)
     app.config.update(
         SECRET_KEY=secrets.token_bytes(32),  # sessions end when the console restarts
-        SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Strict",
+        SESSION_COOKIE_HTTPONLY=True,
+        SESSION_COOKIE_SAMESITE="Strict",
         SESSION_COOKIE_NAME="reliable_console",
         PERMANENT_SESSION_LIFETIME=timedelta(hours=security.SESSION_HOURS),
         MAX_CONTENT_LENGTH=256 * 1024,
@@ -144,16 +146,18 @@ def create_app(settings: Settings, view: BrokerView, sampler: Sampler,
             session["user"] = "local"
             return None
         if request.headers.get("Authorization", "").startswith("Basic "):
-            return Response("wrong credentials\n", 401,
-                            {"WWW-Authenticate": 'Basic realm="reliable console"'})
+            return Response(
+                "wrong credentials\n", 401, {"WWW-Authenticate": 'Basic realm="reliable console"'}
+            )
         return redirect(url_for("login", next=request.full_path))  # type: ignore[return-value]
 
     @app.before_request
     def check_post() -> None:
         if request.method != "POST":
             return
-        if not security.same_origin(request.headers.get("Origin"),
-                                    request.headers.get("Referer"), request.host_url):
+        if not security.same_origin(
+            request.headers.get("Origin"), request.headers.get("Referer"), request.host_url
+        ):
             abort(403, "the request came from another site")
         if "csrf" not in session:
             abort(403, "no session: log in again")
@@ -169,24 +173,29 @@ def create_app(settings: Settings, view: BrokerView, sampler: Sampler,
     def page_globals() -> dict[str, Any]:
         if "csrf" not in session:
             session["csrf"] = security.new_csrf_token()
-        return {"csrf": session["csrf"], "user": current_user(),
-                "actions": settings.allow_actions, "has_db": outbox is not None}
+        return {
+            "csrf": session["csrf"],
+            "user": current_user(),
+            "actions": settings.allow_actions,
+            "has_db": outbox is not None,
+        }
 
     def current_user() -> str | None:
         return session.get("user") or request.environ.get("console.user")
 
     def require_actions() -> None:
         if not settings.allow_actions:
-            abort(403, "this console is read-only: start it with --allow-actions to "
-                       "replay or reconsume")
+            abort(
+                403,
+                "this console is read-only: start it with --allow-actions to replay or reconsume",
+            )
         if not session.get("user"):
             abort(403, "actions need a logged-in session")
 
     def refused(exc: HTTPException) -> tuple[str, int]:
         code = exc.code or 400
         title = {403: "Refused", 404: "Not found"}.get(code, "Bad request")
-        return render_template("error.html", title=title,
-                               message=exc.description or str(exc)), code
+        return render_template("error.html", title=title, message=exc.description or str(exc)), code
 
     for code in (400, 403, 404, 405, 413):
         app.register_error_handler(code, refused)
@@ -201,15 +210,20 @@ def create_app(settings: Settings, view: BrokerView, sampler: Sampler,
         if isinstance(exc, HTTPException):
             return exc
         log.exception("console: %s %s failed", request.method, request.path)
-        return render_template("error.html", title="Error",
-                               message=f"{type(exc).__name__}: {exc}"), 500
+        return render_template(
+            "error.html", title="Error", message=f"{type(exc).__name__}: {exc}"
+        ), 500
 
     @app.route("/login", methods=["GET", "POST"])
     def login() -> Any:
         error = None
         target = request.args.get("next") or "/"
-        if (not target.startswith("/") or target.startswith(("//", "/\\")) or "\\" in target
-                or urlsplit(target).netloc):
+        if (
+            not target.startswith("/")
+            or target.startswith(("//", "/\\"))
+            or "\\" in target
+            or urlsplit(target).netloc
+        ):
             target = "/"  # never an open redirect (browsers read "/\\host" as "//host")
         if request.method == "POST":
             user = request.form.get("user", "")
@@ -220,8 +234,9 @@ def create_app(settings: Settings, view: BrokerView, sampler: Sampler,
                 session["csrf"] = security.new_csrf_token()
                 return redirect(target)
             error = "wrong credentials"
-        return render_template("login.html", title="Log in", error=error, target=target,
-                               mode=settings.auth.mode), (401 if error else 200)
+        return render_template(
+            "login.html", title="Log in", error=error, target=target, mode=settings.auth.mode
+        ), (401 if error else 200)
 
     @app.route("/logout", methods=["POST"])
     def logout() -> Any:
@@ -237,18 +252,29 @@ def create_app(settings: Settings, view: BrokerView, sampler: Sampler,
         consumed = consumed_rates(samples[-2:]) if len(samples) >= 2 else {}
         topics = [] if latest.error else view.topics()
         return render_template(
-            "overview.html", title="Overview", sample=latest, topics=topics,
+            "overview.html",
+            title="Overview",
+            sample=latest,
+            topics=topics,
             rates={k: v[-1][1] for k, v in rates.items()},
             consumed={k: v[-1][1] for k, v in consumed.items()},
-            lag_chart=charts.line_chart(lag_series(samples), title="Consumer lag",
-                                        unit="messages", chart_id="chart-lag"),
-            produced_chart=charts.line_chart(produced_rates(samples),
-                                             title="Produced per topic", unit="msg/s",
-                                             chart_id="chart-produced"),
-            consumed_chart=charts.line_chart(consumed_rates(samples),
-                                             title="Consumed per group", unit="msg/s",
-                                             chart_id="chart-consumed"),
-            refresh=max(2, int(settings.sample_interval_s)))
+            lag_chart=charts.line_chart(
+                lag_series(samples), title="Consumer lag", unit="messages", chart_id="chart-lag"
+            ),
+            produced_chart=charts.line_chart(
+                produced_rates(samples),
+                title="Produced per topic",
+                unit="msg/s",
+                chart_id="chart-produced",
+            ),
+            consumed_chart=charts.line_chart(
+                consumed_rates(samples),
+                title="Consumed per group",
+                unit="msg/s",
+                chart_id="chart-consumed",
+            ),
+            refresh=max(2, int(settings.sample_interval_s)),
+        )
 
     @app.route("/topics/<path:name>")
     def topic(name: str) -> str:
@@ -259,10 +285,16 @@ def create_app(settings: Settings, view: BrokerView, sampler: Sampler,
             status = None
         samples = sampler.samples()
         series = {k: v for k, v in produced_rates(samples).items() if k == name}
-        return render_template("topic.html", title=f"Topic {name}", name=name, info=info,
-                               status=status,
-                               chart=charts.line_chart(series, title=f"Produced to {name}",
-                                                       unit="msg/s", chart_id="chart-topic"))
+        return render_template(
+            "topic.html",
+            title=f"Topic {name}",
+            name=name,
+            info=info,
+            status=status,
+            chart=charts.line_chart(
+                series, title=f"Produced to {name}", unit="msg/s", chart_id="chart-topic"
+            ),
+        )
 
     @app.route("/groups/<path:name>")
     def group(name: str) -> str:
@@ -274,27 +306,44 @@ def create_app(settings: Settings, view: BrokerView, sampler: Sampler,
             progress["settings"] = {k: v for k, v in info.items() if k != "consumers"}
         samples = sampler.samples()
         return render_template(
-            "group.html", title=f"Group {name}", name=name, progress=progress, lag=lag,
-            lag_chart=charts.line_chart({k: v for k, v in lag_series(samples).items()
-                                         if k == name}, title=f"Lag of {name}",
-                                        unit="messages", chart_id="chart-group-lag"),
+            "group.html",
+            title=f"Group {name}",
+            name=name,
+            progress=progress,
+            lag=lag,
+            lag_chart=charts.line_chart(
+                {k: v for k, v in lag_series(samples).items() if k == name},
+                title=f"Lag of {name}",
+                unit="messages",
+                chart_id="chart-group-lag",
+            ),
             consumed_chart=charts.line_chart(
                 {k: v for k, v in consumed_rates(samples).items() if k == name},
-                title=f"Consumed by {name}", unit="msg/s", chart_id="chart-group-consumed"))
+                title=f"Consumed by {name}",
+                unit="msg/s",
+                chart_id="chart-group-consumed",
+            ),
+        )
 
     # ------------------------------------------------------------------ messages
     @app.route("/messages")
     def messages() -> str:
-        form = {k: request.args.get(k, "").strip() for k in
-                ("by", "value", "topic", "since", "until", "limit")}
+        form = {
+            k: request.args.get(k, "").strip()
+            for k in ("by", "value", "topic", "since", "until", "limit")
+        }
         by = form["by"] or "key"
         result, error = None, None
         if form["value"] or (by == "time" and form["topic"]):
             try:
                 limit = int(form["limit"] or 50)
                 since, until = _parse_time(form["since"]), _parse_time(form["until"])
-                params: dict[str, Any] = {"limit": limit, "topic": form["topic"] or None,
-                                          "since_ms": since, "until_ms": until}
+                params: dict[str, Any] = {
+                    "limit": limit,
+                    "topic": form["topic"] or None,
+                    "since_ms": since,
+                    "until_ms": until,
+                }
                 if by == "id":
                     params["id"] = form["value"]
                 elif by == "key":
@@ -309,8 +358,15 @@ def create_app(settings: Settings, view: BrokerView, sampler: Sampler,
             except AdminCallError as exc:
                 error = str(exc)
         topics = sorted(t["name"] for t in view.topics())
-        return render_template("messages.html", title="Messages", form=form, by=by,
-                               result=result, error=error, topics=topics)
+        return render_template(
+            "messages.html",
+            title="Messages",
+            form=form,
+            by=by,
+            result=result,
+            error=error,
+            topics=topics,
+        )
 
     @app.route("/trace")
     def trace() -> str:
@@ -327,15 +383,24 @@ def create_app(settings: Settings, view: BrokerView, sampler: Sampler,
             from reliable_cli.admin_trace import outbox_trace
 
             try:
-                outbox_doc = outbox_trace(settings.db_url, settings.table_prefix,
-                                          settings.schema, key, doc["message_ids"])
-                doc["events"] = sorted(doc["events"] + outbox_doc.pop("events"),
-                                       key=lambda e: (e["time_ms"] or 0))
+                outbox_doc = outbox_trace(
+                    settings.db_url, settings.table_prefix, settings.schema, key, doc["message_ids"]
+                )
+                doc["events"] = sorted(
+                    doc["events"] + outbox_doc.pop("events"), key=lambda e: e["time_ms"] or 0
+                )
             except CommandFailed as exc:
                 outbox_error = str(exc)
         groups = sorted(g["name"] for g in view.groups())
-        return render_template("trace.html", title=f"Message {key}", key=key, doc=doc,
-                               outbox=outbox_doc, outbox_error=outbox_error, groups=groups)
+        return render_template(
+            "trace.html",
+            title=f"Message {key}",
+            key=key,
+            doc=doc,
+            outbox=outbox_doc,
+            outbox_error=outbox_error,
+            groups=groups,
+        )
 
     @app.route("/reconsume", methods=["POST"])
     def reconsume() -> Any:
@@ -345,16 +410,24 @@ def create_app(settings: Settings, view: BrokerView, sampler: Sampler,
         if not msg_id or not group_name:
             abort(400)
         if request.form.get("step") != "confirm":
-            return render_template("confirm_reconsume.html", title="Confirm reconsume",
-                                   msg_id=msg_id, group=group_name,
-                                   key=request.form.get("key", msg_id))
+            return render_template(
+                "confirm_reconsume.html",
+                title="Confirm reconsume",
+                msg_id=msg_id,
+                group=group_name,
+                key=request.form.get("key", msg_id),
+            )
         try:
             done = view.reconsume(msg_id, group_name, operator=_operator())
         except AdminCallError as exc:
             return render_template("error.html", title="Reconsume refused", message=str(exc))
         log.warning("console: %s reconsumed %s to %s", _operator(), msg_id, group_name)
-        return render_template("done.html", title="Reconsumed", result=done,
-                               back=url_for("trace", key=request.form.get("key", msg_id)))
+        return render_template(
+            "done.html",
+            title="Reconsumed",
+            result=done,
+            back=url_for("trace", key=request.form.get("key", msg_id)),
+        )
 
     def _operator() -> str:
         return f"console:{current_user() or 'unknown'}"
@@ -378,10 +451,15 @@ def create_app(settings: Settings, view: BrokerView, sampler: Sampler,
                 listing = view.query(topic=dlq_topic(group_name), since_ms=0, limit=200)
             except AdminCallError:
                 listing = {"messages": [], "more": False}
-        return render_template("dlq.html", title=f"Dead letters of {group_name}",
-                               group=group_name, listing=listing, fallback=fallback,
-                               rate=DEFAULT_REPLAY_RATE,
-                               replay_available=view.available("ReplayDeadLetters"))
+        return render_template(
+            "dlq.html",
+            title=f"Dead letters of {group_name}",
+            group=group_name,
+            listing=listing,
+            fallback=fallback,
+            rate=DEFAULT_REPLAY_RATE,
+            replay_available=view.available("ReplayDeadLetters"),
+        )
 
     @app.route("/dlq/<path:group_name>/replay", methods=["POST"])
     def dlq_replay(group_name: str) -> Any:
@@ -396,20 +474,31 @@ def create_app(settings: Settings, view: BrokerView, sampler: Sampler,
         if rate is not None and not 1 <= rate <= MAX_REPLAY_RATE:
             abort(400, f"rate must be 1..{MAX_REPLAY_RATE} messages per second")
         if not offsets:
-            return render_template("error.html", title="Nothing to replay",
-                                   message="select at least one dead letter")
+            return render_template(
+                "error.html", title="Nothing to replay", message="select at least one dead letter"
+            )
         to_topic = request.form.get("to_topic") == "1"
         if request.form.get("step") != "confirm":
             try:  # the broker's own dry run: what would go where, what it would skip
-                preview = view.replay(group_name, offsets, dry_run=True,
-                                      operator=_operator(), run="console-dry-run",
-                                      to_topic=to_topic)
+                preview = view.replay(
+                    group_name,
+                    offsets,
+                    dry_run=True,
+                    operator=_operator(),
+                    run="console-dry-run",
+                    to_topic=to_topic,
+                )
             except AdminCallError as exc:
-                return render_template("error.html", title="Replay refused",
-                                       message=str(exc))
-            return render_template("confirm_replay.html", title="Confirm replay",
-                                   group=group_name, offsets=offsets, rate=rate,
-                                   to_topic=to_topic, preview=preview)
+                return render_template("error.html", title="Replay refused", message=str(exc))
+            return render_template(
+                "confirm_replay.html",
+                title="Confirm replay",
+                group=group_name,
+                offsets=offsets,
+                rate=rate,
+                to_topic=to_topic,
+                preview=preview,
+            )
         job = jobs.start(group_name, offsets, rate, to_topic, _operator())
         return redirect(url_for("dlq_job", group_name=group_name, job_id=job.id))
 
@@ -418,8 +507,12 @@ def create_app(settings: Settings, view: BrokerView, sampler: Sampler,
         job = jobs.get(job_id)
         if job is None or job.group != group_name:
             abort(404, "no such replay (the console keeps the last 50 since it started)")
-        return render_template("replay_job.html", title=f"Replay {job.id}", job=job,
-                               refresh=None if job.finished else 1)
+        return render_template(
+            "replay_job.html",
+            title=f"Replay {job.id}",
+            job=job,
+            refresh=None if job.finished else 1,
+        )
 
     # ------------------------------------------------------------------ database
     def need_db() -> OutboxView:
@@ -431,20 +524,27 @@ def create_app(settings: Settings, view: BrokerView, sampler: Sampler,
     def outbox_page() -> str:
         db = need_db()
         backlog = db.backlog()
-        return render_template("outbox.html", title="Outbox", backlog=backlog, db=db,
-                               max_age=max([n for _, n in backlog.ages] + [1]))
+        return render_template(
+            "outbox.html",
+            title="Outbox",
+            backlog=backlog,
+            db=db,
+            max_age=max([n for _, n in backlog.ages] + [1]),
+        )
 
     @app.route("/reconcile")
     def reconcile_page() -> str:
         db = need_db()
-        return render_template("reconcile.html", title="Reconciliation", db=db,
-                               runs=db.reconcile_runs())
+        return render_template(
+            "reconcile.html", title="Reconciliation", db=db, runs=db.reconcile_runs()
+        )
 
     return app
 
 
-def run_forever(app: Flask, host: str, port: int, threads: int = 8,
-                ready: Callable[[int], None] | None = None) -> None:
+def run_forever(
+    app: Flask, host: str, port: int, threads: int = 8, ready: Callable[[int], None] | None = None
+) -> None:
     """Serve with waitress (a production WSGI server: threads, no debugger)."""
     from waitress.server import create_server
 

@@ -57,13 +57,26 @@ class GroupLag:
 class BrokerView:
     """The console's one admin connection (thread-safe: grpc channels are)."""
 
-    def __init__(self, endpoint: str, *, access_key: str = "", secret_key: str = "",
-                 tls: bool = False, ca_file: str | None = None, timeout_s: float = 10.0
-                 ) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        access_key: str = "",
+        secret_key: str = "",
+        tls: bool = False,
+        ca_file: str | None = None,
+        timeout_s: float = 10.0,
+    ) -> None:
         self.endpoint = endpoint
         self._options = {"tls": tls, "ca_file": ca_file, "timeout_s": timeout_s}
-        self._client = AdminClient(endpoint, access_key=access_key, secret_key=secret_key,
-                                   tls=tls, ca_file=ca_file, timeout_s=timeout_s)
+        self._client = AdminClient(
+            endpoint,
+            access_key=access_key,
+            secret_key=secret_key,
+            tls=tls,
+            ca_file=ca_file,
+            timeout_s=timeout_s,
+        )
         self._missing: set[str] = set()
         self._lock = threading.Lock()
 
@@ -84,9 +97,10 @@ class BrokerView:
                     self._missing.add(method)
                 raise NotAvailable(method) from None
             detail = exc.details() if isinstance(exc, grpc.Call) else str(exc)
-            raise BrokerDown(f"broker {self.endpoint} did not answer {method}: "
-                             f"{code.name if code else 'ERROR'} {detail or ''}".strip()
-                             ) from None
+            raise BrokerDown(
+                f"broker {self.endpoint} did not answer {method}: "
+                f"{code.name if code else 'ERROR'} {detail or ''}".strip()
+            ) from None
 
     def available(self, method: str) -> bool:
         """False once a call found the method missing (until then assumed present)."""
@@ -94,8 +108,12 @@ class BrokerView:
 
     def credentials_accepted(self, access_key: str, secret_key: str) -> bool:
         """Whether the broker accepts this key pair (the console's broker-key login)."""
-        probe = AdminClient(self.endpoint, access_key=access_key, secret_key=secret_key,
-                            **self._options)  # type: ignore[arg-type]
+        probe = AdminClient(
+            self.endpoint,
+            access_key=access_key,
+            secret_key=secret_key,
+            **self._options,  # type: ignore[arg-type]
+        )
         try:
             probe.call("ListTopics")
             return True
@@ -160,12 +178,27 @@ class BrokerView:
             queues = got.get("progress", {}).get("queues", [])
             if not any(q["consumer_offset"] >= 0 for q in queues):
                 continue  # the group has never consumed this topic
-            rows.append({"topic": topic, "queues": [
-                {"queue_id": q["queue_id"], "committed_offset": q["consumer_offset"],
-                 "max_offset": q["broker_offset"], "lag": q["lag"]} for q in queues],
-                "lag": sum(q["lag"] for q in queues)})
-        return {"group": group, "consumers": info.get("consumers", []), "topics": rows,
-                "settings": {k: v for k, v in info.items() if k not in ("consumers",)}}
+            rows.append(
+                {
+                    "topic": topic,
+                    "queues": [
+                        {
+                            "queue_id": q["queue_id"],
+                            "committed_offset": q["consumer_offset"],
+                            "max_offset": q["broker_offset"],
+                            "lag": q["lag"],
+                        }
+                        for q in queues
+                    ],
+                    "lag": sum(q["lag"] for q in queues),
+                }
+            )
+        return {
+            "group": group,
+            "consumers": info.get("consumers", []),
+            "topics": rows,
+            "settings": {k: v for k, v in info.items() if k not in ("consumers",)},
+        }
 
     def group_lag(self, group: str, topics: list[str]) -> GroupLag:
         """Lag, consumption, retry and DLQ depth of one group, over every topic."""
@@ -174,8 +207,10 @@ class BrokerView:
         for t in doc.get("topics", []):
             name = t["topic"]
             lag = int(t.get("lag", sum(q.get("lag", 0) for q in t.get("queues", []))))
-            consumed = sum(max(int(q.get("committed_offset") or 0), 0)  # None: never
-                           for q in t.get("queues", []))
+            consumed = sum(
+                max(int(q.get("committed_offset") or 0), 0)  # None: never
+                for q in t.get("queues", [])
+            )
             if is_retry_topic(name):
                 out.retry_depth += lag
             else:
@@ -184,8 +219,9 @@ class BrokerView:
                 out.topics[name] = {"lag": lag, "consumed": consumed}
         total = doc.get("total") or {}
         if "dlq_depth" in doc or "dlq_depth" in total:  # GroupProgress says it
-            out.dlq_depth = int(doc.get("dlq_pending", doc.get("dlq_depth",
-                                                                total.get("dlq_depth", 0))))
+            out.dlq_depth = int(
+                doc.get("dlq_pending", doc.get("dlq_depth", total.get("dlq_depth", 0)))
+            )
         else:
             out.dlq_depth = self.topic_depth(dlq_topic(group))
         if "retry_depth" in doc:
@@ -194,8 +230,7 @@ class BrokerView:
 
     # ------------------------------------------------------------------ messages
     def query(self, **params: Any) -> dict[str, Any]:
-        return dict(self.call("QueryMessage", **{k: v for k, v in params.items()
-                                                  if v is not None}))
+        return dict(self.call("QueryMessage", **{k: v for k, v in params.items() if v is not None}))
 
     def trace(self, key: str) -> dict[str, Any]:
         return dict(self.call("TraceMessage", key=key))
@@ -209,10 +244,26 @@ class BrokerView:
         depth, replayed, pending}`, oldest first."""
         return dict(self.call("ListDeadLetters", group=group, limit=limit))
 
-    def replay(self, group: str, offsets: list[int], *, dry_run: bool, operator: str,
-               run: str, to_topic: bool = False) -> dict[str, Any]:
+    def replay(
+        self,
+        group: str,
+        offsets: list[int],
+        *,
+        dry_run: bool,
+        operator: str,
+        run: str,
+        to_topic: bool = False,
+    ) -> dict[str, Any]:
         """Replay the dead letters at these `%DLQ%<group>` queue offsets (the broker skips,
         and says so, any replayed before)."""
-        return dict(self.call("ReplayDeadLetters", group=group, offsets=offsets,
-                              dry_run=dry_run, operator=operator, run=run,
-                              to_topic=to_topic))
+        return dict(
+            self.call(
+                "ReplayDeadLetters",
+                group=group,
+                offsets=offsets,
+                dry_run=dry_run,
+                operator=operator,
+                run=run,
+                to_topic=to_topic,
+            )
+        )

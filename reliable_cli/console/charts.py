@@ -15,8 +15,7 @@ from markupsafe import Markup
 
 # colour-blind-safe qualitative palette (Okabe-Ito), as presentation attributes: the page's
 # content security policy allows no inline style
-PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442",
-           "#000000")
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
 
 Series = dict[str, list[tuple[float, float]]]
 
@@ -40,23 +39,28 @@ def _fmt(value: float) -> str:
     return f"{value:.1f}"
 
 
-def line_chart(series: Series, *, title: str, unit: str, chart_id: str,
-               width: int = 420, height: int = 200) -> Markup:
+def line_chart(
+    series: Series, *, title: str, unit: str, chart_id: str, width: int = 420, height: int = 200
+) -> Markup:
     left, right, top, bottom = 40, 10, 28, 24
     plot_w, plot_h = width - left - right, height - top - bottom
     points = [p for values in series.values() for p in values]
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" id="{escape(chart_id)}" '
-           f'viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
-           f'aria-label="{escape(title)}" data-series="{len(series)}" '
-           f'data-points="{len(points)}">',
-           f'<title>{escape(title)}</title>',
-           f'<text x="4" y="15" class="chart-title" font-size="13" font-weight="600" '
-           f'fill="#222">{escape(title)} <tspan font-weight="400" fill="#666">'
-           f'({escape(unit)})</tspan></text>']
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" id="{escape(chart_id)}" '
+        f'viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
+        f'aria-label="{escape(title)}" data-series="{len(series)}" '
+        f'data-points="{len(points)}">',
+        f"<title>{escape(title)}</title>",
+        f'<text x="4" y="15" class="chart-title" font-size="13" font-weight="600" '
+        f'fill="#222">{escape(title)} <tspan font-weight="400" fill="#666">'
+        f"({escape(unit)})</tspan></text>",
+    ]
     if len(points) < 2:
-        out.append(f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle" '
-                   f'font-size="12" fill="#777">'
-                   f'{"collecting samples…" if series else "nothing to draw yet"}</text></svg>')
+        out.append(
+            f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle" '
+            f'font-size="12" fill="#777">'
+            f"{'collecting samples…' if series else 'nothing to draw yet'}</text></svg>"
+        )
         return Markup("".join(out))
     t0 = min(t for t, _ in points)
     t1 = max(t for t, _ in points)
@@ -71,24 +75,34 @@ def line_chart(series: Series, *, title: str, unit: str, chart_id: str,
 
     for i in range(5):  # horizontal gridlines with values
         v = top_value * i / 4
-        out.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{y(v):.1f}" y2="{y(v):.1f}" '
-                   f'stroke="#e3e3e3" stroke-width="1"/>')
-        out.append(f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end" '
-                   f'font-size="10" fill="#666">{_fmt(v)}</text>')
+        out.append(
+            f'<line x1="{left}" x2="{left + plot_w}" y1="{y(v):.1f}" y2="{y(v):.1f}" '
+            f'stroke="#e3e3e3" stroke-width="1"/>'
+        )
+        out.append(
+            f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end" '
+            f'font-size="10" fill="#666">{_fmt(v)}</text>'
+        )
     for i in range(4):  # time labels
         t = t0 + span * i / 3
         label = time.strftime("%H:%M:%S", time.gmtime(t))
         anchor = "start" if i == 0 else "end" if i == 3 else "middle"
-        out.append(f'<text x="{x(t):.1f}" y="{height - 8}" text-anchor="{anchor}" '
-                   f'font-size="10" fill="#666">{label}</text>')
+        out.append(
+            f'<text x="{x(t):.1f}" y="{height - 8}" text-anchor="{anchor}" '
+            f'font-size="10" fill="#666">{label}</text>'
+        )
     legend_y = top + 12
     for n, (name, values) in enumerate(sorted(series.items())):
         colour = PALETTE[n % len(PALETTE)]
         path = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in values)
         last = values[-1][1] if values else 0.0
-        out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" '
-                   f'points="{path}" data-name="{escape(name)}" data-last="{last:g}"/>')
-        out.append(f'<text x="{left + plot_w - 4}" y="{legend_y + 14 * n}" text-anchor="end" '
-                   f'font-size="11" fill="{colour}">{escape(name)} {_fmt(last)}</text>')
+        out.append(
+            f'<polyline fill="none" stroke="{colour}" stroke-width="2" '
+            f'points="{path}" data-name="{escape(name)}" data-last="{last:g}"/>'
+        )
+        out.append(
+            f'<text x="{left + plot_w - 4}" y="{legend_y + 14 * n}" text-anchor="end" '
+            f'font-size="11" fill="{colour}">{escape(name)} {_fmt(last)}</text>'
+        )
     out.append("</svg>")
     return Markup("".join(out))

@@ -27,39 +27,76 @@ PROG = "reliable console"
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("console", help="the web console: overview, messages, dead letters, "
-                                       "outbox, reconciliation",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--endpoint", required=True, metavar="HOST:PORT",
-                   help="the broker's address (its admin service)")
-    p.add_argument("--db", default=None, metavar="URL",
-                   help="the outbox database (SQLAlchemy URL), read-only: backlog and "
-                        "reconciliation pages")
+    p = sub.add_parser(
+        "console",
+        help="the web console: overview, messages, dead letters, outbox, reconciliation",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--endpoint",
+        required=True,
+        metavar="HOST:PORT",
+        help="the broker's address (its admin service)",
+    )
+    p.add_argument(
+        "--db",
+        default=None,
+        metavar="URL",
+        help="the outbox database (SQLAlchemy URL), read-only: backlog and reconciliation pages",
+    )
     p.add_argument("--prefix", default="reliable_", help="outbox table prefix (%(default)s)")
     p.add_argument("--schema", default=None, help="database schema of the outbox tables")
-    p.add_argument("--report-table", default=None, metavar="NAME",
-                   help="the reconciliation's detail-row table (reliable reconcile "
-                        "--report-table; default <prefix>reconcile_report)")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default %(default)s: this machine only)")
+    p.add_argument(
+        "--report-table",
+        default=None,
+        metavar="NAME",
+        help="the reconciliation's detail-row table (reliable reconcile "
+        "--report-table; default <prefix>reconcile_report)",
+    )
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default %(default)s: this machine only)",
+    )
     p.add_argument("--port", type=int, default=8080, help="HTTP port (default %(default)s)")
-    p.add_argument("--allow-actions", action="store_true",
-                   help="enable dead-letter replay and reconsume (otherwise read-only)")
-    p.add_argument("--password-file", type=Path, default=None,
-                   help="log in with the password on this file's first line")
-    p.add_argument("--no-auth", action="store_true",
-                   help="no login at all (only with --host 127.0.0.1 and without "
-                        "--allow-actions)")
-    p.add_argument("--access-key", default="",
-                   help="the console's access key for the broker (when its auth is on); "
-                        "without --password-file, users log in with a key the broker accepts")
-    p.add_argument("--secret-key-file", type=Path, default=None,
-                   help="file holding the secret key of --access-key (or set "
-                        "RELIABLE_SECRET_KEY)")
+    p.add_argument(
+        "--allow-actions",
+        action="store_true",
+        help="enable dead-letter replay and reconsume (otherwise read-only)",
+    )
+    p.add_argument(
+        "--password-file",
+        type=Path,
+        default=None,
+        help="log in with the password on this file's first line",
+    )
+    p.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="no login at all (only with --host 127.0.0.1 and without --allow-actions)",
+    )
+    p.add_argument(
+        "--access-key",
+        default="",
+        help="the console's access key for the broker (when its auth is on); "
+        "without --password-file, users log in with a key the broker accepts",
+    )
+    p.add_argument(
+        "--secret-key-file",
+        type=Path,
+        default=None,
+        help="file holding the secret key of --access-key (or set RELIABLE_SECRET_KEY)",
+    )
     p.add_argument("--tls", action="store_true", help="connect to the broker over TLS")
     p.add_argument("--ca-file", default=None, help="with --tls: PEM roots to trust")
-    p.add_argument("--sample-interval", type=float, default=5.0, metavar="SECONDS",
-                   help="how often the charts sample the broker (default %(default)s)")
+    p.add_argument(
+        "--sample-interval",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="how often the charts sample the broker (default %(default)s)",
+    )
     p.add_argument("--threads", type=int, default=8, help="HTTP worker threads (default 8)")
     p.set_defaults(handler=run)
 
@@ -92,8 +129,13 @@ def run(args: argparse.Namespace) -> int:
             return _fail(f"--secret-key-file {args.secret_key_file}: {exc.strerror}")
     if args.access_key and not secret:
         return _fail("--access-key needs --secret-key-file (or RELIABLE_SECRET_KEY)")
-    view = BrokerView(args.endpoint, access_key=args.access_key, secret_key=secret,
-                      tls=args.tls, ca_file=args.ca_file)
+    view = BrokerView(
+        args.endpoint,
+        access_key=args.access_key,
+        secret_key=secret,
+        tls=args.tls,
+        ca_file=args.ca_file,
+    )
     try:
         if args.password_file is not None:
             auth = Authenticator("password", password=read_password(args.password_file))
@@ -104,20 +146,29 @@ def run(args: argparse.Namespace) -> int:
         elif args.access_key:
             auth = Authenticator("broker-key", broker_check=view.credentials_accepted)
         else:
-            return _fail("give --password-file, or --access-key/--secret-key-file (users "
-                         "then log in with a key the broker accepts), or --no-auth")
+            return _fail(
+                "give --password-file, or --access-key/--secret-key-file (users "
+                "then log in with a key the broker accepts), or --no-auth"
+            )
     except AuthSetupError as exc:
         return _fail(str(exc))
     outbox = None
     try:
         if args.db:
-            outbox = OutboxView(args.db, prefix=args.prefix, schema=args.schema,
-                                report=args.report_table)
+            outbox = OutboxView(
+                args.db, prefix=args.prefix, schema=args.schema, report=args.report_table
+            )
     except ConsoleError as exc:
         return _fail(str(exc))
-    settings = Settings(endpoint=args.endpoint, auth=auth, allow_actions=args.allow_actions,
-                        sample_interval_s=args.sample_interval, db_url=args.db,
-                        table_prefix=args.prefix, schema=args.schema)
+    settings = Settings(
+        endpoint=args.endpoint,
+        auth=auth,
+        allow_actions=args.allow_actions,
+        sample_interval_s=args.sample_interval,
+        db_url=args.db,
+        table_prefix=args.prefix,
+        schema=args.schema,
+    )
     sampler = Sampler(view, interval_s=args.sample_interval)
     app = create_app(settings, view, sampler, outbox)
     signal.signal(signal.SIGTERM, _interrupt)
@@ -125,14 +176,19 @@ def run(args: argparse.Namespace) -> int:
 
     def ready(port: int) -> None:
         mode = "actions enabled" if args.allow_actions else "read-only"
-        print(f"{PROG}: serving http://{args.host}:{port}/ ({mode}, login: {auth.mode}) "
-              f"for broker {args.endpoint}", file=sys.stderr, flush=True)
+        print(
+            f"{PROG}: serving http://{args.host}:{port}/ ({mode}, login: {auth.mode}) "
+            f"for broker {args.endpoint}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     try:
         run_forever(app, args.host, args.port, threads=args.threads, ready=ready)
     except OSError as exc:
-        return _fail(f"cannot listen on {args.host}:{args.port}: {exc.strerror}",
-                     ExitCode.UNAVAILABLE)
+        return _fail(
+            f"cannot listen on {args.host}:{args.port}: {exc.strerror}", ExitCode.UNAVAILABLE
+        )
     except KeyboardInterrupt:
         pass
     finally:

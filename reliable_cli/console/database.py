@@ -29,9 +29,12 @@ from reliable_cli.console.broker_view import ConsoleError
 
 # age buckets of unconfirmed stubs: (label, older than)
 AGE_BUCKETS: tuple[tuple[str, timedelta], ...] = (
-    ("< 1 min", timedelta(0)), ("1-5 min", timedelta(minutes=1)),
-    ("5-60 min", timedelta(minutes=5)), ("1-24 h", timedelta(hours=1)),
-    ("> 24 h", timedelta(hours=24)))
+    ("< 1 min", timedelta(0)),
+    ("1-5 min", timedelta(minutes=1)),
+    ("5-60 min", timedelta(minutes=5)),
+    ("1-24 h", timedelta(hours=1)),
+    ("> 24 h", timedelta(hours=24)),
+)
 
 
 class DatabaseUnavailable(ConsoleError):
@@ -81,8 +84,14 @@ def _naive_utc_now() -> datetime:
 class OutboxView:
     """Read-only queries on the outbox's tables."""
 
-    def __init__(self, url: str, *, prefix: str = "reliable_", schema: str | None = None,
-                 report: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "reliable_",
+        schema: str | None = None,
+        report: str | None = None,
+    ) -> None:
         try:
             self.engine = sa.create_engine(url, pool_pre_ping=True)
         except (sa.exc.SQLAlchemyError, ImportError, ValueError) as exc:
@@ -102,8 +111,7 @@ class OutboxView:
             with self.engine.connect() as conn:
                 return fn(conn)
         except sa.exc.SQLAlchemyError as exc:
-            raise DatabaseUnavailable(
-                f"outbox database: {str(exc).splitlines()[0]}") from None
+            raise DatabaseUnavailable(f"outbox database: {str(exc).splitlines()[0]}") from None
 
     # ------------------------------------------------------------------ backlog
     def backlog(self, oldest: int = 20) -> Backlog:
@@ -112,8 +120,12 @@ class OutboxView:
         now = _naive_utc_now()
 
         def read(conn: sa.Connection) -> Backlog:
-            by_status = {str(s): int(n) for s, n in conn.execute(
-                sa.select(stub.c.status, sa.func.count()).group_by(stub.c.status))}
+            by_status = {
+                str(s): int(n)
+                for s, n in conn.execute(
+                    sa.select(stub.c.status, sa.func.count()).group_by(stub.c.status)
+                )
+            }
             cases = []
             bounds = [now - b for _, b in AGE_BUCKETS] + [None]
             for (label, _), newer, older in zip(AGE_BUCKETS, bounds, bounds[1:], strict=False):
@@ -125,22 +137,42 @@ class OutboxView:
             ages = [(label, int(ages_row[i] or 0)) for i, (label, _) in enumerate(AGE_BUCKETS)]
             topics: dict[str, dict[str, Any]] = {}
             for topic, status, n, first in conn.execute(
-                    sa.select(stub.c.topic, stub.c.status, sa.func.count(),
-                              sa.func.min(stub.c.created_at))
-                    .group_by(stub.c.topic, stub.c.status)):
+                sa.select(
+                    stub.c.topic, stub.c.status, sa.func.count(), sa.func.min(stub.c.created_at)
+                ).group_by(stub.c.topic, stub.c.status)
+            ):
                 row = topics.setdefault(str(topic), {"topic": str(topic), "oldest": None})
                 row[str(status)] = int(n)
                 if status == StubStatus.UNCONFIRMED.value:
                     row["oldest"] = first
-            escalated = conn.execute(sa.select(sa.func.count()).where(
-                unconfirmed, stub.c.escalated_at.is_not(None))).scalar_one()
+            escalated = conn.execute(
+                sa.select(sa.func.count()).where(unconfirmed, stub.c.escalated_at.is_not(None))
+            ).scalar_one()
             rows = conn.execute(
-                sa.select(stub.c.message_id, stub.c.topic, stub.c["keys"], stub.c.status,
-                          stub.c.send_count, stub.c.max_sends, stub.c.created_at,
-                          stub.c.next_resend_at, stub.c.escalated_at, stub.c.last_error)
-                .where(unconfirmed).order_by(stub.c.created_at, stub.c.id).limit(oldest))
-            return Backlog(by_status, ages, sorted(topics.values(), key=lambda r: r["topic"]),
-                           [dict(r._mapping) for r in rows], int(escalated), now)
+                sa.select(
+                    stub.c.message_id,
+                    stub.c.topic,
+                    stub.c["keys"],
+                    stub.c.status,
+                    stub.c.send_count,
+                    stub.c.max_sends,
+                    stub.c.created_at,
+                    stub.c.next_resend_at,
+                    stub.c.escalated_at,
+                    stub.c.last_error,
+                )
+                .where(unconfirmed)
+                .order_by(stub.c.created_at, stub.c.id)
+                .limit(oldest)
+            )
+            return Backlog(
+                by_status,
+                ages,
+                sorted(topics.values(), key=lambda r: r["topic"]),
+                [dict(r._mapping) for r in rows],
+                int(escalated),
+                now,
+            )
 
         result: Backlog = self._read(read)
         return result
@@ -154,21 +186,34 @@ class OutboxView:
             inspector = sa.inspect(conn)
             if not inspector.has_table(report.name, schema=report.schema):
                 return None
-            ids = [str(r) for r in conn.execute(
-                sa.select(report.c.run_id).distinct().order_by(report.c.run_id.desc())
-                .limit(last)).scalars()]
+            ids = [
+                str(r)
+                for r in conn.execute(
+                    sa.select(report.c.run_id)
+                    .distinct()
+                    .order_by(report.c.run_id.desc())
+                    .limit(last)
+                ).scalars()
+            ]
             runs = {i: ReconcileRun(i, run_time(i)) for i in ids}
             if not ids:
                 return []
-            lost = sa.and_(report.c.kind == "stub",
-                           report.c["class"].in_([c.value for c in UNACCOUNTED]),
-                           sa.or_(report.c.in_window.is_(True), report.c.in_window.is_(None)))
+            lost = sa.and_(
+                report.c.kind == "stub",
+                report.c["class"].in_([c.value for c in UNACCOUNTED]),
+                sa.or_(report.c.in_window.is_(True), report.c.in_window.is_(None)),
+            )
             for run_id, kind, cls, in_window, n in conn.execute(
-                    sa.select(report.c.run_id, report.c.kind, report.c["class"],
-                              report.c.in_window, sa.func.count())
-                    .where(report.c.run_id.in_(ids))
-                    .group_by(report.c.run_id, report.c.kind, report.c["class"],
-                              report.c.in_window)):
+                sa.select(
+                    report.c.run_id,
+                    report.c.kind,
+                    report.c["class"],
+                    report.c.in_window,
+                    sa.func.count(),
+                )
+                .where(report.c.run_id.in_(ids))
+                .group_by(report.c.run_id, report.c.kind, report.c["class"], report.c.in_window)
+            ):
                 run = runs[str(run_id)]
                 bucket = run.stubs if kind == "stub" else run.logs
                 bucket[str(cls)] = bucket.get(str(cls), 0) + int(n)
@@ -177,10 +222,18 @@ class OutboxView:
             # Spark's JDBC writer stores a timestamp as SQLite sees fit (epoch ms): read it raw
             created = sa.type_coerce(report.c.created_at, sa.types.NullType()).label("created")
             for r in conn.execute(
-                    sa.select(report.c.run_id, report.c.message_id, report.c.topic,
-                              report.c.consumer_group, report.c.reason, created)
-                    .where(report.c.run_id.in_(ids), lost)
-                    .order_by(report.c.created_at).limit(20 * len(ids))):
+                sa.select(
+                    report.c.run_id,
+                    report.c.message_id,
+                    report.c.topic,
+                    report.c.consumer_group,
+                    report.c.reason,
+                    created,
+                )
+                .where(report.c.run_id.in_(ids), lost)
+                .order_by(report.c.created_at)
+                .limit(20 * len(ids))
+            ):
                 run = runs[str(r.run_id)]
                 if len(run.unaccounted_ids) < 20:
                     row = dict(r._mapping)
@@ -188,8 +241,10 @@ class OutboxView:
                     run.unaccounted_ids.append(row)
             if inspector.has_table(audit.name, schema=audit.schema):
                 for run_id, n in conn.execute(
-                        sa.select(audit.c.run_id, sa.func.count())
-                        .where(audit.c.run_id.in_(ids)).group_by(audit.c.run_id)):
+                    sa.select(audit.c.run_id, sa.func.count())
+                    .where(audit.c.run_id.in_(ids))
+                    .group_by(audit.c.run_id)
+                ):
                     runs[str(run_id)].repairs = int(n)
             return [runs[i] for i in ids]
 

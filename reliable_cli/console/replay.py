@@ -49,8 +49,13 @@ class ReplayJob:
 class ReplayJobs:
     """The running and recent jobs (threads: one per job)."""
 
-    def __init__(self, view: BrokerView, *, sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        view: BrokerView,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.view = view
         self._sleep, self._clock = sleep, clock
         self._jobs: OrderedDict[str, ReplayJob] = OrderedDict()
@@ -60,17 +65,25 @@ class ReplayJobs:
         with self._lock:
             return self._jobs.get(job_id)
 
-    def start(self, group: str, offsets: list[int], rate: int | None, to_topic: bool,
-              operator: str) -> ReplayJob:
-        job = ReplayJob(f"console-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-"
-                        f"{secrets.token_hex(3)}", group, offsets, rate, to_topic, operator,
-                        time.time())
+    def start(
+        self, group: str, offsets: list[int], rate: int | None, to_topic: bool, operator: str
+    ) -> ReplayJob:
+        job = ReplayJob(
+            f"console-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{secrets.token_hex(3)}",
+            group,
+            offsets,
+            rate,
+            to_topic,
+            operator,
+            time.time(),
+        )
         with self._lock:
             self._jobs[job.id] = job
             while len(self._jobs) > KEPT_JOBS:
                 self._jobs.popitem(last=False)
-        threading.Thread(target=self._run, args=(job,), name=f"replay-{job.id}",
-                         daemon=True).start()
+        threading.Thread(
+            target=self._run, args=(job,), name=f"replay-{job.id}", daemon=True
+        ).start()
         return job
 
     def _run(self, job: ReplayJob) -> None:
@@ -78,10 +91,15 @@ class ReplayJobs:
         try:
             for start in range(0, len(job.offsets), size):
                 began = self._clock()
-                batch = job.offsets[start:start + size]
-                answer = self.view.replay(job.group, batch, dry_run=False,
-                                          operator=job.operator, run=job.id,
-                                          to_topic=job.to_topic)
+                batch = job.offsets[start : start + size]
+                answer = self.view.replay(
+                    job.group,
+                    batch,
+                    dry_run=False,
+                    operator=job.operator,
+                    run=job.id,
+                    to_topic=job.to_topic,
+                )
                 job.replayed.extend(answer.get("replayed", []))
                 job.skipped.extend(answer.get("skipped", []))
                 job.sent += len(batch)
@@ -92,5 +110,11 @@ class ReplayJobs:
             log.warning("console: replay %s of %s stopped: %s", job.id, job.group, job.error)
         finally:
             job.finished_at = time.time()
-            log.warning("console: %s replayed %d dead letters of %s (run %s, %d skipped)",
-                        job.operator, len(job.replayed), job.group, job.id, len(job.skipped))
+            log.warning(
+                "console: %s replayed %d dead letters of %s (run %s, %d skipped)",
+                job.operator,
+                len(job.replayed),
+                job.group,
+                job.id,
+                len(job.skipped),
+            )

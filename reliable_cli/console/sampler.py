@@ -48,8 +48,10 @@ def take_sample(view: BrokerView, now: Callable[[], float] = time.time) -> Sampl
     try:
         names = sorted(t["name"] for t in view.topics() if is_user_topic(t["name"]))
         topics = view.max_offsets(names)
-        groups = {g["name"]: view.group_lag(g["name"], names)
-                  for g in sorted(view.groups(), key=lambda g: str(g["name"]))}
+        groups = {
+            g["name"]: view.group_lag(g["name"], names)
+            for g in sorted(view.groups(), key=lambda g: str(g["name"]))
+        }
         try:
             store: dict[str, Any] | None = view.store_status()
         except NotAvailable:

@@ -31,9 +31,11 @@ FAILED_LOGIN_DELAY_S = 0.5  # every failed login costs this much: guessing is sl
 
 # sent with every answer: no framing, no foreign scripts or styles, no sniffing, no caching
 HEADERS = {
-    "Content-Security-Policy": ("default-src 'self'; script-src 'none'; style-src 'self'; "
-                                "img-src 'self' data:; form-action 'self'; "
-                                "frame-ancestors 'none'; base-uri 'none'"),
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'none'; style-src 'self'; "
+        "img-src 'self' data:; form-action 'self'; "
+        "frame-ancestors 'none'; base-uri 'none'"
+    ),
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "same-origin",
@@ -84,8 +86,10 @@ def read_password(path: Path) -> str:
         raise AuthSetupError(f"--password-file {path}: {exc.strerror}") from None
     password = text.splitlines()[0].strip() if text.strip() else ""
     if len(password) < 8:
-        raise AuthSetupError(f"--password-file {path}: the password must have at least 8 "
-                             "characters on its first line")
+        raise AuthSetupError(
+            f"--password-file {path}: the password must have at least 8 "
+            "characters on its first line"
+        )
     return password
 
 

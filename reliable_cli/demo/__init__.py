@@ -16,8 +16,18 @@ from reliable_cli.demo.shop import GROUP, TOPIC, Inventory, Shop
 
 __all__ = [  # noqa: RUF022 - grouped by purpose
     # running it
-    "DemoOptions", "DemoFailed", "Summary", "run_demo", "DEMO_DELAY_LEVELS",
+    "DemoOptions",
+    "DemoFailed",
+    "Summary",
+    "run_demo",
+    "DEMO_DELAY_LEVELS",
     # its parts
-    "ChaoticSender", "FaultPlan", "FaultRates", "OrderFate", "Inventory", "Shop",
-    "GROUP", "TOPIC",
+    "ChaoticSender",
+    "FaultPlan",
+    "FaultRates",
+    "OrderFate",
+    "Inventory",
+    "Shop",
+    "GROUP",
+    "TOPIC",
 ]

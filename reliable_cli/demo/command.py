@@ -51,45 +51,107 @@ def register(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--orders", type=int, default=200, help="orders to place (default 200)")
-    p.add_argument("--seed", type=int, default=None,
-                   help="seed of every random choice (default: a new one, printed)")
-    p.add_argument("--fail-rate", type=_rate, default=0.15,
-                   help="share of orders whose first 1-2 deliveries fail (default 0.15)")
-    p.add_argument("--poison", type=_count, default=3,
-                   help="malformed messages that end in the DLQ (default 3)")
-    p.add_argument("--drop-rate", type=_rate, default=0.05,
-                   help="share of sends lost after acknowledgement (default 0.05)")
-    p.add_argument("--duplicate-rate", type=_rate, default=0.05,
-                   help="share of sends made twice (default 0.05)")
-    p.add_argument("--rollback-rate", type=_rate, default=0.05,
-                   help="share of order transactions that roll back (default 0.05)")
-    p.add_argument("--max-reconsume-times", type=int, default=3,
-                   help="retries before the DLQ (default 3)")
-    p.add_argument("--delay-levels", default=None, metavar="TABLE",
-                   help="the delay-level table of the embedded broker (default: "
-                        "100ms .. 1s, so the demo takes seconds)")
-    p.add_argument("--db", default=None, metavar="URL",
-                   help="SQLAlchemy URL, e.g. postgresql+psycopg2://u@host/db "
-                        "(default: a SQLite file in the work directory)")
-    p.add_argument("--table-prefix", default="demo_",
-                   help="prefix of the demo's tables, dropped and created (default demo_)")
-    p.add_argument("--redis", default="redis://127.0.0.1:6379/0", metavar="URL",
-                   help="Redis URL (default redis://127.0.0.1:6379/0)")
-    p.add_argument("--endpoint", default=None, metavar="HOST:PORT",
-                   help="a remote broker (RocketMQ 5 gRPC) instead of the embedded one")
-    p.add_argument("--store", type=Path, default=None,
-                   help="store directory (default: a new temporary directory)")
-    p.add_argument("--no-reconcile", action="store_true",
-                   help="skip the Spark reconciliation (count from the database instead)")
-    p.add_argument("--timeout", type=float, default=180.0,
-                   help="seconds to wait for the flow to settle (default 180; longer when "
-                        "a remote broker's retry ladder needs it, which the demo says)")
-    p.add_argument("--json", action="store_true",
-                   help="progress on stderr; the summary as one JSON object on the last line")
-    p.add_argument("--store-only", action="store_true",
-                   help="run the storage-engine demonstration instead of the order flow")
-    p.add_argument("--messages", type=int, default=1000,
-                   help="--store-only: messages to write (default 1000)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of every random choice (default: a new one, printed)",
+    )
+    p.add_argument(
+        "--fail-rate",
+        type=_rate,
+        default=0.15,
+        help="share of orders whose first 1-2 deliveries fail (default 0.15)",
+    )
+    p.add_argument(
+        "--poison",
+        type=_count,
+        default=3,
+        help="malformed messages that end in the DLQ (default 3)",
+    )
+    p.add_argument(
+        "--drop-rate",
+        type=_rate,
+        default=0.05,
+        help="share of sends lost after acknowledgement (default 0.05)",
+    )
+    p.add_argument(
+        "--duplicate-rate",
+        type=_rate,
+        default=0.05,
+        help="share of sends made twice (default 0.05)",
+    )
+    p.add_argument(
+        "--rollback-rate",
+        type=_rate,
+        default=0.05,
+        help="share of order transactions that roll back (default 0.05)",
+    )
+    p.add_argument(
+        "--max-reconsume-times", type=int, default=3, help="retries before the DLQ (default 3)"
+    )
+    p.add_argument(
+        "--delay-levels",
+        default=None,
+        metavar="TABLE",
+        help="the delay-level table of the embedded broker (default: "
+        "100ms .. 1s, so the demo takes seconds)",
+    )
+    p.add_argument(
+        "--db",
+        default=None,
+        metavar="URL",
+        help="SQLAlchemy URL, e.g. postgresql+psycopg2://u@host/db "
+        "(default: a SQLite file in the work directory)",
+    )
+    p.add_argument(
+        "--table-prefix",
+        default="demo_",
+        help="prefix of the demo's tables, dropped and created (default demo_)",
+    )
+    p.add_argument(
+        "--redis",
+        default="redis://127.0.0.1:6379/0",
+        metavar="URL",
+        help="Redis URL (default redis://127.0.0.1:6379/0)",
+    )
+    p.add_argument(
+        "--endpoint",
+        default=None,
+        metavar="HOST:PORT",
+        help="a remote broker (RocketMQ 5 gRPC) instead of the embedded one",
+    )
+    p.add_argument(
+        "--store",
+        type=Path,
+        default=None,
+        help="store directory (default: a new temporary directory)",
+    )
+    p.add_argument(
+        "--no-reconcile",
+        action="store_true",
+        help="skip the Spark reconciliation (count from the database instead)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=180.0,
+        help="seconds to wait for the flow to settle (default 180; longer when "
+        "a remote broker's retry ladder needs it, which the demo says)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="progress on stderr; the summary as one JSON object on the last line",
+    )
+    p.add_argument(
+        "--store-only",
+        action="store_true",
+        help="run the storage-engine demonstration instead of the order flow",
+    )
+    p.add_argument(
+        "--messages", type=int, default=1000, help="--store-only: messages to write (default 1000)"
+    )
     p.set_defaults(handler=run)
 
 
@@ -108,13 +170,25 @@ def run_order_flow(args: argparse.Namespace) -> int:
 
     try:
         options = DemoOptions(
-            orders=args.orders, seed=args.seed,
-            rates=FaultRates(fail=args.fail_rate, poison=args.poison, drop=args.drop_rate,
-                             duplicate=args.duplicate_rate, rollback=args.rollback_rate),
-            db_url=args.db, redis_url=args.redis, endpoint=args.endpoint,
-            store_dir=args.store, delay_levels=args.delay_levels or DEMO_DELAY_LEVELS,
-            max_reconsume_times=args.max_reconsume_times, table_prefix=args.table_prefix,
-            reconcile=not args.no_reconcile, timeout_s=args.timeout)
+            orders=args.orders,
+            seed=args.seed,
+            rates=FaultRates(
+                fail=args.fail_rate,
+                poison=args.poison,
+                drop=args.drop_rate,
+                duplicate=args.duplicate_rate,
+                rollback=args.rollback_rate,
+            ),
+            db_url=args.db,
+            redis_url=args.redis,
+            endpoint=args.endpoint,
+            store_dir=args.store,
+            delay_levels=args.delay_levels or DEMO_DELAY_LEVELS,
+            max_reconsume_times=args.max_reconsume_times,
+            table_prefix=args.table_prefix,
+            reconcile=not args.no_reconcile,
+            timeout_s=args.timeout,
+        )
         options.check()
     except ValueError as exc:
         print(f"reliable demo: {exc}", file=sys.stderr)
@@ -180,8 +254,11 @@ def _store_demo(args: argparse.Namespace, store_dir: Path) -> int:
             topic=topic,
             body=json.dumps({"order": order, "amount": i * 7 % 1000}).encode(),
             queue_id=i % queues,
-            properties={Prop.KEYS: f"{order} customer-{i % 17}", Prop.TAGS: "created",
-                        Prop.UNIQ_KEY: uniq},
+            properties={
+                Prop.KEYS: f"{order} customer-{i % 17}",
+                Prop.TAGS: "created",
+                Prop.UNIQ_KEY: uniq,
+            },
         )
         result = store.put_message(msg)
         if not result.ok or result.append is None:
@@ -213,14 +290,18 @@ def _store_demo(args: argparse.Namespace, store_dir: Path) -> int:
             by_uniq = store.query_message_by_unique_key(topic, uniq)
             if by_uniq is not None and by_uniq.commitlog_offset == offset:
                 found["by_unique_key"] += 1
-            again = store.get_message_by_queue_offset(topic, by_offset.queue_id,
-                                                      by_offset.queue_offset)
+            again = store.get_message_by_queue_offset(
+                topic, by_offset.queue_id, by_offset.queue_offset
+            )
             if again is not None and again.commitlog_offset == offset:
                 found["by_queue_offset"] += 1
         sample = store.look_message_by_offset(written[-1][2])
         if sample is not None:
-            _say(args, f"example: {sample.offset_msg_id} keys={sample.keys} "
-                       f"queue={sample.queue_id}@{sample.queue_offset} body={sample.body.decode()}")
+            _say(
+                args,
+                f"example: {sample.offset_msg_id} keys={sample.keys} "
+                f"queue={sample.queue_id}@{sample.queue_offset} body={sample.body.decode()}",
+            )
         per_queue = {q: store.get_max_offset_in_queue(topic, q) for q in range(queues)}
     finally:
         store.shutdown()

@@ -96,8 +96,14 @@ class FaultPlan:
 class ChaoticSender:
     """A `outbox.Sender` that loses or repeats the sends the plan names (by message key)."""
 
-    def __init__(self, producer: object, transport: Transport, plan: FaultPlan, *,
-                 queue_ends: QueueEnds | None = None) -> None:
+    def __init__(
+        self,
+        producer: object,
+        transport: Transport,
+        plan: FaultPlan,
+        *,
+        queue_ends: QueueEnds | None = None,
+    ) -> None:
         self._producer = producer
         self._queue_ends = queue_ends
         self._acknowledge_drops = queue_ends is not None
@@ -134,5 +140,9 @@ class ChaoticSender:
         queue = queues[zlib.crc32(message.message_id.encode()) % len(queues)]
         assert self._queue_ends is not None
         offset = self._queue_ends.max_offset(message.topic, queue.queue_id) or 0
-        return SendReceipt(message_id=message.message_id, topic=message.topic,
-                           queue_id=queue.queue_id, queue_offset=offset)
+        return SendReceipt(
+            message_id=message.message_id,
+            topic=message.topic,
+            queue_id=queue.queue_id,
+            queue_offset=offset,
+        )

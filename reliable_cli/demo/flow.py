@@ -52,16 +52,24 @@ from reliable_cli.errors import CommandError
 
 # Short delay levels so retries finish in seconds (RocketMQ's 1s 5s 10s 30s 1m ... in
 # production). Retry n waits at level 3 + n - 1: 200 ms, 300 ms, 500 ms, ...
-DEMO_DELAY_LEVELS = ("100ms 150ms 200ms 300ms 500ms 800ms 1s 1s 1s 1s "
-                     "1s 1s 1s 1s 1s 1s 1s 1s")
-STORE_SIZES = {"mapped_file_size_commitlog": 16 << 20, "max_hash_slot_num": 25_000,
-               "max_index_num": 100_000}
-CONSUMER_SETTINGS = {"consume_from": "first", "rebalance_interval_s": 0.5,
-                     "heartbeat_interval_s": 0.5, "persist_offset_interval_s": 0.2,
-                     "pull_suspend_ms": 100, "consume_threads": 4,
-                     # gRPC (invisible-time) consumption: a killed consumer's messages come
-                     # back after 10 s (the server's usual minimum), not 30 s
-                     "invisible_ms": 10_000, "receive_long_poll_ms": 1_000}
+DEMO_DELAY_LEVELS = "100ms 150ms 200ms 300ms 500ms 800ms 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s"
+STORE_SIZES = {
+    "mapped_file_size_commitlog": 16 << 20,
+    "max_hash_slot_num": 25_000,
+    "max_index_num": 100_000,
+}
+CONSUMER_SETTINGS = {
+    "consume_from": "first",
+    "rebalance_interval_s": 0.5,
+    "heartbeat_interval_s": 0.5,
+    "persist_offset_interval_s": 0.2,
+    "pull_suspend_ms": 100,
+    "consume_threads": 4,
+    # gRPC (invisible-time) consumption: a killed consumer's messages come
+    # back after 10 s (the server's usual minimum), not 30 s
+    "invisible_ms": 10_000,
+    "receive_long_poll_ms": 1_000,
+}
 INVISIBLE_S = 10.0  # CONSUMER_SETTINGS' invisible time
 
 
@@ -104,8 +112,10 @@ class DemoOptions:
         if not 1 <= self.max_reconsume_times <= 16:
             raise ValueError("--max-reconsume-times must be between 1 and 16")
         if self.rates.max_failures > self.max_reconsume_times:
-            raise ValueError("transient failures per message must not exceed "
-                             "--max-reconsume-times (they would end in the DLQ)")
+            raise ValueError(
+                "transient failures per message must not exceed "
+                "--max-reconsume-times (they would end in the DLQ)"
+            )
         if self.resend_after_s <= 0 or self.timeout_s <= 0:
             raise ValueError("--resend-after and --timeout must be positive")
 
@@ -176,8 +186,9 @@ def _workdir(store_dir: Path | None) -> Iterator[Path]:
 
 
 class _Run:
-    def __init__(self, options: DemoOptions, seed: int, db_url: str, store: Path,
-                 say: Callable[[str], None]) -> None:
+    def __init__(
+        self, options: DemoOptions, seed: int, db_url: str, store: Path, say: Callable[[str], None]
+    ) -> None:
         self.o, self.seed, self.db_url, self.store, self.say = options, seed, db_url, store, say
         self.plan = FaultPlan.draw(seed, options.orders, options.rates)
         self.shop = Shop(options.table_prefix)
@@ -202,8 +213,7 @@ class _Run:
     def _redis(self) -> Any:
         import redis
 
-        client = redis.Redis.from_url(self.o.redis_url, socket_timeout=2,
-                                      socket_connect_timeout=2)
+        client = redis.Redis.from_url(self.o.redis_url, socket_timeout=2, socket_connect_timeout=2)
         try:
             client.ping()
         except redis.RedisError as exc:
@@ -213,53 +223,79 @@ class _Run:
     def _transport(self) -> Transport:
         if self.o.endpoint:
             return connect("grpc", endpoint=self.o.endpoint)
-        return connect("embedded", store_dir=self.store, delay_levels=self.o.delay_levels,
-                       **STORE_SIZES)
+        return connect(
+            "embedded", store_dir=self.store, delay_levels=self.o.delay_levels, **STORE_SIZES
+        )
 
     # -- the run -----------------------------------------------------------------------------
     def run(self) -> Summary:
         o, s = self.o, self.summary
         engine = self._engine()
         client = self._redis()
-        where = (f"remote broker {o.endpoint}" if o.endpoint
-                 else f"embedded broker, store {self.store}")
-        self.say(f"demo: seed {self.seed}, {o.orders} orders; {where}; database "
-                 f"{engine.url.render_as_string(hide_password=True)}; Redis {o.redis_url}")
+        where = (
+            f"remote broker {o.endpoint}" if o.endpoint else f"embedded broker, store {self.store}"
+        )
+        self.say(
+            f"demo: seed {self.seed}, {o.orders} orders; {where}; database "
+            f"{engine.url.render_as_string(hide_password=True)}; Redis {o.redis_url}"
+        )
         self.shop.create(engine, stock_per_sku=10 * o.orders + 10)
         inventory = Inventory(self.shop, engine, self.plan.by_id())
         guard = IdempotencyGuard(
-            engine, self.shop.tables, client,
-            config=GuardConfig(key_prefix=f"demo:{uuid.uuid4().hex[:8]}:",
-                               lease=timedelta(seconds=30)),
-            on_event=counting_listener(inventory))
-        reserve, dead = inventory.handlers(guard, max_reconsume_times=o.max_reconsume_times,
-                                           **CONSUMER_SETTINGS)
+            engine,
+            self.shop.tables,
+            client,
+            config=GuardConfig(
+                key_prefix=f"demo:{uuid.uuid4().hex[:8]}:", lease=timedelta(seconds=30)
+            ),
+            on_event=counting_listener(inventory),
+        )
+        reserve, dead = inventory.handlers(
+            guard, max_reconsume_times=o.max_reconsume_times, **CONSUMER_SETTINGS
+        )
         transport = self._transport()
         transport.start()
         try:  # committed and queue offsets: the embedded broker, or a gRPC server that
             offsets: TransportOffsets | None = TransportOffsets(transport)  # answers them
         except TypeError:
             offsets = None
-        consumers = [reserve.consumer(transport, client_id=f"inventory-{n}")
-                     for n in (1, 2)] + [dead.consumer(transport, client_id="inventory-dlq")]
+        consumers = [reserve.consumer(transport, client_id=f"inventory-{n}") for n in (1, 2)] + [
+            dead.consumer(transport, client_id="inventory-dlq")
+        ]
         stop = threading.Event()
         producer = Producer(transport).start()
         # the resend worker proves an acknowledged send lost by the group's committed offset;
         # where it cannot read offsets, a dropped send fails visibly instead
         sender = ChaoticSender(producer, transport, self.plan, queue_ends=offsets)
-        outbox = Outbox(self.shop.tables, sender, config=OutboxConfig(
-            resend_after=timedelta(seconds=o.resend_after_s),
-            retry_after_failure=timedelta(seconds=o.resend_after_s)))
+        outbox = Outbox(
+            self.shop.tables,
+            sender,
+            config=OutboxConfig(
+                resend_after=timedelta(seconds=o.resend_after_s),
+                retry_after_failure=timedelta(seconds=o.resend_after_s),
+            ),
+        )
         resender = ResendWorker(
-            engine, self.shop.tables, producer, offsets=offsets, bounds=offsets,
+            engine,
+            self.shop.tables,
+            producer,
+            offsets=offsets,
+            bounds=offsets,
             policy=ResendPolicy(
-                batch_size=100, backoff=tenacity.wait_fixed(2 * o.resend_after_s),
+                batch_size=100,
+                backoff=tenacity.wait_fixed(2 * o.resend_after_s),
                 recheck_after=timedelta(seconds=o.resend_after_s / 2),
-                error_backoff=tenacity.wait_fixed(o.resend_after_s)),
-            name="demo-resend")
-        resend_thread = threading.Thread(target=resender.run, args=(stop,),
-                                         kwargs={"interval": 0.3}, name="resend-worker",
-                                         daemon=True)
+                error_backoff=tenacity.wait_fixed(o.resend_after_s),
+            ),
+            name="demo-resend",
+        )
+        resend_thread = threading.Thread(
+            target=resender.run,
+            args=(stop,),
+            kwargs={"interval": 0.3},
+            name="resend-worker",
+            daemon=True,
+        )
         try:
             for c in consumers:
                 c.start()
@@ -296,8 +332,14 @@ class _Run:
         s.elapsed_s = round(time.monotonic() - self.started, 1)
         return s
 
-    def _publish(self, engine: sa.Engine, outbox: Outbox, inventory: Inventory,
-                 sender: ChaoticSender, resender: ResendWorker) -> None:
+    def _publish(
+        self,
+        engine: sa.Engine,
+        outbox: Outbox,
+        inventory: Inventory,
+        sender: ChaoticSender,
+        resender: ResendWorker,
+    ) -> None:
         step = max(1, self.o.orders // 5)
         for i, fate in enumerate(self.plan.fates, 1):
             quantity = 1 + (i % 3)
@@ -331,17 +373,26 @@ class _Run:
                 f"{o.max_reconsume_times} retries ({_duration(ladder_s)} before a poison "
                 f"message reaches the DLQ), longer than the demo will wait "
                 f"({_duration(MAX_LADDER_WAIT_S)}); start the broker with "
-                f"--delay-levels \"{DEMO_DELAY_LEVELS.split(' 1s 1s')[0]} 1s\" or lower "
-                "--max-reconsume-times. Nothing was published.")
+                f'--delay-levels "{DEMO_DELAY_LEVELS.split(" 1s 1s")[0]} 1s" or lower '
+                "--max-reconsume-times. Nothing was published."
+            )
         wait_s = max(o.timeout_s, needed)
-        self.say(f"retry ladder (the broker's delay levels): {shown} for retries 1-"
-                 f"{o.max_reconsume_times}; a poison message reaches the DLQ after about "
-                 f"{_duration(ladder_s)}; waiting up to {_duration(wait_s)} for the flow to "
-                 "settle")
+        self.say(
+            f"retry ladder (the broker's delay levels): {shown} for retries 1-"
+            f"{o.max_reconsume_times}; a poison message reaches the DLQ after about "
+            f"{_duration(ladder_s)}; waiting up to {_duration(wait_s)} for the flow to "
+            "settle"
+        )
         return wait_s
 
-    def _settle(self, engine: sa.Engine, inventory: Inventory, sender: ChaoticSender,
-                resender: ResendWorker, offsets: TransportOffsets | None) -> bool:
+    def _settle(
+        self,
+        engine: sa.Engine,
+        inventory: Inventory,
+        sender: ChaoticSender,
+        resender: ResendWorker,
+        offsets: TransportOffsets | None,
+    ) -> bool:
         wait_s = self.wait_s
         deadline = time.monotonic() + wait_s
         expected = sum(1 for f in self.plan.fates if not f.rolled_back)
@@ -350,14 +401,16 @@ class _Run:
             done = self._accounted(engine) >= expected and self._drained(offsets)
             now = time.monotonic()
             if done or now >= deadline or now >= next_line:
-                self.say(self._progress(engine, inventory, sender, resender,
-                                        "settled" if done else "waiting"))
+                self.say(
+                    self._progress(
+                        engine, inventory, sender, resender, "settled" if done else "waiting"
+                    )
+                )
                 next_line = now + 1.0
             if done:
                 return True
             if now >= deadline:
-                self.summary.problems.append(
-                    f"the flow did not settle within {wait_s:.0f} s")
+                self.summary.problems.append(f"the flow did not settle within {wait_s:.0f} s")
                 return False
             time.sleep(0.2)
 
@@ -365,12 +418,19 @@ class _Run:
         """Stubs confirmed by the inventory group or held in its DLQ."""
         t = self.shop.tables
         with engine.connect() as conn:
-            confirmed = conn.execute(sa.select(sa.func.count()).select_from(t.stub).where(
-                t.stub.c.status == StubStatus.CONFIRMED.value)).scalar_one()
-            dead = conn.execute(sa.select(sa.func.count()).select_from(t.consumption_log)
-                                .where(t.consumption_log.c.consumer_group == GROUP,
-                                       t.consumption_log.c.dead_lettered_at.is_not(None))
-                                ).scalar_one()
+            confirmed = conn.execute(
+                sa.select(sa.func.count())
+                .select_from(t.stub)
+                .where(t.stub.c.status == StubStatus.CONFIRMED.value)
+            ).scalar_one()
+            dead = conn.execute(
+                sa.select(sa.func.count())
+                .select_from(t.consumption_log)
+                .where(
+                    t.consumption_log.c.consumer_group == GROUP,
+                    t.consumption_log.c.dead_lettered_at.is_not(None),
+                )
+            ).scalar_one()
         return int(confirmed) + int(dead)
 
     def _queue_ends(self, offsets: TransportOffsets | None) -> dict[tuple[str, int], int]:
@@ -401,62 +461,102 @@ class _Run:
                     return False
         return True
 
-    def _progress(self, engine: sa.Engine, inventory: Inventory, sender: ChaoticSender,
-                  resender: ResendWorker, what: str) -> str:
+    def _progress(
+        self,
+        engine: sa.Engine,
+        inventory: Inventory,
+        sender: ChaoticSender,
+        resender: ResendWorker,
+        what: str,
+    ) -> str:
         with engine.connect() as conn:
-            reserved = conn.execute(sa.select(sa.func.count()).select_from(
-                self.shop.reservations)).scalar_one()
-        return (f"[{time.monotonic() - self.started:5.1f}s] {what:<11} consumed once "
-                f"{reserved:>5}  handler runs {inventory.runs:>5}  retried "
-                f"{len(inventory.retried):>4}  dead-lettered {len(inventory.dead_lettered):>3}"
-                f"  dropped {len(sender.dropped):>3}  resent {resender.metrics.resent:>3}")
+            reserved = conn.execute(
+                sa.select(sa.func.count()).select_from(self.shop.reservations)
+            ).scalar_one()
+        return (
+            f"[{time.monotonic() - self.started:5.1f}s] {what:<11} consumed once "
+            f"{reserved:>5}  handler runs {inventory.runs:>5}  retried "
+            f"{len(inventory.retried):>4}  dead-lettered {len(inventory.dead_lettered):>3}"
+            f"  dropped {len(sender.dropped):>3}  resent {resender.metrics.resent:>3}"
+        )
 
     # -- counting and checking ---------------------------------------------------------------
     def _count(self, engine: sa.Engine) -> None:
-        s, t, poison_ids = self.summary, self.shop.tables, {
-            f.order_id for f in self.plan.fates if f.poison}
+        s, t, poison_ids = (
+            self.summary,
+            self.shop.tables,
+            {f.order_id for f in self.plan.fates if f.poison},
+        )
         with engine.connect() as conn:
             keys = conn.execute(sa.select(t.stub.c["keys"])).scalars().all()
             s.poison = sum(1 for k in keys if k in poison_ids)
             s.published = len(keys) - s.poison
-            s.consumed_once = int(conn.execute(sa.select(sa.func.count()).select_from(
-                self.shop.reservations)).scalar_one())
-            s.dead_lettered = int(conn.execute(
-                sa.select(sa.func.count()).select_from(t.consumption_log).where(
-                    t.consumption_log.c.consumer_group == GROUP,
-                    t.consumption_log.c.dead_lettered_at.is_not(None))).scalar_one())
+            s.consumed_once = int(
+                conn.execute(
+                    sa.select(sa.func.count()).select_from(self.shop.reservations)
+                ).scalar_one()
+            )
+            s.dead_lettered = int(
+                conn.execute(
+                    sa.select(sa.func.count())
+                    .select_from(t.consumption_log)
+                    .where(
+                        t.consumption_log.c.consumer_group == GROUP,
+                        t.consumption_log.c.dead_lettered_at.is_not(None),
+                    )
+                ).scalar_one()
+            )
 
     def _unaccounted_in_db(self, engine: sa.Engine) -> int:
         t = self.shop.tables
         dead = sa.select(t.consumption_log.c.message_id).where(
             t.consumption_log.c.consumer_group == GROUP,
-            t.consumption_log.c.dead_lettered_at.is_not(None))
+            t.consumption_log.c.dead_lettered_at.is_not(None),
+        )
         with engine.connect() as conn:
-            return int(conn.execute(sa.select(sa.func.count()).select_from(t.stub).where(
-                t.stub.c.status != StubStatus.CONFIRMED.value,
-                t.stub.c.message_id.not_in(dead))).scalar_one())
+            return int(
+                conn.execute(
+                    sa.select(sa.func.count())
+                    .select_from(t.stub)
+                    .where(
+                        t.stub.c.status != StubStatus.CONFIRMED.value,
+                        t.stub.c.message_id.not_in(dead),
+                    )
+                ).scalar_one()
+            )
 
     def _reconcile(self) -> None:
         from outbox.reconcile import ReconcileOptions, as_text, reconcile
 
         offsets_file = self.store / "config" / "consumerOffset.json"
         self.say("reconciliation (Spark, local[*]) ...")
-        result = reconcile(ReconcileOptions(
-            db_url=self.db_url, table_prefix=self.o.table_prefix, grace=timedelta(0),
-            offsets=str(offsets_file) if not self.o.endpoint and offsets_file.exists()
-            else None,
-            queue_bounds=self.queue_ends or None,
-            spark_conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4",
-                        "spark.ui.showConsoleProgress": "false"}))
+        result = reconcile(
+            ReconcileOptions(
+                db_url=self.db_url,
+                table_prefix=self.o.table_prefix,
+                grace=timedelta(0),
+                offsets=str(offsets_file)
+                if not self.o.endpoint and offsets_file.exists()
+                else None,
+                queue_bounds=self.queue_ends or None,
+                spark_conf={
+                    "spark.ui.enabled": "false",
+                    "spark.sql.shuffle.partitions": "4",
+                    "spark.ui.showConsoleProgress": "false",
+                },
+            )
+        )
         for line in as_text(result).splitlines():
             self.say(line)
         cert, s = result.summary.certificate, self.summary
         s.reconciled = True
         s.unaccounted = cert.unaccounted
         stubs = s.published + s.poison
-        for name, theirs, ours in (("produced", cert.produced, stubs),
-                                   ("confirmed", cert.confirmed, s.consumed_once),
-                                   ("dead-lettered", cert.dead_lettered, s.dead_lettered)):
+        for name, theirs, ours in (
+            ("produced", cert.produced, stubs),
+            ("confirmed", cert.confirmed, s.consumed_once),
+            ("dead-lettered", cert.dead_lettered, s.dead_lettered),
+        ):
             if theirs != ours:
                 s.problems.append(f"reconciliation counts {name} {theirs}, the demo {ours}")
         if cert.duplicated:
@@ -470,8 +570,13 @@ class _Run:
             orders = {r.order_id: r for r in conn.execute(sa.select(shop.orders))}
             reserved = conn.execute(sa.select(shop.reservations)).all()
             stock = conn.execute(sa.select(shop.stock)).all()
-            confirmations = int(conn.execute(sa.select(sa.func.count()).select_from(
-                t.confirmation).where(t.confirmation.c.consumer_group == GROUP)).scalar_one())
+            confirmations = int(
+                conn.execute(
+                    sa.select(sa.func.count())
+                    .select_from(t.confirmation)
+                    .where(t.confirmation.c.consumer_group == GROUP)
+                ).scalar_one()
+            )
         if len(orders) != len(committed) or s.rolled_back != len(self.plan.fates) - len(committed):
             s.problems.append(f"{len(orders)} order rows for {len(committed)} committed orders")
         if s.published + s.poison != len(committed):
@@ -479,8 +584,7 @@ class _Run:
         if s.consumed_once != s.published:
             s.problems.append(f"consumed once {s.consumed_once} != published {s.published}")
         if confirmations != s.consumed_once:
-            s.problems.append(f"{confirmations} confirmations for {s.consumed_once} "
-                              "reservations")
+            s.problems.append(f"{confirmations} confirmations for {s.consumed_once} reservations")
         if s.dead_lettered != s.poison:
             s.problems.append(f"dead-lettered {s.dead_lettered} != poison {s.poison}")
         if s.resent < s.dropped:
@@ -495,5 +599,7 @@ class _Run:
         initial = 10 * self.o.orders + 10
         for row in stock:
             if row.reserved != by_sku.get(row.sku, 0) or row.available + row.reserved != initial:
-                s.problems.append(f"stock of {row.sku}: reserved {row.reserved}, reservations "
-                                  f"{by_sku.get(row.sku, 0)} (an effect applied twice?)")
+                s.problems.append(
+                    f"stock of {row.sku}: reserved {row.reserved}, reservations "
+                    f"{by_sku.get(row.sku, 0)} (an effect applied twice?)"
+                )

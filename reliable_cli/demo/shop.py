@@ -45,20 +45,23 @@ class Shop:
         self.prefix = prefix
         self.metadata = sa.MetaData()
         self.orders = sa.Table(
-            f"{prefix}orders", self.metadata,
+            f"{prefix}orders",
+            self.metadata,
             sa.Column("order_id", sa.String(32), primary_key=True),
             sa.Column("sku", sa.String(32), nullable=False),
             sa.Column("quantity", sa.Integer, nullable=False),
             sa.Column("created_at", sa.DateTime, nullable=False),
         )
         self.stock = sa.Table(
-            f"{prefix}stock", self.metadata,
+            f"{prefix}stock",
+            self.metadata,
             sa.Column("sku", sa.String(32), primary_key=True),
             sa.Column("available", sa.Integer, nullable=False),
             sa.Column("reserved", sa.Integer, nullable=False),
         )
         self.reservations = sa.Table(  # the consumer's effect: one row per order, once
-            f"{prefix}reservations", self.metadata,
+            f"{prefix}reservations",
+            self.metadata,
             sa.Column("order_id", sa.String(32), primary_key=True),
             sa.Column("sku", sa.String(32), nullable=False),
             sa.Column("quantity", sa.Integer, nullable=False),
@@ -74,12 +77,15 @@ class Shop:
         self.tables.create_all(engine)
         declare_groups(engine, self.tables, TOPIC, [GROUP])  # who must confirm OrderCreated
         with engine.begin() as conn:
-            conn.execute(sa.insert(self.stock), [
-                {"sku": s, "available": stock_per_sku, "reserved": 0} for s in SKUS])
+            conn.execute(
+                sa.insert(self.stock),
+                [{"sku": s, "available": stock_per_sku, "reserved": 0} for s in SKUS],
+            )
 
     # -- the order service ------------------------------------------------------------------
-    def place_order(self, engine: sa.Engine, outbox: Outbox, fate: OrderFate,
-                    quantity: int) -> bool:
+    def place_order(
+        self, engine: sa.Engine, outbox: Outbox, fate: OrderFate, quantity: int
+    ) -> bool:
         """Insert the order and publish `OrderCreated` in one transaction; False if the
         transaction rolled back (a declined payment: no order, no message)."""
         sku = SKUS[int(fate.order_id[-6:]) % len(SKUS)]
@@ -89,11 +95,15 @@ class Shop:
             body = json.dumps({"order_id": fate.order_id, "sku": sku, "quantity": quantity})
         try:
             with Session(engine) as session, session.begin():
-                session.execute(sa.insert(self.orders).values(
-                    order_id=fate.order_id, sku=sku, quantity=quantity,
-                    created_at=utcnow()))
-                outbox.publish(session, Message(topic=TOPIC, body=body.encode(),
-                                                tags="created", keys=[fate.order_id]))
+                session.execute(
+                    sa.insert(self.orders).values(
+                        order_id=fate.order_id, sku=sku, quantity=quantity, created_at=utcnow()
+                    )
+                )
+                outbox.publish(
+                    session,
+                    Message(topic=TOPIC, body=body.encode(), tags="created", keys=[fate.order_id]),
+                )
                 if fate.rolled_back:
                     raise PaymentDeclined(fate.order_id)
         except PaymentDeclined:
@@ -123,26 +133,39 @@ class Inventory:
             order = json.loads(message.body)
             fate = self.fates.get(str(order.get("order_id")))
             if not isinstance(order.get("quantity"), int):
-                raise InvalidOrder(f"order {order.get('order_id')}: quantity "
-                                   f"{order.get('quantity')!r} is not a number")
+                raise InvalidOrder(
+                    f"order {order.get('order_id')}: quantity "
+                    f"{order.get('quantity')!r} is not a number"
+                )
             if fate is not None and message.reconsume_times < fate.failures:
                 raise StockServiceDown(f"warehouse timed out for {fate.order_id}")
             updated = session.execute(
                 sa.update(self.shop.stock)
-                .where(self.shop.stock.c.sku == order["sku"],
-                       self.shop.stock.c.available >= order["quantity"])
-                .values(available=self.shop.stock.c.available - order["quantity"],
-                        reserved=self.shop.stock.c.reserved + order["quantity"]))
+                .where(
+                    self.shop.stock.c.sku == order["sku"],
+                    self.shop.stock.c.available >= order["quantity"],
+                )
+                .values(
+                    available=self.shop.stock.c.available - order["quantity"],
+                    reserved=self.shop.stock.c.reserved + order["quantity"],
+                )
+            )
             if updated.rowcount != 1:  # type: ignore[attr-defined]
                 raise StockServiceDown(f"no stock row for {order['sku']}")
-            session.execute(sa.insert(self.shop.reservations).values(
-                order_id=order["order_id"], sku=order["sku"], quantity=order["quantity"],
-                reserved_by=threading.current_thread().name[:64]))
+            session.execute(
+                sa.insert(self.shop.reservations).values(
+                    order_id=order["order_id"],
+                    sku=order["sku"],
+                    quantity=order["quantity"],
+                    reserved_by=threading.current_thread().name[:64],
+                )
+            )
 
         @dlq_handler(GROUP, **options)
         def dead_letters(message: ReceivedMessage) -> None:
-            self.mark_dead_lettered(message.message_id, message.topic, message.queue_id,
-                                    message.queue_offset)
+            self.mark_dead_lettered(
+                message.message_id, message.topic, message.queue_id, message.queue_offset
+            )
 
         return reserve_stock, dead_letters
 
@@ -156,27 +179,38 @@ class Inventory:
         with self._lock:
             self.failures[message_id] += 1
 
-    def mark_dead_lettered(self, message_id: str, topic: str, queue_id: int,
-                           queue_offset: int) -> None:
+    def mark_dead_lettered(
+        self, message_id: str, topic: str, queue_id: int, queue_offset: int
+    ) -> None:
         """Stamp the group's consumption-log row: the message is held in `%DLQ%inventory`
         for an operator, which reconciliation counts as accounted for (not in processing)."""
         log = self.shop.tables.consumption_log
         now = utcnow()
         with self.engine.begin() as conn:
-            done = conn.execute(sa.update(log).where(
-                log.c.message_id == message_id, log.c.consumer_group == GROUP)
-                .values(dead_lettered_at=now)).rowcount
+            done = conn.execute(
+                sa.update(log)
+                .where(log.c.message_id == message_id, log.c.consumer_group == GROUP)
+                .values(dead_lettered_at=now)
+            ).rowcount
             if not done:
-                conn.execute(sa.insert(log).values(
-                    message_id=message_id, consumer_group=GROUP, topic=TOPIC,
-                    queue_id=queue_id, queue_offset=queue_offset, created_at=now,
-                    dead_lettered_at=now))
+                conn.execute(
+                    sa.insert(log).values(
+                        message_id=message_id,
+                        consumer_group=GROUP,
+                        topic=TOPIC,
+                        queue_id=queue_id,
+                        queue_offset=queue_offset,
+                        created_at=now,
+                        dead_lettered_at=now,
+                    )
+                )
         with self._lock:
             self.dead_lettered.add(message_id)
 
 
-def counting_listener(inventory: Inventory,
-                      guard_event: Callable[[Any], None] | None = None) -> Callable[[Any], None]:
+def counting_listener(
+    inventory: Inventory, guard_event: Callable[[Any], None] | None = None
+) -> Callable[[Any], None]:
     """A guard `on_event` callback that counts handler failures per message."""
 
     def on_event(event: Any) -> None:

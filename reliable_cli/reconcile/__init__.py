@@ -36,7 +36,8 @@ def _when(text: str) -> datetime:
         return datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"not an ISO date/time: {text!r} (e.g. 2026-01-31 or 2026-01-31T12:00)") from None
+            f"not an ISO date/time: {text!r} (e.g. 2026-01-31 or 2026-01-31T12:00)"
+        ) from None
 
 
 def _positive_int(text: str) -> int:
@@ -71,8 +72,9 @@ def register(subparsers: Any) -> None:
         "reconcile",
         help="prove every outbox message was consumed; report and repair what was not",
         description="Reconcile message stubs with confirmations and the consumption log "
-                    "(PySpark; local[*] by default). Exit 0: the window is clean; 3: it has "
-                    "unaccounted messages; 1: failure; 2: bad options; 4: source unreadable.")
+        "(PySpark; local[*] by default). Exit 0: the window is clean; 3: it has "
+        "unaccounted messages; 1: failure; 2: bad options; 4: source unreadable.",
+    )
     add_arguments(parser)
     parser.set_defaults(handler=run)
 
@@ -85,66 +87,141 @@ def exit_code_of(result: ReconcileResult) -> ExitCode:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_argument_group("source")
     one = src.add_mutually_exclusive_group(required=True)
-    one.add_argument("--db", metavar="URL",
-                     help="SQLAlchemy URL of the outbox database (sqlite, postgresql, mysql)")
-    one.add_argument("--parquet", metavar="DIR",
-                     help="root of Parquet exports (message_stub/, confirmation/, "
-                          "consumption_log/, optional topic_group/, consumer_offset/)")
+    one.add_argument(
+        "--db",
+        metavar="URL",
+        help="SQLAlchemy URL of the outbox database (sqlite, postgresql, mysql)",
+    )
+    one.add_argument(
+        "--parquet",
+        metavar="DIR",
+        help="root of Parquet exports (message_stub/, confirmation/, "
+        "consumption_log/, optional topic_group/, consumer_offset/)",
+    )
     src.add_argument("--prefix", default="reliable_", help="table name prefix (%(default)s)")
     src.add_argument("--schema", default=None, help="database schema of the tables")
-    src.add_argument("--offsets", metavar="SPEC", default=None,
-                     help="committed consumer offsets: the broker's consumerOffset.json, a "
-                          "Parquet directory, or table:NAME (default: the log's max offsets)")
-    src.add_argument("--queue-bounds", metavar="SPEC", default=None,
-                     help="the offsets the broker still holds per queue: a JSON file "
-                          "({\"topic\": {\"queue\": max_offset}}), a Parquet directory, "
-                          "table:NAME, or grpc:HOST:PORT (asked live); an unconfirmed stub "
-                          "at/after its queue's max offset is then lost, not backlogged")
+    src.add_argument(
+        "--offsets",
+        metavar="SPEC",
+        default=None,
+        help="committed consumer offsets: the broker's consumerOffset.json, a "
+        "Parquet directory, or table:NAME (default: the log's max offsets)",
+    )
+    src.add_argument(
+        "--queue-bounds",
+        metavar="SPEC",
+        default=None,
+        help="the offsets the broker still holds per queue: a JSON file "
+        '({"topic": {"queue": max_offset}}), a Parquet directory, '
+        "table:NAME, or grpc:HOST:PORT (asked live); an unconfirmed stub "
+        "at/after its queue's max offset is then lost, not backlogged",
+    )
     spark = p.add_argument_group("spark")
-    spark.add_argument("--master", default=None,
-                       help="Spark master (default local[*]; under spark-submit, its own)")
-    spark.add_argument("--jdbc-jar", action="append", default=[], metavar="PATH",
-                       help="JDBC driver jar (repeatable; also RELIABLE_JDBC_JARS); default: "
-                            "the system's under /usr/share/java")
-    spark.add_argument("--partitions", type=_positive_int, default=None,
-                       help="JDBC read partitions per table (default from the row count)")
+    spark.add_argument(
+        "--master",
+        default=None,
+        help="Spark master (default local[*]; under spark-submit, its own)",
+    )
+    spark.add_argument(
+        "--jdbc-jar",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="JDBC driver jar (repeatable; also RELIABLE_JDBC_JARS); default: "
+        "the system's under /usr/share/java",
+    )
+    spark.add_argument(
+        "--partitions",
+        type=_positive_int,
+        default=None,
+        help="JDBC read partitions per table (default from the row count)",
+    )
     spark.add_argument("--rows-per-partition", type=_positive_int, default=250_000)
     spark.add_argument("--max-partitions", type=_positive_int, default=64)
-    spark.add_argument("--conf", type=_conf, action="append", default=[], metavar="K=V",
-                       help="extra Spark setting (repeatable)")
+    spark.add_argument(
+        "--conf",
+        type=_conf,
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="extra Spark setting (repeatable)",
+    )
     win = p.add_argument_group("window and verdicts")
-    win.add_argument("--since", type=_when, default=None,
-                     help="certificate window start, on the stub's created_at (UTC)")
+    win.add_argument(
+        "--since",
+        type=_when,
+        default=None,
+        help="certificate window start, on the stub's created_at (UTC)",
+    )
     win.add_argument("--until", type=_when, default=None, help="window end (exclusive)")
-    win.add_argument("--grace", type=float, default=300.0, metavar="SECONDS",
-                     help="an unsent stub younger than this is backlogged, not lost "
-                          "(%(default)s)")
-    win.add_argument("--expected-latency", type=float,
-                     default=DEFAULT_EXPECTED_LATENCY.total_seconds(), metavar="SECONDS",
-                     help="how long a group may take to confirm a message whose queue is "
-                          "unknown (a send over gRPC); unconfirmed and unlogged after that "
-                          "it is lost. Give the resend worker the same value (%(default)s)")
-    win.add_argument("--group-latency", action="append", default=[], metavar="GROUP=SECONDS",
-                     help="the expected latency of one group (repeatable)")
+    win.add_argument(
+        "--grace",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="an unsent stub younger than this is backlogged, not lost (%(default)s)",
+    )
+    win.add_argument(
+        "--expected-latency",
+        type=float,
+        default=DEFAULT_EXPECTED_LATENCY.total_seconds(),
+        metavar="SECONDS",
+        help="how long a group may take to confirm a message whose queue is "
+        "unknown (a send over gRPC); unconfirmed and unlogged after that "
+        "it is lost. Give the resend worker the same value (%(default)s)",
+    )
+    win.add_argument(
+        "--group-latency",
+        action="append",
+        default=[],
+        metavar="GROUP=SECONDS",
+        help="the expected latency of one group (repeatable)",
+    )
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the JSON summary")
-    out.add_argument("--output", metavar="FILE", default=None,
-                     help="also write the summary (text, or JSON with --json) to FILE")
-    out.add_argument("--report-table", metavar="NAME", default=None,
-                     help="append detail rows to this table of the --db database")
-    out.add_argument("--report-parquet", metavar="DIR", default=None,
-                     help="append detail rows to this Parquet directory")
-    out.add_argument("--report-all", action="store_true",
-                     help="detail rows for confirmed and void stubs too")
+    out.add_argument(
+        "--output",
+        metavar="FILE",
+        default=None,
+        help="also write the summary (text, or JSON with --json) to FILE",
+    )
+    out.add_argument(
+        "--report-table",
+        metavar="NAME",
+        default=None,
+        help="append detail rows to this table of the --db database",
+    )
+    out.add_argument(
+        "--report-parquet",
+        metavar="DIR",
+        default=None,
+        help="append detail rows to this Parquet directory",
+    )
+    out.add_argument(
+        "--report-all", action="store_true", help="detail rows for confirmed and void stubs too"
+    )
     rep = p.add_argument_group("repair")
-    rep.add_argument("--repair", action="store_true",
-                     help="mark lost stubs due for resend now; close stale log rows")
+    rep.add_argument(
+        "--repair",
+        action="store_true",
+        help="mark lost stubs due for resend now; close stale log rows",
+    )
     rep.add_argument("--dry-run", action="store_true", help="report repairs, change nothing")
     rep.add_argument("--batch-size", type=_positive_int, default=500)
-    rep.add_argument("--rate-limit", type=_positive_float, default=None, metavar="PER_S",
-                     help="at most this many changes per second")
-    rep.add_argument("--repair-limit", type=_positive_int, default=None, metavar="N",
-                     help="consider at most N repair candidates in this run")
+    rep.add_argument(
+        "--rate-limit",
+        type=_positive_float,
+        default=None,
+        metavar="PER_S",
+        help="at most this many changes per second",
+    )
+    rep.add_argument(
+        "--repair-limit",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="consider at most N repair candidates in this run",
+    )
 
 
 def options_from(args: argparse.Namespace) -> ReconcileOptions:
@@ -153,25 +230,40 @@ def options_from(args: argparse.Namespace) -> ReconcileOptions:
     except ValueError as exc:
         raise InvalidOptions(str(exc)) from None
     return ReconcileOptions(
-        db_url=args.db, parquet=args.parquet, table_prefix=args.prefix, schema=args.schema,
-        master=args.master, jdbc_jars=tuple(args.jdbc_jar),
-        partitions=PartitionPolicy(rows_per_partition=args.rows_per_partition,
-                                   max_partitions=args.max_partitions,
-                                   num_partitions=args.partitions),
-        offsets=args.offsets, queue_bounds=args.queue_bounds, since=args.since, until=args.until,
-        grace=timedelta(seconds=args.grace), expected_latency=latency,
+        db_url=args.db,
+        parquet=args.parquet,
+        table_prefix=args.prefix,
+        schema=args.schema,
+        master=args.master,
+        jdbc_jars=tuple(args.jdbc_jar),
+        partitions=PartitionPolicy(
+            rows_per_partition=args.rows_per_partition,
+            max_partitions=args.max_partitions,
+            num_partitions=args.partitions,
+        ),
+        offsets=args.offsets,
+        queue_bounds=args.queue_bounds,
+        since=args.since,
+        until=args.until,
+        grace=timedelta(seconds=args.grace),
+        expected_latency=latency,
         report_table=args.report_table,
-        report_parquet=args.report_parquet, report_all=args.report_all,
+        report_parquet=args.report_parquet,
+        report_all=args.report_all,
         repair=args.repair or args.dry_run,
-        repair_options=RepairOptions(dry_run=args.dry_run, batch_size=args.batch_size,
-                                     rate_limit=args.rate_limit, limit=args.repair_limit),
-        spark_conf=dict(args.conf))
+        repair_options=RepairOptions(
+            dry_run=args.dry_run,
+            batch_size=args.batch_size,
+            rate_limit=args.rate_limit,
+            limit=args.repair_limit,
+        ),
+        spark_conf=dict(args.conf),
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the job for parsed arguments; print the summary; return the exit code."""
-    progress = (not getattr(args, "json", False)
-                and log.getEffectiveLevel() > logging.INFO)
+    progress = not getattr(args, "json", False) and log.getEffectiveLevel() > logging.INFO
     if not progress:
         return _run(args)
     # the job's own progress on stderr (Spark itself prints nothing by default)
@@ -229,13 +321,18 @@ def _run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point for `python -m reliable_cli.reconcile` and `spark-submit .../__main__.py`."""
     parser = argparse.ArgumentParser(
-        prog="reconcile", description="Reconcile outbox stubs with the consumption log.")
+        prog="reconcile", description="Reconcile outbox stubs with the consumption log."
+    )
     add_arguments(parser)
     args = parser.parse_args(argv)
     # spark-submit merges the driver's stderr into its stdout: keep stdout to the summary
     # (progress at INFO only for people, never with --json)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, force=True,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING,
+        stream=sys.stderr,
+        force=True,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     if not args.json:
         log.setLevel(logging.INFO)
     return run(args)

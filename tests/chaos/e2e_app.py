@@ -30,12 +30,21 @@ from broker.store.config import WATERMARKS_OFF
 
 TOPIC = "E2EOrders"
 GROUP = "e2e-inventory"
-STORE_SIZES = {"mapped_file_size_commitlog": 4 << 20, "mapped_file_size_consume_queue": 20 * 20_000,
-               "max_hash_slot_num": 20_000, "max_index_num": 80_000,
-               **WATERMARKS_OFF}  # the host's disk is shared
-FAST_CONSUMER = {"consume_from": "first", "rebalance_interval_s": 0.3,
-                 "heartbeat_interval_s": 0.3, "persist_offset_interval_s": 0.2,
-                 "pull_suspend_ms": 100, "consume_threads": 4}
+STORE_SIZES = {
+    "mapped_file_size_commitlog": 4 << 20,
+    "mapped_file_size_consume_queue": 20 * 20_000,
+    "max_hash_slot_num": 20_000,
+    "max_index_num": 80_000,
+    **WATERMARKS_OFF,
+}  # the host's disk is shared
+FAST_CONSUMER = {
+    "consume_from": "first",
+    "rebalance_interval_s": 0.3,
+    "heartbeat_interval_s": 0.3,
+    "persist_offset_interval_s": 0.2,
+    "pull_suspend_ms": 100,
+    "consume_threads": 4,
+}
 
 
 def tables(prefix: str) -> tuple[Any, sa.MetaData, sa.Table]:
@@ -43,7 +52,8 @@ def tables(prefix: str) -> tuple[Any, sa.MetaData, sa.Table]:
 
     metadata = sa.MetaData()
     effects = sa.Table(
-        f"{prefix}effects", metadata,
+        f"{prefix}effects",
+        metadata,
         sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
         sa.Column("message_id", sa.String(64), nullable=False),  # not unique: doubles show
         sa.Column("consumer", sa.String(64), nullable=False),
@@ -69,8 +79,13 @@ def engine_for(url: str) -> sa.Engine:
     return sa.create_engine(url, **args)
 
 
-def effect_handler(guard: Any, effects: sa.Table, name: str,
-                   delay: tuple[float, float] = (0.0, 0.0), **options: Any) -> Any:
+def effect_handler(
+    guard: Any,
+    effects: sa.Table,
+    name: str,
+    delay: tuple[float, float] = (0.0, 0.0),
+    **options: Any,
+) -> Any:
     """The idempotent inventory handler: one effect row per successful run."""
     from reliable import ReceivedMessage, handler
 
@@ -80,8 +95,7 @@ def effect_handler(guard: Any, effects: sa.Table, name: str,
     def reserve(message: ReceivedMessage, session: Session) -> None:
         if delay[1] > 0:
             time.sleep(rng.uniform(*delay))  # work in progress: a kill may land here
-        session.execute(sa.insert(effects).values(message_id=message.message_id,
-                                                  consumer=name))
+        session.execute(sa.insert(effects).values(message_id=message.message_id, consumer=name))
 
     return reserve
 
@@ -112,20 +126,25 @@ def publish(store: str, db: str, prefix: str, flush: str, run: str, threads: int
     # async: flush every 5 s, so that the tail a power cut drops was really not yet flushed
     # however slowly a busy machine sends (with 500 ms it may all be flushed by the cut)
     interval = {} if mode is FlushMode.SYNC_FLUSH else {"flush_interval_commitlog_ms": 5_000}
-    transport = connect("embedded", store_dir=store, flush_mode=mode, **STORE_SIZES,
-                        **interval)
+    transport = connect("embedded", store_dir=store, flush_mode=mode, **STORE_SIZES, **interval)
     transport.start()
     producer = Producer(transport).start()
-    outbox = Outbox(outbox_tables, RecordingSender(producer), config=OutboxConfig(
-        resend_after=timedelta(hours=1), retry_after_failure=timedelta(seconds=0)))
+    outbox = Outbox(
+        outbox_tables,
+        RecordingSender(producer),
+        config=OutboxConfig(
+            resend_after=timedelta(hours=1), retry_after_failure=timedelta(seconds=0)
+        ),
+    )
     print("READY", flush=True)
 
     def loop(t: int) -> None:
         i = 0
         while True:
             with Session(engine) as session, session.begin():
-                outbox.publish(session, Message(TOPIC, f"{run}-{t}-{i}".encode(),
-                                                keys=[f"{run}-{t}-{i}"]))
+                outbox.publish(
+                    session, Message(TOPIC, f"{run}-{t}-{i}".encode(), keys=[f"{run}-{t}-{i}"])
+                )
             i += 1
 
     workers = [threading.Thread(target=loop, args=(t,), daemon=True) for t in range(threads)]
@@ -135,8 +154,9 @@ def publish(store: str, db: str, prefix: str, flush: str, run: str, threads: int
         w.join()
 
 
-def consume(endpoint: str, db: str, prefix: str, redis_url: str, key_prefix: str,
-            name: str) -> None:
+def consume(
+    endpoint: str, db: str, prefix: str, redis_url: str, key_prefix: str, name: str
+) -> None:
     import redis
 
     from idempotency import GuardConfig, IdempotencyGuard
@@ -144,13 +164,25 @@ def consume(endpoint: str, db: str, prefix: str, redis_url: str, key_prefix: str
 
     outbox_tables, _, effects = tables(prefix)
     engine = engine_for(db)
-    client = redis.Redis.from_url(redis_url, socket_timeout=0.5, socket_connect_timeout=0.5,
-                                  retry_on_timeout=False)
-    guard = IdempotencyGuard(engine, outbox_tables, client, config=GuardConfig(
-        key_prefix=key_prefix, lease=timedelta(seconds=3)))
-    reserve = effect_handler(guard, effects, name, delay=(0.01, 0.08),
-                             max_reconsume_times=16, invisible_ms=3_000,
-                             receive_long_poll_ms=1_000, consume_threads=2)
+    client = redis.Redis.from_url(
+        redis_url, socket_timeout=0.5, socket_connect_timeout=0.5, retry_on_timeout=False
+    )
+    guard = IdempotencyGuard(
+        engine,
+        outbox_tables,
+        client,
+        config=GuardConfig(key_prefix=key_prefix, lease=timedelta(seconds=3)),
+    )
+    reserve = effect_handler(
+        guard,
+        effects,
+        name,
+        delay=(0.01, 0.08),
+        max_reconsume_times=16,
+        invisible_ms=3_000,
+        receive_long_poll_ms=1_000,
+        consume_threads=2,
+    )
     transport = connect("grpc", endpoint=endpoint)
     transport.start()
     consumer = reserve.consumer(transport, client_id=name)

@@ -29,15 +29,25 @@ FILE_SIZE = 64 << 20
 
 
 def config(store_dir: Path) -> StoreConfig:
-    return StoreConfig(store_dir=store_dir, mapped_file_size_commitlog=FILE_SIZE,
-                       mapped_file_size_consume_queue=20 * 4096, max_hash_slot_num=1024,
-                       max_index_num=8192, flush_mode=FlushMode.SYNC_FLUSH,
-                       flush_interval_consume_queue_ms=50, **WATERMARKS_OFF)
+    return StoreConfig(
+        store_dir=store_dir,
+        mapped_file_size_commitlog=FILE_SIZE,
+        mapped_file_size_consume_queue=20 * 4096,
+        max_hash_slot_num=1024,
+        max_index_num=8192,
+        flush_mode=FlushMode.SYNC_FLUSH,
+        flush_interval_consume_queue_ms=50,
+        **WATERMARKS_OFF,
+    )
 
 
 def message(index: int) -> Message:
-    return Message(TOPIC, f"m{index}-".encode() * (index % 50 + 1), queue_id=index % QUEUES,
-                   properties={Prop.KEYS: f"k{index}", Prop.UNIQ_KEY: f"U{index:010d}"})
+    return Message(
+        TOPIC,
+        f"m{index}-".encode() * (index % 50 + 1),
+        queue_id=index % QUEUES,
+        properties={Prop.KEYS: f"k{index}", Prop.UNIQ_KEY: f"U{index:010d}"},
+    )
 
 
 def main() -> None:

@@ -52,10 +52,16 @@ def uniq_for(run: int, index: int) -> str:
 
 
 def message_for(run: int, index: int) -> Message:
-    return Message(TOPIC, body_for(run, index), queue_id=index % QUEUES,
-                   properties={Prop.KEYS: f"{key_for(run, index)} run{run}",
-                               Prop.UNIQ_KEY: uniq_for(run, index),
-                               Prop.TAGS: f"t{index % 2}"})
+    return Message(
+        TOPIC,
+        body_for(run, index),
+        queue_id=index % QUEUES,
+        properties={
+            Prop.KEYS: f"{key_for(run, index)} run{run}",
+            Prop.UNIQ_KEY: uniq_for(run, index),
+            Prop.TAGS: f"t{index % 2}",
+        },
+    )
 
 
 def main() -> None:

@@ -35,8 +35,11 @@ from tests.chaos import e2e_app
 from tests.chaos.e2e_app import GROUP, STORE_SIZES, TOPIC
 
 REPO = Path(__file__).resolve().parents[2]
-SPARK = {"spark.sql.shuffle.partitions": "4", "spark.ui.showConsoleProgress": "false",
-         "spark.ui.enabled": "false"}
+SPARK = {
+    "spark.sql.shuffle.partitions": "4",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.ui.enabled": "false",
+}
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.1) -> bool:
@@ -54,9 +57,13 @@ class App:
     def __init__(self, store: Path, db: str, prefix: str, flush: str, run: str) -> None:
         env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
-            [sys.executable, e2e_app.__file__, "publish", str(store), db, prefix, flush, run,
-             "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-            cwd=REPO)
+            [sys.executable, e2e_app.__file__, "publish", str(store), db, prefix, flush, run, "2"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=REPO,
+        )
         self.acked: list[str] = []
         self.ready = threading.Event()
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -104,9 +111,17 @@ def drop_unflushed_tail(store: Path, rng: random.Random) -> int:
     return 0
 
 
-def chaos_phase(store: Path, db: str, prefix: str, flush: str, rng: random.Random,
-                kills: int, sends_per_run: tuple[int, int], drop_tail: bool,
-                seed: int) -> tuple[list[str], int]:
+def chaos_phase(
+    store: Path,
+    db: str,
+    prefix: str,
+    flush: str,
+    rng: random.Random,
+    kills: int,
+    sends_per_run: tuple[int, int],
+    drop_tail: bool,
+    seed: int,
+) -> tuple[list[str], int]:
     """Run the app, SIGKILL it after a random number of acknowledged sends, restart; the
     last run ends with SIGKILL too. Returns the acknowledged ids and bytes dropped."""
     acked: list[str] = []
@@ -114,8 +129,7 @@ def chaos_phase(store: Path, db: str, prefix: str, flush: str, rng: random.Rando
     for run in range(kills):
         app = App(store, db, prefix, flush, f"r{run}")
         target = rng.randint(*sends_per_run)
-        ok = wait_for(lambda a=app, n=target: len(a.acked) >= n or a.proc.poll() is not None,
-                      90)
+        ok = wait_for(lambda a=app, n=target: len(a.acked) >= n or a.proc.poll() is not None, 90)
         if app.proc.poll() is not None or not ok:
             app.kill()
             pytest.fail(f"publisher run {run} stopped early (seed {seed}):\n{app.stderr()}")
@@ -140,25 +154,33 @@ class Consumers:
         self.tables, _, self.effects = e2e_app.tables(prefix)
         self.engine = e2e_app.engine_for(db)
         mode = FlushMode.SYNC_FLUSH if flush == "sync" else FlushMode.ASYNC_FLUSH
-        self.transport = connect("embedded", store_dir=store, flush_mode=mode,
-                                 delay_levels="100ms 100ms 100ms 200ms 200ms 200ms 300ms",
-                                 **STORE_SIZES)
+        self.transport = connect(
+            "embedded",
+            store_dir=store,
+            flush_mode=mode,
+            delay_levels="100ms 100ms 100ms 200ms 200ms 200ms 300ms",
+            **STORE_SIZES,
+        )
         self.transport.start()
         self.redis = redis.Redis.from_url(redis_url)
-        guard = IdempotencyGuard(self.engine, self.tables, self.redis, config=GuardConfig(
-            key_prefix=f"chaos:{uuid.uuid4().hex[:8]}:"))
+        guard = IdempotencyGuard(
+            self.engine,
+            self.tables,
+            self.redis,
+            config=GuardConfig(key_prefix=f"chaos:{uuid.uuid4().hex[:8]}:"),
+        )
         handlers = [e2e_app.effect_handler(guard, self.effects, f"c{n}") for n in (1, 2)]
         # one handler declaration, two consumers of one group (two workers of a service)
-        self.consumers = [handlers[0].consumer(self.transport, client_id=f"c{n}")
-                          for n in (1, 2)]
+        self.consumers = [handlers[0].consumer(self.transport, client_id=f"c{n}") for n in (1, 2)]
         for c in self.consumers:
             c.start()
 
     def confirmed(self) -> set[str]:
         c = self.tables.confirmation
         with self.engine.connect() as conn:
-            return set(conn.execute(sa.select(c.c.message_id).where(
-                c.c.consumer_group == GROUP)).scalars())
+            return set(
+                conn.execute(sa.select(c.c.message_id).where(c.c.consumer_group == GROUP)).scalars()
+            )
 
     def stub_ids(self) -> set[str]:
         with self.engine.connect() as conn:
@@ -167,8 +189,11 @@ class Consumers:
     def doubled(self) -> dict[str, int]:
         e = self.effects
         with self.engine.connect() as conn:
-            rows = conn.execute(sa.select(e.c.message_id, sa.func.count()).group_by(
-                e.c.message_id).having(sa.func.count() > 1)).all()
+            rows = conn.execute(
+                sa.select(e.c.message_id, sa.func.count())
+                .group_by(e.c.message_id)
+                .having(sa.func.count() > 1)
+            ).all()
         return {r[0]: r[1] for r in rows}
 
     def resend_worker(self) -> Any:
@@ -178,11 +203,18 @@ class Consumers:
 
         offsets = TransportOffsets(self.transport)
         self.producer = Producer(self.transport).start()
-        return ResendWorker(self.engine, self.tables, self.producer, offsets=offsets,
-                            bounds=offsets, policy=ResendPolicy(
-                                backoff=tenacity.wait_fixed(1),
-                                recheck_after=timedelta(milliseconds=200),
-                                error_backoff=tenacity.wait_fixed(0.5)))
+        return ResendWorker(
+            self.engine,
+            self.tables,
+            self.producer,
+            offsets=offsets,
+            bounds=offsets,
+            policy=ResendPolicy(
+                backoff=tenacity.wait_fixed(1),
+                recheck_after=timedelta(milliseconds=200),
+                error_backoff=tenacity.wait_fixed(0.5),
+            ),
+        )
 
     def close(self) -> None:
         for c in self.consumers:
@@ -199,28 +231,32 @@ def _rounds(request: pytest.FixtureRequest, normal: int, soak: int) -> int:
     return soak if request.config.getoption("--soak") else normal
 
 
-
-def _resend_until_confirmed(consumers: Consumers, stubs: set[str], timeout_s: float,
-                            what: str) -> Any:
+def _resend_until_confirmed(
+    consumers: Consumers, stubs: set[str], timeout_s: float, what: str
+) -> Any:
     """Run a resend worker in a thread until every stub in `stubs` is confirmed."""
     stop = threading.Event()
     worker = consumers.resend_worker()
-    thread = threading.Thread(target=worker.run, args=(stop,), kwargs={"interval": 0.2},
-                              daemon=True)
+    thread = threading.Thread(
+        target=worker.run, args=(stop,), kwargs={"interval": 0.2}, daemon=True
+    )
     thread.start()
     try:
         assert wait_for(lambda: stubs <= consumers.confirmed(), timeout_s), (
-            f"{what}: {sorted(stubs - consumers.confirmed())}")
+            f"{what}: {sorted(stubs - consumers.confirmed())}"
+        )
     finally:
         stop.set()
         thread.join(30)
     return worker
 
+
 @pytest.mark.chaos
 @pytest.mark.redis
 @pytest.mark.slow
 def test_sigkill_under_sync_flush_every_acknowledged_send_is_consumed_once(
-        tmp_path: Path, seed: int, request: pytest.FixtureRequest) -> None:
+    tmp_path: Path, seed: int, request: pytest.FixtureRequest
+) -> None:
     rng = random.Random(seed)
     store, db, prefix = tmp_path / "store", f"sqlite:///{tmp_path / 'app.db'}", "k_"
     engine = e2e_app.engine_for(db)
@@ -237,14 +273,18 @@ def test_sigkill_under_sync_flush_every_acknowledged_send_is_consumed_once(
         # no resend worker yet: the broker alone must deliver every acknowledged send
         assert wait_for(lambda: set(acked) <= consumers.confirmed(), 90), (
             f"seed {seed}: {len(set(acked) - consumers.confirmed())} of {len(acked)} "
-            "acknowledged messages never consumed")
+            "acknowledged messages never consumed"
+        )
         # sends cut by a kill were not acknowledged; their stubs wait for the resend worker
         stubs = consumers.stub_ids()
-        worker = _resend_until_confirmed(consumers, stubs, 60, f"seed {seed}: stubs never "
-                                         "confirmed")
+        worker = _resend_until_confirmed(
+            consumers, stubs, 60, f"seed {seed}: stubs never confirmed"
+        )
         assert consumers.doubled() == {}, f"seed {seed}: effects applied twice"
-        print(f"observed (seed {seed}): kills {kills}, acknowledged {len(acked)}, stubs "
-              f"{len(stubs)}, resent after the kills {worker.metrics.resent}")
+        print(
+            f"observed (seed {seed}): kills {kills}, acknowledged {len(acked)}, stubs "
+            f"{len(stubs)}, resent after the kills {worker.metrics.resent}"
+        )
     finally:
         consumers.close()
 
@@ -254,7 +294,8 @@ def test_sigkill_under_sync_flush_every_acknowledged_send_is_consumed_once(
 @pytest.mark.spark
 @pytest.mark.slow
 def test_async_flush_loss_is_found_by_reconciliation_and_recovered_by_resends(
-        tmp_path: Path, seed: int, request: pytest.FixtureRequest) -> None:
+    tmp_path: Path, seed: int, request: pytest.FixtureRequest
+) -> None:
     from outbox.reconcile import ReconcileOptions, reconcile
     from tests.conftest import REDIS_URL
 
@@ -264,34 +305,51 @@ def test_async_flush_loss_is_found_by_reconciliation_and_recovered_by_resends(
     e2e_app.create_schema(engine, prefix)
     engine.dispose()
     kills = _rounds(request, 3, 10)
-    acked, dropped_bytes = chaos_phase(store, db, prefix, "async", rng, kills, (60, 160),
-                                       True, seed)
+    acked, dropped_bytes = chaos_phase(
+        store, db, prefix, "async", rng, kills, (60, 160), True, seed
+    )
 
     consumers = Consumers(store, db, prefix, "async", REDIS_URL)
     try:
         # consume what survived (no resends yet): the drained queues, then what is missing
         assert wait_for(lambda: _drained(consumers), 60), f"seed {seed}: never drained"
         lost = set(acked) - consumers.confirmed()
-        assert lost, (f"seed {seed}: dropping {dropped_bytes} bytes lost no acknowledged "
-                      "message; the test proves nothing")
+        assert lost, (
+            f"seed {seed}: dropping {dropped_bytes} bytes lost no acknowledged "
+            "message; the test proves nothing"
+        )
         offsets_file = store / "config" / "consumerOffset.json"
         consumers.transport.broker.persist_offsets()  # type: ignore[attr-defined]
         # the queues' ends now (lost copies at or beyond an end are no longer held): with
         # them a lost tail is found without waiting for later messages to pass it
-        first = reconcile(ReconcileOptions(db_url=db, table_prefix=prefix,
-                                           offsets=str(offsets_file), grace=timedelta(0),
-                                           queue_bounds=consumers.transport,
-                                           report_table=f"{prefix}report", repair=True,
-                                           spark_conf=SPARK))
+        first = reconcile(
+            ReconcileOptions(
+                db_url=db,
+                table_prefix=prefix,
+                offsets=str(offsets_file),
+                grace=timedelta(0),
+                queue_bounds=consumers.transport,
+                report_table=f"{prefix}report",
+                repair=True,
+                spark_conf=SPARK,
+            )
+        )
         with consumers.engine.connect() as conn:
-            flagged = set(conn.execute(sa.text(
-                f"select message_id from {prefix}report where kind = 'stub' "
-                "and class = 'LOST'")).scalars())
-            beyond_end = conn.execute(sa.text(
-                f"select count(*) from {prefix}report where kind = 'stub' "
-                "and class = 'LOST' and reason like 'no longer held%'")).scalar_one()
-        assert lost <= flagged, (f"seed {seed}: reconciliation missed "
-                                 f"{sorted(lost - flagged)}")
+            flagged = set(
+                conn.execute(
+                    sa.text(
+                        f"select message_id from {prefix}report where kind = 'stub' "
+                        "and class = 'LOST'"
+                    )
+                ).scalars()
+            )
+            beyond_end = conn.execute(
+                sa.text(
+                    f"select count(*) from {prefix}report where kind = 'stub' "
+                    "and class = 'LOST' and reason like 'no longer held%'"
+                )
+            ).scalar_one()
+        assert lost <= flagged, f"seed {seed}: reconciliation missed {sorted(lost - flagged)}"
         assert first.summary.certificate.unaccounted == len(flagged) > 0
         # the repair marked them due at once (their stubs said "sent, look again in an hour")
         assert first.repair is not None
@@ -303,16 +361,24 @@ def test_async_flush_loss_is_found_by_reconciliation_and_recovered_by_resends(
         assert worker.metrics.resent >= len(lost)
         assert consumers.doubled() == {}, f"seed {seed}: effects applied twice"
         consumers.transport.broker.persist_offsets()  # type: ignore[attr-defined]
-        second = reconcile(ReconcileOptions(db_url=db, table_prefix=prefix,
-                                            offsets=str(offsets_file), grace=timedelta(0),
-                                            queue_bounds=consumers.transport,
-                                            spark_conf=SPARK))
+        second = reconcile(
+            ReconcileOptions(
+                db_url=db,
+                table_prefix=prefix,
+                offsets=str(offsets_file),
+                grace=timedelta(0),
+                queue_bounds=consumers.transport,
+                spark_conf=SPARK,
+            )
+        )
         cert = second.summary.certificate
         assert cert.clean and cert.produced == cert.confirmed == len(stubs), cert
-        print(f"observed (seed {seed}): kills {kills}, acknowledged {len(acked)}, "
-              f"tail dropped {dropped_bytes} B, acknowledged then lost {len(lost)}, "
-              f"reported lost {len(flagged)} ({beyond_end} beyond their queue's end), "
-              f"resent {worker.metrics.resent}, stubs {len(stubs)} all confirmed once")
+        print(
+            f"observed (seed {seed}): kills {kills}, acknowledged {len(acked)}, "
+            f"tail dropped {dropped_bytes} B, acknowledged then lost {len(lost)}, "
+            f"reported lost {len(flagged)} ({beyond_end} beyond their queue's end), "
+            f"resent {worker.metrics.resent}, stubs {len(stubs)} all confirmed once"
+        )
     finally:
         consumers.close()
 

@@ -36,9 +36,18 @@ from tests.chaos.e2e_app import GROUP, TOPIC
 from tests.chaos.test_e2e_broker_kill import REPO, wait_for
 from tests.e2e.grpc.server_process import ServerProcess
 
-SERVER_FAST = ("--flush", "sync", "--min-invisible-ms", "1000", "--min-long-polling-ms",
-               "500", "--long-polling-ms", "1000", "--delay-levels",
-               "100ms 200ms 300ms 300ms 500ms 500ms 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s")
+SERVER_FAST = (
+    "--flush",
+    "sync",
+    "--min-invisible-ms",
+    "1000",
+    "--min-long-polling-ms",
+    "500",
+    "--long-polling-ms",
+    "1000",
+    "--delay-levels",
+    "100ms 200ms 300ms 300ms 500ms 500ms 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s",
+)
 
 
 def _free_port() -> int:
@@ -63,9 +72,22 @@ class RedisServer:
         import redis
 
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.workdir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
 
         def up() -> bool:
@@ -93,15 +115,22 @@ class Database:
         self.admin = sa.create_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
         with self.admin.connect() as conn:
             conn.execute(sa.text(f'CREATE DATABASE "{self.name}"'))
-        self.url = str(sa.make_url(POSTGRES_URL).set(database=self.name).render_as_string(
-            hide_password=False))
+        self.url = str(
+            sa.make_url(POSTGRES_URL).set(database=self.name).render_as_string(hide_password=False)
+        )
 
     def refuse_connections(self) -> int:
         with self.admin.connect() as conn:
             conn.execute(sa.text(f'ALTER DATABASE "{self.name}" ALLOW_CONNECTIONS false'))
-            return len(conn.execute(sa.text(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE datname = :d AND pid <> pg_backend_pid()"), {"d": self.name}).all())
+            return len(
+                conn.execute(
+                    sa.text(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = :d AND pid <> pg_backend_pid()"
+                    ),
+                    {"d": self.name},
+                ).all()
+            )
 
     def allow_connections(self) -> None:
         with self.admin.connect() as conn:
@@ -115,18 +144,34 @@ class Database:
 
 
 class ConsumerProcess:
-    def __init__(self, endpoint: str, db: str, prefix: str, redis_url: str, key_prefix: str,
-                 name: str) -> None:
-        self.args = [sys.executable, e2e_app.__file__, "consume", endpoint, db, prefix,
-                     redis_url, key_prefix, name]
+    def __init__(
+        self, endpoint: str, db: str, prefix: str, redis_url: str, key_prefix: str, name: str
+    ) -> None:
+        self.args = [
+            sys.executable,
+            e2e_app.__file__,
+            "consume",
+            endpoint,
+            db,
+            prefix,
+            redis_url,
+            key_prefix,
+            name,
+        ]
         self.name = name
         self.proc: subprocess.Popen[str] | None = None
         self.starts = 0
 
     def start(self) -> None:
         env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True, env=env, cwd=REPO)
+        self.proc = subprocess.Popen(
+            self.args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+            cwd=REPO,
+        )
         self.starts += 1
 
     def kill(self) -> None:
@@ -163,14 +208,20 @@ class Publisher(threading.Thread):
     """The order service: publishes through the outbox, retrying an order whose
     transaction failed (it checks whether an ambiguous commit went through)."""
 
-    def __init__(self, engine: sa.Engine, tables: Any, producer: Any, total: int,
-                 rate: float) -> None:
+    def __init__(
+        self, engine: sa.Engine, tables: Any, producer: Any, total: int, rate: float
+    ) -> None:
         super().__init__(daemon=True)
         from outbox import Outbox, OutboxConfig
 
         self.engine, self.tables, self.total, self.rate = engine, tables, total, rate
-        self.outbox = Outbox(tables, producer, config=OutboxConfig(
-            resend_after=timedelta(hours=1), retry_after_failure=timedelta(seconds=1)))
+        self.outbox = Outbox(
+            tables,
+            producer,
+            config=OutboxConfig(
+                resend_after=timedelta(hours=1), retry_after_failure=timedelta(seconds=1)
+            ),
+        )
         self.published = 0
         self.db_errors = 0
 
@@ -182,9 +233,15 @@ class Publisher(threading.Thread):
             while True:
                 try:
                     with Session(self.engine) as session, session.begin():
-                        self.outbox.publish(session, Message(
-                            TOPIC, f"order {i}".encode(), keys=[f"order-{i}"],
-                            message_id=message_id))
+                        self.outbox.publish(
+                            session,
+                            Message(
+                                TOPIC,
+                                f"order {i}".encode(),
+                                keys=[f"order-{i}"],
+                                message_id=message_id,
+                            ),
+                        )
                     break
                 except sa.exc.DBAPIError:
                     self.db_errors += 1
@@ -197,8 +254,14 @@ class Publisher(threading.Thread):
     def _committed(self, message_id: str) -> bool:
         try:
             with self.engine.connect() as conn:
-                return conn.execute(sa.select(self.tables.stub.c.id).where(
-                    self.tables.stub.c.message_id == message_id)).first() is not None
+                return (
+                    conn.execute(
+                        sa.select(self.tables.stub.c.id).where(
+                            self.tables.stub.c.message_id == message_id
+                        )
+                    ).first()
+                    is not None
+                )
         except sa.exc.DBAPIError:
             return False
 
@@ -208,8 +271,8 @@ class Publisher(threading.Thread):
 @pytest.mark.postgres
 @pytest.mark.slow
 def test_consumer_kills_redis_restart_and_database_outage_lose_and_double_nothing(
-        services: tuple[ServerProcess, RedisServer, Database], seed: int,
-        request: pytest.FixtureRequest) -> None:
+    services: tuple[ServerProcess, RedisServer, Database], seed: int, request: pytest.FixtureRequest
+) -> None:
     from outbox import ResendPolicy, ResendWorker
     from reliable import Producer, connect
 
@@ -221,19 +284,31 @@ def test_consumer_kills_redis_restart_and_database_outage_lose_and_double_nothin
     e2e_app.create_schema(engine, prefix)
     tables, _, effects = e2e_app.tables(prefix)
     key_prefix = f"chaos:{uuid.uuid4().hex[:8]}:"
-    consumers = [ConsumerProcess(server.endpoint, database.url, prefix, redis_server.url,
-                                 key_prefix, f"consumer-{n}") for n in (1, 2)]
+    consumers = [
+        ConsumerProcess(
+            server.endpoint, database.url, prefix, redis_server.url, key_prefix, f"consumer-{n}"
+        )
+        for n in (1, 2)
+    ]
     transport = connect("grpc", endpoint=server.endpoint)
     transport.start()
     producer = Producer(transport).start()
     total = 900 if soak else 240
     publisher = Publisher(engine, tables, producer, total, rate=40)
-    worker = ResendWorker(engine, tables, producer, policy=ResendPolicy(
-        backoff=tenacity.wait_fixed(2), recheck_after=timedelta(seconds=1),
-        error_backoff=tenacity.wait_fixed(0.5)))
+    worker = ResendWorker(
+        engine,
+        tables,
+        producer,
+        policy=ResendPolicy(
+            backoff=tenacity.wait_fixed(2),
+            recheck_after=timedelta(seconds=1),
+            error_backoff=tenacity.wait_fixed(0.5),
+        ),
+    )
     stop = threading.Event()
-    resend = threading.Thread(target=worker.run, args=(stop,), kwargs={"interval": 0.3},
-                              daemon=True)
+    resend = threading.Thread(
+        target=worker.run, args=(stop,), kwargs={"interval": 0.3}, daemon=True
+    )
     events: list[str] = []
     try:
         for c in consumers:
@@ -267,24 +342,39 @@ def test_consumer_kills_redis_restart_and_database_outage_lose_and_double_nothin
 
         def unconfirmed() -> int:
             with engine.connect() as conn:
-                return int(conn.execute(sa.select(sa.func.count()).select_from(stub).where(
-                    stub.c.message_id.not_in(sa.select(conf.c.message_id).where(
-                        conf.c.consumer_group == GROUP)))).scalar_one())
+                return int(
+                    conn.execute(
+                        sa.select(sa.func.count())
+                        .select_from(stub)
+                        .where(
+                            stub.c.message_id.not_in(
+                                sa.select(conf.c.message_id).where(conf.c.consumer_group == GROUP)
+                            )
+                        )
+                    ).scalar_one()
+                )
 
         assert wait_for(lambda: unconfirmed() == 0, 120, 0.5), (
-            f"seed {seed}: {unconfirmed()} messages never consumed; events {events}")
+            f"seed {seed}: {unconfirmed()} messages never consumed; events {events}"
+        )
         with engine.connect() as conn:
             stubs = conn.execute(sa.select(sa.func.count()).select_from(stub)).scalar_one()
-            doubled = conn.execute(sa.select(effects.c.message_id, sa.func.count()).group_by(
-                effects.c.message_id).having(sa.func.count() > 1)).all()
-            applied = conn.execute(sa.select(sa.func.count(sa.distinct(
-                effects.c.message_id)))).scalar_one()
+            doubled = conn.execute(
+                sa.select(effects.c.message_id, sa.func.count())
+                .group_by(effects.c.message_id)
+                .having(sa.func.count() > 1)
+            ).all()
+            applied = conn.execute(
+                sa.select(sa.func.count(sa.distinct(effects.c.message_id)))
+            ).scalar_one()
         assert stubs == total
         assert doubled == [], f"seed {seed}: effects applied twice: {doubled[:5]}; {events}"
         assert applied == total
-        print(f"observed (seed {seed}): {total} orders, events {events}, consumer starts "
-              f"{[c.starts for c in consumers]}, publisher DB errors {publisher.db_errors}, "
-              f"resent {worker.metrics.resent}; every message's effect exactly once")
+        print(
+            f"observed (seed {seed}): {total} orders, events {events}, consumer starts "
+            f"{[c.starts for c in consumers]}, publisher DB errors {publisher.db_errors}, "
+            f"resent {worker.metrics.resent}; every message's effect exactly once"
+        )
     finally:
         stop.set()
         resend.join(30)

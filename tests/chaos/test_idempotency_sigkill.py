@@ -32,21 +32,28 @@ LEASE = timedelta(seconds=1)
 
 def _business(prefix: str) -> tuple[sa.MetaData, sa.Table]:
     md = sa.MetaData()
-    return md, sa.Table(f"{prefix}reserved", md,
-                        sa.Column("run", sa.String(64), primary_key=True),
-                        sa.Column("message_id", sa.String(64), nullable=False))
+    return md, sa.Table(
+        f"{prefix}reserved",
+        md,
+        sa.Column("run", sa.String(64), primary_key=True),
+        sa.Column("message_id", sa.String(64), nullable=False),
+    )
 
 
 def _guard(db_url: str, prefix: str, key_prefix: str) -> IdempotencyGuard:
     engine = sa.create_engine(db_url)
-    return IdempotencyGuard(engine, OutboxTables(prefix=prefix), redis.Redis(),
-                            config=GuardConfig(key_prefix=key_prefix, lease=LEASE,
-                                               allow_short_window=True))
+    return IdempotencyGuard(
+        engine,
+        OutboxTables(prefix=prefix),
+        redis.Redis(),
+        config=GuardConfig(key_prefix=key_prefix, lease=LEASE, allow_short_window=True),
+    )
 
 
 def _message(mid: str) -> ReceivedMessage:
-    return ReceivedMessage(message_id=mid, topic="OrderCreated", body=b'{"sku": "A1"}',
-                           queue_id=1, queue_offset=42)
+    return ReceivedMessage(
+        message_id=mid, topic="OrderCreated", body=b'{"sku": "A1"}', queue_id=1, queue_offset=42
+    )
 
 
 def _reserve(table: sa.Table, mid: str, marker: Path | None):  # type: ignore[no-untyped-def]
@@ -68,13 +75,18 @@ def _child(db_url: str, prefix: str, key_prefix: str, mid: str, marker: str) -> 
 
 @pytest.mark.chaos
 @pytest.mark.redis
-@pytest.mark.parametrize("db_url", [
-    "sqlite",
-    pytest.param("postgres", marks=pytest.mark.postgres),
-    pytest.param("mariadb", marks=pytest.mark.mariadb),
-], indirect=True)
+@pytest.mark.parametrize(
+    "db_url",
+    [
+        "sqlite",
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
+    ],
+    indirect=True,
+)
 def test_sigkill_inside_the_handler_leads_to_exactly_one_processing(
-        db_url: str, table_prefix: str, tmp_path: Path) -> None:
+    db_url: str, table_prefix: str, tmp_path: Path
+) -> None:
     engine = sa.create_engine(db_url)
     tables = OutboxTables(prefix=table_prefix)
     tables.create_all(engine)
@@ -86,7 +98,8 @@ def test_sigkill_inside_the_handler_leads_to_exactly_one_processing(
     try:
         child = subprocess.Popen(
             [sys.executable, __file__, db_url, table_prefix, key_prefix, mid, str(marker)],
-            env={**os.environ, "PYTHONPATH": str(ROOT)})
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
         deadline = time.monotonic() + 60
         while not marker.exists():
             assert child.poll() is None, "the consumer exited before reaching the handler"
@@ -107,14 +120,22 @@ def test_sigkill_inside_the_handler_leads_to_exactly_one_processing(
         assert results[-1] is ConsumeResult.SUCCESS
         assert results[0] is ConsumeResult.RECONSUME_LATER  # the lease was still alive
         for _ in range(3):  # later redeliveries are duplicates
-            assert guard.process(_message(mid), GROUP, _reserve(table, mid, None)) \
+            assert (
+                guard.process(_message(mid), GROUP, _reserve(table, mid, None))
                 is ConsumeResult.SUCCESS
+            )
         with engine.connect() as conn:
             assert conn.execute(sa.select(sa.func.count()).select_from(table)).scalar() == 1
-            assert conn.execute(sa.select(sa.func.count()).select_from(
-                tables.confirmation)).scalar() == 1
-            assert conn.execute(sa.select(sa.func.count()).select_from(
-                tables.consumption_log)).scalar() == 0
+            assert (
+                conn.execute(sa.select(sa.func.count()).select_from(tables.confirmation)).scalar()
+                == 1
+            )
+            assert (
+                conn.execute(
+                    sa.select(sa.func.count()).select_from(tables.consumption_log)
+                ).scalar()
+                == 0
+            )
         guard.engine.dispose()
     finally:
         md.drop_all(engine)

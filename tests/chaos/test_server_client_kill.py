@@ -18,8 +18,16 @@ import pytest
 from tests.e2e.grpc import official
 from tests.e2e.grpc.server_process import REPO, ServerProcess
 
-FAST = ("--min-invisible-ms", "1000", "--min-long-polling-ms", "1000",
-        "--long-polling-ms", "5000", "--default-invisible-ms", "30000")
+FAST = (
+    "--min-invisible-ms",
+    "1000",
+    "--min-long-polling-ms",
+    "1000",
+    "--long-polling-ms",
+    "5000",
+    "--default-invisible-ms",
+    "30000",
+)
 
 CHILD = textwrap.dedent("""
     import sys, threading
@@ -43,8 +51,13 @@ CHILD = textwrap.dedent("""
 def test_killed_push_consumer_releases_its_message(tmp_path: Path, client_home: Path) -> None:
     server = ServerProcess(tmp_path / "store", client_home, *FAST).start()
     env = dict(os.environ, HOME=str(client_home), PYTHONPATH=str(REPO))
-    child = subprocess.Popen([sys.executable, "-c", CHILD, server.endpoint], env=env,
-                             cwd=REPO, stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, server.endpoint],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(child.stdout or []), daemon=True).start()
     try:

@@ -29,8 +29,11 @@ FULL = 0.8
 def disk(tmp_path: Path) -> Iterator[Path]:
     where = tmp_path / "disk"
     where.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_MB}m", "tmpfs",
-                           str(where)], capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={DISK_MB}m", "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, f"this test mounts a tmpfs (needs CAP_SYS_ADMIN): {done.stderr}"
     try:
         yield where
@@ -54,10 +57,19 @@ def _fill_to(disk: Path, ratio: float) -> Path:
 
 
 def test_disk_full_refuses_sends_keeps_what_was_acknowledged_and_recovers(
-        disk: Path, tmp_path: Path) -> None:
+    disk: Path, tmp_path: Path
+) -> None:
     store = disk / "store"
-    server = ServerProcess(store, tmp_path, "--disk-full-ratio", str(FULL),
-                           "--disk-clean-ratio", str(FULL), "--queues", "2").start()
+    server = ServerProcess(
+        store,
+        tmp_path,
+        "--disk-full-ratio",
+        str(FULL),
+        "--disk-clean-ratio",
+        str(FULL),
+        "--queues",
+        "2",
+    ).start()
     transport = reliable.connect("grpc", endpoint=server.endpoint)
     transport.start()
     acked: list[bytes] = []

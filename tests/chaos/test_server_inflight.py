@@ -15,8 +15,16 @@ import pytest
 from tests.e2e.grpc import official
 from tests.e2e.grpc.server_process import ServerProcess
 
-FAST = ("--min-invisible-ms", "1000", "--min-long-polling-ms", "1000",
-        "--long-polling-ms", "5000", "--flush", "sync")
+FAST = (
+    "--min-invisible-ms",
+    "1000",
+    "--min-long-polling-ms",
+    "1000",
+    "--long-polling-ms",
+    "5000",
+    "--flush",
+    "sync",
+)
 
 
 def ack_when_reconnected(consumer: object, message: object, timeout_s: float = 60) -> None:
@@ -44,10 +52,11 @@ def test_leases_and_acks_survive_sigkill(tmp_path: Path, client_home: Path) -> N
     try:
         producer = official.producer(server.endpoint, ["t-inflight"])
         consumer = official.simple_consumer(server.endpoint, "g-inflight", "t-inflight")
-        sent = [producer.send(official.message("t-inflight", f"{i}".encode())).message_id
-                for i in range(6)]
-        held = official.receive_until(consumer, lambda g: len(g) >= 6, invisible_s=60,
-                                      ack=False)
+        sent = [
+            producer.send(official.message("t-inflight", f"{i}".encode())).message_id
+            for i in range(6)
+        ]
+        held = official.receive_until(consumer, lambda g: len(g) >= 6, invisible_s=60, ack=False)
         assert sorted(m.message_id for m in held) == sorted(sent)
         for m in held[:3]:
             consumer.ack(m)  # done before the crash

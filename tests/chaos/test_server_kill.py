@@ -16,14 +16,14 @@ import pytest
 from tests.e2e.grpc import official
 from tests.e2e.grpc.server_process import ServerProcess
 
-FAST = ("--min-invisible-ms", "1000", "--min-long-polling-ms", "1000",
-        "--long-polling-ms", "5000")
+FAST = ("--min-invisible-ms", "1000", "--min-long-polling-ms", "1000", "--long-polling-ms", "5000")
 
 
 @pytest.mark.chaos
 @pytest.mark.slow
 def test_sigkill_under_sync_flush_loses_no_acknowledged_message(
-        tmp_path: Path, client_home: Path, seed: int) -> None:
+    tmp_path: Path, client_home: Path, seed: int
+) -> None:
     rng = random.Random(seed)
     store = tmp_path / "store"
     server = ServerProcess(store, client_home, "--flush", "sync", *FAST).start()
@@ -33,8 +33,9 @@ def test_sigkill_under_sync_flush_loses_no_acknowledged_message(
         producer = official.producer(server.endpoint, ["t-kill"])
         consumer = official.simple_consumer(server.endpoint, "g-kill", "t-kill")
         for i in range(100):
-            acked_sends.append(producer.send(official.message("t-kill", f"a{i}".encode()))
-                               .message_id)
+            acked_sends.append(
+                producer.send(official.message("t-kill", f"a{i}".encode())).message_id
+            )
         # the consumer finishes part of them before the crash
         for m in official.receive_until(consumer, lambda g: len(g) >= 40, batch=8):
             acked_by_consumer.add(m.message_id)  # receive_until acked it: ack returned OK
@@ -67,13 +68,15 @@ def test_sigkill_under_sync_flush_loses_no_acknowledged_message(
                 client.shutdown()
         acked_before_kill = list(acked_sends)
 
-        server = ServerProcess(store, client_home, "--flush", "sync", *FAST,
-                               port=server.port).start()
+        server = ServerProcess(
+            store, client_home, "--flush", "sync", *FAST, port=server.port
+        ).start()
         consumer = official.simple_consumer(server.endpoint, "g-kill", "t-kill")
         try:
             expected = set(acked_before_kill) - acked_by_consumer
             got = official.receive_until(
-                consumer, lambda g: expected <= {m.message_id for m in g}, timeout_s=60)
+                consumer, lambda g: expected <= {m.message_id for m in g}, timeout_s=60
+            )
             received = [m.message_id for m in got]
         finally:
             consumer.shutdown()

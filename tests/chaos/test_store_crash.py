@@ -55,8 +55,12 @@ class Acked:
 def _run_child(store_dir: Path, run: int, rng: random.Random) -> tuple[list[Acked], bool]:
     """Start a child, let it append for a random while, SIGKILL it; its acknowledged puts."""
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.Popen([sys.executable, str(CHILD), str(store_dir), str(run), "4"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, str(CHILD), str(store_dir), str(run), "4"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
     assert proc.stdout is not None
     ready = proc.stdout.readline()
     if ready != b"READY\n":
@@ -88,7 +92,7 @@ def _commitlog_end(store_dir: Path) -> tuple[Path, int, bytes]:
                 return path, pos, record
             if size == 0:
                 break  # blank record: the log goes on in the next file
-            record = data[pos:pos + size]
+            record = data[pos : pos + size]
             pos += size
     return path, len(data), record  # the last file is full: no room to tear
 

@@ -36,8 +36,12 @@ CUTS = 2
 
 def _run(store_dir: Path, durable: Path, rng: random.Random) -> list[tuple[int, int, int]]:
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.Popen([sys.executable, str(CHILD), str(store_dir), str(durable)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, str(CHILD), str(store_dir), str(durable)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
     assert proc.stdout is not None
     ready = proc.stdout.readline()
     if ready != b"READY\n":
@@ -78,8 +82,7 @@ def test_power_cut_after_sigkill_loses_nothing_acknowledged(tmp_path: Path, seed
         store.start()
         try:
             assert store.recovery is not None and store.recovery.abnormal
-            assert store.get_commitlog_max_offset() >= max(o + s for o, (s, _) in
-                                                           acked.items())
+            assert store.get_commitlog_max_offset() >= max(o + s for o, (s, _) in acked.items())
             assert store.wait_dispatched(30)
             seen: set[tuple[int, int]] = set()
             for offset, (_size, index) in acked.items():

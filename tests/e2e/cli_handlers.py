@@ -7,8 +7,13 @@ import os
 from reliable import ReceivedMessage, handler
 
 
-@handler("cli-orders", group="cli-g", consume_from="first", rebalance_interval_s=0.2,
-         persist_offset_interval_s=3600)  # only the graceful shutdown commits offsets
+@handler(
+    "cli-orders",
+    group="cli-g",
+    consume_from="first",
+    rebalance_interval_s=0.2,
+    persist_offset_interval_s=3600,
+)  # only the graceful shutdown commits offsets
 def record(message: ReceivedMessage) -> None:
     fd = os.open(os.environ["RELIABLE_TEST_OUT"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     try:

@@ -18,11 +18,14 @@ from tests.e2e.helpers import broker_config, store_config
 def make_transport(tmp_path: Path) -> Iterator[Callable[..., Transport]]:
     made: list[Transport] = []
 
-    def make(name: str = "store", *, flush: FlushMode = FlushMode.ASYNC_FLUSH,
-             **broker_overrides: Any) -> Transport:
-        t = reliable.connect("embedded",
-                             store_config=store_config(tmp_path / name, flush_mode=flush),
-                             broker_config=broker_config(**broker_overrides))
+    def make(
+        name: str = "store", *, flush: FlushMode = FlushMode.ASYNC_FLUSH, **broker_overrides: Any
+    ) -> Transport:
+        t = reliable.connect(
+            "embedded",
+            store_config=store_config(tmp_path / name, flush_mode=flush),
+            broker_config=broker_config(**broker_overrides),
+        )
         t.start()
         made.append(t)
         return t

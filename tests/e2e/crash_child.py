@@ -39,8 +39,10 @@ def main() -> None:
     store_dir, out_dir, mode = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
     sent, processed = Log(out_dir / "sent.log"), Log(out_dir / "processed.log")
     transport = reliable.connect(
-        "embedded", store_config=store_config(store_dir, flush_mode=FlushMode.SYNC_FLUSH),
-        broker_config=broker_config())
+        "embedded",
+        store_config=store_config(store_dir, flush_mode=FlushMode.SYNC_FLUSH),
+        broker_config=broker_config(),
+    )
     transport.start()
 
     @handler("crash", group="crash-g", **dict(FAST, consume_threads=2))

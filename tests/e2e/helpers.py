@@ -94,8 +94,9 @@ def fill(broker: Broker, disk: Disk, used: float) -> None:
     broker.store.cleanup.check_disk()  # what the cleanup service's next pass does
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = 20.0,
-               what: str = "condition") -> None:
+def wait_until(
+    predicate: Callable[[], bool], timeout: float = 20.0, what: str = "condition"
+) -> None:
     """Poll `predicate` until it holds; fail after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while not predicate():

@@ -6,8 +6,13 @@ from __future__ import annotations
 from reliable import Discard, ReceivedMessage, handler
 
 
-@handler("obs-consume", group="obs-consume-g", consume_from="first",
-         retry_on=(ConnectionError,), dead_letter_other=True)
+@handler(
+    "obs-consume",
+    group="obs-consume-g",
+    consume_from="first",
+    retry_on=(ConnectionError,),
+    dead_letter_other=True,
+)
 def decide(message: ReceivedMessage) -> None:
     body = bytes(message.body)
     if body.startswith(b"retry") and message.delivery_attempt == 1:

@@ -24,8 +24,9 @@ from tests.e2e.helpers import FAST, LEVEL_MS, stays, wait_until
 
 
 @pytest.mark.parametrize("engine", ["pull", "receive"])
-def test_fails_three_times_then_succeeds_with_growing_delays(transport: Transport,
-                                                             engine: str) -> None:
+def test_fails_three_times_then_succeeds_with_growing_delays(
+    transport: Transport, engine: str
+) -> None:
     deliveries: list[tuple[int, float, str]] = []
 
     @handler("ladder", group="ladder-g", receive_long_poll_ms=50, **FAST)
@@ -34,8 +35,10 @@ def test_fails_three_times_then_succeeds_with_growing_delays(transport: Transpor
         if len(deliveries) <= 3:
             raise RuntimeError("not yet")
 
-    with Worker(flaky, transport=transport, consumer_options={"engine": engine}), \
-            Producer(transport) as producer:
+    with (
+        Worker(flaky, transport=transport, consumer_options={"engine": engine}),
+        Producer(transport) as producer,
+    ):
         receipt = producer.send(Message("ladder", b"pay order 42"))
         wait_until(lambda: len(deliveries) >= 4, what="4 deliveries")
         assert stays(lambda: len(deliveries) == 4, 1.5), "delivered again after success"
@@ -65,13 +68,13 @@ def test_retry_later_asks_for_a_level(transport: Transport) -> None:
 
 
 @pytest.mark.parametrize("engine", ["pull", "receive"])
-def test_always_failing_goes_to_dlq_after_exactly_max_retries(transport: Transport,
-                                                              engine: str) -> None:
+def test_always_failing_goes_to_dlq_after_exactly_max_retries(
+    transport: Transport, engine: str
+) -> None:
     attempts: list[int] = []
     dead: list[ReceivedMessage] = []
 
-    @handler("doomed", group="doomed-g", max_reconsume_times=3, receive_long_poll_ms=50,
-             **FAST)
+    @handler("doomed", group="doomed-g", max_reconsume_times=3, receive_long_poll_ms=50, **FAST)
     def never(message: ReceivedMessage) -> None:
         attempts.append(message.reconsume_times)
         raise ValueError("cannot parse")
@@ -80,8 +83,11 @@ def test_always_failing_goes_to_dlq_after_exactly_max_retries(transport: Transpo
     def dead_letters(message: ReceivedMessage) -> None:
         dead.append(message)
 
-    with Worker(never, transport=transport, consumer_options={"engine": engine}), \
-            Worker(dead_letters, transport=transport), Producer(transport) as producer:
+    with (
+        Worker(never, transport=transport, consumer_options={"engine": engine}),
+        Worker(dead_letters, transport=transport),
+        Producer(transport) as producer,
+    ):
         receipt = producer.send(Message("doomed", b"poison", keys=["order-7"]))
         wait_until(lambda: len(dead) == 1, what="the dead letter")
         assert stays(lambda: len(attempts) == 4 and len(dead) == 1, 1.0)
@@ -92,10 +98,13 @@ def test_always_failing_goes_to_dlq_after_exactly_max_retries(transport: Transpo
     assert dead[0].keys == ["order-7"] and dead[0].body == b"poison"
 
 
-@pytest.mark.parametrize("choice", [{"dead_letter_on": ValueError},
-                                    {"retry_on": ConnectionError, "dead_letter_other": True}])
+@pytest.mark.parametrize(
+    "choice",
+    [{"dead_letter_on": ValueError}, {"retry_on": ConnectionError, "dead_letter_other": True}],
+)
 def test_dead_letter_choice_skips_the_ladder_and_ignore_on_discards(
-        transport: Transport, choice: dict[str, object]) -> None:
+    transport: Transport, choice: dict[str, object]
+) -> None:
     calls: defaultdict[bytes, int] = defaultdict(int)
     dead: list[bytes] = []
 
@@ -119,16 +128,23 @@ def test_dead_letter_choice_skips_the_ladder_and_ignore_on_discards(
 
 
 @pytest.mark.parametrize(("engine", "batch"), [("pull", 1), ("pull", 4), ("receive", 1)])
-def test_orderly_keeps_each_groups_order_under_failures(transport: Transport, seed: int,
-                                                        engine: str, batch: int) -> None:
+def test_orderly_keeps_each_groups_order_under_failures(
+    transport: Transport, seed: int, engine: str, batch: int
+) -> None:
     rng = random.Random(seed)
     lock = threading.Lock()
     done: defaultdict[str, list[int]] = defaultdict(list)
     fail_once = {(g, i) for g in "ABCD" for i in range(25) if rng.random() < 0.2}
     failed: set[tuple[str, int]] = set()
 
-    @handler("fifo", group="fifo-g", orderly=True, consume_batch_size=batch,
-             receive_long_poll_ms=50, **FAST)
+    @handler(
+        "fifo",
+        group="fifo-g",
+        orderly=True,
+        consume_batch_size=batch,
+        receive_long_poll_ms=50,
+        **FAST,
+    )
     def step(message: ReceivedMessage) -> None:
         key = (message.message_group or "", int(message.body))
         with lock:
@@ -137,8 +153,10 @@ def test_orderly_keeps_each_groups_order_under_failures(transport: Transport, se
                 raise RuntimeError("transient")
             done[key[0]].append(key[1])
 
-    with Worker(step, transport=transport, consumer_options={"engine": engine}), \
-            Producer(transport) as producer:
+    with (
+        Worker(step, transport=transport, consumer_options={"engine": engine}),
+        Producer(transport) as producer,
+    ):
         for i in range(25):
             for g in "ABCD":
                 producer.send(Message("fifo", str(i).encode(), message_group=g))

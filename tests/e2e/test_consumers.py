@@ -40,40 +40,55 @@ class Recorder:
                     self.seen[m.message_id] += 1
                     self.by[name][m.message_id] += 1
             return ConsumeResult.SUCCESS
+
         return consume
 
 
 @pytest.mark.parametrize("allocate", ["averagely", "consistent_hash"])
-def test_two_consumers_split_queues_and_one_takes_over(transport: Transport,
-                                                       allocate: str) -> None:
+def test_two_consumers_split_queues_and_one_takes_over(transport: Transport, allocate: str) -> None:
     options = dict(FAST)
     if allocate == "consistent_hash":
         options["allocate"] = allocate_consistent_hash
     rec = Recorder()
-    c1 = PushConsumer("split-g", rec.listener("c1"), {"split": "*"}, transport=transport,
-                      client_id="c1", **options)
-    c2 = PushConsumer("split-g", rec.listener("c2"), {"split": "*"}, transport=transport,
-                      client_id="c2", **options)
+    c1 = PushConsumer(
+        "split-g",
+        rec.listener("c1"),
+        {"split": "*"},
+        transport=transport,
+        client_id="c1",
+        **options,
+    )
+    c2 = PushConsumer(
+        "split-g",
+        rec.listener("c2"),
+        {"split": "*"},
+        transport=transport,
+        client_id="c2",
+        **options,
+    )
     with Producer(transport) as producer:
         producer.send(Message("split", b"create the topic"))
         c1.start()
         c2.start()
         try:
+
             def split() -> bool:
                 a = {q for q in c1.assigned_queues if q.topic == "split"}
                 b = {q for q in c2.assigned_queues if q.topic == "split"}
                 return len(a | b) == 4 and not a & b and bool(a) and bool(b)
 
             wait_until(split, what="the queues to be split")
-            sent = [producer.send(Message("split", f"{i}".encode())).message_id
-                    for i in range(40)]
+            sent = [producer.send(Message("split", f"{i}".encode())).message_id for i in range(40)]
             wait_until(lambda: set(sent) <= set(rec.seen), what="the first 40")
             assert rec.by["c1"] and rec.by["c2"]  # both consumed
             c2.shutdown()
-            wait_until(lambda: len([q for q in c1.assigned_queues if q.topic == "split"]) == 4,
-                       what="c1 to take every queue")
-            sent += [producer.send(Message("split", f"{i}".encode())).message_id
-                     for i in range(40, 120)]
+            wait_until(
+                lambda: len([q for q in c1.assigned_queues if q.topic == "split"]) == 4,
+                what="c1 to take every queue",
+            )
+            sent += [
+                producer.send(Message("split", f"{i}".encode())).message_id for i in range(40, 120)
+            ]
             wait_until(lambda: set(sent) <= set(rec.seen), what="all 120")
         finally:
             c1.shutdown()
@@ -85,9 +100,18 @@ def test_two_consumers_split_queues_and_one_takes_over(transport: Transport,
 
 def test_broadcasting_gives_every_consumer_every_message(transport: Transport) -> None:
     rec = Recorder()
-    consumers = [PushConsumer("bcast-g", rec.listener(n), {"bcast": "*"}, transport=transport,
-                              client_id=n, message_model=MessageModel.BROADCASTING, **FAST)
-                 for n in ("x", "y")]
+    consumers = [
+        PushConsumer(
+            "bcast-g",
+            rec.listener(n),
+            {"bcast": "*"},
+            transport=transport,
+            client_id=n,
+            message_model=MessageModel.BROADCASTING,
+            **FAST,
+        )
+        for n in ("x", "y")
+    ]
     for c in consumers:
         c.start()
     try:
@@ -135,14 +159,22 @@ def test_receive_engine_redelivers_failures(transport: Transport) -> None:
         m = msgs[0]
         attempts[m.message_id] += 1
         assert m.reconsume_times == attempts[m.message_id] - 1
-        return ConsumeResult.SUCCESS if attempts[m.message_id] >= 2 else \
-            ConsumeResult.RECONSUME_LATER
+        return (
+            ConsumeResult.SUCCESS if attempts[m.message_id] >= 2 else ConsumeResult.RECONSUME_LATER
+        )
 
     with Producer(transport) as producer:
         sent = {producer.send(Message("pop", b"x")).message_id for _ in range(5)}
-    consumer = PushConsumer("pop-g", consume, {"pop": "*"}, transport=transport,
-                            engine="receive", receive_long_poll_ms=200, invisible_ms=5_000,
-                            **FAST)
+    consumer = PushConsumer(
+        "pop-g",
+        consume,
+        {"pop": "*"},
+        transport=transport,
+        engine="receive",
+        receive_long_poll_ms=200,
+        invisible_ms=5_000,
+        **FAST,
+    )
     with consumer:
         wait_until(lambda: all(attempts[i] == 2 for i in sent), what="two attempts each")
         assert stays(lambda: all(attempts[i] == 2 for i in sent), 0.5)
@@ -151,11 +183,14 @@ def test_receive_engine_redelivers_failures(transport: Transport) -> None:
 def test_simple_consumer_receive_ack_and_change_invisible(transport: Transport) -> None:
     with Producer(transport) as producer:
         sent = {producer.send(Message("simple", f"{i}".encode())).message_id for i in range(3)}
-    with SimpleConsumer("simple-g", {"simple": "*"}, transport=transport,
-                        await_duration_s=0.5) as consumer:
+    with SimpleConsumer(
+        "simple-g", {"simple": "*"}, transport=transport, await_duration_s=0.5
+    ) as consumer:
         got: list[ReceivedMessage] = []
-        wait_until(lambda: got.extend(consumer.receive(10, invisible_duration_s=0.3)) or
-                   len(got) == 3, what="3 messages")
+        wait_until(
+            lambda: got.extend(consumer.receive(10, invisible_duration_s=0.3)) or len(got) == 3,
+            what="3 messages",
+        )
         assert {m.message_id for m in got} == sent
         keep, extend, forget = got
         consumer.ack(keep)
@@ -164,8 +199,10 @@ def test_simple_consumer_receive_ack_and_change_invisible(transport: Transport) 
         assert new != old and extend.receipt_handle == new
         # `forget` is not acked: it comes back after 0.3 s with attempt 2; the others do not
         again: list[ReceivedMessage] = []
-        wait_until(lambda: again.extend(consumer.receive(10, invisible_duration_s=5)) or
-                   bool(again), what="the redelivery")
+        wait_until(
+            lambda: again.extend(consumer.receive(10, invisible_duration_s=5)) or bool(again),
+            what="the redelivery",
+        )
         assert [(m.message_id, m.delivery_attempt) for m in again] == [(forget.message_id, 2)]
         consumer.ack(again[0])
         stale = ReceivedMessage(**{**_fields(extend), "receipt_handle": old})
@@ -179,19 +216,26 @@ def _fields(m: ReceivedMessage) -> dict[str, object]:
 
 
 def test_graceful_shutdown_commits_offsets_so_a_successor_sees_no_duplicates(
-        transport: Transport) -> None:
+    transport: Transport,
+) -> None:
     first, second = Recorder(), Recorder()
     with Producer(transport) as producer:
         old = {producer.send(Message("handover", b"x")).message_id for _ in range(30)}
-        c1 = PushConsumer("handover-g", first.listener("c1"), {"handover": "*"},
-                          transport=transport, persist_offset_interval_s=3600,
-                          **{k: v for k, v in FAST.items() if k != "persist_offset_interval_s"})
+        c1 = PushConsumer(
+            "handover-g",
+            first.listener("c1"),
+            {"handover": "*"},
+            transport=transport,
+            persist_offset_interval_s=3600,
+            **{k: v for k, v in FAST.items() if k != "persist_offset_interval_s"},
+        )
         with c1:
             wait_until(lambda: set(first.seen) == old, what="the first 30")
         # periodic persistence was off: only the shutdown committed the offsets
         new = {producer.send(Message("handover", b"y")).message_id for _ in range(10)}
-        with PushConsumer("handover-g", second.listener("c2"), {"handover": "*"},
-                          transport=transport, **FAST):
+        with PushConsumer(
+            "handover-g", second.listener("c2"), {"handover": "*"}, transport=transport, **FAST
+        ):
             wait_until(lambda: set(second.seen) == new, what="the 10 new ones")
             assert stays(lambda: set(second.seen) == new, 0.5)
     assert all(n == 1 for n in first.seen.values())
@@ -225,8 +269,7 @@ def test_failed_send_back_is_retried_locally(transport: Transport) -> None:
 
     with Producer(transport) as producer:
         producer.send(Message("sendback", b"x"))
-    with PushConsumer("sendback-g", consume, {"sendback": "*"},
-                      transport=seam, **FAST):  # type: ignore[arg-type]
+    with PushConsumer("sendback-g", consume, {"sendback": "*"}, transport=seam, **FAST):  # type: ignore[arg-type]
         wait_until(lambda: len(attempts) == 3, what="3 attempts")
         assert stays(lambda: len(attempts) == 3, 0.8)
     # 1st failure: the send-back is lost -> retried locally (the listener sees reconsume 1);
@@ -247,8 +290,16 @@ def test_receive_engine_renews_the_lease_of_a_slow_handler(transport: Transport)
         mid = producer.send(Message("lease", b"x")).message_id
     # 600 ms leases renewed at half-life: 300 ms of slack for the renewal thread, enough on a
     # loaded machine (150 ms was not)
-    with PushConsumer("lease-g", slow, {"lease": "*"}, transport=transport, engine="receive",
-                      invisible_ms=600, receive_long_poll_ms=100, **FAST) as consumer:
+    with PushConsumer(
+        "lease-g",
+        slow,
+        {"lease": "*"},
+        transport=transport,
+        engine="receive",
+        invisible_ms=600,
+        receive_long_poll_ms=100,
+        **FAST,
+    ) as consumer:
         wait_until(lambda: calls[mid] == 1, what="the delivery")
         assert stays(lambda: calls[mid] == 1, 3.0), "redelivered while still being handled"
         assert transport.broker.in_flight("lease-g", "lease") == []  # type: ignore[attr-defined]

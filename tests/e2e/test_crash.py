@@ -25,9 +25,9 @@ def _lines(path: Path) -> list[str]:
 def test_sigkill_with_messages_in_flight_loses_nothing(tmp_path: Path) -> None:
     store, out = tmp_path / "store", tmp_path / "out"
     out.mkdir()
-    child = subprocess.Popen([sys.executable, str(CHILD), str(store), str(out), "produce",
-                              "400"])
+    child = subprocess.Popen([sys.executable, str(CHILD), str(store), str(out), "produce", "400"])
     try:
+
         def busy() -> bool:  # consuming, and acknowledged messages waiting to be consumed
             processed = set(_lines(out / "processed.log"))
             return len(processed) >= 30 and len(set(_lines(out / "sent.log")) - processed) >= 20
@@ -53,5 +53,7 @@ def test_sigkill_with_messages_in_flight_loses_nothing(tmp_path: Path) -> None:
     lost = set(sent_before) - set(processed)
     assert not lost, f"{len(lost)} acknowledged message(s) lost"
     duplicates = sum(n - 1 for n in processed.values())
-    print(f"sent {len(sent_before)} (acknowledged), processed {len(processed)} distinct, "
-          f"{duplicates} duplicate(s) after the SIGKILL")
+    print(
+        f"sent {len(sent_before)} (acknowledged), processed {len(processed)} distinct, "
+        f"{duplicates} duplicate(s) after the SIGKILL"
+    )

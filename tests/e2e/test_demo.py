@@ -15,14 +15,17 @@ import pytest
 from reliable_cli.demo import FaultPlan, FaultRates
 
 ORDERS = 40
-RATES = {"--fail-rate": 0.2, "--drop-rate": 0.15, "--duplicate-rate": 0.15,
-         "--rollback-rate": 0.1}
+RATES = {"--fail-rate": 0.2, "--drop-rate": 0.15, "--duplicate-rate": 0.15, "--rollback-rate": 0.1}
 POISON = 2
 
 
 def _demo(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "reliable_cli", "demo", *args],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "reliable_cli", "demo", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _summary(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
@@ -33,10 +36,17 @@ def _summary(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
 
 
 def _plan(seed: int) -> FaultPlan:
-    return FaultPlan.draw(seed, ORDERS, FaultRates(
-        fail=RATES["--fail-rate"], drop=RATES["--drop-rate"],
-        duplicate=RATES["--duplicate-rate"], rollback=RATES["--rollback-rate"],
-        poison=POISON))
+    return FaultPlan.draw(
+        seed,
+        ORDERS,
+        FaultRates(
+            fail=RATES["--fail-rate"],
+            drop=RATES["--drop-rate"],
+            duplicate=RATES["--duplicate-rate"],
+            rollback=RATES["--rollback-rate"],
+            poison=POISON,
+        ),
+    )
 
 
 @pytest.mark.redis
@@ -45,8 +55,18 @@ def _plan(seed: int) -> FaultPlan:
 def test_demo_summary_accounts_for_every_message(tmp_path: Path, seed: int) -> None:
     store = tmp_path / "work"
     rates = [x for k, v in RATES.items() for x in (k, str(v))]
-    done = _demo("--orders", str(ORDERS), "--seed", str(seed), "--poison", str(POISON),
-                 *rates, "--store", str(store), "--json")
+    done = _demo(
+        "--orders",
+        str(ORDERS),
+        "--seed",
+        str(seed),
+        "--poison",
+        str(POISON),
+        *rates,
+        "--store",
+        str(store),
+        "--json",
+    )
     assert done.returncode == 0, f"seed {seed}: exit {done.returncode}\n{done.stderr[-6000:]}"
     s = _summary(done)
     plan = _plan(seed)
@@ -64,8 +84,15 @@ def test_demo_summary_accounts_for_every_message(tmp_path: Path, seed: int) -> N
     # (poison: 1 + max reconsume times each); more runs only where a copy raced another
     planned_failures = sum(f.failures for f in committed) + POISON * (1 + 3)
     assert s["handler_runs"] >= s["consumed_once"] + planned_failures
-    assert set(s) >= {"published", "consumed_once", "handler_runs", "retried",
-                      "dead_lettered", "resent", "unaccounted"}
+    assert set(s) >= {
+        "published",
+        "consumed_once",
+        "handler_runs",
+        "retried",
+        "dead_lettered",
+        "resent",
+        "unaccounted",
+    }
     assert "reconciliation" in done.stderr and "CLEAN" in done.stderr  # the report, for people
 
     # The handler-side effects, read from the database the demo left: once each, never twice.
@@ -73,8 +100,9 @@ def test_demo_summary_accounts_for_every_message(tmp_path: Path, seed: int) -> N
         reserved = db.execute("select order_id, sku, quantity from demo_reservations").fetchall()
         orders = {r[0]: r for r in db.execute("select order_id, sku, quantity from demo_orders")}
         stock = db.execute("select sku, available, reserved from demo_stock").fetchall()
-        confirmed = db.execute("select count(*), count(distinct message_id) from "
-                               "demo_confirmation").fetchone()
+        confirmed = db.execute(
+            "select count(*), count(distinct message_id) from demo_confirmation"
+        ).fetchone()
     good = {f.order_id for f in committed if not f.poison}
     assert sorted(r[0] for r in reserved) == sorted(good)  # each valid order exactly once
     assert all(orders[r[0]] == r for r in reserved)
@@ -93,8 +121,18 @@ def test_demo_on_postgresql_without_reconciliation(seed: int) -> None:
     from tests.conftest import POSTGRES_URL
 
     prefix = f"demo{seed % 100000}_"
-    done = _demo("--orders", "25", "--seed", str(seed), "--db", POSTGRES_URL,
-                 "--table-prefix", prefix, "--no-reconcile", "--json")
+    done = _demo(
+        "--orders",
+        "25",
+        "--seed",
+        str(seed),
+        "--db",
+        POSTGRES_URL,
+        "--table-prefix",
+        prefix,
+        "--no-reconcile",
+        "--json",
+    )
     assert done.returncode == 0, f"seed {seed}: exit {done.returncode}\n{done.stderr[-6000:]}"
     s = _summary(done)
     assert s["unaccounted"] == 0 and s["problems"] == [] and not s["reconciled"]
@@ -121,14 +159,23 @@ def test_demo_rejects_bad_options() -> None:
 
 
 def test_demo_with_redis_unreachable_exits_unavailable(tmp_path: Path) -> None:
-    done = _demo("--orders", "5", "--redis", "redis://127.0.0.1:1/0", "--store",
-                 str(tmp_path / "w"), "--no-reconcile", timeout=60)
+    done = _demo(
+        "--orders",
+        "5",
+        "--redis",
+        "redis://127.0.0.1:1/0",
+        "--store",
+        str(tmp_path / "w"),
+        "--no-reconcile",
+        timeout=60,
+    )
     assert done.returncode == 4 and "Redis" in done.stderr, done.stderr
 
 
 def test_store_only_demo_still_finds_every_message(tmp_path: Path) -> None:
-    done = _demo("--store-only", "--messages", "200", "--store", str(tmp_path / "s"),
-                 "--json", timeout=120)
+    done = _demo(
+        "--store-only", "--messages", "200", "--store", str(tmp_path / "s"), "--json", timeout=120
+    )
     assert done.returncode == 0, done.stderr
     s = json.loads(done.stdout.strip().splitlines()[-1])
     assert s["written"] == 200 and s["missing"] == 0
@@ -141,12 +188,27 @@ def test_demo_against_a_remote_broker(tmp_path: Path, seed: int) -> None:
 
     home = tmp_path / "home"
     home.mkdir()
-    server = ServerProcess(tmp_path / "server-store", home, "--flush", "sync",
-                           "--delay-levels", "100ms 150ms 200ms 300ms 500ms 800ms 1s 1s 1s 1s "
-                           "1s 1s 1s 1s 1s 1s 1s 1s").start()
+    server = ServerProcess(
+        tmp_path / "server-store",
+        home,
+        "--flush",
+        "sync",
+        "--delay-levels",
+        "100ms 150ms 200ms 300ms 500ms 800ms 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s",
+    ).start()
     try:
-        done = _demo("--orders", "30", "--seed", str(seed), "--drop-rate", "0.15",
-                     "--endpoint", server.endpoint, "--no-reconcile", "--json")
+        done = _demo(
+            "--orders",
+            "30",
+            "--seed",
+            str(seed),
+            "--drop-rate",
+            "0.15",
+            "--endpoint",
+            server.endpoint,
+            "--no-reconcile",
+            "--json",
+        )
     finally:
         server.kill()
     assert done.returncode == 0, f"seed {seed}: exit {done.returncode}\n{done.stderr[-6000:]}"

@@ -43,7 +43,8 @@ def transport(broker: Broker) -> Transport:
 
 
 def test_full_disk_fails_fast_on_every_queue_without_backoff(
-        broker: Broker, transport: Transport, disk: Disk) -> None:
+    broker: Broker, transport: Transport, disk: Disk
+) -> None:
     slept: list[float] = []
     with Producer(transport, sleep=slept.append, retry_times_when_send_failed=2) as producer:
         producer.send(Message("Orders", b"before"))  # creates the topic, disk at 50 %
@@ -61,8 +62,11 @@ def test_full_disk_fails_fast_on_every_queue_without_backoff(
         receipt = producer.send(Message("Orders", b"after"))
 
     def bodies() -> list[bytes]:
-        return sorted(m.body for q in range(broker.route("Orders").read_queue_nums)
-                      for m in _all(broker, "Orders", q))
+        return sorted(
+            m.body
+            for q in range(broker.route("Orders").read_queue_nums)
+            for m in _all(broker, "Orders", q)
+        )
 
     wait_until(lambda: len(bodies()) >= 2, 10, "the two accepted sends to be dispatched")
     assert bodies() == [b"after", b"before"]  # nothing of the refused send was stored

@@ -24,19 +24,22 @@ from reliable import (
 from tests.e2e.helpers import FAST, stays, wait_until
 
 
-def _run_twice(transport: Transport, guard: Any, group: str,
-               wants_session: bool = True) -> tuple[list[str], list[Any]]:
+def _run_twice(
+    transport: Transport, guard: Any, group: str, wants_session: bool = True
+) -> tuple[list[str], list[Any]]:
     ran: list[str] = []
     sessions: list[Any] = []
     lock = threading.Lock()
 
     if wants_session:
+
         @handler("payments", group=group, idempotent=guard, **FAST)
         def pay(message: ReceivedMessage, session: Any) -> None:
             with lock:
                 ran.append(message.message_id)
                 sessions.append(session)
     else:
+
         @handler("payments", group=group, idempotent=guard, **FAST)
         def pay(message: ReceivedMessage) -> None:  # declares no session: gets none
             with lock:
@@ -52,8 +55,9 @@ def _run_twice(transport: Transport, guard: Any, group: str,
 
 
 @pytest.mark.redis
-def test_guard_object_runs_a_duplicate_once(transport: Transport, redis_client: Any,
-                                            sqlite_url: str, table_prefix: str) -> None:
+def test_guard_object_runs_a_duplicate_once(
+    transport: Transport, redis_client: Any, sqlite_url: str, table_prefix: str
+) -> None:
     engine = sa.create_engine(sqlite_url)
     tables = OutboxTables(prefix=table_prefix)
     tables.create_all(engine)
@@ -64,7 +68,8 @@ def test_guard_object_runs_a_duplicate_once(transport: Transport, redis_client: 
 
 @pytest.mark.redis
 def test_guarded_handler_without_a_session_parameter_runs_once(
-        transport: Transport, redis_client: Any, sqlite_url: str, table_prefix: str) -> None:
+    transport: Transport, redis_client: Any, sqlite_url: str, table_prefix: str
+) -> None:
     engine = sa.create_engine(sqlite_url)
     tables = OutboxTables(prefix=table_prefix)
     tables.create_all(engine)
@@ -75,8 +80,8 @@ def test_guarded_handler_without_a_session_parameter_runs_once(
 
 @pytest.mark.redis
 def test_idempotent_true_builds_the_guard_from_configuration(
-        transport: Transport, sqlite_url: str, table_prefix: str,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    transport: Transport, sqlite_url: str, table_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from tests.conftest import REDIS_URL
 
     engine = sa.create_engine(sqlite_url)
@@ -89,7 +94,8 @@ def test_idempotent_true_builds_the_guard_from_configuration(
 
 
 def test_idempotent_true_without_configuration_fails_at_start(
-        transport: Transport, monkeypatch: pytest.MonkeyPatch) -> None:
+    transport: Transport, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("RELIABLE_DATABASE_URL", raising=False)
 
     @handler("payments", group="pay-none", idempotent=True)

@@ -64,8 +64,9 @@ def _samples(collector: ClientCollector) -> Samples:
 
 
 @pytest.mark.redis
-def test_guard_events_are_the_guards_own_counts(transport: Transport, redis_client: Any,
-                                                sqlite_url: str, table_prefix: str) -> None:
+def test_guard_events_are_the_guards_own_counts(
+    transport: Transport, redis_client: Any, sqlite_url: str, table_prefix: str
+) -> None:
     engine = sa.create_engine(sqlite_url)
     tables = OutboxTables(prefix=table_prefix)
     tables.create_all(engine)
@@ -94,12 +95,12 @@ def test_guard_events_are_the_guards_own_counts(transport: Transport, redis_clie
         assert s.value("reliable_guard_events_total", event=event) == counts.get(event, 0)
     in_progress = counts.get("in_progress", 0)
     assert s.value("reliable_handler_messages_total", group=group, outcome="success") == 2
-    assert s.value("reliable_handler_messages_total", group=group,
-                   outcome="retry") == in_progress
+    assert s.value("reliable_handler_messages_total", group=group, outcome="retry") == in_progress
 
 
-def test_spans_of_send_receive_and_process(transport: Transport,
-                                           spans: InMemorySpanExporter) -> None:
+def test_spans_of_send_receive_and_process(
+    transport: Transport, spans: InMemorySpanExporter
+) -> None:
     topic, group = "obs-traced", "obs-traced-g"
     tries: list[int] = []
 
@@ -128,8 +129,9 @@ def test_spans_of_send_receive_and_process(transport: Transport,
         assert p.attributes["messaging.message.id"] == mid
         assert p.attributes["messaging.consumer.group.name"] == group
     received = [s for name, ss in by_name.items() if name.endswith(" receive") for s in ss]
-    assert received and all(s.attributes["messaging.consumer.group.name"] == group
-                            for s in received)
+    assert received and all(
+        s.attributes["messaging.consumer.group.name"] == group for s in received
+    )
     assert any(s.attributes.get("messaging.message.id") == mid for s in received)
     s = _samples(ClientCollector())
     assert s.value("reliable_handler_messages_total", group=group, outcome="retry") == 1
@@ -154,8 +156,12 @@ def test_json_log_lines_carry_extra_fields_and_exceptions() -> None:
         logger.removeHandler(h)
     first, second = (json.loads(line) for line in stream.getvalue().splitlines())
     assert first["message"] == "send of m-1 failed"
-    assert (first["level"], first["logger"], first["topic"], first["attempt"]) == \
-        ("WARNING", "obs.test", "orders", 2)
+    assert (first["level"], first["logger"], first["topic"], first["attempt"]) == (
+        "WARNING",
+        "obs.test",
+        "orders",
+        2,
+    )
     assert first["time"].endswith("Z") and "exception" not in first
     assert second["level"] == "ERROR" and "ValueError: boom" in second["exception"]
 
@@ -170,11 +176,15 @@ def test_readyz_reports_each_check_and_a_check_that_raises() -> None:
 
     endpoint = serve_metrics(0, registry=CollectorRegistry(), ready=ready)
     try:
-        assert probe(endpoint.url, "/readyz") == (200, {
-            "status": "ready", "checks": {"db": {"ok": True}, "always": {"ok": True}}})
+        assert probe(endpoint.url, "/readyz") == (
+            200,
+            {"status": "ready", "checks": {"db": {"ok": True}, "always": {"ok": True}}},
+        )
         state["db"] = False
-        assert probe(endpoint.url, "/readyz") == (503, {
-            "status": "not ready", "checks": {"db": {"ok": False}, "always": {"ok": True}}})
+        assert probe(endpoint.url, "/readyz") == (
+            503,
+            {"status": "not ready", "checks": {"db": {"ok": False}, "always": {"ok": True}}},
+        )
         state["raise"] = True
         code, body = probe(endpoint.url, "/readyz")
         assert code == 503 and "cannot even ask" in body["checks"]["checks"]["error"]

@@ -32,8 +32,7 @@ from tests.e2e.helpers import LEVEL_MS, stays, wait_until
 class FaultySend:
     """A transport seam: the first `failures` sends raise `error`; every call is recorded."""
 
-    def __init__(self, inner: Transport, failures: int,
-                 error: Callable[[], Exception]) -> None:
+    def __init__(self, inner: Transport, failures: int, error: Callable[[], Exception]) -> None:
         self._inner = inner
         self._failures = failures
         self._error = error
@@ -51,20 +50,22 @@ class FaultySend:
 
 def _drain(transport: Transport, topic: str, n: int) -> list[ReceivedMessage]:
     got: list[ReceivedMessage] = []
-    with SimpleConsumer(f"{topic}-reader", {topic: "*"}, transport=transport,
-                        await_duration_s=0.2) as c:
+    with SimpleConsumer(
+        f"{topic}-reader", {topic: "*"}, transport=transport, await_duration_s=0.2
+    ) as c:
+
         def more() -> bool:
             batch = c.receive(32)
             for m in batch:
                 c.ack(m)
             got.extend(batch)
             return len(got) >= n
+
         wait_until(more, what=f"{n} messages on {topic}")
     return got
 
 
-def test_send_retry_goes_to_another_queue_after_a_transport_failure(
-        transport: Transport) -> None:
+def test_send_retry_goes_to_another_queue_after_a_transport_failure(transport: Transport) -> None:
     seam = FaultySend(transport, 1, lambda: TransportError("connection reset"))
     with Producer(seam) as producer:  # type: ignore[arg-type]
         receipt = producer.send(Message("retry-q", b"x"))
@@ -92,7 +93,8 @@ def test_bad_requests_are_not_retried(transport: Transport) -> None:
 
 
 def test_oversize_message_is_a_bad_request_and_nothing_is_stored(
-        make_transport: Callable[..., Transport]) -> None:
+    make_transport: Callable[..., Transport],
+) -> None:
     transport = make_transport(max_message_size=1024)
     with Producer(transport) as producer:
         with pytest.raises(BadRequest):
@@ -106,8 +108,11 @@ def test_oversize_message_is_a_bad_request_and_nothing_is_stored(
 def test_flow_control_backoff_follows_the_configured_curve(transport: Transport) -> None:
     slept: list[float] = []
     seam = FaultySend(transport, 4, lambda: BrokerBusy("system busy", code="SYSTEM_BUSY"))
-    with Producer(seam, sleep=slept.append,  # type: ignore[arg-type]
-                  rng=random.Random(5)) as producer:
+    with Producer(
+        seam,
+        sleep=slept.append,  # type: ignore[arg-type]
+        rng=random.Random(5),
+    ) as producer:
         producer.send(Message("busy", b"x"))
     waits = [s for s in slept if s > 0]
     assert len(waits) == 4 and len(seam.queues) == 5
@@ -119,9 +124,10 @@ def test_async_awaitable_callback_oneway_and_batch(transport: Transport) -> None
     results: list[str] = []
     done = threading.Event()
     with Producer(transport) as producer:
-        future = producer.send_async(Message("modes", b"async"),
-                                     on_success=lambda r: (results.append(r.message_id),
-                                                           done.set()))
+        future = producer.send_async(
+            Message("modes", b"async"),
+            on_success=lambda r: (results.append(r.message_id), done.set()),
+        )
         first = future.result(10)
         assert done.wait(10) and results == [first.message_id]
         second = asyncio.run(producer.asend(Message("modes", b"awaited")))
@@ -137,8 +143,10 @@ def test_async_awaitable_callback_oneway_and_batch(transport: Transport) -> None
 
 def test_ordered_sends_keep_a_group_on_one_queue(transport: Transport) -> None:
     with Producer(transport) as producer:
-        receipts = {g: [producer.send(Message("ordered", b"x", message_group=g))
-                        for _ in range(5)] for g in ("a", "b", "c")}
+        receipts = {
+            g: [producer.send(Message("ordered", b"x", message_group=g)) for _ in range(5)]
+            for g in ("a", "b", "c")
+        }
     for rs in receipts.values():
         assert len({r.queue_id for r in rs}) == 1
         assert [r.queue_offset for r in rs] == sorted(r.queue_offset for r in rs)
@@ -165,20 +173,26 @@ class Ledger:
 
     def check(self, message: ReceivedMessage) -> TransactionState:
         self.checked.append(message.message_id)
-        return (TransactionState.COMMIT if message.body in self.committed_bodies()
-                else TransactionState.ROLLBACK)
+        return (
+            TransactionState.COMMIT
+            if message.body in self.committed_bodies()
+            else TransactionState.ROLLBACK
+        )
 
     def committed_bodies(self) -> set[bytes]:
         return {b.encode() for b in self.committed}
 
 
 def test_half_message_never_delivered_before_commit_nor_after_rollback(
-        transport: Transport) -> None:
+    transport: Transport,
+) -> None:
     ledger = Ledger()
     seen: list[bytes] = []
-    with Producer(transport, group="tx-p", transaction_checker=ledger.check) as producer, \
-            SimpleConsumer("tx-g", {"tx": "*"}, transport=transport,
-                           await_duration_s=0.1) as consumer:
+    with (
+        Producer(transport, group="tx-p", transaction_checker=ledger.check) as producer,
+        SimpleConsumer("tx-g", {"tx": "*"}, transport=transport, await_duration_s=0.1) as consumer,
+    ):
+
         def poll() -> list[bytes]:
             batch = consumer.receive(32)
             for m in batch:
@@ -193,8 +207,9 @@ def test_half_message_never_delivered_before_commit_nor_after_rollback(
 
         result = producer.send_in_transaction(Message("tx", b"commit-me"), commit_later)
         assert result.state is TransactionState.COMMIT
-        rolled = producer.send_in_transaction(Message("tx", b"roll-me-back"),
-                                              lambda m, a: TransactionState.ROLLBACK)
+        rolled = producer.send_in_transaction(
+            Message("tx", b"roll-me-back"), lambda m, a: TransactionState.ROLLBACK
+        )
         assert rolled.state is TransactionState.ROLLBACK
         producer.send(Message("tx", b"marker"))
         wait_until(lambda: b"marker" in poll() and b"commit-me" in seen, what="delivery")
@@ -205,9 +220,13 @@ def test_half_message_never_delivered_before_commit_nor_after_rollback(
 def test_check_back_resolves_an_unknown_transaction(transport: Transport) -> None:
     ledger = Ledger()
     seen: list[bytes] = []
-    with Producer(transport, group="tx-check", transaction_checker=ledger.check) as producer, \
-            SimpleConsumer("tx-check-g", {"txc": "*"}, transport=transport,
-                           await_duration_s=0.1) as consumer:
+    with (
+        Producer(transport, group="tx-check", transaction_checker=ledger.check) as producer,
+        SimpleConsumer(
+            "tx-check-g", {"txc": "*"}, transport=transport, await_duration_s=0.1
+        ) as consumer,
+    ):
+
         def crash_before_answer(message: Message, arg: Any) -> TransactionState:
             ledger.committed.add(message.body.decode())  # the DB commit happened...
             raise ConnectionError("...but the answer to the broker is lost")
@@ -215,8 +234,9 @@ def test_check_back_resolves_an_unknown_transaction(transport: Transport) -> Non
         unknown = producer.send_in_transaction(Message("txc", b"paid"), crash_before_answer)
         assert unknown.state is TransactionState.UNKNOWN
         assert isinstance(unknown.error, ConnectionError)
-        undecided = producer.send_in_transaction(Message("txc", b"abandoned"),
-                                                 lambda m, a: TransactionState.UNKNOWN)
+        undecided = producer.send_in_transaction(
+            Message("txc", b"abandoned"), lambda m, a: TransactionState.UNKNOWN
+        )
 
         def poll() -> bool:
             for m in consumer.receive(32):
@@ -225,8 +245,8 @@ def test_check_back_resolves_an_unknown_transaction(transport: Transport) -> Non
             return b"paid" in seen
 
         wait_until(poll, what="the checked transaction to commit")
-        wait_until(lambda: undecided.receipt.message_id in ledger.checked,
-                   what="the other check")
+        wait_until(lambda: undecided.receipt.message_id in ledger.checked, what="the other check")
+
         def still_absent() -> bool:
             poll()
             return b"abandoned" not in seen
@@ -264,12 +284,15 @@ class TwoBrokers:
 def test_latency_fault_tolerance_avoids_a_slow_broker(transport: Transport) -> None:
     clock = [0.0]
     seam = TwoBrokers(transport, clock)
-    with Producer(seam, send_latency_fault_enable=True,  # type: ignore[arg-type]
-                  clock_ms=lambda: clock[0]) as producer:
+    with Producer(
+        seam,
+        send_latency_fault_enable=True,  # type: ignore[arg-type]
+        clock_ms=lambda: clock[0],
+    ) as producer:
         for _ in range(4):
             producer.send(Message("lft", b"x"))
         slow_at = seam.brokers.index("slow")
-        assert "slow" not in seam.brokers[slow_at + 1:]  # 600 ms -> avoided for 30 s
+        assert "slow" not in seam.brokers[slow_at + 1 :]  # 600 ms -> avoided for 30 s
         clock[0] += 30_000
         for _ in range(4):
             producer.send(Message("lft", b"x"))
@@ -300,13 +323,14 @@ class NotFlushedFirst:
 
 
 @pytest.mark.parametrize("retry_not_ok", [False, True])
-def test_not_stored_ok_is_retried_only_when_asked(transport: Transport,
-                                                  retry_not_ok: bool) -> None:
+def test_not_stored_ok_is_retried_only_when_asked(transport: Transport, retry_not_ok: bool) -> None:
     from reliable import SendStatus
 
     seam = NotFlushedFirst(transport)
-    with Producer(seam, retry_another_broker_when_not_store_ok=retry_not_ok  # type: ignore[arg-type]
-                  ) as producer:
+    with Producer(
+        seam,
+        retry_another_broker_when_not_store_ok=retry_not_ok,  # type: ignore[arg-type]
+    ) as producer:
         receipt = producer.send(Message("flushy", b"x"))
     if retry_not_ok:
         assert receipt.status is SendStatus.SEND_OK and len(seam.queues) == 2

@@ -15,8 +15,11 @@ import hypothesis.core
 import pytest
 from hypothesis import HealthCheck, settings
 
-_COMMON = dict(deadline=None, print_blob=True,
-               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+_COMMON = dict(
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 settings.register_profile("ci", max_examples=60, derandomize=True, **_COMMON)
 settings.register_profile("soak", max_examples=5_000, **_COMMON)
 

@@ -46,45 +46,92 @@ NOW = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 _QUEUE = {"topic": {"name": TOPIC}, "id": 0}
 _ENDPOINTS = {"scheme": "IPv4", "addresses": [{"host": "127.0.0.1", "port": 8081}]}
 _FILTER = {"type": "TAG", "expression": "*"}
-_MESSAGE = {"topic": {"name": TOPIC}, "body": "Zm96eg==",
-            "systemProperties": {"messageId": "FUZZ0001", "messageType": "NORMAL",
-                                 "tag": "a", "keys": ["k"], "bornTimestamp": NOW,
-                                 "bornHost": "127.0.0.1"},
-            "userProperties": {"p": "v"}}
+_MESSAGE = {
+    "topic": {"name": TOPIC},
+    "body": "Zm96eg==",
+    "systemProperties": {
+        "messageId": "FUZZ0001",
+        "messageType": "NORMAL",
+        "tag": "a",
+        "keys": ["k"],
+        "bornTimestamp": NOW,
+        "bornHost": "127.0.0.1",
+    },
+    "userProperties": {"p": "v"},
+}
 # one valid request per RPC, in the protocol's JSON form
 TEMPLATES: dict[str, dict[str, Any]] = {
     "QueryRoute": {"topic": {"name": TOPIC}, "endpoints": _ENDPOINTS},
     "Heartbeat": {"group": {"name": GROUP}, "clientType": "SIMPLE_CONSUMER"},
     "SendMessage": {"messages": [_MESSAGE]},
-    "QueryAssignment": {"topic": {"name": TOPIC}, "group": {"name": GROUP},
-                        "endpoints": _ENDPOINTS},
-    "ReceiveMessage": {"group": {"name": GROUP}, "messageQueue": _QUEUE,
-                       "filterExpression": _FILTER, "batchSize": 4,
-                       "invisibleDuration": "10s", "longPollingTimeout": "1s"},
-    "AckMessage": {"group": {"name": GROUP}, "topic": {"name": TOPIC},
-                   "entries": [{"messageId": "FUZZ0001", "receiptHandle": "h"}]},
-    "ForwardMessageToDeadLetterQueue": {"group": {"name": GROUP}, "topic": {"name": TOPIC},
-                                        "receiptHandle": "h", "messageId": "FUZZ0001",
-                                        "deliveryAttempt": 3, "maxDeliveryAttempts": 3},
-    "PullMessage": {"group": {"name": GROUP}, "messageQueue": _QUEUE, "offset": 0,
-                    "batchSize": 4, "filterExpression": _FILTER, "longPollingTimeout": "1s"},
+    "QueryAssignment": {
+        "topic": {"name": TOPIC},
+        "group": {"name": GROUP},
+        "endpoints": _ENDPOINTS,
+    },
+    "ReceiveMessage": {
+        "group": {"name": GROUP},
+        "messageQueue": _QUEUE,
+        "filterExpression": _FILTER,
+        "batchSize": 4,
+        "invisibleDuration": "10s",
+        "longPollingTimeout": "1s",
+    },
+    "AckMessage": {
+        "group": {"name": GROUP},
+        "topic": {"name": TOPIC},
+        "entries": [{"messageId": "FUZZ0001", "receiptHandle": "h"}],
+    },
+    "ForwardMessageToDeadLetterQueue": {
+        "group": {"name": GROUP},
+        "topic": {"name": TOPIC},
+        "receiptHandle": "h",
+        "messageId": "FUZZ0001",
+        "deliveryAttempt": 3,
+        "maxDeliveryAttempts": 3,
+    },
+    "PullMessage": {
+        "group": {"name": GROUP},
+        "messageQueue": _QUEUE,
+        "offset": 0,
+        "batchSize": 4,
+        "filterExpression": _FILTER,
+        "longPollingTimeout": "1s",
+    },
     "UpdateOffset": {"group": {"name": GROUP}, "messageQueue": _QUEUE, "offset": 0},
     "GetOffset": {"group": {"name": GROUP}, "messageQueue": _QUEUE},
-    "QueryOffset": {"messageQueue": _QUEUE, "queryOffsetPolicy": "TIMESTAMP",
-                    "timestamp": NOW},
-    "EndTransaction": {"topic": {"name": TOPIC}, "messageId": "FUZZ0001",
-                       "transactionId": "00" * 16 + ":x", "resolution": "COMMIT",
-                       "source": "SOURCE_CLIENT"},
-    "Telemetry": {"settings": {"clientType": "SIMPLE_CONSUMER",
-                               "subscription": {"group": {"name": GROUP}, "subscriptions": [
-                                   {"topic": {"name": TOPIC}, "expression": _FILTER}]}}},
+    "QueryOffset": {"messageQueue": _QUEUE, "queryOffsetPolicy": "TIMESTAMP", "timestamp": NOW},
+    "EndTransaction": {
+        "topic": {"name": TOPIC},
+        "messageId": "FUZZ0001",
+        "transactionId": "00" * 16 + ":x",
+        "resolution": "COMMIT",
+        "source": "SOURCE_CLIENT",
+    },
+    "Telemetry": {
+        "settings": {
+            "clientType": "SIMPLE_CONSUMER",
+            "subscription": {
+                "group": {"name": GROUP},
+                "subscriptions": [{"topic": {"name": TOPIC}, "expression": _FILTER}],
+            },
+        }
+    },
     "NotifyClientTermination": {"group": {"name": GROUP}},
-    "ChangeInvisibleDuration": {"group": {"name": GROUP}, "topic": {"name": TOPIC},
-                                "receiptHandle": "h", "invisibleDuration": "10s",
-                                "messageId": "FUZZ0001"},
+    "ChangeInvisibleDuration": {
+        "group": {"name": GROUP},
+        "topic": {"name": TOPIC},
+        "receiptHandle": "h",
+        "invisibleDuration": "10s",
+        "messageId": "FUZZ0001",
+    },
     "RecallMessage": {"topic": {"name": TOPIC}, "recallHandle": "h"},
-    "SyncLiteSubscription": {"action": "PARTIAL_ADD", "topic": {"name": TOPIC},
-                             "group": {"name": GROUP}, "liteTopicSet": ["x"]},
+    "SyncLiteSubscription": {
+        "action": "PARTIAL_ADD",
+        "topic": {"name": TOPIC},
+        "group": {"name": GROUP},
+        "liteTopicSet": ["x"],
+    },
 }
 
 
@@ -98,40 +145,83 @@ def test_every_rpc_has_a_template() -> None:
 
 
 # --- strategies ------------------------------------------------------------------------------
-_I32, _I64 = (-(2 ** 31), 2 ** 31 - 1), (-(2 ** 63), 2 ** 63 - 1)
-_U32, _U64 = (0, 2 ** 32 - 1), (0, 2 ** 64 - 1)
+_I32, _I64 = (-(2**31), 2**31 - 1), (-(2**63), 2**63 - 1)
+_U32, _U64 = (0, 2**32 - 1), (0, 2**64 - 1)
 
 
 # boundaries of int32/int64, of protobuf's Timestamp (year 9999) and Duration (10,000 years)
-_EDGES = (0, 1, -1, 1000, 2 ** 31 - 1, -(2 ** 31), 2 ** 32 - 1, 2 ** 62, 253_402_300_799,
-          253_402_300_800, 315_576_000_001, 999_999_999, 1_000_000_000, -(10 ** 12))
+_EDGES = (
+    0,
+    1,
+    -1,
+    1000,
+    2**31 - 1,
+    -(2**31),
+    2**32 - 1,
+    2**62,
+    253_402_300_799,
+    253_402_300_800,
+    315_576_000_001,
+    999_999_999,
+    1_000_000_000,
+    -(10**12),
+)
 
 
 def _integers(low: int, high: int) -> st.SearchStrategy[int]:
     edges = sorted({low, high, *(v for v in _EDGES if low <= v <= high)})
-    return st.one_of(st.sampled_from(edges), st.integers(low, high),
-                     st.integers(max(low, -2000), min(high, 2000)))
+    return st.one_of(
+        st.sampled_from(edges),
+        st.integers(low, high),
+        st.integers(max(low, -2000), min(high, 2000)),
+    )
 
 
 _STRINGS = st.one_of(
-    st.sampled_from(["", " ", TOPIC, GROUP, "%RETRY%g-fuzz", "%DLQ%g-fuzz", "TBW102",
-                     "SCHEDULE_TOPIC_XXXX", "a|b", "*", "||", "\x00", "\x01\x02", "é" * 40,
-                     "x" * 128, "x" * 300, "x" * 70_000, "0" * 32 + ":x", "1~t~0~0~ff"]),
+    st.sampled_from(
+        [
+            "",
+            " ",
+            TOPIC,
+            GROUP,
+            "%RETRY%g-fuzz",
+            "%DLQ%g-fuzz",
+            "TBW102",
+            "SCHEDULE_TOPIC_XXXX",
+            "a|b",
+            "*",
+            "||",
+            "\x00",
+            "\x01\x02",
+            "é" * 40,
+            "x" * 128,
+            "x" * 300,
+            "x" * 70_000,
+            "0" * 32 + ":x",
+            "1~t~0~0~ff",
+        ]
+    ),
     st.text(max_size=40),
     st.text(alphabet="abc-_%|0123456789~: ", max_size=80),
 )
 _BYTES = st.one_of(st.binary(max_size=64), st.sampled_from([b"", b"\x00" * 5000]))
 
 _SCALARS: dict[int, st.SearchStrategy[Any]] = {
-    FieldDescriptor.TYPE_INT32: _integers(*_I32), FieldDescriptor.TYPE_SINT32: _integers(*_I32),
+    FieldDescriptor.TYPE_INT32: _integers(*_I32),
+    FieldDescriptor.TYPE_SINT32: _integers(*_I32),
     FieldDescriptor.TYPE_SFIXED32: _integers(*_I32),
-    FieldDescriptor.TYPE_INT64: _integers(*_I64), FieldDescriptor.TYPE_SINT64: _integers(*_I64),
+    FieldDescriptor.TYPE_INT64: _integers(*_I64),
+    FieldDescriptor.TYPE_SINT64: _integers(*_I64),
     FieldDescriptor.TYPE_SFIXED64: _integers(*_I64),
-    FieldDescriptor.TYPE_UINT32: _integers(*_U32), FieldDescriptor.TYPE_FIXED32: _integers(*_U32),
-    FieldDescriptor.TYPE_UINT64: _integers(*_U64), FieldDescriptor.TYPE_FIXED64: _integers(*_U64),
+    FieldDescriptor.TYPE_UINT32: _integers(*_U32),
+    FieldDescriptor.TYPE_FIXED32: _integers(*_U32),
+    FieldDescriptor.TYPE_UINT64: _integers(*_U64),
+    FieldDescriptor.TYPE_FIXED64: _integers(*_U64),
     FieldDescriptor.TYPE_BOOL: st.booleans(),
-    FieldDescriptor.TYPE_FLOAT: st.floats(width=32), FieldDescriptor.TYPE_DOUBLE: st.floats(),
-    FieldDescriptor.TYPE_STRING: _STRINGS, FieldDescriptor.TYPE_BYTES: _BYTES,
+    FieldDescriptor.TYPE_FLOAT: st.floats(width=32),
+    FieldDescriptor.TYPE_DOUBLE: st.floats(),
+    FieldDescriptor.TYPE_STRING: _STRINGS,
+    FieldDescriptor.TYPE_BYTES: _BYTES,
 }
 
 
@@ -153,8 +243,7 @@ def messages(draw: st.DrawFn, descriptor: Descriptor, depth: int = 0) -> Any:
     """A message of `descriptor` with a random subset of its fields set to random values."""
     cls = _class_of(descriptor)
     message = cls()
-    fields = [f for f in descriptor.fields
-              if depth < 4 or f.type != FieldDescriptor.TYPE_MESSAGE]
+    fields = [f for f in descriptor.fields if depth < 4 or f.type != FieldDescriptor.TYPE_MESSAGE]
     if not fields:
         return message
     for field in draw(st.lists(st.sampled_from(fields), max_size=4, unique_by=id)):
@@ -202,8 +291,11 @@ def request_bodies(draw: st.DrawFn, rpc: str) -> bytes:
     """Random bytes, a random request, or a valid request overlaid with random fields."""
     kind = draw(st.sampled_from(["bytes", "random", "mutated", "mutated"]))
     if kind == "bytes":
-        return draw(st.one_of(st.binary(max_size=512),
-                              st.binary(min_size=1, max_size=16).map(lambda b: b * 200)))
+        return draw(
+            st.one_of(
+                st.binary(max_size=512), st.binary(min_size=1, max_size=16).map(lambda b: b * 200)
+            )
+        )
     overlay = draw(messages(METHODS[rpc].input_type))
     if kind == "random":
         return bytes(overlay.SerializeToString())
@@ -223,8 +315,9 @@ def _anon_kb(pid: int) -> int:
 class Fuzzed:
     def __init__(self, server: ServerProcess) -> None:
         self.server = server
-        self.channel = grpc.insecure_channel(server.endpoint, options=[
-            ("grpc.max_receive_message_length", -1)])
+        self.channel = grpc.insecure_channel(
+            server.endpoint, options=[("grpc.max_receive_message_length", -1)]
+        )
         assert server.proc is not None
         self.baseline_kb = _anon_kb(server.proc.pid)
         self.calls = 0
@@ -237,8 +330,9 @@ class Fuzzed:
         metadata = [("x-mq-client-id", client_id)]
         self.calls += 1
         if method.client_streaming:
-            raw = list(self.channel.stream_stream(path)(iter([body]), metadata=metadata,
-                                                        timeout=20))
+            raw = list(
+                self.channel.stream_stream(path)(iter([body]), metadata=metadata, timeout=20)
+            )
         elif method.server_streaming:
             raw = list(self.channel.unary_stream(path)(body, metadata=metadata, timeout=20))
         else:
@@ -249,11 +343,18 @@ class Fuzzed:
 @pytest.fixture(scope="module")
 def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzzed]:
     server = ServerProcess(
-        tmp_path_factory.mktemp("fuzz-store"), tmp_path_factory.mktemp("fuzz-home"),
+        tmp_path_factory.mktemp("fuzz-store"),
+        tmp_path_factory.mktemp("fuzz-home"),
         # no auto-created topics: random valid names would each get queue files on disk
         # and short long polls: a valid receive on an empty queue waits this long
-        "--no-auto-create-topics", "--long-polling-ms", "10", "--min-long-polling-ms", "10",
-        "--min-invisible-ms", "1000").start()
+        "--no-auto-create-topics",
+        "--long-polling-ms",
+        "10",
+        "--min-long-polling-ms",
+        "10",
+        "--min-invisible-ms",
+        "1000",
+    ).start()
     try:
         admin = AdminClient(server.endpoint)
         admin.call("CreateTopic", name=TOPIC, type="MIXED")
@@ -276,8 +377,9 @@ def _assert_clean(replies: list[Any], rpc: str) -> None:
         if reply.HasField("status"):
             code = int(reply.status.code)
             assert code in KNOWN_CODES, f"{rpc}: unknown code {code}"
-            assert code not in (Code.INTERNAL_ERROR, Code.INTERNAL_SERVER_ERROR), \
+            assert code not in (Code.INTERNAL_ERROR, Code.INTERNAL_SERVER_ERROR), (
                 f"{rpc}: {reply.status}"
+            )
     if rpc in ("ReceiveMessage", "PullMessage"):
         assert replies[0].HasField("status")
 
@@ -286,8 +388,7 @@ def _assert_clean(replies: list[Any], rpc: str) -> None:
 @pytest.mark.parametrize("rpc", sorted(TEMPLATES))
 @settings(max_examples=RPC_EXAMPLES)
 @given(data=st.data())
-def test_rpc_answers_every_request_cleanly(fuzzed: Fuzzed, rpc: str, data: st.DataObject
-                                           ) -> None:
+def test_rpc_answers_every_request_cleanly(fuzzed: Fuzzed, rpc: str, data: st.DataObject) -> None:
     body = data.draw(request_bodies(rpc), label="body")
     client_id = data.draw(st.sampled_from(CLIENT_IDS), label="client id")
     try:
@@ -303,9 +404,12 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzzed]:
     """A second server, with access keys on."""
     keys = tmp_path_factory.mktemp("fuzz-keys") / "keys.json"
     keys.write_text('{"fuzz-key": "fuzz-secret"}')
-    server = ServerProcess(tmp_path_factory.mktemp("guarded-store"),
-                           tmp_path_factory.mktemp("guarded-home"), "--credentials-file",
-                           str(keys)).start()
+    server = ServerProcess(
+        tmp_path_factory.mktemp("guarded-store"),
+        tmp_path_factory.mktemp("guarded-home"),
+        "--credentials-file",
+        str(keys),
+    ).start()
     try:
         guarded = Fuzzed(server)
         yield guarded
@@ -323,14 +427,16 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzzed]:
 @settings(max_examples=RPC_EXAMPLES)
 @given(data=st.data())
 def test_unsigned_requests_are_refused_whatever_they_carry(
-        guarded: Fuzzed, rpc: str, data: st.DataObject) -> None:
+    guarded: Fuzzed, rpc: str, data: st.DataObject
+) -> None:
     body = data.draw(request_bodies(rpc), label="body")
     try:
         replies = guarded.call(rpc, body, data.draw(st.sampled_from(CLIENT_IDS)))
     except grpc.RpcError as exc:
         pytest.fail(f"{rpc} ended with {exc.code()}: {exc.details()}")
-    assert [int(r.status.code) for r in replies if r.HasField("status")][:1] == \
-        [Code.UNAUTHORIZED], f"{rpc}: {replies[:1]}"
+    assert [int(r.status.code) for r in replies if r.HasField("status")][:1] == [
+        Code.UNAUTHORIZED
+    ], f"{rpc}: {replies[:1]}"
 
 
 def test_valid_templates_are_served(fuzzed: Fuzzed) -> None:

@@ -40,22 +40,33 @@ from broker.store.store import MessageStore
 from broker.store.verify import describe_record, verify_store
 
 HOST = encode_host(("10.0.0.1", 10911))
-topics = st.text(st.characters(codec="utf-8", exclude_characters="\x00/"), min_size=1,
-                 max_size=20).filter(lambda t: t not in (".", "..") and len(t.encode()) < 100)
+topics = st.text(
+    st.characters(codec="utf-8", exclude_characters="\x00/"), min_size=1, max_size=20
+).filter(lambda t: t not in (".", "..") and len(t.encode()) < 100)
 prop_text = st.text(st.characters(codec="utf-8", exclude_characters="\x01\x02"), max_size=30)
 
 
-def _record(topic: str, body: bytes, props: dict[str, str], queue_offset: int, phy: int,
-            ts: int) -> bytearray:
-    buf = bytearray(encode_record(topic, 1, body, 0, props, 0, 1_700_000_000_000,
-                                  ("10.0.0.2", 5), HOST, 0, 0, 1 << 20))
+def _record(
+    topic: str, body: bytes, props: dict[str, str], queue_offset: int, phy: int, ts: int
+) -> bytearray:
+    buf = bytearray(
+        encode_record(
+            topic, 1, body, 0, props, 0, 1_700_000_000_000, ("10.0.0.2", 5), HOST, 0, 0, 1 << 20
+        )
+    )
     seal(buf, 0, queue_offset, phy, ts)
     return buf
 
 
-records = st.builds(_record, topics, st.binary(max_size=300),
-                    st.dictionaries(prop_text.filter(bool), prop_text, max_size=4),
-                    st.integers(0, 1 << 40), st.integers(0, 1 << 40), st.integers(0, 1 << 45))
+records = st.builds(
+    _record,
+    topics,
+    st.binary(max_size=300),
+    st.dictionaries(prop_text.filter(bool), prop_text, max_size=4),
+    st.integers(0, 1 << 40),
+    st.integers(0, 1 << 40),
+    st.integers(0, 1 << 45),
+)
 
 
 @given(st.binary(max_size=600), st.integers(0, 64))
@@ -86,15 +97,22 @@ def test_any_changed_byte_of_a_record_is_detected(rec: bytearray, data: st.DataO
 @given(records, st.binary(max_size=40), st.integers(0, 200))
 def test_truncated_and_padded_records(rec: bytearray, tail: bytes, cut: int) -> None:
     phy = struct.unpack_from(">q", rec, 28)[0]
-    short = bytes(rec[:max(0, len(rec) - cut - 1)])
+    short = bytes(rec[: max(0, len(rec) - cut - 1)])
     assert check_message_and_return_size(short, 0, True, phy)[0] <= 0
     assert check_message_and_return_size(bytes(rec) + tail, 0, True, phy)[0] == len(rec)
 
 
-@given(st.binary(max_size=400), st.integers(0, 1 << 20), st.integers(-5, 1 << 12),
-       st.binary(min_size=1, max_size=10), st.integers(0, 8), st.integers(0, 1 << 20))
-def test_unit_check_on_random_bytes(buf: bytes, pos: int, size: int, topic: bytes,
-                                    queue_id: int, queue_offset: int) -> None:
+@given(
+    st.binary(max_size=400),
+    st.integers(0, 1 << 20),
+    st.integers(-5, 1 << 12),
+    st.binary(min_size=1, max_size=10),
+    st.integers(0, 8),
+    st.integers(0, 1 << 20),
+)
+def test_unit_check_on_random_bytes(
+    buf: bytes, pos: int, size: int, topic: bytes, queue_id: int, queue_offset: int
+) -> None:
     problem = unit_problem(buf, pos % (len(buf) + 1), pos, size, topic, queue_id, queue_offset)
     assert problem is None or isinstance(problem, str)
 
@@ -117,8 +135,9 @@ def _fresh_queue(tmp: Path, name: str) -> ConsumeQueue:
 
 
 @given(st.binary(max_size=10 * CQ_STORE_UNIT_SIZE))
-def test_consume_queue_recovery_of_random_files(tmp_path_factory: pytest.TempPathFactory,
-                                                raw: bytes) -> None:
+def test_consume_queue_recovery_of_random_files(
+    tmp_path_factory: pytest.TempPathFactory, raw: bytes
+) -> None:
     tmp = tmp_path_factory.mktemp("cq")
     directory = tmp / "q" / "T" / "0"
     directory.mkdir(parents=True)
@@ -137,10 +156,12 @@ def test_consume_queue_recovery_of_random_files(tmp_path_factory: pytest.TempPat
 
 @given(st.binary(max_size=200), st.sampled_from(["size", "name", "dir"]))
 def test_foreign_consume_queue_files_are_typed_errors(
-        tmp_path_factory: pytest.TempPathFactory, raw: bytes, what: str) -> None:
+    tmp_path_factory: pytest.TempPathFactory, raw: bytes, what: str
+) -> None:
     tmp = tmp_path_factory.mktemp("cqs")
-    config = StoreConfig(store_dir=tmp, mapped_file_size_consume_queue=10 * CQ_STORE_UNIT_SIZE,
-                         **WATERMARKS_OFF)
+    config = StoreConfig(
+        store_dir=tmp, mapped_file_size_consume_queue=10 * CQ_STORE_UNIT_SIZE, **WATERMARKS_OFF
+    )
     directory = config.consume_queue_dir / "T" / "0"
     directory.mkdir(parents=True)
     name = {"size": f"{0:020d}", "name": "garbage", "dir": f"{0:020d}"}[what]
@@ -159,15 +180,15 @@ def test_foreign_consume_queue_files_are_typed_errors(
 
 
 @given(st.binary(min_size=1, max_size=400), st.integers(0, 400))
-def test_index_files_with_random_bytes(tmp_path_factory: pytest.TempPathFactory, raw: bytes,
-                                       at: int) -> None:
+def test_index_files_with_random_bytes(
+    tmp_path_factory: pytest.TempPathFactory, raw: bytes, at: int
+) -> None:
     tmp = tmp_path_factory.mktemp("idx")
-    config = StoreConfig(store_dir=tmp, max_hash_slot_num=8, max_index_num=16,
-                         **WATERMARKS_OFF)
+    config = StoreConfig(store_dir=tmp, max_hash_slot_num=8, max_index_num=16, **WATERMARKS_OFF)
     config.index_dir.mkdir(parents=True)
     size = 40 + 8 * 4 + 16 * 20
     content = bytearray(size)
-    content[at % size:at % size + len(raw)] = raw[:size - at % size]
+    content[at % size : at % size + len(raw)] = raw[: size - at % size]
     (config.index_dir / "20260101000000000").write_bytes(bytes(content))
     service = IndexService(config)
     try:
@@ -180,23 +201,37 @@ def test_index_files_with_random_bytes(tmp_path_factory: pytest.TempPathFactory,
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(1 << 70), 1 << 70) | st.floats(allow_nan=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-(1 << 70), 1 << 70)
+    | st.floats(allow_nan=False)
     | st.text(max_size=10),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
-                                                                 max_size=4),
-    max_leaves=12)
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
 PARSERS = config_file_parsers()
 VALID: dict[str, dict[str, Any]] = {
-    "topics.json": {"topicConfigTable": {"T": {"topicName": "T", "readQueueNums": 4,
-                                               "writeQueueNums": 4, "perm": 6}},
-                    "dataVersion": {"counter": 3}},
+    "topics.json": {
+        "topicConfigTable": {
+            "T": {"topicName": "T", "readQueueNums": 4, "writeQueueNums": 4, "perm": 6}
+        },
+        "dataVersion": {"counter": 3},
+    },
     "subscriptionGroup.json": {"subscriptionGroupTable": {"g": {"groupName": "g"}}},
     "consumerOffset.json": {"offsetTable": {"T@g": {"0": 5, "1": 0}}},
-    "delayOffset.json": {"offsetTable": {"1": 4}, "timer": {"low": 2, "delivered": [3]},
-                         "recalled": [[0, 1]]},
-    "popState.json": {"groups": {"g": {"T": {"0": {"low": 1, "next": 3, "done": [2],
-                                                   "leases": {"1": [1, 5, 7, None]}}}}},
-                      "reviveOffset": 0},
+    "delayOffset.json": {
+        "offsetTable": {"1": 4},
+        "timer": {"low": 2, "delivered": [3]},
+        "recalled": [[0, 1]],
+    },
+    "popState.json": {
+        "groups": {
+            "g": {"T": {"0": {"low": 1, "next": 3, "done": [2], "leases": {"1": [1, 5, 7, None]}}}}
+        },
+        "reviveOffset": 0,
+    },
 }
 
 
@@ -209,7 +244,7 @@ def _mutate(doc: Any, path: list[int], value: Any) -> Any:
         k = keys[path[0] % len(keys)]
         return {**doc, k: _mutate(doc[k], path[1:], value)}
     i = path[0] % len(doc)
-    return [*doc[:i], _mutate(doc[i], path[1:], value), *doc[i + 1:]]
+    return [*doc[:i], _mutate(doc[i], path[1:], value), *doc[i + 1 :]]
 
 
 @pytest.mark.parametrize("name", sorted(VALID))
@@ -220,8 +255,8 @@ def test_valid_config_documents_parse(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(VALID))
 @given(path=st.lists(st.integers(0, 7), max_size=6), value=json_values)
 def test_config_loaders_refuse_wrong_shapes_cleanly(
-        tmp_path_factory: pytest.TempPathFactory, name: str, path: list[int],
-        value: Any) -> None:
+    tmp_path_factory: pytest.TempPathFactory, name: str, path: list[int], value: Any
+) -> None:
     doc = _mutate(VALID[name], path, value)
     assume(doc != VALID[name])
     tmp = tmp_path_factory.mktemp("cfg")
@@ -237,11 +272,11 @@ def test_config_loaders_refuse_wrong_shapes_cleanly(
 
 
 @given(st.binary(max_size=300))
-def test_config_loaders_on_random_bytes(tmp_path_factory: pytest.TempPathFactory,
-                                        raw: bytes) -> None:
+def test_config_loaders_on_random_bytes(
+    tmp_path_factory: pytest.TempPathFactory, raw: bytes
+) -> None:
     tmp = tmp_path_factory.mktemp("raw")
-    for name, parse in [*PARSERS.items(), ("consumequeue.json",
-                                           ConsumeQueueStore.parse_registry)]:
+    for name, parse in [*PARSERS.items(), ("consumequeue.json", ConsumeQueueStore.parse_registry)]:
         (tmp / name).write_bytes(raw)
         try:
             JsonConfigFile(tmp / name).load(parse)
@@ -253,33 +288,52 @@ def test_config_loaders_on_random_bytes(tmp_path_factory: pytest.TempPathFactory
 def small_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A stopped store holding a few records of two topics."""
     d = tmp_path_factory.mktemp("verify")
-    config = StoreConfig(store_dir=d, mapped_file_size_commitlog=64 << 10,
-                         mapped_file_size_consume_queue=100 * CQ_STORE_UNIT_SIZE,
-                         max_hash_slot_num=64, max_index_num=256, **WATERMARKS_OFF)
+    config = StoreConfig(
+        store_dir=d,
+        mapped_file_size_commitlog=64 << 10,
+        mapped_file_size_consume_queue=100 * CQ_STORE_UNIT_SIZE,
+        max_hash_slot_num=64,
+        max_index_num=256,
+        **WATERMARKS_OFF,
+    )
     store = MessageStore(config)
     store.start()
     for i in range(30):
-        store.put_message(Message(topic=f"T{i % 2}", body=f"m{i}".encode() * 3, queue_id=i % 3,
-                                  properties={"KEYS": f"k{i}"}))
+        store.put_message(
+            Message(
+                topic=f"T{i % 2}",
+                body=f"m{i}".encode() * 3,
+                queue_id=i % 3,
+                properties={"KEYS": f"k{i}"},
+            )
+        )
     assert store.wait_dispatched(10)
     store.shutdown()
     return d
 
 
 @given(st.data())
-def test_verify_names_every_damaged_file(small_store: Path,
-                                         tmp_path_factory: pytest.TempPathFactory,
-                                         data: st.DataObject) -> None:
+def test_verify_names_every_damaged_file(
+    small_store: Path, tmp_path_factory: pytest.TempPathFactory, data: st.DataObject
+) -> None:
     import shutil
 
     copy = tmp_path_factory.mktemp("copy") / "s"
     shutil.copytree(small_store, copy)
-    config = StoreConfig(store_dir=copy, mapped_file_size_commitlog=64 << 10,
-                         mapped_file_size_consume_queue=100 * CQ_STORE_UNIT_SIZE,
-                         max_hash_slot_num=64, max_index_num=256, **WATERMARKS_OFF)
+    config = StoreConfig(
+        store_dir=copy,
+        mapped_file_size_commitlog=64 << 10,
+        mapped_file_size_consume_queue=100 * CQ_STORE_UNIT_SIZE,
+        max_hash_slot_num=64,
+        max_index_num=256,
+        **WATERMARKS_OFF,
+    )
     assert verify_store(config, PARSERS).ok
-    files = sorted(p for p in copy.rglob("*") if p.is_file() and p.name not in ("lock",)
-                   and p.stat().st_size > 0)
+    files = sorted(
+        p
+        for p in copy.rglob("*")
+        if p.is_file() and p.name not in ("lock",) and p.stat().st_size > 0
+    )
     victim = data.draw(st.sampled_from(files), label="file")
     raw = bytearray(victim.read_bytes())
     used = len(raw.rstrip(b"\0")) or len(raw)

@@ -20,26 +20,49 @@ from bench.__main__ import discover
 from bench._common import Measured, Row, SuiteResult, format_table, percentiles_ms
 
 ROOT = Path(__file__).resolve().parents[2]
-REQUIRED = {"floor_msgs_s", "put_async_1k_msgs_s", "put_async_16k_mb_s", "put_sync_64_msgs_s",
-            "sync_64_msgs_per_fsync", "dispatch_msgs_s", "read_msgs_s"}
-PEER_KEYS = {f"{peer}_{case}_msgs_s" for peer in ("rabbitmq", "nats")
-             for case in ("publish_each", "publish_pipelined", "consume_ack")} | {
-    f"{peer}_publish_each_{q}_ms" for peer in ("rabbitmq", "nats") for q in ("p50", "p99")}
+REQUIRED = {
+    "floor_msgs_s",
+    "put_async_1k_msgs_s",
+    "put_async_16k_mb_s",
+    "put_sync_64_msgs_s",
+    "sync_64_msgs_per_fsync",
+    "dispatch_msgs_s",
+    "read_msgs_s",
+}
+PEER_KEYS = {
+    f"{peer}_{case}_msgs_s"
+    for peer in ("rabbitmq", "nats")
+    for case in ("publish_each", "publish_pipelined", "consume_ack")
+} | {f"{peer}_publish_each_{q}_ms" for peer in ("rabbitmq", "nats") for q in ("p50", "p99")}
 GRPC_KEYS = {
-    "framework_send_msgs_s", "framework_send_sync_flush_msgs_s",
-    "framework_send_pipelined_msgs_s", "framework_receive_ack_msgs_s",
-    "official_send_msgs_s", "official_send_async_msgs_s", "official_receive_ack_msgs_s",
-    "embedded_send_msgs_s", "embedded_receive_ack_msgs_s",
-    "framework_send_p50_ms", "framework_send_p99_ms",
-    "framework_send_sync_flush_p50_ms", "framework_send_sync_flush_p99_ms",
-    "official_send_p50_ms", "official_send_p99_ms",
-    "stub_official_send_msgs_s", "stub_official_receive_ack_msgs_s",
+    "framework_send_msgs_s",
+    "framework_send_sync_flush_msgs_s",
+    "framework_send_pipelined_msgs_s",
+    "framework_receive_ack_msgs_s",
+    "official_send_msgs_s",
+    "official_send_async_msgs_s",
+    "official_receive_ack_msgs_s",
+    "embedded_send_msgs_s",
+    "embedded_receive_ack_msgs_s",
+    "framework_send_p50_ms",
+    "framework_send_p99_ms",
+    "framework_send_sync_flush_p50_ms",
+    "framework_send_sync_flush_p99_ms",
+    "official_send_p50_ms",
+    "official_send_p99_ms",
+    "stub_official_send_msgs_s",
+    "stub_official_receive_ack_msgs_s",
 } | PEER_KEYS
 
 
 def _bench(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "bench", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "bench", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _free_port() -> int:
@@ -49,6 +72,7 @@ def _free_port() -> int:
 
 
 # --- the runner
+
 
 def test_suites_are_the_modules_without_a_leading_underscore() -> None:
     suites = discover()
@@ -127,6 +151,7 @@ def test_only_rejects_a_bad_pattern() -> None:
 
 # --- peers: started when absent, reported when unreachable
 
+
 def test_a_peer_not_running_is_started_measured_and_stopped(tmp_path: Path) -> None:
     port = _free_port()
     nats = peers.Peer("nats", "NATS JetStream", "127.0.0.1", port)
@@ -163,11 +188,13 @@ def not_amqp() -> Iterator[int]:
 
 
 def test_a_peer_that_cannot_be_measured_is_marked_and_the_others_still_run(
-        tmp_path: Path, not_amqp: int) -> None:
+    tmp_path: Path, not_amqp: int
+) -> None:
     broken = peers.Peer("rabbitmq", "RabbitMQ", "127.0.0.1", not_amqp)
     result = SuiteResult()
-    peers.measure(peers.Counts(each=10, pipelined=100), tmp_path, result,
-                  peers=(broken, peers.NATS))
+    peers.measure(
+        peers.Counts(each=10, pipelined=100), tmp_path, result, peers=(broken, peers.NATS)
+    )
     assert isinstance(result.metrics["rabbitmq_error"], str)
     for case in peers.CASES:
         assert result.metrics[f"rabbitmq_{case}_msgs_s"] is None
@@ -179,20 +206,31 @@ def test_a_peer_that_cannot_be_measured_is_marked_and_the_others_still_run(
 
 # --- the comparison and the figures' arithmetic
 
+
 def test_comparison_puts_each_case_beside_its_peer_and_tolerates_missing_figures() -> None:
-    metrics: dict[str, object] = {"framework_send_pipelined_msgs_s": 20_000,
-                                  "nats_publish_pipelined_msgs_s": 10_000,
-                                  "official_send_msgs_s": 450, "stub_official_send_msgs_s": 500,
-                                  "framework_receive_ack_msgs_s": None}
+    metrics: dict[str, object] = {
+        "framework_send_pipelined_msgs_s": 20_000,
+        "nats_publish_pipelined_msgs_s": 10_000,
+        "official_send_msgs_s": 450,
+        "stub_official_send_msgs_s": 500,
+        "framework_receive_ack_msgs_s": None,
+    }
     lines = grpc_suite.comparison_table(metrics)
-    pipelined = next(line for line in lines if line.startswith("framework_send_pipelined ")
-                     and "nats_publish_pipelined" in line)
+    pipelined = next(
+        line
+        for line in lines
+        if line.startswith("framework_send_pipelined ") and "nats_publish_pipelined" in line
+    )
     assert "2.00x" in pipelined and "(met)" in pipelined
-    cap = next(line for line in lines if line.startswith("official_send ")
-               and "stub_official_send" in line)
+    cap = next(
+        line for line in lines if line.startswith("official_send ") and "stub_official_send" in line
+    )
     assert "90%" in cap and "(met)" in cap
-    receive = next(line for line in lines if line.startswith("framework_receive_ack ")
-                   and "nats_consume_ack" in line)
+    receive = next(
+        line
+        for line in lines
+        if line.startswith("framework_receive_ack ") and "nats_consume_ack" in line
+    )
     assert " - " in receive and "(met)" not in receive and "(short)" not in receive
 
 
@@ -219,8 +257,10 @@ def test_a_failing_case_is_marked_and_the_run_goes_on() -> None:
 
 # --- the stub server
 
-def test_stub_server_answers_the_official_client(tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+
+def test_stub_server_answers_the_official_client(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))  # the official client logs under $HOME
@@ -236,8 +276,9 @@ def test_stub_server_answers_the_official_client(tmp_path: Path,
     with grpc_suite.stub_server(home) as endpoint:
         config = ClientConfiguration(endpoint, Credentials())
         producer = Producer(config, ["stub-topic"])
-        consumer = SimpleConsumer(config, "stub-group",
-                                  {"stub-topic": FilterExpression("*")}, await_duration=2)
+        consumer = SimpleConsumer(
+            config, "stub-group", {"stub-topic": FilterExpression("*")}, await_duration=2
+        )
         producer.startup()
         consumer.startup()
         try:

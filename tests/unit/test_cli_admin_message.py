@@ -11,18 +11,21 @@ from reliable_cli.exit_codes import ExitCode
 NOW = 1_795_478_400_000  # 2026-11-24T00:00:00Z
 
 
-@pytest.mark.parametrize(("text", "ms"), [
-    ("1795478400000", NOW),
-    ("2026-11-24T00:00:00Z", NOW),
-    ("2026-11-24T00:00:00", NOW),  # no offset: UTC
-    ("2026-11-24T01:00:00+01:00", NOW),
-    ("2026-11-24T00:00:00.250Z", NOW + 250),
-    ("2026-11-24", NOW),
-    ("30m", NOW - 30 * 60_000),
-    ("2h", NOW - 2 * 3_600_000),
-    ("1d", NOW - 86_400_000),
-    ("15s", NOW - 15_000),
-])
+@pytest.mark.parametrize(
+    ("text", "ms"),
+    [
+        ("1795478400000", NOW),
+        ("2026-11-24T00:00:00Z", NOW),
+        ("2026-11-24T00:00:00", NOW),  # no offset: UTC
+        ("2026-11-24T01:00:00+01:00", NOW),
+        ("2026-11-24T00:00:00.250Z", NOW + 250),
+        ("2026-11-24", NOW),
+        ("30m", NOW - 30 * 60_000),
+        ("2h", NOW - 2 * 3_600_000),
+        ("1d", NOW - 86_400_000),
+        ("15s", NOW - 15_000),
+    ],
+)
 def test_times_are_iso_epoch_ms_or_relative(text: str, ms: int) -> None:
     assert parse_time(text, now_ms=NOW) == ms
 

@@ -16,8 +16,14 @@ from reliable_cli.console.sampler import Sample, consumed_rates, lag_series, pro
 
 
 def test_a_chart_draws_one_line_per_series_ending_at_the_last_value() -> None:
-    svg = str(line_chart({"billing": [(0, 300), (5, 120), (10, 0)], "<b>x</b>": [(0, 1), (10, 2)]},
-                         title="Consumer lag", unit="messages", chart_id="c"))
+    svg = str(
+        line_chart(
+            {"billing": [(0, 300), (5, 120), (10, 0)], "<b>x</b>": [(0, 1), (10, 2)]},
+            title="Consumer lag",
+            unit="messages",
+            chart_id="c",
+        )
+    )
     assert svg.startswith("<svg") and svg.endswith("</svg>")
     assert svg.count("<polyline") == 2 and 'data-points="5"' in svg
     assert 'data-name="billing" data-last="0"' in svg
@@ -33,13 +39,18 @@ def test_a_chart_with_fewer_than_two_points_says_it_is_collecting() -> None:
 
 
 def sample(at: float, stored: int, lag: int, consumed: int) -> Sample:
-    return Sample(at, {"orders": stored}, {"billing": GroupLag("billing", lag=lag,
-                                                               consumed=consumed)})
+    return Sample(
+        at, {"orders": stored}, {"billing": GroupLag("billing", lag=lag, consumed=consumed)}
+    )
 
 
 def test_rates_are_differences_of_offsets_between_samples() -> None:
-    samples = [sample(0, 100, 100, 0), sample(2, 140, 60, 80), sample(4, 140, 0, 140),
-               sample(6, 10, 0, 0)]  # a deleted and re-created topic: no negative rate
+    samples = [
+        sample(0, 100, 100, 0),
+        sample(2, 140, 60, 80),
+        sample(4, 140, 0, 140),
+        sample(6, 10, 0, 0),
+    ]  # a deleted and re-created topic: no negative rate
     assert produced_rates(samples) == {"orders": [(2, 20.0), (4, 0.0)]}
     assert consumed_rates(samples) == {"billing": [(2, 40.0), (4, 30.0)]}
     assert lag_series(samples) == {"billing": [(0, 100.0), (2, 60.0), (4, 0.0), (6, 0.0)]}
@@ -58,7 +69,8 @@ def test_password_login_and_basic_auth(monkeypatch: pytest.MonkeyPatch) -> None:
     assert auth.check_basic("Basic !!!") is None and auth.check_basic(None) is None
     asked: list[tuple[str, str]] = []
     by_broker = security.Authenticator(
-        "broker-key", broker_check=lambda ak, sk: asked.append((ak, sk)) or sk == "sk1")
+        "broker-key", broker_check=lambda ak, sk: asked.append((ak, sk)) or sk == "sk1"
+    )
     assert by_broker.check("ak1", "sk1") and not by_broker.check("", "sk1")
     assert asked == [("ak1", "sk1")]  # an empty key never reaches the broker
 
@@ -94,7 +106,8 @@ def test_a_run_id_says_when_the_run_was() -> None:
 
 
 def test_the_command_refuses_to_start_without_a_way_to_log_in(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from reliable_cli import main
 
     ep = ("console", "--endpoint", "127.0.0.1:1")
@@ -122,14 +135,21 @@ def test_login_never_redirects_to_another_site(monkeypatch: pytest.MonkeyPatch) 
     auth = security.Authenticator("password", password="s3cret-pass")
     app = create_app(Settings(endpoint="127.0.0.1:1", auth=auth), view, Sampler(view), None)
     try:
-        for target, expected in (("//evil.example/x", "/"), ("/\\evil.example", "/"),
-                                 ("https://evil.example", "/"), ("/dlq?x=1", "/dlq?x=1")):
+        for target, expected in (
+            ("//evil.example/x", "/"),
+            ("/\\evil.example", "/"),
+            ("https://evil.example", "/"),
+            ("/dlq?x=1", "/dlq?x=1"),
+        ):
             client = app.test_client()
             page = client.get("/login").get_data(as_text=True)
             token = re.search(r'name="csrf" value="([^"]+)"', page)
             assert token
-            answer = client.post("/login", query_string={"next": target}, data={
-                "csrf": token.group(1), "user": "u", "password": "s3cret-pass"})
+            answer = client.post(
+                "/login",
+                query_string={"next": target},
+                data={"csrf": token.group(1), "user": "u", "password": "s3cret-pass"},
+            )
             assert answer.status_code == 302 and answer.headers["Location"] == expected, target
             assert "frame-ancestors 'none'" in answer.headers["Content-Security-Policy"]
         forged = app.test_client().post("/login", data={"user": "u", "password": "s3cret-pass"})

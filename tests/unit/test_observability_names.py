@@ -46,8 +46,7 @@ def _family_of(name: str) -> str:
 
 
 def test_collectors_export_exactly_the_declared_families(tmp_path: Path) -> None:
-    broker = Broker(StoreConfig(store_dir=tmp_path / "store",
-                                mapped_file_size_commitlog=1 << 20))
+    broker = Broker(StoreConfig(store_dir=tmp_path / "store", mapped_file_size_commitlog=1 << 20))
     broker.start()
     try:
         broker.send_message(Message(topic="names", body=b"x", queue_id=0))

@@ -17,8 +17,9 @@ from tests.e2e.grpc.server_process import ServerProcess
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    proc = ServerProcess(tmp_path_factory.mktemp("store"), tmp_path_factory.mktemp("home"),
-                         *FAST).start()
+    proc = ServerProcess(
+        tmp_path_factory.mktemp("store"), tmp_path_factory.mktemp("home"), *FAST
+    ).start()
     yield proc
     assert proc.terminate() == 0, "".join(proc.output)
 
@@ -44,8 +45,9 @@ def make_console(password_file: Path) -> Iterator[Callable[..., ConsoleProcess]]
     made: list[ConsoleProcess] = []
 
     def make(endpoint: str, *extra: str, password: bool = True) -> ConsoleProcess:
-        proc = ConsoleProcess(endpoint, *extra,
-                              password_file=password_file if password else None).start()
+        proc = ConsoleProcess(
+            endpoint, *extra, password_file=password_file if password else None
+        ).start()
         made.append(proc)
         return proc
 

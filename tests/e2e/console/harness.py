@@ -47,9 +47,16 @@ def chrome(width: int = 1400, height: int = 1000) -> Iterator[Any]:
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                f"--window-size={width},{height}", "--hide-scrollbars",
-                "--force-device-scale-factor=1", "--lang=en-US"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        f"--window-size={width},{height}",
+        "--hide-scrollbars",
+        "--force-device-scale-factor=1",
+        "--lang=en-US",
+    ):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
     driver.set_page_load_timeout(60)
@@ -74,10 +81,23 @@ class ConsoleProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
         auth = ("--password-file", str(self.password_file)) if self.password_file else ()
-        cmd = [sys.executable, "-m", "reliable_cli", "console", "--endpoint", self.endpoint,
-               "--port", "0", "--sample-interval", "1", *auth, *self.extra]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, env=env, cwd=REPO)
+        cmd = [
+            sys.executable,
+            "-m",
+            "reliable_cli",
+            "console",
+            "--endpoint",
+            self.endpoint,
+            "--port",
+            "0",
+            "--sample-interval",
+            "1",
+            *auth,
+            *self.extra,
+        ]
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO
+        )
         ready = threading.Event()
 
         def pump(proc: subprocess.Popen[str]) -> None:
@@ -110,8 +130,7 @@ class ConsoleProcess:
         return self.proc.returncode
 
 
-def wait_for(check: Callable[[], Any], timeout_s: float = 30.0, interval_s: float = 0.3
-             ) -> Any:
+def wait_for(check: Callable[[], Any], timeout_s: float = 30.0, interval_s: float = 0.3) -> Any:
     """The first truthy result of `check`, or AssertionError after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     last: Any = None
@@ -123,8 +142,9 @@ def wait_for(check: Callable[[], Any], timeout_s: float = 30.0, interval_s: floa
     raise AssertionError(f"not reached within {timeout_s} s (last: {last!r})")
 
 
-def login(driver: Any, url: str, password: str = PASSWORD, user: str = "oncall", *,
-          accepted: bool = True) -> None:
+def login(
+    driver: Any, url: str, password: str = PASSWORD, user: str = "oncall", *, accepted: bool = True
+) -> None:
     """Log in through the form; wait for the page after it (or for the refusal)."""
     from selenium.webdriver.common.by import By
 
@@ -138,9 +158,15 @@ def login(driver: Any, url: str, password: str = PASSWORD, user: str = "oncall",
         wait_for(lambda: driver.find_elements(By.ID, "login-error"), 10)
 
 
-def http(url: str, *, data: dict[str, Any] | None = None, user: str | None = None,
-         password: str | None = None, cookie: str | None = None,
-         headers: dict[str, str] | None = None) -> tuple[int, str]:
+def http(
+    url: str,
+    *,
+    data: dict[str, Any] | None = None,
+    user: str | None = None,
+    password: str | None = None,
+    cookie: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, str]:
     """(status, body) of one request outside the browser (redirects are not followed)."""
     import base64
 
@@ -170,9 +196,12 @@ def save(driver: Any, directory: Path | None, name: str) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     width, height = driver.get_window_size()["width"], driver.get_window_size()["height"]
     # the page's own height (where its content ends), whatever the window's
-    page = int(driver.execute_script(
-        "const m = document.querySelector('main');"
-        "return Math.ceil(m.getBoundingClientRect().bottom + window.scrollY);"))
+    page = int(
+        driver.execute_script(
+            "const m = document.querySelector('main');"
+            "return Math.ceil(m.getBoundingClientRect().bottom + window.scrollY);"
+        )
+    )
     chrome_px = height - int(driver.execute_script("return window.innerHeight"))
     driver.set_window_size(width, max(360, min(page + 8, 3000)) + chrome_px)
     time.sleep(0.3)  # let the resized page settle before it is captured

@@ -56,12 +56,22 @@ def send(endpoint: str, messages: Sequence[Message]) -> list[str]:
         t.close()
 
 
-def consumer(t: Transport, group: str, topic: str,
-             listener: Callable[[Sequence[ReceivedMessage], ConsumeContext], ConsumeResult]
-             ) -> PushConsumer:
-    return PushConsumer(group, listener, {topic: "*"}, transport=t,
-                        consume_from=ConsumeFrom.FIRST, consume_threads=1,
-                        heartbeat_interval_s=0.5, receive_long_poll_ms=1000)
+def consumer(
+    t: Transport,
+    group: str,
+    topic: str,
+    listener: Callable[[Sequence[ReceivedMessage], ConsumeContext], ConsumeResult],
+) -> PushConsumer:
+    return PushConsumer(
+        group,
+        listener,
+        {topic: "*"},
+        transport=t,
+        consume_from=ConsumeFrom.FIRST,
+        consume_threads=1,
+        heartbeat_interval_s=0.5,
+        receive_long_poll_ms=1000,
+    )
 
 
 def session_cookie(driver: Any) -> str:
@@ -75,8 +85,11 @@ def csrf_of(html: str) -> str:
 
 
 def test_nothing_is_shown_without_logging_in(
-        broker: ServerProcess, browser: Any, make_console: Callable[..., ConsoleProcess],
-        shots: Path | None) -> None:
+    broker: ServerProcess,
+    browser: Any,
+    make_console: Callable[..., ConsoleProcess],
+    shots: Path | None,
+) -> None:
     console = make_console(broker.endpoint)
     browser.delete_all_cookies()
     for page in ("", "messages", "dlq", "topics/anything", "trace?key=x"):
@@ -117,8 +130,8 @@ def test_nothing_is_shown_without_logging_in(
 
 
 def test_a_read_only_console_refuses_actions(
-        broker: ServerProcess, browser: Any, make_console: Callable[..., ConsoleProcess]
-        ) -> None:
+    broker: ServerProcess, browser: Any, make_console: Callable[..., ConsoleProcess]
+) -> None:
     [mid] = send(broker.endpoint, [Message("ro-orders", b"order 1", keys=["ro-1"])])
     admin = AdminClient(broker.endpoint)
     try:
@@ -136,8 +149,10 @@ def test_a_read_only_console_refuses_actions(
     cookie = session_cookie(browser)
     _, page = http(console.url + f"trace?key={mid}", cookie=cookie)
     token = csrf_of(page)
-    for path, form in (("reconsume", {"id": mid, "group": "ro-billing", "step": "confirm"}),
-                       ("dlq/ro-billing/replay", {"id": mid, "step": "confirm"})):
+    for path, form in (
+        ("reconsume", {"id": mid, "group": "ro-billing", "step": "confirm"}),
+        ("dlq/ro-billing/replay", {"id": mid, "step": "confirm"}),
+    ):
         status, body = http(console.url + path, data={"csrf": token, **form}, cookie=cookie)
         assert status == 403 and "read-only" in body, (path, status, body[:300])
     admin = AdminClient(broker.endpoint)
@@ -149,8 +164,8 @@ def test_a_read_only_console_refuses_actions(
 
 
 def test_an_action_needs_the_csrf_token_and_the_same_origin(
-        broker: ServerProcess, browser: Any, make_console: Callable[..., ConsoleProcess]
-        ) -> None:
+    broker: ServerProcess, browser: Any, make_console: Callable[..., ConsoleProcess]
+) -> None:
     [mid] = send(broker.endpoint, [Message("csrf-orders", b"order 1", keys=["csrf-1"])])
     console = make_console(broker.endpoint, "--allow-actions")
     browser.delete_all_cookies()
@@ -159,12 +174,15 @@ def test_an_action_needs_the_csrf_token_and_the_same_origin(
     form = {"id": mid, "group": "csrf-billing", "step": "confirm"}
     status, body = http(console.url + "reconsume", data=form, cookie=cookie)
     assert status == 403 and "CSRF" in body
-    status, body = http(console.url + "reconsume", data={**form, "csrf": "forged"},
-                        cookie=cookie)
+    status, body = http(console.url + "reconsume", data={**form, "csrf": "forged"}, cookie=cookie)
     assert status == 403 and "CSRF" in body
     _, page = http(console.url + "messages", cookie=cookie)
-    status, body = http(console.url + "reconsume", data={**form, "csrf": csrf_of(page)},
-                        cookie=cookie, headers={"Origin": "http://evil.example"})
+    status, body = http(
+        console.url + "reconsume",
+        data={**form, "csrf": csrf_of(page)},
+        cookie=cookie,
+        headers={"Origin": "http://evil.example"},
+    )
     assert status == 403 and "another site" in body
     # without a session, basic auth does not allow actions either
     status, _ = http(console.url + "reconsume", data=form, user="x", password=PASSWORD)
@@ -173,11 +191,21 @@ def test_an_action_needs_the_csrf_token_and_the_same_origin(
     admin = AdminClient(broker.endpoint)
     try:
         admin.call("CreateGroup", name="csrf-billing")
-        status, body = http(console.url + "reconsume", data={**form, "csrf": csrf_of(page)},
-                            cookie=cookie, headers={"Origin": console.url.rstrip("/")})
+        status, body = http(
+            console.url + "reconsume",
+            data={**form, "csrf": csrf_of(page)},
+            cookie=cookie,
+            headers={"Origin": console.url.rstrip("/")},
+        )
         assert status == 200 and 'id="done"' in body, body[:500]
-        copies = wait_for(lambda: [m for m in admin.call("QueryMessage", id=mid)["messages"]
-                                   if m["topic"] != "csrf-orders"], 10)
+        copies = wait_for(
+            lambda: [
+                m
+                for m in admin.call("QueryMessage", id=mid)["messages"]
+                if m["topic"] != "csrf-orders"
+            ],
+            10,
+        )
     finally:
         admin.close()
     assert [c["topic"] for c in copies] == ["%RETRY%csrf-billing"]
@@ -185,8 +213,11 @@ def test_an_action_needs_the_csrf_token_and_the_same_origin(
 
 
 def test_search_a_message_by_key_and_open_its_trace(
-        broker: ServerProcess, browser: Any, make_console: Callable[..., ConsoleProcess],
-        shots: Path | None) -> None:
+    broker: ServerProcess,
+    browser: Any,
+    make_console: Callable[..., ConsoleProcess],
+    shots: Path | None,
+) -> None:
     from selenium.webdriver.support.ui import Select
 
     topic, group = "search-orders", "search-billing"
@@ -201,8 +232,9 @@ def test_search_a_message_by_key_and_open_its_trace(
     try:
         with consumer(t, group, topic, listener), Producer(t) as producer:
             for i in range(40, 45):
-                producer.send(Message(topic, f"order {i}".encode(), keys=[f"order-{i}"],
-                                      tags="created"))
+                producer.send(
+                    Message(topic, f"order {i}".encode(), keys=[f"order-{i}"], tags="created")
+                )
             assert done.wait(30)
 
             console = make_console(broker.endpoint)
@@ -211,8 +243,10 @@ def test_search_a_message_by_key_and_open_its_trace(
 
             def acknowledged() -> bool:
                 browser.get(console.url + "trace?key=order-42")
-                return any(e.get_attribute("data-kind") == "acknowledged"
-                           for e in browser.find_elements("css selector", "li.event"))
+                return any(
+                    e.get_attribute("data-kind") == "acknowledged"
+                    for e in browser.find_elements("css selector", "li.event")
+                )
 
             wait_for(acknowledged, 30, 0.5)
     finally:
@@ -229,8 +263,9 @@ def test_search_a_message_by_key_and_open_its_trace(
     uniq = rows[0].find_element("css selector", "a.trace-link").text  # the client's id
     rows[0].find_element("css selector", "a.trace-link").click()
     wait_for(lambda: "/trace" in browser.current_url, 10)
-    kinds = [e.get_attribute("data-kind") for e in browser.find_elements("css selector",
-                                                                          "li.event")]
+    kinds = [
+        e.get_attribute("data-kind") for e in browser.find_elements("css selector", "li.event")
+    ]
     assert kinds[0] == "original" and "delivered" in kinds and kinds[-1] == "acknowledged"
     state = browser.find_element("css selector", f'[data-group="{group}"]').text
     assert state == "acknowledged"
@@ -242,8 +277,12 @@ def test_search_a_message_by_key_and_open_its_trace(
     assert by_id(browser, "no-results").text == "no message found"
     # the other forms: message id (any topic), unique key, a time range of the topic
     found = {}
-    for form in (f"by=id&value={offset_id}", f"by=unique_key&value={uniq}&topic={topic}",
-                 f"by=time&topic={topic}", f"by=time&topic={topic}&limit=2"):
+    for form in (
+        f"by=id&value={offset_id}",
+        f"by=unique_key&value={uniq}&topic={topic}",
+        f"by=time&topic={topic}",
+        f"by=time&topic={topic}&limit=2",
+    ):
         browser.get(console.url + "messages?" + form)
         found[form] = [r.text for r in browser.find_elements("css selector", "#results tr")[1:]]
     forms = list(found)
@@ -254,15 +293,20 @@ def test_search_a_message_by_key_and_open_its_trace(
 
 
 def test_the_lag_falls_on_the_overview_as_a_consumer_runs(
-        broker: ServerProcess, browser: Any, make_console: Callable[..., ConsoleProcess],
-        shots: Path | None) -> None:
+    broker: ServerProcess,
+    browser: Any,
+    make_console: Callable[..., ConsoleProcess],
+    shots: Path | None,
+) -> None:
     topic, group, count = "lag-orders", "lag-billing", 300
     admin = AdminClient(broker.endpoint)
     try:
         admin.call("CreateTopic", name=topic, queues=2)
         admin.call("CreateGroup", name=group)
-        send(broker.endpoint, [Message(topic, f"order {i}".encode(), keys=[f"lag-{i}"])
-                               for i in range(count)])
+        send(
+            broker.endpoint,
+            [Message(topic, f"order {i}".encode(), keys=[f"lag-{i}"]) for i in range(count)],
+        )
         # the group starts at the first message: all of them are its lag
         admin.call("SetGroupStart", group=group, topic=topic, consume_from="FIRST")
     finally:
@@ -287,6 +331,7 @@ def test_the_lag_falls_on_the_overview_as_a_consumer_runs(
     t = grpc_transport(broker.endpoint)
     try:
         with consumer(t, group, topic, slow):
+
             def drained() -> bool:
                 seen.append(lag_shown())
                 return seen[-1] == 0
@@ -315,8 +360,11 @@ def test_the_lag_falls_on_the_overview_as_a_consumer_runs(
 
 
 def test_replay_one_dead_letter_and_see_it_consumed(
-        broker: ServerProcess, browser: Any, make_console: Callable[..., ConsoleProcess],
-        shots: Path | None) -> None:
+    broker: ServerProcess,
+    browser: Any,
+    make_console: Callable[..., ConsoleProcess],
+    shots: Path | None,
+) -> None:
     topic, group = "dlq-orders", "dlq-billing"
     fixed = threading.Event()
     lock = threading.Lock()
@@ -347,8 +395,10 @@ def test_replay_one_dead_letter_and_see_it_consumed(
             browser.delete_all_cookies()
             login(browser, console.url)
             assert by_id(browser, "mode").text == "actions enabled"
-            wait_for(lambda: (browser.get(console.url),
-                              by_id(browser, f"dlq-{group}").text == "1")[1], 20)
+            wait_for(
+                lambda: (browser.get(console.url), by_id(browser, f"dlq-{group}").text == "1")[1],
+                20,
+            )
             by_id(browser, f"dlq-{group}").click()
             rows = browser.find_elements("css selector", "tr.dead-letter")
             assert [r.get_attribute("data-id") for r in rows] == [poison]
@@ -365,8 +415,7 @@ def test_replay_one_dead_letter_and_see_it_consumed(
             save(browser, shots, "dlq-confirm")
             assert not consumed_after_fix.is_set()  # nothing happens before the confirmation
             by_id(browser, "confirm-button").click()
-            wait_for(lambda: (browser.refresh(),
-                              by_id(browser, "job-state").text == "done")[1], 30)
+            wait_for(lambda: (browser.refresh(), by_id(browser, "job-state").text == "done")[1], 30)
             assert by_id(browser, "job-replayed").text == "1"
             assert consumed_after_fix.wait(30)  # the group consumed the replayed message
             save(browser, shots, "dlq-replayed")
@@ -377,8 +426,10 @@ def test_replay_one_dead_letter_and_see_it_consumed(
                 return badge.text == "acknowledged"
 
             wait_for(settled, 30, 0.5)
-            kinds = [e.get_attribute("data-kind")
-                     for e in browser.find_elements("css selector", "li.event")]
+            kinds = [
+                e.get_attribute("data-kind")
+                for e in browser.find_elements("css selector", "li.event")
+            ]
             assert "dead-letter" in kinds and kinds[-1] == "acknowledged"
             # the replayed dead letter is marked, and a second replay would skip it
             browser.get(console.url + f"dlq/{group}")
@@ -394,7 +445,8 @@ def test_replay_one_dead_letter_and_see_it_consumed(
 
 
 def test_logging_in_with_an_access_key_the_broker_accepts(
-        tmp_path: Path, browser: Any, make_console: Callable[..., ConsoleProcess]) -> None:
+    tmp_path: Path, browser: Any, make_console: Callable[..., ConsoleProcess]
+) -> None:
     import json
 
     from tests.e2e.grpc.conftest import FAST
@@ -403,14 +455,20 @@ def test_logging_in_with_an_access_key_the_broker_accepts(
     keys.write_text(json.dumps({"console": "console-secret", "alice": "alice-secret"}))
     secret = tmp_path / "console.key"
     secret.write_text("console-secret\n")
-    broker = ServerProcess(tmp_path / "store", tmp_path, *FAST, "--credentials-file",
-                           str(keys)).start()
+    broker = ServerProcess(
+        tmp_path / "store", tmp_path, *FAST, "--credentials-file", str(keys)
+    ).start()
     try:
-        console = make_console(broker.endpoint, "--access-key", "console", "--secret-key-file",
-                               str(secret), password=False)
+        console = make_console(
+            broker.endpoint,
+            "--access-key",
+            "console",
+            "--secret-key-file",
+            str(secret),
+            password=False,
+        )
         browser.delete_all_cookies()
-        login(browser, console.url, user="alice", password="not-alice-secret",
-              accepted=False)
+        login(browser, console.url, user="alice", password="not-alice-secret", accepted=False)
         login(browser, console.url, user="mallory", password="alice-secret", accepted=False)
         login(browser, console.url, user="alice", password="alice-secret")
         assert by_id(browser, "user").text == "alice"
@@ -422,8 +480,8 @@ def test_logging_in_with_an_access_key_the_broker_accepts(
 
 
 def test_a_replay_keeps_its_rate_and_never_replays_twice(
-        broker: ServerProcess, browser: Any, make_console: Callable[..., ConsoleProcess]
-        ) -> None:
+    broker: ServerProcess, browser: Any, make_console: Callable[..., ConsoleProcess]
+) -> None:
     topic, group, count, rate = "rate-orders", "rate-billing", 6, 2
     admin = AdminClient(broker.endpoint)
     t = grpc_transport(broker.endpoint)
@@ -432,10 +490,15 @@ def test_a_replay_keeps_its_rate_and_never_replays_twice(
         admin.call("CreateGroup", name=group, max_retries=0)  # the first failure dead-letters
         fail = consumer(t, group, topic, lambda ms, ctx: ConsumeResult.RECONSUME_LATER)
         with fail:
-            send(broker.endpoint, [Message(topic, f"order {i}".encode(), keys=[f"rate-{i}"])
-                                   for i in range(count)])
-            wait_for(lambda: len(admin.call("ListDeadLetters", group=group)["messages"])
-                     == count, 60, 0.5)
+            send(
+                broker.endpoint,
+                [Message(topic, f"order {i}".encode(), keys=[f"rate-{i}"]) for i in range(count)],
+            )
+            wait_for(
+                lambda: len(admin.call("ListDeadLetters", group=group)["messages"]) == count,
+                60,
+                0.5,
+            )
         console = make_console(broker.endpoint, "--allow-actions")
         browser.delete_all_cookies()
         login(browser, console.url)
@@ -449,8 +512,9 @@ def test_a_replay_keeps_its_rate_and_never_replays_twice(
         assert by_id(browser, "replay-count").text == str(count)
         by_id(browser, "confirm-button").click()
         started = time.monotonic()
-        wait_for(lambda: (browser.refresh(), by_id(browser, "job-state").text == "done")[1],
-                 30, 0.2)
+        wait_for(
+            lambda: (browser.refresh(), by_id(browser, "job-state").text == "done")[1], 30, 0.2
+        )
         took = time.monotonic() - started
         assert by_id(browser, "job-replayed").text == str(count)
         # 6 at 2 a second: three calls, a second apart

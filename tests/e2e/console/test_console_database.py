@@ -41,11 +41,16 @@ def pg_prefix(request: pytest.FixtureRequest) -> Iterator[str]:
     engine.dispose()
 
 
-@pytest.mark.parametrize("backend", [pytest.param("sqlite", id="sqlite"),
-                                     pytest.param("postgres", id="postgres",
-                                                  marks=pytest.mark.postgres)])
+@pytest.mark.parametrize(
+    "backend",
+    [
+        pytest.param("sqlite", id="sqlite"),
+        pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+    ],
+)
 def test_the_console_cannot_write_to_the_outbox_database(
-        backend: str, tmp_path: Path, pg_prefix: str) -> None:
+    backend: str, tmp_path: Path, pg_prefix: str
+) -> None:
     url = f"sqlite:///{tmp_path / 'shop.db'}" if backend == "sqlite" else PG_URL
     prefix = "reliable_" if backend == "sqlite" else pg_prefix
     tables = OutboxTables(prefix=prefix)
@@ -58,8 +63,12 @@ def test_the_console_cannot_write_to_the_outbox_database(
         with pytest.raises(sa.exc.DBAPIError), view.engine.begin() as conn:
             conn.execute(sa.insert(tables.topic_group).values(topic="t", consumer_group="g"))
         with view.engine.connect() as conn:
-            assert conn.execute(sa.select(sa.func.count()).select_from(
-                tables.topic_group)).scalar_one() == 0
+            assert (
+                conn.execute(
+                    sa.select(sa.func.count()).select_from(tables.topic_group)
+                ).scalar_one()
+                == 0
+            )
     finally:
         view.close()
     with pytest.raises(DatabaseUnavailable):
@@ -69,8 +78,12 @@ def test_the_console_cannot_write_to_the_outbox_database(
 @pytest.mark.slow
 @pytest.mark.spark
 def test_outbox_backlog_and_the_last_reconciliation_certificate(
-        tmp_path: Path, broker: ServerProcess, browser: Any,
-        make_console: Callable[..., ConsoleProcess], shots: Path | None) -> None:
+    tmp_path: Path,
+    broker: ServerProcess,
+    browser: Any,
+    make_console: Callable[..., ConsoleProcess],
+    shots: Path | None,
+) -> None:
     prefix = "shop_"
     db = f"sqlite:///{tmp_path / 'shop.db'}"
     seeded = build(prefix)
@@ -78,18 +91,41 @@ def test_outbox_backlog_and_the_last_reconciliation_certificate(
     seeded.insert(engine)
     with engine.connect() as conn:
         stub = seeded.tables.stub
-        statuses = dict(conn.execute(sa.select(stub.c.status, sa.func.count())
-                                     .group_by(stub.c.status)).all())
-        oldest = conn.execute(sa.select(stub.c.message_id).where(
-            stub.c.status == "UNCONFIRMED").order_by(stub.c.created_at, stub.c.id)
-            .limit(1)).scalar_one()
+        statuses = dict(
+            conn.execute(sa.select(stub.c.status, sa.func.count()).group_by(stub.c.status)).all()
+        )
+        oldest = conn.execute(
+            sa.select(stub.c.message_id)
+            .where(stub.c.status == "UNCONFIRMED")
+            .order_by(stub.c.created_at, stub.c.id)
+            .limit(1)
+        ).scalar_one()
     engine.dispose()
     env = dict(os.environ, PYTHONPATH=str(REPO))
     job = subprocess.run(
-        [sys.executable, "-m", "reliable_cli", "reconcile", "--db", db, "--prefix", prefix,
-         "--json", "--report-table", f"{prefix}reconcile_report",
-         "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=2"],
-        env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "reliable_cli",
+            "reconcile",
+            "--db",
+            db,
+            "--prefix",
+            prefix,
+            "--json",
+            "--report-table",
+            f"{prefix}reconcile_report",
+            "--conf",
+            "spark.ui.enabled=false",
+            "--conf",
+            "spark.sql.shuffle.partitions=2",
+        ],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert job.returncode == 3, job.stderr[-2000:]  # the data set has lost messages
     doc = json.loads(job.stdout)
     unaccounted = doc["certificate"]["unaccounted"]
@@ -102,9 +138,12 @@ def test_outbox_backlog_and_the_last_reconciliation_certificate(
     for status in ("UNCONFIRMED", "CONFIRMED", "VOID"):
         shown = browser.find_element("id", f"status-{status}").text.replace(",", "")
         assert int(shown) == statuses.get(status, 0), status
-    ages = {r.find_elements("css selector", "td")[0].text:
-            int(r.find_elements("css selector", "td")[1].text.replace(",", ""))
-            for r in browser.find_elements("css selector", "#ages tr")}
+    ages = {
+        r.find_elements("css selector", "td")[0].text: int(
+            r.find_elements("css selector", "td")[1].text.replace(",", "")
+        )
+        for r in browser.find_elements("css selector", "#ages tr")
+    }
     assert ages["> 24 h"] == statuses["UNCONFIRMED"]  # the data set is from 2026-01-01
     assert sum(ages.values()) == statuses["UNCONFIRMED"]
     first = browser.find_elements("css selector", "#oldest tr")[1]

@@ -18,10 +18,22 @@ from tests.e2e.grpc.server_process import ServerProcess
 from tests.e2e.helpers import broker_config, store_config
 
 # fast enough for tests, otherwise the defaults: redelivery after 1-2 s instead of >= 10 s
-FAST = ("--min-invisible-ms", "1000", "--long-polling-ms", "5000",
-        "--min-long-polling-ms", "1000", "--delay-levels", "1s 1s 1s 2s 2s",
-        "--transaction-timeout-ms", "1000", "--transaction-check-interval-ms", "1000",
-        "--default-invisible-ms", "15000")
+FAST = (
+    "--min-invisible-ms",
+    "1000",
+    "--long-polling-ms",
+    "5000",
+    "--min-long-polling-ms",
+    "1000",
+    "--delay-levels",
+    "1s 1s 1s 2s 2s",
+    "--transaction-timeout-ms",
+    "1000",
+    "--transaction-check-interval-ms",
+    "1000",
+    "--default-invisible-ms",
+    "15000",
+)
 
 
 @pytest.fixture(scope="session")
@@ -31,8 +43,7 @@ def client_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, client_home: Path
-           ) -> Iterator[ServerProcess]:
+def server(tmp_path_factory: pytest.TempPathFactory, client_home: Path) -> Iterator[ServerProcess]:
     """One server for a test module (tests use distinct topics and groups)."""
     proc = ServerProcess(tmp_path_factory.mktemp("store"), client_home, *FAST).start()
     yield proc
@@ -45,8 +56,9 @@ def make_server(tmp_path: Path, client_home: Path) -> Iterator[Callable[..., Ser
     made: list[ServerProcess] = []
 
     def make(*extra: str, store: Path | None = None) -> ServerProcess:
-        proc = ServerProcess(store or tmp_path / f"store{len(made)}", client_home, *FAST,
-                             *extra).start()
+        proc = ServerProcess(
+            store or tmp_path / f"store{len(made)}", client_home, *FAST, *extra
+        ).start()
         made.append(proc)
         return proc
 
@@ -55,13 +67,15 @@ def make_server(tmp_path: Path, client_home: Path) -> Iterator[Callable[..., Ser
         proc.kill()
 
 
-def open_transport(request: pytest.FixtureRequest, name: str, tmp_path: Path
-                   ) -> Iterator[Transport]:
+def open_transport(
+    request: pytest.FixtureRequest, name: str, tmp_path: Path
+) -> Iterator[Transport]:
     """A started transport of `name`: the in-process broker over a store in `tmp_path`, or
     the grpc transport to the module's server process."""
     if name == "embedded":
-        t = reliable.connect("embedded", store_config=store_config(tmp_path / "store"),
-                             broker_config=broker_config())
+        t = reliable.connect(
+            "embedded", store_config=store_config(tmp_path / "store"), broker_config=broker_config()
+        )
     else:
         served: ServerProcess = request.getfixturevalue("server")
         t = reliable.connect("grpc", endpoint=served.endpoint)

@@ -24,9 +24,17 @@ def main(endpoint: str, group: str, topic: str) -> None:
         forever.wait()
         return ConsumeResult.SUCCESS
 
-    consumer = PushConsumer(group, listener, {topic: "*"}, transport="grpc", endpoint=endpoint,
-                            consume_from=ConsumeFrom.FIRST, consume_threads=2,
-                            receive_long_poll_ms=1000, invisible_ms=30_000)
+    consumer = PushConsumer(
+        group,
+        listener,
+        {topic: "*"},
+        transport="grpc",
+        endpoint=endpoint,
+        consume_from=ConsumeFrom.FIRST,
+        consume_threads=2,
+        receive_long_poll_ms=1000,
+        invisible_ms=30_000,
+    )
     consumer.start()
     print("started", flush=True)
     forever.wait()

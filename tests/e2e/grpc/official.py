@@ -37,19 +37,28 @@ def producer(endpoint: str, topics: list[str], checker: Any = None, **kw: Any) -
     return p
 
 
-def simple_consumer(endpoint: str, group: str, topic: str, tag: str = "*",
-                    await_s: int = 2, **kw: Any) -> Any:
+def simple_consumer(
+    endpoint: str, group: str, topic: str, tag: str = "*", await_s: int = 2, **kw: Any
+) -> Any:
     from rocketmq import FilterExpression, SimpleConsumer
 
-    c = SimpleConsumer(configuration(endpoint, **kw), group, {topic: FilterExpression(tag)},
-                       await_duration=await_s)
+    c = SimpleConsumer(
+        configuration(endpoint, **kw), group, {topic: FilterExpression(tag)}, await_duration=await_s
+    )
     c.startup()
     return c
 
 
-def message(topic: str, body: bytes, *, tag: str | None = None, keys: list[str] | None = None,
-            props: dict[str, str] | None = None, group: str | None = None,
-            deliver_at_s: int | None = None) -> Any:
+def message(
+    topic: str,
+    body: bytes,
+    *,
+    tag: str | None = None,
+    keys: list[str] | None = None,
+    props: dict[str, str] | None = None,
+    group: str | None = None,
+    deliver_at_s: int | None = None,
+) -> Any:
     from rocketmq import Message
 
     m = Message()
@@ -68,8 +77,15 @@ def message(topic: str, body: bytes, *, tag: str | None = None, keys: list[str] 
     return m
 
 
-def receive_until(consumer: Any, done: Callable[[list[Any]], bool], *, timeout_s: float = 30,
-                  invisible_s: int = 15, ack: bool = True, batch: int = 32) -> list[Any]:
+def receive_until(
+    consumer: Any,
+    done: Callable[[list[Any]], bool],
+    *,
+    timeout_s: float = 30,
+    invisible_s: int = 15,
+    ack: bool = True,
+    batch: int = 32,
+) -> list[Any]:
     """Receive (and ack) until `done(all received)` or the deadline."""
     got: list[Any] = []
     deadline = time.monotonic() + timeout_s
@@ -81,8 +97,9 @@ def receive_until(consumer: Any, done: Callable[[list[Any]], bool], *, timeout_s
     return got
 
 
-def wait_for(predicate: Callable[[], bool], timeout_s: float = 30, interval_s: float = 0.05
-             ) -> bool:
+def wait_for(
+    predicate: Callable[[], bool], timeout_s: float = 30, interval_s: float = 0.05
+) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():

@@ -18,8 +18,14 @@ REPO = Path(__file__).resolve().parents[3]
 # Small files: the 1 GiB default is preallocated on disk for every store a test makes.
 # Watermarks off: these tests are about delivery, and the host disk is shared, so its
 # fill level is not theirs to depend on (disk-full behaviour has its own tests).
-TEST_STORE = ("--commitlog-file-size", str(8 << 20),
-              "--disk-clean-ratio", "1.0", "--disk-full-ratio", "1.0")
+TEST_STORE = (
+    "--commitlog-file-size",
+    str(8 << 20),
+    "--disk-clean-ratio",
+    "1.0",
+    "--disk-full-ratio",
+    "1.0",
+)
 _READY = re.compile(r"serving on ([\w.\-]+):(\d+)")
 
 
@@ -41,10 +47,22 @@ class ServerProcess:
     def start(self, timeout_s: float = 30.0) -> ServerProcess:
         env = dict(os.environ, HOME=str(self.home), PYTHONUNBUFFERED="1")
         env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-        cmd = [sys.executable, "-m", "reliable_cli", "broker", "start", "--store",
-               str(self.store), "--port", str(self.port), *TEST_STORE, *self.extra]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, env=env, cwd=REPO)
+        cmd = [
+            sys.executable,
+            "-m",
+            "reliable_cli",
+            "broker",
+            "start",
+            "--store",
+            str(self.store),
+            "--port",
+            str(self.port),
+            *TEST_STORE,
+            *self.extra,
+        ]
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO
+        )
         ready = threading.Event()
 
         def pump(proc: subprocess.Popen[str]) -> None:
@@ -84,8 +102,14 @@ class ServerProcess:
 def admin_cli(*args: str) -> subprocess.CompletedProcess[str]:
     """`reliable admin ARGS...` as a user runs it, from the repository."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "reliable_cli", "admin", *args], env=env,
-                          cwd=REPO, text=True, capture_output=True, timeout=180)
+    return subprocess.run(
+        [sys.executable, "-m", "reliable_cli", "admin", *args],
+        env=env,
+        cwd=REPO,
+        text=True,
+        capture_output=True,
+        timeout=180,
+    )
 
 
 def admin_json(*args: str) -> Any:

@@ -64,29 +64,47 @@ def send(endpoint: str, messages: Sequence[Message]) -> list[str]:
 
 
 def test_every_query_form_finds_the_message_running_and_stopped(
-        tmp_path: Path, make_server: Callable[..., ServerProcess]) -> None:
+    tmp_path: Path, make_server: Callable[..., ServerProcess]
+) -> None:
     store = tmp_path / "store"
     server = make_server(store=store)
     ep = ("--endpoint", server.endpoint)
     assert cli("topic", "create", "q-orders", "--queues", "2", *ep).returncode == 0
     k1, k2 = colliding_keys("q-orders")
-    [mid] = send(server.endpoint, [Message("q-orders", b"order 42 \xff", keys=["order-42", k1],
-                                           tags="created", properties={"shop": "eu"})])
+    [mid] = send(
+        server.endpoint,
+        [
+            Message(
+                "q-orders",
+                b"order 42 \xff",
+                keys=["order-42", k1],
+                tags="created",
+                properties={"shop": "eu"},
+            )
+        ],
+    )
     by_id = doc("message", "query", "--id", mid, "--body", *ep)
     assert by_id["more"] is False
     [m] = by_id["messages"]
     assert (m["topic"], m["msg_id"], m["unique_key"], m["tags"], m["keys"]) == (
-        "q-orders", mid, mid, "created", ["order-42", k1])
+        "q-orders",
+        mid,
+        mid,
+        "created",
+        ["order-42", k1],
+    )
     assert m["properties"]["shop"] == "eu" and m["reconsume_times"] == 0 and m["size"] > 0
     assert (m["body"], m["body_encoding"]) == ("order 42 \xff".encode("latin-1").hex(), "hex")
     assert len(mid) == len(m["offset_msg_id"]) == 32  # both ids look alike: both are tried
     at = str(m["store_time_ms"])
     queries: list[tuple[str, ...]] = [
-        ("--id", mid), ("--id", m["offset_msg_id"]), ("--id", mid, "--topic", "q-orders"),
-        ("--key", "order-42", "--topic", "q-orders"), ("--key", k1, "--topic", "q-orders"),
+        ("--id", mid),
+        ("--id", m["offset_msg_id"]),
+        ("--id", mid, "--topic", "q-orders"),
+        ("--key", "order-42", "--topic", "q-orders"),
+        ("--key", k1, "--topic", "q-orders"),
         ("--unique-key", mid, "--topic", "q-orders"),
-        ("--topic", "q-orders", "--queue", str(m["queue_id"]), "--offset",
-         str(m["queue_offset"])),
+        ("--topic", "q-orders", "--queue", str(m["queue_id"]), "--offset", str(m["queue_offset"])),
         ("--topic", "q-orders", "--since", at, "--until", at),
         ("--topic", "q-orders", "--since", m["store_time"]),
         ("--topic", "q-orders", "--since", "10m"),
@@ -96,8 +114,11 @@ def test_every_query_form_finds_the_message_running_and_stopped(
         assert [x["offset_msg_id"] for x in found["messages"]] == [m["offset_msg_id"]], q
         assert found["messages"][0]["commitlog_offset"] == m["commitlog_offset"]
     # a key colliding with one of the message's in the index is never a match
-    for form in (("--key", k2, "--topic", "q-orders"), ("--unique-key", k2, "--topic",
-                                                          "q-orders"), ("--id", k2)):
+    for form in (
+        ("--key", k2, "--topic", "q-orders"),
+        ("--unique-key", k2, "--topic", "q-orders"),
+        ("--id", k2),
+    ):
         missed = cli("message", "query", *form, *ep)
         assert missed.returncode == 1 and "no message found" in missed.stderr, form
     untraced = cli("message", "trace", k2, "--json", *ep)
@@ -110,7 +131,10 @@ def test_every_query_form_finds_the_message_running_and_stopped(
     status = doc("topic", "status", "q-orders", *ep)
     queue = status["queues"][m["queue_id"]]
     assert (queue["min_offset"], queue["max_offset"], queue["last_store_time_ms"]) == (
-        0, 1, m["store_time_ms"])
+        0,
+        1,
+        m["store_time_ms"],
+    )
     assert status["messages"] == 1 and len(status["queues"]) == 2
 
     assert server.terminate() == 0
@@ -120,12 +144,15 @@ def test_every_query_form_finds_the_message_running_and_stopped(
     assert doc("topic", "status", "q-orders", *offline) == status
     assert doc("message", "query", "--id", mid, "--body", *offline) == by_id
     # the table is the same too
-    assert cli("message", "query", "--key", "order-42", "--topic", "q-orders",
-               *offline).stdout == text.stdout
+    assert (
+        cli("message", "query", "--key", "order-42", "--topic", "q-orders", *offline).stdout
+        == text.stdout
+    )
 
 
 def test_bad_arguments_and_missing_messages_fail_with_one_line(
-        make_server: Callable[..., ServerProcess]) -> None:
+    make_server: Callable[..., ServerProcess],
+) -> None:
     server = make_server()
     ep = ("--endpoint", server.endpoint)
     cases: list[tuple[tuple[str, ...], int, str]] = [
@@ -135,13 +162,18 @@ def test_bad_arguments_and_missing_messages_fail_with_one_line(
         (("message", "query", "--topic", "t", "--since", "yesterday"), 2, "is not a time"),
         (("message", "query", "--topic", "t"), 2, "give --id"),
         (("message", "query", "--id", "0" * 32), 1, "no message found"),
-        (("message", "query", "--topic", "nowhere", "--queue", "0", "--offset", "7"), 1,
-         "no message found"),
+        (
+            ("message", "query", "--topic", "nowhere", "--queue", "0", "--offset", "7"),
+            1,
+            "no message found",
+        ),
         (("message", "query", "--key", "k", "--topic", "t", "--limit", "5000"), 2, "--limit"),
-        (("message", "reconsume", "0" * 32, "--group", "g", "--client", "c1"), 2,
-         "CONSUME_MESSAGE_DIRECTLY) is not supported"),
-        (("message", "reconsume", "0" * 32, "--group", "nobody"), 1,
-         "CONSUMER_GROUP_NOT_FOUND"),
+        (
+            ("message", "reconsume", "0" * 32, "--group", "g", "--client", "c1"),
+            2,
+            "CONSUME_MESSAGE_DIRECTLY) is not supported",
+        ),
+        (("message", "reconsume", "0" * 32, "--group", "nobody"), 1, "CONSUMER_GROUP_NOT_FOUND"),
         (("message", "trace", "unknown-key"), 1, "nothing known about"),
         (("topic", "status", "nowhere"), 1, "TOPIC_NOT_FOUND"),
     ]
@@ -155,28 +187,28 @@ def test_bad_arguments_and_missing_messages_fail_with_one_line(
     assert missing.returncode == 1 and "MESSAGE_NOT_FOUND" in missing.stderr
 
 
-def test_results_are_capped_with_a_more_marker(make_server: Callable[..., ServerProcess]
-                                               ) -> None:
+def test_results_are_capped_with_a_more_marker(make_server: Callable[..., ServerProcess]) -> None:
     server = make_server()
     ep = ("--endpoint", server.endpoint)
-    ids = send(server.endpoint, [Message("cap-orders", f"order {i}".encode(), keys=["same"])
-                                 for i in range(5)])
-    capped = doc("message", "query", "--key", "same", "--topic", "cap-orders", "--limit", "3",
-                 *ep)
+    ids = send(
+        server.endpoint,
+        [Message("cap-orders", f"order {i}".encode(), keys=["same"]) for i in range(5)],
+    )
+    capped = doc("message", "query", "--key", "same", "--topic", "cap-orders", "--limit", "3", *ep)
     assert capped["more"] is True
     assert [x["msg_id"] for x in capped["messages"]] == ids[::-1][:3]  # newest first
-    whole = doc("message", "query", "--key", "same", "--topic", "cap-orders", "--limit", "5",
-                *ep)
+    whole = doc("message", "query", "--key", "same", "--topic", "cap-orders", "--limit", "5", *ep)
     assert whole["more"] is False and [x["msg_id"] for x in whole["messages"]] == ids[::-1]
-    by_time = doc("message", "query", "--topic", "cap-orders", "--since", "1h", "--limit", "2",
-                  *ep)
+    by_time = doc("message", "query", "--topic", "cap-orders", "--since", "1h", "--limit", "2", *ep)
     assert by_time["more"] is True
     assert [x["msg_id"] for x in by_time["messages"]] == ids[::-1][:2]
-    text = cli("message", "query", "--key", "same", "--topic", "cap-orders", "--limit", "3",
-               *ep)
+    text = cli("message", "query", "--key", "same", "--topic", "cap-orders", "--limit", "3", *ep)
     assert text.returncode == 0
-    assert text.stdout.rstrip().splitlines()[-1].startswith(
-        "(more messages match: only the newest 3 are shown")
+    assert (
+        text.stdout.rstrip()
+        .splitlines()[-1]
+        .startswith("(more messages match: only the newest 3 are shown")
+    )
     # the Python API returns the very documents the command prints
     admin = AdminClient(server.endpoint)
     try:
@@ -189,34 +221,57 @@ def test_results_are_capped_with_a_more_marker(make_server: Callable[..., Server
 
 
 def test_send_and_reconsume_from_the_command_line(
-        make_server: Callable[..., ServerProcess]) -> None:
+    make_server: Callable[..., ServerProcess],
+) -> None:
     server = make_server()
     ep = ("--endpoint", server.endpoint)
-    sent = doc("message", "send", "cli-orders", "order 7", "--key", "order-7", "--key",
-               "cust-3", "--tag", "created", "--property", "shop=eu", *ep)
+    sent = doc(
+        "message",
+        "send",
+        "cli-orders",
+        "order 7",
+        "--key",
+        "order-7",
+        "--key",
+        "cust-3",
+        "--tag",
+        "created",
+        "--property",
+        "shop=eu",
+        *ep,
+    )
     assert sent["status"] == "PUT_OK" and sent["topic"] == "cli-orders"
     [m] = doc("message", "query", "--id", sent["msg_id"], "--body", *ep)["messages"]
     assert (m["offset_msg_id"], m["keys"], m["tags"], m["body"]) == (
-        sent["offset_msg_id"], ["order-7", "cust-3"], "created", "order 7")
+        sent["offset_msg_id"],
+        ["order-7", "cust-3"],
+        "created",
+        "order 7",
+    )
     assert m["properties"]["shop"] == "eu"
     reserved = cli("message", "send", "cli-orders", "x", "--property", "KEYS=a", *ep)
     assert reserved.returncode == 2 and "KEYS" in reserved.stderr
     assert cli("group", "create", "cli-billing", *ep).returncode == 0
-    again = doc("message", "reconsume", sent["msg_id"], "--group", "cli-billing",
-                "--operator", "alice", *ep)
+    again = doc(
+        "message", "reconsume", sent["msg_id"], "--group", "cli-billing", "--operator", "alice", *ep
+    )
     assert again["copy"]["topic"] == "%RETRY%cli-billing"
     assert again["source"]["offset_msg_id"] == sent["offset_msg_id"]
     copies = doc("message", "query", "--id", sent["msg_id"], *ep)["messages"]
     assert [c["topic"] for c in copies] == ["%RETRY%cli-billing", "cli-orders"]
     props = copies[0]["properties"]
     assert (props["OPERATOR_ACTION"], props["OPERATOR"], props["RETRY_TOPIC"]) == (
-        "reconsume", "alice", "cli-orders")
+        "reconsume",
+        "alice",
+        "cli-orders",
+    )
     assert copies[0]["unique_key"] == sent["msg_id"]
 
 
 @pytest.mark.slow
 def test_trace_of_a_message_retried_dead_lettered_reconsumed_and_confirmed(
-        tmp_path: Path, make_server: Callable[..., ServerProcess]) -> None:
+    tmp_path: Path, make_server: Callable[..., ServerProcess]
+) -> None:
     from idempotency import IdempotencyGuard
     from outbox import Outbox, OutboxTables, declare_groups
 
@@ -248,9 +303,16 @@ def test_trace_of_a_message_retried_dead_lettered_reconsumed_and_confirmed(
     t = connect("grpc", endpoint=server.endpoint)
     t.start()
     try:
-        consumer = PushConsumer(group, listener, {topic: "*"}, transport=t,
-                                consume_from=ConsumeFrom.FIRST, consume_threads=1,
-                                heartbeat_interval_s=0.5, receive_long_poll_ms=1000)
+        consumer = PushConsumer(
+            group,
+            listener,
+            {topic: "*"},
+            transport=t,
+            consume_from=ConsumeFrom.FIRST,
+            consume_threads=1,
+            heartbeat_interval_s=0.5,
+            receive_long_poll_ms=1000,
+        )
         with consumer, Producer(t) as producer:
             outbox = Outbox(tables, producer)
             with Session(engine) as session, session.begin():
@@ -262,8 +324,12 @@ def test_trace_of_a_message_retried_dead_lettered_reconsumed_and_confirmed(
 
             assert official.wait_for(dead_lettered, timeout_s=60, interval_s=0.5)
             assert len(calls) == 2 and not confirmed.is_set()
-            assert cli("message", "reconsume", mid, "--group", group, "--operator", "oncall",
-                       *ep).returncode == 0
+            assert (
+                cli(
+                    "message", "reconsume", mid, "--group", group, "--operator", "oncall", *ep
+                ).returncode
+                == 0
+            )
             assert confirmed.wait(60)
 
             def settled() -> bool:
@@ -283,8 +349,11 @@ def test_trace_of_a_message_retried_dead_lettered_reconsumed_and_confirmed(
     assert trace["message_ids"] == [mid]
     roles = [r["role"] for r in trace["records"]]
     assert roles == ["original", "dead-letter", "reconsume"]
-    steps = [(e["source"], e["kind"], e.get("attempt")) for e in trace["events"]
-             if e["kind"] != "stub-updated"]
+    steps = [
+        (e["source"], e["kind"], e.get("attempt"))
+        for e in trace["events"]
+        if e["kind"] != "stub-updated"
+    ]
     assert steps == [
         ("outbox", "stub-created", None),
         ("broker", "original", None),
@@ -302,11 +371,17 @@ def test_trace_of_a_message_retried_dead_lettered_reconsumed_and_confirmed(
     times = [e["time_ms"] for e in trace["events"]]
     assert times == sorted(times)
     [g] = trace["groups"]
-    assert (g["group"], g["state"], g["deliveries"], g["retries"], g["dead_lettered"],
-            g["reconsumed"], g["acknowledged"]) == (group, "acknowledged", 3, 1, True, 1, True)
+    assert (
+        g["group"],
+        g["state"],
+        g["deliveries"],
+        g["retries"],
+        g["dead_lettered"],
+        g["reconsumed"],
+        g["acknowledged"],
+    ) == (group, "acknowledged", 3, 1, True, 1, True)
     [stub] = trace["outbox"]["stubs"]
-    assert (stub["message_id"], stub["send_count"], stub["expected_groups"]) == (
-        mid, 1, [group])
+    assert (stub["message_id"], stub["send_count"], stub["expected_groups"]) == (mid, 1, [group])
     [row] = trace["outbox"]["confirmations"]
     assert (row["group"], row["outcome"]) == (group, "SUCCESS")
     assert text.returncode == 0

@@ -38,9 +38,12 @@ def send(endpoint: str, topic: str, n: int, prefix: str) -> list[str]:
     t.start()
     try:
         with Producer(t) as producer:
-            return [producer.send(Message(topic, f"{prefix}-{i}".encode(),
-                                          keys=[f"{prefix}-{i}"])).message_id
-                    for i in range(n)]
+            return [
+                producer.send(
+                    Message(topic, f"{prefix}-{i}".encode(), keys=[f"{prefix}-{i}"])
+                ).message_id
+                for i in range(n)
+            ]
     finally:
         t.close()
 
@@ -53,8 +56,7 @@ class Counting:
         self.seen: Counter[str] = Counter()
         self.lock = threading.Lock()
 
-    def __call__(self, messages: Sequence[ReceivedMessage], ctx: ConsumeContext
-                 ) -> ConsumeResult:
+    def __call__(self, messages: Sequence[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
         if self.failing:
             return ConsumeResult.RECONSUME_LATER
         with self.lock:
@@ -72,9 +74,16 @@ def consuming(endpoint: str, group: str, topic: str, listener: Counting) -> Iter
     t = connect("grpc", endpoint=endpoint)
     t.start()
     try:
-        with PushConsumer(group, listener, {topic: "*"}, transport=t,
-                          consume_from=ConsumeFrom.FIRST, consume_threads=2,
-                          heartbeat_interval_s=0.5, receive_long_poll_ms=1000):
+        with PushConsumer(
+            group,
+            listener,
+            {topic: "*"},
+            transport=t,
+            consume_from=ConsumeFrom.FIRST,
+            consume_threads=2,
+            heartbeat_interval_s=0.5,
+            receive_long_poll_ms=1000,
+        ):
             yield
     finally:
         t.close()
@@ -101,7 +110,8 @@ def dlq_depth(endpoint: str, group: str) -> int:
 
 
 def test_dlq_replay_is_rate_limited_once_only_audited_and_agrees_when_stopped(
-        tmp_path: Path, make_server: Callable[..., ServerProcess]) -> None:
+    tmp_path: Path, make_server: Callable[..., ServerProcess]
+) -> None:
     topic, group = "dl-payments", "dl-billing"
     store = tmp_path / "store"
     server = make_server(store=store)
@@ -111,8 +121,9 @@ def test_dlq_replay_is_rate_limited_once_only_audited_and_agrees_when_stopped(
     sent = send(server.endpoint, topic, 100, "pay")
     listener = Counting(failing=True)  # a bad deploy: every payment fails
     with consuming(server.endpoint, group, topic, listener):
-        assert official.wait_for(lambda: dlq_depth(server.endpoint, group) == 100,
-                                 timeout_s=90, interval_s=0.5)
+        assert official.wait_for(
+            lambda: dlq_depth(server.endpoint, group) == 100, timeout_s=90, interval_s=0.5
+        )
         listed = doc("dlq", "list", "--group", group, "--limit", "1000", *ep)
         assert sorted(m["msg_id"] for m in listed["messages"]) == sorted(sent)
         assert {m["origin_topic"] for m in listed["messages"]} == {topic}
@@ -121,8 +132,9 @@ def test_dlq_replay_is_rate_limited_once_only_audited_and_agrees_when_stopped(
         assert len(dry["would_replay"]) == 100 and dry["replayed"] == []
         listener.failing = False  # the fix is deployed
         started = time.monotonic()
-        done = cli("dlq", "replay", "--group", group, "--rate", "50", "--operator", "oncall",
-                   "--json", *ep)
+        done = cli(
+            "dlq", "replay", "--group", group, "--rate", "50", "--operator", "oncall", "--json", *ep
+        )
         elapsed = time.monotonic() - started
         assert done.returncode == 0, done.stderr
         replay = json.loads(done.stdout)
@@ -140,13 +152,18 @@ def test_dlq_replay_is_rate_limited_once_only_audited_and_agrees_when_stopped(
         assert {e["run"] for e in audit} == {replay["run"]}
         assert sorted(r["msg_id"] for e in audit for r in e["replayed"]) == sorted(sent)
         assert official.wait_for(
-            lambda: doc("group", "show", group, *ep)["total"]["lag"] == 0, timeout_s=30)
+            lambda: doc("group", "show", group, *ep)["total"]["lag"] == 0, timeout_s=30
+        )
     assert official.wait_for(lambda: no_consumers(server.endpoint, group), timeout_s=30)
     running_list = doc("dlq", "list", "--group", group, "--limit", "1000", *ep)
     running_show = doc("group", "show", group, *ep)
     assert running_show["total"]["last_consume_time_ms"] is not None
-    assert (running_show["dlq_depth"], running_show["dlq_replayed"],
-            running_show["dlq_pending"], running_show["retry_depth"]) == (100, 100, 0, 0)
+    assert (
+        running_show["dlq_depth"],
+        running_show["dlq_replayed"],
+        running_show["dlq_pending"],
+        running_show["retry_depth"],
+    ) == (100, 100, 0, 0)
     assert all(m["replayed"]["operator"] == "oncall" for m in running_list["messages"])
     text = cli("group", "show", group, *ep).stdout
     assert "LAST CONSUMED" in text and "depth 100 (100 replayed, 0 not replayed)" in text
@@ -158,7 +175,8 @@ def test_dlq_replay_is_rate_limited_once_only_audited_and_agrees_when_stopped(
 
 
 def test_dlq_replay_to_the_original_topic_reaches_every_group_the_retry_topic_one(
-        tmp_path: Path, make_server: Callable[..., ServerProcess]) -> None:
+    tmp_path: Path, make_server: Callable[..., ServerProcess]
+) -> None:
     topic, bad, good = "tt-orders", "tt-failing", "tt-fine"
     server = make_server()
     ep = ("--endpoint", server.endpoint)
@@ -166,18 +184,23 @@ def test_dlq_replay_to_the_original_topic_reaches_every_group_the_retry_topic_on
     assert cli("group", "create", bad, "--max-retries", "0", *ep).returncode == 0
     sent = send(server.endpoint, topic, 5, "tt")
     failing, fine = Counting(failing=True), Counting()
-    with consuming(server.endpoint, bad, topic, failing), \
-            consuming(server.endpoint, good, topic, fine):
-        assert official.wait_for(lambda: dlq_depth(server.endpoint, bad) == 5
-                                 and fine.total() == 5, timeout_s=90, interval_s=0.5)
+    with (
+        consuming(server.endpoint, bad, topic, failing),
+        consuming(server.endpoint, good, topic, fine),
+    ):
+        assert official.wait_for(
+            lambda: dlq_depth(server.endpoint, bad) == 5 and fine.total() == 5,
+            timeout_s=90,
+            interval_s=0.5,
+        )
         failing.failing = False
         picked = sent[:2]
-        done = doc("dlq", "replay", "--group", bad, "--to-topic", "--id", picked[0], "--id",
-                   picked[1], *ep)
+        done = doc(
+            "dlq", "replay", "--group", bad, "--to-topic", "--id", picked[0], "--id", picked[1], *ep
+        )
         assert sorted(r["msg_id"] for r in done["replayed"]) == sorted(picked)
         assert {r["topic"] for r in done["replayed"]} == {topic}
-        assert official.wait_for(lambda: failing.total() == 2 and fine.total() == 7,
-                                 timeout_s=60)
+        assert official.wait_for(lambda: failing.total() == 2 and fine.total() == 7, timeout_s=60)
         # replayed to the group's retry topic instead, a message reaches that group alone
         alone = doc("dlq", "replay", "--group", bad, "--id", sent[2], *ep)
         assert [r["topic"] for r in alone["replayed"]] == [f"%RETRY%{bad}"]
@@ -190,7 +213,8 @@ def test_dlq_replay_to_the_original_topic_reaches_every_group_the_retry_topic_on
 
 
 def test_reset_offset_to_a_time_redelivers_exactly_what_came_after(
-        tmp_path: Path, make_server: Callable[..., ServerProcess]) -> None:
+    tmp_path: Path, make_server: Callable[..., ServerProcess]
+) -> None:
     topic, group = "rs-orders", "rs-billing"
     server = make_server()
     ep = ("--endpoint", server.endpoint)
@@ -206,7 +230,8 @@ def test_reset_offset_to_a_time_redelivers_exactly_what_came_after(
     with consuming(server.endpoint, group, topic, before):
         assert official.wait_for(lambda: before.total() == 40, timeout_s=60)
         assert official.wait_for(
-            lambda: doc("group", "show", group, *ep)["total"]["lag"] == 0, timeout_s=30)
+            lambda: doc("group", "show", group, *ep)["total"]["lag"] == 0, timeout_s=30
+        )
         planned = doc(*reset, "--dry-run", *ep)  # a dry run is allowed under consumers
         assert planned["executed"] is False and planned["consumers"]
         refused = cli(*reset, "--execute", *ep)
@@ -232,7 +257,8 @@ def test_reset_offset_to_a_time_redelivers_exactly_what_came_after(
 
 
 def test_group_show_counts_lag_retry_and_dlq_then_group_and_topic_delete(
-        tmp_path: Path, make_server: Callable[..., ServerProcess]) -> None:
+    tmp_path: Path, make_server: Callable[..., ServerProcess]
+) -> None:
     topic, group = "gs-orders", "gs-billing"
     store = tmp_path / "store"
     server = make_server(store=store)
@@ -242,18 +268,27 @@ def test_group_show_counts_lag_retry_and_dlq_then_group_and_topic_delete(
     sent = send(server.endpoint, topic, 10, "gs")
     listener = Counting(failing=True)
     with consuming(server.endpoint, group, topic, listener):
-        assert official.wait_for(lambda: dlq_depth(server.endpoint, group) == 10,
-                                 timeout_s=90, interval_s=0.5)
         assert official.wait_for(
-            lambda: doc("group", "show", group, *ep)["total"]["lag"] == 0, timeout_s=30)
+            lambda: dlq_depth(server.endpoint, group) == 10, timeout_s=90, interval_s=0.5
+        )
+        assert official.wait_for(
+            lambda: doc("group", "show", group, *ep)["total"]["lag"] == 0, timeout_s=30
+        )
     assert official.wait_for(lambda: no_consumers(server.endpoint, group), timeout_s=30)
     for mid in sent[:3]:  # three copies for the group alone: its retry topic
-        assert cli("message", "reconsume", mid, "--group", group, "--topic", topic,
-                   *ep).returncode == 0
+        assert (
+            cli("message", "reconsume", mid, "--group", group, "--topic", topic, *ep).returncode
+            == 0
+        )
     later = send(server.endpoint, topic, 5, "later")
     shown = doc("group", "show", group, *ep)
-    assert (shown["total"]["lag"], shown["retry_depth"], shown["dlq_depth"],
-            shown["dlq_pending"], shown["total"]["in_flight"]) == (5, 3, 10, 10, 0)
+    assert (
+        shown["total"]["lag"],
+        shown["retry_depth"],
+        shown["dlq_depth"],
+        shown["dlq_pending"],
+        shown["total"]["in_flight"],
+    ) == (5, 3, 10, 10, 0)
     [orders] = shown["topics"]
     assert orders["topic"] == topic and len(orders["queues"]) == 2
     assert sum(q["max_offset"] for q in orders["queues"]) == 15
@@ -279,7 +314,8 @@ def test_group_show_counts_lag_retry_and_dlq_then_group_and_topic_delete(
 
 
 def test_a_replay_killed_midway_and_run_again_replays_each_dead_letter_once(
-        tmp_path: Path, make_server: Callable[..., ServerProcess]) -> None:
+    tmp_path: Path, make_server: Callable[..., ServerProcess]
+) -> None:
     topic, group = "kr-orders", "kr-billing"
     server = make_server()
     ep = ("--endpoint", server.endpoint)
@@ -288,14 +324,31 @@ def test_a_replay_killed_midway_and_run_again_replays_each_dead_letter_once(
     sent = send(server.endpoint, topic, 40, "kr")
     listener = Counting(failing=True)
     with consuming(server.endpoint, group, topic, listener):
-        assert official.wait_for(lambda: dlq_depth(server.endpoint, group) == 40,
-                                 timeout_s=90, interval_s=0.5)
+        assert official.wait_for(
+            lambda: dlq_depth(server.endpoint, group) == 40, timeout_s=90, interval_s=0.5
+        )
         listener.failing = False
         env = dict(os.environ, PYTHONPATH=str(REPO))
-        proc = subprocess.Popen([sys.executable, "-m", "reliable_cli", "admin", "dlq",
-                                 "replay", "--group", group, "--rate", "20", *ep], env=env,
-                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                text=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "reliable_cli",
+                "admin",
+                "dlq",
+                "replay",
+                "--group",
+                group,
+                "--rate",
+                "20",
+                *ep,
+            ],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         assert official.wait_for(lambda: listener.total() >= 4, timeout_s=30)
         proc.kill()  # SIGKILL, midway through the replay
         proc.wait(10)

@@ -19,8 +19,11 @@ WRONG_SHAPES = [
     ("consumerOffset.json", {"offsetTable": {"T@g": {"0": "x"}}}, "offsetTable.T@g.0"),
     ("topics.json", {"topicConfigTable": {"T": []}}, "topicConfigTable.T: expected an object"),
     ("topics.json", {"topicConfigTable": {"T": {"topicName": "T"}}}, "no readQueueNums"),
-    ("subscriptionGroup.json", {"subscriptionGroupTable": 7},
-     "subscriptionGroupTable: expected an object, got an integer"),
+    (
+        "subscriptionGroup.json",
+        {"subscriptionGroupTable": 7},
+        "subscriptionGroupTable: expected an object, got an integer",
+    ),
     ("delayOffset.json", {"offsetTable": {"1": 5}, "timer": []}, "timer: expected an object"),
     ("delayOffset.json", {"recalled": [[1]]}, "recalled[]"),
     ("popState.json", {"groups": {"g": {"T": {"0": {"low": 0}}}}}, "groups.g.T.0.next"),
@@ -32,15 +35,35 @@ WRONG_SHAPES = [
 def start(store: Path, home: Path) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, HOME=str(home))
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.run([sys.executable, "-m", "reliable_cli", "broker", "start", "--store",
-                           str(store), "--port", "0", *TEST_STORE], env=env, cwd=REPO,
-                          text=True, capture_output=True, timeout=60)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reliable_cli",
+            "broker",
+            "start",
+            "--store",
+            str(store),
+            "--port",
+            "0",
+            *TEST_STORE,
+        ],
+        env=env,
+        cwd=REPO,
+        text=True,
+        capture_output=True,
+        timeout=60,
+    )
 
 
-@pytest.mark.parametrize(("name", "document", "says"), WRONG_SHAPES,
-                         ids=[f"{n}-{i}" for i, (n, _, _) in enumerate(WRONG_SHAPES)])
+@pytest.mark.parametrize(
+    ("name", "document", "says"),
+    WRONG_SHAPES,
+    ids=[f"{n}-{i}" for i, (n, _, _) in enumerate(WRONG_SHAPES)],
+)
 def test_a_config_file_of_the_wrong_shape_refuses_the_start_in_one_line(
-        tmp_path: Path, name: str, document: object, says: str) -> None:
+    tmp_path: Path, name: str, document: object, says: str
+) -> None:
     store = tmp_path / "store"
     (store / "config").mkdir(parents=True)
     (store / "config" / name).write_text(json.dumps(document))

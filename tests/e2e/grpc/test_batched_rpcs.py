@@ -47,8 +47,9 @@ def send_request(topic: str, bodies: list[bytes]) -> Any:
     return request
 
 
-def receive_all(stub: Any, group: str, topic: str, want: int, invisible_s: int = 30,
-                within_s: float = 20.0) -> list[Any]:
+def receive_all(
+    stub: Any, group: str, topic: str, want: int, invisible_s: int = 30, within_s: float = 20.0
+) -> list[Any]:
     got: list[Any] = []
     deadline = time.monotonic() + within_s
     while len(got) < want and time.monotonic() < deadline:
@@ -72,8 +73,9 @@ def test_one_send_of_several_messages_is_one_batch_with_an_offset_each(stub: Any
     reply = stub.SendMessage(request, metadata=MD, timeout=10)
     assert reply.status.code == Code.OK
     assert [e.status.code for e in reply.entries] == [Code.OK] * 6
-    assert [e.message_id for e in reply.entries] == \
-        [m.system_properties.message_id for m in request.messages]
+    assert [e.message_id for e in reply.entries] == [
+        m.system_properties.message_id for m in request.messages
+    ]
     offsets = [e.offset for e in reply.entries]
     assert offsets == list(range(offsets[0], offsets[0] + 6))  # consecutive: one queue, in order
     got = receive_all(stub, "batched-send-g", topic, 6)
@@ -92,8 +94,7 @@ def test_a_bad_message_in_a_send_fails_alone(stub: Any) -> None:
     topic = "batched-send-bad"
     request = send_request(topic, [b"a", b"", b"c"])  # an empty body is refused
     reply = stub.SendMessage(request, metadata=MD, timeout=10)
-    assert [e.status.code for e in reply.entries] == \
-        [Code.OK, Code.MESSAGE_BODY_EMPTY, Code.OK]
+    assert [e.status.code for e in reply.entries] == [Code.OK, Code.MESSAGE_BODY_EMPTY, Code.OK]
     assert reply.status.code == Code.MULTIPLE_RESULTS
     got = receive_all(stub, "batched-send-bad-g", topic, 2)
     assert sorted(m.body for m in got) == [b"a", b"c"]
@@ -107,16 +108,19 @@ def test_a_batched_ack_reports_a_failed_entry_alone(stub: Any) -> None:
     by_body = {m.body: m.system_properties for m in got}
     ack = service_pb2.AckMessageRequest()
     ack.group.name, ack.topic.name = group, topic
-    for body, handle in ((b"one", by_body[b"one"].receipt_handle), (b"two", "not-a-handle"),
-                         (b"three", by_body[b"three"].receipt_handle)):
+    for body, handle in (
+        (b"one", by_body[b"one"].receipt_handle),
+        (b"two", "not-a-handle"),
+        (b"three", by_body[b"three"].receipt_handle),
+    ):
         entry = ack.entries.add()
         entry.message_id = by_body[body].message_id
         entry.receipt_handle = handle
     reply = stub.AckMessage(ack, metadata=MD, timeout=10)
-    assert [e.status.code for e in reply.entries] == \
-        [Code.OK, Code.INVALID_RECEIPT_HANDLE, Code.OK]
-    assert [e.message_id for e in reply.entries] == \
-        [by_body[b].message_id for b in (b"one", b"two", b"three")]
+    assert [e.status.code for e in reply.entries] == [Code.OK, Code.INVALID_RECEIPT_HANDLE, Code.OK]
+    assert [e.message_id for e in reply.entries] == [
+        by_body[b].message_id for b in (b"one", b"two", b"three")
+    ]
     assert reply.status.code == Code.MULTIPLE_RESULTS
     # acking the same handles again is harmless (already done)
     again = service_pb2.AckMessageRequest()
@@ -133,8 +137,14 @@ def test_a_batched_ack_reports_a_failed_entry_alone(stub: Any) -> None:
 def test_sync_flush_acknowledges_concurrent_sends_only_once_on_disk(tmp_path: Path) -> None:
     """In-process: at the moment each answer arrives, the commitlog is fsynced past the
     message's record; the sends of many threads share group commits."""
-    broker = Broker(StoreConfig(store_dir=tmp_path, flush_mode=FlushMode.SYNC_FLUSH,
-                                mapped_file_size_commitlog=8 << 20, warm_mapped_file=False))
+    broker = Broker(
+        StoreConfig(
+            store_dir=tmp_path,
+            flush_mode=FlushMode.SYNC_FLUSH,
+            mapped_file_size_commitlog=8 << 20,
+            warm_mapped_file=False,
+        )
+    )
     broker.start()
     broker.create_topic("durable", queues=1)
     server = MessagingServer(broker, ServerConfig(port=0))
@@ -148,8 +158,9 @@ def test_sync_flush_acknowledges_concurrent_sends_only_once_on_disk(tmp_path: Pa
     def producer() -> None:
         try:
             for _ in range(15):
-                reply = stub.SendMessage(send_request("durable", [b"x" * 512]), metadata=MD,
-                                         timeout=10)
+                reply = stub.SendMessage(
+                    send_request("durable", [b"x" * 512]), metadata=MD, timeout=10
+                )
                 where = flushed.flushed_where
                 assert reply.status.code == Code.OK, reply
                 seen.append((reply.entries[0].offset, where))
@@ -188,8 +199,7 @@ def test_sync_flush_acknowledges_concurrent_sends_only_once_on_disk(tmp_path: Pa
         broker.shutdown()
 
 
-def test_concurrent_sync_flush_sends_survive_a_sigkill(tmp_path: Path,
-                                                       client_home: Path) -> None:
+def test_concurrent_sync_flush_sends_survive_a_sigkill(tmp_path: Path, client_home: Path) -> None:
     server = ServerProcess(tmp_path / "store", client_home, *FAST, "--flush", "sync").start()
     acked: list[bytes] = []
     errors: list[BaseException] = []
@@ -201,8 +211,9 @@ def test_concurrent_sync_flush_sends_survive_a_sigkill(tmp_path: Path,
             try:
                 for i in range(20):
                     body = f"{n}-{i}".encode()
-                    reply = stub.SendMessage(send_request("durable-kill", [body]),
-                                             metadata=MD, timeout=10)
+                    reply = stub.SendMessage(
+                        send_request("durable-kill", [body]), metadata=MD, timeout=10
+                    )
                     if reply.status.code == Code.OK:
                         acked.append(body)
             except BaseException as exc:

@@ -26,8 +26,13 @@ def _round_trip(endpoint: str, topic: str, body: bytes) -> bytes:
     try:
         with Producer(transport) as producer:
             producer.send(Message(topic, body))
-        with SimpleConsumer(f"{topic}-g", {topic: "*"}, transport=transport,
-                            await_duration_s=2, invisible_duration_s=30) as consumer:
+        with SimpleConsumer(
+            f"{topic}-g",
+            {topic: "*"},
+            transport=transport,
+            await_duration_s=2,
+            invisible_duration_s=30,
+        ) as consumer:
             for _ in range(10):
                 got = consumer.receive(max_messages=1)
                 if got:
@@ -75,8 +80,9 @@ def test_embedded_transport_keeps_the_same_limit(tmp_path: Path) -> None:
             with pytest.raises(BadRequest) as caught:
                 producer.send(Message("body-embedded", body + b"x"))
         assert caught.value.code == "MESSAGE_BODY_TOO_LARGE", caught.value
-        with SimpleConsumer("body-embedded-g", {"body-embedded": "*"}, transport=transport,
-                            await_duration_s=1) as consumer:
+        with SimpleConsumer(
+            "body-embedded-g", {"body-embedded": "*"}, transport=transport, await_duration_s=1
+        ) as consumer:
             got = consumer.receive(max_messages=1)
             assert got and got[0].body == body
     finally:
@@ -86,8 +92,11 @@ def test_embedded_transport_keeps_the_same_limit(tmp_path: Path) -> None:
 def test_embedded_transport_takes_a_raised_limit_to_the_store(tmp_path: Path) -> None:
     from broker.config import BrokerConfig
 
-    transport = reliable.connect("embedded", store_dir=tmp_path / "store",
-                                 broker_config=BrokerConfig(max_message_size=6 * MiB))
+    transport = reliable.connect(
+        "embedded",
+        store_dir=tmp_path / "store",
+        broker_config=BrokerConfig(max_message_size=6 * MiB),
+    )
     transport.start()
     try:
         body = os.urandom(5 * MiB)
@@ -96,8 +105,9 @@ def test_embedded_transport_takes_a_raised_limit_to_the_store(tmp_path: Path) ->
             with pytest.raises(BadRequest) as caught:
                 producer.send(Message("body-embedded-6", os.urandom(6 * MiB + 1)))
         assert caught.value.code == "MESSAGE_BODY_TOO_LARGE", caught.value
-        with SimpleConsumer("body-embedded-6-g", {"body-embedded-6": "*"},
-                            transport=transport, await_duration_s=1) as consumer:
+        with SimpleConsumer(
+            "body-embedded-6-g", {"body-embedded-6": "*"}, transport=transport, await_duration_s=1
+        ) as consumer:
             got = consumer.receive(max_messages=1)
             assert got and got[0].body == body
     finally:

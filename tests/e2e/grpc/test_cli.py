@@ -18,8 +18,14 @@ def cli(*args: str, home: Path | None = None) -> subprocess.CompletedProcess[str
     env = dict(os.environ, PYTHONPATH=str(REPO))
     if home is not None:
         env["HOME"] = str(home)
-    return subprocess.run([sys.executable, "-m", "reliable_cli", *args], env=env, cwd=REPO,
-                          text=True, capture_output=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "reliable_cli", *args],
+        env=env,
+        cwd=REPO,
+        text=True,
+        capture_output=True,
+        timeout=60,
+    )
 
 
 def as_json(done: subprocess.CompletedProcess[str]) -> Any:
@@ -30,13 +36,31 @@ def as_json(done: subprocess.CompletedProcess[str]) -> Any:
 def test_broker_start_help_documents_every_option() -> None:
     done = cli("broker", "start", "--help")
     assert done.returncode == 0
-    for option in ("--store", "--host", "--port", "--advertise", "--flush", "--tls-cert",
-                   "--tls-key", "--credentials-file", "--no-auto-create-topics",
-                   "--no-auto-create-groups", "--queues", "--delay-levels",
-                   "--min-invisible-ms", "--long-polling-ms", "--min-long-polling-ms",
-                   "--default-invisible-ms", "--transaction-timeout-ms",
-                   "--transaction-check-interval-ms", "--commitlog-file-size",
-                   "--max-body-size", "--disk-clean-ratio", "--disk-full-ratio", "SIGTERM"):
+    for option in (
+        "--store",
+        "--host",
+        "--port",
+        "--advertise",
+        "--flush",
+        "--tls-cert",
+        "--tls-key",
+        "--credentials-file",
+        "--no-auto-create-topics",
+        "--no-auto-create-groups",
+        "--queues",
+        "--delay-levels",
+        "--min-invisible-ms",
+        "--long-polling-ms",
+        "--min-long-polling-ms",
+        "--default-invisible-ms",
+        "--transaction-timeout-ms",
+        "--transaction-check-interval-ms",
+        "--commitlog-file-size",
+        "--max-body-size",
+        "--disk-clean-ratio",
+        "--disk-full-ratio",
+        "SIGTERM",
+    ):
         assert option in done.stdout, option
 
 
@@ -52,28 +76,40 @@ def test_bad_command_lines_fail_clearly(tmp_path: Path) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        done = cli("broker", "start", "--store", str(tmp_path / "s"), "--port", str(port),
-                   "--commitlog-file-size", str(8 << 20), home=tmp_path)
+        done = cli(
+            "broker",
+            "start",
+            "--store",
+            str(tmp_path / "s"),
+            "--port",
+            str(port),
+            "--commitlog-file-size",
+            str(8 << 20),
+            home=tmp_path,
+        )
     assert done.returncode == 4, done.stdout + done.stderr
     assert f"127.0.0.1:{port}" in done.stderr
 
 
 def test_admin_against_running_and_stopped_broker(
-        tmp_path: Path, make_server: Callable[..., ServerProcess]) -> None:
+    tmp_path: Path, make_server: Callable[..., ServerProcess]
+) -> None:
     store = tmp_path / "admin-store"
     server = make_server(store=store)
     ep = ("--endpoint", server.endpoint)
-    assert cli("admin", "topic", "create", "orders", "--queues", "8", "--type", "FIFO",
-               *ep).returncode == 0
-    assert cli("admin", "group", "create", "billing", "--fifo", "--max-retries", "3",
-               *ep).returncode == 0
+    assert (
+        cli("admin", "topic", "create", "orders", "--queues", "8", "--type", "FIFO", *ep).returncode
+        == 0
+    )
+    assert (
+        cli("admin", "group", "create", "billing", "--fifo", "--max-retries", "3", *ep).returncode
+        == 0
+    )
     topic = as_json(cli("admin", "topic", "show", "orders", "--json", *ep))
     assert (topic["read_queues"], topic["write_queues"], topic["type"]) == (8, 8, "FIFO")
     assert len(topic["queues"]) == 8
-    group = as_json(cli("admin", "group", "show", "billing", "--topic", "orders", "--json",
-                        *ep))
-    assert (group["fifo"], group["max_retries"], group["max_delivery_attempts"]) == \
-        (True, 3, 4)
+    group = as_json(cli("admin", "group", "show", "billing", "--topic", "orders", "--json", *ep))
+    assert (group["fifo"], group["max_retries"], group["max_delivery_attempts"]) == (True, 3, 4)
     assert len(group["progress"]["queues"]) == 8
     names = [t["name"] for t in as_json(cli("admin", "topic", "list", "--json", *ep))["topics"]]
     assert "orders" in names
@@ -87,15 +123,17 @@ def test_admin_against_running_and_stopped_broker(
     assert server.terminate() == 0  # SIGTERM: clean shutdown
     offline = ("--store", str(store))
     assert cli("admin", "topic", "create", "payments", "--queues", "2", *offline).returncode == 0
-    names = [t["name"] for t in as_json(cli("admin", "topic", "list", "--json",
-                                            *offline))["topics"]]
+    names = [
+        t["name"] for t in as_json(cli("admin", "topic", "list", "--json", *offline))["topics"]
+    ]
     assert {"orders", "payments"} <= set(names)
     groups = as_json(cli("admin", "group", "list", "--json", *offline))["groups"]
     assert next(g for g in groups if g["name"] == "billing")["fifo"] is True
 
     server = make_server(store=store)
-    topic = as_json(cli("admin", "topic", "show", "payments", "--json", "--endpoint",
-                        server.endpoint))
+    topic = as_json(
+        cli("admin", "topic", "show", "payments", "--json", "--endpoint", server.endpoint)
+    )
     assert topic["read_queues"] == 2
     unreachable = cli("admin", "topic", "list", "--endpoint", "127.0.0.1:1")
     assert unreachable.returncode == 4
@@ -114,14 +152,23 @@ def test_no_auto_create_topics(make_server: Callable[..., ServerProcess]) -> Non
     request.topic.name = "declared-later"
     md = [("x-mq-client-id", "cli-test")]
     try:
-        assert stub.QueryRoute(request, metadata=md, timeout=5).status.code == \
-            Code.TOPIC_NOT_FOUND
-        assert cli("admin", "topic", "create", "declared-later", "--queues", "3",
-                   "--endpoint", server.endpoint).returncode == 0
+        assert stub.QueryRoute(request, metadata=md, timeout=5).status.code == Code.TOPIC_NOT_FOUND
+        assert (
+            cli(
+                "admin",
+                "topic",
+                "create",
+                "declared-later",
+                "--queues",
+                "3",
+                "--endpoint",
+                server.endpoint,
+            ).returncode
+            == 0
+        )
         reply = stub.QueryRoute(request, metadata=md, timeout=5)
         assert reply.status.code == Code.OK
         assert sorted(q.id for q in reply.message_queues) == [0, 1, 2]
-        assert {q.broker.endpoints.addresses[0].port for q in reply.message_queues} == \
-            {server.port}
+        assert {q.broker.endpoints.addresses[0].port for q in reply.message_queues} == {server.port}
     finally:
         channel.close()

@@ -20,8 +20,10 @@ def test_one_mapping_for_every_exception() -> None:
     assert code_of(be.ReceiptHandleExpired("h", "late")) is Code.INVALID_RECEIPT_HANDLE
     assert code_of(be.TopicNotFound("t")) is Code.TOPIC_NOT_FOUND
     assert code_of(be.BodyOverLimit(10, 5)) is Code.MESSAGE_BODY_TOO_LARGE
-    assert code_of(be.SendRejected("t", "OS_PAGE_CACHE_BUSY", be.ResponseCode.SYSTEM_BUSY)) \
+    assert (
+        code_of(be.SendRejected("t", "OS_PAGE_CACHE_BUSY", be.ResponseCode.SYSTEM_BUSY))
         is Code.TOO_MANY_REQUESTS
+    )
     assert code_of(ServerError("x", Code.FORBIDDEN)) is Code.FORBIDDEN
     unexpected = status_of(ZeroDivisionError("secret detail"))
     assert unexpected.code == Code.INTERNAL_ERROR

@@ -37,13 +37,21 @@ def unique(name: str, transport: Transport) -> str:
 
 def test_send_and_receive_with_invisible_time(transport: Transport) -> None:
     topic, group = unique("fw-simple", transport), unique("fw-simple-g", transport)
-    with SimpleConsumer(group, {topic: "*"}, transport=transport, await_duration_s=1,
-                        invisible_duration_s=15) as consumer, \
-            Producer(transport) as producer:
+    with (
+        SimpleConsumer(
+            group, {topic: "*"}, transport=transport, await_duration_s=1, invisible_duration_s=15
+        ) as consumer,
+        Producer(transport) as producer,
+    ):
         sent = {}
         for i in range(100):
-            m = Message(topic, f"b{i}".encode(), tags="t" if i % 2 else "u",
-                        keys=[f"k{i}"], properties={"n": str(i)})
+            m = Message(
+                topic,
+                f"b{i}".encode(),
+                tags="t" if i % 2 else "u",
+                keys=[f"k{i}"],
+                properties={"n": str(i)},
+            )
             sent[producer.send(m).message_id] = i
         got: Counter[str] = Counter()
 
@@ -51,7 +59,10 @@ def test_send_and_receive_with_invisible_time(transport: Transport) -> None:
             for msg in consumer.receive(max_messages=32):
                 i = sent[msg.message_id]
                 assert (msg.body, msg.keys, msg.properties.get("n")) == (
-                    f"b{i}".encode(), [f"k{i}"], str(i))
+                    f"b{i}".encode(),
+                    [f"k{i}"],
+                    str(i),
+                )
                 assert msg.tags == ("t" if i % 2 else "u")
                 consumer.ack(msg)
                 got[msg.message_id] += 1
@@ -78,14 +89,21 @@ def test_push_consumer_handler_with_retries(transport: Transport) -> None:
         return ConsumeResult.SUCCESS
 
     with Producer(transport) as producer:
-        consumer = PushConsumer(group, listener, {topic: "*"}, transport=transport,
-                                consume_from=reliable.ConsumeFrom.FIRST, consume_threads=4,
-                                rebalance_interval_s=0.2, heartbeat_interval_s=0.5,
-                                pull_suspend_ms=200, receive_long_poll_ms=1000,
-                                invisible_ms=15_000)
+        consumer = PushConsumer(
+            group,
+            listener,
+            {topic: "*"},
+            transport=transport,
+            consume_from=reliable.ConsumeFrom.FIRST,
+            consume_threads=4,
+            rebalance_interval_s=0.2,
+            heartbeat_interval_s=0.5,
+            pull_suspend_ms=200,
+            receive_long_poll_ms=1000,
+            invisible_ms=15_000,
+        )
         with consumer:
-            sent = {producer.send(Message(topic, f"p{i}".encode())).message_id
-                    for i in range(50)}
+            sent = {producer.send(Message(topic, f"p{i}".encode())).message_id for i in range(50)}
             assert official.wait_for(lambda: set(done) == sent, timeout_s=60)
     with lock:
         retried = [mid for mid, seen in attempts.items() if seen[0] == 1 and len(seen) > 1]
@@ -104,11 +122,15 @@ def test_transaction_checked_back_over_grpc(server: ServerProcess) -> None:
         return reliable.TransactionState.COMMIT
 
     try:
-        with Producer(t, transaction_checker=checker) as producer, \
-                SimpleConsumer("fw-tx-g", {"fw-tx": "*"}, transport=t, await_duration_s=1,
-                               invisible_duration_s=15) as consumer:
+        with (
+            Producer(t, transaction_checker=checker) as producer,
+            SimpleConsumer(
+                "fw-tx-g", {"fw-tx": "*"}, transport=t, await_duration_s=1, invisible_duration_s=15
+            ) as consumer,
+        ):
             result = producer.send_in_transaction(
-                Message("fw-tx", b"pending"), lambda m, arg: reliable.TransactionState.UNKNOWN)
+                Message("fw-tx", b"pending"), lambda m, arg: reliable.TransactionState.UNKNOWN
+            )
             mid = result.receipt.message_id
             got: list[ReceivedMessage] = []
 
@@ -168,9 +190,12 @@ def test_recall_cancels_a_delayed_message(transport: Transport) -> None:
     """The broker's schedule service drops a recalled message: no consumer on any transport
     sees it; a delivered one can no longer be recalled."""
     topic, group = unique("fw-recall", transport), unique("fw-recall-g", transport)
-    with SimpleConsumer(group, {topic: "*"}, transport=transport, await_duration_s=1,
-                        invisible_duration_s=15) as consumer, \
-            Producer(transport) as producer:
+    with (
+        SimpleConsumer(
+            group, {topic: "*"}, transport=transport, await_duration_s=1, invisible_duration_s=15
+        ) as consumer,
+        Producer(transport) as producer,
+    ):
         now_ms = int(time.time() * 1000)
         doomed = producer.send(Message(topic, b"withdrawn", deliver_at_ms=now_ms + 1500))
         kept = producer.send(Message(topic, b"kept", deliver_at_ms=now_ms + 2000))
@@ -212,20 +237,22 @@ class RecordingDelays:
     def __getattr__(self, name: str) -> object:
         return getattr(self._inner, name)
 
-    def change_invisible_duration(self, group: str, message: ReceivedMessage,
-                                  invisible_ms: int) -> str:
+    def change_invisible_duration(
+        self, group: str, message: ReceivedMessage, invisible_ms: int
+    ) -> str:
         self.delays.append(invisible_ms)
         return self._inner.change_invisible_duration(group, message, invisible_ms)
 
-    def submit_change_invisible(self, group: str, message: ReceivedMessage,
-                                invisible_ms: int, done: Any) -> None:  # the pipelined form
+    def submit_change_invisible(
+        self, group: str, message: ReceivedMessage, invisible_ms: int, done: Any
+    ) -> None:  # the pipelined form
         self.delays.append(invisible_ms)
         self._inner.submit_change_invisible(  # type: ignore[attr-defined]
-            group, message, invisible_ms, done)
+            group, message, invisible_ms, done
+        )
 
 
-def test_push_consumer_retries_on_the_servers_ladder_without_warm_up(
-        server: ServerProcess) -> None:
+def test_push_consumer_retries_on_the_servers_ladder_without_warm_up(server: ServerProcess) -> None:
     """A fresh transport and group: the consumer is built before the Settings handshake
     tells the server's ladder, yet its retry waits the server's level 3, not RocketMQ's."""
     topic, group = "fw-ladder", "fw-ladder-g"
@@ -239,10 +266,18 @@ def test_push_consumer_retries_on_the_servers_ladder_without_warm_up(
         return ConsumeResult.SUCCESS if len(attempts) >= 2 else ConsumeResult.RECONSUME_LATER
 
     try:
-        with Producer(transport) as producer, \
-                PushConsumer(group, listener, {topic: "*"}, transport=seam,  # type: ignore[arg-type]
-                             heartbeat_interval_s=0.5, receive_long_poll_ms=1000,
-                             invisible_ms=15_000):
+        with (
+            Producer(transport) as producer,
+            PushConsumer(
+                group,
+                listener,
+                {topic: "*"},
+                transport=seam,  # type: ignore[arg-type]
+                heartbeat_interval_s=0.5,
+                receive_long_poll_ms=1000,
+                invisible_ms=15_000,
+            ),
+        ):
             producer.send(Message(topic, b"retry me once"))
             assert official.wait_for(lambda: len(attempts) >= 2, timeout_s=60)
     finally:

@@ -28,15 +28,32 @@ def _free_port() -> int:
 def _digest(store: Path) -> list[tuple[str, str]]:
     """Every commitlog file by name and SHA-256. The files are preallocated with zeros,
     so equal digests mean the same records at the same offsets and nothing beyond."""
-    return [(p.name, hashlib.sha256(p.read_bytes()).hexdigest())
-            for p in sorted((store / "commitlog").iterdir()) if p.name.isdigit()]
+    return [
+        (p.name, hashlib.sha256(p.read_bytes()).hexdigest())
+        for p in sorted((store / "commitlog").iterdir())
+        if p.name.isdigit()
+    ]
 
 
 def _ha_status(endpoint: str) -> dict[str, Any]:
     """`reliable admin broker status --json` of a running broker."""
-    out = subprocess.run([sys.executable, "-m", "reliable_cli", "admin", "broker", "status",
-                          "--endpoint", endpoint, "--json"], capture_output=True, text=True,
-                         check=True, timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reliable_cli",
+            "admin",
+            "broker",
+            "status",
+            "--endpoint",
+            endpoint,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
     value: dict[str, Any] = json.loads(out.stdout)
     return value
 
@@ -44,29 +61,41 @@ def _ha_status(endpoint: str) -> dict[str, Any]:
 def _send(endpoint: str, topic: str, first: int, count: int) -> set[str]:
     producer = official.producer(endpoint, [topic])
     try:
-        return {producer.send(official.message(topic, f"m{i}".encode() * 50,
-                                               keys=[f"k{i}"])).message_id
-                for i in range(first, first + count)}
+        return {
+            producer.send(official.message(topic, f"m{i}".encode() * 50, keys=[f"k{i}"])).message_id
+            for i in range(first, first + count)
+        }
     finally:
         producer.shutdown()
 
 
-def _master(make_server: Callable[..., ServerProcess], tmp_path: Path,
-            role: str = "async-master") -> tuple[ServerProcess, int]:
+def _master(
+    make_server: Callable[..., ServerProcess], tmp_path: Path, role: str = "async-master"
+) -> tuple[ServerProcess, int]:
     ha_port = _free_port()
     master = make_server("--role", role, "--ha-port", str(ha_port), store=tmp_path / "m")
     return master, ha_port
 
 
-def _slave(make_server: Callable[..., ServerProcess], tmp_path: Path,
-           ha_port: int) -> ServerProcess:
-    return make_server("--role", "slave", "--broker-id", "1", "--master",
-                       f"127.0.0.1:{ha_port}", "--ha-port", str(_free_port()),
-                       store=tmp_path / "s")
+def _slave(
+    make_server: Callable[..., ServerProcess], tmp_path: Path, ha_port: int
+) -> ServerProcess:
+    return make_server(
+        "--role",
+        "slave",
+        "--broker-id",
+        "1",
+        "--master",
+        f"127.0.0.1:{ha_port}",
+        "--ha-port",
+        str(_free_port()),
+        store=tmp_path / "s",
+    )
 
 
 def test_a_late_slave_catches_up_byte_for_byte(
-        make_server: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    make_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
     master, ha_port = _master(make_server, tmp_path)
     assert "async-master broker-a, replication on" in "".join(master.output)
     _send(master.endpoint, "t-ha-late", 0, 300)
@@ -88,7 +117,8 @@ def test_a_late_slave_catches_up_byte_for_byte(
 
 
 def test_a_killed_slave_restarts_and_catches_up_byte_for_byte(
-        make_server: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    make_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
     master, ha_port = _master(make_server, tmp_path)
     slave = _slave(make_server, tmp_path, ha_port)
     _send(master.endpoint, "t-ha-kill", 0, 200)
@@ -102,7 +132,8 @@ def test_a_killed_slave_restarts_and_catches_up_byte_for_byte(
 
 
 def test_a_slave_refuses_sends_and_its_store_serves_as_a_broker(
-        make_server: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    make_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
     master, ha_port = _master(make_server, tmp_path)
     slave = _slave(make_server, tmp_path, ha_port)
     sent = _send(master.endpoint, "t-ha-ro", 0, 50)
@@ -122,7 +153,8 @@ def test_a_slave_refuses_sends_and_its_store_serves_as_a_broker(
 
 
 def test_sync_master_without_a_slave_answers_a_retryable_error_in_time(
-        make_server: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    make_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
     master, _ = _master(make_server, tmp_path, "sync-master")
     producer = official.producer(master.endpoint, ["t-ha-none"])
     try:
@@ -135,13 +167,33 @@ def test_sync_master_without_a_slave_answers_a_retryable_error_in_time(
 
 
 def test_sync_master_sync_flush_sigkill_loses_no_acknowledged_message(
-        make_server: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    make_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
     ha_port = _free_port()
-    master = make_server("--role", "sync-master", "--ha-port", str(ha_port), "--flush", "sync",
-                         "--ha-sync-timeout-ms", "2000", store=tmp_path / "m")
-    slave = make_server("--role", "slave", "--broker-id", "1", "--master",
-                        f"127.0.0.1:{ha_port}", "--ha-port", str(_free_port()),
-                        "--flush", "sync", store=tmp_path / "s")
+    master = make_server(
+        "--role",
+        "sync-master",
+        "--ha-port",
+        str(ha_port),
+        "--flush",
+        "sync",
+        "--ha-sync-timeout-ms",
+        "2000",
+        store=tmp_path / "m",
+    )
+    slave = make_server(
+        "--role",
+        "slave",
+        "--broker-id",
+        "1",
+        "--master",
+        f"127.0.0.1:{ha_port}",
+        "--ha-port",
+        str(_free_port()),
+        "--flush",
+        "sync",
+        store=tmp_path / "s",
+    )
     acked: list[str] = []
     stop = threading.Event()
 
@@ -170,23 +222,29 @@ def test_sync_master_sync_flush_sigkill_loses_no_acknowledged_message(
     alone = make_server(store=tmp_path / "s")
     consumer = official.simple_consumer(alone.endpoint, "g-ha-sync", "t-ha-sync")
     try:
-        got = official.receive_until(consumer, lambda g: set(acked) <= {m.message_id for m in g},
-                                     timeout_s=60)
+        got = official.receive_until(
+            consumer, lambda g: set(acked) <= {m.message_id for m in g}, timeout_s=60
+        )
         assert set(acked) <= {m.message_id for m in got}
     finally:
         consumer.shutdown()
 
 
 def _admin(endpoint: str, *args: str) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-m", "reliable_cli", "admin", *args,
-                          "--endpoint", endpoint, "--json"], capture_output=True, text=True,
-                         check=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "reliable_cli", "admin", *args, "--endpoint", endpoint, "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
     value: dict[str, Any] = json.loads(out.stdout)
     return value
 
 
 def test_a_slave_keeps_its_masters_topics_groups_and_offsets(
-        make_server: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    make_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
     master, ha_port = _master(make_server, tmp_path)
     slave = _slave(make_server, tmp_path, ha_port)
     sent = _send(master.endpoint, "t-ha-conf", 0, 30)

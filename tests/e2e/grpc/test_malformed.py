@@ -53,10 +53,14 @@ def code_of_send(stub: Any, request: Any, metadata: Any = None) -> int:
 
 def test_garbage_bytes_on_the_port(server: ServerProcess, seed: int) -> None:
     rng = random.Random(seed)
-    payloads = [bytes(rng.getrandbits(8) for _ in range(rng.randrange(1, 4096)))
-                for _ in range(20)]
-    payloads += [b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" +
-                 b"\x00\x00\x12\x04\x00\x00\x00\x00\x00" + b"\xff" * 40, b"\x16\x03\x01\x02\x00"]
+    payloads = [bytes(rng.getrandbits(8) for _ in range(rng.randrange(1, 4096))) for _ in range(20)]
+    payloads += [
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+        + b"\x00\x00\x12\x04\x00\x00\x00\x00\x00"
+        + b"\xff" * 40,
+        b"\x16\x03\x01\x02\x00",
+    ]
     for payload in payloads:
         with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
             sock.sendall(payload)
@@ -69,11 +73,18 @@ def test_garbage_bytes_on_the_port(server: ServerProcess, seed: int) -> None:
 def test_undecodable_and_mistyped_requests(server: ServerProcess) -> None:
     channel = grpc.insecure_channel(server.endpoint)
     try:
-        raw = channel.unary_unary("/apache.rocketmq.v2.MessagingService/SendMessage",
-                                  request_serializer=None, response_deserializer=None)
+        raw = channel.unary_unary(
+            "/apache.rocketmq.v2.MessagingService/SendMessage",
+            request_serializer=None,
+            response_deserializer=None,
+        )
+
         def send_code(body: bytes) -> int:
-            return int(service_pb2.SendMessageResponse.FromString(
-                raw(body, metadata=md(), timeout=5)).status.code)
+            return int(
+                service_pb2.SendMessageResponse.FromString(
+                    raw(body, metadata=md(), timeout=5)
+                ).status.code
+            )
 
         # not protobuf at all: answered in-band, like any bad request
         assert send_code(b"\xff\xff\xff\xff\x0f garbage") == Code.BAD_REQUEST
@@ -84,12 +95,18 @@ def test_undecodable_and_mistyped_requests(server: ServerProcess) -> None:
         # another message's bytes that parse into nonsense: answered in-band
         heartbeat = service_pb2.HeartbeatRequest(client_type=1)
         reply = service_pb2.SendMessageResponse.FromString(
-            raw(heartbeat.SerializeToString(), metadata=md(), timeout=5))
+            raw(heartbeat.SerializeToString(), metadata=md(), timeout=5)
+        )
         assert reply.status.code == Code.BAD_REQUEST
-        recv = channel.unary_stream("/apache.rocketmq.v2.MessagingService/ReceiveMessage",
-                                    request_serializer=None, response_deserializer=None)
-        replies = [service_pb2.ReceiveMessageResponse.FromString(r) for r in
-                   recv(send_request().SerializeToString(), metadata=md(), timeout=10)]
+        recv = channel.unary_stream(
+            "/apache.rocketmq.v2.MessagingService/ReceiveMessage",
+            request_serializer=None,
+            response_deserializer=None,
+        )
+        replies = [
+            service_pb2.ReceiveMessageResponse.FromString(r)
+            for r in recv(send_request().SerializeToString(), metadata=md(), timeout=10)
+        ]
         assert replies[0].status.code != Code.OK
         assert replies[-1].HasField("delivery_timestamp")  # the stream still ends properly
     finally:
@@ -101,26 +118,35 @@ def test_validation_codes(stub: Any) -> None:
     assert code_of_send(stub, send_request(topic="bad topic!")) == Code.ILLEGAL_TOPIC
     assert code_of_send(stub, send_request(topic="SCHEDULE_TOPIC_XXXX")) == Code.ILLEGAL_TOPIC
     assert code_of_send(stub, send_request(body=b"")) == Code.MESSAGE_BODY_EMPTY
-    assert code_of_send(stub, send_request(body=b"x" * (4 * 1024 * 1024 + 1))) == \
-        Code.MESSAGE_BODY_TOO_LARGE
+    assert (
+        code_of_send(stub, send_request(body=b"x" * (4 * 1024 * 1024 + 1)))
+        == Code.MESSAGE_BODY_TOO_LARGE
+    )
     assert code_of_send(stub, send_request(message_id="")) == Code.ILLEGAL_MESSAGE_ID
     assert code_of_send(stub, send_request(tag="a|b")) == Code.ILLEGAL_MESSAGE_TAG
     assert code_of_send(stub, send_request(tag="a\x07")) == Code.ILLEGAL_MESSAGE_TAG
-    assert code_of_send(stub, send_request(user={"KEYS": "x"})) == \
-        Code.ILLEGAL_MESSAGE_PROPERTY_KEY
-    assert code_of_send(stub, send_request(user={f"p{i}": "v" for i in range(200)})) == \
-        Code.MESSAGE_PROPERTIES_TOO_LARGE
-    assert code_of_send(stub, send_request(message_group="g" * 80, message_type=2)) == \
-        Code.ILLEGAL_MESSAGE_GROUP
+    assert code_of_send(stub, send_request(user={"KEYS": "x"})) == Code.ILLEGAL_MESSAGE_PROPERTY_KEY
+    assert (
+        code_of_send(stub, send_request(user={f"p{i}": "v" for i in range(200)}))
+        == Code.MESSAGE_PROPERTIES_TOO_LARGE
+    )
+    assert (
+        code_of_send(stub, send_request(message_group="g" * 80, message_type=2))
+        == Code.ILLEGAL_MESSAGE_GROUP
+    )
     far = send_request(message_type=3)
     far.messages[0].system_properties.delivery_timestamp.seconds = int(time.time()) + 3 * 86400
     assert code_of_send(stub, far) == Code.ILLEGAL_DELIVERY_TIME
-    assert code_of_send(stub, send_request(), metadata=[("x-mq-namespace", "")]) == \
-        Code.CLIENT_ID_REQUIRED
+    assert (
+        code_of_send(stub, send_request(), metadata=[("x-mq-namespace", "")])
+        == Code.CLIENT_ID_REQUIRED
+    )
     end = service_pb2.EndTransactionRequest(transaction_id="not-ours", resolution=1)
     end.topic.name = "t-bad"
-    assert stub.EndTransaction(end, metadata=md(), timeout=5).status.code == \
-        Code.INVALID_TRANSACTION_ID
+    assert (
+        stub.EndTransaction(end, metadata=md(), timeout=5).status.code
+        == Code.INVALID_TRANSACTION_ID
+    )
 
 
 def test_type_conflict_with_topic(server: ServerProcess, stub: Any) -> None:
@@ -165,16 +191,26 @@ def test_unknown_receipt_handles(stub: Any) -> None:
     change = service_pb2.ChangeInvisibleDurationRequest(receipt_handle="nope", message_id="ID")
     change.group.name, change.topic.name = "g-bad", "t-bad"
     change.invisible_duration.seconds = 10
-    assert stub.ChangeInvisibleDuration(change, metadata=md(), timeout=5).status.code == \
-        Code.INVALID_RECEIPT_HANDLE
+    assert (
+        stub.ChangeInvisibleDuration(change, metadata=md(), timeout=5).status.code
+        == Code.INVALID_RECEIPT_HANDLE
+    )
     dlq = service_pb2.ForwardMessageToDeadLetterQueueRequest(receipt_handle="nope")
     dlq.group.name, dlq.topic.name = "g-bad", "t-bad"
-    assert stub.ForwardMessageToDeadLetterQueue(dlq, metadata=md(), timeout=5).status.code == \
-        Code.INVALID_RECEIPT_HANDLE
+    assert (
+        stub.ForwardMessageToDeadLetterQueue(dlq, metadata=md(), timeout=5).status.code
+        == Code.INVALID_RECEIPT_HANDLE
+    )
 
 
-def receive_request(group: str, topic: str, invisible_s: int = 60, poll_s: int = 5,
-                    filter_type: int = 1, expression: str = "*") -> Any:
+def receive_request(
+    group: str,
+    topic: str,
+    invisible_s: int = 60,
+    poll_s: int = 5,
+    filter_type: int = 1,
+    expression: str = "*",
+) -> Any:
     request = service_pb2.ReceiveMessageRequest(batch_size=16)
     request.group.name = group
     request.message_queue.topic.name = topic
@@ -191,29 +227,35 @@ def test_receive_argument_codes(stub: Any) -> None:
         assert replies[-1].HasField("delivery_timestamp")
         return int(replies[0].status.code)
 
-    assert first_code(receive_request("g-args", "t-args", invisible_s=0)) == \
-        Code.ILLEGAL_INVISIBLE_TIME
-    assert first_code(receive_request("g-args", "t-args", invisible_s=100_000)) == \
-        Code.ILLEGAL_INVISIBLE_TIME
-    assert first_code(receive_request("g-args", "t-args", filter_type=2,
-                                      expression="a > 1")) == Code.ILLEGAL_FILTER_EXPRESSION
+    assert (
+        first_code(receive_request("g-args", "t-args", invisible_s=0))
+        == Code.ILLEGAL_INVISIBLE_TIME
+    )
+    assert (
+        first_code(receive_request("g-args", "t-args", invisible_s=100_000))
+        == Code.ILLEGAL_INVISIBLE_TIME
+    )
+    assert (
+        first_code(receive_request("g-args", "t-args", filter_type=2, expression="a > 1"))
+        == Code.ILLEGAL_FILTER_EXPRESSION
+    )
     assert first_code(receive_request("bad group!", "t-args")) == Code.ILLEGAL_CONSUMER_GROUP
-    assert first_code(receive_request("g-args", "t-args"), timeout=0.9) == \
-        Code.ILLEGAL_POLLING_TIME
+    assert first_code(receive_request("g-args", "t-args"), timeout=0.9) == Code.ILLEGAL_POLLING_TIME
 
 
-def test_abrupt_stream_cancellations_release_messages(server: ServerProcess,
-                                                     stub: Any) -> None:
+def test_abrupt_stream_cancellations_release_messages(server: ServerProcess, stub: Any) -> None:
     for _ in range(20):  # parked polls cancelled at once
-        call = stub.ReceiveMessage(receive_request("g-cancel", "t-cancel"), metadata=md(),
-                                   timeout=30)
+        call = stub.ReceiveMessage(
+            receive_request("g-cancel", "t-cancel"), metadata=md(), timeout=30
+        )
         call.cancel()
     for _ in range(10):  # telemetry streams opened and dropped
         settings = service_pb2.TelemetryCommand()
         settings.settings.client_type = 1
         settings.settings.publishing.topics.add().name = "t-cancel"
-        stream = stub.Telemetry(iter([settings]), metadata=md(f"tele-{uuid.uuid4().hex}"),
-                                timeout=30)
+        stream = stub.Telemetry(
+            iter([settings]), metadata=md(f"tele-{uuid.uuid4().hex}"), timeout=30
+        )
         next(stream)
         stream.cancel()
     producer = official.producer(server.endpoint, ["t-cancel"])
@@ -221,8 +263,10 @@ def test_abrupt_stream_cancellations_release_messages(server: ServerProcess,
     try:
         # receives parked with a 60 s invisible time, abandoned by their callers: whatever
         # they would have taken must not stay hidden
-        calls = [stub.ReceiveMessage(receive_request("g-cancel", "t-cancel"), metadata=md(),
-                                     timeout=30) for _ in range(5)]
+        calls = [
+            stub.ReceiveMessage(receive_request("g-cancel", "t-cancel"), metadata=md(), timeout=30)
+            for _ in range(5)
+        ]
         for call in calls:
             call.cancel()
         mid = producer.send(official.message("t-cancel", b"survivor")).message_id
@@ -237,13 +281,13 @@ def test_still_serving_correctly_afterwards(server: ServerProcess) -> None:
     consumer = official.simple_consumer(server.endpoint, "g-after", "t-after")
     producer = official.producer(server.endpoint, ["t-after"])
     try:
-        sent = {producer.send(official.message("t-after", f"{i}".encode())).message_id
-                for i in range(50)}
+        sent = {
+            producer.send(official.message("t-after", f"{i}".encode())).message_id
+            for i in range(50)
+        }
         got = official.receive_until(consumer, lambda g: len(g) >= 50)
         assert sorted(m.message_id for m in got) == sorted(sent)
     finally:
         producer.shutdown()
         consumer.shutdown()
     assert server.alive()
-
-

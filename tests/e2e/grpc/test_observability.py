@@ -27,12 +27,12 @@ SENT, ACKED = 20, 7
 def _health(endpoint: str, service: str = "") -> int:
     with grpc.insecure_channel(endpoint) as channel:
         reply = health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(service=service), timeout=5)
+            health_pb2.HealthCheckRequest(service=service), timeout=5
+        )
     return int(reply.status)
 
 
-def test_broker_metrics_count_a_known_workload(
-        make_server: Callable[..., ServerProcess]) -> None:
+def test_broker_metrics_count_a_known_workload(make_server: Callable[..., ServerProcess]) -> None:
     server = make_server("--flush", "sync", "--metrics-port", "0")
     url = metrics_url(server.output)
     topic, group = "obs-broker", "obs-broker-g"
@@ -43,10 +43,17 @@ def test_broker_metrics_count_a_known_workload(
             for i in range(SENT):
                 producer.send(Message(topic=topic, body=f"m{i}".encode()))
         received: list[reliable.ReceivedMessage] = []
-        with SimpleConsumer(group, {topic: "*"}, transport=transport, await_duration_s=1,
-                            invisible_duration_s=120) as consumer:
-            wait_for(lambda: bool(received.extend(consumer.receive(max_messages=32)))
-                     or len(received) >= SENT, 30, "every message received")
+        with SimpleConsumer(
+            group, {topic: "*"}, transport=transport, await_duration_s=1, invisible_duration_s=120
+        ) as consumer:
+            wait_for(
+                lambda: (
+                    bool(received.extend(consumer.receive(max_messages=32)))
+                    or len(received) >= SENT
+                ),
+                30,
+                "every message received",
+            )
             assert len(received) == SENT
             for m in received[:ACKED]:
                 consumer.ack(m)
@@ -54,14 +61,13 @@ def test_broker_metrics_count_a_known_workload(
     finally:
         transport.close()
     assert s.value("reliable_broker_messages_put_total", topic=topic) == SENT
-    assert s.value("reliable_broker_messages_delivered_total", group=group,
-                   topic=topic) == SENT
+    assert s.value("reliable_broker_messages_delivered_total", group=group, topic=topic) == SENT
     assert s.value("reliable_broker_messages_acked_total", group=group, topic=topic) == ACKED
-    assert s.value("reliable_broker_in_flight_messages", group=group,
-                   topic=topic) == SENT - ACKED
+    assert s.value("reliable_broker_in_flight_messages", group=group, topic=topic) == SENT - ACKED
     # the unacked messages hold each queue's offset: at least they are still lag
-    assert s.value("reliable_broker_consumer_lag_messages", group=group,
-                   topic=topic) >= SENT - ACKED
+    assert (
+        s.value("reliable_broker_consumer_lag_messages", group=group, topic=topic) >= SENT - ACKED
+    )
     # one SendMessage request per send; every message reached the disk through a fsync
     assert s.value("reliable_broker_send_duration_seconds_count") == SENT
     assert s.value("reliable_broker_fsync_duration_seconds_count") >= 1
@@ -87,10 +93,12 @@ def test_broker_metrics_count_a_known_workload(
 
 
 def test_broker_health_says_not_serving_when_its_disk_is_full(
-        make_server: Callable[..., ServerProcess]) -> None:
+    make_server: Callable[..., ServerProcess],
+) -> None:
     # a refuse watermark below what the shared disk already uses: the store refuses puts
-    server = make_server("--disk-clean-ratio", "0.0001", "--disk-full-ratio", "0.0001",
-                         "--metrics-port", "0")
+    server = make_server(
+        "--disk-clean-ratio", "0.0001", "--disk-full-ratio", "0.0001", "--metrics-port", "0"
+    )
     url = metrics_url(server.output)
     not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
     wait_for(lambda: _health(server.endpoint) == not_serving, 10, "NOT_SERVING")
@@ -101,24 +109,46 @@ def test_broker_health_says_not_serving_when_its_disk_is_full(
 
 
 def _consume(home: Path, *where: str) -> tuple[subprocess.Popen[str], list[str], list[str]]:
-    env = dict(os.environ, HOME=str(home), PYTHONUNBUFFERED="1",
-               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(
+        os.environ,
+        HOME=str(home),
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "reliable_cli", "consume", "tests.e2e.obs_handlers", *where,
-         "--metrics-port", "0", "--log-format", "json"],
-        cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        [
+            sys.executable,
+            "-m",
+            "reliable_cli",
+            "consume",
+            "tests.e2e.obs_handlers",
+            *where,
+            "--metrics-port",
+            "0",
+            "--log-format",
+            "json",
+        ],
+        cwd=REPO,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     out: list[str] = []
     err: list[str] = []
     for stream, sink in ((proc.stdout, out), (proc.stderr, err)):
+
         def pump(stream=stream, sink=sink) -> None:  # type: ignore[no-untyped-def]
             for line in stream:
                 sink.append(line)
+
         threading.Thread(target=pump, daemon=True).start()
     return proc, out, err
 
 
 def test_consume_metrics_count_outcomes_and_readyz_follows_the_broker(
-        make_server: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    make_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
     server = make_server("--metrics-port", "0")
     broker_url = metrics_url(server.output)
     ok, retry, dead, discard = 5, 3, 2, 1
@@ -132,20 +162,29 @@ def test_consume_metrics_count_outcomes_and_readyz_follows_the_broker(
         group = "obs-consume-g"
 
         def outcome(name: str) -> float:
-            return scrape(url).value("reliable_handler_messages_total", group=group,
-                                     outcome=name)
+            return scrape(url).value("reliable_handler_messages_total", group=group, outcome=name)
 
         # every message settles: the retried ones succeed at their second attempt
         wait_for(lambda: outcome("success") == ok + retry, 60, "every success")
         s = scrape(url)
-        assert {name: outcome(name) for name in ("success", "retry", "dead_letter",
-                                                   "discard")} == {
-            "success": ok + retry, "retry": retry, "dead_letter": dead, "discard": discard}
-        assert s.value("reliable_handler_duration_seconds_count", group=group) == \
-            ok + 2 * retry + dead + discard
+        assert {name: outcome(name) for name in ("success", "retry", "dead_letter", "discard")} == {
+            "success": ok + retry,
+            "retry": retry,
+            "dead_letter": dead,
+            "discard": discard,
+        }
+        assert (
+            s.value("reliable_handler_duration_seconds_count", group=group)
+            == ok + 2 * retry + dead + discard
+        )
         assert s.value("reliable_guard_events_total", event="processed") == 0
-        wait_for(lambda: scrape(broker_url).value("reliable_broker_dlq_depth_messages",
-                                                  group=group) == dead, 10, "the DLQ depth")
+        wait_for(
+            lambda: (
+                scrape(broker_url).value("reliable_broker_dlq_depth_messages", group=group) == dead
+            ),
+            10,
+            "the DLQ depth",
+        )
         code, body = probe(url, "/readyz")
         assert code == 200, body
         assert body["checks"] == {"consuming": {"ok": True}, "broker": {"ok": True}}
@@ -204,5 +243,6 @@ def test_json_logs_stay_json_while_waiting_for_a_broker(tmp_path: Path) -> None:
         assert proc.wait(30) == 0
     records = [json.loads(line) for line in err if line.strip()]
     waits = [r for r in records if "waiting for" in r["message"]]
-    assert len(waits) >= 2 and all(r["level"] == "WARNING" and r["logger"] == "reliable.consume"
-                                   for r in waits)
+    assert len(waits) >= 2 and all(
+        r["level"] == "WARNING" and r["logger"] == "reliable.consume" for r in waits
+    )

@@ -54,8 +54,9 @@ def test_committed_and_queue_offsets_over_grpc(grpc_transport: Any) -> None:
     assert offsets.committed_offset(group, topic, 0) is None
     assert offsets.committed_offset(group, topic, -1) is None
     assert offsets.max_offset(topic, -1) is None
-    with SimpleConsumer(group, {topic: "*"}, transport=transport, await_duration_s=1,
-                        invisible_duration_s=15) as consumer:
+    with SimpleConsumer(
+        group, {topic: "*"}, transport=transport, await_duration_s=1, invisible_duration_s=15
+    ) as consumer:
         got: set[str] = set()
 
         def drained() -> bool:
@@ -66,8 +67,9 @@ def test_committed_and_queue_offsets_over_grpc(grpc_transport: Any) -> None:
 
         assert official.wait_for(drained, timeout_s=30, interval_s=0)
     # every message acknowledged: the committed offset is each queue's end
-    assert official.wait_for(lambda: all(
-        offsets.committed_offset(group, topic, qid) == end for qid, end in ends.items()))
+    assert official.wait_for(
+        lambda: all(offsets.committed_offset(group, topic, qid) == end for qid, end in ends.items())
+    )
     assert {qid: offsets.max_offset(topic, qid) for qid in ends} == ends
 
 
@@ -85,7 +87,8 @@ def test_offset_queries_refuse_bad_queues(grpc_transport: Any) -> None:
 
 
 def test_resend_worker_over_grpc_resends_a_stub_with_no_known_queue(
-        grpc_transport: Any, sqlite_url: str) -> None:
+    grpc_transport: Any, sqlite_url: str
+) -> None:
     """The stub of a send over gRPC records queue -1: due by age once its resend time
     passes (before, the worker saw no watermark and held it back for ever), and the resend
     reaches the consumers."""
@@ -98,22 +101,39 @@ def test_resend_worker_over_grpc_resends_a_stub_with_no_known_queue(
         with Session(engine) as session, session.begin():
             message_id = Outbox(tables, producer).publish(session, Message(topic, b"order"))
         with engine.connect() as conn:
-            row = conn.execute(sa.select(tables.stub.c.queue_id, tables.stub.c.queue_offset,
-                                         tables.stub.c.send_count)).one()
+            row = conn.execute(
+                sa.select(
+                    tables.stub.c.queue_id, tables.stub.c.queue_offset, tables.stub.c.send_count
+                )
+            ).one()
         assert (row.queue_id, row.send_count) == (-1, 1) and row.queue_offset >= 0
         offsets = TransportOffsets(grpc_transport)
-        early = ResendWorker(engine, tables, producer, offsets=offsets, bounds=offsets,
-                             clock=utcnow, policy=ResendPolicy())
+        early = ResendWorker(
+            engine,
+            tables,
+            producer,
+            offsets=offsets,
+            bounds=offsets,
+            clock=utcnow,
+            policy=ResendPolicy(),
+        )
         assert early.run_once().resent == 0  # not due yet
-        late = ResendWorker(engine, tables, producer, offsets=offsets, bounds=offsets,
-                            clock=lambda: utcnow() + timedelta(hours=1),
-                            policy=ResendPolicy())
+        late = ResendWorker(
+            engine,
+            tables,
+            producer,
+            offsets=offsets,
+            bounds=offsets,
+            clock=lambda: utcnow() + timedelta(hours=1),
+            policy=ResendPolicy(),
+        )
         metrics = late.run_once()
         assert (metrics.resent, metrics.backlogged, metrics.errors) == (1, 0, 0)
     with engine.connect() as conn:
         assert conn.execute(sa.select(tables.stub.c.send_count)).scalar_one() == 2
-    with SimpleConsumer(group, {topic: "*"}, transport=grpc_transport, await_duration_s=1,
-                        invisible_duration_s=15) as consumer:
+    with SimpleConsumer(
+        group, {topic: "*"}, transport=grpc_transport, await_duration_s=1, invisible_duration_s=15
+    ) as consumer:
         copies: list[tuple[str, str | None]] = []
 
         def both() -> bool:
@@ -136,8 +156,11 @@ def test_query_offset_by_timestamp(grpc_transport: Any) -> None:
     t = grpc_transport
     with Producer(t) as producer:
         producer.send(Message("t-offsets-time", b"x"))
-    queue = next(q for q in t.route("t-offsets-time").read_queues
-                 if official.wait_for(lambda q=q: t.max_offset(q) > 0, timeout_s=2))
+    queue = next(
+        q
+        for q in t.route("t-offsets-time").read_queues
+        if official.wait_for(lambda q=q: t.max_offset(q) > 0, timeout_s=2)
+    )
 
     def ask(timestamp_ms: int | None) -> Any:
         request = service_pb2.QueryOffsetRequest()

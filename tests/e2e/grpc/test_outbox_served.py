@@ -37,12 +37,17 @@ LATENCY_S = "1"  # the expected latency given to both the worker and the reconci
 def _cli(*args: str, endpoint: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, OUTBOX_E2E_ENDPOINT=endpoint)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.run([sys.executable, "-m", "reliable_cli", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "reliable_cli", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
-def _flow(server: ServerProcess, db: Path, topic: str, group: str,
-          guard: bool) -> set[str]:
+def _flow(server: ServerProcess, db: Path, topic: str, group: str, guard: bool) -> set[str]:
     """Publish through the outbox over gRPC, consume (acknowledging every delivery), run
     the resend worker once, consume its resends: the published ids."""
     engine = sa.create_engine(f"sqlite:///{db}")
@@ -53,12 +58,20 @@ def _flow(server: ServerProcess, db: Path, topic: str, group: str,
     transport.start()
     idem = IdempotencyGuard(engine, tables, None) if guard else None
     try:
-        with SimpleConsumer(group, {topic: "*"}, transport=transport, await_duration_s=1,
-                            invisible_duration_s=15) as consumer, \
-                Producer(transport) as producer:
+        with (
+            SimpleConsumer(
+                group,
+                {topic: "*"},
+                transport=transport,
+                await_duration_s=1,
+                invisible_duration_s=15,
+            ) as consumer,
+            Producer(transport) as producer,
+        ):
             consumer.receive(max_messages=1)  # the group exists before the first send
-            outbox = Outbox(tables, producer,
-                            config=OutboxConfig(resend_after=timedelta(seconds=1)))
+            outbox = Outbox(
+                tables, producer, config=OutboxConfig(resend_after=timedelta(seconds=1))
+            )
             ids = set()
             for i in range(MESSAGES):
                 with Session(engine) as session, session.begin():
@@ -81,9 +94,19 @@ def _flow(server: ServerProcess, db: Path, topic: str, group: str,
 
             assert drain(MESSAGES) == MESSAGES
             time.sleep(float(LATENCY_S) + 0.5)  # the stubs are due and past the latency
-            worker = _cli("worker", "resend", "--db", f"sqlite:///{db}", "--once", "--json",
-                          "--sender", "tests.e2e.grpc.outbox_app:producer",
-                          "--expected-latency", LATENCY_S, endpoint=server.endpoint)
+            worker = _cli(
+                "worker",
+                "resend",
+                "--db",
+                f"sqlite:///{db}",
+                "--once",
+                "--json",
+                "--sender",
+                "tests.e2e.grpc.outbox_app:producer",
+                "--expected-latency",
+                LATENCY_S,
+                endpoint=server.endpoint,
+            )
             assert worker.returncode == 0, worker.stderr
             done = worker.stdout.strip().splitlines()[-1]
             resent = 0 if guard else MESSAGES  # the worker resends what nobody confirmed
@@ -96,8 +119,16 @@ def _flow(server: ServerProcess, db: Path, topic: str, group: str,
 
 
 def _reconcile(db: Path, endpoint: str) -> subprocess.CompletedProcess[str]:
-    return _cli("reconcile", "--db", f"sqlite:///{db}", "--expected-latency", LATENCY_S,
-                "--conf", "spark.sql.shuffle.partitions=2", endpoint=endpoint)
+    return _cli(
+        "reconcile",
+        "--db",
+        f"sqlite:///{db}",
+        "--expected-latency",
+        LATENCY_S,
+        "--conf",
+        "spark.sql.shuffle.partitions=2",
+        endpoint=endpoint,
+    )
 
 
 def _assert_spark_quiet(stderr: str) -> None:
@@ -109,7 +140,8 @@ def _assert_spark_quiet(stderr: str) -> None:
 
 
 def test_acknowledged_but_unconfirmed_messages_make_the_certificate_not_clean(
-        server: ServerProcess, tmp_path: Path) -> None:
+    server: ServerProcess, tmp_path: Path
+) -> None:
     db = tmp_path / "app.db"
     ids = _flow(server, db, "served-orders", "served-billing", guard=False)
     result = _reconcile(db, server.endpoint)
@@ -124,7 +156,8 @@ def test_acknowledged_but_unconfirmed_messages_make_the_certificate_not_clean(
 
 
 def test_with_the_guard_confirming_the_certificate_is_clean(
-        server: ServerProcess, tmp_path: Path) -> None:
+    server: ServerProcess, tmp_path: Path
+) -> None:
     db = tmp_path / "app.db"
     _flow(server, db, "served-orders-guarded", "served-billing-guarded", guard=True)
     result = _reconcile(db, server.endpoint)

@@ -36,18 +36,19 @@ def _stubs(engine: sa.Engine, tables: OutboxTables) -> list[sa.RowMapping]:
 
 
 def test_unsendable_over_grpc_is_refused_or_escalated_at_once(
-        make_server: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    make_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
     server = make_server("--max-body-size", "1024")
     engine = sa.create_engine(f"sqlite:///{tmp_path / 'shop.db'}")
     tables = OutboxTables()
     tables.create_all(engine)
     with Producer("grpc", endpoint=server.endpoint) as producer:
         outbox = Outbox(tables, producer)
-        for message, why in ((Message("bad topic!", b"x"), "invalid topic name"),
-                             (Message("Orders", b"x" * (4 * 1024 * 1024 + 1)),
-                              "exceeds the broker's limit")):
-            with pytest.raises(InvalidStub, match=why), Session(engine) as session, \
-                    session.begin():
+        for message, why in (
+            (Message("bad topic!", b"x"), "invalid topic name"),
+            (Message("Orders", b"x" * (4 * 1024 * 1024 + 1)), "exceeds the broker's limit"),
+        ):
+            with pytest.raises(InvalidStub, match=why), Session(engine) as session, session.begin():
                 outbox.publish(session, message)
         assert _stubs(engine, tables) == []  # the business transaction rolled back
 

@@ -29,8 +29,9 @@ class InFlightSeam:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    def submit_send(self, messages: Sequence[Message], queue: Any, *, done: Any,
-                    **kwargs: Any) -> None:
+    def submit_send(
+        self, messages: Sequence[Message], queue: Any, *, done: Any, **kwargs: Any
+    ) -> None:
         group = messages[0].message_group
         assert all(m.message_group == group for m in messages)
         with self._lock:
@@ -42,27 +43,32 @@ class InFlightSeam:
                 self.now[group] -= 1
             done(results)
 
-        self._inner.submit_send(messages, queue, done=finished,  # type: ignore[attr-defined]
-                                **kwargs)
+        self._inner.submit_send(
+            messages,
+            queue,
+            done=finished,  # type: ignore[attr-defined]
+            **kwargs,
+        )
 
 
-def _receive_all(transport: Transport, group: str, topic: str, n: int
-                 ) -> list[ReceivedMessage]:
+def _receive_all(transport: Transport, group: str, topic: str, n: int) -> list[ReceivedMessage]:
     got: dict[str, ReceivedMessage] = {}
-    with SimpleConsumer(group, {topic: "*"}, transport=transport, await_duration_s=1,
-                        invisible_duration_s=30) as consumer:
+    with SimpleConsumer(
+        group, {topic: "*"}, transport=transport, await_duration_s=1, invisible_duration_s=30
+    ) as consumer:
+
         def more() -> bool:
             batch = consumer.receive(32)
             for m in batch:
                 got[m.message_id] = m
             assert all(e is None for e in consumer.ack_many(batch))
             return len(got) >= n
+
         wait_until(more, timeout=60, what=f"{n} messages on {topic}")
     return list(got.values())
 
 
-def test_concurrent_send_async_each_gets_its_receipt_in_group_order(
-        transport: Transport) -> None:
+def test_concurrent_send_async_each_gets_its_receipt_in_group_order(transport: Transport) -> None:
     topic = f"pipe-order-{transport.name}"
     groups = [f"g{i}" for i in range(6)]
     per_group, plain = 60, 120
@@ -70,8 +76,12 @@ def test_concurrent_send_async_each_gets_its_receipt_in_group_order(
     futures = []
     lock = threading.Lock()
     seam = InFlightSeam(transport)
-    with Producer(seam, linger_ms=1, batch_size=4,  # type: ignore[arg-type]
-                  max_in_flight=32) as producer:
+    with Producer(
+        seam,
+        linger_ms=1,
+        batch_size=4,  # type: ignore[arg-type]
+        max_in_flight=32,
+    ) as producer:
         # the first send of the topic also creates it on the server
         producer.send(Message(topic, b"first"))
 
@@ -147,8 +157,9 @@ def test_asend_from_asyncio(transport: Transport) -> None:
     topic = f"pipe-asend-{transport.name}"
 
     async def main(producer: Producer) -> list[str]:
-        receipts = await asyncio.gather(*(producer.asend(Message(topic, f"a{i}".encode()))
-                                          for i in range(50)))
+        receipts = await asyncio.gather(
+            *(producer.asend(Message(topic, f"a{i}".encode())) for i in range(50))
+        )
         return [r.message_id for r in receipts]
 
     with Producer(transport) as producer:
@@ -164,15 +175,18 @@ def test_batched_acks_report_a_failed_entry_alone(transport: Transport) -> None:
     with Producer(transport) as producer:
         for i in range(6):
             producer.send(Message(topic, f"m{i}".encode()))
-    with SimpleConsumer(group, {topic: "*"}, transport=transport, await_duration_s=1,
-                        invisible_duration_s=2) as consumer:
+    with SimpleConsumer(
+        group, {topic: "*"}, transport=transport, await_duration_s=1, invisible_duration_s=2
+    ) as consumer:
         got: list[ReceivedMessage] = []
-        wait_until(lambda: bool(got.extend(consumer.receive(32))) or len(got) >= 6,
-                   what="6 messages")
+        wait_until(
+            lambda: bool(got.extend(consumer.receive(32))) or len(got) >= 6, what="6 messages"
+        )
         assert len(got) == 6
         kept = got[2]
-        forged = dataclasses.replace(kept, receipt_handle=kept.receipt_handle[:-6] + "AAAAAA"
-                                     if kept.receipt_handle else "x")
+        forged = dataclasses.replace(
+            kept, receipt_handle=kept.receipt_handle[:-6] + "AAAAAA" if kept.receipt_handle else "x"
+        )
         before = dict(getattr(transport, "requests", {}))
         batch = [*got[:2], forged, *got[3:]]
         results = consumer.ack_many(batch)
@@ -183,24 +197,28 @@ def test_batched_acks_report_a_failed_entry_alone(transport: Transport) -> None:
             assert after["AckMessage"] - before["AckMessage"] == 1
         # the five acked never come back; the one whose entry failed does, after its lease
         again: list[ReceivedMessage] = []
-        wait_until(lambda: bool(again.extend(consumer.receive(32))) or len(again) >= 1,
-                   timeout=30, what="the unacked message redelivered")
+        wait_until(
+            lambda: bool(again.extend(consumer.receive(32))) or len(again) >= 1,
+            timeout=30,
+            what="the unacked message redelivered",
+        )
         assert [m.message_id for m in again] == [kept.message_id]
         assert again[0].delivery_attempt == 2
         assert consumer.ack_async(again[0]).result(10) is None
 
 
-def test_pipelined_invisible_duration_changes_each_get_their_handle(
-        transport: Transport) -> None:
+def test_pipelined_invisible_duration_changes_each_get_their_handle(transport: Transport) -> None:
     topic, group = f"pipe-hide-{transport.name}", f"pipe-hide-g-{transport.name}"
     with Producer(transport) as producer:
         for i in range(5):
             producer.send(Message(topic, f"m{i}".encode()))
-    with SimpleConsumer(group, {topic: "*"}, transport=transport, await_duration_s=1,
-                        invisible_duration_s=2) as consumer:
+    with SimpleConsumer(
+        group, {topic: "*"}, transport=transport, await_duration_s=1, invisible_duration_s=2
+    ) as consumer:
         got: list[ReceivedMessage] = []
-        wait_until(lambda: bool(got.extend(consumer.receive(32))) or len(got) >= 5,
-                   what="5 messages")
+        wait_until(
+            lambda: bool(got.extend(consumer.receive(32))) or len(got) >= 5, what="5 messages"
+        )
         old = [m.receipt_handle for m in got]
         futures = [consumer.change_invisible_duration_async(m, 30) for m in got]
         handles = [f.result(10) for f in futures]
@@ -226,8 +244,10 @@ def test_a_send_from_a_send_callback_does_not_deadlock(transport: Transport) -> 
             done.set()
 
         for i in range(5):
-            producer.send_async(Message(topic, f"m{i}".encode(), message_group="cb"),
-                                on_success=on_success if i == 0 else None)
+            producer.send_async(
+                Message(topic, f"m{i}".encode(), message_group="cb"),
+                on_success=on_success if i == 0 else None,
+            )
         assert done.wait(30) and len(chained) == 1
 
 

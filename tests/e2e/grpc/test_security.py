@@ -20,15 +20,34 @@ from tests.e2e.grpc.server_process import REPO, ServerProcess
 
 def self_signed(directory: Path) -> tuple[Path, Path]:
     cert, key = directory / "cert.pem", directory / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost",
-                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return cert, key
 
 
 def test_tls_with_official_client_and_grpc_transport(
-        tmp_path: Path, make_server: Callable[..., ServerProcess], client_home: Path) -> None:
+    tmp_path: Path, make_server: Callable[..., ServerProcess], client_home: Path
+) -> None:
     cert, key = self_signed(tmp_path)
     server = make_server("--tls-cert", str(cert), "--tls-key", str(key))
     # the official client trusts a private CA only through this variable, read once per
@@ -41,21 +60,33 @@ def test_tls_with_official_client_and_grpc_transport(
         print(p.send(official.message("t-tls", b"secret")).message_id)
         p.shutdown()
     """)
-    env = dict(os.environ, HOME=str(client_home), GRPC_DEFAULT_SSL_ROOTS_FILE_PATH=str(cert),
-               PYTHONPATH=str(REPO))
-    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO, text=True,
-                         capture_output=True, timeout=60)
+    env = dict(
+        os.environ,
+        HOME=str(client_home),
+        GRPC_DEFAULT_SSL_ROOTS_FILE_PATH=str(cert),
+        PYTHONPATH=str(REPO),
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        cwd=REPO,
+        text=True,
+        capture_output=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     sent_id = out.stdout.strip().splitlines()[-1]
 
     t = reliable.connect("grpc", endpoint=server.endpoint, tls=True, ca_file=str(cert))
     t.start()
     try:
-        with SimpleConsumer("g-tls", {"t-tls": "*"}, transport=t, await_duration_s=1,
-                            invisible_duration_s=15) as consumer:
+        with SimpleConsumer(
+            "g-tls", {"t-tls": "*"}, transport=t, await_duration_s=1, invisible_duration_s=15
+        ) as consumer:
             got: list[reliable.ReceivedMessage] = []
-            assert official.wait_for(lambda: bool(got.extend(consumer.receive()) or got),
-                                     timeout_s=30, interval_s=0)
+            assert official.wait_for(
+                lambda: bool(got.extend(consumer.receive()) or got), timeout_s=30, interval_s=0
+            )
             assert [m.message_id for m in got] == [sent_id]
             assert got[0].body == b"secret"
     finally:
@@ -76,8 +107,9 @@ def test_access_keys(tmp_path: Path, make_server: Callable[..., ServerProcess]) 
     server = make_server("--credentials-file", str(keys))
     # the official client signs its local time: accepted
     producer = official.producer(server.endpoint, ["t-auth"], ak="app-key", sk="app-secret")
-    consumer = official.simple_consumer(server.endpoint, "g-auth", "t-auth", ak="app-key",
-                                        sk="app-secret")
+    consumer = official.simple_consumer(
+        server.endpoint, "g-auth", "t-auth", ak="app-key", sk="app-secret"
+    )
     try:
         mid = producer.send(official.message("t-auth", b"signed")).message_id
         got = official.receive_until(consumer, lambda g: len(g) >= 1)
@@ -96,6 +128,7 @@ def test_access_keys(tmp_path: Path, make_server: Callable[..., ServerProcess]) 
         finally:
             t.close()
     # the framework's transport signs too
-    with Producer("grpc", endpoint=server.endpoint, access_key="app-key",
-                  secret_key="app-secret") as framework:
+    with Producer(
+        "grpc", endpoint=server.endpoint, access_key="app-key", secret_key="app-secret"
+    ) as framework:
         assert framework.send(Message("t-auth", b"framework")).message_id

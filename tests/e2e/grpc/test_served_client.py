@@ -33,8 +33,7 @@ def _free_port() -> int:
 
 def test_send_failed_names_its_cause() -> None:
     endpoint = f"127.0.0.1:{_free_port()}"
-    with Producer("grpc", endpoint=endpoint) as producer, \
-            pytest.raises(SendFailed) as caught:
+    with Producer("grpc", endpoint=endpoint) as producer, pytest.raises(SendFailed) as caught:
         producer.send(Message("nowhere", b"x"))
     assert isinstance(caught.value.last_error, TransportError), caught.value
     assert "UNAVAILABLE" in str(caught.value) and endpoint in str(caught.value)
@@ -42,7 +41,8 @@ def test_send_failed_names_its_cause() -> None:
 
 
 def test_producer_sends_within_a_second_of_the_broker_coming_back(
-        make_server: Callable[..., ServerProcess]) -> None:
+    make_server: Callable[..., ServerProcess],
+) -> None:
     server = make_server()
     with Producer("grpc", endpoint=server.endpoint) as producer:
         producer.send(Message("comeback", b"before"))
@@ -65,7 +65,7 @@ def test_producer_sends_within_a_second_of_the_broker_coming_back(
         assert time.monotonic() - back < 2.5
 
 
-HANDLERS = '''
+HANDLERS = """
 import os
 from reliable import handler
 
@@ -73,11 +73,12 @@ from reliable import handler
 def record(message):
     with open(os.environ["APP_OUT"], "a") as f:
         f.write(message.body.decode() + "\\n")
-'''
+"""
 
 
 def test_consume_waits_for_the_broker_and_imports_from_the_working_directory(
-        tmp_path: Path, client_home: Path) -> None:
+    tmp_path: Path, client_home: Path
+) -> None:
     app = tmp_path / "app"
     (app / "myapp").mkdir(parents=True)
     (app / "myapp" / "__init__.py").write_text("")
@@ -87,29 +88,42 @@ def test_consume_waits_for_the_broker_and_imports_from_the_working_directory(
     script = Path(sys.executable).with_name("reliable")  # the installed console script
     assert script.exists()
     env = dict(os.environ, PYTHONPATH=str(REPO), APP_OUT=str(out), PYTHONUNBUFFERED="1")
-    child = subprocess.Popen([str(script), "consume", "myapp.handlers", "--endpoint",
-                              f"127.0.0.1:{port}"], cwd=app, env=env, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child = subprocess.Popen(
+        [str(script), "consume", "myapp.handlers", "--endpoint", f"127.0.0.1:{port}"],
+        cwd=app,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     stderr: list[str] = []
     threading.Thread(target=lambda: stderr.extend(child.stderr or []), daemon=True).start()
     server = ServerProcess(tmp_path / "store", client_home, port=port)
     try:
-        wait_until(lambda: sum("waiting for broker" in line for line in stderr) >= 2,
-                   timeout=20, what="the consumer waiting for the broker")
+        wait_until(
+            lambda: sum("waiting for broker" in line for line in stderr) >= 2,
+            timeout=20,
+            what="the consumer waiting for the broker",
+        )
         assert child.poll() is None, "".join(stderr)
         server.start()
         with Producer("grpc", endpoint=server.endpoint) as producer:
             for i in range(5):
                 producer.send(Message("app-orders", f"order-{i}".encode()))
-        wait_until(lambda: out.exists() and sorted(out.read_text().split()) ==
-                   [f"order-{i}" for i in range(5)], timeout=30, what="the 5 orders")
+        wait_until(
+            lambda: (
+                out.exists() and sorted(out.read_text().split()) == [f"order-{i}" for i in range(5)]
+            ),
+            timeout=30,
+            what="the 5 orders",
+        )
         child.send_signal(signal.SIGTERM)
         stdout, _ = child.communicate(timeout=30)
         assert child.returncode == 0, "".join(stderr)
         # without -v, one line says what is consumed and from where
         assert stdout.strip().splitlines() == [
-            f"reliable consume: consuming app-orders as app-g from broker 127.0.0.1:{port} "
-            "(grpc)"], stdout
+            f"reliable consume: consuming app-orders as app-g from broker 127.0.0.1:{port} (grpc)"
+        ], stdout
     finally:
         if child.poll() is None:
             child.kill()
@@ -122,10 +136,21 @@ def test_consume_refuses_a_handler_that_would_dead_letter_silently(tmp_path: Pat
     (app / "risky.py").write_text(
         "from reliable import handler\n\n"
         "@handler('risky-orders', group='risky-g', retry_on=(ConnectionError,))\n"
-        "def h(message):\n    pass\n")
-    done = subprocess.run([str(Path(sys.executable).with_name("reliable")), "consume",
-                           "risky", "--store", str(tmp_path / "store")], cwd=app,
-                          env=dict(os.environ, PYTHONPATH=str(REPO)), text=True,
-                          capture_output=True, timeout=60)
+        "def h(message):\n    pass\n"
+    )
+    done = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("reliable")),
+            "consume",
+            "risky",
+            "--store",
+            str(tmp_path / "store"),
+        ],
+        cwd=app,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        text=True,
+        capture_output=True,
+        timeout=60,
+    )
     assert done.returncode == 2, done.stderr
     assert "dead_letter_other=True" in done.stderr and "Traceback" not in done.stderr

@@ -42,9 +42,15 @@ from tests.e2e.grpc.conftest import open_transport
 from tests.e2e.grpc.server_process import REPO, ServerProcess
 
 # quick client intervals for both engines (pull: rebalance / offsets; receive: long polls)
-QUICK = {"rebalance_interval_s": 0.2, "heartbeat_interval_s": 0.2,
-         "persist_offset_interval_s": 0.2, "pull_suspend_ms": 200, "pull_error_delay_s": 0.1,
-         "receive_long_poll_ms": 1000, "invisible_ms": 30_000}
+QUICK = {
+    "rebalance_interval_s": 0.2,
+    "heartbeat_interval_s": 0.2,
+    "persist_offset_interval_s": 0.2,
+    "pull_suspend_ms": 200,
+    "pull_error_delay_s": 0.1,
+    "receive_long_poll_ms": 1000,
+    "invisible_ms": 30_000,
+}
 
 
 @pytest.fixture(params=["embedded-pull", "embedded-receive", "grpc-receive"])
@@ -66,8 +72,14 @@ def admin_of(transport: Transport) -> AdminClient:
 def dead_letters(transport: Transport, group: str, want: int) -> list[ReceivedMessage]:
     """`want` messages of `%DLQ%<group>`, read (and acked) by a reader group."""
     got: list[ReceivedMessage] = []
-    with SimpleConsumer(f"{group}-dlq-reader", {f"%DLQ%{group}": "*"}, transport=transport,
-                        await_duration_s=1, invisible_duration_s=15) as reader:
+    with SimpleConsumer(
+        f"{group}-dlq-reader",
+        {f"%DLQ%{group}": "*"},
+        transport=transport,
+        await_duration_s=1,
+        invisible_duration_s=15,
+    ) as reader:
+
         def enough() -> bool:
             for m in reader.receive(max_messages=32):
                 reader.ack(m)
@@ -81,15 +93,15 @@ def dead_letters(transport: Transport, group: str, want: int) -> list[ReceivedMe
 class Recorder:
     """A listener recording bodies in consumption order; `fail(body)` says which fail."""
 
-    def __init__(self, fail: Callable[[bytes], bool] = lambda _b: False,
-                 delay_s: float = 0.0) -> None:
+    def __init__(
+        self, fail: Callable[[bytes], bool] = lambda _b: False, delay_s: float = 0.0
+    ) -> None:
         self.lock = threading.Lock()
         self.bodies: list[bytes] = []
         self.fail = fail
         self.delay_s = delay_s
 
-    def __call__(self, messages: Sequence[ReceivedMessage], ctx: ConsumeContext
-                 ) -> ConsumeResult:
+    def __call__(self, messages: Sequence[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
         for m in messages:
             if self.fail(m.body):
                 return ConsumeResult.RECONSUME_LATER
@@ -105,7 +117,8 @@ class Recorder:
 
 # --- parking (issue items 2 and 3)
 def test_orderly_parks_the_poison_group_until_an_operator_unparks_it(
-        side: tuple[Transport, str]) -> None:
+    side: tuple[Transport, str],
+) -> None:
     transport, engine = side
     topic = unique("park", transport, engine)
     group = unique("park-g", transport, engine)
@@ -113,9 +126,18 @@ def test_orderly_parks_the_poison_group_until_an_operator_unparks_it(
         with_admin = admin_of(transport)
         with_admin.call("CreateGroup", name=group, fifo=True)
     recorder = Recorder(fail=lambda body: body == b"P2")
-    consumer = PushConsumer(group, recorder, {topic: "*"}, transport=transport, engine=engine,
-                            orderly=True, max_reconsume_times=1, suspend_ms=50,
-                            consume_from=ConsumeFrom.FIRST, **QUICK)
+    consumer = PushConsumer(
+        group,
+        recorder,
+        {topic: "*"},
+        transport=transport,
+        engine=engine,
+        orderly=True,
+        max_reconsume_times=1,
+        suspend_ms=50,
+        consume_from=ConsumeFrom.FIRST,
+        **QUICK,
+    )
 
     def of(prefix: bytes) -> list[bytes]:
         return [b for b in recorder.seen() if b.startswith(prefix)]
@@ -126,8 +148,7 @@ def test_orderly_parks_the_poison_group_until_an_operator_unparks_it(
 
     with Producer(transport) as producer, consumer:
         send(producer, *[f"{g}{i}" for i in range(6) for g in "PQ"])
-        assert official.wait_for(lambda: len(of(b"Q")) == 6 and len(of(b"P")) == 2,
-                                 timeout_s=60)
+        assert official.wait_for(lambda: len(of(b"Q")) == 6 and len(of(b"P")) == 2, timeout_s=60)
         send(producer, "P6", "Q6")
         assert official.wait_for(lambda: len(of(b"Q")) == 7, timeout_s=30)
         parked = dead_letters(transport, group, 5)
@@ -136,14 +157,17 @@ def test_orderly_parks_the_poison_group_until_an_operator_unparks_it(
         # the operator acts: P flows again from its next message
         if transport.name == "grpc":
             assert with_admin.call("ListParkedGroups", group=group)["parked"] == [
-                {"group": group, "topic": topic, "message_group": "P"}]
-            assert with_admin.call("UnparkMessageGroup", group=group, topic=topic,
-                                   message_group="P") == {"unparked": True}
+                {"group": group, "topic": topic, "message_group": "P"}
+            ]
+            assert with_admin.call(
+                "UnparkMessageGroup", group=group, topic=topic, message_group="P"
+            ) == {"unparked": True}
             with_admin.close()
         else:
             broker = transport.broker  # type: ignore[attr-defined]
             assert broker.parked_message_groups(group) == [
-                {"group": group, "topic": topic, "message_group": "P"}]
+                {"group": group, "topic": topic, "message_group": "P"}
+            ]
             assert broker.unpark_message_group(group, topic, "P")
         send(producer, "P7")
         assert official.wait_for(lambda: len(of(b"P")) == 3, timeout_s=30)
@@ -162,15 +186,18 @@ def test_parked_group_survives_a_consumer_restart(transport: Transport) -> None:
         admin = admin_of(transport)
         admin.call("CreateGroup", name=group, fifo=True)
         admin.close()
-    settings = dict(orderly=True, max_reconsume_times=0, suspend_ms=50,
-                    consume_from=ConsumeFrom.FIRST, **QUICK)
+    settings = dict(
+        orderly=True, max_reconsume_times=0, suspend_ms=50, consume_from=ConsumeFrom.FIRST, **QUICK
+    )
     first = Recorder(fail=lambda body: body == b"A1")
     with Producer(transport) as producer:
         with PushConsumer(group, first, {topic: "*"}, transport=transport, **settings):
             for body in (b"A0", b"A1", b"B0"):
                 producer.send(Message(topic, body, message_group=body[:1].decode()))
-            assert official.wait_for(lambda: dead_letters_count(transport, group) == 1
-                                     and b"B0" in first.seen(), timeout_s=60)
+            assert official.wait_for(
+                lambda: dead_letters_count(transport, group) == 1 and b"B0" in first.seen(),
+                timeout_s=60,
+            )
         second = Recorder()
         with PushConsumer(group, second, {topic: "*"}, transport=transport, **settings):
             for body in (b"A2", b"B1"):
@@ -195,8 +222,15 @@ def test_an_orderly_handler_parks_its_group_with_nothing_set_up(transport: Trans
         admin.call("CreateGroup", name=group, fifo=False, max_retries=5)
     seen: list[bytes] = []
 
-    @handler(topic, group=group, orderly=True, max_reconsume_times=1, suspend_ms=50,
-             consume_from="first", **QUICK)
+    @handler(
+        topic,
+        group=group,
+        orderly=True,
+        max_reconsume_times=1,
+        suspend_ms=50,
+        consume_from="first",
+        **QUICK,
+    )
     def ship(message: ReceivedMessage) -> None:
         if message.body == b"P2":
             raise RuntimeError("poison")
@@ -207,8 +241,7 @@ def test_an_orderly_handler_parks_its_group_with_nothing_set_up(transport: Trans
             for g in "PQ":
                 producer.send(Message(topic, f"{g}{i}".encode(), message_group=g))
     with Worker(ship, transport=transport):
-        assert official.wait_for(lambda: dead_letters_count(transport, group) == 4,
-                                 timeout_s=60)
+        assert official.wait_for(lambda: dead_letters_count(transport, group) == 4, timeout_s=60)
         assert official.wait_for(lambda: seen.count(b"Q5") == 1, timeout_s=30)
         time.sleep(1.0)  # a later message of P had its chance to be (wrongly) consumed
     assert [b for b in seen if b.startswith(b"P")] == [b"P0", b"P1"]
@@ -238,8 +271,7 @@ def dead_letters_count(transport: Transport, group: str) -> int:
 
 
 # --- takeover (issue item 4)
-def test_a_stopped_consumer_hands_its_messages_over_at_once(
-        side: tuple[Transport, str]) -> None:
+def test_a_stopped_consumer_hands_its_messages_over_at_once(side: tuple[Transport, str]) -> None:
     transport, engine = side
     topic = unique("handover", transport, engine)
     group = unique("handover-g", transport, engine)
@@ -257,8 +289,9 @@ def test_a_stopped_consumer_hands_its_messages_over_at_once(
         try:
             stopped = time.monotonic()
             a.shutdown()  # returns once its handlers finished and it left the group
-            assert official.wait_for(lambda: set(slow.seen()) | set(fast.seen()) == sent,
-                                     timeout_s=30)
+            assert official.wait_for(
+                lambda: set(slow.seen()) | set(fast.seen()) == sent, timeout_s=30
+            )
             took = time.monotonic() - stopped
         finally:
             b.shutdown()
@@ -270,16 +303,22 @@ def test_a_stopped_consumer_hands_its_messages_over_at_once(
 
 
 def test_a_killed_consumer_releases_its_messages_within_the_lease_release(
-        make_server: Callable[..., ServerProcess]) -> None:
+    make_server: Callable[..., ServerProcess],
+) -> None:
     """A real consumer process is SIGKILLed while handling: the server notices the dead
     connection and releases its messages after the stream grace (3 s), far sooner than the
     60 s auto-renewed invisible time or the consumer's 30 s lease."""
     server = make_server("--default-invisible-ms", "60000")
     topic, group = "killed", "killed-g"
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    child = subprocess.Popen([sys.executable, "-m", "tests.e2e.grpc.consumer_child",
-                              server.endpoint, group, topic], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.e2e.grpc.consumer_child", server.endpoint, group, topic],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
     handling: list[str] = []
     lines: list[str] = []
 
@@ -294,11 +333,11 @@ def test_a_killed_consumer_releases_its_messages_within_the_lease_release(
     t = reliable.connect("grpc", endpoint=server.endpoint)
     t.start()
     try:
-        assert official.wait_for(lambda: any(x.startswith("started") for x in lines),
-                                 timeout_s=30), lines
+        assert official.wait_for(
+            lambda: any(x.startswith("started") for x in lines), timeout_s=30
+        ), lines
         with Producer(t) as producer:
-            sent = {producer.send(Message(topic, f"k{i}".encode())).message_id
-                    for i in range(6)}
+            sent = {producer.send(Message(topic, f"k{i}".encode())).message_id for i in range(6)}
         assert official.wait_for(lambda: len(handling) == 2, timeout_s=30), lines
         time.sleep(0.5)
         assert len(handling) == 2  # two handler threads, nothing more taken from the group
@@ -306,8 +345,15 @@ def test_a_killed_consumer_releases_its_messages_within_the_lease_release(
         child.wait(10)
         killed = time.monotonic()
         done = Recorder()
-        with PushConsumer(group, done, {topic: "*"}, transport=t, consume_threads=4,
-                          consume_from=ConsumeFrom.FIRST, receive_long_poll_ms=1000):
+        with PushConsumer(
+            group,
+            done,
+            {topic: "*"},
+            transport=t,
+            consume_threads=4,
+            consume_from=ConsumeFrom.FIRST,
+            receive_long_poll_ms=1000,
+        ):
             assert official.wait_for(lambda: len(done.seen()) == 6, timeout_s=40)
             took = time.monotonic() - killed
     finally:
@@ -320,8 +366,7 @@ def test_a_killed_consumer_releases_its_messages_within_the_lease_release(
 
 
 # --- where a new group starts (issue item 5)
-def test_consume_from_decides_where_a_new_group_starts(
-        side: tuple[Transport, str]) -> None:
+def test_consume_from_decides_where_a_new_group_starts(side: tuple[Transport, str]) -> None:
     transport, engine = side
     topic = unique("start", transport, engine)
     with Producer(transport) as producer:
@@ -333,8 +378,16 @@ def test_consume_from_decides_where_a_new_group_starts(
         producer.send(Message(topic, b"old-3"))
         queues = transport.route(topic).read_queues
         # stored is not yet queued: LAST means after what the queues hold
-        assert official.wait_for(lambda: sum(transport.max_offset(q)  # type: ignore[attr-defined]
-                                             for q in queues) == 3, timeout_s=10)
+        assert official.wait_for(
+            lambda: (
+                sum(
+                    transport.max_offset(q)  # type: ignore[attr-defined]
+                    for q in queues
+                )
+                == 3
+            ),
+            timeout_s=10,
+        )
         expected = {
             ConsumeFrom.FIRST: [b"new-1", b"old-1", b"old-2", b"old-3"],
             ConsumeFrom.LAST: [b"new-1"],
@@ -342,17 +395,26 @@ def test_consume_from_decides_where_a_new_group_starts(
         }
         recorders = {where: Recorder() for where in expected}
         consumers = [
-            PushConsumer(unique("start-g", transport, engine, where.value), recorders[where],
-                         {topic: "*"}, transport=transport, engine=engine, consume_from=where,
-                         consume_timestamp_ms=boundary_ms, **QUICK)
-            for where in expected]
+            PushConsumer(
+                unique("start-g", transport, engine, where.value),
+                recorders[where],
+                {topic: "*"},
+                transport=transport,
+                engine=engine,
+                consume_from=where,
+                consume_timestamp_ms=boundary_ms,
+                **QUICK,
+            )
+            for where in expected
+        ]
         for c in consumers:
             c.start()
         try:
             producer.send(Message(topic, b"new-1"))
             assert official.wait_for(
                 lambda: all(len(recorders[w].seen()) >= len(expected[w]) for w in expected),
-                timeout_s=30)
+                timeout_s=30,
+            )
             time.sleep(1.0)  # anything older that was (wrongly) delivered has arrived now
         finally:
             for c in consumers:
@@ -362,7 +424,8 @@ def test_consume_from_decides_where_a_new_group_starts(
 
 
 def test_a_handler_started_before_publishing_consumes_with_the_default_start(
-        transport: Transport) -> None:
+    transport: Transport,
+) -> None:
     """The README's flow: a Worker started with a handler and its `dlq_handler`, then
     messages sent, with `consume_from` left at its default (LAST): every message sent after
     the start is consumed, and one raising a `dead_letter_on` exception reaches the dead
@@ -386,17 +449,22 @@ def test_a_handler_started_before_publishing_consumes_with_the_default_start(
     def billing_dead_letters(message: ReceivedMessage) -> None:
         dead.append((message.body, message.properties["DLQ_ORIGIN_TOPIC"]))
 
-    with Worker(bill, billing_dead_letters, transport=transport) as worker, \
-            worker.producer() as producer:
+    with (
+        Worker(bill, billing_dead_letters, transport=transport) as worker,
+        worker.producer() as producer,
+    ):
         producer.send(Message(topic, b'{"id": 42}', keys=["order-42"]))
         producer.send(Message(topic, b"invalid"))
-        assert official.wait_for(lambda: got == [b'{"id": 42}'] and len(dead) == 1,
-                                 timeout_s=30), (got, dead)
+        assert official.wait_for(lambda: got == [b'{"id": 42}'] and len(dead) == 1, timeout_s=30), (
+            got,
+            dead,
+        )
         assert dead == [(b"invalid", topic)]
 
 
 def test_the_readme_outbox_snippet_consumes_what_was_published_before(
-        transport: Transport, sqlite_url: str, redis_client: object) -> None:
+    transport: Transport, sqlite_url: str, redis_client: object
+) -> None:
     """The README's outbox snippet, as written: the message is published (after commit)
     before the inventory handler ever ran; its `consume_from="first"` makes the new group
     read it, on both transports, and the guard confirms it exactly once."""
@@ -418,8 +486,12 @@ def test_the_readme_outbox_snippet_consumes_what_was_published_before(
         outbox = Outbox(tables, producer)
         with Session(engine) as session, session.begin():
             message_id = outbox.publish(session, Message(topic, b'{"order": 1}'))
-    guard = IdempotencyGuard(engine, tables, redis_client,  # type: ignore[arg-type]
-                             config=GuardConfig(key_prefix=f"t:{uuid.uuid4().hex[:8]}:"))
+    guard = IdempotencyGuard(
+        engine,
+        tables,
+        redis_client,  # type: ignore[arg-type]
+        config=GuardConfig(key_prefix=f"t:{uuid.uuid4().hex[:8]}:"),
+    )
     reserved: list[str] = []
 
     @handler(topic, group=group, idempotent=guard, consume_from="first")
@@ -442,8 +514,13 @@ def test_the_readme_outbox_snippet_consumes_what_was_published_before(
 def test_broadcasting_over_grpc_names_the_alternative(server: ServerProcess) -> None:
     t = reliable.connect("grpc", endpoint=server.endpoint)
     with pytest.raises(ConfigurationError) as caught:
-        PushConsumer("stats", lambda msgs, ctx: ConsumeResult.SUCCESS, {"clicks": "*"},
-                     transport=t, message_model=MessageModel.BROADCASTING)
+        PushConsumer(
+            "stats",
+            lambda msgs, ctx: ConsumeResult.SUCCESS,
+            {"clicks": "*"},
+            transport=t,
+            message_model=MessageModel.BROADCASTING,
+        )
     text = str(caught.value)
     assert "broadcasting needs a transport that can pull" in text
     assert "own consumer group" in text and "stats-<instance name>" in text

@@ -14,7 +14,8 @@ from tests.e2e.grpc.server_process import ServerProcess
 
 
 def test_no_error_lines_across_connects_disconnects_and_shutdown(
-        make_server: Callable[..., ServerProcess]) -> None:
+    make_server: Callable[..., ServerProcess],
+) -> None:
     server = make_server()
     seen: list[bytes] = []
 
@@ -23,8 +24,10 @@ def test_no_error_lines_across_connects_disconnects_and_shutdown(
         seen.append(message.body)
 
     for round_ in range(2):  # a push consumer's telemetry stream opens and closes
-        with Worker(h, transport="grpc", endpoint=server.endpoint), \
-                Producer("grpc", endpoint=server.endpoint) as producer:
+        with (
+            Worker(h, transport="grpc", endpoint=server.endpoint),
+            Producer("grpc", endpoint=server.endpoint) as producer,
+        ):
             producer.send(Message("quiet", f"m{round_}".encode()))
             deadline = time.monotonic() + 20
             while len(seen) <= round_ and time.monotonic() < deadline:
@@ -34,8 +37,9 @@ def test_no_error_lines_across_connects_disconnects_and_shutdown(
     # a client that goes away while its long poll waits
     transport = reliable.connect("grpc", endpoint=server.endpoint)
     transport.start()
-    consumer = SimpleConsumer("quiet-poll", {"quiet-empty": "*"}, transport=transport,
-                              await_duration_s=4)
+    consumer = SimpleConsumer(
+        "quiet-poll", {"quiet-empty": "*"}, transport=transport, await_duration_s=4
+    )
     consumer.start()
     errors: list[BaseException] = []
 

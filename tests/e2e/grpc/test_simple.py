@@ -17,8 +17,10 @@ def test_thousand_messages_no_loss_no_duplicates(server: ServerProcess) -> None:
     consumer = official.simple_consumer(server.endpoint, "g-thousand", "t-thousand")
     producer = official.producer(server.endpoint, ["t-thousand"])
     try:
-        sent = {producer.send(official.message("t-thousand", f"m{i}".encode())).message_id
-                for i in range(1000)}
+        sent = {
+            producer.send(official.message("t-thousand", f"m{i}".encode())).message_id
+            for i in range(1000)
+        }
         assert len(sent) == 1000
         got = official.receive_until(consumer, lambda g: len(g) >= 1000, timeout_s=60)
         ids = Counter(m.message_id for m in got)
@@ -37,9 +39,13 @@ def test_tags_keys_properties_survive_and_tags_filter(server: ServerProcess) -> 
     try:
         wanted = {}
         for i, tag in enumerate(["red", "green", "blue", "green", "red"]):
-            msg = official.message("t-tags", f"body-{i}".encode(), tag=tag,
-                                   keys=[f"k{i}", f"order-{i}"],
-                                   props={"tenant": "acme", "n": str(i)})
+            msg = official.message(
+                "t-tags",
+                f"body-{i}".encode(),
+                tag=tag,
+                keys=[f"k{i}", f"order-{i}"],
+                props={"tenant": "acme", "n": str(i)},
+            )
             receipt = producer.send(msg)
             if tag != "green":
                 wanted[receipt.message_id] = (tag, i)
@@ -64,11 +70,9 @@ def test_redelivery_after_invisible_time_increments_attempt(server: ServerProces
     producer = official.producer(server.endpoint, ["t-redeliver"])
     try:
         mid = producer.send(official.message("t-redeliver", b"x")).message_id
-        first = official.receive_until(consumer, lambda g: len(g) >= 1, invisible_s=1,
-                                       ack=False)
+        first = official.receive_until(consumer, lambda g: len(g) >= 1, invisible_s=1, ack=False)
         assert [(m.message_id, m.delivery_attempt) for m in first] == [(mid, 1)]
-        again = official.receive_until(consumer, lambda g: len(g) >= 1, invisible_s=1,
-                                       ack=False)
+        again = official.receive_until(consumer, lambda g: len(g) >= 1, invisible_s=1, ack=False)
         assert [(m.message_id, m.delivery_attempt) for m in again] == [(mid, 2)]
         # the first handle is dead now
         from rocketmq.v5.exception import BadRequestException
@@ -87,14 +91,14 @@ def test_change_invisible_duration_returns_new_handle(server: ServerProcess) -> 
     producer = official.producer(server.endpoint, ["t-change"])
     try:
         mid = producer.send(official.message("t-change", b"x")).message_id
-        (m,) = official.receive_until(consumer, lambda g: len(g) >= 1, invisible_s=60,
-                                      ack=False)
+        (m,) = official.receive_until(consumer, lambda g: len(g) >= 1, invisible_s=60, ack=False)
         old_handle = m.receipt_handle
         consumer.change_invisible_duration(m, 1)  # the client swaps in the new handle
         assert m.receipt_handle != old_handle
         started = time.monotonic()
-        again = official.receive_until(consumer, lambda g: len(g) >= 1, invisible_s=30,
-                                       ack=False, timeout_s=20)
+        again = official.receive_until(
+            consumer, lambda g: len(g) >= 1, invisible_s=30, ack=False, timeout_s=20
+        )
         assert [(x.message_id, x.delivery_attempt) for x in again] == [(mid, 2)]
         assert time.monotonic() - started < 20  # well before the original 60 s
         consumer.ack(again[0])
@@ -112,8 +116,9 @@ def test_dead_letter_after_max_attempts(server: ServerProcess) -> None:
     consumer = official.simple_consumer(server.endpoint, "g-dlq", "t-dlq")
     producer = official.producer(server.endpoint, ["t-dlq"])
     try:
-        msg = official.message("t-dlq", b"poison", tag="p", keys=["poison-1"],
-                               props={"why": "test"})
+        msg = official.message(
+            "t-dlq", b"poison", tag="p", keys=["poison-1"], props={"why": "test"}
+        )
         mid = producer.send(msg).message_id
         attempts = []
         deadline = time.monotonic() + 20
@@ -136,7 +141,8 @@ def test_dead_letter_after_max_attempts(server: ServerProcess) -> None:
 
 
 def test_resent_message_id_is_stored_once_even_across_a_restart(
-        make_server: Any, tmp_path: Path) -> None:
+    make_server: Any, tmp_path: Path
+) -> None:
     import uuid
 
     import grpc
@@ -154,7 +160,8 @@ def test_resent_message_id_is_stored_once_even_across_a_restart(
     def send(endpoint: str) -> Any:
         with grpc.insecure_channel(endpoint) as channel:
             return service_pb2_grpc.MessagingServiceStub(channel).SendMessage(
-                request, metadata=md, timeout=10)
+                request, metadata=md, timeout=10
+            )
 
     server = make_server(store=store)
     first = send(server.endpoint)
@@ -179,8 +186,7 @@ def test_change_invisible_duration_to_zero_makes_it_visible_now(server: ServerPr
     producer = official.producer(server.endpoint, ["t-zero"])
     try:
         mid = producer.send(official.message("t-zero", b"x")).message_id
-        (m,) = official.receive_until(consumer, lambda g: len(g) >= 1, invisible_s=60,
-                                      ack=False)
+        (m,) = official.receive_until(consumer, lambda g: len(g) >= 1, invisible_s=60, ack=False)
         consumer.change_invisible_duration(m, 0)  # what a push consumer's 0 s backoff sends
         again = official.receive_until(consumer, lambda g: len(g) >= 1, timeout_s=20)
         assert [(x.message_id, x.delivery_attempt) for x in again] == [(mid, 2)]

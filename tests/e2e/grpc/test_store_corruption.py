@@ -43,8 +43,10 @@ def consume_all(server: ServerProcess, topic: str, group: str, expected: int) ->
     transport.start()
     got: list[bytes] = []
     try:
-        with SimpleConsumer(group, {topic: "*"}, transport=transport, await_duration_s=1,
-                            invisible_duration_s=30) as consumer:
+        with SimpleConsumer(
+            group, {topic: "*"}, transport=transport, await_duration_s=1, invisible_duration_s=30
+        ) as consumer:
+
             def drained() -> bool:
                 for msg in consumer.receive(max_messages=32):
                     consumer.ack(msg)
@@ -73,7 +75,8 @@ def verify(store: Path) -> tuple[int, dict[str, Any]]:
 
 
 def test_flipped_bits_in_stopped_consume_queues_lose_nothing(
-        make_server: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    make_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
     store = tmp_path / "store"
     server = make_server(store=store)
     bodies = send(server, "t-cq-flip", 40)
@@ -88,8 +91,9 @@ def test_flipped_bits_in_stopped_consume_queues_lose_nothing(
     code, report = verify(store)
     assert code == 1
     damaged = {(p["file"], p["offset"]) for p in report["problems"]}
-    assert {(str(q.relative_to(store)), at) for q, at in ((q0, 40), (q1, 20), (q2, 60))
-            } <= damaged, report
+    assert {
+        (str(q.relative_to(store)), at) for q, at in ((q0, 40), (q1, 20), (q2, 60))
+    } <= damaged, report
     again = make_server(store=store)
     got = consume_all(again, "t-cq-flip", "g-cq-flip", len(bodies))
     assert sorted(got) == sorted(bodies)  # every message, once
@@ -99,7 +103,8 @@ def test_flipped_bits_in_stopped_consume_queues_lose_nothing(
 
 
 def test_a_last_unit_pointing_past_the_log_does_not_cut_its_queue(
-        make_server: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    make_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
     """After a clean stop no unit can point past the commitlog's end: such a last unit is
     damage, not a crash's cut-off tail. Cutting it (and re-dispatching only from the
     furthest queue) would lose its record for good."""
@@ -114,8 +119,9 @@ def test_a_last_unit_pointing_past_the_log_does_not_cut_its_queue(
 
     queues = list((store / "consumequeue" / "t-cq-last").glob("*/*"))
     # the queue whose last record is the earliest: other queues' records come after it
-    victim = min(queues, key=lambda p: UNIT.unpack_from(p.read_bytes(),
-                                                        last_unit(p) * UNIT.size)[0])
+    victim = min(
+        queues, key=lambda p: UNIT.unpack_from(p.read_bytes(), last_unit(p) * UNIT.size)[0]
+    )
     flip(victim, last_unit(victim) * UNIT.size + 5, 0x40)  # 4 MiB further: past the end
     again = make_server(store=store)
     got = consume_all(again, "t-cq-last", "g-cq-last", len(bodies))
@@ -125,7 +131,8 @@ def test_a_last_unit_pointing_past_the_log_does_not_cut_its_queue(
 
 
 def test_a_unit_damaged_while_serving_is_repaired_on_read(
-        make_server: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    make_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
     store = tmp_path / "store"
     server = make_server(store=store)
     bodies = send(server, "t-cq-live", 24)
@@ -140,7 +147,8 @@ def test_a_unit_damaged_while_serving_is_repaired_on_read(
 
 
 def test_a_queue_deleted_with_its_registry_is_rebuilt(
-        make_server: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    make_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
     store = tmp_path / "store"
     server = make_server(store=store)
     bodies = send(server, "t-cq-gone", 32)
@@ -159,7 +167,8 @@ def test_a_queue_deleted_with_its_registry_is_rebuilt(
 
 
 def test_corrupt_record_bytes_are_caught_by_the_checksum(
-        make_server: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    make_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
     store = tmp_path / "store"
     server = make_server(store=store)
     bodies = send(server, "t-rec-flip", 8)
@@ -202,12 +211,16 @@ def test_corrupt_record_bytes_are_caught_by_the_checksum(
     found = [line for line in done.stdout.splitlines() if "@" in line]
     assert any(line.startswith(f"commitlog/{log.name} @{record_at}: ") for line in found)
     # (an index entry of its key no longer matches the damaged key: the same damage)
-    assert all(line.startswith(f"commitlog/{log.name} @{record_at}: ")
-               or line.endswith(f"the record's at {record_at}") for line in found), found
+    assert all(
+        line.startswith(f"commitlog/{log.name} @{record_at}: ")
+        or line.endswith(f"the record's at {record_at}")
+        for line in found
+    ), found
 
 
 def test_a_record_whose_frame_is_damaged_refuses_the_start_in_one_line(
-        make_server: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    make_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
     store = tmp_path / "store"
     server = make_server(store=store)
     send(server, "t-frame", 8)
@@ -219,9 +232,24 @@ def test_a_record_whose_frame_is_damaged_refuses_the_start_in_one_line(
     flip(log, record_at + 2, 0x40)  # the size no longer leads to the next record
     # below what was flushed and not skippable: refused, one line naming file and offset
     again = subprocess.run(
-        [sys.executable, "-m", "reliable_cli", "broker", "start", "--store", str(store),
-         "--port", "0", *TEST_STORE], env=dict(os.environ, HOME=str(tmp_path)), cwd=REPO,
-        text=True, capture_output=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "reliable_cli",
+            "broker",
+            "start",
+            "--store",
+            str(store),
+            "--port",
+            "0",
+            *TEST_STORE,
+        ],
+        env=dict(os.environ, HOME=str(tmp_path)),
+        cwd=REPO,
+        text=True,
+        capture_output=True,
+        timeout=60,
+    )
     assert again.returncode != 0 and "Traceback" not in again.stderr
     assert f"{log.name}: corrupt at offset {record_at}" in again.stderr
     assert not (store / "abort").exists()

@@ -41,14 +41,14 @@ def test_half_message_invisible_until_commit(server: ServerProcess) -> None:
     consumer = official.simple_consumer(server.endpoint, "g-tx", "t-tx")
     try:
         txn = producer.begin_transaction()
-        receipt = producer.send(official.message("t-tx", b"half", tag="tx",
-                                                 props={"order": "7"}), txn)
+        receipt = producer.send(
+            official.message("t-tx", b"half", tag="tx", props={"order": "7"}), txn
+        )
         assert receipt.transaction_id
         assert consumer.receive(32, 15) == []  # a half message is not delivered
         txn.commit()
         got = official.receive_until(consumer, lambda g: len(g) >= 1)
-        assert [(m.message_id, m.body, m.tag) for m in got] == [
-            (receipt.message_id, b"half", "tx")]
+        assert [(m.message_id, m.body, m.tag) for m in got] == [(receipt.message_id, b"half", "tx")]
         assert got[0].properties == {"order": "7"}
 
         txn = producer.begin_transaction()
@@ -100,8 +100,9 @@ def test_delay_beyond_one_day_is_refused(server: ServerProcess) -> None:
     producer = official.producer(server.endpoint, ["t-delay-far"])
     try:
         with pytest.raises(BadRequestException):
-            producer.send(official.message("t-delay-far", b"x",
-                                           deliver_at_s=int(time.time()) + 2 * 86400))
+            producer.send(
+                official.message("t-delay-far", b"x", deliver_at_s=int(time.time()) + 2 * 86400)
+            )
     finally:
         producer.shutdown()
 
@@ -111,8 +112,7 @@ def test_recall_withdraws_a_delay_message(server: ServerProcess) -> None:
     producer = official.producer(server.endpoint, ["t-recall"])
     try:
         deliver_at = int(time.time()) + 3
-        doomed = producer.send(official.message("t-recall", b"withdrawn",
-                                                deliver_at_s=deliver_at))
+        doomed = producer.send(official.message("t-recall", b"withdrawn", deliver_at_s=deliver_at))
         kept = producer.send(official.message("t-recall", b"kept", deliver_at_s=deliver_at))
         assert doomed.recall_handle and kept.recall_handle
         assert producer.recall_message("t-recall", doomed.recall_handle) == doomed.message_id

@@ -33,17 +33,26 @@ class ManualClock:
 
 
 def store_config(path: Path, flush: FlushMode = FlushMode.ASYNC_FLUSH) -> StoreConfig:
-    return StoreConfig(store_dir=path, mapped_file_size_commitlog=256 * 1024,
-                       mapped_file_size_consume_queue=20 * 1024, max_hash_slot_num=1024,
-                       max_index_num=4096, warm_mapped_file=False, flush_mode=flush,
-                       **WATERMARKS_OFF)  # the host's disk is shared
+    return StoreConfig(
+        store_dir=path,
+        mapped_file_size_commitlog=256 * 1024,
+        mapped_file_size_consume_queue=20 * 1024,
+        max_hash_slot_num=1024,
+        max_index_num=4096,
+        warm_mapped_file=False,
+        flush_mode=flush,
+        **WATERMARKS_OFF,
+    )  # the host's disk is shared
 
 
 def broker_config(**overrides: object) -> BrokerConfig:
     values: dict[str, object] = {
-        "message_delay_level": LEVELS, "schedule_interval_ms": 10_000,
-        "pop_revive_interval_ms": 50, "transaction_timeout_ms": 1_000,
-        "transaction_check_interval_ms": 500, "transaction_check_max": 3,
+        "message_delay_level": LEVELS,
+        "schedule_interval_ms": 10_000,
+        "pop_revive_interval_ms": 50,
+        "transaction_timeout_ms": 1_000,
+        "transaction_check_interval_ms": 500,
+        "transaction_check_max": 3,
     }
     values.update(overrides)
     return BrokerConfig(**values)  # type: ignore[arg-type]
@@ -55,8 +64,15 @@ BrokerFactory = Callable[..., Broker]
 _counter = [0]
 
 
-def msg(topic: str, body: bytes = b"hello", *, queue_id: int = 0, tags: str | None = None,
-        keys: str | None = None, **props: str) -> Message:
+def msg(
+    topic: str,
+    body: bytes = b"hello",
+    *,
+    queue_id: int = 0,
+    tags: str | None = None,
+    keys: str | None = None,
+    **props: str,
+) -> Message:
     _counter[0] += 1
     properties = {Prop.UNIQ_KEY: f"ID{_counter[0]:030d}", **props}
     if tags:

@@ -24,8 +24,7 @@ def make_broker(tmp_path: Path, clock: ManualClock) -> Iterator[BrokerFactory]:
     started: list[Broker] = []
 
     def make(flush: FlushMode = FlushMode.ASYNC_FLUSH, **overrides: object) -> Broker:
-        b = Broker(store_config(tmp_path / "store", flush), broker_config(**overrides),
-                   clock=clock)
+        b = Broker(store_config(tmp_path / "store", flush), broker_config(**overrides), clock=clock)
         b.start()
         started.append(b)
         return b

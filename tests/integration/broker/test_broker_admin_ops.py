@@ -28,14 +28,16 @@ def _dead(broker: Broker, n: int) -> list[str]:
 
 
 def test_a_replayed_dead_letter_is_never_replayed_again_even_after_a_restart(
-        make_broker: BrokerFactory) -> None:
+    make_broker: BrokerFactory,
+) -> None:
     broker = make_broker()
     ids = _dead(broker, 4)
     ops = methods(broker)
     listed = ops["ListDeadLetters"]({"group": "g", "limit": 10})
     assert sorted(m["msg_id"] for m in listed["messages"]) == sorted(ids)
-    first = ops["ReplayDeadLetters"]({"group": "g", "offsets": [0, 1], "operator": "me",
-                                      "run": "r1"})
+    first = ops["ReplayDeadLetters"](
+        {"group": "g", "offsets": [0, 1], "operator": "me", "run": "r1"}
+    )
     assert [r["dlq_offset"] for r in first["replayed"]] == [0, 1]
     settle(broker)
     copies = broker.store.get_max_offset_in_queue("%RETRY%g", 0)
@@ -52,8 +54,9 @@ def test_a_replayed_dead_letter_is_never_replayed_again_even_after_a_restart(
         f.write(b'{"group": "g", "replayed": [{"dlq_off')
     again = make_broker()
     ops = methods(again)
-    second = ops["ReplayDeadLetters"]({"group": "g", "offsets": [0, 1, 2, 3],
-                                       "operator": "you", "run": "r2"})
+    second = ops["ReplayDeadLetters"](
+        {"group": "g", "offsets": [0, 1, 2, 3], "operator": "you", "run": "r2"}
+    )
     assert [r["dlq_offset"] for r in second["replayed"]] == [2, 3]
     assert [s["dlq_offset"] for s in second["skipped"]] == [0, 1]
     assert "already replayed" in second["skipped"][0]["reason"]
@@ -66,7 +69,8 @@ def test_a_replayed_dead_letter_is_never_replayed_again_even_after_a_restart(
 
 
 def test_reset_moves_an_invisible_time_group_back_and_survives_a_restart(
-        make_broker: BrokerFactory, clock: ManualClock) -> None:
+    make_broker: BrokerFactory, clock: ManualClock
+) -> None:
     broker = make_broker()
     broker.create_topic("t", queues=1)
     broker.create_group("g")
@@ -80,12 +84,17 @@ def test_reset_moves_an_invisible_time_group_back_and_survives_a_restart(
     ops = methods(broker)
     shown = ops["GroupProgress"]({"group": "g"})
     [queue] = shown["topics"][0]["queues"]
-    assert (queue["committed_offset"], queue["lag"], queue["in_flight"],
-            queue["last_consume_time_ms"]) == (4, 2, 2, clock())
+    assert (
+        queue["committed_offset"],
+        queue["lag"],
+        queue["in_flight"],
+        queue["last_consume_time_ms"],
+    ) == (4, 2, 2, clock())
     plan = ops["ResetGroupOffset"]({"group": "g", "topic": "t", "to": "offset", "offset": 1})
     assert plan["executed"] is False and broker.query_offset("g", "t", 0) == 4
-    done = ops["ResetGroupOffset"]({"group": "g", "topic": "t", "to": "offset", "offset": 1,
-                                    "execute": True})
+    done = ops["ResetGroupOffset"](
+        {"group": "g", "topic": "t", "to": "offset", "offset": 1, "execute": True}
+    )
     assert [(q["before"], q["after"]) for q in done["queues"]] == [(4, 1)]
     assert broker.in_flight("g", "t") == []  # the old leases no longer count
     with pytest.raises(InvalidReceiptHandle):  # a handle from before the reset is refused
@@ -96,12 +105,14 @@ def test_reset_moves_an_invisible_time_group_back_and_survives_a_restart(
     assert again.query_offset("g", "t", 0) == 1
     redelivered = again.receive("g", "t", 10, invisible_ms=60_000)
     assert [e.message.msg_id for e in redelivered] == sent[1:]
-    assert methods(again)["GroupProgress"]({"group": "g"})["total"][
-        "last_consume_time_ms"] == clock()
+    assert (
+        methods(again)["GroupProgress"]({"group": "g"})["total"]["last_consume_time_ms"] == clock()
+    )
 
 
 def test_group_delete_forgets_offsets_and_windows_topic_delete_refuses_system_topics(
-        broker: Broker) -> None:
+    broker: Broker,
+) -> None:
     _dead(broker, 2)
     broker.heartbeat("c1", "g", {"t": None})
     ops = methods(broker)

@@ -49,8 +49,12 @@ def test_topics_and_groups_persist(make_broker: BrokerFactory) -> None:
 
 
 def test_bad_input_gets_typed_errors_and_stores_nothing(make_broker: BrokerFactory) -> None:
-    b = make_broker(auto_create_topic=False, auto_create_subscription_group=False,
-                    max_message_size=1024, check_message_type=True)
+    b = make_broker(
+        auto_create_topic=False,
+        auto_create_subscription_group=False,
+        max_message_size=1024,
+        check_message_type=True,
+    )
     b.create_topic("t", queues=2)
     b.create_topic("ro", queues=1, perm=PERM_READ)
     b.create_topic("wo", queues=1, perm=PERM_WRITE)
@@ -150,8 +154,9 @@ def test_long_poll_pull_wakes_on_arrival(broker: Broker) -> None:
     broker.create_topic("t", queues=1)
     assert broker.pull_message("g", "t", 0, 0).status is PullStatus.NO_NEW_MSG
     result: list[object] = []
-    waiter = threading.Thread(target=lambda: result.append(
-        broker.pull_message("g", "t", 0, 0, suspend_ms=20_000)))
+    waiter = threading.Thread(
+        target=lambda: result.append(broker.pull_message("g", "t", 0, 0, suspend_ms=20_000))
+    )
     waiter.start()
     broker.send_message(Message(topic="t", body=b"x"))
     waiter.join(30)
@@ -171,7 +176,8 @@ def test_consumer_registry(broker: Broker, clock: ManualClock) -> None:
 
 
 def test_offsets_are_written_periodically_not_only_at_shutdown(
-        make_broker: BrokerFactory, clock: ManualClock) -> None:
+    make_broker: BrokerFactory, clock: ManualClock
+) -> None:
     import json
 
     b = make_broker(flush_offset_interval_ms=5_000)
@@ -223,16 +229,27 @@ def _not_called(*_args: object, **_kw: object) -> None:
 
 
 def test_a_producers_batch_is_one_record_batch_with_per_message_results(
-        broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Messages differing only in body, KEYS and UNIQ_KEY go through put_batch; each still
     gets its own record, offset message id and queue offset, readable by key."""
     monkeypatch.setattr(broker.store, "put_messages", _not_called)
     broker.create_topic("t", queues=2)
     broker.send_message(msg("t", b"before", queue_id=1))
-    batch = [Message("t", f"body-{i}".encode(), queue_id=1,
-                     properties={Prop.TAGS: "paid", "tenant": "acme",
-                                 Prop.KEYS: f"order-{i}", Prop.UNIQ_KEY: f"U{i:031d}"})
-             for i in range(6)]
+    batch = [
+        Message(
+            "t",
+            f"body-{i}".encode(),
+            queue_id=1,
+            properties={
+                Prop.TAGS: "paid",
+                "tenant": "acme",
+                Prop.KEYS: f"order-{i}",
+                Prop.UNIQ_KEY: f"U{i:031d}",
+            },
+        )
+        for i in range(6)
+    ]
     results = broker.send_batch(batch)
     assert [r.queue_offset for r in results] == [1, 2, 3, 4, 5, 6]
     assert [r.msg_id for r in results] == [f"U{i:031d}" for i in range(6)]
@@ -247,15 +264,19 @@ def test_a_producers_batch_is_one_record_batch_with_per_message_results(
     found = broker.store.query_message_by_key("t", "order-4")
     assert [m.body for m in found] == [b"body-4"]
     assert [m.body for m in drain(broker, "g", "t")] == [b"before"] + [
-        f"body-{i}".encode() for i in range(6)]
+        f"body-{i}".encode() for i in range(6)
+    ]
 
 
 def test_a_mixed_batch_is_stored_message_by_message(
-        broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(broker.store, "put_batch", _not_called)
     broker.create_topic("t", queues=1)
-    mixed = [Message("t", b"a", properties={Prop.TAGS: "x"}),
-             Message("t", b"b", properties={Prop.TAGS: "y"})]  # TAGS differ
+    mixed = [
+        Message("t", b"a", properties={Prop.TAGS: "x"}),
+        Message("t", b"b", properties={Prop.TAGS: "y"}),
+    ]  # TAGS differ
     results = broker.send_batch(mixed)
     assert [r.queue_offset for r in results] == [0, 1]
     assert [m.tags for m in drain(broker, "g", "t")] == ["x", "y"]

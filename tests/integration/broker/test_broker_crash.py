@@ -50,8 +50,12 @@ CHILD = textwrap.dedent("""
 def test_sigkill_keeps_acks_and_leases(tmp_path: Path) -> None:
     store = tmp_path / "store"
     script = CHILD.format(kit_dir=str(Path(__file__).parent), store=str(store))
-    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                             text=True, cwd=str(Path(__file__).parents[3]))
+    child = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=str(Path(__file__).parents[3]),
+    )
     try:
         assert child.stdout is not None
         line = child.stdout.readline()
@@ -111,8 +115,12 @@ CHILD_TX = textwrap.dedent("""
 def test_sigkill_keeps_half_messages_and_scheduled_ones(tmp_path: Path) -> None:
     store = tmp_path / "store"
     script = CHILD_TX.format(kit_dir=str(Path(__file__).parent), store=str(store))
-    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                             text=True, cwd=str(Path(__file__).parents[3]))
+    child = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=str(Path(__file__).parents[3]),
+    )
     try:
         assert child.stdout is not None
         state = json.loads(child.stdout.readline())
@@ -128,8 +136,9 @@ def test_sigkill_keeps_half_messages_and_scheduled_ones(tmp_path: Path) -> None:
 
         def checker(half: object) -> None:
             asked.append(Broker.transaction_id_of(half))  # type: ignore[arg-type]
-            b.end_transaction("pg", state["half"][0], state["half"][1], commit=True,
-                              from_check=True)
+            b.end_transaction(
+                "pg", state["half"][0], state["half"][1], commit=True, from_check=True
+            )
 
         b.register_transaction_checker("pg", checker)
         assert b.store.wait_dispatched(10)
@@ -138,6 +147,7 @@ def test_sigkill_keeps_half_messages_and_scheduled_ones(tmp_path: Path) -> None:
         b.deliver_due()
         assert b.store.wait_dispatched(10)
         import time
+
         deadline = time.monotonic() + 10
         bodies: list[bytes] = []
         while len(bodies) < 3 and time.monotonic() < deadline:
@@ -181,8 +191,12 @@ def test_sigkill_during_scheduling_loses_no_delayed_message(tmp_path: Path) -> N
     pass moves nothing twice; a kill inside a pass could (counted), never zero times."""
     store = tmp_path / "store"
     script = CHILD_SCHEDULE.format(kit_dir=str(Path(__file__).parent), store=str(store))
-    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                             text=True, cwd=str(Path(__file__).parents[3]))
+    child = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=str(Path(__file__).parents[3]),
+    )
     try:
         assert child.stdout is not None
         assert json.loads(child.stdout.readline()) == {"moved": 3}

@@ -12,14 +12,19 @@ from broker.store.message import Message
 
 
 def test_pending_batch_is_stored_now_and_reported_durable_after_fsync(
-        make_broker: BrokerFactory) -> None:
+    make_broker: BrokerFactory,
+) -> None:
     broker = make_broker(FlushMode.SYNC_FLUSH)
     broker.create_topic("t", queues=1)
     results, end = broker.send_batch_pending(
-        [Message(topic="t", body=f"m{i}".encode(), queue_id=0) for i in range(5)])
+        [Message(topic="t", body=f"m{i}".encode(), queue_id=0) for i in range(5)]
+    )
     assert [r.queue_offset for r in results] == [0, 1, 2, 3, 4]  # one offset each
-    assert end == max(r.commitlog_offset for r in results) + \
-        broker.store.look_message_by_offset(results[-1].commitlog_offset).store_size
+    assert (
+        end
+        == max(r.commitlog_offset for r in results)
+        + broker.store.look_message_by_offset(results[-1].commitlog_offset).store_size
+    )
     flushed_when_called: list[int] = []
     done = threading.Event()
 
@@ -41,7 +46,8 @@ def test_async_flush_has_nothing_to_wait_for(make_broker: BrokerFactory) -> None
 
 
 def test_receive_and_ack_answer_only_once_their_records_are_on_disk(
-        make_broker: BrokerFactory) -> None:
+    make_broker: BrokerFactory,
+) -> None:
     broker = make_broker(FlushMode.SYNC_FLUSH)
     broker.create_topic("t", queues=2)
     broker.send_batch([Message(topic="t", body=b"x", queue_id=0) for _ in range(40)])
@@ -62,8 +68,9 @@ def test_receive_and_ack_answer_only_once_their_records_are_on_disk(
     def consumer() -> None:
         try:
             while got := broker.receive("g", "t", 4, 30_000):
-                assert all(e is None for e in broker.ack_batch(
-                    "g", "t", [e.receipt_handle for e in got]))
+                assert all(
+                    e is None for e in broker.ack_batch("g", "t", [e.receipt_handle for e in got])
+                )
         except BaseException as exc:
             errors.append(exc)
 

@@ -15,12 +15,14 @@ LEVEL_MS = [100, 200, 300, 400, 500, 600, 700, 800]
 def _scrape(broker: Broker) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     registry = CollectorRegistry()
     registry.register(BrokerCollector(broker))
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in registry.collect() for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in registry.collect()
+        for s in family.samples
+    }
 
 
-def test_depths_lag_and_totals_follow_a_known_sequence(broker: Broker,
-                                                       clock: ManualClock) -> None:
+def test_depths_lag_and_totals_follow_a_known_sequence(broker: Broker, clock: ManualClock) -> None:
     broker.create_topic("orders", queues=1)
     broker.create_group("billing", retry_max_times=16)
     for i in range(5):
@@ -49,6 +51,13 @@ def test_depths_lag_and_totals_follow_a_known_sequence(broker: Broker,
     assert s[("reliable_broker_retry_depth_messages", g)] == 1
     assert s[("reliable_broker_dlq_depth_messages", g)] == 1
     # the fifth message was never received; the first four are settled
-    assert s[("reliable_broker_consumer_lag_messages",
-              (("group", "billing"), ("queue", "0"), ("topic", "orders")))] == 1
+    assert (
+        s[
+            (
+                "reliable_broker_consumer_lag_messages",
+                (("group", "billing"), ("queue", "0"), ("topic", "orders")),
+            )
+        ]
+        == 1
+    )
     assert s[("reliable_broker_in_flight_messages", gt)] == 0

@@ -26,8 +26,7 @@ def _bodies(entries: list) -> list[bytes]:  # type: ignore[type-arg]
     return [e.message.body for e in entries]
 
 
-def test_a_forward_with_park_diverts_the_group_until_unparked(
-        make_broker: BrokerFactory) -> None:
+def test_a_forward_with_park_diverts_the_group_until_unparked(make_broker: BrokerFactory) -> None:
     broker = make_broker()
     broker.create_topic("t", queues=1)
     broker.create_group("g")
@@ -36,8 +35,7 @@ def test_a_forward_with_park_diverts_the_group_until_unparked(
     assert _bodies(first) == [b"P0", b"Q0"]  # one per group while in flight
     broker.ack("g", "t", first[1].receipt_handle)
     broker.forward_to_dlq("g", "t", first[0].receipt_handle, park=True)
-    assert broker.parked_message_groups("g") == [
-        {"group": "g", "topic": "t", "message_group": "P"}]
+    assert broker.parked_message_groups("g") == [{"group": "g", "topic": "t", "message_group": "P"}]
     # P1 and P2 go to the DLQ instead of the group; Q keeps flowing in order
     got = broker.receive("g", "t", 10, invisible_ms=60_000, fifo=True)
     assert _bodies(got) == [b"Q1"]
@@ -54,7 +52,11 @@ def test_a_forward_with_park_diverts_the_group_until_unparked(
     assert _bodies(broker.receive("g", "t", 10, invisible_ms=60_000, fifo=True)) == [b"P4"]
     dead = drain(broker, "reader", broker.dlq_topic("g"))
     assert [(d.body, d.properties.get(PARKED)) for d in dead] == [
-        (b"P0", "P"), (b"P1", "P"), (b"P2", "P"), (b"P3", "P")]
+        (b"P0", "P"),
+        (b"P1", "P"),
+        (b"P2", "P"),
+        (b"P3", "P"),
+    ]
     assert all(d.properties[Prop.DLQ_ORIGIN_TOPIC] == "t" for d in dead)
 
 
@@ -81,8 +83,7 @@ def test_a_send_back_carrying_the_property_parks_and_keeps_it(broker: Broker) ->
     broker.consumer_send_back("g", m, delay_level=-1)
     [dead] = drain(broker, "reader", broker.dlq_topic("g"))
     assert dead.properties.get(PARKED) == "P"
-    assert broker.parked_message_groups("g") == [
-        {"group": "g", "topic": "t", "message_group": "P"}]
+    assert broker.parked_message_groups("g") == [{"group": "g", "topic": "t", "message_group": "P"}]
     broker.delete_topic("t")  # a deleted topic forgets its parks
     assert broker.parked_message_groups() == []
 
@@ -94,8 +95,10 @@ def test_admin_group_operations_check_their_input(broker: Broker) -> None:
     with pytest.raises(BadRequest, match="consume_from must be one of"):
         ops.call("SetGroupStart", {"group": "g", "topic": "t", "consume_from": "MIDDLE"})
     with pytest.raises(BadRequest, match="timestamp_ms"):
-        ops.call("SetGroupStart", {"group": "g", "topic": "t", "consume_from": "TIMESTAMP",
-                                   "timestamp_ms": -1})
+        ops.call(
+            "SetGroupStart",
+            {"group": "g", "topic": "t", "consume_from": "TIMESTAMP", "timestamp_ms": -1},
+        )
     with pytest.raises(TopicNotFound):
         ops.call("SetGroupStart", {"group": "g", "topic": "nope"})
     with pytest.raises(BadRequest, match="message_group"):
@@ -105,7 +108,9 @@ def test_admin_group_operations_check_their_input(broker: Broker) -> None:
     assert sum(q["offset"] for q in started["queues"]) == 1  # after A0
     again = ops.call("SetGroupStart", {"group": "g", "topic": "t", "consume_from": "FIRST"})
     assert again["queues"] == [{**q, "set": False} for q in started["queues"]]  # kept
-    assert ops.call("ParkMessageGroup", {"group": "g", "topic": "t", "message_group": "A"}) \
-        == {"parked": True}
+    assert ops.call("ParkMessageGroup", {"group": "g", "topic": "t", "message_group": "A"}) == {
+        "parked": True
+    }
     assert ops.call("ListParkedGroups", {}) == {
-        "parked": [{"group": "g", "topic": "t", "message_group": "A"}]}
+        "parked": [{"group": "g", "topic": "t", "message_group": "A"}]
+    }

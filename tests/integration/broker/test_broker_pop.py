@@ -17,8 +17,10 @@ from broker.store.message import Prop
 def _setup(broker: Broker, n: int, *, queues: int = 1, retries: int = 16) -> list[str]:
     broker.create_topic("t", queues=queues)
     broker.create_group("g", retry_max_times=retries)
-    ids = [broker.send_message(msg("t", f"m{i}".encode(), queue_id=i % queues)).msg_id
-           for i in range(n)]
+    ids = [
+        broker.send_message(msg("t", f"m{i}".encode(), queue_id=i % queues)).msg_id
+        for i in range(n)
+    ]
     settle(broker)
     return ids
 
@@ -38,7 +40,8 @@ def test_receive_hides_until_ack(broker: Broker, clock: ManualClock) -> None:
 
 
 def test_unacked_message_reappears_with_attempt_plus_one_then_dlq(
-        broker: Broker, clock: ManualClock) -> None:
+    broker: Broker, clock: ManualClock
+) -> None:
     [mid] = _setup(broker, 1, retries=2)  # 3 attempts
     attempts = []
     handles = []
@@ -71,7 +74,8 @@ def test_revive_sweep_dead_letters_without_a_receiver(broker: Broker, clock: Man
 
 
 def test_change_invisible_duration_gives_a_new_handle_and_kills_the_old(
-        broker: Broker, clock: ManualClock) -> None:
+    broker: Broker, clock: ManualClock
+) -> None:
     _setup(broker, 1)
     [e] = broker.receive("g", "t", 1, invisible_ms=1_000)
     clock.advance(500)
@@ -137,7 +141,8 @@ def test_tag_filter_skips_and_counts_as_consumed(broker: Broker) -> None:
 
 
 def test_fifo_never_has_two_messages_of_a_group_in_flight(
-        broker: Broker, clock: ManualClock) -> None:
+    broker: Broker, clock: ManualClock
+) -> None:
     broker.create_topic("t", queues=1, message_type="FIFO")
     broker.create_group("g", fifo=True)
     order = [("A", 1), ("A", 2), ("B", 1), ("A", 3), ("B", 2)]
@@ -168,8 +173,7 @@ def test_fifo_never_has_two_messages_of_a_group_in_flight(
     assert broker.query_offset("g", "t", 0) == 5
 
 
-def test_invisible_state_survives_restart(make_broker: BrokerFactory,
-                                          clock: ManualClock) -> None:
+def test_invisible_state_survives_restart(make_broker: BrokerFactory, clock: ManualClock) -> None:
     b1 = make_broker()
     ids = _setup(b1, 4, queues=2)
     got = b1.receive("g", "t", 4, invisible_ms=10_000)
@@ -203,8 +207,11 @@ def test_long_poll_receive_wakes_on_arrival(broker: Broker) -> None:
     broker.create_group("g")
     assert broker.receive("g", "t", 1, invisible_ms=1_000) == []
     result: list[object] = []
-    waiter = threading.Thread(target=lambda: result.extend(
-        broker.receive("g", "t", 1, invisible_ms=1_000, long_poll_ms=20_000)))
+    waiter = threading.Thread(
+        target=lambda: result.extend(
+            broker.receive("g", "t", 1, invisible_ms=1_000, long_poll_ms=20_000)
+        )
+    )
     waiter.start()
     broker.send_message(msg("t", b"x"))
     waiter.join(30)
@@ -215,8 +222,9 @@ def test_long_poll_receive_wakes_on_arrival(broker: Broker) -> None:
 def test_ack_batch_reports_per_handle(broker: Broker, clock: ManualClock) -> None:
     _setup(broker, 3)
     got = broker.receive("g", "t", 3, invisible_ms=1_000)
-    results = broker.ack_batch("g", "t", [got[0].receipt_handle, "garbage",
-                                          got[1].receipt_handle, got[0].receipt_handle])
+    results = broker.ack_batch(
+        "g", "t", [got[0].receipt_handle, "garbage", got[1].receipt_handle, got[0].receipt_handle]
+    )
     assert results[0] is None and results[2] is None and results[3] is None
     assert isinstance(results[1], InvalidReceiptHandle)
     clock.advance(1_000)
@@ -227,7 +235,8 @@ def test_ack_batch_reports_per_handle(broker: Broker, clock: ManualClock) -> Non
 
 
 def test_ack_batch_with_gaps_across_queues_survives_restart(
-        make_broker: BrokerFactory, clock: ManualClock) -> None:
+    make_broker: BrokerFactory, clock: ManualClock
+) -> None:
     """A batch acks runs of offsets as ranges: with gaps, duplicates and two queues, exactly
     the acked messages are done, before and after the revive log is replayed."""
     b1 = make_broker()
@@ -281,8 +290,9 @@ def test_concurrent_receivers_get_every_message_exactly_once(broker: Broker, see
 
     rng = random.Random(seed)
     broker.create_topic("t", queues=4)
-    sent = {broker.send_message(msg("t", b"m", queue_id=rng.randrange(4))).msg_id
-            for _ in range(600)}
+    sent = {
+        broker.send_message(msg("t", b"m", queue_id=rng.randrange(4))).msg_id for _ in range(600)
+    }
     settle(broker)
     seen: list[str] = []
     lock = threading.Lock()
@@ -297,8 +307,10 @@ def test_concurrent_receivers_get_every_message_exactly_once(broker: Broker, see
                 with lock:
                     seen.extend(e.message.msg_id for e in batch)
                 if batch:
-                    assert all(r is None for r in broker.ack_batch(
-                        "g", "t", [e.receipt_handle for e in batch]))
+                    assert all(
+                        r is None
+                        for r in broker.ack_batch("g", "t", [e.receipt_handle for e in batch])
+                    )
         except BaseException as exc:  # surfaced below
             errors.append(exc)
 
@@ -339,7 +351,10 @@ def test_tag_expressions_as_strings(broker: Broker) -> None:
     pulled = broker.pull_message("h", "t", 0, 0, 10, tags="b")
     assert [m.body for m in pulled.messages] == [b"b"]
     assert [m.body for m in broker.pull_message("i", "t", 0, 0, 10, tags="*").messages] == [
-        b"a", b"b", b"c"]
+        b"a",
+        b"b",
+        b"c",
+    ]
 
 
 def test_parked_receive_wakes_when_a_lease_expires(tmp_path: Path) -> None:

@@ -26,7 +26,8 @@ def _deliver_when_due(broker: Broker, clock: ManualClock, delay_ms: int) -> None
 
 
 def test_handler_failing_three_times_sees_reconsume_times_0_to_3_with_growing_delays(
-        broker: Broker, clock: ManualClock) -> None:
+    broker: Broker, clock: ManualClock
+) -> None:
     broker.create_topic("orders", queues=1)
     broker.create_group("billing", retry_max_times=16)
     sent = broker.send_message(msg("orders", b"order-1", tags="created"))
@@ -65,7 +66,8 @@ def test_handler_failing_three_times_sees_reconsume_times_0_to_3_with_growing_de
 
 
 def test_always_failing_message_reaches_the_dlq_after_exactly_max_reconsume_times(
-        broker: Broker, clock: ManualClock) -> None:
+    broker: Broker, clock: ManualClock
+) -> None:
     broker.create_topic("orders", queues=2)
     broker.create_group("g", retry_max_times=3)
     sent = broker.send_message(msg("orders", b"poison", queue_id=1))
@@ -145,16 +147,16 @@ def test_delivery_timestamps_deliver_in_time_order(broker: Broker, clock: Manual
     assert [m.msg_id for m in got[1:]] == [early.msg_id, late.msg_id]
 
 
-def test_schedule_progress_survives_restart(make_broker: BrokerFactory,
-                                            clock: ManualClock) -> None:
+def test_schedule_progress_survives_restart(make_broker: BrokerFactory, clock: ManualClock) -> None:
     b1 = make_broker()
     b1.create_topic("t", queues=1)
     t = clock()
     for i in range(3):
         b1.send_message(msg("t", f"lvl{i}".encode(), **{Prop.DELAY: "1"}))
     for i in range(3):
-        b1.send_message(msg("t", f"ts{i}".encode(),
-                            **{Prop.TIMER_DELIVER_MS: str(t + 1_000 * (i + 1))}))
+        b1.send_message(
+            msg("t", f"ts{i}".encode(), **{Prop.TIMER_DELIVER_MS: str(t + 1_000 * (i + 1))})
+        )
     settle(b1)
     clock.advance(1_000)
     assert b1.deliver_due() == 4  # 3 level-1 messages + the first timestamp
@@ -185,8 +187,9 @@ def test_schedule_service_runs_by_itself(make_broker: BrokerFactory, clock: Manu
     assert len(got) == 1
 
 
-def test_recall_cancels_a_delayed_message_for_good(make_broker: BrokerFactory,
-                                                   clock: ManualClock) -> None:
+def test_recall_cancels_a_delayed_message_for_good(
+    make_broker: BrokerFactory, clock: ManualClock
+) -> None:
     from broker.schedule import InvalidRecallHandle
 
     b1 = make_broker()

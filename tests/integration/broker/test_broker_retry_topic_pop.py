@@ -25,8 +25,7 @@ def test_a_retry_copy_reaches_a_group_that_reads_one_topic(broker: Broker) -> No
     broker.heartbeat("c1", "g", {"t": None})
     got = broker.receive("g", "t", 10, invisible_ms=5_000)
     # the copy first (an operator asked for it), then the original
-    assert [(e.message.topic, e.message.msg_id) for e in got] == [("%RETRY%g", mid),
-                                                                  ("t", mid)]
+    assert [(e.message.topic, e.message.msg_id) for e in got] == [("%RETRY%g", mid), ("t", mid)]
     assert got[0].message.properties["OPERATOR"] == "me"
     errors = broker.ack_batch("g", "t", [e.receipt_handle for e in got])
     assert errors == [None, None]
@@ -35,7 +34,8 @@ def test_a_retry_copy_reaches_a_group_that_reads_one_topic(broker: Broker) -> No
 
 
 def test_nack_and_dead_letter_of_a_retry_copy_follow_its_handle(
-        broker: Broker, clock: ManualClock) -> None:
+    broker: Broker, clock: ManualClock
+) -> None:
     mid = _one_copy(broker)
     broker.heartbeat("c1", "g", {"t": None})
     [copy, original] = broker.receive("g", "t", 10, invisible_ms=5_000)
@@ -49,8 +49,7 @@ def test_nack_and_dead_letter_of_a_retry_copy_follow_its_handle(
     assert broker.receive("g", "t", 10, invisible_ms=5_000) == []
 
 
-def test_a_group_reading_several_topics_is_not_handed_another_topics_copy(
-        broker: Broker) -> None:
+def test_a_group_reading_several_topics_is_not_handed_another_topics_copy(broker: Broker) -> None:
     _one_copy(broker)
     broker.create_topic("u", queues=1)
     broker.heartbeat("c1", "g", {"t": None, "u": None})

@@ -26,8 +26,7 @@ def _nothing_visible(broker: Broker) -> None:
     assert broker.receive("pop", "t", 10, invisible_ms=1_000) == []
 
 
-def test_half_message_is_invisible_until_commit_and_forever_after_rollback(
-        broker: Broker) -> None:
+def test_half_message_is_invisible_until_commit_and_forever_after_rollback(broker: Broker) -> None:
     broker.create_topic("t", queues=1, message_type="TRANSACTION")
     commit_id, commit_off = _half(broker, b"commit-me")
     rollback_id, rollback_off = _half(broker, b"roll-me-back")
@@ -79,8 +78,13 @@ def test_check_back_resolves_an_unknown_transaction(broker: Broker, clock: Manua
 
     def checker(half: MessageExt) -> None:
         calls.append(half)
-        broker.end_transaction("pg", broker.transaction_id_of(half), half.commitlog_offset,
-                               commit=half.body == b"yes", from_check=True)
+        broker.end_transaction(
+            "pg",
+            broker.transaction_id_of(half),
+            half.commitlog_offset,
+            commit=half.body == b"yes",
+            from_check=True,
+        )
         if len(calls) == 2:
             done.set()
 
@@ -99,7 +103,8 @@ def test_check_back_resolves_an_unknown_transaction(broker: Broker, clock: Manua
 
 
 def test_unanswered_checks_end_in_rollback_after_the_maximum(
-        broker: Broker, clock: ManualClock) -> None:
+    broker: Broker, clock: ManualClock
+) -> None:
     broker.create_topic("t", queues=1)
     calls: list[int] = []
     broker.register_transaction_checker("pg", lambda half: calls.append(1))
@@ -120,8 +125,7 @@ def test_unanswered_checks_end_in_rollback_after_the_maximum(
     _nothing_visible(broker)
 
 
-def test_transaction_state_survives_restart(make_broker: BrokerFactory,
-                                            clock: ManualClock) -> None:
+def test_transaction_state_survives_restart(make_broker: BrokerFactory, clock: ManualClock) -> None:
     b1 = make_broker()
     b1.create_topic("t", queues=1)
     done_id, done_off = _half(b1, b"committed-before")
@@ -149,7 +153,8 @@ def test_transaction_state_survives_restart(make_broker: BrokerFactory,
 
 
 def test_crash_between_commit_and_op_record_is_healed_without_a_second_copy(
-        make_broker: BrokerFactory, clock: ManualClock) -> None:
+    make_broker: BrokerFactory, clock: ManualClock
+) -> None:
     from broker.transaction import build_committed_message, look_checked
 
     b1 = make_broker()

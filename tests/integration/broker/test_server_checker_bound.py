@@ -29,8 +29,7 @@ def test_declared_topics_that_do_not_exist_register_no_checker(broker: Broker) -
 
     async def declare(topics: list[str], client: str) -> None:
         session = ClientSession(client, 0)
-        await handlers._apply_settings(session, _publishing(topics),
-                                       CallInfo(client, "", "r", {}))
+        await handlers._apply_settings(session, _publishing(topics), CallInfo(client, "", "r", {}))
 
     async def run() -> None:
         for round_ in range(20):  # 20 producers, 500 fresh names each

@@ -38,9 +38,12 @@ def tables(engine: sa.Engine, table_prefix: str) -> Iterator[OutboxTables]:
 def business(engine: sa.Engine, table_prefix: str, tables: OutboxTables) -> sa.Table:
     """The handler's own table: one row per run of the handler (unique per worker run)."""
     md = sa.MetaData()
-    t = sa.Table(f"{table_prefix}orders", md,
-                 sa.Column("run", sa.String(64), primary_key=True),
-                 sa.Column("message_id", sa.String(64), nullable=False))
+    t = sa.Table(
+        f"{table_prefix}orders",
+        md,
+        sa.Column("run", sa.String(64), primary_key=True),
+        sa.Column("message_id", sa.String(64), nullable=False),
+    )
     md.create_all(engine)
     return t
 
@@ -62,12 +65,24 @@ class PrivateRedis:
     def __init__(self) -> None:
         self.port = _free_port()
         self.proc = subprocess.Popen(
-            ["/usr/bin/redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                "/usr/bin/redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         # fail fast when the server is gone (redis-py retries with backoff by default)
-        self.client = redis.Redis(port=self.port, socket_timeout=1, socket_connect_timeout=1,
-                                  retry=Retry(NoBackoff(), 0))
+        self.client = redis.Redis(
+            port=self.port, socket_timeout=1, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0)
+        )
         deadline = time.monotonic() + 10
         while True:
             try:

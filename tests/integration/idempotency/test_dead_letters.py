@@ -36,8 +36,9 @@ TOPIC = "OrderPlaced"
 
 @pytest.fixture
 def transport(tmp_path: Path) -> Iterator[Transport]:
-    t = reliable.connect("embedded", store_config=store_config(tmp_path / "store"),
-                         broker_config=broker_config())
+    t = reliable.connect(
+        "embedded", store_config=store_config(tmp_path / "store"), broker_config=broker_config()
+    )
     t.start()
     yield t
     t.close()
@@ -46,16 +47,26 @@ def transport(tmp_path: Path) -> Iterator[Transport]:
 def log_rows(engine: sa.Engine, tables: OutboxTables) -> list[Any]:
     log = tables.consumption_log
     with engine.connect() as conn:
-        return list(conn.execute(sa.select(log.c.message_id, log.c.consumer_group,
-                                           log.c.topic, log.c.dead_lettered_at)).all())
+        return list(
+            conn.execute(
+                sa.select(
+                    log.c.message_id, log.c.consumer_group, log.c.topic, log.c.dead_lettered_at
+                )
+            ).all()
+        )
 
 
 @pytest.mark.parametrize("db_url", ["sqlite", "postgres"], indirect=True)
 def test_a_dead_letter_is_stamped_for_its_group_by_original_id(
-        engine: sa.Engine, tables: OutboxTables, redis_client: Any, key_prefix: str,
-        transport: Transport) -> None:
-    guard = IdempotencyGuard(engine, tables, redis_client,
-                             config=GuardConfig(key_prefix=key_prefix))
+    engine: sa.Engine,
+    tables: OutboxTables,
+    redis_client: Any,
+    key_prefix: str,
+    transport: Transport,
+) -> None:
+    guard = IdempotencyGuard(
+        engine, tables, redis_client, config=GuardConfig(key_prefix=key_prefix)
+    )
     declare_groups(engine, tables, TOPIC, ["billing", "audit"])
     attempts: list[str] = []
     dead: list[ReceivedMessage] = []
@@ -78,14 +89,17 @@ def test_a_dead_letter_is_stamped_for_its_group_by_original_id(
     def billing_dead_letters(message: ReceivedMessage) -> None:
         log = tables.consumption_log.c
         with engine.connect() as conn:  # stamped before this function runs
-            stamped = conn.execute(sa.select(log.dead_lettered_at).where(
-                log.consumer_group == "billing")).scalar()
+            stamped = conn.execute(
+                sa.select(log.dead_lettered_at).where(log.consumer_group == "billing")
+            ).scalar()
         with lock:
             stamped_before.append(stamped)
             dead.append(message)
 
-    with Producer(transport) as producer, \
-            Worker(bill, audit, billing_dead_letters, transport=transport):
+    with (
+        Producer(transport) as producer,
+        Worker(bill, audit, billing_dead_letters, transport=transport),
+    ):
         outbox = Outbox(tables, producer)
         with sa.orm.Session(engine) as session, session.begin():
             message_id = outbox.publish(session, Message(TOPIC, b"order 7", keys=["o-7"]))
@@ -99,25 +113,32 @@ def test_a_dead_letter_is_stamped_for_its_group_by_original_id(
     # billing: one row, keyed by the original id and group, dead-lettered; audit confirmed
     # (its row deleted); nothing for the DLQ consumer's own group
     assert [(r.message_id, r.consumer_group, r.topic) for r in rows] == [
-        (message_id, "billing", TOPIC)]
+        (message_id, "billing", TOPIC)
+    ]
     assert rows[0].dead_lettered_at is not None
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_marking_without_a_prior_delivery_inserts_the_row_once(
-        engine: sa.Engine, tables: OutboxTables, redis_client: Any, key_prefix: str) -> None:
-    guard = IdempotencyGuard(engine, tables, redis_client,
-                             config=GuardConfig(key_prefix=key_prefix))
-    copy = ReceivedMessage(message_id="M1", topic="%DLQ%billing", body=b"x", queue_id=0,
-                           queue_offset=3, offset_msg_id="OFF-DLQ",
-                           properties={"DLQ_ORIGIN_TOPIC": TOPIC,
-                                       "ORIGIN_MESSAGE_ID": "OFF-1"})
+    engine: sa.Engine, tables: OutboxTables, redis_client: Any, key_prefix: str
+) -> None:
+    guard = IdempotencyGuard(
+        engine, tables, redis_client, config=GuardConfig(key_prefix=key_prefix)
+    )
+    copy = ReceivedMessage(
+        message_id="M1",
+        topic="%DLQ%billing",
+        body=b"x",
+        queue_id=0,
+        queue_offset=3,
+        offset_msg_id="OFF-DLQ",
+        properties={"DLQ_ORIGIN_TOPIC": TOPIC, "ORIGIN_MESSAGE_ID": "OFF-1"},
+    )
     assert guard.mark_dead_lettered(copy) == "M1"
     first = log_rows(engine, tables)
     assert guard.mark_dead_lettered(copy, "billing") == "M1"  # redelivered: no change
     assert log_rows(engine, tables) == first
-    assert [(r.message_id, r.consumer_group, r.topic) for r in first] == [
-        ("M1", "billing", TOPIC)]
+    assert [(r.message_id, r.consumer_group, r.topic) for r in first] == [("M1", "billing", TOPIC)]
     with pytest.raises(NotADeadLetter):
         guard.mark_dead_lettered(copy, "shipping")  # another group's DLQ
     with pytest.raises(NotADeadLetter):
@@ -126,18 +147,29 @@ def test_marking_without_a_prior_delivery_inserts_the_row_once(
 
 def test_original_id_of_a_copy_sent_without_a_client_id() -> None:
     # no UNIQ_KEY: the copy's id is its own offset id; the first copy's is ORIGIN_MESSAGE_ID
-    copy = ReceivedMessage(message_id="OFF-DLQ", topic="%DLQ%billing", body=b"x",
-                           queue_id=0, queue_offset=0, offset_msg_id="OFF-DLQ",
-                           properties={"ORIGIN_MESSAGE_ID": "OFF-1",
-                                       "DLQ_ORIGIN_MESSAGE_ID": "OFF-RETRY",
-                                       "RETRY_TOPIC": TOPIC})
+    copy = ReceivedMessage(
+        message_id="OFF-DLQ",
+        topic="%DLQ%billing",
+        body=b"x",
+        queue_id=0,
+        queue_offset=0,
+        offset_msg_id="OFF-DLQ",
+        properties={
+            "ORIGIN_MESSAGE_ID": "OFF-1",
+            "DLQ_ORIGIN_MESSAGE_ID": "OFF-RETRY",
+            "RETRY_TOPIC": TOPIC,
+        },
+    )
     assert dead_letter_origin(copy) == ("OFF-1", "billing", TOPIC)
 
 
 def test_mark_dead_letters_is_checked_at_declaration() -> None:
     with pytest.raises(ConfigurationError):
+
         @handler(TOPIC, group="billing", mark_dead_letters=True)
         def not_a_dlq(message: ReceivedMessage) -> None: ...
+
     with pytest.raises(ConfigurationError):
+
         @dlq_handler("billing", mark_dead_letters=object())
         def no_guard(message: ReceivedMessage) -> None: ...

@@ -13,9 +13,12 @@ DOC = Path(__file__).resolve().parents[3] / "docs" / "outbox.md"
 def _diagram(text: str) -> str:
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if "deliver (message, group)" in line)
-    end = next(i for i in range(start, len(lines)) if "──► SUCCESS" in lines[i]
-               and "only while still ours" in lines[i])
-    return "\n".join(lines[start:end + 1])
+    end = next(
+        i
+        for i in range(start, len(lines))
+        if "──► SUCCESS" in lines[i] and "only while still ours" in lines[i]
+    )
+    return "\n".join(lines[start : end + 1])
 
 
 def test_documented_state_machine_is_the_code_s() -> None:

@@ -17,12 +17,18 @@ from tests.conftest import REDIS_URL
 
 
 def received() -> ReceivedMessage:
-    return ReceivedMessage(message_id=uuid.uuid4().hex.upper(), topic="OrderCreated",
-                           body=b'{"order": 1}', queue_id=0, queue_offset=3)
+    return ReceivedMessage(
+        message_id=uuid.uuid4().hex.upper(),
+        topic="OrderCreated",
+        body=b'{"order": 1}',
+        queue_id=0,
+        queue_offset=3,
+    )
 
 
-@pytest.mark.parametrize("env", [{}, {"RELIABLE_DATABASE_URL": ""},
-                                 {"RELIABLE_REDIS_URL": REDIS_URL}])
+@pytest.mark.parametrize(
+    "env", [{}, {"RELIABLE_DATABASE_URL": ""}, {"RELIABLE_REDIS_URL": REDIS_URL}]
+)
 def test_without_a_database_url_it_names_the_variable(env: dict[str, str]) -> None:
     with pytest.raises(ConfigurationError, match="RELIABLE_DATABASE_URL") as info:
         guard_from_environment(env)
@@ -31,10 +37,14 @@ def test_without_a_database_url_it_names_the_variable(env: dict[str, str]) -> No
 
 @pytest.mark.parametrize("db_url", ["sqlite", "postgres"], indirect=True)
 @pytest.mark.parametrize("with_redis", [False, True], ids=["database-only", "redis"])
-def test_with_the_tables_it_builds_a_working_guard(db_url: str, engine: sa.Engine,
-                                                   tables: OutboxTables, business: sa.Table,
-                                                   table_prefix: str,
-                                                   with_redis: bool) -> None:
+def test_with_the_tables_it_builds_a_working_guard(
+    db_url: str,
+    engine: sa.Engine,
+    tables: OutboxTables,
+    business: sa.Table,
+    table_prefix: str,
+    with_redis: bool,
+) -> None:
     env = {"RELIABLE_DATABASE_URL": db_url, "RELIABLE_TABLE_PREFIX": table_prefix}
     if with_redis:
         env["RELIABLE_REDIS_URL"] = REDIS_URL
@@ -63,8 +73,9 @@ def test_with_the_tables_it_builds_a_working_guard(db_url: str, engine: sa.Engin
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-def test_without_the_tables_it_names_the_fix_on_one_line(db_url: str, engine: sa.Engine,
-                                                         table_prefix: str) -> None:
+def test_without_the_tables_it_names_the_fix_on_one_line(
+    db_url: str, engine: sa.Engine, table_prefix: str
+) -> None:
     engine.connect().close()  # the database exists, the tables do not
     env = {"RELIABLE_DATABASE_URL": db_url, "RELIABLE_TABLE_PREFIX": f"{table_prefix}none_"}
     with pytest.raises(ConfigurationError) as info:

@@ -31,14 +31,24 @@ GROUP = "inventory"
 
 
 def received(mid: str | None = None, body: bytes = b'{"order": 1}') -> ReceivedMessage:
-    return ReceivedMessage(message_id=mid or uuid.uuid4().hex.upper(), topic="OrderCreated",
-                           body=body, queue_id=0, queue_offset=7)
+    return ReceivedMessage(
+        message_id=mid or uuid.uuid4().hex.upper(),
+        topic="OrderCreated",
+        body=body,
+        queue_id=0,
+        queue_offset=7,
+    )
 
 
 def make_guard(engine, tables, redis_client, key_prefix, events=None, **cfg):  # type: ignore[no-untyped-def]
     config = GuardConfig(key_prefix=key_prefix, **cfg)
-    return IdempotencyGuard(engine, tables, redis_client, config=config,
-                            on_event=events.append if events is not None else None)
+    return IdempotencyGuard(
+        engine,
+        tables,
+        redis_client,
+        config=config,
+        on_event=events.append if events is not None else None,
+    )
 
 
 def writer(business: sa.Table, runs: list[str]) -> Callable[..., object]:
@@ -56,8 +66,9 @@ class HeldInHandler:
     """`guard.process(message)` in a thread of its own, stopped inside the handler (the message
     is in progress) until `finish()`; the handler then writes one business row like `writer`."""
 
-    def __init__(self, guard: IdempotencyGuard, message: ReceivedMessage, business: sa.Table,
-                 runs: list[str]) -> None:
+    def __init__(
+        self, guard: IdempotencyGuard, message: ReceivedMessage, business: sa.Table, runs: list[str]
+    ) -> None:
         self.result: list[ConsumeResult] = []
         inside, self._finish = threading.Event(), threading.Event()
 
@@ -67,7 +78,8 @@ class HeldInHandler:
             writer(business, runs)(session=session)
 
         self._thread = threading.Thread(
-            target=lambda: self.result.append(guard.process(message, GROUP, slow)))
+            target=lambda: self.result.append(guard.process(message, GROUP, slow))
+        )
         self._thread.start()
         assert inside.wait(30)
 
@@ -84,7 +96,8 @@ def rows(engine: sa.Engine, table: sa.Table) -> list[sa.Row]:
 
 
 def test_duplicate_delivery_runs_the_handler_once_and_confirms_the_stub(
-        engine, tables, business, redis_client, key_prefix) -> None:
+    engine, tables, business, redis_client, key_prefix
+) -> None:
     class Direct:
         def send(self, message: Message) -> SendReceipt:
             return SendReceipt(message.message_id, message.topic, 0, 7)
@@ -104,16 +117,21 @@ def test_duplicate_delivery_runs_the_handler_once_and_confirms_the_stub(
     with engine.connect() as conn:
         conf = conn.execute(sa.select(tables.confirmation)).mappings().one()
         assert (conf["message_id"], conf["consumer_group"], conf["outcome"]) == (
-            mid, GROUP, "SUCCESS")
-        assert conn.execute(sa.select(sa.func.count()).select_from(
-            tables.consumption_log)).scalar() == 0
-        assert conn.execute(sa.select(tables.stub.c.status)).scalar() == \
-            StubStatus.CONFIRMED.value
+            mid,
+            GROUP,
+            "SUCCESS",
+        )
+        assert (
+            conn.execute(sa.select(sa.func.count()).select_from(tables.consumption_log)).scalar()
+            == 0
+        )
+        assert conn.execute(sa.select(tables.stub.c.status)).scalar() == StubStatus.CONFIRMED.value
     assert redis_client.get(f"{key_prefix}{GROUP}:{mid}").startswith(b"D:")
 
 
 def test_two_consumers_racing_on_one_message_run_the_handler_once(
-        engine, tables, business, redis_client, key_prefix) -> None:
+    engine, tables, business, redis_client, key_prefix
+) -> None:
     guard = make_guard(engine, tables, redis_client, key_prefix)
     message = received()
     runs: list[str] = []
@@ -128,8 +146,9 @@ def test_two_consumers_racing_on_one_message_run_the_handler_once(
 
 
 @pytest.mark.parametrize("db_url", ["sqlite", "postgres"], indirect=True)
-def test_many_threads_racing_process_exactly_once(engine, tables, business, redis_client,
-                                                  key_prefix) -> None:
+def test_many_threads_racing_process_exactly_once(
+    engine, tables, business, redis_client, key_prefix
+) -> None:
     messages = [received() for _ in range(5)]
     runs: list[str] = []
     barrier = threading.Barrier(4)
@@ -139,8 +158,9 @@ def test_many_threads_racing_process_exactly_once(engine, tables, business, redi
         barrier.wait()
         pending = list(messages)
         for _ in range(200):
-            pending = [m for m in pending
-                       if guard.process(m, GROUP, writer(business, runs)) is not SUCCESS]
+            pending = [
+                m for m in pending if guard.process(m, GROUP, writer(business, runs)) is not SUCCESS
+            ]
             if not pending:
                 return
         raise AssertionError(f"never processed: {pending}")
@@ -154,7 +174,8 @@ def test_many_threads_racing_process_exactly_once(engine, tables, business, redi
 
 
 def test_redis_flushed_mid_flow_still_runs_the_handler_once(
-        engine, tables, business, private_redis, key_prefix) -> None:
+    engine, tables, business, private_redis, key_prefix
+) -> None:
     guard = make_guard(engine, tables, private_redis.client, key_prefix)
     message = received()
     runs: list[str] = []
@@ -176,7 +197,8 @@ def test_redis_flushed_mid_flow_still_runs_the_handler_once(
 
 
 def test_redis_stopped_falls_back_to_the_database_without_error(
-        engine, tables, business, private_redis, key_prefix) -> None:
+    engine, tables, business, private_redis, key_prefix
+) -> None:
     events: list[GuardEvent] = []
     guard = make_guard(engine, tables, private_redis.client, key_prefix, events)
     before, during = received(), received()
@@ -199,11 +221,13 @@ def test_redis_stopped_falls_back_to_the_database_without_error(
 
 
 def test_expired_lease_cannot_confirm_over_the_worker_that_took_over(
-        engine, tables, business, redis_client, key_prefix) -> None:
+    engine, tables, business, redis_client, key_prefix
+) -> None:
     lease = timedelta(milliseconds=300)
     # a stalled process does not renew (renew_lease=False stands for that stall)
-    slow_guard = make_guard(engine, tables, redis_client, key_prefix, lease=lease,
-                            renew_lease=False)
+    slow_guard = make_guard(
+        engine, tables, redis_client, key_prefix, lease=lease, renew_lease=False
+    )
     fast_events: list[GuardEvent] = []
     fast_guard = make_guard(engine, tables, redis_client, key_prefix, fast_events, lease=lease)
     message = received()
@@ -236,7 +260,8 @@ def test_expired_lease_cannot_confirm_over_the_worker_that_took_over(
 
 
 def test_handler_failure_propagates_releases_and_allows_a_retry(
-        engine, tables, business, redis_client, key_prefix) -> None:
+    engine, tables, business, redis_client, key_prefix
+) -> None:
     guard = make_guard(engine, tables, redis_client, key_prefix)
     message = received()
     runs: list[str] = []
@@ -251,8 +276,7 @@ def test_handler_failure_propagates_releases_and_allows_a_retry(
     with pytest.raises(Boom):
         guard.process(message, GROUP, failing)
     with pytest.raises(RetryLater):
-        guard.process(message, GROUP, lambda **_: (_ for _ in ()).throw(RetryLater(
-            delay_level=5)))
+        guard.process(message, GROUP, lambda **_: (_ for _ in ()).throw(RetryLater(delay_level=5)))
     assert rows(engine, business) == []  # rolled back
     assert redis_client.get(f"{key_prefix}{GROUP}:{message.message_id}") is None
     with engine.connect() as conn:
@@ -262,8 +286,9 @@ def test_handler_failure_propagates_releases_and_allows_a_retry(
     assert len(rows(engine, business)) == 1
 
 
-def test_discard_is_recorded_as_done_and_reraised(engine, tables, business, redis_client,
-                                                  key_prefix) -> None:
+def test_discard_is_recorded_as_done_and_reraised(
+    engine, tables, business, redis_client, key_prefix
+) -> None:
     guard = make_guard(engine, tables, redis_client, key_prefix)
     message = received()
     runs: list[str] = []
@@ -278,12 +303,12 @@ def test_discard_is_recorded_as_done_and_reraised(engine, tables, business, redi
     assert len(runs) == 1 and rows(engine, business) == []
     with engine.connect() as conn:
         assert conn.execute(sa.select(tables.confirmation.c.outcome)).scalar() == "DISCARDED"
-    assert guard.consume(received(), GROUP, lambda m: (_ for _ in ()).throw(Discard())) \
-        is SUCCESS
+    assert guard.consume(received(), GROUP, lambda m: (_ for _ in ()).throw(Discard())) is SUCCESS
 
 
 def test_same_id_with_another_body_is_reported_not_processed(
-        engine, tables, business, redis_client, key_prefix) -> None:
+    engine, tables, business, redis_client, key_prefix
+) -> None:
     events: list[GuardEvent] = []
     guard = make_guard(engine, tables, redis_client, key_prefix, events)
     runs: list[str] = []
@@ -294,19 +319,21 @@ def test_same_id_with_another_body_is_reported_not_processed(
         guard.process(forged, GROUP, writer(business, runs))
     assert info.value.message_id == message.message_id and info.value.source == "confirmation"
     assert events[-1].kind is EventKind.BODY_MISMATCH
-    lenient = make_guard(engine, tables, redis_client, key_prefix,
-                         on_body_mismatch=MismatchPolicy.ACKNOWLEDGE)
+    lenient = make_guard(
+        engine, tables, redis_client, key_prefix, on_body_mismatch=MismatchPolicy.ACKNOWLEDGE
+    )
     assert lenient.process(forged, GROUP, writer(business, runs)) is SUCCESS
     assert len(runs) == 1
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-def test_database_down_never_acknowledges(tables, business, redis_client, key_prefix,
-                                          engine) -> None:
-    dead = sa.create_engine("postgresql+psycopg2://postgres@127.0.0.1:1/test",
-                            connect_args={"connect_timeout": 2})
-    guard = IdempotencyGuard(dead, tables, redis_client,
-                             config=GuardConfig(key_prefix=key_prefix))
+def test_database_down_never_acknowledges(
+    tables, business, redis_client, key_prefix, engine
+) -> None:
+    dead = sa.create_engine(
+        "postgresql+psycopg2://postgres@127.0.0.1:1/test", connect_args={"connect_timeout": 2}
+    )
+    guard = IdempotencyGuard(dead, tables, redis_client, config=GuardConfig(key_prefix=key_prefix))
     runs: list[str] = []
     message = received()
     assert guard.process(message, GROUP, writer(business, runs)) is LATER
@@ -317,7 +344,8 @@ def test_database_down_never_acknowledges(tables, business, redis_client, key_pr
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
 def test_database_connection_killed_before_commit_is_retried_not_acknowledged(
-        engine, tables, business, redis_client, key_prefix) -> None:
+    engine, tables, business, redis_client, key_prefix
+) -> None:
     guard = make_guard(engine, tables, redis_client, key_prefix)
     message = received()
     runs: list[str] = []
@@ -337,10 +365,16 @@ def test_database_connection_killed_before_commit_is_retried_not_acknowledged(
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_waiting_for_the_result_returns_the_other_workers_success(
-        engine, tables, business, redis_client, key_prefix) -> None:
-    guard = make_guard(engine, tables, redis_client, key_prefix,
-                       wait_for_result=timedelta(seconds=30),
-                       poll_interval=timedelta(milliseconds=20))
+    engine, tables, business, redis_client, key_prefix
+) -> None:
+    guard = make_guard(
+        engine,
+        tables,
+        redis_client,
+        key_prefix,
+        wait_for_result=timedelta(seconds=30),
+        poll_interval=timedelta(milliseconds=20),
+    )
     message = received()
     runs: list[str] = []
     held = HeldInHandler(guard, message, business, runs)
@@ -352,31 +386,42 @@ def test_waiting_for_the_result_returns_the_other_workers_success(
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_start_up_refuses_a_dedup_window_shorter_than_the_retry_horizon(
-        engine, tables, redis_client) -> None:
+    engine, tables, redis_client
+) -> None:
     with pytest.raises(DedupWindowTooShort) as info:
         IdempotencyGuard(engine, tables, redis_client, config=GuardConfig(ttl=timedelta(hours=4)))
     assert info.value.setting == "Redis ttl"
     assert info.value.required == timedelta(hours=72, minutes=285, seconds=40)
     with pytest.raises(DedupWindowTooShort):
-        IdempotencyGuard(engine, tables, redis_client,
-                         config=GuardConfig(db_retention=timedelta(days=1)))
-    IdempotencyGuard(engine, tables, redis_client,
-                     config=GuardConfig(ttl=timedelta(hours=1), allow_short_window=True))
-    for bad in (GuardConfig(lease=timedelta(0)), GuardConfig(key_prefix=""),
-                GuardConfig(poll_interval=timedelta(seconds=-1))):
+        IdempotencyGuard(
+            engine, tables, redis_client, config=GuardConfig(db_retention=timedelta(days=1))
+        )
+    IdempotencyGuard(
+        engine,
+        tables,
+        redis_client,
+        config=GuardConfig(ttl=timedelta(hours=1), allow_short_window=True),
+    )
+    for bad in (
+        GuardConfig(lease=timedelta(0)),
+        GuardConfig(key_prefix=""),
+        GuardConfig(poll_interval=timedelta(seconds=-1)),
+    ):
         with pytest.raises(InvalidGuardConfig):
             IdempotencyGuard(engine, tables, redis_client, config=bad)
 
 
 def test_standalone_consume_passes_the_session_when_asked(
-        engine, tables, business, redis_client, key_prefix) -> None:
+    engine, tables, business, redis_client, key_prefix
+) -> None:
     guard = make_guard(engine, tables, redis_client, key_prefix)
     seen: list[str] = []
 
     def handler(message: ReceivedMessage, session: Session) -> None:
         seen.append(message.message_id)
-        session.execute(sa.insert(business).values(run=uuid.uuid4().hex,
-                                                   message_id=message.message_id))
+        session.execute(
+            sa.insert(business).values(run=uuid.uuid4().hex, message_id=message.message_id)
+        )
 
     listener = guard.listener(GROUP, handler)
     message = received()
@@ -385,17 +430,18 @@ def test_standalone_consume_passes_the_session_when_asked(
     assert seen == [message.message_id] and len(rows(engine, business)) == 1
 
 
-
-
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-def test_purge_applies_the_db_retention(engine, tables, business, redis_client,
-                                        key_prefix) -> None:
+def test_purge_applies_the_db_retention(engine, tables, business, redis_client, key_prefix) -> None:
     from datetime import datetime
 
     now = [datetime(2026, 1, 1)]
-    guard = IdempotencyGuard(engine, tables, redis_client, clock=lambda: now[0],
-                             config=GuardConfig(key_prefix=key_prefix,
-                                                db_retention=timedelta(days=7)))
+    guard = IdempotencyGuard(
+        engine,
+        tables,
+        redis_client,
+        clock=lambda: now[0],
+        config=GuardConfig(key_prefix=key_prefix, db_retention=timedelta(days=7)),
+    )
     runs: list[str] = []
     old, recent = received(), received()
     assert guard.process(old, GROUP, writer(business, runs)) is SUCCESS
@@ -410,15 +456,17 @@ def test_purge_applies_the_db_retention(engine, tables, business, redis_client,
 
 
 def test_two_groups_confirming_at_once_both_count_and_the_stub_is_confirmed(
-        engine, tables, business, redis_client, key_prefix) -> None:
+    engine, tables, business, redis_client, key_prefix
+) -> None:
     class Direct:
         def send(self, message: Message) -> SendReceipt:
             return SendReceipt(message.message_id, message.topic, 0, 1)
 
     declare_groups(engine, tables, "OrderCreated", ["inventory", "billing"])
     with Session(engine) as session, session.begin():
-        mid = Outbox(tables, Direct()).publish(session, Message(topic="OrderCreated",
-                                                                body=b'{"order": 1}'))
+        mid = Outbox(tables, Direct()).publish(
+            session, Message(topic="OrderCreated", body=b'{"order": 1}')
+        )
     message = received(mid)
     both_inside = threading.Barrier(2)
     results: dict[str, list[ConsumeResult]] = {"inventory": [], "billing": []}
@@ -444,17 +492,18 @@ def test_two_groups_confirming_at_once_both_count_and_the_stub_is_confirmed(
         t.join(60)
     assert all(r and r[-1] is SUCCESS for r in results.values()), results
     with engine.connect() as conn:
-        assert conn.execute(sa.select(tables.stub.c.status)).scalar() == \
-            StubStatus.CONFIRMED.value
-        assert conn.execute(sa.select(sa.func.count()).select_from(
-            tables.confirmation)).scalar() == 2
+        assert conn.execute(sa.select(tables.stub.c.status)).scalar() == StubStatus.CONFIRMED.value
+        assert (
+            conn.execute(sa.select(sa.func.count()).select_from(tables.confirmation)).scalar() == 2
+        )
 
 
-@pytest.mark.parametrize("db_url", ["sqlite", pytest.param("postgres",
-                                                           marks=pytest.mark.postgres)],
-                         indirect=True)
-def test_a_slow_handler_keeps_its_lease_by_renewing_it(engine, tables, business, redis_client,
-                                                       key_prefix) -> None:
+@pytest.mark.parametrize(
+    "db_url", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+def test_a_slow_handler_keeps_its_lease_by_renewing_it(
+    engine, tables, business, redis_client, key_prefix
+) -> None:
     lease = timedelta(milliseconds=300)
     guard = make_guard(engine, tables, redis_client, key_prefix, lease=lease)
     message = received()

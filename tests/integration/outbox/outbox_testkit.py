@@ -25,9 +25,14 @@ class RecordingSender:
         self.engine = engine
         md = sa.MetaData()
         self.table = sa.Table(
-            f"{prefix}sent", md,
-            sa.Column("seq", sa.BigInteger().with_variant(sa.Integer, "sqlite"),
-                      primary_key=True, autoincrement=True),
+            f"{prefix}sent",
+            md,
+            sa.Column(
+                "seq",
+                sa.BigInteger().with_variant(sa.Integer, "sqlite"),
+                primary_key=True,
+                autoincrement=True,
+            ),
             sa.Column("message_id", sa.String(64), nullable=False),
             sa.Column("topic", sa.String(255), nullable=False),
             sa.Column("retry_topic", sa.String(255), nullable=True),
@@ -40,24 +45,36 @@ class RecordingSender:
         if self.fail_all or message.message_id in self.fail_ids:
             raise ConnectionError("broker unreachable")
         with self.engine.begin() as conn:
-            seq = conn.execute(sa.insert(self.table).values(
-                message_id=message.message_id, topic=message.topic,
-                retry_topic=message.properties.get("RETRY_TOPIC"))).inserted_primary_key[0]
-        return SendReceipt(message_id=message.message_id, topic=message.topic, queue_id=0,
-                           queue_offset=int(seq), offset_msg_id=f"{int(seq):032X}")
+            seq = conn.execute(
+                sa.insert(self.table).values(
+                    message_id=message.message_id,
+                    topic=message.topic,
+                    retry_topic=message.properties.get("RETRY_TOPIC"),
+                )
+            ).inserted_primary_key[0]
+        return SendReceipt(
+            message_id=message.message_id,
+            topic=message.topic,
+            queue_id=0,
+            queue_offset=int(seq),
+            offset_msg_id=f"{int(seq):032X}",
+        )
 
     def counts(self) -> dict[str, int]:
         t = self.table
         with self.engine.connect() as conn:
-            rows = conn.execute(sa.select(t.c.message_id, sa.func.count())
-                                .group_by(t.c.message_id)).all()
+            rows = conn.execute(
+                sa.select(t.c.message_id, sa.func.count()).group_by(t.c.message_id)
+            ).all()
         return {mid: int(n) for mid, n in rows}
 
     def sends(self) -> list[tuple[str, str]]:
         t = self.table
         with self.engine.connect() as conn:
-            return [(r.message_id, r.topic) for r in
-                    conn.execute(sa.select(t.c.message_id, t.c.topic).order_by(t.c.seq))]
+            return [
+                (r.message_id, r.topic)
+                for r in conn.execute(sa.select(t.c.message_id, t.c.topic).order_by(t.c.seq))
+            ]
 
 
 def sender_from_env() -> RecordingSender:
@@ -95,6 +112,9 @@ class StallingSender(RecordingSender):
 
 def stalling_sender_from_env() -> StallingSender:
     engine = sa.create_engine(os.environ["OUTBOX_TEST_DB"])
-    return StallingSender(engine, os.environ["OUTBOX_TEST_PREFIX"],
-                          int(os.environ["OUTBOX_TEST_STALL_AFTER"]),
-                          os.environ["OUTBOX_TEST_MARKER"])
+    return StallingSender(
+        engine,
+        os.environ["OUTBOX_TEST_PREFIX"],
+        int(os.environ["OUTBOX_TEST_STALL_AFTER"]),
+        os.environ["OUTBOX_TEST_MARKER"],
+    )

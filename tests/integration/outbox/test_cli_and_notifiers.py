@@ -27,13 +27,35 @@ ROOT = HERE.parents[2]
 
 
 def _cli(db_url: str, prefix: str, *args: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{ROOT}",
-           "OUTBOX_TEST_DB": db_url, "OUTBOX_TEST_PREFIX": prefix}
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{HERE}{os.pathsep}{ROOT}",
+        "OUTBOX_TEST_DB": db_url,
+        "OUTBOX_TEST_PREFIX": prefix,
+    }
     return subprocess.Popen(
-        [sys.executable, "-m", "reliable_cli", "worker", "resend", "--db", db_url,
-         "--table-prefix", prefix, "--sender", "outbox_testkit:sender_from_env",
-         "--offsets", "outbox_testkit:FixedOffsets", "--json", *args],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "reliable_cli",
+            "worker",
+            "resend",
+            "--db",
+            db_url,
+            "--table-prefix",
+            prefix,
+            "--sender",
+            "outbox_testkit:sender_from_env",
+            "--offsets",
+            "outbox_testkit:FixedOffsets",
+            "--json",
+            *args,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _due_stubs(engine, tables, sender, n: int) -> list[str]:  # type: ignore[no-untyped-def]
@@ -45,8 +67,9 @@ def _due_stubs(engine, tables, sender, n: int) -> list[str]:  # type: ignore[no-
     return ids
 
 
-def test_cli_once_resends_due_stubs_and_prints_json(db_url, engine, tables, sender,
-                                                    table_prefix) -> None:
+def test_cli_once_resends_due_stubs_and_prints_json(
+    db_url, engine, tables, sender, table_prefix
+) -> None:
     ids = _due_stubs(engine, tables, sender, 3)
     proc = _cli(db_url, table_prefix, "--once", "--ensure-schema")
     out, err = proc.communicate(timeout=60)
@@ -58,8 +81,7 @@ def test_cli_once_resends_due_stubs_and_prints_json(db_url, engine, tables, send
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-def test_cli_daemon_stops_cleanly_on_sigterm(db_url, engine, tables, sender,
-                                             table_prefix) -> None:
+def test_cli_daemon_stops_cleanly_on_sigterm(db_url, engine, tables, sender, table_prefix) -> None:
     ids = _due_stubs(engine, tables, sender, 5)
     proc = _cli(db_url, table_prefix, "--interval", "0.05")
     assert proc.stdout is not None
@@ -74,41 +96,91 @@ def test_cli_daemon_stops_cleanly_on_sigterm(db_url, engine, tables, sender,
     assert last["event"] == "stopped" and last["resent"] == 5
     assert sender.counts() == dict.fromkeys(ids, 1)
     with engine.connect() as conn:
-        assert conn.execute(sa.select(sa.func.count()).where(
-            tables.stub.c.claimed_by.is_not(None))).scalar() == 0
+        assert (
+            conn.execute(
+                sa.select(sa.func.count()).where(tables.stub.c.claimed_by.is_not(None))
+            ).scalar()
+            == 0
+        )
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_cli_bad_target_is_a_usage_error(db_url, tables, table_prefix) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        [sys.executable, "-m", "reliable_cli", "worker", "resend", "--db", db_url,
-         "--sender", "no_such_module:x", "--once"], env=env, capture_output=True, text=True,
-        timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "reliable_cli",
+            "worker",
+            "resend",
+            "--db",
+            db_url,
+            "--sender",
+            "no_such_module:x",
+            "--once",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "cannot import" in proc.stderr
-    for bad in (["--sender", "os:path", "--once"],  # no send() method
-                ["--sender", "os", "--once"],  # not MODULE:ATTR
-                ["--sender", "outbox_testkit:sender_from_env", "--batch-size", "0"],
-                ["--sender", "outbox_testkit:sender_from_env", "--notify", "pager:x"]):
+    for bad in (
+        ["--sender", "os:path", "--once"],  # no send() method
+        ["--sender", "os", "--once"],  # not MODULE:ATTR
+        ["--sender", "outbox_testkit:sender_from_env", "--batch-size", "0"],
+        ["--sender", "outbox_testkit:sender_from_env", "--notify", "pager:x"],
+    ):
         proc = subprocess.run(
             [sys.executable, "-m", "reliable_cli", "worker", "resend", "--db", db_url, *bad],
-            env={**env, "PYTHONPATH": f"{HERE}{os.pathsep}{ROOT}", "OUTBOX_TEST_DB": db_url,
-                 "OUTBOX_TEST_PREFIX": table_prefix}, capture_output=True, text=True,
-            timeout=60)
+            env={
+                **env,
+                "PYTHONPATH": f"{HERE}{os.pathsep}{ROOT}",
+                "OUTBOX_TEST_DB": db_url,
+                "OUTBOX_TEST_PREFIX": table_prefix,
+            },
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert proc.returncode == 2, (bad, proc.stderr)
         assert proc.stderr.startswith("reliable worker resend:"), proc.stderr
     down = subprocess.run(
-        [sys.executable, "-m", "reliable_cli", "worker", "resend", "--db",
-         "postgresql+psycopg2://postgres@127.0.0.1:1/none", "--sender",
-         "outbox_testkit:sender_from_env", "--once"],
-        env={**env, "PYTHONPATH": f"{HERE}{os.pathsep}{ROOT}", "OUTBOX_TEST_DB": db_url,
-             "OUTBOX_TEST_PREFIX": table_prefix}, capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "reliable_cli",
+            "worker",
+            "resend",
+            "--db",
+            "postgresql+psycopg2://postgres@127.0.0.1:1/none",
+            "--sender",
+            "outbox_testkit:sender_from_env",
+            "--once",
+        ],
+        env={
+            **env,
+            "PYTHONPATH": f"{HERE}{os.pathsep}{ROOT}",
+            "OUTBOX_TEST_DB": db_url,
+            "OUTBOX_TEST_PREFIX": table_prefix,
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert down.returncode == 4 and "database unavailable" in down.stderr, down.stderr
 
 
-ESCALATION = Escalation(message_id="M1", topic="T", send_count=16, max_sends=16,
-                        missing_groups=("billing",), created_at=datetime(2026, 1, 1),
-                        last_error=None)
+ESCALATION = Escalation(
+    message_id="M1",
+    topic="T",
+    send_count=16,
+    max_sends=16,
+    missing_groups=("billing",),
+    created_at=datetime(2026, 1, 1),
+    last_error=None,
+)
 
 
 @pytest.fixture
@@ -176,8 +248,12 @@ def test_smtp_notifier_sends_one_mail() -> None:
     server.mails = []  # type: ignore[attr-defined]
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        SmtpNotifier("127.0.0.1", server.server_address[1], sender="worker@example.com",
-                     recipients=["ops@example.com"]).notify(ESCALATION)
+        SmtpNotifier(
+            "127.0.0.1",
+            server.server_address[1],
+            sender="worker@example.com",
+            recipients=["ops@example.com"],
+        ).notify(ESCALATION)
     finally:
         server.shutdown()
         server.server_close()

@@ -28,8 +28,12 @@ class CountingSender:
         with self.lock:
             self.counts[message.message_id] += 1
             self.offset += 1
-            return SendReceipt(message_id=message.message_id, topic=message.topic,
-                               queue_id=0, queue_offset=N + self.offset)
+            return SendReceipt(
+                message_id=message.message_id,
+                topic=message.topic,
+                queue_id=0,
+                queue_offset=N + self.offset,
+            )
 
 
 class PassedOffsets:
@@ -39,22 +43,44 @@ class PassedOffsets:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("db_url", ["postgres", "mariadb", "sqlite"], indirect=True)
-def test_two_workers_send_each_due_stub_exactly_once(engine: sa.Engine,
-                                                     tables: OutboxTables) -> None:
+def test_two_workers_send_each_due_stub_exactly_once(
+    engine: sa.Engine, tables: OutboxTables
+) -> None:
     now = datetime(2026, 1, 1, 12, 0)
-    rows = [{
-        "message_id": f"M{i:031d}", "topic": TOPIC, "body": b"payload", "body_digest": "0" * 64,
-        "expected_groups": "inventory", "status": StubStatus.UNCONFIRMED.value,
-        "send_count": 1, "max_sends": 16, "queue_id": 0, "queue_offset": i,
-        "next_resend_at": now - timedelta(seconds=i % 600), "created_at": now,
-        "updated_at": now} for i in range(N)]
+    rows = [
+        {
+            "message_id": f"M{i:031d}",
+            "topic": TOPIC,
+            "body": b"payload",
+            "body_digest": "0" * 64,
+            "expected_groups": "inventory",
+            "status": StubStatus.UNCONFIRMED.value,
+            "send_count": 1,
+            "max_sends": 16,
+            "queue_id": 0,
+            "queue_offset": i,
+            "next_resend_at": now - timedelta(seconds=i % 600),
+            "created_at": now,
+            "updated_at": now,
+        }
+        for i in range(N)
+    ]
     with engine.begin() as conn:
         conn.execute(sa.insert(tables.stub), rows)
     sender = CountingSender()
     start = threading.Barrier(2)
-    workers = [ResendWorker(sa.create_engine(engine.url), tables, sender,
-                            offsets=PassedOffsets(), clock=lambda: now, name=f"w{i}",
-                            policy=ResendPolicy(batch_size=250)) for i in range(2)]
+    workers = [
+        ResendWorker(
+            sa.create_engine(engine.url),
+            tables,
+            sender,
+            offsets=PassedOffsets(),
+            clock=lambda: now,
+            name=f"w{i}",
+            policy=ResendPolicy(batch_size=250),
+        )
+        for i in range(2)
+    ]
     errors: list[BaseException] = []
 
     def run(worker: ResendWorker) -> None:
@@ -78,7 +104,8 @@ def test_two_workers_send_each_due_stub_exactly_once(engine: sa.Engine,
     with engine.connect() as conn:
         s = tables.stub.c
         assert conn.execute(sa.select(sa.func.count()).where(s.send_count == 2)).scalar() == N
-        assert conn.execute(sa.select(sa.func.count())
-                            .where(s.claimed_by.is_not(None))).scalar() == 0
+        assert (
+            conn.execute(sa.select(sa.func.count()).where(s.claimed_by.is_not(None))).scalar() == 0
+        )
     for w in workers:
         w.engine.dispose()

@@ -37,20 +37,24 @@ def broker(tmp_path: Path, disk: Disk) -> Iterator[Broker]:
 
 
 def stored(broker: Broker) -> list[bytes]:
-    return [m.body for q in range(broker.route(TOPIC).read_queue_nums)
-            for m in broker.pull_message("probe", TOPIC, q, 0, 32).messages]
+    return [
+        m.body
+        for q in range(broker.route(TOPIC).read_queue_nums)
+        for m in broker.pull_message("probe", TOPIC, q, 0, 32).messages
+    ]
 
 
 def stub_row(engine: sa.Engine, tables: OutboxTables, message_id: str) -> Any:
     with engine.connect() as conn:
-        return conn.execute(sa.select(tables.stub).where(
-            tables.stub.c.message_id == message_id)).one()
+        return conn.execute(
+            sa.select(tables.stub).where(tables.stub.c.message_id == message_id)
+        ).one()
 
 
 @pytest.mark.parametrize("db_url", ["sqlite", "postgres"], indirect=True)
 def test_publish_on_a_full_disk_records_the_error_and_is_resent_when_space_is_back(
-        engine: sa.Engine, tables: OutboxTables, broker: Broker, disk: Disk,
-        clock: Any) -> None:  # conftest.Clock
+    engine: sa.Engine, tables: OutboxTables, broker: Broker, disk: Disk, clock: Any
+) -> None:  # conftest.Clock
     slept: list[float] = []
     transport = reliable.connect("embedded", broker=broker)
     with Producer(transport, sleep=slept.append) as producer:  # default retry settings

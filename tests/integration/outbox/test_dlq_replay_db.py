@@ -27,8 +27,9 @@ def dead_letters(store: Path, n: int) -> list[str]:
         broker.create_group("billing", retry_max_times=0)
         ids = [f"MSG{i:04d}" for i in range(n)]
         for i, mid in enumerate(ids):
-            broker.send_message(Message(topic="orders", body=b"x", queue_id=i % 2,
-                                        properties={Prop.UNIQ_KEY: mid}))
+            broker.send_message(
+                Message(topic="orders", body=b"x", queue_id=i % 2, properties={Prop.UNIQ_KEY: mid})
+            )
         broker.store.wait_dispatched(timeout_s=10)
         got = broker.receive("billing", "orders", 32, 60_000, long_poll_ms=2_000)
         assert len(got) == n
@@ -40,7 +41,8 @@ def dead_letters(store: Path, n: int) -> list[str]:
 
 
 def test_replay_with_db_reopens_the_groups_log_rows(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     store = tmp_path / "store"
     ids = dead_letters(store, 4)
     url = f"sqlite:///{tmp_path / 'shop.db'}"
@@ -51,12 +53,35 @@ def test_replay_with_db_reopens_the_groups_log_rows(
     with engine.begin() as conn:
         for i, mid in enumerate(ids):
             for group in ("billing", "shipping"):
-                conn.execute(sa.insert(log).values(
-                    message_id=mid, consumer_group=group, topic="orders", queue_id=i % 2,
-                    queue_offset=i // 2, created_at=sa.func.current_timestamp(),
-                    dead_lettered_at=sa.func.current_timestamp()))
-    args = ["admin", "dlq", "replay", "--group", "billing", "--store", str(store), "--db", url,
-            "--operator", "oncall", "--id", ids[0], "--id", ids[1], "--json"]
+                conn.execute(
+                    sa.insert(log).values(
+                        message_id=mid,
+                        consumer_group=group,
+                        topic="orders",
+                        queue_id=i % 2,
+                        queue_offset=i // 2,
+                        created_at=sa.func.current_timestamp(),
+                        dead_lettered_at=sa.func.current_timestamp(),
+                    )
+                )
+    args = [
+        "admin",
+        "dlq",
+        "replay",
+        "--group",
+        "billing",
+        "--store",
+        str(store),
+        "--db",
+        url,
+        "--operator",
+        "oncall",
+        "--id",
+        ids[0],
+        "--id",
+        ids[1],
+        "--json",
+    ]
     assert main(args) == 0
     out = capsys.readouterr()
     assert sorted(r["msg_id"] for r in json.loads(out.out)["replayed"]) == ids[:2]
@@ -64,22 +89,43 @@ def test_replay_with_db_reopens_the_groups_log_rows(
 
     def marked() -> set[tuple[str, str]]:
         with engine.connect() as conn:
-            return {(r.message_id, r.consumer_group) for r in conn.execute(
-                sa.select(log.c.message_id, log.c.consumer_group).where(
-                    log.c.dead_lettered_at.is_not(None)))}
+            return {
+                (r.message_id, r.consumer_group)
+                for r in conn.execute(
+                    sa.select(log.c.message_id, log.c.consumer_group).where(
+                        log.c.dead_lettered_at.is_not(None)
+                    )
+                )
+            }
 
-    assert marked() == ({(m, "billing") for m in ids[2:]}
-                        | {(m, "shipping") for m in ids})  # only the group's own rows
+    assert marked() == (
+        {(m, "billing") for m in ids[2:]} | {(m, "shipping") for m in ids}
+    )  # only the group's own rows
     assert main(args) == 0  # a re-run: nothing replayed, nothing changed
     again = json.loads(capsys.readouterr().out)
     assert again["replayed"] == [] and len(again["already_replayed"]) == 2
-    assert main(["admin", "dlq", "list", "--group", "billing", "--pending", "--store",
-                 str(store), "--json"]) == 0
+    assert (
+        main(
+            [
+                "admin",
+                "dlq",
+                "list",
+                "--group",
+                "billing",
+                "--pending",
+                "--store",
+                str(store),
+                "--json",
+            ]
+        )
+        == 0
+    )
     pending = json.loads(capsys.readouterr().out)
     assert sorted(m["msg_id"] for m in pending["messages"]) == ids[2:]
     assert (pending["depth"], pending["replayed"], pending["pending"]) == (4, 2, 2)
     with engine.connect() as conn:
-        actions = conn.execute(sa.text(
-            "select action, message_id from reliable_reconcile_audit order by id")).all()
+        actions = conn.execute(
+            sa.text("select action, message_id from reliable_reconcile_audit order by id")
+        ).all()
     assert [tuple(a) for a in actions] == [("DLQ_REPLAY", ids[0]), ("DLQ_REPLAY", ids[1])]
     engine.dispose()

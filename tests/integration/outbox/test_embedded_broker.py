@@ -38,17 +38,20 @@ TOPIC = "OrderCreated"
 
 
 @pytest.mark.redis
-@pytest.mark.parametrize("db_url", ["sqlite", pytest.param("postgres",
-                                                           marks=pytest.mark.postgres)],
-                         indirect=True)
+@pytest.mark.parametrize(
+    "db_url", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
 def test_lost_message_is_resent_to_the_missing_group_only(
-        engine: sa.Engine, tables: OutboxTables, redis_client, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    transport = reliable.connect("embedded", store_config=store_config(tmp_path / "store"),
-                                 broker_config=broker_config())
+    engine: sa.Engine, tables: OutboxTables, redis_client, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    transport = reliable.connect(
+        "embedded", store_config=store_config(tmp_path / "store"), broker_config=broker_config()
+    )
     transport.start()
     declare_groups(engine, tables, TOPIC, ["inventory", "billing"])
-    guard = IdempotencyGuard(engine, tables, redis_client,
-                             config=GuardConfig(key_prefix=f"it:{tmp_path.name}:"))
+    guard = IdempotencyGuard(
+        engine, tables, redis_client, config=GuardConfig(key_prefix=f"it:{tmp_path.name}:")
+    )
     seen: dict[str, Counter[str]] = {"inventory": Counter(), "billing": Counter()}
     lock = threading.Lock()
     lost: list[str] = []
@@ -75,25 +78,36 @@ def test_lost_message_is_resent_to_the_missing_group_only(
         with Producer(transport) as producer, Worker(reserve, bill, transport=transport):
             outbox = Outbox(tables, producer)
             with Session(engine) as session, session.begin():
-                ids = [outbox.publish(session, Message(topic=TOPIC, body=f"order {i}".encode()))
-                       for i in range(3)]
-            wait_until(lambda: len(seen["inventory"]) == 3 and len(seen["billing"]) == 2,
-                       what="both groups consumed")
-            worker = ResendWorker(engine, tables, producer,
-                                  offsets=TransportOffsets(transport),
-                                  bounds=TransportOffsets(transport),
-                                  clock=lambda: utcnow() + timedelta(hours=1),
-                                  policy=ResendPolicy(recheck_after=timedelta(0)))
+                ids = [
+                    outbox.publish(session, Message(topic=TOPIC, body=f"order {i}".encode()))
+                    for i in range(3)
+                ]
+            wait_until(
+                lambda: len(seen["inventory"]) == 3 and len(seen["billing"]) == 2,
+                what="both groups consumed",
+            )
+            worker = ResendWorker(
+                engine,
+                tables,
+                producer,
+                offsets=TransportOffsets(transport),
+                bounds=TransportOffsets(transport),
+                clock=lambda: utcnow() + timedelta(hours=1),
+                policy=ResendPolicy(recheck_after=timedelta(0)),
+            )
             # the committed offset reaches the broker within a persist interval: poll
-            wait_until(lambda: worker.run_once().resent == 1 or worker.metrics.resent >= 1,
-                       what="the resend of the lost message")
+            wait_until(
+                lambda: worker.run_once().resent == 1 or worker.metrics.resent >= 1,
+                what="the resend of the lost message",
+            )
             wait_until(lambda: seen["billing"][lost[0]] == 1, what="billing got the resend")
             assert stays(lambda: seen["inventory"] == Counter(dict.fromkeys(ids, 1)), 1.0)
             assert seen["billing"] == Counter(dict.fromkeys(ids, 1))
             assert worker.metrics.resent == 1
         with engine.connect() as conn:
-            statuses = dict(conn.execute(sa.select(tables.stub.c.message_id,
-                                                   tables.stub.c.status)).all())
+            statuses = dict(
+                conn.execute(sa.select(tables.stub.c.message_id, tables.stub.c.status)).all()
+            )
         assert statuses == dict.fromkeys(ids, StubStatus.CONFIRMED.value)
     finally:
         transport.close()

@@ -14,15 +14,26 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.redis
-@pytest.mark.parametrize("db_url", ["sqlite", pytest.param("postgres",
-                                                           marks=pytest.mark.postgres)],
-                         indirect=True)
+@pytest.mark.parametrize(
+    "db_url", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
 def test_order_service_example(db_url: str, tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "examples.order_service", "--db", db_url,
-         "--store", str(tmp_path / "store")],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
-        text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "examples.order_service",
+            "--db",
+            db_url,
+            "--store",
+            str(tmp_path / "store"),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "stock book: available=5 reserved=5" in done.stdout
     assert "stock pen: available=0 reserved=1" in done.stdout

@@ -18,17 +18,41 @@ from reliable_cli.exit_codes import ExitCode
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[2]
-ALL = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres),
-       pytest.param("mariadb", marks=pytest.mark.mariadb)]
+ALL = [
+    "sqlite",
+    pytest.param("postgres", marks=pytest.mark.postgres),
+    pytest.param("mariadb", marks=pytest.mark.mariadb),
+]
 
 
 def _worker(db_url: str, prefix: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{ROOT}",
-           "OUTBOX_TEST_DB": db_url, "OUTBOX_TEST_PREFIX": prefix}
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{HERE}{os.pathsep}{ROOT}",
+        "OUTBOX_TEST_DB": db_url,
+        "OUTBOX_TEST_PREFIX": prefix,
+    }
     return subprocess.run(
-        [sys.executable, "-m", "reliable_cli", "worker", "resend", "--db", db_url,
-         "--table-prefix", prefix, "--sender", "outbox_testkit:sender_from_env", "--once",
-         *args], env=env, capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "reliable_cli",
+            "worker",
+            "resend",
+            "--db",
+            db_url,
+            "--table-prefix",
+            prefix,
+            "--sender",
+            "outbox_testkit:sender_from_env",
+            "--once",
+            *args,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.parametrize("db_url", ALL, indirect=True)
@@ -47,8 +71,7 @@ def test_the_resend_worker_names_the_fix_and_exits(db_url, engine, table_prefix)
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-def test_with_ensure_schema_the_worker_creates_them_and_runs(db_url, engine,
-                                                            table_prefix) -> None:
+def test_with_ensure_schema_the_worker_creates_them_and_runs(db_url, engine, table_prefix) -> None:
     proc = _worker(db_url, table_prefix, "--ensure-schema")
     assert proc.returncode == ExitCode.OK, proc.stderr
     assert proc.stdout.startswith("done: ")
@@ -70,8 +93,9 @@ def test_a_table_missing_a_later_column_is_named(db_url, engine, table_prefix) -
     tables = OutboxTables(prefix=table_prefix)
     tables.create_all(engine)
     with engine.begin() as conn:  # as an older version made it
-        conn.execute(sa.text(f"ALTER TABLE {table_prefix}consumption_log "
-                             "DROP COLUMN dead_lettered_at"))
+        conn.execute(
+            sa.text(f"ALTER TABLE {table_prefix}consumption_log DROP COLUMN dead_lettered_at")
+        )
     with pytest.raises(TablesMissing) as info:
         IdempotencyGuard(engine, tables, None)
     assert info.value.missing == [f"{table_prefix}consumption_log.dead_lettered_at"]
@@ -79,8 +103,9 @@ def test_a_table_missing_a_later_column_is_named(db_url, engine, table_prefix) -
 
 def test_a_guard_started_while_its_database_is_down_starts(table_prefix) -> None:
     # unreachable is not missing: the guard answers RECONSUME_LATER until it is back
-    engine = sa.create_engine("postgresql+psycopg2://postgres@127.0.0.1:1/none",
-                              connect_args={"connect_timeout": 2})
+    engine = sa.create_engine(
+        "postgresql+psycopg2://postgres@127.0.0.1:1/none", connect_args={"connect_timeout": 2}
+    )
     guard = IdempotencyGuard(engine, OutboxTables(prefix=table_prefix), None)
     assert guard.engine is engine
 
@@ -89,15 +114,33 @@ def test_reliable_consume_with_idempotent_true_names_the_fix(tmp_path: Path) -> 
     (tmp_path / "myhandlers.py").write_text(
         "from reliable import handler\n\n"
         "@handler('Orders', group='billing', idempotent=True)\n"
-        "def bill(message, session):\n    pass\n")
+        "def bill(message, session):\n    pass\n"
+    )
     db = tmp_path / "empty.db"
     sa.create_engine(f"sqlite:///{db}").connect().close()
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}",
-           "RELIABLE_DATABASE_URL": f"sqlite:///{db}"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}",
+        "RELIABLE_DATABASE_URL": f"sqlite:///{db}",
+    }
     proc = subprocess.run(
-        [sys.executable, "-m", "reliable_cli", "consume", "myhandlers", "--store",
-         str(tmp_path / "store"), "--commitlog-file-size", str(4 << 20)],
-        env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        [
+            sys.executable,
+            "-m",
+            "reliable_cli",
+            "consume",
+            "myhandlers",
+            "--store",
+            str(tmp_path / "store"),
+            "--commitlog-file-size",
+            str(4 << 20),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert proc.returncode == ExitCode.FAILURE
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr

@@ -61,25 +61,56 @@ def test_worker_metrics_and_readyz_when_the_database_is_dropped(own_database: st
     sender.fail_all = False
     engine.dispose()
 
-    env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{ROOT}",
-           "OUTBOX_TEST_DB": own_database, "OUTBOX_TEST_PREFIX": prefix}
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{HERE}{os.pathsep}{ROOT}",
+        "OUTBOX_TEST_DB": own_database,
+        "OUTBOX_TEST_PREFIX": prefix,
+    }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "reliable_cli", "worker", "resend", "--db", own_database,
-         "--table-prefix", prefix, "--sender", "outbox_testkit:sender_from_env",
-         "--offsets", "outbox_testkit:FixedOffsets", "--interval", "0.2",
-         "--metrics-port", "0", "--log-format", "json"],
-        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "reliable_cli",
+            "worker",
+            "resend",
+            "--db",
+            own_database,
+            "--table-prefix",
+            prefix,
+            "--sender",
+            "outbox_testkit:sender_from_env",
+            "--offsets",
+            "outbox_testkit:FixedOffsets",
+            "--interval",
+            "0.2",
+            "--metrics-port",
+            "0",
+            "--log-format",
+            "json",
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     out: list[str] = []
     err: list[str] = []
     for stream, sink in ((proc.stdout, out), (proc.stderr, err)):
+
         def pump(stream=stream, sink=sink) -> None:  # type: ignore[no-untyped-def]
             for line in stream:
                 sink.append(line)
+
         threading.Thread(target=pump, daemon=True).start()
     try:
         url = metrics_url(out)
-        wait_for(lambda: scrape(url).value("reliable_outbox_resends_total") == STUBS, 30,
-                 "every stub resent")
+        wait_for(
+            lambda: scrape(url).value("reliable_outbox_resends_total") == STUBS,
+            30,
+            "every stub resent",
+        )
         s = scrape(url)
         assert s.value("reliable_outbox_up") == 1
         assert s.value("reliable_outbox_stubs", status="unconfirmed") == STUBS
@@ -95,8 +126,7 @@ def test_worker_metrics_and_readyz_when_the_database_is_dropped(own_database: st
         # the database goes away for real
         admin = sa.create_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
         with admin.connect() as conn:
-            conn.execute(sa.text(f"DROP DATABASE {own_database.rsplit('/', 1)[1]} "
-                                 "WITH (FORCE)"))
+            conn.execute(sa.text(f"DROP DATABASE {own_database.rsplit('/', 1)[1]} WITH (FORCE)"))
         admin.dispose()
         wait_for(lambda: probe(url, "/readyz")[0] == 503, 15, "readyz 503")
         assert probe(url, "/readyz")[1]["checks"]["database"] == {"ok": False}

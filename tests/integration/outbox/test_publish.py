@@ -22,27 +22,37 @@ from reliable import Message
 
 def _orders(engine: sa.Engine, prefix: str) -> sa.Table:
     md = sa.MetaData()
-    t = sa.Table(f"{prefix}orders", md, sa.Column("id", sa.Integer, primary_key=True),
-                 sa.Column("item", sa.String(32)))
+    t = sa.Table(
+        f"{prefix}orders",
+        md,
+        sa.Column("id", sa.Integer, primary_key=True),
+        sa.Column("item", sa.String(32)),
+    )
     md.create_all(engine)
     return t
 
 
 def _stub(engine: sa.Engine, tables: OutboxTables, mid: str) -> sa.RowMapping | None:
     with engine.connect() as conn:
-        return conn.execute(sa.select(tables.stub).where(tables.stub.c.message_id == mid)
-                            ).mappings().first()
+        return (
+            conn.execute(sa.select(tables.stub).where(tables.stub.c.message_id == mid))
+            .mappings()
+            .first()
+        )
 
 
 def test_session_commit_sends_exactly_once_and_records_the_receipt(
-        engine, tables, sender, clock, table_prefix) -> None:
+    engine, tables, sender, clock, table_prefix
+) -> None:
     orders = _orders(engine, table_prefix)
     declare_groups(engine, tables, "OrderCreated", ["inventory", "billing"])
     outbox = Outbox(tables, sender, clock=clock)
     with Session(engine) as session, session.begin():
         session.execute(sa.insert(orders).values(id=1, item="book"))
-        mid = outbox.publish(session, Message(topic="OrderCreated", body=b'{"order": 1}',
-                                              tags="new", keys=["order-1"]))
+        mid = outbox.publish(
+            session,
+            Message(topic="OrderCreated", body=b'{"order": 1}', tags="new", keys=["order-1"]),
+        )
         assert sender.counts() == {}  # nothing leaves before the commit
     assert sender.counts() == {mid: 1}
     stub = _stub(engine, tables, mid)
@@ -59,8 +69,9 @@ def test_session_commit_sends_exactly_once_and_records_the_receipt(
     assert sender.counts() == {mid: 1}
 
 
-def test_session_rollback_sends_nothing_and_leaves_no_stub(engine, tables, sender,
-                                                           table_prefix) -> None:
+def test_session_rollback_sends_nothing_and_leaves_no_stub(
+    engine, tables, sender, table_prefix
+) -> None:
     orders = _orders(engine, table_prefix)
     outbox = Outbox(tables, sender)
     with Session(engine) as session:
@@ -108,7 +119,8 @@ def test_savepoint_rollback_drops_only_that_message(engine, tables, sender) -> N
 
 
 def test_connection_api_commits_then_sends_and_rolls_back_silently(
-        engine, tables, sender, table_prefix) -> None:
+    engine, tables, sender, table_prefix
+) -> None:
     orders = _orders(engine, table_prefix)
     outbox = Outbox(tables, sender)
     with engine.connect() as conn:
@@ -143,8 +155,7 @@ def test_connection_api_refuses_a_transaction_it_does_not_own(engine, tables, se
     assert stub is not None and stub["send_count"] == 0
 
 
-def test_send_failure_after_commit_is_recorded_on_the_stub(engine, tables, sender,
-                                                          clock) -> None:
+def test_send_failure_after_commit_is_recorded_on_the_stub(engine, tables, sender, clock) -> None:
     outbox = Outbox(tables, sender, clock=clock)
     sender.fail_all = True
     with Session(engine) as session, session.begin():
@@ -166,20 +177,19 @@ def test_bad_message_is_refused_before_anything_is_written(engine, tables, sende
     assert sender.counts() == {}
 
 
-def test_a_reused_message_id_is_a_typed_error_and_nothing_is_sent(engine, tables,
-                                                                   sender) -> None:
+def test_a_reused_message_id_is_a_typed_error_and_nothing_is_sent(engine, tables, sender) -> None:
     outbox = Outbox(tables, sender)
     with Session(engine) as session, session.begin():
         mid = outbox.publish(session, Message(topic="T", body=b"first"))
-    with pytest.raises(DuplicateMessageId) as info, Session(engine) as session, \
-            session.begin():
+    with pytest.raises(DuplicateMessageId) as info, Session(engine) as session, session.begin():
         outbox.publish(session, Message(topic="T", body=b"again", message_id=mid))
     assert info.value.message_id == mid
     assert sender.counts() == {mid: 1}
 
 
-def test_session_joined_to_an_outer_transaction_never_sends_early(engine, tables, sender,
-                                                                   clock) -> None:
+def test_session_joined_to_an_outer_transaction_never_sends_early(
+    engine, tables, sender, clock
+) -> None:
     outbox = Outbox(tables, sender, clock=clock)
     with engine.connect() as conn:
         outer = conn.begin()

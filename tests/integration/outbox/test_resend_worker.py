@@ -40,29 +40,37 @@ class ListNotifier:
 def _publish(engine, tables, sender, clock, n: int = 1, **kw) -> list[str]:  # type: ignore[no-untyped-def]
     outbox = Outbox(tables, sender, clock=clock)
     with Session(engine) as session, session.begin():
-        return [outbox.publish(session, Message(topic=TOPIC, body=f"order {i}".encode()), **kw)
-                for i in range(n)]
+        return [
+            outbox.publish(session, Message(topic=TOPIC, body=f"order {i}".encode()), **kw)
+            for i in range(n)
+        ]
 
 
 def _stub(engine: sa.Engine, tables: OutboxTables, mid: str) -> sa.RowMapping:
     with engine.connect() as conn:
-        return conn.execute(sa.select(tables.stub).where(tables.stub.c.message_id == mid)
-                            ).mappings().one()
+        return (
+            conn.execute(sa.select(tables.stub).where(tables.stub.c.message_id == mid))
+            .mappings()
+            .one()
+        )
 
 
 def _confirm(engine: sa.Engine, tables: OutboxTables, mid: str, group: str) -> None:
     with engine.begin() as conn:
-        conn.execute(sa.insert(tables.confirmation).values(
-            message_id=mid, consumer_group=group, topic=TOPIC,
-            confirmed_at=datetime(2026, 1, 1)))
+        conn.execute(
+            sa.insert(tables.confirmation).values(
+                message_id=mid, consumer_group=group, topic=TOPIC, confirmed_at=datetime(2026, 1, 1)
+            )
+        )
 
 
 def _worker(engine, tables, sender, clock, offsets=None, **kw) -> ResendWorker:  # type: ignore[no-untyped-def]
     return ResendWorker(engine, tables, sender, offsets=offsets, clock=clock, **kw)
 
 
-def test_send_failure_after_commit_is_recovered_by_the_worker(engine, tables, sender,
-                                                             clock, offsets) -> None:
+def test_send_failure_after_commit_is_recovered_by_the_worker(
+    engine, tables, sender, clock, offsets
+) -> None:
     declare_groups(engine, tables, TOPIC, ["inventory"])
     sender.fail_all = True
     [mid] = _publish(engine, tables, sender, clock)
@@ -81,7 +89,8 @@ def test_send_failure_after_commit_is_recovered_by_the_worker(engine, tables, se
 
 
 def test_backlogged_consumer_triggers_no_resend_then_passing_it_does(
-        engine, tables, sender, clock, offsets) -> None:
+    engine, tables, sender, clock, offsets
+) -> None:
     declare_groups(engine, tables, TOPIC, ["inventory"])
     [mid] = _publish(engine, tables, sender, clock)
     offset = _stub(engine, tables, mid)["queue_offset"]
@@ -101,15 +110,18 @@ def test_backlogged_consumer_triggers_no_resend_then_passing_it_does(
     assert sender.counts() == {mid: 2}
 
 
-def test_empty_consumption_log_does_not_stop_resends(engine, tables, sender, clock,
-                                                     offsets) -> None:
+def test_empty_consumption_log_does_not_stop_resends(
+    engine, tables, sender, clock, offsets
+) -> None:
     """The seed's watermark (the log's max offset) never resends once the log is empty."""
     declare_groups(engine, tables, TOPIC, ["inventory"])
     ids = _publish(engine, tables, sender, clock, n=3)
     top = max(_stub(engine, tables, mid)["queue_offset"] for mid in ids)
     with engine.connect() as conn:
-        assert conn.execute(sa.select(sa.func.count()).select_from(
-            tables.consumption_log)).scalar() == 0
+        assert (
+            conn.execute(sa.select(sa.func.count()).select_from(tables.consumption_log)).scalar()
+            == 0
+        )
     offsets.committed[("inventory", TOPIC, 0)] = top + 1  # consumed past all, none confirmed
     clock.advance(minutes=6)
     result = _worker(engine, tables, sender, clock, offsets).run_once()
@@ -118,14 +130,22 @@ def test_empty_consumption_log_does_not_stop_resends(engine, tables, sender, clo
 
 
 def test_message_in_the_consumption_log_is_not_resent_until_the_row_is_stale(
-        engine, tables, sender, clock, offsets) -> None:
+    engine, tables, sender, clock, offsets
+) -> None:
     declare_groups(engine, tables, TOPIC, ["inventory"])
     [mid] = _publish(engine, tables, sender, clock)
     offsets.committed[("inventory", TOPIC, 0)] = 10**9
     with engine.begin() as conn:
-        conn.execute(sa.insert(tables.consumption_log).values(
-            message_id=mid, consumer_group="inventory", topic=TOPIC, queue_id=0,
-            queue_offset=1, created_at=clock.now))
+        conn.execute(
+            sa.insert(tables.consumption_log).values(
+                message_id=mid,
+                consumer_group="inventory",
+                topic=TOPIC,
+                queue_id=0,
+                queue_offset=1,
+                created_at=clock.now,
+            )
+        )
     clock.advance(minutes=6)
     worker = _worker(engine, tables, sender, clock, offsets)
     result = worker.run_once()
@@ -136,8 +156,9 @@ def test_message_in_the_consumption_log_is_not_resent_until_the_row_is_stale(
     assert (result.backlogged, result.resent) == (0, 1)
 
 
-def test_two_groups_one_lost_is_resent_to_that_group_only(engine, tables, sender, clock,
-                                                          offsets) -> None:
+def test_two_groups_one_lost_is_resent_to_that_group_only(
+    engine, tables, sender, clock, offsets
+) -> None:
     declare_groups(engine, tables, TOPIC, ["inventory", "billing"])
     [mid] = _publish(engine, tables, sender, clock)
     offset = _stub(engine, tables, mid)["queue_offset"]
@@ -149,8 +170,9 @@ def test_two_groups_one_lost_is_resent_to_that_group_only(engine, tables, sender
     assert worker.run_once().resent == 1
     assert sender.sends() == [(mid, TOPIC), (mid, "%RETRY%billing")]
     with engine.connect() as conn:
-        retry_prop = conn.execute(sa.select(sender.table.c.retry_topic)
-                                  .where(sender.table.c.topic == "%RETRY%billing")).scalar()
+        retry_prop = conn.execute(
+            sa.select(sender.table.c.retry_topic).where(sender.table.c.topic == "%RETRY%billing")
+        ).scalar()
     assert retry_prop == TOPIC
     stub = _stub(engine, tables, mid)
     retry_pos = json.loads(stub["group_positions"])["billing"]
@@ -172,8 +194,9 @@ def test_two_groups_one_lost_is_resent_to_that_group_only(engine, tables, sender
     assert worker.run_once().selected == 0
 
 
-def test_never_sent_and_offset_not_held_are_due_by_age(engine, tables, sender, clock,
-                                                       offsets) -> None:
+def test_never_sent_and_offset_not_held_are_due_by_age(
+    engine, tables, sender, clock, offsets
+) -> None:
     declare_groups(engine, tables, TOPIC, ["inventory"])
     [held, gone] = _publish(engine, tables, sender, clock, n=2)
     outbox = Outbox(tables, sender, clock=clock)
@@ -182,8 +205,11 @@ def test_never_sent_and_offset_not_held_are_due_by_age(engine, tables, sender, c
         sender.fail_all = True  # the process "dies" before the send: nothing recorded
     sender.fail_all = False
     with engine.begin() as conn:  # undo the failure record: as if it was never attempted
-        conn.execute(sa.update(tables.stub).where(tables.stub.c.message_id == never)
-                     .values(send_count=0, last_error=None))
+        conn.execute(
+            sa.update(tables.stub)
+            .where(tables.stub.c.message_id == never)
+            .values(send_count=0, last_error=None)
+        )
     gone_offset = _stub(engine, tables, gone)["queue_offset"]
     offsets.max[(TOPIC, 0)] = gone_offset  # the broker lost the tail after a crash
     worker = _worker(engine, tables, sender, clock, offsets, bounds=offsets)
@@ -195,7 +221,8 @@ def test_never_sent_and_offset_not_held_are_due_by_age(engine, tables, sender, c
 
 
 def test_all_groups_confirmed_marks_the_stub_confirmed_without_sending(
-        engine, tables, sender, clock, offsets) -> None:
+    engine, tables, sender, clock, offsets
+) -> None:
     declare_groups(engine, tables, TOPIC, ["inventory", "billing"])
     [mid] = _publish(engine, tables, sender, clock)
     _confirm(engine, tables, mid, "inventory")
@@ -212,8 +239,7 @@ def test_exhausted_stub_notifies_exactly_once(engine, tables, sender, clock, off
     [mid] = _publish(engine, tables, sender, clock, max_sends=2)
     offsets.committed[("inventory", TOPIC, 0)] = 10**9  # always passed, never confirmed
     notifier = ListNotifier()
-    workers = [_worker(engine, tables, sender, clock, offsets, notifier=notifier)
-               for _ in range(2)]
+    workers = [_worker(engine, tables, sender, clock, offsets, notifier=notifier) for _ in range(2)]
     clock.advance(minutes=6)
     assert workers[0].run_once().resent == 1  # send 2 of 2
     notifier.fail = True
@@ -245,8 +271,9 @@ def test_policy_waits_are_tenacity_values(engine, tables, sender, clock, offsets
     assert _stub(engine, tables, mid)["next_resend_at"] == clock.now + timedelta(seconds=10)
 
 
-def test_one_failing_stub_does_not_hold_back_the_batch(engine, tables, sender, clock,
-                                                      offsets) -> None:
+def test_one_failing_stub_does_not_hold_back_the_batch(
+    engine, tables, sender, clock, offsets
+) -> None:
     class FlakyOffsets:
         def committed_offset(self, group: str, topic: str, queue_id: int) -> int | None:
             if topic == "Broken":
@@ -268,8 +295,9 @@ def test_one_failing_stub_does_not_hold_back_the_batch(engine, tables, sender, c
     assert stub["next_resend_at"] == clock.now + timedelta(seconds=10)
 
 
-def test_operator_requeues_an_escalated_stub_or_voids_it(engine, tables, sender, clock,
-                                                        offsets) -> None:
+def test_operator_requeues_an_escalated_stub_or_voids_it(
+    engine, tables, sender, clock, offsets
+) -> None:
     declare_groups(engine, tables, TOPIC, ["inventory"])
     [fixed, dropped] = _publish(engine, tables, sender, clock, n=2, max_sends=1)
     offsets.committed[("inventory", TOPIC, 0)] = 10**9
@@ -288,8 +316,9 @@ def test_operator_requeues_an_escalated_stub_or_voids_it(engine, tables, sender,
     assert worker.run_once().escalated == 1 and len(notifier.seen) == 3
 
 
-def test_polling_outbox_leaves_every_send_to_the_worker(engine, tables, sender, clock,
-                                                       offsets) -> None:
+def test_polling_outbox_leaves_every_send_to_the_worker(
+    engine, tables, sender, clock, offsets
+) -> None:
     declare_groups(engine, tables, TOPIC, ["inventory"])
     outbox = Outbox(tables, sender, clock=clock, config=OutboxConfig(send_after_commit=False))
     with Session(engine) as session, session.begin():

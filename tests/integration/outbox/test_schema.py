@@ -9,27 +9,34 @@ from outbox import Outbox, OutboxTables
 from outbox.schema import ensure_schema
 from reliable import Message
 
-ADDED = {"message_stub": {"claimed_by", "group_positions"},
-         "confirmation": {"body_digest", "outcome"},
-         "consumption_log": {"lease_token", "lease_until"}}
+ADDED = {
+    "message_stub": {"claimed_by", "group_positions"},
+    "confirmation": {"body_digest", "outcome"},
+    "consumption_log": {"lease_token", "lease_until"},
+}
 
 
 def test_older_tables_are_completed_and_a_second_run_changes_nothing(
-        engine: sa.Engine, table_prefix: str, sender) -> None:  # type: ignore[no-untyped-def]
+    engine: sa.Engine, table_prefix: str, sender
+) -> None:  # type: ignore[no-untyped-def]
     table_prefix = f"{table_prefix}o_"
     current = OutboxTables(prefix=table_prefix)
     old_md = sa.MetaData()
     for table in current.metadata.sorted_tables:  # the first released shape of the tables
-        short = table.name[len(table_prefix):]
-        cols = [sa.Column(c.name, c.type, nullable=c.nullable, primary_key=c.primary_key)
-                for c in table.columns if c.name not in ADDED.get(short, set())]
+        short = table.name[len(table_prefix) :]
+        cols = [
+            sa.Column(c.name, c.type, nullable=c.nullable, primary_key=c.primary_key)
+            for c in table.columns
+            if c.name not in ADDED.get(short, set())
+        ]
         sa.Table(table.name, old_md, *cols)
     old_md.create_all(engine)
     try:
         report = ensure_schema(engine, current)
         assert report.created_tables == []
         assert sorted(report.added_columns) == sorted(
-            f"{table_prefix}{t}.{c}" for t, cols in ADDED.items() for c in cols)
+            f"{table_prefix}{t}.{c}" for t, cols in ADDED.items() for c in cols
+        )
         assert f"{table_prefix}ix_stub_claimed" in report.created_indexes
         assert not ensure_schema(engine, current).changed
         inspector = sa.inspect(engine)

@@ -24,8 +24,11 @@ from outbox.errors import REFUSED_PREFIX
 from reliable import Message, Producer
 from tests.e2e.helpers import broker_config, store_config
 
-ALL = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres),
-       pytest.param("mariadb", marks=pytest.mark.mariadb)]
+ALL = [
+    "sqlite",
+    pytest.param("postgres", marks=pytest.mark.postgres),
+    pytest.param("mariadb", marks=pytest.mark.mariadb),
+]
 
 
 def _stubs(engine: sa.Engine, tables: OutboxTables) -> list[sa.RowMapping]:
@@ -59,8 +62,11 @@ def test_publish_refuses_what_no_broker_would_store(engine, tables, sender) -> N
 def test_the_limit_is_the_senders_own_when_it_has_one(engine, tables, sender) -> None:
     sender.max_body_size = 8  # e.g. what the broker advertised
     outbox = Outbox(tables, sender)
-    with Session(engine) as session, session.begin(), \
-            pytest.raises(InvalidStub, match="limit of 8 bytes"):
+    with (
+        Session(engine) as session,
+        session.begin(),
+        pytest.raises(InvalidStub, match="limit of 8 bytes"),
+    ):
         outbox.publish(session, Message("T", b"x" * 9))
     default = Outbox(tables, object())  # type: ignore[arg-type]
     assert default.max_body_size == 4 * 1024 * 1024
@@ -78,12 +84,16 @@ class Recorder:
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-def test_a_send_the_broker_refuses_is_escalated_once_at_once(engine, tables,
-                                                             tmp_path: Path) -> None:
+def test_a_send_the_broker_refuses_is_escalated_once_at_once(
+    engine, tables, tmp_path: Path
+) -> None:
     # the broker's limit is lower than the outbox knows (its check is off): only the
     # broker can refuse this body, and it always will
-    transport = reliable.connect("embedded", store_config=store_config(tmp_path / "store"),
-                                 broker_config=broker_config(max_message_size=1024))
+    transport = reliable.connect(
+        "embedded",
+        store_config=store_config(tmp_path / "store"),
+        broker_config=broker_config(max_message_size=1024),
+    )
     transport.start()
     with Producer(transport) as producer:
         outbox = Outbox(tables, producer, config=OutboxConfig(max_body_size=0))
@@ -96,8 +106,13 @@ def test_a_send_the_broker_refuses_is_escalated_once_at_once(engine, tables,
         notifier = Recorder()
         worker = ResendWorker(engine, tables, producer, notifier=notifier)
         first = worker.run_once()
-        assert (first.selected, first.refused, first.escalated, first.resent,
-                first.backlogged) == (1, 1, 1, 0, 0)
+        assert (first.selected, first.refused, first.escalated, first.resent, first.backlogged) == (
+            1,
+            1,
+            1,
+            0,
+            0,
+        )
         [escalation] = notifier.escalations
         assert escalation.message_id == mid and escalation.refused
         assert "can never be sent" in escalation.summary()

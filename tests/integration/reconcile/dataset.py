@@ -22,59 +22,100 @@ BASE = datetime(2026, 1, 1, 8, 0, 0)  # stubs are created from here, one minute 
 @dataclass
 class Seeded:
     tables: OutboxTables
-    stubs: dict[StubClass, set[str]] = field(
-        default_factory=lambda: {c: set() for c in StubClass})
+    stubs: dict[StubClass, set[str]] = field(default_factory=lambda: {c: set() for c in StubClass})
     logs: dict[LogClass, set[tuple[str, str]]] = field(
-        default_factory=lambda: {c: set() for c in LogClass})
+        default_factory=lambda: {c: set() for c in LogClass}
+    )
     created: dict[str, datetime] = field(default_factory=dict)
     stub_rows: list[dict[str, object]] = field(default_factory=list)
     log_rows: list[dict[str, object]] = field(default_factory=list)
     conf_rows: list[dict[str, object]] = field(default_factory=list)
     tg_rows: list[dict[str, object]] = field(default_factory=list)
 
-    def stub(self, cls: StubClass, topic: str, queue_id: int | None, offset: int | None,
-             *, status: str = "UNCONFIRMED", groups: str = "", send_count: int = 1,
-             max_sends: int = 16, created: datetime | None = None) -> str:
+    def stub(
+        self,
+        cls: StubClass,
+        topic: str,
+        queue_id: int | None,
+        offset: int | None,
+        *,
+        status: str = "UNCONFIRMED",
+        groups: str = "",
+        send_count: int = 1,
+        max_sends: int = 16,
+        created: datetime | None = None,
+    ) -> str:
         mid = f"{topic}-{cls.value.lower()}-{len(self.stub_rows):04d}"
         at = created or BASE + timedelta(minutes=len(self.stub_rows))
         self.stubs[cls].add(mid)
         self.created[mid] = at
-        self.stub_rows.append({
-            "message_id": mid, "topic": topic, "tags": None, "keys": None,
-            "body": mid.encode(), "body_digest": hashlib.sha256(mid.encode()).hexdigest(),
-            "headers": None, "expected_groups": groups, "status": status,
-            "send_count": send_count if offset is not None else 0, "max_sends": max_sends,
-            "queue_id": queue_id, "queue_offset": offset, "next_resend_at": None,
-            "created_at": at, "updated_at": at, "last_error": None})
+        self.stub_rows.append(
+            {
+                "message_id": mid,
+                "topic": topic,
+                "tags": None,
+                "keys": None,
+                "body": mid.encode(),
+                "body_digest": hashlib.sha256(mid.encode()).hexdigest(),
+                "headers": None,
+                "expected_groups": groups,
+                "status": status,
+                "send_count": send_count if offset is not None else 0,
+                "max_sends": max_sends,
+                "queue_id": queue_id,
+                "queue_offset": offset,
+                "next_resend_at": None,
+                "created_at": at,
+                "updated_at": at,
+                "last_error": None,
+            }
+        )
         return mid
 
     def confirm(self, mid: str, group: str, topic: str) -> None:
         at = NOW - timedelta(minutes=30) + timedelta(seconds=len(self.conf_rows))
-        self.conf_rows.append({"message_id": mid, "consumer_group": group, "topic": topic,
-                               "confirmed_at": at})
+        self.conf_rows.append(
+            {"message_id": mid, "consumer_group": group, "topic": topic, "confirmed_at": at}
+        )
 
-    def log(self, cls: LogClass, mid: str, group: str, topic: str, queue_id: int,
-            offset: int, dead: bool = False) -> None:
+    def log(
+        self,
+        cls: LogClass,
+        mid: str,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        dead: bool = False,
+    ) -> None:
         self.logs[cls].add((mid, group))
-        self.log_rows.append({
-            "message_id": mid, "consumer_group": group, "topic": topic,
-            "queue_id": queue_id, "queue_offset": offset,
-            "created_at": NOW - timedelta(minutes=20),
-            "dead_lettered_at": NOW - timedelta(minutes=10) if dead else None})
+        self.log_rows.append(
+            {
+                "message_id": mid,
+                "consumer_group": group,
+                "topic": topic,
+                "queue_id": queue_id,
+                "queue_offset": offset,
+                "created_at": NOW - timedelta(minutes=20),
+                "dead_lettered_at": NOW - timedelta(minutes=10) if dead else None,
+            }
+        )
 
     def insert(self, engine: sa.Engine) -> None:
         self.tables.create_all(engine)
         t = self.tables
         with engine.begin() as conn:
-            for table, rows in ((t.stub, self.stub_rows), (t.confirmation, self.conf_rows),
-                                (t.consumption_log, self.log_rows),
-                                (t.topic_group, self.tg_rows)):
+            for table, rows in (
+                (t.stub, self.stub_rows),
+                (t.confirmation, self.conf_rows),
+                (t.consumption_log, self.log_rows),
+                (t.topic_group, self.tg_rows),
+            ):
                 if rows:
                     conn.execute(sa.insert(table), rows)
 
 
-def build(prefix: str, *, stubs: bool = True, logs: bool = True,
-          orders_groups: str = "") -> Seeded:
+def build(prefix: str, *, stubs: bool = True, logs: bool = True, orders_groups: str = "") -> Seeded:
     """The data set; `stubs=False` / `logs=False` leave out the stub side / consumer side
     (the expected classes are then recomputed by the caller). `orders_groups` also writes
     the orders topic's groups on each stub, as the outbox's publish does."""
@@ -84,8 +125,9 @@ def build(prefix: str, *, stubs: bool = True, logs: bool = True,
     o = "orders"
     _stub = s.stub
 
-    def stub_with_groups(cls: StubClass, topic: str, queue_id: int | None,
-                         offset: int | None, **kw: object) -> str:
+    def stub_with_groups(
+        cls: StubClass, topic: str, queue_id: int | None, offset: int | None, **kw: object
+    ) -> str:
         if topic == o and orders_groups:
             kw.setdefault("groups", orders_groups)
         return _stub(cls, topic, queue_id, offset, **kw)  # type: ignore[arg-type]

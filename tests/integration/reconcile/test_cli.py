@@ -21,16 +21,27 @@ def test_json_exit_code_and_report_table(spark, sqlite_url, table_prefix, capsys
     engine = sa.create_engine(sqlite_url)
     seeded.insert(engine)
     report = f"{table_prefix}reconcile_report"
-    rc = main(["reconcile", "--db", sqlite_url, "--prefix", table_prefix, "--json",
-               "--report-table", report])
+    rc = main(
+        [
+            "reconcile",
+            "--db",
+            sqlite_url,
+            "--prefix",
+            table_prefix,
+            "--json",
+            "--report-table",
+            report,
+        ]
+    )
     doc = json.loads(capsys.readouterr().out)
     # real time is later than the data set's clock: the unsent stub is past its grace too
     assert rc == ExitCode.UNACCOUNTED == doc["exit_code"]
     assert doc["stubs"]["total"] == 41 and doc["certificate"]["clean"] is False
     assert doc["log_rows"] == {"total": 11, "matched": 7, "orphan": 2, "stale": 2}
     with engine.connect() as conn:
-        rows = conn.execute(sa.text(f'SELECT kind, class, COUNT(*) FROM "{report}" '
-                                    "GROUP BY kind, class")).all()
+        rows = conn.execute(
+            sa.text(f'SELECT kind, class, COUNT(*) FROM "{report}" GROUP BY kind, class')
+        ).all()
     detail = {(k, c): n for k, c, n in rows}
     assert detail[("stub", "LOST")] == doc["stubs"]["lost"]
     assert ("stub", "CONFIRMED") not in detail
@@ -47,16 +58,29 @@ def test_a_small_run_with_a_report_takes_few_tasks(spark, sqlite_url, table_pref
 
     build(table_prefix).insert(sa.create_engine(sqlite_url))
     parquet = tmp_path / "report"
-    result = reconcile(ReconcileOptions(db_url=sqlite_url, table_prefix=table_prefix,
-                                        report_table=f"{table_prefix}report",
-                                        report_parquet=str(parquet)), spark=spark, now=NOW)
+    result = reconcile(
+        ReconcileOptions(
+            db_url=sqlite_url,
+            table_prefix=table_prefix,
+            report_table=f"{table_prefix}report",
+            report_parquet=str(parquet),
+        ),
+        spark=spark,
+        now=NOW,
+    )
     assert result.shuffle_partitions == spark.sparkContext.defaultParallelism == 2
     assert 0 < result.tasks <= 60, result.tasks
     assert len(list(parquet.glob("*.parquet"))) == 1
     # the caller's setting stands
-    again = reconcile(ReconcileOptions(db_url=sqlite_url, table_prefix=table_prefix,
-                                       spark_conf={"spark.sql.shuffle.partitions": "7"}),
-                      spark=spark, now=NOW)
+    again = reconcile(
+        ReconcileOptions(
+            db_url=sqlite_url,
+            table_prefix=table_prefix,
+            spark_conf={"spark.sql.shuffle.partitions": "7"},
+        ),
+        spark=spark,
+        now=NOW,
+    )
     assert again.shuffle_partitions == 7
     assert spark.conf.get("spark.sql.shuffle.partitions") != "7"  # given back afterwards
 
@@ -64,8 +88,19 @@ def test_a_small_run_with_a_report_takes_few_tasks(spark, sqlite_url, table_pref
 def test_clean_window_exits_zero(spark, sqlite_url, table_prefix, capsys):
     build(table_prefix).insert(sa.create_engine(sqlite_url))
     # the first ten stubs (08:00-08:09) are all confirmed
-    rc = main(["reconcile", "--db", sqlite_url, "--prefix", table_prefix,
-               "--since", "2026-01-01T08:00", "--until", "2026-01-01T08:10"])
+    rc = main(
+        [
+            "reconcile",
+            "--db",
+            sqlite_url,
+            "--prefix",
+            table_prefix,
+            "--since",
+            "2026-01-01T08:00",
+            "--until",
+            "2026-01-01T08:10",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == ExitCode.OK
     assert "zero-loss certificate [2026-01-01 08:00:00, 2026-01-01 08:10:00): CLEAN" in out
@@ -73,8 +108,7 @@ def test_clean_window_exits_zero(spark, sqlite_url, table_prefix, capsys):
 
 
 def test_bad_options_and_missing_tables(spark, sqlite_url, table_prefix, capsys):
-    rc = main(["reconcile", "--db", sqlite_url, "--since", "2026-01-02",
-               "--until", "2026-01-01"])
+    rc = main(["reconcile", "--db", sqlite_url, "--since", "2026-01-02", "--until", "2026-01-01"])
     assert rc == ExitCode.USAGE
     assert "empty window" in capsys.readouterr().err
     sa.create_engine(sqlite_url).connect().close()  # the database file, without tables
@@ -121,16 +155,37 @@ def test_runs_unchanged_under_spark_submit(sqlite_url, table_prefix, tmp_path):
     spark_home = os.path.dirname(pyspark.__file__)
     entry = Path(reliable_cli.reconcile.__file__).with_name("__main__.py")
     root = Path(reliable_cli.reconcile.__file__).parents[2]
-    env = {**os.environ, "SPARK_HOME": spark_home, "PYSPARK_PYTHON": sys.executable,
-           "PYSPARK_DRIVER_PYTHON": sys.executable, "RELIABLE_JDBC_SYSTEM_DIRS": "",
-           "RELIABLE_JDBC_JARS": "",
-           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "SPARK_HOME": spark_home,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "RELIABLE_JDBC_SYSTEM_DIRS": "",
+        "RELIABLE_JDBC_JARS": "",
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+    }
     proc = subprocess.run(
-        [os.path.join(spark_home, "bin", "spark-submit"), "--master", "local[1]",
-         "--conf", "spark.ui.enabled=false",
-         str(entry), "--db", sqlite_url, "--prefix", table_prefix, "--json",
-         "--jdbc-jar", str(jar)],
-        env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+        [
+            os.path.join(spark_home, "bin", "spark-submit"),
+            "--master",
+            "local[1]",
+            "--conf",
+            "spark.ui.enabled=false",
+            str(entry),
+            "--db",
+            sqlite_url,
+            "--prefix",
+            table_prefix,
+            "--json",
+            "--jdbc-jar",
+            str(jar),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
     assert proc.returncode == ExitCode.UNACCOUNTED, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
     assert doc["master"] == "local[1]"
@@ -144,8 +199,12 @@ def test_bad_data_fails_with_a_typed_error(spark, sqlite_url, table_prefix, caps
     engine = sa.create_engine(sqlite_url)
     seeded.insert(engine)
     with engine.begin() as conn:  # a row no datetime parser accepts
-        conn.execute(sa.text(f'UPDATE "{table_prefix}message_stub" '
-                             "SET created_at = 'yesterday-ish' WHERE id = 1"))
+        conn.execute(
+            sa.text(
+                f'UPDATE "{table_prefix}message_stub" '
+                "SET created_at = 'yesterday-ish' WHERE id = 1"
+            )
+        )
     rc = main(["reconcile", "--db", sqlite_url, "--prefix", table_prefix])
     err = capsys.readouterr().err
     assert rc == ExitCode.FAILURE
@@ -156,8 +215,9 @@ def test_a_driver_missing_from_the_session_is_named(spark):
     from outbox.reconcile.drivers import JdbcDriver
     from outbox.reconcile.session import require_driver
 
-    absent = JdbcDriver("postgresql", "org.example.NoSuchDriver", ("none.jar",),
-                        "libpostgresql-jdbc-java")
+    absent = JdbcDriver(
+        "postgresql", "org.example.NoSuchDriver", ("none.jar",), "libpostgresql-jdbc-java"
+    )
     with pytest.raises(DriverNotFound, match="libpostgresql-jdbc-java"):
         require_driver(spark, absent)
 
@@ -170,8 +230,12 @@ def test_jars_spark_submit_set_are_kept(tmp_path, monkeypatch):
     monkeypatch.delenv("RELIABLE_JDBC_JARS", raising=False)
     nowhere = (str(tmp_path),)
     # a driver shipped by spark-submit, possibly remote: nothing more to add, no error
-    assert driver_jars("postgresql", search_dirs=nowhere,
-                       provided=("hdfs:///jars/postgresql-42.7.jar",)) == []
+    assert (
+        driver_jars(
+            "postgresql", search_dirs=nowhere, provided=("hdfs:///jars/postgresql-42.7.jar",)
+        )
+        == []
+    )
     # a name that says nothing: the class check in the started session decides
     assert driver_jars("mariadb", search_dirs=nowhere, provided=("/opt/x/driver.jar",)) == []
     monkeypatch.setenv("RELIABLE_JDBC_SYSTEM_DIRS", "")
@@ -179,7 +243,11 @@ def test_jars_spark_submit_set_are_kept(tmp_path, monkeypatch):
         driver_jars("sqlite")  # no system directory to search, nothing shipped
     submitted = split_jars(" /a/one.jar,hdfs:///b/two.jar ,")
     assert merge_jars(submitted, split_jars("/c/three.jar,/a/one.jar"), ["/d/four.jar"]) == [
-        "/a/one.jar", "hdfs:///b/two.jar", "/c/three.jar", "/d/four.jar"]
+        "/a/one.jar",
+        "hdfs:///b/two.jar",
+        "/c/three.jar",
+        "/d/four.jar",
+    ]
 
 
 @pytest.mark.slow
@@ -190,13 +258,21 @@ def test_a_local_session_binds_to_loopback(tmp_path):
     import subprocess
     import sys
 
-    code = ("from outbox.reconcile.session import spark_session\n"
-            "s = spark_session('local[1]')\n"
-            "print(s.sparkContext.getConf().get('spark.driver.host'))\n"
-            "s.stop()\n")
+    code = (
+        "from outbox.reconcile.session import spark_session\n"
+        "s = spark_session('local[1]')\n"
+        "print(s.sparkContext.getConf().get('spark.driver.host'))\n"
+        "s.stop()\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "SPARK_LOCAL_IP"}
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                          text=True, timeout=180, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     import socket
 

@@ -51,8 +51,9 @@ def _state(webui: int) -> dict[str, Any]:
         return dict(json.load(resp))
 
 
-def _wait(what: str, check: Any, proc: subprocess.Popen[bytes], log: Path,
-          timeout: float = 60.0) -> None:
+def _wait(
+    what: str, check: Any, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60.0
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -82,28 +83,61 @@ def standalone_cluster(work: Path) -> Iterator[tuple[str, int]]:
     port (its /json/ says what ran)."""
     home = _spark_home()
     spark_class = os.path.join(home, "bin", "spark-class")
-    env = {**os.environ, "SPARK_HOME": home, "SPARK_LOCAL_IP": LOOPBACK,
-           "SPARK_LOG_DIR": str(work / "logs"), "SPARK_WORKER_DIR": str(work / "worker"),
-           "PYSPARK_PYTHON": sys.executable}
+    env = {
+        **os.environ,
+        "SPARK_HOME": home,
+        "SPARK_LOCAL_IP": LOOPBACK,
+        "SPARK_LOG_DIR": str(work / "logs"),
+        "SPARK_WORKER_DIR": str(work / "worker"),
+        "PYSPARK_PYTHON": sys.executable,
+    }
     port, webui, worker_ui = _free_port(), _free_port(), _free_port()
     procs: list[subprocess.Popen[bytes]] = []
     try:
         master_log = work / "master.log"
         with open(master_log, "wb") as out:
             master = subprocess.Popen(
-                [spark_class, "org.apache.spark.deploy.master.Master", "--host", LOOPBACK,
-                 "--port", str(port), "--webui-port", str(webui)],
-                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                [
+                    spark_class,
+                    "org.apache.spark.deploy.master.Master",
+                    "--host",
+                    LOOPBACK,
+                    "--port",
+                    str(port),
+                    "--webui-port",
+                    str(webui),
+                ],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         procs.append(master)
         _wait("the master", lambda: _state(webui)["status"] == "ALIVE", master, master_log)
         url = f"spark://{LOOPBACK}:{port}"
         worker_log = work / "worker.log"
         with open(worker_log, "wb") as out:
             worker = subprocess.Popen(
-                [spark_class, "org.apache.spark.deploy.worker.Worker", url, "--host",
-                 LOOPBACK, "--cores", "1", "--memory", "1g", "--webui-port", str(worker_ui),
-                 "--work-dir", str(work / "worker")],
-                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                [
+                    spark_class,
+                    "org.apache.spark.deploy.worker.Worker",
+                    url,
+                    "--host",
+                    LOOPBACK,
+                    "--cores",
+                    "1",
+                    "--memory",
+                    "1g",
+                    "--webui-port",
+                    str(worker_ui),
+                    "--work-dir",
+                    str(work / "worker"),
+                ],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         procs.append(worker)
         _wait("the worker", lambda: _state(webui)["aliveworkers"] == 1, worker, worker_log)
         yield url, webui
@@ -112,8 +146,7 @@ def standalone_cluster(work: Path) -> Iterator[tuple[str, int]]:
             _stop(proc)
 
 
-def test_spark_submit_to_a_standalone_cluster_with_jars(sqlite_url, table_prefix,
-                                                        tmp_path: Path):
+def test_spark_submit_to_a_standalone_cluster_with_jars(sqlite_url, table_prefix, tmp_path: Path):
     seeded = build(table_prefix)
     seeded.insert(sa.create_engine(sqlite_url))
     # the driver jar under a name the job does not know, where the job does not look
@@ -124,17 +157,44 @@ def test_spark_submit_to_a_standalone_cluster_with_jars(sqlite_url, table_prefix
     entry = ROOT / "reliable_cli" / "reconcile" / "__main__.py"
     report = tmp_path / "report"
     with standalone_cluster(tmp_path) as (master, webui):
-        env = {**os.environ, "SPARK_HOME": home, "SPARK_LOCAL_IP": LOOPBACK,
-               "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
-               "RELIABLE_JDBC_SYSTEM_DIRS": "", "RELIABLE_JDBC_JARS": "",
-               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        env = {
+            **os.environ,
+            "SPARK_HOME": home,
+            "SPARK_LOCAL_IP": LOOPBACK,
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+            "RELIABLE_JDBC_SYSTEM_DIRS": "",
+            "RELIABLE_JDBC_JARS": "",
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        }
         proc = subprocess.run(
-            [os.path.join(home, "bin", "spark-submit"), "--master", master,
-             "--jars", str(shipped), "--conf", "spark.ui.enabled=false",
-             "--conf", "spark.executor.memory=512m", "--conf", "spark.cores.max=1",
-             str(entry), "--db", sqlite_url, "--prefix", table_prefix, "--json",
-             "--report-parquet", str(report)],
-            env=env, capture_output=True, text=True, timeout=150, cwd=tmp_path)
+            [
+                os.path.join(home, "bin", "spark-submit"),
+                "--master",
+                master,
+                "--jars",
+                str(shipped),
+                "--conf",
+                "spark.ui.enabled=false",
+                "--conf",
+                "spark.executor.memory=512m",
+                "--conf",
+                "spark.cores.max=1",
+                str(entry),
+                "--db",
+                sqlite_url,
+                "--prefix",
+                table_prefix,
+                "--json",
+                "--report-parquet",
+                str(report),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=150,
+            cwd=tmp_path,
+        )
         state = _state(webui)
     assert proc.returncode == ExitCode.UNACCOUNTED, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)

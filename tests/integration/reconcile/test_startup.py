@@ -16,16 +16,21 @@ from outbox import OutboxTables
 from reliable_cli.exit_codes import ExitCode
 
 ROOT = Path(__file__).resolve().parents[3]
-POSTGRES = os.environ.get("RELIABLE_TEST_POSTGRES",
-                          "postgresql+psycopg2://postgres@127.0.0.1:5432/test")
+POSTGRES = os.environ.get(
+    "RELIABLE_TEST_POSTGRES", "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
+)
 
 
-def _reconcile(*args: str, env: dict[str, str] | None = None
-               ) -> subprocess.CompletedProcess[str]:
+def _reconcile(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     base = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "reliable_cli", "reconcile", *args],
-                          env={**base, **(env or {})}, capture_output=True, text=True,
-                          timeout=120, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "reliable_cli", "reconcile", *args],
+        env={**base, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
 
 
 def _one_error(proc: subprocess.CompletedProcess[str]) -> str:
@@ -56,9 +61,14 @@ def test_without_java(sqlite_db: str, tmp_path: Path) -> None:
     empty.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
     env.update(PATH=str(empty), PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "reliable_cli", "reconcile", "--db",
-                           sqlite_db], env=env, capture_output=True, text=True, timeout=120,
-                          cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "reliable_cli", "reconcile", "--db", sqlite_db],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert proc.returncode == ExitCode.FAILURE
     line = _one_error(proc)
     assert "Java runtime" in line and "JAVA_HOME" in line and "apt-get install" in line
@@ -90,10 +100,15 @@ def test_with_a_wrong_database_url() -> None:
     assert "no_such_database" in _one_error(proc)
 
 
-@pytest.mark.parametrize("db_url", ["sqlite", pytest.param("postgres",
-                                                            marks=pytest.mark.postgres),
-                                    pytest.param("mariadb", marks=pytest.mark.mariadb)],
-                         indirect=True)
+@pytest.mark.parametrize(
+    "db_url",
+    [
+        "sqlite",
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
+    ],
+    indirect=True,
+)
 def test_with_missing_tables(db_url: str, table_prefix: str) -> None:
     import sqlalchemy as sa
 

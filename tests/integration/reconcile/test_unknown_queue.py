@@ -41,23 +41,44 @@ class ListSender:
         return SendReceipt(message.message_id, message.topic, -1, 100 + len(self.sent))
 
 
-def _stub(mid: str, *, groups: str = "billing", queue_id: int | None = -1,
-          offset: int | None = 7, created=OLD, **extra: object) -> dict[str, object]:
+def _stub(
+    mid: str,
+    *,
+    groups: str = "billing",
+    queue_id: int | None = -1,
+    offset: int | None = 7,
+    created=OLD,
+    **extra: object,
+) -> dict[str, object]:
     row: dict[str, object] = {
-        "message_id": mid, "topic": "orders", "tags": None, "keys": None,
-        "body": mid.encode(), "body_digest": hashlib.sha256(mid.encode()).hexdigest(),
-        "headers": None, "expected_groups": groups, "status": "UNCONFIRMED",
-        "send_count": 1 if offset is not None else 0, "max_sends": 16,
-        "queue_id": queue_id, "queue_offset": offset, "next_resend_at": NOW,
-        "created_at": created, "updated_at": created, "last_error": None,
-        "escalated_at": None, "group_positions": None}
+        "message_id": mid,
+        "topic": "orders",
+        "tags": None,
+        "keys": None,
+        "body": mid.encode(),
+        "body_digest": hashlib.sha256(mid.encode()).hexdigest(),
+        "headers": None,
+        "expected_groups": groups,
+        "status": "UNCONFIRMED",
+        "send_count": 1 if offset is not None else 0,
+        "max_sends": 16,
+        "queue_id": queue_id,
+        "queue_offset": offset,
+        "next_resend_at": NOW,
+        "created_at": created,
+        "updated_at": created,
+        "last_error": None,
+        "escalated_at": None,
+        "group_positions": None,
+    }
     row.update(extra)
     return row
 
 
 @pytest.mark.parametrize("db_url", ALL_BACKENDS, indirect=True)
 def test_worker_and_certificate_agree_on_copies_whose_queue_is_unknown(
-        spark, db_url, engine, table_prefix):
+    spark, db_url, engine, table_prefix
+):
     tables = OutboxTables(prefix=table_prefix)
     tables.create_all(engine)
     expected = {
@@ -77,39 +98,71 @@ def test_worker_and_certificate_agree_on_copies_whose_queue_is_unknown(
         _stub("confirmed"),
         _stub("in-processing"),
         _stub("known-queue", queue_id=0, offset=3),
-        _stub("retry-copy-lost", queue_id=0, offset=1, send_count=2,
-              group_positions=json.dumps({"billing": ["%RETRY%billing", -1, 2]})),
-        _stub("refused", queue_id=None, offset=None, created=NEW, escalated_at=NEW,
-              last_error=f"{REFUSED_PREFIX}BadRequest: bad_request: body too large"),
+        _stub(
+            "retry-copy-lost",
+            queue_id=0,
+            offset=1,
+            send_count=2,
+            group_positions=json.dumps({"billing": ["%RETRY%billing", -1, 2]}),
+        ),
+        _stub(
+            "refused",
+            queue_id=None,
+            offset=None,
+            created=NEW,
+            escalated_at=NEW,
+            last_error=f"{REFUSED_PREFIX}BadRequest: bad_request: body too large",
+        ),
     ]
     with engine.begin() as conn:
         conn.execute(sa.insert(tables.stub), rows)
-        conn.execute(sa.insert(tables.confirmation), [
-            {"message_id": "confirmed", "consumer_group": "billing", "topic": "orders",
-             "confirmed_at": NEW}])
-        conn.execute(sa.insert(tables.consumption_log), [
-            {"message_id": "in-processing", "consumer_group": "billing", "topic": "orders",
-             "queue_id": 2, "queue_offset": 9, "created_at": NEW}])
+        conn.execute(
+            sa.insert(tables.confirmation),
+            [
+                {
+                    "message_id": "confirmed",
+                    "consumer_group": "billing",
+                    "topic": "orders",
+                    "confirmed_at": NEW,
+                }
+            ],
+        )
+        conn.execute(
+            sa.insert(tables.consumption_log),
+            [
+                {
+                    "message_id": "in-processing",
+                    "consumer_group": "billing",
+                    "topic": "orders",
+                    "queue_id": 2,
+                    "queue_offset": 9,
+                    "created_at": NEW,
+                }
+            ],
+        )
 
-    result = reconcile(ReconcileOptions(db_url=db_url, table_prefix=table_prefix,
-                                        expected_latency=LATENCY),
-                       spark=spark, now=NOW)
+    result = reconcile(
+        ReconcileOptions(db_url=db_url, table_prefix=table_prefix, expected_latency=LATENCY),
+        spark=spark,
+        now=NOW,
+    )
     s = result.summary
-    assert s.stubs == {c.value: sum(1 for v in expected.values() if v is c)
-                       for c in StubClass}
+    assert s.stubs == {c.value: sum(1 for v in expected.values() if v is c) for c in StubClass}
     cert = s.certificate
     assert not cert.clean
     named = {u.message_id: u for u in cert.unaccounted_messages}
     assert set(named) == {m for m, c in expected.items() if c is StubClass.LOST}
     assert named["lost-old"].missing_groups == "billing"
-    assert named["lost-old"].reason == ("not confirmed by billing within the expected "
-                                        "latency (queue unknown)")
+    assert named["lost-old"].reason == (
+        "not confirmed by billing within the expected latency (queue unknown)"
+    )
     assert cert.manual == 1 and cert.backlogged == 3
 
     # the resend worker, at the same moment with the same latency, resends exactly those
     sender = ListSender()
-    worker = ResendWorker(engine, tables, sender, clock=lambda: NOW,
-                          policy=ResendPolicy(expected_latency=LATENCY))
+    worker = ResendWorker(
+        engine, tables, sender, clock=lambda: NOW, policy=ResendPolicy(expected_latency=LATENCY)
+    )
     metrics = worker.run_once()
     assert sorted(sender.sent) == sorted(named)
     assert (metrics.resent, metrics.backlogged, metrics.confirmed) == (2, 4, 1)
@@ -121,12 +174,22 @@ def test_the_latency_comes_from_the_command_line(capsys) -> None:
 
     db_url = "sqlite:///unused.db"
     args = build_parser().parse_args(
-        ["reconcile", "--db", db_url, "--expected-latency", "30",
-         "--group-latency", "slow=3600", "--group-latency", "fast=1.5"])
+        [
+            "reconcile",
+            "--db",
+            db_url,
+            "--expected-latency",
+            "30",
+            "--group-latency",
+            "slow=3600",
+            "--group-latency",
+            "fast=1.5",
+        ]
+    )
     latency = options_from(args).expected_latency
-    assert latency == ExpectedLatency(timedelta(seconds=30),
-                                      {"slow": timedelta(hours=1),
-                                       "fast": timedelta(seconds=1.5)})
+    assert latency == ExpectedLatency(
+        timedelta(seconds=30), {"slow": timedelta(hours=1), "fast": timedelta(seconds=1.5)}
+    )
     bad = build_parser().parse_args(["reconcile", "--db", db_url, "--group-latency", "x"])
     assert run(bad) == 2
     assert "expected GROUP=SECONDS" in capsys.readouterr().err
@@ -141,11 +204,13 @@ def test_worker_and_reconcile_agree_out_of_the_box() -> None:
     from reliable_cli.reconcile import options_from
 
     parser = build_parser()
-    resend = parser.parse_args(["worker", "resend", "--db", "sqlite:///unused.db",
-                                "--sender", "app:sender"])
+    resend = parser.parse_args(
+        ["worker", "resend", "--db", "sqlite:///unused.db", "--sender", "app:sender"]
+    )
     worker_cli = ExpectedLatency.parse(resend.expected_latency, resend.group_latency)
     reconcile_cli = options_from(
-        parser.parse_args(["reconcile", "--db", "sqlite:///unused.db"])).expected_latency
+        parser.parse_args(["reconcile", "--db", "sqlite:///unused.db"])
+    ).expected_latency
     default = ExpectedLatency(DEFAULT_EXPECTED_LATENCY)
     assert worker_cli == reconcile_cli == default
     assert ResendPolicy().expected_latency == ReconcileOptions().expected_latency == default

@@ -20,13 +20,26 @@ def test_default_table_is_rocketmqs_18_levels() -> None:
 
 def test_short_tables_for_tests() -> None:
     assert parse_delay_levels("100ms 200ms 1s 2m 1h 1d") == (
-        100, 200, 1_000, 120_000, 3_600_000, 86_400_000)
+        100,
+        200,
+        1_000,
+        120_000,
+        3_600_000,
+        86_400_000,
+    )
 
 
-@pytest.mark.parametrize(("table", "fragment"), [
-    ("", "empty"), ("1s 5x", "level 2"), ("1s 500ms", "shorter than level 1"),
-    ("0s", "positive"), ("s", "level 1"), (" ".join(["1s"] * 65), "at most 64"),
-])
+@pytest.mark.parametrize(
+    ("table", "fragment"),
+    [
+        ("", "empty"),
+        ("1s 5x", "level 2"),
+        ("1s 500ms", "shorter than level 1"),
+        ("0s", "positive"),
+        ("s", "level 1"),
+        (" ".join(["1s"] * 65), "at most 64"),
+    ],
+)
 def test_bad_tables_are_rejected_with_the_level(table: str, fragment: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_delay_levels(table)

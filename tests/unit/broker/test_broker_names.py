@@ -29,16 +29,24 @@ from broker.topic import (
 )
 
 
-@pytest.mark.parametrize("name", ["orders", "a", "Order_Created-v2", "a|b", "%RETRY%g",
-                                  "x" * 127])
+@pytest.mark.parametrize("name", ["orders", "a", "Order_Created-v2", "a|b", "%RETRY%g", "x" * 127])
 def test_valid_topic_names(name: str) -> None:
     assert validate_topic_name(name) == name
 
 
-@pytest.mark.parametrize(("name", "fragment"), [
-    ("", "blank"), ("   ", "blank"), ("x" * 128, "at most 127"), ("a b", "' '"),
-    ("a.b", "'.'"), ("naïve", "'ï'"), ("a/b", "'/'"), ("a~b", "'~'"),
-])
+@pytest.mark.parametrize(
+    ("name", "fragment"),
+    [
+        ("", "blank"),
+        ("   ", "blank"),
+        ("x" * 128, "at most 127"),
+        ("a b", "' '"),
+        ("a.b", "'.'"),
+        ("naïve", "'ï'"),
+        ("a/b", "'/'"),
+        ("a~b", "'~'"),
+    ],
+)
 def test_invalid_topic_names_say_why(name: str, fragment: str) -> None:
     with pytest.raises(InvalidTopicName) as info:
         validate_topic_name(name)
@@ -51,8 +59,16 @@ def test_non_string_topic_is_rejected() -> None:
         validate_topic_name(42)
 
 
-@pytest.mark.parametrize("name", ["SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC",
-                                  "RMQ_SYS_TRANS_OP_HALF_TOPIC", "TBW102", "rmq_sys_anything"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "SCHEDULE_TOPIC_XXXX",
+        "RMQ_SYS_TRANS_HALF_TOPIC",
+        "RMQ_SYS_TRANS_OP_HALF_TOPIC",
+        "TBW102",
+        "rmq_sys_anything",
+    ],
+)
 def test_system_topics_are_reserved(name: str) -> None:
     validate_topic_name(name)  # a valid name...
     with pytest.raises(SystemTopicReserved):
@@ -80,8 +96,9 @@ def test_permission_bits() -> None:
     assert perm_to_string(4) == "R--"
 
 
-@pytest.mark.parametrize("kwargs", [{"perm": 16}, {"perm": -1}, {"read_queue_nums": 0},
-                                    {"write_queue_nums": 1025}])
+@pytest.mark.parametrize(
+    "kwargs", [{"perm": 16}, {"perm": -1}, {"read_queue_nums": 0}, {"write_queue_nums": 1025}]
+)
 def test_topic_config_rejects_bad_values(kwargs: dict[str, int]) -> None:
     with pytest.raises(InvalidArgument):
         TopicConfig("t", **kwargs)  # type: ignore[arg-type]

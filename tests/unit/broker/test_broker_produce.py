@@ -35,14 +35,22 @@ def test_delay_levels_go_to_queue_level_minus_one() -> None:
 def test_delivery_times() -> None:
     at = NOW + 5_000
     assert schedule_target(_m(**{Prop.TIMER_DELIVER_MS: str(at)}), LEVELS, NOW, 10**9) == (
-        TIMER_QUEUE_ID, at)
+        TIMER_QUEUE_ID,
+        at,
+    )
     assert schedule_target(_m(**{Prop.TIMER_DELIVER_MS: str(NOW)}), LEVELS, NOW, 10**9) is None
 
 
-@pytest.mark.parametrize("props", [
-    {Prop.DELAY: "4"}, {Prop.DELAY: "x"}, {Prop.TIMER_DELIVER_MS: "tomorrow"},
-    {Prop.TIMER_DELIVER_MS: str(NOW + 10_001)}, {Prop.DELAY: "1", Prop.TIMER_DELIVER_MS: "1"},
-])
+@pytest.mark.parametrize(
+    "props",
+    [
+        {Prop.DELAY: "4"},
+        {Prop.DELAY: "x"},
+        {Prop.TIMER_DELIVER_MS: "tomorrow"},
+        {Prop.TIMER_DELIVER_MS: str(NOW + 10_001)},
+        {Prop.DELAY: "1", Prop.TIMER_DELIVER_MS: "1"},
+    ],
+)
 def test_bad_delays(props: dict[str, str]) -> None:
     with pytest.raises(MessageIllegal):
         schedule_target(_m(**props), LEVELS, NOW, 10_000)
@@ -53,11 +61,24 @@ def test_scheduled_copy_round_trip() -> None:
     copy = scheduled_copy(original, 1, NOW + 200)
     assert (copy.topic, copy.queue_id) == (SCHEDULE_TOPIC, 1)
     assert copy.properties[Prop.REAL_TOPIC] == "t" and copy.properties[Prop.REAL_QID] == "2"
-    stored = MessageExt(topic=copy.topic, body=copy.body, queue_id=copy.queue_id, flag=0,
-                        properties=copy.properties, sys_flag=0, born_timestamp=1,
-                        born_host=("127.0.0.1", 1), reconsume_times=0, prepared_tx_offset=0,
-                        queue_offset=0, commitlog_offset=0, store_timestamp=NOW,
-                        store_host=("127.0.0.1", 2), store_size=10, body_crc=0)
+    stored = MessageExt(
+        topic=copy.topic,
+        body=copy.body,
+        queue_id=copy.queue_id,
+        flag=0,
+        properties=copy.properties,
+        sys_flag=0,
+        born_timestamp=1,
+        born_host=("127.0.0.1", 1),
+        reconsume_times=0,
+        prepared_tx_offset=0,
+        queue_offset=0,
+        commitlog_offset=0,
+        store_timestamp=NOW,
+        store_host=("127.0.0.1", 2),
+        store_size=10,
+        body_crc=0,
+    )
     back = unschedule(stored)
     assert back is not None
     assert (back.topic, back.queue_id) == ("t", 2)

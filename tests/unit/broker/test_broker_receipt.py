@@ -17,9 +17,18 @@ def test_round_trip() -> None:
     assert ReceiptHandle.decode(h.encode()) == h
 
 
-@pytest.mark.parametrize("garbage", [
-    "", "x", "1~t~0~0~1~1~1", "1~t~0~0~1~1~1~zzzzzzzz", "~" * 9, "\x00" * 40, "a" * 600,
-])
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        "",
+        "x",
+        "1~t~0~0~1~1~1",
+        "1~t~0~0~1~1~1~zzzzzzzz",
+        "~" * 9,
+        "\x00" * 40,
+        "a" * 600,
+    ],
+)
 def test_garbage_is_invalid(garbage: str) -> None:
     with pytest.raises(InvalidReceiptHandle):
         ReceiptHandle.decode(garbage)
@@ -34,7 +43,7 @@ def test_every_single_character_change_is_caught() -> None:
     encoded = _handle().encode()
     for i in range(len(encoded)):
         replacement = "0" if encoded[i] != "0" else "1"
-        mangled = encoded[:i] + replacement + encoded[i + 1:]
+        mangled = encoded[:i] + replacement + encoded[i + 1 :]
         with pytest.raises(InvalidReceiptHandle):
             ReceiptHandle.decode(mangled)
 

@@ -14,10 +14,15 @@ def test_send_key_tells_sends_apart() -> None:
     base = send_key("t", "ID", {"a": "1", "b": "2"})
     assert send_key("t", "ID", {"b": "2", "a": "1"}) == base  # order does not matter
     assert len(base) == 16
-    others = {send_key("u", "ID", {"a": "1", "b": "2"}), send_key("t", "ID2", {"a": "1"}),
-              send_key("t", "ID", {"a": "1", "b": "3"}), send_key("t", "ID", {"a": "12"}),
-              send_key("t", "ID", {"a": "1", "b": "2", "c": ""}), send_key("tI", "D", {}),
-              send_key("t", "ID", {"a1": "", "b": "2"})}
+    others = {
+        send_key("u", "ID", {"a": "1", "b": "2"}),
+        send_key("t", "ID2", {"a": "1"}),
+        send_key("t", "ID", {"a": "1", "b": "3"}),
+        send_key("t", "ID", {"a": "12"}),
+        send_key("t", "ID", {"a": "1", "b": "2", "c": ""}),
+        send_key("tI", "D", {}),
+        send_key("t", "ID", {"a1": "", "b": "2"}),
+    }
     assert base not in others and len(others) == 7  # no ambiguity between the parts
 
 
@@ -60,4 +65,7 @@ def test_log_limiter_one_line_per_kind_per_interval(caplog: pytest.LogCaptureFix
         now[0] = 61.0
         assert limiter.log(logging.WARNING, "a", "bad %s", "later")
     assert [r.getMessage() for r in caplog.records] == [
-        "bad one", "other kind", "bad later (and 500 more like it since the last such line)"]
+        "bad one",
+        "other kind",
+        "bad later (and 500 more like it since the last such line)",
+    ]

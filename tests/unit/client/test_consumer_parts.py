@@ -16,8 +16,9 @@ from reliable.transport.base import QueueRef
 QUEUES = [QueueRef("t", "b", i) for i in range(8)]
 
 
-@pytest.mark.parametrize("strategy", [allocate_averagely, allocate_by_circle,
-                                      ConsistentHashAllocator(10)])
+@pytest.mark.parametrize(
+    "strategy", [allocate_averagely, allocate_by_circle, ConsistentHashAllocator(10)]
+)
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 11])
 def test_every_queue_goes_to_exactly_one_consumer(strategy, n) -> None:  # type: ignore[no-untyped-def]
     cids = [f"c{i}" for i in range(n)]
@@ -27,8 +28,11 @@ def test_every_queue_goes_to_exactly_one_consumer(strategy, n) -> None:  # type:
 
 def test_averaging_gives_contiguous_blocks_larger_first() -> None:
     cids = ["a", "b", "c"]
-    assert [[q.queue_id for q in allocate_averagely(c, QUEUES, cids)] for c in cids] == \
-        [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert [[q.queue_id for q in allocate_averagely(c, QUEUES, cids)] for c in cids] == [
+        [0, 1, 2],
+        [3, 4, 5],
+        [6, 7],
+    ]
     assert allocate_averagely("z", QUEUES, cids) == []
 
 
@@ -42,8 +46,14 @@ def test_consistent_hash_moves_only_the_leavers_queues() -> None:
 
 
 def _m(offset: int, group: str | None = None) -> ReceivedMessage:
-    return ReceivedMessage(message_id=f"m{offset}", topic="t", body=b"x", queue_id=0,
-                           queue_offset=offset, message_group=group)
+    return ReceivedMessage(
+        message_id=f"m{offset}",
+        topic="t",
+        body=b"x",
+        queue_id=0,
+        queue_offset=offset,
+        message_group=group,
+    )
 
 
 def test_commit_offset_is_the_smallest_in_flight() -> None:

@@ -20,8 +20,14 @@ from reliable import (
 
 
 def _msg(reconsume: int = 0) -> ReceivedMessage:
-    return ReceivedMessage(message_id="M1", topic="orders", body=b"{}", queue_id=0,
-                           queue_offset=0, reconsume_times=reconsume)
+    return ReceivedMessage(
+        message_id="M1",
+        topic="orders",
+        body=b"{}",
+        queue_id=0,
+        queue_offset=0,
+        reconsume_times=reconsume,
+    )
 
 
 def _run(h, msg: ReceivedMessage | None = None) -> tuple[ConsumeResult, ConsumeContext]:  # type: ignore[no-untyped-def]
@@ -68,11 +74,17 @@ def test_discard_finishes_without_retry() -> None:
 
 
 def test_ignore_on_discards_and_retry_on_dead_letters_the_rest() -> None:
-    @handler("orders", group="billing", retry_on=(ConnectionError,), dead_letter_other=True,
-             ignore_on=KeyError)
+    @handler(
+        "orders",
+        group="billing",
+        retry_on=(ConnectionError,),
+        dead_letter_other=True,
+        ignore_on=KeyError,
+    )
     def bill(message: ReceivedMessage) -> None:
-        raise {b"conn": ConnectionError(), b"key": KeyError("x"),
-               b"val": ValueError("bad")}[message.body]
+        raise {b"conn": ConnectionError(), b"key": KeyError("x"), b"val": ValueError("bad")}[
+            message.body
+        ]
 
     def run(body: bytes) -> tuple[ConsumeResult, ConsumeContext]:
         m = _msg()
@@ -114,14 +126,24 @@ def test_dead_letter_on_names_what_skips_the_ladder() -> None:
 
 def test_retry_on_alone_fails_at_declaration() -> None:
     with pytest.raises(ConfigurationError, match="dead_letter_other=True"):
+
         @handler("orders", group="billing", retry_on=(ConnectionError, TimeoutError))
         def bill(message: ReceivedMessage) -> None: ...
+
     with pytest.raises(ConfigurationError, match="needs retry_on"):
+
         @handler("orders", group="billing", dead_letter_other=True)
         def bill2(message: ReceivedMessage) -> None: ...
+
     with pytest.raises(ConfigurationError, match="both in retry_on and dead_letter_on"):
-        @handler("orders", group="billing", retry_on=KeyError, dead_letter_other=True,
-                 dead_letter_on=KeyError)
+
+        @handler(
+            "orders",
+            group="billing",
+            retry_on=KeyError,
+            dead_letter_other=True,
+            dead_letter_on=KeyError,
+        )
         def bill3(message: ReceivedMessage) -> None: ...
 
 
@@ -144,18 +166,29 @@ def test_async_handlers_run() -> None:
 
 def test_unknown_option_fails_at_declaration_with_a_hint() -> None:
     with pytest.raises(ConfigurationError, match="did you mean 'retry_on'"):
+
         @handler("orders", group="billing", retry_onn=(KeyError,))
         def bill(message: ReceivedMessage) -> None: ...
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"rate_limit": -1}, {"rate_burst": 5}, {"retry_on": "KeyError", "dead_letter_other": True},
-    {"dead_letter_on": "KeyError"}, {"dead_letter_other": "yes"},
-    {"consume_threads": 0}, {"consume_from": "yesterday"}, {"max_reconsume_times": -1},
-    {"tags": 3}, {"idempotent": object()},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"rate_limit": -1},
+        {"rate_burst": 5},
+        {"retry_on": "KeyError", "dead_letter_other": True},
+        {"dead_letter_on": "KeyError"},
+        {"dead_letter_other": "yes"},
+        {"consume_threads": 0},
+        {"consume_from": "yesterday"},
+        {"max_reconsume_times": -1},
+        {"tags": 3},
+        {"idempotent": object()},
+    ],
+)
 def test_bad_option_values_fail_at_declaration(kwargs: dict[str, object]) -> None:
     with pytest.raises(ConfigurationError):
+
         @handler("orders", group="billing", **kwargs)
         def bill(message: ReceivedMessage) -> None: ...
 
@@ -168,6 +201,7 @@ def test_bad_topic_names_fail_at_declaration(topic: str) -> None:
 
 def test_bad_group_name_fails_at_declaration() -> None:
     with pytest.raises(InvalidName):
+
         @handler("orders", group="bill ing")
         def bill(message: ReceivedMessage) -> None: ...
 
@@ -175,13 +209,16 @@ def test_bad_group_name_fails_at_declaration() -> None:
 def test_a_group_the_broker_would_refuse_fails_at_declaration() -> None:
     """120 characters is the broker's limit (so %RETRY%<group> fits a topic name): a longer
     group is refused when the handler is declared, not by the broker at the first receive."""
+
     @handler("orders", group="g" * 120)
     def fits(message: ReceivedMessage) -> None: ...
 
     assert fits.group == "g" * 120
     with pytest.raises(InvalidName, match="at most 120"):
+
         @handler("orders", group="g" * 121)
         def too_long(message: ReceivedMessage) -> None: ...
+
     with pytest.raises(InvalidName, match="at most 120"):
         dlq_handler("g" * 121)
 
@@ -189,7 +226,9 @@ def test_a_group_the_broker_would_refuse_fails_at_declaration() -> None:
 def test_a_default_group_fits_the_broker_limit() -> None:
     def deep() -> Callable[[ReceivedMessage], None]:
         def a_function_whose_qualified_name_goes_on_and_on_well_past_the_limit_of_what_a_broker_takes(  # noqa: E501
-                message: ReceivedMessage) -> None: ...
+            message: ReceivedMessage,
+        ) -> None: ...
+
         return a_function_whose_qualified_name_goes_on_and_on_well_past_the_limit_of_what_a_broker_takes  # noqa: E501
 
     h = handler("orders")(deep())
@@ -198,6 +237,7 @@ def test_a_default_group_fits_the_broker_limit() -> None:
 
 def test_a_handler_needs_a_message_parameter() -> None:
     with pytest.raises(ConfigurationError):
+
         @handler("orders", group="billing")
         def bill() -> None: ...
 
@@ -215,8 +255,9 @@ class _RecordingGuard:
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
 
-    def process(self, message: ReceivedMessage, group: str,
-                invoke: Callable[..., object]) -> ConsumeResult:
+    def process(
+        self, message: ReceivedMessage, group: str, invoke: Callable[..., object]
+    ) -> ConsumeResult:
         self.calls.append((message.message_id, group))
         invoke(session="S")
         return ConsumeResult.SUCCESS
@@ -254,8 +295,10 @@ def test_a_failing_batch_reports_how_many_at_its_head_succeeded() -> None:
         if message.queue_offset == 1:
             raise RuntimeError("second one fails")
 
-    batch = [ReceivedMessage(message_id=f"M{i}", topic="orders", body=b"x", queue_id=0,
-                             queue_offset=i) for i in range(3)]
+    batch = [
+        ReceivedMessage(message_id=f"M{i}", topic="orders", body=b"x", queue_id=0, queue_offset=i)
+        for i in range(3)
+    ]
     ctx = ConsumeContext(group="billing")
     assert bill.listener(batch, ctx) is ConsumeResult.RECONSUME_LATER
     assert ctx.succeeded == 1 and seen == [0, 1]  # the third is not run after a failure

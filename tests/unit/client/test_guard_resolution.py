@@ -35,7 +35,8 @@ def _points(value: str | None) -> Any:
 @pytest.fixture
 def factory_module(tmp_path: Path) -> Iterator[str]:
     (tmp_path / "guard_factory_for_test.py").write_text(
-        "def make(env):\n    return ('guard', dict(env))\n")
+        "def make(env):\n    return ('guard', dict(env))\n"
+    )
     sys.path.insert(0, str(tmp_path))
     yield "guard_factory_for_test"
     sys.path.remove(str(tmp_path))
@@ -50,10 +51,13 @@ def test_the_distribution_declares_the_default_guard() -> None:
 
 
 def test_the_entry_point_is_called_with_the_environment(
-        monkeypatch: pytest.MonkeyPatch, factory_module: str) -> None:
+    monkeypatch: pytest.MonkeyPatch, factory_module: str
+) -> None:
     monkeypatch.setattr(idem, "entry_points", _points(f"{factory_module}:make"))
     assert idem.build_default_guard({"RELIABLE_DATABASE_URL": "sqlite://"}) == (
-        "guard", {"RELIABLE_DATABASE_URL": "sqlite://"})
+        "guard",
+        {"RELIABLE_DATABASE_URL": "sqlite://"},
+    )
 
 
 def test_no_entry_point_is_one_line_naming_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -67,7 +71,8 @@ def test_no_entry_point_is_one_line_naming_the_fix(monkeypatch: pytest.MonkeyPat
 
 @pytest.mark.parametrize("value", ["no_such_module_anywhere:factory", "sys:no_such_factory"])
 def test_an_entry_point_that_does_not_load_is_one_line_naming_the_fix(
-        monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
     monkeypatch.setattr(idem, "entry_points", _points(value))
     with pytest.raises(ConfigurationError) as info:
         idem.build_default_guard({})
@@ -77,7 +82,8 @@ def test_an_entry_point_that_does_not_load_is_one_line_naming_the_fix(
 
 
 def test_idempotent_true_resolves_when_the_consumer_starts_not_at_declaration(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(idem, "entry_points", _points(None))
 
     @handler("orders", group="billing", idempotent=True)

@@ -28,8 +28,9 @@ def test_backoff_jitter_stays_within_20_percent() -> None:
 
 def test_flow_control_retries_sleep_along_the_curve_then_succeed() -> None:
     slept: list[float] = []
-    policy = SendPolicy(retry_times=2, flow_control_retries=5, sleep=slept.append,
-                        rng=random.Random(3))
+    policy = SendPolicy(
+        retry_times=2, flow_control_retries=5, sleep=slept.append, rng=random.Random(3)
+    )
     calls: list[int] = []
 
     def send(i: int) -> str:
@@ -88,8 +89,16 @@ def test_bad_requests_are_never_retried() -> None:
 
 
 def test_latency_thresholds_map_to_avoidance_durations() -> None:
-    assert [not_available_duration_ms(x) for x in (10, 60, 120, 600, 1500, 2500, 3500, 20000)] \
-        == [0, 0, 0, 30_000, 60_000, 120_000, 180_000, 600_000]
+    assert [not_available_duration_ms(x) for x in (10, 60, 120, 600, 1500, 2500, 3500, 20000)] == [
+        0,
+        0,
+        0,
+        30_000,
+        60_000,
+        120_000,
+        180_000,
+        600_000,
+    ]
 
 
 def test_slow_or_failed_broker_is_avoided_until_its_penalty_ends() -> None:

@@ -34,8 +34,9 @@ def pair(tmp_path: Path) -> Iterator[tuple[MessageStore, MessageStore]]:
 
 def _put(store: MessageStore, n: int, start: int = 0) -> None:
     for i in range(start, start + n):
-        res = store.put_message(Message("ha-t", f"body-{i}".encode() * 12, queue_id=i % 3,
-                                        properties={"KEYS": f"k{i}"}))
+        res = store.put_message(
+            Message("ha-t", f"body-{i}".encode() * 12, queue_id=i % 3, properties={"KEYS": f"k{i}"})
+        )
         assert res.append is not None
 
 
@@ -63,14 +64,14 @@ def _wait(cond: object, timeout: float = 20.0) -> None:
 
 
 def test_slave_catches_up_byte_for_byte_and_builds_its_queues(
-        pair: tuple[MessageStore, MessageStore]) -> None:
+    pair: tuple[MessageStore, MessageStore],
+) -> None:
     master, slave = pair
     _put(master, 100)  # several commitlog files, with blank records at their ends
     assert master.commitlog.get_max_offset() > 2 * FILE
     ha = HaMaster(master, HaConfig(HaRole.SYNC_MASTER, port=0))
     ha.start()
-    client = HaSlave(slave, HaConfig(HaRole.SLAVE, broker_id=1,
-                                     master=("127.0.0.1", ha.port)))
+    client = HaSlave(slave, HaConfig(HaRole.SLAVE, broker_id=1, master=("127.0.0.1", ha.port)))
     client.start()
     try:
         _put(master, 200, start=100)  # while streaming
@@ -80,8 +81,9 @@ def test_slave_catches_up_byte_for_byte_and_builds_its_queues(
         assert _log_bytes(slave) == _log_bytes(master)
         slave.wait_dispatched()
         for q in range(3):
-            assert slave.get_max_offset_in_queue("ha-t", q) == \
-                master.get_max_offset_in_queue("ha-t", q)
+            assert slave.get_max_offset_in_queue("ha-t", q) == master.get_max_offset_in_queue(
+                "ha-t", q
+            )
         found = slave.query_message_by_key("ha-t", "k217")
         assert [m.body for m in found] == [b"body-217" * 12]
         assert ha.wait_acked(end, 0.1)
@@ -98,8 +100,7 @@ def test_a_restarted_slave_resumes_from_its_own_end(tmp_path: Path) -> None:
     slave = _store(tmp_path / "s")
     ha = HaMaster(master, HaConfig(HaRole.ASYNC_MASTER, port=0))
     ha.start()
-    cfg = HaConfig(HaRole.SLAVE, broker_id=1, master=("127.0.0.1", ha.port),
-                   reconnect_ms=100)
+    cfg = HaConfig(HaRole.SLAVE, broker_id=1, master=("127.0.0.1", ha.port), reconnect_ms=100)
     try:
         _put(master, 50)
         client = HaSlave(slave, cfg)
@@ -123,7 +124,8 @@ def test_a_restarted_slave_resumes_from_its_own_end(tmp_path: Path) -> None:
 
 
 def test_append_raw_refuses_damaged_or_misplaced_records(
-        pair: tuple[MessageStore, MessageStore]) -> None:
+    pair: tuple[MessageStore, MessageStore],
+) -> None:
     master, slave = pair
     _put(master, 3)
     data = bytearray(master.read_replica(0, 1 << 20))
@@ -138,7 +140,7 @@ def test_append_raw_refuses_damaged_or_misplaced_records(
     with pytest.raises(ReplicaRejected, match=f"at commitlog offset {size}"):
         slave.append_replica(0, bad)
     resealed = bytearray(data)
-    resealed[size + 28:size + 36] = (size + 1).to_bytes(8, "big")  # PHYSICALOFFSET moved
+    resealed[size + 28 : size + 36] = (size + 1).to_bytes(8, "big")  # PHYSICALOFFSET moved
     reseal(resealed, size)
     with pytest.raises(ReplicaRejected):
         slave.append_replica(0, resealed)
@@ -148,14 +150,14 @@ def test_append_raw_refuses_damaged_or_misplaced_records(
     assert slave.commitlog.topic_queue_table == master.commitlog.topic_queue_table
 
 
-def test_a_slave_ahead_of_its_master_is_refused(
-        pair: tuple[MessageStore, MessageStore]) -> None:
+def test_a_slave_ahead_of_its_master_is_refused(pair: tuple[MessageStore, MessageStore]) -> None:
     master, slave = pair
     _put(slave, 5)  # records the master never had
     ha = HaMaster(master, HaConfig(HaRole.ASYNC_MASTER, port=0))
     ha.start()
-    client = HaSlave(slave, HaConfig(HaRole.SLAVE, broker_id=1,
-                                     master=("127.0.0.1", ha.port), reconnect_ms=100))
+    client = HaSlave(
+        slave, HaConfig(HaRole.SLAVE, broker_id=1, master=("127.0.0.1", ha.port), reconnect_ms=100)
+    )
     client.start()
     try:
         time.sleep(0.5)
@@ -167,7 +169,8 @@ def test_a_slave_ahead_of_its_master_is_refused(
 
 
 def test_sync_waits_end_acked_unavailable_or_timed_out(
-        pair: tuple[MessageStore, MessageStore]) -> None:
+    pair: tuple[MessageStore, MessageStore],
+) -> None:
     import socket
 
     from broker.errors import ResponseCode
@@ -200,8 +203,7 @@ def test_sync_waits_end_acked_unavailable_or_timed_out(
             assert errors[1].code is ResponseCode.FLUSH_SLAVE_TIMEOUT
         # a real slave: the wait ends when it has the bytes
         _wait(lambda: ha.slaves() == [])  # the mute one is gone
-        client = HaSlave(slave, HaConfig(HaRole.SLAVE, broker_id=1,
-                                         master=("127.0.0.1", ha.port)))
+        client = HaSlave(slave, HaConfig(HaRole.SLAVE, broker_id=1, master=("127.0.0.1", ha.port)))
         client.start()
         try:
             _wait(lambda: len(ha.slaves()) == 1)

@@ -31,13 +31,24 @@ def small_config(tmp: Path, **overrides: Any) -> StoreConfig:
     return StoreConfig(**values)
 
 
-def message(i: int, topic: str = "TopicA", queue_id: int = 0, size: int = 50,
-            **props: str) -> Message:
+def message(
+    i: int, topic: str = "TopicA", queue_id: int = 0, size: int = 50, **props: str
+) -> Message:
     body = (f"body-{i}-".encode() * (size // 8 + 1))[:size]
-    properties = {Prop.KEYS: f"key-{i} shared", Prop.UNIQ_KEY: f"UNIQ{i:08d}",
-                  Prop.TAGS: f"tag{i % 3}", **props}
-    return Message(topic=topic, body=body, queue_id=queue_id, properties=properties,
-                   born_timestamp=1_700_000_000_000 + i, born_host=("10.0.0.1", 4000 + i))
+    properties = {
+        Prop.KEYS: f"key-{i} shared",
+        Prop.UNIQ_KEY: f"UNIQ{i:08d}",
+        Prop.TAGS: f"tag{i % 3}",
+        **props,
+    }
+    return Message(
+        topic=topic,
+        body=body,
+        queue_id=queue_id,
+        properties=properties,
+        born_timestamp=1_700_000_000_000 + i,
+        born_host=("10.0.0.1", 4000 + i),
+    )
 
 
 def wait_until(cond: Callable[[], bool], timeout_s: float = 10.0) -> bool:

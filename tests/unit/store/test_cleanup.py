@@ -28,9 +28,15 @@ DAY_AT_04 = int(datetime(2026, 11, 20, 4, 30).timestamp() * 1000)
 class Store:
     def __init__(self, tmp_path: Path, **overrides: object) -> None:
         options: dict[str, object] = dict(
-            store_dir=tmp_path, mapped_file_size_commitlog=4096,
-            mapped_file_size_consume_queue=20 * 4, max_hash_slot_num=8, max_index_num=9,
-            warm_mapped_file=False, delete_files_interval_ms=0, delete_when="04")
+            store_dir=tmp_path,
+            mapped_file_size_commitlog=4096,
+            mapped_file_size_consume_queue=20 * 4,
+            max_hash_slot_num=8,
+            max_index_num=9,
+            warm_mapped_file=False,
+            delete_files_interval_ms=0,
+            delete_when="04",
+        )
         options.update(overrides)
         self.config = StoreConfig(**options)  # type: ignore[arg-type]
         ticks = itertools.count(DAY_AT_10 - 100 * HOUR)
@@ -44,17 +50,24 @@ class Store:
         self.disk = 0.5
         self.now = DAY_AT_10
         self.sleeps: list[float] = []
-        self.cleanup = CleanupService(self.config, self.commitlog, self.cqs, self.index,
-                                      disk_usage=lambda _p: self.disk, clock=lambda: self.now,
-                                      sleep=self.sleeps.append)
+        self.cleanup = CleanupService(
+            self.config,
+            self.commitlog,
+            self.cqs,
+            self.index,
+            disk_usage=lambda _p: self.disk,
+            clock=lambda: self.now,
+            sleep=self.sleeps.append,
+        )
         self.offsets: list[int] = []
 
     def fill(self, files: int) -> None:
         """Append ~300-byte messages until the commitlog has `files` files."""
         i = len(self.offsets)
         while len(self.commitlog.queue.mapped_files) < files or not self.offsets:
-            r = self.commitlog.append(Message("t", b"x" * 200, queue_id=i % 2,
-                                              properties={Prop.KEYS: f"k{i}"}))
+            r = self.commitlog.append(
+                Message("t", b"x" * 200, queue_id=i % 2, properties={Prop.KEYS: f"k{i}"})
+            )
             assert r.append is not None
             self.offsets.append(r.append.wrote_offset)
             i += 1
@@ -70,7 +83,7 @@ class Store:
         next file, pre-allocated ahead of time)."""
         names = [mf.path.name for mf in self.commitlog.queue.mapped_files]
         on_disk = sorted(p.name for p in self.config.commitlog_dir.iterdir())
-        assert on_disk[:len(names)] == names and len(on_disk) - len(names) <= 1
+        assert on_disk[: len(names)] == names and len(on_disk) - len(names) <= 1
         return names
 
     def close(self) -> None:
@@ -217,8 +230,7 @@ def _follow(store: Store) -> None:
         assert f.end_phy_offset >= min_offset
     gone = [i for i, o in enumerate(store.offsets) if o < min_offset]
     kept = [i for i, o in enumerate(store.offsets) if o >= min_offset]
-    assert list(store.index.iter_offsets("t", f"k{kept[0]}", 0, 2**62)) == [
-        store.offsets[kept[0]]]
+    assert list(store.index.iter_offsets("t", f"k{kept[0]}", 0, 2**62)) == [store.offsets[kept[0]]]
     assert gone
     # a second pass with the same min offset does not rescan the queues
     assert store.cleanup.clean_logic_files() == (0, 0)
@@ -228,8 +240,9 @@ def test_files_not_yet_dispatched_are_never_deleted(store: Store) -> None:
     store.fill(3)  # dispatched
     dispatched_end = store.commitlog.get_max_offset()
     for i in range(60):  # written but not dispatched: the reput service is behind
-        store.commitlog.append(Message("t", b"y" * 200, queue_id=0,
-                                       properties={Prop.KEYS: f"late{i}"}))
+        store.commitlog.append(
+            Message("t", b"y" * 200, queue_id=0, properties={Prop.KEYS: f"late{i}"})
+        )
     files = [mf.file_from_offset for mf in store.commitlog.queue.mapped_files]
     assert len(files) >= 6
     store.disk = 0.95  # full: delete regardless of age
@@ -254,8 +267,10 @@ def test_background_thread_runs_passes(tmp_path: Path) -> None:
         s.cleanup.start()
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and not (
-                s.cleanup.last_report is not None and s.cleanup.last_report.disk_full
-                and len(s.commitlog.queue.mapped_files) == 1):
+            s.cleanup.last_report is not None
+            and s.cleanup.last_report.disk_full
+            and len(s.commitlog.queue.mapped_files) == 1
+        ):
             time.sleep(0.01)
         assert s.cleanup.is_disk_full()
         assert len(s.commitlog.queue.mapped_files) == 1
@@ -272,8 +287,13 @@ def test_disk_usage_ratio_agrees_with_df(tmp_path: Path) -> None:
 
     from broker.store.cleanup import disk_usage_ratio
 
-    out = subprocess.run(["df", "--output=used,avail", str(tmp_path)], check=True,
-                         capture_output=True, text=True).stdout.split("\n")[1].split()
+    out = (
+        subprocess.run(
+            ["df", "--output=used,avail", str(tmp_path)], check=True, capture_output=True, text=True
+        )
+        .stdout.split("\n")[1]
+        .split()
+    )
     used, avail = int(out[0]), int(out[1])
     expected = used / (used + avail)
     assert abs(disk_usage_ratio(tmp_path / "not" / "yet") - expected) < 0.01

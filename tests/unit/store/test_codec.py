@@ -28,13 +28,34 @@ from broker.store.message import Prop, PutMessageStatus, SysFlag
 STORE_HOST = ("10.1.2.3", 10911)
 
 
-def _record(body: bytes = b"hello", topic: str = "TopicA", props: dict[str, str] | None = None,
-            sys_flag: int = 0, queue_offset: int = 7, phy: int = 4096, store_ts: int = 1234,
-            **kw: object) -> bytearray:
-    buf = bytearray(encode_record(topic, 3, body, 0x55, props if props is not None else
-                        {Prop.TAGS: "tagA", Prop.KEYS: "k1 k2", Prop.UNIQ_KEY: "U1"},
-                        sys_flag, 1_700_000_000_000, ("192.168.0.9", 5555),
-                        encode_host(STORE_HOST), 4, 99, 1 << 20))
+def _record(
+    body: bytes = b"hello",
+    topic: str = "TopicA",
+    props: dict[str, str] | None = None,
+    sys_flag: int = 0,
+    queue_offset: int = 7,
+    phy: int = 4096,
+    store_ts: int = 1234,
+    **kw: object,
+) -> bytearray:
+    buf = bytearray(
+        encode_record(
+            topic,
+            3,
+            body,
+            0x55,
+            props
+            if props is not None
+            else {Prop.TAGS: "tagA", Prop.KEYS: "k1 k2", Prop.UNIQ_KEY: "U1"},
+            sys_flag,
+            1_700_000_000_000,
+            ("192.168.0.9", 5555),
+            encode_host(STORE_HOST),
+            4,
+            99,
+            1 << 20,
+        )
+    )
     seal(buf, 0, queue_offset, phy, store_ts)
     return buf
 
@@ -44,7 +65,8 @@ def test_every_field_round_trips() -> None:
     props = {Prop.TAGS: "tagA", Prop.KEYS: "k1 k2", Prop.UNIQ_KEY: "U1", "user": "välue"}
     buf = _record(body, "Topic-Ü", props, int(SysFlag.TRANSACTION_COMMIT))
     assert len(buf) == FIXED_SIZE + len(body) + len("Topic-Ü".encode()) + len(
-        "".join(f"{k}\x01{v}\x02" for k, v in props.items()).encode())
+        "".join(f"{k}\x01{v}\x02" for k, v in props.items()).encode()
+    )
     m = decode_message(buf)
     assert m.topic == "Topic-Ü"
     assert m.body == body
@@ -66,8 +88,9 @@ def test_every_field_round_trips() -> None:
 
 
 def test_layout_is_big_endian_at_the_documented_offsets() -> None:
-    buf = _record(b"xyz", queue_offset=0x0102030405060708, phy=0x1112131415161718,
-                  store_ts=0x2122232425262728)
+    buf = _record(
+        b"xyz", queue_offset=0x0102030405060708, phy=0x1112131415161718, store_ts=0x2122232425262728
+    )
     assert int.from_bytes(buf[0:4], "big") == len(buf)
     assert int.from_bytes(buf[4:8], "big", signed=True) == RECORD_MAGIC_CODE
     assert buf[4:8] == bytes.fromhex("DAA320B2")
@@ -86,15 +109,20 @@ def test_check_returns_dispatch_request() -> None:
     assert size == len(buf)
     assert req is not None
     assert (req.topic, req.queue_id, req.commitlog_offset, req.msg_size) == (
-        "TopicA", 3, 4096, len(buf))
+        "TopicA",
+        3,
+        4096,
+        len(buf),
+    )
     assert req.tags_code == tags_string_to_code("tagA")
     assert (req.queue_offset, req.store_timestamp) == (7, 1234)
     assert req.keys == "k1 k2" and req.uniq_key == "U1"
 
 
 def test_schedule_topic_tag_code_is_delivery_time() -> None:
-    buf = _record(topic="SCHEDULE_TOPIC_XXXX",
-                  props={Prop.TAGS: "t", Prop.TIMER_DELIVER_MS: "1700000005000"})
+    buf = _record(
+        topic="SCHEDULE_TOPIC_XXXX", props={Prop.TAGS: "t", Prop.TIMER_DELIVER_MS: "1700000005000"}
+    )
     _, req = check_message_and_return_size(buf, 0)
     assert req is not None and req.tags_code == 1700000005000
 
@@ -109,8 +137,10 @@ def test_blank_record_and_end_of_file() -> None:
     assert check_message_and_return_size(buf, 0)[0] == -1
 
 
-@pytest.mark.parametrize("damage", ["magic", "crc", "size_big", "size_small", "topic_len",
-                                    "props_len", "zeros", "phy", "half"])
+@pytest.mark.parametrize(
+    "damage",
+    ["magic", "crc", "size_big", "size_small", "topic_len", "props_len", "zeros", "phy", "half"],
+)
 def test_damaged_records_are_invalid(damage: str) -> None:
     buf = _record(b"payload-bytes", phy=0)
     file = bytearray(len(buf) + 100)
@@ -130,7 +160,7 @@ def test_damaged_records_are_invalid(damage: str) -> None:
     elif damage == "zeros":
         buf[:] = bytes(n)
     elif damage == "half":
-        buf[n // 2:] = bytes(n - n // 2)
+        buf[n // 2 :] = bytes(n - n // 2)
     file[:n] = buf
     expected = 8 if damage == "phy" else 0
     assert check_message_and_return_size(memoryview(file), 0, expected_offset=expected)[0] == -1
@@ -159,12 +189,14 @@ def test_encode_rejects_illegal_messages() -> None:
             _record(topic=topic)
         assert e.value.status is PutMessageStatus.MESSAGE_ILLEGAL
     with pytest.raises(EncodeError, match="negative") as e:
-        encode_record("t", -1, b"x", 0, {}, 0, 0, ("1.2.3.4", 1), encode_host(STORE_HOST),
-                      0, 0, 1000)
+        encode_record(
+            "t", -1, b"x", 0, {}, 0, 0, ("1.2.3.4", 1), encode_host(STORE_HOST), 0, 0, 1000
+        )
     assert e.value.status is PutMessageStatus.MESSAGE_ILLEGAL
     with pytest.raises(EncodeError) as e:
-        encode_record("t", 0, b"x" * 2000, 0, {}, 0, 0, ("1.2.3.4", 1), encode_host(STORE_HOST),
-                      0, 0, 1000)
+        encode_record(
+            "t", 0, b"x" * 2000, 0, {}, 0, 0, ("1.2.3.4", 1), encode_host(STORE_HOST), 0, 0, 1000
+        )
     assert e.value.status is PutMessageStatus.MESSAGE_ILLEGAL
 
 
@@ -199,12 +231,33 @@ def test_version_1_records_stay_readable() -> None:
     assert check_message_and_return_size(buf, 0)[0] == len(buf)
 
 
-@pytest.mark.parametrize("field", ["topic", "property", "queue_id", "queue_offset", "phy",
-                                   "store_ts", "born_host", "flag", "body"])
+@pytest.mark.parametrize(
+    "field",
+    [
+        "topic",
+        "property",
+        "queue_id",
+        "queue_offset",
+        "phy",
+        "store_ts",
+        "born_host",
+        "flag",
+        "body",
+    ],
+)
 def test_version_2_checksum_covers_every_field(field: str) -> None:
     buf = _record(b"payload", phy=0)
-    at = {"topic": 88 + 7 + 1, "property": len(buf) - 2, "queue_id": 15, "queue_offset": 27,
-          "phy": 35, "store_ts": 63, "born_host": 50, "flag": 19, "body": 90}[field]
+    at = {
+        "topic": 88 + 7 + 1,
+        "property": len(buf) - 2,
+        "queue_id": 15,
+        "queue_offset": 27,
+        "phy": 35,
+        "store_ts": 63,
+        "born_host": 50,
+        "flag": 19,
+        "body": 90,
+    }[field]
     buf[at] ^= 0x04
     assert check_message_and_return_size(buf, 0)[0] == -1
     assert check_message_and_return_size(buf, 0, check_crc=False)[0] in (-1, len(buf))
@@ -221,16 +274,23 @@ def test_compiled_and_python_record_checksums_agree() -> None:
     for n in (0, 1, 77, 1024, 5000):
         buf = _record(bytes(range(256)) * (n // 256) + b"z" * (n % 256), phy=n)
         padded = bytes(13) + bytes(buf) + bytes(5)
-        assert codec.record_crc(padded, 13, len(buf)) == codec.py_record_crc(
-            padded, 13, len(buf)) == int.from_bytes(buf[8:12], "big")
+        assert (
+            codec.record_crc(padded, 13, len(buf))
+            == codec.py_record_crc(padded, 13, len(buf))
+            == int.from_bytes(buf[8:12], "big")
+        )
 
 
 def test_compiled_and_python_seal_agree() -> None:
     from broker.store import codec
 
     for n in (0, 5, 1000):
-        a = bytearray(bytes(9) + encode_record("T", 1, b"b" * n, 0, {"k": "v"}, 0, 1,
-                                               ("1.2.3.4", 5), bytes(8), 0, 0, 1 << 20))
+        a = bytearray(
+            bytes(9)
+            + encode_record(
+                "T", 1, b"b" * n, 0, {"k": "v"}, 0, 1, ("1.2.3.4", 5), bytes(8), 0, 0, 1 << 20
+            )
+        )
         b = bytearray(a)
         raw = bytearray(a[9:])
         raw[8:12] = bytes(4)

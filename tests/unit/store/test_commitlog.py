@@ -22,18 +22,36 @@ def test_round_trip_of_every_field(tmp_path: Path) -> None:
     clock = ManualClock()
     cl = CommitLog(small_config(tmp_path), clock)
     cl.load()
-    msg = Message("TopicZ", b"\x00\x01body\xff", queue_id=5, flag=77,
-                  properties={"KEYS": "k1 k2", "TAGS": "t", "a": "b"},
-                  sys_flag=int(SysFlag.TRANSACTION_COMMIT), born_timestamp=123456,
-                  born_host=("192.168.1.2", 9999), reconsume_times=3, prepared_tx_offset=42)
+    msg = Message(
+        "TopicZ",
+        b"\x00\x01body\xff",
+        queue_id=5,
+        flag=77,
+        properties={"KEYS": "k1 k2", "TAGS": "t", "a": "b"},
+        sys_flag=int(SysFlag.TRANSACTION_COMMIT),
+        born_timestamp=123456,
+        born_host=("192.168.1.2", 9999),
+        reconsume_times=3,
+        prepared_tx_offset=42,
+    )
     r = cl.put_message(msg)
     assert r.status is PutMessageStatus.PUT_OK and r.append is not None
     m = cl.look_message(r.append.wrote_offset)
     assert m is not None
     assert (m.topic, m.body, m.queue_id, m.flag, m.properties, m.sys_flag) == (
-        msg.topic, msg.body, 5, 77, msg.properties, msg.sys_flag)
+        msg.topic,
+        msg.body,
+        5,
+        77,
+        msg.properties,
+        msg.sys_flag,
+    )
     assert (m.born_timestamp, m.born_host, m.reconsume_times, m.prepared_tx_offset) == (
-        123456, ("192.168.1.2", 9999), 3, 42)
+        123456,
+        ("192.168.1.2", 9999),
+        3,
+        42,
+    )
     assert (m.queue_offset, m.commitlog_offset, m.store_timestamp) == (0, 0, clock.now)
     assert m.store_host == cl.config.store_host
     assert m.store_size == r.append.wrote_bytes
@@ -99,9 +117,11 @@ def test_put_batch_is_contiguous(tmp_path: Path) -> None:
 def test_batch_with_an_illegal_message_stores_the_rest(tmp_path: Path) -> None:
     cl = _open(tmp_path)
     results = cl.put_messages([message(1), Message("", b"x"), message(2)])
-    assert [r.status for r in results] == [PutMessageStatus.PUT_OK,
-                                           PutMessageStatus.MESSAGE_ILLEGAL,
-                                           PutMessageStatus.PUT_OK]
+    assert [r.status for r in results] == [
+        PutMessageStatus.PUT_OK,
+        PutMessageStatus.MESSAGE_ILLEGAL,
+        PutMessageStatus.PUT_OK,
+    ]
     cl.close()
 
 
@@ -127,7 +147,8 @@ def test_too_large_and_illegal_messages_are_refused_and_not_written(tmp_path: Pa
     assert cl.put_message(Message("t" * 200, b"x")).status is PutMessageStatus.MESSAGE_ILLEGAL
     big_props = {"p": "v" * 40_000}
     assert cl2.put_message(Message("T", b"x", properties=big_props)).status is (
-        PutMessageStatus.PROPERTIES_SIZE_EXCEEDED)
+        PutMessageStatus.PROPERTIES_SIZE_EXCEEDED
+    )
     assert cl.get_max_offset() == before
     cl.close()
     cl2.close()
@@ -212,16 +233,20 @@ def test_a_batch_across_many_files_is_placed_like_single_puts(tmp_path: Path) ->
     results = batched.put_messages(msgs)
     expected = [single.put_message(m) for m in msgs]
     assert all(r.ok for r in results)
-    assert [(r.append.wrote_offset, r.append.wrote_bytes, r.append.queue_offset,
-             r.append.msg_id) for r in results if r.append] == [
+    assert [
         (r.append.wrote_offset, r.append.wrote_bytes, r.append.queue_offset, r.append.msg_id)
-        for r in expected if r.append]
+        for r in results
+        if r.append
+    ] == [
+        (r.append.wrote_offset, r.append.wrote_bytes, r.append.queue_offset, r.append.msg_id)
+        for r in expected
+        if r.append
+    ]
     assert len(batched.queue.mapped_files) > 5
     for r, m in zip(results, msgs, strict=True):
         assert r.append is not None
         got = batched.look_message(r.append.wrote_offset)
-        assert got is not None and (got.body, got.queue_offset) == (m.body,
-                                                                    r.append.queue_offset)
+        assert got is not None and (got.body, got.queue_offset) == (m.body, r.append.queue_offset)
         raw = batched.get_message(r.append.wrote_offset, r.append.wrote_bytes)
         assert raw is not None
         assert check_message_and_return_size(raw, 0, True, r.append.wrote_offset)[0] == len(raw)
@@ -236,8 +261,12 @@ def test_warm_ahead_touches_a_window_ahead_of_the_writer(tmp_path: Path) -> None
     import time
 
     mib = 1 << 20
-    cl = _open(tmp_path, warm_mapped_file=True, mapped_file_size_commitlog=64 * mib,
-               warm_ahead_bytes=2 * mib)
+    cl = _open(
+        tmp_path,
+        warm_mapped_file=True,
+        mapped_file_size_commitlog=64 * mib,
+        warm_ahead_bytes=2 * mib,
+    )
     cl.start()
     mf = cl.queue.get_last_mapped_file(0, create=True)
     assert mf is not None

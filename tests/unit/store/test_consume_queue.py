@@ -26,11 +26,22 @@ FILE_SIZE = UNITS_PER_FILE * CQ_STORE_UNIT_SIZE
 SIZE = 100  # every fake record is 100 bytes long: unit i points at commitlog i * 100
 
 
-def req(i: int, topic: str = "t", qid: int = 0, *, sys_flag: int = 0, tag: int = 7,
-        ts: int = 0) -> DispatchRequest:
-    return DispatchRequest(topic=topic, queue_id=qid, commitlog_offset=i * SIZE,
-                           msg_size=SIZE, tags_code=tag, store_timestamp=ts, queue_offset=i,
-                           keys="", uniq_key=None, sys_flag=sys_flag, prepared_tx_offset=0)
+def req(
+    i: int, topic: str = "t", qid: int = 0, *, sys_flag: int = 0, tag: int = 7, ts: int = 0
+) -> DispatchRequest:
+    return DispatchRequest(
+        topic=topic,
+        queue_id=qid,
+        commitlog_offset=i * SIZE,
+        msg_size=SIZE,
+        tags_code=tag,
+        store_timestamp=ts,
+        queue_offset=i,
+        keys="",
+        uniq_key=None,
+        sys_flag=sys_flag,
+        prepared_tx_offset=0,
+    )
 
 
 def new_cq(root: Path, topic: str = "t", qid: int = 0) -> ConsumeQueue:
@@ -270,7 +281,8 @@ def test_correct_min_offset_far_into_a_large_file(tmp_path: Path) -> None:
 
 
 def test_a_second_record_claiming_a_queue_offset_is_reported(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     cq = new_cq(tmp_path)
     fill(cq, 3)
     assert cq.put_unit(1, 5000, SIZE, 0)  # queue offset 1 is taken by the record at 100

@@ -23,10 +23,14 @@ T0 = 1_763_790_000_000
 
 class Parts:
     def __init__(self, tmp_path: Path, commitlog_size: int = 4096) -> None:
-        self.config = StoreConfig(store_dir=tmp_path, mapped_file_size_commitlog=commitlog_size,
-                                  mapped_file_size_consume_queue=20 * 8,
-                                  max_hash_slot_num=16, max_index_num=64,
-                                  warm_mapped_file=False)
+        self.config = StoreConfig(
+            store_dir=tmp_path,
+            mapped_file_size_commitlog=commitlog_size,
+            mapped_file_size_consume_queue=20 * 8,
+            max_hash_slot_num=16,
+            max_index_num=64,
+            warm_mapped_file=False,
+        )
         ticks = itertools.count(T0, 7)
         self.commitlog = CommitLog(self.config, clock=lambda: next(ticks))
         self.commitlog.load()
@@ -36,14 +40,16 @@ class Parts:
         self.index.load(last_exit_ok=True)
         self.reput = ReputService(self.commitlog, [self.cqs, self.index])
 
-    def put(self, topic: str, qid: int, body: bytes, keys: str = "",
-            **props: str) -> tuple[int, int]:
+    def put(
+        self, topic: str, qid: int, body: bytes, keys: str = "", **props: str
+    ) -> tuple[int, int]:
         properties = dict(props)
         if keys:
             properties[Prop.KEYS] = keys
         sys_flag = int(properties.pop("sys_flag", "0"))
-        result = self.commitlog.append(Message(topic, body, queue_id=qid, sys_flag=sys_flag,
-                                               properties=properties))
+        result = self.commitlog.append(
+            Message(topic, body, queue_id=qid, sys_flag=sys_flag, properties=properties)
+        )
         assert result.ok and result.append is not None
         return result.append.wrote_offset, result.append.wrote_bytes
 
@@ -85,8 +91,7 @@ def test_every_record_reaches_queues_and_index_across_files(parts: Parts, seed: 
 def test_half_and_rolled_back_transactions_are_indexed_but_not_queued(parts: Parts) -> None:
     parts.put("t", 0, b"normal", keys="n")
     half = parts.put("t", 0, b"half", keys="h", sys_flag=str(int(SysFlag.TRANSACTION_PREPARED)))
-    parts.put("t", 0, b"rolled back", keys="r",
-              sys_flag=str(int(SysFlag.TRANSACTION_ROLLBACK)))
+    parts.put("t", 0, b"rolled back", keys="r", sys_flag=str(int(SysFlag.TRANSACTION_ROLLBACK)))
     commit = parts.put("t", 0, b"commit", keys="c", sys_flag=str(int(SysFlag.TRANSACTION_COMMIT)))
     parts.reput.do_reput()
     cq = parts.cqs.get("t", 0)
@@ -148,7 +153,8 @@ def test_reput_from_an_earlier_offset_adds_no_duplicates(parts: Parts) -> None:
     cq = parts.cqs.get("t", 0)
     assert cq is not None and cq.get_max_offset_in_queue() == 10
     assert list(parts.index.iter_offsets("t", "k3", 0, 2**62)) == [
-        u[1] for u in cq.iter_units(3, 1)]
+        u[1] for u in cq.iter_units(3, 1)
+    ]
 
 
 def test_background_thread_and_wait_dispatched(parts: Parts) -> None:
@@ -198,8 +204,12 @@ def test_concurrent_producers_and_readers_see_only_complete_units(parts: Parts) 
                     continue
                 for index, phy, size, _ in cq.iter_units(len(seen[qid]), 64):
                     msg = parts.commitlog.look_message(phy)
-                    if msg is None or msg.queue_offset != index or msg.queue_id != qid \
-                            or msg.store_size != size:
+                    if (
+                        msg is None
+                        or msg.queue_offset != index
+                        or msg.queue_id != qid
+                        or msg.store_size != size
+                    ):
                         errors.append(f"unit {qid}/{index} -> {phy}: {msg!r}")
                         return
                     seen[qid].append(msg.body)

@@ -35,8 +35,9 @@ class GatedFsync:
 
 
 def _sync_log(tmp_path: Path, fsync: GatedFsync, **kw: object) -> CommitLog:
-    cfg = small_config(tmp_path, flush_mode=FlushMode.SYNC_FLUSH,
-                       mapped_file_size_commitlog=256 * 1024, **kw)
+    cfg = small_config(
+        tmp_path, flush_mode=FlushMode.SYNC_FLUSH, mapped_file_size_commitlog=256 * 1024, **kw
+    )
     cl = CommitLog(cfg, ManualClock(), fsync=fsync)
     cl.load()
     cl.start()
@@ -128,8 +129,12 @@ def test_failed_fsync_is_never_acknowledged(tmp_path: Path) -> None:
 
 def test_async_flush_waits_for_least_pages_then_thorough(tmp_path: Path) -> None:
     clock = ManualClock()
-    cfg = small_config(tmp_path, mapped_file_size_commitlog=1 << 20,
-                       flush_least_pages_commitlog=4, flush_thorough_interval_commitlog_ms=10_000)
+    cfg = small_config(
+        tmp_path,
+        mapped_file_size_commitlog=1 << 20,
+        flush_least_pages_commitlog=4,
+        flush_thorough_interval_commitlog_ms=10_000,
+    )
     cl = CommitLog(cfg, clock)
     cl.load()
     service = cl.flush_service

@@ -27,17 +27,38 @@ from broker.store.index_service import IndexService
 T0 = 1_763_790_000_000  # a store timestamp in ms
 
 
-def req(phy: int, keys: str = "", uniq: str | None = None, *, topic: str = "orders",
-        ts: int = T0) -> DispatchRequest:
-    return DispatchRequest(topic=topic, queue_id=0, commitlog_offset=phy, msg_size=100,
-                           tags_code=0, store_timestamp=ts, queue_offset=0, keys=keys,
-                           uniq_key=uniq, sys_flag=0, prepared_tx_offset=0)
+def req(
+    phy: int, keys: str = "", uniq: str | None = None, *, topic: str = "orders", ts: int = T0
+) -> DispatchRequest:
+    return DispatchRequest(
+        topic=topic,
+        queue_id=0,
+        commitlog_offset=phy,
+        msg_size=100,
+        tags_code=0,
+        store_timestamp=ts,
+        queue_offset=0,
+        keys=keys,
+        uniq_key=uniq,
+        sys_flag=0,
+        prepared_tx_offset=0,
+    )
 
 
-def service(tmp_path: Path, slots: int = 64, entries: int = 1000, *,
-            max_results: int = 64, clock_ms: int = T0) -> IndexService:
-    config = StoreConfig(store_dir=tmp_path, max_hash_slot_num=slots, max_index_num=entries,
-                         max_query_results=max_results)
+def service(
+    tmp_path: Path,
+    slots: int = 64,
+    entries: int = 1000,
+    *,
+    max_results: int = 64,
+    clock_ms: int = T0,
+) -> IndexService:
+    config = StoreConfig(
+        store_dir=tmp_path,
+        max_hash_slot_num=slots,
+        max_index_num=entries,
+        max_query_results=max_results,
+    )
     svc = IndexService(config, clock=lambda: clock_ms)
     svc.load(last_exit_ok=True)
     return svc
@@ -136,8 +157,9 @@ def test_time_range_filters_files_and_entries(tmp_path: Path) -> None:
     got = list(svc.iter_offsets("orders", "k", T0 + 5 * minute, T0 + 9 * minute))
     assert got == [900, 800, 700, 600, 500]
     # entry times are kept to the second: a bound inside that second still matches
-    assert list(svc.iter_offsets("orders", "k", T0 + 3 * minute + 500,
-                                 T0 + 3 * minute + 600)) == [300]
+    assert list(svc.iter_offsets("orders", "k", T0 + 3 * minute + 500, T0 + 3 * minute + 600)) == [
+        300
+    ]
     assert list(svc.iter_offsets("orders", "k", T0 + 100 * minute, T0 + 200 * minute)) == []
 
 
@@ -229,12 +251,12 @@ def test_corrupt_index_headers_and_slots_are_rejected(tmp_path: Path) -> None:
 
     slot = INDEX_HEADER_SIZE + 4 * 3
     for outside in (10, -1):  # past the file's last entry, or negative: no crash does that
-        path.write_bytes(good[:slot] + struct.pack(">i", outside) + good[slot + 4:])
+        path.write_bytes(good[:slot] + struct.pack(">i", outside) + good[slot + 4 :])
         with pytest.raises(StoreCorrupted, match="hash slot"):
             service(tmp_path, slots=8, entries=10)
 
     last = INDEX_HEADER_SIZE + 8 * 4 + 3 * INDEX_ENTRY_SIZE + 4
-    path.write_bytes(good[:last] + struct.pack(">q", 12345) + good[last + 8:])
+    path.write_bytes(good[:last] + struct.pack(">q", 12345) + good[last + 8 :])
     with pytest.raises(StoreCorrupted, match="last entry"):
         service(tmp_path, slots=8, entries=10)
 
@@ -278,8 +300,9 @@ def test_slot_written_before_the_header_count_is_a_crash_leftover(tmp_path: Path
     assert count == 4
     # what the old put_hashes did before it was killed: entry 4, then slot 0 -> 4
     key_hash = topic_key_hash("orders", "k3")
-    struct.pack_into(">iqii", raw, INDEX_HEADER_SIZE + 4 + count * INDEX_ENTRY_SIZE,
-                     key_hash, 300, 0, 3)
+    struct.pack_into(
+        ">iqii", raw, INDEX_HEADER_SIZE + 4 + count * INDEX_ENTRY_SIZE, key_hash, 300, 0, 3
+    )
     struct.pack_into(">i", raw, INDEX_HEADER_SIZE, count)
     path.write_bytes(bytes(raw))
 
@@ -302,8 +325,11 @@ def _kill_at(step: int, fn: Callable[[], object]) -> bool:
     (put_hashes, truncate, header write); True when it was stopped."""
     from broker.store.index_file import IndexFile
 
-    codes = {IndexFile.put_hashes.__code__, IndexFile.truncate.__code__,
-             IndexFile._write_header.__code__}
+    codes = {
+        IndexFile.put_hashes.__code__,
+        IndexFile.truncate.__code__,
+        IndexFile._write_header.__code__,
+    }
     seen = [0]
 
     def local(frame: FrameType, event: str, arg: object) -> object:
@@ -346,10 +372,10 @@ def _crash_reqs() -> list[DispatchRequest]:
     return [req(i * 100, f"k{i % 5} id{i}", uniq=f"u{i}", ts=T0 + i * 700) for i in range(12)]
 
 
-@pytest.mark.parametrize(("victim", "entries"), [(0, 7), (2, 7), (5, 7), (11, 7),
-                                                  (1, 6), (3, 6)])
+@pytest.mark.parametrize(("victim", "entries"), [(0, 7), (2, 7), (5, 7), (11, 7), (1, 6), (3, 6)])
 def test_a_kill_anywhere_in_put_hashes_leaves_a_loadable_complete_index(
-        tmp_path: Path, victim: int, entries: int) -> None:
+    tmp_path: Path, victim: int, entries: int
+) -> None:
     # entries=6: 5 a file, so records 1 and 3 have their keys split across two files
     reqs = _crash_reqs()
     step = 1
@@ -361,13 +387,14 @@ def test_a_kill_anywhere_in_put_hashes_leaves_a_loadable_complete_index(
         killed = _kill_at(step, functools.partial(svc.dispatch, reqs[victim]))
         _abandon(svc)
         svc = service(root, slots=2, entries=entries)  # never StoreCorrupted
-        _reindex_from_newest(svc, reqs[:victim + 1])
+        _reindex_from_newest(svc, reqs[: victim + 1])
         for i in range(victim + 1):
             assert everything(svc, f"id{i}") == [i * 100], (step, i)
             assert everything(svc, f"u{i}") == [i * 100], (step, i)
         for k in range(5):
-            assert everything(svc, f"k{k}") == [i * 100 for i in range(victim, -1, -1)
-                                                 if i % 5 == k], (step, k)
+            assert everything(svc, f"k{k}") == [
+                i * 100 for i in range(victim, -1, -1) if i % 5 == k
+            ], (step, k)
         _abandon(svc)
         if not killed:
             break

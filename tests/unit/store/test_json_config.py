@@ -31,7 +31,9 @@ def test_round_trip_and_backup_keeps_previous_version(tmp_path: Path) -> None:
     assert json.loads(cfg.backup_path.read_text()) == {"offsetTable": {"t@g": {"0": 1}}}
     # no temporary files are left next to it
     assert sorted(p.name for p in cfg.path.parent.iterdir()) == [
-        "consumerOffset.json", "consumerOffset.json.bak"]
+        "consumerOffset.json",
+        "consumerOffset.json.bak",
+    ]
 
 
 @pytest.mark.parametrize("keep", [0, 1, 7])
@@ -117,12 +119,14 @@ while True:
 
 @pytest.mark.chaos
 def test_kill_during_saves_always_leaves_a_loadable_acknowledged_version(
-        tmp_path: Path, seed: int) -> None:
+    tmp_path: Path, seed: int
+) -> None:
     rng = random.Random(seed)
     path = tmp_path / "consumerOffset.json"
     for _ in range(3):
-        proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(path)],
-                                stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _WRITER, str(path)], stdout=subprocess.PIPE, text=True
+        )
         assert proc.stdout is not None
         acked = 0
         target = rng.randint(5, 60)
@@ -142,4 +146,6 @@ def test_kill_during_saves_always_leaves_a_loadable_acknowledged_version(
     # the next save clears whatever temp file a killed writer left behind
     JsonConfigFile(path).save({"counter": -1})
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "consumerOffset.json", "consumerOffset.json.bak"]
+        "consumerOffset.json",
+        "consumerOffset.json.bak",
+    ]

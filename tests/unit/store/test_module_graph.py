@@ -41,7 +41,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return [*path[path.index(nxt):], nxt]
+                return [*path[path.index(nxt) :], nxt]
             if nxt not in state:
                 found = visit(nxt)
                 if found:
@@ -74,12 +74,19 @@ def test_a_cycle_is_found_when_there_is_one() -> None:
 def test_the_store_imports_nothing_above_the_broker_core() -> None:
     for path in STORE_DIR.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             for name in names:
                 top = name.split(".")[0]
-                assert top not in {"reliable", "reliable_cli", "outbox", "idempotency"}, \
+                assert top not in {"reliable", "reliable_cli", "outbox", "idempotency"}, (
                     f"{path.name} imports {name}"
+                )
                 if top == "broker":
-                    assert name.startswith(("broker.store", "broker.errors", "broker.names",
-                                            "broker.clock")), f"{path.name} imports {name}"
+                    assert name.startswith(
+                        ("broker.store", "broker.errors", "broker.names", "broker.clock")
+                    ), f"{path.name} imports {name}"

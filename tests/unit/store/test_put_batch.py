@@ -35,7 +35,8 @@ def encoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     """Every test runs on the compiled encoder and on the Python one."""
     if request.param == "native":
         assert batch_module.COMPILED, (
-            "broker/store/_recordpack.c is not built: `pip install -e .` with a C compiler")
+            "broker/store/_recordpack.c is not built: `pip install -e .` with a C compiler"
+        )
         monkeypatch.setattr(batch_module, "NATIVE", True)
     else:
         monkeypatch.setattr(batch_module, "NATIVE", False)
@@ -56,17 +57,29 @@ def store(tmp_path: Path) -> Iterator[MessageStore]:
 
 
 def _bodies(n: int, size: int = 60, seed: int = 0) -> list[bytes]:
-    return [(f"b{seed}-{i}-".encode() * (size // 4 + 1))[:size + i % 7] for i in range(n)]
+    return [(f"b{seed}-{i}-".encode() * (size // 4 + 1))[: size + i % 7] for i in range(n)]
 
 
-def _put(store: MessageStore, bodies: list[bytes], queue_id: int = 0, start: int = 0,
-         topic: str = "TopicB") -> list[int]:
+def _put(
+    store: MessageStore,
+    bodies: list[bytes],
+    queue_id: int = 0,
+    start: int = 0,
+    topic: str = "TopicB",
+) -> list[int]:
     """Put a batch with per-message keys/unique keys; the records' commitlog offsets."""
     n = len(bodies)
-    r = store.put_batch(topic, queue_id, bodies, SHARED,
-                        keys=[f"k{start + i} all" for i in range(n)],
-                        uniq_keys=[f"U{start + i:06d}" for i in range(n)],
-                        flag=7, born_timestamp=BORN, born_host=HOST)
+    r = store.put_batch(
+        topic,
+        queue_id,
+        bodies,
+        SHARED,
+        keys=[f"k{start + i} all" for i in range(n)],
+        uniq_keys=[f"U{start + i:06d}" for i in range(n)],
+        flag=7,
+        born_timestamp=BORN,
+        born_host=HOST,
+    )
     assert r.status is PutMessageStatus.PUT_OK and r.append is not None
     assert r.append.msg_num == n
     assert store.wait_dispatched(10)
@@ -79,7 +92,8 @@ def _put(store: MessageStore, bodies: list[bytes], queue_id: int = 0, start: int
     assert offsets[0] == r.append.wrote_offset
     assert r.append.record_offsets == offsets  # across roll-overs too
     assert [r.append.msg_id_at(o) for o in offsets] == [
-        store.look_message_by_offset(o).offset_msg_id for o in offsets]  # type: ignore[union-attr]
+        store.look_message_by_offset(o).offset_msg_id for o in offsets
+    ]  # type: ignore[union-attr]
     assert offsets[-1] + _size(store, offsets[-1]) == r.append.wrote_offset + r.append.wrote_bytes
     return offsets
 
@@ -92,8 +106,15 @@ def _size(store: MessageStore, offset: int) -> int:
 
 def _single(i: int, body: bytes, queue_id: int = 0) -> Message:
     props = {**SHARED, Prop.KEYS: f"k{i} all", Prop.UNIQ_KEY: f"U{i:06d}"}
-    return Message(topic="TopicB", body=body, queue_id=queue_id, flag=7, properties=props,
-                   born_timestamp=BORN, born_host=HOST)
+    return Message(
+        topic="TopicB",
+        body=body,
+        queue_id=queue_id,
+        flag=7,
+        properties=props,
+        born_timestamp=BORN,
+        born_host=HOST,
+    )
 
 
 def _raw(store: MessageStore, m: MessageExt) -> bytes:
@@ -103,9 +124,13 @@ def _raw(store: MessageStore, m: MessageExt) -> bytes:
     # between two puts (offsets, store time, and the checksum covering them)
     assert check_message_and_return_size(raw, 0, True, m.commitlog_offset)[0] == len(raw)
     masked = bytearray(raw)
-    for pos, n in ((POS_CRC, 4), (POS_QUEUE_OFFSET, 8), (POS_PHYSICAL_OFFSET, 8),
-                   (POS_STORE_TIMESTAMP, 8)):
-        masked[pos:pos + n] = bytes(n)
+    for pos, n in (
+        (POS_CRC, 4),
+        (POS_QUEUE_OFFSET, 8),
+        (POS_PHYSICAL_OFFSET, 8),
+        (POS_STORE_TIMESTAMP, 8),
+    ):
+        masked[pos : pos + n] = bytes(n)
     return bytes(masked)
 
 
@@ -121,12 +146,31 @@ def test_batch_records_equal_single_put_records(store: MessageStore) -> None:
         assert a is not None and b is not None
         assert _raw(store, a) == _raw(store, b)
         assert b.queue_offset == 5 + i and b.commitlog_offset == off
-        assert (b.topic, b.body, b.queue_id, b.flag, b.properties, b.sys_flag,
-                b.born_timestamp, b.born_host, b.reconsume_times, b.prepared_tx_offset,
-                b.store_host) == (
-                    a.topic, a.body, a.queue_id, a.flag, a.properties, a.sys_flag,
-                    a.born_timestamp, a.born_host, a.reconsume_times, a.prepared_tx_offset,
-                    a.store_host)
+        assert (
+            b.topic,
+            b.body,
+            b.queue_id,
+            b.flag,
+            b.properties,
+            b.sys_flag,
+            b.born_timestamp,
+            b.born_host,
+            b.reconsume_times,
+            b.prepared_tx_offset,
+            b.store_host,
+        ) == (
+            a.topic,
+            a.body,
+            a.queue_id,
+            a.flag,
+            a.properties,
+            a.sys_flag,
+            a.born_timestamp,
+            a.born_host,
+            a.reconsume_times,
+            a.prepared_tx_offset,
+            a.store_host,
+        )
         assert b.store_timestamp >= a.store_timestamp
     got = store.get_messages("g", "TopicB", 0, 0, 100, tags={"tagB"})
     assert [m.queue_offset for m in got.messages] == list(range(10))
@@ -162,8 +206,7 @@ def test_roll_over_across_small_files(store: MessageStore) -> None:
 def test_queries_by_key_and_unique_key(store: MessageStore) -> None:
     offsets = _put(store, _bodies(8))
     for i, off in enumerate(offsets):
-        assert [h.commitlog_offset for h in store.query_message_by_key("TopicB", f"k{i}")] == [
-            off]
+        assert [h.commitlog_offset for h in store.query_message_by_key("TopicB", f"k{i}")] == [off]
         u = store.query_message_by_unique_key("TopicB", f"U{i:06d}")
         assert u is not None and u.commitlog_offset == off
     assert len(store.query_message_by_key("TopicB", "all")) == 8
@@ -226,13 +269,13 @@ def test_refused_batches_store_nothing(tmp_path: Path) -> None:
 
 
 def test_disk_full_and_not_running_refuse(tmp_path: Path) -> None:
-    store = MessageStore(small_config(tmp_path, **SHIPPED_WATERMARKS),
-                         disk_usage=lambda _path: 0.95)
+    store = MessageStore(
+        small_config(tmp_path, **SHIPPED_WATERMARKS), disk_usage=lambda _path: 0.95
+    )
     store.start()
     assert store.put_batch("TopicB", 0, [b"x"]).status is PutMessageStatus.DISK_FULL
     store.shutdown()
-    assert store.put_batch("TopicB", 0, [b"x"]).status is (
-        PutMessageStatus.SERVICE_NOT_AVAILABLE)
+    assert store.put_batch("TopicB", 0, [b"x"]).status is (PutMessageStatus.SERVICE_NOT_AVAILABLE)
 
 
 def test_prepared_transaction_batch_takes_no_queue_offset(store: MessageStore) -> None:
@@ -248,10 +291,20 @@ def _encode(bodies: list[object], **kw: object) -> tuple[bytes, list[tuple[int, 
     """The records as placed into a buffer, first up to half of it (as at a file's end),
     then the rest, and each `place` call's answer; or the refusal's status."""
     args: dict[str, object] = dict(
-        topic="TopicB", queue_id=3, bodies=bodies, properties=SHARED, keys=None,
-        uniq_keys=None, flag=7, sys_flag=0, born_timestamp=BORN, born_host=HOST,
-        store_host_raw=b"\x0a\x00\x00\x01\x00\x00\x2a\x93", max_message_size=4000,
-        max_record=6000)
+        topic="TopicB",
+        queue_id=3,
+        bodies=bodies,
+        properties=SHARED,
+        keys=None,
+        uniq_keys=None,
+        flag=7,
+        sys_flag=0,
+        born_timestamp=BORN,
+        born_host=HOST,
+        store_host_raw=b"\x0a\x00\x00\x01\x00\x00\x2a\x93",
+        max_message_size=4000,
+        max_record=6000,
+    )
     args.update(kw)
     try:
         b, _key = batch_module.encode_batch(**args)  # type: ignore[arg-type]
@@ -259,15 +312,15 @@ def _encode(bodies: list[object], **kw: object) -> tuple[bytes, list[tuple[int, 
         return f"{exc.status.name}"
     out = bytearray(b"\xee" * (b.total + 10))
     answers = [b.place(out, 5, 5 + b.total // 2, 40, 1, 1_000_000, BORN + 5)]  # a file's end
-    answers.append(b.place(out, answers[0][1], len(out), answers[0][2], 1, 1_000_000,
-                           BORN + 6))
+    answers.append(b.place(out, answers[0][1], len(out), answers[0][2], 1, 1_000_000, BORN + 6))
     answers.append(b.place(out, answers[1][1], len(out), 0, 1, 0, 0))  # nothing left
     assert b.next_size() == 0 and answers[-1][0] == 0
     return bytes(out), answers
 
 
 def test_compiled_and_python_encoders_agree_byte_for_byte(
-        monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
     import random
 
     rng = random.Random(seed)
@@ -275,12 +328,10 @@ def test_compiled_and_python_encoders_agree_byte_for_byte(
     cases: list[tuple[list[object], dict[str, object]]] = []
     for _ in range(300):
         n = rng.randint(1, 12)
-        bodies: list[object] = [rng.randbytes(rng.choice([0, 1, 5, 100, 700]))
-                                for _ in range(n)]
+        bodies: list[object] = [rng.randbytes(rng.choice([0, 1, 5, 100, 700])) for _ in range(n)]
         kw: dict[str, object] = {}
         if rng.random() < 0.6:
-            kw["keys"] = [rng.choice(["k", "order-1 order-2", "ключ", "x" * 300])
-                          for _ in range(n)]
+            kw["keys"] = [rng.choice(["k", "order-1 order-2", "ключ", "x" * 300]) for _ in range(n)]
         if rng.random() < 0.6:
             kw["uniq_keys"] = [f"U{rng.getrandbits(64):016X}" for _ in range(n)]
         if rng.random() < 0.3:
@@ -289,16 +340,18 @@ def test_compiled_and_python_encoders_agree_byte_for_byte(
             kw["sys_flag"] = int(SysFlag.TRANSACTION_PREPARED)
         cases.append((bodies, kw))
     # refusals must agree too: separators, wrong counts, types, sizes
-    cases += [([b"a", b"b"], {"keys": ["a", "b\x01"]}),
-              ([b"a"], {"uniq_keys": ["\x02"]}),
-              ([b"a", b"b"], {"keys": ["only one"]}),
-              ([b"a"], {"keys": [7]}),
-              ([b"a"], {"keys": ["\udc80"]}),
-              ([b"a"], {"properties": {"p": "v" * 32767}}),
-              ([b"x" * 3900], {"keys": ["k" * 200]}),
-              ([b"x" * 1000] * 5, {}),
-              ([bytearray(b"bytes-like"), memoryview(b"too")], {"keys": ["a", "b"]}),
-              (["text"], {})]
+    cases += [
+        ([b"a", b"b"], {"keys": ["a", "b\x01"]}),
+        ([b"a"], {"uniq_keys": ["\x02"]}),
+        ([b"a", b"b"], {"keys": ["only one"]}),
+        ([b"a"], {"keys": [7]}),
+        ([b"a"], {"keys": ["\udc80"]}),
+        ([b"a"], {"properties": {"p": "v" * 32767}}),
+        ([b"x" * 3900], {"keys": ["k" * 200]}),
+        ([b"x" * 1000] * 5, {}),
+        ([bytearray(b"bytes-like"), memoryview(b"too")], {"keys": ["a", "b"]}),
+        (["text"], {}),
+    ]
     for bodies, kw in cases:
         monkeypatch.setattr(batch_module, "NATIVE", True)
         native = _encode(bodies, **kw)

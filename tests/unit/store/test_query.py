@@ -32,10 +32,14 @@ T0 = 1_763_790_000_000
 
 class Env:
     def __init__(self, tmp_path: Path, slots: int = 4) -> None:
-        self.config = StoreConfig(store_dir=tmp_path, mapped_file_size_commitlog=64 * 1024,
-                                  mapped_file_size_consume_queue=20 * 16,
-                                  max_hash_slot_num=slots, max_index_num=400,
-                                  warm_mapped_file=False)
+        self.config = StoreConfig(
+            store_dir=tmp_path,
+            mapped_file_size_commitlog=64 * 1024,
+            mapped_file_size_consume_queue=20 * 16,
+            max_hash_slot_num=slots,
+            max_index_num=400,
+            warm_mapped_file=False,
+        )
         self.now = T0
         ticks = itertools.count()
         self.commitlog = CommitLog(self.config, clock=lambda: self.now + next(ticks))
@@ -46,8 +50,9 @@ class Env:
         self.reput = ReputService(self.commitlog, [self.cqs, self.index])
         self.looked: list[int] = []
 
-    def put(self, body: bytes, keys: str = "", uniq: str | None = None,
-            topic: str = "orders") -> int:
+    def put(
+        self, body: bytes, keys: str = "", uniq: str | None = None, topic: str = "orders"
+    ) -> int:
         props = {Prop.KEYS: keys} if keys else {}
         if uniq:
             props[Prop.UNIQ_KEY] = uniq
@@ -61,8 +66,7 @@ class Env:
         return self.commitlog.look_message(offset)
 
     def by_key(self, key: str, **kw: object) -> list[bytes]:
-        return [m.body for m in query_by_key(self.index, self.look, "orders", key,
-                                             **kw)]  # type: ignore[arg-type]
+        return [m.body for m in query_by_key(self.index, self.look, "orders", key, **kw)]  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -148,8 +152,7 @@ def test_bad_keys_raise_typed_errors(env: Env) -> None:
 def test_unique_key_and_offset_id_fallback(env: Env) -> None:
     off1 = env.put(b"with uniq", "k", uniq="7F0000010001ABCDEF0123456789ABCD")
     off2 = env.put(b"without uniq", "k2")
-    found = query_by_unique_key(env.index, env.look, "orders",
-                                "7F0000010001ABCDEF0123456789ABCD")
+    found = query_by_unique_key(env.index, env.look, "orders", "7F0000010001ABCDEF0123456789ABCD")
     assert found is not None and found.commitlog_offset == off1
     second = env.commitlog.look_message(off2)
     assert second is not None

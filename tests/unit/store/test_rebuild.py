@@ -96,8 +96,7 @@ def test_deleted_index_is_rebuilt_from_the_commitlog(tmp_path: Path, crashed: bo
 
 
 @pytest.mark.parametrize("crashed", [False, True])
-def test_deleted_consume_queue_is_rebuilt_from_the_commitlog(tmp_path: Path,
-                                                             crashed: bool) -> None:
+def test_deleted_consume_queue_is_rebuilt_from_the_commitlog(tmp_path: Path, crashed: bool) -> None:
     directory, written = _stopped(tmp_path, crashed)
     shutil.rmtree(directory / "consumequeue" / "TopicA" / "1")
     again = MessageStore(small_config(directory))
@@ -174,10 +173,13 @@ def test_an_undispatchable_record_stops_the_start(tmp_path: Path) -> None:
     store.shutdown()
     # a record no put can make any more (its topic names no directory), written by hand
     # after the log's end, where the last start dispatched up to
-    raw = bytearray(Path(_file_of(cfg, written[-1][0])).read_bytes()[
-        written[-1][0] % cfg.mapped_file_size_commitlog:][:last.store_size])
+    raw = bytearray(
+        Path(_file_of(cfg, written[-1][0])).read_bytes()[
+            written[-1][0] % cfg.mapped_file_size_commitlog :
+        ][: last.store_size]
+    )
     topic_at = raw.index(b"TopicA")
-    raw[topic_at:topic_at + 6] = b"Top/cA"
+    raw[topic_at : topic_at + 6] = b"Top/cA"
     struct.pack_into(">qq", raw, POS_QUEUE_OFFSET, 0, end)
     struct.pack_into(">q", raw, POS_STORE_TIMESTAMP, last.store_timestamp)
     reseal(raw, 0)  # a valid record, checksum included

@@ -21,8 +21,8 @@ def _downgrade(store: MessageStore, offsets: list[int], cfg_size: int, root: Pat
         path = root / "commitlog" / f"{offset - offset % cfg_size:020d}"
         raw = bytearray(path.read_bytes())
         pos = offset % cfg_size
-        assert raw[pos + 4:pos + 8] == V2
-        raw[pos + 4:pos + 8] = V1
+        assert raw[pos + 4 : pos + 8] == V2
+        raw[pos + 4 : pos + 8] = V1
         reseal(raw, pos)
         path.write_bytes(bytes(raw))
 
@@ -47,8 +47,9 @@ def test_version_1_records_are_read_and_new_ones_are_version_2(tmp_path: Path) -
             assert got.properties == message(i, queue_id=i % 2).properties
         got_q = again.get_messages("g", "TopicA", 1, 0, 64)
         assert [m.body for m in got_q.messages] == [message(i).body for i in range(1, 40, 2)]
-        assert [m.commitlog_offset for m in again.query_message_by_key("TopicA", "key-7")] \
-            == [offsets[7]]
+        assert [m.commitlog_offset for m in again.query_message_by_key("TopicA", "key-7")] == [
+            offsets[7]
+        ]
         new = again.put_message(message(40))
         assert new.append is not None
         raw = again.commitlog.get_message(new.append.wrote_offset, new.append.wrote_bytes)
@@ -58,8 +59,7 @@ def test_version_1_records_are_read_and_new_ones_are_version_2(tmp_path: Path) -
     assert verify_store(small_config(tmp_path)).ok
 
 
-def test_a_damaged_record_below_the_flushed_offset_is_quarantined_not_fatal(
-        tmp_path: Path) -> None:
+def test_a_damaged_record_below_the_flushed_offset_is_quarantined_not_fatal(tmp_path: Path) -> None:
     """One damaged record of each version in a cleanly stopped store: the store starts,
     both are kept on disk and never served (not even the version-1 one, whose read path
     has no checksum), the rest are served, dispatch steps over them, and the next start
@@ -76,8 +76,7 @@ def test_a_damaged_record_below_the_flushed_offset_is_quarantined_not_fatal(
         path = tmp_path / "commitlog" / f"{offsets[victim] - offsets[victim] % size:020d}"
         raw = bytearray(path.read_bytes())
         end = offsets[victim] % size + results[victim].append.wrote_bytes  # type: ignore
-        target = raw.index(message(victim).body, offsets[victim] % size) if victim == 3 \
-            else end - 2
+        target = raw.index(message(victim).body, offsets[victim] % size) if victim == 3 else end - 2
         raw[target] ^= 0x01
         path.write_bytes(bytes(raw))
     assert not verify_store(small_config(tmp_path)).ok
@@ -104,11 +103,12 @@ def test_a_damaged_record_below_the_flushed_offset_is_quarantined_not_fatal(
     rebuilt = MessageStore(small_config(tmp_path))
     rebuilt.start()
     try:
-        assert [m.body for m in rebuilt.get_messages("g", "TopicA", 0, 0, 64).messages] \
-            == served
+        assert [m.body for m in rebuilt.get_messages("g", "TopicA", 0, 0, 64).messages] == served
         assert rebuilt.get_max_offset_in_queue("TopicA", 0) == 14
     finally:
         rebuilt.shutdown()
     problems = verify_store(small_config(tmp_path)).problems
-    assert sorted({p.offset for p in problems if "commitlog" in str(p.file)}) == \
-        [offsets[3] % size, offsets[7] % size]
+    assert sorted({p.offset for p in problems if "commitlog" in str(p.file)}) == [
+        offsets[3] % size,
+        offsets[7] % size,
+    ]

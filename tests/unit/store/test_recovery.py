@@ -38,8 +38,7 @@ def _assert_all_readable(store: MessageStore, written: list[tuple[int, Message]]
     for offset, msg in written:
         got = store.look_message_by_offset(offset)
         assert got is not None, offset
-        assert (got.body, got.properties, got.queue_id) == (msg.body, msg.properties,
-                                                            msg.queue_id)
+        assert (got.body, got.properties, got.queue_id) == (msg.body, msg.properties, msg.queue_id)
         key = msg.keys[0]
         hits = store.query_message_by_key(msg.topic, key)
         assert [h.commitlog_offset for h in hits] == [offset]
@@ -47,8 +46,9 @@ def _assert_all_readable(store: MessageStore, written: list[tuple[int, Message]]
         assert uniq is not None and uniq.commitlog_offset == offset
 
 
-def _assert_queues_consistent(store: MessageStore, written: list[tuple[int, Message]],
-                              queues: int = 2) -> None:
+def _assert_queues_consistent(
+    store: MessageStore, written: list[tuple[int, Message]], queues: int = 2
+) -> None:
     for qid in range(queues):
         expected = [off for off, m in written if m.queue_id == qid]
         got = store.get_messages("g", "TopicA", qid, 0, 10_000)
@@ -216,15 +216,17 @@ def test_corrupt_record_frame_below_the_flushed_offset_is_refused(tmp_path: Path
 @pytest.mark.parametrize("mode", [FlushMode.ASYNC_FLUSH, FlushMode.SYNC_FLUSH])
 def test_invalid_record_followed_by_valid_ones(tmp_path: Path, mode: FlushMode) -> None:
     # the checkpoint is never refreshed after start, so it vouches for nothing
-    cfg = small_config(tmp_path / "live", flush_mode=mode,
-                       flush_interval_consume_queue_ms=3_600_000)
+    cfg = small_config(
+        tmp_path / "live", flush_mode=mode, flush_interval_consume_queue_ms=3_600_000
+    )
     store, written = _fill(cfg)
     copy = crash_copy(cfg.store_dir, tmp_path / "crashed")
     store.shutdown()
     k = N - 10
     write_at(copy, written[k][0] + 95, b"\x00\x13", cfg.mapped_file_size_commitlog)
-    again = MessageStore(small_config(copy, flush_mode=mode,
-                                      flush_interval_consume_queue_ms=3_600_000))
+    again = MessageStore(
+        small_config(copy, flush_mode=mode, flush_interval_consume_queue_ms=3_600_000)
+    )
     if mode is FlushMode.SYNC_FLUSH:
         # later records were acknowledged after this one: truncating would lose them
         with pytest.raises(StoreCorrupted, match="followed by 9 valid"):
@@ -279,8 +281,9 @@ def test_torn_checkpoint_falls_back_to_a_full_scan(tmp_path: Path) -> None:
     again.shutdown()
 
 
-def test_a_foreign_file_with_a_valid_name_and_size_is_never_overwritten(tmp_path: Path,
-                                                                        seed: int) -> None:
+def test_a_foreign_file_with_a_valid_name_and_size_is_never_overwritten(
+    tmp_path: Path, seed: int
+) -> None:
     cfg = small_config(tmp_path)
     (cfg.commitlog_dir).mkdir(parents=True)
     foreign = cfg.commitlog_dir / f"{0:020d}"
@@ -293,8 +296,12 @@ def test_a_foreign_file_with_a_valid_name_and_size_is_never_overwritten(tmp_path
 
 @pytest.mark.parametrize("crashed", [True, False])
 def test_recovery_after_cleanup_deleted_the_oldest_files(tmp_path: Path, crashed: bool) -> None:
-    cfg = small_config(tmp_path / "live", file_reserved_time_hours=0.0,
-                       delete_files_interval_ms=0, **SHIPPED_WATERMARKS)
+    cfg = small_config(
+        tmp_path / "live",
+        file_reserved_time_hours=0.0,
+        delete_files_interval_ms=0,
+        **SHIPPED_WATERMARKS,
+    )
     store = MessageStore(cfg, disk_usage=lambda _p: 0.87)  # above the clean watermark
     store.start()
     written = []

@@ -30,8 +30,12 @@ def test_checkpoint_round_trip_and_layout(tmp_path: Path) -> None:
     assert not (tmp_path / "checkpoint.tmp").exists()
     again = StoreCheckpoint.open(tmp_path / "checkpoint")
     assert again.loaded
-    assert (again.physic_msg_timestamp, again.logics_msg_timestamp,
-            again.index_msg_timestamp, again.physic_flushed_offset) == (11, 22, 33, 44)
+    assert (
+        again.physic_msg_timestamp,
+        again.logics_msg_timestamp,
+        again.index_msg_timestamp,
+        again.physic_flushed_offset,
+    ) == (11, 22, 33, 44)
     assert again.min_timestamp() == 11 and again.min_timestamp(index_safe=True) == 11
 
 

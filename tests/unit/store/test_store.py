@@ -46,12 +46,14 @@ def test_put_and_get_by_queue_offset(store: MessageStore) -> None:
 
 def test_get_statuses(store: MessageStore) -> None:
     assert store.get_messages("g", "Nope", 0, 0, 1).status is (
-        GetMessageStatus.NO_MATCHED_LOGIC_QUEUE)
+        GetMessageStatus.NO_MATCHED_LOGIC_QUEUE
+    )
     for i in range(3):
         store.put_message(message(i))
     assert store.wait_dispatched(10)
     assert store.get_messages("g", "TopicA", 0, 3, 1).status is (
-        GetMessageStatus.OFFSET_OVERFLOW_ONE)
+        GetMessageStatus.OFFSET_OVERFLOW_ONE
+    )
     over = store.get_messages("g", "TopicA", 0, 9, 1)
     assert over.status is GetMessageStatus.OFFSET_OVERFLOW_BADLY and over.next_begin_offset == 3
 
@@ -65,7 +67,11 @@ def test_tag_filter_is_exact_despite_hash_collisions(store: MessageStore) -> Non
     assert [m.body for m in got.messages] == [b"m0", b"m2"]
     assert got.next_begin_offset == 4
     assert [m.body for m in store.get_messages("g", "T", 0, 0, 10, ["*"]).messages] == [
-        b"m0", b"m1", b"m2", b"m3"]
+        b"m0",
+        b"m1",
+        b"m2",
+        b"m3",
+    ]
     none = store.get_messages("g", "T", 0, 0, 10, ["zzz"])
     assert none.status is GetMessageStatus.NO_MATCHED_MESSAGE and none.next_begin_offset == 4
 
@@ -188,8 +194,9 @@ def test_config_files_are_atomic_json(store: MessageStore) -> None:
 
 
 def test_disk_full_refuses_writes(tmp_path: Path) -> None:
-    store = MessageStore(small_config(tmp_path, **SHIPPED_WATERMARKS),
-                         disk_usage=lambda _path: 0.95)
+    store = MessageStore(
+        small_config(tmp_path, **SHIPPED_WATERMARKS), disk_usage=lambda _path: 0.95
+    )
     store.start()
     assert store.is_disk_full()
     assert store.put_message(message(1)).status is PutMessageStatus.DISK_FULL

@@ -36,7 +36,8 @@ test: $(STAMP) system
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check broker reliable outbox idempotency reliable_cli bench tests examples
+	$(VENV)/bin/ruff format --check broker reliable reliable_cli outbox idempotency bench tests examples scripts
+	$(VENV)/bin/ruff check broker reliable reliable_cli outbox idempotency bench tests examples scripts
 	$(VENV)/bin/mypy broker reliable outbox idempotency reliable_cli
 	$(VENV)/bin/lint-imports
 

@@ -14,26 +14,36 @@ import subprocess
 import sys
 from pathlib import Path
 
+import importlinter  # noqa: F401  a dev dependency: missing, the suite fails here
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("broker", "reliable", "outbox", "idempotency", "reliable_cli")
-LINT = ("import sys; from importlinter.cli import lint_imports_command; "
-        "sys.exit(lint_imports_command())")
-
-pytest.importorskip("importlinter", reason="import-linter is a dev dependency")
+LINT = (
+    "import sys; from importlinter.cli import lint_imports_command; "
+    "sys.exit(lint_imports_command())"
+)
 
 
 def _lint(root: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(root)}
-    return subprocess.run([sys.executable, "-c", LINT, "--no-cache"], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", LINT, "--no-cache"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _copy_of_the_tree(tmp_path: Path) -> Path:
     for name in PACKAGES:
-        shutil.copytree(ROOT / name, tmp_path / name,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.c"))
+        shutil.copytree(
+            ROOT / name,
+            tmp_path / name,
+            ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.c"),
+        )
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     return tmp_path
 
@@ -44,20 +54,34 @@ def test_the_tree_keeps_the_layers_and_has_no_cycles() -> None:
     assert "0 broken" in proc.stdout
 
 
-@pytest.mark.parametrize(("module", "source", "broken"), [
-    # the client core reaching up for the concrete idempotency guard
-    ("reliable/_wrong.py", "import idempotency\n", "reliable is not allowed to import idempotency"),
-    # the broker importing the client
-    ("broker/_wrong.py", "from reliable.errors import ReliableError\n",
-     "broker is not allowed to import reliable"),
-    # the outbox importing the command line's exit codes (the cycle that used to be)
-    ("outbox/_wrong.py", "from reliable_cli.exit_codes import ExitCode\n",
-     "outbox is not allowed to import reliable_cli"),
-    # two client modules importing each other
-    ("reliable/_wrong.py", "import reliable.producer\n", "No cycles are allowed in reliable"),
-])
-def test_a_wrong_import_breaks_the_contract(tmp_path: Path, module: str, source: str,
-                                            broken: str) -> None:
+@pytest.mark.parametrize(
+    ("module", "source", "broken"),
+    [
+        # the client core reaching up for the concrete idempotency guard
+        (
+            "reliable/_wrong.py",
+            "import idempotency\n",
+            "reliable is not allowed to import idempotency",
+        ),
+        # the broker importing the client
+        (
+            "broker/_wrong.py",
+            "from reliable.errors import ReliableError\n",
+            "broker is not allowed to import reliable",
+        ),
+        # the outbox importing the command line's exit codes (the cycle that used to be)
+        (
+            "outbox/_wrong.py",
+            "from reliable_cli.exit_codes import ExitCode\n",
+            "outbox is not allowed to import reliable_cli",
+        ),
+        # two client modules importing each other
+        ("reliable/_wrong.py", "import reliable.producer\n", "No cycles are allowed in reliable"),
+    ],
+)
+def test_a_wrong_import_breaks_the_contract(
+    tmp_path: Path, module: str, source: str, broken: str
+) -> None:
     tree = _copy_of_the_tree(tmp_path)
     if "cycles" in broken:  # make the producer import the new module back
         producer = tree / "reliable" / "producer.py"

@@ -35,8 +35,9 @@ from tests.chaos import e2e_app
 from tests.chaos.e2e_app import GROUP, STORE_SIZES, TOPIC
 
 REPO = Path(__file__).resolve().parents[2]
+# no shuffle.partitions: the job sizes them from the data, and a setting made here would
+# stay in this test process's JVM for every later Spark session of the suite
 SPARK = {
-    "spark.sql.shuffle.partitions": "4",
     "spark.ui.showConsoleProgress": "false",
     "spark.ui.enabled": "false",
 }

@@ -19,9 +19,14 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from reliable_cli import observe
 from reliable_cli.exit_codes import ExitCode
+
+if TYPE_CHECKING:
+    from reliable.endpoint import MetricsEndpoint
+    from reliable_cli.console.broker_view import BrokerView
 
 PROG = "reliable console"
 
@@ -98,6 +103,7 @@ def register(sub: Any) -> None:
         help="how often the charts sample the broker (default %(default)s)",
     )
     p.add_argument("--threads", type=int, default=8, help="HTTP worker threads (default 8)")
+    observe.add_arguments(p)
     p.set_defaults(handler=run)
 
 
@@ -173,14 +179,15 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(settings, view, sampler, outbox)
     signal.signal(signal.SIGTERM, _interrupt)
     sampler.start()
+    endpoint = _start_endpoint(args, view)
+
+    notice = observe.stderr_notice(PROG, args)
 
     def ready(port: int) -> None:
         mode = "actions enabled" if args.allow_actions else "read-only"
-        print(
-            f"{PROG}: serving http://{args.host}:{port}/ ({mode}, login: {auth.mode}) "
-            f"for broker {args.endpoint}",
-            file=sys.stderr,
-            flush=True,
+        notice(
+            f"serving http://{args.host}:{port}/ ({mode}, login: {auth.mode}) "
+            f"for broker {args.endpoint}"
         )
 
     try:
@@ -193,7 +200,22 @@ def run(args: argparse.Namespace) -> int:
         pass
     finally:
         sampler.stop()
+        if endpoint is not None:
+            endpoint.stop()
         view.close()
         if outbox is not None:
             outbox.close()
     return ExitCode.OK
+
+
+def _start_endpoint(args: argparse.Namespace, view: BrokerView) -> MetricsEndpoint | None:
+    """`--metrics-port`: /metrics (the process's own families), /healthz, and /readyz,
+    ready while the broker answers the admin service."""
+    if args.metrics_port is None:
+        return None
+    from prometheus_client import CollectorRegistry
+
+    from reliable.endpoint import check
+
+    broker = check(lambda: view.call("ListTopics"))
+    return observe.start_endpoint(args, PROG, CollectorRegistry(), lambda: {"broker": broker()})

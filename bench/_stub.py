@@ -11,6 +11,9 @@ fields the official client reads (docs in /docs/performance.md, protocol in the 
 - SendMessage: one OK entry per message, echoing the client's message id;
 - ReceiveMessage: status OK, `batch_size` canned 1 KiB messages (built once, with a CRC32
   digest the client checks, as the real server sends), then the delivery timestamp;
+- ReceiveMessages (the server's batch receive, `broker.protocol_ext`, which the framework
+  prefers): the same canned batch in one response; `--without-batch-receive` leaves it out,
+  as an Apache RocketMQ proxy does (the framework then falls back to ReceiveMessage);
 - AckMessage, ChangeInvisibleDuration, Heartbeat, NotifyClientTermination, EndTransaction:
   OK (AckMessage with one OK entry per entry).
 
@@ -31,6 +34,7 @@ from typing import Any
 
 import grpc
 
+from broker import protocol_ext
 from broker.protocol_pb import definition_pb2, service_pb2, service_pb2_grpc
 
 BODY = b"x" * 1024
@@ -135,6 +139,13 @@ class StubMessagingService:
         done.delivery_timestamp.GetCurrentTime()
         yield done
 
+    async def ReceiveMessages(self, request: Any, context: Any) -> Any:
+        size = max(1, min(int(request.batch_size) or 32, MAX_BATCH))
+        response = _ok(protocol_ext.ReceiveMessagesResponse())
+        response.messages.extend(r.message for r in self._batch(request.message_queue.topic, size))
+        response.delivery_timestamp.GetCurrentTime()
+        return response
+
     async def AckMessage(self, request: Any, context: Any) -> Any:
         response = _ok(service_pb2.AckMessageResponse())
         for entry in request.entries:
@@ -176,7 +187,9 @@ class StubMessagingService:
         yield _ok(service_pb2.PullMessageResponse())
 
 
-async def serve(port: int = 0, host: str = "127.0.0.1", ready: Any = None) -> None:
+async def serve(
+    port: int = 0, host: str = "127.0.0.1", ready: Any = None, *, batch_receive: bool = True
+) -> None:
     """Serve until cancelled; `ready(port)` is called once the port is bound."""
     server = grpc.aio.server(
         options=[
@@ -185,7 +198,21 @@ async def serve(port: int = 0, host: str = "127.0.0.1", ready: Any = None) -> No
             ("grpc.max_send_message_length", -1),
         ]
     )
-    service_pb2_grpc.add_MessagingServiceServicer_to_server(StubMessagingService(), server)
+    service = StubMessagingService()
+    service_pb2_grpc.add_MessagingServiceServicer_to_server(service, server)
+    if batch_receive:
+        handler = grpc.unary_unary_rpc_method_handler(
+            service.ReceiveMessages,
+            request_deserializer=service_pb2.ReceiveMessageRequest.FromString,
+            response_serializer=protocol_ext.ReceiveMessagesResponse.SerializeToString,
+        )
+        server.add_generic_rpc_handlers(
+            (
+                grpc.method_handlers_generic_handler(
+                    protocol_ext.SERVICE, {protocol_ext.RECEIVE_MESSAGES: handler}
+                ),
+            )
+        )
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot bind {host}:{port}")
@@ -203,13 +230,18 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench._stub", description="A RocketMQ 5 gRPC server that does no work."
     )
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument(
+        "--without-batch-receive",
+        action="store_true",
+        help="offer only the protocol's ReceiveMessage, as an Apache RocketMQ proxy does",
+    )
     args = parser.parse_args(argv)
 
     def ready(port: int) -> None:
         print(f"serving on 127.0.0.1:{port}", flush=True)
 
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(args.port, ready=ready))
+        asyncio.run(serve(args.port, ready=ready, batch_receive=not args.without_batch_receive))
     return 0
 
 

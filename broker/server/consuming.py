@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.errors import BrokerError
+from broker.protocol_ext import ReceiveMessagesResponse
 from broker.protocol_pb import service_pb2
 from broker.server import convert, validation
 from broker.server.clients import ClientHandlers
@@ -67,7 +68,8 @@ def _status_response(status: Any) -> Any:
     return response
 
 
-_OK_RESPONSE = _status_response(ok())  # never changed: shared by every receive
+_OK_STATUS = ok()
+_OK_RESPONSE = _status_response(_OK_STATUS)  # never changed: shared by every receive
 
 
 class ConsumerHandlers:
@@ -78,71 +80,107 @@ class ConsumerHandlers:
         self.waiters = Waiters(ctx.config.max_parked_polls)
 
     # --- ReceiveMessage
-    async def receive(self, request: Any, context: Any) -> AsyncIterator[Any]:
+    async def _take(
+        self, request: Any, context: Any
+    ) -> tuple[Any, ReceivePlan | None, list[Any], ClientSession | None]:
+        """Validate, poll and lease: (a refusal's status or None, the plan, the leased
+        entries, the caller's session). No entries and no status: nothing arrived."""
         try:
             call = self.ctx.call_info(context)
             plan = await self._plan(request, context, call)
         except Exception as exc:
-            yield _status_response(status_of(exc))
-            yield _timestamp_response(self.ctx.clock())
-            return
-        group, topic, invisible_ms = plan.group, plan.topic, plan.invisible_ms
+            return status_of(exc), None, [], None
         try:
             entries = await self._poll(plan)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            yield _status_response(status_of(exc))
-            yield _timestamp_response(self.ctx.clock())
-            return
+            return status_of(exc), plan, [], None
         if not entries:
-            yield _status_response(make_status(Code.MESSAGE_NOT_FOUND, "no new message"))
-            yield _timestamp_response(self.ctx.clock())
-            return
+            return make_status(Code.MESSAGE_NOT_FOUND, "no new message"), plan, [], None
         now = self.ctx.clock()
         session = self.ctx.session(call)
         if plan.auto_renew:
             for entry in entries:
                 session.renewals[entry.receipt_handle] = Renewal(
-                    group=group,
-                    topic=topic,
+                    group=plan.group,
+                    topic=plan.topic,
                     original=entry.receipt_handle,
                     current=entry.receipt_handle,
-                    expires_ms=now + invisible_ms,
+                    expires_ms=now + plan.invisible_ms,
                     first_ms=now,
                 )
+        return None, plan, entries, session
+
+    @staticmethod
+    def _fill(request: Any, plan: ReceivePlan, entries: list[Any], add: Any) -> None:
+        """Write each entry into `add()`, a fresh protocol Message; what the messages share
+        (topic, digest kind, invisible time) is built once."""
+        template = convert.delivery_template(
+            topic=plan.topic,
+            namespace=request.message_queue.topic.resource_namespace,
+            invisible_ms=plan.invisible_ms,
+        )
+        fill = convert.fill_proto
+        for entry in entries:
+            fill(
+                add(),
+                entry.message,
+                template=template,
+                receipt_handle=entry.receipt_handle,
+                delivery_attempt=entry.delivery_attempt,
+            )
+
+    def _abandon(self, plan: ReceivePlan, entries: list[Any], session: ClientSession) -> None:
+        """The caller went away before it had the messages: let them go right away."""
+        handles = [e.receipt_handle for e in entries]
+        for handle in handles:
+            session.renewals.pop(handle, None)
+        self._spawn(self._release(plan.group, plan.topic, handles))
+
+    async def receive(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        status, plan, entries, session = await self._take(request, context)
+        if status is not None or plan is None or session is None:
+            yield _status_response(status)
+            yield _timestamp_response(self.ctx.clock())
+            return
         finished = False
         try:
-            # every response built before the first write: the writes go back to back, and
-            # what the messages share (topic, digest kind, invisible time) is built once
-            template = convert.delivery_template(
-                topic=topic,
-                namespace=request.message_queue.topic.resource_namespace,
-                invisible_ms=invisible_ms,
-            )
+            # every response built before the first write: the writes go back to back
             responses = [_OK_RESPONSE]
-            fill = convert.fill_proto
             response_type = service_pb2.ReceiveMessageResponse
-            for entry in entries:
+
+            def add() -> Any:
                 response = response_type()
-                fill(
-                    response.message,
-                    entry.message,
-                    template=template,
-                    receipt_handle=entry.receipt_handle,
-                    delivery_attempt=entry.delivery_attempt,
-                )
                 responses.append(response)
+                return response.message
+
+            self._fill(request, plan, entries, add)
             responses.append(_timestamp_response(self.ctx.clock()))
             for response in responses:
                 yield response
             finished = True
         finally:
-            if not finished:  # the caller is gone: let the messages go right away
-                handles = [e.receipt_handle for e in entries]
-                for handle in handles:
-                    session.renewals.pop(handle, None)
-                self._spawn(self._release(group, topic, handles))
+            if not finished:
+                self._abandon(plan, entries, session)
+
+    async def receive_batch(self, request: Any, context: Any) -> Any:
+        """`reliable.v1.BatchMessaging/ReceiveMessages`: the same receive, one response."""
+        response = ReceiveMessagesResponse()
+        status, plan, entries, session = await self._take(request, context)
+        if status is not None or plan is None or session is None:
+            response.status.CopyFrom(status)
+        else:
+            self._fill(request, plan, entries, response.messages.add)
+            response.status.CopyFrom(_OK_STATUS)
+
+            def ended(ctx: Any) -> None:  # the call was cancelled before it was answered
+                if ctx.cancelled():
+                    self._abandon(plan, entries, session)
+
+            context.add_done_callback(ended)
+        convert.set_timestamp_ms(response.delivery_timestamp, self.ctx.clock())
+        return response
 
     async def _poll(self, plan: ReceivePlan) -> list[Any]:
         """Ask the broker until it has something or the polling time is over."""

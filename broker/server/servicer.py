@@ -1,5 +1,8 @@
 """`apache.rocketmq.v2.MessagingService`: one method per RPC, each a thin adapter.
 
+The same server also registers `reliable.v1.BatchMessaging/ReceiveMessages`
+(`broker.protocol_ext`), the receive answered in one message that the framework prefers.
+
 Every unary RPC goes through `_unary`: read the caller (client id, namespace, signature),
 run the handler, and turn any exception into the response's `Status` with
 `broker.server.status.status_of`. A response always carries a status.
@@ -18,6 +21,7 @@ from typing import Any
 
 import grpc
 
+from broker import protocol_ext
 from broker.protocol_pb import service_pb2
 from broker.server import convert
 from broker.server.clients import ClientHandlers
@@ -52,6 +56,18 @@ def add_to_server(servicer: MessagingServicer, server: Any) -> None:
             response_serializer=response.SerializeToString,
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    batch = {
+        protocol_ext.RECEIVE_MESSAGES: grpc.unary_unary_rpc_method_handler(
+            servicer.ReceiveMessages,
+            request_deserializer=parser(
+                service_pb2.ReceiveMessageRequest, protocol_ext.RECEIVE_MESSAGES
+            ),
+            response_serializer=protocol_ext.ReceiveMessagesResponse.SerializeToString,
+        )
+    }
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(protocol_ext.SERVICE, batch),)
+    )
 
 
 async def _refuse_on_slave(request: Any, call: CallInfo) -> Any:
@@ -133,6 +149,21 @@ class MessagingServicer:
                 raise
             for response in self._refused_receive(exc):
                 yield response
+
+    async def ReceiveMessages(self, request: Any, context: Any) -> Any:
+        """The extension's receive (`broker.protocol_ext`): the batch in one response."""
+        try:
+            if isinstance(request, Undecodable):
+                self.ctx.call_info(context)
+                raise request.refuse(context)
+            if self._read_only:
+                raise ReadOnlySlave()
+            return await self.consuming.receive_batch(request, context)
+        except Exception as exc:
+            response = protocol_ext.ReceiveMessagesResponse()
+            response.status.CopyFrom(status_of(exc))
+            convert.set_timestamp_ms(response.delivery_timestamp, self.ctx.clock())
+            return response
 
     def _refused_receive(self, exc: Exception) -> list[Any]:
         """A refused receive, shaped as the protocol wants: a status, then a timestamp."""

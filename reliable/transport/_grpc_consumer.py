@@ -214,12 +214,16 @@ class ConsumerSide(GrpcSession):
         # a server may poll longer than asked (the proxy's floor is 5 s): leave it room
         wait_s = max(poll_ms, wire.MIN_LONG_POLL_MS) / 1000 + 1.0
         stub = self._require()
+        metadata = self.metadata(identity.client_id)
+        timeout = self._timeout + wait_s
+        if self.batch_receive is not False:
+            batched = self._receive_batched(request, group, timeout, metadata)
+            if batched is not None:
+                return batched
         status: Any = None
         out: list[ReceivedMessage] = []
         try:
-            for response in stub.ReceiveMessage(
-                request, timeout=self._timeout + wait_s, metadata=self.metadata(identity.client_id)
-            ):
+            for response in stub.ReceiveMessage(request, timeout=timeout, metadata=metadata):
                 kind = response.WhichOneof("content")
                 if kind == "status":
                     status = response.status
@@ -232,6 +236,32 @@ class ConsumerSide(GrpcSession):
         if status is not None:
             wire.check_status(status, "ReceiveMessage")
         return out
+
+    def _receive_batched(
+        self, request: Any, group: str, timeout: float, metadata: list[tuple[str, str]]
+    ) -> list[ReceivedMessage] | None:
+        """The server's batch receive (`reliable.v1.BatchMessaging/ReceiveMessages`): the
+        whole batch in one response. None when the server does not offer it (an Apache
+        RocketMQ proxy answers UNIMPLEMENTED): this session then uses ReceiveMessage."""
+        call = self.receive_messages
+        if call is None:
+            self._require()
+            call = self.receive_messages
+        try:
+            response = call(request, timeout=timeout, metadata=metadata)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                log.info("%s has no batch receive: using ReceiveMessage", self.endpoint)
+                self.batch_receive = False
+                return None
+            raise TransportError(
+                f"ReceiveMessages from {self.endpoint}: {exc.code().name}: {exc.details()}"
+            ) from None
+        self.batch_receive = True
+        if response.HasField("status"):
+            wire.check_status(response.status, "ReceiveMessage")
+        to_received = wire.to_received
+        return [to_received(m, group) for m in response.messages]
 
     def _handle(self, message: ReceivedMessage) -> str:
         if not message.receipt_handle:

@@ -24,7 +24,7 @@ import grpc
 from broker.names import dlq_topic, retry_topic
 from reliable.errors import BrokerCallError, ConfigurationError, TransportError
 from reliable.transport import _grpc_wire as wire
-from reliable.transport._pb import service_pb2, service_pb2_grpc
+from reliable.transport._pb import protocol_ext, service_pb2, service_pb2_grpc
 from reliable.transport.base import QueueRef, TopicRoute
 
 log = logging.getLogger("reliable.transport.grpc")
@@ -77,6 +77,9 @@ class GrpcSession:
         self._md_second = -1
         self._md_date = ""
         self.requests = {"SendMessage": 0, "AckMessage": 0}  # requests made (observability)
+        # the server's batch receive (`broker.protocol_ext`): None until a call tells
+        self.receive_messages: Any = None
+        self.batch_receive: bool | None = None
 
     # --- lifecycle
     def start(self) -> None:
@@ -97,6 +100,11 @@ class GrpcSession:
             else:
                 self._channel = grpc.insecure_channel(self.endpoint, options)
             self.stub = service_pb2_grpc.MessagingServiceStub(self._channel)
+            self.receive_messages = self._channel.unary_unary(
+                protocol_ext.RECEIVE_MESSAGES_PATH,
+                request_serializer=service_pb2.ReceiveMessageRequest.SerializeToString,
+                response_deserializer=protocol_ext.ReceiveMessagesResponse.FromString,
+            )
 
     def close(self) -> None:
         with self._lock:
@@ -105,6 +113,7 @@ class GrpcSession:
                 self._channel.close()
                 self._channel = None
                 self.stub = None
+                self.receive_messages = None
 
     def _end_clients(self) -> None:
         """Tell the server this process's client identities are gone (the producer and

@@ -14,6 +14,7 @@ the same message stops working.
 
 from __future__ import annotations
 
+import functools
 import zlib
 from dataclasses import dataclass
 
@@ -49,34 +50,41 @@ class ReceiptHandle:
 
     @classmethod
     def decode(cls, handle: object) -> ReceiptHandle:
-        """Parse a handle; InvalidReceiptHandle for anything not produced by `encode`."""
+        """Parse a handle; InvalidReceiptHandle for anything not produced by `encode`.
+        An ack decodes its handle more than once on its way (which topic its lease is on,
+        the ack itself, the group's last-consume time): the last few thousand are kept."""
         if not isinstance(handle, str):
             raise InvalidReceiptHandle(repr(handle), "not a string")
-        if not handle or len(handle) > MAX_HANDLE_LENGTH:
-            raise InvalidReceiptHandle(handle, "empty or too long")
-        body, sep, crc = handle.rpartition(SEPARATOR)
-        if not sep:
-            raise InvalidReceiptHandle(handle, "malformed")
-        try:
-            ok = int(crc, 16) == zlib.crc32(body.encode()) and len(crc) == 8
-        except (ValueError, UnicodeEncodeError):
-            ok = False
-        if not ok:
-            raise InvalidReceiptHandle(handle, "checksum mismatch (mangled or forged)")
-        parts = body.split(SEPARATOR)
-        if len(parts) != 7 or parts[0] != VERSION:
-            raise InvalidReceiptHandle(handle, "unknown format version")
-        try:
-            result = cls(
-                topic=parts[1],
-                queue_id=int(parts[2]),
-                queue_offset=int(parts[3]),
-                nonce=int(parts[4], 16),
-                invisible_until_ms=int(parts[5]),
-                attempt=int(parts[6]),
-            )
-        except ValueError:
-            raise InvalidReceiptHandle(handle, "malformed number") from None
-        if result.queue_id < 0 or result.queue_offset < 0 or result.attempt < 1:
-            raise InvalidReceiptHandle(handle, "field out of range")
-        return result
+        return _decode(handle)
+
+
+@functools.lru_cache(maxsize=4096)
+def _decode(handle: str) -> ReceiptHandle:
+    if not handle or len(handle) > MAX_HANDLE_LENGTH:
+        raise InvalidReceiptHandle(handle, "empty or too long")
+    body, sep, crc = handle.rpartition(SEPARATOR)
+    if not sep:
+        raise InvalidReceiptHandle(handle, "malformed")
+    try:
+        ok = int(crc, 16) == zlib.crc32(body.encode()) and len(crc) == 8
+    except (ValueError, UnicodeEncodeError):
+        ok = False
+    if not ok:
+        raise InvalidReceiptHandle(handle, "checksum mismatch (mangled or forged)")
+    parts = body.split(SEPARATOR)
+    if len(parts) != 7 or parts[0] != VERSION:
+        raise InvalidReceiptHandle(handle, "unknown format version")
+    try:
+        result = ReceiptHandle(
+            topic=parts[1],
+            queue_id=int(parts[2]),
+            queue_offset=int(parts[3]),
+            nonce=int(parts[4], 16),
+            invisible_until_ms=int(parts[5]),
+            attempt=int(parts[6]),
+        )
+    except ValueError:
+        raise InvalidReceiptHandle(handle, "malformed number") from None
+    if result.queue_id < 0 or result.queue_offset < 0 or result.attempt < 1:
+        raise InvalidReceiptHandle(handle, "field out of range")
+    return result

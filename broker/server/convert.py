@@ -14,6 +14,7 @@ whose records hold times as signed 64-bit milliseconds.
 
 from __future__ import annotations
 
+import functools
 import socket
 import zlib
 from typing import Any
@@ -138,6 +139,7 @@ def to_store(pm: Any, queue_id: int, *, transactional: bool, producer_group: str
     return msg
 
 
+@functools.lru_cache(maxsize=1024)  # a client sends with one born host, again and again
 def _host_only(born_host: str) -> str:
     """The IPv4 address in a client's `born_host` (`ip` or `ip:port`); loopback otherwise."""
     host = born_host.rsplit(":", 1)[0] if born_host.count(":") == 1 else born_host

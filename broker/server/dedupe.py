@@ -34,17 +34,16 @@ def send_key(topic: str, message_id: str, properties: Mapping[str, str]) -> byte
 
     Every part is length-prefixed, so no two different sends encode to the same bytes.
     """
-    h = hashlib.blake2b(digest_size=DIGEST_BYTES)
-    for part in (topic, message_id):
+    parts = [topic, message_id]
+    if properties:
+        for name, value in sorted(properties.items()):
+            parts += (name, value)
+    out = bytearray()
+    for part in parts:
         raw = part.encode("utf-8", "surrogatepass")
-        h.update(_LENGTH.pack(len(raw)))
-        h.update(raw)
-    for name, value in sorted(properties.items()):
-        for part in (name, value):
-            raw = part.encode("utf-8", "surrogatepass")
-            h.update(_LENGTH.pack(len(raw)))
-            h.update(raw)
-    return h.digest()
+        out += _LENGTH.pack(len(raw))
+        out += raw
+    return hashlib.blake2b(out, digest_size=DIGEST_BYTES).digest()
 
 
 class SendResults:

@@ -98,7 +98,8 @@ class ProducerHandlers:
         # what makes two sends the same send: a digest of topic, message id, user properties;
         # the first result's serialized entry is kept (bounded by bytes, not count)
         self._recent = SendResults(ctx.config.dedupe_cache_bytes, ctx.config.dedupe_cache_size)
-        self._pending: dict[bytes, asyncio.Future[Any]] = {}
+        # sends being stored: key -> (its request's entries once settled, its index there)
+        self._pending: dict[bytes, tuple[asyncio.Future[list[Any]], int]] = {}
         self._inflight = 0  # messages of requests being served (flow control)
 
     # --- SendMessage
@@ -139,14 +140,16 @@ class ProducerHandlers:
         loop = asyncio.get_running_loop()
         count = len(messages)
         entries: list[Any] = [None] * count
-        mine: dict[int, tuple[bytes, asyncio.Future[Any]]] = {}
-        duplicates: list[tuple[int, asyncio.Future[Any]]] = []
+        settled: asyncio.Future[list[Any]] = loop.create_future()  # one for the request
+        mine: list[tuple[int, bytes]] = []
+        duplicates: list[tuple[int, tuple[asyncio.Future[list[Any]], int]]] = []
         buckets: dict[tuple[str, int], list[tuple[int, Message]]] = {}
         one_by_one: list[int] = []  # delayed, transactional; every send while recovering
         recovering = (
             ctx.had_messages and ctx.clock() - ctx.started_ms < ctx.config.dedupe_recovery_window_ms
         )
         queues: dict[str, int] = {}  # the request's queue per topic (round-robin)
+        accepted: dict[tuple[str, str], TopicConfig] = {}  # (topic, type) checked
         for i, pm in enumerate(messages):
             sp = pm.system_properties
             try:
@@ -164,11 +167,10 @@ class ProducerHandlers:
             if pending is not None:
                 duplicates.append((i, pending))
                 continue
-            future: asyncio.Future[Any] = loop.create_future()
-            self._pending[key] = future
-            mine[i] = (key, future)
+            self._pending[key] = (settled, i)
+            mine.append((i, key))
             try:
-                msg, direct = self._prepare(pm, queues)
+                msg, direct = self._prepare(pm, queues, accepted)
             except Exception as exc:
                 entries[i] = _failed(sp.message_id, exc)
                 continue
@@ -185,22 +187,27 @@ class ProducerHandlers:
                 except Exception as exc:
                     entries[i] = _failed(messages[i].system_properties.message_id, exc)
         finally:
-            for i, (key, future) in mine.items():
+            for i, key in mine:
                 del self._pending[key]
                 entry = entries[i]
                 if entry is None:  # cancelled: duplicates waiting on it fail, not hang
-                    entry = _failed(
+                    entries[i] = _failed(
                         messages[i].system_properties.message_id,
                         TooManyRequests("the send was interrupted; retry"),
                     )
                 elif entry.status.code == Code.OK:
                     self._remember(key, entry)
-                future.set_result(entry)
-        for i, pending in duplicates:
-            entries[i] = await asyncio.shield(pending)
+            settled.set_result(entries)
+        for i, (future, at) in duplicates:
+            entries[i] = (await asyncio.shield(future))[at]
         return entries
 
-    def _prepare(self, pm: Any, queues: dict[str, int]) -> tuple[Message, bool]:
+    def _prepare(
+        self,
+        pm: Any,
+        queues: dict[str, int],
+        accepted: dict[tuple[str, str], TopicConfig],
+    ) -> tuple[Message, bool]:
         """Check one message and build its store form; (message, whether it can go in a
         record batch: neither delayed nor transactional)."""
         config = self.ctx.config
@@ -224,10 +231,15 @@ class ProducerHandlers:
             validation.check_delivery_time(
                 convert.timestamp_ms(sp.delivery_timestamp), self.ctx.clock(), config
             )
-        cfg = self.clients.topic_config(topic)
-        validation.check_type_accepted(topic, cfg.message_type.value, message_type)
-        if not cfg.perm & PERM_WRITE:
-            raise Forbidden(f"topic {topic!r} is not writeable")
+        # a request's messages mostly share topic and type: the topic looked up once
+        checked = accepted.get((topic, message_type))
+        if checked is None:
+            cfg = self.clients.topic_config(topic)
+            validation.check_type_accepted(topic, cfg.message_type.value, message_type)
+            if not cfg.perm & PERM_WRITE:
+                raise Forbidden(f"topic {topic!r} is not writeable")
+            checked = accepted[(topic, message_type)] = cfg
+        cfg = checked
         transactional = message_type == "TRANSACTION"
         if grouped and sp.message_group:
             queue_id = group_queue(sp.message_group, cfg.write_queue_nums)

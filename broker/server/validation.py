@@ -6,6 +6,7 @@ so a client sees the same status from us as from a RocketMQ 5 cluster.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 
 from broker.names import (
@@ -92,17 +93,32 @@ TOPIC_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION", "MIXED")
 _ACCEPTS_ALL = frozenset({"MIXED", "UNSPECIFIED", ""})
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+_has_control_search = _CONTROL.search
+
+
 def _has_control(text: str) -> bool:
-    return any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in text)
+    return _has_control_search(text) is not None
+
+
+# names that passed check_topic: every message of every send names its topic, and the
+# rules never change while the server runs; bounded, so junk names cannot grow it
+_CHECKED_TOPICS: set[str] = set()
+_CHECKED_TOPICS_MAX = 4096
 
 
 def check_topic(name: str) -> str:
     """A topic a client may address (`broker.names` rules, not a system topic)."""
+    if name in _CHECKED_TOPICS:
+        return name
     problem = topic_name_problem(name)
     if problem is not None:
         raise IllegalTopic(f"topic name {name!r} {problem}")
     if is_system_topic(name):
         raise IllegalTopic(f"cannot access system topic {name!r}")
+    if len(_CHECKED_TOPICS) >= _CHECKED_TOPICS_MAX:
+        _CHECKED_TOPICS.clear()
+    _CHECKED_TOPICS.add(name)
     return name
 
 

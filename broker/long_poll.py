@@ -31,6 +31,15 @@ class ArrivalNotifier:
             return
         self.notify(request.topic)
 
+    def dispatch_batch(self, requests: list[DispatchRequest]) -> None:
+        ignored = self._IGNORED
+        topics = {r.topic for r in requests if r.topic not in ignored}
+        if topics:
+            with self._cond:
+                for topic in topics:
+                    self._versions[topic] = self._versions.get(topic, 0) + 1
+                self._cond.notify_all()
+
     def notify(self, topic: str) -> None:
         """Wake everyone waiting on `topic` (also used for lease expiries and nacks)."""
         with self._cond:

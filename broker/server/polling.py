@@ -42,9 +42,16 @@ class ArrivalHook:
         self._pending: set[str] = set()
 
     def dispatch(self, request: Any) -> None:
-        topic = request.topic
+        self.dispatch_topic(request.topic)
+
+    def dispatch_batch(self, requests: list[Any]) -> None:
+        for topic in {r.topic for r in requests}:
+            self.dispatch_topic(topic)
+
+    def dispatch_topic(self, topic: str) -> None:
+        """Wake the loop for `topic`; nothing when nobody waits (no hand-off per record)."""
         if self._wanted is not None and not self._wanted(topic):
-            return  # nobody parked: no thread hand-off to the loop per record
+            return
         with self._lock:
             if topic in self._pending:
                 return

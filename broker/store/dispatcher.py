@@ -31,6 +31,7 @@ from broker.store.service import ServiceThread
 log = logging.getLogger(__name__)
 
 _IDLE_PARK_S = 1.0  # the longest an idle dispatcher sleeps without being woken
+_BATCH = 256  # records read before they are handed to the dispatchers together
 
 
 class CommitLogDispatcher(Protocol):
@@ -135,7 +136,6 @@ class ReputService(ServiceThread):
         check = check_message_and_return_size
         check_crc = self.check_crc
         skip = self.skip
-        core = self._core
         stop = False
         try:
             while not stop and self.reput_from_offset < commitlog.get_max_offset():
@@ -148,36 +148,45 @@ class ReputService(ServiceThread):
                 try:
                     limit = mf.wrote_position
                     with mf.buffer() as whole, whole[:limit] as view:
-                        while pos < limit:
+                        while pos < limit and not stop:
+                            # read a run of records, then hand them over as one batch
+                            batch: list[DispatchRequest] = []
+                            ends: list[int] = []
+                            first = pos
+                            ended = False  # a blank record, an invalid one or a skip
+                            while pos < limit and len(batch) < _BATCH:
+                                if skip and base + pos in skip:
+                                    ended = True
+                                    break
+                                size, request = check(view, pos, check_crc)
+                                if size > 0 and request is not None:
+                                    batch.append(request)
+                                    pos += size
+                                    ends.append(pos)
+                                else:
+                                    ended = True
+                                    break
+                            if batch:
+                                ok = self._dispatch_batch(batch)
+                                self.reput_from_offset = base + (ends[ok - 1] if ok else first)
+                                done += ok
+                                if ok < len(batch):
+                                    pos = self.reput_from_offset - base
+                                    stop = True
+                                    break
+                            if not ended:
+                                continue
                             if skip and base + pos in skip:  # quarantined by recovery
                                 pos += skip[base + pos]
                                 self.reput_from_offset = base + pos
                                 continue
+                            if pos >= limit:
+                                break
                             size, request = check(view, pos, check_crc)
-                            if size > 0 and request is not None:
-                                failed: CommitLogDispatcher | None = None
-                                try:
-                                    for failed in core:
-                                        failed.dispatch(request)
-                                except Exception as exc:
-                                    log.exception(
-                                        "dispatching the record at %d to %r failed; "
-                                        "retrying next round",
-                                        base + pos,
-                                        failed,
-                                    )
-                                    self._stuck(base + pos, f"{failed!r} failed: {exc!r}", exc)
-                                    stop = True
-                                    break
-                                if self._extra:
-                                    self._dispatch_extra(request)
-                                pos += size
-                                self.reput_from_offset = base + pos
-                                done += 1
-                            elif size == 0:
+                            if size == 0:
                                 pos = mf.file_size  # blank record: the rest is empty
                                 break
-                            else:
+                            if size < 0 or request is None:
                                 self._invalid(base + pos)
                                 self._stuck(base + pos, "not a valid record", None)
                                 stop = True
@@ -196,16 +205,57 @@ class ReputService(ServiceThread):
                 self._cond.notify_all()
         return done
 
-    def _dispatch_extra(self, request: DispatchRequest) -> None:
+    def _dispatch_batch(self, batch: list[DispatchRequest]) -> int:
+        """Hand records to the core chain, then to the extras; returns how many were
+        dispatched. A dispatcher with `dispatch_batch` takes them at once; one that fails
+        there gets them again one at a time (a core dispatcher skips what it already has),
+        so a failure stops the round exactly at its record, as record by record would."""
+        limit = len(batch)
+        for dispatcher in self._core:
+            many = getattr(dispatcher, "dispatch_batch", None)
+            if many is not None:
+                try:
+                    many(batch[:limit] if limit < len(batch) else batch)
+                    continue
+                except Exception:
+                    log.debug("%r failed on a batch; record by record", dispatcher, exc_info=True)
+            for i in range(limit):
+                try:
+                    dispatcher.dispatch(batch[i])
+                except Exception as exc:
+                    at = batch[i].commitlog_offset
+                    log.exception(
+                        "dispatching the record at %d to %r failed; retrying next round",
+                        at,
+                        dispatcher,
+                    )
+                    self._stuck(at, f"{dispatcher!r} failed: {exc!r}", exc)
+                    limit = i
+                    break
+        self._extras(batch[:limit] if limit < len(batch) else batch)
+        return limit
+
+    def _extras(self, batch: list[DispatchRequest]) -> None:
+        if not batch:
+            return
         for dispatcher in self._extra:
+            many = getattr(dispatcher, "dispatch_batch", None)
             try:
-                dispatcher.dispatch(request)
+                if many is not None:
+                    many(batch)
+                    continue
             except Exception:
-                log.exception(
-                    "extra dispatcher %r failed on the record at %d",
-                    dispatcher,
-                    request.commitlog_offset,
-                )
+                log.exception("extra dispatcher %r failed on a batch", dispatcher)
+                continue
+            for request in batch:
+                try:
+                    dispatcher.dispatch(request)
+                except Exception:
+                    log.exception(
+                        "extra dispatcher %r failed on the record at %d",
+                        dispatcher,
+                        request.commitlog_offset,
+                    )
 
     def _invalid(self, offset: int) -> None:
         if self._blocked_at != offset:

@@ -384,6 +384,76 @@ class IndexFile(ReferenceResource):
                 pack_slot(mm, slot_pos, value)
         return done
 
+    def put_records(self, records: Sequence[tuple[Sequence[int], int, int]]) -> int:
+        """`put_hashes` for many records, (hashes, commitlog offset, store time) each, in
+        commitlog order, with the header and the slots written once for all of them.
+        Takes the leading records whose entries all fit in this file; returns how many it
+        took (the caller puts the rest).
+
+        Crash-safe order, which differs from `put_hashes`' because recovery re-indexes only
+        the newest indexed record, and the header here counts several at once:
+        1. the entries, past the header's count;
+        2. the hash slots: a slot pointing past the count is a crash leftover that the load
+           repairs (it follows the entries' `previous` links back below the count);
+        3. the header, which counts the records (none of them is counted before).
+        Killed before 3, none of the batch is indexed and recovery re-dispatches all of it.
+        """
+        room = self.index_num - self.index_count
+        take = 0
+        need = 0
+        for hashes, _, _ in records:
+            if need + len(hashes) > room:
+                break
+            need += len(hashes)
+            take += 1
+        if take == 0 or need == 0:
+            return take
+        mm = self._mm
+        slots = self.hash_slot_num
+        entries_at = self._entries_at
+        if entries_at + (self.index_count + need) * INDEX_ENTRY_SIZE > self._reserved_to:
+            self._reserve_entries(min(self.index_num, self.index_count + need))
+        index = first = self.index_count
+        if index == 1:
+            for hashes, phy, ts in records[:take]:
+                if hashes:
+                    self.begin_timestamp, self.begin_phy_offset = ts, phy
+                    break
+        begin = self.begin_timestamp
+        pack_entry = _ENTRY.pack_into
+        unpack_slot = _SLOT.unpack_from
+        new_slots: dict[int, int] = {}
+        used = self.hash_slot_count
+        end_ts = self.end_timestamp
+        phy = self.end_phy_offset
+        for hashes, phy, ts in records[:take]:
+            diff = (ts - begin) // 1000
+            diff = 0 if diff < 0 else min(diff, _I32_MAX)
+            if ts > end_ts:
+                end_ts = ts
+            for key_hash in hashes:
+                slot_pos = INDEX_HEADER_SIZE + (key_hash % slots) * HASH_SLOT_SIZE
+                slot_value = new_slots.get(slot_pos)
+                if slot_value is None:
+                    slot_value = unpack_slot(mm, slot_pos)[0]
+                    if slot_value <= INVALID_INDEX or slot_value >= first:
+                        slot_value = INVALID_INDEX
+                        used += 1
+                pack_entry(
+                    mm, entries_at + index * INDEX_ENTRY_SIZE, key_hash, phy, diff, slot_value
+                )
+                new_slots[slot_pos] = index
+                index += 1
+        pack_slot = _SLOT.pack_into
+        for slot_pos, value in new_slots.items():
+            pack_slot(mm, slot_pos, value)
+        self.index_count = index
+        self.hash_slot_count = used
+        self.end_phy_offset = phy
+        self.end_timestamp = end_ts
+        self._write_header()
+        return take
+
     def truncate(self, phy_offset: int) -> None:
         """Undo every entry pointing at or after `phy_offset`, newest first.
 

@@ -125,6 +125,29 @@ class IndexService:
                     f = self._roll(f)
             self._max_phy = request.commitlog_offset
 
+    def dispatch_batch(self, requests: Sequence[DispatchRequest]) -> None:
+        """`dispatch` for records in commitlog order: the file's header and slots are
+        written once for all the records that fit in it; the rest go one by one."""
+        todo: list[tuple[list[int], int, int]] = []
+        floor = self._max_phy
+        for request in requests:
+            if (request.keys or request.uniq_key) and request.commitlog_offset >= floor:
+                hashes = index_key_hashes(request)
+                if hashes:
+                    todo.append((hashes, request.commitlog_offset, request.store_timestamp))
+        if not todo:
+            return
+        with self._lock:
+            todo = [t for t in todo if t[1] >= self._max_phy]
+            if not todo:
+                return
+            took = self._writable_file().put_records(todo)
+            if took:
+                self._max_phy = todo[took - 1][1]
+        for request in requests:  # what did not fit: rolls files as needed
+            if request.commitlog_offset > self._max_phy:
+                self.dispatch(request)
+
     def _writable_file(self) -> IndexFile:
         files = self.files
         if files and not files[-1].is_full():

@@ -327,6 +327,7 @@ def _kill_at(step: int, fn: Callable[[], object]) -> bool:
 
     codes = {
         IndexFile.put_hashes.__code__,
+        IndexFile.put_records.__code__,
         IndexFile.truncate.__code__,
         IndexFile._write_header.__code__,
     }
@@ -400,6 +401,59 @@ def test_a_kill_anywhere_in_put_hashes_leaves_a_loadable_complete_index(
             break
         step += 1
     assert step > 10  # every line of the write path was a kill point
+
+
+@pytest.mark.parametrize(("first", "entries"), [(0, 7), (3, 7), (1, 6), (6, 50)])
+def test_a_kill_anywhere_in_a_batch_dispatch_leaves_a_loadable_complete_index(
+    tmp_path: Path, first: int, entries: int
+) -> None:
+    # the dispatcher's batches: four records at once, header and slots written once
+    reqs = _crash_reqs()
+    batch = reqs[first : first + 4]
+    step = 1
+    while True:
+        root = tmp_path / f"step{step}"
+        svc = service(root, slots=2, entries=entries)
+        for r in reqs[:first]:
+            svc.dispatch(r)
+        killed = _kill_at(step, functools.partial(svc.dispatch_batch, batch))
+        _abandon(svc)
+        svc = service(root, slots=2, entries=entries)  # never StoreCorrupted
+        last = first + len(batch) - 1
+        _reindex_from_newest(svc, reqs[: last + 1])
+        for i in range(last + 1):
+            assert everything(svc, f"id{i}") == [i * 100], (step, i)
+            assert everything(svc, f"u{i}") == [i * 100], (step, i)
+        for k in range(5):
+            assert everything(svc, f"k{k}") == [
+                i * 100 for i in range(last, -1, -1) if i % 5 == k
+            ], (step, k)
+        _abandon(svc)
+        if not killed:
+            break
+        step += 1
+    assert step > 10
+
+
+@pytest.mark.parametrize("entries", [5, 7, 1000])
+def test_a_batch_dispatch_builds_the_index_record_by_record_would(
+    tmp_path: Path, entries: int
+) -> None:
+    reqs = [req(i * 100, f"k{i % 7} id{i}", uniq=f"u{i}", ts=T0 + i * 900) for i in range(40)]
+    one = service(tmp_path / "one", slots=8, entries=entries)
+    for r in reqs:
+        one.dispatch(r)
+    many = service(tmp_path / "many", slots=8, entries=entries)
+    for at in range(0, 40, 9):  # uneven batches, some across a roll-over
+        many.dispatch_batch(reqs[at : at + 9])
+    many.dispatch_batch(reqs[30:35])  # re-dispatched after recovery: nothing added
+    assert [f.path.name for f in many.files] == [f.path.name for f in one.files]
+    for key in [f"k{k}" for k in range(7)] + [f"id{i}" for i in range(40)] + ["u0", "u39"]:
+        assert everything(many, key) == everything(one, key), key
+    assert everything(many, "k3") == [i * 100 for i in range(39, -1, -1) if i % 7 == 3]
+    assert [(f.begin_timestamp, f.end_timestamp, f.end_phy_offset) for f in many.files] == [
+        (f.begin_timestamp, f.end_timestamp, f.end_phy_offset) for f in one.files
+    ]
 
 
 @pytest.mark.parametrize("cut", [300, 1100])

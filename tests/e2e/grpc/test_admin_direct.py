@@ -5,8 +5,8 @@ The framework's push consumers over the grpc transport: the one client named run
 listener on the message exactly once and the command prints its verdict; the other client
 of the group sees nothing; nothing is acknowledged, retried or copied. A failing listener is
 reported as failed. A client that is not a live client of the group, a client with no
-listener, and a client that never answers (a raw Telemetry stream) each give their typed
-answer; a stopped store refuses --client.
+listener, and a client that never answers (the official RocketMQ 5 Python client, a raw
+Telemetry stream) each give their typed answer; a stopped store refuses --client.
 """
 
 from __future__ import annotations
@@ -254,11 +254,22 @@ def test_clients_that_cannot_or_do_not_answer_and_a_stopped_store(
     t = connect("grpc", endpoint=server.endpoint)
     t.start()
     simple = SimpleConsumer(group, {topic: "*"}, transport=t).start()
+    stock = official.simple_consumer(server.endpoint, group, topic)  # the official client
     try:
         simple_id = client_id(t, group)
+        stock_id = str(stock.client_id)
         assert official.wait_for(
-            lambda: live(server.endpoint, group) == sorted(["raw-client-1", simple_id]),
+            lambda: live(server.endpoint, group) == sorted(["raw-client-1", simple_id, stock_id]),
             timeout_s=20,
+        )
+        # the official RocketMQ 5 Python client ignores the command: a timeout, not a hang
+        ignored = cli(
+            "message", "reconsume", mid, "--group", group, "--client", stock_id,
+            "--timeout", "1", *ep,
+        )  # fmt: skip
+        assert ignored.returncode == 1
+        assert "PROXY_TIMEOUT" in ignored.stderr and "did not answer within 1000 ms" in (
+            ignored.stderr
         )
         # never answers: a timeout that says so, after the one command was sent
         started = time.monotonic()
@@ -297,6 +308,7 @@ def test_clients_that_cannot_or_do_not_answer_and_a_stopped_store(
         nomsg = cli("message", "reconsume", "0" * 32, "--group", group, "--client", "x", *ep)
         assert nomsg.returncode == 1 and "MESSAGE_NOT_FOUND" in nomsg.stderr
     finally:
+        stock.shutdown()
         simple.shutdown()
         t.close()
         raw.close()

@@ -23,10 +23,12 @@ __all__ = ["AdminCallError", "AdminClient"]
 
 
 class AdminCallError(ReliableError):
-    """A remote admin call was refused; `code` is the protocol code name (e.g. BAD_REQUEST)."""
+    """A remote admin call was refused; `code` is the protocol code name (e.g. BAD_REQUEST),
+    `details` what the refusal says beyond its message (e.g. `live_clients`)."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, details: dict[str, Any] | None = None) -> None:
         self.code = code
+        self.details = details or {}
         super().__init__(f"{code}: {message}")
 
 
@@ -81,9 +83,17 @@ class AdminClient:
         stub = self._channel.unary_unary(
             f"/{SERVICE}/{method}", request_serializer=_encode, response_deserializer=_decode
         )
-        reply = stub(params, timeout=self._timeout_s, metadata=self._metadata())
+        # a call that waits on a client (timeout_ms) gets that long on top
+        waits = params.get("timeout_ms")
+        timeout = self._timeout_s + (waits / 1000 if isinstance(waits, int) else 0)
+        reply = stub(params, timeout=timeout, metadata=self._metadata())
         if not reply.get("ok"):
-            raise AdminCallError(str(reply.get("code", "UNKNOWN")), str(reply.get("message", "")))
+            details = reply.get("details")
+            raise AdminCallError(
+                str(reply.get("code", "UNKNOWN")),
+                str(reply.get("message", "")),
+                details if isinstance(details, dict) else None,
+            )
         return reply.get("result")
 
     def close(self) -> None:

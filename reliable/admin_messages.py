@@ -129,6 +129,37 @@ def reconsume_message(
     return result
 
 
+def consume_directly(
+    admin: AdminCaller,
+    msg_id: str,
+    group: str,
+    client_id: str,
+    *,
+    topic: str | None = None,
+    timeout_ms: int | None = None,
+    operator: str | None = None,
+) -> dict[str, Any]:
+    """Deliver one stored message to one live client of `group` and return its verdict
+    (RocketMQ's CONSUME_MESSAGE_DIRECTLY): `{msg_id, group, client_id, source, consumed,
+    status, message, elapsed_ms}`; `consumed` is True when the client's listener
+    succeeded. Nothing is written to the store and nothing is acknowledged. Needs a
+    running broker; `AdminCallError` NOT_FOUND (with `details["live_clients"]`) when the
+    client is not a live consumer of the group, PROXY_TIMEOUT when it does not answer
+    within `timeout_ms` (default 5,000)."""
+    result: dict[str, Any] = admin.call(
+        "ReconsumeMessage",
+        **_given(
+            id=msg_id,
+            group=group,
+            client_id=client_id,
+            topic=topic,
+            timeout_ms=timeout_ms,
+            operator=operator,
+        ),
+    )
+    return result
+
+
 def topic_status(admin: AdminCaller, topic: str) -> dict[str, Any]:
     """Per queue: min and max offset, messages held, first and last store time."""
     result: dict[str, Any] = admin.call("TopicStatus", topic=topic)

@@ -16,6 +16,7 @@ Examples:
     reliable admin message trace order-42 --endpoint 127.0.0.1:8081 --db postgresql://...
     reliable admin message send orders '{"order": 42}' --key order-42 --tag created
     reliable admin message reconsume 0A0B0C0D... --group billing --endpoint 127.0.0.1:8081
+    reliable admin message reconsume 0A0B0C0D... --group billing --client host@123@0@ab12@billing
     reliable admin topic status orders --endpoint 127.0.0.1:8081
 """
 
@@ -161,9 +162,12 @@ def register(
         help="deliver one stored message to a group again",
         description="Write a copy of the message to %%RETRY%%<group>, so that only GROUP "
         "receives it again (the copy keeps the client message id, and says "
-        "OPERATOR_ACTION=reconsume and who did it). --client (RocketMQ's "
-        "CONSUME_MESSAGE_DIRECTLY to one client) is not supported: the protocol "
-        "our clients speak cannot deliver to one client.",
+        "OPERATOR_ACTION=reconsume and who did it). With --client (RocketMQ's "
+        "CONSUME_MESSAGE_DIRECTLY) nothing is written: the running broker hands the "
+        "message to that one live client of GROUP (client ids: reliable admin group "
+        "show GROUP), whose listener runs on it once, and prints its verdict; nothing "
+        "is acknowledged or retried. Exit 0 consumed, 1 the listener failed (or the "
+        "client is not a live client of GROUP, or did not answer within --timeout).",
     )
     r.add_argument("msg_id", metavar="ID", help="offset message id or client message id")
     r.add_argument("--group", required=True, help="the consumer group to deliver it to")
@@ -174,7 +178,14 @@ def register(
         "--client",
         default=None,
         metavar="CLIENT_ID",
-        help="not supported (see above); refused with exit 2",
+        help="deliver to this one client of GROUP and wait for its verdict (needs --endpoint)",
+    )
+    r.add_argument(
+        "--timeout",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="with --client: how long to wait for the client's verdict (default 5, at most 60)",
     )
     r.add_argument(
         "--operator",
@@ -351,15 +362,9 @@ def _send(args: argparse.Namespace, admin: api.AdminCaller) -> int:
 
 
 def _reconsume(args: argparse.Namespace, admin: api.AdminCaller) -> int:
-    if args.client:
-        raise CommandFailed(
-            "--client: delivering a message to one client (RocketMQ's "
-            "CONSUME_MESSAGE_DIRECTLY) is not supported: the RocketMQ 5 protocol our clients "
-            "speak has no command for it; leave out --client to deliver it to the whole "
-            "group (nothing was sent)",
-            ExitCode.USAGE,
-        )
     operator = args.operator or _login()
+    if args.client is not None:
+        return _consume_directly(args, admin, operator)
     done = api.reconsume_message(
         admin, args.msg_id, args.group, topic=args.topic, operator=operator
     )
@@ -385,6 +390,44 @@ def _reconsume(args: argparse.Namespace, admin: api.AdminCaller) -> int:
         ):
             print(line)
     return ExitCode.OK
+
+
+def _consume_directly(args: argparse.Namespace, admin: api.AdminCaller, operator: str) -> int:
+    if not 0 < args.timeout <= 60:
+        raise CommandFailed("--timeout must be more than 0 and at most 60 seconds", ExitCode.USAGE)
+    done = api.consume_directly(
+        admin,
+        args.msg_id,
+        args.group,
+        args.client,
+        topic=args.topic,
+        timeout_ms=max(1, int(args.timeout * 1000)),
+        operator=operator,
+    )
+    if args.json:
+        print_json(done)
+    else:
+        src = done["source"]
+        verdict = "consumed it" if done["consumed"] else "failed to consume it"
+        print(
+            f"delivered {done['msg_id']} ({src['topic']} queue {src['queue_id']} offset "
+            f"{src['queue_offset']}) to client {done['client_id']} of group {done['group']}: "
+            f"{verdict}"
+        )
+        for line in table(
+            [
+                (
+                    done["client_id"],
+                    "CONSUMED" if done["consumed"] else "FAILED",
+                    done["status"],
+                    done["message"],
+                    done["elapsed_ms"],
+                )
+            ],
+            ("CLIENT", "RESULT", "STATUS", "MESSAGE", "MS"),
+        ):
+            print(line)
+    return ExitCode.OK if done["consumed"] else ExitCode.FAILURE
 
 
 def _login() -> str:

@@ -295,10 +295,19 @@ def render_trace(doc: dict[str, Any]) -> list[str]:
                     g["retries"],
                     ", ".join(g["dead_lettered_at"]) or "no",
                     g["reconsumed"],
+                    g.get("replayed", 0),
                 )
                 for g in doc["groups"]
             ],
-            ("GROUP", "STATE", "DELIVERIES", "RETRIES", "DEAD-LETTERED", "RECONSUMED"),
+            (
+                "GROUP",
+                "STATE",
+                "DELIVERIES",
+                "RETRIES",
+                "DEAD-LETTERED",
+                "RECONSUMED",
+                "REPLAYED",
+            ),
         )
     for s in doc.get("outbox", {}).get("stubs", []):
         lines.append("")

@@ -19,9 +19,10 @@ only when its topic and key match exactly, so a colliding key is never returned.
 
 `ReconsumeMessage {id, group, topic?, operator?}` writes a copy of the message to
 `%RETRY%<group>` (only that group reads it), keeping its UNIQ_KEY and properties and
-stamping `OPERATOR_ACTION=reconsume` and `OPERATOR=<operator>`. Delivery to one client
-(RocketMQ's CONSUME_MESSAGE_DIRECTLY with a client id) has no counterpart in the protocol
-our clients speak, so `client_id` is refused with NOT_IMPLEMENTED.
+stamping `OPERATOR_ACTION=reconsume` and `OPERATOR=<operator>`. With `client_id` it is
+RocketMQ's CONSUME_MESSAGE_DIRECTLY instead: the running server delivers the message to
+that one client and returns its verdict (`broker.server.admin`, `broker.server.direct`);
+on a stopped store, which has no clients, `client_id` is refused (NOT_IMPLEMENTED).
 """
 
 from __future__ import annotations
@@ -325,10 +326,11 @@ class MessageOps:
         topic = p.topic(params)
         operator = p.text(params, "operator") or "unknown"
         if p.text(params, "client_id") is not None:
+            # a running server serves this form itself (broker.server.admin): here there is
+            # only a store, and a stopped store has no clients
             raise Unsupported(
-                "delivering a message to one client (CONSUME_MESSAGE_DIRECTLY) is not "
-                "supported: the RocketMQ 5 protocol our clients speak has no such command; "
-                "reconsume to the whole group instead (the group's retry topic)"
+                "delivering a message to one client needs a running broker (--endpoint): "
+                "a stopped store has no connected clients"
             )
         if self.broker.get_group(group) is None:
             raise GroupNotFound(group)

@@ -11,6 +11,8 @@ record carrying the same UNIQ_KEY in any topic, each given a role:
     retry-scheduled a send-back copy waiting for its delay level (REAL_TOPIC=%RETRY%<g>)
     retry           that copy moved to %RETRY%<g> when due
     reconsume       an operator's copy in %RETRY%<g> (OPERATOR_ACTION=reconsume)
+    replayed        a dead letter replayed by an operator (OPERATOR_ACTION=dlq-replay):
+                    in %RETRY%<g> for group g, or in the original topic (`--to-topic`)
     dead-letter     the copy in %DLQ%<g>
 
 Per consumer group and readable record (the original for every group that has offsets on
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.admin import params as p
+from broker.admin.dlq import DLQ_REPLAY_OFFSET, REPLAY_ACTION
 from broker.admin.messages import (
     OPERATOR,
     OPERATOR_ACTION,
@@ -66,11 +69,16 @@ def role_of(msg: MessageExt) -> tuple[str, str | None]:
         return "delayed", None
     if msg.topic == TRANS_HALF_TOPIC:
         return "half", None
+    action = msg.properties.get(OPERATOR_ACTION)
     if is_retry_topic(msg.topic):
         group = msg.topic[len(RETRY_GROUP_TOPIC_PREFIX) :]
-        return ("reconsume" if OPERATOR_ACTION in msg.properties else "retry"), group
+        if action == REPLAY_ACTION:
+            return "replayed", group
+        return ("reconsume" if action else "retry"), group
     if is_dlq_topic(msg.topic):
         return "dead-letter", msg.topic[len(DLQ_GROUP_TOPIC_PREFIX) :]
+    if action == REPLAY_ACTION:  # replayed to the original topic: every group reads it
+        return "replayed", None
     return "original", None
 
 
@@ -142,6 +150,13 @@ def _stored_event(msg: MessageExt, role: str, group: str | None) -> dict[str, An
         text = (
             f"operator {msg.properties.get(OPERATOR, '?')} re-sent it to {group}: copy in {where}"
         )
+    elif role == "replayed":
+        text = (
+            f"operator {msg.properties.get(OPERATOR, '?')} replayed the dead letter "
+            f"(DLQ offset {msg.properties.get(DLQ_REPLAY_OFFSET, '?')}) "
+            + (f"to {group}: " if group else "to its topic: ")
+            + f"copy in {where}"
+        )
     else:
         text = f"{group} gave up on it: dead-letter copy in {where}"
     return _event(msg.store_timestamp, msg.commitlog_offset, role, text, msg, group)
@@ -187,9 +202,9 @@ def trace_message(broker: Broker, params: dict[str, Any]) -> dict[str, Any]:
     readables: list[_Readable] = []
     for m in ordered:
         role, group = roles[m.commitlog_offset]
-        if role == "original":
+        if role == "original" or (role == "replayed" and group is None):
             readers = [g for g in groups if broker.offsets_of(g, m.topic)]
-        elif role in ("retry", "reconsume") and group is not None:
+        elif role in ("retry", "reconsume", "replayed") and group is not None:
             readers = [group]
         else:
             readers = []
@@ -415,6 +430,7 @@ def _group_summaries(
         dead = [m for m in copies if roles[m.commitlog_offset][0] == "dead-letter"]
         sendbacks = [m for m in copies if roles[m.commitlog_offset][0] == "retry-scheduled"]
         reconsumed = [m for m in copies if roles[m.commitlog_offset][0] == "reconsume"]
+        replayed = [m for m in copies if roles[m.commitlog_offset][0] == "replayed"]
         deliveries = sorted(d for r in mine for d in r.deliveries)
         redeliveries = [d for r in mine for d in r.deliveries if d[1] > 1]
         retry_times = sorted([d[0] for d in redeliveries] + [m.store_timestamp for m in sendbacks])
@@ -433,6 +449,7 @@ def _group_summaries(
                 "dead_lettered": bool(dead),
                 "dead_lettered_at": [p.iso_ms(m.store_timestamp) for m in dead],
                 "reconsumed": len(reconsumed),
+                "replayed": len(replayed),
                 "records": [
                     {
                         "topic": r.msg.topic,

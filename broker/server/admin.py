@@ -45,23 +45,35 @@ Messages (`QueryMessage`, `TraceMessage`, `SendMessage`, `ReconsumeMessage`),
 groups (`GroupProgress`, `ResetGroupOffset`, `DeleteGroup`, `DeleteTopic`) and the store
 (`StoreStatus`) are the operator operations of `broker.admin`, documented there.
 
+`ReconsumeMessage` with a `client_id` (and `timeout_ms`, default 5,000, at most 60,000)
+is served here rather than by `broker.admin`, because only a running server has clients:
+it delivers the message to that one live consumer of the group on its Telemetry stream and
+answers with the client's verdict, `{msg_id, group, client_id, source, consumed, status,
+message, elapsed_ms}` (see `broker.server.direct`). A client that is not a live consumer of
+the group is `NOT_FOUND` (with `details.live_clients`); one that does not answer in time is
+`PROXY_TIMEOUT`.
+
 A response is `{"ok": true, "result": ...}` or `{"ok": false, "code": "<protocol code name>",
-"message": ...}`. The same access keys as the messaging service apply. The Python client
-of this service is `reliable.admin.AdminClient`.
+"message": ..., "details"?: {...}}`. The same access keys as the messaging service apply.
+The Python client of this service is `reliable.admin.AdminClient`.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import grpc
 
 from broker.admin import methods as operator_methods
+from broker.admin import params as p
+from broker.admin.messages import MessageOps, check_id
 from broker.broker import Broker
-from broker.errors import TopicNotFound
+from broker.errors import GroupNotFound, InvalidArgument, TopicNotFound
 from broker.offsets import ConsumeFromWhere
+from broker.server.direct import DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS
 from broker.server.errors import BadRequest
 from broker.server.status import code_of, status_of
 from broker.server.validation import TOPIC_TYPES, check_group, check_topic
@@ -69,6 +81,7 @@ from broker.subscription import SubscriptionGroupConfig
 from broker.topic import TopicConfig, perm_to_string
 
 SERVICE = "reliable.admin.v1.Admin"
+log = logging.getLogger(__name__)
 
 
 def topic_json(cfg: TopicConfig) -> dict[str, Any]:
@@ -283,6 +296,42 @@ def _encode(value: dict[str, Any]) -> bytes:
     return json.dumps(value, sort_keys=True).encode()
 
 
+async def reconsume_to_client(ctx: Any, params: dict[str, Any]) -> dict[str, Any]:
+    """`ReconsumeMessage` with `client_id`: deliver the message to that one live client of
+    the group on its Telemetry stream and return its verdict (`broker.server.direct`)."""
+    msg_id = check_id(p.text(params, "id", required=True) or "")
+    group = p.text(params, "group", required=True)
+    client_id = p.text(params, "client_id", required=True)
+    assert group is not None and client_id is not None
+    topic = p.topic(params)
+    timeout_ms = p.integer(params, "timeout_ms", DEFAULT_TIMEOUT_MS, minimum=1)
+    assert timeout_ms is not None
+    if timeout_ms > MAX_TIMEOUT_MS:
+        raise InvalidArgument(f"timeout_ms must be at most {MAX_TIMEOUT_MS}, got {timeout_ms}")
+    broker: Broker = ctx.broker
+    if broker.get_group(group) is None:
+        raise GroupNotFound(group)
+    message_ops = MessageOps(broker)
+    source = await ctx.run_in_pool(message_ops.pick_source, msg_id, topic)
+    session = ctx.direct.client(group, client_id)
+    verdict = await ctx.direct.deliver(session, source, timeout_ms)
+    log.info(
+        "direct delivery of %s to %s (group %s, operator %s): %s",
+        msg_id,
+        client_id[:128],
+        group,
+        (p.text(params, "operator") or "unknown")[:64],
+        verdict["status"],
+    )
+    return {
+        "msg_id": msg_id,
+        "group": group,
+        "client_id": client_id,
+        "source": p.message_json(source),
+        **verdict,
+    }
+
+
 def admin_handler(ctx: Any) -> Any:
     """The generic gRPC handler serving `reliable.admin.v1.Admin` over `ctx.broker`."""
     ops = AdminOps(ctx.broker)
@@ -296,10 +345,17 @@ def admin_handler(ctx: Any) -> Any:
                 ctx.call_info(context, require_client_id=False)
                 if params.get("__malformed__"):
                     raise BadRequest("request body must be a JSON object")
-                result = await ctx.run_in_pool(ops.call, name, params)
+                if name == "ReconsumeMessage" and params.get("client_id") is not None:
+                    result = await reconsume_to_client(ctx, params)
+                else:
+                    result = await ctx.run_in_pool(ops.call, name, params)
                 return {"ok": True, "result": result}
             except Exception as exc:
-                return {"ok": False, "code": code_of(exc).name, "message": status_of(exc).message}
+                reply = {"ok": False, "code": code_of(exc).name, "message": status_of(exc).message}
+                details = getattr(exc, "details", None)
+                if isinstance(details, dict):
+                    reply["details"] = details
+                return reply
 
         return grpc.unary_unary_rpc_method_handler(
             handle, request_deserializer=_decode, response_serializer=_encode

@@ -8,6 +8,7 @@
   present (else the producer's max body size becomes 0), consumers' retry ladder sent as
   `customized_backoff` (the only form the Python push consumer honours), `metric` off.
 - Orphaned half messages are pushed to a producer that publishes their topic.
+- A `verify_message_result` answers a direct delivery (`broker.server.direct`).
 - Each stream's replies wait in a queue of `max_telemetry_queue` commands; a client that
   lets it fill (it sends Settings but never reads) has its stream ended with
   `RESOURCE_EXHAUSTED`, so an unread stream costs a bounded amount of memory.
@@ -45,6 +46,7 @@ _limited = LogLimiter(log)
 PERMISSION = {(False, False): 1, (True, False): 2, (False, True): 3, (True, True): 4}
 CUT_OFF_STATUS_WAIT_S = 2.0
 MESSAGE_TYPE = {"NORMAL": 1, "FIFO": 2, "DELAY": 3, "TRANSACTION": 4}
+_VERIFY_ANSWERS = frozenset({"verify_message_result", "verify_message_command"})
 
 
 class ClientHandlers:
@@ -229,6 +231,7 @@ class ClientHandlers:
         if stream.closed:
             return
         stream.closed = True
+        self.ctx.direct.stream_closed(stream)
         session.streams -= 1
         if session.stream is stream:
             session.stream = None
@@ -266,8 +269,13 @@ class ClientHandlers:
                 reply = service_pb2.TelemetryCommand()
                 if isinstance(command, Undecodable):
                     reply.status.CopyFrom(status_of(command.refuse(context)))
+                elif command.WhichOneof("command") in _VERIFY_ANSWERS:
+                    # a direct delivery's verdict (some clients echo the command instead)
+                    answered = getattr(command, str(command.WhichOneof("command")))
+                    self.ctx.direct.answer(call.client_id, answered.nonce, command.status)
+                    continue
                 elif command.WhichOneof("command") != "settings":
-                    continue  # thread stack traces, verify results: nothing to do
+                    continue  # thread stack traces: nothing to do
                 else:
                     try:
                         reply.settings.CopyFrom(

@@ -21,6 +21,7 @@ from broker.clock import wall_ms
 from broker.errors import BrokerError
 from broker.server import auth
 from broker.server.config import ServerConfig
+from broker.server.direct import DirectDeliveries
 from broker.server.errors import ClientIdRequired
 from broker.server.sessions import ClientSession, SessionRegistry
 from broker.store.config import FlushMode
@@ -61,6 +62,8 @@ class ServerContext:
         self.config = config
         self.clock = clock or wall_ms
         self.sessions = SessionRegistry()
+        # messages sent to one client, waiting for its verdict (ReconsumeMessage client_id)
+        self.direct = DirectDeliveries(self.sessions)
         self.started_ms = self.clock()
         # messages stored before this start may be resent by clients that lost our answer
         self.had_messages = broker.store.get_commitlog_max_offset() > 0

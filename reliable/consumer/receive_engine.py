@@ -28,6 +28,10 @@ so a stopped or dead consumer holds little. `shutdown` releases every received m
 handler has started (visible again at once), lets running handlers finish and settle, then
 leaves the group; another consumer of the group takes the rest over at once.
 
+Direct delivery: over a transport with `Capability.DIRECT_CONSUME` the engine runs its
+listener on a message the server hands to this client alone (`reliable admin message
+reconsume --client`) and answers with the verdict; nothing is acked or retried for it.
+
 A new group starts where `consume_from` says: the engine sets the group's start on each
 subscribed topic before its first receive (`Capability.GROUP_ADMIN`, or the offsets of a
 transport that can pull); queues the group already consumed keep their offset.
@@ -53,6 +57,7 @@ from reliable.errors import BrokerCallError, ReceiptHandleError
 from reliable.message import ConsumeResult, ReceivedMessage
 from reliable.transport.base import (
     Capability,
+    DirectConsume,
     GroupAdmin,
     PullTransport,
     ServerLeases,
@@ -114,6 +119,8 @@ class ReceiveEngine:
         self._acks = AckBatcher(transport, group)
 
     def start(self) -> None:
+        if Capability.DIRECT_CONSUME in self._t.capabilities:
+            cast(DirectConsume, self._t).set_direct_listener(self._group, self._consume_directly)
         self._make_group_fifo()
         self._t.heartbeat(self._client_id, self._group, self._subs)
         self._set_group_start()
@@ -196,6 +203,8 @@ class ReceiveEngine:
             t.join(self._s.shutdown_timeout_s)
         self._release_unstarted()  # received while stopping
         self._acks.close(self._s.shutdown_timeout_s)  # the handlers' last acks leave
+        if Capability.DIRECT_CONSUME in self._t.capabilities:
+            cast(DirectConsume, self._t).set_direct_listener(self._group, None)
         try:
             self._t.unregister(self._client_id, self._group)
         except Exception as exc:
@@ -392,6 +401,30 @@ class ReceiveEngine:
                 self._nack(m, self._delay_ms(level))
         finally:
             self._finish(msgs)
+
+    def _consume_directly(self, m: ReceivedMessage) -> tuple[bool, str]:
+        """A message the server handed to this client alone (an operator's `reliable admin
+        message reconsume --client`): the listener runs on it once, and whatever it returns
+        nothing is acknowledged, retried or dead-lettered (the message is not leased to the
+        group: RocketMQ's consumeMessageDirectly). (consumed, why not)."""
+        if self._stopped.is_set():
+            return False, f"the consumer of {self._group} is shutting down"
+        ctx = ConsumeContext(group=self._group, orderly=self._s.orderly)
+        try:
+            result = self._listener([m], ctx)
+        except Exception as exc:
+            log.warning(
+                "listener of %s raised on the direct delivery of %s",
+                self._group,
+                m.message_id,
+                exc_info=True,
+            )
+            return False, f"the listener raised {type(exc).__name__}: {exc}"
+        if result is None or result is ConsumeResult.SUCCESS:
+            return True, ""
+        if not isinstance(result, ConsumeResult):
+            return False, f"the listener returned {result!r}, not a ConsumeResult"
+        return False, f"the listener returned {result.name}"
 
     def _delay_ms(self, level: int) -> int:
         """The delay of a retry level, from the ladder as the broker states it *now*: over

@@ -26,7 +26,7 @@ from reliable.message import ReceivedMessage
 from reliable.transport import _grpc_wire as wire
 from reliable.transport._grpc_session import GrpcSession
 from reliable.transport._pb import definition_pb2, service_pb2
-from reliable.transport.base import ConsumeFrom, QueueRef
+from reliable.transport.base import ConsumeFrom, DirectListener, QueueRef
 
 log = logging.getLogger("reliable.transport.grpc")
 
@@ -56,6 +56,7 @@ class ConsumerSide(GrpcSession):
         super().__init__(**options)
         self._consumers: dict[str, _ConsumerIdentity] = {}
         self._no_admin: set[str] = set()
+        self._direct: dict[str, DirectListener] = {}  # group -> who consumes direct deliveries
 
     def _end_clients(self) -> None:
         for identity in list(self._consumers.values()):
@@ -118,6 +119,7 @@ class ConsumerSide(GrpcSession):
                     identity.client_id,
                     lambda: self._consumer_settings(identity),
                     lambda _c: None,
+                    lambda pm: self._consume_directly(group, pm),
                 )
             elif changed:
                 identity.stream.resend_settings()
@@ -125,6 +127,32 @@ class ConsumerSide(GrpcSession):
             identity.stream.ready.wait(self._settings_timeout)
             identity.waited = True
         return identity
+
+    # --- direct delivery (the server's verify_message_command)
+    def consumer_client_id(self, group: str) -> str:
+        """The client id (`x-mq-client-id`) this transport consumes `group` under: the id
+        `reliable admin group show` lists and `message reconsume --client` names."""
+        return self._client_of(group)
+
+    def set_direct_listener(self, group: str, listener: DirectListener | None) -> None:
+        """Run `listener` on the messages the server delivers directly to this client of
+        `group` (None: answer that nothing here consumes them)."""
+        with self._lock:
+            if listener is None:
+                self._direct.pop(group, None)
+            else:
+                self._direct[group] = listener
+
+    def _consume_directly(self, group: str, pm: Any) -> wire.Verdict:
+        listener = self._direct.get(group)
+        if listener is None:
+            return (
+                wire.NOT_IMPLEMENTED,
+                f"client {self._client_of(group)} has no listener for group {group}: only "
+                "a running push consumer consumes a message directly",
+            )
+        consumed, text = listener(wire.to_received(pm, group))
+        return (wire.OK, "") if consumed else (wire.FAILED_TO_CONSUME, text)
 
     def _consumer_settings(self, identity: _ConsumerIdentity) -> Any:
         settings = definition_pb2.Settings()

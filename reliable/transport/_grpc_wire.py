@@ -180,8 +180,21 @@ class TelemetryHost(Protocol):
     def metadata(self, client_id: str) -> list[tuple[str, str]]: ...
 
 
+# a direct delivery's verdict: (protocol code, message)
+Verdict = tuple[int, str]
+OK = int(_pb.Code.Value("OK"))
+NOT_IMPLEMENTED = int(_pb.Code.Value("NOT_IMPLEMENTED"))
+FAILED_TO_CONSUME = int(_pb.Code.Value("FAILED_TO_CONSUME_MESSAGE"))
+
+
 class Telemetry:
-    """One Telemetry stream for one client identity; reconnects until closed."""
+    """One Telemetry stream for one client identity; reconnects until closed.
+
+    A `verify_message_command` (the server's direct delivery of one message) is answered on
+    the stream with `verify_message_result{nonce}` and the status `on_verify` returns for
+    the message (run on its own thread, so the stream keeps being read meanwhile); without
+    `on_verify` the answer is NOT_IMPLEMENTED: this identity has no listener to run.
+    """
 
     def __init__(
         self,
@@ -189,11 +202,13 @@ class Telemetry:
         client_id: str,
         settings: Callable[[], Any],
         on_command: Callable[[Any], None],
+        on_verify: Callable[[Any], Verdict] | None = None,
     ) -> None:
         self._t = transport
         self.client_id = client_id
         self._settings = settings
         self._on_command = on_command
+        self._on_verify = on_verify
         self._queue: queue.Queue[Any] = queue.Queue()
         self._closed = threading.Event()
         self.ready = threading.Event()
@@ -233,6 +248,13 @@ class Telemetry:
                         self.ready.set()
                     elif kind == "recover_orphaned_transaction_command":
                         self._on_command(reply.recover_orphaned_transaction_command)
+                    elif kind == "verify_message_command":
+                        threading.Thread(
+                            target=self._verify,
+                            args=(reply.verify_message_command,),
+                            name=f"verify-{self.client_id}",
+                            daemon=True,
+                        ).start()
             except grpc.RpcError as exc:
                 if self._closed.is_set():
                     return
@@ -240,6 +262,26 @@ class Telemetry:
             if self._closed.wait(backoff):
                 return
             backoff = min(backoff * 2, 30.0)
+
+    def _verify(self, command: Any) -> None:
+        """Run the direct delivery `command` asks for and send the verdict back."""
+        if self._on_verify is None:
+            code, text = (
+                NOT_IMPLEMENTED,
+                f"client {self.client_id} has no message listener: only a push consumer "
+                "can consume a message directly",
+            )
+        else:
+            try:
+                code, text = self._on_verify(command.message)
+            except Exception as exc:  # a malformed message, a conversion error
+                code, text = FAILED_TO_CONSUME, f"{type(exc).__name__}: {exc}"
+        answer = service_pb2.TelemetryCommand()
+        answer.status.code = code
+        answer.status.message = text
+        answer.verify_message_result.nonce = command.nonce
+        if not self._closed.is_set():
+            self._queue.put(answer)
 
     def close(self) -> None:
         self._closed.set()

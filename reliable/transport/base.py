@@ -36,6 +36,10 @@ class Capability(enum.Enum):
     # set_group_start / park_message_group (GroupAdmin): the server sets where a new
     # consumer group starts and parks a message group an ordered consumer gave up on
     GROUP_ADMIN = "group_admin"
+    # set_direct_listener (DirectConsume): the server may hand one message straight to this
+    # client (an operator's `reliable admin message reconsume --client`, RocketMQ's
+    # CONSUME_MESSAGE_DIRECTLY) and the consumer's listener answers it
+    DIRECT_CONSUME = "direct_consume"
 
 
 class QueueRef(NamedTuple):
@@ -269,6 +273,24 @@ class GroupAdmin(Protocol):
     def park_message_group(self, group: str, topic: str, message_group: str) -> bool:
         """From now on the server dead-letters `message_group`'s messages for `group`
         (marked `PARKED_MESSAGE_GROUP`) until an operator unparks it."""
+        ...
+
+
+# what a consumer does with a message the server delivers to it directly: (consumed, why
+# not); it runs outside the group's delivery bookkeeping (no ack, no retry, no offsets)
+DirectListener = Callable[[ReceivedMessage], tuple[bool, str]]
+
+
+class DirectConsume(Protocol):
+    """A transport with `Capability.DIRECT_CONSUME`."""
+
+    def set_direct_listener(self, group: str, listener: DirectListener | None) -> None:
+        """Run `listener` on messages the server delivers directly to this transport's client
+        of `group` and answer the server with its verdict (None: refuse them)."""
+        ...
+
+    def consumer_client_id(self, group: str) -> str:
+        """The client id the server knows this transport's consumer of `group` by."""
         ...
 
 

@@ -26,6 +26,10 @@ Model notes:
 - Each consumer group gets its own client identity and Telemetry stream (as each official
   client does); a producer opens one when it registers a transaction checker, so the
   server's orphaned-transaction checks reach it.
+- Direct delivery (`Capability.DIRECT_CONSUME`): a `verify_message_command` on a
+  consumer's stream runs the push consumer's listener on that one message and answers
+  `verify_message_result` with OK or FAILED_TO_CONSUME_MESSAGE (NOT_IMPLEMENTED when no
+  push consumer of the group runs here); nothing is acknowledged or retried.
 
 The transport is three modules, one job each: `_grpc_session` (the channel, calls, routes),
 `_grpc_producer` (sends and transactions) and `_grpc_consumer` (receives, acks, offsets,
@@ -49,7 +53,12 @@ class GrpcTransport(ProducerSide, ConsumerSide):
 
     name = "grpc"
     capabilities = frozenset(
-        {Capability.BROKER_SIDE_FIFO, Capability.SERVER_LEASES, Capability.GROUP_ADMIN}
+        {
+            Capability.BROKER_SIDE_FIFO,
+            Capability.SERVER_LEASES,
+            Capability.GROUP_ADMIN,
+            Capability.DIRECT_CONSUME,
+        }
     )
 
     def __init__(

@@ -4,7 +4,8 @@ process, and the same queries against its store once it is stopped.
 Every query form finds a message a producer sent with a key; a key whose index hash
 collides with it never does; answers are capped with a visible "more"; and the trace of a
 message that failed twice, was dead-lettered, re-sent to its group by an operator and then
-confirmed shows each step, in order, from the outbox stub to the confirmation row.
+confirmed shows each step, in order, from the outbox stub to the confirmation row, whether
+the operator replayed the dead letter with `dlq replay` or `message reconsume`.
 """
 
 from __future__ import annotations
@@ -170,8 +171,8 @@ def test_bad_arguments_and_missing_messages_fail_with_one_line(
         (("message", "query", "--key", "k", "--topic", "t", "--limit", "5000"), 2, "--limit"),
         (
             ("message", "reconsume", "0" * 32, "--group", "g", "--client", "c1"),
-            2,
-            "CONSUME_MESSAGE_DIRECTLY) is not supported",
+            1,
+            "CONSUMER_GROUP_NOT_FOUND",
         ),
         (("message", "reconsume", "0" * 32, "--group", "nobody"), 1, "CONSUMER_GROUP_NOT_FOUND"),
         (("message", "trace", "unknown-key"), 1, "nothing known about"),
@@ -268,14 +269,33 @@ def test_send_and_reconsume_from_the_command_line(
     assert copies[0]["unique_key"] == sent["msg_id"]
 
 
+# how the operator sends the dead letter back: (command, the copy's role and trace line)
+REPLAYS = {
+    "reconsume": (
+        ("message", "reconsume", "{mid}", "--group", "{group}", "--operator", "oncall"),
+        "reconsume",
+        "operator oncall re-sent it to tr-billing",
+    ),
+    "dlq-replay": (
+        ("dlq", "replay", "--group", "{group}", "--id", "{mid}", "--operator", "oncall"),
+        "replayed",
+        "operator oncall replayed the dead letter (DLQ offset 0) to tr-billing",
+    ),
+}
+
+
 @pytest.mark.slow
-def test_trace_of_a_message_retried_dead_lettered_reconsumed_and_confirmed(
-    tmp_path: Path, make_server: Callable[..., ServerProcess]
+@pytest.mark.parametrize("replay", sorted(REPLAYS))
+def test_trace_of_a_message_failed_twice_dead_lettered_replayed_and_confirmed(
+    tmp_path: Path, make_server: Callable[..., ServerProcess], replay: str
 ) -> None:
+    """The issue's story: two failures, the dead-letter queue, the operator's replay
+    (`dlq replay`, or `message reconsume`), the confirmation: every step, in order."""
     from idempotency import IdempotencyGuard
     from outbox import Outbox, OutboxTables, declare_groups
 
     topic, group = "tr-orders", "tr-billing"
+    command, role, line = REPLAYS[replay]
     store = tmp_path / "store"
     server = make_server(store=store)
     ep = ("--endpoint", server.endpoint)
@@ -324,12 +344,8 @@ def test_trace_of_a_message_retried_dead_lettered_reconsumed_and_confirmed(
 
             assert official.wait_for(dead_lettered, timeout_s=60, interval_s=0.5)
             assert len(calls) == 2 and not confirmed.is_set()
-            assert (
-                cli(
-                    "message", "reconsume", mid, "--group", group, "--operator", "oncall", *ep
-                ).returncode
-                == 0
-            )
+            replayed = cli(*(a.format(mid=mid, group=group) for a in command), *ep)
+            assert replayed.returncode == 0, replayed.stderr
             assert confirmed.wait(60)
 
             def settled() -> bool:
@@ -348,7 +364,7 @@ def test_trace_of_a_message_retried_dead_lettered_reconsumed_and_confirmed(
         engine.dispose()
     assert trace["message_ids"] == [mid]
     roles = [r["role"] for r in trace["records"]]
-    assert roles == ["original", "dead-letter", "reconsume"]
+    assert roles == ["original", "dead-letter", role]
     steps = [
         (e["source"], e["kind"], e.get("attempt"))
         for e in trace["events"]
@@ -363,7 +379,7 @@ def test_trace_of_a_message_retried_dead_lettered_reconsumed_and_confirmed(
         ("broker", "handed-back", 2),
         ("broker", "dead-letter", None),  # at its last attempt: %DLQ%<group>
         ("broker", "dead-lettered", None),
-        ("broker", "reconsume", None),  # the operator's copy in %RETRY%<group>
+        ("broker", role, None),  # the operator's copy in %RETRY%<group>
         ("broker", "delivered", 1),
         ("consumer", "confirmed", None),
         ("broker", "acknowledged", None),
@@ -378,12 +394,25 @@ def test_trace_of_a_message_retried_dead_lettered_reconsumed_and_confirmed(
         g["retries"],
         g["dead_lettered"],
         g["reconsumed"],
+        g["replayed"],
         g["acknowledged"],
-    ) == (group, "acknowledged", 3, 1, True, 1, True)
+    ) == (
+        group,
+        "acknowledged",
+        3,
+        1,
+        True,
+        int(replay == "reconsume"),
+        int(replay == "dlq-replay"),
+        True,
+    )
+    # the copy is the group's alone, and says who sent it back
+    [copy] = [r for r in trace["records"] if r["role"] == role]
+    assert (copy["topic"], copy["properties"]["OPERATOR"]) == (f"%RETRY%{group}", "oncall")
     [stub] = trace["outbox"]["stubs"]
     assert (stub["message_id"], stub["send_count"], stub["expected_groups"]) == (mid, 1, [group])
     [row] = trace["outbox"]["confirmations"]
     assert (row["group"], row["outcome"]) == (group, "SUCCESS")
     assert text.returncode == 0
-    assert "operator oncall re-sent it to tr-billing" in text.stdout
+    assert line in text.stdout
     assert "tr-billing confirmed it (SUCCESS)" in text.stdout

@@ -19,15 +19,22 @@ from broker.server.admin import SERVICE
 from broker.server.auth import ALGORITHM, sign
 from reliable.errors import ReliableError
 
-__all__ = ["AdminCallError", "AdminClient"]
+__all__ = ["AdminCallError", "AdminClient", "PromotionRefused"]
 
 
 class AdminCallError(ReliableError):
-    """A remote admin call was refused; `code` is the protocol code name (e.g. BAD_REQUEST)."""
+    """A remote admin call was refused; `code` is the protocol code name (e.g. BAD_REQUEST),
+    `reason` the refusal's kind when the method names one (else "")."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, reason: str = "") -> None:
         self.code = code
+        self.reason = reason
         super().__init__(f"{code}: {message}")
+
+
+class PromotionRefused(AdminCallError):
+    """`AdminClient.promote` refused; `reason` is `not-a-slave`, `not-caught-up`,
+    `master-alive` or `ha-port` (docs/ha.md, promotion)."""
 
 
 def _encode(value: dict[str, Any]) -> bytes:
@@ -83,8 +90,24 @@ class AdminClient:
         )
         reply = stub(params, timeout=self._timeout_s, metadata=self._metadata())
         if not reply.get("ok"):
-            raise AdminCallError(str(reply.get("code", "UNKNOWN")), str(reply.get("message", "")))
+            code, message = str(reply.get("code", "UNKNOWN")), str(reply.get("message", ""))
+            reason = str(reply.get("reason", ""))
+            if method == "PromoteBroker" and reason:
+                raise PromotionRefused(code, message, reason)
+            raise AdminCallError(code, message, reason)
         return reply.get("result")
+
+    def ha_status(self) -> dict[str, Any]:
+        """The broker's replication role, offsets and lag (`HaStatus`, docs/ha.md)."""
+        result: dict[str, Any] = self.call("HaStatus")
+        return result
+
+    def promote(self, *, sync: bool = False, force: bool = False) -> dict[str, Any]:
+        """Turn this running slave into the master of its group (async-master, or
+        sync-master with `sync`); `{"before", "after", ...}` statuses. PromotionRefused
+        when it is not a caught-up slave of a dead master (`force` skips those checks)."""
+        result: dict[str, Any] = self.call("PromoteBroker", sync=sync, force=force)
+        return result
 
     def close(self) -> None:
         self._channel.close()

@@ -458,3 +458,41 @@ def test_failover_promote_then_the_old_master_rejoins_byte_for_byte(
     assert old.terminate() == 0, "".join(old.output)
     assert slave.terminate() == 0, "".join(slave.output)
     assert _digest(tmp_path / "m") == _digest(tmp_path / "s")
+
+
+def test_config_sync_deletes_what_the_master_deleted_at_the_set_interval(
+    make_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    ha_port = _free_port()
+    master = make_server(
+        "--role",
+        "async-master",
+        "--ha-port",
+        str(ha_port),
+        "--ha-config-sync-ms",
+        "300",
+        store=tmp_path / "m",
+    )
+    slave = _slave(make_server, tmp_path, ha_port)
+    for name in ("t-ha-keep", "t-ha-del"):
+        _admin(master.endpoint, "topic", "create", name, "--queues", "2")
+    _admin(master.endpoint, "group", "create", "g-ha-del")
+
+    def on_slave() -> tuple[set[str], set[str]]:
+        topics = {t["name"] for t in _admin(slave.endpoint, "topic", "list")["topics"]}
+        groups = {g["name"] for g in _admin(slave.endpoint, "group", "list")["groups"]}
+        return topics, groups
+
+    assert official.wait_for(
+        lambda: {"t-ha-keep", "t-ha-del"} <= on_slave()[0] and "g-ha-del" in on_slave()[1],
+        timeout_s=60,
+    )
+    _admin(master.endpoint, "topic", "delete", "t-ha-del", "--yes")
+    _admin(master.endpoint, "group", "delete", "g-ha-del", "--yes")
+    assert official.wait_for(
+        lambda: "t-ha-del" not in on_slave()[0] and "g-ha-del" not in on_slave()[1],
+        timeout_s=60,
+    )
+    assert "t-ha-keep" in on_slave()[0]
+    status = _ha_status(slave.endpoint)
+    assert status["lag_messages"] == 0 and status["lag_bytes"] == 0

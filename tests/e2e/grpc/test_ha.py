@@ -478,21 +478,23 @@ def test_config_sync_deletes_what_the_master_deleted_at_the_set_interval(
         _admin(master.endpoint, "topic", "create", name, "--queues", "2")
     _admin(master.endpoint, "group", "create", "g-ha-del")
 
-    def on_slave() -> tuple[set[str], set[str]]:
-        topics = {t["name"] for t in _admin(slave.endpoint, "topic", "list")["topics"]}
-        groups = {g["name"] for g in _admin(slave.endpoint, "group", "list")["groups"]}
-        return topics, groups
+    from reliable.admin import AdminClient
 
-    assert official.wait_for(
-        lambda: {"t-ha-keep", "t-ha-del"} <= on_slave()[0] and "g-ha-del" in on_slave()[1],
-        timeout_s=60,
-    )
-    _admin(master.endpoint, "topic", "delete", "t-ha-del", "--yes")
-    _admin(master.endpoint, "group", "delete", "g-ha-del", "--yes")
-    assert official.wait_for(
-        lambda: "t-ha-del" not in on_slave()[0] and "g-ha-del" not in on_slave()[1],
-        timeout_s=60,
-    )
-    assert "t-ha-keep" in on_slave()[0]
-    status = _ha_status(slave.endpoint)
-    assert status["lag_messages"] == 0 and status["lag_bytes"] == 0
+    client = AdminClient(slave.endpoint)
+
+    def on_slave() -> set[str]:
+        topics = {t["name"] for t in client.call("ListTopics")["topics"]}
+        return topics | {g["name"] for g in client.call("ListGroups")["groups"]}
+
+    try:
+        assert official.wait_for(
+            lambda: {"t-ha-keep", "t-ha-del", "g-ha-del"} <= on_slave(), timeout_s=60
+        )
+        _admin(master.endpoint, "topic", "delete", "t-ha-del", "--yes")
+        _admin(master.endpoint, "group", "delete", "g-ha-del", "--yes")
+        assert official.wait_for(lambda: not {"t-ha-del", "g-ha-del"} & on_slave(), timeout_s=60)
+        assert "t-ha-keep" in on_slave()
+        status = client.ha_status()
+        assert status["lag_messages"] == 0 and status["lag_bytes"] == 0
+    finally:
+        client.close()

@@ -21,6 +21,7 @@ API (`send_message`, `send_batch`, `send_batch_pending`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import threading
@@ -358,22 +359,59 @@ class Broker(ProduceEngine):
             "topics": [c.to_json() for c in self._topics.all()],
             "groups": [c.to_json() for c in self._groups.all()],
             "offsets": self._offsets.snapshot(),
+            "delay": self._schedule.snapshot(),
         }
 
     def apply_config_snapshot(self, snapshot: Mapping[str, Any]) -> None:
-        """A slave takes its master's topics and groups (created or updated; none
-        removed) and its committed offsets (the whole table). ValueError/KeyError/
-        ConfigShapeError on a malformed snapshot, before anything changed for the bad
-        part."""
+        """A slave takes its master's configuration: its topics and groups (created,
+        updated, and those the master no longer has deleted), its committed offsets and
+        its delay offsets (each table whole). ValueError/KeyError/ConfigShapeError on a
+        malformed snapshot, before anything changed for the bad part."""
         if not self.config.replica:
             raise InvalidArgument("only a slave takes its master's configuration")
         topics = [TopicConfig.from_json(t) for t in snapshot.get("topics", [])]
         groups = [SubscriptionGroupConfig.from_json(g) for g in snapshot.get("groups", [])]
+        delay = snapshot.get("delay")
+        if delay is not None:
+            ScheduleMessageService.parse(delay)  # refused before anything changes
         for topic in topics:
             self._topics.put(topic)
         for group in groups:
             self._groups.put(group)
+        kept_topics = {t.name for t in topics}
+        for cfg in self._topics.all():
+            if cfg.name not in kept_topics:
+                self._forget_topic(cfg.name)
+        kept_groups = {g.group for g in groups}
+        for gcfg in self._groups.all():
+            if gcfg.group not in kept_groups:
+                self.delete_group(gcfg.group)
         self._offsets.replace(dict(snapshot.get("offsets", {})))
+        if delay is not None:
+            self._schedule.replace(delay)
+
+    def _forget_topic(self, name: str) -> None:
+        """A slave deletes a topic its master no longer has (any topic, system ones
+        included: the master's table is the whole truth)."""
+        if self._topics.delete(name):
+            if self._running:
+                self._pop.forget_topic(name)
+                self.store.delete_topics([name])
+            self._offsets.remove_topic(name)
+            self.parked.forget_topic(name)
+
+    def promote(self) -> None:
+        """A slave becomes a master (docs/ha.md, promotion): it writes from now on, and
+        starts the services that do (delayed delivery, transaction checks, pop revive,
+        which `do_maintenance` runs once `replica` is off)."""
+        with self._lock:
+            if not self.config.replica:
+                return
+            self.config = dataclasses.replace(self.config, replica=False)
+            if self._running:
+                self._last_revive = self._clock()
+                self._schedule.start()
+                self._tx.start()
 
     def _group(self, group: str) -> SubscriptionGroupConfig:
         validate_group_name(group)

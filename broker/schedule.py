@@ -191,20 +191,48 @@ class ScheduleMessageService(ServiceThread):
             self._recalled = recalled
             self._dirty = False
 
+    def _document_locked(self) -> dict[str, Any]:
+        return {
+            "offsetTable": {str(q + 1): o for q, o in sorted(self._offsets.items())},
+            "timer": {"low": self._timer_low, "delivered": sorted(self._timer_delivered)},
+            "recalled": [
+                [q, o] for q, o in sorted(self._recalled) if not self._delivered_locked(q, o)
+            ],
+        }
+
     def persist(self, force: bool = False) -> bool:
         with self._lock:
             if not (self._dirty or force):
                 return False
-            data: dict[str, Any] = {
-                "offsetTable": {str(q + 1): o for q, o in sorted(self._offsets.items())},
-                "timer": {"low": self._timer_low, "delivered": sorted(self._timer_delivered)},
-                "recalled": [
-                    [q, o] for q, o in sorted(self._recalled) if not self._delivered_locked(q, o)
-                ],
-            }
+            data = self._document_locked()
             self._dirty = False
         self._file.save(data)
         return True
+
+    def snapshot(self) -> dict[str, Any]:
+        """The progress in `delayOffset.json`'s shape (a slave's config sync)."""
+        with self._lock:
+            return self._document_locked()
+
+    def replace(self, data: dict[str, Any]) -> None:
+        """Take a master's progress as it is (`snapshot()`'s shape; ConfigShapeError when
+        it is not): a slave, whose service does not run, keeps its master's."""
+        offsets, low, delivered, recalled = self.parse(data)
+        with self._lock:
+            if (offsets, low, delivered, recalled) == (
+                self._offsets,
+                self._timer_low,
+                self._timer_delivered,
+                self._recalled,
+            ):
+                return
+            self._offsets = offsets
+            self._timer_low = low
+            self._timer_delivered = delivered
+            self._timer_scanned = low
+            self._timer_heap = []
+            self._recalled = recalled
+            self._dirty = True
 
     def _delivered_locked(self, qid: int, offset: int) -> bool:
         if qid == TIMER_QUEUE_ID:

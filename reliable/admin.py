@@ -19,17 +19,30 @@ from broker.server.admin import SERVICE
 from broker.server.auth import ALGORITHM, sign
 from reliable.errors import ReliableError
 
-__all__ = ["AdminCallError", "AdminClient"]
+__all__ = ["AdminCallError", "AdminClient", "PromotionRefused"]
 
 
 class AdminCallError(ReliableError):
     """A remote admin call was refused; `code` is the protocol code name (e.g. BAD_REQUEST),
-    `details` what the refusal says beyond its message (e.g. `live_clients`)."""
+    `details` what the refusal says beyond its message (e.g. `live_clients`); `reason`
+    the refusal's kind when the method names one (else "")."""
 
-    def __init__(self, code: str, message: str, details: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        details: dict[str, Any] | None = None,
+        reason: str = "",
+    ) -> None:
         self.code = code
         self.details = details or {}
+        self.reason = reason
         super().__init__(f"{code}: {message}")
+
+
+class PromotionRefused(AdminCallError):
+    """`AdminClient.promote` refused; `reason` is `not-a-slave`, `not-caught-up`,
+    `master-alive` or `ha-port` (docs/ha.md, promotion)."""
 
 
 def _encode(value: dict[str, Any]) -> bytes:
@@ -88,13 +101,27 @@ class AdminClient:
         timeout = self._timeout_s + (waits / 1000 if isinstance(waits, int) else 0)
         reply = stub(params, timeout=timeout, metadata=self._metadata())
         if not reply.get("ok"):
+            code, message = str(reply.get("code", "UNKNOWN")), str(reply.get("message", ""))
             details = reply.get("details")
+            reason = str(reply.get("reason", ""))
+            if method == "PromoteBroker" and reason:
+                raise PromotionRefused(code, message, reason=reason)
             raise AdminCallError(
-                str(reply.get("code", "UNKNOWN")),
-                str(reply.get("message", "")),
-                details if isinstance(details, dict) else None,
+                code, message, details if isinstance(details, dict) else None, reason=reason
             )
         return reply.get("result")
+
+    def ha_status(self) -> dict[str, Any]:
+        """The broker's replication role, offsets and lag (`HaStatus`, docs/ha.md)."""
+        result: dict[str, Any] = self.call("HaStatus")
+        return result
+
+    def promote(self, *, sync: bool = False, force: bool = False) -> dict[str, Any]:
+        """Turn this running slave into the master of its group (async-master, or
+        sync-master with `sync`); `{"before", "after", ...}` statuses. PromotionRefused
+        when it is not a caught-up slave of a dead master (`force` skips those checks)."""
+        result: dict[str, Any] = self.call("PromoteBroker", sync=sync, force=force)
+        return result
 
     def close(self) -> None:
         self._channel.close()

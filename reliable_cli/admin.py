@@ -102,7 +102,7 @@ def register(sub: Any) -> None:
     gl.set_defaults(handler=_run("ListGroups", lambda a: {}))
     store = _register_store(nouns)
     broker = nouns.add_parser("broker", help="a broker's replication role and lag")
-    bverbs = broker.add_subparsers(dest="verb", metavar="<status>")
+    bverbs = broker.add_subparsers(dest="verb", metavar="<status|promote>")
     bs = bverbs.add_parser(
         "status",
         help="replication: role, commitlog end, each slave's acknowledged offset "
@@ -110,6 +110,30 @@ def register(sub: Any) -> None:
     )
     _target(bs)
     bs.set_defaults(handler=_run("HaStatus", lambda a: {}))
+    bp = bverbs.add_parser(
+        "promote",
+        help="turn a running, caught-up slave whose master is gone into the master of "
+        "its group (docs/ha.md)",
+        description="Promote a running slave to master without a restart: it takes "
+        "writes, starts its write services and listens for slaves on its --ha-port. "
+        "Refused when it lacks bytes its master had, or while its master is connected "
+        "and alive (--force skips both checks). Exit code 1 when refused.",
+    )
+    bp.add_argument("--endpoint", metavar="HOST:PORT", required=True, help="the slave's address")
+    bp.add_argument(
+        "--sync", action="store_true", help="become a sync-master (default: async-master)"
+    )
+    bp.add_argument(
+        "--force",
+        action="store_true",
+        help="promote even when not caught up or while its master seems alive",
+    )
+    bp.add_argument("--tls", action="store_true", help="connect over TLS")
+    bp.add_argument("--ca-file", default=None, help="with --tls: PEM roots to trust")
+    bp.add_argument("--access-key", default="", help="access key, when the broker has auth on")
+    bp.add_argument("--secret-key", default="", help="secret key for --access-key")
+    bp.add_argument("--json", action="store_true", help="print JSON instead of lines")
+    bp.set_defaults(handler=_promote, store=None)
     from reliable_cli.admin_message import register as register_messages
     from reliable_cli.admin_ops import register as register_ops
 
@@ -164,6 +188,30 @@ def _verify_store(args: argparse.Namespace) -> int:
         for line in iter_lines(report):
             print(line)
     return ExitCode.OK if report.ok else ExitCode.FAILURE
+
+
+def _promote(args: argparse.Namespace) -> int:
+    """`admin broker promote`: the refusal's reason on stderr, or before/after."""
+    try:
+        result = _remote(args, "PromoteBroker", {"sync": args.sync, "force": args.force})
+    except _Failed as exc:
+        print(f"reliable admin: {exc}", file=sys.stderr)
+        return exc.exit_code
+    if args.json:
+        print(json.dumps(result, indent=2, sort_keys=True))
+        return ExitCode.OK
+    before, after = result["before"], result["after"]
+    print(
+        f"before: {before['role']} of {before.get('master')}  max_offset={before['max_offset']}"
+        f"  master_max_offset={before.get('master_max_offset')}"
+        f"  lag_bytes={before.get('lag_bytes')}"
+    )
+    print(
+        f"after:  {after['role']} {after['broker_name']}  max_offset={after['max_offset']}"
+        f"  epoch={result['epoch'][0]} from {result['epoch'][1]}  ha_port={after['ha_port']}"
+        + ("  (forced)" if result.get("forced") else "")
+    )
+    return ExitCode.OK
 
 
 def _run(

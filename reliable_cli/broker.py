@@ -188,6 +188,14 @@ def register(sub: Any) -> None:
         "then the producer gets SLAVE_PERSISTENCE_TIMEOUT and retries "
         "(default 3000)",
     )
+    ha.add_argument(
+        "--ha-config-sync-ms",
+        type=int,
+        default=5000,
+        metavar="MS",
+        help="a master sends its topics, groups, consumer and delay offsets to its "
+        "slaves this often (default 5000; also at each connect)",
+    )
     observe.add_arguments(s)
     s.set_defaults(handler=start)
     p.set_defaults(handler=lambda _a: (p.print_help(sys.stderr), ExitCode.USAGE)[1])
@@ -202,7 +210,8 @@ def start(args: argparse.Namespace) -> int:
     from broker.broker import Broker
     from broker.config import BrokerConfig
     from broker.errors import BrokerError
-    from broker.ha import HaMaster, HaRole, HaSlave
+    from broker.ha import HaMaster, HaRole
+    from broker.ha.node import HaNode
     from broker.server import MessagingServer, ServerConfig, ServerStartError
     from broker.store.config import (
         FlushMode,
@@ -263,6 +272,8 @@ def start(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     if ha_config.role is HaRole.SLAVE:
         broker_kwargs["replica"] = True
+    if args.ha_config_sync_ms < 100:
+        return _fail("--ha-config-sync-ms must be at least 100")
     server_config = ServerConfig(
         host=args.host,
         port=args.port,
@@ -300,18 +311,16 @@ def start(args: argparse.Namespace) -> int:
         broker.start()
     except (BrokerError, StoreError, OSError) as exc:
         return _fail(f"cannot start the broker: {exc}", ExitCode.FAILURE)
-    replication: HaMaster | HaSlave | None = None
+    node: HaNode | None = None
     try:
-        if ha_config.role.is_master:
-            replication = HaMaster(broker.store, ha_config)
-        elif ha_config.role is HaRole.SLAVE:
-            replication = HaSlave(broker.store, ha_config)
-        if isinstance(replication, HaMaster):
-            replication.config_source = broker.config_snapshot
-        elif isinstance(replication, HaSlave):
-            replication.config_sink = broker.apply_config_snapshot
-        if replication is not None:
-            replication.start()
+        if ha_config.role is HaRole.SLAVE:
+            broker = _rejoin(broker, ha_config, StoreConfig(**store_kwargs), broker_config)
+        if ha_config.role is not HaRole.NONE:
+            node = HaNode(broker, ha_config)
+            node.start()
+    except (BrokerError, StoreError, ValueError) as exc:
+        broker.shutdown()
+        return _fail(f"cannot rejoin as a slave: {exc}", ExitCode.FAILURE)
     except OSError as exc:
         broker.shutdown()
         return _fail(
@@ -323,15 +332,13 @@ def start(args: argparse.Namespace) -> int:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     stop = threading.Event()
     server = MessagingServer(broker, server_config)
-    if replication is not None:
-        server.ctx.ha_status = replication.status  # the admin service's HaStatus
-    if ha_config.role is HaRole.SYNC_MASTER and isinstance(replication, HaMaster):
-        server.ctx.replication = replication  # sends wait for a slave's acknowledgement
+    if node is not None:
+        _wire_replication(node, server)
     try:
         server.start()
     except ServerStartError as exc:
-        if replication is not None:
-            replication.stop()
+        if node is not None:
+            node.stop()
         broker.shutdown()
         return _fail(f"cannot serve on {args.host}:{args.port}: {exc}", ExitCode.UNAVAILABLE)
 
@@ -341,11 +348,11 @@ def start(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     try:
-        endpoint = _metrics_endpoint(args, broker, server, stop)
+        endpoint = _metrics_endpoint(args, broker, server, stop, node)
     except OSError as exc:
         server.stop(grace_s=0)
-        if replication is not None:
-            replication.stop()
+        if node is not None:
+            node.stop()
         broker.shutdown()
         return _fail(
             f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {exc}",
@@ -356,13 +363,13 @@ def start(args: argparse.Namespace) -> int:
             f"reliable broker: created a new store at {describe(broker.store.config)}", flush=True
         )
     # before the ready line: whoever waits for it knows the role too
-    if isinstance(replication, HaMaster):
+    if node is not None and isinstance(node.replication, HaMaster):
         print(
             f"reliable broker: {ha_config.role.value} {args.broker_name}, replication on "
-            f"{args.host}:{replication.port}",
+            f"{args.host}:{node.replication.port}",
             flush=True,
         )
-    elif isinstance(replication, HaSlave):
+    elif node is not None:
         print(
             f"reliable broker: slave {args.broker_name}/{ha_config.broker_id} of "
             f"{args.master} (read-only)",
@@ -379,13 +386,61 @@ def start(args: argparse.Namespace) -> int:
                 return _fail("the server stopped unexpectedly", ExitCode.FAILURE)
     finally:
         server.stop(grace_s=2.0)
-        if replication is not None:
-            replication.stop()
+        if node is not None:
+            node.stop()
         broker.shutdown()
         if endpoint is not None:
             endpoint.stop()
     print("reliable broker: stopped", flush=True)
     return ExitCode.OK
+
+
+def _rejoin(broker: Any, ha_config: Any, store_config: Any, broker_config: Any) -> Any:
+    """A slave's store that holds records its master never had (an old master rejoining
+    its group, docs/ha.md): the tail is saved, and the broker started again with its
+    commitlog cut back to where the master's copy ends. The broker to go on with."""
+    from broker.broker import Broker
+    from broker.ha.rejoin import plan_rejoin
+    from broker.ha.state import EpochHistory
+
+    plan = plan_rejoin(broker.store, ha_config, EpochHistory(store_config.store_dir))
+    if plan is None:
+        return broker
+    broker.shutdown()
+    again = Broker(store_config, broker_config)
+    again.store.truncate_to = plan.offset
+    again.start()
+    print(
+        f"reliable broker: rejoining as a slave: cut {plan.bytes} bytes ({plan.messages} "
+        f"messages) beyond offset {plan.offset}, the master's copy of this log (acknowledged "
+        f"by a slave: up to {plan.acked}); they are kept in {plan.saved}",
+        flush=True,
+    )
+    return again
+
+
+def _wire_replication(node: Any, server: Any) -> None:
+    """The server's view of the node: HaStatus, PromoteBroker, the SYNC_MASTER gate, and
+    what a promotion changes (writes let in, the gate set)."""
+    from broker.ha import HaMaster, HaRole
+
+    ctx = server.ctx
+    ctx.ha_status = node.status
+    ctx.ha_promote = node.promote
+    if node.role is HaRole.SYNC_MASTER:
+        ctx.replication = node.replication  # sends wait for a slave's acknowledgement
+
+    def promoted(master: HaMaster) -> None:
+        if master.config.role is HaRole.SYNC_MASTER:
+            ctx.replication = master
+        server.servicer.make_writable()
+        print(
+            f"reliable broker: promoted to {master.config.role.value} "
+            f"{master.config.broker_name}, replication on {master.config.host}:{master.port}",
+            flush=True,
+        )
+
+    node.on_promoted.append(promoted)
 
 
 def _ha_config(args: argparse.Namespace) -> Any:
@@ -410,6 +465,7 @@ def _ha_config(args: argparse.Namespace) -> Any:
         host=args.host,
         port=args.ha_port,
         sync_timeout_ms=args.ha_sync_timeout_ms,
+        config_sync_ms=args.ha_config_sync_ms,
         master=parse_address(args.master) if args.master else None,
     )
     config.validate()
@@ -417,7 +473,7 @@ def _ha_config(args: argparse.Namespace) -> Any:
 
 
 def _metrics_endpoint(
-    args: argparse.Namespace, broker: Any, server: Any, stop: threading.Event
+    args: argparse.Namespace, broker: Any, server: Any, stop: threading.Event, node: Any = None
 ) -> Any:
     """/metrics with the broker's collector; /readyz: serving, store writable, not stopping."""
     if args.metrics_port is None:
@@ -429,6 +485,10 @@ def _metrics_endpoint(
 
     registry = CollectorRegistry()
     registry.register(BrokerCollector(broker, send_seconds=server.ctx.send_seconds))
+    if node is not None:
+        from broker.ha.metrics import ReplicationCollector
+
+        registry.register(ReplicationCollector(node))
 
     def ready() -> dict[str, bool]:
         return {

@@ -13,6 +13,7 @@ slave's reports: its acknowledged offset, which the master keeps (`slaves()`).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import enum
 import heapq
@@ -33,11 +34,17 @@ from broker.ha.protocol import (
     CONFIG_FRAME,
     FRAME,
     HELLO,
+    HELLO_PROBE,
+    LAG,
+    LAG_FRAME,
+    POSITION_FRAME,
     REPORT,
     HaProtocolError,
     recv_exact,
     unpack_hello,
 )
+from broker.ha.state import AckedCheckpoint, EpochHistory, epoch_end
+from broker.store.stats import Histogram
 from broker.store.store import MessageStore
 
 log = logging.getLogger(__name__)
@@ -55,11 +62,16 @@ class AckOutcome(enum.Enum):
 _Waiter = tuple[int, int, float, Callable[[AckOutcome], None]]
 
 
+COUNT_MARKS = 1 << 16  # appends remembered for counting a slave's lag in messages
+WALK_LIMIT = 200_000  # records walked beyond them; further, the count is an estimate
+
+
 @dataclass
 class SlaveState:
     """What the master knows of one connected slave."""
 
     address: str
+    broker_id: int
     start_offset: int  # where its log ended when it connected
     acked_offset: int  # how far it reported having the log
     sent_offset: int  # how far the master has sent it
@@ -70,9 +82,22 @@ class SlaveState:
 class HaMaster:
     """Streams the commitlog to every connected slave; tracks their acknowledged offsets."""
 
-    def __init__(self, store: MessageStore, config: HaConfig) -> None:
+    def __init__(
+        self,
+        store: MessageStore,
+        config: HaConfig,
+        *,
+        epochs: EpochHistory | None = None,
+        acked: AckedCheckpoint | None = None,
+    ) -> None:
         self.store = store
         self.config = config
+        self.epochs = epochs  # None: the whole log is epoch 1
+        self.acked = acked  # None: the acknowledged offset is not kept on disk
+        # SYNC_MASTER waits: how long each took, and how each ended
+        self.sync_seconds = Histogram()
+        self.sync_outcomes: dict[str, int] = {o.value: 0 for o in AckOutcome}
+        self._stats_lock = threading.Lock()
         self._server: socket.socket | None = None
         self._stopped = threading.Event()
         self._lock = threading.Lock()
@@ -104,6 +129,7 @@ class HaMaster:
                 conn.wake.set()
 
         self.store.commitlog.on_append = on_append
+        self.store.commitlog.keep_count_marks(COUNT_MARKS)
         for target, name in ((self._accept, "ha-accept"), (self._reap, "ha-timeouts")):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
@@ -124,6 +150,8 @@ class HaMaster:
             waiters, self._waiters = self._waiters, []
         for *_, callback in waiters:
             callback(AckOutcome.TIMEOUT)
+        if self.acked is not None:
+            self.acked.close()
 
     # --- what the master knows
     def slaves(self) -> list[SlaveState]:
@@ -135,17 +163,23 @@ class HaMaster:
         and how many bytes of the log it lacks."""
         end = self.store.commitlog.get_max_offset()
         states = self.slaves()
-        slaves: list[dict[str, Any]] = [
-            {
-                "address": s.address,
-                "acked_offset": s.acked_offset,
-                "sent_offset": s.sent_offset,
-                "lag_bytes": max(end - s.acked_offset, 0),
-                "connected_ms": s.connected_ms,
-                "last_report_ms": s.last_report_ms,
-            }
-            for s in states
-        ]
+        slaves: list[dict[str, Any]] = []
+        for s in states:
+            messages, exact = self.lag_messages(s.acked_offset)
+            slaves.append(
+                {
+                    "address": s.address,
+                    "broker_id": s.broker_id,
+                    "acked_offset": s.acked_offset,
+                    "sent_offset": s.sent_offset,
+                    "lag_bytes": max(end - s.acked_offset, 0),
+                    "lag_messages": messages,
+                    "lag_messages_exact": exact,
+                    "connected_ms": s.connected_ms,
+                    "last_report_ms": s.last_report_ms,
+                }
+            )
+        best = min(slaves, key=lambda x: x["lag_bytes"], default=None)
         return {
             "role": self.config.role.value,
             "broker_name": self.config.broker_name,
@@ -153,9 +187,43 @@ class HaMaster:
             "ha_port": self.port,
             "max_offset": end,
             "slaves": slaves,
-            "lag_bytes": min((max(end - s.acked_offset, 0) for s in states), default=None),
+            "lag_bytes": best["lag_bytes"] if best else None,
+            "lag_messages": best["lag_messages"] if best else None,
+            "acked_checkpoint": self.acked.offset if self.acked is not None else None,
+            "epochs": [list(e) for e in self.epochs.entries] if self.epochs else [[1, 0]],
             "sync_timeout_ms": self.config.sync_timeout_ms,
         }
+
+    def lag_messages(self, offset: int) -> tuple[int, bool]:
+        """(messages in the log from `offset` to its end, exact): counted from the
+        appends this master remembers (`COUNT_MARKS`), walking record headers only for
+        the part before them (at most `WALK_LIMIT` records; beyond, estimated from the
+        average record size walked, and `exact` is False)."""
+        cl = self.store.commitlog
+        end = cl.get_max_offset()
+        if offset >= end:
+            return 0, True
+        marks = list(cl.count_marks or ())
+        if not marks:
+            return self._walk(offset, end)
+        last_end, last_count = marks[-1]
+        after, exact_after = self._walk(last_end, end) if end > last_end else (0, True)
+        ends = [m[0] for m in marks]
+        i = bisect.bisect_right(ends, offset) - 1
+        if i >= 0:  # a remembered append ended at or before `offset`
+            mark_end, mark_count = marks[i]
+            between, _ = self._walk(mark_end, offset)
+            return max(last_count - mark_count - between, 0) + after, exact_after
+        first_end, first_count = marks[0]
+        before, exact_before = self._walk(offset, first_end)
+        return before + (last_count - first_count) + after, exact_before and exact_after
+
+    def _walk(self, start: int, end: int) -> tuple[int, bool]:
+        count, stopped = self.store.commitlog.count_records(start, end, WALK_LIMIT)
+        if stopped >= end:
+            return count, True
+        walked = max(stopped - start, 1)
+        return count + int((end - stopped) * count / walked), False
 
     def acked_offset(self) -> int:
         """The furthest offset any connected slave has acknowledged (-1: no slave)."""
@@ -179,6 +247,14 @@ class HaMaster:
         `SLAVE_NOT_AVAILABLE` at once when no slave is connected; `TIMEOUT` when none
         acknowledged within `timeout_ms`. Called on a replication thread (or this one):
         keep it short."""
+        started = time.monotonic()
+
+        def done(outcome: AckOutcome) -> None:
+            with self._stats_lock:
+                self.sync_seconds.observe(time.monotonic() - started)
+                self.sync_outcomes[outcome.value] += 1
+            callback(outcome)
+
         with self._lock:
             if not self._conns:
                 outcome = AckOutcome.SLAVE_NOT_AVAILABLE
@@ -187,11 +263,11 @@ class HaMaster:
             else:
                 deadline = time.monotonic() + timeout_ms / 1000
                 first = not self._waiters or deadline < min(w[2] for w in self._waiters)
-                heapq.heappush(self._waiters, (end, next(self._sequence), deadline, callback))
+                heapq.heappush(self._waiters, (end, next(self._sequence), deadline, done))
                 if first:
                     self._reaper_wake.set()
                 return
-        callback(outcome)
+        done(outcome)
 
     def _release(self, acked: int) -> None:
         """Answer every wait up to `acked` (called with the lock held; calls after)."""
@@ -269,14 +345,22 @@ class HaMaster:
         try:
             sock.settimeout(cfg.idle_timeout_ms / 1000)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            offset = unpack_hello(recv_exact(sock, HELLO.size))
+            kind, offset, slave_id, epoch = unpack_hello(recv_exact(sock, HELLO.size))
+            if kind == HELLO_PROBE:
+                self._send_position(sock, None)
+                sock.close()
+                return
+            refused = self._refusal(offset, epoch)
+            if refused is not None:
+                self._send_position(sock, refused)
+                raise HaProtocolError(refused)
             start = self._start_offset(offset)
         except (HaProtocolError, OSError) as exc:
             log.warning("replication: slave %s refused: %s", address, exc)
             sock.close()
             return
         now = int(time.time() * 1000)
-        state = SlaveState(address, offset, offset, start, now, now)
+        state = SlaveState(address, slave_id, offset, offset, start, now, now)
         conn = _SlaveConnection(sock, state)
         with self._lock:
             key = self._next_id
@@ -304,15 +388,45 @@ class HaMaster:
                 self._conns.pop(key, None)
                 self._acked.notify_all()
 
+    def _history(self) -> list[tuple[int, int]]:
+        return self.epochs.entries if self.epochs is not None else [(1, 0)]
+
+    def _send_position(self, sock: socket.socket, refused: str | None) -> None:
+        """The position frame: this log's ends and epochs (and why a slave is refused)."""
+        cl = self.store.commitlog
+        body: dict[str, Any] = {
+            "max_offset": cl.get_max_offset(),
+            "min_offset": cl.get_min_offset(),
+            "epochs": [list(e) for e in self._history()],
+        }
+        if refused is not None:
+            body["refused"] = refused
+        data = json.dumps(body).encode()
+        with contextlib.suppress(OSError):
+            sock.sendall(FRAME.pack(POSITION_FRAME, len(data)) + data)
+
+    def _refusal(self, offset: int, epoch: tuple[int, int]) -> str | None:
+        """Why a slave whose log ends at `offset` in `epoch` cannot continue this log
+        (None: it can): it holds records this master never had."""
+        end = self.store.commitlog.get_max_offset()
+        history = self._history()
+        last = epoch_end(history, epoch, end)
+        if last is None:
+            return (
+                f"the slave's last epoch {list(epoch)} is not in this master's history "
+                f"{[list(e) for e in history]}: restart it to rejoin (docs/ha.md)"
+            )
+        if offset > last:
+            return (
+                f"the slave's log ends at {offset}, beyond {last}, where this master's "
+                f"copy of epoch {epoch[0]} ends: it holds records this master never had; "
+                "restart it to rejoin (it cuts its log back, docs/ha.md)"
+            )
+        return None
+
     def _start_offset(self, offset: int) -> int:
         """Where to send from, for a slave whose log ends at `offset`."""
         log_ = self.store.commitlog
-        end = log_.get_max_offset()
-        if offset > end:
-            raise HaProtocolError(
-                f"the slave's log ends at {offset}, beyond this master's "
-                f"({end}): it holds records this master never had"
-            )
         low = log_.get_min_offset()
         if offset == 0 and low > 0:
             return low  # a new slave of a master whose first files were cleaned up
@@ -328,11 +442,19 @@ class HaMaster:
         heartbeat_s = cfg.heartbeat_ms / 1000
         store = self.store
         config_due = 0.0  # at once: a slave gets the configuration as it connects
+        lag_due = time.monotonic() + 1.0
         while not self._stopped.is_set() and not conn.closed:
-            if self.config_source is not None and time.monotonic() >= config_due:
-                body = json.dumps(self.config_source(), separators=(",", ":")).encode()
+            now = time.monotonic()
+            if now >= config_due:
+                snapshot = self.config_source() if self.config_source is not None else {}
+                snapshot["epochs"] = [list(e) for e in self._history()]
+                body = json.dumps(snapshot, separators=(",", ":")).encode()
                 conn.sock.sendall(FRAME.pack(CONFIG_FRAME, len(body)) + body)
                 config_due = time.monotonic() + cfg.config_sync_ms / 1000
+            if now >= lag_due:
+                lag, _ = self.lag_messages(conn.state.acked_offset)
+                conn.sock.sendall(FRAME.pack(LAG_FRAME, LAG.size) + LAG.pack(lag))
+                lag_due = now + 1.0
             conn.wake.clear()
             data = store.read_replica(offset, cfg.max_chunk_bytes)
             if data:
@@ -349,6 +471,8 @@ class HaMaster:
                 (offset,) = REPORT.unpack(recv_exact(conn.sock, REPORT.size))
                 with self._acked:
                     conn.state.acked_offset = max(conn.state.acked_offset, offset)
+                    if self.acked is not None:  # on disk before a send is answered
+                        self.acked.advance(conn.state.acked_offset)
                     conn.state.last_report_ms = int(time.time() * 1000)
                     self._acked.notify_all()
                     if self._waiters:

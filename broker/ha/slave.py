@@ -22,12 +22,17 @@ from broker.ha.config import HaConfig
 from broker.ha.protocol import (
     CONFIG_FRAME,
     FRAME,
+    HELLO_PROBE,
+    LAG,
+    LAG_FRAME,
     MAX_FRAME,
+    POSITION_FRAME,
     REPORT,
     HaProtocolError,
     pack_hello,
     recv_exact,
 )
+from broker.ha.state import EpochHistory, parse_epochs
 from broker.store.config import FlushMode
 from broker.store.errors import StoreError
 from broker.store.store import MessageStore
@@ -38,11 +43,16 @@ log = logging.getLogger(__name__)
 class HaSlave:
     """Keeps this store's commitlog a copy of the master's."""
 
-    def __init__(self, store: MessageStore, config: HaConfig) -> None:
+    def __init__(
+        self, store: MessageStore, config: HaConfig, *, epochs: EpochHistory | None = None
+    ) -> None:
         if config.master is None:
             raise ValueError("a slave needs its master's address")
         self.store = store
         self.config = config
+        self.epochs = epochs  # takes the master's history at config sync; None: epoch 1
+        self.master_lag_messages = -1  # messages this slave lacks, as its master counted
+        self.refused = ""  # why the master refused this slave last, if it did
         self.master = config.master
         self._stopped = threading.Event()
         self._sock: socket.socket | None = None
@@ -62,6 +72,8 @@ class HaSlave:
         (as of the master's last frame or heartbeat)."""
         end = self.store.get_commitlog_max_offset()
         known = self.master_max_offset
+        lag = max(known - end, 0) if known >= 0 else None
+        messages = 0 if lag == 0 else (self.master_lag_messages if lag is not None else None)
         return {
             "role": "slave",
             "broker_name": self.config.broker_name,
@@ -70,10 +82,18 @@ class HaSlave:
             "connected": self.connected,
             "max_offset": end,
             "master_max_offset": known,
-            "lag_bytes": max(known - end, 0) if known >= 0 else None,
+            "lag_bytes": lag,
+            "lag_messages": messages if messages is None or messages >= 0 else None,
             "last_frame_ms": self.last_frame_ms,
             "config_synced_ms": self.config_synced_ms,
+            "epochs": [list(e) for e in self.epochs.entries] if self.epochs else [[1, 0]],
+            "refused": self.refused or None,
         }
+
+    def master_alive(self) -> bool:
+        """Connected to its master, and heard from it within the idle timeout."""
+        recent = time.time() * 1000 - self.last_frame_ms < self.config.idle_timeout_ms
+        return self.connected and recent
 
     def stop(self) -> None:
         self._stopped.set()
@@ -106,13 +126,14 @@ class HaSlave:
     def _apply_config(self, data: bytes) -> None:
         """Take the master's configuration; a bad one is logged and skipped (the log
         copy goes on, the next one comes in `config_sync_ms`)."""
-        sink = self.config_sink
-        if sink is None:
-            return
+        sink = self.config_sink or (lambda _snapshot: None)
         try:
             snapshot = json.loads(data)
             if not isinstance(snapshot, dict):
                 raise ValueError("not a JSON object")
+            epochs = snapshot.pop("epochs", None)
+            if epochs is not None and self.epochs is not None:
+                self.epochs.replace(parse_epochs(epochs))
             sink(snapshot)
         except Exception as exc:
             log.warning("replication: the master's configuration was not applied: %s", exc)
@@ -128,7 +149,8 @@ class HaSlave:
             return
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         end = store.get_commitlog_max_offset()
-        sock.sendall(pack_hello(end))
+        epoch = self.epochs.last if self.epochs is not None else (1, 0)
+        sock.sendall(pack_hello(end, broker_id=cfg.broker_id, epoch=epoch))
         self.connected = True
         log.info("replication: connected to %s:%d, this log ends at %d", *self.master, end)
         sync = store.config.flush_mode is FlushMode.SYNC_FLUSH
@@ -149,9 +171,39 @@ class HaSlave:
             if offset == CONFIG_FRAME:
                 self._apply_config(data)
                 continue
+            if offset == LAG_FRAME:
+                (self.master_lag_messages,) = LAG.unpack(data)
+                continue
+            if offset == POSITION_FRAME:  # refused: this log does not continue the master's
+                self.connected = False
+                self.refused = str(json.loads(data).get("refused", "refused"))
+                raise HaProtocolError(f"the master refused this slave: {self.refused}")
+            self.refused = ""
             end = store.append_replica(offset, data)
             self.master_max_offset = max(self.master_max_offset, end)
             if sync and not store.commitlog.wait_flushed(end):
                 raise HaProtocolError(f"this store did not fsync up to {end} in time")
             sock.sendall(REPORT.pack(end))
             last_report = time.monotonic()
+
+
+def probe(
+    master: tuple[str, int],
+    end: int,
+    *,
+    broker_id: int,
+    epoch: tuple[int, int],
+    timeout_s: float = 5.0,
+) -> dict[str, Any]:
+    """Ask a master where its log ends and what its epochs are (one position frame):
+    `{"max_offset", "min_offset", "epochs"}`. OSError/HaProtocolError when it cannot."""
+    with socket.create_connection(master, timeout=timeout_s) as sock:
+        sock.sendall(pack_hello(end, broker_id=broker_id, epoch=epoch, kind=HELLO_PROBE))
+        offset, length = FRAME.unpack(recv_exact(sock, FRAME.size))
+        if offset != POSITION_FRAME or length > MAX_FRAME:
+            raise HaProtocolError(f"expected a position frame, got offset {offset}")
+        answer = json.loads(recv_exact(sock, length))
+    if not isinstance(answer, dict) or not isinstance(answer.get("max_offset"), int):
+        raise HaProtocolError("a malformed position frame")
+    answer["epochs"] = parse_epochs(answer.get("epochs"))
+    return answer

@@ -19,6 +19,7 @@ are UTF-8 JSON objects (no generated stubs needed):
 | `UnparkMessageGroup` | `{group, topic, message_group}`                | `{unparked: bool}`  |
 | `MakeGroupFifo` | `{group}`                                          | the group           |
 | `HaStatus`    | `{}`                                                 | role, offsets, lag  |
+| `PromoteBroker` | `{sync=false, force=false}`                        | before, after       |
 
 `SetGroupStart` is what a consumer calls when it joins: on every queue of `topic` where the
 group has no committed offset yet it commits the start (`FIRST`: the queue's first message
@@ -30,6 +31,9 @@ it, a group's first receive starts at the queue's start while nothing was cleane
 `HaStatus` is the broker's replication state (docs/ha.md): its role, its commitlog end,
 and for a master each connected slave's acknowledged offset and lag in bytes, for a slave
 its master and its lag; `{"role": "none"}` for a single broker (and for `--store`).
+`PromoteBroker` turns a running slave into the master of its group (`broker.ha.node`);
+a refusal is `FORBIDDEN` with a `reason` (`not-a-slave`, `not-caught-up`,
+`master-alive`, `ha-port`).
 
 `MakeGroupFifo` is what an orderly consumer calls when it joins: the server delivers a
 group's messages in message-group order only when the group is FIFO, so the group is
@@ -132,8 +136,15 @@ class AdminOps:
             "UnparkMessageGroup": self.unpark,
             "MakeGroupFifo": self.make_group_fifo,
             "HaStatus": lambda params: {"role": "none"},
+            "PromoteBroker": self._no_promotion,
         }
         self.methods.update(operator_methods(broker))
+
+    @staticmethod
+    def _no_promotion(params: dict[str, Any]) -> Any:
+        from broker.ha.errors import PromotionRefused
+
+        raise PromotionRefused("not-a-slave", "a stopped store has no replication role")
 
     def call(self, method: str, params: dict[str, Any]) -> Any:
         op = self.methods.get(method)
@@ -339,6 +350,18 @@ def admin_handler(ctx: Any) -> Any:
         ctx.ha_status() if ctx.ha_status is not None else {"role": "none"}
     )
 
+    def promote(params: dict[str, Any]) -> Any:
+        sync, force = params.get("sync", False), params.get("force", False)
+        if not isinstance(sync, bool) or not isinstance(force, bool):
+            raise BadRequest("sync and force must be true or false")
+        if ctx.ha_promote is None:
+            from broker.ha.errors import PromotionRefused
+
+            raise PromotionRefused("not-a-slave", "this broker has no replication role")
+        return ctx.ha_promote(sync=sync, force=force)
+
+    ops.methods["PromoteBroker"] = promote
+
     def method(name: str) -> Any:
         async def handle(params: dict[str, Any], context: Any) -> dict[str, Any]:
             try:
@@ -355,6 +378,9 @@ def admin_handler(ctx: Any) -> Any:
                 details = getattr(exc, "details", None)
                 if isinstance(details, dict):
                     reply["details"] = details
+                reason = getattr(exc, "reason", None)
+                if isinstance(reason, str):
+                    reply["reason"] = reason  # a refusal's kind, for clients to branch on
                 return reply
 
         return grpc.unary_unary_rpc_method_handler(

@@ -82,6 +82,8 @@ class ServerContext:
         self.replication: SyncReplication | None = None
         # the admin service's HaStatus (broker.ha's `status`); None: no replication role
         self.ha_status: Callable[[], dict[str, Any]] | None = None
+        # the admin service's PromoteBroker (broker.ha's `HaNode.promote`); None: no slave
+        self.ha_promote: Callable[..., dict[str, Any]] | None = None
 
     # --- broker calls
     async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:

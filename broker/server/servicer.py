@@ -96,6 +96,16 @@ class MessagingServicer:
             self._send = self._end_transaction = self._recall = _refuse_on_slave
             self._ack = self._forward = self._change_invisible = _refuse_on_slave
 
+    def make_writable(self) -> None:
+        """A promoted slave (docs/ha.md): from now on its calls write like a master's."""
+        self._send = self.producing.send
+        self._end_transaction = self.producing.end_transaction
+        self._recall = self.producing.recall
+        self._ack = self.consuming.ack
+        self._forward = self.consuming.forward_to_dlq
+        self._change_invisible = self.consuming.change_invisible_duration
+        self._read_only = False
+
     async def _unary(self, context: Any, response_type: Any, handler: Handler, request: Any) -> Any:
         try:
             call = self.ctx.call_info(context)

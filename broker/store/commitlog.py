@@ -22,6 +22,7 @@ import logging
 import os
 import struct
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
@@ -89,6 +90,9 @@ class CommitLog:
         self.topic_queue_table: dict[str, int] = {}
         self.last_store_timestamp = 0
         self.records_put = 0  # records appended since start, under `_lock` (metrics)
+        # (log end, records_put) after each append, when a master counts its slaves' lag
+        # in messages (broker.ha); None: not kept, no work on the put path
+        self.count_marks: deque[tuple[int, int]] | None = None
         self._lock = threading.Lock()
         self._store_host_raw = encode_host(config.store_host)
         self._max_message_size = config.max_message_size
@@ -328,6 +332,8 @@ class CommitLog:
             with self._lock:
                 phy, qoff, ts = self._place(rec, key)
                 self.records_put += 1
+                if self.count_marks is not None:
+                    self.count_marks.append((self.queue.get_max_offset(), self.records_put))
         except StoreNotRunning:
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE)
         except OSError:
@@ -370,6 +376,8 @@ class CommitLog:
             with self._lock:
                 self._place_batch(encoded, placed)
                 self.records_put += len(placed)
+                if self.count_marks is not None:
+                    self.count_marks.append((self.queue.get_max_offset(), self.records_put))
         except StoreNotRunning:
             failed = PutMessageStatus.SERVICE_NOT_AVAILABLE
         except OSError:
@@ -457,6 +465,8 @@ class CommitLog:
             with self._lock:
                 phy, qoff, ts, end = self._place_records(batch, key)
                 self.records_put += batch.count
+                if self.count_marks is not None:
+                    self.count_marks.append((self.queue.get_max_offset(), self.records_put))
         except StoreNotRunning:
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE)
         except OSError:
@@ -551,6 +561,8 @@ class CommitLog:
             if last_ts > self.last_store_timestamp:
                 self.last_store_timestamp = last_ts
             self.records_put += count
+            if self.count_marks is not None:
+                self.count_marks.append((self.queue.get_max_offset(), self.records_put))
         if self.on_append is not None:
             self.on_append()
         return offset + n
@@ -579,6 +591,43 @@ class CommitLog:
             return mf.read(pos, at - pos)
         finally:
             mf.release()
+
+    def keep_count_marks(self, maxlen: int) -> None:
+        """Start keeping `count_marks` (at most `maxlen`), from the log as it is now."""
+        with self._lock:
+            self.count_marks = deque([(self.queue.get_max_offset(), self.records_put)], maxlen)
+
+    def count_records(self, start: int, end: int, limit: int) -> tuple[int, int]:
+        """(messages, where the walk stopped) between two record starts of the log: walks
+        record headers (blank records, which close a file, are not messages), at most
+        `limit` of them, and stops early at anything not written."""
+        count = 0
+        at = start
+        while at < end and count < limit:
+            mf = self.queue.find_mapped_file_by_offset(at)
+            if mf is None or not mf.hold():
+                break
+            try:
+                base = mf.file_from_offset
+                wrote = mf.wrote_position
+                mm = mf.mapping
+                pos = at - base
+                stop = min(end - base, wrote)
+                while pos < stop and count < limit:
+                    total, magic = BLANK.unpack_from(mm, pos)
+                    if total <= 0:  # pragma: no cover - below wrote_position
+                        return count, base + pos
+                    if magic == BLANK_MAGIC_CODE:
+                        pos = mf.file_size
+                        break
+                    count += 1
+                    pos += total
+                if pos < mf.file_size and pos >= wrote:
+                    return count, base + pos
+                at = base + pos
+            finally:
+                mf.release()
+        return count, at
 
     # --- reading
     def get_message(self, offset: int, size: int) -> bytes | None:

@@ -19,6 +19,7 @@ Hot paths return status values; queries raise `InvalidQuery` for malformed argum
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -139,6 +140,10 @@ class MessageStore:
         self._unrepairable: set[tuple[str, int, int]] = set()
         self.recovery: RecoveryReport | None = None
         self.abnormal_start = False
+        # set before `start` to cut the commitlog back to this offset as it recovers (a
+        # slave rejoining a new master, broker/ha/rejoin.py): the consume queues and the
+        # index are cut with it, as after a torn tail
+        self.truncate_to: int | None = None
 
     def _dispatched_offset(self) -> int:
         """The dispatcher's exact position: cleanup never deletes what is not behind it."""
@@ -173,6 +178,19 @@ class MessageStore:
         self.index.load(last_exit_ok=not abnormal)
 
         report = recover_commitlog(self.commitlog, self.checkpoint, abnormal, index_safe=True)
+        cut = self.truncate_to
+        if cut is not None and 0 <= cut < report.end:
+            self.commitlog.queue.truncate_dirty_files(cut, zero_tail=True)
+            log.warning(
+                "store %s: commitlog cut back from %d to %d (%d bytes)",
+                cfg.store_dir,
+                report.end,
+                cut,
+                report.end - cut,
+            )
+            # what follows treats the cut as a torn tail: queue units and index entries
+            # past the new end are cut, and dispatching resumes from before it
+            report = dataclasses.replace(report, end=cut, abnormal=True, torn_tail=True)
         self.recovery = report
         align_to_commitlog(self.commitlog, self.consume_queues, self.index, report)
         self.reput.reput_from_offset = reput_start(

@@ -1,5 +1,5 @@
 """The metric names are one list: what the collectors export is what their modules declare
-(`BROKER_METRICS`, `CLIENT_METRICS`, `OUTBOX_METRICS`), what docs/observability.md
+(`BROKER_METRICS`, `HA_METRICS`, `CLIENT_METRICS`, `OUTBOX_METRICS`), what docs/observability.md
 documents, and what the Grafana dashboard queries."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from prometheus_client import CollectorRegistry
 
 from broker.broker import Broker
+from broker.ha.metrics import HA_METRICS
 from broker.metrics import BROKER_METRICS, BrokerCollector
 from broker.store.config import StoreConfig
 from broker.store.message import Message
@@ -24,7 +25,7 @@ from reliable.metrics import CLIENT_METRICS, ClientCollector
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "docs" / "grafana" / "reliable.json"
 DOC = ROOT / "docs" / "observability.md"
-EXPORTED = {**BROKER_METRICS, **CLIENT_METRICS, **OUTBOX_METRICS}
+EXPORTED = {**BROKER_METRICS, **HA_METRICS, **CLIENT_METRICS, **OUTBOX_METRICS}
 _SUFFIXES = ("_bucket", "_sum", "_count")
 
 

@@ -280,3 +280,221 @@ def test_a_slave_keeps_its_masters_topics_groups_and_offsets(
         assert again.receive(32, 15) == []
     finally:
         again.shutdown()
+
+
+def _promote(endpoint: str, *flags: str) -> subprocess.CompletedProcess[str]:
+    """`reliable admin broker promote --json` (not checked: a refusal exits 1)."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reliable_cli",
+            "admin",
+            "broker",
+            "promote",
+            "--endpoint",
+            endpoint,
+            "--json",
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _sync_pair(
+    make_server: Callable[..., ServerProcess], tmp_path: Path
+) -> tuple[ServerProcess, int, ServerProcess, int]:
+    """A sync-master and its slave, both under sync flush: (master, its HA port, slave,
+    its HA port)."""
+    m_ha, s_ha = _free_port(), _free_port()
+    master = make_server(
+        "--role",
+        "sync-master",
+        "--ha-port",
+        str(m_ha),
+        "--flush",
+        "sync",
+        "--ha-sync-timeout-ms",
+        "2000",
+        store=tmp_path / "m",
+    )
+    slave = make_server(
+        "--role",
+        "slave",
+        "--broker-id",
+        "1",
+        "--master",
+        f"127.0.0.1:{m_ha}",
+        "--ha-port",
+        str(s_ha),
+        "--flush",
+        "sync",
+        store=tmp_path / "s",
+    )
+    return master, m_ha, slave, s_ha
+
+
+def test_promotion_is_refused_while_the_master_lives_or_on_a_master(
+    make_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    master, _, slave, _ = _sync_pair(make_server, tmp_path)
+    _send(master.endpoint, "t-ha-refuse", 0, 20)
+    assert official.wait_for(lambda: _ha_status(slave.endpoint)["lag_bytes"] == 0, timeout_s=60)
+    refused = _promote(slave.endpoint)
+    assert refused.returncode == 1, refused.stdout
+    assert "master-alive" in refused.stderr and "FORBIDDEN" in refused.stderr
+    refused = _promote(master.endpoint)
+    assert refused.returncode == 1 and "not-a-slave" in refused.stderr, refused.stderr
+    # the typed error of the client library
+    from reliable.admin import AdminClient, PromotionRefused
+
+    client = AdminClient(slave.endpoint)
+    try:
+        with pytest.raises(PromotionRefused) as info:
+            client.promote()
+        assert info.value.reason == "master-alive"
+    finally:
+        client.close()
+    assert _ha_status(slave.endpoint)["role"] == "slave"  # nothing changed
+    with pytest.raises(Exception, match=r"(?i)slave|forbidden"):
+        _send(slave.endpoint, "t-ha-refuse", 20, 1)
+
+
+def _bodies(path: Path) -> bytes:
+    return path.read_bytes()
+
+
+def test_failover_promote_then_the_old_master_rejoins_byte_for_byte(
+    make_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """sync-master + slave; the master SIGKILLed, the slave promoted by the operator, sends
+    go on to it; the old master restarted as a slave of the new one cuts the tail it alone
+    had (never acknowledged: kept aside) and ends byte-identical to the new master."""
+    master, m_ha, slave, s_ha = _sync_pair(make_server, tmp_path)
+    acked = _send(master.endpoint, "t-ha-fo", 0, 120)  # each acknowledged: the slave has it
+    assert official.wait_for(lambda: _ha_status(slave.endpoint)["lag_bytes"] == 0, timeout_s=60)
+    before_kill = _ha_status(slave.endpoint)["max_offset"]
+    # the master goes on storing while its slave is gone: stored, never acknowledged
+    slave.kill()
+    producer = official.producer(master.endpoint, ["t-ha-fo"])
+    unacked = [f"unacked-{i}".encode() for i in range(10)]
+    try:
+        for body in unacked:
+            with pytest.raises(Exception, match=r"HA_NOT_AVAILABLE|no slave"):
+                producer.send(official.message("t-ha-fo", body))
+    finally:
+        producer.shutdown()
+    master_status = _ha_status(master.endpoint)
+    assert master_status["max_offset"] > before_kill
+    assert master_status["acked_checkpoint"] == before_kill
+    master.kill()
+    # the slave again, its master dead: it has not heard from it, so promotion needs --force
+    slave = make_server(
+        "--role",
+        "slave",
+        "--broker-id",
+        "1",
+        "--master",
+        f"127.0.0.1:{m_ha}",
+        "--ha-port",
+        str(s_ha),
+        "--flush",
+        "sync",
+        store=tmp_path / "s",
+    )
+    refused = _promote(slave.endpoint)
+    assert refused.returncode == 1 and "not-caught-up" in refused.stderr, refused.stderr
+    done = _promote(slave.endpoint, "--force")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["before"]["role"] == "slave" and result["after"]["role"] == "async-master"
+    assert result["before"]["max_offset"] == result["after"]["max_offset"] == before_kill
+    assert result["epoch"] == [2, before_kill]
+    assert "promoted to async-master" in "".join(slave.output)
+    # the promoted slave takes sends at once, no restart
+    acked |= _send(slave.endpoint, "t-ha-fo", 200, 60)
+    new_end = _ha_status(slave.endpoint)["max_offset"]
+    assert new_end > before_kill
+    # the old master rejoins as a slave of the new one
+    old = make_server(
+        "--role",
+        "slave",
+        "--broker-id",
+        "1",
+        "--master",
+        f"127.0.0.1:{s_ha}",
+        "--ha-port",
+        str(_free_port()),
+        "--flush",
+        "sync",
+        store=tmp_path / "m",
+    )
+    said = "".join(old.output)
+    assert f"beyond offset {before_kill}" in said, said
+    saved = tmp_path / "m" / "ha" / f"truncated-{before_kill}.bin"
+    tail = saved.read_bytes()
+    assert len(tail) == master_status["max_offset"] - before_kill
+    assert all(body in tail for body in unacked)  # what was cut is kept
+    assert official.wait_for(
+        lambda: _digest(tmp_path / "m") == _digest(tmp_path / "s"), timeout_s=120
+    )
+    status = _ha_status(slave.endpoint)
+    assert official.wait_for(
+        lambda: (s := _ha_status(slave.endpoint))["slaves"] and s["lag_messages"] == 0,
+        timeout_s=60,
+    ), status
+    # every acknowledged message is on the new master, none of the cut ones
+    consumer = official.simple_consumer(slave.endpoint, "g-ha-fo", "t-ha-fo")
+    try:
+        got = official.receive_until(
+            consumer, lambda g: acked <= {m.message_id for m in g}, timeout_s=120
+        )
+        assert acked <= {m.message_id for m in got}
+        assert not any(m.body in unacked for m in got)
+    finally:
+        consumer.shutdown()
+    assert old.terminate() == 0, "".join(old.output)
+    assert slave.terminate() == 0, "".join(slave.output)
+    assert _digest(tmp_path / "m") == _digest(tmp_path / "s")
+
+
+def test_config_sync_deletes_what_the_master_deleted_at_the_set_interval(
+    make_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    ha_port = _free_port()
+    master = make_server(
+        "--role",
+        "async-master",
+        "--ha-port",
+        str(ha_port),
+        "--ha-config-sync-ms",
+        "300",
+        store=tmp_path / "m",
+    )
+    slave = _slave(make_server, tmp_path, ha_port)
+    for name in ("t-ha-keep", "t-ha-del"):
+        _admin(master.endpoint, "topic", "create", name, "--queues", "2")
+    _admin(master.endpoint, "group", "create", "g-ha-del")
+
+    from reliable.admin import AdminClient
+
+    client = AdminClient(slave.endpoint)
+
+    def on_slave() -> set[str]:
+        topics = {t["name"] for t in client.call("ListTopics")["topics"]}
+        return topics | {g["name"] for g in client.call("ListGroups")["groups"]}
+
+    try:
+        assert official.wait_for(
+            lambda: {"t-ha-keep", "t-ha-del", "g-ha-del"} <= on_slave(), timeout_s=60
+        )
+        _admin(master.endpoint, "topic", "delete", "t-ha-del", "--yes")
+        _admin(master.endpoint, "group", "delete", "g-ha-del", "--yes")
+        assert official.wait_for(lambda: not {"t-ha-del", "g-ha-del"} & on_slave(), timeout_s=60)
+        assert "t-ha-keep" in on_slave()
+        status = client.ha_status()
+        assert status["lag_messages"] == 0 and status["lag_bytes"] == 0
+    finally:
+        client.close()

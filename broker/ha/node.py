@@ -1,0 +1,149 @@
+"""A broker's replication role, and the operator's change of it: promotion.
+
+`HaNode` runs the master side (`HaMaster`) or the slave side (`HaSlave`) of one broker,
+keeps the epoch history and the acknowledged offset in `<store>/ha/` (`state.py`), and
+answers the admin service's `HaStatus` and `PromoteBroker`.
+
+Promotion (RocketMQ has no automatic one; an operator decides): a running slave becomes
+the master of its group without a restart. It is refused (`PromotionRefused`) when the
+broker is not a slave, when the slave lacks bytes its master had (as of the master's last
+frame) or never heard from it, or when its master is still connected and alive; `force`
+skips the last two. Then, in this order: the HA listener opens on the slave's HA port
+(refused if it cannot, nothing changed), the slave stops copying, a new epoch begins at
+its log end (durable), the broker turns writable and starts the services a slave does
+not run, and the server's hooks (`on_promoted`) let sends in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from broker.broker import Broker
+from broker.ha.config import HaConfig, HaRole
+from broker.ha.errors import PromotionRefused
+from broker.ha.master import HaMaster
+from broker.ha.slave import HaSlave
+from broker.ha.state import AckedCheckpoint, EpochHistory
+
+log = logging.getLogger(__name__)
+
+
+class HaNode:
+    """One broker's replication: a master's or a slave's side, and promotion."""
+
+    def __init__(self, broker: Broker, config: HaConfig) -> None:
+        config.validate()
+        if config.role is HaRole.NONE:
+            raise ValueError("no replication role")
+        self.broker = broker
+        self.config = config
+        store_dir = broker.store.config.store_dir
+        self.epochs = EpochHistory(store_dir)
+        self._store_dir = store_dir
+        self.replication: HaMaster | HaSlave = self._make(config)
+        self._lock = threading.Lock()
+        # called with the new master once a promotion is done (the server lets writes in)
+        self.on_promoted: list[Callable[[HaMaster], None]] = []
+        self.promoted_ms = 0
+
+    @property
+    def role(self) -> HaRole:
+        return self.config.role
+
+    def _make(self, config: HaConfig) -> HaMaster | HaSlave:
+        if config.role.is_master:
+            master = HaMaster(
+                self.broker.store,
+                config,
+                epochs=self.epochs,
+                acked=AckedCheckpoint(self._store_dir),
+            )
+            master.config_source = self.broker.config_snapshot
+            return master
+        slave = HaSlave(self.broker.store, config, epochs=self.epochs)
+        slave.config_sink = self.broker.apply_config_snapshot
+        return slave
+
+    def start(self) -> None:
+        self.replication.start()
+
+    def stop(self) -> None:
+        with self._lock:
+            self.replication.stop()
+
+    def status(self) -> dict[str, Any]:
+        out = self.replication.status()
+        if self.promoted_ms:
+            out["promoted_ms"] = self.promoted_ms
+        return out
+
+    def promote(self, *, sync: bool = False, force: bool = False) -> dict[str, Any]:
+        """Make this slave the master of its group (see the module docstring); returns
+        the status before and after."""
+        with self._lock:
+            slave = self.replication
+            if not isinstance(slave, HaSlave):
+                raise PromotionRefused(
+                    "not-a-slave", f"this broker is a {self.config.role.value} already"
+                )
+            before = slave.status()
+            end = self.broker.store.get_commitlog_max_offset()
+            known = slave.master_max_offset
+            if not force:
+                if slave.master_alive():
+                    raise PromotionRefused(
+                        "master-alive",
+                        f"its master {before['master']} is connected and alive; stop it "
+                        "first, or promote with --force (two masters then take writes)",
+                    )
+                if known < 0:
+                    raise PromotionRefused(
+                        "not-caught-up",
+                        "it has not heard from its master since it started, so how far "
+                        "behind it is is unknown; --force promotes it anyway",
+                    )
+                if end < known:
+                    raise PromotionRefused(
+                        "not-caught-up",
+                        f"its log ends at {end}, its master's at {known} (as of its last "
+                        f"frame): {known - end} bytes short; --force promotes it anyway "
+                        "and those bytes are lost",
+                    )
+            role = HaRole.SYNC_MASTER if sync else HaRole.ASYNC_MASTER
+            config = dataclasses.replace(self.config, role=role, broker_id=0, master=None)
+            master = self._make(config)
+            assert isinstance(master, HaMaster)
+            try:
+                master.start()  # bind first: a port in use changes nothing
+            except OSError as exc:
+                raise PromotionRefused(
+                    "ha-port", f"cannot listen on {config.host}:{config.port}: {exc}"
+                ) from None
+            slave.stop()
+            end = self.broker.store.get_commitlog_max_offset()
+            epoch = self.epochs.begin(end)
+            self.broker.promote()
+            self.config = config
+            self.replication = master
+            self.promoted_ms = int(time.time() * 1000)
+            for hook in self.on_promoted:
+                hook(master)
+            log.warning(
+                "promoted: %s %s, epoch %d from offset %d (was the slave of %s)",
+                role.value,
+                config.broker_name,
+                epoch[0],
+                end,
+                before["master"],
+            )
+            return {
+                "before": before,
+                "after": master.status(),
+                "forced": force,
+                "epoch": list(epoch),
+            }

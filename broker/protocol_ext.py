@@ -49,28 +49,22 @@ def _build() -> Any:
             ]
         )
         m = f.message_type.add(name="ReceiveMessagesResponse")
-        label, msg = descriptor_pb2.FieldDescriptorProto, descriptor_pb2.FieldDescriptorProto
-        m.field.add(
-            name="status",
-            number=1,
-            label=label.LABEL_OPTIONAL,
-            type=msg.TYPE_MESSAGE,
-            type_name=".apache.rocketmq.v2.Status",
-        )
-        m.field.add(
-            name="messages",
-            number=2,
-            label=label.LABEL_REPEATED,
-            type=msg.TYPE_MESSAGE,
-            type_name=".apache.rocketmq.v2.Message",
-        )
-        m.field.add(
-            name="delivery_timestamp",
-            number=3,
-            label=label.LABEL_OPTIONAL,
-            type=msg.TYPE_MESSAGE,
-            type_name=".google.protobuf.Timestamp",
-        )
+        field = descriptor_pb2.FieldDescriptorProto
+        for number, (name, label, type_name) in enumerate(
+            (
+                ("status", field.LABEL_OPTIONAL, ".apache.rocketmq.v2.Status"),
+                ("messages", field.LABEL_REPEATED, ".apache.rocketmq.v2.Message"),
+                ("delivery_timestamp", field.LABEL_OPTIONAL, ".google.protobuf.Timestamp"),
+            ),
+            start=1,
+        ):
+            m.field.add(
+                name=name,
+                number=number,
+                label=label,
+                type=field.TYPE_MESSAGE,
+                type_name=type_name,
+            )
         s = f.service.add(name="BatchMessaging")
         s.method.add(
             name=RECEIVE_MESSAGES,

@@ -218,8 +218,8 @@ class IndexFile(ReferenceResource):
     def _validate(self) -> None:
         """Check the header and repair what a crash between two writes leaves behind.
 
-        The durable state is the header's index count: `put_hashes` writes entries, then
-        the header, then the slots; `truncate` writes the header, then the slots, then
+        The durable state is the header's index count: `put_records` writes entries, then
+        the slots, then the header; `truncate` writes the header, then the slots, then
         zeros the entries. A process killed in between leaves slots pointing at entries
         the header does not count (or no longer counts). Those entries were never
         written as far as the file is concerned: such a slot is set back to the first
@@ -329,74 +329,30 @@ class IndexFile(ReferenceResource):
 
     # --- writing (one writer: the dispatcher, under the service's lock)
     def put_hashes(self, hashes: Sequence[int], phy_offset: int, store_timestamp: int) -> int:
-        """Append an entry per key hash of one record; returns how many fit.
-
-        Crash-safe order (a SIGKILL keeps every store already made through the mapping):
-        1. the entries, past the header's index count (not yet counted, so never read);
-        2. the header: index count, end offset and time (the record is now counted);
-        3. the hash slots, pointing at the new entries.
-        Killed after 2, the slots still lead to the older chains: the new entries are
-        unreachable until the record is re-indexed (recovery re-dispatches the newest
-        indexed record). Killed between 1 and 2, nothing refers to the new entries.
-        """
-        mm = self._mm
-        slots = self.hash_slot_num
-        entries_at = self._entries_at
-        # reserve first: an error leaves the file exactly as it was
-        if entries_at + (self.index_count + len(hashes)) * INDEX_ENTRY_SIZE > self._reserved_to:
-            self._reserve_entries(min(self.index_num, self.index_count + len(hashes)))
-        if self.index_count == 1 and hashes:
-            self.begin_timestamp = store_timestamp
-            self.begin_phy_offset = phy_offset
-        diff = (store_timestamp - self.begin_timestamp) // 1000
-        diff = 0 if diff < 0 else min(diff, _I32_MAX)
-        index = first = self.index_count
-        limit = self.index_num
-        pack_entry = _ENTRY.pack_into
-        unpack_slot = _SLOT.unpack_from
-        new_slots: dict[int, int] = {}
-        used = self.hash_slot_count
-        for key_hash in hashes:
-            if index >= limit:
-                break
-            slot_pos = INDEX_HEADER_SIZE + (key_hash % slots) * HASH_SLOT_SIZE
-            slot_value = new_slots.get(slot_pos)
-            if slot_value is None:
-                slot_value = unpack_slot(mm, slot_pos)[0]
-                if slot_value <= INVALID_INDEX or slot_value >= first:
-                    slot_value = INVALID_INDEX
-                    used += 1
-            pack_entry(
-                mm, entries_at + index * INDEX_ENTRY_SIZE, key_hash, phy_offset, diff, slot_value
-            )
-            new_slots[slot_pos] = index
-            index += 1
-        done = index - first
-        if done:
-            self.index_count = index
-            self.hash_slot_count = used
-            self.end_phy_offset = phy_offset
-            if store_timestamp > self.end_timestamp:
-                self.end_timestamp = store_timestamp
-            self._write_header()
-            pack_slot = _SLOT.pack_into
-            for slot_pos, value in new_slots.items():
-                pack_slot(mm, slot_pos, value)
-        return done
+        """Append an entry per key hash of one record; returns how many fit (the rest go
+        to the next file). Written as `put_records` writes: entries, slots, header."""
+        room = max(0, self.index_num - self.index_count)
+        fit = hashes if len(hashes) <= room else hashes[:room]
+        if fit:
+            self.put_records([(fit, phy_offset, store_timestamp)])
+        return len(fit)
 
     def put_records(self, records: Sequence[tuple[Sequence[int], int, int]]) -> int:
-        """`put_hashes` for many records, (hashes, commitlog offset, store time) each, in
+        """Append the entries of records, (hashes, commitlog offset, store time) each, in
         commitlog order, with the header and the slots written once for all of them.
         Takes the leading records whose entries all fit in this file; returns how many it
         took (the caller puts the rest).
 
-        Crash-safe order, which differs from `put_hashes`' because recovery re-indexes only
-        the newest indexed record, and the header here counts several at once:
-        1. the entries, past the header's count;
+        Crash-safe order (a SIGKILL keeps every store already made through the mapping):
+        1. the entries, past the header's count (not yet counted, so never read);
         2. the hash slots: a slot pointing past the count is a crash leftover that the load
-           repairs (it follows the entries' `previous` links back below the count);
-        3. the header, which counts the records (none of them is counted before).
-        Killed before 3, none of the batch is indexed and recovery re-dispatches all of it.
+           repairs (`_validate`: back along the entries' `previous` links, below the count);
+        3. the header: count, end offset and time, which counts every record at once.
+        Killed before 3, none of the records is indexed, and recovery re-dispatches them
+        all (it re-indexes from the newest record the header counts). The slots go before
+        the header because the header counts several records: written first, it would
+        leave every record but the newest unreachable after a kill, and only the newest
+        is re-indexed.
         """
         room = self.index_num - self.index_count
         take = 0

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from reliable_cli.errors import CommandError
+from reliable.admin_messages import AdminCaller
+from reliable_cli.admin_call import handler
 from reliable_cli.exit_codes import ExitCode
 
 TOPIC_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION", "MIXED")
@@ -133,7 +134,7 @@ def register(sub: Any) -> None:
     bp.add_argument("--access-key", default="", help="access key, when the broker has auth on")
     bp.add_argument("--secret-key", default="", help="secret key for --access-key")
     bp.add_argument("--json", action="store_true", help="print JSON instead of lines")
-    bp.set_defaults(handler=_promote, store=None)
+    bp.set_defaults(handler=handler(_promote), store=None)
     from reliable_cli.admin_message import register as register_messages
     from reliable_cli.admin_ops import register as register_ops
 
@@ -190,13 +191,9 @@ def _verify_store(args: argparse.Namespace) -> int:
     return ExitCode.OK if report.ok else ExitCode.FAILURE
 
 
-def _promote(args: argparse.Namespace) -> int:
+def _promote(args: argparse.Namespace, admin: AdminCaller) -> int:
     """`admin broker promote`: the refusal's reason on stderr, or before/after."""
-    try:
-        result = _remote(args, "PromoteBroker", {"sync": args.sync, "force": args.force})
-    except _Failed as exc:
-        print(f"reliable admin: {exc}", file=sys.stderr)
-        return exc.exit_code
+    result = admin.call("PromoteBroker", sync=args.sync, force=args.force)
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True))
         return ExitCode.OK
@@ -217,79 +214,11 @@ def _promote(args: argparse.Namespace) -> int:
 def _run(
     method: str, params: Callable[[argparse.Namespace], dict[str, Any]]
 ) -> Callable[[argparse.Namespace], int]:
-    def handler(args: argparse.Namespace) -> int:
-        try:
-            result = (_remote if args.endpoint else _local)(args, method, params(args))
-        except _Failed as exc:
-            print(f"reliable admin: {exc}", file=sys.stderr)
-            return exc.exit_code
-        _print(result, args.json)
+    def run(args: argparse.Namespace, admin: AdminCaller) -> int:
+        _print(admin.call(method, **params(args)), args.json)
         return ExitCode.OK
 
-    return handler
-
-
-class _Failed(CommandError):
-    """An admin call failed; carries the exit code the command ends with."""
-
-    def __init__(self, message: str, exit_code: ExitCode) -> None:
-        self.exit_code = exit_code
-        super().__init__(message)
-
-
-def _remote(args: argparse.Namespace, method: str, params: dict[str, Any]) -> Any:
-    import grpc
-
-    from reliable.admin import AdminCallError, AdminClient
-
-    client = AdminClient(
-        args.endpoint,
-        tls=args.tls,
-        ca_file=args.ca_file,
-        access_key=args.access_key,
-        secret_key=args.secret_key,
-    )
-    try:
-        return client.call(method, **params)
-    except AdminCallError as exc:
-        raise _Failed(str(exc), ExitCode.FAILURE) from None
-    except grpc.RpcError as exc:
-        raise _Failed(
-            f"{args.endpoint}: {exc.code().name}: {exc.details()}", ExitCode.UNAVAILABLE
-        ) from None
-    finally:
-        client.close()
-
-
-def _local(args: argparse.Namespace, method: str, params: dict[str, Any]) -> Any:
-    from broker.broker import Broker
-    from broker.errors import BrokerError
-    from broker.server.admin import AdminOps
-    from broker.server.errors import ServerError
-    from broker.server.status import code_of
-    from broker.store.config import StoreConfig
-    from broker.store.errors import StoreError
-
-    store_dir: Path = args.store
-    if not store_dir.is_dir():
-        raise _Failed(f"{store_dir}: no such store directory", ExitCode.USAGE)
-    if (store_dir / "abort").exists() and not args.force:
-        raise _Failed(
-            f"{store_dir}: a broker seems to run on this store (abort file present); "
-            "use --endpoint, or --force if it crashed",
-            ExitCode.FAILURE,
-        )
-    try:
-        broker = Broker(StoreConfig(store_dir=store_dir))
-        broker.start()
-    except (BrokerError, StoreError, OSError) as exc:
-        raise _Failed(f"cannot open {store_dir}: {exc}", ExitCode.FAILURE) from None
-    try:
-        return AdminOps(broker).call(method, params)
-    except (ServerError, BrokerError) as exc:
-        raise _Failed(f"{code_of(exc).name}: {exc}", ExitCode.FAILURE) from None
-    finally:
-        broker.shutdown()
+    return handler(run)
 
 
 def _print(result: Any, as_json: bool) -> None:

@@ -114,7 +114,7 @@ def test_admin_against_running_and_stopped_broker(
     names = [t["name"] for t in as_json(cli("admin", "topic", "list", "--json", *ep))["topics"]]
     assert "orders" in names
     bad = cli("admin", "topic", "create", "no spaces", *ep)
-    assert bad.returncode == 1 and "ILLEGAL_TOPIC" in bad.stderr
+    assert bad.returncode == 2 and "ILLEGAL_TOPIC" in bad.stderr  # a usage error
     missing = cli("admin", "group", "show", "nobody", *ep)
     assert missing.returncode == 1 and "CONSUMER_GROUP_NOT_FOUND" in missing.stderr
     refused = cli("admin", "topic", "list", "--store", str(store))

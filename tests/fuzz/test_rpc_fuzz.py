@@ -1,4 +1,5 @@
-"""Every RPC of MessagingService against a real server process: random and mutated requests.
+"""Every RPC of MessagingService (and of its extension, the batch receive) against a real
+server process: random and mutated requests.
 
 One server for the module (`reliable broker start`, a subprocess). For each RPC, hypothesis
 draws either random bytes as the request body (sent over a raw channel with identity
@@ -25,18 +26,21 @@ from typing import Any
 
 import grpc
 import pytest
-from google.protobuf import json_format
+from google.protobuf import descriptor_pool, json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broker import protocol_ext
 from broker.protocol_pb import service_pb2
 from broker.server.codes import Code
 from reliable.admin import AdminClient
 from tests.e2e.grpc.server_process import ServerProcess
 
 SERVICE = service_pb2.DESCRIPTOR.services_by_name["MessagingService"]
-METHODS = {m.name: m for m in SERVICE.methods}
+# and the server's one extension, the batch receive (`broker.protocol_ext`)
+EXTENSION = descriptor_pool.Default().FindServiceByName(protocol_ext.SERVICE)
+METHODS = {m.name: m for m in (*SERVICE.methods, *EXTENSION.methods)}
 TOPIC, GROUP = "t-fuzz", "g-fuzz"
 CLIENT_IDS = ("fuzz-a", "fuzz-b", "fuzz-c")
 MEMORY_BOUND_MB = 150  # the dedupe cache alone may take 32 MiB; nothing here comes close
@@ -133,6 +137,7 @@ TEMPLATES: dict[str, dict[str, Any]] = {
         "liteTopicSet": ["x"],
     },
 }
+TEMPLATES["ReceiveMessages"] = TEMPLATES["ReceiveMessage"]  # the same request, one answer
 
 
 # each example is a round trip to a real server (~30 ms, a long poll up to a second): the
@@ -326,7 +331,7 @@ class Fuzzed:
         """Send `body` to `rpc`; the parsed replies. Fails on anything but a clean answer."""
         method = METHODS[rpc]
         response = _class_of(method.output_type)
-        path = f"/{SERVICE.full_name}/{rpc}"
+        path = f"/{method.containing_service.full_name}/{rpc}"
         metadata = [("x-mq-client-id", client_id)]
         self.calls += 1
         if method.client_streaming:
@@ -380,7 +385,7 @@ def _assert_clean(replies: list[Any], rpc: str) -> None:
             assert code not in (Code.INTERNAL_ERROR, Code.INTERNAL_SERVER_ERROR), (
                 f"{rpc}: {reply.status}"
             )
-    if rpc in ("ReceiveMessage", "PullMessage"):
+    if rpc in ("ReceiveMessage", "PullMessage", "ReceiveMessages"):
         assert replies[0].HasField("status")
 
 

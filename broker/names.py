@@ -83,15 +83,28 @@ def _chars_problem(name: str) -> str | None:
     return f"contains {''.join(bad)!r}; allowed are letters, digits, '%', '|', '_', '-'"
 
 
+# names found valid: every message sent or received names its topic, and a topic's name
+# is checked on both sides of the wire; bounded, so a stream of junk names cannot grow it
+_VALID_TOPICS: set[str] = set()
+_VALID_TOPICS_MAX = 4096
+
+
 def topic_name_problem(name: object) -> str | None:
     """What is wrong with `name` as a topic name, or None when it is a valid one."""
     if not isinstance(name, str):
         return "must be a string"
+    if name in _VALID_TOPICS:
+        return None
     if not name or not name.strip():
         return "must not be blank"
     if len(name) > TOPIC_MAX_LENGTH:
         return f"is {len(name)} characters; at most {TOPIC_MAX_LENGTH}"
-    return _chars_problem(name)
+    problem = _chars_problem(name)
+    if problem is None:
+        if len(_VALID_TOPICS) >= _VALID_TOPICS_MAX:
+            _VALID_TOPICS.clear()
+        _VALID_TOPICS.add(name)
+    return problem
 
 
 def group_name_problem(name: object) -> str | None:

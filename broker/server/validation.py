@@ -101,24 +101,13 @@ def _has_control(text: str) -> bool:
     return _has_control_search(text) is not None
 
 
-# names that passed check_topic: every message of every send names its topic, and the
-# rules never change while the server runs; bounded, so junk names cannot grow it
-_CHECKED_TOPICS: set[str] = set()
-_CHECKED_TOPICS_MAX = 4096
-
-
 def check_topic(name: str) -> str:
     """A topic a client may address (`broker.names` rules, not a system topic)."""
-    if name in _CHECKED_TOPICS:
-        return name
-    problem = topic_name_problem(name)
+    problem = topic_name_problem(name)  # remembers the names it found valid
     if problem is not None:
         raise IllegalTopic(f"topic name {name!r} {problem}")
     if is_system_topic(name):
         raise IllegalTopic(f"cannot access system topic {name!r}")
-    if len(_CHECKED_TOPICS) >= _CHECKED_TOPICS_MAX:
-        _CHECKED_TOPICS.clear()
-    _CHECKED_TOPICS.add(name)
     return name
 
 

@@ -190,6 +190,7 @@ class ClusterView:
         self._states: dict[tuple[str, int], State] = {}
         self._changed: dict[tuple[str, int], float] = {}
         self.probes = 0
+        self._forwarding: dict[tuple[str, int], Any] = {}  # channels of forwarded calls
 
     def state(self, group: BrokerGroup, index: int) -> State:
         if (group.name, index) == self.me:
@@ -226,6 +227,37 @@ class ClusterView:
                 )
         return out
 
+    async def forward_recall(self, group: str, request: Any, metadata: dict[str, str]) -> Any:
+        """RecallMessage for a message another group holds: asked of that group's master,
+        with the caller's metadata (its client id and signature), answered as it answers."""
+        from broker.protocol_pb import service_pb2_grpc
+        from broker.server.errors import BadRequest, ServerError
+
+        found = self.config.group(group)
+        if found is None:
+            raise BadRequest(f"the recall handle names broker group {group!r}, not in the cluster")
+        server = self.serving(found)
+        if server is None or not server.writable:
+            raise ServerError(f"broker group {group!r} has no master up to recall the message from")
+        channel = self._channel((server.host, server.port))
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        forwarded = [
+            (k, v) for k, v in metadata.items() if k.startswith("x-mq-") or k == "authorization"
+        ]
+        try:
+            return await stub.RecallMessage(request, metadata=forwarded, timeout=10)
+        except grpc.aio.AioRpcError as exc:
+            raise ServerError(
+                f"RecallMessage to {group} ({server.host}:{server.port}): {exc.code().name}"
+            ) from None
+
+    def _channel(self, endpoint: tuple[str, int]) -> Any:
+        channel = self._forwarding.get(endpoint)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(f"{endpoint[0]}:{endpoint[1]}", PROBE_OPTIONS)
+            self._forwarding[endpoint] = channel
+        return channel
+
     def _others(self) -> list[tuple[str, int]]:
         return [
             endpoint
@@ -248,7 +280,7 @@ class ClusterView:
                 self.probes += 1
                 await asyncio.sleep(max(0.0, self.probe_interval_s - (time.monotonic() - started)))
         finally:
-            for channel in channels.values():
+            for channel in [*channels.values(), *self._forwarding.values()]:
                 with contextlib.suppress(Exception):
                     await channel.close()
 

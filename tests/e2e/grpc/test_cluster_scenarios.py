@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 from reliable.admin import AdminClient
-
 from tests.e2e.grpc.cluster_process import Cluster
 from tests.e2e.grpc.conftest import FAST
 from tests.e2e.grpc.test_push import (

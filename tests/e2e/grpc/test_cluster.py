@@ -256,3 +256,32 @@ def test_killing_one_master_never_stops_sends_and_loses_nothing(cluster: Cluster
         f"{max(gaps):.3f} s, in a's slave {len(in_a)}, in b {len(in_b)}, "
         f"in both {len(set(in_a) & set(in_b))}"
     )
+
+
+def test_a_recall_reaches_the_group_holding_the_message(cluster: Cluster) -> None:
+    """RecallMessage goes to the client's access point; the handle names the group whose
+    schedule holds the message, and the access point forwards it there."""
+    a = cluster.groups[0]
+    topic = "t-cl-recall"
+    producer = official.producer(a.master.endpoint, [topic])  # the access point: a alone
+    consumer = official.simple_consumer(cluster.endpoint, "g-cl-recall", topic)
+    try:
+        deliver_at = int(time.time()) + 4
+        receipts = [
+            producer.send(official.message(topic, f"d{i}".encode(), deliver_at_s=deliver_at))
+            for i in range(8)
+        ]
+        held = Counter(r.recall_handle.partition("@")[0] for r in receipts)
+        assert set(held) == {"broker-a", "broker-b"}  # round-robin over both groups
+        withdrawn = [r for r in receipts if r.recall_handle.startswith("broker-b@")]
+        for r in withdrawn:  # asked of a, held by b
+            assert producer.recall_message(topic, r.recall_handle) == r.message_id
+        kept = {r.message_id for r in receipts} - {r.message_id for r in withdrawn}
+        got = official.receive_until(
+            consumer, lambda g: {m.message_id for m in g} >= kept, timeout_s=30
+        )
+        got += consumer.receive(32, 15) + consumer.receive(32, 15)
+        assert sorted(m.message_id for m in got) == sorted(kept)
+    finally:
+        producer.shutdown()
+        consumer.shutdown()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,7 +105,33 @@ class Cluster:
     def start(self) -> Cluster:
         for proc in self.processes:
             proc.start()
+        self.wait_routed()
         return self
+
+    def masters_routed(self, endpoint: str, topic: str = "cluster-ready") -> set[str]:
+        """The groups whose master queues `endpoint`'s QueryRoute names."""
+        import grpc
+
+        from broker.protocol_pb import service_pb2, service_pb2_grpc
+
+        with grpc.insecure_channel(endpoint) as channel:
+            request = service_pb2.QueryRouteRequest()
+            request.topic.name = topic
+            response = service_pb2_grpc.MessagingServiceStub(channel).QueryRoute(
+                request, metadata=[("x-mq-client-id", "cluster-ready")], timeout=10
+            )
+        return {mq.broker.name for mq in response.message_queues if mq.broker.id == 0}
+
+    def wait_routed(self, timeout_s: float = 30.0) -> None:
+        """Until every server routes every group's master: a server probes the others
+        once per interval, and the ones started after it were down at its first probe."""
+        everyone = {g.name for g in self.groups}
+        deadline = time.monotonic() + timeout_s
+        for proc in self.processes:
+            while self.masters_routed(proc.endpoint) != everyone:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{proc.endpoint} does not route every group")
+                time.sleep(0.05)
 
     def kill(self) -> None:
         for proc in self.processes:

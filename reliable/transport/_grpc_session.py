@@ -199,8 +199,10 @@ class GrpcSession:
         request: Any,
         client_id: str | None = None,
         timeout_s: float | None = None,
+        broker: str | None = None,
     ) -> Any:
-        stub = self._require()
+        """One call, to the access point or, given a broker group's name, to that group."""
+        stub, target = self.stub_for(broker) if broker else (self._require(), self.endpoint)
         try:
             response = getattr(stub, method)(
                 request,
@@ -209,7 +211,7 @@ class GrpcSession:
             )
         except grpc.RpcError as exc:
             raise TransportError(
-                f"{method} to {self.endpoint}: {exc.code().name}: {exc.details()}"
+                f"{method} to {target}: {exc.code().name}: {exc.details()}"
             ) from None
         wire.check_status(response.status, method)
         return response
@@ -262,6 +264,21 @@ class GrpcSession:
         if route.write_queues or route.read_queues:
             self._routes[topic] = (time.monotonic(), route)
         return route
+
+    def read_brokers(self, topic: str) -> list[str]:
+        """The broker groups a topic is read from when they are several, each at its own
+        endpoints (a cluster's groups); [] when the access point serves it all."""
+        route = self.route(topic)
+        brokers = list(dict.fromkeys(q.broker for q in route.read_queues))
+        targets = {self._broker_targets.get(b, self._target) for b in brokers}
+        return brokers if len(targets) > 1 else []
+
+    def endpoints_of(self, broker: str | None) -> Any:
+        """The protocol's Endpoints of a broker group (the access point's when unknown)."""
+        target = self._broker_targets.get(broker) if broker else None
+        if target is None:
+            return self._access_point
+        return wire.parse_endpoint(target.removeprefix("ipv4:").replace(",", ";"))
 
     def _forget_route(self, topic: str) -> None:
         self._routes.pop(topic, None)

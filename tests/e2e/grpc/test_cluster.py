@@ -285,3 +285,60 @@ def test_a_recall_reaches_the_group_holding_the_message(cluster: Cluster) -> Non
     finally:
         producer.shutdown()
         consumer.shutdown()
+
+
+def test_a_promoted_slave_serves_its_group_to_the_framework_again(cluster: Cluster) -> None:
+    """Group a's master dies; sends go on to b; an operator promotes a's slave: the routes
+    name it a's master, and a framework consumer given both masters' addresses receives
+    every acknowledged message, from both groups, once."""
+    from reliable import SimpleConsumer
+    from reliable.admin import AdminClient
+
+    a, b = cluster.groups
+    topic, group = "t-cl-promote", "g-cl-promote"
+    transport = reliable.connect("grpc", endpoint=cluster.endpoint)
+    transport.start()
+    sent: set[str] = set()
+    try:
+        with (
+            SimpleConsumer(
+                group,
+                {topic: "*"},
+                transport=transport,
+                await_duration_s=1,
+                invisible_duration_s=15,
+            ) as consumer,
+            Producer(transport) as producer,
+        ):
+            consumer.receive(max_messages=1)  # the group exists before the sends
+            sent |= {producer.send(Message(topic, f"p{i}".encode())).message_id for i in range(100)}
+            a.master.kill()
+            sent |= {producer.send(Message(topic, f"q{i}".encode())).message_id for i in range(100)}
+            admin = AdminClient(a.slaves[0].endpoint)
+            try:
+                assert official.wait_for(lambda: not _ha_connected(admin), timeout_s=30)
+                admin.promote(sync=False)
+            finally:
+                admin.close()
+            promoted = (a.name, 0, 0, READ_WRITE, a.slaves[0].port)
+            assert official.wait_for(lambda: promoted in _route(b.master.endpoint, topic))
+            sent |= {producer.send(Message(topic, f"r{i}".encode())).message_id for i in range(100)}
+            got: Counter[str] = Counter()
+
+            def all_in() -> bool:
+                for m in consumer.receive(max_messages=32):
+                    consumer.ack(m)
+                    got[m.message_id] += 1
+                return set(got) >= sent
+
+            assert official.wait_for(all_in, timeout_s=90, interval_s=0)
+            assert set(got) == sent and max(got.values()) == 1
+    finally:
+        transport.close()
+    in_a = _ids_in_store(a.slaves[0].store, topic)
+    in_b = _ids_in_store(b.master.store, topic)
+    assert in_a and in_b and set(in_a) | set(in_b) == sent
+
+
+def _ha_connected(admin: Any) -> bool:
+    return bool(admin.ha_status().get("connected"))

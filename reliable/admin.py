@@ -58,7 +58,12 @@ def _decode(raw: bytes) -> dict[str, Any]:
 
 
 class AdminClient:
-    """Calls `reliable.admin.v1.Admin` on a running server."""
+    """Calls `reliable.admin.v1.Admin` on a running server.
+
+    `endpoint` may name several servers separated by ';' (the masters of a cluster's broker
+    groups, docs/ha.md): each call then runs on every one of them in turn, so a topic or a
+    group is created (updated, deleted) in every group; the first server's result is
+    returned, and the first refusal raises."""
 
     def __init__(
         self,
@@ -70,11 +75,15 @@ class AdminClient:
         secret_key: str = "",
         timeout_s: float = 10.0,
     ) -> None:
+        targets = [part.strip() for part in endpoint.split(";") if part.strip()] or [endpoint]
         if tls:
             roots = Path(ca_file).read_bytes() if ca_file else None
-            self._channel = grpc.secure_channel(endpoint, grpc.ssl_channel_credentials(roots))
+            self._channels = [
+                grpc.secure_channel(t, grpc.ssl_channel_credentials(roots)) for t in targets
+            ]
         else:
-            self._channel = grpc.insecure_channel(endpoint)
+            self._channels = [grpc.insecure_channel(t) for t in targets]
+        self._channel = self._channels[0]
         self._access_key, self._secret_key = access_key, secret_key
         self._timeout_s = timeout_s
 
@@ -93,7 +102,11 @@ class AdminClient:
 
     def call(self, method: str, **params: Any) -> Any:
         """The `result` of `method` called with `params`; AdminCallError when refused."""
-        stub = self._channel.unary_unary(
+        results = [self._call(channel, method, params) for channel in self._channels]
+        return results[0]
+
+    def _call(self, channel: Any, method: str, params: dict[str, Any]) -> Any:
+        stub = channel.unary_unary(
             f"/{SERVICE}/{method}", request_serializer=_encode, response_deserializer=_decode
         )
         # a call that waits on a client (timeout_ms) gets that long on top
@@ -124,4 +137,5 @@ class AdminClient:
         return result
 
     def close(self) -> None:
-        self._channel.close()
+        for channel in self._channels:
+            channel.close()

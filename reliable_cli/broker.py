@@ -196,6 +196,22 @@ def register(sub: Any) -> None:
         help="a master sends its topics, groups, consumer and delay offsets to its "
         "slaves this often (default 5000; also at each connect)",
     )
+    ha.add_argument(
+        "--cluster",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="broker groups (JSON, or TOML by its .toml suffix): every group's name, "
+        "master and slave gRPC endpoints; routes then name every group's queues "
+        "(docs/ha.md, Broker groups). This broker is --broker-name/--broker-id in it",
+    )
+    ha.add_argument(
+        "--cluster-probe-ms",
+        type=int,
+        default=1000,
+        metavar="MS",
+        help="with --cluster: how often every other server's gRPC health is probed (default 1000)",
+    )
     observe.add_arguments(s)
     s.set_defaults(handler=start)
     p.set_defaults(handler=lambda _a: (p.print_help(sys.stderr), ExitCode.USAGE)[1])
@@ -274,11 +290,18 @@ def start(args: argparse.Namespace) -> int:
         broker_kwargs["replica"] = True
     if args.ha_config_sync_ms < 100:
         return _fail("--ha-config-sync-ms must be at least 100")
+    try:
+        cluster = _cluster(args, ha_config.broker_id)
+    except ValueError as exc:
+        return _fail(str(exc))
     server_config = ServerConfig(
         host=args.host,
         port=args.port,
         advertised_host=args.advertise,
         broker_name=args.broker_name,
+        broker_id=ha_config.broker_id,
+        cluster=cluster,
+        cluster_probe_ms=args.cluster_probe_ms,
         read_only=ha_config.role is HaRole.SLAVE,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
@@ -441,6 +464,29 @@ def _wire_replication(node: Any, server: Any) -> None:
         )
 
     node.on_promoted.append(promoted)
+
+
+def _cluster(args: argparse.Namespace, broker_id: int) -> Any:
+    """The cluster file's broker groups, checked to name this broker (ValueError: why not)."""
+    if args.cluster is None:
+        return None
+    from broker.server.cluster import ClusterConfig
+
+    if args.cluster_probe_ms < 50:
+        raise ValueError("--cluster-probe-ms must be at least 50")
+    cluster = ClusterConfig.load(args.cluster)
+    group = cluster.group(args.broker_name)
+    if group is None:
+        raise ValueError(
+            f"the cluster file {args.cluster} has no broker group {args.broker_name!r} "
+            f"(it names {', '.join(g.name for g in cluster.groups)})"
+        )
+    if broker_id >= len(group.endpoints):
+        raise ValueError(
+            f"broker group {args.broker_name!r} of {args.cluster} lists "
+            f"{len(group.endpoints) - 1} slaves: no broker id {broker_id}"
+        )
+    return cluster
 
 
 def _ha_config(args: argparse.Namespace) -> Any:

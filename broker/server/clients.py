@@ -1,9 +1,13 @@
 """Routes, assignments, client liveness and the Telemetry stream (Settings, orphan checks).
 
 - QueryRoute answers with our own endpoint (the one the client dialled), one queue per
-  topic queue, and the message types the topic accepts.
+  topic queue, and the message types the topic accepts. With a cluster file
+  (`broker.server.cluster`) it names every broker group's queues (the same queue numbers as
+  this broker's topic), each at the endpoint of the server that serves the group:
+  READ_WRITE at its master, READ only at a slave while no master of the group is up.
 - QueryAssignment gives a push consumer one assignment per broker (queue id -1): the broker
-  pops from every queue, as the Apache proxy does.
+  pops from every queue, as the Apache proxy does; with a cluster file, one per group whose
+  master is up.
 - Telemetry echoes the client's Settings merged with server policy: `publishing` always
   present (else the producer's max body size becomes 0), consumers' retry ladder sent as
   `customized_backoff` (the only form the Python push consumer honours), `metric` off.
@@ -28,6 +32,7 @@ import grpc
 from broker.errors import TopicNotFound
 from broker.protocol_pb import definition_pb2, service_pb2
 from broker.server import convert
+from broker.server.cluster import Server
 from broker.server.context import CallInfo, ServerContext
 from broker.server.decoding import Undecodable
 from broker.server.errors import BadRequest, ConsumerGroupNotFound, Forbidden
@@ -96,38 +101,66 @@ class ClientHandlers:
         return out
 
     def message_queue(
-        self, topic: str, namespace: str, queue_id: int, perm: int, endpoints: Any, topic_type: str
+        self,
+        topic: str,
+        namespace: str,
+        queue_id: int,
+        perm: int,
+        endpoints: Any,
+        topic_type: str,
+        broker: tuple[str, int] | None = None,
     ) -> Any:
         mq = definition_pb2.MessageQueue()
         mq.topic.name = topic
         mq.topic.resource_namespace = namespace
         mq.id = queue_id
         mq.permission = perm
-        mq.broker.name = self.ctx.config.broker_name
-        mq.broker.id = 0
+        mq.broker.name, mq.broker.id = broker or (self.ctx.config.broker_name, 0)
         mq.broker.endpoints.CopyFrom(endpoints)
         mq.accept_message_types.extend(MESSAGE_TYPE[t] for t in accepted_types(topic_type))
         return mq
+
+    def servers(self, requested: Any) -> list[tuple[Server, Any]]:
+        """Who serves each broker group, with its endpoints: this broker alone (at the
+        endpoint the client dialled), or with a cluster file the server of every group
+        that is up (`broker.server.cluster`)."""
+        cluster = self.ctx.cluster
+        if cluster is None:
+            me = Server(self.ctx.config.broker_name, 0, "", 0, True)
+            return [(me, self.endpoints(requested))]
+        out = []
+        for group in cluster.config.groups:
+            server = cluster.serving(group)
+            if server is not None:
+                out.append((server, _endpoints_of(server.host, server.port)))
+        return out
 
     # --- RPCs
     async def query_route(self, request: Any, call: CallInfo) -> Any:
         topic = check_topic(request.topic.name)
         cfg = self.topic_config(topic)
-        endpoints = self.endpoints(request.endpoints)
+        servers = self.servers(request.endpoints)
         response = service_pb2.QueryRouteResponse()
+        # queue by queue, group by group: the official client takes the next queue of the
+        # route on a failed send, which is then another group's
         for queue_id in range(max(cfg.read_queue_nums, cfg.write_queue_nums)):
             readable = queue_id < cfg.read_queue_nums and bool(cfg.perm & PERM_READ)
             writeable = queue_id < cfg.write_queue_nums and bool(cfg.perm & PERM_WRITE)
-            response.message_queues.append(
-                self.message_queue(
-                    topic,
-                    request.topic.resource_namespace,
-                    queue_id,
-                    PERMISSION[(readable, writeable)],
-                    endpoints,
-                    cfg.message_type.value,
+            for server, endpoints in servers:
+                perm = (readable, writeable and server.writable)
+                if perm == (False, False):
+                    continue
+                response.message_queues.append(
+                    self.message_queue(
+                        topic,
+                        request.topic.resource_namespace,
+                        queue_id,
+                        PERMISSION[perm],
+                        endpoints,
+                        cfg.message_type.value,
+                        (server.group, server.broker_id),
+                    )
                 )
-            )
         response.status.CopyFrom(ok())
         return response
 
@@ -139,17 +172,22 @@ class ClientHandlers:
         if not cfg.perm & PERM_READ:
             raise Forbidden(f"topic {topic!r} is not readable")
         response = service_pb2.QueryAssignmentResponse()
-        assignment = response.assignments.add()
-        assignment.message_queue.CopyFrom(
-            self.message_queue(
-                topic,
-                request.topic.resource_namespace,
-                -1,
-                PERMISSION[(True, True)],
-                self.endpoints(request.endpoints),
-                cfg.message_type.value,
+        # one assignment per group whose master is up: a slave refuses receives
+        for server, endpoints in self.servers(request.endpoints):
+            if not server.writable:
+                continue
+            assignment = response.assignments.add()
+            assignment.message_queue.CopyFrom(
+                self.message_queue(
+                    topic,
+                    request.topic.resource_namespace,
+                    -1,
+                    PERMISSION[(True, True)],
+                    endpoints,
+                    cfg.message_type.value,
+                    (server.group, server.broker_id),
+                )
             )
-        )
         response.status.CopyFrom(ok())
         return response
 
@@ -384,3 +422,14 @@ class ClientHandlers:
             if session.push(orphan_command(ext)):
                 return
         log.debug("no producer of %s is connected to resolve a half message", topic)
+
+
+def _endpoints_of(host: str, port: int) -> Any:
+    out = definition_pb2.Endpoints()
+    try:
+        out.scheme = 1 if ipaddress.ip_address(host).version == 4 else 2
+    except ValueError:
+        out.scheme = 3
+    address = out.addresses.add()
+    address.host, address.port = host, port
+    return out

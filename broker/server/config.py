@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from broker.server.cluster import ClusterConfig
+
 
 @dataclass(frozen=True)
 class ServerConfig:
@@ -22,6 +24,11 @@ class ServerConfig:
     # a slave (docs/ha.md): its commitlog is its master's copy, so every call that would
     # write to it (sends, transactions, receives, acks) is refused with FORBIDDEN
     read_only: bool = False
+    # broker groups (docs/ha.md): every group's queues in routes; this server is
+    # (broker_name, broker_id) in the file, broker id 0 its group's master, N its slave N
+    cluster: ClusterConfig | None = None
+    broker_id: int = 0
+    cluster_probe_ms: int = 1000  # how often every other server's health is probed
 
     # --- TLS: both files, or neither (plaintext)
     tls_cert: Path | None = None

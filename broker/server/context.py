@@ -20,6 +20,7 @@ from broker.broker import Broker
 from broker.clock import wall_ms
 from broker.errors import BrokerError
 from broker.server import auth
+from broker.server.cluster import ClusterView
 from broker.server.config import ServerConfig
 from broker.server.direct import DirectDeliveries
 from broker.server.errors import ClientIdRequired
@@ -76,6 +77,8 @@ class ServerContext:
         self.inline = broker.store.config.flush_mode is FlushMode.ASYNC_FLUSH
         self.loop: asyncio.AbstractEventLoop | None = None
         self.closing = False  # set at shutdown: parked polls answer, streams end
+        # broker groups: who serves each group (`broker.server.cluster`); None: no cluster
+        self.cluster: ClusterView | None = None
         # seconds from a SendMessage request to its answer, one observation per request
         self.send_seconds = Histogram()
         # SYNC_MASTER: sends are answered once a slave has them (None: no such wait)

@@ -372,6 +372,8 @@ class ProducerHandlers:
             )
         if result.recall_handle:  # a delayed message, waiting in the schedule topic
             entry.recall_handle = result.recall_handle
+            if self.ctx.cluster is not None:  # RecallMessage may reach another group
+                entry.recall_handle = f"{self.ctx.config.broker_name}@{result.recall_handle}"
         return entry
 
     async def _replicated(self, end: int, loop: asyncio.AbstractEventLoop) -> BaseException | None:
@@ -442,11 +444,17 @@ class ProducerHandlers:
         topic = validation.check_topic(request.topic.name)
         if not request.recall_handle:
             raise BadRequest("recall handle is empty")
+        handle = request.recall_handle
+        cluster = self.ctx.cluster
+        if cluster is not None and "@" in handle:
+            # a cluster's handle names the group whose schedule holds the message: clients
+            # send RecallMessage to their access point, which may be another group's
+            group, _, handle = handle.partition("@")
+            if group != self.ctx.config.broker_name:
+                return await cluster.forward_recall(group, request, call.metadata)
         # the broker's schedule service cancels it (durably) before it is due; every
         # consumer, whatever its transport, then never sees it
-        message_id = await self.ctx.run_in_pool(
-            self.ctx.broker.recall_message, topic, request.recall_handle
-        )
+        message_id = await self.ctx.run_in_pool(self.ctx.broker.recall_message, topic, handle)
         response = service_pb2.RecallMessageResponse()
         response.status.CopyFrom(ok())
         response.message_id = message_id

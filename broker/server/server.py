@@ -24,10 +24,11 @@ import grpc
 
 from broker.broker import Broker
 from broker.server.admin import admin_handler
+from broker.server.cluster import ClusterView
 from broker.server.config import ServerConfig
 from broker.server.context import ServerContext
 from broker.server.errors import ServerStartError
-from broker.server.health import BrokerHealth
+from broker.server.health import BrokerHealth, store_writable
 from broker.server.polling import ArrivalHook
 from broker.server.servicer import MessagingServicer, add_to_server
 
@@ -49,6 +50,15 @@ class MessagingServer:
         self.ctx = ServerContext(broker, self.config, clock=clock)
         self.servicer = MessagingServicer(self.ctx)
         self.health = BrokerHealth(broker)
+        self.health.is_master = lambda: not self.servicer.read_only
+        if self.config.cluster is not None:
+            self.ctx.cluster = ClusterView(
+                self.config.cluster,
+                (self.config.broker_name, self.config.broker_id),
+                lambda: not self.servicer.read_only and store_writable(broker),
+                probe_interval_ms=self.config.cluster_probe_ms,
+                probe_timeout_ms=self.config.cluster_probe_ms,
+            )
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -160,10 +170,17 @@ class MessagingServer:
         )
         self._started.set()
         upkeep = asyncio.ensure_future(self._upkeep())
+        probes = (
+            asyncio.ensure_future(self.ctx.cluster.probe_loop())
+            if self.ctx.cluster is not None
+            else None
+        )
         try:
             await self._stop.wait()
         finally:
             upkeep.cancel()
+            if probes is not None:
+                probes.cancel()
             await self.health.shutdown()
             # answer parked receives and end telemetry streams before the grace runs out
             self.ctx.closing = True

@@ -96,6 +96,10 @@ class MessagingServicer:
             self._send = self._end_transaction = self._recall = _refuse_on_slave
             self._ack = self._forward = self._change_invisible = _refuse_on_slave
 
+    @property
+    def read_only(self) -> bool:
+        return self._read_only
+
     def make_writable(self) -> None:
         """A promoted slave (docs/ha.md): from now on its calls write like a master's."""
         self._send = self.producing.send

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -57,6 +58,7 @@ class ConsumerSide(GrpcSession):
         self._consumers: dict[str, _ConsumerIdentity] = {}
         self._no_admin: set[str] = set()
         self._direct: dict[str, DirectListener] = {}  # group -> who consumes direct deliveries
+        self._turns: dict[tuple[str, str], int] = {}  # (group, topic) -> receives made
 
     def _end_clients(self) -> None:
         for identity in list(self._consumers.values()):
@@ -70,7 +72,7 @@ class ConsumerSide(GrpcSession):
         target.id = queue.queue_id
         target.permission = wire.READ_WRITE
         target.broker.name = queue.broker
-        target.broker.endpoints.CopyFrom(self._access_point)
+        target.broker.endpoints.CopyFrom(self.endpoints_of(queue.broker))
 
     def query_offset(self, group: str, queue: QueueRef) -> int:
         """The group's committed offset on `queue` (GetOffset), -1 when it has none."""
@@ -78,7 +80,7 @@ class ConsumerSide(GrpcSession):
         self._resource(request.group, group)
         self._message_queue(request.message_queue, queue)
         try:
-            return int(self._unary("GetOffset", request).offset)
+            return int(self._unary("GetOffset", request, broker=self._known(queue.broker)).offset)
         except BrokerCallError as exc:
             if exc.code == "OFFSET_NOT_FOUND":
                 return -1
@@ -88,7 +90,7 @@ class ConsumerSide(GrpcSession):
         request = service_pb2.QueryOffsetRequest()
         self._message_queue(request.message_queue, queue)
         request.query_offset_policy = policy
-        return int(self._unary("QueryOffset", request).offset)
+        return int(self._unary("QueryOffset", request, broker=self._known(queue.broker)).offset)
 
     def min_offset(self, queue: QueueRef) -> int:
         """The queue's smallest offset still held (QueryOffset BEGINNING)."""
@@ -224,14 +226,22 @@ class ConsumerSide(GrpcSession):
             )
         if topic not in self._brokers:
             self.route(topic)
+        # a cluster's groups (several brokers at their own endpoints): each receive asks the
+        # next group in turn, as the official SimpleConsumer does
+        brokers = self.read_brokers(topic)
+        broker: str | None = None
+        if brokers:
+            turn = self._turns.get((group, topic), 0)
+            self._turns[(group, topic)] = turn + 1
+            broker = brokers[turn % len(brokers)]
         request = service_pb2.ReceiveMessageRequest()
         self._resource(request.group, group)
         mq = request.message_queue
         self._resource(mq.topic, topic)
         mq.id = -1
         mq.permission = wire.READ_WRITE
-        mq.broker.name = self._brokers.get(topic, "")
-        mq.broker.endpoints.CopyFrom(self._access_point)
+        mq.broker.name = broker or self._brokers.get(topic, "")
+        mq.broker.endpoints.CopyFrom(self.endpoints_of(broker))
         request.filter_expression.type = wire.TAG
         request.filter_expression.expression = " || ".join(sorted(tags)) if tags else "*"
         request.batch_size = max_msgs
@@ -241,9 +251,11 @@ class ConsumerSide(GrpcSession):
         wire.set_ms(request.long_polling_timeout, poll_ms)
         # a server may poll longer than asked (the proxy's floor is 5 s): leave it room
         wait_s = max(poll_ms, wire.MIN_LONG_POLL_MS) / 1000 + 1.0
-        stub = self._require()
         metadata = self.metadata(identity.client_id)
         timeout = self._timeout + wait_s
+        if broker is not None:
+            return self._receive_from(broker, request, group, timeout, metadata)
+        stub = self._require()
         if self.batch_receive is not False:
             batched = self._receive_batched(request, group, timeout, metadata)
             if batched is not None:
@@ -264,6 +276,35 @@ class ConsumerSide(GrpcSession):
         if status is not None:
             wire.check_status(status, "ReceiveMessage")
         return out
+
+    def _receive_from(
+        self, broker: str, request: Any, group: str, timeout: float, metadata: Any
+    ) -> list[ReceivedMessage]:
+        """ReceiveMessage from one broker group; each message remembers its group (`source`),
+        where its ack, invisible-time change or dead-lettering must go."""
+        stub, target = self.stub_for(broker)
+        status: Any = None
+        out: list[ReceivedMessage] = []
+        try:
+            for response in stub.ReceiveMessage(request, timeout=timeout, metadata=metadata):
+                kind = response.WhichOneof("content")
+                if kind == "status":
+                    status = response.status
+                elif kind == "message":
+                    received = wire.to_received(response.message, group)
+                    received.source = _FromGroup(broker)
+                    out.append(received)
+        except grpc.RpcError as exc:
+            self._forget_route(request.message_queue.topic.name)  # a group may be gone
+            raise TransportError(
+                f"ReceiveMessage from {target}: {exc.code().name}: {exc.details()}"
+            ) from None
+        if status is not None:
+            wire.check_status(status, "ReceiveMessage")
+        return out
+
+    def _known(self, broker: str | None) -> str | None:
+        return broker if broker in self._broker_targets else None
 
     def _receive_batched(
         self, request: Any, group: str, timeout: float, metadata: list[tuple[str, str]]
@@ -306,7 +347,7 @@ class ConsumerSide(GrpcSession):
         self._resource(request.topic, message.topic)
         entry = request.entries.add()
         entry.message_id, entry.receipt_handle = message.message_id, self._handle(message)
-        self._unary("AckMessage", request, self._client_of(group))
+        self._unary("AckMessage", request, self._client_of(group), broker=_group_of(message))
 
     def _ack_request(self, group: str, messages: Sequence[ReceivedMessage]) -> Any:
         request = service_pb2.AckMessageRequest()
@@ -343,8 +384,23 @@ class ConsumerSide(GrpcSession):
         or the error its entry reports; a failed request raises."""
         if not messages:
             return []
+        parts = _by_group(messages)
+        if len(parts) > 1:  # a cluster's groups: one AckMessage to each
+            results: dict[int, BaseException | None] = {}
+            for broker, indexed in parts.items():
+                part = [m for _, m in indexed]
+                for (i, _), result in zip(
+                    indexed, self._ack_many_to(broker, group, part), strict=True
+                ):
+                    results[i] = result
+            return [results[i] for i in range(len(messages))]
+        return self._ack_many_to(next(iter(parts)), group, messages)
+
+    def _ack_many_to(
+        self, broker: str | None, group: str, messages: Sequence[ReceivedMessage]
+    ) -> list[BaseException | None]:
         request = self._ack_request(group, messages)
-        stub = self._require()
+        stub, target = self.stub_for(broker) if broker else (self._require(), self.endpoint)
         self.requests["AckMessage"] += 1
         try:
             response = stub.AckMessage(
@@ -352,7 +408,7 @@ class ConsumerSide(GrpcSession):
             )
         except grpc.RpcError as exc:
             raise TransportError(
-                f"AckMessage to {self.endpoint}: {exc.code().name}: {exc.details()}"
+                f"AckMessage to {target}: {exc.code().name}: {exc.details()}"
             ) from None
         return self._ack_results(messages, response)
 
@@ -364,13 +420,46 @@ class ConsumerSide(GrpcSession):
     ) -> None:
         """`ack_many` without waiting: `done` gets the per-message results (or the request's
         error) on gRPC's completion thread."""
+        parts = _by_group(messages)
+        if len(parts) > 1:  # a cluster's groups: one AckMessage to each, results merged
+            self._submit_acks_split(group, messages, parts, done)
+            return
+        broker = next(iter(parts))
         request = self._ack_request(group, messages)
-        stub = self._require()
+        stub, target = self.stub_for(broker) if broker else (self._require(), self.endpoint)
         self.requests["AckMessage"] += 1
         call = stub.AckMessage.future(
             request, timeout=self._timeout, metadata=self.metadata(self._client_of(group))
         )
-        self._when_answered(call, "AckMessage", lambda r: self._ack_results(messages, r), done)
+        self._when_answered(
+            call, "AckMessage", lambda r: self._ack_results(messages, r), done, target=target
+        )
+
+    def _submit_acks_split(
+        self,
+        group: str,
+        messages: Sequence[ReceivedMessage],
+        parts: dict[str | None, list[tuple[int, ReceivedMessage]]],
+        done: Callable[[list[BaseException | None] | BaseException], None],
+    ) -> None:
+        results: list[BaseException | None] = [None] * len(messages)
+        pending = [len(parts)]
+        lock = threading.Lock()
+
+        def one(indexed: list[tuple[int, ReceivedMessage]]) -> Callable[[Any], None]:
+            def finished(outcome: list[BaseException | None] | BaseException) -> None:
+                for n, (i, _) in enumerate(indexed):
+                    results[i] = outcome if isinstance(outcome, BaseException) else outcome[n]
+                with lock:
+                    pending[0] -= 1
+                    last = pending[0] == 0
+                if last:
+                    done(results)
+
+            return finished
+
+        for indexed in parts.values():
+            self.submit_ack(group, [m for _, m in indexed], one(indexed))
 
     def _change_request(self, group: str, message: ReceivedMessage, invisible_ms: int) -> Any:
         request = service_pb2.ChangeInvisibleDurationRequest()
@@ -385,7 +474,9 @@ class ConsumerSide(GrpcSession):
         self, group: str, message: ReceivedMessage, invisible_ms: int
     ) -> str:
         request = self._change_request(group, message, invisible_ms)
-        response = self._unary("ChangeInvisibleDuration", request, self._client_of(group))
+        response = self._unary(
+            "ChangeInvisibleDuration", request, self._client_of(group), broker=_group_of(message)
+        )
         message.receipt_handle = str(response.receipt_handle)
         return message.receipt_handle
 
@@ -400,7 +491,8 @@ class ConsumerSide(GrpcSession):
         handle, so these are pipelined rather than batched): `done` gets the new handle
         (also stored on `message`) or the error, on gRPC's completion thread."""
         request = self._change_request(group, message, invisible_ms)
-        stub = self._require()
+        broker = _group_of(message)
+        stub, target = self.stub_for(broker) if broker else (self._require(), self.endpoint)
         call = stub.ChangeInvisibleDuration.future(
             request, timeout=self._timeout, metadata=self.metadata(self._client_of(group))
         )
@@ -412,8 +504,7 @@ class ConsumerSide(GrpcSession):
             except grpc.RpcError as exc:
                 done(
                     TransportError(
-                        f"ChangeInvisibleDuration to {self.endpoint}: "
-                        f"{exc.code().name}: {exc.details()}"
+                        f"ChangeInvisibleDuration to {target}: {exc.code().name}: {exc.details()}"
                     )
                 )
                 return
@@ -433,7 +524,12 @@ class ConsumerSide(GrpcSession):
         request.message_id = message.message_id
         request.delivery_attempt = message.delivery_attempt
         request.max_delivery_attempts = self.max_delivery_attempts(group)
-        self._unary("ForwardMessageToDeadLetterQueue", request, self._client_of(group))
+        self._unary(
+            "ForwardMessageToDeadLetterQueue",
+            request,
+            self._client_of(group),
+            broker=_group_of(message),
+        )
 
     def _settings_reply(self, group: str) -> Any:
         identity = self._consumers.get(group)
@@ -514,3 +610,20 @@ class ConsumerSide(GrpcSession):
         return self._admin(
             "ParkMessageGroup", {"group": group, "topic": topic, "message_group": message_group}
         )
+
+
+class _FromGroup(str):
+    """`ReceivedMessage.source` of a message received from one of a cluster's groups."""
+
+
+def _group_of(message: ReceivedMessage) -> str | None:
+    return str(message.source) if isinstance(message.source, _FromGroup) else None
+
+
+def _by_group(
+    messages: Sequence[ReceivedMessage],
+) -> dict[str | None, list[tuple[int, ReceivedMessage]]]:
+    parts: dict[str | None, list[tuple[int, ReceivedMessage]]] = {}
+    for i, m in enumerate(messages):
+        parts.setdefault(_group_of(m), []).append((i, m))
+    return parts

@@ -38,6 +38,7 @@ class ProducerSide(GrpcSession):
         self._published: set[str] = set()
         self._checkers: dict[str, TransactionChecker] = {}
         self._producer_stream: wire.Telemetry | None = None
+        self._half_brokers: dict[str, str] = {}  # message id of a half message -> its broker
 
     def _end_clients(self) -> None:
         super()._end_clients()
@@ -116,10 +117,14 @@ class ProducerSide(GrpcSession):
         return out
 
     def _send(
-        self, messages: Sequence[Message], transactional: bool, timeout_s: float | None
+        self,
+        messages: Sequence[Message],
+        queue: QueueRef,
+        transactional: bool,
+        timeout_s: float | None,
     ) -> list[SendReceipt]:
         request = self._request(messages, transactional)
-        stub = self._require()
+        stub, target = self.stub_for(queue.broker)
         self.requests["SendMessage"] += 1
         try:
             response = stub.SendMessage(
@@ -130,13 +135,19 @@ class ProducerSide(GrpcSession):
         except grpc.RpcError as exc:
             self._forget_route(messages[0].topic)
             raise TransportError(
-                f"SendMessage to {self.endpoint}: {exc.code().name}: {exc.details()}"
+                f"SendMessage to {target}: {exc.code().name}: {exc.details()}"
             ) from None
         receipts = []
         for result in self._results(messages, response):
             if isinstance(result, BaseException):
                 raise result
             receipts.append(result)
+        if transactional:
+            with self._lock:  # EndTransaction goes where the half message is
+                while len(self._half_brokers) >= 4096:
+                    self._half_brokers.pop(next(iter(self._half_brokers)))
+                for r in receipts:
+                    self._half_brokers[r.message_id] = queue.broker
         return receipts
 
     def submit_send(
@@ -152,7 +163,7 @@ class ProducerSide(GrpcSession):
         message (or the request's error) on gRPC's completion thread. Many may be in
         flight on the one channel."""
         request = self._request(messages, False)
-        stub = self._require()
+        stub, target = self.stub_for(queue.broker)
         self.requests["SendMessage"] += 1
         call = stub.SendMessage.future(
             request, timeout=timeout_s or self._timeout, metadata=self.metadata(self._producer_id)
@@ -163,6 +174,7 @@ class ProducerSide(GrpcSession):
             lambda r: self._results(messages, r),
             done,
             on_rpc_error=lambda: self._forget_route(messages[0].topic),
+            target=target,
         )
 
     def send(
@@ -174,14 +186,14 @@ class ProducerSide(GrpcSession):
         transactional: bool = False,
         timeout_s: float | None = None,
     ) -> SendReceipt:
-        return self._send([message], transactional, timeout_s)[0]
+        return self._send([message], queue, transactional, timeout_s)[0]
 
     def send_batch(
         self, messages: Sequence[Message], queue: QueueRef, *, producer_group: str | None = None
     ) -> list[SendReceipt]:
         if not messages:
             return []
-        return self._send(list(messages), False, None)
+        return self._send(list(messages), queue, False, None)
 
     def recall(self, topic: str, recall_handle: str) -> str:
         request = service_pb2.RecallMessageRequest()
@@ -235,7 +247,18 @@ class ProducerSide(GrpcSession):
             TransactionState.ROLLBACK: wire.ROLLBACK,
         }.get(state, 0)
         request.source = wire.SOURCE_SERVER_CHECK if from_check else wire.SOURCE_CLIENT
-        self._unary("EndTransaction", request, self._producer_id)
+        with self._lock:
+            broker = self._half_brokers.pop(ref.message_id, None)
+        stub, target = self.stub_for(broker)
+        try:
+            response = stub.EndTransaction(
+                request, timeout=self._timeout, metadata=self.metadata(self._producer_id)
+            )
+        except grpc.RpcError as exc:
+            raise TransportError(
+                f"EndTransaction to {target}: {exc.code().name}: {exc.details()}"
+            ) from None
+        wire.check_status(response.status, "EndTransaction")
 
     def set_transaction_checker(
         self, producer_group: str, checker: TransactionChecker | None

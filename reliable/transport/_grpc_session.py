@@ -60,6 +60,7 @@ class GrpcSession:
     ) -> None:
         self.endpoint = endpoint
         self._access_point = wire.parse_endpoint(endpoint)
+        self._target = wire.channel_target(self._access_point)
         self._tls, self._ca_file = tls, ca_file
         self._access_key, self._secret_key = access_key, secret_key
         self._namespace = namespace
@@ -72,6 +73,10 @@ class GrpcSession:
         self._channel: Any = None
         self.stub: Any = None
         self._brokers: dict[str, str] = {}  # topic -> a broker name from its route
+        # broker name -> the gRPC target its route queues name (their endpoints), and one
+        # stub per target other than the access point's
+        self._broker_targets: dict[str, str] = {}
+        self._channels: dict[str, tuple[Any, Any]] = {}
         self._routes: dict[str, tuple[float, TopicRoute]] = {}  # topic -> (fetched at, route)
         self._static_md: dict[str, list[tuple[str, str]]] = {}  # client id -> fixed metadata
         self._md_second = -1
@@ -86,19 +91,7 @@ class GrpcSession:
         with self._lock:
             if self._channel is not None:
                 return
-            options = [
-                ("grpc.enable_retries", 0),
-                ("grpc.max_receive_message_length", -1),
-                ("grpc.max_send_message_length", -1),
-                *RECONNECT_OPTIONS,
-            ]
-            if self._tls:
-                roots = Path(self._ca_file).read_bytes() if self._ca_file else None
-                self._channel = grpc.secure_channel(
-                    self.endpoint, grpc.ssl_channel_credentials(roots), options
-                )
-            else:
-                self._channel = grpc.insecure_channel(self.endpoint, options)
+            self._channel = self._open(self._target)
             self.stub = service_pb2_grpc.MessagingServiceStub(self._channel)
             self.receive_messages = self._channel.unary_unary(
                 protocol_ext.RECEIVE_MESSAGES_PATH,
@@ -106,9 +99,41 @@ class GrpcSession:
                 response_deserializer=protocol_ext.ReceiveMessagesResponse.FromString,
             )
 
+    def _open(self, target: str) -> Any:
+        options = [
+            ("grpc.enable_retries", 0),
+            ("grpc.max_receive_message_length", -1),
+            ("grpc.max_send_message_length", -1),
+            *RECONNECT_OPTIONS,
+        ]
+        if self._tls:
+            roots = Path(self._ca_file).read_bytes() if self._ca_file else None
+            return grpc.secure_channel(target, grpc.ssl_channel_credentials(roots), options)
+        return grpc.insecure_channel(target, options)
+
+    def stub_for(self, broker: str | None) -> tuple[Any, str]:
+        """The stub that reaches `broker` and its target: the endpoints its route queues
+        name (a broker group of a cluster), else the access point's."""
+        target = self._broker_targets.get(broker) if broker else None
+        if target is None or target == self._target:
+            return self._require(), self.endpoint
+        found = self._channels.get(target)
+        if found is None:
+            with self._lock:
+                self._require()
+                found = self._channels.get(target)
+                if found is None:
+                    channel = self._open(target)
+                    found = (channel, service_pb2_grpc.MessagingServiceStub(channel))
+                    self._channels[target] = found
+        return found[1], target
+
     def close(self) -> None:
         with self._lock:
             self._end_clients()
+            for channel, _ in self._channels.values():
+                channel.close()
+            self._channels.clear()
             if self._channel is not None:
                 self._channel.close()
                 self._channel = None
@@ -174,8 +199,10 @@ class GrpcSession:
         request: Any,
         client_id: str | None = None,
         timeout_s: float | None = None,
+        broker: str | None = None,
     ) -> Any:
-        stub = self._require()
+        """One call, to the access point or, given a broker group's name, to that group."""
+        stub, target = self.stub_for(broker) if broker else (self._require(), self.endpoint)
         try:
             response = getattr(stub, method)(
                 request,
@@ -184,7 +211,7 @@ class GrpcSession:
             )
         except grpc.RpcError as exc:
             raise TransportError(
-                f"{method} to {self.endpoint}: {exc.code().name}: {exc.details()}"
+                f"{method} to {target}: {exc.code().name}: {exc.details()}"
             ) from None
         wire.check_status(response.status, method)
         return response
@@ -199,10 +226,12 @@ class GrpcSession:
         read: Callable[[Any], Any],
         done: Callable[[Any], None],
         on_rpc_error: Callable[[], None] | None = None,
+        target: str | None = None,
     ) -> None:
         """Hand a future call's outcome to `done` on gRPC's completion thread: `read` of the
         response, or the error of the whole request (a TransportError for the call itself;
         an answer that cannot be read fails the whole request too)."""
+        where = target or self.endpoint
 
         def finished(f: Any) -> None:
             try:
@@ -210,14 +239,10 @@ class GrpcSession:
             except grpc.RpcError as exc:
                 if on_rpc_error is not None:
                     on_rpc_error()
-                done(
-                    TransportError(
-                        f"{method} to {self.endpoint}: {exc.code().name}: {exc.details()}"
-                    )
-                )
+                done(TransportError(f"{method} to {where}: {exc.code().name}: {exc.details()}"))
                 return
             except Exception as exc:  # cancelled on close
-                done(TransportError(f"{method} to {self.endpoint}: {exc!r}"))
+                done(TransportError(f"{method} to {where}: {exc!r}"))
                 return
             try:
                 results = read(response)
@@ -240,6 +265,21 @@ class GrpcSession:
             self._routes[topic] = (time.monotonic(), route)
         return route
 
+    def read_brokers(self, topic: str) -> list[str]:
+        """The broker groups a topic is read from when they are several, each at its own
+        endpoints (a cluster's groups); [] when the access point serves it all."""
+        route = self.route(topic)
+        brokers = list(dict.fromkeys(q.broker for q in route.read_queues))
+        targets = {self._broker_targets.get(b, self._target) for b in brokers}
+        return brokers if len(targets) > 1 else []
+
+    def endpoints_of(self, broker: str | None) -> Any:
+        """The protocol's Endpoints of a broker group (the access point's when unknown)."""
+        target = self._broker_targets.get(broker) if broker else None
+        if target is None:
+            return self._access_point
+        return wire.parse_endpoint(target.removeprefix("ipv4:").replace(",", ";"))
+
     def _forget_route(self, topic: str) -> None:
         self._routes.pop(topic, None)
 
@@ -252,7 +292,9 @@ class GrpcSession:
         reads: list[QueueRef] = []
         for mq in response.message_queues:
             if mq.broker.id != 0:
-                continue
+                continue  # a slave's queues (its group's master is down): not for us
+            if mq.broker.endpoints.addresses:
+                self._broker_targets[mq.broker.name] = wire.channel_target(mq.broker.endpoints)
             ref = QueueRef(topic, mq.broker.name, int(mq.id))
             if mq.permission in (wire.WRITE, wire.READ_WRITE):
                 writes.append(ref)

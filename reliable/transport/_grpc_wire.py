@@ -133,18 +133,37 @@ def local_ip() -> str:
 
 
 def parse_endpoint(endpoint: str) -> Any:
-    host, sep, port = endpoint.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ConfigurationError(f"endpoint {endpoint!r} must be host:port")
+    """'host:port', or several IPv4 'host:port' separated by ';' (as the official client
+    takes them): the protocol's Endpoints."""
     out = definition_pb2.Endpoints()
-    try:
-        socket.inet_aton(host)
-        out.scheme = IPV4
-    except OSError:
-        out.scheme = DOMAIN_NAME
-    address = out.addresses.add()
-    address.host, address.port = host, int(port)
+    parts = [p.strip() for p in endpoint.split(";") if p.strip()]
+    if not parts:
+        raise ConfigurationError(f"endpoint {endpoint!r} must be host:port")
+    for part in parts:
+        host, sep, port = part.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ConfigurationError(f"endpoint {part!r} must be host:port")
+        try:
+            socket.inet_aton(host)
+            out.scheme = IPV4
+        except OSError:
+            if len(parts) > 1:
+                raise ConfigurationError(
+                    f"endpoint {endpoint!r}: several addresses must be IPv4 literals"
+                ) from None
+            out.scheme = DOMAIN_NAME
+        address = out.addresses.add()
+        address.host, address.port = host, int(port)
     return out
+
+
+def channel_target(endpoints: Any) -> str:
+    """The gRPC target that dials `endpoints`: 'host:port', or 'ipv4:h:p,h:p' for several
+    addresses (gRPC's pick-first then takes the first that answers)."""
+    addresses = [f"{a.host}:{a.port}" for a in endpoints.addresses]
+    if len(addresses) == 1:
+        return addresses[0]
+    return "ipv4:" + ",".join(addresses)
 
 
 def to_received(pm: Any, group: str | None) -> ReceivedMessage:

@@ -13,8 +13,15 @@ Model notes:
 - Invisible-time consumption only (no `Capability.PULL`): the server keeps delivery state.
   FIFO is a property of the consumer group on the server (`reliable admin group create
   --fifo`); the Settings handshake reports it.
-- Every call goes to the configured endpoint (the access point). A RocketMQ cluster exposes
-  its proxies behind one address (or a load balancer), which is what this expects.
+- QueryRoute goes to the configured endpoint (the access point): one `host:port`, or
+  several IPv4 ones separated by ';' (gRPC's pick-first takes the first that answers). A
+  send goes to the endpoints the route names for its queue's broker group (one channel per
+  group: the broker groups of `reliable broker start --cluster`, docs/ha.md; a RocketMQ
+  cluster's proxies usually name the access point itself); EndTransaction to the group
+  that holds the half message. When a topic's readable queues are at several groups'
+  endpoints, receives ask each group in turn and a message is acked, changed or
+  dead-lettered at the group it came from (`ReceivedMessage.source`); the Telemetry
+  streams use the access point.
 - The protocol does not report the queue a message was stored in (`SendResultEntry` has
   no queue, the message id is the client's own, and the proxy ignores a queue the client
   names): `SendReceipt.queue_id` is -1; `queue_offset` is the offset the server reports.

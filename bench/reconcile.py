@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from collections import Counter
@@ -275,10 +276,10 @@ def postgres_sql() -> tuple[dict[str, int], dict[str, int], float]:
 
 
 def spark_job(
-    n: int,
-) -> tuple[dict[str, int], dict[str, int], float, float, float, dict[str, object]]:
+    n: int, warm: bool = True
+) -> tuple[dict[str, int], dict[str, int], float, float, float | None, dict[str, object]]:
     """The job on local[*] with its own partition sizing (no shuffle setting given):
-    JVM start-up timed apart from the job, then a cold and a warm run."""
+    JVM start-up timed apart from the job, then a cold and (`warm`) a warm run."""
     from outbox.reconcile import ReconcileOptions, driver_jars, reconcile, spark_session
 
     conf = {
@@ -294,10 +295,12 @@ def spark_job(
     began = time.perf_counter()
     result = reconcile(ReconcileOptions(db_url=PG_URL, table_prefix=PREFIX), spark=spark)
     job_s = time.perf_counter() - began
-    progress(f"reconcile: Spark cold run {job_s:.1f} s; once more in the warm JVM")
-    began = time.perf_counter()
-    reconcile(ReconcileOptions(db_url=PG_URL, table_prefix=PREFIX), spark=spark)
-    warm_s = time.perf_counter() - began
+    warm_s = None
+    if warm:
+        progress(f"reconcile: Spark cold run {job_s:.1f} s; once more in the warm JVM")
+        began = time.perf_counter()
+        reconcile(ReconcileOptions(db_url=PG_URL, table_prefix=PREFIX), spark=spark)
+        warm_s = time.perf_counter() - began
     plans: dict[str, object] = dict(result.plans)
     plans["tasks"] = result.tasks
     plans["shuffle_partitions"] = result.shuffle_partitions
@@ -323,20 +326,20 @@ def _drop() -> None:
     engine.dispose()
 
 
-def run(opts: Options, rows: int | None = None) -> SuiteResult:
+def run(opts: Options, rows: int | None = None, warm: bool = True) -> SuiteResult:
     n = (
         rows
         or int(os.environ.get("RELIABLE_BENCH_RECONCILE_ROWS", "0") or 0)
         or (100_000 if opts.quick else 1_000_000)
     )
     result = SuiteResult()
-    progress(f"reconcile: generating and COPYing {n:,} stubs into PostgreSQL")
+    progress(f"reconcile: generating {n:,} stubs inside PostgreSQL")
     try:  # the tables go whatever happens: a 10M load takes gigabytes
         want, want_log, load_s = load(n)
         progress(f"reconcile: loaded in {load_s:.1f} s; SQL classification in PostgreSQL")
         sql_stubs, sql_logs, sql_s = postgres_sql()
         progress(f"reconcile: SQL took {sql_s:.1f} s; Spark job")
-        sp_stubs, sp_logs, start_s, job_s, warm_s, plans = spark_job(n)
+        sp_stubs, sp_logs, start_s, job_s, warm_s, plans = spark_job(n, warm)
     finally:
         _drop()
     progress(f"reconcile: Spark took {job_s:.1f} s (+{start_s:.1f} s JVM start)")
@@ -361,9 +364,10 @@ def run(opts: Options, rows: int | None = None) -> SuiteResult:
             f"verdict {'matches' if ok_spark else 'DIFFERS'}",
         )
     )
-    result.rows.append(
-        Row("spark_job_warm", n / warm_s, 0.0, f"{warm_s:.1f} s; second run in the same JVM")
-    )
+    if warm_s is not None:
+        result.rows.append(
+            Row("spark_job_warm", n / warm_s, 0.0, f"{warm_s:.1f} s; second run in the same JVM")
+        )
     # a later size of the same --sizes run finds the JVM running: its start is not a cold one
     result.rows.append(Row("jvm_start", 0.0, 0.0, f"{start_s:.1f} s (not in spark_job)"))
     result.rows.append(
@@ -390,7 +394,7 @@ def run(opts: Options, rows: int | None = None) -> SuiteResult:
             "load_s": round(load_s, 2),
             "sql_s": round(sql_s, 2),
             "spark_job_s": round(job_s, 2),
-            "spark_warm_s": round(warm_s, 2),
+            "spark_warm_s": None if warm_s is None else round(warm_s, 2),
             "spark_start_s": round(start_s, 2),
             "sql_matches": str(ok_sql),
             "spark_matches": str(ok_spark),
@@ -416,14 +420,21 @@ def main(argv: list[str] | None = None) -> int:
         "linearly",
     )
     parser.add_argument("--quick", action="store_true", help="100,000 stubs")
+    parser.add_argument(
+        "--no-warm", action="store_true", help="skip the second run of the job in the same JVM"
+    )
     args = parser.parse_args(argv)
     sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else [args.rows]
     per_stub: list[str] = []
     failed = 0
+    # a terminated run still drops its tables (run's finally): SIGTERM unwinds like Ctrl-C
+    signal.signal(signal.SIGTERM, lambda _sig, _frame: sys.exit(128 + signal.SIGTERM))
     for size in sizes:
         load_avg = _load_average()
         try:
-            res = run(Options(quick=args.quick, workdir=Path(".")), rows=size)
+            res = run(
+                Options(quick=args.quick, workdir=Path(".")), rows=size, warm=not args.no_warm
+            )
         except Exception as exc:  # a failure at one size still leaves the others' figures
             failed += 1
             print(f"== {NAME}: {size:,} stubs FAILED: {type(exc).__name__}: {exc}", flush=True)

@@ -206,7 +206,7 @@ def test_spark_submit_to_a_standalone_cluster_with_jars(sqlite_url, table_prefix
         try:
             wait_up()
             # a hang guard, not a timing: a loaded machine may take minutes
-            stdout, stderr = submit.communicate(timeout=600)
+            stdout, stderr = submit.communicate(timeout=270)  # under pytest-timeout
         finally:
             if submit.poll() is None:
                 with contextlib.suppress(ProcessLookupError):

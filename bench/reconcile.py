@@ -1,11 +1,12 @@
 """Reconciliation suite: the Spark job beside the same classification as SQL in PostgreSQL.
 
-A generator bulk-loads N stubs (default 1M; 10M with `RELIABLE_BENCH_RECONCILE_ROWS=10000000`
-or `python -m bench.reconcile --rows 10000000`; 100k with --quick) with COPY into PostgreSQL:
-4 topics x 4 queues, one consumer group per topic, and a known number of rows in every
-class (0.5% lost, 0.3% exhausted, 1% in processing, 0.2% dead-lettered, 0.2% void, the top
-0.5% of every queue backlogged, the rest confirmed; stale and orphan log rows). Then, in the
-same run on the same machine:
+A generator inside PostgreSQL (generate_series, a million stubs per statement, into unlogged
+tables whose secondary indexes are built after the load) writes N stubs (default 1M; 10M
+with `RELIABLE_BENCH_RECONCILE_ROWS=10000000` or `python -m bench.reconcile --rows 10000000`;
+100k with --quick): 4 topics x 4 queues, one consumer group per topic, and a known number
+of rows in every class (0.5% lost, 0.3% exhausted, 1% in processing, 0.2% dead-lettered,
+0.2% void, the top 0.5% of every queue backlogged, the rest confirmed; stale and orphan log
+rows). Then, in the same run on the same machine:
 
 - spark_job: `outbox.reconcile.reconcile` on local[*] over partitioned JDBC reads (one
   full-outer join), the first run in a fresh JVM; spark_job_warm: a second run in the same
@@ -14,17 +15,19 @@ same run on the same machine:
   PostgreSQL (expected groups x confirmation/log hash joins, watermarks per queue/group).
 
 Both verdicts are checked against the generator's counts. msgs/s = stubs classified per s.
+`--sizes 1000000,10000000` runs several sizes in one process and prints the time per stub
+of each; a size that fails prints its error, and the tables are dropped after every size
+(also on failure or SIGTERM).
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import os
+import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 from bench._common import Options, Row, SuiteResult, format_table, progress
@@ -41,119 +44,142 @@ QUEUES = 4
 CREATED = "2026-01-01 00:00:00"
 
 
-class _Stream:
-    """A file-like object over a generator of text lines, for COPY FROM STDIN."""
+# The generator, inside PostgreSQL: one row per stub number i in [lo, hi) of n, with the
+# class it is meant to get. Stubs round-robin over 4 topics x 4 queues (queue q = i % 16,
+# offset i / 16); r = i % 1000 picks the class; the top 0.5% of every queue is backlogged,
+# the stub just below them in processing.
+GEN_SQL = """
+SELECT i, q, off, r, 'topic-' || (q / {queues}) AS topic, (q %% {queues})::int AS queue_id,
+       'group-' || (q / {queues}) AS grp, lpad(to_hex(i), 32, '0') AS mid,
+       CASE WHEN off >= top THEN 'BACKLOGGED'
+            WHEN off = top - 1 OR r BETWEEN 8 AND 17 THEN 'IN_PROCESSING'
+            WHEN r < 5 THEN 'LOST'
+            WHEN r < 8 THEN 'EXHAUSTED'
+            WHEN r < 20 THEN 'DEAD_LETTERED'
+            WHEN r < 22 THEN 'VOID'
+            ELSE 'CONFIRMED' END AS cls
+FROM (SELECT i, q, off, r, per - greatest(1, per / 200) AS top
+      FROM (SELECT i, i %% {nq} AS q, i / {nq} AS off, i %% 1000 AS r,
+                   %(n)s::bigint / {nq} + CASE WHEN i %% {nq} < %(n)s::bigint %% {nq}
+                                             THEN 1 ELSE 0 END AS per
+            FROM generate_series(%(lo)s::bigint, %(hi)s::bigint - 1) AS i) a) b
+""".format(queues=QUEUES, nq=TOPICS * QUEUES)
 
-    def __init__(self, lines: Iterator[str]) -> None:
-        self.lines = lines
-        self.buf = b""
+LOAD_SQL = {
+    "stubs": """
+INSERT INTO {stub} (id, message_id, topic, body, body_digest, expected_groups, status,
+                    send_count, max_sends, queue_id, queue_offset, created_at, updated_at)
+SELECT i + 1, mid, topic, ''::bytea, '-', grp,
+       CASE cls WHEN 'VOID' THEN 'VOID' WHEN 'CONFIRMED' THEN 'CONFIRMED'
+                ELSE 'UNCONFIRMED' END,
+       CASE cls WHEN 'EXHAUSTED' THEN 16 ELSE 1 END, 16, queue_id, off,
+       %(created)s::timestamp, %(created)s::timestamp
+FROM ({gen}) g""",
+    # confirmations spread over the day (the read partitions on confirmed_at)
+    "confirmations": """
+INSERT INTO {conf} (message_id, consumer_group, topic, confirmed_at)
+SELECT mid, grp, topic, %(created)s::timestamp + (i / 1000) * interval '1 second'
+FROM ({gen}) g WHERE cls = 'CONFIRMED'""",
+    # matched (in processing, dead-lettered), stale (1 in 1000 confirmed) and orphan rows
+    "log rows": """
+INSERT INTO {log} (message_id, consumer_group, topic, queue_id, queue_offset, created_at,
+                   dead_lettered_at)
+SELECT mid, grp, topic, queue_id, off, %(created)s::timestamp,
+       CASE WHEN cls = 'DEAD_LETTERED' THEN %(created)s::timestamp END
+FROM ({gen}) g WHERE cls IN ('IN_PROCESSING', 'DEAD_LETTERED') OR (cls = 'CONFIRMED' AND r = 22)
+UNION ALL
+SELECT 'orphan-' || lpad(to_hex(i), 25, '0'), grp, topic, queue_id, 0, %(created)s::timestamp,
+       NULL
+FROM ({gen}) g WHERE r = 999 AND i %% 2000 = 999""",
+}
 
-    def read(self, size: int = 65536) -> bytes:
-        while len(self.buf) < size:
-            chunk = "".join(itertools.islice(self.lines, 2000))
-            if not chunk:
-                break
-            self.buf += chunk.encode()
-        out, self.buf = self.buf[:size], self.buf[size:]
-        return out
+WANT_SQL = """
+SELECT cls, count(*), count(*) FILTER (WHERE cls = 'CONFIRMED' AND r = 22),
+       count(*) FILTER (WHERE r = 999 AND i %% 2000 = 999)
+FROM ({gen}) g GROUP BY cls
+"""
 
-    readline = read
+CHUNK = 1_000_000  # stubs generated per statement: progress on stderr after each
 
 
-def generate(n: int) -> tuple[dict[str, list[str]], Counter[str], Counter[str]]:
-    """Rows as CSV lines per table, and the expected stub and log-row class counts."""
-    stubs: list[str] = []
-    confs: list[str] = []
-    logs: list[str] = []
+def expected(n: int) -> tuple[Counter[str], Counter[str]]:
+    """The generator's stub and log-row class counts, computed from the generator alone."""
+    import sqlalchemy as sa
+
     want: Counter[str] = Counter()
     want_log: Counter[str] = Counter()
-    nq = TOPICS * QUEUES
-    per_queue = [n // nq + (1 if q < n % nq else 0) for q in range(nq)]
-    backlog = [max(1, c // 200) for c in per_queue]
-    offsets = [0] * nq
-    for i in range(n):
-        q = i % nq
-        topic, queue = f"topic-{q // QUEUES}", q % QUEUES
-        group = f"group-{q // QUEUES}"
-        off = offsets[q]
-        offsets[q] += 1
-        mid = f"{i:032x}"
-        top = per_queue[q] - backlog[q]
-        r = i % 1000
-        status, sends, log_row, dead, conf = "UNCONFIRMED", 1, False, False, False
-        if off >= top:
-            cls = "BACKLOGGED"
-        elif off == top - 1 or 8 <= r < 18:
-            cls, log_row = "IN_PROCESSING", True
-        elif r < 5:
-            cls = "LOST"
-        elif r < 8:
-            cls, sends = "EXHAUSTED", 16
-        elif r < 20:
-            cls, log_row, dead = "DEAD_LETTERED", True, True
-        elif r < 22:
-            cls, status = "VOID", "VOID"
-        else:
-            cls, status, conf = "CONFIRMED", "CONFIRMED", True
-            if r == 22:
-                want_log["STALE"] += 1
-                logs.append(f"{mid},{group},{topic},{queue},{off},{CREATED},\n")
-        want[cls] += 1
-        stubs.append(
-            f"{i + 1},{mid},{topic},\\x,-,{group},{status},{sends},16,{queue},{off},"
-            f"{CREATED},{CREATED}\n"
-        )
-        if conf:  # confirmations spread over the day (the read partitions on confirmed_at)
-            sec = i // 1000
-            confs.append(
-                f"{mid},{group},{topic},"
-                f"2026-01-01 {sec // 3600:02d}:{sec // 60 % 60:02d}:{sec % 60:02d}\n"
-            )
-        if log_row:
-            want_log["MATCHED"] += 1
-            logs.append(
-                f"{mid},{group},{topic},{queue},{off},{CREATED},{CREATED if dead else ''}\n"
-            )
-        if r == 999 and i % 2000 == 999:
-            want_log["ORPHAN"] += 1
-            logs.append(f"orphan-{i:025x},{group},{topic},{queue},0,{CREATED},\n")
-    return {"stub": stubs, "confirmation": confs, "log": logs}, want, want_log
+    engine = sa.create_engine(PG_URL)
+    raw = engine.raw_connection()
+    try:
+        cur = raw.cursor()
+        cur.execute(WANT_SQL.format(gen=GEN_SQL), {"n": n, "lo": 0, "hi": n})
+        for cls, count, stale, orphan in cur.fetchall():
+            want[cls] += int(count)
+            want_log["STALE"] += int(stale)
+            want_log["ORPHAN"] += int(orphan)
+            if cls in ("IN_PROCESSING", "DEAD_LETTERED"):
+                want_log["MATCHED"] += int(count)
+        raw.rollback()
+    finally:
+        raw.close()
+        engine.dispose()
+    return want, +want_log
 
 
 def load(n: int) -> tuple[Counter[str], Counter[str], float]:
+    """Generate the rows inside PostgreSQL (generate_series, no row crosses the wire) into
+    unlogged tables without their secondary indexes, then build the indexes and ANALYZE:
+    the tables the job reads are the ones `OutboxTables` creates, indexes included."""
     import sqlalchemy as sa
 
     from outbox.models import OutboxTables
 
     tables = OutboxTables(prefix=PREFIX)
+    names = {
+        "stub": tables.stub.name,
+        "conf": tables.confirmation.name,
+        "log": tables.consumption_log.name,
+    }
     engine = sa.create_engine(PG_URL)
     tables.drop_all(engine)
     tables.create_all(engine)
     started = time.perf_counter()
-    rows, want, want_log = generate(n)
-    columns = {
-        "stub": (
-            tables.stub.name,
-            "id, message_id, topic, body, body_digest, expected_groups, "
-            "status, send_count, max_sends, queue_id, queue_offset, created_at, "
-            "updated_at",
-        ),
-        "confirmation": (
-            tables.confirmation.name,
-            "message_id, consumer_group, topic, confirmed_at",
-        ),
-        "log": (
-            tables.consumption_log.name,
-            "message_id, consumer_group, topic, queue_id, "
-            "queue_offset, created_at, dead_lettered_at",
-        ),
-    }
     raw = engine.raw_connection()
     try:
         cur = raw.cursor()
-        for key, (table, cols) in columns.items():
-            cur.copy_expert(
-                f"COPY {table} ({cols}) FROM STDIN WITH (FORMAT csv)", _Stream(iter(rows[key]))
+        cur.execute("SET synchronous_commit = off; SET maintenance_work_mem = '512MB'")
+        rebuild: list[str] = []
+        for table in names.values():
+            cur.execute(f"ALTER TABLE {table} SET UNLOGGED")
+            # secondary indexes and unique constraints go, and come back after the load
+            cur.execute(
+                "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint "
+                "WHERE conrelid = %s::regclass AND contype = 'u'",
+                (table,),
+            )
+            for con, definition in cur.fetchall():
+                cur.execute(f"ALTER TABLE {table} DROP CONSTRAINT {con}")
+                rebuild.append(f"ALTER TABLE {table} ADD CONSTRAINT {con} {definition}")
+            cur.execute(
+                "SELECT i.indexrelid::regclass::text, pg_get_indexdef(i.indexrelid) "
+                "FROM pg_index i WHERE i.indrelid = %s::regclass AND NOT i.indisprimary",
+                (table,),
+            )
+            for index, definition in cur.fetchall():
+                cur.execute(f"DROP INDEX {index}")
+                rebuild.append(definition)
+        raw.commit()
+        for lo in range(0, n, CHUNK):
+            hi = min(n, lo + CHUNK)
+            for sql in LOAD_SQL.values():
+                cur.execute(
+                    sql.format(gen=GEN_SQL, **names),
+                    {"n": n, "lo": lo, "hi": hi, "created": CREATED},
+                )
+            raw.commit()
+            progress(
+                f"reconcile: generated {hi:,} of {n:,} stubs with their confirmations "
+                f"and log rows ({time.perf_counter() - started:.1f} s)"
             )
         for q in range(TOPICS):
             cur.execute(
@@ -161,15 +187,19 @@ def load(n: int) -> tuple[Counter[str], Counter[str], float]:
                 (f"topic-{q}", f"group-{q}"),
             )
         raw.commit()
-        cur.execute(
-            f"ANALYZE {tables.stub.name}; ANALYZE {tables.confirmation.name}; "
-            f"ANALYZE {tables.consumption_log.name}"
-        )
+        for definition in rebuild:
+            cur.execute(definition)
+            raw.commit()
+            progress(f"reconcile: {definition} ({time.perf_counter() - started:.1f} s)")
+        for table in names.values():
+            cur.execute(f"ANALYZE {table}")
         raw.commit()
     finally:
         raw.close()
         engine.dispose()
-    return want, want_log, time.perf_counter() - started
+    load_s = time.perf_counter() - started
+    want, want_log = expected(n)
+    return want, want_log, load_s
 
 
 STUB_SQL = """
@@ -250,10 +280,10 @@ def postgres_sql() -> tuple[dict[str, int], dict[str, int], float]:
 
 
 def spark_job(
-    n: int,
-) -> tuple[dict[str, int], dict[str, int], float, float, float, dict[str, object]]:
+    n: int, warm: bool = True
+) -> tuple[dict[str, int], dict[str, int], float, float, float | None, dict[str, object]]:
     """The job on local[*] with its own partition sizing (no shuffle setting given):
-    JVM start-up timed apart from the job, then a cold and a warm run."""
+    JVM start-up timed apart from the job, then a cold and (`warm`) a warm run."""
     from outbox.reconcile import ReconcileOptions, driver_jars, reconcile, spark_session
 
     conf = {
@@ -269,10 +299,12 @@ def spark_job(
     began = time.perf_counter()
     result = reconcile(ReconcileOptions(db_url=PG_URL, table_prefix=PREFIX), spark=spark)
     job_s = time.perf_counter() - began
-    progress(f"reconcile: Spark cold run {job_s:.1f} s; once more in the warm JVM")
-    began = time.perf_counter()
-    reconcile(ReconcileOptions(db_url=PG_URL, table_prefix=PREFIX), spark=spark)
-    warm_s = time.perf_counter() - began
+    warm_s = None
+    if warm:
+        progress(f"reconcile: Spark cold run {job_s:.1f} s; once more in the warm JVM")
+        began = time.perf_counter()
+        reconcile(ReconcileOptions(db_url=PG_URL, table_prefix=PREFIX), spark=spark)
+        warm_s = time.perf_counter() - began
     plans: dict[str, object] = dict(result.plans)
     plans["tasks"] = result.tasks
     plans["shuffle_partitions"] = result.shuffle_partitions
@@ -298,27 +330,29 @@ def _drop() -> None:
     engine.dispose()
 
 
-def run(opts: Options, rows: int | None = None) -> SuiteResult:
+def run(opts: Options, rows: int | None = None, warm: bool = True) -> SuiteResult:
     n = (
         rows
         or int(os.environ.get("RELIABLE_BENCH_RECONCILE_ROWS", "0") or 0)
         or (100_000 if opts.quick else 1_000_000)
     )
     result = SuiteResult()
-    progress(f"reconcile: generating and COPYing {n:,} stubs into PostgreSQL")
-    want, want_log, load_s = load(n)
-    progress(f"reconcile: loaded in {load_s:.1f} s; SQL classification in PostgreSQL")
-    sql_stubs, sql_logs, sql_s = postgres_sql()
-    progress(f"reconcile: SQL took {sql_s:.1f} s; Spark job")
-    try:
-        sp_stubs, sp_logs, start_s, job_s, warm_s, plans = spark_job(n)
+    progress(f"reconcile: generating {n:,} stubs inside PostgreSQL")
+    try:  # the tables go whatever happens: a 10M load takes gigabytes
+        want, want_log, load_s = load(n)
+        progress(f"reconcile: loaded in {load_s:.1f} s; SQL classification in PostgreSQL")
+        sql_stubs, sql_logs, sql_s = postgres_sql()
+        progress(f"reconcile: SQL took {sql_s:.1f} s; Spark job")
+        sp_stubs, sp_logs, start_s, job_s, warm_s, plans = spark_job(n, warm)
     finally:
         _drop()
     progress(f"reconcile: Spark took {job_s:.1f} s (+{start_s:.1f} s JVM start)")
     expected = dict(want)
     ok_sql = sql_stubs == expected and sql_logs == dict(want_log)
     ok_spark = sp_stubs == expected and sp_logs == dict(want_log)
-    result.rows.append(Row("load_copy", n / load_s, 0.0, f"{load_s:.1f} s generate + COPY"))
+    result.rows.append(
+        Row("load_copy", n / load_s, 0.0, f"{load_s:.1f} s generate + load + indexes")
+    )
     result.rows.append(
         Row(
             "postgres_sql",
@@ -336,9 +370,10 @@ def run(opts: Options, rows: int | None = None) -> SuiteResult:
             f"verdict {'matches' if ok_spark else 'DIFFERS'}",
         )
     )
-    result.rows.append(
-        Row("spark_job_warm", n / warm_s, 0.0, f"{warm_s:.1f} s; second run in the same JVM")
-    )
+    if warm_s is not None:
+        result.rows.append(
+            Row("spark_job_warm", n / warm_s, 0.0, f"{warm_s:.1f} s; second run in the same JVM")
+        )
     # a later size of the same --sizes run finds the JVM running: its start is not a cold one
     result.rows.append(Row("jvm_start", 0.0, 0.0, f"{start_s:.1f} s (not in spark_job)"))
     result.rows.append(
@@ -365,13 +400,18 @@ def run(opts: Options, rows: int | None = None) -> SuiteResult:
             "load_s": round(load_s, 2),
             "sql_s": round(sql_s, 2),
             "spark_job_s": round(job_s, 2),
-            "spark_warm_s": round(warm_s, 2),
+            "spark_warm_s": None if warm_s is None else round(warm_s, 2),
             "spark_start_s": round(start_s, 2),
             "sql_matches": str(ok_sql),
             "spark_matches": str(ok_spark),
         }
     )
     return result
+
+
+def _load_average() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} {five:.2f} {fifteen:.2f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -386,20 +426,37 @@ def main(argv: list[str] | None = None) -> int:
         "linearly",
     )
     parser.add_argument("--quick", action="store_true", help="100,000 stubs")
+    parser.add_argument(
+        "--no-warm", action="store_true", help="skip the second run of the job in the same JVM"
+    )
     args = parser.parse_args(argv)
     sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else [args.rows]
     per_stub: list[str] = []
+    failed = 0
+    # a terminated run still drops its tables (run's finally): SIGTERM unwinds like Ctrl-C
+    signal.signal(signal.SIGTERM, lambda _sig, _frame: sys.exit(128 + signal.SIGTERM))
     for size in sizes:
-        res = run(Options(quick=args.quick, workdir=Path(".")), rows=size)
-        print(format_table(f"== {NAME}: {DESCRIPTION}", res))
+        load_avg = _load_average()
+        try:
+            res = run(
+                Options(quick=args.quick, workdir=Path(".")), rows=size, warm=not args.no_warm
+            )
+        except Exception as exc:  # a failure at one size still leaves the others' figures
+            failed += 1
+            print(f"== {NAME}: {size:,} stubs FAILED: {type(exc).__name__}: {exc}", flush=True)
+            continue
+        res.notes.append(
+            f"machine: {os.cpu_count()} cores; before the run {load_avg}; after " + _load_average()
+        )
+        print(format_table(f"== {NAME}: {DESCRIPTION}", res), flush=True)
         n = float(str(res.metrics["stubs"]))
         job, sql = float(str(res.metrics["spark_job_s"])), float(str(res.metrics["sql_s"]))
         per_stub.append(
             f"{int(n):,} stubs: spark {job / n * 1e6:.2f} us/stub, sql {sql / n * 1e6:.2f} us/stub"
         )
-    if len(sizes) > 1:
+    if len(per_stub) > 1:
         print("scaling: " + "; ".join(per_stub))
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,4 +1,6 @@
-"""One local SparkSession per test module (JVM start-up is the expensive part)."""
+"""One local SparkSession for the whole package (starting a SparkContext is the expensive
+part; every test leaves the session as it found it: the job gives back the settings it
+changes, and unpersists what it cached)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ TEST_CONF = {
 }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def spark() -> Iterator[object]:
     jars = [*driver_jars("sqlite"), *driver_jars("postgresql"), *driver_jars("mysql")]
     session = spark_session("local[2]", jars, TEST_CONF, app_name="reconcile-tests")

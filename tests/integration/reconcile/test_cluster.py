@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +61,7 @@ def _wait(
         with contextlib.suppress(OSError, ValueError):
             if check():
                 return
-        time.sleep(0.5)
+        time.sleep(0.2)
     raise AssertionError(f"{what} not up after {timeout} s: {log.read_text()[-2000:]}")
 
 
@@ -78,9 +78,15 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def standalone_cluster(work: Path) -> Iterator[tuple[str, int]]:
-    """`spark://127.0.0.1:PORT` with one worker (1 core, 1 GB), and the master's web UI
-    port (its /json/ says what ran)."""
+def standalone_cluster(work: Path) -> Iterator[tuple[str, int, Callable[[], None]]]:
+    """`spark://127.0.0.1:PORT` with one worker (1 core, 1 GB), the master's web UI port
+    (its /json/ says what ran), and a function that waits until the master is ALIVE with
+    its worker registered.
+
+    The master and the worker start together, without waiting for each other: a worker
+    that finds no master yet retries its registration, and an application submitted before
+    the worker registered waits for executors. What the caller does meanwhile (starting a
+    driver's JVM) overlaps the daemons' start-up instead of following it."""
     home = _spark_home()
     spark_class = os.path.join(home, "bin", "spark-class")
     env = {
@@ -92,55 +98,53 @@ def standalone_cluster(work: Path) -> Iterator[tuple[str, int]]:
         "PYSPARK_PYTHON": sys.executable,
     }
     port, webui, worker_ui = _free_port(), _free_port(), _free_port()
+    url = f"spark://{LOOPBACK}:{port}"
     procs: list[subprocess.Popen[bytes]] = []
+    master_log, worker_log = work / "master.log", work / "worker.log"
+    daemons = {
+        master_log: [
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            LOOPBACK,
+            "--port",
+            str(port),
+            "--webui-port",
+            str(webui),
+        ],
+        worker_log: [
+            "org.apache.spark.deploy.worker.Worker",
+            url,
+            "--host",
+            LOOPBACK,
+            "--cores",
+            "1",
+            "--memory",
+            "1g",
+            "--webui-port",
+            str(worker_ui),
+            "--work-dir",
+            str(work / "worker"),
+        ],
+    }
     try:
-        master_log = work / "master.log"
-        with open(master_log, "wb") as out:
-            master = subprocess.Popen(
-                [
-                    spark_class,
-                    "org.apache.spark.deploy.master.Master",
-                    "--host",
-                    LOOPBACK,
-                    "--port",
-                    str(port),
-                    "--webui-port",
-                    str(webui),
-                ],
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        procs.append(master)
-        _wait("the master", lambda: _state(webui)["status"] == "ALIVE", master, master_log)
-        url = f"spark://{LOOPBACK}:{port}"
-        worker_log = work / "worker.log"
-        with open(worker_log, "wb") as out:
-            worker = subprocess.Popen(
-                [
-                    spark_class,
-                    "org.apache.spark.deploy.worker.Worker",
-                    url,
-                    "--host",
-                    LOOPBACK,
-                    "--cores",
-                    "1",
-                    "--memory",
-                    "1g",
-                    "--webui-port",
-                    str(worker_ui),
-                    "--work-dir",
-                    str(work / "worker"),
-                ],
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        procs.append(worker)
-        _wait("the worker", lambda: _state(webui)["aliveworkers"] == 1, worker, worker_log)
-        yield url, webui
+        for log, args in daemons.items():
+            with open(log, "wb") as out:
+                procs.append(
+                    subprocess.Popen(
+                        [spark_class, *args],
+                        env=env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
+        master, worker = procs
+
+        def wait_up() -> None:
+            _wait("the master", lambda: _state(webui)["status"] == "ALIVE", master, master_log)
+            _wait("the worker", lambda: _state(webui)["aliveworkers"] == 1, worker, worker_log)
+
+        yield url, webui, wait_up
     finally:
         for proc in reversed(procs):
             _stop(proc)
@@ -156,7 +160,7 @@ def test_spark_submit_to_a_standalone_cluster_with_jars(sqlite_url, table_prefix
     home = _spark_home()
     entry = ROOT / "reliable_cli" / "reconcile" / "__main__.py"
     report = tmp_path / "report"
-    with standalone_cluster(tmp_path) as (master, webui):
+    with standalone_cluster(tmp_path) as (master, webui, wait_up):
         env = {
             **os.environ,
             "SPARK_HOME": home,
@@ -167,7 +171,10 @@ def test_spark_submit_to_a_standalone_cluster_with_jars(sqlite_url, table_prefix
             "RELIABLE_JDBC_JARS": "",
             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
         }
-        proc = subprocess.run(
+        # submitted while the master and the worker start: the driver's JVM and the job's
+        # checks take longer than the daemons' start, and the application waits for its
+        # executor if it registers first
+        submit = subprocess.Popen(
             [
                 os.path.join(home, "bin", "spark-submit"),
                 "--master",
@@ -190,11 +197,22 @@ def test_spark_submit_to_a_standalone_cluster_with_jars(sqlite_url, table_prefix
                 str(report),
             ],
             env=env,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=150,
             cwd=tmp_path,
+            start_new_session=True,  # the driver's Python is its child: stopped together
         )
+        try:
+            wait_up()
+            # a hang guard, not a timing: a loaded machine may take minutes
+            stdout, stderr = submit.communicate(timeout=270)  # under pytest-timeout
+        finally:
+            if submit.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(submit.pid, signal.SIGKILL)
+                submit.communicate()
+        proc = subprocess.CompletedProcess(submit.args, submit.returncode, stdout, stderr)
         state = _state(webui)
     assert proc.returncode == ExitCode.UNACCOUNTED, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)

@@ -58,11 +58,11 @@ LONGEST_FIRST: list[str] = [
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`make test` runs `-n auto --dist loadfile --no-loadscope-reorder`)
-    a test module is one unit of work, run whole by one worker (a module-scoped server,
-    browser or Spark session starts once), and the units are handed out in collection order:
-    here the longest modules go first. Each worker collects the tests itself, so this runs
-    in every worker, and all of them order alike. Under `-n0` the order is left alone."""
+    """Under pytest-xdist (pyproject's addopts: `-n logical --dist loadfile`) a test module
+    is one unit of work, run whole by one worker (a module-scoped server, browser or Spark
+    session starts once), and the units are handed out in collection order, which puts the
+    longest modules first here. Each worker collects the tests itself, so this runs in every
+    worker, and all of them order alike. Under `-n0` the order is left alone."""
     if not hasattr(config, "workerinput"):
         return
     rank = {module: n for n, module in enumerate(LONGEST_FIRST)}

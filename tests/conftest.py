@@ -10,6 +10,7 @@ import os
 import random
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -29,20 +30,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-# The modules that take longest, longest first (measured on a 2-core machine: the order is
-# what matters, not the figures). Under pytest-xdist they are handed out first, so that the
-# run does not end with one worker busy on one of them while the others idle.
+# Units of work under pytest-xdist (pyproject's addopts: `-n logical --dist loadfile`): a
+# test module runs whole on one worker, so its module-scoped server, browser or Spark
+# session starts once. The directories here are one unit each: the reconciliation suites
+# run one after another on one worker, in one Spark session, and two of their Spark jobs
+# never compete for the same two cores.
+SHARED_UNITS = ("tests/integration/reconcile/",)
+
+# The longest units, longest first (measured on a 2-core machine: the order is what
+# matters, not the figures). They are handed out first, so that the run does not end with
+# one worker busy on one of them while the others idle.
 LONGEST_FIRST: list[str] = [
-    "tests/integration/reconcile/test_repair.py",
-    "tests/integration/reconcile/test_evidence.py",
-    "tests/integration/reconcile/test_classification.py",
-    "tests/integration/reconcile/test_cluster.py",
-    "tests/integration/reconcile/test_unknown_queue.py",
+    "tests/integration/reconcile",
     "tests/e2e/test_demo.py",
     "tests/unit/test_bench.py",
-    "tests/integration/reconcile/test_startup.py",
     "tests/e2e/grpc/test_admin_ops.py",
-    "tests/integration/reconcile/test_cli.py",
     "tests/e2e/grpc/test_outbox_served.py",
     "tests/chaos/test_e2e_broker_kill.py",
     "tests/e2e/grpc/test_admin_messages.py",
@@ -56,17 +58,37 @@ LONGEST_FIRST: list[str] = [
 ]
 
 
+def unit_of(nodeid: str) -> str:
+    """The unit of work a test belongs to: its directory in SHARED_UNITS, else its module."""
+    module = nodeid.split("::", 1)[0]
+    for directory in SHARED_UNITS:
+        if module.startswith(directory):
+            return directory.rstrip("/")
+    return module
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile`, with SHARED_UNITS as units; other `--dist` modes stand as given."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    return UnitScheduling(config, log)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (pyproject's addopts: `-n logical --dist loadfile`) a test module
-    is one unit of work, run whole by one worker (a module-scoped server, browser or Spark
-    session starts once), and the units are handed out in collection order, which puts the
-    longest modules first here. Each worker collects the tests itself, so this runs in every
-    worker, and all of them order alike. Under `-n0` the order is left alone."""
+    """The units are handed out in collection order (`--no-loadscope-reorder`): in each
+    worker (each collects the tests itself, and all order alike) the longest go first.
+    Under `-n0` the order is left alone."""
     if not hasattr(config, "workerinput"):
         return
-    rank = {module: n for n, module in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+    rank = {unit: n for n, unit in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(unit_of(item.nodeid), len(rank)))
 
 
 @pytest.fixture

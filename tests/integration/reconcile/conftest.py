@@ -1,4 +1,6 @@
-"""One local SparkSession per test module (JVM start-up is the expensive part)."""
+"""One local SparkSession for the reconciliation suites (JVM start-up is the expensive
+part): under pytest-xdist they are one unit of work (tests/conftest.py), run on one worker,
+so one JVM serves them all."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ TEST_CONF = {
 }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
     jars = [*driver_jars("sqlite"), *driver_jars("postgresql"), *driver_jars("mysql")]
     session = spark_session("local[2]", jars, TEST_CONF, app_name="reconcile-tests")

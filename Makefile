@@ -45,7 +45,7 @@ bench: $(STAMP)
 	$(PY) -m bench all
 
 soak: $(STAMP) system
-	$(PY) -m pytest tests/chaos tests/fuzz -m "chaos or fuzz" --soak --timeout=3600 -s $(PYTEST_ARGS)
+	$(PY) -m pytest tests/chaos tests/fuzz -m "chaos or fuzz" --soak --timeout=3600 -s -n0 $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -10,6 +10,7 @@ import os
 import random
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -27,6 +28,67 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--seed", type=int, default=None, help="seed for randomised tests (printed on failure)"
     )
+
+
+# Units of work under pytest-xdist (pyproject's addopts: `-n logical --dist loadfile`): a
+# test module runs whole on one worker, so its module-scoped server, browser or Spark
+# session starts once. The directories here are one unit each: the reconciliation suites
+# run one after another on one worker, in one Spark session, and two of their Spark jobs
+# never compete for the same two cores.
+SHARED_UNITS = ("tests/integration/reconcile/",)
+
+# The longest units, longest first (measured on a 2-core machine: the order is what
+# matters, not the figures). They are handed out first, so that the run does not end with
+# one worker busy on one of them while the others idle.
+LONGEST_FIRST: list[str] = [
+    "tests/integration/reconcile",
+    "tests/e2e/test_demo.py",
+    "tests/unit/test_bench.py",
+    "tests/e2e/grpc/test_admin_ops.py",
+    "tests/e2e/grpc/test_outbox_served.py",
+    "tests/chaos/test_e2e_broker_kill.py",
+    "tests/e2e/grpc/test_admin_messages.py",
+    "tests/e2e/console/test_console_database.py",
+    "tests/unit/store/test_index.py",
+    "tests/e2e/grpc/test_store_corruption.py",
+    "tests/e2e/grpc/test_served_promises.py",
+    "tests/integration/outbox/test_concurrent_workers.py",
+    "tests/e2e/console/test_console_browser.py",
+    "tests/e2e/grpc/test_demo_ladder.py",
+]
+
+
+def unit_of(nodeid: str) -> str:
+    """The unit of work a test belongs to: its directory in SHARED_UNITS, else its module."""
+    module = nodeid.split("::", 1)[0]
+    for directory in SHARED_UNITS:
+        if module.startswith(directory):
+            return directory.rstrip("/")
+    return module
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile`, with SHARED_UNITS as units; other `--dist` modes stand as given."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    return UnitScheduling(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The units are handed out in collection order (`--no-loadscope-reorder`): in each
+    worker (each collects the tests itself, and all order alike) the longest go first.
+    Under `-n0` the order is left alone."""
+    if not hasattr(config, "workerinput"):
+        return
+    rank = {unit: n for n, unit in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(unit_of(item.nodeid), len(rank)))
 
 
 @pytest.fixture

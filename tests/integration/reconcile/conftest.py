@@ -1,6 +1,7 @@
 """One local SparkSession for the whole package (starting a SparkContext is the expensive
 part; every test leaves the session as it found it: the job gives back the settings it
-changes, and unpersists what it cached)."""
+changes, and unpersists what it cached). Under pytest-xdist the package is one unit of
+work (tests/conftest.py), run on one worker, so one JVM serves it all."""
 
 from __future__ import annotations
 

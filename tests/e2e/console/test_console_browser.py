@@ -35,10 +35,13 @@ from tests.e2e.grpc.server_process import ServerProcess
 pytestmark = pytest.mark.slow
 
 
-def by_id(driver: Any, element_id: str) -> Any:
+def by_id(driver: Any, element_id: str, timeout_s: float = 20.0) -> Any:
+    """The element, once the page showing it has loaded: a click that submits a form
+    returns before the next page is there on a busy machine."""
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
 
-    return driver.find_element(By.ID, element_id)
+    return WebDriverWait(driver, timeout_s).until(lambda d: d.find_element(By.ID, element_id))
 
 
 def grpc_transport(endpoint: str) -> Transport:

@@ -260,22 +260,7 @@ class ConsumerSide(GrpcSession):
             batched = self._receive_batched(request, group, timeout, metadata)
             if batched is not None:
                 return batched
-        status: Any = None
-        out: list[ReceivedMessage] = []
-        try:
-            for response in stub.ReceiveMessage(request, timeout=timeout, metadata=metadata):
-                kind = response.WhichOneof("content")
-                if kind == "status":
-                    status = response.status
-                elif kind == "message":
-                    out.append(wire.to_received(response.message, group))
-        except grpc.RpcError as exc:
-            raise TransportError(
-                f"ReceiveMessage from {self.endpoint}: {exc.code().name}: {exc.details()}"
-            ) from None
-        if status is not None:
-            wire.check_status(status, "ReceiveMessage")
-        return out
+        return self._stream_receive(stub, self.endpoint, request, group, timeout, metadata)
 
     def _receive_from(
         self, broker: str, request: Any, group: str, timeout: float, metadata: Any
@@ -283,6 +268,31 @@ class ConsumerSide(GrpcSession):
         """ReceiveMessage from one broker group; each message remembers its group (`source`),
         where its ack, invisible-time change or dead-lettering must go."""
         stub, target = self.stub_for(broker)
+        topic = request.message_queue.topic.name
+        return self._stream_receive(
+            stub,
+            target,
+            request,
+            group,
+            timeout,
+            metadata,
+            source=_FromGroup(broker),
+            gone=lambda: self._forget_route(topic),  # a group may be gone
+        )
+
+    @staticmethod
+    def _stream_receive(
+        stub: Any,
+        target: str,
+        request: Any,
+        group: str,
+        timeout: float,
+        metadata: Any,
+        source: Any = None,
+        gone: Callable[[], None] | None = None,
+    ) -> list[ReceivedMessage]:
+        """The protocol's ReceiveMessage: a status, one response per message; `gone` is
+        called when the call itself fails."""
         status: Any = None
         out: list[ReceivedMessage] = []
         try:
@@ -292,10 +302,12 @@ class ConsumerSide(GrpcSession):
                     status = response.status
                 elif kind == "message":
                     received = wire.to_received(response.message, group)
-                    received.source = _FromGroup(broker)
+                    if source is not None:
+                        received.source = source
                     out.append(received)
         except grpc.RpcError as exc:
-            self._forget_route(request.message_queue.topic.name)  # a group may be gone
+            if gone is not None:
+                gone()
             raise TransportError(
                 f"ReceiveMessage from {target}: {exc.code().name}: {exc.details()}"
             ) from None

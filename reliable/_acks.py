@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol
 
+from broker.futures import LightFuture
 from reliable._linger import LingeringSender
 from reliable.errors import ClientStateError
 from reliable.message import ReceivedMessage
@@ -78,7 +79,7 @@ class AckBatcher(LingeringSender):
         self._start_thread()
 
     def ack(self, message: ReceivedMessage) -> Future[None]:
-        future: Future[None] = Future()
+        future: Future[None] = LightFuture()
         with self._cond:
             if self._closing:
                 raise ClientStateError("the consumer is shutting down")
@@ -180,7 +181,7 @@ def change_invisible_async(
     """Change a message's invisible duration without waiting for the answer: the future
     gets the new receipt handle (also stored on `message`) or the error. Transports without
     `submit_change_invisible` are called synchronously."""
-    future: Future[str] = Future()
+    future: Future[str] = LightFuture()
 
     def done(outcome: str | BaseException) -> None:
         if isinstance(outcome, BaseException):

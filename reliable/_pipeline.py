@@ -35,6 +35,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from broker.futures import LightFuture
 from reliable._linger import LingeringSender
 from reliable.errors import BrokerCallError, ClientStateError, FailureKind, SendFailed
 from reliable.latency import LatencyFaultTolerance
@@ -150,7 +151,7 @@ class SendPipeline(LingeringSender):
         return lane is None or (not lane.items and not lane.in_flight)
 
     def add(self, message: Message, *, urgent: bool = False) -> Future[SendReceipt]:
-        future: Future[SendReceipt] = Future()
+        future: Future[SendReceipt] = LightFuture()
         item = _Item(message, future)
         key = (message.topic, message.message_group)
         with self._cond:

@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
+from broker.futures import LightFuture
 from broker.store import codec
 from broker.store.batch import RecordBatch
 from broker.store.codec import (
@@ -490,7 +491,7 @@ class CommitLog:
 
     def put_message_async(self, msg: Message) -> Future[PutMessageResult]:
         """Append now; the future completes when the flush mode acknowledges the record."""
-        future: Future[PutMessageResult] = Future()
+        future: Future[PutMessageResult] = LightFuture()
         result = self.append(msg)
         if not self._sync or result.append is None:
             future.set_result(result)

@@ -28,6 +28,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from broker.clock import wall_ms
+from broker.futures import LightFuture
 from broker.store import query
 from broker.store.batch import encode_batch
 from broker.store.checkpoint import (
@@ -376,7 +377,7 @@ class MessageStore:
         """
         refused = self._refuse()
         if refused is not None:
-            future: Future[PutMessageResult] = Future()
+            future: Future[PutMessageResult] = LightFuture()
             future.set_result(refused)
             return future
         return self.commitlog.put_message_async(msg)

@@ -213,7 +213,7 @@ def test_pipelined_invisible_duration_changes_each_get_their_handle(transport: T
         for i in range(5):
             producer.send(Message(topic, f"m{i}".encode()))
     with SimpleConsumer(
-        group, {topic: "*"}, transport=transport, await_duration_s=1, invisible_duration_s=2
+        group, {topic: "*"}, transport=transport, await_duration_s=1, invisible_duration_s=10
     ) as consumer:
         got: list[ReceivedMessage] = []
         wait_until(

@@ -26,6 +26,10 @@ of operations on one (group, topic):
 
     ["I", qid, offset]                                   open the window at offset
     ["L", qid, offset, attempt, until, nonce, msg_group] lease (receive, change invisible)
+    ["M", qid, offset, count, attempt, until, nonce, msg_group]
+                                                          `count` leases at offset.. and
+                                                          nonce.., one step each: the "L"
+                                                          ops of one receive, packed
     ["D", qid, lo, hi]                                    offsets lo..hi-1 are done
     ["N", qid, next]                                      the window reaches `next`
     ["X"]                                                 the topic was deleted: forget it
@@ -322,6 +326,12 @@ class PopJournal:
                 window.leases[offset] = Lease(int(op[3]), int(op[4]), int(op[5]), op[6])
                 window.done.discard(offset)
                 window.next = max(window.next, offset + 1)
+            elif kind == "M":
+                first, count, attempt, until, nonce = (int(v) for v in op[2:7])
+                for i in range(count):
+                    window.leases[first + i] = Lease(attempt, until, nonce + i, op[7])
+                    window.done.discard(first + i)
+                window.next = max(window.next, first + count)
             elif kind == "D":
                 lo, hi = int(op[2]), int(op[3])
                 for offset in range(max(lo, window.low), hi):
@@ -338,6 +348,8 @@ class PopJournal:
         """Log then apply; the in-memory state changes only when the record is stored."""
         if not ops:
             return
+        if len(ops) > 2:
+            ops = pack_leases(ops)
         self._log(group, topic, ops)
         self._apply(group, topic, ops)
 
@@ -376,3 +388,50 @@ class PopJournal:
                 for off, lz in w.leases.items()
             ]
         return sorted(out, key=lambda f: (f.queue_id, f.queue_offset))
+
+
+def pack_leases(ops: list[Op]) -> list[Op]:
+    """The same operations, with each run of "L" ops on consecutive offsets and nonces that
+    share a queue, attempt, deadline and message group written as one "M" op: a receive of
+    32 messages logs one lease op instead of 32 (a smaller record, a fraction of the JSON)."""
+    out: list[Op] = []
+    for op in ops:
+        if op[0] == "L" and out:
+            last = out[-1]
+            if (
+                last[0] == "L"
+                and last[1] == op[1]
+                and last[2] + 1 == op[2]
+                and last[3:5] == op[3:5]
+                and last[5] + 1 == op[5]
+                and last[6] == op[6]
+            ):
+                out[-1] = ["M", op[1], last[2], 2, *last[3:]]
+                continue
+            if (
+                last[0] == "M"
+                and last[1] == op[1]
+                and last[2] + last[3] == op[2]
+                and last[4:6] == op[3:5]
+                and last[6] + last[3] == op[5]
+                and last[7] == op[6]
+            ):
+                last[3] += 1
+                continue
+        out.append(op)
+    return out
+
+
+def unpack_leases(ops: Sequence[Op]) -> list[Op]:
+    """`pack_leases` undone: every "M" op as the "L" ops it stands for (for readers of the
+    revive log that look at leases one by one, like the message trace)."""
+    out: list[Op] = []
+    for op in ops:
+        if op and op[0] == "M":
+            qid, first, count, attempt, until, nonce, group = op[1:8]
+            out.extend(
+                ["L", qid, first + i, attempt, until, nonce + i, group] for i in range(int(count))
+            )
+        else:
+            out.append(op)
+    return out

@@ -50,6 +50,7 @@ from broker.names import (
     is_dlq_topic,
     is_retry_topic,
 )
+from broker.pop_journal import unpack_leases
 from broker.store import query
 from broker.store.message import MessageExt, Prop
 
@@ -354,6 +355,10 @@ def _read_entry(
     except (ValueError, KeyError, TypeError):
         return
     if (group, topic) in wanted:
+        try:
+            ops = unpack_leases(ops)
+        except (ValueError, TypeError):
+            return
         for op in ops:
             _apply(op, group, topic, entry.store_timestamp, entry.commitlog_offset, by_place)
 

@@ -202,6 +202,37 @@ def test_invisible_state_survives_restart(make_broker: BrokerFactory, clock: Man
     assert sum(b3.query_offset("g", "t", q) for q in (0, 1)) == 4
 
 
+def test_packed_leases_replay_from_the_revive_log(
+    make_broker: BrokerFactory, clock: ManualClock, tmp_path: Path
+) -> None:
+    """A receive logs its run of leases as one packed op: replayed without the snapshot (as
+    after a crash), every lease, nonce and attempt comes back exactly."""
+    b1 = make_broker()
+    ids = _setup(b1, 10)
+    got = b1.receive("g", "t", 8, invisible_ms=10_000)  # one packed op of 8 leases
+    assert [e.message.msg_id for e in got] == ids[:8]
+    b1.ack("g", "t", got[3].receipt_handle)
+    changed = b1.change_invisible_duration("g", "t", got[5].receipt_handle, 60_000)
+    b1.shutdown()
+    (tmp_path / "store" / "config" / "popState.json").unlink()  # replay the whole log
+
+    b2 = make_broker()
+    [nine] = b2.receive("g", "t", 1, invisible_ms=10_000)  # leased ones stay invisible
+    assert nine.message.msg_id == ids[8]
+    b2.ack("g", "t", got[6].receipt_handle)  # each replayed lease kept its own nonce
+    with pytest.raises(InvalidReceiptHandle):
+        b2.ack("g", "t", got[5].receipt_handle)  # superseded by the change
+    clock.advance(10_000)
+    again = b2.receive("g", "t", 10, invisible_ms=10_000)
+    assert sorted(e.message.msg_id for e in again) == sorted(
+        ids[i] for i in (0, 1, 2, 4, 7, 8, 9)
+    )  # not 3 and 6 (acked), not 5 (leased for 60 s)
+    assert {e.message.msg_id: e.delivery_attempt for e in again if e.message.msg_id != ids[9]} == {
+        ids[i]: 2 for i in (0, 1, 2, 4, 7, 8)
+    }
+    b2.ack("g", "t", changed)
+
+
 def test_long_poll_receive_wakes_on_arrival(broker: Broker) -> None:
     import threading
 

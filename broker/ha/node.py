@@ -91,6 +91,8 @@ class HaNode:
 
     def status(self) -> dict[str, Any]:
         out = self.replication.status()
+        if isinstance(self.replication, HaSlave):
+            out["acting"] = self.broker.acting  # serving receives for its dead master
         if self.promoted_ms:
             out["promoted_ms"] = self.promoted_ms
         return out

@@ -54,6 +54,33 @@ def _committed(endpoint: str, group: str, topic: str) -> dict[int, int | None]:
     }
 
 
+FORBIDDEN = 40300
+
+
+def _receive_status(endpoint: str, group: str, topic: str) -> int:
+    """The status of one ReceiveMessage (one message, no wait) asked of `endpoint`."""
+    import grpc
+    from rocketmq.grpc_protocol import service_pb2, service_pb2_grpc
+
+    request = service_pb2.ReceiveMessageRequest()
+    request.group.name = group
+    request.message_queue.topic.name = topic
+    request.message_queue.id = -1
+    request.filter_expression.type = 1  # TAG
+    request.filter_expression.expression = "*"
+    request.batch_size = 1
+    request.invisible_duration.seconds = 30
+    request.long_polling_timeout.seconds = 1
+    with grpc.insecure_channel(endpoint) as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        for response in stub.ReceiveMessage(
+            request, metadata=[("x-mq-client-id", "slave-probe")], timeout=10
+        ):
+            if response.WhichOneof("content") == "status":
+                return int(response.status.code)
+    raise AssertionError("ReceiveMessage answered no status")
+
+
 def _group_of(message: Any) -> str:
     return str(message.source)
 
@@ -110,6 +137,8 @@ def test_a_dead_master_s_messages_are_read_from_its_slave_and_its_acks_survive_i
                 ),
                 timeout_s=30,
             )
+            # its master is up: the slave refuses receives (they go to the master)
+            assert _receive_status(slave.endpoint, group, topic) == FORBIDDEN
             in_a = set(_ids_in_store(a.master.store, topic))
             assert in_a - set(got), "group a holds messages nobody received yet"
             before_kill = set(got)
@@ -150,6 +179,9 @@ def test_a_dead_master_s_messages_are_read_from_its_slave_and_its_acks_survive_i
             a.master.start()
             back = (a.name, 0, 0, READ_WRITE, a.master.port)
             assert official.wait_for(lambda: back in _route(b.master.endpoint, topic))
+            assert official.wait_for(
+                lambda: _receive_status(slave.endpoint, group, topic) == FORBIDDEN
+            )
             later = {producer.send(Message(topic, f"r{i}".encode())).message_id for i in range(20)}
             sent |= later
             assert official.wait_for(

@@ -26,6 +26,7 @@ from tests.e2e.grpc import official
 from tests.e2e.grpc.cluster_process import Cluster
 from tests.e2e.grpc.conftest import FAST
 from tests.e2e.grpc.test_cluster import READ, READ_WRITE, _ids_in_store, _route
+from tests.e2e.grpc.test_push import Recorder, push_consumer
 
 
 @pytest.fixture
@@ -91,6 +92,7 @@ def test_a_dead_master_s_messages_are_read_from_its_slave_and_its_acks_survive_i
     a, b = cluster.groups
     slave = a.slaves[0]
     topic, group, other = "t-ha-reads", "g-ha-reads", "g-ha-reads-official"
+    pushed = "g-ha-reads-push"
     transport = reliable.connect("grpc", endpoint=cluster.endpoint)
     transport.start()
     got: Counter[str] = Counter()  # every delivery to the framework consumer, by id
@@ -124,6 +126,7 @@ def test_a_dead_master_s_messages_are_read_from_its_slave_and_its_acks_survive_i
             admin = AdminClient(cluster.endpoint)  # every master (slaves get it by sync)
             try:
                 admin.call("CreateGroup", name=other)
+                admin.call("CreateGroup", name=pushed)
             finally:
                 admin.close()
             sent = {producer.send(Message(topic, f"p{i}".encode())).message_id for i in range(60)}
@@ -162,14 +165,19 @@ def test_a_dead_master_s_messages_are_read_from_its_slave_and_its_acks_survive_i
             assert acked_on_slave
             assert max(got.values()) == 1  # nothing was delivered twice so far
 
-            # the official SimpleConsumer, started now, reads group a from the slave too
+            # the official SimpleConsumer and PushConsumer, started now, read group a from
+            # the slave too (the push consumer's assignment names it)
+            recorder = Recorder(lambda m, failed: False)
+            push = push_consumer(cluster.endpoint, pushed, topic, recorder)
             simple = official.simple_consumer(cluster.endpoint, other, topic, await_s=1)
             try:
                 official_got = official.receive_until(
                     simple, lambda ms: {m.message_id for m in ms} >= in_a, timeout_s=30
                 )
+                assert official.wait_for(lambda: set(recorder.ok) >= in_a, timeout_s=30)
             finally:
                 simple.shutdown()
+                push.shutdown()
             assert {m.message_id for m in official_got} >= in_a
             on_slave = _committed(slave.endpoint, other, topic)
             assert on_slave and all(on_slave.values())

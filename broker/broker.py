@@ -457,7 +457,10 @@ class Broker(ProduceEngine):
         if acting is not None:
             self._acting_report.add(acting.progress())
             self._acting_report.persist()
-            log.warning("stopped acting for the master; %s", self._acting_report.document())
+            log.warning(
+                "stopped acting for the master; %d queues acknowledged meanwhile, to report",
+                len(self._acting_report.lows()),
+            )
 
     def _acting_commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         if offset > self._offsets.query(group, topic, queue_id):

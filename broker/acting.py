@@ -16,9 +16,11 @@ byte, so none of that may be written there:
   marks those offsets done in its own pop state, never moving an offset back
   (`PopPolicy.merge_done`). An entry leaves the report once the master's synced offsets
   reach its `low`.
-- Dead-lettering needs a write (the copy in `%DLQ%<group>`), so an acting slave does not
-  dead-letter: a message past its last attempt is delivered again after its invisible
-  time, and ForwardMessageToDeadLetterQueue is refused (`ReplicaNotServing`).
+- Dead-lettering needs a write (the copy in `%DLQ%<group>`), so an acting slave defers it:
+  a message past its last attempt, or forwarded to the dead-letter queue, is done for its
+  consumers at once and recorded in the report (durably, before the call is answered);
+  the master, taking the report, writes the dead-letter copy from its own copy of the
+  message, then marks it done. Parking a message group is refused (`ReplicaNotServing`).
 """
 
 from __future__ import annotations
@@ -32,16 +34,21 @@ from broker.pop import PopPolicy
 from broker.pop_journal import Op
 from broker.store.errors import ConfigShapeError
 from broker.store.json_config import JsonConfigFile, arr, integer, obj
-from broker.store.message import Message
+from broker.store.message import Message, MessageExt
 
 ACTING_OFFSETS_FILE = "actingOffsets.json"
 
 # (low, offsets acknowledged at or above low) per (group, topic, queue id)
 Progress = dict[tuple[str, str, int], tuple[int, frozenset[int]]]
+# offsets to dead-letter: offset -> (times reconsumed, parked message group or None)
+Dead = dict[tuple[str, str, int], dict[int, tuple[int, str | None]]]
 
 
 class ActingPolicy(PopPolicy):
-    """`PopPolicy` whose journal lives in memory only (nothing reaches the commitlog)."""
+    """`PopPolicy` whose journal lives in memory only (nothing reaches the commitlog), and
+    whose dead-lettering is deferred to the master (`ActingReport.note_dead`)."""
+
+    report: ActingReport  # set right after construction
 
     def _log(self, group: str, topic: str, ops: list[Op]) -> None:
         return None  # applied in memory by `_commit`; nothing is written
@@ -52,11 +59,12 @@ class ActingPolicy(PopPolicy):
     def persist(self, force: bool = False) -> bool:
         return False
 
-    def forward_to_dlq(self, group: str, topic: str, handle: str, parked: Any = None) -> None:
-        raise ReplicaNotServing(
-            "this broker is a slave serving receives while its master is down: it cannot "
-            "dead-letter (that writes a message); the message is delivered again after its "
-            "invisible time, or dead-lettered by the master once it is back"
+    def _dead_letter(
+        self, group: str, msg: MessageExt, reconsumed: int, parked_group: str | None = None
+    ) -> None:
+        # the caller marks the offset done next, under the same lock: recorded first
+        self.report.note_dead(
+            group, msg.topic, msg.queue_id, msg.queue_offset, reconsumed, parked_group
         )
 
     def progress(self) -> Progress:
@@ -70,30 +78,45 @@ class ActingPolicy(PopPolicy):
 
 
 def refuse_dead_letter(msg: Message) -> None:
-    raise ReplicaNotServing("an acting slave does not dead-letter")
+    raise ReplicaNotServing("an acting slave does not write dead-letter copies")
 
 
-def parse_report(data: Mapping[str, Any]) -> Progress:
-    """The report's JSON shape: {"groups": {group: {topic: {qid: [low, [done...]]}}}}
-    (ConfigShapeError when it is not)."""
+def parse_report(data: Mapping[str, Any]) -> tuple[Progress, Dead]:
+    """The report's JSON shape (ConfigShapeError when it is not):
+    {"groups": {group: {topic: {qid: [low, [done...], [[offset, reconsumed, parked], ...]]}}}}
+    (the third element, the offsets to dead-letter, may be left out)."""
     out: Progress = {}
+    dead: Dead = {}
     for group, topics in obj(data.get("groups", {}), "groups").items():
         for topic, queues in obj(topics, f"groups.{group}").items():
             for q, v in obj(queues, f"groups.{group}.{topic}").items():
                 where = f"groups.{group}.{topic}.{q}"
                 v = arr(v, where)
-                if len(v) != 2:
-                    raise ConfigShapeError(f"{where}: expected [low, [done offsets]]")
+                if len(v) not in (2, 3):
+                    raise ConfigShapeError(f"{where}: expected [low, [done], [dead]]")
                 low = integer(v[0], f"{where}[0]", minimum=0)
                 done = frozenset(integer(o, f"{where}[1][]", minimum=0) for o in arr(v[1], where))
-                out[(str(group), str(topic), integer(q, f"{where} key", minimum=0))] = (low, done)
-    return out
+                key = (str(group), str(topic), integer(q, f"{where} key", minimum=0))
+                out[key] = (low, done)
+                for d in arr(v[2], where) if len(v) == 3 else []:
+                    d = arr(d, f"{where}[2][]")
+                    if len(d) != 3 or not (d[2] is None or isinstance(d[2], str)):
+                        raise ConfigShapeError(f"{where}[2][]: expected [offset, times, group]")
+                    offset = integer(d[0], f"{where}[2][]", minimum=0)
+                    times = integer(d[1], f"{where}[2][]", minimum=0)
+                    dead.setdefault(key, {})[offset] = (times, d[2])
+    return out, dead
 
 
-def report_document(progress: Progress) -> dict[str, Any]:
+def report_document(progress: Progress, dead: Dead) -> dict[str, Any]:
     groups: dict[str, dict[str, dict[str, Any]]] = {}
-    for (group, topic, qid), (low, done) in sorted(progress.items()):
-        groups.setdefault(group, {}).setdefault(topic, {})[str(qid)] = [low, sorted(done)]
+    for key in sorted(set(progress) | set(dead)):
+        group, topic, qid = key
+        low, done = progress.get(key, (0, frozenset()))
+        entry: list[Any] = [low, sorted(done)]
+        if dead.get(key):
+            entry.append([[o, t, g] for o, (t, g) in sorted(dead[key].items())])
+        groups.setdefault(group, {}).setdefault(topic, {})[str(qid)] = entry
     return {"groups": groups}
 
 
@@ -104,22 +127,32 @@ class ActingReport:
         self._file = file
         self._lock = threading.Lock()
         self._progress: Progress = {}
+        self._dead: Dead = {}
         self._dirty = False
 
     def load(self) -> None:
-        loaded = self._file.load(parse_report) or {}
+        progress, dead = self._file.load(parse_report) or ({}, {})
         with self._lock:
-            self._progress = loaded
+            self._progress, self._dead = progress, dead
             self._dirty = False
 
     def persist(self, force: bool = False) -> bool:
         with self._lock:
             if not (self._dirty or force):
                 return False
-            doc = report_document(self._progress)
+            doc = report_document(self._progress, self._dead)
             self._dirty = False
         self._file.save(doc)
         return True
+
+    def note_dead(
+        self, group: str, topic: str, qid: int, offset: int, reconsumed: int, parked: str | None
+    ) -> None:
+        """A message the master must dead-letter; on disk before this returns."""
+        with self._lock:
+            self._dead.setdefault((group, topic, qid), {})[offset] = (reconsumed, parked)
+            self._dirty = True
+        self.persist()
 
     def note_low(self, group: str, topic: str, qid: int, low: int) -> None:
         key = (group, topic, qid)
@@ -147,22 +180,27 @@ class ActingReport:
     def document(self) -> dict[str, Any] | None:
         """The report for the master; None when there is nothing to tell."""
         with self._lock:
-            return report_document(self._progress) if self._progress else None
+            if not (self._progress or self._dead):
+                return None
+            return report_document(self._progress, self._dead)
 
     def settle(self, master_offset: Mapping[tuple[str, str, int], int]) -> None:
         """Forget the entries the master's committed offsets have reached (its offset at or
-        beyond everything the entry acknowledged)."""
+        beyond everything the entry acknowledged or dead-lettered: the master marks a
+        dead-lettered offset done only once its copy is written)."""
         with self._lock:
-            for key in [
-                k
-                for k, (low, done) in self._progress.items()
-                if master_offset.get(k, -1) >= max(low, max(done, default=-1) + 1)
-            ]:
-                del self._progress[key]
-                self._dirty = True
+            for key in set(self._progress) | set(self._dead):
+                low, done = self._progress.get(key, (0, frozenset()))
+                top = max(
+                    low, max(done, default=-1) + 1, max(self._dead.get(key, ()), default=-1) + 1
+                )
+                if master_offset.get(key, -1) >= top:
+                    self._progress.pop(key, None)
+                    self._dead.pop(key, None)
+                    self._dirty = True
 
     def clear(self) -> None:
         with self._lock:
-            if self._progress:
-                self._progress = {}
+            if self._progress or self._dead:
+                self._progress, self._dead = {}, {}
                 self._dirty = True

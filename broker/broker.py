@@ -114,7 +114,6 @@ __all__ = ["Broker", "PullResult", "PullStatus", "ReceivedEntry", "SendResult", 
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-_UNLIMITED_ATTEMPTS = 1 << 62
 
 
 class _Maintenance(ServiceThread):
@@ -444,6 +443,7 @@ class Broker(ProduceEngine):
                         query_offset=self._offsets.query,
                         put_dlq=refuse_dead_letter,
                     )
+                    self._acting.report = self._acting_report
                     log.warning("acting for the master: serving receives and acks")
                 return self._acting
             self._stop_acting()
@@ -485,14 +485,16 @@ class Broker(ProduceEngine):
         ConfigShapeError for a malformed report."""
         if self.config.replica:
             return 0
+        progress, dead = parse_report(report)
         by_topic: dict[tuple[str, str], dict[int, tuple[int, frozenset[int]]]] = {}
-        for (group, topic, qid), progress in parse_report(report).items():
-            by_topic.setdefault((group, topic), {})[qid] = progress
+        for (group, topic, qid), entry in progress.items():
+            by_topic.setdefault((group, topic), {})[qid] = entry
         marked = 0
         for (group, topic), queues in sorted(by_topic.items()):
             if self._topics.get(topic) is None:
                 continue  # deleted meanwhile
-            marked += self._pop.merge_done(group, topic, queues)
+            to_dlq = {q: dead.get((group, topic, q), {}) for q in queues}
+            marked += self._pop.merge_done(group, topic, queues, to_dlq)
         return marked
 
     def _forget_topic(self, name: str) -> None:
@@ -937,8 +939,7 @@ class Broker(ProduceEngine):
         retry = self._retry_config(group, topic, fifo)
         pop = self._leases()
         acting = pop is not self._pop
-        # an acting slave cannot dead-letter: past the last attempt, a message comes again
-        attempts = gcfg.max_delivery_attempts if not acting else _UNLIMITED_ATTEMPTS
+        attempts = gcfg.max_delivery_attempts
         while True:
             version = self._notifier.version(topic)
             # the group's retry topic first (RocketMQ's pop reads it too): copies an operator
@@ -969,7 +970,7 @@ class Broker(ProduceEngine):
                     max_attempts=attempts,
                 )
             parked = self.parked.of(group, topic)
-            if parked and entries and acting:  # held back: dead-lettering needs a write
+            if parked and entries and acting:  # held back: parking is the master's
                 entries = [e for e in entries if message_group_of(e.message) not in parked]
             elif parked and entries:
                 kept = self._divert_parked(group, topic, entries, parked)
@@ -1118,13 +1119,20 @@ class Broker(ProduceEngine):
         self._group(group)
         validate_topic_name(topic)
 
+        pop = self._leases()
+        if park and pop is not self._pop:
+            raise ReplicaNotServing(
+                "this broker is a slave serving receives while its master is down: parking "
+                "a message group is left to the master"
+            )
+
         def parked(message_group: str) -> bool:
             if park:
                 self.parked.park(group, topic, message_group)
                 return True
             return message_group in self.parked.of(group, topic)
 
-        self._leases().forward_to_dlq(
+        pop.forward_to_dlq(
             group, self._lease_topic(group, topic, receipt_handle), receipt_handle, parked=parked
         )
         self._touch(group, [receipt_handle])

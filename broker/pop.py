@@ -338,12 +338,20 @@ class PopPolicy(PopJournal):
 
     # ------------------------------------------------------------------ a slave's report
     def merge_done(
-        self, group: str, topic: str, queues: Mapping[int, tuple[int, Collection[int]]]
+        self,
+        group: str,
+        topic: str,
+        queues: Mapping[int, tuple[int, Collection[int]]],
+        dead: Mapping[int, Mapping[int, tuple[int, str | None]]] | None = None,
     ) -> int:
         """Mark done what a slave acknowledged while it acted for this broker (queue id ->
         (its low, offsets done above it); docs/ha.md "Reading from a slave"): offsets below
         its low and its done offsets become done here too, in one record. Never moves a
-        window back: what is done here stays done. Returns the offsets newly done."""
+        window back: what is done here stays done. `dead` (queue id -> offset -> (times
+        reconsumed, parked message group)) are the offsets the slave dead-lettered: each not
+        done here yet is dead-lettered from this store's copy first (a crash before the
+        record is written dead-letters it again when the report comes again). Returns the
+        offsets newly done."""
         with self._changing():
             windows = self._state.get((group, topic), {})
             ops: list[Op] = []
@@ -358,11 +366,21 @@ class PopPolicy(PopJournal):
                     already: Collection[int] = ()
                 else:
                     base, opened, already = window.low, [], window.done
+                to_dlq = (dead or {}).get(qid, {})
+                for offset, (reconsumed, stamp) in sorted(to_dlq.items()):
+                    if base <= offset < end and offset not in already:
+                        msg = self._store.get_message_by_queue_offset(topic, qid, offset)
+                        if msg is not None:
+                            self._dead_letter(group, msg, reconsumed, stamp)
                 queue_ops: list[Op] = []
                 if low > base:
                     queue_ops.append(["D", qid, base, low])
                     marked += low - base - sum(1 for o in already if o < low)
-                above = {(qid, o) for o in done if max(base, low) <= o < end and o not in already}
+                above = {
+                    (qid, o)
+                    for o in {*done, *to_dlq}
+                    if max(base, low) <= o < end and o not in already
+                }
                 queue_ops += _done_ranges(above)
                 marked += len(above)
                 if queue_ops:

@@ -46,9 +46,11 @@ def test_a_report_never_moves_the_master_s_offsets_back(tmp_path: Path) -> None:
         for e in master.receive(G, T, 5, 30_000):
             master.ack(G, T, e.receipt_handle)
         assert master.query_offset(G, T, 0) == 5
-        behind = {"groups": {G: {T: {"0": [3, [4]]}}}}
+        behind = {"groups": {G: {T: {"0": [3, [4], [[2, 0, None]]]}}}}
         assert master.merge_acting_offsets(behind) == 0
         assert master.query_offset(G, T, 0) == 5  # never back
+        dlq = master.dlq_topic(G)
+        assert master.store.get_max_offset_in_queue(dlq, 0) == 0  # 2 was done here already
         ahead = {"groups": {G: {T: {"0": [8, [9]]}}}}
         assert master.merge_acting_offsets(ahead) == 4
         assert master.query_offset(G, T, 0) == 8
@@ -110,35 +112,59 @@ def test_a_slave_serves_reads_only_while_its_master_is_down_and_hands_its_acks_b
         assert [e.message.queue_offset for e in entries] == [3, 4, 5, 6, 7]
         assert slave.acting
         by_offset = {e.message.queue_offset: e.receipt_handle for e in entries}
-        assert slave.ack_batch(G, T, [by_offset[o] for o in (3, 4, 5, 7)]) == [None] * 4
+        assert slave.ack_batch(G, T, [by_offset[o] for o in (3, 4, 5)]) == [None] * 3
         renewed = slave.change_invisible_duration(G, T, by_offset[6], 20_000)
-        with pytest.raises(ReplicaNotServing):  # a dead-letter copy would be a write
-            slave.forward_to_dlq(G, T, renewed)
+        slave.forward_to_dlq(G, T, renewed)  # deferred: the master writes the copy
+        with pytest.raises(ReplicaNotServing):  # parking is left to the master
+            slave.forward_to_dlq(G, T, by_offset[7], park=True)
         assert slave.store.get_commitlog_max_offset() == end  # nothing written
-        assert slave.query_offset(G, T, 0) == 6
+        assert slave.query_offset(G, T, 0) == 7  # 7 is still leased
         # a stale configuration (the master's offset 3) does not move it back
         slave.apply_config_snapshot(master.config_snapshot())
-        assert slave.query_offset(G, T, 0) == 6
+        assert slave.query_offset(G, T, 0) == 7
 
         # the master is back: the slave stops serving, and its report reaches the master
         m_node = HaNode(master, HaConfig(HaRole.ASYNC_MASTER, port=port, config_sync_ms=100))
         m_node.start()
-        _wait(lambda: link.connected and master.query_offset(G, T, 0) == 6)
+        _wait(lambda: link.connected and master.query_offset(G, T, 0) == 7)
         assert not slave.acting
         with pytest.raises(ReplicaNotServing):
             slave.receive(G, T, 1, 30_000)
-        # 6 was leased on the slave, never acknowledged: it comes again; 7 does not
+        # the master wrote the dead-letter copy of 6 from its own store
+        dlq = master.dlq_topic(G)
+        assert master.store.wait_dispatched()
+        assert master.store.get_max_offset_in_queue(dlq, 0) == 1
+        copy = master.store.get_message_by_queue_offset(dlq, 0, 0)
+        assert copy is not None and copy.body == b"m6"
+        # 7 was leased on the slave, never acknowledged: it comes again; 3..6 do not
         again = master.receive(G, T, 8, 30_000)
-        assert [e.message.queue_offset for e in again] == [6, 8, 9]
-        # the slave keeps its report until the master's offsets pass all it acknowledged
-        slave.apply_config_snapshot(master.config_snapshot())
-        assert slave._acting_report.document() is not None
+        assert [e.message.queue_offset for e in again] == [7, 8, 9]
+        # the master's offsets cover the report: the slave forgets it, and follows them
+        _wait(lambda: slave._acting_report.document() is None)
         for e in again:
             master.ack(G, T, e.receipt_handle)
-        _wait(lambda: slave._acting_report.document() is None)
-        assert slave.query_offset(G, T, 0) == 10
+        _wait(lambda: slave.query_offset(G, T, 0) == 10)
     finally:
         s_node.stop()
         m_node.stop()
         slave.shutdown()
         master.shutdown()
+
+
+def test_a_report_is_kept_until_the_master_s_offsets_pass_all_it_holds(tmp_path: Path) -> None:
+    from broker.acting import ActingReport
+    from broker.store.json_config import JsonConfigFile
+
+    path = tmp_path / "actingOffsets.json"
+    report = ActingReport(JsonConfigFile(path))
+    key = (G, T, 0)
+    report.add({key: (6, frozenset({8}))})
+    report.note_dead(G, T, 0, 10, 2, None)  # on disk at once
+    again = ActingReport(JsonConfigFile(path))
+    again.load()
+    assert again.document() == {"groups": {G: {T: {"0": [6, [8], [[10, 2, None]]]}}}}
+    for offset in (5, 6, 9, 10):
+        report.settle({key: offset})
+        assert report.document() is not None, offset
+    report.settle({key: 11})
+    assert report.document() is None

@@ -10,6 +10,7 @@ consuming goes on from the master.
 
 from __future__ import annotations
 
+import struct
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 
 import reliable
+from broker.store.codec import BLANK_MAGIC_CODE, decode_message
 from reliable import Message, Producer, SimpleConsumer
 from reliable.admin import AdminClient
 from reliable.errors import ReliableError
@@ -82,6 +84,25 @@ def _receive_status(endpoint: str, group: str, topic: str) -> int:
     raise AssertionError("ReceiveMessage answered no status")
 
 
+def _dead_lettered(store: Path, group: str) -> set[str]:
+    """The original ids of the messages in a store's dead-letter topic of `group`."""
+    found: set[str] = set()
+    for path in sorted((store / "commitlog").iterdir()):
+        if not path.name.isdigit():
+            continue
+        buf = path.read_bytes()
+        pos = 0
+        while pos + 8 <= len(buf):
+            total, magic = struct.unpack_from(">ii", buf, pos)
+            if total <= 0 or magic == BLANK_MAGIC_CODE:
+                break
+            m = decode_message(buf, pos)
+            if m.topic == f"%DLQ%{group}":
+                found.add(m.properties["DLQ_ORIGIN_MESSAGE_ID"])
+            pos += total
+    return found
+
+
 def _group_of(message: Any) -> str:
     return str(message.source)
 
@@ -97,6 +118,7 @@ def test_a_dead_master_s_messages_are_read_from_its_slave_and_its_acks_survive_i
     transport.start()
     got: Counter[str] = Counter()  # every delivery to the framework consumer, by id
     held: set[str] = set()  # received from a's slave and never acknowledged there
+    dead: set[str] = set()  # dead-lettered on a's slave
     try:
         with (
             SimpleConsumer(
@@ -116,9 +138,14 @@ def test_a_dead_master_s_messages_are_read_from_its_slave_and_its_acks_survive_i
                     return []
                 for m in received:
                     got[m.message_id] += 1
-                    if hold and len(held) < hold and _group_of(m) == a.name:
-                        held.add(m.message_id)  # leased on the slave, never acknowledged
-                        continue
+                    if hold and _group_of(m) == a.name:
+                        if len(held) < hold:
+                            held.add(m.message_id)  # leased on the slave, never acknowledged
+                            continue
+                        if not dead:  # its copy is written by the master once it is back
+                            transport.forward_to_dlq(group, m)
+                            dead.add(m.message_id)
+                            continue
                     consumer.ack(m)
                 return received
 
@@ -160,8 +187,8 @@ def test_a_dead_master_s_messages_are_read_from_its_slave_and_its_acks_survive_i
             # the framework consumer receives every message, a's from the slave; three of
             # a's stay leased there, unacknowledged
             assert official.wait_for(lambda: (take(hold=3), set(got) >= sent)[1], timeout_s=60)
-            assert len(held) == 3
-            acked_on_slave = in_a - before_kill - held
+            assert len(held) == 3 and len(dead) == 1
+            acked_on_slave = in_a - before_kill - held - dead
             assert acked_on_slave
             assert max(got.values()) == 1  # nothing was delivered twice so far
 
@@ -202,6 +229,8 @@ def test_a_dead_master_s_messages_are_read_from_its_slave_and_its_acks_survive_i
                 take()
     finally:
         transport.close()
+    # the master wrote the dead-letter copy the slave deferred to it
+    assert official.wait_for(lambda: _dead_lettered(a.master.store, group) == dead)
     # only what was leased on the slave and never acknowledged there came again
     again = {i for i, n in got.items() if n > 1}
     assert again == held, f"delivered again: {sorted(again - held)[:10]}"

@@ -479,10 +479,11 @@ class Broker(ProduceEngine):
             self._stop_acting()
         return self._acting_report.document()
 
-    def merge_acting_offsets(self, report: Mapping[str, Any]) -> int:
+    def merge_acting_offsets(self, report: Mapping[str, Any], *, own: bool = False) -> int:
         """A master takes what its slave acknowledged while acting for it: those offsets
         are done here too (never moving an offset back). Returns the offsets newly done.
-        ConfigShapeError for a malformed report."""
+        `own`: a promoted slave taking its own report (every dead-letter in it is written:
+        its offsets already count them done). ConfigShapeError for a malformed report."""
         if self.config.replica:
             return 0
         progress, dead = parse_report(report)
@@ -494,7 +495,7 @@ class Broker(ProduceEngine):
             if self._topics.get(topic) is None:
                 continue  # deleted meanwhile
             to_dlq = {q: dead.get((group, topic, q), {}) for q in queues}
-            marked += self._pop.merge_done(group, topic, queues, to_dlq)
+            marked += self._pop.merge_done(group, topic, queues, to_dlq, all_dead=own)
         return marked
 
     def _forget_topic(self, name: str) -> None:
@@ -519,7 +520,7 @@ class Broker(ProduceEngine):
             self.config = dataclasses.replace(self.config, replica=False)
             report = self._acting_report.document()
             if report is not None and self._running:
-                self.merge_acting_offsets(report)
+                self.merge_acting_offsets(report, own=True)
                 self._acting_report.clear()
                 self._acting_report.persist()
             if self._running:

@@ -343,6 +343,8 @@ class PopPolicy(PopJournal):
         topic: str,
         queues: Mapping[int, tuple[int, Collection[int]]],
         dead: Mapping[int, Mapping[int, tuple[int, str | None]]] | None = None,
+        *,
+        all_dead: bool = False,
     ) -> int:
         """Mark done what a slave acknowledged while it acted for this broker (queue id ->
         (its low, offsets done above it); docs/ha.md "Reading from a slave"): offsets below
@@ -350,8 +352,9 @@ class PopPolicy(PopJournal):
         window back: what is done here stays done. `dead` (queue id -> offset -> (times
         reconsumed, parked message group)) are the offsets the slave dead-lettered: each not
         done here yet is dead-lettered from this store's copy first (a crash before the
-        record is written dead-letters it again when the report comes again). Returns the
-        offsets newly done."""
+        record is written dead-letters it again when the report comes again). `all_dead`:
+        dead-letter every one of them (a promoted slave taking its own report: its offsets
+        already include them). Returns the offsets newly done."""
         with self._changing():
             windows = self._state.get((group, topic), {})
             ops: list[Op] = []
@@ -368,7 +371,7 @@ class PopPolicy(PopJournal):
                     base, opened, already = window.low, [], window.done
                 to_dlq = (dead or {}).get(qid, {})
                 for offset, (reconsumed, stamp) in sorted(to_dlq.items()):
-                    if base <= offset < end and offset not in already:
+                    if offset < end and (all_dead or (base <= offset and offset not in already)):
                         msg = self._store.get_message_by_queue_offset(topic, qid, offset)
                         if msg is not None:
                             self._dead_letter(group, msg, reconsumed, stamp)

@@ -168,3 +168,53 @@ def test_a_report_is_kept_until_the_master_s_offsets_pass_all_it_holds(tmp_path:
         assert report.document() is not None, offset
     report.settle({key: 11})
     assert report.document() is None
+
+
+def test_a_promoted_slave_keeps_what_it_acknowledged_while_acting(tmp_path: Path) -> None:
+    master = Broker(small_config(tmp_path / "m"), BrokerConfig())
+    slave = Broker(small_config(tmp_path / "s"), BrokerConfig(replica=True))
+    master.start()
+    slave.start()
+    m_node = HaNode(master, HaConfig(HaRole.ASYNC_MASTER, port=0, config_sync_ms=100))
+    m_node.start()
+    s_node = HaNode(
+        slave,
+        HaConfig(
+            HaRole.SLAVE,
+            broker_id=1,
+            port=0,
+            master=("127.0.0.1", m_node.replication.port),
+            config_sync_ms=100,
+            reconnect_ms=100,
+        ),
+    )
+    link = s_node.replication
+    assert isinstance(link, HaSlave)
+    slave.acting_gate = lambda: not link.connected
+    s_node.start()
+    try:
+        master.create_topic(T, queues=1)
+        master.create_group(G)
+        for i in range(6):
+            master.send_message(Message(T, f"m{i}".encode(), queue_id=0))
+        assert master.store.wait_dispatched()
+        _wait(lambda: s_node.status()["lag_bytes"] == 0 and slave.get_group(G) is not None)
+        m_node.stop()
+        _wait(lambda: not link.connected)
+        entries = slave.receive(G, T, 3, 30_000)
+        slave.ack(G, T, entries[0].receipt_handle)
+        slave.ack(G, T, entries[2].receipt_handle)
+        slave.forward_to_dlq(G, T, entries[1].receipt_handle)
+        s_node.promote()
+        assert not slave.acting
+        # its own pop state now has what it did while acting: 0..2 are done, 1 dead-lettered
+        assert _offsets(slave) == [3, 4, 5]
+        assert slave.store.wait_dispatched()
+        copy = slave.store.get_message_by_queue_offset(slave.dlq_topic(G), 0, 0)
+        assert copy is not None and copy.body == b"m1"
+        assert slave._acting_report.document() is None
+    finally:
+        s_node.stop()
+        m_node.stop()
+        slave.shutdown()
+        master.shutdown()

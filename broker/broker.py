@@ -30,6 +30,13 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from broker.acting import (
+    ACTING_OFFSETS_FILE,
+    ActingPolicy,
+    ActingReport,
+    parse_report,
+    refuse_dead_letter,
+)
 from broker.clock import wall_ms
 from broker.config import BrokerConfig
 from broker.config_files import (
@@ -47,6 +54,7 @@ from broker.errors import (
     GroupNotFound,
     InvalidArgument,
     NoPermission,
+    ReplicaNotServing,
     TopicNotFound,
 )
 from broker.long_poll import ArrivalNotifier
@@ -175,6 +183,12 @@ class Broker(ProduceEngine):
             query_offset=self._offsets.query,
             put_dlq=self._put_dlq,
         )
+        # a slave acting for its dead master (broker.acting): the server's decision, asked
+        # at each receive and ack; the acting policy while it acts; what it acknowledged
+        self.acting_gate: Callable[[], bool] = lambda: False
+        self._acting: ActingPolicy | None = None
+        self._acting_lock = threading.Lock()
+        self._acting_report = ActingReport(store.config_file(ACTING_OFFSETS_FILE))
         transactions = TransactionService(
             store,
             clock,
@@ -211,6 +225,7 @@ class Broker(ProduceEngine):
             self._topics.load()
             self._groups.load()
             self._offsets.load()
+            self._acting_report.load()
             self.store.start()
             if not self._notifier_added:
                 self.store.add_dispatcher(self._notifier)
@@ -254,6 +269,7 @@ class Broker(ProduceEngine):
         self._pop.persist(force)
         self._schedule.persist(force)
         self._offsets.persist(force)
+        self._acting_report.persist(force)
 
     def do_maintenance(self) -> None:
         """One maintenance pass (the background service runs it; tests may call it)."""
@@ -386,9 +402,101 @@ class Broker(ProduceEngine):
         for gcfg in self._groups.all():
             if gcfg.group not in kept_groups:
                 self.delete_group(gcfg.group)
-        self._offsets.replace(dict(snapshot.get("offsets", {})))
+        self._offsets.replace(self._with_acting_offsets(dict(snapshot.get("offsets", {}))))
         if delay is not None:
             self._schedule.replace(delay)
+
+    def _with_acting_offsets(self, table: dict[str, Any]) -> dict[str, Any]:
+        """The master's offset table, with this slave's offsets acknowledged while acting
+        where they are higher (the master may not have them yet): a config sync never moves
+        them back. The entries the master's offsets have reached are forgotten."""
+        lows = self._acting_report.lows()
+        if not lows:
+            return table
+        key = ConsumerOffsetManager.key
+        master: dict[tuple[str, str, int], int] = {}
+        for group, topic, qid in lows:
+            queues = table.get(key(topic, group))
+            if isinstance(queues, dict) and isinstance(queues.get(str(qid)), int):
+                master[(group, topic, qid)] = int(queues[str(qid)])
+        self._acting_report.settle(master)
+        merged = {k: dict(v) if isinstance(v, dict) else v for k, v in table.items()}
+        for (group, topic, qid), low in self._acting_report.lows().items():
+            if master.get((group, topic, qid), -1) < low:
+                merged.setdefault(key(topic, group), {})[str(qid)] = low
+        return merged
+
+    # --- a slave acting for its master (broker.acting)
+    def _leases(self) -> PopPolicy:
+        """The policy receives and acks go through: a master's own; a slave's acting
+        policy while the server says its master is down (`acting_gate`); else refused."""
+        if not self.config.replica:
+            return self._pop
+        with self._acting_lock:
+            if self.acting_gate():
+                if self._acting is None:
+                    self._acting = ActingPolicy(
+                        self.store,
+                        self.store.config_file(POP_STATE_FILE),  # never written
+                        self._clock,
+                        commit_offset=self._acting_commit,
+                        query_offset=self._offsets.query,
+                        put_dlq=refuse_dead_letter,
+                    )
+                    self._acting.report = self._acting_report
+                    log.warning("acting for the master: serving receives and acks")
+                return self._acting
+            self._stop_acting()
+        raise ReplicaNotServing(
+            "this broker is a slave and its master is up: receive from the master of its "
+            "broker group"
+        )
+
+    def _stop_acting(self) -> None:
+        acting, self._acting = self._acting, None
+        if acting is not None:
+            self._acting_report.add(acting.progress())
+            self._acting_report.persist()
+            log.warning(
+                "stopped acting for the master; %d queues acknowledged meanwhile, to report",
+                len(self._acting_report.lows()),
+            )
+
+    def _acting_commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        if offset > self._offsets.query(group, topic, queue_id):
+            self._offsets.commit(group, topic, queue_id, offset)
+        self._acting_report.note_low(group, topic, queue_id, offset)
+
+    @property
+    def acting(self) -> bool:
+        """A slave serving receives for its dead master right now."""
+        return self._acting is not None
+
+    def acting_report(self) -> dict[str, Any] | None:
+        """A slave's link to its master is back: stop acting, and return what was
+        acknowledged while it acted and the master may not have (None: nothing)."""
+        with self._acting_lock:
+            self._stop_acting()
+        return self._acting_report.document()
+
+    def merge_acting_offsets(self, report: Mapping[str, Any], *, own: bool = False) -> int:
+        """A master takes what its slave acknowledged while acting for it: those offsets
+        are done here too (never moving an offset back). Returns the offsets newly done.
+        `own`: a promoted slave taking its own report (every dead-letter in it is written:
+        its offsets already count them done). ConfigShapeError for a malformed report."""
+        if self.config.replica:
+            return 0
+        progress, dead = parse_report(report)
+        by_topic: dict[tuple[str, str], dict[int, tuple[int, frozenset[int]]]] = {}
+        for (group, topic, qid), entry in progress.items():
+            by_topic.setdefault((group, topic), {})[qid] = entry
+        marked = 0
+        for (group, topic), queues in sorted(by_topic.items()):
+            if self._topics.get(topic) is None:
+                continue  # deleted meanwhile
+            to_dlq = {q: dead.get((group, topic, q), {}) for q in queues}
+            marked += self._pop.merge_done(group, topic, queues, to_dlq, all_dead=own)
+        return marked
 
     def _forget_topic(self, name: str) -> None:
         """A slave deletes a topic its master no longer has (any topic, system ones
@@ -407,7 +515,14 @@ class Broker(ProduceEngine):
         with self._lock:
             if not self.config.replica:
                 return
+            with self._acting_lock:
+                self._stop_acting()
             self.config = dataclasses.replace(self.config, replica=False)
+            report = self._acting_report.document()
+            if report is not None and self._running:
+                self.merge_acting_offsets(report, own=True)
+                self._acting_report.clear()
+                self._acting_report.persist()
             if self._running:
                 self._last_revive = self._clock()
                 self._schedule.start()
@@ -823,6 +938,9 @@ class Broker(ProduceEngine):
         deadline = time.monotonic() + wait_ms / 1000.0
         queue_ids = list(range(cfg.read_queue_nums))
         retry = self._retry_config(group, topic, fifo)
+        pop = self._leases()
+        acting = pop is not self._pop
+        attempts = gcfg.max_delivery_attempts
         while True:
             version = self._notifier.version(topic)
             # the group's retry topic first (RocketMQ's pop reads it too): copies an operator
@@ -830,7 +948,7 @@ class Broker(ProduceEngine):
             entries = (
                 []
                 if retry is None
-                else self._pop.receive(
+                else pop.receive(
                     group,
                     retry.name,
                     list(range(retry.read_queue_nums)),
@@ -838,11 +956,11 @@ class Broker(ProduceEngine):
                     invisible_ms,
                     tags,
                     fifo=False,
-                    max_attempts=gcfg.max_delivery_attempts,
+                    max_attempts=attempts,
                 )
             )
             if len(entries) < want:
-                entries += self._pop.receive(
+                entries += pop.receive(
                     group,
                     topic,
                     queue_ids,
@@ -850,10 +968,12 @@ class Broker(ProduceEngine):
                     invisible_ms,
                     tags,
                     fifo=fifo,
-                    max_attempts=gcfg.max_delivery_attempts,
+                    max_attempts=attempts,
                 )
             parked = self.parked.of(group, topic)
-            if parked and entries:
+            if parked and entries and acting:  # held back: parking is the master's
+                entries = [e for e in entries if message_group_of(e.message) not in parked]
+            elif parked and entries:
                 kept = self._divert_parked(group, topic, entries, parked)
                 if len(kept) < len(entries) and not kept:
                     continue  # the parked group's next message may be free now: look again
@@ -922,7 +1042,7 @@ class Broker(ProduceEngine):
         self._require_running()
         validate_group_name(group)
         validate_topic_name(topic)
-        self._pop.ack(group, self._lease_topic(group, topic, receipt_handle), receipt_handle)
+        self._leases().ack(group, self._lease_topic(group, topic, receipt_handle), receipt_handle)
         self.acked.add((group, topic))
         self._touch(group, [receipt_handle])
 
@@ -935,15 +1055,16 @@ class Broker(ProduceEngine):
         validate_topic_name(topic)
         handles = list(receipt_handles)
         on = [self._lease_topic(group, topic, h) for h in handles]
+        pop = self._leases()
         if all(t == topic for t in on):
-            errors: list[BrokerError | None] = list(self._pop.ack_many(group, topic, handles))
+            errors: list[BrokerError | None] = list(pop.ack_many(group, topic, handles))
         else:
             errors = [None] * len(handles)
             for lease_topic in set(on):
                 at = [i for i, t in enumerate(on) if t == lease_topic]
                 for i, error in zip(
                     at,
-                    self._pop.ack_many(group, lease_topic, [handles[i] for i in at]),
+                    pop.ack_many(group, lease_topic, [handles[i] for i in at]),
                     strict=True,
                 ):
                     errors[i] = error
@@ -984,7 +1105,7 @@ class Broker(ProduceEngine):
         validate_group_name(group)
         validate_topic_name(topic)
         self._check_invisible(invisible_ms, minimum=0)
-        return self._pop.change_invisible_duration(
+        return self._leases().change_invisible_duration(
             group, self._lease_topic(group, topic, receipt_handle), receipt_handle, invisible_ms
         )
 
@@ -999,13 +1120,20 @@ class Broker(ProduceEngine):
         self._group(group)
         validate_topic_name(topic)
 
+        pop = self._leases()
+        if park and pop is not self._pop:
+            raise ReplicaNotServing(
+                "this broker is a slave serving receives while its master is down: parking "
+                "a message group is left to the master"
+            )
+
         def parked(message_group: str) -> bool:
             if park:
                 self.parked.park(group, topic, message_group)
                 return True
             return message_group in self.parked.of(group, topic)
 
-        self._pop.forward_to_dlq(
+        pop.forward_to_dlq(
             group, self._lease_topic(group, topic, receipt_handle), receipt_handle, parked=parked
         )
         self._touch(group, [receipt_handle])

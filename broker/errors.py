@@ -131,6 +131,14 @@ class NoPermission(BrokerError):
         super().__init__(f"topic {topic!r} (perm {perm}) is not {action}")
 
 
+class ReplicaNotServing(BrokerError):
+    """A slave serves receives and acks only while its group's master is down (it acts for
+    it, docs/ha.md "Reading from a slave"); otherwise, or for what it cannot do there, the
+    call is refused."""
+
+    code = ResponseCode.NO_PERMISSION
+
+
 class ConsumeDisabled(BrokerError):
     """The subscription group is disabled for consumption."""
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import secrets
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from broker.errors import InvalidReceiptHandle, ReceiptHandleError, ReceiptHandleExpired
@@ -335,6 +335,61 @@ class PopPolicy(PopJournal):
             self._commit(
                 group, topic, [["D", parsed.queue_id, parsed.queue_offset, parsed.queue_offset + 1]]
             )
+
+    # ------------------------------------------------------------------ a slave's report
+    def merge_done(
+        self,
+        group: str,
+        topic: str,
+        queues: Mapping[int, tuple[int, Collection[int]]],
+        dead: Mapping[int, Mapping[int, tuple[int, str | None]]] | None = None,
+        *,
+        all_dead: bool = False,
+    ) -> int:
+        """Mark done what a slave acknowledged while it acted for this broker (queue id ->
+        (its low, offsets done above it); docs/ha.md "Reading from a slave"): offsets below
+        its low and its done offsets become done here too, in one record. Never moves a
+        window back: what is done here stays done. `dead` (queue id -> offset -> (times
+        reconsumed, parked message group)) are the offsets the slave dead-lettered: each not
+        done here yet is dead-lettered from this store's copy first (a crash before the
+        record is written dead-letters it again when the report comes again). `all_dead`:
+        dead-letter every one of them (a promoted slave taking its own report: its offsets
+        already include them). Returns the offsets newly done."""
+        with self._changing():
+            windows = self._state.get((group, topic), {})
+            ops: list[Op] = []
+            marked = 0
+            for qid, (low, done) in sorted(queues.items()):
+                end = self._store.get_max_offset_in_queue(topic, qid)
+                low = min(low, end)
+                window = windows.get(qid)
+                if window is None:
+                    base = self._initial_offset(group, topic, qid)
+                    opened: list[Op] = [["I", qid, base]]
+                    already: Collection[int] = ()
+                else:
+                    base, opened, already = window.low, [], window.done
+                to_dlq = (dead or {}).get(qid, {})
+                for offset, (reconsumed, stamp) in sorted(to_dlq.items()):
+                    if offset < end and (all_dead or (base <= offset and offset not in already)):
+                        msg = self._store.get_message_by_queue_offset(topic, qid, offset)
+                        if msg is not None:
+                            self._dead_letter(group, msg, reconsumed, stamp)
+                queue_ops: list[Op] = []
+                if low > base:
+                    queue_ops.append(["D", qid, base, low])
+                    marked += low - base - sum(1 for o in already if o < low)
+                above = {
+                    (qid, o)
+                    for o in {*done, *to_dlq}
+                    if max(base, low) <= o < end and o not in already
+                }
+                queue_ops += _done_ranges(above)
+                marked += len(above)
+                if queue_ops:
+                    ops += opened + queue_ops
+            self._commit(group, topic, ops)
+            return marked
 
     # ------------------------------------------------------------------ revive sweep
     def revive(self, max_attempts_of: Callable[[str], int]) -> tuple[int, list[str]]:

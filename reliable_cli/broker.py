@@ -450,6 +450,13 @@ def _wire_replication(node: Any, server: Any) -> None:
     ctx = server.ctx
     ctx.ha_status = node.status
     ctx.ha_promote = node.promote
+    if node.role is HaRole.SLAVE:  # a promotion makes the server writable: no longer asked
+        ctx.master_link = lambda: bool(getattr(node.replication, "connected", True))
+    elif ctx.cluster is not None:
+        group = ctx.cluster.config.group(node.config.broker_name)
+        if group is not None and len(group.endpoints) > 1:
+            # a master whose slaves may have served its receives while it was down
+            ctx.reads_ready = node.reads_ready
     if node.role is HaRole.SYNC_MASTER:
         ctx.replication = node.replication  # sends wait for a slave's acknowledgement
 

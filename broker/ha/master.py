@@ -31,12 +31,15 @@ from broker.errors import BrokerError, ResponseCode
 from broker.ha.config import HaConfig
 from broker.ha.errors import NotReplicated
 from broker.ha.protocol import (
+    ACTING_REPORT,
     CONFIG_FRAME,
     FRAME,
     HELLO,
     HELLO_PROBE,
     LAG,
     LAG_FRAME,
+    LENGTH,
+    MAX_FRAME,
     POSITION_FRAME,
     REPORT,
     HaProtocolError,
@@ -112,6 +115,13 @@ class HaMaster:
         self._reaper_wake = threading.Event()
         # topics, groups and offsets for the slaves (`Broker.config_snapshot`); None: none
         self.config_source: Callable[[], dict[str, Any]] | None = None
+        # takes what a slave acknowledged while acting for this master
+        # (`Broker.merge_acting_offsets`); None: ignored
+        self.acting_sink: Callable[[dict[str, Any]], int] | None = None
+        # a slave was heard from since this master started (its acting report, if it had
+        # one, is taken before): see `HaNode.reads_ready`
+        self.heard_from_slave = threading.Event()
+        self.started = time.monotonic()
 
     # --- lifecycle
     def start(self) -> None:
@@ -469,6 +479,14 @@ class HaMaster:
         try:
             while not conn.closed:
                 (offset,) = REPORT.unpack(recv_exact(conn.sock, REPORT.size))
+                if offset == ACTING_REPORT:
+                    (length,) = LENGTH.unpack(recv_exact(conn.sock, LENGTH.size))
+                    if length > MAX_FRAME:
+                        raise HaProtocolError(f"an acting report of {length} bytes")
+                    self._take_acting(conn, recv_exact(conn.sock, length))
+                    self.heard_from_slave.set()
+                    continue
+                self.heard_from_slave.set()
                 with self._acked:
                     conn.state.acked_offset = max(conn.state.acked_offset, offset)
                     if self.acked is not None:  # on disk before a send is answered
@@ -481,6 +499,26 @@ class HaMaster:
             pass
         finally:
             conn.close()
+
+    def _take_acting(self, conn: _SlaveConnection, data: bytes) -> None:
+        sink = self.acting_sink
+        if sink is None:
+            return
+        try:
+            report = json.loads(data)
+            if not isinstance(report, dict):
+                raise ValueError("not a JSON object")
+            marked = sink(report)
+        except Exception as exc:
+            log.warning(
+                "replication: slave %s's acting report not taken: %s", conn.state.address, exc
+            )
+            return
+        log.info(
+            "replication: slave %s acknowledged %d offsets while acting for this master; taken",
+            conn.state.address,
+            marked,
+        )
 
 
 class _SlaveConnection:

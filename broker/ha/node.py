@@ -64,13 +64,26 @@ class HaNode:
                 acked=AckedCheckpoint(self._store_dir),
             )
             master.config_source = self.broker.config_snapshot
+            master.acting_sink = self.broker.merge_acting_offsets
             return master
         slave = HaSlave(self.broker.store, config, epochs=self.epochs)
         slave.config_sink = self.broker.apply_config_snapshot
+        slave.acting_source = self.broker.acting_report
         return slave
 
     def start(self) -> None:
         self.replication.start()
+
+    def reads_ready(self) -> bool:
+        """A master serves receives once a slave has been heard from since it started, or
+        after a grace of three redial intervals (at least 3 s): a slave that served its
+        receives while it was down reports first what it acknowledged (docs/ha.md
+        "Reading from a slave"), so none of that is handed out again. A slave: always."""
+        master = self.replication
+        if not isinstance(master, HaMaster) or master.heard_from_slave.is_set():
+            return True
+        grace_s = max(3.0, 3 * self.config.reconnect_ms / 1000)
+        return time.monotonic() - master.started >= grace_s
 
     def stop(self) -> None:
         with self._lock:
@@ -78,6 +91,8 @@ class HaNode:
 
     def status(self) -> dict[str, Any]:
         out = self.replication.status()
+        if isinstance(self.replication, HaSlave):
+            out["acting"] = self.broker.acting  # serving receives for its dead master
         if self.promoted_ms:
             out["promoted_ms"] = self.promoted_ms
         return out

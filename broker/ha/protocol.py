@@ -9,6 +9,11 @@ slave -> master
     report   offset u64                                 how far the slave has the log
                                                         (written, and fsynced under
                                                         SYNC_FLUSH); also its heartbeat
+    acting   -1 i64 | length u32 | JSON                 what the slave acknowledged while
+                                                        it served receives for this master
+                                                        (broker.acting): after its hello,
+                                                        and after each config frame while
+                                                        the master's offsets lack some
 master -> slave
     frame    offset u64 | length u32 | length bytes     whole records from `offset`;
                                                         length 0: a heartbeat whose
@@ -37,7 +42,7 @@ import struct
 from broker.errors import BrokerError
 
 MAGIC = b"RLHA"
-VERSION = 2
+VERSION = 3
 HELLO = struct.Struct(">4sBBqiiq")
 REPORT = struct.Struct(">q")
 FRAME = struct.Struct(">qI")
@@ -45,6 +50,8 @@ LAG = struct.Struct(">q")
 CONFIG_FRAME = -1  # the offset field of a config frame
 POSITION_FRAME = -2  # ... of a position frame
 LAG_FRAME = -3  # ... of a lag frame
+ACTING_REPORT = -1  # the offset field of a slave's acting report
+LENGTH = struct.Struct(">I")
 HELLO_STREAM = 0
 HELLO_PROBE = 1
 MAX_FRAME = 1 << 30  # larger than any commitlog file: a corrupt length, not a record

@@ -20,11 +20,13 @@ from typing import Any
 
 from broker.ha.config import HaConfig
 from broker.ha.protocol import (
+    ACTING_REPORT,
     CONFIG_FRAME,
     FRAME,
     HELLO_PROBE,
     LAG,
     LAG_FRAME,
+    LENGTH,
     MAX_FRAME,
     POSITION_FRAME,
     REPORT,
@@ -63,6 +65,9 @@ class HaSlave:
         # takes the master's topics, groups and offsets (`Broker.apply_config_snapshot`)
         self.config_sink: Callable[[dict[str, Any]], None] | None = None
         self.config_synced_ms = 0  # when the last configuration was applied
+        # what this slave acknowledged while acting for its master, None when nothing
+        # (`Broker.acting_report`, which also ends the acting)
+        self.acting_source: Callable[[], dict[str, Any] | None] | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -140,6 +145,15 @@ class HaSlave:
             return
         self.config_synced_ms = int(time.time() * 1000)
 
+    def _report_acting(self, sock: socket.socket) -> None:
+        source = self.acting_source
+        report = source() if source is not None else None
+        if report is None:
+            return
+        body = json.dumps(report, separators=(",", ":")).encode()
+        sock.sendall(REPORT.pack(ACTING_REPORT) + LENGTH.pack(len(body)) + body)
+        log.info("replication: reported the offsets acknowledged while acting for the master")
+
     def _session(self) -> None:
         cfg = self.config
         store = self.store
@@ -153,6 +167,7 @@ class HaSlave:
         sock.sendall(pack_hello(end, broker_id=cfg.broker_id, epoch=epoch))
         self.connected = True
         log.info("replication: connected to %s:%d, this log ends at %d", *self.master, end)
+        self._report_acting(sock)
         sync = store.config.flush_mode is FlushMode.SYNC_FLUSH
         heartbeat_s = cfg.heartbeat_ms / 1000
         last_report = time.monotonic()
@@ -170,6 +185,7 @@ class HaSlave:
             data = recv_exact(sock, length)
             if offset == CONFIG_FRAME:
                 self._apply_config(data)
+                self._report_acting(sock)  # again while the master's offsets lack some
                 continue
             if offset == LAG_FRAME:
                 (self.master_lag_messages,) = LAG.unpack(data)

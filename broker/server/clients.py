@@ -4,10 +4,12 @@
   topic queue, and the message types the topic accepts. With a cluster file
   (`broker.server.cluster`) it names every broker group's queues (the same queue numbers as
   this broker's topic), each at the endpoint of the server that serves the group:
-  READ_WRITE at its master, READ only at a slave while no master of the group is up.
+  READ_WRITE at its master, READ only at a slave while no master of the group is up (the
+  slave then serves receives for it, `broker.acting`; its queues carry broker id 0, the
+  only one the official clients read from, and the slave's endpoint).
 - QueryAssignment gives a push consumer one assignment per broker (queue id -1): the broker
-  pops from every queue, as the Apache proxy does; with a cluster file, one per group whose
-  master is up.
+  pops from every queue, as the Apache proxy does; with a cluster file, one per group that
+  is up, at its master or, while no master of the group is up, at its slave.
 - Telemetry echoes the client's Settings merged with server policy: `publishing` always
   present (else the producer's max body size becomes 0), consumers' retry ladder sent as
   `customized_backoff` (the only form the Python push consumer honours), `metric` off.
@@ -158,7 +160,7 @@ class ClientHandlers:
                         PERMISSION[perm],
                         endpoints,
                         cfg.message_type.value,
-                        (server.group, server.broker_id),
+                        (server.group, 0),
                     )
                 )
         response.status.CopyFrom(ok())
@@ -172,20 +174,19 @@ class ClientHandlers:
         if not cfg.perm & PERM_READ:
             raise Forbidden(f"topic {topic!r} is not readable")
         response = service_pb2.QueryAssignmentResponse()
-        # one assignment per group whose master is up: a slave refuses receives
+        # one assignment per group that is up: at its master, or at the slave that serves
+        # its receives while no master of the group is (READ only)
         for server, endpoints in self.servers(request.endpoints):
-            if not server.writable:
-                continue
             assignment = response.assignments.add()
             assignment.message_queue.CopyFrom(
                 self.message_queue(
                     topic,
                     request.topic.resource_namespace,
                     -1,
-                    PERMISSION[(True, True)],
+                    PERMISSION[(True, server.writable)],
                     endpoints,
                     cfg.message_type.value,
-                    (server.group, server.broker_id),
+                    (server.group, 0),
                 )
             )
         response.status.CopyFrom(ok())

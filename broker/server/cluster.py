@@ -21,8 +21,9 @@ with the standard gRPC health service, once per probe interval, and caches the a
 - NOT_SERVING: reachable but not taking writes (a slave, or a master whose disk is full);
 - no answer: down.
 
-A group with no master up is served by its first slave that answers, READ only, under that
-slave's broker id (the official clients neither send to nor receive from such queues); a
+A group with no master up is served by its first slave that answers, READ only (that slave
+serves the group's receives, `broker.acting`; the routes name its queues under broker id 0,
+so the official clients read from them, and never send there as they are not writable); a
 group none of whose servers answers is left out. A server not probed yet counts as up.
 """
 

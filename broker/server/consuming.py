@@ -91,7 +91,7 @@ class ConsumerHandlers:
         except Exception as exc:
             return status_of(exc), None, [], None
         try:
-            entries = await self._poll(plan)
+            entries = await self._poll(plan) if await self._reads_ready(plan) else []
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -181,6 +181,22 @@ class ConsumerHandlers:
             context.add_done_callback(ended)
         convert.set_timestamp_ms(response.delivery_timestamp, self.ctx.clock())
         return response
+
+    async def _reads_ready(self, plan: ReceivePlan) -> bool:
+        """A master just (re)started holds receives until its slaves reported what they
+        acknowledged while serving its receives (`ServerContext.reads_ready`): at most the
+        polling time, then nothing is answered."""
+        ready = self.ctx.reads_ready
+        if ready is None or ready():
+            return True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + plan.poll_ms / 1000
+        while not ready():
+            remaining = deadline - loop.time()
+            if remaining <= 0 or self.ctx.closing:
+                return False
+            await asyncio.sleep(min(0.1, remaining))
+        return True
 
     async def _poll(self, plan: ReceivePlan) -> list[Any]:
         """Ask the broker until it has something or the polling time is over."""

@@ -87,6 +87,12 @@ class ServerContext:
         self.ha_status: Callable[[], dict[str, Any]] | None = None
         # the admin service's PromoteBroker (broker.ha's `HaNode.promote`); None: no slave
         self.ha_promote: Callable[..., dict[str, Any]] | None = None
+        # a slave's replication link to its master is up (broker.ha's `HaSlave.connected`);
+        # None: no such link
+        self.master_link: Callable[[], bool] | None = None
+        # a master may serve receives (`HaNode.reads_ready`: its slaves reported what they
+        # acknowledged while acting for it); None: always
+        self.reads_ready: Callable[[], bool] | None = None
 
     # --- broker calls
     async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:

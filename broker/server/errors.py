@@ -125,7 +125,8 @@ class ReadOnlySlave(Forbidden):
     def __init__(self) -> None:
         super().__init__(
             "this broker is a slave (read-only replica of its master): "
-            "send to the master of its broker group"
+            "send to the master of its broker group (a slave serves receives only while "
+            "its master is down)"
         )
 
 

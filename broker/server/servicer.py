@@ -74,6 +74,18 @@ async def _refuse_on_slave(request: Any, call: CallInfo) -> Any:
     raise ReadOnlySlave()
 
 
+def _unless_acting(acting: Callable[[], bool], handler: Handler) -> Handler:
+    """A slave's handler of a read (ack, change of invisible time, dead-letter): served
+    while the slave acts for its dead master (`MessagingServicer.acting`), else refused."""
+
+    async def guarded(request: Any, call: CallInfo) -> Any:
+        if not acting():
+            raise ReadOnlySlave()
+        return await handler(request, call)
+
+    return guarded
+
+
 class MessagingServicer:
     """Registered with `add_to_server` (duck-typed, no base class)."""
 
@@ -94,11 +106,30 @@ class MessagingServicer:
         self._read_only = ctx.config.read_only
         if self._read_only:
             self._send = self._end_transaction = self._recall = _refuse_on_slave
-            self._ack = self._forward = self._change_invisible = _refuse_on_slave
+            # reads are served while the slave acts for its dead master (broker.acting)
+            self._ack = _unless_acting(self.acting, self.consuming.ack)
+            self._forward = _unless_acting(self.acting, self.consuming.forward_to_dlq)
+            self._change_invisible = _unless_acting(
+                self.acting, self.consuming.change_invisible_duration
+            )
+        ctx.broker.acting_gate = self.acting
 
     @property
     def read_only(self) -> bool:
         return self._read_only
+
+    def acting(self) -> bool:
+        """This slave serves receives and acks for its group (docs/ha.md "Reading from a
+        slave"): its replication link to its master is down, the cluster's probes find no
+        master of the group up, and it is the slave the routes name for the group."""
+        if not self._read_only:
+            return False
+        cluster, link = self.ctx.cluster, self.ctx.master_link
+        if cluster is None or link is None or link():
+            return False
+        group = cluster.config.group(cluster.me[0])
+        server = cluster.serving(group) if group is not None else None
+        return server is not None and not server.writable and server.broker_id == cluster.me[1]
 
     def make_writable(self) -> None:
         """A promoted slave (docs/ha.md): from now on its calls write like a master's."""
@@ -148,7 +179,7 @@ class MessagingServicer:
                 for response in self._refused_receive(exc):
                     yield response
             return
-        if self._read_only:
+        if self._read_only and not self.acting():
             for response in self._refused_receive(ReadOnlySlave()):
                 yield response
             return
@@ -170,7 +201,7 @@ class MessagingServicer:
             if isinstance(request, Undecodable):
                 self.ctx.call_info(context)
                 raise request.refuse(context)
-            if self._read_only:
+            if self._read_only and not self.acting():
                 raise ReadOnlySlave()
             return await self.consuming.receive_batch(request, context)
         except Exception as exc:

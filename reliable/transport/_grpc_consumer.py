@@ -312,7 +312,14 @@ class ConsumerSide(GrpcSession):
                 f"ReceiveMessage from {target}: {exc.code().name}: {exc.details()}"
             ) from None
         if status is not None:
-            wire.check_status(status, "ReceiveMessage")
+            try:
+                wire.check_status(status, "ReceiveMessage")
+            except BrokerCallError as exc:
+                # e.g. a slave that served its dead master's group refuses once the master
+                # is back: the next route names the master again
+                if gone is not None and exc.kind is FailureKind.TRY_ELSEWHERE:
+                    gone()
+                raise
         return out
 
     def _known(self, broker: str | None) -> str | None:

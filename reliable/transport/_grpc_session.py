@@ -291,8 +291,10 @@ class GrpcSession:
         writes: list[QueueRef] = []
         reads: list[QueueRef] = []
         for mq in response.message_queues:
-            if mq.broker.id != 0:
-                continue  # a slave's queues (its group's master is down): not for us
+            # a group whose master is down is served by its slave, READ only (it serves
+            # receives and acks for it): read from it, never send to it
+            if mq.broker.id != 0 and mq.permission != wire.READ:
+                continue
             if mq.broker.endpoints.addresses:
                 self._broker_targets[mq.broker.name] = wire.channel_target(mq.broker.endpoints)
             ref = QueueRef(topic, mq.broker.name, int(mq.id))

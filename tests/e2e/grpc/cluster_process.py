@@ -109,7 +109,7 @@ class Cluster:
         return self
 
     def masters_routed(self, endpoint: str, topic: str = "cluster-ready") -> set[str]:
-        """The groups whose master queues `endpoint`'s QueryRoute names."""
+        """The groups whose master queues (writable) `endpoint`'s QueryRoute names."""
         import grpc
 
         from broker.protocol_pb import service_pb2, service_pb2_grpc
@@ -120,7 +120,7 @@ class Cluster:
             response = service_pb2_grpc.MessagingServiceStub(channel).QueryRoute(
                 request, metadata=[("x-mq-client-id", "cluster-ready")], timeout=10
             )
-        return {mq.broker.name for mq in response.message_queues if mq.broker.id == 0}
+        return {mq.broker.name for mq in response.message_queues if mq.permission == 4}
 
     def wait_routed(self, timeout_s: float = 30.0) -> None:
         """Until every server routes every group's master: a server probes the others

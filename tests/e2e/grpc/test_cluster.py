@@ -89,14 +89,17 @@ def test_every_server_routes_every_group_and_a_dead_master_s_slave_serves_reads(
         ("broker-b", 0, READ_WRITE),
     ]
     a.master.kill()
+    # its slave serves the group's receives: READ only, at the slave's endpoint, under
+    # broker id 0 (the only one the official clients read from)
     a_by_slave = [
-        (name, 1, q, READ, a.slaves[0].port) if name == "broker-a" else (name, i, q, p, port)
+        (name, 0, q, READ, a.slaves[0].port) if name == "broker-a" else (name, i, q, p, port)
         for name, i, q, p, port in both
     ]
     for proc in (a.slaves[0], b.master, b.slaves[0]):
         assert official.wait_for(lambda p=proc: _route(p.endpoint, "t-cl-route") == a_by_slave)
         assert _assignment(proc.endpoint, "t-cl-route", "g-cl-route") == [
-            ("broker-b", 0, READ_WRITE)
+            ("broker-a", 0, READ),
+            ("broker-b", 0, READ_WRITE),
         ]
     a.slaves[0].kill()  # the whole group is gone: its queues leave the route
     only_b = [row for row in both if row[0] == "broker-b"]
@@ -106,7 +109,7 @@ def test_every_server_routes_every_group_and_a_dead_master_s_slave_serves_reads(
     assert official.wait_for(
         lambda: (
             _route(b.slaves[0].endpoint, "t-cl-route")
-            == [r for r in both if r[0] == "broker-b" or r[1] == 0]
+            == [r for r in both if r[0] == "broker-b" or r[3] == READ_WRITE]
         )
     )
 

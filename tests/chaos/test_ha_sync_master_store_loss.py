@@ -142,12 +142,21 @@ def test_sync_master_disk_lost_mid_send_loses_no_acknowledged_message(tmp_path: 
             # store; the slave stays a slave, read-only)
             admin = AdminClient(slave.endpoint)
             try:
-                missing = [
-                    mid
-                    for mid in acked
-                    if not admin.call("QueryMessage", unique_key=mid, topic=TOPIC)["messages"]
-                ]
-                assert missing == [], f"{len(missing)} acknowledged messages not on the slave"
+                missing = set(acked)
+
+                def found() -> bool:  # the index is built a moment after the write
+                    missing.difference_update(
+                        [
+                            mid
+                            for mid in missing
+                            if admin.call("QueryMessage", unique_key=mid, topic=TOPIC)["messages"]
+                        ]
+                    )
+                    return not missing
+
+                assert official.wait_for(found, timeout_s=30, interval_s=0.5), (
+                    f"{len(missing)} acknowledged messages not on the slave"
+                )
                 assert admin.ha_status()["role"] == "slave"
             finally:
                 admin.close()

@@ -208,11 +208,24 @@ def test_async_master_loss_is_bounded_by_its_lag_and_the_outbox_recovers_it(
         done = _promote(slave.endpoint, "--force")
         assert done.returncode == 0, done.stderr
 
-        # what the group lost: acknowledged sends the promoted slave does not hold
-        with engine.connect() as conn:
-            stubs = set(conn.execute(sa.select(tables.stub.c.message_id)).scalars())
+        # what the group lost: acknowledged sends the promoted slave does not hold. Its
+        # index is built a moment after each write, in log order: once a message sent
+        # now is found, everything before it is indexed.
+        to_slave = connect("grpc", endpoint=slave.endpoint)
+        to_slave.start()
+        closing.append(to_slave)
+        resender = Producer(to_slave).start()
+        closing.append(resender)
+        marker = resender.send(Message(f"{TOPIC}-marker", b"the end")).message_id
         on_slave = AdminClient(slave.endpoint)
         closing.append(on_slave)
+        assert _wait(
+            lambda: on_slave.call("QueryMessage", unique_key=marker, topic=f"{TOPIC}-marker")[
+                "messages"
+            ]
+        )
+        with engine.connect() as conn:
+            stubs = set(conn.execute(sa.select(tables.stub.c.message_id)).scalars())
         absent = {
             mid
             for mid in stubs
@@ -222,9 +235,6 @@ def test_async_master_loss_is_bounded_by_its_lag_and_the_outbox_recovers_it(
         assert 0 < len(lost) <= bound, (len(lost), bound, reports[-3:])
 
         # consume what the promoted slave holds, each confirmed under the guard
-        to_slave = connect("grpc", endpoint=slave.endpoint)
-        to_slave.start()
-        closing.append(to_slave)
         guard = IdempotencyGuard(engine, tables, None)
         handled: Counter[str] = Counter()
 
@@ -258,8 +268,6 @@ def test_async_master_loss_is_bounded_by_its_lag_and_the_outbox_recovers_it(
 
             time.sleep(LATENCY.total_seconds() + 0.5)  # past the expected latency
             # one pass of the resend worker sends exactly those to the promoted slave
-            resender = Producer(to_slave).start()
-            closing.append(resender)
             worker = ResendWorker(
                 engine,
                 tables,

@@ -94,11 +94,12 @@ class Sends:
 
 @pytest.mark.chaos
 @pytest.mark.slow
-def test_sync_master_disk_lost_mid_send_loses_no_acknowledged_message(tmp_path: Path) -> None:
+def test_sync_master_disk_lost_mid_send_loses_no_acknowledged_message(
+    tmp_path: Path, client_home: Path
+) -> None:
     from reliable.admin import AdminClient
 
-    home = tmp_path / "home"
-    home.mkdir()
+    home = client_home  # the official client's log directory (tests/chaos/conftest.py)
     m_store, s_store = tmp_path / "m", tmp_path / "s"
     m_ha, s_ha = _free_port(), _free_port()
     servers: list[ServerProcess] = []
@@ -110,102 +111,101 @@ def test_sync_master_disk_lost_mid_send_loses_no_acknowledged_message(tmp_path: 
 
     sends = Sends()
     threads: list[threading.Thread] = []
-    with official.client_home(home):
+    try:
+        master = start(
+            m_store,
+            *("--role", "sync-master", "--ha-port", str(m_ha)),
+            *("--ha-sync-timeout-ms", "2000"),
+        )
+        slave = start(
+            s_store,
+            *("--role", "slave", "--broker-id", "1", "--ha-port", str(s_ha)),
+            *("--master", f"127.0.0.1:{m_ha}"),
+        )
+        threads = [
+            threading.Thread(target=sends.produce, args=(master.endpoint, n), daemon=True)
+            for n in range(PRODUCERS)
+        ]
+        for th in threads:
+            th.start()
+        assert official.wait_for(lambda: sends.count() >= BEFORE_KILL, timeout_s=60)
+        # the machine is lost: the process killed while the producers send, its disk gone
+        master.kill()
+        shutil.rmtree(m_store)
+        sends.stop.set()
+        for th in threads:
+            th.join(60)
+        acked = set(sends.acked)
+        assert len(acked) >= BEFORE_KILL
+
+        # 1. every acknowledged message is on the slave (its admin service reads its
+        # store; the slave stays a slave, read-only)
+        admin = AdminClient(slave.endpoint)
         try:
-            master = start(
-                m_store,
-                *("--role", "sync-master", "--ha-port", str(m_ha)),
-                *("--ha-sync-timeout-ms", "2000"),
-            )
-            slave = start(
-                s_store,
-                *("--role", "slave", "--broker-id", "1", "--ha-port", str(s_ha)),
-                *("--master", f"127.0.0.1:{m_ha}"),
-            )
-            threads = [
-                threading.Thread(target=sends.produce, args=(master.endpoint, n), daemon=True)
-                for n in range(PRODUCERS)
-            ]
-            for th in threads:
-                th.start()
-            assert official.wait_for(lambda: sends.count() >= BEFORE_KILL, timeout_s=60)
-            # the machine is lost: the process killed while the producers send, its disk gone
-            master.kill()
-            shutil.rmtree(m_store)
-            sends.stop.set()
-            for th in threads:
-                th.join(60)
-            acked = set(sends.acked)
-            assert len(acked) >= BEFORE_KILL
+            missing = set(acked)
 
-            # 1. every acknowledged message is on the slave (its admin service reads its
-            # store; the slave stays a slave, read-only)
-            admin = AdminClient(slave.endpoint)
-            try:
-                missing = set(acked)
-
-                def found() -> bool:  # the index is built a moment after the write
-                    missing.difference_update(
-                        [
-                            mid
-                            for mid in missing
-                            if admin.call("QueryMessage", unique_key=mid, topic=TOPIC)["messages"]
-                        ]
-                    )
-                    return not missing
-
-                assert official.wait_for(found, timeout_s=30, interval_s=0.5), (
-                    f"{len(missing)} acknowledged messages not on the slave"
+            def found() -> bool:  # the index is built a moment after the write
+                missing.difference_update(
+                    [
+                        mid
+                        for mid in missing
+                        if admin.call("QueryMessage", unique_key=mid, topic=TOPIC)["messages"]
+                    ]
                 )
-                assert admin.ha_status()["role"] == "slave"
-            finally:
-                admin.close()
+                return not missing
 
-            # 2. the operator promotes it. The dead master may have stored records the
-            # slave never got (never acknowledged: a SYNC_MASTER answers only after the
-            # slave has the record), which the slave's last frame may have announced: then
-            # promotion asks for --force.
-            done = _promote(slave.endpoint)
-            if done.returncode != 0:
-                assert "not-caught-up" in done.stderr, done.stderr
-                done = _promote(slave.endpoint, "--force")
-            assert done.returncode == 0, done.stderr
-            promoted = json.loads(done.stdout)
-            assert promoted["after"]["role"] == "async-master"
-            consumer = official.simple_consumer(slave.endpoint, GROUP, TOPIC)
-            try:
-                got = official.receive_until(
-                    consumer, lambda g: acked <= {m.message_id for m in g}, timeout_s=90
-                )
-            finally:
-                consumer.shutdown()
-            lost = acked - {m.message_id for m in got}
-            assert lost == set(), f"{len(lost)} of {len(acked)} acknowledged messages lost"
-
-            # 3. the old master's machine comes back with an empty disk: it rejoins as a
-            # slave of the promoted one and copies everything, byte for byte
-            assert not m_store.exists()
-            old = start(
-                m_store,
-                *("--role", "slave", "--broker-id", "1", "--ha-port", str(m_ha)),
-                *("--master", f"127.0.0.1:{s_ha}"),
+            assert official.wait_for(found, timeout_s=30, interval_s=0.5), (
+                f"{len(missing)} acknowledged messages not on the slave"
             )
-            assert official.wait_for(lambda: _digest(m_store) == _digest(s_store), timeout_s=90)
-            admin = AdminClient(slave.endpoint)
-            try:
-                status: dict[str, Any] = admin.ha_status()
-            finally:
-                admin.close()
-            assert status["slaves"] and status["lag_bytes"] == 0, status
-            assert old.terminate() == 0, "".join(old.output)
-            assert slave.terminate() == 0, "".join(slave.output)
-            assert _digest(m_store) == _digest(s_store)
-            print(
-                f"observed: acknowledged {len(acked)}, failed sends {sends.failed}, "
-                f"promotion {'forced' if '--force' in done.args else 'plain'}, "
-                f"log {promoted['after']['max_offset']} bytes copied to the old master"
+            assert admin.ha_status()["role"] == "slave"
+        finally:
+            admin.close()
+
+        # 2. the operator promotes it. The dead master may have stored records the
+        # slave never got (never acknowledged: a SYNC_MASTER answers only after the
+        # slave has the record), which the slave's last frame may have announced: then
+        # promotion asks for --force.
+        done = _promote(slave.endpoint)
+        if done.returncode != 0:
+            assert "not-caught-up" in done.stderr, done.stderr
+            done = _promote(slave.endpoint, "--force")
+        assert done.returncode == 0, done.stderr
+        promoted = json.loads(done.stdout)
+        assert promoted["after"]["role"] == "async-master"
+        consumer = official.simple_consumer(slave.endpoint, GROUP, TOPIC)
+        try:
+            got = official.receive_until(
+                consumer, lambda g: acked <= {m.message_id for m in g}, timeout_s=90
             )
         finally:
-            sends.stop.set()
-            for proc in servers:
-                proc.kill()
+            consumer.shutdown()
+        lost = acked - {m.message_id for m in got}
+        assert lost == set(), f"{len(lost)} of {len(acked)} acknowledged messages lost"
+
+        # 3. the old master's machine comes back with an empty disk: it rejoins as a
+        # slave of the promoted one and copies everything, byte for byte
+        assert not m_store.exists()
+        old = start(
+            m_store,
+            *("--role", "slave", "--broker-id", "1", "--ha-port", str(m_ha)),
+            *("--master", f"127.0.0.1:{s_ha}"),
+        )
+        assert official.wait_for(lambda: _digest(m_store) == _digest(s_store), timeout_s=90)
+        admin = AdminClient(slave.endpoint)
+        try:
+            status: dict[str, Any] = admin.ha_status()
+        finally:
+            admin.close()
+        assert status["slaves"] and status["lag_bytes"] == 0, status
+        assert old.terminate() == 0, "".join(old.output)
+        assert slave.terminate() == 0, "".join(slave.output)
+        assert _digest(m_store) == _digest(s_store)
+        print(
+            f"observed: acknowledged {len(acked)}, failed sends {sends.failed}, "
+            f"promotion {'forced' if '--force' in done.args else 'plain'}, "
+            f"log {promoted['after']['max_offset']} bytes copied to the old master"
+        )
+    finally:
+        sends.stop.set()
+        for proc in servers:
+            proc.kill()

@@ -45,7 +45,8 @@ class _ConsumerIdentity:
         self.group = group
         self.client_id = client_id
         self.subscriptions: dict[str, Collection[str] | None] = {}
-        self.stream: wire.Telemetry | None = None
+        self.stream: wire.Telemetry | None = None  # to the access point's server
+        self.streams: dict[str, wire.Telemetry] = {}  # group master's target -> its stream
         self.waited = False
         self.warned_fifo = False
 
@@ -62,7 +63,7 @@ class ConsumerSide(GrpcSession):
 
     def _end_clients(self) -> None:
         for identity in list(self._consumers.values()):
-            self._terminate(identity.client_id, identity.group, identity.stream)
+            self._terminate(identity.client_id, identity.group, identity.stream, identity.streams)
         self._consumers.clear()
         super()._end_clients()
 
@@ -116,19 +117,35 @@ class ConsumerSide(GrpcSession):
                 changed = True
             if identity.stream is None:
                 self._require()
-                identity.stream = wire.Telemetry(
-                    self,
-                    identity.client_id,
-                    lambda: self._consumer_settings(identity),
-                    lambda _c: None,
-                    lambda pm: self._consume_directly(group, pm),
-                )
+                identity.stream = self._consumer_stream(identity, None)
+                for target in self.group_targets():
+                    identity.streams[target] = self._consumer_stream(identity, target)
             elif changed:
-                identity.stream.resend_settings()
+                for stream in (identity.stream, *identity.streams.values()):
+                    stream.resend_settings()
         if not identity.waited:  # once: the server's Settings tell FIFO and max attempts
             identity.stream.ready.wait(self._settings_timeout)
             identity.waited = True
         return identity
+
+    def _consumer_stream(self, identity: _ConsumerIdentity, target: str | None) -> wire.Telemetry:
+        """A Telemetry stream of `identity` to `target` (None: the access point): its
+        Settings, and the direct deliveries that server sends it."""
+        group = identity.group
+        return wire.Telemetry(
+            self.telemetry_host(target),
+            identity.client_id,
+            lambda: self._consumer_settings(identity),
+            lambda _c: None,
+            lambda pm: self._consume_directly(group, pm),
+        )
+
+    def _target_learned(self, target: str) -> None:
+        super()._target_learned(target)
+        with self._lock:
+            for identity in self._consumers.values():
+                if identity.stream is not None and target not in identity.streams:
+                    identity.streams[target] = self._consumer_stream(identity, target)
 
     # --- direct delivery (the server's verify_message_command)
     def consumer_client_id(self, group: str) -> str:
@@ -184,7 +201,8 @@ class ConsumerSide(GrpcSession):
                     identity.subscriptions[topic] = tags
                     changed = True
         if changed and identity.stream is not None:
-            identity.stream.resend_settings()
+            for stream in (identity.stream, *identity.streams.values()):
+                stream.resend_settings()
         request = service_pb2.HeartbeatRequest()
         request.client_type = wire.SIMPLE_CONSUMER
         self._resource(request.group, group)
@@ -194,7 +212,7 @@ class ConsumerSide(GrpcSession):
         with self._lock:
             identity = self._consumers.pop(group, None)
         if identity is not None and self.stub is not None:
-            self._terminate(identity.client_id, group, identity.stream)
+            self._terminate(identity.client_id, group, identity.stream, identity.streams)
 
     def receive(
         self,

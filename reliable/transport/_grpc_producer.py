@@ -37,14 +37,18 @@ class ProducerSide(GrpcSession):
         super().__init__(**options)
         self._published: set[str] = set()
         self._checkers: dict[str, TransactionChecker] = {}
-        self._producer_stream: wire.Telemetry | None = None
+        self._producer_stream: wire.Telemetry | None = None  # to the access point's server
+        self._producer_streams: dict[str, wire.Telemetry] = {}  # group master's target -> one
+        # message id of a half message an orphan check named -> the target that checked it
+        self._checked_at: dict[str, str | None] = {}
         self._half_brokers: dict[str, str] = {}  # message id of a half message -> its broker
 
     def _end_clients(self) -> None:
         super()._end_clients()
         if self._producer_stream is not None:
-            self._terminate(self._producer_stream.client_id, None, self._producer_stream)
+            self._terminate(self._producer_id, None, self._producer_stream, self._producer_streams)
             self._producer_stream = None
+            self._producer_streams = {}
 
     def _proto(self, m: Message, transactional: bool) -> Any:
         pm = definition_pb2.Message()
@@ -210,9 +214,10 @@ class ProducerSide(GrpcSession):
             if topic in self._published:
                 return
             self._published.add(topic)
-            stream = self._producer_stream
-        if stream is not None:
-            stream.resend_settings()
+            streams = [self._producer_stream, *self._producer_streams.values()]
+        for stream in streams:
+            if stream is not None:
+                stream.resend_settings()
 
     def _producer_settings(self) -> Any:
         settings = definition_pb2.Settings()
@@ -249,7 +254,10 @@ class ProducerSide(GrpcSession):
         request.source = wire.SOURCE_SERVER_CHECK if from_check else wire.SOURCE_CLIENT
         with self._lock:
             broker = self._half_brokers.pop(ref.message_id, None)
-        stub, target = self.stub_for(broker)
+            checked = ref.message_id in self._checked_at if from_check else False
+            checked_at = self._checked_at.pop(ref.message_id, None) if checked else None
+        # an orphan check is answered to the server that asked (the group holding it)
+        stub, target = self.stub_at(checked_at) if checked else self.stub_for(broker)
         try:
             response = stub.EndTransaction(
                 request, timeout=self._timeout, metadata=self.metadata(self._producer_id)
@@ -270,11 +278,27 @@ class ProducerSide(GrpcSession):
             self._checkers[producer_group] = checker
             if self._producer_stream is None:
                 self._require()
-                self._producer_stream = wire.Telemetry(
-                    self, self._producer_id, self._producer_settings, self._on_check
-                )
+                self._producer_stream = self._checked_stream(None)
+                for target in self.group_targets():
+                    self._producer_streams[target] = self._checked_stream(target)
 
-    def _on_check(self, command: Any) -> None:
+    def _checked_stream(self, target: str | None) -> wire.Telemetry:
+        """The producer's Telemetry stream to `target` (None: the access point), on which
+        that server sends its orphaned-transaction checks."""
+        return wire.Telemetry(
+            self.telemetry_host(target),
+            self._producer_id,
+            self._producer_settings,
+            lambda command: self._on_check(command, target),
+        )
+
+    def _target_learned(self, target: str) -> None:
+        super()._target_learned(target)
+        with self._lock:
+            if self._producer_stream is not None and target not in self._producer_streams:
+                self._producer_streams[target] = self._checked_stream(target)
+
+    def _on_check(self, command: Any, target: str | None = None) -> None:
         with self._lock:
             checkers = list(self._checkers.items())
         if not checkers:
@@ -282,6 +306,10 @@ class ProducerSide(GrpcSession):
         producer_group, checker = checkers[0]
         received = wire.to_received(command.message, None)
         received.transaction_id = command.transaction_id
+        with self._lock:
+            while len(self._checked_at) >= 4096:
+                self._checked_at.pop(next(iter(self._checked_at)))
+            self._checked_at[received.message_id] = target
 
         def resolve() -> None:
             try:

@@ -114,7 +114,11 @@ class GrpcSession:
     def stub_for(self, broker: str | None) -> tuple[Any, str]:
         """The stub that reaches `broker` and its target: the endpoints its route queues
         name (a broker group of a cluster), else the access point's."""
-        target = self._broker_targets.get(broker) if broker else None
+        return self.stub_at(self._broker_targets.get(broker) if broker else None)
+
+    def stub_at(self, target: str | None) -> tuple[Any, str]:
+        """The stub of a gRPC target (a broker group's endpoints) and the target; the
+        access point's for None or the access point's own target."""
         if target is None or target == self._target:
             return self._require(), self.endpoint
         found = self._channels.get(target)
@@ -144,16 +148,47 @@ class GrpcSession:
         """Tell the server this process's client identities are gone (the producer and
         consumer sides add theirs); called by `close` under the lock."""
 
-    def _terminate(self, client_id: str, group: str | None, stream: wire.Telemetry | None) -> None:
+    def _terminate(
+        self,
+        client_id: str,
+        group: str | None,
+        stream: wire.Telemetry | None,
+        streams: dict[str, wire.Telemetry] | None = None,
+    ) -> None:
+        """Tell the access point's server, and each group's master that has one of this
+        identity's `streams` (target -> stream), that the identity is gone."""
         request = service_pb2.NotifyClientTerminationRequest()
         if group:
             request.group.name, request.group.resource_namespace = group, self._namespace
-        try:
-            self._unary("NotifyClientTermination", request, client_id)
-        except BrokerCallError as exc:
-            log.debug("termination notice for %s failed: %s", client_id, exc)
-        if stream is not None:
-            stream.close()
+        for target in [None, *(streams or {})]:
+            stub, where = self.stub_at(target)
+            try:
+                response = stub.NotifyClientTermination(
+                    request, timeout=self._timeout, metadata=self.metadata(client_id)
+                )
+                wire.check_status(response.status, "NotifyClientTermination")
+            except (grpc.RpcError, BrokerCallError) as exc:
+                log.debug("termination notice for %s to %s failed: %s", client_id, where, exc)
+        for each in [stream, *(streams or {}).values()]:
+            if each is not None:
+                each.close()
+
+    # --- Telemetry to every group's master (what the official clients do)
+    def telemetry_host(self, target: str | None) -> wire.TelemetryHost:
+        """What a Telemetry stream to `target` (None: the access point) calls through."""
+        if target is None or target == self._target:
+            return self
+        return _TargetHost(self.stub_at(target)[0], self.metadata)
+
+    def group_targets(self) -> list[str]:
+        """The targets of the broker groups' masters the routes named so far, other than
+        the access point's: each client identity keeps a Telemetry stream to each."""
+        with self._lock:
+            return [t for t in dict.fromkeys(self._broker_targets.values()) if t != self._target]
+
+    def _target_learned(self, target: str) -> None:
+        """A route named a group master's target not seen before: the sides open their
+        identities' Telemetry streams to it (called without the lock held)."""
 
     # --- calls
     def metadata(self, client_id: str) -> list[tuple[str, str]]:
@@ -290,13 +325,18 @@ class GrpcSession:
         response = self._unary("QueryRoute", request)
         writes: list[QueueRef] = []
         reads: list[QueueRef] = []
+        learned: list[str] = []
         for mq in response.message_queues:
             # a group whose master is down is served by its slave, READ only (it serves
             # receives and acks for it): read from it, never send to it
             if mq.broker.id != 0 and mq.permission != wire.READ:
                 continue
             if mq.broker.endpoints.addresses:
-                self._broker_targets[mq.broker.name] = wire.channel_target(mq.broker.endpoints)
+                target = wire.channel_target(mq.broker.endpoints)
+                with self._lock:
+                    if target != self._target and target not in self._broker_targets.values():
+                        learned.append(target)
+                    self._broker_targets[mq.broker.name] = target
             ref = QueueRef(topic, mq.broker.name, int(mq.id))
             if mq.permission in (wire.WRITE, wire.READ_WRITE):
                 writes.append(ref)
@@ -304,6 +344,8 @@ class GrpcSession:
                 reads.append(ref)
         if reads or writes:
             self._brokers[topic] = (reads or writes)[0].broker
+        for target in dict.fromkeys(learned):
+            self._target_learned(target)
         return TopicRoute(topic, tuple(writes), tuple(reads))
 
     def retry_topic(self, group: str) -> str:
@@ -311,3 +353,11 @@ class GrpcSession:
 
     def dlq_topic(self, group: str) -> str:
         return dlq_topic(group)
+
+
+class _TargetHost:
+    """A Telemetry stream's view of one group master's channel."""
+
+    def __init__(self, stub: Any, metadata: Callable[[str], list[tuple[str, str]]]) -> None:
+        self.stub = stub
+        self.metadata = metadata

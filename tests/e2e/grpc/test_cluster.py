@@ -336,6 +336,28 @@ def test_a_promoted_slave_serves_its_group_to_the_framework_again(cluster: Clust
 
             assert official.wait_for(all_in, timeout_s=90, interval_s=0)
             assert set(got) == sent and max(got.values()) == 1
+            # the consumer's Telemetry reached the promoted slave once a route named it:
+            # it is a live client there, and a direct delivery reaches it
+            client_id = transport.consumer_client_id(group)  # type: ignore[attr-defined]
+            mine = next(iter(_ids_in_store(a.slaves[0].store, topic)))
+            admin = AdminClient(a.slaves[0].endpoint)
+            verdicts: list[Any] = []
+
+            def delivered() -> bool:
+                try:
+                    verdicts.append(
+                        admin.call("ReconsumeMessage", id=mine, group=group, client_id=client_id)
+                    )
+                except Exception as exc:  # not connected to it yet
+                    verdicts.append(exc)
+                    return False
+                return True
+
+            try:
+                assert official.wait_for(delivered, timeout_s=30, interval_s=0.5), verdicts[-1]
+            finally:
+                admin.close()
+            assert verdicts[-1]["status"] == "NOT_IMPLEMENTED", verdicts[-1]  # no listener
     finally:
         transport.close()
     in_a = _ids_in_store(a.slaves[0].store, topic)

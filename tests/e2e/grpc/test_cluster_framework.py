@@ -64,3 +64,113 @@ def test_the_scenarios_are_the_transport_ones() -> None:
         if name.startswith("test_") and list(inspect.signature(fn).parameters) == ["transport"]
     }
     assert taking_a_transport == {fn.__name__ for fn in SCENARIOS}
+
+
+def test_every_group_s_orphaned_transactions_reach_the_producer(cluster: Cluster) -> None:
+    """The producer keeps a Telemetry stream to every group's master, as the official
+    clients do: a half message left pending in either group is checked back, the check is
+    answered to the group that asked, and the message is delivered. With a stream to the
+    access point's server only, the other group's checks had nobody to go to."""
+    from reliable import Message, Producer, ReceivedMessage, SimpleConsumer
+    from tests.e2e.grpc import official
+
+    topic, count = "t-cl-fw-orphans", 8
+    t = reliable.connect("grpc", endpoint=cluster.endpoint)
+    t.start()
+    asked: list[str] = []
+
+    def checker(message: ReceivedMessage) -> reliable.TransactionState:
+        asked.append(message.message_id)
+        return reliable.TransactionState.COMMIT
+
+    try:
+        with (
+            Producer(t, transaction_checker=checker) as producer,
+            SimpleConsumer(
+                "g-cl-fw-orphans", {topic: "*"}, transport=t, await_duration_s=1
+            ) as consumer,
+        ):
+            ids = {
+                producer.send_in_transaction(
+                    Message(topic, f"pending {i}".encode()),
+                    lambda m, arg: reliable.TransactionState.UNKNOWN,  # the outcome never told
+                ).receipt.message_id
+                for i in range(count)
+            }
+            got: set[str] = set()
+
+            def arrived() -> bool:
+                for m in consumer.receive(max_messages=16):
+                    consumer.ack(m)
+                    got.add(m.message_id)
+                return got >= ids
+
+            assert official.wait_for(arrived, timeout_s=60, interval_s=0), (
+                f"{len(ids - got)} of {count} never delivered, {len(ids - set(asked))} never "
+                "checked"
+            )
+            assert got == ids and ids <= set(asked)
+            # committed where each half message was: in both groups
+            held: dict[str, set[str]] = {}
+            for group in cluster.groups:
+                admin = AdminClient(group.master.endpoint)
+                try:
+                    held[group.name] = {
+                        mid
+                        for mid in ids
+                        if admin.call("QueryMessage", unique_key=mid, topic=topic)["messages"]
+                    }
+                finally:
+                    admin.close()
+            assert all(held.values()) and set().union(*held.values()) == ids, held
+    finally:
+        t.close()
+
+
+def test_a_consumer_is_a_live_client_of_every_group(cluster: Cluster) -> None:
+    """A consumer's Telemetry stream reaches every group's master: each knows the client
+    as a consumer of its group (from its Settings) and can deliver a message to it
+    directly (`ReconsumeMessage` with `client_id`; a simple consumer answers that it has
+    no listener). With a stream to the access point's server only, the other group
+    answered that the client is not connected to it."""
+    from reliable import Message, Producer, SimpleConsumer
+    from tests.e2e.grpc import official
+
+    topic, group, count = "t-cl-fw-live", "g-cl-fw-live", 8
+    t = reliable.connect("grpc", endpoint=cluster.endpoint)
+    t.start()
+    try:
+        with (
+            Producer(t) as producer,
+            SimpleConsumer(group, {topic: "*"}, transport=t, await_duration_s=1) as consumer,
+        ):
+            consumer.receive(max_messages=1)  # the group exists before the first send
+            ids = [producer.send(Message(topic, f"m{i}".encode())).message_id for i in range(count)]
+            got: set[str] = set()
+
+            def arrived() -> bool:
+                for m in consumer.receive(max_messages=16):
+                    consumer.ack(m)
+                    got.add(m.message_id)
+                return got >= set(ids)
+
+            assert official.wait_for(arrived, timeout_s=60, interval_s=0)
+            client_id = t.consumer_client_id(group)  # type: ignore[attr-defined]
+            for g in cluster.groups:
+                admin = AdminClient(g.master.endpoint)
+                try:
+                    mine = [
+                        mid
+                        for mid in ids
+                        if admin.call("QueryMessage", unique_key=mid, topic=topic)["messages"]
+                    ]
+                    assert mine, g.name
+                    verdict = admin.call(
+                        "ReconsumeMessage", id=mine[0], group=group, client_id=client_id
+                    )
+                finally:
+                    admin.close()
+                assert verdict["client_id"] == client_id
+                assert verdict["status"] == "NOT_IMPLEMENTED", (g.name, verdict)
+    finally:
+        t.close()

@@ -26,9 +26,11 @@ import heapq
 import itertools
 import json
 import logging
+import queue
 import socket
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
@@ -67,6 +69,48 @@ def _code(name: str) -> grpc.StatusCode:
         return grpc.StatusCode.UNKNOWN
 
 
+class _Callbacks:
+    """The thread that runs the done callbacks of a channel's futures, in the order the
+    answers came: never the reader thread, so a callback may make a blocking call on the
+    same channel (its answer is read meanwhile), as with grpc's callback thread."""
+
+    def __init__(self, name: str) -> None:
+        self._queue: queue.SimpleQueue[tuple[Callable[[Any], object], Any] | None] = (
+            queue.SimpleQueue()
+        )
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def post(self, fn: Callable[[Any], object], future: Any) -> None:
+        self._queue.put((fn, future))
+
+    def stop(self) -> None:
+        self._queue.put(None)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            fn, future = item
+            try:
+                fn(future)
+            except Exception:
+                log.exception("a native wire call's callback failed")
+
+
+class WireFuture(Future[Any]):
+    """A call's future: its done callbacks run on the channel's callback thread."""
+
+    def __init__(self, callbacks: _Callbacks) -> None:
+        super().__init__()
+        self._callbacks = callbacks
+
+    def add_done_callback(self, fn: Callable[[Future[Any]], object]) -> None:
+        post = self._callbacks.post
+        super().add_done_callback(lambda f: post(fn, f))
+
+
 class _Connection:
     """One TCP connection and the calls in flight on it."""
 
@@ -91,6 +135,7 @@ class WireChannel:
         self._tick = itertools.count()
         self._wake = threading.Condition(self._lock)
         self._sweeper: threading.Thread | None = None
+        self._callbacks: _Callbacks | None = None
         self._closed = False
 
     # --- calls
@@ -111,9 +156,14 @@ class WireChannel:
             if key == "x-mq-client-id":
                 client_id = value
                 break
-        future: Future[Any] = Future()
         timeout_ms = int(timeout * 1000) if timeout else 0
         with self._lock:
+            if self._closed:
+                raise WireRpcError(grpc.StatusCode.CANCELLED, "the channel was closed")
+            callbacks = self._callbacks
+            if callbacks is None:
+                callbacks = self._callbacks = _Callbacks(f"wire-callbacks-{self.target}")
+            future = WireFuture(callbacks)
             conn = self._conn
             if conn is None or conn.broken:
                 conn = self._connect(metadata, method, future)
@@ -150,9 +200,12 @@ class WireChannel:
         with self._lock:
             self._closed = True
             conn, self._conn = self._conn, None
+            callbacks, self._callbacks = self._callbacks, None
             self._wake.notify()
         if conn is not None:
             self._fail(conn, grpc.StatusCode.CANCELLED, "the channel was closed")
+        if callbacks is not None:
+            callbacks.stop()
 
     # --- the connection
     def _connect(self, metadata: Any, method: pw.Method, future: Future[Any]) -> _Connection | None:

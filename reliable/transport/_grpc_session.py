@@ -151,13 +151,16 @@ class GrpcSession:
             response_deserializer=lambda raw: json.loads(raw.decode() or "{}"),
         )
 
-        def ask_port(metadata: Any, timeout: float | None) -> int:
+        def ask_port(metadata: Any, timeout: float | None) -> int | None:
+            """The advertised port (0: none); None when the server would not say."""
             reply = ask(
                 b"",
                 timeout=min(timeout or self._timeout, self._timeout),
                 metadata=metadata or self.metadata(self._base_id),
             )
-            return int(reply.get("port") or 0) if isinstance(reply, dict) else 0
+            if not isinstance(reply, dict) or reply.get("error"):
+                return None
+            return int(reply.get("port") or 0)
 
         host = target.removeprefix("ipv4:").split(",")[0].rpartition(":")[0]
         if address is not None:

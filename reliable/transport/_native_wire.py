@@ -444,11 +444,14 @@ class NativeStub:
         with self._lock:
             if not self._decided:
                 try:
-                    port = int(self._ask_port(metadata, timeout))
+                    asked = self._ask_port(metadata, timeout)
                 except grpc.RpcError as exc:
                     if exc.code() is not grpc.StatusCode.UNIMPLEMENTED:
                         return None  # not known yet (server down?): this call over grpc
-                    port = 0
+                    asked = 0  # an Apache RocketMQ proxy: no such service
+                if asked is None:
+                    return None  # not told (e.g. the signature was refused): over grpc
+                port = int(asked)
                 if port:
                     self._channel = WireChannel(
                         self._host, port, connect_timeout_s=self._connect_timeout

@@ -123,7 +123,8 @@ class WireConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
         self.server.connections.discard(self)
-        for future, _ in list(self._tasks.values()):
+        running, self._tasks = list(self._tasks.values()), {}
+        for future, _ in running:
             future.cancel()  # a parked long poll ends; its messages are let go
 
     def pause_writing(self) -> None:
@@ -174,8 +175,8 @@ class WireConnection(asyncio.Protocol):
             )
             return
         if method == pw.CANCEL:
-            running = self._tasks.get(request_id)
-            if running is not None:
+            running = self._tasks.pop(request_id, None)
+            if running is not None:  # its answer, if any, is dropped by the caller
                 running[0].cancel()
             return
         m = self.server.methods.get(method)
@@ -209,10 +210,40 @@ class WireConnection(asyncio.Protocol):
         )
         deadline = self.loop.time() + timeout_ms / 1000 if timeout_ms else None
         context = WireContext(self, metadata, deadline)
-        task = self.loop.create_task(handler(request, context))
+        task = self.loop.create_task(self._call(request_id, handler, request, context))
         self._tasks[request_id] = (task, context)
-        task.add_done_callback(lambda t: self._answer(request_id, t, context))
-        self._update_reading()
+        if len(self._tasks) >= MAX_INFLIGHT:
+            self._update_reading()
+
+    async def _call(
+        self, request_id: int, handler: Any, request: Any, context: WireContext
+    ) -> None:
+        """Run one call and answer it as soon as it returns (a task's done callback would
+        answer one loop turn later)."""
+        try:
+            response = await handler(request, context)
+        except asyncio.CancelledError:
+            self._tasks.pop(request_id, None)
+            context._done(cancelled=True)
+            if not self._closed:
+                self._error(request_id, "CANCELLED", "the call was cancelled")
+            self._update_reading()
+            raise
+        except Exception:  # the servicer answers every error in-band: this is a bug
+            self._tasks.pop(request_id, None)
+            log.exception("wire: %s call failed", type(request).__name__)
+            context._done(cancelled=False)
+            self._error(request_id, "INTERNAL", "the server failed to answer")
+            self._update_reading()
+            return
+        self._tasks.pop(request_id, None)
+        if self._closed:  # the caller went away: it never gets the answer
+            context._done(cancelled=True)
+            return
+        self._write(request_id, 0, response.SerializeToString())
+        context._done(cancelled=False)
+        if self._read_paused:
+            self._update_reading()
 
     def _on_hello(self, request_id: int, body: bytes) -> None:
         try:
@@ -241,26 +272,6 @@ class WireConnection(asyncio.Protocol):
         self._hello = metadata
         reply = {"version": pw.VERSION, "max_frame": self.server.max_frame}
         self._write(request_id, 0, json.dumps(reply).encode())
-
-    def _answer(self, request_id: int, task: asyncio.Future[Any], context: WireContext) -> None:
-        self._tasks.pop(request_id, None)
-        self._update_reading()
-        if task.cancelled():
-            context._done(cancelled=True)
-            if not self._closed:
-                self._error(request_id, "CANCELLED", "the call was cancelled")
-            return
-        exc = task.exception()
-        if exc is not None:  # the servicer answers every error in-band: this is a bug
-            log.error("wire: call failed", exc_info=exc)
-            context._done(cancelled=False)
-            self._error(request_id, "INTERNAL", "the server failed to answer")
-            return
-        if self._closed:  # the caller went away: it never gets the answer
-            context._done(cancelled=True)
-            return
-        self._write(request_id, 0, task.result().SerializeToString())
-        context._done(cancelled=False)
 
     # --- writing
     def _write(self, request_id: int, flags: int, body: bytes) -> None:

@@ -316,7 +316,7 @@ class WireServer:
         self.ctx = ctx
         self.max_frame = max_frame
         self.connections: set[WireConnection] = set()
-        self.loop: asyncio.AbstractEventLoop = asyncio.get_event_loop()
+        self.loop: asyncio.AbstractEventLoop = asyncio.get_running_loop()  # made on it
         self._server: asyncio.Server | None = None
         # code -> (name, never-raising parser, servicer method)
         self.methods: dict[int, tuple[str, Callable[[bytes], Any], Any]] = {

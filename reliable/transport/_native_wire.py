@@ -46,6 +46,13 @@ STATUS = 0x2  # with ERROR: the body is a protocol Status (the server refused th
 SWEEP_S = 0.05  # deadlines are enforced to this precision
 HELLO_EVERY_S = 600.0  # a fresh signature well inside the server's freshness window
 _DROP = ("x-mq-client-id", "x-mq-request-id")
+# answers to the port question that leave it open (asked again by the next call)
+_NOT_YET = (
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+)
 
 
 class WireRpcError(grpc.RpcError):  # type: ignore[misc]
@@ -446,9 +453,9 @@ class NativeStub:
                 try:
                     asked = self._ask_port(metadata, timeout)
                 except grpc.RpcError as exc:
-                    if exc.code() is not grpc.StatusCode.UNIMPLEMENTED:
+                    if exc.code() in _NOT_YET:
                         return None  # not known yet (server down?): this call over grpc
-                    asked = 0  # an Apache RocketMQ proxy: no such service
+                    asked = 0  # an Apache RocketMQ proxy (UNIMPLEMENTED): no such service
                 if asked is None:
                     return None  # not told (e.g. the signature was refused): over grpc
                 port = int(asked)

@@ -144,6 +144,7 @@ class WireChannel:
         self._sweeper: threading.Thread | None = None
         self._callbacks: _Callbacks | None = None
         self._closed = False
+        self.unreachable = False  # the last connection attempt failed
 
     # --- calls
     def call(self, method: pw.Method, request: Any, timeout: float | None, metadata: Any) -> Any:
@@ -222,7 +223,9 @@ class WireChannel:
             raise WireRpcError(grpc.StatusCode.CANCELLED, "the channel was closed")
         try:
             sock = socket.create_connection(self.address, timeout=self._connect_timeout)
+            self.unreachable = False
         except OSError as exc:
+            self.unreachable = True
             raise WireRpcError(
                 grpc.StatusCode.UNAVAILABLE, f"cannot connect to {self.target}: {exc}"
             ) from None
@@ -426,6 +429,7 @@ class NativeStub:
         self._channel: WireChannel | None = None
         self._lock = threading.Lock()
         self._decided = port is not None
+        self._asked = port is None  # the port is the server's answer, not the caller's
         for m in pw.METHODS:
             setattr(self, m.name, _Method(self, m))
         self.receive_messages = _Method(self, pw.BY_NAME["ReceiveMessages"])
@@ -447,7 +451,15 @@ class NativeStub:
 
     def channel(self, metadata: Any, timeout: float | None) -> WireChannel | None:
         if self._decided:
-            return self._channel
+            channel = self._channel
+            if channel is None or not channel.unreachable or not self._asked:
+                return channel
+            # the advertised port no longer answers (a server restarted on another
+            # port?): ask again, and meanwhile this call goes over grpc
+            with self._lock:
+                if self._channel is channel:
+                    self._decided, self._channel = False, None
+                    channel.close()
         with self._lock:
             if not self._decided:
                 try:

@@ -241,6 +241,7 @@ def test_a_sigkill_mid_flight_fails_pending_calls_and_loses_nothing_acknowledged
     acked = threading.Event()
     t = reliable.connect("grpc", endpoint=server.endpoint, wire="native", request_timeout_s=20)
     t.start()
+    servers = [server]
     try:
         t.send(Message(topic, b"first"), t.route(topic).write_queues[0])
         assert t.stub.native is True  # type: ignore[attr-defined]
@@ -268,12 +269,24 @@ def test_a_sigkill_mid_flight_fails_pending_calls_and_loses_nothing_acknowledged
         assert all(isinstance(r, TransportError) for r in failed), failed[:3]
         with pytest.raises(TransportError):  # the next call fails fast, as over gRPC
             t.send(Message(topic, b"after"), queue)
-    finally:
+        # back on the same gRPC port, its wire on another port: the transport finds it
+        again = ServerProcess(
+            tmp_path / "store", client_home, *FAST, "--wire-port", "0", port=server.port
+        ).start()
+        servers.append(again)
+        assert again.wire_port
+
+        def resent() -> bool:
+            try:
+                t.send(Message(topic, b"after"), queue)
+            except TransportError:
+                return False
+            return t.stub.native is True  # type: ignore[attr-defined]
+
+        wait_until(resent, timeout=30, what="a send over the wire after the restart")
         t.close()
-        server.kill()
-    stored = [b for b, r in results.items() if isinstance(r, list)]
-    again = ServerProcess(tmp_path / "store", client_home, *FAST).start()
-    try:
+        # every acknowledged message is there
+        stored = {b for b, r in results.items() if isinstance(r, list)}
         got: set[bytes] = set()
         with reliable.SimpleConsumer(
             "wire-kill-g",
@@ -288,8 +301,10 @@ def test_a_sigkill_mid_flight_fails_pending_calls_and_loses_nothing_acknowledged
                 for m in consumer.receive(32):
                     got.add(m.body)
                     consumer.ack(m)
-                return set(stored) <= got
+                return stored <= got
 
             wait_until(everything, timeout=60, what="every acknowledged message")
     finally:
-        again.kill()
+        t.close()
+        for proc in servers:
+            proc.kill()

@@ -10,9 +10,12 @@ test_batched_rpcs.py, which run over both wires.
 from __future__ import annotations
 
 import json
+import os
 import random
 import socket
 import struct
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -26,11 +29,12 @@ from broker.broker import Broker
 from broker.protocol_pb import definition_pb2, service_pb2
 from broker.server.codes import Code
 from broker.server.config import ServerConfig
+from broker.server.errors import ServerStartError
 from broker.server.server import MessagingServer
 from broker.store.config import StoreConfig
 from reliable import Message, Producer, TransportError
 from tests.e2e.grpc.conftest import FAST
-from tests.e2e.grpc.server_process import ServerProcess
+from tests.e2e.grpc.server_process import REPO, ServerProcess
 from tests.e2e.helpers import wait_until
 
 HELLO = json.dumps({"x-mq-namespace": "", "x-mq-language": "PYTHON"}).encode()
@@ -308,3 +312,38 @@ def test_a_sigkill_mid_flight_fails_pending_calls_and_loses_nothing_acknowledged
         t.close()
         for proc in servers:
             proc.kill()
+
+
+def test_the_wire_port_is_refused_with_tls(tmp_path: Path) -> None:
+    """The wire is plaintext: a TLS server does not open it (and says so)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reliable_cli",
+            "broker",
+            "start",
+            "--store",
+            str(tmp_path / "store"),
+            "--port",
+            "0",
+            "--wire-port",
+            "0",
+            "--tls-cert",
+            str(tmp_path / "cert.pem"),
+            "--tls-key",
+            str(tmp_path / "key.pem"),
+        ],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert "--wire-port is plaintext" in done.stderr
+    assert not (tmp_path / "store").exists()  # refused before anything was opened
+    config = ServerConfig(port=0, wire_port=0, tls_cert=tmp_path / "c", tls_key=tmp_path / "k")
+    with pytest.raises(ServerStartError, match="plaintext"):
+        MessagingServer(Broker(StoreConfig(store_dir=tmp_path / "unused")), config).start()

@@ -239,7 +239,7 @@ def test_a_sigkill_mid_flight_fails_pending_calls_and_loses_nothing_acknowledged
     server = ServerProcess(
         tmp_path / "store", client_home, *FAST, "--flush", "sync", "--wire-port", "0"
     ).start()
-    topic, n = "wire-kill", 1500
+    topic, n = "wire-kill", 800
     results: dict[bytes, object] = {}
     lock = threading.Lock()
     acked = threading.Event()
@@ -255,7 +255,7 @@ def test_a_sigkill_mid_flight_fails_pending_calls_and_loses_nothing_acknowledged
             def finished(result: Any) -> None:
                 with lock:
                     results[body] = result
-                    if sum(1 for r in results.values() if isinstance(r, list)) >= 50:
+                    if sum(1 for r in results.values() if isinstance(r, list)) >= 30:
                         acked.set()
 
             return finished

@@ -12,6 +12,8 @@ flush unless the case says sync_flush. 1 KiB bodies; one client process and thre
 - framework_send_pipelined_sync_flush: the same on the `--flush sync` server;
 - framework_asend_pipelined: `await Producer.asend` on one asyncio loop, 1000 in flight;
 - framework_send_batch: `Producer.send_batch` of 32 (one SendMessage, the repeated field);
+- framework_wire_*: the framework cases (and the two sync_flush ones) with the transport's
+  unary calls over the server's native wire (`wire="native"`, docs/wire.md) instead of gRPC;
 - framework_receive_ack: `reliable.SimpleConsumer.receive(32)` + `ack_async` per message
   (batched into one AckMessage underneath; every ack confirmed before the clock stops), or
   `ack` per message with a client that has no `ack_async`;
@@ -80,6 +82,13 @@ THROUGHPUT_KEYS = (
     "framework_asend_pipelined",
     "framework_send_batch",
     "framework_receive_ack",
+    "framework_wire_send",
+    "framework_wire_send_sync_flush",
+    "framework_wire_send_pipelined",
+    "framework_wire_send_pipelined_sync_flush",
+    "framework_wire_asend_pipelined",
+    "framework_wire_send_batch",
+    "framework_wire_receive_ack",
     "official_send",
     "official_send_async",
     "official_receive_ack",
@@ -98,6 +107,8 @@ THROUGHPUT_KEYS = (
 LATENCY_KEYS = (
     "framework_send",
     "framework_send_sync_flush",
+    "framework_wire_send",
+    "framework_wire_send_sync_flush",
     "official_send",
     "stub_official_send",
     "stub_framework_send",
@@ -133,6 +144,16 @@ COMPARISONS = (
         3.0,
     ),
     Comparison("framework_send_sync_flush", "nats_publish_each"),
+    Comparison(
+        "framework_wire_send_sync_flush",
+        "rabbitmq_publish_each",
+        ">= 3x, >= 2,000/s, p50 <= 0.6 ms",
+        3.0,
+    ),
+    Comparison("framework_wire_send", "framework_send", "(the wire vs gRPC)"),
+    Comparison("framework_wire_send_sync_flush", "framework_send_sync_flush", "(the wire vs gRPC)"),
+    Comparison("framework_wire_send_pipelined", "framework_send_pipelined", "(the wire vs gRPC)"),
+    Comparison("framework_wire_receive_ack", "framework_receive_ack", "(the wire vs gRPC)"),
     Comparison("framework_send_pipelined", "rabbitmq_publish_pipelined"),
     Comparison("framework_send_pipelined", "nats_publish_pipelined", ">= 1x", 1.0),
     Comparison("framework_send_pipelined_sync_flush", "rabbitmq_publish_pipelined"),
@@ -161,6 +182,43 @@ class CaseFailed(Exception):
 
 
 # --- processes
+
+SERVER_PIDS: dict[str, int] = {}  # endpoint -> the server process serving it
+
+
+def process_cpu_s(pid: int | None = None) -> float:
+    """User + system CPU seconds of a process (this one when None), every thread."""
+    if pid is None:
+        t = os.times()
+        return t.user + t.system
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuProbe:
+    """CPU per message of the client process and of the server process over one case:
+    steadier than msg/s on a loaded machine (every thread counted, unlike `cpu_us`)."""
+
+    def __init__(self, server_pid: int | None) -> None:
+        self.server_pid = server_pid
+        self.client = self.server = 0.0
+        self.start()
+
+    def start(self) -> CpuProbe:
+        self.client = process_cpu_s()
+        self.server = process_cpu_s(self.server_pid) if self.server_pid else 0.0
+        return self
+
+    def per_message(self, n: int) -> tuple[float | None, float]:
+        client = (process_cpu_s() - self.client) / n * 1e6
+        server = None
+        if self.server_pid:
+            try:
+                server = (process_cpu_s(self.server_pid) - self.server) / n * 1e6
+            except OSError:
+                server = None
+        return server, client
 
 
 @contextmanager
@@ -196,6 +254,7 @@ def serving(argv: list[str], home: Path, what: str) -> Iterator[str]:
     try:
         if not found.wait(START_TIMEOUT_S) or not endpoint:
             raise CaseFailed(f"{what} did not start: {''.join(tail)[-800:]}")
+        SERVER_PIDS[endpoint[0]] = proc.pid
         yield endpoint[0]
     finally:
         if proc.poll() is None:
@@ -208,6 +267,8 @@ def serving(argv: list[str], home: Path, what: str) -> Iterator[str]:
 
 
 def broker_server(store: Path, home: Path, flush: str = "async") -> Any:
+    """Our server, its native wire on (docs/wire.md): the wire cases use it, the others
+    do not (a client not asking for the wire is served as without it)."""
     return serving(
         [
             "-m",
@@ -224,6 +285,8 @@ def broker_server(store: Path, home: Path, flush: str = "async") -> Any:
             "1000",
             "--flush",
             flush,
+            "--wire-port",
+            "0",
         ],
         home,
         f"server (--flush {flush})",
@@ -244,13 +307,27 @@ class Recorder:
         self.result = result
         self.errors: list[str] = []
 
-    def add(self, name: str, m: Measured, note: str, latencies: list[float] | None = None) -> None:
+    def add(
+        self,
+        name: str,
+        m: Measured,
+        note: str,
+        latencies: list[float] | None = None,
+        cpu: CpuProbe | None = None,
+    ) -> None:
         metrics = self.result.metrics
         if latencies:
             p50, p99 = percentiles_ms(latencies)
             metrics[f"{name}_p50_ms"] = p50
             metrics[f"{name}_p99_ms"] = p99
             note += f"; p50 {p50:.2f} ms, p99 {p99:.2f} ms"
+        if cpu is not None and m.count:
+            server_us, client_us = cpu.per_message(m.count)
+            metrics[f"{name}_client_cpu_us"] = round(client_us, 1)
+            note += f"; CPU/msg client {client_us:.0f} us"
+            if server_us is not None:
+                metrics[f"{name}_server_cpu_us"] = round(server_us, 1)
+                note += f", server {server_us:.0f} us"
         self.result.rows.append(Row(name, m.msgs_s, m.mb_s, note, m.cpu_us))
         metrics[f"{name}_msgs_s"] = round(m.msgs_s)
         progress(f"{name}: {m.msgs_s:,.0f} msg/s")
@@ -434,6 +511,7 @@ def framework(
     asend: bool = True,
     batch: bool = True,
     receive: bool = True,
+    native: bool | None = None,
 ) -> None:
     from reliable import Message, Producer, SimpleConsumer
 
@@ -450,22 +528,33 @@ def framework(
     ):
         producer.send(Message(topic, BODY))  # warm-up: route, channel, topic creation
         drain(lambda: consumer.receive(max_messages=BATCH), consumer.ack, 1)
+        if (
+            native is not None
+            and getattr(getattr(transport, "stub", None), "native", None) is not native
+        ):
+            raise CaseFailed(f"the transport does not use the wire it was given (native={native})")
+        probe = CpuProbe(SERVER_PIDS.get(getattr(transport, "endpoint", "")))
         if send_each:
+            probe.start()
             sync, latencies = each(lambda: producer.send(Message(topic, BODY)), n.each)
-            rec.add(f"{prefix}_send{suffix}", sync, "send, one at a time", latencies)
+            rec.add(f"{prefix}_send{suffix}", sync, "send, one at a time", latencies, probe)
         name = f"{prefix}_send_pipelined{suffix}" if send_each else f"{prefix}_send{suffix}"
         before = _requests(producer)
+        probe.start()
         rec.add(
             name,
             windowed(lambda: producer.send_async(Message(topic, BODY)), n.pipelined),
             f"send_async, {WINDOW} in flight{_per_request(producer, before, n.pipelined)}",
+            cpu=probe,
         )
         if asend:
             before = _requests(producer)
+            probe.start()
             rec.add(
                 f"{prefix}_asend_pipelined{suffix}",
                 async_windowed(lambda: producer.asend(Message(topic, BODY)), n.pipelined),
                 f"await asend, {WINDOW} in flight{_per_request(producer, before, n.pipelined)}",
+                cpu=probe,
             )
         if batch:
             batches = max(1, n.pipelined // BATCH)
@@ -475,10 +564,17 @@ def framework(
                     producer.send_batch([Message(topic, BODY) for _ in range(BATCH)])
                 return batches * BATCH, batches * BATCH * len(BODY)
 
-            rec.add(f"{prefix}_send_batch{suffix}", timed(send_batches), f"send_batch of {BATCH}")
+            probe.start()
+            rec.add(
+                f"{prefix}_send_batch{suffix}",
+                timed(send_batches),
+                f"send_batch of {BATCH}",
+                cpu=probe,
+            )
         if receive:
+            probe.start()
             measured, note = receive_ack(consumer, n.pipelined)
-            rec.add(f"{prefix}_receive_ack{suffix}", measured, note)
+            rec.add(f"{prefix}_receive_ack{suffix}", measured, note, cpu=probe)
 
 
 def push_consume(transport: Any, n: int, rec: Recorder) -> None:
@@ -560,10 +656,10 @@ def receive_ack(consumer: Any, n: int) -> tuple[Measured, str]:
     return timed(run), f"receive({BATCH}), ack_async each"
 
 
-def _grpc_transport(endpoint: str) -> Any:
+def _grpc_transport(endpoint: str, wire: str = "grpc") -> Any:
     import reliable
 
-    return reliable.connect("grpc", endpoint=endpoint)
+    return reliable.connect("grpc", endpoint=endpoint, wire=wire)
 
 
 @contextmanager
@@ -629,9 +725,10 @@ def measure(
                     framework(t, "stub_framework", "", n, rec)
 
     official_cases = ("official_send", "official_send_async", "official_receive_ack")
-    if wanted(*official_cases, *framework_cases):
+    wire_cases = tuple(c.replace("framework_", "framework_wire_") for c in framework_cases)
+    if wanted(*official_cases, *framework_cases, *wire_cases):
         with (
-            rec.section(*framework_cases, *official_cases),
+            rec.section(*framework_cases, *wire_cases, *official_cases),
             broker_server(workdir / "server-store", home) as endpoint,
         ):
             if wanted(*official_cases):
@@ -640,17 +737,48 @@ def measure(
             if wanted(*framework_cases):
                 with rec.section(*framework_cases), started(_grpc_transport(endpoint)) as t:
                     framework(t, "framework", "", n, rec)
+            if wanted(*wire_cases):
+                with (
+                    rec.section(*wire_cases),
+                    started(_grpc_transport(endpoint, "native")) as t,
+                ):
+                    framework(t, "framework_wire", "", n, rec, native=True)
 
     sync_cases = ("framework_send_sync_flush", "framework_send_pipelined_sync_flush")
-    if wanted(*sync_cases):
+    wire_sync_cases = tuple(c.replace("framework_", "framework_wire_") for c in sync_cases)
+    if wanted(*sync_cases, *wire_sync_cases):
         with (
-            rec.section(*sync_cases),
+            rec.section(*sync_cases, *wire_sync_cases),
             broker_server(workdir / "sync-store", home, flush="sync") as endpoint,
-            started(_grpc_transport(endpoint)) as t,
         ):
-            framework(
-                t, "framework", "_sync_flush", n, rec, asend=False, batch=False, receive=False
-            )
+            if wanted(*sync_cases):
+                with rec.section(*sync_cases), started(_grpc_transport(endpoint)) as t:
+                    framework(
+                        t,
+                        "framework",
+                        "_sync_flush",
+                        n,
+                        rec,
+                        asend=False,
+                        batch=False,
+                        receive=False,
+                    )
+            if wanted(*wire_sync_cases):
+                with (
+                    rec.section(*wire_sync_cases),
+                    started(_grpc_transport(endpoint, "native")) as t,
+                ):
+                    framework(
+                        t,
+                        "framework_wire",
+                        "_sync_flush",
+                        n,
+                        rec,
+                        asend=False,
+                        batch=False,
+                        receive=False,
+                        native=True,
+                    )
 
     embedded_cases = ("embedded_send", "embedded_receive_ack", "embedded_push_consume")
     if wanted(*embedded_cases):

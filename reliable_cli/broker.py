@@ -6,6 +6,11 @@ calls finish, flushes and closes the store. Official RocketMQ 5 clients (and the
 
     reliable broker: serving on HOST:PORT (store DIR, flush MODE)
 
+With --wire-port, the framework's clients may send their unary calls over the native wire
+(framed TCP, docs/wire.md) on that port instead of gRPC; a line before the one above says
+
+    reliable broker: native wire on HOST:PORT
+
 Examples:
     reliable broker start --store /var/lib/reliable --port 8081 --flush sync
     reliable broker start --port 8443 --tls-cert server.pem --tls-key server.key \\
@@ -56,6 +61,15 @@ def register(sub: Any) -> None:
         type=int,
         default=8081,
         help="port to listen on (default 8081; 0 picks a free one)",
+    )
+    s.add_argument(
+        "--wire-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="also serve the native wire (docs/wire.md) on this port for the framework's "
+        "clients: the same calls as gRPC, framed over plain TCP, about 2x the one-at-a-time "
+        "rate; 0 picks a free one (default: off; not with TLS)",
     )
     s.add_argument(
         "--advertise",
@@ -241,6 +255,10 @@ def start(args: argparse.Namespace) -> int:
 
     if (args.tls_cert is None) != (args.tls_key is None):
         return _fail("--tls-cert and --tls-key go together")
+    if args.wire_port is not None and args.tls_cert is not None:
+        return _fail("--wire-port is plaintext: it cannot be combined with --tls-cert/--tls-key")
+    if args.wire_port is not None and not 0 <= args.wire_port <= 65535:
+        return _fail("--wire-port must be 0..65535")
     for path in (args.tls_cert, args.tls_key, args.credentials_file):
         if path is not None and not path.is_file():
             return _fail(f"{path}: no such file")
@@ -302,6 +320,7 @@ def start(args: argparse.Namespace) -> int:
         broker_id=ha_config.broker_id,
         cluster=cluster,
         cluster_probe_ms=args.cluster_probe_ms,
+        wire_port=args.wire_port,
         read_only=ha_config.role is HaRole.SLAVE,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
@@ -398,6 +417,8 @@ def start(args: argparse.Namespace) -> int:
             f"{args.master} (read-only)",
             flush=True,
         )
+    if server.wire_port:
+        print(f"reliable broker: native wire on {args.host}:{server.wire_port}", flush=True)
     print(
         f"reliable broker: serving on {args.host}:{server.port} "
         f"(store {store_dir}, flush {args.flush})",

@@ -52,6 +52,14 @@ def register(subparsers: Any) -> None:
         "--endpoint", metavar="HOST:PORT", help="grpc transport: a RocketMQ 5 gRPC endpoint"
     )
     p.add_argument(
+        "--wire",
+        choices=("native", "grpc"),
+        default=None,
+        help="with --endpoint: the unary calls over the server's native wire when it offers "
+        "one (native), or always over gRPC (default: $RELIABLE_WIRE, else native; "
+        "docs/wire.md)",
+    )
+    p.add_argument(
         "--delay-levels",
         metavar="TABLE",
         help="embedded: delay level table, e.g. '1s 5s 10s' (default RocketMQ's)",
@@ -131,7 +139,12 @@ def _consume(args: argparse.Namespace) -> int:
             )
             return ExitCode.USAGE
         transport, options["endpoint"] = "grpc", args.endpoint
+        if args.wire:
+            options["wire"] = args.wire
     else:
+        if args.wire:
+            print("reliable consume: --wire applies to --endpoint only", file=sys.stderr)
+            return ExitCode.USAGE
         transport = "embedded"
         if args.store:
             options["store_dir"] = args.store

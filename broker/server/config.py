@@ -29,6 +29,9 @@ class ServerConfig:
     cluster: ClusterConfig | None = None
     broker_id: int = 0
     cluster_probe_ms: int = 1000  # how often every other server's health is probed
+    # the native wire (docs/wire.md): the unary calls over framed TCP on this port beside
+    # gRPC's, for the framework's own clients; None: off, 0: a free port. Plaintext only.
+    wire_port: int | None = None
 
     # --- TLS: both files, or neither (plaintext)
     tls_cert: Path | None = None

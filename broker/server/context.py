@@ -69,6 +69,7 @@ class ServerContext:
         # messages stored before this start may be resent by clients that lost our answer
         self.had_messages = broker.store.get_commitlog_max_offset() > 0
         self.bound_port = config.port
+        self.wire_port = 0  # the native wire's bound port (0: not offered)
         self.pool = ThreadPoolExecutor(config.worker_threads, thread_name_prefix="grpc-call")
         # Under ASYNC_FLUSH a broker call never waits for the disk: it takes microseconds, far
         # less than handing it to a thread and back (which costs milliseconds of GIL handoffs

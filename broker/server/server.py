@@ -31,6 +31,7 @@ from broker.server.errors import ServerStartError
 from broker.server.health import BrokerHealth, store_writable
 from broker.server.polling import ArrivalHook
 from broker.server.servicer import MessagingServicer, add_to_server
+from broker.server.wire import WireServer
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +67,16 @@ class MessagingServer:
         self._stopped = threading.Event()
         self._error: BaseException | None = None
         self._grace_s = 2.0
+        self.wire: WireServer | None = None
 
     @property
     def port(self) -> int:
         return self.ctx.bound_port
+
+    @property
+    def wire_port(self) -> int:
+        """The native wire's port (docs/wire.md); 0 when it is off."""
+        return self.ctx.wire_port
 
     @property
     def address(self) -> str:
@@ -78,6 +85,11 @@ class MessagingServer:
     def start(self, timeout_s: float = 10.0) -> None:
         if self._thread is not None:
             raise ServerStartError("server already started")
+        if self.config.wire_port is not None and self.config.tls:
+            raise ServerStartError(
+                "the native wire port is plaintext: it is not offered with TLS "
+                "(leave the wire port off, or serve without TLS)"
+            )
         self._thread = threading.Thread(target=self._run, name="grpc-server", daemon=True)
         self._thread.start()
         if not self._started.wait(timeout_s):
@@ -161,6 +173,14 @@ class MessagingServer:
         if port == 0:
             raise ServerStartError(f"cannot bind {target}")
         self.ctx.bound_port = port
+        if self.config.wire_port is not None:
+            self.wire = WireServer(self.ctx, self.servicer, max_frame=MAX_MESSAGE_BYTES)
+            try:
+                self.ctx.wire_port = await self.wire.start(self.config.host, self.config.wire_port)
+            except OSError as exc:
+                raise ServerStartError(
+                    f"cannot bind the wire port {self.config.host}:{self.config.wire_port}: {exc}"
+                ) from exc
         await server.start()
         log.info(
             "serving RocketMQ 5 gRPC on %s:%d (%s)",
@@ -168,6 +188,8 @@ class MessagingServer:
             port,
             "TLS" if self.config.tls else "plaintext",
         )
+        if self.wire is not None:
+            log.info("serving the native wire on %s:%d", self.config.host, self.ctx.wire_port)
         self._started.set()
         upkeep = asyncio.ensure_future(self._upkeep())
         probes = (
@@ -187,7 +209,10 @@ class MessagingServer:
             self.servicer.consuming.waiters.wake_all()
             for session in self.ctx.sessions:
                 session.end_stream()
-            await server.stop(self._grace_s)
+            if self.wire is not None:
+                await asyncio.gather(self.wire.stop(self._grace_s), server.stop(self._grace_s))
+            else:
+                await server.stop(self._grace_s)
 
     async def _upkeep(self) -> None:
         while True:

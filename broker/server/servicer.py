@@ -16,12 +16,13 @@ before any authentication, and answer `UNKNOWN`).
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
 
-from broker import protocol_ext
+from broker import protocol_ext, protocol_wire
 from broker.protocol_pb import service_pb2
 from broker.server import convert
 from broker.server.clients import ClientHandlers
@@ -63,7 +64,12 @@ def add_to_server(servicer: MessagingServicer, server: Any) -> None:
                 service_pb2.ReceiveMessageRequest, protocol_ext.RECEIVE_MESSAGES
             ),
             response_serializer=protocol_ext.ReceiveMessagesResponse.SerializeToString,
-        )
+        ),
+        protocol_wire.WIRE_ENDPOINT: grpc.unary_unary_rpc_method_handler(
+            servicer.WireEndpoint,
+            request_deserializer=lambda raw: raw,
+            response_serializer=lambda value: json.dumps(value).encode(),
+        ),
     }
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(protocol_ext.SERVICE, batch),)
@@ -209,6 +215,15 @@ class MessagingServicer:
             response.status.CopyFrom(status_of(exc))
             convert.set_timestamp_ms(response.delivery_timestamp, self.ctx.clock())
             return response
+
+    async def WireEndpoint(self, request: Any, context: Any) -> dict[str, Any]:
+        """The native wire's port (`broker.protocol_wire`), to a caller whose signature
+        holds: `{"port": P}`, 0 when the server offers none."""
+        try:
+            self.ctx.call_info(context, require_client_id=False)
+        except Exception as exc:
+            return {"port": 0, "error": status_of(exc).message}
+        return {"port": self.ctx.wire_port}
 
     def _refused_receive(self, exc: Exception) -> list[Any]:
         """A refused receive, shaped as the protocol wants: a status, then a timestamp."""

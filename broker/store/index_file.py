@@ -478,11 +478,15 @@ class IndexFile(ReferenceResource):
 
     # --- lifetime (hold/release: ReferenceResource)
     def flush(self) -> None:
-        """msync the mapping when anything was written since the last flush."""
+        """Write the mapping's dirty pages to disk when anything was written since the last
+        flush: fdatasync on the descriptor (one page cache with the mapping, as
+        `broker.store.mapped_file` explains), which releases the GIL; Python's
+        `mmap.flush()` holds it for the whole msync, stalling every other thread (the
+        server's event loop) for as long as the disk takes, milliseconds under load."""
         if self._dirty and self.hold():
             try:
                 self._dirty = False
-                self._mm.flush()
+                os.fdatasync(self._fd)
             finally:
                 self.release()
 

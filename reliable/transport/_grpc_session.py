@@ -8,6 +8,7 @@ them together as `GrpcTransport`.
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 import socket
@@ -22,8 +23,11 @@ from typing import Any
 import grpc
 
 from broker.names import dlq_topic, retry_topic
+from broker.protocol_wire import WIRE_ENDPOINT_PATH
 from reliable.errors import BrokerCallError, ConfigurationError, TransportError
+from reliable.transport import _grpc_wire
 from reliable.transport import _grpc_wire as wire
+from reliable.transport._native_wire import NativeStub
 from reliable.transport._pb import protocol_ext, service_pb2, service_pb2_grpc
 from reliable.transport.base import QueueRef, TopicRoute
 
@@ -39,6 +43,21 @@ RECONNECT_OPTIONS = [
 ]
 
 ROUTE_TTL_S = 30.0
+
+# how the unary calls travel (docs/wire.md): "native" (the server's native wire when it
+# offers one, else gRPC) or "grpc"; the environment's RELIABLE_WIRE when not configured.
+# Native by default: measured, it costs less CPU per message on both sides in every case
+# (docs/performance.md#the-native-wire), and a server offers it only when its operator
+# opens the port (`reliable broker start --wire-port`)
+WIRES = ("grpc", "native")
+DEFAULT_WIRE = "native"
+
+
+def wire_of(value: str | None) -> str:
+    chosen = (value or os.environ.get("RELIABLE_WIRE") or DEFAULT_WIRE).strip().lower()
+    if chosen not in WIRES:
+        raise ConfigurationError(f"wire {chosen!r}: choose one of {', '.join(WIRES)}")
+    return chosen
 
 
 class GrpcSession:
@@ -57,10 +76,19 @@ class GrpcSession:
         namespace: str = "",
         request_timeout_s: float = 3.0,
         settings_timeout_s: float = 5.0,
+        wire: str | None = None,
+        wire_endpoint: str | None = None,
     ) -> None:
         self.endpoint = endpoint
-        self._access_point = wire.parse_endpoint(endpoint)
-        self._target = wire.channel_target(self._access_point)
+        self.wire = "native" if wire_endpoint else wire_of(wire)
+        if self.wire == "native" and tls:
+            log.info("the native wire is plaintext: over TLS, calls go over gRPC")
+            self.wire = "grpc"
+        self._wire_endpoint = (
+            _grpc_wire.parse_endpoint(wire_endpoint).addresses[0] if wire_endpoint else None
+        )
+        self._access_point = _grpc_wire.parse_endpoint(endpoint)
+        self._target = _grpc_wire.channel_target(self._access_point)
         self._tls, self._ca_file = tls, ca_file
         self._access_key, self._secret_key = access_key, secret_key
         self._namespace = namespace
@@ -98,6 +126,56 @@ class GrpcSession:
                 request_serializer=service_pb2.ReceiveMessageRequest.SerializeToString,
                 response_deserializer=protocol_ext.ReceiveMessagesResponse.FromString,
             )
+            if self.wire == "native":
+                explicit = self._wire_endpoint
+                self.stub = self._native(
+                    self._channel,
+                    self.stub,
+                    self.receive_messages,
+                    self._target,
+                    (explicit.host, int(explicit.port)) if explicit is not None else None,
+                )
+                self.receive_messages = self.stub.receive_messages
+
+    def _native(
+        self,
+        channel: Any,
+        stub: Any,
+        receive_messages: Any,
+        target: str,
+        address: tuple[str, int] | None = None,
+    ) -> NativeStub:
+        """The stub that sends `target`'s unary calls over its native wire (docs/wire.md):
+        at `address` if given, else at the port the server advertises on the host of
+        `target` (its first address), over gRPC when it advertises none."""
+        ask = channel.unary_unary(
+            WIRE_ENDPOINT_PATH,
+            request_serializer=lambda raw: raw,
+            response_deserializer=lambda raw: json.loads(raw.decode() or "{}"),
+        )
+
+        def ask_port(metadata: Any, timeout: float | None) -> int | None:
+            """The advertised port (0: none); None when the server would not say."""
+            reply = ask(
+                b"",
+                timeout=min(timeout or self._timeout, self._timeout),
+                metadata=metadata or self.metadata(self._base_id),
+            )
+            if not isinstance(reply, dict) or reply.get("error"):
+                return None
+            return int(reply.get("port") or 0)
+
+        host = target.removeprefix("ipv4:").split(",")[0].rpartition(":")[0]
+        if address is not None:
+            host = address[0]
+        return NativeStub(
+            stub,
+            receive_messages,
+            host=host,
+            ask_port=ask_port,
+            port=address[1] if address is not None else None,
+            connect_timeout_s=self._timeout,
+        )
 
     def _open(self, target: str) -> Any:
         options = [
@@ -128,16 +206,23 @@ class GrpcSession:
                 found = self._channels.get(target)
                 if found is None:
                     channel = self._open(target)
-                    found = (channel, service_pb2_grpc.MessagingServiceStub(channel))
+                    stub: Any = service_pb2_grpc.MessagingServiceStub(channel)
+                    if self.wire == "native":
+                        stub = self._native(channel, stub, None, target)
+                    found = (channel, stub)
                     self._channels[target] = found
         return found[1], target
 
     def close(self) -> None:
         with self._lock:
             self._end_clients()
-            for channel, _ in self._channels.values():
+            for channel, stub in self._channels.values():
+                if isinstance(stub, NativeStub):
+                    stub.close()
                 channel.close()
             self._channels.clear()
+            if isinstance(self.stub, NativeStub):
+                self.stub.close()
             if self._channel is not None:
                 self._channel.close()
                 self._channel = None

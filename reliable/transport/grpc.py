@@ -38,6 +38,14 @@ Model notes:
   `verify_message_result` with OK or FAILED_TO_CONSUME_MESSAGE (NOT_IMPLEMENTED when no
   push consumer of the group runs here); nothing is acknowledged or retried.
 
+- The native wire (docs/wire.md): with `wire="native"` (or `RELIABLE_WIRE=native`) the
+  unary calls (sends, acks, the batch receive, routes, heartbeats, offsets...) travel over
+  one framed TCP connection per endpoint to the port our server advertises
+  (`reliable broker start --wire-port P`; or `wire_endpoint="host:port"`), answered by the
+  same server code as over gRPC; ReceiveMessage streams, Telemetry and the admin service
+  stay on gRPC. A server that offers no wire port (an Apache RocketMQ proxy) is reached
+  over gRPC. Plaintext only: with `tls=True` every call goes over gRPC.
+
 The transport is three modules, one job each: `_grpc_session` (the channel, calls, routes),
 `_grpc_producer` (sends and transactions) and `_grpc_consumer` (receives, acks, offsets,
 group settings); `_grpc_wire` holds the protocol conversions and the Telemetry stream.
@@ -79,6 +87,8 @@ class GrpcTransport(ProducerSide, ConsumerSide):
         namespace: str = "",
         request_timeout_s: float = 3.0,
         settings_timeout_s: float = 5.0,
+        wire: str | None = None,
+        wire_endpoint: str | None = None,
     ) -> None:
         super().__init__(
             endpoint=endpoint,
@@ -89,4 +99,6 @@ class GrpcTransport(ProducerSide, ConsumerSide):
             namespace=namespace,
             request_timeout_s=request_timeout_s,
             settings_timeout_s=settings_timeout_s,
+            wire=wire,
+            wire_endpoint=wire_endpoint,
         )

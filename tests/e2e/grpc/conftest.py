@@ -44,8 +44,11 @@ def client_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, client_home: Path) -> Iterator[ServerProcess]:
-    """One server for a test module (tests use distinct topics and groups)."""
-    proc = ServerProcess(tmp_path_factory.mktemp("store"), client_home, *FAST).start()
+    """One server for a test module (tests use distinct topics and groups); its native
+    wire is on, used only by transports that ask for it (`wire="native"`)."""
+    proc = ServerProcess(
+        tmp_path_factory.mktemp("store"), client_home, *FAST, "--wire-port", "0"
+    ).start()
     yield proc
     code = proc.terminate()
     assert code == 0, "".join(proc.output)
@@ -71,16 +74,20 @@ def open_transport(
     request: pytest.FixtureRequest, name: str, tmp_path: Path
 ) -> Iterator[Transport]:
     """A started transport of `name`: the in-process broker over a store in `tmp_path`, or
-    the grpc transport to the module's server process."""
+    the grpc transport to the module's server process, its unary calls over gRPC
+    ("grpc") or over the server's native wire ("wire", docs/wire.md)."""
     if name == "embedded":
         t = reliable.connect(
             "embedded", store_config=store_config(tmp_path / "store"), broker_config=broker_config()
         )
     else:
         served: ServerProcess = request.getfixturevalue("server")
-        t = reliable.connect("grpc", endpoint=served.endpoint)
+        wire = "native" if name == "wire" else "grpc"
+        t = reliable.connect("grpc", endpoint=served.endpoint, wire=wire)
     t.start()
     yield t
+    if name == "wire":  # the calls did go over the wire, not silently over gRPC
+        assert t.stub.native is True  # type: ignore[attr-defined]
     t.close()
 
 

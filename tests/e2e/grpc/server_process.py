@@ -27,6 +27,7 @@ TEST_STORE = (
     "1.0",
 )
 _READY = re.compile(r"serving on ([\w.\-]+):(\d+)")
+_WIRE = re.compile(r"native wire on ([\w.\-]+):(\d+)")
 
 
 class ServerProcess:
@@ -39,6 +40,7 @@ class ServerProcess:
         self.port = port
         self.proc: subprocess.Popen[str] | None = None
         self.output: list[str] = []
+        self.wire_port = 0  # the native wire's port, when started with --wire-port
 
     @property
     def endpoint(self) -> str:
@@ -69,6 +71,9 @@ class ServerProcess:
             assert proc.stdout is not None
             for line in proc.stdout:
                 self.output.append(line)
+                wired = _WIRE.search(line)
+                if wired:
+                    self.wire_port = int(wired.group(2))
                 m = _READY.search(line)
                 if m and not ready.is_set():
                     self.port = int(m.group(2))

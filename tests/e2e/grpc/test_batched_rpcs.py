@@ -1,6 +1,7 @@
 """The served hot paths in batches: a SendMessage of several messages, an AckMessage of
 several entries, and concurrent single sends under SYNC_FLUSH (acknowledged only once on
-disk, and all there after a SIGKILL)."""
+disk, and all there after a SIGKILL). The unary calls go over gRPC and over the server's
+native wire (docs/wire.md), through the same stub interface."""
 
 from __future__ import annotations
 
@@ -20,16 +21,30 @@ from broker.server.codes import Code
 from broker.server.config import ServerConfig
 from broker.server.server import MessagingServer
 from broker.store.config import FlushMode, StoreConfig
+from reliable.transport._native_wire import NativeStub
 from tests.e2e.grpc.conftest import FAST
 from tests.e2e.grpc.server_process import ServerProcess
 
 MD = (("x-mq-client-id", "batched-test"),)
+WIRES = ["grpc", "native"]
 
 
-@pytest.fixture
-def stub(server: ServerProcess) -> Iterator[Any]:
+def make_stub(channel: Any, wire: str, wire_port: int) -> Any:
+    """The grpc stub, or the same interface over the native wire (streams stay on gRPC)."""
+    stub = service_pb2_grpc.MessagingServiceStub(channel)
+    if wire == "native":
+        assert wire_port
+        return NativeStub(stub, None, host="127.0.0.1", ask_port=None, port=wire_port)
+    return stub
+
+
+@pytest.fixture(params=WIRES)
+def stub(server: ServerProcess, request: pytest.FixtureRequest) -> Iterator[Any]:
     channel = grpc.insecure_channel(server.endpoint)
-    yield service_pb2_grpc.MessagingServiceStub(channel)
+    made = make_stub(channel, request.param, server.wire_port)
+    yield made
+    if isinstance(made, NativeStub):
+        made.close()
     channel.close()
 
 
@@ -67,7 +82,7 @@ def receive_all(
 
 
 def test_one_send_of_several_messages_is_one_batch_with_an_offset_each(stub: Any) -> None:
-    topic = "batched-send"
+    topic = f"batched-send-{type(stub).__name__}"
     bodies = [f"m{i}".encode() for i in range(6)]
     request = send_request(topic, bodies)
     reply = stub.SendMessage(request, metadata=MD, timeout=10)
@@ -91,7 +106,7 @@ def test_one_send_of_several_messages_is_one_batch_with_an_offset_each(stub: Any
 
 
 def test_a_bad_message_in_a_send_fails_alone(stub: Any) -> None:
-    topic = "batched-send-bad"
+    topic = f"batched-send-bad-{type(stub).__name__}"
     request = send_request(topic, [b"a", b"", b"c"])  # an empty body is refused
     reply = stub.SendMessage(request, metadata=MD, timeout=10)
     assert [e.status.code for e in reply.entries] == [Code.OK, Code.MESSAGE_BODY_EMPTY, Code.OK]
@@ -101,7 +116,7 @@ def test_a_bad_message_in_a_send_fails_alone(stub: Any) -> None:
 
 
 def test_a_batched_ack_reports_a_failed_entry_alone(stub: Any) -> None:
-    topic, group = "batched-ack", "batched-ack-g"
+    topic, group = f"batched-ack-{type(stub).__name__}", f"batched-ack-g-{type(stub).__name__}"
     stub.SendMessage(send_request(topic, [b"one", b"two", b"three"]), metadata=MD, timeout=10)
     got = receive_all(stub, group, topic, 3, invisible_s=2)
     assert len(got) == 3
@@ -134,7 +149,10 @@ def test_a_batched_ack_reports_a_failed_entry_alone(stub: Any) -> None:
     assert receive_all(stub, group, topic, 1, within_s=3.5) == []
 
 
-def test_sync_flush_acknowledges_concurrent_sends_only_once_on_disk(tmp_path: Path) -> None:
+@pytest.mark.parametrize("wire", WIRES)
+def test_sync_flush_acknowledges_concurrent_sends_only_once_on_disk(
+    tmp_path: Path, wire: str
+) -> None:
     """In-process: at the moment each answer arrives, the commitlog is fsynced past the
     message's record; the sends of many threads share group commits."""
     broker = Broker(
@@ -147,10 +165,10 @@ def test_sync_flush_acknowledges_concurrent_sends_only_once_on_disk(tmp_path: Pa
     )
     broker.start()
     broker.create_topic("durable", queues=1)
-    server = MessagingServer(broker, ServerConfig(port=0))
+    server = MessagingServer(broker, ServerConfig(port=0, wire_port=0))
     server.start()
     channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
-    stub = service_pb2_grpc.MessagingServiceStub(channel)
+    stub = make_stub(channel, wire, server.wire_port)
     flushed = broker.store.commitlog.queue
     seen: list[tuple[int, int]] = []  # (queue offset, flushed position when answered)
     errors: list[BaseException] = []

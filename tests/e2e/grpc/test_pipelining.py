@@ -1,7 +1,8 @@
 """Pipelined sends and batched acks: many requests in flight, many messages per request,
 each message with its own receipt (and error), in order per message group.
 
-Run over our gRPC server in a subprocess (real gRPC) and over the embedded broker.
+Run over our gRPC server in a subprocess (real gRPC, and the server's native wire,
+docs/wire.md) and over the embedded broker.
 """
 
 from __future__ import annotations
@@ -9,12 +10,22 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from reliable import Message, Producer, ReceivedMessage, SimpleConsumer, Transport
 from reliable.errors import BadRequest, ReceiptHandleError
+from tests.e2e.grpc.conftest import open_transport
 from tests.e2e.helpers import wait_until
+
+
+@pytest.fixture(params=["embedded", "grpc", "wire"])
+def transport(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Transport]:
+    """Each test over the embedded broker, gRPC, and the native wire."""
+    yield from open_transport(request, request.param, tmp_path)
 
 
 class InFlightSeam:
@@ -51,6 +62,14 @@ class InFlightSeam:
         )
 
 
+def _tag(transport: Transport) -> str:
+    """Names of topics and groups per transport and wire: the grpc and wire runs share
+    one server."""
+    return (
+        f"{transport.name}-wire" if getattr(transport, "wire", "") == "native" else transport.name
+    )
+
+
 def _receive_all(transport: Transport, group: str, topic: str, n: int) -> list[ReceivedMessage]:
     got: dict[str, ReceivedMessage] = {}
     with SimpleConsumer(
@@ -69,7 +88,7 @@ def _receive_all(transport: Transport, group: str, topic: str, n: int) -> list[R
 
 
 def test_concurrent_send_async_each_gets_its_receipt_in_group_order(transport: Transport) -> None:
-    topic = f"pipe-order-{transport.name}"
+    topic = f"pipe-order-{_tag(transport)}"
     groups = [f"g{i}" for i in range(6)]
     per_group, plain = 60, 120
     sent: dict[str, list[Message]] = {g: [] for g in groups}
@@ -138,7 +157,7 @@ def test_concurrent_send_async_each_gets_its_receipt_in_group_order(transport: T
 
 
 def test_linger_batches_messages_into_few_requests(transport: Transport) -> None:
-    topic = f"pipe-linger-{transport.name}"
+    topic = f"pipe-linger-{_tag(transport)}"
     n = 200
     with Producer(transport, linger_ms=200, batch_size=64) as producer:
         producer.send(Message(topic, b"create"))
@@ -154,7 +173,7 @@ def test_linger_batches_messages_into_few_requests(transport: Transport) -> None
 
 
 def test_asend_from_asyncio(transport: Transport) -> None:
-    topic = f"pipe-asend-{transport.name}"
+    topic = f"pipe-asend-{_tag(transport)}"
 
     async def main(producer: Producer) -> list[str]:
         receipts = await asyncio.gather(
@@ -171,7 +190,7 @@ def test_asend_from_asyncio(transport: Transport) -> None:
 
 
 def test_batched_acks_report_a_failed_entry_alone(transport: Transport) -> None:
-    topic, group = f"pipe-acks-{transport.name}", f"pipe-acks-g-{transport.name}"
+    topic, group = f"pipe-acks-{_tag(transport)}", f"pipe-acks-g-{_tag(transport)}"
     with Producer(transport) as producer:
         for i in range(6):
             producer.send(Message(topic, f"m{i}".encode()))
@@ -208,7 +227,7 @@ def test_batched_acks_report_a_failed_entry_alone(transport: Transport) -> None:
 
 
 def test_pipelined_invisible_duration_changes_each_get_their_handle(transport: Transport) -> None:
-    topic, group = f"pipe-hide-{transport.name}", f"pipe-hide-g-{transport.name}"
+    topic, group = f"pipe-hide-{_tag(transport)}", f"pipe-hide-g-{_tag(transport)}"
     with Producer(transport) as producer:
         for i in range(5):
             producer.send(Message(topic, f"m{i}".encode()))
@@ -232,7 +251,7 @@ def test_pipelined_invisible_duration_changes_each_get_their_handle(transport: T
 
 
 def test_a_send_from_a_send_callback_does_not_deadlock(transport: Transport) -> None:
-    topic = f"pipe-callback-{transport.name}"
+    topic = f"pipe-callback-{_tag(transport)}"
     chained: list[str] = []
     done = threading.Event()
     with Producer(transport) as producer:
@@ -252,7 +271,7 @@ def test_a_send_from_a_send_callback_does_not_deadlock(transport: Transport) -> 
 
 
 def test_a_bad_message_in_a_batch_fails_alone(transport: Transport) -> None:
-    topic = f"pipe-bad-{transport.name}"
+    topic = f"pipe-bad-{_tag(transport)}"
     with Producer(transport, linger_ms=100, batch_size=16) as producer:
         producer.send(Message(topic, b"create"))
         messages = [Message(topic, f"m{i}".encode()) for i in range(10)]

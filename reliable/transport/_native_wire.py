@@ -1,0 +1,488 @@
+"""The grpc transport's native wire (docs/wire.md): its unary calls over one framed TCP
+connection to the server's wire port, instead of gRPC.
+
+`NativeStub` stands where the grpc stub stood: `stub.SendMessage(request, timeout=,
+metadata=)` blocks, `stub.SendMessage.future(...)` returns a future whose `result()`
+raises a `grpc.RpcError` (with `code()` and `details()`) like grpc's, so the session's
+callers and their error handling are unchanged. Streaming calls (ReceiveMessage,
+Telemetry) and anything else go to the grpc stub underneath.
+
+The wire port is asked of the server once (`reliable.v1.BatchMessaging/WireEndpoint` over
+gRPC) unless the caller names it; a server that offers none (or an Apache RocketMQ proxy,
+which answers UNIMPLEMENTED) is reached over gRPC from then on.
+
+One connection per endpoint: a lock serialises writes (TCP_NODELAY, one `sendall` a
+frame), a reader thread resolves futures by request id as answers come (in any order), a
+sweeper thread fails calls past their deadline (DEADLINE_EXCEEDED) and tells the server
+(CANCEL). A connection that fails fails every call in flight on it with UNAVAILABLE (the
+session turns it into a TransportError, which the producer's retry policy retries); the
+next call connects again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import json
+import logging
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+import grpc
+
+from broker import protocol_wire as pw
+from reliable.transport._pb import definition_pb2
+
+log = logging.getLogger("reliable.transport.grpc")
+
+STATUS = 0x2  # with ERROR: the body is a protocol Status (the server refused the hello)
+SWEEP_S = 0.05  # deadlines are enforced to this precision
+HELLO_EVERY_S = 600.0  # a fresh signature well inside the server's freshness window
+_DROP = ("x-mq-client-id", "x-mq-request-id")
+# answers to the port question that leave it open (asked again by the next call)
+_NOT_YET = (
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+)
+
+
+class WireRpcError(grpc.RpcError):  # type: ignore[misc]
+    """A failed call over the native wire, shaped as grpc's errors are."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+def _code(name: str) -> grpc.StatusCode:
+    try:
+        return grpc.StatusCode[name]
+    except KeyError:
+        return grpc.StatusCode.UNKNOWN
+
+
+class _Callbacks:
+    """The thread that runs the done callbacks of a channel's futures, in the order the
+    answers came: never the reader thread, so a callback may make a blocking call on the
+    same channel (its answer is read meanwhile), as with grpc's callback thread."""
+
+    def __init__(self, name: str) -> None:
+        self._queue: queue.SimpleQueue[tuple[Callable[[Any], object], Any] | None] = (
+            queue.SimpleQueue()
+        )
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def post(self, fn: Callable[[Any], object], future: Any) -> None:
+        self._queue.put((fn, future))
+
+    def stop(self) -> None:
+        self._queue.put(None)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            fn, future = item
+            try:
+                fn(future)
+            except Exception:
+                log.exception("a native wire call's callback failed")
+
+
+class WireFuture(Future[Any]):
+    """A call's future: its done callbacks run on the channel's callback thread."""
+
+    def __init__(self, callbacks: _Callbacks) -> None:
+        super().__init__()
+        self._callbacks = callbacks
+
+    def add_done_callback(self, fn: Callable[[Future[Any]], object]) -> None:
+        post = self._callbacks.post
+        super().add_done_callback(lambda f: post(fn, f))
+
+
+class _Connection:
+    """One TCP connection and the calls in flight on it."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.pending: dict[int, tuple[Future[Any], pw.Method]] = {}
+        self.ids = itertools.count(1)
+        self.hello_at = time.monotonic()
+        self.broken = False
+
+
+class WireChannel:
+    """The native wire to one server: `call` and `submit` one unary call."""
+
+    def __init__(self, host: str, port: int, *, connect_timeout_s: float = 3.0) -> None:
+        self.address = (host, port)
+        self.target = f"{host}:{port}"
+        self._connect_timeout = connect_timeout_s
+        self._lock = threading.Lock()
+        self._conn: _Connection | None = None
+        self._deadlines: list[tuple[float, int, int, _Connection]] = []
+        self._tick = itertools.count()
+        self._wake = threading.Condition(self._lock)
+        self._sweeper: threading.Thread | None = None
+        self._callbacks: _Callbacks | None = None
+        self._closed = False
+        self.unreachable = False  # the last connection attempt failed
+
+    # --- calls
+    def call(self, method: pw.Method, request: Any, timeout: float | None, metadata: Any) -> Any:
+        future = self.submit(method, request, timeout, metadata)
+        try:
+            return future.result(None if timeout is None else timeout + 1.0)
+        except FutureTimeout:  # the sweeper should have answered first
+            future.cancel()
+            raise WireRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded") from None
+
+    def submit(
+        self, method: pw.Method, request: Any, timeout: float | None, metadata: Any
+    ) -> Future[Any]:
+        payload = request.SerializeToString()
+        client_id = ""
+        for key, value in metadata or ():
+            if key == "x-mq-client-id":
+                client_id = value
+                break
+        timeout_ms = int(timeout * 1000) if timeout else 0
+        with self._lock:
+            if self._closed:
+                raise WireRpcError(grpc.StatusCode.CANCELLED, "the channel was closed")
+            callbacks = self._callbacks
+            if callbacks is None:
+                callbacks = self._callbacks = _Callbacks(f"wire-callbacks-{self.target}")
+            future = WireFuture(callbacks)
+            conn = self._conn
+            if conn is None or conn.broken:
+                conn = self._connect(metadata, method, future)
+                if conn is None:  # the hello was refused: the future holds the answer
+                    return future
+            elif time.monotonic() - conn.hello_at > HELLO_EVERY_S:
+                self._send(conn, pw.frame(0, pw.HELLO, 0, _hello(metadata)))
+                conn.hello_at = time.monotonic()
+            request_id = next(conn.ids) & 0xFFFFFFFF or next(conn.ids)
+            conn.pending[request_id] = (future, method)
+            data = pw.frame(
+                request_id,
+                method.code,
+                0,
+                pw.request_body(client_id.encode(), payload),
+                timeout_ms,
+            )
+            if timeout:
+                tick = next(self._tick)
+                heapq.heappush(
+                    self._deadlines, (time.monotonic() + timeout, tick, request_id, conn)
+                )
+                if self._sweeper is None:
+                    self._sweeper = threading.Thread(
+                        target=self._sweep, name="wire-deadlines", daemon=True
+                    )
+                    self._sweeper.start()
+                elif self._deadlines[0][1] == tick:  # sooner than the sweeper waits for
+                    self._wake.notify()
+            self._send(conn, data)
+        return future
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            conn, self._conn = self._conn, None
+            callbacks, self._callbacks = self._callbacks, None
+            self._wake.notify()
+        if conn is not None:
+            self._fail(conn, grpc.StatusCode.CANCELLED, "the channel was closed")
+        if callbacks is not None:
+            callbacks.stop()
+
+    # --- the connection
+    def _connect(self, metadata: Any, method: pw.Method, future: Future[Any]) -> _Connection | None:
+        """Under the lock: connect and say hello. None when the server refused the hello
+        (`future` then holds `method`'s response with the refusal's status)."""
+        if self._closed:
+            raise WireRpcError(grpc.StatusCode.CANCELLED, "the channel was closed")
+        try:
+            sock = socket.create_connection(self.address, timeout=self._connect_timeout)
+            self.unreachable = False
+        except OSError as exc:
+            self.unreachable = True
+            raise WireRpcError(
+                grpc.StatusCode.UNAVAILABLE, f"cannot connect to {self.target}: {exc}"
+            ) from None
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.sendall(pw.frame(0, pw.HELLO, 0, _hello(metadata)))
+            _, flags, body = _read_frame(sock)
+        except (OSError, ValueError) as exc:
+            sock.close()
+            raise WireRpcError(
+                grpc.StatusCode.UNAVAILABLE, f"hello to {self.target} failed: {exc}"
+            ) from None
+        if flags & pw.ERROR:
+            sock.close()
+            if flags & STATUS:
+                status = definition_pb2.Status.FromString(body)
+                future.set_result(method.response(status=status))
+                return None
+            code, _, details = body.decode(errors="replace").partition("\n")
+            raise WireRpcError(_code(code), f"hello to {self.target}: {details}")
+        sock.settimeout(None)
+        conn = _Connection(sock)
+        self._conn = conn
+        threading.Thread(
+            target=self._read, args=(conn,), name=f"wire-reader-{self.target}", daemon=True
+        ).start()
+        return conn
+
+    def _send(self, conn: _Connection, data: bytes) -> None:
+        try:
+            conn.sock.sendall(data)
+        except OSError as exc:
+            conn.broken = True
+            if self._conn is conn:
+                self._conn = None
+            threading.Thread(
+                target=self._fail,
+                args=(conn, grpc.StatusCode.UNAVAILABLE, f"{self.target}: {exc}"),
+                daemon=True,
+            ).start()
+
+    def _read(self, conn: _Connection) -> None:
+        sock, pending = conn.sock, conn.pending
+        buffer = bytearray()
+        unpack = pw.HEADER.unpack_from
+        head = pw.HEADER_SIZE
+        reason = "the server closed the connection"
+        try:
+            while True:
+                data = sock.recv(1 << 18)
+                if not data:
+                    break
+                buffer += data
+                size, offset = len(buffer), 0
+                while size - offset >= head:
+                    length, request_id, _, flags, _ = unpack(buffer, offset)
+                    end = offset + head + length
+                    if end > size:
+                        break
+                    body = bytes(buffer[offset + head : end])
+                    offset = end
+                    entry = pending.pop(request_id, None)
+                    if entry is not None:
+                        _resolve(entry[0], entry[1], flags, body)
+                if offset:
+                    del buffer[:offset]
+        except OSError as exc:
+            reason = str(exc)
+        self._fail(conn, grpc.StatusCode.UNAVAILABLE, f"{self.target}: {reason}")
+
+    def _fail(self, conn: _Connection, code: grpc.StatusCode, details: str) -> None:
+        with self._lock:
+            conn.broken = True
+            if self._conn is conn:
+                self._conn = None
+            entries = list(conn.pending.values())
+            conn.pending.clear()
+        with contextlib.suppress(OSError):
+            conn.sock.close()
+        for future, _ in entries:
+            if not future.done():
+                future.set_exception(WireRpcError(code, details))
+
+    def _sweep(self) -> None:
+        """Fail calls past their deadline, and tell the server to drop them."""
+        deadlines = self._deadlines
+        while True:
+            expired: list[tuple[int, _Connection, Future[Any]]] = []
+            with self._lock:
+                if self._closed:
+                    return
+                now = time.monotonic()
+                while deadlines and deadlines[0][0] <= now:
+                    _, _, request_id, conn = heapq.heappop(deadlines)
+                    entry = conn.pending.pop(request_id, None)
+                    if entry is not None:
+                        expired.append((request_id, conn, entry[0]))
+                        if not conn.broken:
+                            self._send(conn, pw.frame(request_id, pw.CANCEL, 0, b""))
+                if not expired:
+                    # at most 20 wakes a second, however many calls are in flight
+                    wait = max(deadlines[0][0] - now, SWEEP_S) if deadlines else None
+                    self._wake.wait(wait)
+                    continue
+            for _, _, future in expired:
+                if not future.done():
+                    future.set_exception(
+                        WireRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
+                    )
+
+
+def _hello(metadata: Any) -> bytes:
+    return json.dumps({k: v for k, v in metadata or () if k not in _DROP}).encode()
+
+
+def _read_frame(sock: socket.socket) -> tuple[int, int, bytes]:
+    def exactly(n: int) -> bytes:
+        out = bytearray()
+        while len(out) < n:
+            chunk = sock.recv(n - len(out))
+            if not chunk:
+                raise ValueError("the server closed the connection")
+            out += chunk
+        return bytes(out)
+
+    length, request_id, _, flags, _ = pw.HEADER.unpack(exactly(pw.HEADER_SIZE))
+    return request_id, flags, exactly(length)
+
+
+def _resolve(future: Future[Any], method: pw.Method, flags: int, body: bytes) -> None:
+    if future.done():
+        return
+    if not flags & pw.ERROR:
+        try:
+            response = method.response.FromString(body)
+        except Exception as exc:
+            future.set_exception(
+                WireRpcError(grpc.StatusCode.INTERNAL, f"unreadable {method.name} answer: {exc}")
+            )
+            return
+        future.set_result(response)
+    elif flags & STATUS:
+        future.set_result(method.response(status=definition_pb2.Status.FromString(body)))
+    else:
+        code, _, details = body.decode(errors="replace").partition("\n")
+        future.set_exception(WireRpcError(_code(code), details))
+
+
+class _Method:
+    """One unary method of the stub: over the wire once it is known to be offered, else
+    over grpc."""
+
+    __slots__ = ("_method", "_native", "future")
+
+    def __init__(self, native: NativeStub, method: pw.Method) -> None:
+        self._native, self._method = native, method
+        self.future = self._future
+
+    def __call__(self, request: Any, timeout: float | None = None, metadata: Any = None) -> Any:
+        channel = self._native.channel(metadata, timeout)
+        if channel is None:
+            return self._native.fallback(self._method.name)(
+                request, timeout=timeout, metadata=metadata
+            )
+        return channel.call(self._method, request, timeout, metadata)
+
+    def _future(self, request: Any, timeout: float | None = None, metadata: Any = None) -> Any:
+        channel = self._native.channel(metadata, timeout)
+        if channel is None:
+            return self._native.fallback(self._method.name).future(
+                request, timeout=timeout, metadata=metadata
+            )
+        try:
+            return channel.submit(self._method, request, timeout, metadata)
+        except WireRpcError as exc:  # could not connect: a failed future, as grpc's
+            failed: Future[Any] = Future()
+            failed.set_exception(exc)
+            return failed
+
+
+class NativeStub:
+    """The grpc stub's unary methods over the native wire (`ReceiveMessages` too, as
+    `receive_messages`); everything else is the grpc stub's."""
+
+    def __init__(
+        self,
+        grpc_stub: Any,
+        receive_messages: Any,
+        *,
+        host: str,
+        ask_port: Any,
+        port: int | None = None,
+        connect_timeout_s: float = 3.0,
+    ) -> None:
+        self._grpc = grpc_stub
+        self._grpc_receive = receive_messages
+        self._host = host
+        self._ask_port = ask_port  # (metadata, timeout) -> the advertised port; 0: none
+        self._port = port
+        self._connect_timeout = connect_timeout_s
+        self._channel: WireChannel | None = None
+        self._lock = threading.Lock()
+        self._decided = port is not None
+        self._asked = port is None  # the port is the server's answer, not the caller's
+        for m in pw.METHODS:
+            setattr(self, m.name, _Method(self, m))
+        self.receive_messages = _Method(self, pw.BY_NAME["ReceiveMessages"])
+        if port:
+            self._channel = WireChannel(host, port, connect_timeout_s=connect_timeout_s)
+
+    def __getattr__(self, name: str) -> Any:  # ReceiveMessage, Telemetry
+        return getattr(self._grpc, name)
+
+    @property
+    def native(self) -> bool | None:
+        """True: calls go over the wire; False: over grpc; None: not known yet."""
+        return (self._channel is not None) if self._decided else None
+
+    def fallback(self, name: str) -> Any:
+        if name == pw.BY_NAME["ReceiveMessages"].name:
+            return self._grpc_receive
+        return getattr(self._grpc, name)
+
+    def channel(self, metadata: Any, timeout: float | None) -> WireChannel | None:
+        if self._decided:
+            channel = self._channel
+            if channel is None or not channel.unreachable or not self._asked:
+                return channel
+            # the advertised port no longer answers (a server restarted on another
+            # port?): ask again, and meanwhile this call goes over grpc
+            with self._lock:
+                if self._channel is channel:
+                    self._decided, self._channel = False, None
+                    channel.close()
+        with self._lock:
+            if not self._decided:
+                try:
+                    asked = self._ask_port(metadata, timeout)
+                except grpc.RpcError as exc:
+                    if exc.code() in _NOT_YET:
+                        return None  # not known yet (server down?): this call over grpc
+                    asked = 0  # an Apache RocketMQ proxy (UNIMPLEMENTED): no such service
+                if asked is None:
+                    return None  # not told (e.g. the signature was refused): over grpc
+                port = int(asked)
+                if port:
+                    self._channel = WireChannel(
+                        self._host, port, connect_timeout_s=self._connect_timeout
+                    )
+                    log.info(
+                        "%s: unary calls over the native wire %s:%d", self._host, self._host, port
+                    )
+                else:
+                    log.info("%s offers no native wire: calls go over gRPC", self._host)
+                self._decided = True
+        return self._channel
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()

@@ -1,0 +1,349 @@
+"""The native wire (docs/wire.md) against real server processes: the transport finds it
+(or falls back to gRPC), a bad signature is refused as over gRPC, bad and random frames
+get clear answers while the server keeps serving, and a server SIGKILLed mid-flight fails
+the calls in flight with TransportError and loses nothing it acknowledged.
+
+The behaviours routed over the wire are covered by test_pipelining.py and
+test_batched_rpcs.py, which run over both wires.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import reliable
+from broker import protocol_wire as pw
+from broker.broker import Broker
+from broker.protocol_pb import definition_pb2, service_pb2
+from broker.server.codes import Code
+from broker.server.config import ServerConfig
+from broker.server.errors import ServerStartError
+from broker.server.server import MessagingServer
+from broker.store.config import StoreConfig
+from reliable import Message, Producer, TransportError
+from tests.e2e.grpc.conftest import FAST
+from tests.e2e.grpc.server_process import REPO, ServerProcess
+from tests.e2e.helpers import wait_until
+
+HELLO = json.dumps({"x-mq-namespace": "", "x-mq-language": "PYTHON"}).encode()
+
+
+def connect(port: int, hello: bool = True) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    if hello:
+        sock.sendall(pw.frame(0, pw.HELLO, 0, HELLO))
+        _, flags, body = read_frame(sock)
+        assert flags == 0 and json.loads(body)["version"] == pw.VERSION
+    return sock
+
+
+def read_frame(sock: socket.socket) -> tuple[int, int, bytes]:
+    """(request id, flags, body) of the next frame; ConnectionError at a clean close."""
+
+    def exactly(n: int) -> bytes:
+        out = b""
+        while len(out) < n:
+            chunk = sock.recv(n - len(out))
+            if not chunk:
+                raise ConnectionError("closed")
+            out += chunk
+        return out
+
+    length, request_id, _, flags, _ = pw.HEADER.unpack(exactly(pw.HEADER_SIZE))
+    return request_id, flags, exactly(length)
+
+
+def closed(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def request(request_id: int, method: str, message: Any, client_id: bytes = b"wire-test") -> bytes:
+    code = pw.BY_NAME[method].code
+    return pw.frame(request_id, code, 0, pw.request_body(client_id, message.SerializeToString()))
+
+
+def send_request(topic: str, body: bytes) -> Any:
+    req = service_pb2.SendMessageRequest()
+    m = req.messages.add()
+    m.topic.name, m.body = topic, body
+    m.system_properties.message_id = f"WIRE{random.getrandbits(64):016X}"
+    m.system_properties.message_type = 1
+    m.system_properties.body_encoding = 1
+    m.system_properties.born_host = "127.0.0.1"
+    m.system_properties.born_timestamp.GetCurrentTime()
+    return req
+
+
+def serves(port: int) -> bool:
+    """A send over a fresh wire connection is stored."""
+    with connect(port) as sock:
+        sock.sendall(request(7, "SendMessage", send_request("wire-alive", b"ok")))
+        request_id, flags, body = read_frame(sock)
+    reply = service_pb2.SendMessageResponse.FromString(body)
+    return request_id == 7 and flags == 0 and reply.status.code == Code.OK
+
+
+def test_the_transport_uses_the_advertised_wire_and_grpc_without_one(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    with Producer("grpc", endpoint=server.endpoint, wire="native") as producer:
+        assert producer.send(Message("wire-found", b"a")).message_id
+        assert producer._transport.stub.native is True  # type: ignore[attr-defined]
+    # a server with no wire port (in-process here): the same calls over gRPC
+    broker = Broker(StoreConfig(store_dir=tmp_path, mapped_file_size_commitlog=8 << 20))
+    broker.start()
+    plain = MessagingServer(broker, ServerConfig(port=0))
+    plain.start()
+    try:
+        with Producer("grpc", endpoint=f"127.0.0.1:{plain.port}", wire="native") as producer:
+            assert producer.send(Message("wire-none", b"b")).message_id
+            assert producer._transport.stub.native is False  # type: ignore[attr-defined]
+    finally:
+        plain.stop()
+        broker.shutdown()
+
+
+def test_a_bad_signature_is_refused_over_the_wire_as_over_grpc(
+    tmp_path: Path, make_server: Callable[..., ServerProcess]
+) -> None:
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"app-key": "app-secret"}))
+    server = make_server("--credentials-file", str(keys), "--wire-port", "0")
+    wire_endpoint = f"127.0.0.1:{server.wire_port}"
+    for ak, sk in (("app-key", "wrong"), ("", "")):
+        t = reliable.connect(
+            "grpc",
+            endpoint=server.endpoint,
+            wire_endpoint=wire_endpoint,
+            access_key=ak,
+            secret_key=sk,
+        )
+        t.start()
+        try:
+            with pytest.raises(reliable.BrokerCallError) as info:
+                t.route("t-auth")
+            assert info.value.code == "UNAUTHORIZED"
+        finally:
+            t.close()
+    # an unsigned hello on a raw connection: the refusal's status, then the close
+    with socket.create_connection(("127.0.0.1", server.wire_port), timeout=10) as sock:
+        sock.sendall(pw.frame(0, pw.HELLO, 0, HELLO))
+        _, flags, body = read_frame(sock)
+        assert flags & pw.ERROR
+        assert definition_pb2.Status.FromString(body).code == Code.UNAUTHORIZED
+        assert closed(sock)
+    with Producer(
+        "grpc",
+        endpoint=server.endpoint,
+        wire="native",
+        access_key="app-key",
+        secret_key="app-secret",
+    ) as producer:
+        assert producer.send(Message("t-auth", b"signed")).message_id
+        assert producer._transport.stub.native is True  # type: ignore[attr-defined]
+
+
+def test_bad_frames_get_a_clear_answer_and_the_server_keeps_serving(server: ServerProcess) -> None:
+    port = server.wire_port
+    # a request before the hello: UNAUTHENTICATED, then closed
+    with connect(port, hello=False) as sock:
+        sock.sendall(request(1, "SendMessage", send_request("wire-bad", b"x")))
+        assert read_frame(sock) == (
+            1,
+            pw.ERROR,
+            b"UNAUTHENTICATED\nthe first frame must be a hello",
+        )
+        assert closed(sock)
+    # a hello that is not JSON: INVALID_ARGUMENT, then closed
+    with connect(port, hello=False) as sock:
+        sock.sendall(pw.frame(0, pw.HELLO, 0, b"\xff{"))
+        _, flags, body = read_frame(sock)
+        assert flags == pw.ERROR and body.startswith(b"INVALID_ARGUMENT\n")
+        assert closed(sock)
+    with connect(port) as sock:
+        # an unknown method, a body too short for its client id, a client id longer than
+        # the body: each answered, the connection goes on
+        sock.sendall(pw.frame(2, 999, 0, pw.request_body(b"c", b"")))
+        assert read_frame(sock) == (2, pw.ERROR, b"UNIMPLEMENTED\nunknown method 999")
+        sock.sendall(pw.frame(3, pw.BY_NAME["SendMessage"].code, 0, b"\x00"))
+        assert read_frame(sock)[2].startswith(b"INVALID_ARGUMENT\n")
+        sock.sendall(pw.frame(4, pw.BY_NAME["SendMessage"].code, 0, struct.pack("!H", 500)))
+        assert read_frame(sock)[2].startswith(b"INVALID_ARGUMENT\n")
+        # a body that is not the method's message: the servicer's in-band BAD_REQUEST
+        code = pw.BY_NAME["SendMessage"].code
+        sock.sendall(pw.frame(5, code, 0, pw.request_body(b"c", b"\xff\xff\xff\xff")))
+        request_id, flags, body = read_frame(sock)
+        assert (request_id, flags) == (5, 0)
+        assert service_pb2.SendMessageResponse.FromString(body).status.code == Code.BAD_REQUEST
+        sock.sendall(request(6, "SendMessage", send_request("wire-bad", b"still")))
+        request_id, flags, body = read_frame(sock)
+        assert (request_id, flags) == (6, 0)
+        assert service_pb2.SendMessageResponse.FromString(body).status.code == Code.OK
+    # a frame over the server's limit: RESOURCE_EXHAUSTED, then closed
+    with connect(port) as sock:
+        sock.sendall(pw.HEADER.pack(0xFFFFFFF0, 8, 3, 0, 0))
+        request_id, flags, body = read_frame(sock)
+        assert (request_id, flags) == (8, pw.ERROR) and body.startswith(b"RESOURCE_EXHAUSTED\n")
+        assert closed(sock)
+    assert serves(port)
+    assert server.alive()
+
+
+def test_random_frames_never_break_the_server(server: ServerProcess) -> None:
+    port = server.wire_port
+    rng = random.Random(20261124)
+    codes = [0, pw.CANCEL, 999, *(m.code for m in pw.METHODS)]
+    for _ in range(25):
+        with connect(port, hello=rng.random() < 0.8) as sock:
+            sock.settimeout(0.3)
+            data = bytearray()
+            for request_id in range(rng.randint(1, 12)):
+                kind = rng.random()
+                if kind < 0.15:  # raw bytes
+                    data += rng.randbytes(rng.randint(1, 64))
+                    continue
+                body = rng.randbytes(rng.randint(0, 200))
+                if kind < 0.6:  # a client id, then random protobuf bytes
+                    body = pw.request_body(b"fuzz", body)
+                data += pw.frame(request_id + 1, rng.choice(codes), rng.randint(0, 3), body)
+            sock.sendall(bytes(data))
+            try:  # read what comes back until it closes or goes quiet
+                while sock.recv(65536):
+                    pass
+            except (TimeoutError, ConnectionError):
+                pass
+    assert server.alive()
+    assert serves(port)
+    text = "".join(server.output)
+    assert "Traceback" not in text, text[-3000:]
+
+
+def test_a_sigkill_mid_flight_fails_pending_calls_and_loses_nothing_acknowledged(
+    tmp_path: Path, client_home: Path
+) -> None:
+    server = ServerProcess(
+        tmp_path / "store", client_home, *FAST, "--flush", "sync", "--wire-port", "0"
+    ).start()
+    topic, n = "wire-kill", 800
+    results: dict[bytes, object] = {}
+    lock = threading.Lock()
+    acked = threading.Event()
+    t = reliable.connect("grpc", endpoint=server.endpoint, wire="native", request_timeout_s=20)
+    t.start()
+    servers = [server]
+    try:
+        t.send(Message(topic, b"first"), t.route(topic).write_queues[0])
+        assert t.stub.native is True  # type: ignore[attr-defined]
+        queue = t.route(topic).write_queues[0]
+
+        def done(body: bytes) -> Callable[[Any], None]:
+            def finished(result: Any) -> None:
+                with lock:
+                    results[body] = result
+                    if sum(1 for r in results.values() if isinstance(r, list)) >= 30:
+                        acked.set()
+
+            return finished
+
+        for i in range(n):
+            body = f"k-{i}".encode()
+            t.submit_send(
+                [Message(topic, body)], queue, producer_group=None, timeout_s=None, done=done(body)
+            )
+        assert acked.wait(60)
+        server.kill()  # SIGKILL with calls in flight
+        wait_until(lambda: len(results) == n, timeout=30, what="every call answered or failed")
+        failed = [r for r in results.values() if not isinstance(r, list)]
+        assert failed, "the kill came after every call was answered: nothing in flight"
+        assert all(isinstance(r, TransportError) for r in failed), failed[:3]
+        with pytest.raises(TransportError):  # the next call fails fast, as over gRPC
+            t.send(Message(topic, b"after"), queue)
+        # back on the same gRPC port, its wire on another port: the transport finds it
+        again = ServerProcess(
+            tmp_path / "store", client_home, *FAST, "--wire-port", "0", port=server.port
+        ).start()
+        servers.append(again)
+        assert again.wire_port
+
+        def resent() -> bool:
+            try:
+                t.send(Message(topic, b"after"), queue)
+            except TransportError:
+                return False
+            return t.stub.native is True  # type: ignore[attr-defined]
+
+        wait_until(resent, timeout=30, what="a send over the wire after the restart")
+        t.close()
+        # every acknowledged message is there
+        stored = {b for b, r in results.items() if isinstance(r, list)}
+        got: set[bytes] = set()
+        with reliable.SimpleConsumer(
+            "wire-kill-g",
+            {topic: "*"},
+            transport="grpc",
+            endpoint=again.endpoint,
+            await_duration_s=1,
+            invisible_duration_s=30,
+        ) as consumer:
+
+            def everything() -> bool:
+                for m in consumer.receive(32):
+                    got.add(m.body)
+                    consumer.ack(m)
+                return stored <= got
+
+            wait_until(everything, timeout=60, what="every acknowledged message")
+    finally:
+        t.close()
+        for proc in servers:
+            proc.kill()
+
+
+def test_the_wire_port_is_refused_with_tls(tmp_path: Path) -> None:
+    """The wire is plaintext: a TLS server does not open it (and says so)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reliable_cli",
+            "broker",
+            "start",
+            "--store",
+            str(tmp_path / "store"),
+            "--port",
+            "0",
+            "--wire-port",
+            "0",
+            "--tls-cert",
+            str(tmp_path / "cert.pem"),
+            "--tls-key",
+            str(tmp_path / "key.pem"),
+        ],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert "--wire-port is plaintext" in done.stderr
+    assert not (tmp_path / "store").exists()  # refused before anything was opened
+    config = ServerConfig(port=0, wire_port=0, tls_cert=tmp_path / "c", tls_key=tmp_path / "k")
+    with pytest.raises(ServerStartError, match="plaintext"):
+        MessagingServer(Broker(StoreConfig(store_dir=tmp_path / "unused")), config).start()

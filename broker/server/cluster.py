@@ -49,9 +49,12 @@ from broker.server.health import MASTER_SERVICE
 
 log = logging.getLogger(__name__)
 
+# reconnect within a probe interval; `min_reconnect_backoff_ms` is the time one connection
+# attempt may take (gRPC's MIN_CONNECT_TIMEOUT): at 100 ms a busy host took live peers for
+# dead (the probe's own deadline still bounds each probe)
 PROBE_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 5_000),
     ("grpc.max_reconnect_backoff_ms", 1_000),
 ]
 

@@ -35,10 +35,15 @@ log = logging.getLogger("reliable.transport.grpc")
 
 # gRPC's default reconnect backoff (1 s growing x1.6 to 120 s) kept sends failing for
 # seconds after the broker was back; a broker restart is the usual outage, so retry the
-# connection within about a second (attempts stay cheap: one TCP connect each)
+# connection within about a second (attempts stay cheap: one TCP connect each).
+# `min_reconnect_backoff_ms` is not a backoff in gRPC's core: it is the time one connection
+# attempt may take (TCP connect and the HTTP/2 SETTINGS exchange). At 100 ms a busy host
+# failed healthy connections ("timed out before receiving SETTINGS frame"); a refused
+# connection still fails at once, and the next attempt follows the backoff above.
+CONNECT_TIMEOUT_MS = 5_000
 RECONNECT_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", CONNECT_TIMEOUT_MS),
     ("grpc.max_reconnect_backoff_ms", 1_000),
 ]
 

@@ -502,28 +502,38 @@ def decode_message(buf: memoryview | bytes | bytearray | mmap.mmap, pos: int = 0
     body_start = pos + HEADER_SIZE
     body_end = body_start + blen
     tlen = buf[body_end]
-    topic = bytes(buf[body_end + 1 : body_end + 1 + tlen]).decode()
+    raw_topic = bytes(buf[body_end + 1 : body_end + 1 + tlen])
+    topic = _TOPICS.get(raw_topic)
+    if topic is None:  # a read decodes the same few topic names over and over
+        topic = raw_topic.decode()
+        if len(_TOPICS) >= _TOPICS_KEPT:
+            _TOPICS.clear()
+        _TOPICS[raw_topic] = topic
     (plen,) = _I16.unpack_from(buf, body_end + 1 + tlen)
     props_at = body_end + 3 + tlen
-    properties = decode_properties(bytes(buf[props_at : props_at + plen]))
+    # positional, in MessageExt's field order (a read builds one per message)
     return MessageExt(
-        topic=topic,
-        body=bytes(buf[body_start:body_end]),
-        queue_id=queue_id,
-        flag=flag,
-        properties=properties,
-        sys_flag=sys_flag,
-        born_timestamp=born_ts,
-        born_host=decode_host(born_host),
-        reconsume_times=reconsume,
-        prepared_tx_offset=prepared_tx,
-        queue_offset=queue_offset,
-        commitlog_offset=phy,
-        store_timestamp=store_ts,
-        store_host=decode_host(store_host),
-        store_size=total,
-        body_crc=crc,
+        topic,
+        bytes(buf[body_start:body_end]),
+        queue_id,
+        flag,
+        decode_properties(bytes(buf[props_at : props_at + plen])),
+        sys_flag,
+        born_ts,
+        decode_host(born_host),
+        reconsume,
+        prepared_tx,
+        queue_offset,
+        phy,
+        store_ts,
+        decode_host(store_host),
+        total,
+        crc,
     )
+
+
+_TOPICS: dict[bytes, str] = {}  # topic name bytes -> str, for decode_message
+_TOPICS_KEPT = 4096
 
 
 def encode_blank(size: int) -> bytes:

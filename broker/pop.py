@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from broker.errors import InvalidReceiptHandle, ReceiptHandleError, ReceiptHandleExpired
 from broker.pop_journal import Lease, Op, PopJournal, QueueWindow
-from broker.receipt import ReceiptHandle
+from broker.receipt import ReceiptHandle, encode_handle, handle_prefix
 from broker.sendback import build_dlq_message
 from broker.store.json_config import JsonConfigFile
 from broker.store.message import GetMessageStatus, Message, MessageExt, Prop
@@ -216,14 +216,15 @@ class PopPolicy(PopJournal):
             return []
         self._commit(group, topic, ops)
         out: list[ReceivedEntry] = []
+        prefix = handle_prefix(topic, qid)
         for msg, attempt, nonce in picked:
-            handle = ReceiptHandle(topic, qid, msg.queue_offset, nonce, until, attempt)
+            handle = encode_handle(prefix, msg.queue_offset, nonce, until, attempt)
             shown = (
                 msg
                 if msg.reconsume_times == attempt - 1
                 else replace(msg, reconsume_times=attempt - 1)
             )
-            out.append(ReceivedEntry(shown, handle.encode(), attempt, until))
+            out.append(ReceivedEntry(shown, handle, attempt, until))
         return out
 
     def _dead_letter(

@@ -12,6 +12,7 @@ stored as one record batch (`MessageStore.put_batch`); any other batch message b
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 from broker.config import BrokerConfig
@@ -273,15 +274,71 @@ class ProduceEngine:
         self._stored(first.topic, result)
         append = result.append
         assert append is not None
-        return [
-            SendResult(
-                result.status,
-                m.unique_key or append.msg_id_at(offset),
-                append.msg_id_at(offset),
-                m.topic,
-                m.queue_id,
-                append.queue_offset + i,
-                offset,
+        status, msg_id_at, base = result.status, append.msg_id_at, append.queue_offset
+        out: list[SendResult] = []
+        for i, (m, offset) in enumerate(zip(msgs, append.record_offsets, strict=True)):
+            offset_msg_id = msg_id_at(offset)
+            out.append(
+                _send_result(
+                    status,
+                    m.unique_key or offset_msg_id,
+                    offset_msg_id,
+                    m.topic,
+                    m.queue_id,
+                    base + i,
+                    offset,
+                )
             )
-            for i, (m, offset) in enumerate(zip(msgs, append.record_offsets, strict=True))
-        ], append.wrote_offset + append.wrote_bytes
+        return out, append.wrote_offset + append.wrote_bytes
+
+
+# A frozen dataclass's __init__ sets each field through `object.__setattr__`; a record
+# batch builds one SendResult per message, so `_send_result` sets the slots through their
+# descriptors instead (about half the cost): the same frozen object, equal to the one
+# `SendResult(...)` builds (a test holds them equal).
+assert [f.name for f in dataclasses.fields(SendResult)] == [
+    "status",
+    "msg_id",
+    "offset_msg_id",
+    "topic",
+    "queue_id",
+    "queue_offset",
+    "commitlog_offset",
+    "transaction_id",
+    "recall_handle",
+]
+(
+    _set_status,
+    _set_msg_id,
+    _set_offset_msg_id,
+    _set_topic,
+    _set_queue_id,
+    _set_queue_offset,
+    _set_commitlog_offset,
+    _set_transaction_id,
+    _set_recall_handle,
+) = (SendResult.__dict__[f.name].__set__ for f in dataclasses.fields(SendResult))
+_new = object.__new__
+
+
+def _send_result(
+    status: PutMessageStatus,
+    msg_id: str,
+    offset_msg_id: str,
+    topic: str,
+    queue_id: int,
+    queue_offset: int,
+    commitlog_offset: int,
+) -> SendResult:
+    """`SendResult(status, msg_id, ..., commitlog_offset)`, without its __init__."""
+    r: SendResult = _new(SendResult)
+    _set_status(r, status)
+    _set_msg_id(r, msg_id)
+    _set_offset_msg_id(r, offset_msg_id)
+    _set_topic(r, topic)
+    _set_queue_id(r, queue_id)
+    _set_queue_offset(r, queue_offset)
+    _set_commitlog_offset(r, commitlog_offset)
+    _set_transaction_id(r, None)
+    _set_recall_handle(r, None)
+    return r

@@ -35,18 +35,13 @@ class ReceiptHandle:
     attempt: int
 
     def encode(self) -> str:
-        body = SEPARATOR.join(
-            (
-                VERSION,
-                self.topic,
-                str(self.queue_id),
-                str(self.queue_offset),
-                f"{self.nonce:x}",
-                str(self.invisible_until_ms),
-                str(self.attempt),
-            )
+        return encode_handle(
+            handle_prefix(self.topic, self.queue_id),
+            self.queue_offset,
+            self.nonce,
+            self.invisible_until_ms,
+            self.attempt,
         )
-        return f"{body}{SEPARATOR}{zlib.crc32(body.encode()):08x}"
 
     @classmethod
     def decode(cls, handle: object) -> ReceiptHandle:
@@ -56,6 +51,20 @@ class ReceiptHandle:
         if not isinstance(handle, str):
             raise InvalidReceiptHandle(repr(handle), "not a string")
         return _decode(handle)
+
+
+def handle_prefix(topic: str, queue_id: int) -> str:
+    """What every handle of one queue starts with (built once per receive)."""
+    return f"{VERSION}{SEPARATOR}{topic}{SEPARATOR}{queue_id}{SEPARATOR}"
+
+
+def encode_handle(
+    prefix: str, queue_offset: int, nonce: int, invisible_until_ms: int, attempt: int
+) -> str:
+    """`ReceiptHandle(...).encode()` without building the handle object first: a receive
+    encodes one per message. `prefix` comes from `handle_prefix`."""
+    body = f"{prefix}{queue_offset}~{nonce:x}~{invisible_until_ms}~{attempt}"
+    return f"{body}~{zlib.crc32(body.encode()):08x}"
 
 
 @functools.lru_cache(maxsize=4096)

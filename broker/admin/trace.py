@@ -304,6 +304,8 @@ def _read_pop_log(broker: Broker, readables: list[_Readable], scan: int) -> tupl
     if not readables or scan <= 0:
         return 0, not readables
     store = broker.store
+    # revive-log records do not wake the dispatcher (`PopJournal._log`): index the latest
+    store.wait_dispatched(timeout_s=5.0)
     by_place: dict[tuple[str, str, int, int], _Readable] = {
         (r.group, r.msg.topic, r.msg.queue_id, r.msg.queue_offset): r for r in readables
     }

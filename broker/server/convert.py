@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import functools
 import socket
-import zlib
 from typing import Any
 
 from broker.protocol_pb import definition_pb2
 from broker.server.errors import BadRequest, ServerError
 from broker.server.validation import RESERVED_PROPERTIES
+from broker.store.codec import body_digest
 from broker.store.message import Message, MessageExt, Prop
 
 # protocol MessageType numbers
@@ -190,7 +190,7 @@ def fill_proto(
     if keys:
         sp.keys.extend([k for k in keys.split(" ") if k])
     sp.message_id = props.get(Prop.UNIQ_KEY) or ext.offset_msg_id
-    sp.body_digest.checksum = f"{zlib.crc32(body) & 0xFFFFFFFF:08X}"
+    sp.body_digest.checksum = body_digest(body)
     group = props.get(Prop.SHARDING_KEY)
     deliver_ms = props.get(Prop.TIMER_DELIVER_MS)
     if group:

@@ -152,8 +152,16 @@ def _py_write_partial(rec: bytearray | memoryview) -> None:
     _U32.pack_into(rec, POS_CRC, zlib.crc32(rec))
 
 
+def body_digest(body: bytes | bytearray | memoryview) -> str:
+    """The CRC32 of `body` as 8 upper-case hex digits (a delivered message's body digest).
+    The compiled `_recordpack.body_digest` replaces this when built (libdeflate's CRC when
+    found: for 1 KiB about a tenth of zlib's, and no Python formatting)."""
+    return f"{zlib.crc32(body) & 0xFFFFFFFF:08X}"
+
+
 py_record_crc = record_crc
 py_seal = seal
+py_body_digest = body_digest
 _write_partial = _py_write_partial
 try:
     from broker.store import _recordpack
@@ -163,6 +171,7 @@ else:  # one C call each (and libdeflate's CRC when it was found at build time)
     record_crc = _recordpack.record_crc  # type: ignore[assignment]
     seal = _recordpack.seal  # type: ignore[assignment]
     _write_partial = _recordpack.partial  # type: ignore[assignment]
+    body_digest = _recordpack.body_digest  # type: ignore[assignment]
 
 
 def reseal(buf: bytearray | mmap.mmap | memoryview, pos: int) -> None:
@@ -502,28 +511,38 @@ def decode_message(buf: memoryview | bytes | bytearray | mmap.mmap, pos: int = 0
     body_start = pos + HEADER_SIZE
     body_end = body_start + blen
     tlen = buf[body_end]
-    topic = bytes(buf[body_end + 1 : body_end + 1 + tlen]).decode()
+    raw_topic = bytes(buf[body_end + 1 : body_end + 1 + tlen])
+    topic = _TOPICS.get(raw_topic)
+    if topic is None:  # a read decodes the same few topic names over and over
+        topic = raw_topic.decode()
+        if len(_TOPICS) >= _TOPICS_KEPT:
+            _TOPICS.clear()
+        _TOPICS[raw_topic] = topic
     (plen,) = _I16.unpack_from(buf, body_end + 1 + tlen)
     props_at = body_end + 3 + tlen
-    properties = decode_properties(bytes(buf[props_at : props_at + plen]))
+    # positional, in MessageExt's field order (a read builds one per message)
     return MessageExt(
-        topic=topic,
-        body=bytes(buf[body_start:body_end]),
-        queue_id=queue_id,
-        flag=flag,
-        properties=properties,
-        sys_flag=sys_flag,
-        born_timestamp=born_ts,
-        born_host=decode_host(born_host),
-        reconsume_times=reconsume,
-        prepared_tx_offset=prepared_tx,
-        queue_offset=queue_offset,
-        commitlog_offset=phy,
-        store_timestamp=store_ts,
-        store_host=decode_host(store_host),
-        store_size=total,
-        body_crc=crc,
+        topic,
+        bytes(buf[body_start:body_end]),
+        queue_id,
+        flag,
+        decode_properties(bytes(buf[props_at : props_at + plen])),
+        sys_flag,
+        born_ts,
+        decode_host(born_host),
+        reconsume,
+        prepared_tx,
+        queue_offset,
+        phy,
+        store_ts,
+        decode_host(store_host),
+        total,
+        crc,
     )
+
+
+_TOPICS: dict[bytes, str] = {}  # topic name bytes -> str, for decode_message
+_TOPICS_KEPT = 4096
 
 
 def encode_blank(size: int) -> bytes:
@@ -537,6 +556,7 @@ __all__ = [
     "RECORD_MAGIC_CODE",
     "DispatchRequest",
     "EncodeError",
+    "body_digest",
     "check_message_and_return_size",
     "decode_message",
     "encode_record",

@@ -356,9 +356,13 @@ class CommitLog:
                 return PutMessageResult(PutMessageStatus.FLUSH_DISK_TIMEOUT, result.append)
         return result
 
-    def put_messages(self, msgs: Sequence[Message], *, wait: bool = True) -> list[PutMessageResult]:
+    def put_messages(
+        self, msgs: Sequence[Message], *, wait: bool = True, wake: bool = True
+    ) -> list[PutMessageResult]:
         """Append a batch contiguously under one lock; one flush wait for all of it
-        (none with `wait=False`: the caller waits with `when_flushed`).
+        (none with `wait=False`: the caller waits with `when_flushed`). `wake=False`: the
+        dispatcher is not woken for these records (no one waits to read them at once); the
+        next put that wakes it, or its idle backstop, dispatches them.
 
         The records are placed with one copy per commitlog file they land in. A message
         that cannot be encoded gets its own status; the others are stored.
@@ -384,7 +388,7 @@ class CommitLog:
         except OSError:
             log.exception("cannot create a commitlog file")
             failed = PutMessageStatus.CREATE_MAPPED_FILE_FAILED
-        if placed and self.on_append is not None:
+        if placed and wake and self.on_append is not None:
             self.on_append()
         results: list[PutMessageResult] = []
         end = -1

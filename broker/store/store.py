@@ -306,12 +306,16 @@ class MessageStore:
             return refused
         return self.commitlog.put_message(msg)
 
-    def put_messages(self, msgs: Sequence[Message], *, wait: bool = True) -> list[PutMessageResult]:
-        """`wait=False`: no SYNC_FLUSH wait here; the caller waits with `when_flushed`."""
+    def put_messages(
+        self, msgs: Sequence[Message], *, wait: bool = True, wake: bool = True
+    ) -> list[PutMessageResult]:
+        """`wait=False`: no SYNC_FLUSH wait here; the caller waits with `when_flushed`.
+        `wake=False`: the dispatcher is not woken for these records (see
+        `CommitLog.put_messages`); a reader that needs them indexed calls `wait_dispatched`."""
         refused = self._refuse()
         if refused is not None:
             return [refused] * len(msgs)
-        return self.commitlog.put_messages(msgs, wait=wait)
+        return self.commitlog.put_messages(msgs, wait=wait, wake=wake)
 
     def put_batch(
         self,

@@ -101,3 +101,18 @@ def test_without_delay_and_types() -> None:
 def test_bad_properties(props: dict[str, str]) -> None:
     with pytest.raises(MessageIllegal):
         check_properties(props)
+
+
+def test_a_batch_result_is_the_frozen_send_result_its_constructor_builds() -> None:
+    import dataclasses
+
+    from broker.produce_engine import _send_result
+    from broker.results import SendResult
+    from broker.store.message import PutMessageStatus
+
+    args = (PutMessageStatus.PUT_OK, "UNIQ", "C0A8000100001F9000000000000004D2", "t", 3, 7, 1234)
+    fast, built = _send_result(*args), SendResult(*args)
+    assert fast == built and hash(fast) == hash(built) and repr(fast) == repr(built)
+    assert (fast.transaction_id, fast.recall_handle) == (None, None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.queue_offset = 8  # type: ignore[misc]

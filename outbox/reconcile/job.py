@@ -10,6 +10,10 @@ Spark actions per run: the partition bounds of each table (one tiny query each),
 watermarks (per queue and group), the facts (one aggregation over the classified rows);
 and only when asked, the detail rows and the repair candidates (the classified rows are
 then persisted once, so the tables are still read once).
+
+A small input (under `SMALL_INPUT_ROWS` rows) is run as one: a JVM the job starts gets
+the quick JIT compiler only, and the run plans without adaptive execution or generated
+code (see docs/reconcile.md, "A small database").
 """
 
 from __future__ import annotations

@@ -380,7 +380,11 @@ def _run(
         spark.conf.set(key, value)
     window = Window(_opt(options.since), _opt(options.until))
     classified = classify(inputs, now, options.grace, window, options.expected_latency)
+    # the classified rows are read again by the detail rows and the repair, and (when
+    # something is unaccounted) by the certificate's list of names: persisted when they
+    # will be, or when they are few (cheap to keep, dear to compute again)
     outputs = bool(options.report_table or options.report_parquet or options.repair)
+    outputs = outputs or (rows is not None and rows < SMALL_INPUT_ROWS)
     if outputs:
         from pyspark import StorageLevel
 

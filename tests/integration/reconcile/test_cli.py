@@ -72,6 +72,12 @@ def test_a_small_run_with_a_report_takes_few_tasks(spark, sqlite_url, table_pref
     assert result.shuffle_partitions == spark.sparkContext.defaultParallelism == 2
     assert 0 < result.tasks <= 60, result.tasks
     assert len(list(parquet.glob("*.parquet"))) == 1
+    # a small input is planned once per query, not again after each query stage (adaptive
+    # execution made it 20 jobs); the session gets its own settings back
+    jobs = spark.sparkContext.statusTracker().getJobIdsForGroup(result.run_id)
+    assert 0 < len(jobs) <= 12, len(jobs)
+    assert spark.conf.get("spark.sql.adaptive.enabled") == "true"
+    assert spark.conf.get("spark.sql.codegen.wholeStage") == "true"
     # the caller's setting stands
     again = reconcile(
         ReconcileOptions(

@@ -421,7 +421,7 @@ def small_database(
             timeout=1800,
         )
     finally:
-        _drop()
+        _drop(report=True)
     if proc.returncode != 0:
         raise RuntimeError(f"the small-database run failed: {proc.stderr[-2000:]}")
     doc = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -468,13 +468,17 @@ def small_database(
     return rows, notes, metrics
 
 
-def _drop() -> None:
+def _drop(report: bool = False) -> None:
+    """The bench's tables (and, with `report`, the small database's report table)."""
     import sqlalchemy as sa
 
     from outbox.models import OutboxTables
 
     engine = sa.create_engine(PG_URL)
     OutboxTables(prefix=PREFIX).drop_all(engine)
+    if report:
+        with engine.begin() as conn:
+            conn.execute(sa.text(f'DROP TABLE IF EXISTS "{PREFIX}report"'))
     engine.dispose()
 
 

@@ -15,6 +15,15 @@ rows). Then, in the same run on the same machine:
   PostgreSQL (expected groups x confirmation/log hash joins, watermarks per queue/group).
 
 Both verdicts are checked against the generator's counts. msgs/s = stubs classified per s.
+
+A small database (`--small-only`, and the first figure of every run): 1,000 stubs from the
+same generator, reconciled with a report table and a Parquet report in a fresh JVM started
+the way `reliable reconcile` starts it for a small database (the quick JIT compiler only,
+`outbox.reconcile.job.SMALL_INPUT_JAVA_OPTIONS`): the JVM's start, the first run after it,
+and later runs in the same JVM, each with its wall time, the JVM's CPU time (from /proc:
+on a shared machine the wall time says more about the other processes), its Spark jobs and
+tasks. `--small-java-options "..."` starts that JVM with other options instead (`""`: the
+JVM's defaults, both JIT compilers) to measure what the choice buys.
 `--sizes 1000000,10000000` runs several sizes in one process and prints the time per stub
 of each; a size that fails prints its error, and the tables are dropped after every size
 (also on failure or SIGTERM).
@@ -320,13 +329,156 @@ def spark_job(
     )
 
 
-def _drop() -> None:
+SMALL_ROWS = 1_000
+SMALL_RUNS = 3  # the first run after the JVM started, then later runs in the same JVM
+AUTO = "auto"  # the JVM options the job itself chooses for the database
+
+
+def _jvm_cpu_s() -> float:
+    """CPU seconds (user + system) of this process's children: the JVM PySpark started."""
+    me, total = str(os.getpid()), 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1] == me:
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def small_child(runs: int, java_options: str) -> dict[str, object]:
+    """In a fresh process: start the JVM as the job does for the bench's tables, then
+    reconcile them `runs` times with a report table and a Parquet report."""
+    import tempfile
+    import uuid
+
+    from outbox.reconcile import ReconcileOptions, driver_jars, jdbc_target, reconcile
+    from outbox.reconcile.job import SMALL_INPUT_ROWS, small_input_java_options
+    from outbox.reconcile.preflight import check_database
+    from outbox.reconcile.session import spark_session
+    from outbox.reconcile.sources import TableNames
+
+    rows = check_database(
+        jdbc_target(PG_URL), TableNames.for_prefix(PREFIX), count_up_to=SMALL_INPUT_ROWS
+    )
+    java = small_input_java_options(rows, {}) if java_options == AUTO else java_options.split()
+    started = time.perf_counter()
+    spark = spark_session(None, driver_jars("postgresql"), {}, java_options=java)
+    spark.range(1).count()
+    out: dict[str, object] = {
+        "rows": rows,
+        "java_options": " ".join(java),
+        "start_s": time.perf_counter() - started,
+        "start_cpu_s": _jvm_cpu_s(),
+        "runs": [],
+    }
+    tracker = spark.sparkContext.statusTracker()
+    with tempfile.TemporaryDirectory(prefix="bench-rc-small-") as tmp:
+        for i in range(runs):
+            run_id = f"small-{i}-{uuid.uuid4().hex[:8]}"
+            cpu, began = _jvm_cpu_s(), time.perf_counter()
+            result = reconcile(
+                ReconcileOptions(
+                    db_url=PG_URL,
+                    table_prefix=PREFIX,
+                    report_table=f"{PREFIX}report",
+                    report_parquet=f"{tmp}/report",
+                ),
+                spark=spark,
+                run_id=run_id,
+            )
+            out["runs"].append(  # type: ignore[attr-defined]
+                {
+                    "wall_s": time.perf_counter() - began,
+                    "jvm_cpu_s": _jvm_cpu_s() - cpu,
+                    "jobs": len(tracker.getJobIdsForGroup(run_id)),
+                    "tasks": result.tasks,
+                    "stubs": {k: v for k, v in result.summary.stubs.items() if v},
+                }
+            )
+    spark.stop()
+    return out
+
+
+def small_database(
+    n: int = SMALL_ROWS, runs: int = SMALL_RUNS, java_options: str = AUTO
+) -> tuple[list[Row], list[str], dict[str, float | int | str | None]]:
+    """The small-database figure: load n stubs, reconcile them in a fresh JVM (a child
+    process, so no JVM of this process is reused), drop the tables."""
+    import json
+    import subprocess
+
+    try:
+        want, _want_log, _load_s = load(n)
+        proc = subprocess.run(
+            [sys.executable, "-m", "bench.reconcile", "--small-child", str(runs), java_options],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
+    finally:
+        _drop(report=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the small-database run failed: {proc.stderr[-2000:]}")
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    rows: list[Row] = []
+    jvm = doc["java_options"] or "the JVM's defaults"
+    rows.append(
+        Row(
+            "small_jvm_start",
+            0.0,
+            0.0,
+            f"{doc['start_s']:.1f} s wall, {doc['start_cpu_s']:.1f} s JVM CPU ({jvm})",
+        )
+    )
+    ok = True
+    for i, r in enumerate(doc["runs"]):
+        ok = ok and r["stubs"] == dict(want)
+        rows.append(
+            Row(
+                "small_first_run" if i == 0 else f"small_run_{i + 1}",
+                n / r["wall_s"],
+                0.0,
+                f"{r['wall_s']:.1f} s wall, {r['jvm_cpu_s']:.1f} s JVM CPU; "
+                f"{r['jobs']} jobs, {r['tasks']} tasks",
+            )
+        )
+    notes = [
+        f"small database: {n:,} stubs ({doc['rows']} rows counted before the JVM started), "
+        f"a report table and a Parquet report; JVM options: {jvm}; "
+        f"verdict {'matches' if ok else 'DIFFERS'}"
+    ]
+    later = doc["runs"][1:] or doc["runs"]
+    metrics: dict[str, float | int | str | None] = {
+        "small_stubs": n,
+        "small_start_s": round(doc["start_s"], 2),
+        "small_start_cpu_s": round(doc["start_cpu_s"], 2),
+        "small_first_s": round(doc["runs"][0]["wall_s"], 2),
+        "small_first_cpu_s": round(doc["runs"][0]["jvm_cpu_s"], 2),
+        "small_later_s": round(min(r["wall_s"] for r in later), 2),
+        "small_later_cpu_s": round(min(r["jvm_cpu_s"] for r in later), 2),
+        "small_jobs": doc["runs"][0]["jobs"],
+        "small_tasks": doc["runs"][0]["tasks"],
+        "small_matches": str(ok),
+    }
+    return rows, notes, metrics
+
+
+def _drop(report: bool = False) -> None:
+    """The bench's tables (and, with `report`, the small database's report table)."""
     import sqlalchemy as sa
 
     from outbox.models import OutboxTables
 
     engine = sa.create_engine(PG_URL)
     OutboxTables(prefix=PREFIX).drop_all(engine)
+    if report:
+        with engine.begin() as conn:
+            conn.execute(sa.text(f'DROP TABLE IF EXISTS "{PREFIX}report"'))
     engine.dispose()
 
 
@@ -337,6 +489,11 @@ def run(opts: Options, rows: int | None = None, warm: bool = True) -> SuiteResul
         or (100_000 if opts.quick else 1_000_000)
     )
     result = SuiteResult()
+    progress(f"reconcile: a small database ({SMALL_ROWS:,} stubs) in a fresh JVM")
+    small_rows, small_notes, small_metrics = small_database()
+    result.rows.extend(small_rows)
+    result.notes.extend(small_notes)
+    result.metrics.update(small_metrics)
     progress(f"reconcile: generating {n:,} stubs inside PostgreSQL")
     try:  # the tables go whatever happens: a 10M load takes gigabytes
         want, want_log, load_s = load(n)
@@ -429,7 +586,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-warm", action="store_true", help="skip the second run of the job in the same JVM"
     )
+    parser.add_argument(
+        "--small-only",
+        action="store_true",
+        help=f"only the small database ({SMALL_ROWS:,} stubs, a fresh JVM)",
+    )
+    parser.add_argument(
+        "--small-java-options",
+        default=AUTO,
+        metavar="OPTS",
+        help="the small database's JVM options (default: what the job chooses; "
+        "'' for the JVM's defaults)",
+    )
+    parser.add_argument("--small-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.small_child:
+        import json
+
+        doc = small_child(int(args.small_child[0]), args.small_child[1])
+        print(json.dumps(doc, default=str), flush=True)
+        return 0
+    if args.small_only:
+        res = SuiteResult()
+        res.rows, res.notes, res.metrics = small_database(java_options=args.small_java_options)
+        res.notes.append(f"machine: {os.cpu_count()} cores; {_load_average()}")
+        print(format_table(f"== {NAME}: a small database", res), flush=True)
+        return 0
     sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else [args.rows]
     per_stub: list[str] = []
     failed = 0

@@ -7,6 +7,10 @@ naming the fix, instead of after the JVM's start-up with a Java traceback.
   required columns. Skipped when SQLAlchemy has no Python driver for the URL (the JDBC
   read then reports the problem).
 - A Parquet root: the directory exists (local paths only).
+
+While connected, the database check can also say whether the input is small (its rows
+counted up to a bound, so a large table costs no more than a small one): a small input
+starts the JVM with settings that suit it (see `job.SMALL_INPUT_ROWS`).
 """
 
 from __future__ import annotations
@@ -44,9 +48,12 @@ def find_java(env: dict[str, str] | None = None) -> str:
     return found
 
 
-def check_database(target: JdbcTarget, names: TableNames) -> None:
+def check_database(target: JdbcTarget, names: TableNames, count_up_to: int = 0) -> int | None:
     """Connect with SQLAlchemy and look for the tables and required columns the job reads;
-    `SourceUnavailable` with the fix otherwise."""
+    `SourceUnavailable` with the fix otherwise. With `count_up_to` > 0, also count the rows
+    of the stub, confirmation and log tables, each up to that many (`SELECT COUNT(*) FROM
+    (SELECT 1 FROM t LIMIT n)`: bounded work whatever the table's size), and return their
+    sum; None when nothing was counted (no Python driver for the URL)."""
     import sqlalchemy as sa
     from sqlalchemy.engine import make_url
 
@@ -64,7 +71,8 @@ def check_database(target: JdbcTarget, names: TableNames) -> None:
         args = {"connect_timeout": CONNECT_TIMEOUT_S}
     engine = _engine(url, args)
     if engine is None:
-        return  # no Python driver for this URL: the JDBC read will say what is wrong
+        return None  # no Python driver for this URL: the JDBC read will say what is wrong
+    counted: int | None = None
     try:
         with engine.connect() as conn:
             inspector = sa.inspect(conn)
@@ -79,18 +87,31 @@ def check_database(target: JdbcTarget, names: TableNames) -> None:
                 }
                 _, required = TABLES[logical]
                 missing.extend(f"{table}.{c}" for c in required if c not in present)
+            if count_up_to > 0 and not missing:
+                counted = sum(
+                    _count_up_to(conn, names.physical(t), names.schema, count_up_to)
+                    for t in ("stub", "confirmation", "log")
+                )
     except sa.exc.DBAPIError as exc:
         raise SourceUnavailable(
             f"the database {where}", f"{_one_line(exc.orig or exc)} (check --db)"
         ) from None
     except ImportError:
-        return
+        return None
     finally:
         engine.dispose()
     if missing:
         raise SourceUnavailable(
             f"the database {where}", f"missing outbox tables {', '.join(missing)}; {FIX_TABLES}"
         )
+    return counted
+
+
+def _count_up_to(conn: Any, table: str, schema: str | None, limit: int) -> int:
+    import sqlalchemy as sa
+
+    head = sa.select(sa.literal(1)).select_from(sa.table(table, schema=schema)).limit(limit)
+    return int(conn.execute(sa.select(sa.func.count()).select_from(head.subquery())).scalar_one())
 
 
 # Python drivers to try, in order, when the URL names none (`postgresql://...`)

@@ -114,10 +114,14 @@ def spark_session(
     jars: Iterable[str] = (),
     conf: Mapping[str, str] | None = None,
     app_name: str = "reliable-reconcile",
+    java_options: Iterable[str] = (),
 ) -> SparkSession:
     """Get or create the session. `master=None` means `local[*]`, unless `spark-submit`
     started us (its `--master` stands). `jars` are added to `spark.jars`: after those
-    spark-submit set (`--jars`) and those in `conf`, never instead of them."""
+    spark-submit set (`--jars`) and those in `conf`, never instead of them. `java_options`
+    are added to the driver JVM's options (after the caller's `spark.driver.
+    extraJavaOptions`) when this call starts the JVM; under spark-submit, or with a JVM
+    already running, they have no effect."""
     _pyspark()
     from pyspark.sql import SparkSession
 
@@ -145,6 +149,8 @@ def spark_session(
             "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{quiet_log4j2()}",
         }
         settings = {**quiet, **settings}
+        extra = [settings.get("spark.driver.extraJavaOptions", ""), *java_options]
+        settings["spark.driver.extraJavaOptions"] = " ".join(o for o in extra if o)
         if (master or DEFAULT_MASTER).startswith("local"):
             os.environ.setdefault("SPARK_LOCAL_IP", LOCAL_IP)  # the JVM inherits it
     merged = merge_jars(

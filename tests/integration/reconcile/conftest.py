@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from outbox.reconcile import driver_jars, spark_session
+from outbox.reconcile.job import SMALL_INPUT_JAVA_OPTIONS
 
 # no shuffle partition setting: the job sizes them from the data (here: 2, the default
 # parallelism of local[2])
@@ -25,7 +26,14 @@ TEST_CONF = {
 @pytest.fixture(scope="package")
 def spark() -> Iterator[object]:
     jars = [*driver_jars("sqlite"), *driver_jars("postgresql"), *driver_jars("mysql")]
-    session = spark_session("local[2]", jars, TEST_CONF, app_name="reconcile-tests")
+    # every data set here is small: the JVM the job starts for a small database (C1 only)
+    session = spark_session(
+        "local[2]",
+        jars,
+        TEST_CONF,
+        app_name="reconcile-tests",
+        java_options=SMALL_INPUT_JAVA_OPTIONS,
+    )
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()

@@ -8,6 +8,7 @@ import pytest
 import sqlalchemy as sa
 
 from outbox.reconcile import DriverNotFound, InvalidOptions, driver_jars
+from outbox.reconcile.job import SMALL_INPUT_JAVA_OPTIONS
 from reliable_cli import main
 from reliable_cli.exit_codes import ExitCode
 
@@ -71,6 +72,12 @@ def test_a_small_run_with_a_report_takes_few_tasks(spark, sqlite_url, table_pref
     assert result.shuffle_partitions == spark.sparkContext.defaultParallelism == 2
     assert 0 < result.tasks <= 60, result.tasks
     assert len(list(parquet.glob("*.parquet"))) == 1
+    # a small input is planned once per query, not again after each query stage (adaptive
+    # execution made it 20 jobs); the session gets its own settings back
+    jobs = spark.sparkContext.statusTracker().getJobIdsForGroup(result.run_id)
+    assert 0 < len(jobs) <= 12, len(jobs)
+    assert spark.conf.get("spark.sql.adaptive.enabled") == "true"
+    assert spark.conf.get("spark.sql.codegen.wholeStage") == "true"
     # the caller's setting stands
     again = reconcile(
         ReconcileOptions(
@@ -171,6 +178,9 @@ def test_runs_unchanged_under_spark_submit(sqlite_url, table_prefix, tmp_path):
             "local[1]",
             "--conf",
             "spark.ui.enabled=false",
+            # what the job chooses for a small database when it starts the JVM itself
+            "--driver-java-options",
+            " ".join(SMALL_INPUT_JAVA_OPTIONS),
             str(entry),
             "--db",
             sqlite_url,
@@ -260,7 +270,7 @@ def test_a_local_session_binds_to_loopback(tmp_path):
 
     code = (
         "from outbox.reconcile.session import spark_session\n"
-        "s = spark_session('local[1]')\n"
+        f"s = spark_session('local[1]', java_options={SMALL_INPUT_JAVA_OPTIONS!r})\n"
         "print(s.sparkContext.getConf().get('spark.driver.host'))\n"
         "s.stop()\n"
     )

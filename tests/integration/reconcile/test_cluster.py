@@ -24,6 +24,7 @@ import pytest
 import sqlalchemy as sa
 
 from outbox.reconcile import driver_jars
+from outbox.reconcile.job import SMALL_INPUT_JAVA_OPTIONS
 from reliable_cli.exit_codes import ExitCode
 
 from .dataset import build
@@ -96,6 +97,9 @@ def standalone_cluster(work: Path) -> Iterator[tuple[str, int, Callable[[], None
         "SPARK_LOG_DIR": str(work / "logs"),
         "SPARK_WORKER_DIR": str(work / "worker"),
         "PYSPARK_PYTHON": sys.executable,
+        # the daemons (and the executor the worker starts) serve one small job: the quick
+        # JIT compiler only, as the job chooses for its own JVM on a small database
+        "SPARK_DAEMON_JAVA_OPTS": " ".join(SMALL_INPUT_JAVA_OPTIONS),
     }
     port, webui, worker_ui = _free_port(), _free_port(), _free_port()
     url = f"spark://{LOOPBACK}:{port}"
@@ -187,6 +191,10 @@ def test_spark_submit_to_a_standalone_cluster_with_jars(sqlite_url, table_prefix
                 "spark.executor.memory=512m",
                 "--conf",
                 "spark.cores.max=1",
+                "--driver-java-options",
+                " ".join(SMALL_INPUT_JAVA_OPTIONS),
+                "--conf",
+                f"spark.executor.extraJavaOptions={' '.join(SMALL_INPUT_JAVA_OPTIONS)}",
                 str(entry),
                 "--db",
                 sqlite_url,

@@ -121,3 +121,28 @@ def test_with_missing_tables(db_url: str, table_prefix: str) -> None:
     # "reliable reconcile: cannot read the database URL: missing ...; create them ..."
     assert line.count(": ") == 2, line
     assert "--ensure-schema" in line and "create_all" in line
+
+
+def test_a_small_database_is_told_from_a_bounded_count(sqlite_url: str, table_prefix: str) -> None:
+    """The rows are counted before the JVM starts, each table up to the bound only, and a
+    small database gets the quick JIT compiler alone; a large one, a caller's own Java
+    options or spark-submit's JVM keep theirs."""
+    import sqlalchemy as sa
+
+    from outbox.reconcile import job
+    from outbox.reconcile.drivers import jdbc_target
+    from outbox.reconcile.preflight import check_database
+    from outbox.reconcile.sources import TableNames
+
+    from .dataset import build
+
+    build(table_prefix).insert(sa.create_engine(sqlite_url))
+    target, names = jdbc_target(sqlite_url), TableNames.for_prefix(table_prefix)
+    assert check_database(target, names) is None  # nothing counted unless asked
+    assert check_database(target, names, count_up_to=1000) == 41 + 23 + 11
+    assert check_database(target, names, count_up_to=5) == 15  # 5 per table at most
+    small = job.small_input_java_options
+    assert small(75, {}) == job.SMALL_INPUT_JAVA_OPTIONS == ("-XX:TieredStopAtLevel=1",)
+    assert small(job.SMALL_INPUT_ROWS, {}) == ()
+    assert small(None, {}) == ()
+    assert small(75, {"spark.driver.extraJavaOptions": "-Xss4m"}) == ()

@@ -95,29 +95,24 @@ class LightFuture(Future[T]):
         return super().exception(timeout)
 
     def set_result(self, result: T) -> None:
-        with _GUARD:
-            light = self._cond is None
-            ended = light and self._state in _ENDED
-            if light and not ended:
-                self._result = result
-                self._state = FINISHED
-        if ended:  # refused outside the lock: repr() takes the Condition
-            raise InvalidStateError(f"{self._state}: {self!r}")
-        if not light:
+        if not self._finish_light("_result", result):
             super().set_result(result)
-            return
-        self._invoke_callbacks()  # type: ignore[attr-defined]
 
     def set_exception(self, exception: BaseException | None) -> None:
+        if not self._finish_light("_exception", exception):
+            super().set_exception(exception)
+
+    def _finish_light(self, field: str, value: Any) -> bool:
+        """Finish without a Condition, and run the callbacks; False (nothing done) when a
+        Condition exists: the base's path then notifies its waiters."""
         with _GUARD:
-            light = self._cond is None
-            ended = light and self._state in _ENDED
-            if light and not ended:
-                self._exception = exception
+            if self._cond is not None:
+                return False
+            ended = self._state in _ENDED
+            if not ended:
+                setattr(self, field, value)
                 self._state = FINISHED
         if ended:  # refused outside the lock: repr() takes the Condition
             raise InvalidStateError(f"{self._state}: {self!r}")
-        if not light:
-            super().set_exception(exception)
-            return
         self._invoke_callbacks()  # type: ignore[attr-defined]
+        return True

@@ -13,7 +13,6 @@ import json
 import shutil
 import socket
 import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ import pytest
 
 from tests.e2e.grpc import official
 from tests.e2e.grpc.conftest import FAST
-from tests.e2e.grpc.server_process import REPO, ServerProcess
+from tests.e2e.grpc.server_process import ServerProcess, admin_cli
 
 TOPIC = "t-ha-lost-disk"
 GROUP = "g-ha-lost-disk"
@@ -47,16 +46,7 @@ def _digest(store: Path) -> list[tuple[str, str]]:
 
 
 def _promote(endpoint: str, *flags: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            *(sys.executable, "-m", "reliable_cli", "admin", "broker", "promote"),
-            *("--endpoint", endpoint, "--json", *flags),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-    )
+    return admin_cli("broker", "promote", "--endpoint", endpoint, "--json", *flags)
 
 
 class Sends:

@@ -6,11 +6,12 @@ import json
 import os
 import re
 import signal
+import struct
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -122,3 +123,21 @@ def admin_json(*args: str) -> Any:
     done = admin_cli(*args, "--json")
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
+
+
+def stored_records(store: Path) -> Iterator[Any]:
+    """Every message record of a store's commitlog (a `MessageExt` each), read file by file
+    from disk, in offset order: what a store holds, whatever its server says."""
+    from broker.store.codec import BLANK_MAGIC_CODE, decode_message
+
+    for path in sorted((store / "commitlog").iterdir()):
+        if not path.name.isdigit():
+            continue
+        buf = path.read_bytes()
+        pos = 0
+        while pos + 8 <= len(buf):
+            total, magic = struct.unpack_from(">ii", buf, pos)
+            if total <= 0 or magic == BLANK_MAGIC_CODE:
+                break
+            yield decode_message(buf, pos)
+            pos += total

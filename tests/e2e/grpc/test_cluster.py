@@ -4,7 +4,6 @@ routes every group; killing one group's master never stops sends."""
 from __future__ import annotations
 
 import itertools
-import struct
 import threading
 import time
 from collections import Counter
@@ -17,12 +16,11 @@ import grpc
 import pytest
 
 import reliable
-from broker.store.codec import BLANK_MAGIC_CODE, decode_message
 from reliable import Message, Producer
 from tests.e2e.grpc import official
 from tests.e2e.grpc.cluster_process import Cluster
 from tests.e2e.grpc.conftest import FAST
-from tests.e2e.grpc.server_process import ServerProcess
+from tests.e2e.grpc.server_process import ServerProcess, stored_records
 
 
 @pytest.fixture
@@ -124,21 +122,7 @@ def test_a_server_not_in_its_cluster_file_refuses_to_start(tmp_path: Path) -> No
 
 def _ids_in_store(store: Path, topic: str) -> Counter[str]:
     """How often each message id of `topic` is in a store's commitlog, read file by file."""
-    ids: Counter[str] = Counter()
-    for path in sorted((store / "commitlog").iterdir()):
-        if not path.name.isdigit():
-            continue
-        buf = path.read_bytes()
-        pos = 0
-        while pos + 8 <= len(buf):
-            total, magic = struct.unpack_from(">ii", buf, pos)
-            if total <= 0 or magic == BLANK_MAGIC_CODE:
-                break
-            m = decode_message(buf, pos)
-            if m.topic == topic:
-                ids[m.msg_id] += 1
-            pos += total
-    return ids
+    return Counter(m.msg_id for m in stored_records(store) if m.topic == topic)
 
 
 class Sends:

@@ -10,7 +10,6 @@ consuming goes on from the master.
 
 from __future__ import annotations
 
-import struct
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -20,13 +19,13 @@ from typing import Any
 import pytest
 
 import reliable
-from broker.store.codec import BLANK_MAGIC_CODE, decode_message
 from reliable import Message, Producer, SimpleConsumer
 from reliable.admin import AdminClient
 from reliable.errors import ReliableError
 from tests.e2e.grpc import official
 from tests.e2e.grpc.cluster_process import Cluster
 from tests.e2e.grpc.conftest import FAST
+from tests.e2e.grpc.server_process import stored_records
 from tests.e2e.grpc.test_cluster import READ, READ_WRITE, _ids_in_store, _route
 from tests.e2e.grpc.test_push import Recorder, push_consumer
 
@@ -86,21 +85,11 @@ def _receive_status(endpoint: str, group: str, topic: str) -> int:
 
 def _dead_lettered(store: Path, group: str) -> set[str]:
     """The original ids of the messages in a store's dead-letter topic of `group`."""
-    found: set[str] = set()
-    for path in sorted((store / "commitlog").iterdir()):
-        if not path.name.isdigit():
-            continue
-        buf = path.read_bytes()
-        pos = 0
-        while pos + 8 <= len(buf):
-            total, magic = struct.unpack_from(">ii", buf, pos)
-            if total <= 0 or magic == BLANK_MAGIC_CODE:
-                break
-            m = decode_message(buf, pos)
-            if m.topic == f"%DLQ%{group}":
-                found.add(m.properties["DLQ_ORIGIN_MESSAGE_ID"])
-            pos += total
-    return found
+    return {
+        m.properties["DLQ_ORIGIN_MESSAGE_ID"]
+        for m in stored_records(store)
+        if m.topic == f"%DLQ%{group}"
+    }
 
 
 def _group_of(message: Any) -> str:

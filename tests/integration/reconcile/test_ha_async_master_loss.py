@@ -29,7 +29,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -55,7 +54,7 @@ from outbox.reconcile import ReconcileOptions, reconcile
 from reliable import Message, Producer, SimpleConsumer, connect
 from reliable.admin import AdminClient
 from tests.e2e.grpc.conftest import FAST
-from tests.e2e.grpc.server_process import REPO, ServerProcess
+from tests.e2e.grpc.server_process import ServerProcess, admin_cli
 
 pytestmark = [pytest.mark.chaos, pytest.mark.spark, pytest.mark.slow]
 
@@ -127,16 +126,7 @@ class OrderService:
 
 
 def _promote(endpoint: str, *flags: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            *(sys.executable, "-m", "reliable_cli", "admin", "broker", "promote"),
-            *("--endpoint", endpoint, "--json", *flags),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-    )
+    return admin_cli("broker", "promote", "--endpoint", endpoint, "--json", *flags)
 
 
 def test_async_master_loss_is_bounded_by_its_lag_and_the_outbox_recovers_it(

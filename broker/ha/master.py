@@ -6,7 +6,7 @@ slaves, not thousands, and the broker's store services are threads already; an e
 would hand each store call to an executor and gain nothing.
 
 Per slave, a writer thread sends whole records from the offset the slave reported, woken
-by every append (the commitlog's `on_append` hook, chained only when a master role is
+by every append (the commitlog's `on_any_append` hook, chained only when a master role is
 configured: a single broker does no extra work per message), and a reader thread takes the
 slave's reports: its acknowledged offset, which the master keeps (`slaves()`).
 """
@@ -130,15 +130,15 @@ class HaMaster:
         srv.settimeout(0.5)
         self._server = srv
         self.port = srv.getsockname()[1]
-        previous = self.store.commitlog.on_append
+        previous = self.store.commitlog.on_any_append
 
-        def on_append() -> None:
+        def on_any_append() -> None:  # every record, also those that do not wake the dispatcher
             if previous is not None:
                 previous()
             for conn in list(self._conns.values()):
                 conn.wake.set()
 
-        self.store.commitlog.on_append = on_append
+        self.store.commitlog.on_any_append = on_any_append
         self.store.commitlog.keep_count_marks(COUNT_MARKS)
         for target, name in ((self._accept, "ha-accept"), (self._reap, "ha-timeouts")):
             t = threading.Thread(target=target, name=name, daemon=True)

@@ -102,8 +102,12 @@ class CommitLog:
         # the writer wakes the warmer once it passes this position of the current file
         self._warm_next_at = 0
         self._warmer: _Warmer | None = None
-        # called (no lock held) after every append: the dispatcher's wake-up (store.py)
+        # called (no lock held) after an append: the dispatcher's wake-up (store.py); not
+        # for records put with `wake=False`
         self.on_append: Callable[[], None] | None = None
+        # called (no lock held) after every append, `wake=False` ones included: the
+        # replication's wake-up (broker/ha/master.py), for every byte must reach a slave
+        self.on_any_append: Callable[[], None] | None = None
         self._closed = False
         self._msg_id_prefix = self._store_host_raw.hex().upper()
         self.flush_service: FlushCommitLogService | GroupCommitService
@@ -340,8 +344,7 @@ class CommitLog:
         except OSError:
             log.exception("cannot create a commitlog file")
             return PutMessageResult(PutMessageStatus.CREATE_MAPPED_FILE_FAILED)
-        if self.on_append is not None:
-            self.on_append()
+        self._appended()
         return PutMessageResult(
             _PUT_OK,
             AppendMessageResult(phy, n, None, ts, qoff, 1, msg_id_prefix=self._msg_id_prefix),
@@ -355,6 +358,12 @@ class CommitLog:
             if not self.wait_flushed(end):
                 return PutMessageResult(PutMessageStatus.FLUSH_DISK_TIMEOUT, result.append)
         return result
+
+    def _appended(self, wake: bool = True) -> None:
+        if wake and self.on_append is not None:
+            self.on_append()
+        if self.on_any_append is not None:
+            self.on_any_append()
 
     def put_messages(
         self, msgs: Sequence[Message], *, wait: bool = True, wake: bool = True
@@ -388,8 +397,8 @@ class CommitLog:
         except OSError:
             log.exception("cannot create a commitlog file")
             failed = PutMessageStatus.CREATE_MAPPED_FILE_FAILED
-        if placed and wake and self.on_append is not None:
-            self.on_append()
+        if placed:
+            self._appended(wake)
         results: list[PutMessageResult] = []
         end = -1
         prefix = self._msg_id_prefix
@@ -477,8 +486,7 @@ class CommitLog:
         except OSError:
             log.exception("cannot create a commitlog file")
             return PutMessageResult(PutMessageStatus.CREATE_MAPPED_FILE_FAILED)
-        if self.on_append is not None:
-            self.on_append()
+        self._appended()
         append = AppendMessageResult(
             phy,
             end - phy,
@@ -568,8 +576,7 @@ class CommitLog:
             self.records_put += count
             if self.count_marks is not None:
                 self.count_marks.append((self.queue.get_max_offset(), self.records_put))
-        if self.on_append is not None:
-            self.on_append()
+        self._appended()
         return offset + n
 
     def read_records(self, offset: int, limit: int) -> bytes:

@@ -455,6 +455,11 @@ def test_failover_promote_then_the_old_master_rejoins_byte_for_byte(
         assert not any(m.body in unacked for m in got)
     finally:
         consumer.shutdown()
+    # the consumer's acks are records too: replicated as they are written, not at the next
+    # heartbeat
+    assert official.wait_for(
+        lambda: _digest(tmp_path / "m") == _digest(tmp_path / "s"), timeout_s=10
+    )
     assert old.terminate() == 0, "".join(old.output)
     assert slave.terminate() == 0, "".join(slave.output)
     assert _digest(tmp_path / "m") == _digest(tmp_path / "s")

@@ -114,6 +114,24 @@ def test_put_batch_is_contiguous(tmp_path: Path) -> None:
     cl.close()
 
 
+def test_every_append_wakes_replication_and_only_waking_ones_the_dispatcher(
+    tmp_path: Path,
+) -> None:
+    """`wake=False` records (the revive log) spare the dispatcher a wake-up, never the
+    replication: a slave must get every byte as it is written."""
+    cl = _open(tmp_path, mapped_file_size_commitlog=64 * 1024)
+    woken: list[str] = []
+    cl.on_append = lambda: woken.append("dispatch")
+    cl.on_any_append = lambda: woken.append("replicate")
+    cl.put_message(message(0))
+    cl.put_messages([message(1)])
+    assert woken == ["dispatch", "replicate"] * 2
+    woken.clear()
+    cl.put_messages([message(2), message(3)], wake=False)
+    assert woken == ["replicate"]
+    cl.close()
+
+
 def test_batch_with_an_illegal_message_stores_the_rest(tmp_path: Path) -> None:
     cl = _open(tmp_path)
     results = cl.put_messages([message(1), Message("", b"x"), message(2)])

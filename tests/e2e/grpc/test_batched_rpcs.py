@@ -193,6 +193,8 @@ def test_sync_flush_acknowledges_concurrent_sends_only_once_on_disk(
             t.join(60)
         assert not errors, errors
         assert sorted(o for o, _ in seen) == list(range(120))
+        # the consume queue is built after the answer, by the dispatch thread
+        assert broker.store.wait_dispatched(timeout_s=10.0)
         for offset, where in seen:
             ext = broker.store.get_message_by_queue_offset("durable", 0, offset)
             assert ext is not None

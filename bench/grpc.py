@@ -131,6 +131,8 @@ class Comparison:
     peer: str
     target: str = ""
     target_ratio: float | None = None  # ours / peer at least this, when a target is set
+    min_msgs_s: float | None = None  # and ours at least this rate
+    max_p50_ms: float | None = None  # and ours at most this median latency
 
 
 # our case beside its peer; the targets are the (never asserted by tests)
@@ -142,6 +144,8 @@ COMPARISONS = (
         "rabbitmq_publish_each",
         ">= 3x, >= 2,000/s, p50 <= 0.6 ms",
         3.0,
+        2000.0,
+        0.6,
     ),
     Comparison("framework_send_sync_flush", "nats_publish_each"),
     Comparison(
@@ -149,6 +153,8 @@ COMPARISONS = (
         "rabbitmq_publish_each",
         ">= 3x, >= 2,000/s, p50 <= 0.6 ms",
         3.0,
+        2000.0,
+        0.6,
     ),
     Comparison("framework_wire_send", "framework_send", "(the wire vs gRPC)"),
     Comparison("framework_wire_send_sync_flush", "framework_send_sync_flush", "(the wire vs gRPC)"),
@@ -156,10 +162,13 @@ COMPARISONS = (
     Comparison("framework_wire_receive_ack", "framework_receive_ack", "(the wire vs gRPC)"),
     Comparison("framework_send_pipelined", "rabbitmq_publish_pipelined"),
     Comparison("framework_send_pipelined", "nats_publish_pipelined", ">= 1x", 1.0),
+    Comparison("framework_wire_send_pipelined", "nats_publish_pipelined", ">= 1x", 1.0),
     Comparison("framework_send_pipelined_sync_flush", "rabbitmq_publish_pipelined"),
+    Comparison("framework_wire_send_pipelined_sync_flush", "nats_publish_pipelined"),
     Comparison("framework_send_batch", "nats_publish_pipelined"),
     Comparison("framework_receive_ack", "rabbitmq_consume_ack"),
     Comparison("framework_receive_ack", "nats_consume_ack", ">= 1x", 1.0),
+    Comparison("framework_wire_receive_ack", "nats_consume_ack", ">= 1x", 1.0),
     Comparison("official_send", "rabbitmq_publish_each"),
     Comparison("official_send_async", "rabbitmq_publish_pipelined"),
     Comparison("official_receive_ack", "rabbitmq_consume_ack"),
@@ -834,7 +843,16 @@ def comparison_table(metrics: dict[str, Any]) -> list[str]:
             r = ours / peer
             ratio = f"{100 * r:.0f}%" if c.peer.startswith("stub_") else f"{r:.2f}x"
             if c.target_ratio is not None:
-                verdict = " (met)" if r >= c.target_ratio else " (short)"
+                p50 = metrics.get(f"{c.ours}_p50_ms")
+                met = (
+                    r >= c.target_ratio
+                    and (c.min_msgs_s is None or ours >= c.min_msgs_s)
+                    and (
+                        c.max_p50_ms is None
+                        or (isinstance(p50, int | float) and p50 <= c.max_p50_ms)
+                    )
+                )
+                verdict = " (met)" if met else " (short)"
         lines.append(
             f"{c.ours:<36} {fmt(ours):>11}  {c.peer:<32} {fmt(peer):>11} "
             f"{ratio:>7}  {c.target}{verdict if c.target else ''}"
@@ -843,6 +861,7 @@ def comparison_table(metrics: dict[str, Any]) -> list[str]:
         f"{key} p50 {metrics[f'{key}_p50_ms']:.2f} ms p99 {metrics[f'{key}_p99_ms']:.2f} ms"
         for key in (*LATENCY_KEYS, "rabbitmq_publish_each", "nats_publish_each")
         if isinstance(metrics.get(f"{key}_p50_ms"), int | float)
+        and isinstance(metrics.get(f"{key}_p99_ms"), int | float)
     ]
     if lat:
         lines.append("one at a time: " + "; ".join(lat))

@@ -234,6 +234,25 @@ def test_comparison_puts_each_case_beside_its_peer_and_tolerates_missing_figures
     assert " - " in receive and "(met)" not in receive and "(short)" not in receive
 
 
+def test_sync_flush_target_needs_the_ratio_the_rate_and_the_latency() -> None:
+    def verdict(rate: float, p50: float) -> str:
+        metrics = {
+            "framework_wire_send_sync_flush_msgs_s": rate,
+            "framework_wire_send_sync_flush_p50_ms": p50,
+            "rabbitmq_publish_each_msgs_s": 500,
+        }
+        line = next(
+            line
+            for line in grpc_suite.comparison_table(metrics)
+            if line.startswith("framework_wire_send_sync_flush ") and "rabbitmq" in line
+        )
+        return "met" if "(met)" in line else "short"
+
+    assert verdict(2_100, 0.55) == "met"
+    assert verdict(1_900, 0.55) == "short"  # 3.8x RabbitMQ, yet under 2,000/s
+    assert verdict(2_100, 0.70) == "short"  # fast enough, yet the median is too slow
+
+
 def test_percentiles_and_rates() -> None:
     p50, p99 = percentiles_ms([i / 1000 for i in range(1, 101)])  # 1..100 ms
     assert (p50, p99) == (51.0, 100.0)

@@ -18,6 +18,7 @@ import functools
 import socket
 from typing import Any
 
+from broker.clock import wall_ms
 from broker.protocol_pb import definition_pb2
 from broker.server.errors import BadRequest, ServerError
 from broker.server.validation import RESERVED_PROPERTIES
@@ -107,7 +108,8 @@ def message_type_of(sp: Any) -> str:
 def to_store(pm: Any, queue_id: int, *, transactional: bool, producer_group: str | None) -> Message:
     """Build the store message for one (already validated) protocol message."""
     sp = pm.system_properties
-    props: dict[str, str] = dict(pm.user_properties)
+    user = pm.user_properties
+    props: dict[str, str] = dict(user) if user else {}
     if sp.HasField("tag") and sp.tag:
         props[Prop.TAGS] = sp.tag
     keys = [k for k in sp.keys if k]
@@ -127,16 +129,14 @@ def to_store(pm: Any, queue_id: int, *, transactional: bool, producer_group: str
     born_ms = (
         timestamp_ms(sp.born_timestamp, "born timestamp") if sp.HasField("born_timestamp") else 0
     )
-    msg = Message(
+    return Message(
         topic=pm.topic.name,
         body=bytes(pm.body),
         queue_id=queue_id,
         properties=props,
+        born_timestamp=born_ms if born_ms > 0 else wall_ms(),
         born_host=(_host_only(sp.born_host), 0),
     )
-    if born_ms > 0:
-        msg.born_timestamp = born_ms
-    return msg
 
 
 @functools.lru_cache(maxsize=1024)  # a client sends with one born host, again and again

@@ -122,6 +122,8 @@ def check_group(name: str) -> str:
 
 
 def check_message_id(message_id: str) -> str:
+    if message_id.isalnum() and message_id.isascii() and len(message_id) <= 128:
+        return message_id  # every client's ids (hex, or letters and digits) take this path
     if not message_id or not message_id.strip():
         raise IllegalMessage("message id is empty", Code.ILLEGAL_MESSAGE_ID)
     if len(message_id) > 128 or _has_control(message_id):

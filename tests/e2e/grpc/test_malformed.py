@@ -123,6 +123,10 @@ def test_validation_codes(stub: Any) -> None:
         == Code.MESSAGE_BODY_TOO_LARGE
     )
     assert code_of_send(stub, send_request(message_id="")) == Code.ILLEGAL_MESSAGE_ID
+    assert code_of_send(stub, send_request(message_id="A" * 129)) == Code.ILLEGAL_MESSAGE_ID
+    assert code_of_send(stub, send_request(message_id="AB\x01CD")) == Code.ILLEGAL_MESSAGE_ID
+    assert code_of_send(stub, send_request(message_id="   ")) == Code.ILLEGAL_MESSAGE_ID
+    assert code_of_send(stub, send_request(message_id="A" * 128)) == Code.OK
     assert code_of_send(stub, send_request(tag="a|b")) == Code.ILLEGAL_MESSAGE_TAG
     assert code_of_send(stub, send_request(tag="a\x07")) == Code.ILLEGAL_MESSAGE_TAG
     assert code_of_send(stub, send_request(user={"KEYS": "x"})) == Code.ILLEGAL_MESSAGE_PROPERTY_KEY

@@ -26,6 +26,17 @@ def test_send_key_tells_sends_apart() -> None:
     assert base not in others and len(others) == 7  # no ambiguity between the parts
 
 
+def test_send_key_without_properties_is_the_length_prefixed_digest() -> None:
+    """The no-properties shortcut must name a send exactly as the general encoding does."""
+    import hashlib
+    import struct
+
+    for topic, message_id in (("t", "ID"), ("topic-\u00e9", "7F000001"), ("", "x")):
+        raw = b"".join(struct.pack(">I", len(p.encode())) + p.encode() for p in (topic, message_id))
+        assert send_key(topic, message_id, {}) == hashlib.blake2b(raw, digest_size=16).digest()
+    assert send_key("t", "ID", {}) != send_key("t", "ID", {"": ""})
+
+
 def test_cache_is_bounded_by_bytes_whatever_the_properties() -> None:
     huge = {f"p{i}": "v" * 1000 for i in range(15)}  # 15 KiB of properties per send
     result = b"r" * 40

@@ -134,8 +134,20 @@ class SendPolicy:
 
 
 def call_with_policy(policy: SendPolicy, fn: Callable[[int], Any]) -> Any:
-    """Run `fn(attempt_index)` under `policy`; the last error propagates."""
+    """Run `fn(attempt_index)` under `policy`; the last error propagates.
+
+    The first attempt runs before any retry machinery is built: most sends succeed at
+    once, and building tenacity's state costs a sizeable part of a send. When it fails,
+    tenacity takes over with that failure as its own first attempt (the same budget,
+    waits and errors as if it had run it)."""
+    try:
+        return fn(0)
+    except Exception as exc:
+        first: Exception = exc
     for attempt in policy.retrying():
         with attempt:
-            return fn(attempt.retry_state.attempt_number - 1)
+            index = attempt.retry_state.attempt_number - 1
+            if index == 0:
+                raise first
+            return fn(index)
     raise AssertionError("unreachable")  # pragma: no cover

@@ -49,6 +49,28 @@ def enabled() -> bool:
     return _trace() is not None
 
 
+_provider: Any = None  # the application's tracer provider, once it has set one
+_tracer_of: Any = None  # our tracer from it
+
+
+def _configured(api: Any) -> bool:
+    """True once the application has set a tracer provider. Until then OpenTelemetry
+    hands out non-recording spans, and making one (context attach and detach included)
+    costs more than the rest of a send: a send skips it. The global provider can be set
+    only once, so a provider seen is kept; until one is, each span asks again."""
+    if _provider is not None:
+        return True
+    return not isinstance(api.get_tracer_provider(), api.ProxyTracerProvider)
+
+
+def _tracer(api: Any) -> Any:
+    global _provider, _tracer_of
+    provider = api.get_tracer_provider()
+    if provider is not _provider:
+        _provider, _tracer_of = provider, provider.get_tracer(TRACER_NAME)
+    return _tracer_of
+
+
 class _NoSpan:
     """What `span()` yields without OpenTelemetry: accepts and drops everything."""
 
@@ -83,7 +105,7 @@ def span(
     `kind`: "producer" (send), "consumer" (receive, process) or "internal". An exception
     leaving the block is recorded on the span by OpenTelemetry itself."""
     api = _trace()
-    if api is None:
+    if api is None or not _configured(api):
         yield _NO_SPAN
         return
     attributes: dict[str, str] = {
@@ -98,7 +120,7 @@ def span(
     span_kind = {"producer": api.SpanKind.PRODUCER, "consumer": api.SpanKind.CONSUMER}.get(
         kind, api.SpanKind.INTERNAL
     )
-    tracer = api.get_tracer(TRACER_NAME)
+    tracer = _tracer(api)
     with tracer.start_as_current_span(
         f"{topic} {operation}", kind=span_kind, attributes=attributes
     ) as s:
@@ -109,7 +131,7 @@ def received(topic: str, group: str, message_ids: Sequence[str], started_ns: int
     """Record a `<topic> receive` span from `started_ns` (time.time_ns()) to now, after the
     fact and only when the call returned messages: an empty long poll makes no span."""
     api = _trace()
-    if api is None or not message_ids:
+    if api is None or not message_ids or not _configured(api):
         return
     attributes: dict[str, Any] = {
         "messaging.system": SYSTEM,
@@ -120,7 +142,7 @@ def received(topic: str, group: str, message_ids: Sequence[str], started_ns: int
     }
     if len(message_ids) == 1:
         attributes["messaging.message.id"] = message_ids[0]
-    tracer = api.get_tracer(TRACER_NAME)
+    tracer = _tracer(api)
     tracer.start_span(
         f"{topic} receive", kind=api.SpanKind.CONSUMER, attributes=attributes, start_time=started_ns
     ).end()

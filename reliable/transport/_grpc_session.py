@@ -102,6 +102,8 @@ class GrpcSession:
         self._base_id = (
             f"{socket.gethostname()}@{os.getpid()}@{next(self._ids)}@{uuid.uuid4().hex[:8]}"
         )
+        self._rid = f"{uuid.uuid4().hex[:16]}-"
+        self._rids = itertools.count(1)
         self._lock = threading.RLock()
         self._channel: Any = None
         self.stub: Any = None
@@ -298,7 +300,13 @@ class GrpcSession:
             ]
             if len(self._static_md) < 1024:
                 self._static_md[client_id] = static
-        md = [*static, ("x-mq-date-time", now), ("x-mq-request-id", uuid.uuid4().hex)]
+        # unique per call: this session's random prefix and a counter (a uuid4 per call
+        # cost more than the rest of the metadata)
+        md = [
+            *static,
+            ("x-mq-date-time", now),
+            ("x-mq-request-id", f"{self._rid}{next(self._rids)}"),
+        ]
         if self._access_key:
             import hashlib
             import hmac

@@ -50,17 +50,21 @@ class ProducerSide(GrpcSession):
             self._producer_stream = None
             self._producer_streams = {}
 
-    def _proto(self, m: Message, transactional: bool) -> Any:
-        pm = definition_pb2.Message()
-        self._resource(pm.topic, m.topic)
+    def _fill(self, pm: Any, m: Message, transactional: bool, born_ms: int) -> None:
+        """Write `m` into `pm`, a request's `messages.add()`: filled in place, since a
+        message built apart and then appended would be copied, body and all."""
+        topic = pm.topic
+        topic.name, topic.resource_namespace = m.topic, self._namespace
         pm.body = bytes(m.body)
-        pm.user_properties.update(m.properties)
+        if m.properties:
+            pm.user_properties.update(m.properties)
         sp = pm.system_properties
         if m.tags:
             sp.tag = m.tags
-        sp.keys.extend(m.keys)
+        if m.keys:
+            sp.keys.extend(m.keys)
         sp.message_id = m.message_id
-        wire.set_ms(sp.born_timestamp, wall_ms())
+        wire.set_ms(sp.born_timestamp, born_ms)
         sp.born_host = wire.local_ip()
         sp.body_encoding = wire.IDENTITY
         deliver_at = m.deliver_at_ms
@@ -82,11 +86,13 @@ class ProducerSide(GrpcSession):
             wire.set_ms(sp.delivery_timestamp, deliver_at)
         else:
             sp.message_type = wire.NORMAL
-        return pm
 
     def _request(self, messages: Sequence[Message], transactional: bool) -> Any:
         request = service_pb2.SendMessageRequest()
-        request.messages.extend([self._proto(m, transactional) for m in messages])
+        add = request.messages.add
+        born_ms = wall_ms()
+        for m in messages:
+            self._fill(add(), m, transactional, born_ms)
         for m in messages:
             if m.topic not in self._published:
                 self._note_topic(m.topic)

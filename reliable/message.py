@@ -45,11 +45,15 @@ class _UniqueIdGenerator:
         prefix = ip + struct.pack(">HI", os.getpid() & 0xFFFF, id(self) & 0xFFFFFFFF)
         self._prefix = prefix.hex().upper()
         self._counter = itertools.count(1)  # next() is atomic: no lock per id
+        self._head = (-1, "")  # (ms, prefix + ms in hex): one tuple, swapped atomically
 
     def next(self) -> str:
         counter = next(self._counter) & 0xFFFF
         ms = wall_ms() & 0xFFFFFFFF
-        return f"{self._prefix}{ms:08X}{counter:04X}"
+        head = self._head
+        if head[0] != ms:  # ids of one millisecond share their first 28 characters
+            head = self._head = (ms, f"{self._prefix}{ms:08X}")
+        return f"{head[1]}{counter:04X}"
 
 
 _ids = _UniqueIdGenerator()

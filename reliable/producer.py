@@ -56,6 +56,10 @@ LocalTransaction = Callable[[Message, Any], "TransactionState | bool"]
 TransactionCheckerFn = Callable[[ReceivedMessage], "TransactionState | bool"]
 
 
+_BODY_TYPES = (bytes, bytearray, memoryview)
+_CHECKED_TOPICS: set[str] = set()  # topic names check_topic accepted (it is pure)
+
+
 @dataclass(frozen=True, slots=True)
 class TransactionSendResult:
     """A half message's receipt and the local transaction's verdict."""
@@ -385,8 +389,13 @@ class Producer:
             raise ClientStateError("the producer is not started")
 
     def _validate(self, m: Message) -> None:
-        check_topic(m.topic)
-        if not isinstance(m.body, bytes | bytearray | memoryview):
+        topic = m.topic
+        if topic not in _CHECKED_TOPICS:
+            check_topic(topic)
+            if len(_CHECKED_TOPICS) >= 4096:  # a bound, however many topics come and go
+                _CHECKED_TOPICS.clear()
+            _CHECKED_TOPICS.add(topic)
+        if not isinstance(m.body, _BODY_TYPES):
             raise InvalidMessage(f"body must be bytes, got {type(m.body).__name__}")
         if len(m.body) == 0:
             raise InvalidMessage("message body is empty")

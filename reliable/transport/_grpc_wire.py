@@ -167,23 +167,28 @@ def channel_target(endpoints: Any) -> str:
 
 
 def to_received(pm: Any, group: str | None) -> ReceivedMessage:
+    """The consumer's view of a delivered protocol message (called per message: each
+    field is read once, and empty repeated fields and maps are not copied)."""
     sp = pm.system_properties
-    body = bytes(pm.body)
+    body = pm.body
     if sp.body_encoding == GZIP:
         body = gzip.decompress(body) if body[:2] == b"\x1f\x8b" else zlib.decompress(body)
-    attempt = int(sp.delivery_attempt) if sp.HasField("delivery_attempt") else 1
+    attempt = sp.delivery_attempt if sp.HasField("delivery_attempt") else 1
+    keys = sp.keys
+    user = pm.user_properties
+    born, stored = sp.born_timestamp, sp.store_timestamp
     return ReceivedMessage(
         message_id=sp.message_id,
         topic=pm.topic.name,
         body=body,
-        queue_id=int(sp.queue_id),
-        queue_offset=int(sp.queue_offset),
+        queue_id=sp.queue_id,
+        queue_offset=sp.queue_offset,
         tags=sp.tag or None,
-        keys=list(sp.keys),
-        properties=dict(pm.user_properties),
-        reconsume_times=max(attempt - 1, 0),
-        born_timestamp=ms_of(sp.born_timestamp),
-        store_timestamp=ms_of(sp.store_timestamp),
+        keys=list(keys) if keys else [],
+        properties=dict(user) if user else {},
+        reconsume_times=attempt - 1 if attempt > 1 else 0,
+        born_timestamp=born.seconds * 1000 + born.nanos // 1_000_000,
+        store_timestamp=stored.seconds * 1000 + stored.nanos // 1_000_000,
         message_group=sp.message_group or None,
         consumer_group=group,
         receipt_handle=sp.receipt_handle or None,

@@ -71,6 +71,43 @@ class Lease:
     message_group: str | None
 
 
+def done_runs(done: set[int]) -> list[int | list[int]]:
+    """A window's acked offsets as written: runs of consecutive offsets as `[first, end)`
+    pairs, a lone offset as itself. Acks are mostly consecutive, so a window held back by
+    one slow message stays a few pairs, not one number per message acked behind it."""
+    out: list[int | list[int]] = []
+    run_start = run_end = -1
+    for o in sorted(done):
+        if o == run_end:
+            run_end += 1
+            continue
+        if run_start >= 0:
+            out.append([run_start, run_end] if run_end - run_start > 1 else run_start)
+        run_start, run_end = o, o + 1
+    if run_start >= 0:
+        out.append([run_start, run_end] if run_end - run_start > 1 else run_start)
+    return out
+
+
+def parse_done(value: object, where: str, low: int, high: int) -> set[int]:
+    """`done` as `done_runs` writes it (a release before it wrote plain offsets: read too);
+    ConfigShapeError for anything else, or a run outside the window `[low, high)`."""
+    done: set[int] = set()
+    for item in arr(value, where):
+        if isinstance(item, list):
+            if len(item) != 2:
+                raise ConfigShapeError(f"{where}: expected an offset or [first, end)")
+            first, end = (integer(x, f"{where}[]") for x in item)
+            if not low <= first < end <= high:
+                raise ConfigShapeError(
+                    f"{where}: run [{first}, {end}) is outside the window [{low}, {high})"
+                )
+            done.update(range(first, end))
+        else:
+            done.add(integer(item, f"{where}[]"))
+    return done
+
+
 @dataclass(slots=True)
 class QueueWindow:
     low: int
@@ -87,7 +124,7 @@ class QueueWindow:
         return {
             "low": self.low,
             "next": self.next,
-            "done": sorted(self.done),
+            "done": done_runs(self.done),
             "leases": {
                 str(o): [lz.attempt, lz.until_ms, lz.nonce, lz.message_group]
                 for o, lz in sorted(self.leases.items())
@@ -103,7 +140,7 @@ class QueueWindow:
                 int(o): Lease(int(v[0]), int(v[1]), int(v[2]), v[3])
                 for o, v in data.get("leases", {}).items()
             },
-            done={int(o) for o in data.get("done", [])},
+            done=parse_done(data.get("done", []), "done", int(data["low"]), int(data["next"])),
         )
 
 
@@ -141,14 +178,13 @@ def parse_snapshot(data: dict[str, Any]) -> tuple[Windows, int]:
                     leases[integer(o, f"{where}.leases key", minimum=0)] = Lease(
                         attempt, until, nonce, v[3]
                     )
+                low = integer(w.get("low"), f"{where}.low", minimum=0)
+                high = integer(w.get("next"), f"{where}.next", minimum=0)
                 windows[integer(q, f"{where} key", minimum=0)] = QueueWindow(
-                    low=integer(w.get("low"), f"{where}.low", minimum=0),
-                    next=integer(w.get("next"), f"{where}.next", minimum=0),
+                    low=low,
+                    next=high,
                     leases=leases,
-                    done={
-                        integer(o, f"{where}.done[]")
-                        for o in arr(w.get("done", []), f"{where}.done")
-                    },
+                    done=parse_done(w.get("done", []), f"{where}.done", low, high),
                 )
             state[(group, topic)] = windows
     return state, integer(data.get("reviveOffset", 0), "reviveOffset", minimum=0)

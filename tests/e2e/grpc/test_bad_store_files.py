@@ -28,6 +28,11 @@ WRONG_SHAPES = [
     ("delayOffset.json", {"recalled": [[1]]}, "recalled[]"),
     ("popState.json", {"groups": {"g": {"T": {"0": {"low": 0}}}}}, "groups.g.T.0.next"),
     ("popState.json", {"groups": []}, "groups: expected an object"),
+    (
+        "popState.json",
+        {"groups": {"g": {"T": {"0": {"low": 0, "next": 10, "done": [[5, 99]]}}}}},
+        "outside the window",
+    ),
     ("../consumequeue.json", {"queues": {"T": [0, -1]}}, "queues.T[]: -1 is below 0"),
 ]
 

@@ -162,8 +162,12 @@ class PopPolicy(PopJournal):
             if fifo and group_key:
                 busy.add(group_key)
 
-        # 1. pending and expired offsets inside the window, oldest first
-        for offset in range(window.low, window.next):
+        # 1. pending and expired offsets inside the window, oldest first. An offset there
+        # is done, leased, or free (a FIFO message passed over while its group was busy).
+        # With none free, only the leases can be due: they are looked at, not every offset
+        # acked behind a slow message (a window held back by one lease can span millions)
+        free = window.next - window.low - len(window.done) - len(window.leases)
+        for offset in range(window.low, window.next) if free else sorted(window.leases):
             if len(picked) >= want:
                 break
             if offset in window.done:

@@ -64,6 +64,43 @@ def test_unacked_message_reappears_with_attempt_plus_one_then_dlq(
     assert broker.in_flight("g", "t") == []
 
 
+def test_a_window_held_back_by_one_lease_redelivers_it_first_and_reads_no_acked_offset(
+    broker: Broker, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One slow message keeps the window open while 2,000 are acked behind it: when its
+    invisible time ends it comes back first, before anything new, and no acked offset is
+    read again."""
+    ids = _setup(broker, 2_005)
+    [slow] = broker.receive("g", "t", 1, invisible_ms=60_000)
+    assert slow.message.msg_id == ids[0]
+    acked = 0
+    while acked < 2_000:
+        batch = broker.receive("g", "t", min(100, 2_000 - acked), invisible_ms=60_000)
+        assert batch
+        for e in batch:
+            broker.ack("g", "t", e.receipt_handle)
+        acked += len(batch)
+    assert broker.query_offset("g", "t", 0) == 0  # held back by the slow one
+    reads: list[int] = []
+    real = broker.store.get_message_by_queue_offset
+
+    def counted(topic: str, qid: int, offset: int) -> object:
+        reads.append(offset)
+        return real(topic, qid, offset)
+
+    monkeypatch.setattr(broker.store, "get_message_by_queue_offset", counted)
+    clock.advance(60_000)
+    got = broker.receive("g", "t", 3, invisible_ms=1_000)
+    assert [e.message.msg_id for e in got] == [ids[0], ids[2_001], ids[2_002]]
+    assert got[0].delivery_attempt == 2 and got[1].delivery_attempt == 1
+    assert reads == [0]  # the expired lease only: none of the 2,000 acked offsets
+    for e in got:
+        broker.ack("g", "t", e.receipt_handle)
+    assert broker.query_offset("g", "t", 0) == 2_003
+    rest = broker.receive("g", "t", 10, invisible_ms=1_000)
+    assert [e.message.msg_id for e in rest] == [ids[2_003], ids[2_004]]
+
+
 def test_revive_sweep_dead_letters_without_a_receiver(broker: Broker, clock: ManualClock) -> None:
     _setup(broker, 1, retries=0)  # a single attempt
     assert len(broker.receive("g", "t", 1, invisible_ms=100)) == 1

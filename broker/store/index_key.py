@@ -53,5 +53,8 @@ def _distinct_keys(request: DispatchRequest) -> list[str]:
 def index_key_hashes(request: DispatchRequest) -> list[int]:
     """The stored hashes of every key a record is indexed under."""
     prefix = _topic_prefix_crc(request.topic)
+    if not request.keys:  # most records: the unique key alone
+        uniq = request.uniq_key
+        return [_crc32(uniq.encode(), prefix) & _HASH_MASK] if uniq else []
     crc = _crc32
     return [crc(k.encode(), prefix) & _HASH_MASK for k in _distinct_keys(request)]

@@ -591,9 +591,11 @@ def framework(
             rec.add(f"{prefix}_receive_ack{suffix}", measured, note, cpu=probe)
 
 
-def push_consume(transport: Any, n: int, rec: Recorder) -> None:
-    """`n` messages sent first, then a PushConsumer with a no-op listener, timed from its
-    start until the listener has seen them all."""
+def push_consume(
+    transport: Any, n: int, rec: Recorder, settle: Callable[[], None] | None = None
+) -> None:
+    """`n` messages sent first (then `settle()`, untimed, where given), then a PushConsumer
+    with a no-op listener, timed from its start until the listener has seen them all."""
     from reliable import ConsumeFrom, ConsumeResult, Message, Producer, PushConsumer
 
     topic = "bench-embedded-push"
@@ -601,6 +603,8 @@ def push_consume(transport: Any, n: int, rec: Recorder) -> None:
     with Producer(transport) as producer:
         for _ in range(batches):
             producer.send_batch([Message(topic, BODY) for _ in range(BATCH)])
+    if settle is not None:
+        settle()
     total = batches * BATCH
     seen = [0]
     lock = threading.Lock()
@@ -628,7 +632,8 @@ def push_consume(transport: Any, n: int, rec: Recorder) -> None:
         return total, total * len(BODY)
 
     try:
-        rec.add("embedded_push_consume", timed(run), "PushConsumer, no-op listener")
+        probe = CpuProbe(None)  # the whole process: consumer and broker
+        rec.add("embedded_push_consume", timed(run), "PushConsumer, no-op listener", cpu=probe)
     finally:
         consumer.shutdown()
 
@@ -837,7 +842,7 @@ def measure(
                         )
                 if wanted("embedded_push_consume"):
                     with rec.section("embedded_push_consume"):
-                        push_consume(t, n.pipelined, rec)
+                        push_consume(t, n.pipelined, rec, lambda: settled(t.broker.store))
 
     for key in CAP_KEYS:
         ours, cap = result.metrics.get(f"{key}_msgs_s"), result.metrics.get(f"stub_{key}_msgs_s")

@@ -26,6 +26,9 @@ flush unless the case says sync_flush. 1 KiB bodies; one client process and thre
   (no gRPC): `send_async` with a window of 1000, receive(32) + ack;
 - embedded_push_consume: a `reliable.PushConsumer` (default settings, a listener that does
   nothing) over the in-process broker, from its start until it has consumed every message.
+  The embedded cases wait (untimed) for the store to warm and dispatch what was put before
+  each consume case and after the pipelined send, whose CPU per message includes that
+  dispatch: the in-process store's background work counts where it was caused.
 
 Consume cases take the pipelined count of messages from a topic holding all that was sent.
 The table is followed by a comparison: each of our cases beside its peer, with the ratio and

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from broker.errors import InvalidReceiptHandle, ReceiptHandleError, ReceiptHandleExpired
 from broker.pop_journal import Lease, Op, PopJournal, QueueWindow
-from broker.receipt import ReceiptHandle, encode_handle, handle_prefix
+from broker.receipt import ReceiptHandle, handle_prefix, issue_handle
 from broker.sendback import build_dlq_message
 from broker.store.json_config import JsonConfigFile
 from broker.store.message import GetMessageStatus, Message, MessageExt, Prop
@@ -222,7 +222,7 @@ class PopPolicy(PopJournal):
         out: list[ReceivedEntry] = []
         prefix = handle_prefix(topic, qid)
         for msg, attempt, nonce in picked:
-            handle = encode_handle(prefix, msg.queue_offset, nonce, until, attempt)
+            handle = issue_handle(topic, qid, prefix, msg.queue_offset, nonce, until, attempt)
             shown = (
                 msg
                 if msg.reconsume_times == attempt - 1

@@ -50,6 +50,9 @@ class ReceiptHandle:
         the ack itself, the group's last-consume time): the last few thousand are kept."""
         if not isinstance(handle, str):
             raise InvalidReceiptHandle(repr(handle), "not a string")
+        issued = _ISSUED.get(handle)
+        if issued is not None:
+            return issued
         return _decode(handle)
 
 
@@ -65,6 +68,32 @@ def encode_handle(
     encodes one per message. `prefix` comes from `handle_prefix`."""
     body = f"{prefix}{queue_offset}~{nonce:x}~{invisible_until_ms}~{attempt}"
     return f"{body}~{zlib.crc32(body.encode()):08x}"
+
+
+# the handles issued lately (`issue_handle`), parsed: the ack of a message received from
+# this process (the in-process broker, or a server answering its clients) finds its handle
+# here instead of parsing it (a CRC, a split, six ints: ~3.5 us more than building it)
+_ISSUED: dict[str, ReceiptHandle] = {}
+_ISSUED_KEPT = 16384
+
+
+def issue_handle(
+    topic: str,
+    queue_id: int,
+    prefix: str,
+    queue_offset: int,
+    nonce: int,
+    invisible_until_ms: int,
+    attempt: int,
+) -> str:
+    """`encode_handle`, remembering the parsed handle for its decode."""
+    handle = encode_handle(prefix, queue_offset, nonce, invisible_until_ms, attempt)
+    if len(_ISSUED) >= _ISSUED_KEPT:
+        _ISSUED.clear()  # older handles are parsed again, as before
+    _ISSUED[handle] = ReceiptHandle(
+        topic, queue_id, queue_offset, nonce, invisible_until_ms, attempt
+    )
+    return handle
 
 
 @functools.lru_cache(maxsize=4096)

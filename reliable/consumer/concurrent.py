@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 from reliable.consumer.listener import ConsumeContext, MessageListener, MessageModel
 from reliable.consumer.offset_store import OffsetStore
 from reliable.consumer.process_queue import ProcessQueue
 from reliable.consumer.settings import ConsumerSettings
+from reliable.consumer.workers import Workers
 from reliable.message import ConsumeResult, ReceivedMessage
 from reliable.transport.base import PullTransport, QueueRef
 
@@ -49,7 +49,7 @@ class PulledQueueService:
         listener: MessageListener,
         settings: ConsumerSettings,
         offsets: OffsetStore,
-        executor: ThreadPoolExecutor,
+        executor: Workers,
         stopped: threading.Event,
     ) -> None:
         self._transport = transport
@@ -69,7 +69,7 @@ class ConcurrentConsumeService(PulledQueueService):
         listener: MessageListener,
         settings: ConsumerSettings,
         offsets: OffsetStore,
-        executor: ThreadPoolExecutor,
+        executor: Workers,
         stopped: threading.Event,
         on_consumed: Callable[[], None] | None = None,
     ) -> None:

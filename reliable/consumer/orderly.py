@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from reliable.consumer.concurrent import PulledQueueService, call_listener
@@ -22,6 +21,7 @@ from reliable.consumer.listener import DLQ_NOW, ConsumeContext, MessageListener,
 from reliable.consumer.offset_store import OffsetStore
 from reliable.consumer.process_queue import ProcessQueue
 from reliable.consumer.settings import ConsumerSettings
+from reliable.consumer.workers import Workers
 from reliable.message import ConsumeResult, ReceivedMessage
 from reliable.transport.base import PullTransport, QueueRef
 
@@ -58,7 +58,7 @@ class OrderlyConsumeService(PulledQueueService):
         listener: MessageListener,
         settings: ConsumerSettings,
         offsets: OffsetStore,
-        executor: ThreadPoolExecutor,
+        executor: Workers,
         stopped: threading.Event,
     ) -> None:
         super().__init__(transport, group, listener, settings, offsets, executor, stopped)

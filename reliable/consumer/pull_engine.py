@@ -12,7 +12,6 @@ import logging
 import threading
 import time
 from collections.abc import Collection, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import cast
 
 from reliable import tracing
@@ -22,6 +21,7 @@ from reliable.consumer.offset_store import LocalOffsetStore, OffsetStore, Remote
 from reliable.consumer.orderly import OrderlyConsumeService
 from reliable.consumer.process_queue import ProcessQueue
 from reliable.consumer.settings import ConsumerSettings
+from reliable.consumer.workers import Workers
 from reliable.errors import BrokerCallError
 from reliable.transport.base import (
     Capability,
@@ -53,9 +53,7 @@ class PullEngine:
         if settings.message_model is MessageModel.CLUSTERING:
             self._subs.setdefault(transport.retry_topic(group), None)
         self._stopped = threading.Event()
-        self._executor = ThreadPoolExecutor(
-            settings.consume_threads, thread_name_prefix=f"consume-{group}"
-        )
+        self._executor = Workers(settings.consume_threads, thread_name_prefix=f"consume-{group}")
         self.offsets: OffsetStore = (
             RemoteOffsetStore(transport, group)
             if settings.message_model is MessageModel.CLUSTERING

@@ -52,3 +52,15 @@ def test_forged_fields_with_a_recomputed_crc_still_parse_but_are_range_checked()
     forged = ReceiptHandle("t", 0, 0, 1, 1, 1).encode().replace("~1~1~1~", "~1~1~0~")
     with pytest.raises(InvalidReceiptHandle):
         ReceiptHandle.decode(forged)
+
+
+def test_an_issued_handle_decodes_to_what_parsing_it_gives() -> None:
+    from broker.receipt import _ISSUED, _decode, handle_prefix, issue_handle
+
+    handle = issue_handle("orders", 3, handle_prefix("orders", 3), 41, 0xBEEF, 1_700_000, 2)
+    assert _ISSUED[handle] == _decode.__wrapped__(handle)  # the remembered one, and right
+    assert ReceiptHandle.decode(handle) is _ISSUED[handle]
+    # a mangled copy is not the issued handle: it is parsed, and refused
+    forged = handle.replace("~41~", "~42~")
+    with pytest.raises(InvalidReceiptHandle):
+        ReceiptHandle.decode(forged)

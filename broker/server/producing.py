@@ -107,7 +107,9 @@ class ProducerHandlers:
         """One request's messages are checked, then stored with one broker call per (topic,
         queue) they go to (one record batch, one lock pass), all on the event loop; under
         SYNC_FLUSH the answer waits for the group commit's fsync on a future, holding no
-        thread, so concurrent requests share fsyncs."""
+        thread, so concurrent requests share fsyncs; a lone send (no other being served,
+        nor read in the same loop turn) is fsynced on the loop instead, without the hop to
+        the group-commit thread and back (`Broker.durable_alone`)."""
         messages = request.messages
         count = len(messages)
         if count == 0:
@@ -269,7 +271,8 @@ class ProducerHandlers:
     ) -> None:
         """Each bucket (one topic and queue) in one broker call, on the loop: a page-cache
         append. Under SYNC_FLUSH the entries are answered once the group commit has
-        fsynced past the last record (a timeout answers MASTER_PERSISTENCE_TIMEOUT)."""
+        fsynced past the last record (a timeout answers MASTER_PERSISTENCE_TIMEOUT), or the
+        loop itself has, for a lone send."""
         broker = self.ctx.broker
         stored: list[tuple[int, SendResult]] = []
         end = -1
@@ -298,13 +301,21 @@ class ProducerHandlers:
             end = max(end, last)
         durable = True
         if stored and end > 0:
-            future: asyncio.Future[bool] = loop.create_future()
+            alone: bool | None = None
+            if broker.sync_flush and self._inflight == len(messages):  # no other send...
+                await asyncio.sleep(0)  # ...nor read in this loop turn (they append first)
+                if self._inflight == len(messages):
+                    alone = broker.durable_alone(end)
+            if alone is not None:  # fsynced here: no hop to the flusher and back
+                durable = alone
+            else:
+                future: asyncio.Future[bool] = loop.create_future()
 
-            def flushed(ok: bool) -> None:  # on the group-commit thread
-                loop.call_soon_threadsafe(_settle, future, ok)
+                def flushed(ok: bool) -> None:  # on the group-commit thread
+                    loop.call_soon_threadsafe(_settle, future, ok)
 
-            if broker.when_durable(end, flushed):
-                durable = await asyncio.shield(future)
+                if broker.when_durable(end, flushed):
+                    durable = await asyncio.shield(future)
         status = (
             ok()
             if durable

@@ -178,6 +178,7 @@ class GroupCommitService(ServiceThread):
         self._reap_wakeup = threading.Event()
         self._reap_at = 0.0  # when the reaper looks next (monotonic): later deadlines wait
         self._flushing = False  # a round is in flight (the flusher's or a leader's)
+        self._flusher_waiting = False  # the flusher waits for a leader's round to end
         self._last_round_s = LEAD_MAX_S  # the last round's fsync time: leading while short
         self.fsync_count = 0
         self.stats = FsyncStats()
@@ -276,7 +277,11 @@ class GroupCommitService(ServiceThread):
         while True:
             with self._cond:
                 while self._flushing and not self.stopped:  # a leader's round: wait for it
-                    self._arrived.wait(self._timeout_s)
+                    self._flusher_waiting = True
+                    try:
+                        self._arrived.wait(self._timeout_s)
+                    finally:
+                        self._flusher_waiting = False
                 if self._flushing or self._requested <= q.flushed_where:
                     break
                 self._gather()
@@ -326,19 +331,17 @@ class GroupCommitService(ServiceThread):
         except OSError as exc:
             self.failed = exc
             log.error("commitlog fsync failed; SYNC_FLUSH puts time out from now on: %s", exc)
-            self._finish(where=q.flushed_where, fail_all=True)
+            self._finish(q.flushed_where, fail_all=True, took=time.perf_counter() - started)
             return False
-        finally:
-            took = time.perf_counter() - started
-            with self._cond:
-                self._flushing = False
-                self._last_round_s = took
-                self._arrived.notify()  # a flusher waiting for a leader's round
+        except BaseException:
+            self._finish(q.flushed_where, took=time.perf_counter() - started)
+            raise
+        took = time.perf_counter() - started
         self.fsync_count += 1
         self.stats.round(took, records)
         if where >= target:
             self.flushed_store_timestamp = ts
-        self._finish(where)
+        self._finish(where, took=took)
         return True
 
     def _gather(self) -> None:
@@ -364,11 +367,18 @@ class GroupCommitService(ServiceThread):
                 group = arrived
         self._last_group = group
 
-    def _finish(self, where: int, fail_all: bool = False) -> None:
-        """Wake the waiters; complete the callbacks flushed (or all, failed, on error)."""
+    def _finish(self, where: int, fail_all: bool = False, took: float | None = None) -> None:
+        """Wake the waiters; complete the callbacks flushed (or all, failed, on error).
+        With `took`, a round (its fsync time) ends: the next one may start."""
         done: list[tuple[Callable[[bool], None], bool]] = []
         with self._cond:
-            self._cond.notify_all()
+            if took is not None:
+                self._flushing = False
+                self._last_round_s = took
+                if self._flusher_waiting:  # for a leader's round to end
+                    self._arrived.notify()
+            if self._waiting:
+                self._cond.notify_all()
             cbs = self._callbacks
             if cbs:
                 keep: deque[tuple[int, float, Callable[[bool], None]]] = deque()

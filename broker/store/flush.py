@@ -15,15 +15,16 @@ producer whose record was written before the round started. A waiter gives up af
 completes). The flusher, not the waiters, calls fsync, so a slow disk never holds a
 waiting producer longer than its timeout.
 
-A lone producer may lead instead (`lead`): when no round is in flight, no one else waits
-and the last fsync was fast (under `LEAD_MAX_S`), it runs the round on its own thread and
-is answered as soon as the fsync returns, without the two thread hops (to the flusher and
-back) that otherwise cost more than the fsync itself (the event loop's one-at-a-time send:
-see docs/performance.md). Only a round is shared: producers arriving meanwhile wait for
-the flusher's next one, which starts when the leader's ends. A leader has no timeout: a
-disk that turns slow holds it for that fsync (once: a slow round stops leading until a
-round is fast again). Callers that must never be held, the thread waiters of
-`wait_flushed` and the callbacks of `submit`, never lead.
+A lone producer may lead instead (`lead`): when no round is in flight, no one else waits,
+the last round acknowledged at most one producer and the last fsync was fast (under
+`LEAD_MAX_S`), it runs the round on its own thread and is answered as soon as the fsync
+returns, without the two thread hops (to the flusher and back) that otherwise cost more
+than the fsync itself (the event loop's one-at-a-time send over the native wire: see
+docs/performance.md). One round runs at a time: producers arriving during a leader's
+round wait for the flusher's next one, which starts when the leader's ends. A leader has
+no timeout: a disk that turns slow holds it for that fsync (once: a slow round stops
+leading until a round is fast again). Callers that must never be held, the thread
+waiters of `wait_flushed` and the callbacks of `submit`, never lead.
 
 Group size is adaptive. Producers acknowledged by one fsync come back with their next put
 a few microseconds apart (each needs the interpreter in turn), so a round that starts at
@@ -292,7 +293,9 @@ class GroupCommitService(ServiceThread):
 
     def lead(self, end: int) -> bool | None:
         """Flush past `end` on the caller's thread when no one else needs a flush: no round
-        in flight, no producer waiting, and the last fsync was fast (under `LEAD_MAX_S`).
+        in flight, no producer waiting, the last round acknowledged at most one (producers
+        that came together lately keep sharing the flusher's rounds until one comes alone),
+        and the last fsync was fast (under `LEAD_MAX_S`).
         True once flushed past `end`, False when the fsync failed; None, and nothing done,
         when others are there or the disk was slow: then wait with `submit` or
         `wait_flushed`, sharing the group commit. The caller is held by this fsync however
@@ -305,6 +308,7 @@ class GroupCommitService(ServiceThread):
                 self._flushing
                 or self._waiting
                 or self._callbacks
+                or self._last_group > 1  # producers came together lately: share rounds
                 or self._last_round_s >= LEAD_MAX_S
                 or self.failed is not None
                 or self.stopped

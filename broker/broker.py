@@ -621,6 +621,18 @@ class Broker(ProduceEngine):
         mode acknowledges without waiting (ASYNC_FLUSH)."""
         return self.store.when_flushed(end, callback)
 
+    @property
+    def sync_flush(self) -> bool:
+        """SYNC_FLUSH: sends are acknowledged only once on disk (`when_durable`)."""
+        return self.store.commitlog.sync_flush
+
+    def durable_alone(self, end: int) -> bool | None:
+        """Under SYNC_FLUSH, for a lone producer: fsync past `end` on the calling thread
+        (blocking it for one fsync) when no other flush is waited for and the disk has been
+        fast; True once on disk, False when the fsync failed. None, and nothing done, when
+        others wait (share their group commit with `when_durable`) or under ASYNC_FLUSH."""
+        return self.store.flush_alone(end)
+
     def deferring_durability(self, call: Callable[[], T]) -> tuple[T, int]:
         """Run `call` (one of `receive`, `ack`, `ack_batch`, `change_invisible_duration`)
         without its SYNC_FLUSH wait for the invisible-time records it writes: (its result,

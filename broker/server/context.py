@@ -41,6 +41,7 @@ class CallInfo:
     request_id: str
     metadata: dict[str, str]
     access_key: str = ""  # the verified credential ("" when authentication is off)
+    native_wire: bool = False  # over the native wire (broker.server.wire), not gRPC
 
 
 def _settle(future: asyncio.Future[bool], ok: bool) -> None:
@@ -162,6 +163,7 @@ class ServerContext:
             request_id=metadata.get("x-mq-request-id", ""),
             metadata=metadata,
             access_key=access_key,
+            native_wire=getattr(context, "native_wire", False),
         )
 
     def session(self, call: CallInfo) -> ClientSession:

@@ -107,7 +107,9 @@ class ProducerHandlers:
         """One request's messages are checked, then stored with one broker call per (topic,
         queue) they go to (one record batch, one lock pass), all on the event loop; under
         SYNC_FLUSH the answer waits for the group commit's fsync on a future, holding no
-        thread, so concurrent requests share fsyncs."""
+        thread, so concurrent requests share fsyncs; a lone send over the native wire (no
+        other being served, nor read in the same loop turn) is fsynced on the loop instead,
+        without the hop to the group-commit thread and back (`Broker.durable_alone`)."""
         messages = request.messages
         count = len(messages)
         if count == 0:
@@ -122,7 +124,7 @@ class ProducerHandlers:
         self._inflight += count
         started = time.perf_counter()
         try:
-            entries = await self._send_all(messages)
+            entries = await self._send_all(messages, call.native_wire)
         finally:
             self._inflight -= count
             self.ctx.send_seconds.observe(time.perf_counter() - started)
@@ -135,7 +137,7 @@ class ProducerHandlers:
             response.status.CopyFrom(make_status(Code.MULTIPLE_RESULTS, "entries differ"))
         return response
 
-    async def _send_all(self, messages: Any) -> list[Any]:
+    async def _send_all(self, messages: Any, may_lead: bool = False) -> list[Any]:
         ctx = self.ctx
         loop = asyncio.get_running_loop()
         count = len(messages)
@@ -180,7 +182,7 @@ class ProducerHandlers:
                 one_by_one.append(i)
         try:
             if buckets:
-                await self._store_buckets(buckets, messages, entries, loop)
+                await self._store_buckets(buckets, messages, entries, loop, may_lead)
             for i in one_by_one:  # in request order (a message group's order)
                 try:
                     entries[i] = await self._store(messages[i])
@@ -266,10 +268,12 @@ class ProducerHandlers:
         messages: Any,
         entries: list[Any],
         loop: asyncio.AbstractEventLoop,
+        may_lead: bool = False,
     ) -> None:
         """Each bucket (one topic and queue) in one broker call, on the loop: a page-cache
         append. Under SYNC_FLUSH the entries are answered once the group commit has
-        fsynced past the last record (a timeout answers MASTER_PERSISTENCE_TIMEOUT)."""
+        fsynced past the last record (a timeout answers MASTER_PERSISTENCE_TIMEOUT), or the
+        loop itself has, for a lone send (`may_lead`: it came over the native wire)."""
         broker = self.ctx.broker
         stored: list[tuple[int, SendResult]] = []
         end = -1
@@ -298,13 +302,24 @@ class ProducerHandlers:
             end = max(end, last)
         durable = True
         if stored and end > 0:
-            future: asyncio.Future[bool] = loop.create_future()
+            alone: bool | None = None
+            # over the wire, a send is alone when no other is being served, nor read in
+            # the same loop turn (one turn lets those append first); grpc.aio hands the
+            # loop one call a turn, so a gRPC send cannot see the calls queued behind it
+            if may_lead and broker.sync_flush and self._inflight == len(messages):
+                await asyncio.sleep(0)
+                if self._inflight == len(messages):
+                    alone = broker.durable_alone(end)
+            if alone is not None:  # fsynced here: no hop to the flusher and back
+                durable = alone
+            else:
+                future: asyncio.Future[bool] = loop.create_future()
 
-            def flushed(ok: bool) -> None:  # on the group-commit thread
-                loop.call_soon_threadsafe(_settle, future, ok)
+                def flushed(ok: bool) -> None:  # on the group-commit thread
+                    loop.call_soon_threadsafe(_settle, future, ok)
 
-            if broker.when_durable(end, flushed):
-                durable = await asyncio.shield(future)
+                if broker.when_durable(end, flushed):
+                    durable = await asyncio.shield(future)
         status = (
             ok()
             if durable

@@ -55,6 +55,7 @@ class WireContext:
     """What the servicer's unary handlers use from a grpc.aio context."""
 
     __slots__ = ("_callbacks", "_cancelled", "_conn", "_deadline", "_metadata")
+    native_wire = True  # `CallInfo.native_wire`
 
     def __init__(
         self, conn: WireConnection, metadata: tuple[tuple[str, str], ...], deadline: float | None

@@ -532,6 +532,20 @@ class CommitLog:
         service.submit(end, callback)
         return True
 
+    @property
+    def sync_flush(self) -> bool:
+        """SYNC_FLUSH: a put is acknowledged only once on disk."""
+        return self._sync
+
+    def flush_alone(self, end: int) -> bool | None:
+        """Under SYNC_FLUSH, for a lone producer: fsync past `end` on this thread
+        (`GroupCommitService.lead`); True once flushed, False when the fsync failed, None
+        (nothing done) when others wait or the disk was slow, or under ASYNC_FLUSH."""
+        service = self.flush_service
+        if not isinstance(service, GroupCommitService):
+            return None
+        return service.lead(end)
+
     def wait_flushed(self, end: int) -> bool:
         service = self.flush_service
         assert isinstance(service, GroupCommitService)

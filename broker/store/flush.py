@@ -13,7 +13,18 @@ written so far (not only what was requested), so one fdatasync acknowledges ever
 producer whose record was written before the round started. A waiter gives up after
 `sync_flush_timeout_ms` with FLUSH_DISK_TIMEOUT (the record stays stored; the round still
 completes). The flusher, not the waiters, calls fsync, so a slow disk never holds a
-producer longer than its timeout.
+waiting producer longer than its timeout.
+
+A lone producer may lead instead (`lead`): when no round is in flight, no one else waits,
+the last round acknowledged at most one producer and the last fsync was fast (under
+`LEAD_MAX_S`), it runs the round on its own thread and is answered as soon as the fsync
+returns, without the two thread hops (to the flusher and back) that otherwise cost more
+than the fsync itself (the event loop's one-at-a-time send over the native wire: see
+docs/performance.md). One round runs at a time: producers arriving during a leader's
+round wait for the flusher's next one, which starts when the leader's ends. A leader has
+no timeout: a disk that turns slow holds it for that fsync (once: a slow round stops
+leading until a round is fast again). Callers that must never be held, the thread
+waiters of `wait_flushed` and the callbacks of `submit`, never lead.
 
 Group size is adaptive. Producers acknowledged by one fsync come back with their next put
 a few microseconds apart (each needs the interpreter in turn), so a round that starts at
@@ -50,6 +61,7 @@ from broker.store.stats import BATCH_BUCKETS, Histogram
 log = logging.getLogger(__name__)
 
 _RETRY_FINAL_FLUSH = 10
+LEAD_MAX_S = 0.005  # a caller leads a round only while the last fsync took less than this
 
 
 class FlushedLog(Protocol):
@@ -165,6 +177,10 @@ class GroupCommitService(ServiceThread):
         self._callbacks: deque[tuple[int, float, Callable[[bool], None]]] = deque()
         self._reaper: threading.Thread | None = None
         self._reap_wakeup = threading.Event()
+        self._reap_at = 0.0  # when the reaper looks next (monotonic): later deadlines wait
+        self._flushing = False  # a round is in flight (the flusher's or a leader's)
+        self._flusher_waiting = False  # the flusher waits for a leader's round to end
+        self._last_round_s = LEAD_MAX_S  # the last round's fsync time: leading while short
         self.fsync_count = 0
         self.stats = FsyncStats()
         self.flushed_store_timestamp = 0
@@ -203,6 +219,7 @@ class GroupCommitService(ServiceThread):
 
         Callbacks run on the flusher (success) or the timeout reaper (timeout) thread.
         """
+        reap = False
         with self._cond:
             if self._commitlog.queue.flushed_where >= end:
                 ok: bool | None = True
@@ -210,8 +227,10 @@ class GroupCommitService(ServiceThread):
                 ok = False
             else:
                 ok = None
-                first = not self._callbacks
-                self._callbacks.append((end, time.monotonic() + self._timeout_s, callback))
+                deadline = time.monotonic() + self._timeout_s
+                # the reaper looks again at `_reap_at` anyway: woken only to look earlier
+                reap = deadline < self._reap_at
+                self._callbacks.append((end, deadline, callback))
                 if end > self._requested:
                     self._requested = end
                 self._arrived.notify()
@@ -219,7 +238,7 @@ class GroupCommitService(ServiceThread):
             callback(ok)
             return
         self.wakeup()
-        if first:
+        if reap:
             self._reap_wakeup.set()
 
     def _reap_loop(self) -> None:
@@ -231,10 +250,11 @@ class GroupCommitService(ServiceThread):
                 cbs = self._callbacks
                 while cbs and cbs[0][1] <= now:  # deadlines are in submission order
                     expired.append(cbs.popleft()[2])
-                wait_s = min(1.0, cbs[0][1] - now) if cbs else 1.0
+                wait_s = max(min(1.0, cbs[0][1] - now) if cbs else 1.0, 0.0)
+                self._reap_at = now + wait_s
             for cb in expired:
                 cb(False)
-            self._reap_wakeup.wait(max(wait_s, 0.0))
+            self._reap_wakeup.wait(wait_s)
             self._reap_wakeup.clear()
 
     def start(self) -> None:
@@ -254,30 +274,79 @@ class GroupCommitService(ServiceThread):
 
     def do_commit(self) -> None:
         """Flush rounds until every request so far is satisfied."""
-        cl = self._commitlog
-        q = cl.queue
+        q = self._commitlog.queue
         while True:
             with self._cond:
-                if self._requested <= q.flushed_where:
+                while self._flushing and not self.stopped:  # a leader's round: wait for it
+                    self._flusher_waiting = True
+                    try:
+                        self._arrived.wait(self._timeout_s)
+                    finally:
+                        self._flusher_waiting = False
+                if self._flushing or self._requested <= q.flushed_where:
                     break
                 self._gather()
-            ts = cl.last_store_timestamp  # read before the offset: the record is below it
-            records = cl.records_put
-            target = cl.get_max_offset()
-            started = time.perf_counter()
-            try:
-                where = q.flush_to(target)
-            except OSError as exc:
-                self.failed = exc
-                log.error("commitlog fsync failed; SYNC_FLUSH puts time out from now on: %s", exc)
-                self._finish(where=q.flushed_where, fail_all=True)
+                self._flushing = True
+            if not self._round():
                 return
-            self.fsync_count += 1
-            self.stats.round(time.perf_counter() - started, records)
-            if where >= target:
-                self.flushed_store_timestamp = ts
-            self._finish(where)
         self._finish(q.flushed_where)
+
+    def lead(self, end: int) -> bool | None:
+        """Flush past `end` on the caller's thread when no one else needs a flush: no round
+        in flight, no producer waiting, the last round acknowledged at most one (producers
+        that came together lately keep sharing the flusher's rounds until one comes alone),
+        and the last fsync was fast (under `LEAD_MAX_S`).
+        True once flushed past `end`, False when the fsync failed; None, and nothing done,
+        when others are there or the disk was slow: then wait with `submit` or
+        `wait_flushed`, sharing the group commit. The caller is held by this fsync however
+        long it takes (no timeout): only a lone producer on a disk that was fast leads."""
+        q = self._commitlog.queue
+        if q.flushed_where >= end:
+            return True
+        with self._cond:
+            if (
+                self._flushing
+                or self._waiting
+                or self._callbacks
+                or self._last_group > 1  # producers came together lately: share rounds
+                or self._last_round_s >= LEAD_MAX_S
+                or self.failed is not None
+                or self.stopped
+            ):
+                return None
+            self._flushing = True
+            self._last_group = 1
+            if end > self._requested:
+                self._requested = end
+        self._round()
+        return q.flushed_where >= end
+
+    def _round(self) -> bool:
+        """One fsync of everything written so far (the caller set `_flushing`); False when
+        it failed (then every waiter has been failed)."""
+        cl = self._commitlog
+        q = cl.queue
+        ts = cl.last_store_timestamp  # read before the offset: the record is below it
+        records = cl.records_put
+        target = cl.get_max_offset()
+        started = time.perf_counter()
+        try:
+            where = q.flush_to(target)
+        except OSError as exc:
+            self.failed = exc
+            log.error("commitlog fsync failed; SYNC_FLUSH puts time out from now on: %s", exc)
+            self._finish(q.flushed_where, fail_all=True, took=time.perf_counter() - started)
+            return False
+        except BaseException:
+            self._finish(q.flushed_where, took=time.perf_counter() - started)
+            raise
+        took = time.perf_counter() - started
+        self.fsync_count += 1
+        self.stats.round(took, records)
+        if where >= target:
+            self.flushed_store_timestamp = ts
+        self._finish(where, took=took)
+        return True
 
     def _gather(self) -> None:
         """Under the lock: wait (at most `max_wait`) until as many producers wait as the
@@ -302,11 +371,18 @@ class GroupCommitService(ServiceThread):
                 group = arrived
         self._last_group = group
 
-    def _finish(self, where: int, fail_all: bool = False) -> None:
-        """Wake the waiters; complete the callbacks flushed (or all, failed, on error)."""
+    def _finish(self, where: int, fail_all: bool = False, took: float | None = None) -> None:
+        """Wake the waiters; complete the callbacks flushed (or all, failed, on error).
+        With `took`, a round (its fsync time) ends: the next one may start."""
         done: list[tuple[Callable[[bool], None], bool]] = []
         with self._cond:
-            self._cond.notify_all()
+            if took is not None:
+                self._flushing = False
+                self._last_round_s = took
+                if self._flusher_waiting:  # for a leader's round to end
+                    self._arrived.notify()
+            if self._waiting:
+                self._cond.notify_all()
             cbs = self._callbacks
             if cbs:
                 keep: deque[tuple[int, float, Callable[[bool], None]]] = deque()

@@ -372,6 +372,13 @@ class MessageStore:
         with False on timeout; False, and no call, when nothing needs waiting for."""
         return self.commitlog.when_flushed(end, callback)
 
+    def flush_alone(self, end: int) -> bool | None:
+        """For a put made with `wait=False` by a lone producer: under SYNC_FLUSH fsync past
+        `end` on the calling thread, no thread hop, when no one else waits for a flush and
+        the disk has been fast; True once on disk, False when the fsync failed. None, and
+        nothing done, otherwise (or under ASYNC_FLUSH): wait with `when_flushed` then."""
+        return self.commitlog.flush_alone(end)
+
     def put_message_async(self, msg: Message) -> Future[PutMessageResult]:
         """Append now; the future completes once the flush mode acknowledges the record.
 

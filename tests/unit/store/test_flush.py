@@ -7,6 +7,9 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
+from broker.store import flush
 from broker.store.commitlog import CommitLog
 from broker.store.config import FlushMode
 from broker.store.flush import FlushCommitLogService, GroupCommitService
@@ -239,3 +242,90 @@ def test_group_commit_wait_zero_flushes_at_once(tmp_path: Path) -> None:
     t.join(10)
     assert took and took[0] < 1
     assert svc._last_group == 1
+
+
+# --- a lone producer leads its own round ----------------------------------------------------
+class ThreadFsync(GatedFsync):
+    """A gated fsync that remembers the threads it ran on."""
+
+    def __init__(self, closed: bool = False) -> None:
+        super().__init__(closed)
+        self.threads: list[int] = []
+
+    def __call__(self, fd: int) -> None:
+        self.threads.append(threading.get_ident())
+        super().__call__(fd)
+
+
+def _end(cl: CommitLog, i: int) -> int:
+    (r,) = cl.put_messages([message(i)], wait=False)
+    assert r.append is not None
+    return r.append.wrote_offset + r.append.wrote_bytes
+
+
+def test_a_lone_producer_fsyncs_on_its_own_thread_once_the_disk_was_fast(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(flush, "LEAD_MAX_S", 60.0)  # every fsync "fast" on a loaded machine
+    fsync = ThreadFsync()
+    cl = _sync_log(tmp_path, fsync)
+    service = cl.flush_service
+    assert isinstance(service, GroupCommitService)
+    # no round measured yet: the group-commit thread flushes first
+    assert cl.flush_alone(_end(cl, 0)) is None
+    assert cl.put_message(message(1)).status is PutMessageStatus.PUT_OK
+    assert threading.get_ident() not in fsync.threads
+    for i in range(2, 5):
+        end = _end(cl, i)
+        before = service.fsync_count
+        assert cl.flush_alone(end) is True
+        assert cl.queue.flushed_where >= end and service.fsync_count == before + 1
+        assert fsync.threads[-1] == threading.get_ident()
+    assert cl.flush_alone(end) is True  # already on disk: no fsync
+    assert service.fsync_count == before + 1
+    cl.shutdown()
+    cl.close()
+
+
+def test_a_producer_does_not_lead_while_others_wait_or_the_disk_was_slow(
+    tmp_path: Path,
+) -> None:
+    fsync = ThreadFsync()
+    cl = _sync_log(tmp_path, fsync)
+    service = cl.flush_service
+    assert isinstance(service, GroupCommitService)
+    assert cl.put_message(message(0)).status is PutMessageStatus.PUT_OK  # a fast round
+    fsync.gate.clear()
+    pending = cl.put_message_async(message(1))  # a round in flight, held by the disk
+    assert wait_until(lambda: len(fsync.threads) == 2)
+    assert cl.flush_alone(_end(cl, 2)) is None  # shares the next round instead
+    fsync.gate.set()
+    assert pending.result(timeout=10).status is PutMessageStatus.PUT_OK
+    with service._cond:  # a waiter is there: the group commit serves both
+        service._waiting += 1
+    try:
+        assert cl.flush_alone(_end(cl, 3)) is None
+    finally:
+        with service._cond:
+            service._waiting -= 1
+    service._last_group = 2  # the last round was shared: producers come together
+    assert cl.flush_alone(_end(cl, 4)) is None
+    service._last_group = 1
+    service._last_round_s = flush.LEAD_MAX_S  # the last fsync was slow: no one leads
+    assert cl.flush_alone(_end(cl, 5)) is None
+    cl.shutdown()
+    cl.close()
+
+
+def test_a_leaders_failed_fsync_is_never_acknowledged(tmp_path: Path) -> None:
+    fsync = ThreadFsync()
+    cl = _sync_log(tmp_path, fsync)
+    assert cl.put_message(message(0)).status is PutMessageStatus.PUT_OK
+    fsync.error = OSError(5, "Input/output error")
+    assert cl.flush_alone(_end(cl, 1)) is False
+    service = cl.flush_service
+    assert isinstance(service, GroupCommitService) and service.failed is not None
+    assert cl.flush_alone(_end(cl, 2)) is None  # never fsync again after a failure
+    assert cl.put_message(message(3)).status is PutMessageStatus.FLUSH_DISK_TIMEOUT
+    cl.shutdown()
+    cl.close()

@@ -21,6 +21,7 @@ recorded on it by OpenTelemetry.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -53,14 +54,29 @@ _provider: Any = None  # the application's tracer provider, once it has set one
 _tracer_of: Any = None  # our tracer from it
 
 
+_UNKNOWN = object()
+_from_env: bool | None = None  # OTEL_PYTHON_TRACER_PROVIDER names a provider
+
+
 def _configured(api: Any) -> bool:
     """True once the application has set a tracer provider. Until then OpenTelemetry
     hands out non-recording spans, and making one (context attach and detach included)
     costs more than the rest of a send: a send skips it. The global provider can be set
-    only once, so a provider seen is kept; until one is, each span asks again."""
+    only once, so a provider seen is kept; until one is, each span asks again.
+
+    Asking is reading the API's global provider. `get_tracer_provider()` would tell the
+    same, but it looks the environment up on every call while none is set (a fifth of a
+    send's own time): the environment is looked at once, and the global read directly
+    where the installed API has it (every 1.x release), publicly otherwise."""
+    global _from_env
     if _provider is not None:
         return True
-    return not isinstance(api.get_tracer_provider(), api.ProxyTracerProvider)
+    if _from_env is None:
+        _from_env = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
+    current = _UNKNOWN if _from_env else getattr(api, "_TRACER_PROVIDER", _UNKNOWN)
+    if current is _UNKNOWN:
+        return not isinstance(api.get_tracer_provider(), api.ProxyTracerProvider)
+    return current is not None
 
 
 def _tracer(api: Any) -> Any:
@@ -91,7 +107,19 @@ class _Span:
         self._span.set_attribute(key, value)
 
 
-@contextlib.contextmanager
+class _NoSpanContext:
+    """`span()` while nothing records: a plain context manager, not a generator."""
+
+    def __enter__(self) -> _NoSpan:
+        return _NO_SPAN
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NO_SPAN_CONTEXT = _NoSpanContext()
+
+
 def span(
     operation: str,
     topic: str,
@@ -99,15 +127,26 @@ def span(
     kind: str = "internal",
     group: str | None = None,
     message_id: str | None = None,
-) -> Iterator[_Span | _NoSpan]:
+) -> contextlib.AbstractContextManager[_Span | _NoSpan]:
     """A span `<topic> <operation>` with the messaging attributes (no-op without OTel).
 
     `kind`: "producer" (send), "consumer" (receive, process) or "internal". An exception
     leaving the block is recorded on the span by OpenTelemetry itself."""
     api = _trace()
     if api is None or not _configured(api):
-        yield _NO_SPAN
-        return
+        return _NO_SPAN_CONTEXT
+    return _recording(api, operation, topic, kind, group, message_id)
+
+
+@contextlib.contextmanager
+def _recording(
+    api: Any,
+    operation: str,
+    topic: str,
+    kind: str,
+    group: str | None,
+    message_id: str | None,
+) -> Iterator[_Span | _NoSpan]:
     attributes: dict[str, str] = {
         "messaging.system": SYSTEM,
         "messaging.destination.name": topic,

@@ -31,11 +31,12 @@ from typing import TYPE_CHECKING, Any
 from outbox.latency import ExpectedLatency
 from outbox.reconcile.bounds import BoundsSpec, check_spec, read_bounds
 from outbox.reconcile.certificate import Summary, facts, summarize, unaccounted_messages
+from outbox.reconcile.classcache import archive_options
 from outbox.reconcile.classify import Classified, Inputs, Window, classify
 from outbox.reconcile.details import detail_rows, write_parquet, write_table
 from outbox.reconcile.drivers import JdbcTarget, driver_jars, installed_system_jars, jdbc_target
 from outbox.reconcile.errors import InvalidOptions, JobFailed, SourceUnavailable
-from outbox.reconcile.preflight import check_database, check_parquet, find_java
+from outbox.reconcile.preflight import check_database, check_parquet, count_rows, find_java
 from outbox.reconcile.repair import Repairer, RepairOptions, RepairReport, candidates
 from outbox.reconcile.session import (
     add_to_driver,
@@ -194,15 +195,18 @@ def reconcile(
     now = _naive_utc(now or datetime.now(UTC))
     run_id = run_id or f"{now:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
     source, target = build_source(options)
+    counts: dict[str, int] = {}
     if spark is None:
         # what Python can check in a moment is checked before the JVM starts
-        if not under_spark_submit():
-            find_java()
+        java_path = None if under_spark_submit() else find_java()
         rows: int | None = None
         if target is not None:
             log.info("checking the database %s", target.redacted())
             rows = check_database(
-                target, getattr(source, "names", TableNames()), count_up_to=SMALL_INPUT_ROWS
+                target,
+                getattr(source, "names", TableNames()),
+                count_up_to=SMALL_INPUT_ROWS,
+                counts=counts,
             )
         elif options.parquet:
             check_parquet(options.parquet)
@@ -220,11 +224,18 @@ def reconcile(
         java = small_input_java_options(rows, options.spark_conf)
         if java:
             log.info("a small input (%s rows): %s", rows, " ".join(java))
+            if java_path is not None:  # the classes it loads, archived for the next start
+                java = (*java, *archive_options(java_path, jars, java))
         spark = spark_session(options.master, jars, options.spark_conf, java_options=java)
         if under_spark_submit():
             add_to_driver(spark, [j for j in jars if j not in submitted])
+    elif target is not None:
+        counts = count_rows(target, getattr(source, "names", TableNames()), SMALL_INPUT_ROWS) or {}
     if target is not None:
         require_driver(spark, target.driver)
+    if isinstance(source, JdbcSource) and counts and sum(counts.values()) < SMALL_INPUT_ROWS:
+        # a small input, counted already: its tables need no bounds queries
+        source.known_rows = dict(counts)
 
     # timestamps are naive UTC throughout (a Parquet TIMESTAMP is read in the session's
     # zone): run in UTC, and give a caller's session its own setting back afterwards

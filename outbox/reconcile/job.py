@@ -6,15 +6,16 @@
 The result says what the run found; what a clean or unclean window means to a process (its
 exit code) is the command line's business, not this layer's.
 
-Spark actions per run: the partition bounds of each table (one tiny query each), the
-watermarks (per queue and group), the facts (one aggregation over the classified rows);
-and only when asked, the detail rows and the repair candidates (the classified rows are
-then persisted once, so the tables are still read once).
+Spark actions per run: the partition bounds of each table (one tiny query each; none for
+a small input, whose rows were counted before the run), the watermarks (per queue and
+group), the facts (one aggregation over the classified rows); and only when asked, the
+detail rows and the repair candidates (the classified rows are then persisted once, so
+the tables are still read once).
 
 A small input (under `SMALL_INPUT_ROWS` rows) is run as one: a JVM the job starts gets
-the quick JIT compiler only, and the run plans without adaptive execution or generated
-code (see docs/reconcile.md, "A small database").
-"""
+the quick JIT compiler only and a class archive (`classcache`), its tables are read
+without bounds queries, and the run plans without adaptive execution or generated code
+(see docs/reconcile.md, "A small database")."""
 
 from __future__ import annotations
 

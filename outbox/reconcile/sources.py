@@ -13,6 +13,9 @@ from `SELECT MIN(col), MAX(col), COUNT(*)` on the table:
     confirmation     confirmed_at (timestamp); on SQLite its rowid
     topic_group      one partition (a handful of rows)
 
+Rows counted already (`JdbcSource.known_rows`: a small input, counted before the run) need
+no bounds query when they make one partition: the table is read whole.
+
 Parquet layout (one directory per table, the column names of `outbox.models`):
 `<root>/message_stub/`, `<root>/confirmation/`, `<root>/consumption_log/`, and optionally
 `<root>/topic_group/` and `<root>/consumer_offset/`.

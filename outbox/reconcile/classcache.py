@@ -96,8 +96,8 @@ def archive_options(
     that write it at the JVM's exit (this process then waits for it at its own exit and
     gives it its final name). Empty when archives are off or the directory is unusable."""
     directory = cache_dir(env)
-    if directory is None:
-        return ()
+    if directory is None or _jvm_running():
+        return ()  # off, or this process's JVM runs already (its options are fixed)
     jars, java_options = list(jars), list(java_options)
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -112,6 +112,12 @@ def archive_options(
     atexit.register(_finish, tmp, archive)
     log.info("writing a class archive for later starts at exit: %s", archive)
     return (f"-XX:ArchiveClassesAtExit={tmp}", *QUIET_CDS)
+
+
+def _jvm_running() -> bool:
+    from pyspark import SparkContext
+
+    return SparkContext._gateway is not None
 
 
 def _valid(path: Path) -> bool:

@@ -21,10 +21,23 @@ def exits(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
     """What would run at the process's exit (not run: the test calls it)."""
     calls: list[tuple[Any, ...]] = []
     monkeypatch.setattr(classcache.atexit, "register", lambda fn, *a: calls.append((fn, *a)))
+    # as in a process that has not started its JVM yet (the package's session may run)
+    monkeypatch.setattr(classcache, "_jvm_running", lambda: False)
     return calls
 
 
-def test_the_directory_comes_from_the_environment(tmp_path: Path) -> None:
+def test_no_archive_option_once_the_jvm_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exits: list[tuple[Any, ...]]
+) -> None:
+    monkeypatch.setattr(classcache, "_jvm_running", lambda: True)
+    env = {classcache.CDS_DIR_ENV: str(tmp_path)}
+    assert classcache.archive_options(JAVA, [], OPTIONS, env) == ()
+    assert exits == []
+
+
+def test_the_directory_comes_from_the_environment(
+    tmp_path: Path, exits: list[tuple[Any, ...]]
+) -> None:
     env = {classcache.CDS_DIR_ENV: str(tmp_path)}
     assert classcache.cache_dir(env) == tmp_path
     assert classcache.cache_dir({classcache.CDS_DIR_ENV: ""}) is None  # off

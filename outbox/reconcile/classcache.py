@@ -16,7 +16,9 @@ Safe when missing, stale or half written:
   never maps a file that is still being written;
 - a JVM that cannot use an archive (the jars changed under the same name, another JDK
   build) starts without it; `-Xlog:cds=off` keeps its warnings (and the thousands the
-  writing JVM prints about classes it cannot archive) off stdout, where `--json` writes.
+  writing JVM prints about classes it cannot archive) off stdout, where `--json` writes;
+- an archive no start mapped for 30 days is removed (each takes about 190 MB), as is a
+  temporary one left by a JVM that died.
 
 `RELIABLE_RECONCILE_CDS_DIR` names the cache directory (default
 `$XDG_CACHE_HOME/reliable/reconcile-cds`, else `~/.cache/reliable/reconcile-cds`); set it
@@ -45,6 +47,8 @@ DYNAMIC_MAGIC = bytes.fromhex("a8ab0bf0")
 WRITE_TIMEOUT_S = 180.0
 # a temporary archive untouched this long belongs to a JVM that died: removed
 STALE_TMP_S = 3600.0
+# an archive no start mapped for this long (another installation's, older jars'): removed
+UNUSED_ARCHIVE_S = 30 * 86400.0
 
 
 def cache_dir(env: dict[str, str] | None = None) -> Path | None:
@@ -98,15 +102,17 @@ def archive_options(
     directory = cache_dir(env)
     if directory is None or _jvm_running():
         return ()  # off, or this process's JVM runs already (its options are fixed)
-    jars, java_options = list(jars), list(java_options)
+    archive = directory / f"spark-{archive_key(java, list(jars), list(java_options))}.jsa"
+    mapped = _valid(archive)
     try:
         directory.mkdir(parents=True, exist_ok=True)
+        if mapped:
+            os.utime(archive)  # its time says when it was last mapped
         _remove_stale(directory)
     except OSError as exc:
         log.debug("no class archive: %s", exc)
         return ()
-    archive = directory / f"spark-{archive_key(java, jars, java_options)}.jsa"
-    if _valid(archive):
+    if mapped:
         return (f"-XX:SharedArchiveFile={archive}", *QUIET_CDS)
     tmp = directory / f"{archive.name}.{os.getpid()}.{time.time_ns()}.tmp"
     atexit.register(_finish, tmp, archive)
@@ -129,13 +135,16 @@ def _valid(path: Path) -> bool:
 
 
 def _remove_stale(directory: Path) -> None:
+    """Temporary archives of JVMs that died, and archives no start has mapped for a month
+    (each is about 190 MB)."""
     now = time.time()
-    for tmp in directory.glob("*.tmp"):
-        try:
-            if now - tmp.stat().st_mtime > STALE_TMP_S:
-                tmp.unlink()
-        except OSError:
-            continue
+    for pattern, age in (("*.tmp", STALE_TMP_S), ("spark-*.jsa", UNUSED_ARCHIVE_S)):
+        for path in directory.glob(pattern):
+            try:
+                if now - path.stat().st_mtime > age:
+                    path.unlink()
+            except OSError:
+                continue
 
 
 def _finish(tmp: Path, archive: Path) -> None:

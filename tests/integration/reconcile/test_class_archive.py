@@ -99,3 +99,25 @@ def test_the_archive_is_named_only_after_a_clean_exit(
     classcache._finish(tmp, archive)  # closes the "JVM"'s stdin and waits for it
     assert not tmp.exists()
     assert archive.exists() == named
+
+
+def test_leftovers_are_removed(tmp_path: Path, exits: list[tuple[Any, ...]]) -> None:
+    """A temporary archive of a JVM that died (an hour old) and an archive no start mapped
+    for a month are removed; a mapped archive's time says when it was last used."""
+    import os
+    import time
+
+    env = {classcache.CDS_DIR_ENV: str(tmp_path)}
+    old = time.time() - 40 * 86400
+    dead, unused, fresh = tmp_path / "x.jsa.1.tmp", tmp_path / "spark-0.jsa", tmp_path / "y.tmp"
+    for path in (dead, unused, fresh):
+        path.write_bytes(classcache.DYNAMIC_MAGIC)
+    os.utime(dead, (old, old))
+    os.utime(unused, (old, old))
+    classcache.archive_options(JAVA, [], OPTIONS, env)
+    assert not dead.exists() and not unused.exists() and fresh.exists()
+    archive = tmp_path / f"spark-{classcache.archive_key(JAVA, [], OPTIONS)}.jsa"
+    archive.write_bytes(classcache.DYNAMIC_MAGIC)
+    os.utime(archive, (old + 86400, old + 86400))  # 39 days: removed unless it is mapped
+    assert classcache.archive_options(JAVA, [], OPTIONS, env)[0].startswith("-XX:Shared")
+    assert time.time() - archive.stat().st_mtime < 60

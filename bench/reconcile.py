@@ -357,8 +357,9 @@ def small_child(runs: int, java_options: str) -> dict[str, object]:
     import uuid
 
     from outbox.reconcile import ReconcileOptions, driver_jars, jdbc_target, reconcile
+    from outbox.reconcile.classcache import archive_options
     from outbox.reconcile.job import SMALL_INPUT_ROWS, small_input_java_options
-    from outbox.reconcile.preflight import check_database
+    from outbox.reconcile.preflight import check_database, find_java
     from outbox.reconcile.session import spark_session
     from outbox.reconcile.sources import TableNames
 
@@ -366,12 +367,19 @@ def small_child(runs: int, java_options: str) -> dict[str, object]:
         jdbc_target(PG_URL), TableNames.for_prefix(PREFIX), count_up_to=SMALL_INPUT_ROWS
     )
     java = small_input_java_options(rows, {}) if java_options == AUTO else java_options.split()
+    archive = ""
+    if java_options == AUTO and java:  # the job's class archive too (written at the exit)
+        java = (*java, *archive_options(find_java(), driver_jars("postgresql"), java))
+        archive = "mapped" if any("SharedArchiveFile" in o for o in java) else "written at exit"
     started = time.perf_counter()
     spark = spark_session(None, driver_jars("postgresql"), {}, java_options=java)
     spark.range(1).count()
     out: dict[str, object] = {
         "rows": rows,
-        "java_options": " ".join(java),
+        "java_options": " ".join(
+            o for o in java if not o.startswith(("-XX:Shared", "-XX:Arch", "-Xlog"))
+        ),
+        "archive": archive,
         "start_s": time.perf_counter() - started,
         "start_cpu_s": _jvm_cpu_s(),
         "runs": [],
@@ -427,6 +435,8 @@ def small_database(
     doc = json.loads(proc.stdout.strip().splitlines()[-1])
     rows: list[Row] = []
     jvm = doc["java_options"] or "the JVM's defaults"
+    if doc.get("archive"):
+        jvm += f"; class archive {doc['archive']}"
     rows.append(
         Row(
             "small_jvm_start",

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from outbox.reconcile.drivers import JdbcTarget
 
 CONNECT_TIMEOUT_S = 2
+# the tables whose rows are counted before a run (the job reads them whole)
+COUNTED_TABLES = ("stub", "confirmation", "log")
 FIX_TABLES = (
     "create them with `reliable worker resend --ensure-schema` or "
     "`OutboxTables(...).create_all(engine)`"
@@ -48,12 +50,18 @@ def find_java(env: dict[str, str] | None = None) -> str:
     return found
 
 
-def check_database(target: JdbcTarget, names: TableNames, count_up_to: int = 0) -> int | None:
+def check_database(
+    target: JdbcTarget,
+    names: TableNames,
+    count_up_to: int = 0,
+    counts: dict[str, int] | None = None,
+) -> int | None:
     """Connect with SQLAlchemy and look for the tables and required columns the job reads;
     `SourceUnavailable` with the fix otherwise. With `count_up_to` > 0, also count the rows
     of the stub, confirmation and log tables, each up to that many (`SELECT COUNT(*) FROM
     (SELECT 1 FROM t LIMIT n)`: bounded work whatever the table's size), and return their
-    sum; None when nothing was counted (no Python driver for the URL)."""
+    sum; None when nothing was counted (no Python driver for the URL). `counts`, when
+    given, receives each table's count by its logical name."""
     import sqlalchemy as sa
     from sqlalchemy.engine import make_url
 
@@ -88,10 +96,13 @@ def check_database(target: JdbcTarget, names: TableNames, count_up_to: int = 0) 
                 _, required = TABLES[logical]
                 missing.extend(f"{table}.{c}" for c in required if c not in present)
             if count_up_to > 0 and not missing:
-                counted = sum(
-                    _count_up_to(conn, names.physical(t), names.schema, count_up_to)
-                    for t in ("stub", "confirmation", "log")
-                )
+                each = {
+                    t: _count_up_to(conn, names.physical(t), names.schema, count_up_to)
+                    for t in COUNTED_TABLES
+                }
+                counted = sum(each.values())
+                if counts is not None:
+                    counts.update(each)
     except sa.exc.DBAPIError as exc:
         raise SourceUnavailable(
             f"the database {where}", f"{_one_line(exc.orig or exc)} (check --db)"
@@ -105,6 +116,36 @@ def check_database(target: JdbcTarget, names: TableNames, count_up_to: int = 0) 
             f"the database {where}", f"missing outbox tables {', '.join(missing)}; {FIX_TABLES}"
         )
     return counted
+
+
+def count_rows(target: JdbcTarget, names: TableNames, up_to: int) -> dict[str, int] | None:
+    """The rows of the stub, confirmation and log tables, each counted up to `up_to`
+    (bounded work, as `check_database` counts them), by logical name; None when they cannot
+    be counted from Python (no driver for the URL, a database error): the caller then
+    reads the tables as if nothing was counted."""
+    import sqlalchemy as sa
+    from sqlalchemy.engine import make_url
+
+    url = make_url(target.sqlalchemy_url)
+    if url.get_backend_name() == "sqlite":
+        if not Path(url.database or "").is_file():
+            return None
+        args: dict[str, object] = {"timeout": CONNECT_TIMEOUT_S}
+    else:
+        args = {"connect_timeout": CONNECT_TIMEOUT_S}
+    engine = _engine(url, args)
+    if engine is None:
+        return None
+    try:
+        with engine.connect() as conn:
+            return {
+                t: _count_up_to(conn, names.physical(t), names.schema, up_to)
+                for t in COUNTED_TABLES
+            }
+    except (sa.exc.SQLAlchemyError, ImportError):
+        return None
+    finally:
+        engine.dispose()
 
 
 def _count_up_to(conn: Any, table: str, schema: str | None, limit: int) -> int:

@@ -13,6 +13,9 @@ from `SELECT MIN(col), MAX(col), COUNT(*)` on the table:
     confirmation     confirmed_at (timestamp); on SQLite its rowid
     topic_group      one partition (a handful of rows)
 
+Rows counted already (`JdbcSource.known_rows`: a small input, counted before the run) need
+no bounds query when they make one partition: the table is read whole.
+
 Parquet layout (one directory per table, the column names of `outbox.models`):
 `<root>/message_stub/`, `<root>/confirmation/`, `<root>/consumption_log/`, and optionally
 `<root>/topic_group/` and `<root>/consumer_offset/`.
@@ -179,6 +182,9 @@ class JdbcSource:
     offsets_table: str | None = None  # optional committed-offset snapshot table
     bounds_table: str | None = None  # optional queue-bounds table (see `bounds`)
     plans: dict[str, tuple[str | None, int, int]] = field(default_factory=dict)
+    # rows already counted (a small input, counted before the run): a table that is read
+    # in one partition anyway needs no bounds query (one Spark job less per table)
+    known_rows: dict[str, int] = field(default_factory=dict)
 
     def describe(self) -> str:
         return self.target.redacted()
@@ -202,11 +208,12 @@ class JdbcSource:
             reader = reader.option("preferTimestampNTZ", "true")
         return reader
 
-    def _columns(self, spark: SparkSession, dbtable: str, what: str) -> list[str]:
+    def _probe(self, spark: SparkSession, dbtable: str, what: str) -> DataFrame:
         try:
-            return list(self._reader(spark).option("dbtable", dbtable).load().columns)
+            df: DataFrame = self._reader(spark).option("dbtable", dbtable).load()
         except Exception as exc:
             raise SourceUnavailable(what, _first_line(exc)) from None
+        return df
 
     def _sqlite_schema(self, columns: list[str], logical: str) -> str:
         """SQLite's driver reports declared types loosely: read numbers as numbers and
@@ -235,11 +242,12 @@ class JdbcSource:
         what = f"table {table} ({self.describe()})"
         dbtable = self._qualified(table)
         try:
-            columns = self._columns(spark, dbtable, what)
+            probe = self._probe(spark, dbtable, what)
         except SourceUnavailable:
             if logical in ("topic_group", "audit"):  # never created: no rows
                 return None
             raise
+        columns = list(probe.columns)
         part_col = self.policy.columns.get(logical) or self._default_partition(logical)
         if part_col == "_rowid":
             cols = ", ".join(f'"{c}"' for c in columns)
@@ -247,7 +255,15 @@ class JdbcSource:
             columns = ["_rowid", *columns]
         custom = self._sqlite_schema(columns, logical) if self.target.dialect == "sqlite" else None
         reader = self._reader(spark, custom).option("dbtable", dbtable)
-        if part_col is not None and (part_col in columns or part_col == "_rowid"):
+        partitioned = False
+        if part_col is None or not (part_col in columns or part_col == "_rowid"):
+            self.plans[logical] = (None, 1, -1)
+        elif (known := self.known_rows.get(logical)) is not None and (
+            self.policy.count_for(known) == 1
+        ):
+            self.plans[logical] = (part_col, 1, known)
+        else:
+            partitioned = True
             lo, hi, rows = self._bounds(spark, dbtable, part_col, logical, what)
             parts = self.policy.count_for(rows)
             self.plans[logical] = (part_col, parts, rows)
@@ -258,12 +274,13 @@ class JdbcSource:
                     .option("upperBound", str(hi))
                     .option("numPartitions", str(parts))
                 )
+        if custom is None and not partitioned and dbtable == self._qualified(table):
+            df = probe  # the same read as the probe's: no second schema query
         else:
-            self.plans[logical] = (None, 1, -1)
-        try:
-            df = reader.load()
-        except Exception as exc:
-            raise SourceUnavailable(what, _first_line(exc)) from None
+            try:
+                df = reader.load()
+            except Exception as exc:
+                raise SourceUnavailable(what, _first_line(exc)) from None
         if self.target.dialect == "sqlite":
             df = _parse_sqlite_timestamps(df, logical)
         return canonical(df, logical, what)

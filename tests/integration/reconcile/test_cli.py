@@ -73,11 +73,19 @@ def test_a_small_run_with_a_report_takes_few_tasks(spark, sqlite_url, table_pref
     assert 0 < result.tasks <= 60, result.tasks
     assert len(list(parquet.glob("*.parquet"))) == 1
     # a small input is planned once per query, not again after each query stage (adaptive
-    # execution made it 20 jobs); the session gets its own settings back
+    # execution made it 20 jobs), and its tables, counted before the run, are read whole
+    # without a bounds query each (three jobs more); the session gets its settings back
     jobs = spark.sparkContext.statusTracker().getJobIdsForGroup(result.run_id)
-    assert 0 < len(jobs) <= 12, len(jobs)
+    assert 0 < len(jobs) <= 7, len(jobs)
+    plans = {k: result.plans[k] for k in ("stub", "confirmation", "log")}
+    assert plans == {
+        "stub": ("id", 1, 41),
+        "confirmation": ("_rowid", 1, 23),
+        "log": ("queue_offset", 1, 11),
+    }, result.plans
     assert spark.conf.get("spark.sql.adaptive.enabled") == "true"
     assert spark.conf.get("spark.sql.codegen.wholeStage") == "true"
+    assert spark.conf.get("spark.sql.icu.caseMappings.enabled") == "true"
     # the caller's setting stands
     again = reconcile(
         ReconcileOptions(

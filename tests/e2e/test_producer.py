@@ -20,6 +20,7 @@ from reliable import (
     Producer,
     ReceivedMessage,
     SendFailed,
+    SendReceipt,
     SimpleConsumer,
     TransactionState,
     Transport,
@@ -337,3 +338,27 @@ def test_not_stored_ok_is_retried_only_when_asked(transport: Transport, retry_no
         assert seam.queues[0] != seam.queues[1]
     else:
         assert receipt.status is SendStatus.FLUSH_DISK_TIMEOUT and len(seam.queues) == 1
+
+
+def test_pipelined_receipts_say_where_each_message_was_stored(transport: Transport) -> None:
+    """Plain messages (a body and an id) are stored straight from their bodies: each
+    receipt still names its message's id, queue, queue offset and offset message id,
+    and a message group travels with every message of the batch."""
+    sent = [Message("receipts", f"p{i}".encode()) for i in range(40)]
+    sent += [Message("receipts", f"g{i}".encode(), message_group="g") for i in range(40)]
+    with Producer(transport, linger_ms=20) as producer:
+        futures = [producer.send_async(m) for m in sent]
+        receipts = [f.result(10) for f in futures]
+    got = {m.message_id: m for m in _drain(transport, "receipts", len(sent))}
+    assert len(got) == len(sent)
+    for m, r in zip(sent, receipts, strict=True):
+        stored = got[m.message_id]
+        assert r == SendReceipt(
+            m.message_id,
+            "receipts",
+            stored.queue_id,
+            stored.queue_offset,
+            offset_msg_id=stored.offset_msg_id,
+        )
+        assert stored.body == m.body and stored.message_group == m.message_group
+    assert producer.requests_sent < len(sent)  # batched: the record-batch path was taken

@@ -362,3 +362,32 @@ def test_pipelined_receipts_say_where_each_message_was_stored(transport: Transpo
         )
         assert stored.body == m.body and stored.message_group == m.message_group
     assert producer.requests_sent < len(sent)  # batched: the record-batch path was taken
+
+
+class FaultySubmit(FaultySend):
+    """The pipelined seam: the first `failures` requests get `error` for each message."""
+
+    inline_sends = True
+
+    def submit_send(self, messages: Any, queue: QueueRef, **kwargs: Any) -> None:
+        self.queues.append(queue)
+        if len(self.queues) <= self._failures:
+            kwargs["done"]([self._error() for _ in messages])
+            return
+        self._inner.submit_send(messages, queue, **kwargs)
+
+
+def test_pipelined_sends_retry_elsewhere_then_report_every_attempt(
+    transport: Transport,
+) -> None:
+    seam = FaultySubmit(transport, 99, lambda: TransportError("down"))
+    producer = Producer(seam, retry_times_when_send_async_failed=2)  # type: ignore[arg-type]
+    with producer:
+        future = producer.send_async(Message("retry-async", b"x"))
+        with pytest.raises(SendFailed) as info:
+            future.result(10)
+    assert len(info.value.attempts) == 3 and len(seam.queues) == 3
+    recovered = FaultySubmit(transport, 1, lambda: TransportError("reset"))
+    with Producer(recovered) as producer:  # type: ignore[arg-type]
+        receipt = producer.send_async(Message("retry-async", b"y")).result(10)
+    assert receipt.queue_offset >= 0 and len(recovered.queues) == 2

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from broker.store.config import FlushMode
+from broker.store.message import decode_offset_msg_id
 from reliable import (
     BadRequest,
     BrokerBusy,
@@ -21,6 +23,7 @@ from reliable import (
     ReceivedMessage,
     SendFailed,
     SendReceipt,
+    SendStatus,
     SimpleConsumer,
     TransactionState,
     Transport,
@@ -391,3 +394,29 @@ def test_pipelined_sends_retry_elsewhere_then_report_every_attempt(
     with Producer(recovered) as producer:  # type: ignore[arg-type]
         receipt = producer.send_async(Message("retry-async", b"y")).result(10)
     assert receipt.queue_offset >= 0 and len(recovered.queues) == 2
+
+
+def test_pipelined_sends_under_sync_flush_are_acknowledged_once_on_disk(
+    make_transport: Callable[..., Transport],
+) -> None:
+    """The record-batch path keeps SYNC_FLUSH: each receipt arrives only once the
+    commitlog is on disk past its record."""
+    transport = make_transport("sync", flush=FlushMode.SYNC_FLUSH)
+    commitlog = transport.broker.store.commitlog  # type: ignore[attr-defined]
+    flushed_at_ack: list[tuple[int, int]] = []
+
+    def record(receipt: SendReceipt) -> None:
+        assert receipt.offset_msg_id is not None
+        offset = decode_offset_msg_id(receipt.offset_msg_id)[1]
+        flushed_at_ack.append((offset, commitlog.get_flushed_offset()))
+
+    with Producer(transport, linger_ms=5) as producer:
+        futures = [
+            producer.send_async(Message("sync-flush", b"x" * 100), on_success=record)
+            for _ in range(300)
+        ]
+        receipts = [f.result(10) for f in futures]
+    assert all(r.status is SendStatus.SEND_OK for r in receipts)
+    assert producer.requests_sent < 300  # batched: the record-batch path was taken
+    assert len(flushed_at_ack) == 300
+    assert all(flushed > offset for offset, flushed in flushed_at_ack)

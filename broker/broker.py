@@ -16,7 +16,7 @@ subclass for bad requests (nothing is stored then); the parts live in their own 
 
 This module is the facade: lifecycle, topics and groups, pull, send-back, consumers and
 invisible-time calls. `Broker` is built on `ProduceEngine`, whose methods are its produce
-API (`send_message`, `send_batch`, `send_batch_pending`).
+API (`send_message`, `send_batch`, `send_batch_pending`, `send_bodies`).
 """
 
 from __future__ import annotations
@@ -138,8 +138,9 @@ class _Maintenance(ServiceThread):
 class Broker(ProduceEngine):
     """Topics, groups, produce, pull, send-back, invisible-time receive, transactions.
 
-    The produce methods (`send_message`, `send_batch`, `send_batch_pending`) are the
-    `ProduceEngine`'s; this class supplies its primitives `_require_running` and `_topic`.
+    The produce methods (`send_message`, `send_batch`, `send_batch_pending`,
+    `send_bodies`) are the `ProduceEngine`'s; this class supplies its primitives
+    `_require_running` and `_topic`.
     """
 
     def __init__(

@@ -13,7 +13,7 @@ stored as one record batch (`MessageStore.put_batch`); any other batch message b
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from broker.config import BrokerConfig
 from broker.errors import (
@@ -161,6 +161,56 @@ class ProduceEngine:
         yet acknowledged: call `when_durable(end, callback)` and acknowledge them only once
         it reports True. Under ASYNC_FLUSH the results are final."""
         return self._send_batch(msgs, wait=False)
+
+    def send_bodies(
+        self,
+        topic: str,
+        queue_id: int,
+        bodies: Sequence[bytes],
+        uniq_keys: Sequence[str],
+        properties: Mapping[str, str] | None = None,
+        *,
+        wait: bool = True,
+    ) -> PutMessageResult | None:
+        """`send_batch` of a producer's usual batch given as its parts, without a store
+        `Message` or a `SendResult` per message (the in-process client's send): one record
+        per body, each with `properties` plus its UNIQ_KEY, validated as `send_batch`
+        validates (the first message in full, then each body and unique key), stored as one
+        record batch (`MessageStore.put_batch`).
+
+        The stored result (`append.record_offsets`, `append.msg_id_at`, queue offsets from
+        `append.queue_offset`), `SendRejected` when not stored, or None when `put_batch`
+        refuses the batch as a whole (nothing stored): send it with `send_batch`, which
+        gives each message its own verdict."""
+        self._require_running()
+        if not bodies or len(bodies) != len(uniq_keys):
+            raise MessageIllegal("a batch needs one unique key per body, at least one body")
+        shared = dict(properties) if properties else {}
+        if any(
+            k in shared
+            for k in (Prop.DELAY, Prop.TIMER_DELIVER_MS, Prop.TRAN_MSG, Prop.KEYS, Prop.UNIQ_KEY)
+        ):
+            raise MessageIllegal("a body batch cannot hold delayed or transactional messages")
+        self._validate_message(
+            Message(topic, bodies[0], queue_id, 0, {**shared, Prop.UNIQ_KEY: uniq_keys[0]})
+        )
+        limit = self.config.max_message_size
+        for body, key in zip(bodies, uniq_keys, strict=True):
+            if type(body) is not bytes or not 0 < len(body) <= limit:
+                # the precise error (or a body type the record batch does not take)
+                self._validate_message(Message(topic, body, queue_id))
+                return None
+            if type(key) is not str or "\x01" in key or "\x02" in key:
+                check_properties({Prop.UNIQ_KEY: key})  # raises the precise error
+        result = self.store.put_batch(
+            topic, queue_id, bodies, shared, uniq_keys=uniq_keys, wait=wait
+        )
+        if result.status in (
+            PutMessageStatus.MESSAGE_ILLEGAL,
+            PutMessageStatus.PROPERTIES_SIZE_EXCEEDED,
+        ):
+            return None
+        return self._stored(topic, result)
 
     def _send_batch(self, msgs: Sequence[Message], *, wait: bool) -> tuple[list[SendResult], int]:
         self._require_running()

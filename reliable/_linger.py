@@ -25,7 +25,11 @@ class LingeringSender:
         self._linger_s = linger_ms / 1000
         self._batch_size = batch_size
         self._max_in_flight = max_in_flight
-        self._cond = threading.Condition(threading.Lock())
+        # `_lock` is `_cond`'s own lock: holding it is holding the condition (notify may
+        # be called under it); `with self._lock` skips Condition.__enter__/__exit__, two
+        # Python calls per message on the send path
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._in_flight = 0
         self._pending = 0  # items accepted and not yet completed
         self._waiting = False  # the thread sleeps on the condition

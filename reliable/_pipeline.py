@@ -32,7 +32,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from broker.futures import LightFuture
@@ -53,6 +53,7 @@ _local = threading.local()
 DEFAULT_LINGER_MS = 1.0
 DEFAULT_BATCH_SIZE = 128
 DEFAULT_MAX_IN_FLIGHT = 16
+_SEND_OK = SendStatus.SEND_OK
 
 
 class RoutingProducer(Protocol):
@@ -89,7 +90,7 @@ class PipelinedSends(Protocol):
 class _Item:
     message: Message
     future: Future[SendReceipt]
-    attempts: list[tuple[str, BaseException]] = field(default_factory=list)
+    attempts: list[tuple[str, BaseException]] | None = None  # made at the first failure
     elsewhere: int = 0
     busy: int = 0
     last_broker: str | None = None
@@ -154,7 +155,7 @@ class SendPipeline(LingeringSender):
         future: Future[SendReceipt] = LightFuture()
         item = _Item(message, future)
         key = (message.topic, message.message_group)
-        with self._cond:
+        with self._lock:
             if self._closing:
                 raise ClientStateError("the producer is shutting down")
             lane = self._lanes.get(key)
@@ -279,6 +280,27 @@ class SendPipeline(LingeringSender):
                     self._waiting = False
                     self._cond.notify()
             return
+        if (
+            type(results) is list
+            and len(results) == len(items)
+            and self._producer._faults is None
+            and all(type(r) is SendReceipt and r.status is _SEND_OK for r in results)
+        ):
+            # the usual outcome, every message stored as asked: nothing to retry or record
+            with self._lock:
+                lane.in_flight -= 1
+                self._in_flight -= 1
+                self._pending -= len(items)
+                if self._waiting:
+                    self._waiting = False
+                    self._cond.notify()
+            _local.resolving = True  # send callbacks run here: see lane_idle
+            try:
+                for item, receipt in zip(items, results, strict=True):
+                    item.future.set_result(receipt)  # type: ignore[arg-type]
+            finally:
+                _local.resolving = False
+            return
         if isinstance(results, BaseException) or len(results) != len(items):
             error = (
                 results
@@ -311,6 +333,8 @@ class SendPipeline(LingeringSender):
                     settled.append((item, result))
                 continue
             where = str(queue) if queue is not None else first_topic(items)
+            if item.attempts is None:
+                item.attempts = []
             item.attempts.append((where, result))
             if is_flow_control(result) and item.busy < self._policy.flow_control_retries:
                 item.busy += 1
@@ -349,7 +373,7 @@ class SendPipeline(LingeringSender):
         if isinstance(error, BrokerCallError) and error.kind is FailureKind.BAD_REQUEST:
             return error
         if isinstance(error, BrokerCallError):
-            failed = SendFailed(item.message.topic, item.attempts)
+            failed = SendFailed(item.message.topic, item.attempts or [])
             failed.__cause__ = error
             return failed
         return error

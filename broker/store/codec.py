@@ -481,8 +481,13 @@ def _strict_properties(raw: bytes | bytearray | memoryview) -> dict[str, str]:
     if not raw:
         return {}
     text = str(raw, "utf-8")
-    if text[-1] != "\x02" or text.count("\x01") != text.count("\x02"):
+    pairs = text.count("\x02")
+    if text[-1] != "\x02" or text.count("\x01") != pairs:
         raise ValueError("malformed properties")
+    if pairs == 1:  # most records (a producer's message: its UNIQ_KEY alone): a third
+        # of the general path's cost; one \x01 and the one \x02 at the end: one whole pair
+        name, _, value = text[:-1].partition("\x01")
+        return {name: value}
     return dict(pair.split("\x01", 1) for pair in text[:-1].split("\x02"))
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import struct
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from broker.store.codec import DispatchRequest, is_queued
@@ -183,6 +183,38 @@ class ConsumeQueue:
         return self.put_unit(
             request.queue_offset, request.commitlog_offset, request.msg_size, request.tags_code
         )
+
+    def put_units(self, requests: Sequence[DispatchRequest]) -> bool:
+        """`put_message_position_info` for consecutive records of this queue: the units
+        that go right after the last one are written under one lock hold and published
+        together (one `wrote_position` for all); from the first that does not (a new
+        file, a gap, a re-dispatch), record by record through `put_unit`."""
+        done = 0
+        with self._lock:
+            files = self.mfq.mapped_files
+            if files:
+                mf = files[-1]
+                pos = start = mf.wrote_position
+                at = mf.file_from_offset
+                end = mf.file_size
+                mapping = mf.mapping
+                max_phy = self.max_physic_offset
+                pack = _UNIT.pack_into
+                for r in requests:
+                    phy, size = r.commitlog_offset, r.msg_size
+                    if phy + size <= max_phy:
+                        done += 1  # already dispatched
+                        continue
+                    if at + pos != r.queue_offset * CQ_STORE_UNIT_SIZE or pos >= end:
+                        break
+                    pack(mapping, pos, phy, size, r.tags_code)
+                    pos += CQ_STORE_UNIT_SIZE
+                    max_phy = phy + size
+                    done += 1
+                if pos != start:
+                    mf.wrote_position = mf.committed_position = pos
+                    self.max_physic_offset = max_phy
+        return all(self.put_message_position_info(r) for r in requests[done:])
 
     def put_unit(self, queue_offset: int, phy_offset: int, size: int, tags_code: int) -> bool:
         with self._lock:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from broker.store.codec import DispatchRequest
@@ -196,6 +197,31 @@ class ConsumeQueueStore:
                 request.queue_offset * CQ_STORE_UNIT_SIZE,
                 "cannot create a consume queue file",
             )
+
+    def dispatch_batch(self, requests: Sequence[DispatchRequest]) -> None:
+        """`dispatch` for records in commitlog order: each run of records of one queue is
+        written with one `ConsumeQueue.put_units`."""
+        run: list[DispatchRequest] = []
+        cq: ConsumeQueue | None = None
+        deleted = self._deleted
+        for request in requests:
+            if skips_consume_queue(request.sys_flag):
+                continue
+            if deleted and request.commitlog_offset < deleted.get(request.topic, -1):
+                continue  # a record of a topic deleted after it was written
+            if cq is None or request.topic != cq.topic or request.queue_id != cq.queue_id:
+                if run:
+                    self._put_run(cq, run)  # type: ignore[arg-type]
+                    run = []
+                cq = self.find_or_create(request.topic, request.queue_id)
+            run.append(request)
+        if run:
+            self._put_run(cq, run)  # type: ignore[arg-type]
+
+    def _put_run(self, cq: ConsumeQueue, run: list[DispatchRequest]) -> None:
+        if not cq.put_units(run):
+            for request in run:  # what is written is skipped; raises at the unit that fails
+                self.dispatch(request)
 
     def truncate_dirty(self, phy_offset: int) -> None:
         for cq in self.queues():

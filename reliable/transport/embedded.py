@@ -145,6 +145,49 @@ def to_store_message(m: Message, queue_id: int) -> StoreMessage:
     return StoreMessage(topic=m.topic, body=bytes(m.body), queue_id=queue_id, properties=props)
 
 
+# A frozen dataclass's __init__ sets each field through `object.__setattr__`; a batch of
+# plain sends builds one SendReceipt per message, so `_send_receipt` sets the slots through
+# their descriptors instead: the same frozen object, equal to `SendReceipt(...)` (a test
+# holds them equal).
+assert [f.name for f in dataclasses.fields(SendReceipt)] == [
+    "message_id",
+    "topic",
+    "queue_id",
+    "queue_offset",
+    "status",
+    "offset_msg_id",
+    "transaction_id",
+    "recall_handle",
+]
+_RECEIPT_SETTERS = tuple(
+    SendReceipt.__dict__[f.name].__set__ for f in dataclasses.fields(SendReceipt)
+)
+_new = object.__new__
+
+
+def _send_receipt(
+    message_id: str,
+    topic: str,
+    queue_id: int,
+    queue_offset: int,
+    status: SendStatus,
+    offset_msg_id: str,
+) -> SendReceipt:
+    """`SendReceipt(message_id, topic, queue_id, queue_offset, status, offset_msg_id)`,
+    without its __init__."""
+    r: SendReceipt = _new(SendReceipt)
+    s_id, s_topic, s_queue, s_offset, s_status, s_offset_id, s_tx, s_recall = _RECEIPT_SETTERS
+    s_id(r, message_id)
+    s_topic(r, topic)
+    s_queue(r, queue_id)
+    s_offset(r, queue_offset)
+    s_status(r, status)
+    s_offset_id(r, offset_msg_id)
+    s_tx(r, None)
+    s_recall(r, None)
+    return r
+
+
 # offset message ids by store host: the host's 16 hex digits, then the offset's 16
 _HOST_PREFIX: dict[tuple[str, int], str] = {}
 
@@ -392,6 +435,9 @@ class EmbeddedTransport:
     def send_batch(
         self, messages: Sequence[Message], queue: QueueRef, *, producer_group: str | None = None
     ) -> list[SendReceipt]:
+        plain = self._send_plain(messages, queue.queue_id)
+        if plain is not None:
+            return plain
         queue_id = queue.queue_id
         sms = [to_store_message(m, queue_id) for m in messages]
         results = _call(self.broker.send_batch, sms)
@@ -413,6 +459,53 @@ class EmbeddedTransport:
                 out.append(self._receipt(m, r))
         return out
 
+    def _send_plain(self, messages: Sequence[Message], queue_id: int) -> list[SendReceipt] | None:
+        """Messages of one topic and message group with nothing but a body and an id (a
+        producer's usual send), stored as one record batch straight from their bodies and
+        ids (`Broker.send_bodies`): no store `Message`, no broker result per message. None
+        when they are not all such messages, or the broker refuses the batch as a whole
+        (nothing stored): the caller sends them the general way."""
+        first = messages[0]
+        topic, group = first.topic, first.message_group
+        for m in messages:
+            if (
+                m.properties
+                or m.tags
+                or m.keys
+                or m.delay_level is not None
+                or m.deliver_at_ms is not None
+                or m.message_group != group
+                or m.topic != topic
+            ):
+                return None
+        result = _call(
+            self.broker.send_bodies,
+            topic,
+            queue_id,
+            [b if type(b) is bytes else bytes(b) for b in [m.body for m in messages]],
+            [m.message_id for m in messages],
+            None if group is None else {Prop.SHARDING_KEY: group},
+        )
+        if result is None:
+            return None
+        status = _SEND_STATUS.get(result.status)
+        if status is None:  # pragma: no cover - send_bodies raises for what was not stored
+            raise translate(
+                berr.SendRejected(topic, result.status.value, berr.ResponseCode.SYSTEM_ERROR)
+            )
+        append = result.append
+        assert append is not None
+        msg_id_at, offset = append.msg_id_at, append.queue_offset
+        out: list[SendReceipt] = []
+        add = out.append
+        for m, at in zip(messages, append.record_offsets, strict=True):
+            offset_id = msg_id_at(at)
+            add(
+                _send_receipt(m.message_id or offset_id, topic, queue_id, offset, status, offset_id)
+            )
+            offset += 1
+        return out
+
     def submit_send(
         self,
         messages: Sequence[Message],
@@ -422,12 +515,17 @@ class EmbeddedTransport:
         timeout_s: float | None,
         done: Callable[[list[SendReceipt | BaseException] | BaseException], None],
     ) -> None:
-        """The pipelined producer's send: runs inline (the broker is in this process), one
-        `Broker.send_batch` (the store's compiled batch path) for a batch of plain messages,
-        message by message for delayed ones; `done` gets a result per message."""
+        """The pipelined producer's send: runs inline (the broker is in this process). A
+        batch of plain messages (a body and an id) is stored as one record batch straight
+        from the bodies (`_send_plain`); other batches of undelayed messages through
+        `Broker.send_batch`; delayed ones message by message. `done` gets a result per
+        message."""
         results: list[SendReceipt | BaseException]
         try:
-            if len(messages) > 1 and all(
+            plain = self._send_plain(messages, queue.queue_id)
+            if plain is not None:
+                results = list(plain)
+            elif len(messages) > 1 and all(
                 m.delay_level is None and m.deliver_at_ms is None for m in messages
             ):
                 results = list(self.send_batch(messages, queue, producer_group=producer_group))

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from broker.store.config import FlushMode
+from broker.store.message import decode_offset_msg_id
 from reliable import (
     BadRequest,
     BrokerBusy,
@@ -20,6 +22,8 @@ from reliable import (
     Producer,
     ReceivedMessage,
     SendFailed,
+    SendReceipt,
+    SendStatus,
     SimpleConsumer,
     TransactionState,
     Transport,
@@ -337,3 +341,82 @@ def test_not_stored_ok_is_retried_only_when_asked(transport: Transport, retry_no
         assert seam.queues[0] != seam.queues[1]
     else:
         assert receipt.status is SendStatus.FLUSH_DISK_TIMEOUT and len(seam.queues) == 1
+
+
+def test_pipelined_receipts_say_where_each_message_was_stored(transport: Transport) -> None:
+    """Plain messages (a body and an id) are stored straight from their bodies: each
+    receipt still names its message's id, queue, queue offset and offset message id,
+    and a message group travels with every message of the batch."""
+    sent = [Message("receipts", f"p{i}".encode()) for i in range(40)]
+    sent += [Message("receipts", f"g{i}".encode(), message_group="g") for i in range(40)]
+    with Producer(transport, linger_ms=20) as producer:
+        futures = [producer.send_async(m) for m in sent]
+        receipts = [f.result(10) for f in futures]
+    got = {m.message_id: m for m in _drain(transport, "receipts", len(sent))}
+    assert len(got) == len(sent)
+    for m, r in zip(sent, receipts, strict=True):
+        stored = got[m.message_id]
+        assert r == SendReceipt(
+            m.message_id,
+            "receipts",
+            stored.queue_id,
+            stored.queue_offset,
+            offset_msg_id=stored.offset_msg_id,
+        )
+        assert stored.body == m.body and stored.message_group == m.message_group
+    assert producer.requests_sent < len(sent)  # batched: the record-batch path was taken
+
+
+class FaultySubmit(FaultySend):
+    """The pipelined seam: the first `failures` requests get `error` for each message."""
+
+    inline_sends = True
+
+    def submit_send(self, messages: Any, queue: QueueRef, **kwargs: Any) -> None:
+        self.queues.append(queue)
+        if len(self.queues) <= self._failures:
+            kwargs["done"]([self._error() for _ in messages])
+            return
+        self._inner.submit_send(messages, queue, **kwargs)
+
+
+def test_pipelined_sends_retry_elsewhere_then_report_every_attempt(
+    transport: Transport,
+) -> None:
+    seam = FaultySubmit(transport, 99, lambda: TransportError("down"))
+    producer = Producer(seam, retry_times_when_send_async_failed=2)  # type: ignore[arg-type]
+    with producer:
+        future = producer.send_async(Message("retry-async", b"x"))
+        with pytest.raises(SendFailed) as info:
+            future.result(10)
+    assert len(info.value.attempts) == 3 and len(seam.queues) == 3
+    recovered = FaultySubmit(transport, 1, lambda: TransportError("reset"))
+    with Producer(recovered) as producer:  # type: ignore[arg-type]
+        receipt = producer.send_async(Message("retry-async", b"y")).result(10)
+    assert receipt.queue_offset >= 0 and len(recovered.queues) == 2
+
+
+def test_pipelined_sends_under_sync_flush_are_acknowledged_once_on_disk(
+    make_transport: Callable[..., Transport],
+) -> None:
+    """The record-batch path keeps SYNC_FLUSH: each receipt arrives only once the
+    commitlog is on disk past its record."""
+    transport = make_transport("sync", flush=FlushMode.SYNC_FLUSH)
+    commitlog = transport.broker.store.commitlog  # type: ignore[attr-defined]
+    flushed_at_ack: list[tuple[int, int]] = []
+
+    def record(receipt: SendReceipt) -> None:
+        assert receipt.offset_msg_id is not None
+        offset = decode_offset_msg_id(receipt.offset_msg_id)[1]
+        flushed_at_ack.append((offset, commitlog.get_flushed_offset()))
+
+    with Producer(transport, linger_ms=5) as producer:
+        futures = [
+            producer.send_async(Message("sync-flush", b"x" * 100), on_success=record)
+            for _ in range(300)
+        ]
+        receipts = [f.result(10) for f in futures]
+    assert all(r.status is SendStatus.SEND_OK for r in receipts)
+    assert producer.requests_sent < 300  # batched: the record-batch path was taken
+    assert len(flushed_at_ack) == 300
+    assert all(flushed > offset for offset, flushed in flushed_at_ack)

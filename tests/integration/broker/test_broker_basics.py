@@ -295,3 +295,48 @@ def test_a_batch_too_big_as_a_whole_is_stored_message_by_message(tmp_path: Path)
         assert [m.body[:1] for m in drain(b, "g", "t")] == [b"\x00", b"\x01", b"\x02", b"\x03"]
     finally:
         b.shutdown()
+
+
+def test_send_bodies_stores_the_records_send_batch_would(broker: Broker) -> None:
+    """The in-process client's batch: bodies and unique keys, shared properties; each
+    record as `send_batch` of the equivalent messages stores it, with its own offsets."""
+    broker.create_topic("t", queues=2)
+    broker.send_message(msg("t", b"before", queue_id=1))
+    ids = [f"U{i:031d}" for i in range(4)]
+    result = broker.send_bodies(
+        "t", 1, [f"b{i}".encode() for i in range(4)], ids, {Prop.SHARDING_KEY: "g1"}
+    )
+    assert result is not None and result.append is not None
+    append = result.append
+    assert append.queue_offset == 1 and append.msg_num == 4
+    for i, offset in enumerate(append.record_offsets):
+        stored = broker.store.look_message_by_offset(offset)
+        assert stored is not None and stored.body == f"b{i}".encode()
+        assert stored.properties == {Prop.SHARDING_KEY: "g1", Prop.UNIQ_KEY: ids[i]}
+        assert stored.queue_offset == 1 + i and stored.queue_id == 1
+        assert append.msg_id_at(offset) == stored.offset_msg_id
+    assert [m.body for m in drain(broker, "g", "t")] == [b"before"] + [
+        f"b{i}".encode() for i in range(4)
+    ]
+
+
+def test_send_bodies_validates_as_send_batch_does(broker: Broker) -> None:
+    broker.create_topic("t", queues=1)
+    broker.create_topic("ro", queues=1, perm=PERM_READ)
+    limit = broker.config.max_message_size
+    with pytest.raises(BodyOverLimit):
+        broker.send_bodies("t", 0, [b"a", b"x" * (limit + 1)], ["A", "B"])
+    with pytest.raises(MessageIllegal):
+        broker.send_bodies("t", 0, [b"a", b""], ["A", "B"])
+    with pytest.raises(MessageIllegal):
+        broker.send_bodies("t", 0, [b"a", b"b"], ["A", "B\x01"])
+    with pytest.raises(MessageIllegal):
+        broker.send_bodies("t", 0, [b"a"], ["A"], {Prop.DELAY: "1"})
+    with pytest.raises(MessageIllegal):
+        broker.send_bodies("t", 1, [b"a"], ["A"])  # no such queue
+    with pytest.raises(MessageIllegal):
+        broker.send_bodies("t", 0, [b"a", b"b"], ["A"])  # a key per body
+    with pytest.raises(NoPermission):
+        broker.send_bodies("ro", 0, [b"a"], ["A"])
+    settle(broker)
+    assert broker.max_offset("t", 0) == 0  # nothing stored

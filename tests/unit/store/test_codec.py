@@ -13,6 +13,7 @@ from broker.store.codec import (
     POS_PHYSICAL_OFFSET,
     RECORD_MAGIC_CODE,
     EncodeError,
+    _strict_properties,
     check_message_and_return_size,
     decode_message,
     encode_blank,
@@ -314,3 +315,33 @@ def test_compiled_and_python_seal_agree() -> None:
         codec.py_seal(b, 9, 7, 1 << 35, 123)
         assert a == b
         assert check_message_and_return_size(a, 9, True, 1 << 35)[0] == len(a) - 9
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (b"", {}),
+        (b"UNIQ_KEY\x01ABC\x02", {"UNIQ_KEY": "ABC"}),
+        (b"a\x01\x02", {"a": ""}),
+        (b"a\x011\x02b\x012\x02", {"a": "1", "b": "2"}),
+        (b"a\x011\x02b\x012\x02a\x013\x02", {"a": "3", "b": "2"}),
+    ],
+)
+def test_record_properties_decode_strictly(raw: bytes, expected: dict[str, str]) -> None:
+    assert _strict_properties(memoryview(raw)) == expected
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"a\x011",  # no closing separator
+        b"a\x02",  # a pair without a value separator
+        b"a\x01b\x01c\x02",  # two value separators in one pair
+        b"a\x01b\x01c\x02d\x02",  # counts agree, pairs do not
+        b"\x02",
+        b"a\x01\xff\x02",  # not UTF-8
+    ],
+)
+def test_malformed_record_properties_are_refused(raw: bytes) -> None:
+    with pytest.raises(ValueError):
+        _strict_properties(memoryview(raw))

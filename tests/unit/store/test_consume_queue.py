@@ -306,3 +306,37 @@ def test_a_unit_torn_by_a_kill_mid_copy_ends_the_queue(tmp_path: Path) -> None:
     fill(again, 2, start=6)  # the dispatcher writes it again
     assert again.get_unit(6) == (600, SIZE, 1006) and again.get_unit(7) == (700, SIZE, 1007)
     again.shutdown()
+
+
+def _units(store: ConsumeQueueStore) -> dict[tuple[str, int], list[tuple[int, int, int, int]]]:
+    return {
+        (t, q): list(cq.iter_units(0, 100))
+        for t in store.topics()
+        for q in store.queue_ids(t)
+        if (cq := store.get(t, q)) is not None
+    }
+
+
+def test_a_dispatched_batch_writes_what_record_by_record_dispatch_writes(
+    tmp_path: Path,
+) -> None:
+    """Runs of one queue across file ends, another queue in between, a transaction's
+    half record, a gap and a re-dispatch: the same units either way."""
+    requests = [req(i, tag=1000 + i) for i in range(6)]  # crosses the first file's end
+    requests += [req(0, topic="other", qid=2), req(1, topic="other", qid=2)]
+    requests += [replace(req(6), sys_flag=int(SysFlag.TRANSACTION_PREPARED), queue_offset=0)]
+    requests += [req(8, tag=5), req(9, tag=6)]  # a gap: 6 and 7 blank
+    requests += [req(3, tag=1003), req(10)]  # a re-dispatch, then the next
+    one = ConsumeQueueStore(
+        StoreConfig(store_dir=tmp_path / "one", mapped_file_size_consume_queue=FILE_SIZE)
+    )
+    for r in requests:
+        one.dispatch(r)
+    many = ConsumeQueueStore(
+        StoreConfig(store_dir=tmp_path / "many", mapped_file_size_consume_queue=FILE_SIZE)
+    )
+    many.dispatch_batch(requests[:3])
+    many.dispatch_batch(requests[3:])
+    assert _units(many) == _units(one)
+    assert [u[0] for u in _units(many)[("t", 0)]] == [0, 1, 2, 3, 4, 5, 8, 9, 10]
+    assert many.get_max_physic_offset() == one.get_max_physic_offset() == 11 * SIZE

@@ -131,18 +131,6 @@ class QueueWindow:
             },
         }
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> QueueWindow:
-        return cls(
-            low=int(data["low"]),
-            next=int(data["next"]),
-            leases={
-                int(o): Lease(int(v[0]), int(v[1]), int(v[2]), v[3])
-                for o, v in data.get("leases", {}).items()
-            },
-            done=parse_done(data.get("done", []), "done", int(data["low"]), int(data["next"])),
-        )
-
 
 @dataclass(frozen=True, slots=True)
 class InFlight:

@@ -20,6 +20,7 @@ request before it is refused and the connection closed.
 
 from __future__ import annotations
 
+import socket
 import struct
 from typing import Any, NamedTuple
 
@@ -88,6 +89,29 @@ def frame(request_id: int, method: int, flags: int, body: bytes, timeout_ms: int
     return HEADER.pack(len(body), request_id, method, flags, timeout_ms) + body
 
 
+class Frame(NamedTuple):
+    request_id: int
+    method: int
+    flags: int
+    body: bytes
+
+
+def read_frame(sock: socket.socket) -> Frame:
+    """The next whole frame from a blocking socket; ConnectionError when it closes first."""
+
+    def exactly(n: int) -> bytes:
+        out = bytearray()
+        while len(out) < n:
+            chunk = sock.recv(n - len(out))
+            if not chunk:
+                raise ConnectionError("the connection was closed")
+            out += chunk
+        return bytes(out)
+
+    length, request_id, method, flags, _ = HEADER.unpack(exactly(HEADER_SIZE))
+    return Frame(request_id, method, flags, exactly(length))
+
+
 def request_body(client_id: bytes, payload: bytes) -> bytes:
     return CLIENT_ID.pack(len(client_id)) + client_id + payload
 
@@ -104,7 +128,9 @@ __all__ = [
     "METHODS",
     "WIRE_ENDPOINT",
     "WIRE_ENDPOINT_PATH",
+    "Frame",
     "Method",
     "frame",
+    "read_frame",
     "request_body",
 ]

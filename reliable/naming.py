@@ -46,13 +46,23 @@ def _reason(name: object, problem: str, max_length: int) -> str:
     return problem
 
 
+_ACCEPTED: set[str] = set()  # names accepted without allow_system (the check is pure)
+
+
 def check_topic(name: str, *, allow_system: bool = False) -> str:
-    """`name` itself, or InvalidName; a broker topic is refused unless `allow_system`."""
+    """`name` itself, or InvalidName; a broker topic is refused unless `allow_system`.
+    A producer checks every message's topic: names once accepted are remembered."""
+    if isinstance(name, str) and name in _ACCEPTED:
+        return name
     problem = topic_name_problem(name)
     if problem is not None:
         raise InvalidName("topic", str(name), _reason(name, problem, TOPIC_MAX_LENGTH))
-    if not allow_system and is_system_topic(name):
-        raise InvalidName("topic", name, "reserved for the broker")
+    if not allow_system:
+        if is_system_topic(name):
+            raise InvalidName("topic", name, "reserved for the broker")
+        if len(_ACCEPTED) >= 4096:  # a bound, however many topics come and go
+            _ACCEPTED.clear()
+        _ACCEPTED.add(name)
     return name
 
 

@@ -57,7 +57,6 @@ TransactionCheckerFn = Callable[[ReceivedMessage], "TransactionState | bool"]
 
 
 _BODY_TYPES = (bytes, bytearray, memoryview)
-_CHECKED_TOPICS: set[str] = set()  # topic names check_topic accepted (it is pure)
 
 
 @dataclass(frozen=True, slots=True)
@@ -389,12 +388,7 @@ class Producer:
             raise ClientStateError("the producer is not started")
 
     def _validate(self, m: Message) -> None:
-        topic = m.topic
-        if topic not in _CHECKED_TOPICS:
-            check_topic(topic)
-            if len(_CHECKED_TOPICS) >= 4096:  # a bound, however many topics come and go
-                _CHECKED_TOPICS.clear()
-            _CHECKED_TOPICS.add(topic)
+        check_topic(m.topic)
         if not isinstance(m.body, _BODY_TYPES):
             raise InvalidMessage(f"body must be bytes, got {type(m.body).__name__}")
         if len(m.body) == 0:

@@ -107,17 +107,7 @@ class _Span:
         self._span.set_attribute(key, value)
 
 
-class _NoSpanContext:
-    """`span()` while nothing records: a plain context manager, not a generator."""
-
-    def __enter__(self) -> _NoSpan:
-        return _NO_SPAN
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-_NO_SPAN_CONTEXT = _NoSpanContext()
+_NO_SPAN_CONTEXT = contextlib.nullcontext(_NO_SPAN)  # reusable: it holds no state
 
 
 def span(

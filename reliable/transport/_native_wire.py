@@ -232,7 +232,7 @@ class WireChannel:
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.sendall(pw.frame(0, pw.HELLO, 0, _hello(metadata)))
-            _, flags, body = _read_frame(sock)
+            _, _, flags, body = pw.read_frame(sock)
         except (OSError, ValueError) as exc:
             sock.close()
             raise WireRpcError(
@@ -339,20 +339,6 @@ class WireChannel:
 
 def _hello(metadata: Any) -> bytes:
     return json.dumps({k: v for k, v in metadata or () if k not in _DROP}).encode()
-
-
-def _read_frame(sock: socket.socket) -> tuple[int, int, bytes]:
-    def exactly(n: int) -> bytes:
-        out = bytearray()
-        while len(out) < n:
-            chunk = sock.recv(n - len(out))
-            if not chunk:
-                raise ValueError("the server closed the connection")
-            out += chunk
-        return bytes(out)
-
-    length, request_id, _, flags, _ = pw.HEADER.unpack(exactly(pw.HEADER_SIZE))
-    return request_id, flags, exactly(length)
 
 
 def _resolve(future: Future[Any], method: pw.Method, flags: int, body: bytes) -> None:

@@ -22,17 +22,9 @@ MD = [("x-mq-client-id", "unit"), ("x-mq-namespace", "")]
 
 
 def read_frame(sock: socket.socket) -> tuple[int, int, bytes]:
-    def exactly(n: int) -> bytes:
-        out = b""
-        while len(out) < n:
-            chunk = sock.recv(n - len(out))
-            if not chunk:
-                raise ConnectionError("closed")
-            out += chunk
-        return out
-
-    length, request_id, method, _, _ = pw.HEADER.unpack(exactly(pw.HEADER_SIZE))
-    return request_id, method, exactly(length)
+    """(request id, method, body) of the next frame."""
+    f = pw.read_frame(sock)
+    return f.request_id, f.method, f.body
 
 
 @pytest.fixture

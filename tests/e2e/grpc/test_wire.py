@@ -51,18 +51,8 @@ def connect(port: int, hello: bool = True) -> socket.socket:
 
 def read_frame(sock: socket.socket) -> tuple[int, int, bytes]:
     """(request id, flags, body) of the next frame; ConnectionError at a clean close."""
-
-    def exactly(n: int) -> bytes:
-        out = b""
-        while len(out) < n:
-            chunk = sock.recv(n - len(out))
-            if not chunk:
-                raise ConnectionError("closed")
-            out += chunk
-        return out
-
-    length, request_id, _, flags, _ = pw.HEADER.unpack(exactly(pw.HEADER_SIZE))
-    return request_id, flags, exactly(length)
+    f = pw.read_frame(sock)
+    return f.request_id, f.flags, f.body
 
 
 def closed(sock: socket.socket) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import secrets
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from broker.errors import InvalidReceiptHandle, ReceiptHandleError, ReceiptHandleExpired
@@ -24,6 +24,7 @@ from broker.store.message import GetMessageStatus, Message, MessageExt, Prop
 from broker.store.store import MessageStore
 
 _READ_BATCH = 32
+_NO_LEASE = 1 << 62  # a `due_floor` beyond any lease's end: none in flight
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,15 +166,24 @@ class PopPolicy(PopJournal):
         # 1. pending and expired offsets inside the window, oldest first. An offset there
         # is done, leased, or free (a FIFO message passed over while its group was busy).
         # With none free, only the leases can be due: they are looked at, not every offset
-        # acked behind a slow message (a window held back by one lease can span millions)
+        # acked behind a slow message (a window held back by one lease can span millions);
+        # and with none of them due before `due_floor`, not even they are.
         free = window.next - window.low - len(window.done) - len(window.leases)
-        for offset in range(window.low, window.next) if free else sorted(window.leases):
+        offsets: Iterable[int] = ()
+        if free:
+            offsets = range(window.low, window.next)
+        elif window.due_floor <= now and window.leases:
+            offsets = sorted(window.leases)
+        floor = _NO_LEASE  # the earliest end of the leases passed over, once all are seen
+        for offset in offsets:
             if len(picked) >= want:
                 break
             if offset in window.done:
                 continue
             lease = window.leases.get(offset)
             if lease is not None and lease.until_ms > now:
+                if lease.until_ms < floor:
+                    floor = lease.until_ms
                 continue
             msg = self._store.get_message_by_queue_offset(topic, qid, offset)
             if msg is None:  # cleaned from the store: nothing left to deliver
@@ -181,6 +191,8 @@ class PopPolicy(PopJournal):
                 continue
             group_key = message_group_of(msg)
             if fifo and group_key in busy:
+                if lease is not None:
+                    floor = lease.until_ms  # due, and still due after this receive
                 continue
             attempt = lease.attempt + 1 if lease is not None else 1
             if attempt > max_attempts:
@@ -188,6 +200,9 @@ class PopPolicy(PopJournal):
                 ops.append(["D", qid, offset, offset + 1])
                 continue
             take(msg, attempt)
+        else:
+            if offsets:  # every lease seen (those taken now are written with a later end)
+                window.due_floor = floor
         # 2. new offsets
         offset = window.next
         while len(picked) < want:
@@ -408,16 +423,22 @@ class PopPolicy(PopJournal):
                 limit = max_attempts_of(group)
                 ops: list[Op] = []
                 for qid, window in queues.items():
+                    if window.due_floor > now or not window.leases:
+                        continue
+                    floor = _NO_LEASE
                     for offset, lease in sorted(window.leases.items()):
                         if lease.until_ms > now:
+                            floor = min(floor, lease.until_ms)
                             continue
                         wake.add(topic)
                         if lease.attempt < limit:
+                            floor = min(floor, lease.until_ms)  # due: a receive redelivers it
                             continue
                         msg = self._store.get_message_by_queue_offset(topic, qid, offset)
                         if msg is not None:
                             self._dead_letter(group, msg, lease.attempt - 1)
                         ops.append(["D", qid, offset, offset + 1])
                         dead += 1
+                    window.due_floor = floor
                 self._commit(group, topic, ops)
         return dead, sorted(wake)

@@ -114,6 +114,16 @@ class QueueWindow:
     next: int
     leases: dict[int, Lease] = field(default_factory=dict)
     done: set[int] = field(default_factory=set)
+    # no lease ends before this (epoch ms); 0: not known. A lower bound, kept by every
+    # lease written and made exact by a walk over the leases, so a receive or a revive
+    # sweep looks at the leases only when one can be due (not on every call, which made
+    # a receive cost a walk over every message in flight)
+    due_floor: int = field(default=0, compare=False, repr=False)
+
+    def lease(self, offset: int, lease: Lease) -> None:
+        self.leases[offset] = lease
+        if lease.until_ms < self.due_floor:
+            self.due_floor = lease.until_ms
 
     def compact(self) -> None:
         while self.low < self.next and self.low in self.done:
@@ -351,7 +361,7 @@ class PopJournal:
                 window = queues[qid] = QueueWindow(low=0, next=0)
             if kind == "L":
                 offset = int(op[2])
-                window.leases[offset] = Lease(int(op[3]), int(op[4]), int(op[5]), op[6])
+                window.lease(offset, Lease(int(op[3]), int(op[4]), int(op[5]), op[6]))
                 window.done.discard(offset)
                 window.next = max(window.next, offset + 1)
             elif kind == "M":
@@ -359,6 +369,8 @@ class PopJournal:
                 for i in range(count):
                     window.leases[first + i] = Lease(attempt, until, nonce + i, op[7])
                     window.done.discard(first + i)
+                if until < window.due_floor:
+                    window.due_floor = until
                 window.next = max(window.next, first + count)
             elif kind == "D":
                 lo, hi = int(op[2]), int(op[3])

@@ -101,6 +101,61 @@ def test_a_window_held_back_by_one_lease_redelivers_it_first_and_reads_no_acked_
     assert [e.message.msg_id for e in rest] == [ids[2_003], ids[2_004]]
 
 
+class _CountedLeases(dict):  # type: ignore[type-arg]
+    """A window's leases that count how often they are walked."""
+
+    walks = 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        type(self).walks += 1
+        return super().__iter__()
+
+    def items(self):  # type: ignore[no-untyped-def]
+        type(self).walks += 1
+        return super().items()
+
+
+def test_a_receive_with_many_in_flight_walks_no_lease_until_one_can_be_due(
+    make_broker: BrokerFactory, clock: ManualClock
+) -> None:
+    """301 messages in flight: receives and revive sweeps before any lease can end do not
+    look at the leases (each used to walk all of them); a lease made to end sooner
+    (change invisible duration), a restart and the end of the rest are each seen at once."""
+    broker = make_broker()
+    ids = _setup(broker, 301)
+    held: list[ReceivedEntry] = []
+    while batch := broker.receive("g", "t", 32, invisible_ms=60_000):
+        held += batch
+    assert [e.message.msg_id for e in held] == ids
+    window = broker._pop._state[("g", "t")][0]
+    window.leases = _CountedLeases(window.leases)
+    for _ in range(5):
+        clock.advance(1_000)
+        assert broker.receive("g", "t", 10, invisible_ms=60_000) == []
+        assert broker.revive() == 0
+    assert _CountedLeases.walks == 0
+    # one lease made to end 1 s from now: redelivered then, and only it
+    broker.change_invisible_duration("g", "t", held[7].receipt_handle, 1_000)
+    assert broker.receive("g", "t", 10, invisible_ms=60_000) == []
+    clock.advance(1_000)
+    [again] = broker.receive("g", "t", 10, invisible_ms=60_000)
+    assert again.message.msg_id == ids[7] and again.delivery_attempt == 2
+    assert broker.receive("g", "t", 10, invisible_ms=60_000) == []
+    # the floor is derived, never stored: a restarted broker finds the due leases
+    broker.shutdown()
+    restarted = make_broker()
+    assert restarted.receive("g", "t", 10, invisible_ms=60_000) == []
+    clock.advance(54_000)  # at 60 s: the 300 others end, the redelivered one at 66 s
+    got: list[ReceivedEntry] = []
+    while batch := restarted.receive("g", "t", 32, invisible_ms=60_000):
+        got += batch
+    assert sorted(e.message.msg_id for e in got) == sorted(i for i in ids if i != ids[7])
+    assert all(e.delivery_attempt == 2 for e in got)
+    clock.advance(6_000)
+    [last] = restarted.receive("g", "t", 32, invisible_ms=60_000)
+    assert last.message.msg_id == ids[7] and last.delivery_attempt == 3
+
+
 def test_revive_sweep_dead_letters_without_a_receiver(broker: Broker, clock: ManualClock) -> None:
     _setup(broker, 1, retries=0)  # a single attempt
     assert len(broker.receive("g", "t", 1, invisible_ms=100)) == 1

@@ -11,6 +11,7 @@ The runner finds it by its file name; nothing needs registering.
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -72,10 +73,23 @@ class Measured:
         return self.payload_bytes / self.seconds / 1e6 if self.seconds > 0 else 0.0
 
 
+def collected() -> tuple[float, float]:
+    """A full garbage collection, then the clock: (perf_counter, thread_time).
+
+    Every case starts here, so that none pays for the garbage the cases before it left:
+    CPython's full collection (10-15 ms in the bench's process, which holds every client
+    library) runs once the objects made since the last one outnumber a quarter of those
+    that survived it, and inside a case of 20-250 ms one of them moved its figure by up
+    to 40%. None is run when nothing was collected since the last full collection (a
+    case's CPU probe ran one just before its clock): its cost would land in the probe."""
+    if gc.get_count()[1:] != (0, 0):
+        gc.collect()
+    return time.perf_counter(), time.thread_time()
+
+
 def timed(fn: Callable[[], tuple[int, int]]) -> Measured:
-    """Run `fn` (returning (messages, payload bytes)) and time it."""
-    start = time.perf_counter()
-    cpu = time.thread_time()
+    """Run `fn` (returning (messages, payload bytes)) and time it (from `collected`)."""
+    start, cpu = collected()
     count, payload = fn()
     return Measured(count, time.perf_counter() - start, payload, time.thread_time() - cpu)
 

@@ -58,6 +58,7 @@ from bench._common import (
     Options,
     Row,
     SuiteResult,
+    collected,
     format_table,
     percentiles_ms,
     progress,
@@ -218,6 +219,7 @@ class CpuProbe:
         self.start()
 
     def start(self) -> CpuProbe:
+        collected()  # the collection the case's clock runs, before the CPU is read
         self.client = process_cpu_s()
         self.server = process_cpu_s(self.server_pid) if self.server_pid else 0.0
         return self

@@ -43,6 +43,7 @@ from bench._common import (
     Options,
     Row,
     SuiteResult,
+    collected,
     format_table,
     percentiles_ms,
     progress,
@@ -335,7 +336,7 @@ def _rabbit_pipelined(peer: Peer, queue: str, n: int, body: bytes) -> Measured:
             publish_more()
 
     def begin(_frame: Any) -> None:
-        state["start"], state["cpu"] = time.perf_counter(), time.thread_time()
+        state["start"], state["cpu"] = collected()
         publish_more()
 
     def on_channel(ch: Any) -> None:
@@ -404,7 +405,7 @@ async def _nats_async(peer: Peer, n: Counts, body: bytes) -> dict[str, Any]:
         try:
             await js.publish(subject, body)  # warm-up
             latencies: list[float] = []
-            start, cpu = time.perf_counter(), time.thread_time()
+            start, cpu = collected()
             for _ in range(n.each):
                 t = time.perf_counter()
                 await js.publish(subject, body)
@@ -412,7 +413,7 @@ async def _nats_async(peer: Peer, n: Counts, body: bytes) -> dict[str, Any]:
             out["publish_each"] = _measured(n.each, start, cpu, len(body))
             out["publish_each_latency"] = latencies
 
-            start, cpu = time.perf_counter(), time.thread_time()
+            start, cpu = collected()
             futures = [await js.publish_async(subject, body) for _ in range(n.pipelined)]
             await asyncio.wait_for(js.publish_async_completed(), CASE_TIMEOUT_S)
             for f in futures:
@@ -420,7 +421,7 @@ async def _nats_async(peer: Peer, n: Counts, body: bytes) -> dict[str, Any]:
             out["publish_pipelined"] = _measured(n.pipelined, start, cpu, len(body))
 
             sub = await js.pull_subscribe(subject, durable=f"bench_{tag}", stream=stream)
-            start, cpu = time.perf_counter(), time.thread_time()
+            start, cpu = collected()
             got = 0
             while got < n.pipelined:
                 msgs = await sub.fetch(min(NATS_FETCH, n.pipelined - got), timeout=10)

@@ -692,28 +692,61 @@ class CommitLog:
         if mf is None or not mf.hold():
             return None
         try:
-            pos = offset - mf.file_from_offset
-            limit = mf.wrote_position
-            if pos < 0 or pos + FIXED_SIZE > limit:
-                return None
-            mm = mf.mapping
-            size, magic = BLANK.unpack_from(mm, pos)  # TOTALSIZE, MAGICCODE
-            if magic not in RECORD_MAGIC_CODES or size < FIXED_SIZE or pos + size > limit:
-                return None
-            try:
-                msg = decode_message(mm, pos)  # straight from the mapping: one copy
-            except (ValueError, IndexError, UnicodeDecodeError, struct.error):
-                return None
-            if (
-                magic == RECORD_MAGIC_CODE
-                and self.verify_on_read
-                and record_crc(mm, pos, size) != msg.body_crc
-            ):
-                self._report_corrupt(offset, "fails its checksum")
-                return None
-            return msg
+            return self._look_in(mf, offset)
         finally:
             mf.release()
+
+    def look_messages(self, offsets: Sequence[int]) -> list[MessageExt | None]:
+        """`look_message` of each offset, in order: a run of records in one file holds the
+        file once (a read of a batch looked each one up, held and released it)."""
+        out: list[MessageExt | None] = []
+        quarantined = self.quarantined
+        mf: MappedFile | None = None
+        start = end = 0
+        try:
+            for offset in offsets:
+                if quarantined and offset in quarantined:
+                    self._report_corrupt(offset, "was quarantined at start")
+                    out.append(None)
+                    continue
+                if mf is None or not start <= offset < end:
+                    if mf is not None:
+                        mf.release()
+                        mf = None
+                    found = self.queue.find_mapped_file_by_offset(offset)
+                    if found is None or not found.hold():
+                        out.append(None)
+                        continue
+                    mf, start = found, found.file_from_offset
+                    end = start + found.file_size
+                out.append(self._look_in(mf, offset))
+        finally:
+            if mf is not None:
+                mf.release()
+        return out
+
+    def _look_in(self, mf: MappedFile, offset: int) -> MessageExt | None:
+        """The record at `offset` in `mf` (held by the caller), as `look_message`."""
+        pos = offset - mf.file_from_offset
+        limit = mf.wrote_position
+        if pos < 0 or pos + FIXED_SIZE > limit:
+            return None
+        mm = mf.mapping
+        size, magic = BLANK.unpack_from(mm, pos)  # TOTALSIZE, MAGICCODE
+        if magic not in RECORD_MAGIC_CODES or size < FIXED_SIZE or pos + size > limit:
+            return None
+        try:
+            msg = decode_message(mm, pos)  # straight from the mapping: one copy
+        except (ValueError, IndexError, UnicodeDecodeError, struct.error):
+            return None
+        if (
+            magic == RECORD_MAGIC_CODE
+            and self.verify_on_read
+            and record_crc(mm, pos, size) != msg.body_crc
+        ):
+            self._report_corrupt(offset, "fails its checksum")
+            return None
+        return msg
 
     def get_min_offset(self) -> int:
         mf = self.queue.get_first_mapped_file()

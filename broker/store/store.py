@@ -23,7 +23,7 @@ import dataclasses
 import logging
 import os
 import threading
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -454,12 +454,20 @@ class MessageStore:
         cl_min = self.commitlog.get_min_offset()
         saw_unit = False
         removing = False
-        for index, phy, size, tag in cq.iter_units(offset, scan):
+        units: Iterable[tuple[int, int, int, int]] = cq.iter_units(offset, scan)
+        looked: Iterator[MessageExt | None] | None = None
+        if codes is None:  # every unit is read (at most `limit`): their records at once
+            units = list(units)
+            looked = iter(self.commitlog.look_messages([unit[1] for unit in units]))
+        for index, phy, size, tag in units:
             next_offset = index + 1
             saw_unit = True
-            if codes is not None and tag not in codes:
+            if looked is not None:
+                msg = next(looked)
+            elif codes is not None and tag not in codes:
                 continue
-            msg = self.commitlog.look_message(phy)
+            else:
+                msg = self.commitlog.look_message(phy)
             if (
                 msg is None
                 or msg.queue_offset != index

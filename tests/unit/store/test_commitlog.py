@@ -143,6 +143,32 @@ def test_batch_with_an_illegal_message_stores_the_rest(tmp_path: Path) -> None:
     cl.close()
 
 
+def test_look_messages_reads_a_run_across_files_as_look_message_does(tmp_path: Path) -> None:
+    """A batch read over many small files (each held once per run) gives, per offset,
+    exactly what `look_message` gives: the record, or None for a quarantined offset, an
+    offset inside a record, one past the written end, or one before the first file."""
+    cl = _open(tmp_path)
+    offsets = []
+    for i in range(120):
+        r = cl.put_message(message(i, size=300 + i))
+        assert r.ok and r.append is not None
+        offsets.append(r.append.wrote_offset)
+    assert len(cl.queue.mapped_files) > 5
+    cl.quarantined = frozenset({offsets[7], offsets[50]})
+    asked = [*offsets, offsets[3] + 1, cl.get_max_offset() + 64, -10, offsets[0]]
+    got = cl.look_messages(asked)
+    alone = [cl.look_message(o) for o in asked]
+    assert got == alone
+    assert [m is None for m in got] == [
+        o in cl.quarantined or (i >= len(offsets) and i != len(asked) - 1)
+        for i, o in enumerate(asked)
+    ]
+    assert [m.body for m in got[:3] if m is not None] == [
+        m.body for m in (cl.look_message(o) for o in offsets[:3]) if m is not None
+    ]
+    cl.close()
+
+
 def test_transaction_prepared_and_rollback_do_not_take_queue_offsets(tmp_path: Path) -> None:
     cl = _open(tmp_path)
     a = cl.put_message(message(1))

@@ -1067,7 +1067,11 @@ class Broker(ProduceEngine):
         validate_group_name(group)
         validate_topic_name(topic)
         handles = list(receipt_handles)
-        on = [self._lease_topic(group, topic, h) for h in handles]
+        retry = retry_topic(group)
+        on_retry = f"{RECEIPT_VERSION}{RECEIPT_SEPARATOR}{retry}{RECEIPT_SEPARATOR}"
+        on = [  # `_lease_topic` of each, its prefix built once
+            retry if isinstance(h, str) and h.startswith(on_retry) else topic for h in handles
+        ]
         pop = self._leases()
         if all(t == topic for t in on):
             errors: list[BrokerError | None] = list(pop.ack_many(group, topic, handles))

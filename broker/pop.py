@@ -257,8 +257,10 @@ class PopPolicy(PopJournal):
 
     # ------------------------------------------------------------------ ack & co
     def _lease_of(
-        self, group: str, topic: str, handle: str, allow_done: bool
+        self, group: str, topic: str, handle: str, allow_done: bool, now: int | None = None
     ) -> tuple[ReceiptHandle, QueueWindow, Lease | None]:
+        """The handle's lease (None: already acked, when `allow_done`); `now` is the clock
+        read once for a batch of handles."""
         parsed = ReceiptHandle.decode(handle)
         if parsed.topic != topic:
             raise InvalidReceiptHandle(handle, f"issued for topic {parsed.topic!r}, not {topic!r}")
@@ -274,7 +276,7 @@ class PopPolicy(PopJournal):
             raise InvalidReceiptHandle(handle, "the message is not in flight")
         if lease.nonce != parsed.nonce:
             raise InvalidReceiptHandle(handle, "superseded by a newer receipt handle")
-        if lease.until_ms <= self._clock():
+        if lease.until_ms <= (self._clock() if now is None else now):
             raise ReceiptHandleExpired(handle, "the invisible time has ended")
         return parsed, window, lease
 
@@ -294,9 +296,10 @@ class PopPolicy(PopJournal):
         with self._changing():
             out: list[ReceiptHandleError | None] = []
             done: set[tuple[int, int]] = set()  # (queue id, offset) of each live lease
+            now = self._clock()
             for handle in handles:
                 try:
-                    parsed, _, lease = self._lease_of(group, topic, handle, allow_done=True)
+                    parsed, _, lease = self._lease_of(group, topic, handle, True, now)
                 except ReceiptHandleError as exc:
                     out.append(exc)
                     continue

@@ -13,7 +13,8 @@ from __future__ import annotations
 import itertools
 import secrets
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
+from typing import NamedTuple
 
 from broker.errors import InvalidReceiptHandle, ReceiptHandleError, ReceiptHandleExpired
 from broker.pop_journal import Lease, Op, PopJournal, QueueWindow
@@ -27,9 +28,9 @@ _READ_BATCH = 32
 _NO_LEASE = 1 << 62  # a `due_floor` beyond any lease's end: none in flight
 
 
-@dataclass(frozen=True, slots=True)
-class ReceivedEntry:
-    """One received message: what to process and the handle to ack it with."""
+class ReceivedEntry(NamedTuple):
+    """One received message: what to process and the handle to ack it with (a named
+    tuple: a receive builds one per message, at a third of a frozen dataclass's cost)."""
 
     message: MessageExt
     receipt_handle: str

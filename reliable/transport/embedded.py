@@ -20,7 +20,7 @@ from typing import Any
 from broker import errors as berr
 from broker.broker import Broker
 from broker.config import BrokerConfig
-from broker.names import dlq_topic, is_retry_topic, retry_topic
+from broker.names import RETRY_GROUP_TOPIC_PREFIX, dlq_topic, retry_topic
 from broker.offsets import ConsumeFromWhere
 from broker.store import errors as serr
 from broker.store.config import StoreConfig, embedded_store_config, max_message_size_for
@@ -208,33 +208,43 @@ def to_received(
     msg: MessageExt, *, receipt_handle: str | None = None, attempt: int | None = None
 ) -> ReceivedMessage:
     props = msg.properties
+    get = props.get
     topic = msg.topic
-    if is_retry_topic(topic) and Prop.RETRY_TOPIC in props:
+    if topic.startswith(RETRY_GROUP_TOPIC_PREFIX) and Prop.RETRY_TOPIC in props:
         topic = props[Prop.RETRY_TOPIC]  # a retry copy is shown as its original topic
-    reconsume = attempt - 1 if attempt is not None else msg.reconsume_times
-    due = props.get(Prop.TIMER_DELIVER_MS)
+    due = get(_DUE)
     offset_id = _offset_msg_id(msg)
-    raw_keys = props.get(Prop.KEYS)
+    raw_keys = get(_KEYS)
+    # a producer's plain message carries its UNIQ_KEY alone: nothing of the user's to copy
+    user = (
+        {}
+        if len(props) == 1 and _UNIQ in props
+        else {k: v for k, v in props.items() if k not in _MAPPED}
+    )
     return ReceivedMessage(
-        props.get(Prop.UNIQ_KEY) or offset_id,
+        get(_UNIQ) or offset_id,
         topic,
         msg.body,
         msg.queue_id,
         msg.queue_offset,
-        props.get(Prop.TAGS),
+        get(_TAGS),
         [k for k in raw_keys.split(" ") if k] if raw_keys else [],
-        {k: v for k, v in props.items() if k not in _MAPPED},
-        reconsume,
+        user,
+        attempt - 1 if attempt is not None else msg.reconsume_times,
         msg.born_timestamp,
         msg.store_timestamp,
-        props.get(Prop.SHARDING_KEY) or None,
+        get(_SHARDING) or None,
         None,
         offset_id,
         receipt_handle,
-        props.get("__transactionId__") or None,
+        get("__transactionId__") or None,
         int(due) if due and due.isdigit() else None,
         msg,
     )
+
+
+_UNIQ, _KEYS, _TAGS = Prop.UNIQ_KEY, Prop.KEYS, Prop.TAGS
+_SHARDING, _DUE = Prop.SHARDING_KEY, Prop.TIMER_DELIVER_MS
 
 
 class _Shared:

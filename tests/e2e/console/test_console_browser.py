@@ -260,7 +260,9 @@ def test_search_a_message_by_key_and_open_its_trace(
     by_id(browser, "value").send_keys("order-42")
     Select(by_id(browser, "topic")).select_by_visible_text(topic)
     by_id(browser, "search-button").click()
-    rows = browser.find_elements("css selector", "#results tr")[1:]
+    # the form's GET loads the results page: read it once it is there, not the form's page
+    wait_for(lambda: "value=order-42" in browser.current_url, 10)
+    rows = wait_for(lambda: browser.find_elements("css selector", "#results tr")[1:], 10)
     assert len(rows) == 1 and "order-42" in rows[0].text and topic in rows[0].text
     save(browser, shots, "messages")
     uniq = rows[0].find_element("css selector", "a.trace-link").text  # the client's id
@@ -403,7 +405,8 @@ def test_replay_one_dead_letter_and_see_it_consumed(
                 20,
             )
             by_id(browser, f"dlq-{group}").click()
-            rows = browser.find_elements("css selector", "tr.dead-letter")
+            wait_for(lambda: f"/dlq/{group}" in browser.current_url, 10)
+            rows = wait_for(lambda: browser.find_elements("css selector", "tr.dead-letter"), 10)
             assert [r.get_attribute("data-id") for r in rows] == [poison]
             assert by_id(browser, "dlq-pending").text == "1"
             save(browser, shots, "dlq")

@@ -66,7 +66,17 @@ def main(argv: list[str] | None = None) -> int:
         help="run only the cases whose name matches (grpc: a case's group, "
         "e.g. '^framework_send$' or 'official|stub_official')",
     )
+    parser.add_argument(
+        "--repeat",
+        metavar="N",
+        type=int,
+        default=1,
+        help="grpc: run every case N times, pass after pass, and report each figure's "
+        "median (a pass disturbed by the machine moves no verdict)",
+    )
     args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error("--repeat: must be at least 1")
     if args.only is not None:
         try:
             re.compile(args.only)
@@ -81,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             workdir.mkdir()
             progress(f"suite {name}{' (quick)' if args.quick else ''} in {workdir}")
             results[name] = modules[name].run(
-                Options(quick=args.quick, workdir=workdir, only=args.only)
+                Options(quick=args.quick, workdir=workdir, only=args.only, repeat=args.repeat)
             )
             description = getattr(modules[name], "DESCRIPTION", "")
             print(format_table(f"== {name}: {description}", results[name]))

@@ -24,6 +24,7 @@ class Options:
     quick: bool = False
     workdir: Path | None = None  # where suites put their files (a temp dir by default)
     only: str | None = None  # a regular expression: the cases to run (suites that offer it)
+    repeat: int = 1  # passes over the cases, each figure their median (suites that offer it)
 
 
 @dataclass

@@ -852,14 +852,57 @@ def measure(
                     with rec.section("embedded_push_consume"):
                         push_consume(t, n.pipelined, rec, lambda: settled(t.broker.store))
 
+    shares_of_cap(result.metrics)
+    return rec.errors
+
+
+def shares_of_cap(metrics: dict[str, Any]) -> None:
+    """`<case>_pct_of_cap`: each client case against our server, as a share of the same
+    case against the no-work stub."""
     for key in CAP_KEYS:
-        ours, cap = result.metrics.get(f"{key}_msgs_s"), result.metrics.get(f"stub_{key}_msgs_s")
-        result.metrics[f"{key}_pct_of_cap"] = (
+        ours, cap = metrics.get(f"{key}_msgs_s"), metrics.get(f"stub_{key}_msgs_s")
+        metrics[f"{key}_pct_of_cap"] = (
             round(100 * float(ours) / float(cap), 1)
             if isinstance(ours, int | float) and isinstance(cap, int | float) and cap
             else None
         )
-    return rec.errors
+
+
+def median_of(passes: list[SuiteResult]) -> SuiteResult:
+    """One result from several passes of the suite: each figure the median of the passes
+    that measured it (so a pass disturbed by the machine moves no verdict), each row the
+    pass whose rate is that median, its note saying the spread; a failure in any pass
+    is a failure."""
+    merged = SuiteResult()
+    for name in dict.fromkeys(row.name for p in passes for row in p.rows):
+        rows = sorted(
+            (row for p in passes for row in p.rows if row.name == name and not row.missing),
+            key=lambda row: row.msgs_s,
+        )
+        if not rows:
+            merged.rows.append(next(r for p in passes for r in p.rows if r.name == name))
+            continue
+        mid = rows[(len(rows) - 1) // 2]
+        spread = ", ".join(f"{row.msgs_s:,.0f}" for row in rows)
+        merged.rows.append(
+            Row(mid.name, mid.msgs_s, mid.mb_s, f"{mid.note}; passes: {spread}", mid.cpu_us)
+        )
+    for key in dict.fromkeys(k for p in passes for k in p.metrics):
+        values = sorted(
+            v
+            for p in passes
+            if isinstance(v := p.metrics.get(key), int | float) and not isinstance(v, bool)
+        )
+        if values:
+            merged.metrics[key] = values[(len(values) - 1) // 2]
+        else:
+            merged.metrics[key] = next(
+                (p.metrics[key] for p in passes if p.metrics.get(key) is not None), None
+            )
+    shares_of_cap(merged.metrics)
+    for p in passes:
+        merged.errors.extend(e for e in p.errors if e not in merged.errors)
+    return merged
 
 
 def comparison_table(metrics: dict[str, Any]) -> list[str]:
@@ -910,17 +953,27 @@ def comparison_table(metrics: dict[str, Any]) -> list[str]:
 def run(opts: Options) -> SuiteResult:
     workdir = opts.workdir or Path.cwd()
     n = peers.counts(opts.quick)
-    result = SuiteResult()
-    errors = measure(n, workdir, result, opts.only)
+    passes: list[SuiteResult] = []
+    for i in range(max(1, opts.repeat)):
+        one = SuiteResult()
+        where = workdir
+        if opts.repeat > 1:
+            progress(f"pass {i + 1} of {opts.repeat}")
+            where = workdir / f"pass-{i + 1}"
+            where.mkdir(exist_ok=True)
+        one.errors.extend(measure(n, where, one, opts.only))
+        passes.append(one)
+    result = passes[0] if len(passes) == 1 else median_of(passes)
     result.metrics["messages_each"] = n.each
     result.metrics["messages_pipelined"] = n.pipelined
+    result.metrics["passes"] = len(passes)
     result.notes.append(
         f"{len(BODY)} B bodies; one-at-a-time cases: {n.each} messages, "
         f"pipelined and consume cases: {n.pipelined}; server: a separate "
         "process on loopback, async flush unless the case says sync_flush"
+        + (f"; each figure the median of {len(passes)} passes" if len(passes) > 1 else "")
     )
     result.notes.extend(comparison_table(result.metrics))
-    result.errors.extend(errors)
     return result
 
 

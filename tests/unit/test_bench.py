@@ -314,3 +314,36 @@ def test_stub_server_answers_the_official_client(
         finally:
             producer.shutdown()
             consumer.shutdown()
+
+
+def test_repeated_passes_report_each_figure_as_its_median() -> None:
+    """Three passes: each rate, latency and share of the cap is the middle pass's; a row
+    is the pass with the median rate, saying every pass's rate; a figure one pass could
+    not measure is the median of the others; a failure in any pass fails the run."""
+    rates = [(900, 1_500), (1_200, 1_400), (1_000, 1_600)]
+    passes = []
+    for i, (ours, cap) in enumerate(rates):
+        p = SuiteResult()
+        p.rows.append(Row("official_send", ours, ours / 1000, f"pass {i}"))
+        p.metrics.update(
+            official_send_msgs_s=ours,
+            stub_official_send_msgs_s=cap,
+            official_send_p50_ms=[0.9, 0.5, 0.7][i],
+            nats_consume_ack_msgs_s=None if i == 1 else [30_000, 0, 20_000][i],
+        )
+        passes.append(p)
+    passes[2].errors.append("embedded_send: boom")
+    merged = grpc_suite.median_of(passes)
+    [row] = merged.rows
+    assert (row.msgs_s, row.note) == (1_000, "pass 2; passes: 900, 1,000, 1,200")
+    assert merged.metrics["official_send_msgs_s"] == 1_000
+    assert merged.metrics["stub_official_send_msgs_s"] == 1_500
+    assert merged.metrics["official_send_pct_of_cap"] == 66.7  # of the medians
+    assert merged.metrics["official_send_p50_ms"] == 0.7
+    assert merged.metrics["nats_consume_ack_msgs_s"] == 20_000  # lower median of two
+    assert merged.errors == ["embedded_send: boom"]
+
+
+def test_repeat_must_be_positive() -> None:
+    proc = _bench("grpc", "--repeat", "0", timeout=60)
+    assert proc.returncode == 2 and "--repeat: must be at least 1" in proc.stderr

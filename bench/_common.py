@@ -78,13 +78,18 @@ def collected() -> tuple[float, float]:
     """A full garbage collection, then the clock: (perf_counter, thread_time).
 
     Every case starts here, so that none pays for the garbage the cases before it left:
-    CPython's full collection (10-15 ms in the bench's process, which holds every client
-    library) runs once the objects made since the last one outnumber a quarter of those
-    that survived it, and inside a case of 20-250 ms one of them moved its figure by up
-    to 40%. None is run when nothing was collected since the last full collection (a
-    case's CPU probe ran one just before its clock): its cost would land in the probe."""
+    CPython's full collection (10-30 ms in the bench's process, which holds every client
+    library: ours, the official one, pika, nats-py, grpc) runs once the objects made since
+    the last one outnumber a quarter of those that survived it, and inside a case of
+    20-250 ms one of them moved its figure by up to 40%. What survives is then frozen
+    (`gc.freeze()`): a full collection during the case walks what the case made, not
+    every library loaded for the others (as in an application that loads one client and
+    freezes after start-up; see docs/performance.md, "Python's collector"). None is run
+    when nothing was collected since the last (a case's CPU probe ran one just before its
+    clock): its cost would land in the probe."""
     if gc.get_count()[1:] != (0, 0):
         gc.collect()
+        gc.freeze()
     return time.perf_counter(), time.thread_time()
 
 

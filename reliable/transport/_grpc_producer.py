@@ -16,7 +16,7 @@ import grpc
 from broker.clock import wall_ms
 from broker.config import DEFAULT_DELAY_LEVELS_MS
 from reliable.errors import BadRequest, ReliableError, TransportError
-from reliable.message import Message, SendReceipt, SendStatus
+from reliable.message import Message, SendReceipt, SendStatus, send_receipt
 from reliable.transport import _grpc_wire as wire
 from reliable.transport._grpc_session import GrpcSession
 from reliable.transport._pb import definition_pb2, service_pb2
@@ -105,23 +105,26 @@ class ProducerSide(GrpcSession):
         if len(response.entries) != len(messages):
             return [wire.miscounted(response, "SendMessage", len(messages))] * len(messages)
         out: list[SendReceipt | BaseException] = []
+        whole = response.status
+        ok, sent = wire.SUCCESS_CODES, SendStatus.SEND_OK
         for m, entry in zip(messages, response.entries, strict=True):
-            try:
-                wire.check_status(
-                    entry.status if entry.HasField("status") else response.status, "SendMessage"
-                )
-            except ReliableError as exc:
-                out.append(exc)
-                continue
+            status = entry.status if entry.HasField("status") else whole
+            if status.code not in ok:
+                try:
+                    wire.check_status(status, "SendMessage")
+                except ReliableError as exc:
+                    out.append(exc)
+                    continue
             out.append(
-                SendReceipt(
-                    message_id=entry.message_id or m.message_id,
-                    topic=m.topic,
-                    queue_id=-1,
-                    queue_offset=int(entry.offset),
-                    status=SendStatus.SEND_OK,
-                    transaction_id=entry.transaction_id or None,
-                    recall_handle=entry.recall_handle or None,
+                send_receipt(
+                    entry.message_id or m.message_id,
+                    m.topic,
+                    -1,
+                    int(entry.offset),
+                    sent,
+                    None,
+                    entry.transaction_id or None,
+                    entry.recall_handle or None,
                 )
             )
         return out

@@ -65,6 +65,7 @@ def _codes(*names: str) -> frozenset[int]:
 
 
 _SUCCESS = _codes("OK", "MULTIPLE_RESULTS", "MESSAGE_NOT_FOUND")
+SUCCESS_CODES = _SUCCESS  # the codes `check_status` lets pass (a caller's fast path)
 _BUSY = _codes("TOO_MANY_REQUESTS")
 _RECEIPT = _codes("INVALID_RECEIPT_HANDLE")
 _NOT_STORED_OK = _codes(

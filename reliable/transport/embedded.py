@@ -41,7 +41,7 @@ from reliable.errors import (
     FailureKind,
     ReceiptHandleError,
 )
-from reliable.message import Message, ReceivedMessage, SendReceipt, SendStatus
+from reliable.message import Message, ReceivedMessage, SendReceipt, SendStatus, send_receipt
 from reliable.transport.base import (
     Capability,
     ConsumeFrom,
@@ -143,49 +143,6 @@ def to_store_message(m: Message, queue_id: int) -> StoreMessage:
     if m.deliver_at_ms is not None:
         props[Prop.TIMER_DELIVER_MS] = str(m.deliver_at_ms)
     return StoreMessage(topic=m.topic, body=bytes(m.body), queue_id=queue_id, properties=props)
-
-
-# A frozen dataclass's __init__ sets each field through `object.__setattr__`; a batch of
-# plain sends builds one SendReceipt per message, so `_send_receipt` sets the slots through
-# their descriptors instead: the same frozen object, equal to `SendReceipt(...)` (a test
-# holds them equal).
-assert [f.name for f in dataclasses.fields(SendReceipt)] == [
-    "message_id",
-    "topic",
-    "queue_id",
-    "queue_offset",
-    "status",
-    "offset_msg_id",
-    "transaction_id",
-    "recall_handle",
-]
-_RECEIPT_SETTERS = tuple(
-    SendReceipt.__dict__[f.name].__set__ for f in dataclasses.fields(SendReceipt)
-)
-_new = object.__new__
-
-
-def _send_receipt(
-    message_id: str,
-    topic: str,
-    queue_id: int,
-    queue_offset: int,
-    status: SendStatus,
-    offset_msg_id: str,
-) -> SendReceipt:
-    """`SendReceipt(message_id, topic, queue_id, queue_offset, status, offset_msg_id)`,
-    without its __init__."""
-    r: SendReceipt = _new(SendReceipt)
-    s_id, s_topic, s_queue, s_offset, s_status, s_offset_id, s_tx, s_recall = _RECEIPT_SETTERS
-    s_id(r, message_id)
-    s_topic(r, topic)
-    s_queue(r, queue_id)
-    s_offset(r, queue_offset)
-    s_status(r, status)
-    s_offset_id(r, offset_msg_id)
-    s_tx(r, None)
-    s_recall(r, None)
-    return r
 
 
 # offset message ids by store host: the host's 16 hex digits, then the offset's 16
@@ -510,9 +467,7 @@ class EmbeddedTransport:
         add = out.append
         for m, at in zip(messages, append.record_offsets, strict=True):
             offset_id = msg_id_at(at)
-            add(
-                _send_receipt(m.message_id or offset_id, topic, queue_id, offset, status, offset_id)
-            )
+            add(send_receipt(m.message_id or offset_id, topic, queue_id, offset, status, offset_id))
             offset += 1
         return out
 

@@ -135,12 +135,12 @@ def to_store(pm: Any, queue_id: int, *, transactional: bool, producer_group: str
         queue_id=queue_id,
         properties=props,
         born_timestamp=born_ms if born_ms > 0 else wall_ms(),
-        born_host=(_host_only(sp.born_host), 0),
+        born_host=(host_only(sp.born_host), 0),
     )
 
 
 @functools.lru_cache(maxsize=1024)  # a client sends with one born host, again and again
-def _host_only(born_host: str) -> str:
+def host_only(born_host: str) -> str:
     """The IPv4 address in a client's `born_host` (`ip` or `ip:port`); loopback otherwise."""
     host = born_host.rsplit(":", 1)[0] if born_host.count(":") == 1 else born_host
     try:

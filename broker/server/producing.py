@@ -18,9 +18,10 @@ import logging
 import time
 from typing import Any
 
+from broker.clock import wall_ms
 from broker.errors import ResponseCode, SendRejected
 from broker.protocol_pb import service_pb2
-from broker.results import PUT_STATUS_CODES, SendResult
+from broker.results import PUT_STATUS_CODES
 from broker.server import convert, validation
 from broker.server.clients import ClientHandlers
 from broker.server.codes import Code
@@ -35,12 +36,14 @@ from broker.server.errors import (
 )
 from broker.server.status import make_status, ok, status_of
 from broker.server.transactions import decode_transaction_id, encode_transaction_id
-from broker.store.message import Message, PutMessageStatus
+from broker.store.message import Message, Prop, PutMessageResult, PutMessageStatus
 from broker.topic import PERM_WRITE, TopicConfig
 
 log = logging.getLogger(__name__)
 
 RESOLUTION_COMMIT, RESOLUTION_ROLLBACK = 1, 2
+# what a message's record shares with the others of a record batch (`_prepare`)
+Shape = tuple[str, str, bool] | None
 SOURCE_SERVER_CHECK = 2
 
 
@@ -51,14 +54,10 @@ def _failed(message_id: str, exc: BaseException) -> Any:
     return entry
 
 
-def _not_acknowledged(result: SendResult) -> Any:
+def _not_acknowledged(topic: str, status: PutMessageStatus) -> Any:
     """The status of a message stored but not acknowledged (e.g. its fsync timed out)."""
     return status_of(
-        SendRejected(
-            result.topic,
-            result.status.value,
-            PUT_STATUS_CODES.get(result.status, ResponseCode.SYSTEM_ERROR),
-        )
+        SendRejected(topic, status.value, PUT_STATUS_CODES.get(status, ResponseCode.SYSTEM_ERROR))
     )
 
 
@@ -145,7 +144,8 @@ class ProducerHandlers:
         settled: asyncio.Future[list[Any]] = loop.create_future()  # one for the request
         mine: list[tuple[int, bytes]] = []
         duplicates: list[tuple[int, tuple[asyncio.Future[list[Any]], int]]] = []
-        buckets: dict[tuple[str, int], list[tuple[int, Message]]] = {}
+        # (topic, queue) -> its messages: (index, shape), see `_prepare`
+        buckets: dict[tuple[str, int], list[tuple[int, Shape]]] = {}
         one_by_one: list[int] = []  # delayed, transactional; every send while recovering
         recovering = (
             ctx.had_messages and ctx.clock() - ctx.started_ms < ctx.config.dedupe_recovery_window_ms
@@ -172,12 +172,16 @@ class ProducerHandlers:
             self._pending[key] = (settled, i)
             mine.append((i, key))
             try:
-                msg, direct = self._prepare(pm, queues, accepted)
+                topic, queue_id, shape, direct = self._prepare(pm, sp, queues, accepted)
             except Exception as exc:
                 entries[i] = _failed(sp.message_id, exc)
                 continue
             if direct and not recovering:
-                buckets.setdefault((msg.topic, msg.queue_id), []).append((i, msg))
+                bucket = buckets.get((topic, queue_id))
+                if bucket is None:
+                    buckets[(topic, queue_id)] = [(i, shape)]
+                else:
+                    bucket.append((i, shape))
             else:
                 one_by_one.append(i)
         try:
@@ -207,13 +211,16 @@ class ProducerHandlers:
     def _prepare(
         self,
         pm: Any,
+        sp: Any,
         queues: dict[str, int],
         accepted: dict[tuple[str, str], TopicConfig],
-    ) -> tuple[Message, bool]:
-        """Check one message and build its store form; (message, whether it can go in a
-        record batch: neither delayed nor transactional)."""
+    ) -> tuple[str, int, Shape, bool]:
+        """Check one message (`sp`: its system properties) and choose its queue: (topic,
+        queue id, shape, whether it can go in a record batch: neither delayed nor
+        transactional). Its shape is what its record shares with others of a producer's
+        usual batch: (tag, message group, whether it has keys), or None when it carries
+        user properties; see `_put_bodies`."""
         config = self.ctx.config
-        sp = pm.system_properties
         topic = validation.check_topic(pm.topic.name)
         validation.check_body(pm.body, config)
         tag = sp.tag if sp.HasField("tag") else ""
@@ -249,22 +256,69 @@ class ProducerHandlers:
             queue_id = queues.get(topic, -1)
             if queue_id < 0:
                 queue_id = queues[topic] = self._next_queue(cfg)
-        msg = convert.to_store(
-            pm,
-            queue_id,
-            transactional=transactional,
-            producer_group=topic if transactional else None,
-        )
-        return msg, not (delayed or transactional)
+        if sp.HasField("born_timestamp"):  # in range, as `convert.to_store` requires
+            convert.timestamp_ms(sp.born_timestamp, "born timestamp")
+        shape = None if user else (tag, sp.message_group if grouped else "", bool(sp.keys))
+        return topic, queue_id, shape, not (delayed or transactional)
 
     def _next_queue(self, cfg: TopicConfig) -> int:
         turn = self._round_robin.get(cfg.name, 0)
         self._round_robin[cfg.name] = turn + 1
         return turn % cfg.write_queue_nums
 
+    def _put_bodies(
+        self, topic: str, queue_id: int, items: list[tuple[int, Shape]], messages: Any
+    ) -> PutMessageResult | None:
+        """A bucket of messages of one shape (`_prepare`), stored straight from their bodies
+        and ids as one record batch (`Broker.send_bodies`), with no store `Message` and no
+        broker result per message: the records `send_batch_pending` stores for them, byte
+        for byte (the first message's born time and host, as any record batch). The put's
+        result, or None when the messages differ in shape or born host, or the broker
+        refuses the batch as a whole (nothing stored): the general way then. Raises what
+        `send_batch_pending` of the bucket raises."""
+        first, shape = items[0]
+        if shape is None:
+            return None
+        fsp = messages[first].system_properties
+        born_host = fsp.born_host
+        bodies: list[bytes] = []
+        ids: list[str] = []
+        tag, group, has_keys = shape
+        keys: list[str] | None = [] if has_keys else None
+        for i, s in items:
+            pm = messages[i]
+            sp = pm.system_properties
+            if s != shape or sp.born_host != born_host:
+                return None
+            bodies.append(pm.body)
+            ids.append(sp.message_id)
+            if keys is not None:
+                keys.append(" ".join(sp.keys))  # each key checked not blank
+        shared: dict[str, str] = {}  # in the order `convert.to_store` puts them
+        if tag:
+            shared[Prop.TAGS] = tag
+        if group:
+            shared[Prop.SHARDING_KEY] = group
+        born = (
+            convert.timestamp_ms(fsp.born_timestamp, "born timestamp")
+            if fsp.HasField("born_timestamp")
+            else 0
+        )
+        return self.ctx.broker.send_bodies(
+            topic,
+            queue_id,
+            bodies,
+            ids,
+            shared,
+            keys=keys,
+            born_timestamp=born if born > 0 else wall_ms(),
+            born_host=(convert.host_only(born_host), 0),
+            wait=False,
+        )
+
     async def _store_buckets(
         self,
-        buckets: dict[tuple[str, int], list[tuple[int, Message]]],
+        buckets: dict[tuple[str, int], list[tuple[int, Shape]]],
         messages: Any,
         entries: list[Any],
         loop: asyncio.AbstractEventLoop,
@@ -275,11 +329,21 @@ class ProducerHandlers:
         fsynced past the last record (a timeout answers MASTER_PERSISTENCE_TIMEOUT), or the
         loop itself has, for a lone send (`may_lead`: it came over the native wire)."""
         broker = self.ctx.broker
-        stored: list[tuple[int, SendResult]] = []
+        # (index, queue offset, put status, topic) of each message stored
+        stored: list[tuple[int, int, PutMessageStatus, str]] = []
         end = -1
-        for items in buckets.values():
+        for (topic, queue_id), items in buckets.items():
             try:
-                results, last = broker.send_batch_pending([m for _, m in items])
+                result = self._put_bodies(topic, queue_id, items, messages)
+                if result is not None:
+                    append = result.append
+                    assert append is not None
+                    base, status = append.queue_offset, result.status
+                    stored.extend((i, base + n, status, topic) for n, (i, _) in enumerate(items))
+                    end = max(end, append.wrote_offset + append.wrote_bytes)
+                    continue
+                msgs = [self._to_store(messages[i], queue_id) for i, _ in items]
+                results, last = broker.send_batch_pending(msgs)
             except Exception as exc:
                 if len(items) == 1:
                     i = items[0][0]
@@ -288,17 +352,25 @@ class ProducerHandlers:
                 # message by message: each gets its own verdict
                 results, last = [], -1
                 kept = []
-                for i, m in items:
+                for i, _ in items:
                     try:
-                        r, e = broker.send_batch_pending([m])
+                        r, e = broker.send_batch_pending([self._to_store(messages[i], queue_id)])
                     except Exception as exc:
                         entries[i] = _failed(messages[i].system_properties.message_id, exc)
                         continue
-                    kept.append((i, m))
+                    kept.append(i)
                     results.extend(r)
                     last = max(last, e)
-                items = kept
-            stored.extend((i, r) for (i, _), r in zip(items, results, strict=True))
+                stored.extend(
+                    (i, r.queue_offset, r.status, r.topic)
+                    for i, r in zip(kept, results, strict=True)
+                )
+                end = max(end, last)
+                continue
+            stored.extend(
+                (i, r.queue_offset, r.status, r.topic)
+                for (i, _), r in zip(items, results, strict=True)
+            )
             end = max(end, last)
         durable = True
         if stored and end > 0:
@@ -331,14 +403,19 @@ class ProducerHandlers:
             refused = await self._replicated(end, loop)
             if refused is not None:
                 status = status_of(refused)
-        for i, result in stored:
+        for i, offset, put_status, topic in stored:
             entry = service_pb2.SendResultEntry()
             entry.status.CopyFrom(status)
             entry.message_id = messages[i].system_properties.message_id
-            entry.offset = result.queue_offset
-            if result.status is not PutMessageStatus.PUT_OK:  # stored, not acknowledged
-                entry.status.CopyFrom(_not_acknowledged(result))
+            entry.offset = offset
+            if put_status is not PutMessageStatus.PUT_OK:  # stored, not acknowledged
+                entry.status.CopyFrom(_not_acknowledged(topic, put_status))
             entries[i] = entry
+
+    @staticmethod
+    def _to_store(pm: Any, queue_id: int) -> Message:
+        """The store form of a message `_prepare` accepted for a record batch."""
+        return convert.to_store(pm, queue_id, transactional=False, producer_group=None)
 
     async def _store(self, pm: Any) -> Any:
         """One message through `Broker.send_message` (delayed, transactional, and every
@@ -374,7 +451,7 @@ class ProducerHandlers:
         entry.message_id = sp.message_id
         entry.offset = result.queue_offset
         if result.status is not PutMessageStatus.PUT_OK:  # stored, not acknowledged
-            entry.status.CopyFrom(_not_acknowledged(result))
+            entry.status.CopyFrom(_not_acknowledged(result.topic, result.status))
         elif self.ctx.replication is not None:
             # the log's end now is at or past this record's: a slave having it has the record
             end = self.ctx.broker.store.get_commitlog_max_offset()

@@ -51,13 +51,13 @@ _HIDDEN_ON_DELIVERY = _SYSTEM_NAMES - _SHOWN_SYSTEM_NAMES
 MAX_TIMESTAMP_S = 253_402_300_799
 # protobuf's bound for a Duration: 10,000 years
 MAX_DURATION_S = 315_576_000_000
-_MAX_NANOS = 999_999_999
+MAX_NANOS = 999_999_999
 
 
 def timestamp_ms(ts: Any, what: str = "timestamp", error: type[ServerError] = BadRequest) -> int:
     """A protobuf Timestamp as epoch milliseconds; `error` when it is out of range."""
     seconds, nanos = int(ts.seconds), int(ts.nanos)
-    if not 0 <= seconds <= MAX_TIMESTAMP_S or not 0 <= nanos <= _MAX_NANOS:
+    if not 0 <= seconds <= MAX_TIMESTAMP_S or not 0 <= nanos <= MAX_NANOS:
         raise error(f"{what} ({seconds} s, {nanos} ns) is outside 1970-01-01..9999-12-31")
     return seconds * 1000 + nanos // 1_000_000
 
@@ -72,7 +72,7 @@ def duration_ms(d: Any, what: str = "duration", error: type[ServerError] = BadRe
     seconds, nanos = int(d.seconds), int(d.nanos)
     if (
         abs(seconds) > MAX_DURATION_S
-        or abs(nanos) > _MAX_NANOS
+        or abs(nanos) > MAX_NANOS
         or (seconds < 0 < nanos)
         or (nanos < 0 < seconds)
     ):

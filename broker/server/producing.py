@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 RESOLUTION_COMMIT, RESOLUTION_ROLLBACK = 1, 2
 # what a message's record shares with the others of a record batch (`_prepare`)
 Shape = tuple[str, str, bool] | None
+_MAX_TIMESTAMP_S, _MAX_NANOS = convert.MAX_TIMESTAMP_S, convert.MAX_NANOS
 SOURCE_SERVER_CHECK = 2
 
 
@@ -193,8 +194,10 @@ class ProducerHandlers:
                 except Exception as exc:
                     entries[i] = _failed(messages[i].system_properties.message_id, exc)
         finally:
+            in_flight = self._pending
+            answered: list[tuple[bytes, bytes]] = []  # (key, serialized entry) of each OK
             for i, key in mine:
-                del self._pending[key]
+                del in_flight[key]
                 entry = entries[i]
                 if entry is None:  # cancelled: duplicates waiting on it fail, not hang
                     entries[i] = _failed(
@@ -202,7 +205,8 @@ class ProducerHandlers:
                         TooManyRequests("the send was interrupted; retry"),
                     )
                 elif entry.status.code == Code.OK:
-                    self._remember(key, entry)
+                    answered.append((key, entry.SerializeToString()))
+            self._recent.put_many(answered)
             settled.set_result(entries)
         for i, (future, at) in duplicates:
             entries[i] = (await asyncio.shield(future))[at]
@@ -226,15 +230,16 @@ class ProducerHandlers:
         tag = sp.tag if sp.HasField("tag") else ""
         if tag:
             validation.check_tag(tag)
-        if sp.keys:
-            validation.check_keys(sp.keys)
+        keys = sp.keys
+        if keys:
+            validation.check_keys(keys)
         message_type = convert.message_type_of(sp)
         grouped = sp.HasField("message_group")
         if grouped:
             validation.check_message_group(sp.message_group, config)
         user = pm.user_properties
-        if user or tag or sp.keys:
-            validation.check_properties(user, tag, sp.keys, config)
+        if user or tag or keys:
+            validation.check_properties(user, tag, keys, config)
         delayed = sp.HasField("delivery_timestamp")
         if delayed:
             validation.check_delivery_time(
@@ -257,8 +262,10 @@ class ProducerHandlers:
             if queue_id < 0:
                 queue_id = queues[topic] = self._next_queue(cfg)
         if sp.HasField("born_timestamp"):  # in range, as `convert.to_store` requires
-            convert.timestamp_ms(sp.born_timestamp, "born timestamp")
-        shape = None if user else (tag, sp.message_group if grouped else "", bool(sp.keys))
+            born = sp.born_timestamp
+            if not (0 <= born.seconds <= _MAX_TIMESTAMP_S and 0 <= born.nanos <= _MAX_NANOS):
+                convert.timestamp_ms(born, "born timestamp")  # raises
+        shape = None if user else (tag, sp.message_group if grouped else "", bool(keys))
         return topic, queue_id, shape, not (delayed or transactional)
 
     def _next_queue(self, cfg: TopicConfig) -> int:
@@ -403,9 +410,12 @@ class ProducerHandlers:
             refused = await self._replicated(end, loop)
             if refused is not None:
                 status = status_of(refused)
+        template = service_pb2.SendResultEntry()
+        template.status.CopyFrom(status)
+        new_entry = service_pb2.SendResultEntry
         for i, offset, put_status, topic in stored:
-            entry = service_pb2.SendResultEntry()
-            entry.status.CopyFrom(status)
+            entry = new_entry()
+            entry.CopyFrom(template)
             entry.message_id = messages[i].system_properties.message_id
             entry.offset = offset
             if put_status is not PutMessageStatus.PUT_OK:  # stored, not acknowledged
@@ -480,9 +490,6 @@ class ProducerHandlers:
 
         gate.when_replicated(end, done)
         return await asyncio.shield(future)
-
-    def _remember(self, key: bytes, entry: Any) -> None:
-        self._recent.put(key, entry.SerializeToString())
 
     def _stored_before(self, topic: str, message_id: str, properties: dict[str, str]) -> Any:
         """A result for a message stored before this start (a retry across a restart)."""

@@ -145,22 +145,24 @@ class ProducerHandlers:
         settled: asyncio.Future[list[Any]] = loop.create_future()  # one for the request
         mine: list[tuple[int, bytes]] = []
         duplicates: list[tuple[int, tuple[asyncio.Future[list[Any]], int]]] = []
-        # (topic, queue) -> its messages: (index, shape), see `_prepare`
-        buckets: dict[tuple[str, int], list[tuple[int, Shape]]] = {}
+        # (topic, queue) -> its messages: (index, message id, shape), see `_prepare`
+        buckets: dict[tuple[str, int], list[tuple[int, str, Shape]]] = {}
         one_by_one: list[int] = []  # delayed, transactional; every send while recovering
         recovering = (
             ctx.had_messages and ctx.clock() - ctx.started_ms < ctx.config.dedupe_recovery_window_ms
         )
         queues: dict[str, int] = {}  # the request's queue per topic (round-robin)
         accepted: dict[tuple[str, str], TopicConfig] = {}  # (topic, type) checked
+        named: set[str] = set()  # topic names found valid
         for i, pm in enumerate(messages):
             sp = pm.system_properties
+            message_id = sp.message_id
             try:
                 key = send_key(
-                    pm.topic.name, validation.check_message_id(sp.message_id), pm.user_properties
+                    pm.topic.name, validation.check_message_id(message_id), pm.user_properties
                 )
             except Exception as exc:
-                entries[i] = _failed(sp.message_id, exc)
+                entries[i] = _failed(message_id, exc)
                 continue
             cached = self._recent.get(key)
             if cached is not None:  # a resend of a send already answered: the first answer
@@ -173,16 +175,16 @@ class ProducerHandlers:
             self._pending[key] = (settled, i)
             mine.append((i, key))
             try:
-                topic, queue_id, shape, direct = self._prepare(pm, sp, queues, accepted)
+                topic, queue_id, shape, direct = self._prepare(pm, sp, queues, accepted, named)
             except Exception as exc:
-                entries[i] = _failed(sp.message_id, exc)
+                entries[i] = _failed(message_id, exc)
                 continue
             if direct and not recovering:
                 bucket = buckets.get((topic, queue_id))
                 if bucket is None:
-                    buckets[(topic, queue_id)] = [(i, shape)]
+                    buckets[(topic, queue_id)] = [(i, message_id, shape)]
                 else:
-                    bucket.append((i, shape))
+                    bucket.append((i, message_id, shape))
             else:
                 one_by_one.append(i)
         try:
@@ -218,6 +220,7 @@ class ProducerHandlers:
         sp: Any,
         queues: dict[str, int],
         accepted: dict[tuple[str, str], TopicConfig],
+        named: set[str],
     ) -> tuple[str, int, Shape, bool]:
         """Check one message (`sp`: its system properties) and choose its queue: (topic,
         queue id, shape, whether it can go in a record batch: neither delayed nor
@@ -225,7 +228,9 @@ class ProducerHandlers:
         usual batch: (tag, message group, whether it has keys), or None when it carries
         user properties; see `_put_bodies`."""
         config = self.ctx.config
-        topic = validation.check_topic(pm.topic.name)
+        topic = pm.topic.name
+        if topic not in named:  # a request's messages mostly share their topic
+            named.add(validation.check_topic(topic))
         validation.check_body(pm.body, config)
         tag = sp.tag if sp.HasField("tag") else ""
         if tag:
@@ -274,7 +279,7 @@ class ProducerHandlers:
         return turn % cfg.write_queue_nums
 
     def _put_bodies(
-        self, topic: str, queue_id: int, items: list[tuple[int, Shape]], messages: Any
+        self, topic: str, queue_id: int, items: list[tuple[int, str, Shape]], messages: Any
     ) -> PutMessageResult | None:
         """A bucket of messages of one shape (`_prepare`), stored straight from their bodies
         and ids as one record batch (`Broker.send_bodies`), with no store `Message` and no
@@ -283,7 +288,7 @@ class ProducerHandlers:
         result, or None when the messages differ in shape or born host, or the broker
         refuses the batch as a whole (nothing stored): the general way then. Raises what
         `send_batch_pending` of the bucket raises."""
-        first, shape = items[0]
+        first, _, shape = items[0]
         if shape is None:
             return None
         fsp = messages[first].system_properties
@@ -292,13 +297,13 @@ class ProducerHandlers:
         ids: list[str] = []
         tag, group, has_keys = shape
         keys: list[str] | None = [] if has_keys else None
-        for i, s in items:
+        for i, message_id, s in items:
             pm = messages[i]
             sp = pm.system_properties
             if s != shape or sp.born_host != born_host:
                 return None
             bodies.append(pm.body)
-            ids.append(sp.message_id)
+            ids.append(message_id)
             if keys is not None:
                 keys.append(" ".join(sp.keys))  # each key checked not blank
         shared: dict[str, str] = {}  # in the order `convert.to_store` puts them
@@ -325,7 +330,7 @@ class ProducerHandlers:
 
     async def _store_buckets(
         self,
-        buckets: dict[tuple[str, int], list[tuple[int, Shape]]],
+        buckets: dict[tuple[str, int], list[tuple[int, str, Shape]]],
         messages: Any,
         entries: list[Any],
         loop: asyncio.AbstractEventLoop,
@@ -336,8 +341,8 @@ class ProducerHandlers:
         fsynced past the last record (a timeout answers MASTER_PERSISTENCE_TIMEOUT), or the
         loop itself has, for a lone send (`may_lead`: it came over the native wire)."""
         broker = self.ctx.broker
-        # (index, queue offset, put status, topic) of each message stored
-        stored: list[tuple[int, int, PutMessageStatus, str]] = []
+        # (index, message id, queue offset, put status, topic) of each message stored
+        stored: list[tuple[int, str, int, PutMessageStatus, str]] = []
         end = -1
         for (topic, queue_id), items in buckets.items():
             try:
@@ -346,37 +351,40 @@ class ProducerHandlers:
                     append = result.append
                     assert append is not None
                     base, status = append.queue_offset, result.status
-                    stored.extend((i, base + n, status, topic) for n, (i, _) in enumerate(items))
+                    stored.extend(
+                        (i, message_id, base + n, status, topic)
+                        for n, (i, message_id, _) in enumerate(items)
+                    )
                     end = max(end, append.wrote_offset + append.wrote_bytes)
                     continue
-                msgs = [self._to_store(messages[i], queue_id) for i, _ in items]
+                msgs = [self._to_store(messages[i], queue_id) for i, _, _ in items]
                 results, last = broker.send_batch_pending(msgs)
             except Exception as exc:
                 if len(items) == 1:
-                    i = items[0][0]
-                    entries[i] = _failed(messages[i].system_properties.message_id, exc)
+                    i, message_id, _ = items[0]
+                    entries[i] = _failed(message_id, exc)
                     continue
                 # message by message: each gets its own verdict
                 results, last = [], -1
                 kept = []
-                for i, _ in items:
+                for i, message_id, _ in items:
                     try:
                         r, e = broker.send_batch_pending([self._to_store(messages[i], queue_id)])
                     except Exception as exc:
-                        entries[i] = _failed(messages[i].system_properties.message_id, exc)
+                        entries[i] = _failed(message_id, exc)
                         continue
-                    kept.append(i)
+                    kept.append((i, message_id))
                     results.extend(r)
                     last = max(last, e)
                 stored.extend(
-                    (i, r.queue_offset, r.status, r.topic)
-                    for i, r in zip(kept, results, strict=True)
+                    (i, message_id, r.queue_offset, r.status, r.topic)
+                    for (i, message_id), r in zip(kept, results, strict=True)
                 )
                 end = max(end, last)
                 continue
             stored.extend(
-                (i, r.queue_offset, r.status, r.topic)
-                for (i, _), r in zip(items, results, strict=True)
+                (i, message_id, r.queue_offset, r.status, r.topic)
+                for (i, message_id, _), r in zip(items, results, strict=True)
             )
             end = max(end, last)
         durable = True
@@ -413,10 +421,10 @@ class ProducerHandlers:
         template = service_pb2.SendResultEntry()
         template.status.CopyFrom(status)
         new_entry = service_pb2.SendResultEntry
-        for i, offset, put_status, topic in stored:
+        for i, message_id, offset, put_status, topic in stored:
             entry = new_entry()
             entry.CopyFrom(template)
-            entry.message_id = messages[i].system_properties.message_id
+            entry.message_id = message_id
             entry.offset = offset
             if put_status is not PutMessageStatus.PUT_OK:  # stored, not acknowledged
                 entry.status.CopyFrom(_not_acknowledged(topic, put_status))

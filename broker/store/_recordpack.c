@@ -502,8 +502,142 @@ static PyObject *body_digest(PyObject *module, PyObject *arg) {
     return PyUnicode_FromStringAndSize(out, 8);
 }
 
+static inline int32_t rds32(const unsigned char *p) { return (int32_t)rd32(p); }
+
+static inline int64_t rds64(const unsigned char *p) {
+    return (int64_t)(((uint64_t)rd32(p) << 32) | rd32(p + 4));
+}
+
+#define BLANK_MAGIC 0xCBD43194u
+#define MAGIC_V1 0xDAA320A7u
+#define FIXED_SIZE (HEADER_SIZE + 1 + 2)
+
+/* codec._strict_properties of p[0..n): a dict, or NULL with no exception set when the
+ * bytes are not whole `name\x01value\x02` pairs of UTF-8 (NULL with an exception set on
+ * a memory error). Each pair holds exactly one \x01; a later name replaces an earlier. */
+static PyObject *strict_properties(const unsigned char *p, Py_ssize_t n) {
+    PyObject *props = PyDict_New();
+    if (props == NULL || n == 0)
+        return props;
+    if (p[n - 1] != 0x02)
+        goto invalid;
+    Py_ssize_t start = 0;
+    while (start < n) {
+        const unsigned char *end = memchr(p + start, 0x02, (size_t)(n - start));
+        Py_ssize_t stop = end - p; /* found: the last byte is one */
+        const unsigned char *sep = memchr(p + start, 0x01, (size_t)(stop - start));
+        if (sep == NULL || memchr(sep + 1, 0x01, (size_t)(stop - (sep + 1 - p))) != NULL)
+            goto invalid;
+        PyObject *name = PyUnicode_DecodeUTF8((const char *)p + start, sep - (p + start), NULL);
+        if (name == NULL)
+            goto undecodable;
+        PyObject *value =
+            PyUnicode_DecodeUTF8((const char *)sep + 1, stop - (sep + 1 - p), NULL);
+        if (value == NULL) {
+            Py_DECREF(name);
+            goto undecodable;
+        }
+        int failed = PyDict_SetItem(props, name, value);
+        Py_DECREF(name);
+        Py_DECREF(value);
+        if (failed < 0) {
+            Py_DECREF(props);
+            return NULL;
+        }
+        start = stop + 1;
+    }
+    return props;
+undecodable:
+    if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+        Py_DECREF(props);
+        return NULL;
+    }
+    PyErr_Clear();
+invalid:
+    Py_DECREF(props);
+    return NULL;
+}
+
+PyDoc_STRVAR(dispatch_record_doc,
+"dispatch_record(buffer, pos) -> tuple\n\n"
+"codec.check_message_and_return_size(buffer, pos, check_crc=False) in one call, its\n"
+"request's fields left as a tuple: (size, topic, queue_id, physical_offset,\n"
+"store_timestamp, queue_offset, sys_flag, prepared_tx_offset, properties) for a valid\n"
+"record, (0, None) for a blank record or the exact end of the buffer, (-1, None) for\n"
+"anything invalid (the same checks, CRC aside). ValueError for a negative pos.");
+
+static PyObject *dispatch_record(PyObject *module, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t pos;
+    if (!PyArg_ParseTuple(args, "y*n", &view, &pos))
+        return NULL;
+    PyObject *out = NULL;
+    int size = -1;
+    if (pos < 0) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "negative pos");
+        return NULL;
+    }
+    Py_ssize_t left = view.len - pos;
+    const unsigned char *rec = (const unsigned char *)view.buf + pos;
+    if (left == 0) {
+        size = 0;
+        goto done;
+    }
+    if (left < 8)
+        goto done;
+    int64_t total = rds32(rec);
+    uint32_t magic = rd32(rec + 4);
+    if (magic == BLANK_MAGIC) {
+        size = total == left ? 0 : -1;
+        goto done;
+    }
+    if ((magic != MAGIC && magic != MAGIC_V1) || total < FIXED_SIZE || total > left)
+        goto done;
+    int64_t blen = rds32(rec + 84);
+    if (blen < 0 || FIXED_SIZE + blen > total)
+        goto done;
+    const unsigned char *body_end = rec + HEADER_SIZE + blen;
+    int64_t tlen = body_end[0];
+    if (tlen == 0 || FIXED_SIZE + blen + tlen > total)
+        goto done;
+    const unsigned char *props_len_at = body_end + 1 + tlen;
+    int64_t plen = (int16_t)(((uint16_t)props_len_at[0] << 8) | props_len_at[1]);
+    if (plen < 0 || FIXED_SIZE + blen + tlen + plen != total)
+        goto done;
+    if (memchr(body_end + 1, 0, (size_t)tlen) != NULL)
+        goto done; /* a NUL in the topic */
+    PyObject *topic = PyUnicode_DecodeUTF8((const char *)body_end + 1, tlen, NULL);
+    if (topic == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+            goto failed;
+        PyErr_Clear();
+        goto done;
+    }
+    PyObject *props = strict_properties(props_len_at + 2, plen);
+    if (props == NULL) {
+        Py_DECREF(topic);
+        if (PyErr_Occurred())
+            goto failed;
+        goto done;
+    }
+    out = Py_BuildValue("(LNiLLLiLN)", (long long)total, topic, (int)rds32(rec + 12),
+                        (long long)rds64(rec + 28), (long long)rds64(rec + 56),
+                        (long long)rds64(rec + 20), (int)rds32(rec + 36),
+                        (long long)rds64(rec + 76), props);
+    PyBuffer_Release(&view);
+    return out;
+done:
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(iO)", size, Py_None);
+failed:
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"body_digest", body_digest, METH_O, body_digest_doc},
+    {"dispatch_record", dispatch_record, METH_VARARGS, dispatch_record_doc},
     {"prepare", prepare, METH_VARARGS, prepare_doc},
     {"seal", seal, METH_VARARGS, seal_doc},
     {"partial", partial, METH_O, partial_doc},

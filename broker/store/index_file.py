@@ -76,6 +76,10 @@ _REBUILD_HINT = (
     "directory to rebuild it from the commitlog"
 )
 _LITTLE = sys.byteorder == "little"
+try:  # `put_records`' entry and slot writes, compiled (see _recordpack.c)
+    from broker.store._recordpack import index_entries as _index_entries
+except ImportError:  # not built, or built from an older source: the Python loop
+    _index_entries = None  # type: ignore[assignment]
 
 
 def index_file_name(ms: int) -> str:
@@ -376,12 +380,26 @@ class IndexFile(ReferenceResource):
                     self.begin_timestamp, self.begin_phy_offset = ts, phy
                     break
         begin = self.begin_timestamp
-        pack_entry = _ENTRY.pack_into
-        unpack_slot = _SLOT.unpack_from
-        new_slots: dict[int, int] = {}
         used = self.hash_slot_count
         end_ts = self.end_timestamp
         phy = self.end_phy_offset
+        if _index_entries is not None:  # steps 1 and 2 in one call, or nothing written
+            try:
+                index, used, end_ts, phy = _index_entries(
+                    mm, entries_at, slots, first, begin, end_ts, used, list(records[:take])
+                )
+            except (TypeError, ValueError, OverflowError, IndexError):
+                pass  # a value that does not fit: the loop below names it
+            else:
+                self.index_count = index
+                self.hash_slot_count = used
+                self.end_phy_offset = phy
+                self.end_timestamp = end_ts
+                self._write_header()
+                return take
+        pack_entry = _ENTRY.pack_into
+        unpack_slot = _SLOT.unpack_from
+        new_slots: dict[int, int] = {}
         for hashes, phy, ts in records[:take]:
             diff = (ts - begin) // 1000
             diff = 0 if diff < 0 else min(diff, _I32_MAX)

@@ -123,21 +123,27 @@ class ProducerHandlers:
             raise TooManyRequests(f"{self._inflight} messages are being stored; retry later")
         self._inflight += count
         started = time.perf_counter()
+        response = service_pb2.SendMessageResponse()
         try:
-            entries = await self._send_all(messages, call.native_wire)
+            entries = await self._send_all(messages, call.native_wire, response)
         finally:
             self._inflight -= count
             self.ctx.send_seconds.observe(time.perf_counter() - started)
-        response = service_pb2.SendMessageResponse()
-        response.entries.extend(entries)
-        first = entries[0].status
-        if all(e.status.code == first.code for e in entries):
-            response.status.CopyFrom(first)
-        else:
-            response.status.CopyFrom(make_status(Code.MULTIPLE_RESULTS, "entries differ"))
+        if not response.entries:  # else built in place, in order (`_store_buckets`)
+            response.entries.extend(entries)
+        if not response.HasField("status"):
+            first = entries[0].status
+            if all(e.status.code == first.code for e in entries):
+                response.status.CopyFrom(first)
+            else:
+                response.status.CopyFrom(make_status(Code.MULTIPLE_RESULTS, "entries differ"))
         return response
 
-    async def _send_all(self, messages: Any, may_lead: bool = False) -> list[Any]:
+    async def _send_all(
+        self, messages: Any, may_lead: bool = False, response: Any = None
+    ) -> list[Any]:
+        """Each message's entry, in request order. `response` (a SendMessageResponse) may get
+        them in place, with its status, when one record batch answers the whole request."""
         ctx = self.ctx
         loop = asyncio.get_running_loop()
         count = len(messages)
@@ -189,7 +195,10 @@ class ProducerHandlers:
                 one_by_one.append(i)
         try:
             if buckets:
-                await self._store_buckets(buckets, messages, entries, loop, may_lead)
+                whole = len(buckets) == 1 and not one_by_one and len(mine) == count
+                await self._store_buckets(
+                    buckets, messages, entries, loop, may_lead, response if whole else None
+                )
             for i in one_by_one:  # in request order (a message group's order)
                 try:
                     entries[i] = await self._store(messages[i])
@@ -335,11 +344,16 @@ class ProducerHandlers:
         entries: list[Any],
         loop: asyncio.AbstractEventLoop,
         may_lead: bool = False,
+        response: Any = None,
     ) -> None:
         """Each bucket (one topic and queue) in one broker call, on the loop: a page-cache
         append. Under SYNC_FLUSH the entries are answered once the group commit has
         fsynced past the last record (a timeout answers MASTER_PERSISTENCE_TIMEOUT), or the
-        loop itself has, for a lone send (`may_lead`: it came over the native wire)."""
+        loop itself has, for a lone send (`may_lead`: it came over the native wire).
+
+        `response`: the request's, given when this one bucket holds every message of the
+        request; when every one is stored, the entries are made in it (in request order,
+        no copy) and, when they share one status, so is its status."""
         broker = self.ctx.broker
         # (index, message id, queue offset, put status, topic) of each message stored
         stored: list[tuple[int, str, int, PutMessageStatus, str]] = []
@@ -420,7 +434,9 @@ class ProducerHandlers:
                 status = status_of(refused)
         template = service_pb2.SendResultEntry()
         template.status.CopyFrom(status)
-        new_entry = service_pb2.SendResultEntry
+        in_place = response is not None and len(stored) == len(messages)
+        new_entry = response.entries.add if in_place else service_pb2.SendResultEntry
+        same = stored[0][3] if stored else None  # every put status this one?
         for i, message_id, offset, put_status, topic in stored:
             entry = new_entry()
             entry.CopyFrom(template)
@@ -428,7 +444,11 @@ class ProducerHandlers:
             entry.offset = offset
             if put_status is not PutMessageStatus.PUT_OK:  # stored, not acknowledged
                 entry.status.CopyFrom(_not_acknowledged(topic, put_status))
+            if put_status is not same:
+                same = None
             entries[i] = entry
+        if in_place and same is not None:  # one status for all: the request's
+            response.status.CopyFrom(entries[0].status)
 
     @staticmethod
     def _to_store(pm: Any, queue_id: int) -> Message:

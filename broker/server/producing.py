@@ -381,21 +381,17 @@ class ProducerHandlers:
                 # message by message: each gets its own verdict
                 results, last = [], -1
                 kept = []
-                for i, message_id, _ in items:
+                for item in items:
+                    i, message_id, _ = item
                     try:
                         r, e = broker.send_batch_pending([self._to_store(messages[i], queue_id)])
                     except Exception as exc:
                         entries[i] = _failed(message_id, exc)
                         continue
-                    kept.append((i, message_id))
+                    kept.append(item)
                     results.extend(r)
                     last = max(last, e)
-                stored.extend(
-                    (i, message_id, r.queue_offset, r.status, r.topic)
-                    for (i, message_id), r in zip(kept, results, strict=True)
-                )
-                end = max(end, last)
-                continue
+                items = kept
             stored.extend(
                 (i, message_id, r.queue_offset, r.status, r.topic)
                 for (i, message_id, _), r in zip(items, results, strict=True)

@@ -413,29 +413,7 @@ def check_message_and_return_size(
     """
     if not check_crc and expected_offset is None and _dispatch_record is not None and pos >= 0:
         fields = _dispatch_record(buf, pos)
-        if fields[1] is None:
-            return fields
-        (total, topic, queue_id, phy, store_ts, queue_offset, sys_flag, prepared_tx, props) = fields
-        get = props.get
-        if topic == SCHEDULE_TOPIC:
-            tags_code = tags_code_for(topic, props)
-        else:
-            tags = get(_TAGS)
-            tags_code = tags_string_to_code(tags) if tags else 0
-        return total, DispatchRequest(
-            topic,
-            queue_id,
-            phy,
-            total,
-            tags_code,
-            store_ts,
-            queue_offset,
-            get(_KEYS, ""),
-            get(_UNIQ_KEY),
-            sys_flag,
-            prepared_tx,
-            props,
-        )
+        return fields if fields[1] is None else (fields[0], _dispatch_request(*fields))
     limit = len(buf)
     left = limit - pos
     if left == 0:
@@ -480,12 +458,30 @@ def check_message_and_return_size(
         return -1, None
     if "\x00" in topic:
         return -1, None
+    return total, _dispatch_request(
+        total, topic, queue_id, phy, store_ts, queue_offset, sys_flag, prepared_tx, properties
+    )
+
+
+def _dispatch_request(
+    total: int,
+    topic: str,
+    queue_id: int,
+    phy: int,
+    store_ts: int,
+    queue_offset: int,
+    sys_flag: int,
+    prepared_tx: int,
+    properties: dict[str, str],
+) -> DispatchRequest:
+    """The request of a record checked valid, from its fields (the compiled reader's
+    tuple, in this order, after its size)."""
     get = properties.get
     if topic == SCHEDULE_TOPIC:
         tags_code = tags_code_for(topic, properties)
     else:
         tags_code = tags_string_to_code(get(_TAGS))
-    return total, DispatchRequest(
+    return DispatchRequest(
         topic,
         queue_id,
         phy,

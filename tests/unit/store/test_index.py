@@ -328,6 +328,7 @@ def _kill_at(step: int, fn: Callable[[], object]) -> bool:
     codes = {
         IndexFile.put_hashes.__code__,
         IndexFile.put_records.__code__,
+        IndexFile._put_entries.__code__,
         IndexFile.truncate.__code__,
         IndexFile._write_header.__code__,
     }

@@ -170,13 +170,19 @@ class ProduceEngine:
         uniq_keys: Sequence[str],
         properties: Mapping[str, str] | None = None,
         *,
+        keys: Sequence[str] | None = None,
+        born_timestamp: int | None = None,
+        born_host: tuple[str, int] = ("127.0.0.1", 0),
         wait: bool = True,
     ) -> PutMessageResult | None:
         """`send_batch` of a producer's usual batch given as its parts, without a store
-        `Message` or a `SendResult` per message (the in-process client's send): one record
-        per body, each with `properties` plus its UNIQ_KEY, validated as `send_batch`
-        validates (the first message in full, then each body and unique key), stored as one
-        record batch (`MessageStore.put_batch`).
+        `Message` or a `SendResult` per message (the in-process client's send, the server's
+        SendMessage): one record per body, each with `properties` plus its UNIQ_KEY (and
+        its KEYS when `keys` is given), the batch's born time (default: now) and host,
+        validated as `send_batch` validates (the first message in full, then each body,
+        unique key and keys), stored as one record batch (`MessageStore.put_batch`).
+        `wait=False` is `send_batch_pending`'s: under SYNC_FLUSH acknowledge the records
+        only once `when_durable` reports them on disk.
 
         The stored result (`append.record_offsets`, `append.msg_id_at`, queue offsets from
         `append.queue_offset`), `SendRejected` when not stored, or None when `put_batch`
@@ -185,15 +191,18 @@ class ProduceEngine:
         self._require_running()
         if not bodies or len(bodies) != len(uniq_keys):
             raise MessageIllegal("a batch needs one unique key per body, at least one body")
+        if keys is not None and len(keys) != len(bodies):
+            raise MessageIllegal("a batch with keys needs one KEYS value per body")
         shared = dict(properties) if properties else {}
         if any(
             k in shared
             for k in (Prop.DELAY, Prop.TIMER_DELIVER_MS, Prop.TRAN_MSG, Prop.KEYS, Prop.UNIQ_KEY)
         ):
             raise MessageIllegal("a body batch cannot hold delayed or transactional messages")
-        self._validate_message(
-            Message(topic, bodies[0], queue_id, 0, {**shared, Prop.UNIQ_KEY: uniq_keys[0]})
-        )
+        first = {**shared, Prop.UNIQ_KEY: uniq_keys[0]}
+        if keys is not None:
+            first[Prop.KEYS] = keys[0]
+        self._validate_message(Message(topic, bodies[0], queue_id, 0, first))
         limit = self.config.max_message_size
         for body, key in zip(bodies, uniq_keys, strict=True):
             if type(body) is not bytes or not 0 < len(body) <= limit:
@@ -202,8 +211,20 @@ class ProduceEngine:
                 return None
             if type(key) is not str or "\x01" in key or "\x02" in key:
                 check_properties({Prop.UNIQ_KEY: key})  # raises the precise error
+        if keys is not None:
+            for value in keys:
+                if type(value) is not str or "\x01" in value or "\x02" in value:
+                    check_properties({Prop.KEYS: value})  # raises the precise error
         result = self.store.put_batch(
-            topic, queue_id, bodies, shared, uniq_keys=uniq_keys, wait=wait
+            topic,
+            queue_id,
+            bodies,
+            shared,
+            keys=keys,
+            uniq_keys=uniq_keys,
+            born_timestamp=born_timestamp,
+            born_host=born_host,
+            wait=wait,
         )
         if result.status in (
             PutMessageStatus.MESSAGE_ILLEGAL,

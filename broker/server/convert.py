@@ -51,13 +51,13 @@ _HIDDEN_ON_DELIVERY = _SYSTEM_NAMES - _SHOWN_SYSTEM_NAMES
 MAX_TIMESTAMP_S = 253_402_300_799
 # protobuf's bound for a Duration: 10,000 years
 MAX_DURATION_S = 315_576_000_000
-_MAX_NANOS = 999_999_999
+MAX_NANOS = 999_999_999
 
 
 def timestamp_ms(ts: Any, what: str = "timestamp", error: type[ServerError] = BadRequest) -> int:
     """A protobuf Timestamp as epoch milliseconds; `error` when it is out of range."""
     seconds, nanos = int(ts.seconds), int(ts.nanos)
-    if not 0 <= seconds <= MAX_TIMESTAMP_S or not 0 <= nanos <= _MAX_NANOS:
+    if not 0 <= seconds <= MAX_TIMESTAMP_S or not 0 <= nanos <= MAX_NANOS:
         raise error(f"{what} ({seconds} s, {nanos} ns) is outside 1970-01-01..9999-12-31")
     return seconds * 1000 + nanos // 1_000_000
 
@@ -72,7 +72,7 @@ def duration_ms(d: Any, what: str = "duration", error: type[ServerError] = BadRe
     seconds, nanos = int(d.seconds), int(d.nanos)
     if (
         abs(seconds) > MAX_DURATION_S
-        or abs(nanos) > _MAX_NANOS
+        or abs(nanos) > MAX_NANOS
         or (seconds < 0 < nanos)
         or (nanos < 0 < seconds)
     ):
@@ -135,12 +135,12 @@ def to_store(pm: Any, queue_id: int, *, transactional: bool, producer_group: str
         queue_id=queue_id,
         properties=props,
         born_timestamp=born_ms if born_ms > 0 else wall_ms(),
-        born_host=(_host_only(sp.born_host), 0),
+        born_host=(host_only(sp.born_host), 0),
     )
 
 
 @functools.lru_cache(maxsize=1024)  # a client sends with one born host, again and again
-def _host_only(born_host: str) -> str:
+def host_only(born_host: str) -> str:
     """The IPv4 address in a client's `born_host` (`ip` or `ip:port`); loopback otherwise."""
     host = born_host.rsplit(":", 1)[0] if born_host.count(":") == 1 else born_host
     try:

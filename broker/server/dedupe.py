@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 DIGEST_BYTES = 16
 # per entry: two bytes objects' headers (2 x 33), the ordered dict's entry and link (~100)
@@ -34,12 +34,15 @@ def send_key(topic: str, message_id: str, properties: Mapping[str, str]) -> byte
 
     Every part is length-prefixed, so no two different sends encode to the same bytes.
     """
-    if not properties:  # the common case: the same bytes as the loop below, built at once
-        t = topic.encode("utf-8", "surrogatepass")
+    if not properties:  # the common case: the same bytes as the loop below, the topic's
+        # part hashed once per topic (a hash's copy goes on from where the topic left it)
+        h = _TOPIC_HASHES.get(topic)
+        if h is None:
+            h = _topic_hash(topic)
+        h = h.copy()
         m = message_id.encode("utf-8", "surrogatepass")
-        return hashlib.blake2b(
-            _LENGTH.pack(len(t)) + t + _LENGTH.pack(len(m)) + m, digest_size=DIGEST_BYTES
-        ).digest()
+        h.update(_LENGTH.pack(len(m)) + m)
+        return h.digest()
     parts = [topic, message_id]
     if properties:
         for name, value in sorted(properties.items()):
@@ -50,6 +53,18 @@ def send_key(topic: str, message_id: str, properties: Mapping[str, str]) -> byte
         out += _LENGTH.pack(len(raw))
         out += raw
     return hashlib.blake2b(out, digest_size=DIGEST_BYTES).digest()
+
+
+_TOPIC_HASHES: dict[str, hashlib.blake2b] = {}  # topic -> the hash of its length-prefixed bytes
+_TOPIC_HASHES_MAX = 1024  # topics remembered; past this the table starts again
+
+
+def _topic_hash(topic: str) -> hashlib.blake2b:
+    if len(_TOPIC_HASHES) >= _TOPIC_HASHES_MAX:
+        _TOPIC_HASHES.clear()
+    t = topic.encode("utf-8", "surrogatepass")
+    h = _TOPIC_HASHES[topic] = hashlib.blake2b(_LENGTH.pack(len(t)) + t, digest_size=DIGEST_BYTES)
+    return h
 
 
 class SendResults:
@@ -79,15 +94,22 @@ class SendResults:
         return self._entries.get(key)
 
     def put(self, key: bytes, value: bytes) -> None:
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self._bytes -= self.cost(key, old)
-        cost = self.cost(key, value)
-        if cost > self.max_bytes:
-            return  # could never fit: not remembered
-        self._entries[key] = value
-        self._bytes += cost
+        self.put_many(((key, value),))
+
+    def put_many(self, items: Iterable[tuple[bytes, bytes]]) -> None:
+        """`put` of each (key, value) in turn (a request's results at once)."""
+        entries = self._entries
+        max_bytes = self.max_bytes
         limit = self.max_entries
-        while self._bytes > self.max_bytes or (limit is not None and len(self._entries) > limit):
-            oldest, raw = self._entries.popitem(last=False)
-            self._bytes -= self.cost(oldest, raw)
+        for key, value in items:
+            old = entries.pop(key, None)
+            if old is not None:
+                self._bytes -= len(key) + len(old) + ENTRY_OVERHEAD  # `cost`
+            cost = len(key) + len(value) + ENTRY_OVERHEAD
+            if cost > max_bytes:
+                continue  # could never fit: not remembered
+            entries[key] = value
+            self._bytes += cost
+            while self._bytes > max_bytes or (limit is not None and len(entries) > limit):
+                oldest, raw = entries.popitem(last=False)
+                self._bytes -= len(oldest) + len(raw) + ENTRY_OVERHEAD

@@ -18,9 +18,10 @@ import logging
 import time
 from typing import Any
 
+from broker.clock import wall_ms
 from broker.errors import ResponseCode, SendRejected
 from broker.protocol_pb import service_pb2
-from broker.results import PUT_STATUS_CODES, SendResult
+from broker.results import PUT_STATUS_CODES
 from broker.server import convert, validation
 from broker.server.clients import ClientHandlers
 from broker.server.codes import Code
@@ -35,12 +36,15 @@ from broker.server.errors import (
 )
 from broker.server.status import make_status, ok, status_of
 from broker.server.transactions import decode_transaction_id, encode_transaction_id
-from broker.store.message import Message, PutMessageStatus
+from broker.store.message import Message, Prop, PutMessageResult, PutMessageStatus
 from broker.topic import PERM_WRITE, TopicConfig
 
 log = logging.getLogger(__name__)
 
 RESOLUTION_COMMIT, RESOLUTION_ROLLBACK = 1, 2
+# what a message's record shares with the others of a record batch (`_prepare`)
+Shape = tuple[str, str, bool] | None
+_MAX_TIMESTAMP_S, _MAX_NANOS = convert.MAX_TIMESTAMP_S, convert.MAX_NANOS
 SOURCE_SERVER_CHECK = 2
 
 
@@ -51,14 +55,10 @@ def _failed(message_id: str, exc: BaseException) -> Any:
     return entry
 
 
-def _not_acknowledged(result: SendResult) -> Any:
+def _not_acknowledged(topic: str, status: PutMessageStatus) -> Any:
     """The status of a message stored but not acknowledged (e.g. its fsync timed out)."""
     return status_of(
-        SendRejected(
-            result.topic,
-            result.status.value,
-            PUT_STATUS_CODES.get(result.status, ResponseCode.SYSTEM_ERROR),
-        )
+        SendRejected(topic, status.value, PUT_STATUS_CODES.get(status, ResponseCode.SYSTEM_ERROR))
     )
 
 
@@ -123,21 +123,27 @@ class ProducerHandlers:
             raise TooManyRequests(f"{self._inflight} messages are being stored; retry later")
         self._inflight += count
         started = time.perf_counter()
+        response = service_pb2.SendMessageResponse()
         try:
-            entries = await self._send_all(messages, call.native_wire)
+            entries = await self._send_all(messages, call.native_wire, response)
         finally:
             self._inflight -= count
             self.ctx.send_seconds.observe(time.perf_counter() - started)
-        response = service_pb2.SendMessageResponse()
-        response.entries.extend(entries)
-        first = entries[0].status
-        if all(e.status.code == first.code for e in entries):
-            response.status.CopyFrom(first)
-        else:
-            response.status.CopyFrom(make_status(Code.MULTIPLE_RESULTS, "entries differ"))
+        if not response.entries:  # else built in place, in order (`_store_buckets`)
+            response.entries.extend(entries)
+        if not response.HasField("status"):
+            first = entries[0].status
+            if all(e.status.code == first.code for e in entries):
+                response.status.CopyFrom(first)
+            else:
+                response.status.CopyFrom(make_status(Code.MULTIPLE_RESULTS, "entries differ"))
         return response
 
-    async def _send_all(self, messages: Any, may_lead: bool = False) -> list[Any]:
+    async def _send_all(
+        self, messages: Any, may_lead: bool = False, response: Any = None
+    ) -> list[Any]:
+        """Each message's entry, in request order. `response` (a SendMessageResponse) may get
+        them in place, with its status, when one record batch answers the whole request."""
         ctx = self.ctx
         loop = asyncio.get_running_loop()
         count = len(messages)
@@ -145,21 +151,24 @@ class ProducerHandlers:
         settled: asyncio.Future[list[Any]] = loop.create_future()  # one for the request
         mine: list[tuple[int, bytes]] = []
         duplicates: list[tuple[int, tuple[asyncio.Future[list[Any]], int]]] = []
-        buckets: dict[tuple[str, int], list[tuple[int, Message]]] = {}
+        # (topic, queue) -> its messages: (index, message id, shape), see `_prepare`
+        buckets: dict[tuple[str, int], list[tuple[int, str, Shape]]] = {}
         one_by_one: list[int] = []  # delayed, transactional; every send while recovering
         recovering = (
             ctx.had_messages and ctx.clock() - ctx.started_ms < ctx.config.dedupe_recovery_window_ms
         )
         queues: dict[str, int] = {}  # the request's queue per topic (round-robin)
         accepted: dict[tuple[str, str], TopicConfig] = {}  # (topic, type) checked
+        named: set[str] = set()  # topic names found valid
         for i, pm in enumerate(messages):
             sp = pm.system_properties
+            message_id = sp.message_id
             try:
                 key = send_key(
-                    pm.topic.name, validation.check_message_id(sp.message_id), pm.user_properties
+                    pm.topic.name, validation.check_message_id(message_id), pm.user_properties
                 )
             except Exception as exc:
-                entries[i] = _failed(sp.message_id, exc)
+                entries[i] = _failed(message_id, exc)
                 continue
             cached = self._recent.get(key)
             if cached is not None:  # a resend of a send already answered: the first answer
@@ -172,25 +181,34 @@ class ProducerHandlers:
             self._pending[key] = (settled, i)
             mine.append((i, key))
             try:
-                msg, direct = self._prepare(pm, queues, accepted)
+                topic, queue_id, shape, direct = self._prepare(pm, sp, queues, accepted, named)
             except Exception as exc:
-                entries[i] = _failed(sp.message_id, exc)
+                entries[i] = _failed(message_id, exc)
                 continue
             if direct and not recovering:
-                buckets.setdefault((msg.topic, msg.queue_id), []).append((i, msg))
+                bucket = buckets.get((topic, queue_id))
+                if bucket is None:
+                    buckets[(topic, queue_id)] = [(i, message_id, shape)]
+                else:
+                    bucket.append((i, message_id, shape))
             else:
                 one_by_one.append(i)
         try:
             if buckets:
-                await self._store_buckets(buckets, messages, entries, loop, may_lead)
+                whole = len(buckets) == 1 and not one_by_one and len(mine) == count
+                await self._store_buckets(
+                    buckets, messages, entries, loop, may_lead, response if whole else None
+                )
             for i in one_by_one:  # in request order (a message group's order)
                 try:
                     entries[i] = await self._store(messages[i])
                 except Exception as exc:
                     entries[i] = _failed(messages[i].system_properties.message_id, exc)
         finally:
+            in_flight = self._pending
+            answered: list[tuple[bytes, bytes]] = []  # (key, serialized entry) of each OK
             for i, key in mine:
-                del self._pending[key]
+                del in_flight[key]
                 entry = entries[i]
                 if entry is None:  # cancelled: duplicates waiting on it fail, not hang
                     entries[i] = _failed(
@@ -198,7 +216,8 @@ class ProducerHandlers:
                         TooManyRequests("the send was interrupted; retry"),
                     )
                 elif entry.status.code == Code.OK:
-                    self._remember(key, entry)
+                    answered.append((key, entry.SerializeToString()))
+            self._recent.put_many(answered)
             settled.set_result(entries)
         for i, (future, at) in duplicates:
             entries[i] = (await asyncio.shield(future))[at]
@@ -207,27 +226,34 @@ class ProducerHandlers:
     def _prepare(
         self,
         pm: Any,
+        sp: Any,
         queues: dict[str, int],
         accepted: dict[tuple[str, str], TopicConfig],
-    ) -> tuple[Message, bool]:
-        """Check one message and build its store form; (message, whether it can go in a
-        record batch: neither delayed nor transactional)."""
+        named: set[str],
+    ) -> tuple[str, int, Shape, bool]:
+        """Check one message (`sp`: its system properties) and choose its queue: (topic,
+        queue id, shape, whether it can go in a record batch: neither delayed nor
+        transactional). Its shape is what its record shares with others of a producer's
+        usual batch: (tag, message group, whether it has keys), or None when it carries
+        user properties; see `_put_bodies`."""
         config = self.ctx.config
-        sp = pm.system_properties
-        topic = validation.check_topic(pm.topic.name)
+        topic = pm.topic.name
+        if topic not in named:  # a request's messages mostly share their topic
+            named.add(validation.check_topic(topic))
         validation.check_body(pm.body, config)
         tag = sp.tag if sp.HasField("tag") else ""
         if tag:
             validation.check_tag(tag)
-        if sp.keys:
-            validation.check_keys(sp.keys)
+        keys = sp.keys
+        if keys:
+            validation.check_keys(keys)
         message_type = convert.message_type_of(sp)
         grouped = sp.HasField("message_group")
         if grouped:
             validation.check_message_group(sp.message_group, config)
         user = pm.user_properties
-        if user or tag or sp.keys:
-            validation.check_properties(user, tag, sp.keys, config)
+        if user or tag or keys:
+            validation.check_properties(user, tag, keys, config)
         delayed = sp.HasField("delivery_timestamp")
         if delayed:
             validation.check_delivery_time(
@@ -249,56 +275,127 @@ class ProducerHandlers:
             queue_id = queues.get(topic, -1)
             if queue_id < 0:
                 queue_id = queues[topic] = self._next_queue(cfg)
-        msg = convert.to_store(
-            pm,
-            queue_id,
-            transactional=transactional,
-            producer_group=topic if transactional else None,
-        )
-        return msg, not (delayed or transactional)
+        if sp.HasField("born_timestamp"):  # in range, as `convert.to_store` requires
+            born = sp.born_timestamp
+            if not (0 <= born.seconds <= _MAX_TIMESTAMP_S and 0 <= born.nanos <= _MAX_NANOS):
+                convert.timestamp_ms(born, "born timestamp")  # raises
+        shape = None if user else (tag, sp.message_group if grouped else "", bool(keys))
+        return topic, queue_id, shape, not (delayed or transactional)
 
     def _next_queue(self, cfg: TopicConfig) -> int:
         turn = self._round_robin.get(cfg.name, 0)
         self._round_robin[cfg.name] = turn + 1
         return turn % cfg.write_queue_nums
 
+    def _put_bodies(
+        self, topic: str, queue_id: int, items: list[tuple[int, str, Shape]], messages: Any
+    ) -> PutMessageResult | None:
+        """A bucket of messages of one shape (`_prepare`), stored straight from their bodies
+        and ids as one record batch (`Broker.send_bodies`), with no store `Message` and no
+        broker result per message: the records `send_batch_pending` stores for them, byte
+        for byte (the first message's born time and host, as any record batch). The put's
+        result, or None when the messages differ in shape or born host, or the broker
+        refuses the batch as a whole (nothing stored): the general way then. Raises what
+        `send_batch_pending` of the bucket raises."""
+        first, _, shape = items[0]
+        if shape is None:
+            return None
+        fsp = messages[first].system_properties
+        born_host = fsp.born_host
+        bodies: list[bytes] = []
+        ids: list[str] = []
+        tag, group, has_keys = shape
+        keys: list[str] | None = [] if has_keys else None
+        for i, message_id, s in items:
+            pm = messages[i]
+            sp = pm.system_properties
+            if s != shape or sp.born_host != born_host:
+                return None
+            bodies.append(pm.body)
+            ids.append(message_id)
+            if keys is not None:
+                keys.append(" ".join(sp.keys))  # each key checked not blank
+        shared: dict[str, str] = {}  # in the order `convert.to_store` puts them
+        if tag:
+            shared[Prop.TAGS] = tag
+        if group:
+            shared[Prop.SHARDING_KEY] = group
+        born = (
+            convert.timestamp_ms(fsp.born_timestamp, "born timestamp")
+            if fsp.HasField("born_timestamp")
+            else 0
+        )
+        return self.ctx.broker.send_bodies(
+            topic,
+            queue_id,
+            bodies,
+            ids,
+            shared,
+            keys=keys,
+            born_timestamp=born if born > 0 else wall_ms(),
+            born_host=(convert.host_only(born_host), 0),
+            wait=False,
+        )
+
     async def _store_buckets(
         self,
-        buckets: dict[tuple[str, int], list[tuple[int, Message]]],
+        buckets: dict[tuple[str, int], list[tuple[int, str, Shape]]],
         messages: Any,
         entries: list[Any],
         loop: asyncio.AbstractEventLoop,
         may_lead: bool = False,
+        response: Any = None,
     ) -> None:
         """Each bucket (one topic and queue) in one broker call, on the loop: a page-cache
         append. Under SYNC_FLUSH the entries are answered once the group commit has
         fsynced past the last record (a timeout answers MASTER_PERSISTENCE_TIMEOUT), or the
-        loop itself has, for a lone send (`may_lead`: it came over the native wire)."""
+        loop itself has, for a lone send (`may_lead`: it came over the native wire).
+
+        `response`: the request's, given when this one bucket holds every message of the
+        request; when every one is stored, the entries are made in it (in request order,
+        no copy) and, when they share one status, so is its status."""
         broker = self.ctx.broker
-        stored: list[tuple[int, SendResult]] = []
+        # (index, message id, queue offset, put status, topic) of each message stored
+        stored: list[tuple[int, str, int, PutMessageStatus, str]] = []
         end = -1
-        for items in buckets.values():
+        for (topic, queue_id), items in buckets.items():
             try:
-                results, last = broker.send_batch_pending([m for _, m in items])
+                result = self._put_bodies(topic, queue_id, items, messages)
+                if result is not None:
+                    append = result.append
+                    assert append is not None
+                    base, status = append.queue_offset, result.status
+                    stored.extend(
+                        (i, message_id, base + n, status, topic)
+                        for n, (i, message_id, _) in enumerate(items)
+                    )
+                    end = max(end, append.wrote_offset + append.wrote_bytes)
+                    continue
+                msgs = [self._to_store(messages[i], queue_id) for i, _, _ in items]
+                results, last = broker.send_batch_pending(msgs)
             except Exception as exc:
                 if len(items) == 1:
-                    i = items[0][0]
-                    entries[i] = _failed(messages[i].system_properties.message_id, exc)
+                    i, message_id, _ = items[0]
+                    entries[i] = _failed(message_id, exc)
                     continue
                 # message by message: each gets its own verdict
                 results, last = [], -1
                 kept = []
-                for i, m in items:
+                for item in items:
+                    i, message_id, _ = item
                     try:
-                        r, e = broker.send_batch_pending([m])
+                        r, e = broker.send_batch_pending([self._to_store(messages[i], queue_id)])
                     except Exception as exc:
-                        entries[i] = _failed(messages[i].system_properties.message_id, exc)
+                        entries[i] = _failed(message_id, exc)
                         continue
-                    kept.append((i, m))
+                    kept.append(item)
                     results.extend(r)
                     last = max(last, e)
                 items = kept
-            stored.extend((i, r) for (i, _), r in zip(items, results, strict=True))
+            stored.extend(
+                (i, message_id, r.queue_offset, r.status, r.topic)
+                for (i, message_id, _), r in zip(items, results, strict=True)
+            )
             end = max(end, last)
         durable = True
         if stored and end > 0:
@@ -331,14 +428,28 @@ class ProducerHandlers:
             refused = await self._replicated(end, loop)
             if refused is not None:
                 status = status_of(refused)
-        for i, result in stored:
-            entry = service_pb2.SendResultEntry()
-            entry.status.CopyFrom(status)
-            entry.message_id = messages[i].system_properties.message_id
-            entry.offset = result.queue_offset
-            if result.status is not PutMessageStatus.PUT_OK:  # stored, not acknowledged
-                entry.status.CopyFrom(_not_acknowledged(result))
+        template = service_pb2.SendResultEntry()
+        template.status.CopyFrom(status)
+        in_place = response is not None and len(stored) == len(messages)
+        new_entry = response.entries.add if in_place else service_pb2.SendResultEntry
+        same = stored[0][3] if stored else None  # every put status this one?
+        for i, message_id, offset, put_status, topic in stored:
+            entry = new_entry()
+            entry.CopyFrom(template)
+            entry.message_id = message_id
+            entry.offset = offset
+            if put_status is not PutMessageStatus.PUT_OK:  # stored, not acknowledged
+                entry.status.CopyFrom(_not_acknowledged(topic, put_status))
+            if put_status is not same:
+                same = None
             entries[i] = entry
+        if in_place and same is not None:  # one status for all: the request's
+            response.status.CopyFrom(entries[0].status)
+
+    @staticmethod
+    def _to_store(pm: Any, queue_id: int) -> Message:
+        """The store form of a message `_prepare` accepted for a record batch."""
+        return convert.to_store(pm, queue_id, transactional=False, producer_group=None)
 
     async def _store(self, pm: Any) -> Any:
         """One message through `Broker.send_message` (delayed, transactional, and every
@@ -374,7 +485,7 @@ class ProducerHandlers:
         entry.message_id = sp.message_id
         entry.offset = result.queue_offset
         if result.status is not PutMessageStatus.PUT_OK:  # stored, not acknowledged
-            entry.status.CopyFrom(_not_acknowledged(result))
+            entry.status.CopyFrom(_not_acknowledged(result.topic, result.status))
         elif self.ctx.replication is not None:
             # the log's end now is at or past this record's: a slave having it has the record
             end = self.ctx.broker.store.get_commitlog_max_offset()
@@ -403,9 +514,6 @@ class ProducerHandlers:
 
         gate.when_replicated(end, done)
         return await asyncio.shield(future)
-
-    def _remember(self, key: bytes, entry: Any) -> None:
-        self._recent.put(key, entry.SerializeToString())
 
     def _stored_before(self, topic: str, message_id: str, properties: dict[str, str]) -> Any:
         """A result for a message stored before this start (a retry across a restart)."""

@@ -502,8 +502,285 @@ static PyObject *body_digest(PyObject *module, PyObject *arg) {
     return PyUnicode_FromStringAndSize(out, 8);
 }
 
+static inline int32_t rds32(const unsigned char *p) { return (int32_t)rd32(p); }
+
+static inline int64_t rds64(const unsigned char *p) {
+    return (int64_t)(((uint64_t)rd32(p) << 32) | rd32(p + 4));
+}
+
+#define BLANK_MAGIC 0xCBD43194u
+#define MAGIC_V1 0xDAA320A7u
+#define FIXED_SIZE (HEADER_SIZE + 1 + 2)
+
+/* codec._strict_properties of p[0..n): a dict, or NULL with no exception set when the
+ * bytes are not whole `name\x01value\x02` pairs of UTF-8 (NULL with an exception set on
+ * a memory error). Each pair holds exactly one \x01; a later name replaces an earlier. */
+static PyObject *strict_properties(const unsigned char *p, Py_ssize_t n) {
+    PyObject *props = PyDict_New();
+    if (props == NULL || n == 0)
+        return props;
+    if (p[n - 1] != 0x02)
+        goto invalid;
+    Py_ssize_t start = 0;
+    while (start < n) {
+        const unsigned char *end = memchr(p + start, 0x02, (size_t)(n - start));
+        Py_ssize_t stop = end - p; /* found: the last byte is one */
+        const unsigned char *sep = memchr(p + start, 0x01, (size_t)(stop - start));
+        if (sep == NULL || memchr(sep + 1, 0x01, (size_t)(stop - (sep + 1 - p))) != NULL)
+            goto invalid;
+        PyObject *name = PyUnicode_DecodeUTF8((const char *)p + start, sep - (p + start), NULL);
+        if (name == NULL)
+            goto undecodable;
+        PyObject *value =
+            PyUnicode_DecodeUTF8((const char *)sep + 1, stop - (sep + 1 - p), NULL);
+        if (value == NULL) {
+            Py_DECREF(name);
+            goto undecodable;
+        }
+        int failed = PyDict_SetItem(props, name, value);
+        Py_DECREF(name);
+        Py_DECREF(value);
+        if (failed < 0) {
+            Py_DECREF(props);
+            return NULL;
+        }
+        start = stop + 1;
+    }
+    return props;
+undecodable:
+    if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+        Py_DECREF(props);
+        return NULL;
+    }
+    PyErr_Clear();
+invalid:
+    Py_DECREF(props);
+    return NULL;
+}
+
+PyDoc_STRVAR(dispatch_record_doc,
+"dispatch_record(buffer, pos) -> tuple\n\n"
+"codec.check_message_and_return_size(buffer, pos, check_crc=False) in one call, its\n"
+"request's fields left as a tuple: (size, topic, queue_id, physical_offset,\n"
+"store_timestamp, queue_offset, sys_flag, prepared_tx_offset, properties) for a valid\n"
+"record, (0, None) for a blank record or the exact end of the buffer, (-1, None) for\n"
+"anything invalid (the same checks, CRC aside). ValueError for a negative pos.");
+
+static PyObject *dispatch_record(PyObject *module, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t pos;
+    if (!PyArg_ParseTuple(args, "y*n", &view, &pos))
+        return NULL;
+    PyObject *out = NULL;
+    int size = -1;
+    if (pos < 0) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "negative pos");
+        return NULL;
+    }
+    Py_ssize_t left = view.len - pos;
+    const unsigned char *rec = (const unsigned char *)view.buf + pos;
+    if (left == 0) {
+        size = 0;
+        goto done;
+    }
+    if (left < 8)
+        goto done;
+    int64_t total = rds32(rec);
+    uint32_t magic = rd32(rec + 4);
+    if (magic == BLANK_MAGIC) {
+        size = total == left ? 0 : -1;
+        goto done;
+    }
+    if ((magic != MAGIC && magic != MAGIC_V1) || total < FIXED_SIZE || total > left)
+        goto done;
+    int64_t blen = rds32(rec + 84);
+    if (blen < 0 || FIXED_SIZE + blen > total)
+        goto done;
+    const unsigned char *body_end = rec + HEADER_SIZE + blen;
+    int64_t tlen = body_end[0];
+    if (tlen == 0 || FIXED_SIZE + blen + tlen > total)
+        goto done;
+    const unsigned char *props_len_at = body_end + 1 + tlen;
+    int64_t plen = (int16_t)(((uint16_t)props_len_at[0] << 8) | props_len_at[1]);
+    if (plen < 0 || FIXED_SIZE + blen + tlen + plen != total)
+        goto done;
+    if (memchr(body_end + 1, 0, (size_t)tlen) != NULL)
+        goto done; /* a NUL in the topic */
+    PyObject *topic = PyUnicode_DecodeUTF8((const char *)body_end + 1, tlen, NULL);
+    if (topic == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+            goto failed;
+        PyErr_Clear();
+        goto done;
+    }
+    PyObject *props = strict_properties(props_len_at + 2, plen);
+    if (props == NULL) {
+        Py_DECREF(topic);
+        if (PyErr_Occurred())
+            goto failed;
+        goto done;
+    }
+    out = Py_BuildValue("(LNiLLLiLN)", (long long)total, topic, (int)rds32(rec + 12),
+                        (long long)rds64(rec + 28), (long long)rds64(rec + 56),
+                        (long long)rds64(rec + 20), (int)rds32(rec + 36),
+                        (long long)rds64(rec + 76), props);
+    PyBuffer_Release(&view);
+    return out;
+done:
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(iO)", size, Py_None);
+failed:
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+#define INDEX_ENTRY_SIZE 20
+#define INDEX_HEADER_SIZE 40
+
+PyDoc_STRVAR(index_entries_doc,
+"index_entries(mapping, entries_at, slots, first, begin, end_ts, used, records)\n"
+"    -> (index, used, end_ts, end_phy)\n\n"
+"The entry and slot writes of index_file.IndexFile.put_records for `records`, a list of\n"
+"(hashes, commitlog offset, store time) that all fit: each hash's entry at entries_at +\n"
+"index * 20 (from index `first`), linked to its slot's previous entry (a slot read from\n"
+"the mapping counts as empty at or above `first`, and `used` grows for it), then every\n"
+"slot touched, set to its newest entry; the header is the caller's. Nothing is written\n"
+"when a value does not fit its field or the mapping: OverflowError, TypeError,\n"
+"ValueError or IndexError then.");
+
+static PyObject *index_entries(PyObject *module, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t entries_at, slots, first;
+    long long begin, end_ts, used;
+    PyObject *records;
+    if (!PyArg_ParseTuple(args, "w*nnnLLLO!", &view, &entries_at, &slots, &first, &begin,
+                          &end_ts, &used, &PyList_Type, &records))
+        return NULL;
+    PyObject *out = NULL;
+    Py_ssize_t nrec = PyList_GET_SIZE(records);
+    Py_ssize_t total = 0;
+    long long *heads = NULL;   /* per record: commitlog offset, time diff, hash count */
+    int32_t *hashes = NULL;
+    Py_ssize_t *table = NULL; /* open addressing: slot number + 1, 0 empty */
+    int32_t *newest = NULL;   /* the newest entry of the slot at each table position */
+    Py_ssize_t *order = NULL;
+    long long phy = 0;
+    if (slots <= 0 || first <= 0 || entries_at < INDEX_HEADER_SIZE + slots * 4) {
+        PyErr_SetString(PyExc_ValueError, "bad index geometry");
+        goto done;
+    }
+    for (Py_ssize_t r = 0; r < nrec; r++) {
+        PyObject *rec = PyList_GET_ITEM(records, r);
+        if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != 3 ||
+            !PyList_Check(PyTuple_GET_ITEM(rec, 0))) {
+            PyErr_SetString(PyExc_TypeError, "records are (list of hashes, offset, time)");
+            goto done;
+        }
+        total += PyList_GET_SIZE(PyTuple_GET_ITEM(rec, 0));
+    }
+    if (first + total > 0x7FFFFFFF || entries_at + (first + total) * INDEX_ENTRY_SIZE > view.len) {
+        PyErr_SetString(PyExc_IndexError, "the entries do not fit the mapping");
+        goto done;
+    }
+    heads = PyMem_Malloc(sizeof(long long) * 3 * (nrec ? nrec : 1));
+    hashes = PyMem_Malloc(sizeof(int32_t) * (total ? total : 1));
+    Py_ssize_t cap = 16;
+    while (cap < 2 * total)
+        cap <<= 1;
+    table = PyMem_Calloc((size_t)cap, sizeof(Py_ssize_t));
+    newest = PyMem_Malloc(sizeof(int32_t) * (size_t)cap); /* by table position */
+    order = PyMem_Malloc(sizeof(Py_ssize_t) * (total ? total : 1));
+    if (!heads || !hashes || !table || !newest || !order) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* every value checked before a byte is written */
+    Py_ssize_t k = 0;
+    for (Py_ssize_t r = 0; r < nrec; r++) {
+        PyObject *rec = PyList_GET_ITEM(records, r);
+        PyObject *list = PyTuple_GET_ITEM(rec, 0);
+        long long off = PyLong_AsLongLong(PyTuple_GET_ITEM(rec, 1));
+        if (off == -1 && PyErr_Occurred())
+            goto done;
+        long long ts = PyLong_AsLongLong(PyTuple_GET_ITEM(rec, 2));
+        if (ts == -1 && PyErr_Occurred())
+            goto done;
+        long long diff;
+        if (ts < begin) /* (ts - begin) // 1000 clamped to [0, I32_MAX] */
+            diff = 0;
+        else if ((unsigned long long)ts - (unsigned long long)begin >= 0x7FFFFFFFull * 1000ull)
+            diff = 0x7FFFFFFF;
+        else
+            diff = (long long)(((unsigned long long)ts - (unsigned long long)begin) / 1000ull);
+        heads[3 * r] = off;
+        heads[3 * r + 1] = diff;
+        heads[3 * r + 2] = PyList_GET_SIZE(list);
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); i++) {
+            long h = PyLong_AsLong(PyList_GET_ITEM(list, i));
+            if (h == -1 && PyErr_Occurred())
+                goto done;
+            if (h < INT32_MIN || h > INT32_MAX) {
+                PyErr_SetString(PyExc_OverflowError, "a key hash does not fit 32 bits");
+                goto done;
+            }
+            hashes[k++] = (int32_t)h;
+        }
+        if (ts > end_ts)
+            end_ts = ts;
+        phy = off;
+    }
+    unsigned char *mm = view.buf;
+    Py_ssize_t index = first, touched = 0;
+    k = 0;
+    for (Py_ssize_t r = 0; r < nrec; r++) {
+        for (long long i = 0; i < heads[3 * r + 2]; i++, k++) {
+            int32_t h = hashes[k];
+            Py_ssize_t slot = ((Py_ssize_t)h % slots + slots) % slots;
+            Py_ssize_t at = (Py_ssize_t)(((size_t)slot * 2654435761u) & (size_t)(cap - 1));
+            while (table[at] != 0 && table[at] != slot + 1)
+                at = (at + 1) & (cap - 1);
+            int32_t previous;
+            if (table[at] == 0) { /* first time in this call: the slot as stored */
+                unsigned char *sp = mm + INDEX_HEADER_SIZE + slot * 4;
+                previous = (int32_t)rd32(sp);
+                if (previous <= 0 || previous >= first) {
+                    previous = 0;
+                    used++;
+                }
+                table[at] = slot + 1;
+                order[touched++] = at;
+            } else {
+                previous = newest[at];
+            }
+            unsigned char *e = mm + entries_at + index * INDEX_ENTRY_SIZE;
+            be32(e, (uint32_t)h);
+            be64(e + 4, (uint64_t)heads[3 * r]);
+            be32(e + 12, (uint32_t)heads[3 * r + 1]);
+            be32(e + 16, (uint32_t)previous);
+            newest[at] = (int32_t)index;
+            index++;
+        }
+    }
+    for (Py_ssize_t t = 0; t < touched; t++) {
+        Py_ssize_t at = order[t];
+        be32(mm + INDEX_HEADER_SIZE + (table[at] - 1) * 4, (uint32_t)newest[at]);
+    }
+    out = Py_BuildValue("(nLLL)", index, used, end_ts, phy);
+done:
+    PyMem_Free(heads);
+    PyMem_Free(hashes);
+    PyMem_Free(table);
+    PyMem_Free(newest);
+    PyMem_Free(order);
+    PyBuffer_Release(&view);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"body_digest", body_digest, METH_O, body_digest_doc},
+    {"dispatch_record", dispatch_record, METH_VARARGS, dispatch_record_doc},
+    {"index_entries", index_entries, METH_VARARGS, index_entries_doc},
     {"prepare", prepare, METH_VARARGS, prepare_doc},
     {"seal", seal, METH_VARARGS, seal_doc},
     {"partial", partial, METH_O, partial_doc},

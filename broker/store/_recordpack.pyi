@@ -60,3 +60,17 @@ def seal(
 ) -> None: ...
 def partial(record: bytearray | memoryview, /) -> None: ...
 def body_digest(body: bytes | bytearray | memoryview, /) -> str: ...
+def dispatch_record(
+    buffer: bytes | bytearray | memoryview | mmap.mmap, pos: int, /
+) -> tuple[object, ...]: ...
+def index_entries(
+    mapping: mmap.mmap | bytearray,
+    entries_at: int,
+    slots: int,
+    first: int,
+    begin: int,
+    end_ts: int,
+    used: int,
+    records: list[tuple[Sequence[int], int, int]],
+    /,
+) -> tuple[int, int, int, int]: ...

@@ -76,6 +76,10 @@ _REBUILD_HINT = (
     "directory to rebuild it from the commitlog"
 )
 _LITTLE = sys.byteorder == "little"
+try:  # `put_records`' entry and slot writes, compiled (see _recordpack.c)
+    from broker.store._recordpack import index_entries as _index_entries
+except ImportError:  # not built, or built from an older source: the Python loop
+    _index_entries = None  # type: ignore[assignment]
 
 
 def index_file_name(ms: int) -> str:
@@ -376,13 +380,43 @@ class IndexFile(ReferenceResource):
                     self.begin_timestamp, self.begin_phy_offset = ts, phy
                     break
         begin = self.begin_timestamp
-        pack_entry = _ENTRY.pack_into
-        unpack_slot = _SLOT.unpack_from
-        new_slots: dict[int, int] = {}
+        taken = records[:take]
+        written = None
+        if _index_entries is not None:  # steps 1 and 2 in one call, or nothing written
+            # a value that does not fit raises before any write: the loop names it then
+            with contextlib.suppress(TypeError, ValueError, OverflowError, IndexError):
+                written = _index_entries(
+                    mm,
+                    entries_at,
+                    slots,
+                    first,
+                    begin,
+                    self.end_timestamp,
+                    self.hash_slot_count,
+                    list(taken),
+                )
+        if written is None:
+            written = self._put_entries(taken, first, begin)
+        self.index_count, self.hash_slot_count, self.end_timestamp, self.end_phy_offset = written
+        self._write_header()
+        return take
+
+    def _put_entries(
+        self, records: Sequence[tuple[Sequence[int], int, int]], first: int, begin: int
+    ) -> tuple[int, int, int, int]:
+        """Steps 1 and 2 of `put_records` (entries from index `first`, then their slots):
+        (index count, slots used, end time, end offset) for its header."""
+        mm = self._mm
+        slots = self.hash_slot_num
+        entries_at = self._entries_at
+        index = first
         used = self.hash_slot_count
         end_ts = self.end_timestamp
         phy = self.end_phy_offset
-        for hashes, phy, ts in records[:take]:
+        pack_entry = _ENTRY.pack_into
+        unpack_slot = _SLOT.unpack_from
+        new_slots: dict[int, int] = {}
+        for hashes, phy, ts in records:
             diff = (ts - begin) // 1000
             diff = 0 if diff < 0 else min(diff, _I32_MAX)
             if ts > end_ts:
@@ -403,12 +437,7 @@ class IndexFile(ReferenceResource):
         pack_slot = _SLOT.pack_into
         for slot_pos, value in new_slots.items():
             pack_slot(mm, slot_pos, value)
-        self.index_count = index
-        self.hash_slot_count = used
-        self.end_phy_offset = phy
-        self.end_timestamp = end_ts
-        self._write_header()
-        return take
+        return index, used, end_ts, phy
 
     def truncate(self, phy_offset: int) -> None:
         """Undo every entry pointing at or after `phy_offset`, newest first.

@@ -345,3 +345,63 @@ def test_record_properties_decode_strictly(raw: bytes, expected: dict[str, str])
 def test_malformed_record_properties_are_refused(raw: bytes) -> None:
     with pytest.raises(ValueError):
         _strict_properties(memoryview(raw))
+
+
+def _python_check(buf: bytes, pos: int) -> tuple[int, object]:
+    from broker.store import codec
+
+    native, codec._dispatch_record = codec._dispatch_record, None
+    try:
+        return check_message_and_return_size(buf, pos, check_crc=False)
+    finally:
+        codec._dispatch_record = native
+
+
+def test_compiled_and_python_dispatch_checks_agree() -> None:
+    """Without a CRC check the compiled reader gives the Python one's verdict and fields,
+    on records and on (seeded) damaged copies of them: lengths, bytes, UTF-8, separators."""
+    import random
+    import struct
+
+    from broker.store import codec
+
+    assert codec._dispatch_record is not None  # the compiled one is in use
+    records = [
+        _record(),
+        _record(b"x" * 300, topic="тема", props={"a": "é", Prop.UNIQ_KEY: "U"}),
+        _record(props={}),
+        _record(props={"": "v", "b": ""}),
+        _record(topic="SCHEDULE_TOPIC_XXXX", props={Prop.TIMER_DELIVER_MS: "1700000005000"}),
+    ]
+    tail = encode_blank(16) + bytes(8)
+    for rec in records:
+        for buf in (bytes(rec), bytes(rec) + tail, bytes(rec) + bytes(3)):
+            for pos in (0, len(rec)):
+                want = _python_check(buf, pos)
+                assert check_message_and_return_size(buf, pos, check_crc=False) == want
+                view = memoryview(bytearray(buf))
+                assert check_message_and_return_size(view, pos, check_crc=False) == want
+    rng = random.Random(20261124)
+    valid = 0
+    for _ in range(20_000):
+        buf = bytearray(rng.choice(records))
+        for _ in range(rng.randint(1, 3)):
+            if not buf:
+                break
+            how = rng.random()
+            if how < 0.6:  # a byte of the topic and properties, or of the header
+                at = len(buf) - 1 - rng.randrange(min(len(buf), 60))
+                if how < 0.15:
+                    at = rng.randrange(len(buf))
+                buf[at] = rng.choice([0, 1, 2, 0x7F, 0x80, 0xC3, 0xFF, rng.randrange(256)])
+            elif how < 0.8:
+                del buf[rng.randrange(len(buf) + 1) :]
+            else:
+                at = rng.randrange(len(buf) + 1)
+                buf[at:at] = bytes([rng.choice([1, 2, 0x41, 0xE2])])
+        if rng.random() < 0.6 and len(buf) >= 4:
+            buf[0:4] = struct.pack(">i", len(buf))  # lengths that still add up, often
+        want = _python_check(bytes(buf), 0)
+        assert check_message_and_return_size(bytes(buf), 0, check_crc=False) == want
+        valid += want[1] is not None
+    assert valid > 1_000  # the damage left many records readable, not only refused ones

@@ -328,6 +328,7 @@ def _kill_at(step: int, fn: Callable[[], object]) -> bool:
     codes = {
         IndexFile.put_hashes.__code__,
         IndexFile.put_records.__code__,
+        IndexFile._put_entries.__code__,
         IndexFile.truncate.__code__,
         IndexFile._write_header.__code__,
     }
@@ -489,3 +490,44 @@ def test_a_file_whose_creation_was_interrupted_is_removed(tmp_path: Path) -> Non
     leftover.write_bytes(b"")  # created, never sized: a kill before the rename
     svc = service(tmp_path, slots=8, entries=10)
     assert not leftover.exists() and everything(svc, "k") == [0]
+
+
+def test_compiled_and_python_index_writes_agree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same dispatch batches (shared slots, repeated keys, keyless records, times
+    before the file's begin, files rolling over) leave the same bytes in every index file
+    whether `put_records` writes through the compiled `index_entries` or its Python loop."""
+    import random
+
+    from broker.store import index_file
+
+    assert index_file._index_entries is not None  # the compiled one is in use
+    rng = random.Random(20261124)
+    batches = []
+    phy = 0
+    for _ in range(60):
+        batch = []
+        for _ in range(rng.randint(1, 40)):
+            keys = " ".join(f"k{rng.randrange(50)}" for _ in range(rng.randint(0, 3)))
+            uniq = None if rng.random() < 0.2 else f"U{rng.randrange(10**9)}"
+            ts = T0 + rng.randint(-5_000, 4_000_000)
+            batch.append(req(phy, keys, uniq, ts=ts))
+            phy += rng.randint(100, 2000)
+        batches.append(batch)
+
+    def files(directory: Path, compiled: bool) -> list[bytes]:
+        if not compiled:
+            monkeypatch.setattr(index_file, "_index_entries", None)
+        svc = service(directory, slots=37, entries=300)
+        for batch in batches:
+            svc.dispatch_batch(batch)
+        raw = [bytes(f._mm) for f in svc.files]
+        _abandon(svc)
+        monkeypatch.undo()
+        return raw
+
+    compiled = files(tmp_path / "c", True)
+    python = files(tmp_path / "py", False)
+    assert len(compiled) > 2  # files rolled over
+    assert compiled == python

@@ -237,6 +237,7 @@ class PopPolicy(PopJournal):
         self._commit(group, topic, ops)
         out: list[ReceivedEntry] = []
         prefix = handle_prefix(topic, qid)
+        new = tuple.__new__  # a named tuple without its generated __new__ (a Python call)
         for msg, attempt, nonce in picked:
             handle = issue_handle(topic, qid, prefix, msg.queue_offset, nonce, until, attempt)
             shown = (
@@ -244,7 +245,7 @@ class PopPolicy(PopJournal):
                 if msg.reconsume_times == attempt - 1
                 else replace(msg, reconsume_times=attempt - 1)
             )
-            out.append(ReceivedEntry(shown, handle, attempt, until))
+            out.append(new(ReceivedEntry, (shown, handle, attempt, until)))
         return out
 
     def _dead_letter(

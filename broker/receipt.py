@@ -92,10 +92,13 @@ def issue_handle(
     handle = encode_handle(prefix, queue_offset, nonce, invisible_until_ms, attempt)
     if len(_ISSUED) >= _ISSUED_KEPT:
         _ISSUED.clear()  # older handles are parsed again, as before
-    _ISSUED[handle] = ReceiptHandle(
-        topic, queue_id, queue_offset, nonce, invisible_until_ms, attempt
+    _ISSUED[handle] = _new_tuple(
+        ReceiptHandle, (topic, queue_id, queue_offset, nonce, invisible_until_ms, attempt)
     )
     return handle
+
+
+_new_tuple = tuple.__new__  # a named tuple without its generated __new__ (a Python call)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -207,7 +207,10 @@ class PopPolicy(PopJournal):
         # 2. new offsets
         offset = window.next
         while len(picked) < want:
-            result = self._store.get_messages(group, topic, qid, offset, _READ_BATCH, tags)
+            # no more records read (and decoded) than can still be taken
+            result = self._store.get_messages(
+                group, topic, qid, offset, min(_READ_BATCH, want - len(picked)), tags
+            )
             if result.status is GetMessageStatus.OFFSET_TOO_SMALL:
                 ops.append(["D", qid, offset, result.min_offset])
                 offset = result.min_offset

@@ -156,6 +156,31 @@ def test_a_receive_with_many_in_flight_walks_no_lease_until_one_can_be_due(
     assert last.message.msg_id == ids[7] and last.delivery_attempt == 3
 
 
+def test_a_small_receive_reads_no_more_records_than_it_can_take(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """receive(1) over 100 messages reads (and decodes) one record a call, not a batch of
+    32 of which it hands out one; the messages still come once each, in order."""
+    ids = _setup(broker, 100)
+    asked: list[int] = []
+    real = broker.store.get_messages
+
+    def counted(*args: object, **kw: object) -> object:
+        asked.append(int(args[4]))  # type: ignore[call-overload]
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(broker.store, "get_messages", counted)
+    got = []
+    for _ in range(100):
+        [e] = broker.receive("g", "t", 1, invisible_ms=60_000)
+        got.append(e.message.msg_id)
+    assert got == ids
+    assert set(asked) == {1}
+    asked.clear()
+    batch = broker.receive("g", "t", 5, invisible_ms=60_000)
+    assert batch == [] and max(asked) <= 5
+
+
 def test_revive_sweep_dead_letters_without_a_receiver(broker: Broker, clock: ManualClock) -> None:
     _setup(broker, 1, retries=0)  # a single attempt
     assert len(broker.receive("g", "t", 1, invisible_ms=100)) == 1

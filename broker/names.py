@@ -99,11 +99,19 @@ def topic_name_problem(name: object) -> str | None:
         return "must not be blank"
     if len(name) > TOPIC_MAX_LENGTH:
         return f"is {len(name)} characters; at most {TOPIC_MAX_LENGTH}"
+    return _chars_checked(name, _VALID_TOPICS)
+
+
+_VALID_GROUPS: set[str] = set()  # as `_VALID_TOPICS`: each receive and ack names its group
+
+
+def _chars_checked(name: str, valid: set[str]) -> str | None:
+    """`_chars_problem`, remembering a valid name in `valid` (bounded)."""
     problem = _chars_problem(name)
     if problem is None:
-        if len(_VALID_TOPICS) >= _VALID_TOPICS_MAX:
-            _VALID_TOPICS.clear()
-        _VALID_TOPICS.add(name)
+        if len(valid) >= _VALID_TOPICS_MAX:
+            valid.clear()
+        valid.add(name)
     return problem
 
 
@@ -111,6 +119,8 @@ def group_name_problem(name: object) -> str | None:
     """What is wrong with `name` as a group name, or None when it is a valid one."""
     if not isinstance(name, str):
         return "must be a string"
+    if name in _VALID_GROUPS:
+        return None
     if not name or not name.strip():
         return "must not be blank"
     if len(name) > GROUP_MAX_LENGTH:
@@ -118,7 +128,7 @@ def group_name_problem(name: object) -> str | None:
             f"is {len(name)} characters; at most {GROUP_MAX_LENGTH} "
             f"(so that %RETRY%<group> fits the topic limit)"
         )
-    return _chars_problem(name)
+    return _chars_checked(name, _VALID_GROUPS)
 
 
 def validate_topic_name(name: object) -> str:

@@ -86,7 +86,7 @@ def _chars_problem(name: str) -> str | None:
 # names found valid: every message sent or received names its topic, and a topic's name
 # is checked on both sides of the wire; bounded, so a stream of junk names cannot grow it
 _VALID_TOPICS: set[str] = set()
-_VALID_TOPICS_MAX = 4096
+_VALID_NAMES_KEPT = 4096
 
 
 def topic_name_problem(name: object) -> str | None:
@@ -109,7 +109,7 @@ def _chars_checked(name: str, valid: set[str]) -> str | None:
     """`_chars_problem`, remembering a valid name in `valid` (bounded)."""
     problem = _chars_problem(name)
     if problem is None:
-        if len(valid) >= _VALID_TOPICS_MAX:
+        if len(valid) >= _VALID_NAMES_KEPT:
             valid.clear()
         valid.add(name)
     return problem

@@ -433,20 +433,18 @@ class PopPolicy(PopJournal):
                 for qid, window in queues.items():
                     if window.due_floor > now or not window.leases:
                         continue
-                    floor = _NO_LEASE
+                    floor = _NO_LEASE  # the earliest end of the leases kept
                     for offset, lease in sorted(window.leases.items()):
-                        if lease.until_ms > now:
-                            floor = min(floor, lease.until_ms)
-                            continue
-                        wake.add(topic)
-                        if lease.attempt < limit:
-                            floor = min(floor, lease.until_ms)  # due: a receive redelivers it
-                            continue
-                        msg = self._store.get_message_by_queue_offset(topic, qid, offset)
-                        if msg is not None:
-                            self._dead_letter(group, msg, lease.attempt - 1)
-                        ops.append(["D", qid, offset, offset + 1])
-                        dead += 1
+                        if lease.until_ms <= now:
+                            wake.add(topic)
+                            if lease.attempt >= limit:
+                                msg = self._store.get_message_by_queue_offset(topic, qid, offset)
+                                if msg is not None:
+                                    self._dead_letter(group, msg, lease.attempt - 1)
+                                ops.append(["D", qid, offset, offset + 1])
+                                dead += 1
+                                continue
+                        floor = min(floor, lease.until_ms)  # a due one: a receive redelivers it
                     window.due_floor = floor
                 self._commit(group, topic, ops)
         return dead, sorted(wake)

@@ -120,10 +120,17 @@ class QueueWindow:
     # a receive cost a walk over every message in flight)
     due_floor: int = field(default=0, compare=False, repr=False)
 
-    def lease(self, offset: int, lease: Lease) -> None:
-        self.leases[offset] = lease
-        if lease.until_ms < self.due_floor:
-            self.due_floor = lease.until_ms
+    def lease(
+        self, first: int, count: int, attempt: int, until: int, nonce: int, group: str | None
+    ) -> None:
+        """Lease offsets `[first, first + count)` until `until` (nonces counting up from
+        `nonce`), keeping `due_floor` a lower bound."""
+        for i in range(count):
+            self.leases[first + i] = Lease(attempt, until, nonce + i, group)
+            self.done.discard(first + i)
+        if until < self.due_floor:
+            self.due_floor = until
+        self.next = max(self.next, first + count)
 
     def compact(self) -> None:
         while self.low < self.next and self.low in self.done:
@@ -360,18 +367,10 @@ class PopJournal:
             if window is None:  # defensive: a window always opens with "I"
                 window = queues[qid] = QueueWindow(low=0, next=0)
             if kind == "L":
-                offset = int(op[2])
-                window.lease(offset, Lease(int(op[3]), int(op[4]), int(op[5]), op[6]))
-                window.done.discard(offset)
-                window.next = max(window.next, offset + 1)
+                window.lease(int(op[2]), 1, int(op[3]), int(op[4]), int(op[5]), op[6])
             elif kind == "M":
                 first, count, attempt, until, nonce = (int(v) for v in op[2:7])
-                for i in range(count):
-                    window.leases[first + i] = Lease(attempt, until, nonce + i, op[7])
-                    window.done.discard(first + i)
-                if until < window.due_floor:
-                    window.due_floor = until
-                window.next = max(window.next, first + count)
+                window.lease(first, count, attempt, until, nonce, op[7])
             elif kind == "D":
                 lo, hi = int(op[2]), int(op[3])
                 for offset in range(max(lo, window.low), hi):

@@ -685,16 +685,7 @@ class CommitLog:
     def look_message(self, offset: int) -> MessageExt | None:
         """The record starting at `offset`, decoded; None when there is none, or when a
         version-2 record fails its checksum or recovery quarantined it (logged once)."""
-        if self.quarantined and offset in self.quarantined:
-            self._report_corrupt(offset, "was quarantined at start")
-            return None
-        mf = self.queue.find_mapped_file_by_offset(offset)
-        if mf is None or not mf.hold():
-            return None
-        try:
-            return self._look_in(mf, offset)
-        finally:
-            mf.release()
+        return self.look_messages((offset,))[0]
 
     def look_messages(self, offsets: Sequence[int]) -> list[MessageExt | None]:
         """`look_message` of each offset, in order: a run of records in one file holds the

@@ -20,7 +20,7 @@ from typing import Any
 from broker import errors as berr
 from broker.broker import Broker
 from broker.config import BrokerConfig
-from broker.names import RETRY_GROUP_TOPIC_PREFIX, dlq_topic, retry_topic
+from broker.names import dlq_topic, is_retry_topic, retry_topic
 from broker.offsets import ConsumeFromWhere
 from broker.store import errors as serr
 from broker.store.config import StoreConfig, embedded_store_config, max_message_size_for
@@ -167,30 +167,30 @@ def to_received(
     props = msg.properties
     get = props.get
     topic = msg.topic
-    if topic.startswith(RETRY_GROUP_TOPIC_PREFIX) and Prop.RETRY_TOPIC in props:
+    if is_retry_topic(topic) and Prop.RETRY_TOPIC in props:
         topic = props[Prop.RETRY_TOPIC]  # a retry copy is shown as its original topic
-    due = get(_DUE)
+    due = get(Prop.TIMER_DELIVER_MS)
     offset_id = _offset_msg_id(msg)
-    raw_keys = get(_KEYS)
+    raw_keys = get(Prop.KEYS)
     # a producer's plain message carries its UNIQ_KEY alone: nothing of the user's to copy
     user = (
         {}
-        if len(props) == 1 and _UNIQ in props
+        if len(props) == 1 and Prop.UNIQ_KEY in props
         else {k: v for k, v in props.items() if k not in _MAPPED}
     )
     return ReceivedMessage(
-        get(_UNIQ) or offset_id,
+        get(Prop.UNIQ_KEY) or offset_id,
         topic,
         msg.body,
         msg.queue_id,
         msg.queue_offset,
-        get(_TAGS),
+        get(Prop.TAGS),
         [k for k in raw_keys.split(" ") if k] if raw_keys else [],
         user,
         attempt - 1 if attempt is not None else msg.reconsume_times,
         msg.born_timestamp,
         msg.store_timestamp,
-        get(_SHARDING) or None,
+        get(Prop.SHARDING_KEY) or None,
         None,
         offset_id,
         receipt_handle,
@@ -198,10 +198,6 @@ def to_received(
         int(due) if due and due.isdigit() else None,
         msg,
     )
-
-
-_UNIQ, _KEYS, _TAGS = Prop.UNIQ_KEY, Prop.KEYS, Prop.TAGS
-_SHARDING, _DUE = Prop.SHARDING_KEY, Prop.TIMER_DELIVER_MS
 
 
 class _Shared:

@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from broker.errors import InvalidReceiptHandle, ReceiptHandleError, ReceiptHandleExpired
-from broker.pop_journal import Lease, Op, PopJournal, QueueWindow
+from broker.pop_journal import Lease, Op, PopJournal, QueueWindow, add_op
 from broker.receipt import ReceiptHandle, handle_prefix, issue_handle
 from broker.sendback import build_dlq_message
 from broker.store.json_config import JsonConfigFile
@@ -159,7 +159,7 @@ class PopPolicy(PopJournal):
         def take(msg: MessageExt, attempt: int) -> None:
             nonce = next(nonces)
             group_key = message_group_of(msg)
-            ops.append(["L", qid, msg.queue_offset, attempt, until, nonce, group_key])
+            add_op(ops, ["L", qid, msg.queue_offset, attempt, until, nonce, group_key])
             picked.append((msg, attempt, nonce))
             if fifo and group_key:
                 busy.add(group_key)
@@ -237,7 +237,7 @@ class PopPolicy(PopJournal):
                 break
         if not ops:
             return []
-        self._commit(group, topic, ops)
+        self._commit(group, topic, ops, packed=True)
         out: list[ReceivedEntry] = []
         prefix = handle_prefix(topic, qid)
         new = tuple.__new__  # a named tuple without its generated __new__ (a Python call)

@@ -383,11 +383,12 @@ class PopJournal:
         for qid in touched:
             self._commit_offset(group, topic, qid, queues[qid].low)
 
-    def _commit(self, group: str, topic: str, ops: list[Op]) -> None:
-        """Log then apply; the in-memory state changes only when the record is stored."""
+    def _commit(self, group: str, topic: str, ops: list[Op], packed: bool = False) -> None:
+        """Log then apply; the in-memory state changes only when the record is stored.
+        `packed`: the caller built `ops` with `add_op` (nothing left to pack)."""
         if not ops:
             return
-        if len(ops) > 2:
+        if len(ops) > 2 and not packed:
             ops = pack_leases(ops)
         self._log(group, topic, ops)
         self._apply(group, topic, ops)
@@ -435,30 +436,36 @@ def pack_leases(ops: list[Op]) -> list[Op]:
     32 messages logs one lease op instead of 32 (a smaller record, a fraction of the JSON)."""
     out: list[Op] = []
     for op in ops:
-        if op[0] == "L" and out:
-            last = out[-1]
-            if (
-                last[0] == "L"
-                and last[1] == op[1]
-                and last[2] + 1 == op[2]
-                and last[3:5] == op[3:5]
-                and last[5] + 1 == op[5]
-                and last[6] == op[6]
-            ):
-                out[-1] = ["M", op[1], last[2], 2, *last[3:]]
-                continue
-            if (
-                last[0] == "M"
-                and last[1] == op[1]
-                and last[2] + last[3] == op[2]
-                and last[4:6] == op[3:5]
-                and last[6] + last[3] == op[5]
-                and last[7] == op[6]
-            ):
-                last[3] += 1
-                continue
-        out.append(op)
+        add_op(out, op)
     return out
+
+
+def add_op(ops: list[Op], op: Op) -> None:
+    """Append `op` to `ops`, an "L" op joining the run (`pack_leases`) it continues: a
+    receive packs its leases as it takes them, not in a second pass."""
+    if op[0] == "L" and ops:
+        last = ops[-1]
+        if (
+            last[0] == "L"
+            and last[1] == op[1]
+            and last[2] + 1 == op[2]
+            and last[3:5] == op[3:5]
+            and last[5] + 1 == op[5]
+            and last[6] == op[6]
+        ):
+            ops[-1] = ["M", op[1], last[2], 2, *last[3:]]
+            return
+        if (
+            last[0] == "M"
+            and last[1] == op[1]
+            and last[2] + last[3] == op[2]
+            and last[4:6] == op[3:5]
+            and last[6] + last[3] == op[5]
+            and last[7] == op[6]
+        ):
+            last[3] += 1
+            return
+    ops.append(op)
 
 
 def unpack_leases(ops: Sequence[Op]) -> list[Op]:

@@ -394,6 +394,21 @@ fail:
     return NULL;
 }
 
+/* RECORDCRC of the version-2 record of `total` bytes at rec (see record_crc). */
+static uint32_t compute_record_crc(const unsigned char *rec, Py_ssize_t total) {
+    unsigned char head[HEADER_SIZE], dynamic[24];
+    memcpy(head, rec, HEADER_SIZE);
+    memcpy(dynamic, rec + POS_QUEUE_OFFSET, 16);
+    memcpy(dynamic + 16, rec + POS_STORE_TIMESTAMP, 8);
+    memset(head + POS_CRC, 0, 4);
+    memset(head + POS_QUEUE_OFFSET, 0, 16);
+    memset(head + POS_STORE_TIMESTAMP, 0, 8);
+    uint32_t crc = CRC_CONT(0, head, HEADER_SIZE);
+    crc = CRC_CONT(crc, rec + HEADER_SIZE, total - HEADER_SIZE);
+    crc = CRC_CONT(crc, dynamic, 24);
+    return crc & 0x7FFFFFFFu;
+}
+
 PyDoc_STRVAR(record_crc_doc,
 "record_crc(buffer, pos, total) -> int\n\n"
 "RECORDCRC of the version-2 record of `total` bytes at buffer[pos] (its CRC field\n"
@@ -411,21 +426,12 @@ static PyObject *record_crc(PyObject *module, PyObject *args) {
         return NULL;
     }
     const unsigned char *rec = (const unsigned char *)view.buf + pos;
-    unsigned char head[HEADER_SIZE], dynamic[24];
-    memcpy(head, rec, HEADER_SIZE);
-    memcpy(dynamic, rec + POS_QUEUE_OFFSET, 16);
-    memcpy(dynamic + 16, rec + POS_STORE_TIMESTAMP, 8);
-    memset(head + POS_CRC, 0, 4);
-    memset(head + POS_QUEUE_OFFSET, 0, 16);
-    memset(head + POS_STORE_TIMESTAMP, 0, 8);
     uint32_t crc;
     Py_BEGIN_ALLOW_THREADS
-    crc = CRC_CONT(0, head, HEADER_SIZE);
-    crc = CRC_CONT(crc, rec + HEADER_SIZE, total - HEADER_SIZE);
-    crc = CRC_CONT(crc, dynamic, 24);
+    crc = compute_record_crc(rec, total);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
-    return PyLong_FromUnsignedLong(crc & 0x7FFFFFFFu);
+    return PyLong_FromUnsignedLong(crc);
 }
 
 static inline uint32_t rd32(const unsigned char *p) {
@@ -635,6 +641,173 @@ failed:
     return NULL;
 }
 
+/* codec.decode_properties of p[0..n): pairs `name\x01value\x02`, a pair without \x01
+ * skipped, a value keeping any later \x01, a later name replacing an earlier. NULL with
+ * UnicodeDecodeError set when any of it is not UTF-8 (as decoding the whole text first). */
+static PyObject *lenient_properties(const unsigned char *p, Py_ssize_t n) {
+    PyObject *props = PyDict_New();
+    if (props == NULL)
+        return NULL;
+    Py_ssize_t start = 0;
+    while (start < n) {
+        const unsigned char *end = memchr(p + start, 0x02, (size_t)(n - start));
+        Py_ssize_t stop = end == NULL ? n : end - p;
+        if (stop > start) {
+            const unsigned char *sep = memchr(p + start, 0x01, (size_t)(stop - start));
+            if (sep == NULL) { /* skipped, but it must still be text */
+                PyObject *text = PyUnicode_DecodeUTF8((const char *)p + start, stop - start, NULL);
+                if (text == NULL)
+                    goto failed;
+                Py_DECREF(text);
+            } else {
+                PyObject *name =
+                    PyUnicode_DecodeUTF8((const char *)p + start, sep - (p + start), NULL);
+                if (name == NULL)
+                    goto failed;
+                PyObject *value =
+                    PyUnicode_DecodeUTF8((const char *)sep + 1, stop - (sep + 1 - p), NULL);
+                if (value == NULL) {
+                    Py_DECREF(name);
+                    goto failed;
+                }
+                int bad = PyDict_SetItem(props, name, value);
+                Py_DECREF(name);
+                Py_DECREF(value);
+                if (bad < 0)
+                    goto failed;
+            }
+        }
+        start = stop + 1;
+    }
+    return props;
+failed:
+    Py_DECREF(props);
+    return NULL;
+}
+
+/* codec.decode_host of 8 bytes (IPv4, big-endian port): ("a.b.c.d", port), remembered in
+ * `hosts` (a dict keyed by the 8 bytes as an int; cleared past 1024 entries). */
+static PyObject *cached_host(PyObject *hosts, const unsigned char *raw) {
+    PyObject *key = PyLong_FromUnsignedLongLong(((uint64_t)rd32(raw) << 32) | rd32(raw + 4));
+    if (key == NULL)
+        return NULL;
+    PyObject *host = PyDict_GetItemWithError(hosts, key);
+    if (host != NULL) {
+        Py_DECREF(key);
+        Py_INCREF(host);
+        return host;
+    }
+    if (PyErr_Occurred()) {
+        Py_DECREF(key);
+        return NULL;
+    }
+    if (PyDict_GET_SIZE(hosts) >= 1024)
+        PyDict_Clear(hosts);
+    host = Py_BuildValue("(Ni)",
+                         PyUnicode_FromFormat("%u.%u.%u.%u", raw[0], raw[1], raw[2], raw[3]),
+                         (int)rds32(raw + 4));
+    if (host == NULL || PyDict_SetItem(hosts, key, host) < 0) {
+        Py_XDECREF(host);
+        Py_DECREF(key);
+        return NULL;
+    }
+    Py_DECREF(key);
+    return host;
+}
+
+PyDoc_STRVAR(look_record_doc,
+"look_record(message_type, hosts, buffer, pos, limit, verify) -> message | None | False\n\n"
+"CommitLog._look_in in one call: the record at buffer[pos] (all of it before `limit`),\n"
+"decoded as codec.decode_message does and built as message_type(*its 16 fields); None\n"
+"when there is no whole record there (a bad magic code or size, fields that overrun the\n"
+"record, text that is not UTF-8); False when `verify` and a version-2 record fails its\n"
+"RECORDCRC. `hosts` is a dict this call keeps decoded hosts in.");
+
+static PyObject *look_record(PyObject *module, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t pos, limit;
+    int verify;
+    PyObject *message_type, *hosts;
+    if (!PyArg_ParseTuple(args, "OO!y*nnp", &message_type, &PyDict_Type, &hosts, &view, &pos,
+                          &limit, &verify))
+        return NULL;
+    PyObject *fields[16] = {NULL};
+    PyObject *out = NULL;
+    if (limit > view.len)
+        limit = view.len;
+    if (pos < 0 || pos + FIXED_SIZE > limit)
+        goto none;
+    const unsigned char *rec = (const unsigned char *)view.buf + pos;
+    int64_t total = rds32(rec);
+    uint32_t magic = rd32(rec + 4);
+    if ((magic != MAGIC && magic != MAGIC_V1) || total < FIXED_SIZE || pos + total > limit)
+        goto none;
+    int64_t blen = rds32(rec + 84);
+    if (blen < 0 || FIXED_SIZE + blen > total)
+        goto none;
+    const unsigned char *body_end = rec + HEADER_SIZE + blen;
+    int64_t tlen = body_end[0];
+    if (FIXED_SIZE + blen + tlen > total)
+        goto none;
+    const unsigned char *props_len_at = body_end + 1 + tlen;
+    int64_t plen = (int16_t)(((uint16_t)props_len_at[0] << 8) | props_len_at[1]);
+    if (plen < 0 || FIXED_SIZE + blen + tlen + plen != total)
+        goto none;
+    if (verify && magic == MAGIC) {
+        uint32_t crc;
+        if (total > 65536) {
+            Py_BEGIN_ALLOW_THREADS
+            crc = compute_record_crc(rec, total);
+            Py_END_ALLOW_THREADS
+        } else {
+            crc = compute_record_crc(rec, total);
+        }
+        if (crc != rd32(rec + POS_CRC)) {
+            PyBuffer_Release(&view);
+            Py_RETURN_FALSE;
+        }
+    }
+    fields[0] = PyUnicode_DecodeUTF8((const char *)body_end + 1, tlen, NULL);
+    if (fields[0] == NULL)
+        goto undecodable;
+    fields[4] = lenient_properties(props_len_at + 2, plen);
+    if (fields[4] == NULL)
+        goto undecodable;
+    fields[1] = PyBytes_FromStringAndSize((const char *)rec + HEADER_SIZE, blen);
+    fields[2] = PyLong_FromLong(rds32(rec + 12));
+    fields[3] = PyLong_FromLong(rds32(rec + 16));
+    fields[5] = PyLong_FromLong(rds32(rec + 36));
+    fields[6] = PyLong_FromLongLong(rds64(rec + 40));
+    fields[7] = cached_host(hosts, rec + 48);
+    fields[8] = PyLong_FromLong(rds32(rec + 72));
+    fields[9] = PyLong_FromLongLong(rds64(rec + 76));
+    fields[10] = PyLong_FromLongLong(rds64(rec + 20));
+    fields[11] = PyLong_FromLongLong(rds64(rec + 28));
+    fields[12] = PyLong_FromLongLong(rds64(rec + 56));
+    fields[13] = cached_host(hosts, rec + 64);
+    fields[14] = PyLong_FromLongLong(total);
+    fields[15] = PyLong_FromLong(rds32(rec + POS_CRC));
+    for (int i = 0; i < 16; i++)
+        if (fields[i] == NULL)
+            goto failed;
+    out = PyObject_Vectorcall(message_type, fields, 16, NULL);
+    goto failed; /* release the fields: `out` is the result or NULL with the error */
+undecodable:
+    if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+        goto failed;
+    PyErr_Clear();
+none:
+    for (int i = 0; i < 16; i++)
+        Py_XDECREF(fields[i]);
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+failed:
+    for (int i = 0; i < 16; i++)
+        Py_XDECREF(fields[i]);
+    PyBuffer_Release(&view);
+    return out;
+}
+
 #define INDEX_ENTRY_SIZE 20
 #define INDEX_HEADER_SIZE 40
 
@@ -781,6 +954,7 @@ static PyMethodDef methods[] = {
     {"body_digest", body_digest, METH_O, body_digest_doc},
     {"dispatch_record", dispatch_record, METH_VARARGS, dispatch_record_doc},
     {"index_entries", index_entries, METH_VARARGS, index_entries_doc},
+    {"look_record", look_record, METH_VARARGS, look_record_doc},
     {"prepare", prepare, METH_VARARGS, prepare_doc},
     {"seal", seal, METH_VARARGS, seal_doc},
     {"partial", partial, METH_O, partial_doc},

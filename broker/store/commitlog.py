@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -34,16 +33,12 @@ from broker.store.codec import (
     BLANK_MAGIC_CODE,
     END_FILE_MIN_BLANK_LENGTH,
     FIXED_SIZE,
-    RECORD_MAGIC_CODE,
-    RECORD_MAGIC_CODES,
     EncodeError,
     check_message_and_return_size,
-    decode_message,
     encode_blank,
     encode_host,
     encode_record,
     is_queued,
-    record_crc,
 )
 from broker.store.config import FlushMode, StoreConfig
 from broker.store.errors import ReplicaRejected, StoreNotRunning
@@ -718,23 +713,10 @@ class CommitLog:
 
     def _look_in(self, mf: MappedFile, offset: int) -> MessageExt | None:
         """The record at `offset` in `mf` (held by the caller), as `look_message`."""
-        pos = offset - mf.file_from_offset
-        limit = mf.wrote_position
-        if pos < 0 or pos + FIXED_SIZE > limit:
-            return None
-        mm = mf.mapping
-        size, magic = BLANK.unpack_from(mm, pos)  # TOTALSIZE, MAGICCODE
-        if magic not in RECORD_MAGIC_CODES or size < FIXED_SIZE or pos + size > limit:
-            return None
-        try:
-            msg = decode_message(mm, pos)  # straight from the mapping: one copy
-        except (ValueError, IndexError, UnicodeDecodeError, struct.error):
-            return None
-        if (
-            magic == RECORD_MAGIC_CODE
-            and self.verify_on_read
-            and record_crc(mm, pos, size) != msg.body_crc
-        ):
+        msg = codec.look_record(
+            mf.mapping, offset - mf.file_from_offset, mf.wrote_position, self.verify_on_read
+        )
+        if msg is False:
             self._report_corrupt(offset, "fails its checksum")
             return None
         return msg

@@ -405,3 +405,88 @@ def test_compiled_and_python_dispatch_checks_agree() -> None:
         assert check_message_and_return_size(bytes(buf), 0, check_crc=False) == want
         valid += want[1] is not None
     assert valid > 1_000  # the damage left many records readable, not only refused ones
+
+
+def test_a_record_is_read_whole_or_not_at_all() -> None:
+    """`look_record`, the read of every served record: the decoded message; False for a
+    version-2 record that fails its checksum (when verifying); None where no whole record
+    lies before the limit or its fields overrun it."""
+    from broker.store import codec
+
+    props = {"a": "x\x01y", Prop.UNIQ_KEY: "U1"}  # a value may hold \x01 once stored
+    rec = _record(b"payload", props={"a": "xQy", Prop.UNIQ_KEY: "U1"})
+    rec[rec.index(b"xQy") + 1] = 1
+    reseal(rec, 0)
+    for look in (codec.look_record, codec.py_look_record):
+        msg = look(bytes(rec), 0, len(rec), True)
+        assert msg == decode_message(rec)
+        assert msg.properties == props and msg.store_host == STORE_HOST
+        assert look(bytes(rec), 0, len(rec) - 1, True) is None  # the limit cuts it
+        assert look(bytes(rec), -1, len(rec), True) is None
+        assert look(bytes(rec) + bytes(8), 0, len(rec) + 8, True) == msg
+        damaged = bytearray(rec)
+        damaged[HEADER_AT_BODY] ^= 0x01  # a body byte: the checksum fails
+        assert look(bytes(damaged), 0, len(rec), True) is False
+        assert look(bytes(damaged), 0, len(rec), False).body == b"qayload"
+        overrun = bytearray(rec)
+        overrun[84:88] = (len(rec)).to_bytes(4, "big")  # BODYLEN past the record's end
+        assert look(bytes(overrun), 0, len(rec), False) is None
+        skipped = _record(props={"k": "v", "n": "w"})
+        # a property without its \x01 is skipped, not an error (the lenient decode)
+        raw = bytes(skipped).replace(b"k\x01v\x02", b"kxv\x02")
+        assert look(raw, 0, len(raw), False).properties == {"n": "w"}
+        bad_text = bytes(skipped).replace(b"k\x01v", b"k\x01\xff")
+        assert look(bad_text, 0, len(bad_text), False) is None
+        v1 = _v1_record(b"written-by-v1")
+        assert look(bytes(v1), 0, len(v1), True).body == b"written-by-v1"
+
+
+HEADER_AT_BODY = 88
+
+
+def test_compiled_and_python_record_reads_agree() -> None:
+    """The compiled `look_record` gives the Python one's result (the same message, None
+    or False) on records and on (seeded) damaged copies of them, verifying or not."""
+    import random
+    import struct
+
+    from broker.store import codec
+
+    assert codec.look_record is not codec.py_look_record  # the compiled one is in use
+    records = [
+        _record(),
+        _record(b"x" * 300, topic="тема", props={"a": "é", Prop.UNIQ_KEY: "U"}),
+        _record(props={}),
+        _record(props={"": "v", "b": "", "c": "1Q2"}).replace(b"1Q2", b"1\x012"),
+        _v1_record(),
+    ]
+    rng = random.Random(20261124)
+    valid = refused = failed = 0
+    for i in range(20_000):
+        buf = bytearray(rng.choice(records))
+        for _ in range(rng.randint(0 if i < 50 else 1, 3)):
+            if not buf:
+                break
+            how = rng.random()
+            if how < 0.6:
+                at = len(buf) - 1 - rng.randrange(min(len(buf), 60))
+                if how < 0.15:
+                    at = rng.randrange(len(buf))
+                buf[at] = rng.choice([0, 1, 2, 0x7F, 0x80, 0xC3, 0xFF, rng.randrange(256)])
+            elif how < 0.8:
+                del buf[rng.randrange(len(buf) + 1) :]
+            else:
+                at = rng.randrange(len(buf) + 1)
+                buf[at:at] = bytes([rng.choice([1, 2, 0x41, 0xE2])])
+        if rng.random() < 0.6 and len(buf) >= 4:
+            buf[0:4] = struct.pack(">i", len(buf))
+        data = bytes(buf) + bytes(rng.randrange(3))
+        limit = len(data) - rng.randrange(3)
+        verify = rng.random() < 0.5
+        want = codec.py_look_record(data, 0, limit, verify)
+        assert codec.look_record(data, 0, limit, verify) == want
+        assert codec.look_record(memoryview(bytearray(data)), 0, limit, verify) == want
+        valid += want is not None and want is not False
+        refused += want is None
+        failed += want is False
+    assert valid > 1_000 and refused > 1_000 and failed > 1_000

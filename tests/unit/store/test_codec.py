@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+import struct
 import zlib
 
 import pytest
@@ -357,12 +359,33 @@ def _python_check(buf: bytes, pos: int) -> tuple[int, object]:
         codec._dispatch_record = native
 
 
+def _damaged(rng: random.Random, record: bytes | bytearray, least: int = 1) -> bytearray:
+    """A seeded damaged copy of `record`: `least` to 3 changes (a byte of the topic and
+    properties or of the header, a cut, an inserted separator or UTF-8 lead byte), its
+    TOTALSIZE often made to match its new length (lengths that still add up)."""
+    buf = bytearray(record)
+    for _ in range(rng.randint(least, 3)):
+        if not buf:
+            break
+        how = rng.random()
+        if how < 0.6:
+            at = len(buf) - 1 - rng.randrange(min(len(buf), 60))
+            if how < 0.15:
+                at = rng.randrange(len(buf))
+            buf[at] = rng.choice([0, 1, 2, 0x7F, 0x80, 0xC3, 0xFF, rng.randrange(256)])
+        elif how < 0.8:
+            del buf[rng.randrange(len(buf) + 1) :]
+        else:
+            at = rng.randrange(len(buf) + 1)
+            buf[at:at] = bytes([rng.choice([1, 2, 0x41, 0xE2])])
+    if rng.random() < 0.6 and len(buf) >= 4:
+        buf[0:4] = struct.pack(">i", len(buf))
+    return buf
+
+
 def test_compiled_and_python_dispatch_checks_agree() -> None:
     """Without a CRC check the compiled reader gives the Python one's verdict and fields,
     on records and on (seeded) damaged copies of them: lengths, bytes, UTF-8, separators."""
-    import random
-    import struct
-
     from broker.store import codec
 
     assert codec._dispatch_record is not None  # the compiled one is in use
@@ -384,23 +407,7 @@ def test_compiled_and_python_dispatch_checks_agree() -> None:
     rng = random.Random(20261124)
     valid = 0
     for _ in range(20_000):
-        buf = bytearray(rng.choice(records))
-        for _ in range(rng.randint(1, 3)):
-            if not buf:
-                break
-            how = rng.random()
-            if how < 0.6:  # a byte of the topic and properties, or of the header
-                at = len(buf) - 1 - rng.randrange(min(len(buf), 60))
-                if how < 0.15:
-                    at = rng.randrange(len(buf))
-                buf[at] = rng.choice([0, 1, 2, 0x7F, 0x80, 0xC3, 0xFF, rng.randrange(256)])
-            elif how < 0.8:
-                del buf[rng.randrange(len(buf) + 1) :]
-            else:
-                at = rng.randrange(len(buf) + 1)
-                buf[at:at] = bytes([rng.choice([1, 2, 0x41, 0xE2])])
-        if rng.random() < 0.6 and len(buf) >= 4:
-            buf[0:4] = struct.pack(">i", len(buf))  # lengths that still add up, often
+        buf = _damaged(rng, rng.choice(records))
         want = _python_check(bytes(buf), 0)
         assert check_message_and_return_size(bytes(buf), 0, check_crc=False) == want
         valid += want[1] is not None
@@ -447,9 +454,6 @@ HEADER_AT_BODY = 88
 def test_compiled_and_python_record_reads_agree() -> None:
     """The compiled `look_record` gives the Python one's result (the same message, None
     or False) on records and on (seeded) damaged copies of them, verifying or not."""
-    import random
-    import struct
-
     from broker.store import codec
 
     assert codec.look_record is not codec.py_look_record  # the compiled one is in use
@@ -463,23 +467,7 @@ def test_compiled_and_python_record_reads_agree() -> None:
     rng = random.Random(20261124)
     valid = refused = failed = 0
     for i in range(20_000):
-        buf = bytearray(rng.choice(records))
-        for _ in range(rng.randint(0 if i < 50 else 1, 3)):
-            if not buf:
-                break
-            how = rng.random()
-            if how < 0.6:
-                at = len(buf) - 1 - rng.randrange(min(len(buf), 60))
-                if how < 0.15:
-                    at = rng.randrange(len(buf))
-                buf[at] = rng.choice([0, 1, 2, 0x7F, 0x80, 0xC3, 0xFF, rng.randrange(256)])
-            elif how < 0.8:
-                del buf[rng.randrange(len(buf) + 1) :]
-            else:
-                at = rng.randrange(len(buf) + 1)
-                buf[at:at] = bytes([rng.choice([1, 2, 0x41, 0xE2])])
-        if rng.random() < 0.6 and len(buf) >= 4:
-            buf[0:4] = struct.pack(">i", len(buf))
+        buf = _damaged(rng, rng.choice(records), least=0 if i < 50 else 1)
         data = bytes(buf) + bytes(rng.randrange(3))
         limit = len(data) - rng.randrange(3)
         verify = rng.random() < 0.5

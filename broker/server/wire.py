@@ -35,7 +35,8 @@ import asyncio
 import itertools
 import json
 import logging
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
 from broker import protocol_wire as pw
@@ -211,7 +212,15 @@ class WireConnection(asyncio.Protocol):
         )
         deadline = self.loop.time() + timeout_ms / 1000 if timeout_ms else None
         context = WireContext(self, metadata, deadline)
-        task = self.loop.create_task(self._call(request_id, handler, request, context))
+        # started at once, in this loop turn: a call that never waits (most sends under
+        # async flush, acks, queries) is answered without a task or another turn; one that
+        # waits goes on in a task from where it stopped
+        call = self._call(request_id, handler, request, context)
+        try:
+            waited = call.send(None)
+        except StopIteration:
+            return
+        task = self.loop.create_task(_resume(call, waited))
         self._tasks[request_id] = (task, context)
         if len(self._tasks) >= MAX_INFLIGHT:
             self._update_reading()
@@ -310,6 +319,29 @@ class WireConnection(asyncio.Protocol):
         elif not pause and self._read_paused:
             self._read_paused = False
             transport.resume_reading()
+
+
+@types.coroutine
+def _resume(call: Coroutine[Any, Any, None], waited: Any) -> Generator[Any, Any, None]:
+    """Drive `call`, started and now suspended on `waited` (what it yielded: the future it
+    awaits, or None for a bare turn), to its end: what the task running this sends or
+    throws in goes on to `call`, as `await` would have passed it (cancellation included)."""
+    while True:
+        try:
+            sent = yield waited
+        except GeneratorExit:  # closed unfinished (its loop went away): close the call too
+            call.close()
+            raise
+        except BaseException as exc:  # cancellation included
+            try:
+                waited = call.throw(exc)
+            except StopIteration:
+                return
+        else:
+            try:
+                waited = call.send(sent)
+            except StopIteration:
+                return
 
 
 class WireServer:

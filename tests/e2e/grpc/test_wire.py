@@ -35,6 +35,7 @@ from broker.store.config import StoreConfig
 from reliable import Message, Producer, TransportError
 from tests.e2e.grpc.conftest import FAST
 from tests.e2e.grpc.server_process import REPO, ServerProcess
+from tests.e2e.grpc.test_malformed import receive_request
 from tests.e2e.helpers import wait_until
 
 HELLO = json.dumps({"x-mq-namespace": "", "x-mq-language": "PYTHON"}).encode()
@@ -194,17 +195,6 @@ def test_bad_frames_get_a_clear_answer_and_the_server_keeps_serving(server: Serv
     assert server.alive()
 
 
-def receive_request(group: str, topic: str, poll_s: int) -> Any:
-    req = service_pb2.ReceiveMessageRequest(batch_size=16)
-    req.group.name = group
-    req.message_queue.topic.name = topic
-    req.filter_expression.type = 1
-    req.filter_expression.expression = "*"
-    req.invisible_duration.seconds = 60
-    req.long_polling_timeout.seconds = poll_s
-    return req
-
-
 def received(body: bytes) -> list[bytes]:
     reply = pw.BY_NAME["ReceiveMessages"].response.FromString(body)
     assert reply.status.code in (Code.OK, Code.MESSAGE_NOT_FOUND)
@@ -221,18 +211,18 @@ def test_a_waiting_call_goes_on_while_others_are_answered_and_can_be_cancelled(
     with connect(server.wire_port) as sock:
         sock.sendall(request(1, "SendMessage", send_request(topic, b"first")))
         assert read_frame(sock)[:2] == (1, 0)
-        sock.sendall(request(2, "ReceiveMessages", receive_request(group, topic, 10)))
+        sock.sendall(request(2, "ReceiveMessages", receive_request(group, topic, poll_s=10)))
         request_id, flags, body = read_frame(sock)
         assert (request_id, flags) == (2, 0) and received(body) == [b"first"]
         # a long poll on the emptied queue waits; a send on the same connection is
         # answered meanwhile, and the poll, cancelled, ends as CANCELLED
-        sock.sendall(request(3, "ReceiveMessages", receive_request(group, topic, 20)))
+        sock.sendall(request(3, "ReceiveMessages", receive_request(group, topic, poll_s=20)))
         sock.sendall(request(4, "SendMessage", send_request("wire-waiting-other", b"x")))
         assert read_frame(sock)[:2] == (4, 0)
         sock.sendall(pw.frame(3, pw.CANCEL, 0, b""))
         assert read_frame(sock) == (3, pw.ERROR, b"CANCELLED\nthe call was cancelled")
         # a second poll is woken by an arrival, with it
-        sock.sendall(request(5, "ReceiveMessages", receive_request(group, topic, 20)))
+        sock.sendall(request(5, "ReceiveMessages", receive_request(group, topic, poll_s=20)))
         sock.sendall(request(6, "SendMessage", send_request(topic, b"second")))
         answers = {}
         for _ in range(2):

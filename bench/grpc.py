@@ -60,6 +60,7 @@ from bench._common import (
     SuiteResult,
     collected,
     format_table,
+    machine_speed,
     percentiles_ms,
     progress,
     timed,
@@ -958,6 +959,10 @@ def comparison_table(metrics: dict[str, Any]) -> list[str]:
 def run(opts: Options) -> SuiteResult:
     workdir = opts.workdir or Path.cwd()
     n = peers.counts(opts.quick)
+    loop_s, fsync_ms = machine_speed(workdir)
+    progress(
+        f"machine: a 10M-iteration Python loop {loop_s:.2f} s, fdatasync p50 {fsync_ms:.3f} ms"
+    )
     passes: list[SuiteResult] = []
     for i in range(max(1, opts.repeat)):
         one = SuiteResult()
@@ -972,11 +977,17 @@ def run(opts: Options) -> SuiteResult:
     result.metrics["messages_each"] = n.each
     result.metrics["messages_pipelined"] = n.pipelined
     result.metrics["passes"] = len(passes)
+    result.metrics["machine_python_loop_s"] = round(loop_s, 3)
+    result.metrics["machine_fdatasync_p50_ms"] = round(fsync_ms, 3)
     result.notes.append(
         f"{len(BODY)} B bodies; one-at-a-time cases: {n.each} messages, "
         f"pipelined and consume cases: {n.pipelined}; server: a separate "
         "process on loopback, async flush unless the case says sync_flush"
         + (f"; each figure the median of {len(passes)} passes" if len(passes) > 1 else "")
+    )
+    result.notes.append(
+        f"machine: a 10-million-iteration Python loop takes {loop_s:.2f} s, fdatasync of "
+        f"1 KiB {fsync_ms:.3f} ms at p50 (figures of Python-bound cases move with the first)"
     )
     result.notes.extend(comparison_table(result.metrics))
     return result

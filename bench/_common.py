@@ -97,8 +97,7 @@ def collected() -> tuple[float, float]:
 def machine_speed(where: Path) -> tuple[float, float]:
     """(seconds for a 10-million-iteration Python `for` loop, fdatasync of 1 KiB p50 in ms
     in `where`): what a figure of this machine stands on. Python-bound figures move with the
-    first (two machines with the same core count differed 2x in it, the compiled peers
-    much less), fsync-bound ones with the second."""
+    first, fsync-bound ones with the second."""
     start = time.perf_counter()
     total = 0
     for i in range(10_000_000):
@@ -116,8 +115,7 @@ def machine_speed(where: Path) -> tuple[float, float]:
     finally:
         os.close(fd)
         path.unlink()
-    syncs.sort()
-    return loop_s, syncs[len(syncs) // 2] * 1000
+    return loop_s, percentiles_ms(syncs)[0]
 
 
 def timed(fn: Callable[[], tuple[int, int]]) -> Measured:

@@ -518,37 +518,48 @@ static inline int64_t rds64(const unsigned char *p) {
 #define MAGIC_V1 0xDAA320A7u
 #define FIXED_SIZE (HEADER_SIZE + 1 + 2)
 
-/* codec._strict_properties of p[0..n): a dict, or NULL with no exception set when the
- * bytes are not whole `name\x01value\x02` pairs of UTF-8 (NULL with an exception set on
- * a memory error). Each pair holds exactly one \x01; a later name replaces an earlier. */
-static PyObject *strict_properties(const unsigned char *p, Py_ssize_t n) {
+/* The `name\x01value\x02` pairs of p[0..n) as a dict, a later name replacing an earlier:
+ * NULL with no exception set when they are not valid, NULL with one set on a memory error.
+ * strict (codec._strict_properties): whole pairs only, each with exactly one \x01.
+ * Otherwise (codec.decode_properties): a pair without \x01 is skipped, a value keeps any
+ * later \x01, and the last pair may lack its \x02. Either way all of it must be UTF-8. */
+static PyObject *decode_pairs(const unsigned char *p, Py_ssize_t n, int strict) {
     PyObject *props = PyDict_New();
     if (props == NULL || n == 0)
         return props;
-    if (p[n - 1] != 0x02)
+    if (strict && p[n - 1] != 0x02)
         goto invalid;
     Py_ssize_t start = 0;
     while (start < n) {
         const unsigned char *end = memchr(p + start, 0x02, (size_t)(n - start));
-        Py_ssize_t stop = end - p; /* found: the last byte is one */
+        Py_ssize_t stop = end == NULL ? n : end - p;
         const unsigned char *sep = memchr(p + start, 0x01, (size_t)(stop - start));
-        if (sep == NULL || memchr(sep + 1, 0x01, (size_t)(stop - (sep + 1 - p))) != NULL)
+        if (strict &&
+            (sep == NULL || memchr(sep + 1, 0x01, (size_t)(stop - (sep + 1 - p))) != NULL))
             goto invalid;
-        PyObject *name = PyUnicode_DecodeUTF8((const char *)p + start, sep - (p + start), NULL);
-        if (name == NULL)
-            goto undecodable;
-        PyObject *value =
-            PyUnicode_DecodeUTF8((const char *)sep + 1, stop - (sep + 1 - p), NULL);
-        if (value == NULL) {
+        if (sep == NULL) { /* skipped, but it must still be text */
+            PyObject *text = PyUnicode_DecodeUTF8((const char *)p + start, stop - start, NULL);
+            if (text == NULL)
+                goto undecodable;
+            Py_DECREF(text);
+        } else {
+            PyObject *name =
+                PyUnicode_DecodeUTF8((const char *)p + start, sep - (p + start), NULL);
+            if (name == NULL)
+                goto undecodable;
+            PyObject *value =
+                PyUnicode_DecodeUTF8((const char *)sep + 1, stop - (sep + 1 - p), NULL);
+            if (value == NULL) {
+                Py_DECREF(name);
+                goto undecodable;
+            }
+            int failed = PyDict_SetItem(props, name, value);
             Py_DECREF(name);
-            goto undecodable;
-        }
-        int failed = PyDict_SetItem(props, name, value);
-        Py_DECREF(name);
-        Py_DECREF(value);
-        if (failed < 0) {
-            Py_DECREF(props);
-            return NULL;
+            Py_DECREF(value);
+            if (failed < 0) {
+                Py_DECREF(props);
+                return NULL;
+            }
         }
         start = stop + 1;
     }
@@ -562,6 +573,38 @@ undecodable:
 invalid:
     Py_DECREF(props);
     return NULL;
+}
+
+/* Where the parts of a version-1 or -2 record lie (`record_layout`). */
+typedef struct {
+    int64_t total, blen, tlen, plen;
+    uint32_t magic;
+    const unsigned char *topic;      /* tlen bytes */
+    const unsigned char *properties; /* plen bytes */
+} Layout;
+
+/* The layout of the record at rec, `room` bytes readable there: 1 when its magic code is a
+ * record's and its body, topic and properties add up to exactly its TOTALSIZE within
+ * room; 0 otherwise (codec's checks, shared by both compiled readers). */
+static int record_layout(const unsigned char *rec, Py_ssize_t room, Layout *l) {
+    if (room < FIXED_SIZE)
+        return 0;
+    l->total = rds32(rec);
+    l->magic = rd32(rec + 4);
+    if ((l->magic != MAGIC && l->magic != MAGIC_V1) || l->total < FIXED_SIZE || l->total > room)
+        return 0;
+    l->blen = rds32(rec + 84);
+    if (l->blen < 0 || FIXED_SIZE + l->blen > l->total)
+        return 0;
+    const unsigned char *body_end = rec + HEADER_SIZE + l->blen;
+    l->tlen = body_end[0];
+    if (FIXED_SIZE + l->blen + l->tlen > l->total)
+        return 0;
+    l->topic = body_end + 1;
+    const unsigned char *plen_at = l->topic + l->tlen;
+    l->plen = (int16_t)(((uint16_t)plen_at[0] << 8) | plen_at[1]);
+    l->properties = plen_at + 2;
+    return l->plen >= 0 && FIXED_SIZE + l->blen + l->tlen + l->plen == l->total;
 }
 
 PyDoc_STRVAR(dispatch_record_doc,
@@ -598,36 +641,26 @@ static PyObject *dispatch_record(PyObject *module, PyObject *args) {
         size = total == left ? 0 : -1;
         goto done;
     }
-    if ((magic != MAGIC && magic != MAGIC_V1) || total < FIXED_SIZE || total > left)
+    Layout l;
+    if (!record_layout(rec, left, &l) || l.tlen == 0)
         goto done;
-    int64_t blen = rds32(rec + 84);
-    if (blen < 0 || FIXED_SIZE + blen > total)
-        goto done;
-    const unsigned char *body_end = rec + HEADER_SIZE + blen;
-    int64_t tlen = body_end[0];
-    if (tlen == 0 || FIXED_SIZE + blen + tlen > total)
-        goto done;
-    const unsigned char *props_len_at = body_end + 1 + tlen;
-    int64_t plen = (int16_t)(((uint16_t)props_len_at[0] << 8) | props_len_at[1]);
-    if (plen < 0 || FIXED_SIZE + blen + tlen + plen != total)
-        goto done;
-    if (memchr(body_end + 1, 0, (size_t)tlen) != NULL)
+    if (memchr(l.topic, 0, (size_t)l.tlen) != NULL)
         goto done; /* a NUL in the topic */
-    PyObject *topic = PyUnicode_DecodeUTF8((const char *)body_end + 1, tlen, NULL);
+    PyObject *topic = PyUnicode_DecodeUTF8((const char *)l.topic, l.tlen, NULL);
     if (topic == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
             goto failed;
         PyErr_Clear();
         goto done;
     }
-    PyObject *props = strict_properties(props_len_at + 2, plen);
+    PyObject *props = decode_pairs(l.properties, l.plen, 1);
     if (props == NULL) {
         Py_DECREF(topic);
         if (PyErr_Occurred())
             goto failed;
         goto done;
     }
-    out = Py_BuildValue("(LNiLLLiLN)", (long long)total, topic, (int)rds32(rec + 12),
+    out = Py_BuildValue("(LNiLLLiLN)", (long long)l.total, topic, (int)rds32(rec + 12),
                         (long long)rds64(rec + 28), (long long)rds64(rec + 56),
                         (long long)rds64(rec + 20), (int)rds32(rec + 36),
                         (long long)rds64(rec + 76), props);
@@ -638,50 +671,6 @@ done:
     return Py_BuildValue("(iO)", size, Py_None);
 failed:
     PyBuffer_Release(&view);
-    return NULL;
-}
-
-/* codec.decode_properties of p[0..n): pairs `name\x01value\x02`, a pair without \x01
- * skipped, a value keeping any later \x01, a later name replacing an earlier. NULL with
- * UnicodeDecodeError set when any of it is not UTF-8 (as decoding the whole text first). */
-static PyObject *lenient_properties(const unsigned char *p, Py_ssize_t n) {
-    PyObject *props = PyDict_New();
-    if (props == NULL)
-        return NULL;
-    Py_ssize_t start = 0;
-    while (start < n) {
-        const unsigned char *end = memchr(p + start, 0x02, (size_t)(n - start));
-        Py_ssize_t stop = end == NULL ? n : end - p;
-        if (stop > start) {
-            const unsigned char *sep = memchr(p + start, 0x01, (size_t)(stop - start));
-            if (sep == NULL) { /* skipped, but it must still be text */
-                PyObject *text = PyUnicode_DecodeUTF8((const char *)p + start, stop - start, NULL);
-                if (text == NULL)
-                    goto failed;
-                Py_DECREF(text);
-            } else {
-                PyObject *name =
-                    PyUnicode_DecodeUTF8((const char *)p + start, sep - (p + start), NULL);
-                if (name == NULL)
-                    goto failed;
-                PyObject *value =
-                    PyUnicode_DecodeUTF8((const char *)sep + 1, stop - (sep + 1 - p), NULL);
-                if (value == NULL) {
-                    Py_DECREF(name);
-                    goto failed;
-                }
-                int bad = PyDict_SetItem(props, name, value);
-                Py_DECREF(name);
-                Py_DECREF(value);
-                if (bad < 0)
-                    goto failed;
-            }
-        }
-        start = stop + 1;
-    }
-    return props;
-failed:
-    Py_DECREF(props);
     return NULL;
 }
 
@@ -735,25 +724,14 @@ static PyObject *look_record(PyObject *module, PyObject *args) {
     PyObject *out = NULL;
     if (limit > view.len)
         limit = view.len;
-    if (pos < 0 || pos + FIXED_SIZE > limit)
+    if (pos < 0 || pos > limit)
         goto none;
+    Layout l;
     const unsigned char *rec = (const unsigned char *)view.buf + pos;
-    int64_t total = rds32(rec);
-    uint32_t magic = rd32(rec + 4);
-    if ((magic != MAGIC && magic != MAGIC_V1) || total < FIXED_SIZE || pos + total > limit)
+    if (!record_layout(rec, limit - pos, &l))
         goto none;
-    int64_t blen = rds32(rec + 84);
-    if (blen < 0 || FIXED_SIZE + blen > total)
-        goto none;
-    const unsigned char *body_end = rec + HEADER_SIZE + blen;
-    int64_t tlen = body_end[0];
-    if (FIXED_SIZE + blen + tlen > total)
-        goto none;
-    const unsigned char *props_len_at = body_end + 1 + tlen;
-    int64_t plen = (int16_t)(((uint16_t)props_len_at[0] << 8) | props_len_at[1]);
-    if (plen < 0 || FIXED_SIZE + blen + tlen + plen != total)
-        goto none;
-    if (verify && magic == MAGIC) {
+    int64_t total = l.total;
+    if (verify && l.magic == MAGIC) {
         uint32_t crc;
         if (total > 65536) {
             Py_BEGIN_ALLOW_THREADS
@@ -767,13 +745,16 @@ static PyObject *look_record(PyObject *module, PyObject *args) {
             Py_RETURN_FALSE;
         }
     }
-    fields[0] = PyUnicode_DecodeUTF8((const char *)body_end + 1, tlen, NULL);
+    fields[0] = PyUnicode_DecodeUTF8((const char *)l.topic, l.tlen, NULL);
     if (fields[0] == NULL)
         goto undecodable;
-    fields[4] = lenient_properties(props_len_at + 2, plen);
-    if (fields[4] == NULL)
-        goto undecodable;
-    fields[1] = PyBytes_FromStringAndSize((const char *)rec + HEADER_SIZE, blen);
+    fields[4] = decode_pairs(l.properties, l.plen, 0);
+    if (fields[4] == NULL) {
+        if (PyErr_Occurred())
+            goto failed;
+        goto none;
+    }
+    fields[1] = PyBytes_FromStringAndSize((const char *)rec + HEADER_SIZE, l.blen);
     fields[2] = PyLong_FromLong(rds32(rec + 12));
     fields[3] = PyLong_FromLong(rds32(rec + 16));
     fields[5] = PyLong_FromLong(rds32(rec + 36));

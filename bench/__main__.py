@@ -74,9 +74,19 @@ def main(argv: list[str] | None = None) -> int:
         help="grpc: run every case N times, pass after pass, and report each figure's "
         "median (a pass disturbed by the machine moves no verdict)",
     )
+    parser.add_argument(
+        "--stub-work-us",
+        metavar="N",
+        type=float,
+        default=0.0,
+        help="grpc: the no-work stub spends N microseconds of CPU on each send and ack, "
+        "to see how far a client's cap falls with a server's work per call",
+    )
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat: must be at least 1")
+    if args.stub_work_us < 0:
+        parser.error("--stub-work-us: must be at least 0")
     if args.only is not None:
         try:
             re.compile(args.only)
@@ -91,7 +101,13 @@ def main(argv: list[str] | None = None) -> int:
             workdir.mkdir()
             progress(f"suite {name}{' (quick)' if args.quick else ''} in {workdir}")
             results[name] = modules[name].run(
-                Options(quick=args.quick, workdir=workdir, only=args.only, repeat=args.repeat)
+                Options(
+                    quick=args.quick,
+                    workdir=workdir,
+                    only=args.only,
+                    repeat=args.repeat,
+                    stub_work_us=args.stub_work_us,
+                )
             )
             description = getattr(modules[name], "DESCRIPTION", "")
             print(format_table(f"== {name}: {description}", results[name]))

@@ -26,6 +26,7 @@ class Options:
     workdir: Path | None = None  # where suites put their files (a temp dir by default)
     only: str | None = None  # a regular expression: the cases to run (suites that offer it)
     repeat: int = 1  # passes over the cases, each figure their median (suites that offer it)
+    stub_work_us: float = 0.0  # grpc: CPU the no-work stub spends per send and per ack
 
 
 @dataclass

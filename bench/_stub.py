@@ -20,6 +20,10 @@ fields the official client reads (docs in /docs/performance.md, protocol in the 
 Nothing is stored, so a client's figure against this server is the most it can do here:
 the bench reports the real server's figure as a percentage of it. It runs as its own
 process, as the real server does, so the client does not share its interpreter.
+
+`--work-us N` makes it spend N microseconds of CPU on the event loop in each SendMessage
+and AckMessage before it answers: how far a client's figure falls for each microsecond a
+server spends per call (`python -m bench grpc --stub-work-us N`; docs/performance.md).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import argparse
 import asyncio
 import contextlib
 import itertools
+import time
 import zlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -53,12 +58,20 @@ def _ok(response: Any) -> Any:
 class StubMessagingService:
     """Registered with `add_MessagingServiceServicer_to_server` (duck-typed)."""
 
-    def __init__(self, body: bytes = BODY) -> None:
+    def __init__(self, body: bytes = BODY, work_us: float = 0.0) -> None:
         self._body = body
+        self._work_s = work_us / 1e6
         self._offsets = itertools.count()
         self._canned: dict[tuple[str, str], list[Any]] = {}
         self.sent = 0  # messages answered: a test can tell the stub was really called
         self.acked = 0
+
+    def _work(self) -> None:
+        """Spend `work_us` of CPU here, as a server's own work per call would."""
+        if self._work_s > 0:
+            until = time.perf_counter() + self._work_s
+            while time.perf_counter() < until:
+                pass
 
     # --- routes and sessions
     async def QueryRoute(self, request: Any, context: Any) -> Any:
@@ -89,6 +102,7 @@ class StubMessagingService:
 
     # --- producing
     async def SendMessage(self, request: Any, context: Any) -> Any:
+        self._work()
         response = _ok(service_pb2.SendMessageResponse())
         for message in request.messages:
             entry = response.entries.add()
@@ -147,6 +161,7 @@ class StubMessagingService:
         return response
 
     async def AckMessage(self, request: Any, context: Any) -> Any:
+        self._work()
         response = _ok(service_pb2.AckMessageResponse())
         for entry in request.entries:
             result = response.entries.add()
@@ -188,7 +203,12 @@ class StubMessagingService:
 
 
 async def serve(
-    port: int = 0, host: str = "127.0.0.1", ready: Any = None, *, batch_receive: bool = True
+    port: int = 0,
+    host: str = "127.0.0.1",
+    ready: Any = None,
+    *,
+    batch_receive: bool = True,
+    work_us: float = 0.0,
 ) -> None:
     """Serve until cancelled; `ready(port)` is called once the port is bound."""
     server = grpc.aio.server(
@@ -198,7 +218,7 @@ async def serve(
             ("grpc.max_send_message_length", -1),
         ]
     )
-    service = StubMessagingService()
+    service = StubMessagingService(work_us=work_us)
     service_pb2_grpc.add_MessagingServiceServicer_to_server(service, server)
     if batch_receive:
         handler = grpc.unary_unary_rpc_method_handler(
@@ -235,13 +255,30 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="offer only the protocol's ReceiveMessage, as an Apache RocketMQ proxy does",
     )
+    parser.add_argument(
+        "--work-us",
+        type=float,
+        default=0.0,
+        metavar="N",
+        help="CPU microseconds spent on each SendMessage and AckMessage before answering "
+        "(default 0: no work)",
+    )
     args = parser.parse_args(argv)
+    if args.work_us < 0:
+        parser.error("--work-us: must be at least 0")
 
     def ready(port: int) -> None:
         print(f"serving on 127.0.0.1:{port}", flush=True)
 
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(args.port, ready=ready, batch_receive=not args.without_batch_receive))
+        asyncio.run(
+            serve(
+                args.port,
+                ready=ready,
+                batch_receive=not args.without_batch_receive,
+                work_us=args.work_us,
+            )
+        )
     return 0
 
 

@@ -308,8 +308,12 @@ def broker_server(store: Path, home: Path, flush: str = "async") -> Any:
     )
 
 
-def stub_server(home: Path) -> Any:
-    return serving(["-m", "bench._stub", "--port", "0"], home, "stub server")
+def stub_server(home: Path, work_us: float = 0.0) -> Any:
+    """The no-work stub (`bench._stub`); `work_us`: the CPU it spends per send and ack."""
+    argv = ["-m", "bench._stub", "--port", "0"]
+    if work_us:
+        argv += ["--work-us", str(work_us)]
+    return serving(argv, home, "stub server")
 
 
 # --- measuring helpers
@@ -721,13 +725,17 @@ def started(transport: Any) -> Iterator[Any]:
 
 
 def measure(
-    n: peers.Counts, workdir: Path, result: SuiteResult, only: str | None = None
+    n: peers.Counts,
+    workdir: Path,
+    result: SuiteResult,
+    only: str | None = None,
+    stub_work_us: float = 0.0,
 ) -> list[str]:
     """The suite's cases into `result`; returns the failures (empty when all ran).
 
     `only` (a regular expression) keeps the groups of cases with a name it matches (a
     group shares one server: `official_` runs the three official cases); the others stay
-    null in the metrics."""
+    null in the metrics. `stub_work_us`: the CPU the stub spends per send and ack."""
     pattern = re.compile(only) if only else None
 
     def wanted(*names: str) -> bool:
@@ -762,7 +770,10 @@ def measure(
     stub_official = ("stub_official_send", "stub_official_send_async", "stub_official_receive_ack")
     stub_framework = tuple(f"stub_{case}" for case in framework_cases)
     if wanted(*stub_official, *stub_framework):
-        with rec.section(*stub_official, *stub_framework), stub_server(home) as endpoint:
+        with (
+            rec.section(*stub_official, *stub_framework),
+            stub_server(home, stub_work_us) as endpoint,
+        ):
             if wanted(*stub_official):
                 with rec.section(*stub_official):
                     official(endpoint, "stub_official", n, rec)
@@ -971,7 +982,7 @@ def run(opts: Options) -> SuiteResult:
             progress(f"pass {i + 1} of {opts.repeat}")
             where = workdir / f"pass-{i + 1}"
             where.mkdir(exist_ok=True)
-        one.errors.extend(measure(n, where, one, opts.only))
+        one.errors.extend(measure(n, where, one, opts.only, opts.stub_work_us))
         passes.append(one)
     result = passes[0] if len(passes) == 1 else median_of(passes)
     result.metrics["messages_each"] = n.each
@@ -979,6 +990,7 @@ def run(opts: Options) -> SuiteResult:
     result.metrics["passes"] = len(passes)
     result.metrics["machine_python_loop_s"] = round(loop_s, 3)
     result.metrics["machine_fdatasync_p50_ms"] = round(fsync_ms, 3)
+    result.metrics["stub_work_us"] = opts.stub_work_us
     result.notes.append(
         f"{len(BODY)} B bodies; one-at-a-time cases: {n.each} messages, "
         f"pipelined and consume cases: {n.pipelined}; server: a separate "
@@ -989,6 +1001,11 @@ def run(opts: Options) -> SuiteResult:
         f"machine: a 10-million-iteration Python loop takes {loop_s:.2f} s, fdatasync of "
         f"1 KiB {fsync_ms:.3f} ms at p50 (figures of Python-bound cases move with the first)"
     )
+    if opts.stub_work_us:
+        result.notes.append(
+            f"the stub spent {opts.stub_work_us:g} us of CPU on each send and ack "
+            "(--stub-work-us): its figures are not the no-work cap"
+        )
     result.notes.extend(comparison_table(result.metrics))
     return result
 

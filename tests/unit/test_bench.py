@@ -351,3 +351,39 @@ def test_repeated_passes_report_each_figure_as_its_median() -> None:
 def test_repeat_must_be_positive() -> None:
     proc = _bench("grpc", "--repeat", "0", timeout=60)
     assert proc.returncode == 2 and "--repeat: must be at least 1" in proc.stderr
+
+
+def test_stub_work_must_not_be_negative() -> None:
+    proc = _bench("grpc", "--stub-work-us", "-1", timeout=60)
+    assert proc.returncode == 2 and "--stub-work-us: must be at least 0" in proc.stderr
+
+
+def test_the_stub_spends_the_work_it_is_given_on_each_send_and_ack() -> None:
+    """`--work-us`: each SendMessage and AckMessage holds the loop that long before it
+    answers (a lower bound: a busy wait cannot end early), with the same answer."""
+    import asyncio
+    import time
+
+    from bench._stub import StubMessagingService
+    from broker.protocol_pb import service_pb2
+
+    send = service_pb2.SendMessageRequest()
+    send.messages.add().system_properties.message_id = "01ABC"
+    ack = service_pb2.AckMessageRequest()
+    ack.entries.add(message_id="01ABC", receipt_handle="h")
+
+    async def timed(call: object) -> float:
+        started = time.perf_counter()
+        await call  # type: ignore[misc]
+        return time.perf_counter() - started
+
+    async def main() -> None:
+        stub = StubMessagingService(work_us=30_000)
+        assert await timed(stub.SendMessage(send, None)) >= 0.03
+        assert await timed(stub.AckMessage(ack, None)) >= 0.03
+        assert stub.sent == stub.acked == 1
+        for worker in (stub, StubMessagingService()):
+            response = await worker.SendMessage(send, None)
+            assert [e.message_id for e in response.entries] == ["01ABC"]
+
+    asyncio.run(main())

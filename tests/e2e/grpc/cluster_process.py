@@ -139,3 +139,20 @@ class Cluster:
 
     def terminate(self) -> list[int]:
         return [proc.terminate() for proc in self.processes if proc.alive()]
+
+    def finish(self, min_offset: int) -> None:
+        """A module's teardown: every group's master stored more than `min_offset` bytes
+        (the scenarios reached both groups), then a clean stop of every server, which
+        happens even when that check fails (else the servers outlive the run)."""
+        from reliable.admin import AdminClient
+
+        try:
+            for group in self.groups:
+                admin = AdminClient(group.master.endpoint)
+                try:
+                    assert admin.ha_status()["max_offset"] > min_offset, group.name
+                finally:
+                    admin.close()
+        finally:
+            codes = self.terminate()
+        assert codes == [0] * len(codes), "".join(o for p in self.processes for o in p.output)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -98,10 +99,37 @@ def test_every_group_s_orphaned_transactions_reach_the_producer(cluster: Cluster
                     got.add(m.message_id)
                 return got >= ids
 
-            assert official.wait_for(arrived, timeout_s=60, interval_s=0), (
-                f"{len(ids - got)} of {count} never delivered, {len(ids - set(asked))} never "
-                "checked"
-            )
+            def why() -> str:
+                """What each group holds of the messages never delivered, the producer's
+                Telemetry streams, and each master's transaction log lines (a rare
+                failure: one group's checks never reached the checker)."""
+                missing = sorted(ids - got)
+                out = [
+                    f"{len(missing)} of {count} never delivered, "
+                    f"{len(ids - set(asked))} never checked",
+                    f"producer streams (target: settings answered): {producer_streams(t)}",
+                ]
+                for group in cluster.groups:
+                    admin = AdminClient(group.master.endpoint)
+                    try:
+                        roles = {
+                            mid: [
+                                r["role"]
+                                for r in admin.call("TraceMessage", key=mid, topic=topic)["records"]
+                            ]
+                            for mid in missing
+                        }
+                    except Exception as exc:
+                        roles = {"trace failed": [repr(exc)]}
+                    finally:
+                        admin.close()
+                    lines = [
+                        x for x in group.master.output if "transaction" in x or "elemetry" in x
+                    ]
+                    out.append(f"{group.name}: {roles}; log: {''.join(lines[-8:])}")
+                return "\n".join(out)
+
+            assert official.wait_for(arrived, timeout_s=60, interval_s=0), why()
             assert got == ids and ids <= set(asked)
             # committed where each half message was: in both groups
             held: dict[str, set[str]] = {}
@@ -118,6 +146,15 @@ def test_every_group_s_orphaned_transactions_reach_the_producer(cluster: Cluster
             assert all(held.values()) and set().union(*held.values()) == ids, held
     finally:
         t.close()
+
+
+def producer_streams(t: Transport) -> dict[str, bool]:
+    """A grpc transport's producer Telemetry streams: target ("access point" for the
+    access point's) -> whether its server answered the Settings."""
+    first = getattr(t, "_producer_stream", None)
+    more: dict[str, Any] = getattr(t, "_producer_streams", {})
+    streams = {"access point": first, **more} if first is not None else dict(more)
+    return {target: stream.ready.is_set() for target, stream in streams.items()}
 
 
 def test_a_consumer_is_a_live_client_of_every_group(cluster: Cluster) -> None:

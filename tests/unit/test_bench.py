@@ -387,3 +387,31 @@ def test_the_stub_spends_the_work_it_is_given_on_each_send_and_ack() -> None:
             assert [e.message_id for e in response.entries] == ["01ABC"]
 
     asyncio.run(main())
+
+
+def test_a_stub_made_to_work_gives_no_share_of_the_cap_and_no_verdict() -> None:
+    """With `--stub-work-us`, the stub's figures are not the cap: no `_pct_of_cap`, and
+    its comparisons say so instead of met or short; the peers' verdicts stand."""
+    metrics: dict[str, object] = {
+        "framework_send_pipelined_msgs_s": 20_000,
+        "nats_publish_pipelined_msgs_s": 10_000,
+        "official_send_msgs_s": 450,
+        "stub_official_send_msgs_s": 500,
+        "stub_work_us": 30.0,
+    }
+    grpc_suite.shares_of_cap(metrics)
+    assert metrics["official_send_pct_of_cap"] is None
+    lines = grpc_suite.comparison_table(metrics)
+    cap = next(
+        line for line in lines if line.startswith("official_send ") and "stub_official_send" in line
+    )
+    assert "90%" in cap and "no verdict: the stub worked" in cap and "(met)" not in cap
+    pipelined = next(
+        line
+        for line in lines
+        if line.startswith("framework_send_pipelined ") and "nats_publish_pipelined" in line
+    )
+    assert "(met)" in pipelined
+    metrics["stub_work_us"] = 0.0
+    grpc_suite.shares_of_cap(metrics)
+    assert metrics["official_send_pct_of_cap"] == 90.0

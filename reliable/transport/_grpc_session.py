@@ -420,7 +420,7 @@ class GrpcSession:
         request = service_pb2.QueryRouteRequest()
         self._resource(request.topic, topic)
         request.endpoints.CopyFrom(self._access_point)
-        response = self._unary("QueryRoute", request)
+        response = self._route_call(request)
         writes: list[QueueRef] = []
         reads: list[QueueRef] = []
         learned: list[str] = []
@@ -445,6 +445,28 @@ class GrpcSession:
         for target in dict.fromkeys(learned):
             self._target_learned(target)
         return TopicRoute(topic, tuple(writes), tuple(reads))
+
+    def _route_call(self, request: Any) -> Any:
+        """QueryRoute at the access point, else at each group master a route named before.
+
+        Every server of a cluster answers routes for every group, as the access point
+        does: when the access point's server has just died (its channel not reconnected
+        yet, or an access point naming that server alone), the next route, and with it
+        every send's next attempt, comes from a live master at once. The access point's
+        error is raised when no master answers either."""
+        try:
+            return self._unary("QueryRoute", request)
+        except TransportError as first:
+            with self._lock:  # one group name per target other than the access point's
+                masters = {t: b for b, t in self._broker_targets.items() if t != self._target}
+            for broker in masters.values():
+                try:
+                    response = self._unary("QueryRoute", request, broker=broker)
+                except TransportError:
+                    continue
+                log.info("%s; the route came from group %s instead", first, broker)
+                return response
+            raise first
 
     def retry_topic(self, group: str) -> str:
         return retry_topic(group)

@@ -245,6 +245,32 @@ def test_killing_one_master_never_stops_sends_and_loses_nothing(cluster: Cluster
     )
 
 
+def test_routes_come_from_a_live_master_when_the_access_point_s_server_dies(
+    cluster: Cluster,
+) -> None:
+    """The framework asks its access point for routes. Given one server's address alone,
+    it learns both groups' masters from the first route; once that server is killed,
+    routes come from the other group's master at once (every server answers routes for
+    all groups), so sends go on: without it, every route and send failed with
+    UNAVAILABLE until the dead server came back."""
+    a, b = cluster.groups
+    topic = "t-cl-access-point"
+    transport = reliable.connect("grpc", endpoint=a.master.endpoint)
+    transport.start()
+    try:
+        with Producer(transport, send_timeout_s=3.0) as producer:
+            first = transport.route(topic)
+            assert {q.broker for q in first.write_queues} == {a.name, b.name}
+            a.master.kill()  # SIGKILL: the access point's only server is gone
+            # a send to a's queue fails, forgets the route and asks again: b answers
+            ids = [producer.send(Message(topic, f"m{i}".encode())).message_id for i in range(20)]
+        assert len(set(ids)) == 20
+        # every send after the kill is in b's store, once (a's master is dead)
+        assert _ids_in_store(b.master.store, topic) == Counter(dict.fromkeys(ids, 1))
+    finally:
+        transport.close()
+
+
 def test_a_recall_reaches_the_group_holding_the_message(cluster: Cluster) -> None:
     """RecallMessage goes to the client's access point; the handle names the group whose
     schedule holds the message, and the access point forwards it there."""

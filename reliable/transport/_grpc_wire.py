@@ -235,6 +235,10 @@ class Telemetry:
         self._on_command = on_command
         self._on_verify = on_verify
         self._queue: queue.Queue[Any] = queue.Queue()
+        # Settings are made and queued under this lock, so they leave in the order they
+        # were made: a Settings made before a change (a topic noted) and queued after the
+        # one made for that change would be the server's last word, and the change lost
+        self._settings_lock = threading.Lock()
         self._closed = threading.Event()
         self.ready = threading.Event()
         self.reply: Any = None
@@ -245,9 +249,15 @@ class Telemetry:
         self._thread.start()
 
     def resend_settings(self) -> None:
+        """Send the client's Settings as they are now (after a topic or subscription
+        changed); a stream that is (re)connecting sends them as part of its opening."""
+        with self._settings_lock:
+            self._queue.put(self._settings_command())
+
+    def _settings_command(self) -> Any:
         command = service_pb2.TelemetryCommand()
         command.settings.CopyFrom(self._settings())
-        self._queue.put(command)
+        return command
 
     def _requests(self) -> Iterator[Any]:
         while not self._closed.is_set():
@@ -259,8 +269,9 @@ class Telemetry:
     def _run(self) -> None:
         backoff = 0.5
         while not self._closed.is_set():
-            self._queue = queue.Queue()
-            self.resend_settings()
+            with self._settings_lock:  # a new queue opening with the Settings of now
+                self._queue = queue.Queue()
+                self._queue.put(self._settings_command())
             try:
                 self._call = self._t.stub.Telemetry(
                     self._requests(), metadata=self._t.metadata(self.client_id)

@@ -230,8 +230,7 @@ class ClientHandlers:
             yield reply
             return
         stream = TelemetryStream(self.ctx.config.max_telemetry_queue, asyncio.current_task())
-        session.stream = stream
-        session.streams += 1
+        session.stream_opened(stream)
         outbox = stream.queue
         reader = asyncio.ensure_future(
             self._read_commands(requests, session, call, stream, context)
@@ -271,9 +270,7 @@ class ClientHandlers:
             return
         stream.closed = True
         self.ctx.direct.stream_closed(stream)
-        session.streams -= 1
-        if session.stream is stream:
-            session.stream = None
+        session.stream_closed(stream)
         session.last_seen_ms = session.disconnected_ms = self.ctx.clock()
 
     async def _cut_off(self, session: ClientSession, stream: TelemetryStream, context: Any) -> None:

@@ -208,7 +208,7 @@ class MessagingServer:
             self.ctx.closing = True
             self.servicer.consuming.waiters.wake_all()
             for session in self.ctx.sessions:
-                session.end_stream()
+                session.end_streams()
             if self.wire is not None:
                 await asyncio.gather(self.wire.stop(self._grace_s), server.stop(self._grace_s))
             else:

@@ -118,19 +118,37 @@ class ClientSession:
     settings: Any = None  # the client's own Settings, as last received
     publishing: frozenset[str] = frozenset()
     subscriptions: dict[str, frozenset[str] | None] = field(default_factory=dict)
-    stream: TelemetryStream | None = None  # the latest open Telemetry stream
-    streams: int = 0
+    stream: TelemetryStream | None = None  # the latest of the open Telemetry streams
+    # every open stream, oldest first: one client identity may hold several to one server
+    # (its access point's and its group master's, when they are the same server)
+    open_streams: list[TelemetryStream] = field(default_factory=list)
     disconnected_ms: int = 0  # when the last telemetry stream closed
     renewals: dict[str, Renewal] = field(default_factory=dict)
 
     @property
-    def connected(self) -> bool:
-        return self.streams > 0
+    def streams(self) -> int:
+        return len(self.open_streams)
 
-    def end_stream(self) -> None:
-        """Ask the open telemetry stream, if any, to finish (server shutdown)."""
-        if self.stream is not None:
-            self.stream.end()
+    @property
+    def connected(self) -> bool:
+        return bool(self.open_streams)
+
+    def stream_opened(self, stream: TelemetryStream) -> None:
+        self.open_streams.append(stream)
+        self.stream = stream
+
+    def stream_closed(self, stream: TelemetryStream) -> None:
+        """Forget a stream that ended; commands go to the latest one still open, so a
+        client whose newer stream ends keeps being reached on its older one."""
+        if stream in self.open_streams:
+            self.open_streams.remove(stream)
+        if self.stream is stream:
+            self.stream = self.open_streams[-1] if self.open_streams else None
+
+    def end_streams(self) -> None:
+        """Ask every open telemetry stream to finish (server shutdown)."""
+        for stream in list(self.open_streams):
+            stream.end()
 
     def push(self, command: Any) -> bool:
         """Queue a command on the client's telemetry stream; False when it has none or the

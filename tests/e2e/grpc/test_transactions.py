@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
+import uuid
 from typing import Any
 
+import grpc
 import pytest
 
+from broker.protocol_pb import service_pb2, service_pb2_grpc
 from tests.e2e.grpc import official
 from tests.e2e.grpc.server_process import ServerProcess
 
@@ -75,6 +79,80 @@ def test_orphaned_transaction_is_checked_over_telemetry(server: ServerProcess) -
     finally:
         producer.shutdown()
         consumer.shutdown()
+
+
+class ProducerStream:
+    """A raw producer Telemetry stream of `client_id` publishing `topic`: the orphan checks
+    it is sent are kept, none is answered."""
+
+    def __init__(self, endpoint: str, client_id: str, topic: str) -> None:
+        self.channel = grpc.insecure_channel(endpoint)
+        stub = service_pb2_grpc.MessagingServiceStub(self.channel)
+        self.outbox: queue.Queue[Any] = queue.Queue()
+        settings = service_pb2.TelemetryCommand()
+        settings.settings.client_type = 1  # producer
+        settings.settings.publishing.topics.add().name = topic
+        self.outbox.put(settings)
+        self.ready = threading.Event()
+        self.checks: list[str] = []
+        self.call = stub.Telemetry(
+            iter(self.outbox.get, None), metadata=[("x-mq-client-id", client_id)], timeout=120
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            for command in self.call:
+                kind = command.WhichOneof("command")
+                if kind == "settings":
+                    self.ready.set()
+                elif kind == "recover_orphaned_transaction_command":
+                    check = command.recover_orphaned_transaction_command
+                    self.checks.append(check.message.system_properties.message_id)
+        except grpc.RpcError:
+            pass
+
+    def close(self) -> None:
+        self.outbox.put(None)
+        self.call.cancel()
+        self.channel.close()
+
+
+def test_a_client_s_older_stream_takes_the_checks_when_its_newer_one_ends(
+    server: ServerProcess,
+) -> None:
+    """One client identity may hold two Telemetry streams to one server (the transport's
+    access point stream and its group master stream, when both reach the same server). The
+    server sends commands on the newer; when that one ends, the older still gets them: a
+    half message's check is not lost because a client closed one of its two streams."""
+    topic, client_id = "t-two-streams", "two-streams@producer"
+    older = ProducerStream(server.endpoint, client_id, topic)
+    newer: ProducerStream | None = None
+    channel = grpc.insecure_channel(server.endpoint)
+    try:
+        assert older.ready.wait(10)
+        newer = ProducerStream(server.endpoint, client_id, topic)
+        assert newer.ready.wait(10)
+        newer.close()
+        time.sleep(0.5)  # the server has seen the newer stream end
+        request = service_pb2.SendMessageRequest()
+        message = request.messages.add()
+        message.topic.name, message.body = topic, b"half"
+        message_id = uuid.uuid4().hex.upper()
+        message.system_properties.message_id = message_id
+        message.system_properties.message_type = 4  # transaction: a half message
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        reply = stub.SendMessage(request, metadata=[("x-mq-client-id", client_id)], timeout=10)
+        assert reply.status.code == 20000, reply.status
+        deadline = time.monotonic() + 20  # checks every second here (FAST)
+        while message_id not in older.checks and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert message_id in older.checks
+    finally:
+        older.close()
+        if newer is not None:
+            newer.close()
+        channel.close()
 
 
 def test_delay_message_arrives_at_its_time(server: ServerProcess) -> None:

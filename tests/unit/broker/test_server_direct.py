@@ -43,8 +43,7 @@ def status(code: str, message: str = "") -> definition_pb2.Status:
 def connect(sessions: SessionRegistry, client_id: str, group: str, kind: ClientKind) -> None:
     session = sessions.touch(client_id, 0)
     session.kind, session.group = kind, group
-    session.stream = TelemetryStream(8, None)
-    session.streams += 1
+    session.stream_opened(TelemetryStream(8, None))
 
 
 def test_only_the_client_asked_can_answer_and_the_message_is_the_consumers_view() -> None:

@@ -12,13 +12,11 @@ Telemetry stream) each give their typed answer; a stopped store refuses --client
 from __future__ import annotations
 
 import json
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
-import grpc
 import pytest
 
 from reliable import (
@@ -35,9 +33,9 @@ from reliable import (
 )
 from reliable import admin_messages as api
 from reliable.admin import AdminCallError, AdminClient
-from reliable.transport._pb import service_pb2, service_pb2_grpc
 from reliable.transport.base import DirectConsume
 from tests.e2e.grpc import official
+from tests.e2e.grpc.raw_telemetry import RawTelemetry, consumer_settings
 from tests.e2e.grpc.server_process import ServerProcess
 from tests.e2e.grpc.server_process import admin_cli as cli
 from tests.e2e.grpc.server_process import admin_json as doc
@@ -204,41 +202,6 @@ def test_reconsume_to_one_client_runs_its_listener_once_and_reports_the_verdict(
         admin.close()
 
 
-class RawStream:
-    """A Telemetry stream of client `client_id` in `group` that reads every command and
-    answers none of them (as the official Python client treats verify_message_command)."""
-
-    def __init__(self, endpoint: str, client_id: str, group: str, topic: str) -> None:
-        self.channel = grpc.insecure_channel(endpoint)
-        stub = service_pb2_grpc.MessagingServiceStub(self.channel)
-        self.outbox: queue.Queue[Any] = queue.Queue()
-        settings = service_pb2.TelemetryCommand()
-        settings.settings.client_type = 3  # simple consumer
-        settings.settings.subscription.group.name = group
-        entry = settings.settings.subscription.subscriptions.add()
-        entry.topic.name, entry.expression.type, entry.expression.expression = topic, 1, "*"
-        self.outbox.put(settings)
-        self.verifies: list[Any] = []
-        self.call = stub.Telemetry(
-            iter(self.outbox.get, None), metadata=[("x-mq-client-id", client_id)], timeout=120
-        )
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        try:
-            for command in self.call:
-                if command.WhichOneof("command") == "verify_message_command":
-                    self.verifies.append(command.verify_message_command)
-        except grpc.RpcError:
-            pass
-
-    def close(self) -> None:
-        self.outbox.put(None)
-        self.call.cancel()
-        self.channel.close()
-
-
 def test_clients_that_cannot_or_do_not_answer_and_a_stopped_store(
     make_server: Callable[..., ServerProcess],
 ) -> None:
@@ -249,8 +212,10 @@ def test_clients_that_cannot_or_do_not_answer_and_a_stopped_store(
     assert cli("group", "create", group, *ep).returncode == 0
     assert cli("group", "create", "dn-other", *ep).returncode == 0
     mid = send(server.endpoint, Message(topic, b"order 7", keys=["order-7"]))
-    raw = RawStream(server.endpoint, "raw-client-1", group, topic)
-    other = RawStream(server.endpoint, "raw-other-1", "dn-other", topic)
+    # streams that read every command and answer none (as the official Python client
+    # treats verify_message_command)
+    raw = RawTelemetry(server.endpoint, "raw-client-1", consumer_settings(group, topic))
+    other = RawTelemetry(server.endpoint, "raw-other-1", consumer_settings("dn-other", topic))
     t = connect("grpc", endpoint=server.endpoint)
     t.start()
     simple = SimpleConsumer(group, {topic: "*"}, transport=t).start()
@@ -282,7 +247,7 @@ def test_clients_that_cannot_or_do_not_answer_and_a_stopped_store(
         [line] = silent.stderr.strip().splitlines()
         assert "PROXY_TIMEOUT" in line and "did not answer within 1000 ms" in line
         assert took >= 1.0
-        [verify] = raw.verifies
+        [verify] = raw.received("verify_message_command")
         assert verify.message.system_properties.message_id == mid
         assert verify.message.body == b"order 7" and verify.message.topic.name == topic
         assert len(verify.nonce) >= 16
@@ -313,7 +278,9 @@ def test_clients_that_cannot_or_do_not_answer_and_a_stopped_store(
         t.close()
         raw.close()
         other.close()
-    assert raw.verifies == [verify]  # asked once, only for the one command
+    assert raw.received("verify_message_command") == [
+        verify
+    ]  # asked once, only for the one command
     assert server.terminate() == 0
     stopped = cli(
         "message", "reconsume", mid, "--group", group, "--client", "raw-client-1",

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -13,6 +13,7 @@ import pytest
 
 from broker.protocol_pb import service_pb2, service_pb2_grpc
 from tests.e2e.grpc import official
+from tests.e2e.grpc.raw_telemetry import RawTelemetry, producer_settings
 from tests.e2e.grpc.server_process import ServerProcess
 
 
@@ -81,57 +82,29 @@ def test_orphaned_transaction_is_checked_over_telemetry(server: ServerProcess) -
         consumer.shutdown()
 
 
-class ProducerStream:
-    """A raw producer Telemetry stream of `client_id` publishing `topic`: the orphan checks
-    it is sent are kept, none is answered."""
-
-    def __init__(self, endpoint: str, client_id: str, topic: str) -> None:
-        self.channel = grpc.insecure_channel(endpoint)
-        stub = service_pb2_grpc.MessagingServiceStub(self.channel)
-        self.outbox: queue.Queue[Any] = queue.Queue()
-        settings = service_pb2.TelemetryCommand()
-        settings.settings.client_type = 1  # producer
-        settings.settings.publishing.topics.add().name = topic
-        self.outbox.put(settings)
-        self.ready = threading.Event()
-        self.checks: list[str] = []
-        self.call = stub.Telemetry(
-            iter(self.outbox.get, None), metadata=[("x-mq-client-id", client_id)], timeout=120
-        )
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        try:
-            for command in self.call:
-                kind = command.WhichOneof("command")
-                if kind == "settings":
-                    self.ready.set()
-                elif kind == "recover_orphaned_transaction_command":
-                    check = command.recover_orphaned_transaction_command
-                    self.checks.append(check.message.system_properties.message_id)
-        except grpc.RpcError:
-            pass
-
-    def close(self) -> None:
-        self.outbox.put(None)
-        self.call.cancel()
-        self.channel.close()
+def checked(stream: RawTelemetry) -> list[str]:
+    """The message ids of the orphan checks `stream` was sent."""
+    return [
+        c.message.system_properties.message_id
+        for c in stream.received("recover_orphaned_transaction_command")
+    ]
 
 
 def test_a_client_s_older_stream_takes_the_checks_when_its_newer_one_ends(
-    server: ServerProcess,
+    make_server: Callable[..., ServerProcess],
 ) -> None:
     """One client identity may hold two Telemetry streams to one server (the transport's
     access point stream and its group master stream, when both reach the same server). The
     server sends commands on the newer; when that one ends, the older still gets them: a
     half message's check is not lost because a client closed one of its two streams."""
+    server = make_server()  # its own: a protocol-level check, not a cluster scenario
     topic, client_id = "t-two-streams", "two-streams@producer"
-    older = ProducerStream(server.endpoint, client_id, topic)
-    newer: ProducerStream | None = None
+    older = RawTelemetry(server.endpoint, client_id, producer_settings(topic))
+    newer: RawTelemetry | None = None
     channel = grpc.insecure_channel(server.endpoint)
     try:
         assert older.ready.wait(10)
-        newer = ProducerStream(server.endpoint, client_id, topic)
+        newer = RawTelemetry(server.endpoint, client_id, producer_settings(topic))
         assert newer.ready.wait(10)
         newer.close()
         time.sleep(0.5)  # the server has seen the newer stream end
@@ -145,9 +118,9 @@ def test_a_client_s_older_stream_takes_the_checks_when_its_newer_one_ends(
         reply = stub.SendMessage(request, metadata=[("x-mq-client-id", client_id)], timeout=10)
         assert reply.status.code == 20000, reply.status
         deadline = time.monotonic() + 20  # checks every second here (FAST)
-        while message_id not in older.checks and time.monotonic() < deadline:
+        while message_id not in checked(older) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert message_id in older.checks
+        assert message_id in checked(older)
     finally:
         older.close()
         if newer is not None:

@@ -118,16 +118,17 @@ class ClientSession:
     settings: Any = None  # the client's own Settings, as last received
     publishing: frozenset[str] = frozenset()
     subscriptions: dict[str, frozenset[str] | None] = field(default_factory=dict)
-    stream: TelemetryStream | None = None  # the latest of the open Telemetry streams
-    # every open stream, oldest first: one client identity may hold several to one server
-    # (its access point's and its group master's, when they are the same server)
+    # every open Telemetry stream, oldest first: one client identity may hold several to
+    # one server (its access point's and its group master's, when they are the same server)
     open_streams: list[TelemetryStream] = field(default_factory=list)
     disconnected_ms: int = 0  # when the last telemetry stream closed
     renewals: dict[str, Renewal] = field(default_factory=dict)
 
     @property
-    def streams(self) -> int:
-        return len(self.open_streams)
+    def stream(self) -> TelemetryStream | None:
+        """The latest stream still open: commands go there, so a client whose newer
+        stream ended keeps being reached on its older one."""
+        return self.open_streams[-1] if self.open_streams else None
 
     @property
     def connected(self) -> bool:
@@ -135,15 +136,10 @@ class ClientSession:
 
     def stream_opened(self, stream: TelemetryStream) -> None:
         self.open_streams.append(stream)
-        self.stream = stream
 
     def stream_closed(self, stream: TelemetryStream) -> None:
-        """Forget a stream that ended; commands go to the latest one still open, so a
-        client whose newer stream ends keeps being reached on its older one."""
         if stream in self.open_streams:
             self.open_streams.remove(stream)
-        if self.stream is stream:
-            self.stream = self.open_streams[-1] if self.open_streams else None
 
     def end_streams(self) -> None:
         """Ask every open telemetry stream to finish (server shutdown)."""

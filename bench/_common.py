@@ -95,15 +95,22 @@ def collected() -> tuple[float, float]:
     return time.perf_counter(), time.thread_time()
 
 
-def machine_speed(where: Path) -> tuple[float, float]:
-    """(seconds for a 10-million-iteration Python `for` loop, fdatasync of 1 KiB p50 in ms
-    in `where`): what a figure of this machine stands on. Python-bound figures move with the
-    first, fsync-bound ones with the second."""
-    start = time.perf_counter()
-    total = 0
-    for i in range(10_000_000):
-        total += i
-    loop_s = time.perf_counter() - start
+def python_loop_s(samples: int = 5) -> list[float]:
+    """Seconds a 10-million-iteration Python `for` loop takes, `samples` times (each timed
+    on a fifth of it): Python-bound figures move with it. Several short samples, not one
+    long one, so that a machine whose speed moves within seconds (a shared host) shows it."""
+    out = []
+    for _ in range(samples):
+        start = time.perf_counter()
+        total = 0
+        for i in range(2_000_000):
+            total += i
+        out.append((time.perf_counter() - start) * 5)
+    return out
+
+
+def fdatasync_p50_ms(where: Path) -> float:
+    """fdatasync of 1 KiB in `where`, p50 in ms: fsync-bound figures move with it."""
     path = where / "fsync-probe"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
@@ -116,7 +123,7 @@ def machine_speed(where: Path) -> tuple[float, float]:
     finally:
         os.close(fd)
         path.unlink()
-    return loop_s, percentiles_ms(syncs)[0]
+    return percentiles_ms(syncs)[0]
 
 
 def timed(fn: Callable[[], tuple[int, int]]) -> Measured:

@@ -42,6 +42,7 @@ import collections
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -59,10 +60,11 @@ from bench._common import (
     Row,
     SuiteResult,
     collected,
+    fdatasync_p50_ms,
     format_table,
-    machine_speed,
     percentiles_ms,
     progress,
+    python_loop_s,
     timed,
 )
 
@@ -77,6 +79,8 @@ BATCH = 32  # messages per send_batch and per receive
 REPO = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 60.0
 STALL_TIMEOUT_S = 60.0  # a case fails when nothing completes for this long
+# the machine line warns when its slowest loop sample took this many times its fastest
+UNSTEADY = 1.3
 
 # every figure this suite reports (null when its case failed); the JSON always has them
 THROUGHPUT_KEYS = (
@@ -978,9 +982,11 @@ def comparison_table(metrics: dict[str, Any]) -> list[str]:
 def run(opts: Options) -> SuiteResult:
     workdir = opts.workdir or Path.cwd()
     n = peers.counts(opts.quick)
-    loop_s, fsync_ms = machine_speed(workdir)
+    loops = python_loop_s()
+    fsync_ms = fdatasync_p50_ms(workdir)
     progress(
-        f"machine: a 10M-iteration Python loop {loop_s:.2f} s, fdatasync p50 {fsync_ms:.3f} ms"
+        f"machine: a 10M-iteration Python loop {statistics.median(loops):.2f} s, "
+        f"fdatasync p50 {fsync_ms:.3f} ms"
     )
     passes: list[SuiteResult] = []
     for i in range(max(1, opts.repeat)):
@@ -992,11 +998,15 @@ def run(opts: Options) -> SuiteResult:
             where.mkdir(exist_ok=True)
         one.errors.extend(measure(n, where, one, opts.only, opts.stub_work_us))
         passes.append(one)
+        loops.extend(python_loop_s())  # the machine's speed again, after each pass
     result = passes[0] if len(passes) == 1 else median_of(passes)
     result.metrics["messages_each"] = n.each
     result.metrics["messages_pipelined"] = n.pipelined
     result.metrics["passes"] = len(passes)
+    loop_s, fastest, slowest = statistics.median(loops), min(loops), max(loops)
     result.metrics["machine_python_loop_s"] = round(loop_s, 3)
+    result.metrics["machine_python_loop_min_s"] = round(fastest, 3)
+    result.metrics["machine_python_loop_max_s"] = round(slowest, 3)
     result.metrics["machine_fdatasync_p50_ms"] = round(fsync_ms, 3)
     result.notes.append(
         f"{len(BODY)} B bodies; one-at-a-time cases: {n.each} messages, "
@@ -1005,9 +1015,16 @@ def run(opts: Options) -> SuiteResult:
         + (f"; each figure the median of {len(passes)} passes" if len(passes) > 1 else "")
     )
     result.notes.append(
-        f"machine: a 10-million-iteration Python loop takes {loop_s:.2f} s, fdatasync of "
-        f"1 KiB {fsync_ms:.3f} ms at p50 (figures of Python-bound cases move with the first)"
+        f"machine: a 10-million-iteration Python loop takes {loop_s:.2f} s "
+        f"({fastest:.2f}-{slowest:.2f} s in {len(loops)} samples before and after the "
+        f"passes), fdatasync of 1 KiB {fsync_ms:.3f} ms at p50 (figures of Python-bound "
+        "cases move with the first)"
     )
+    if slowest >= UNSTEADY * fastest:
+        result.notes.append(
+            f"machine unsteady: its Python speed moved {slowest / fastest:.1f}x during the "
+            "run; a Python-bound figure can move as much from one pass to the next"
+        )
     if opts.stub_work_us:
         result.notes.append(
             f"the stub spent {opts.stub_work_us:g} us of CPU on each send and ack "

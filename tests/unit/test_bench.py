@@ -141,6 +141,13 @@ def test_grpc_only_runs_the_chosen_group_and_keeps_every_key(tmp_path: Path) -> 
         assert isinstance(metrics[key], int) and metrics[key] > 0, key
     # what the machine's figures stand on, measured in the same run
     assert 0 < metrics["machine_python_loop_s"] < 60
+    # sampled before and after the pass: the machine's own spread beside the figures
+    assert (
+        0
+        < metrics["machine_python_loop_min_s"]
+        <= metrics["machine_python_loop_s"]
+        <= metrics["machine_python_loop_max_s"]
+    )
     assert 0 < metrics["machine_fdatasync_p50_ms"] < 1000
     assert "machine: a 10-million-iteration Python loop" in proc.stdout
     for key in GRPC_KEYS - {"embedded_send_msgs_s", "embedded_receive_ack_msgs_s"}:

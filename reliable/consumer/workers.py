@@ -1,4 +1,4 @@
-"""The consume threads of a push consumer over pulled queues.
+"""The consume threads of a push consumer (either engine: pulled queues or receives).
 
 A `ThreadPoolExecutor` builds a Future (a Condition, an RLock) per call and takes two locks
 (its own and the interpreter-wide shutdown lock, shared by every puller) per `submit`; a

@@ -11,22 +11,29 @@ import pytest
 from reliable.consumer.workers import Workers
 
 
-def test_calls_run_concurrently_on_at_most_max_workers_threads() -> None:
-    pool = Workers(3, thread_name_prefix="t")
+def _start_blocked(pool: Workers, calls: int, expect: int) -> tuple[list[str], threading.Event]:
+    """Put `calls` calls that each wait on a gate and wait (5 s at most) until `expect` of
+    them run at once: the names of the threads running them, and the gate to open."""
     gate = threading.Event()
     running: list[str] = []
     lock = threading.Lock()
 
-    def call(i: int) -> None:
+    def call() -> None:
         with lock:
             running.append(threading.current_thread().name)
-        gate.wait(5)
+        gate.wait(10)
 
-    for i in range(5):
-        pool.submit(call, i)
+    for _ in range(calls):
+        pool.submit(call)
     deadline = time.monotonic() + 5
-    while len(running) < 3 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    while len(running) < expect and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return running, gate
+
+
+def test_calls_run_concurrently_on_at_most_max_workers_threads() -> None:
+    pool = Workers(3, thread_name_prefix="t")
+    running, gate = _start_blocked(pool, 5, 3)
     time.sleep(0.05)
     assert len(running) == 3  # three threads busy, two calls wait for one
     assert sorted(running) == ["t_0", "t_1", "t_2"]
@@ -105,20 +112,7 @@ def test_calls_that_wait_get_every_thread_back_after_the_limit_fell() -> None:
     idle, with no new call put: eight calls that block all run at once."""
     pool = Workers(8, thread_name_prefix="t")
     pool.limit = 1
-    gate = threading.Event()
-    running: set[int] = set()
-    lock = threading.Lock()
-
-    def call(i: int) -> None:
-        with lock:
-            running.add(i)
-        gate.wait(10)
-
-    for i in range(8):
-        pool.submit(call, i)
-    deadline = time.monotonic() + 5
-    while len(running) < 8 and time.monotonic() < deadline:
-        time.sleep(0.005)
+    running, gate = _start_blocked(pool, 8, 8)
     concurrent = len(running)
     gate.set()
     pool.shutdown()

@@ -189,12 +189,10 @@ class Workers:
             self._window_at, self._sampled, self._waited = now, 0, 0
             if wall > _STALE_S and self._running == 0:
                 return  # the pool was idle: nothing measured
-            if not sampled:  # no call ended while calls wait: the running ones wait
-                if self._calls and self.limit < self._max:
-                    self.limit = min(self._max, self.limit * 2)
-            elif waited < FEW * sampled:
+            if sampled and waited < FEW * sampled:
                 self.limit = max(1, self.limit // 2)
-            elif waited > MOST * sampled and self._calls and self.limit < self._max:
+            elif self._calls and (not sampled or waited > MOST * sampled):
+                # calls wait and the running ones wait too (none ended: all in their calls)
                 self.limit = min(self._max, self.limit * 2)
         finally:
             self._lock.release()

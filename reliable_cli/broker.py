@@ -28,6 +28,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from broker.idle_poll import DEFAULT_MAX_US as DEFAULT_IDLE_POLL_US
 from reliable_cli import observe
 from reliable_cli.exit_codes import ExitCode
 from reliable_cli.store_options import add_disk_arguments, disk_options
@@ -70,6 +71,17 @@ def register(sub: Any) -> None:
         help="also serve the native wire (docs/wire.md) on this port for the framework's "
         "clients: the same calls as gRPC, framed over plain TCP, about 2x the one-at-a-time "
         "rate; 0 picks a free one (default: off; not with TLS)",
+    )
+    s.add_argument(
+        "--idle-poll-us",
+        type=int,
+        default=DEFAULT_IDLE_POLL_US,
+        metavar="US",
+        help="poll for calls this long at most before the server's event loop sleeps, while "
+        "calls keep coming within it: on a virtual machine whose idle CPUs halt at once, "
+        "this saves a halt and a wake per call of a one-at-a-time client, for at most this "
+        f"much CPU per wait (docs/performance.md, idle polling; default "
+        f"{DEFAULT_IDLE_POLL_US}; 0: never poll)",
     )
     s.add_argument(
         "--advertise",
@@ -242,6 +254,7 @@ def start(args: argparse.Namespace) -> int:
     from broker.errors import BrokerError
     from broker.ha import HaMaster, HaRole
     from broker.ha.node import HaNode
+    from broker.idle_poll import check_max_us
     from broker.server import MessagingServer, ServerConfig, ServerStartError
     from broker.store.config import (
         FlushMode,
@@ -259,6 +272,10 @@ def start(args: argparse.Namespace) -> int:
         return _fail("--wire-port is plaintext: it cannot be combined with --tls-cert/--tls-key")
     if args.wire_port is not None and not 0 <= args.wire_port <= 65535:
         return _fail("--wire-port must be 0..65535")
+    try:
+        check_max_us(args.idle_poll_us)
+    except ValueError as exc:
+        return _fail(f"--idle-poll-us: {exc}")
     for path in (args.tls_cert, args.tls_key, args.credentials_file):
         if path is not None and not path.is_file():
             return _fail(f"{path}: no such file")
@@ -321,6 +338,7 @@ def start(args: argparse.Namespace) -> int:
         cluster=cluster,
         cluster_probe_ms=args.cluster_probe_ms,
         wire_port=args.wire_port,
+        idle_poll_us=args.idle_poll_us,
         read_only=ha_config.role is HaRole.SLAVE,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from broker.idle_poll import DEFAULT_MAX_US
 from broker.server.cluster import ClusterConfig
 
 
@@ -32,6 +33,9 @@ class ServerConfig:
     # the native wire (docs/wire.md): the unary calls over framed TCP on this port beside
     # gRPC's, for the framework's own clients; None: off, 0: a free port. Plaintext only.
     wire_port: int | None = None
+    # the event loop polls this long at most before it sleeps in its selector, while the
+    # calls it waits for keep coming within it (`broker.idle_poll`); 0: never polls
+    idle_poll_us: int = DEFAULT_MAX_US
 
     # --- TLS: both files, or neither (plaintext)
     tls_cert: Path | None = None

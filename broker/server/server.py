@@ -23,6 +23,7 @@ from typing import Any
 import grpc
 
 from broker.broker import Broker
+from broker.idle_poll import PollingSelector, check_max_us
 from broker.server.admin import admin_handler
 from broker.server.cluster import ClusterView
 from broker.server.config import ServerConfig
@@ -90,6 +91,10 @@ class MessagingServer:
                 "the native wire port is plaintext: it is not offered with TLS "
                 "(leave the wire port off, or serve without TLS)"
             )
+        try:
+            check_max_us(self.config.idle_poll_us)
+        except ValueError as exc:
+            raise ServerStartError(str(exc)) from None
         self._thread = threading.Thread(target=self._run, name="grpc-server", daemon=True)
         self._thread.start()
         if not self._started.wait(timeout_s):
@@ -115,7 +120,12 @@ class MessagingServer:
 
     # --- the loop thread
     def _run(self) -> None:
-        loop = asyncio.new_event_loop()
+        if self.config.idle_poll_us:
+            loop: asyncio.AbstractEventLoop = asyncio.SelectorEventLoop(
+                PollingSelector(self.config.idle_poll_us)
+            )
+        else:
+            loop = asyncio.new_event_loop()
         self._loop = loop
         try:
             loop.run_until_complete(self._serve())

@@ -22,6 +22,8 @@ from typing import Any
 
 import grpc
 
+from broker.idle_poll import DEFAULT_MAX_US as DEFAULT_IDLE_POLL_US
+from broker.idle_poll import check_max_us
 from broker.names import dlq_topic, retry_topic
 from broker.protocol_wire import WIRE_ENDPOINT_PATH
 from reliable.errors import BrokerCallError, ConfigurationError, TransportError
@@ -83,8 +85,13 @@ class GrpcSession:
         settings_timeout_s: float = 5.0,
         wire: str | None = None,
         wire_endpoint: str | None = None,
+        idle_poll_us: int = DEFAULT_IDLE_POLL_US,
     ) -> None:
         self.endpoint = endpoint
+        try:
+            self._idle_poll_us = check_max_us(idle_poll_us)
+        except ValueError as exc:
+            raise ConfigurationError(f"idle_poll_us: {exc}") from None
         self.wire = "native" if wire_endpoint else wire_of(wire)
         if self.wire == "native" and tls:
             log.info("the native wire is plaintext: over TLS, calls go over gRPC")
@@ -182,6 +189,7 @@ class GrpcSession:
             ask_port=ask_port,
             port=address[1] if address is not None else None,
             connect_timeout_s=self._timeout,
+            idle_poll_us=self._idle_poll_us,
         )
 
     def _open(self, target: str) -> Any:

@@ -40,6 +40,8 @@ from typing import Any
 import grpc
 
 from broker import protocol_wire as pw
+from broker.idle_poll import DEFAULT_MAX_US as DEFAULT_IDLE_POLL_US
+from broker.idle_poll import IdlePoll, check_max_us
 from reliable.transport._pb import definition_pb2
 
 log = logging.getLogger("reliable.transport.grpc")
@@ -127,7 +129,7 @@ class _Connection:
     own answer, or the connection's reader thread). What it reads goes into `buffer` and
     every whole answer there resolves its call, whoever made it."""
 
-    def __init__(self, sock: socket.socket, lock: threading.Lock) -> None:
+    def __init__(self, sock: socket.socket, lock: threading.Lock, idle_poll_us: int) -> None:
         self.sock = sock
         self.pending: dict[int, tuple[Future[Any], pw.Method]] = {}
         self.ids = itertools.count(1)
@@ -137,6 +139,7 @@ class _Connection:
         self.token = threading.Lock()
         self.poller = select.poll()
         self.poller.register(sock, select.POLLIN)
+        self.idle = IdlePoll(idle_poll_us)  # of the thread that reads (holds `token`)
         # the reader thread waits on it (under the channel's lock) for calls nobody reads
         self.unread = threading.Condition(lock)
 
@@ -144,8 +147,16 @@ class _Connection:
 class WireChannel:
     """The native wire to one server: `call` and `submit` one unary call."""
 
-    def __init__(self, host: str, port: int, *, connect_timeout_s: float = 3.0) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        connect_timeout_s: float = 3.0,
+        idle_poll_us: int = DEFAULT_IDLE_POLL_US,
+    ) -> None:
         self.address = (host, port)
+        self._idle_poll_us = check_max_us(idle_poll_us)
         self.target = f"{host}:{port}"
         self._connect_timeout = connect_timeout_s
         self._lock = threading.Lock()
@@ -282,7 +293,7 @@ class WireChannel:
             code, _, details = body.decode(errors="replace").partition("\n")
             raise WireRpcError(_code(code), f"hello to {self.target}: {details}")
         sock.settimeout(None)
-        conn = _Connection(sock, self._lock)
+        conn = _Connection(sock, self._lock, self._idle_poll_us)
         self._conn = conn
         threading.Thread(
             target=self._read, args=(conn,), name=f"wire-reader-{self.target}", daemon=True
@@ -321,8 +332,10 @@ class WireChannel:
         or `give_up` passes (polled in steps of SWEEP_S: the sweeper fails a late call
         meanwhile)."""
         poll = conn.poller.poll
+        wait = conn.idle.wait
+        step_ms = SWEEP_S * 1000
         while not future.done() and not conn.broken:
-            if not poll(SWEEP_S * 1000):
+            if not wait(lambda: poll(0), lambda: poll(step_ms)):
                 if give_up is not None and time.monotonic() >= give_up:
                     return
                 continue
@@ -476,8 +489,10 @@ class NativeStub:
         ask_port: Any,
         port: int | None = None,
         connect_timeout_s: float = 3.0,
+        idle_poll_us: int = DEFAULT_IDLE_POLL_US,
     ) -> None:
         self._grpc = grpc_stub
+        self._idle_poll_us = idle_poll_us
         self._grpc_receive = receive_messages
         self._host = host
         self._ask_port = ask_port  # (metadata, timeout) -> the advertised port; 0: none
@@ -491,7 +506,9 @@ class NativeStub:
             setattr(self, m.name, _Method(self, m))
         self.receive_messages = _Method(self, pw.BY_NAME["ReceiveMessages"])
         if port:
-            self._channel = WireChannel(host, port, connect_timeout_s=connect_timeout_s)
+            self._channel = WireChannel(
+                host, port, connect_timeout_s=connect_timeout_s, idle_poll_us=idle_poll_us
+            )
 
     def __getattr__(self, name: str) -> Any:  # ReceiveMessage, Telemetry
         return getattr(self._grpc, name)
@@ -530,7 +547,10 @@ class NativeStub:
                 port = int(asked)
                 if port:
                     self._channel = WireChannel(
-                        self._host, port, connect_timeout_s=self._connect_timeout
+                        self._host,
+                        port,
+                        connect_timeout_s=self._connect_timeout,
+                        idle_poll_us=self._idle_poll_us,
                     )
                     log.info(
                         "%s: unary calls over the native wire %s:%d", self._host, self._host, port

@@ -44,7 +44,10 @@ Model notes:
   (`reliable broker start --wire-port P`; or `wire_endpoint="host:port"`), answered by the
   same server code as over gRPC; ReceiveMessage streams, Telemetry and the admin service
   stay on gRPC. A server that offers no wire port (an Apache RocketMQ proxy) is reached
-  over gRPC. Plaintext only: with `tls=True` every call goes over gRPC.
+  over gRPC. Plaintext only: with `tls=True` every call goes over gRPC. A call waited for
+  polls its connection for its answer for up to `idle_poll_us` (default 200 µs, adaptive,
+  0: never) before it sleeps: on a virtual machine whose idle CPUs halt at once, an answer
+  that comes within it costs no halt and wake (`broker.idle_poll`, docs/performance.md).
 
 The transport is three modules, one job each: `_grpc_session` (the channel, calls, routes),
 `_grpc_producer` (sends and transactions) and `_grpc_consumer` (receives, acks, offsets,
@@ -55,6 +58,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from broker.idle_poll import DEFAULT_MAX_US as DEFAULT_IDLE_POLL_US
 from reliable.transport._grpc_consumer import ConsumerSide
 from reliable.transport._grpc_producer import ProducerSide
 from reliable.transport._grpc_session import RECONNECT_OPTIONS, ROUTE_TTL_S
@@ -89,6 +93,7 @@ class GrpcTransport(ProducerSide, ConsumerSide):
         settings_timeout_s: float = 5.0,
         wire: str | None = None,
         wire_endpoint: str | None = None,
+        idle_poll_us: int = DEFAULT_IDLE_POLL_US,
     ) -> None:
         super().__init__(
             endpoint=endpoint,
@@ -101,4 +106,5 @@ class GrpcTransport(ProducerSide, ConsumerSide):
             settings_timeout_s=settings_timeout_s,
             wire=wire,
             wire_endpoint=wire_endpoint,
+            idle_poll_us=idle_poll_us,
         )

@@ -256,3 +256,40 @@ def test_a_blocking_call_whose_answer_comes_after_the_reading_call_stopped_still
         assert got == {"warm-up": 0, "a": 1, "b": 2}
     finally:
         channel.close()
+
+
+@pytest.mark.parametrize("idle_poll_us", [0, 5_000])
+def test_a_blocking_call_polls_for_its_answer_only_with_a_window_and_gets_every_answer(
+    peer: Callable[[Callable[[socket.socket], None]], int], idle_poll_us: int
+) -> None:
+    """A peer that answers within the bound widens the reading call's poll window (the
+    answer is then met by a poll, not a sleep); with the bound 0 the call never polls.
+    Either way each call gets its own answer."""
+
+    def script(conn: socket.socket) -> None:
+        for _ in range(100):
+            request_id, _, _ = read_frame(conn)
+            answer(conn, request_id, request_id * 10)
+        conn.recv(1)
+
+    channel = WireChannel("127.0.0.1", peer(script), idle_poll_us=idle_poll_us)
+    windows, offsets = [], []
+    try:
+        for _ in range(100):
+            reply = channel.call(SEND, service_pb2.SendMessageRequest(), 5, MD)
+            conn = channel._conn
+            assert conn is not None
+            windows.append(conn.idle.limit_ns)
+            offsets.append(reply.entries[0].offset)
+    finally:
+        channel.close()
+    assert offsets == [10 * i for i in range(1, 101)]  # call i got the answer to request i
+    if idle_poll_us:
+        assert max(windows) > 0, "answers within the bound never widened the poll window"
+    else:
+        assert set(windows) == {0}
+
+
+def test_a_bound_out_of_range_is_refused_at_construction() -> None:
+    with pytest.raises(ValueError, match="idle poll"):
+        WireChannel("127.0.0.1", 1, idle_poll_us=-1)

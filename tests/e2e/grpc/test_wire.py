@@ -381,3 +381,85 @@ def test_the_wire_port_is_refused_with_tls(tmp_path: Path) -> None:
     config = ServerConfig(port=0, wire_port=0, tls_cert=tmp_path / "c", tls_key=tmp_path / "k")
     with pytest.raises(ServerStartError, match="plaintext"):
         MessagingServer(Broker(StoreConfig(store_dir=tmp_path / "unused")), config).start()
+
+
+@pytest.mark.parametrize("server_us, client_us", [(0, 0), (200, 200), (0, 5_000)])
+def test_idle_polling_on_either_side_serves_every_call(
+    tmp_path: Path, server_us: int, client_us: int
+) -> None:
+    """The server's loop polls its selector (or not) and the client polls for its answer
+    (or not): every send one at a time is stored and received once, in order."""
+    from broker.idle_poll import PollingSelector
+
+    broker = Broker(StoreConfig(store_dir=tmp_path, mapped_file_size_commitlog=8 << 20))
+    broker.start()
+    served = MessagingServer(broker, ServerConfig(port=0, wire_port=0, idle_poll_us=server_us))
+    served.start()
+    try:
+        selector = served._loop._selector  # type: ignore[union-attr]
+        assert isinstance(selector, PollingSelector) is bool(server_us)
+        endpoint = f"127.0.0.1:{served.port}"
+        with Producer("grpc", endpoint=endpoint, wire="native", idle_poll_us=client_us) as producer:
+            sent = [producer.send(Message("idle-poll", b"%d" % i)).message_id for i in range(200)]
+            assert producer._transport.stub.native is True  # type: ignore[attr-defined]
+        t = reliable.connect("grpc", endpoint=endpoint, wire="native", idle_poll_us=client_us)
+        t.start()
+        try:
+            with reliable.SimpleConsumer(
+                "idle-poll-g", {"idle-poll": "*"}, transport=t, await_duration_s=1
+            ) as consumer:
+                bodies: list[bytes] = []
+                ids: list[str] = []
+                while len(bodies) < 200:
+                    batch = consumer.receive(max_messages=32)
+                    assert batch, f"only {len(bodies)} of 200 received"
+                    for m in batch:
+                        bodies.append(m.body)
+                        ids.append(m.message_id)
+                        consumer.ack(m)
+        finally:
+            t.close()
+        assert sorted(ids) == sorted(sent)
+        assert sorted(bodies, key=int) == [b"%d" % i for i in range(200)]
+    finally:
+        served.stop()
+        broker.shutdown()
+
+
+def test_an_idle_poll_bound_out_of_range_is_refused_everywhere(tmp_path: Path) -> None:
+    """By the client at construction, by the server at start, by the CLI before it opens
+    the store."""
+    from reliable.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="idle_poll_us"):
+        reliable.connect("grpc", endpoint="127.0.0.1:1", idle_poll_us=-1)
+    broker = Broker(StoreConfig(store_dir=tmp_path / "own", mapped_file_size_commitlog=8 << 20))
+    try:
+        with pytest.raises(ServerStartError, match="idle poll"):
+            MessagingServer(broker, ServerConfig(port=0, idle_poll_us=200_000)).start()
+    finally:
+        broker.shutdown()
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reliable_cli",
+            "broker",
+            "start",
+            "--store",
+            str(tmp_path / "store"),
+            "--port",
+            "0",
+            "--idle-poll-us",
+            "-1",
+        ],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "--idle-poll-us" in done.stderr
+    assert not (tmp_path / "store").exists()

@@ -81,6 +81,9 @@ START_TIMEOUT_S = 60.0
 STALL_TIMEOUT_S = 60.0  # a case fails when nothing completes for this long
 # the machine line warns when its slowest loop sample took this many times its fastest
 UNSTEADY = 1.3
+# the client's idle poll bound of the `_polled` case: long enough to poll through a durable
+# send's whole wait (round trip and fsync), which the default 200 us does not cover
+POLLED_US = 1000
 
 # every figure this suite reports (null when its case failed); the JSON always has them
 THROUGHPUT_KEYS = (
@@ -93,6 +96,7 @@ THROUGHPUT_KEYS = (
     "framework_receive_ack",
     "framework_wire_send",
     "framework_wire_send_sync_flush",
+    "framework_wire_send_sync_flush_polled",
     "framework_wire_send_pipelined",
     "framework_wire_send_pipelined_sync_flush",
     "framework_wire_asend_pipelined",
@@ -118,6 +122,7 @@ LATENCY_KEYS = (
     "framework_send_sync_flush",
     "framework_wire_send",
     "framework_wire_send_sync_flush",
+    "framework_wire_send_sync_flush_polled",
     "official_send",
     "stub_official_send",
     "stub_framework_send",
@@ -159,6 +164,14 @@ COMPARISONS = (
     Comparison("framework_send_sync_flush", "nats_publish_each"),
     Comparison(
         "framework_wire_send_sync_flush",
+        "rabbitmq_publish_each",
+        ">= 3x, >= 2,000/s, p50 <= 0.6 ms",
+        3.0,
+        2000.0,
+        0.6,
+    ),
+    Comparison(
+        "framework_wire_send_sync_flush_polled",
         "rabbitmq_publish_each",
         ">= 3x, >= 2,000/s, p50 <= 0.6 ms",
         3.0,
@@ -531,6 +544,8 @@ def framework(
     rec: Recorder,
     *,
     send_each: bool = True,
+    each_note: str = "send, one at a time",
+    pipelined: bool = True,
     asend: bool = True,
     batch: bool = True,
     receive: bool = True,
@@ -568,16 +583,17 @@ def framework(
         if send_each:
             probe.start()
             sync, latencies = each(lambda: producer.send(Message(topic, BODY)), n.each)
-            rec.add(f"{prefix}_send{suffix}", sync, "send, one at a time", latencies, probe)
-        name = f"{prefix}_send_pipelined{suffix}" if send_each else f"{prefix}_send{suffix}"
-        before = _requests(producer)
-        probe.start()
-        pipelined = windowed(lambda: producer.send_async(Message(topic, BODY)), n.pipelined)
-        note = f"send_async, {WINDOW} in flight{_per_request(producer, before, n.pipelined)}"
-        if settle is not None:
-            settle()
-            note += "; CPU includes the dispatch"
-        rec.add(name, pipelined, note, cpu=probe)
+            rec.add(f"{prefix}_send{suffix}", sync, each_note, latencies, probe)
+        if pipelined:
+            name = f"{prefix}_send_pipelined{suffix}" if send_each else f"{prefix}_send{suffix}"
+            before = _requests(producer)
+            probe.start()
+            window = windowed(lambda: producer.send_async(Message(topic, BODY)), n.pipelined)
+            note = f"send_async, {WINDOW} in flight{_per_request(producer, before, n.pipelined)}"
+            if settle is not None:
+                settle()
+                note += "; CPU includes the dispatch"
+            rec.add(name, window, note, cpu=probe)
         if asend:
             before = _requests(producer)
             probe.start()
@@ -710,10 +726,10 @@ def receive_ack(consumer: Any, n: int) -> tuple[Measured, str]:
     return timed(run), f"receive({BATCH}), ack_async each"
 
 
-def _grpc_transport(endpoint: str, wire: str = "grpc") -> Any:
+def _grpc_transport(endpoint: str, wire: str = "grpc", **options: Any) -> Any:
     import reliable
 
-    return reliable.connect("grpc", endpoint=endpoint, wire=wire)
+    return reliable.connect("grpc", endpoint=endpoint, wire=wire, **options)
 
 
 @contextmanager
@@ -808,9 +824,10 @@ def measure(
 
     sync_cases = ("framework_send_sync_flush", "framework_send_pipelined_sync_flush")
     wire_sync_cases = tuple(c.replace("framework_", "framework_wire_") for c in sync_cases)
-    if wanted(*sync_cases, *wire_sync_cases):
+    polled = "framework_wire_send_sync_flush_polled"
+    if wanted(*sync_cases, *wire_sync_cases, polled):
         with (
-            rec.section(*sync_cases, *wire_sync_cases),
+            rec.section(*sync_cases, *wire_sync_cases, polled),
             broker_server(workdir / "sync-store", home, flush="sync") as endpoint,
         ):
             if wanted(*sync_cases):
@@ -836,6 +853,24 @@ def measure(
                         "_sync_flush",
                         n,
                         rec,
+                        asend=False,
+                        batch=False,
+                        receive=False,
+                        native=True,
+                    )
+            if wanted(polled):
+                with (
+                    rec.section(polled),
+                    started(_grpc_transport(endpoint, "native", idle_poll_us=POLLED_US)) as t,
+                ):
+                    framework(
+                        t,
+                        "framework_wire",
+                        "_sync_flush_polled",
+                        n,
+                        rec,
+                        each_note=f"send, one at a time; client idle_poll_us={POLLED_US}",
+                        pipelined=False,
                         asend=False,
                         batch=False,
                         receive=False,

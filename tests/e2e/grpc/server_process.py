@@ -105,17 +105,22 @@ class ServerProcess:
         return self.proc.wait(timeout_s)
 
 
-def admin_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """`reliable admin ARGS...` as a user runs it, from the repository."""
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """`reliable ARGS...` as a user runs it, from the repository, to its end."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
     return subprocess.run(
-        [sys.executable, "-m", "reliable_cli", "admin", *args],
+        [sys.executable, "-m", "reliable_cli", *args],
         env=env,
         cwd=REPO,
         text=True,
         capture_output=True,
         timeout=180,
     )
+
+
+def admin_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """`reliable admin ARGS...` as a user runs it, from the repository."""
+    return cli("admin", *args)
 
 
 def admin_json(*args: str) -> Any:

@@ -10,12 +10,9 @@ test_batched_rpcs.py, which run over both wires.
 from __future__ import annotations
 
 import json
-import os
 import random
 import socket
 import struct
-import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +31,7 @@ from broker.server.server import MessagingServer
 from broker.store.config import StoreConfig
 from reliable import Message, Producer, TransportError
 from tests.e2e.grpc.conftest import FAST
-from tests.e2e.grpc.server_process import REPO, ServerProcess
+from tests.e2e.grpc.server_process import ServerProcess, cli
 from tests.e2e.grpc.test_malformed import receive_request
 from tests.e2e.helpers import wait_until
 
@@ -350,30 +347,19 @@ def test_a_sigkill_mid_flight_fails_pending_calls_and_loses_nothing_acknowledged
 
 def test_the_wire_port_is_refused_with_tls(tmp_path: Path) -> None:
     """The wire is plaintext: a TLS server does not open it (and says so)."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "reliable_cli",
-            "broker",
-            "start",
-            "--store",
-            str(tmp_path / "store"),
-            "--port",
-            "0",
-            "--wire-port",
-            "0",
-            "--tls-cert",
-            str(tmp_path / "cert.pem"),
-            "--tls-key",
-            str(tmp_path / "key.pem"),
-        ],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    done = cli(
+        "broker",
+        "start",
+        "--store",
+        str(tmp_path / "store"),
+        "--port",
+        "0",
+        "--wire-port",
+        "0",
+        "--tls-cert",
+        str(tmp_path / "cert.pem"),
+        "--tls-key",
+        str(tmp_path / "key.pem"),
     )
     assert done.returncode != 0
     assert "--wire-port is plaintext" in done.stderr
@@ -439,26 +425,8 @@ def test_an_idle_poll_bound_out_of_range_is_refused_everywhere(tmp_path: Path) -
             MessagingServer(broker, ServerConfig(port=0, idle_poll_us=200_000)).start()
     finally:
         broker.shutdown()
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "reliable_cli",
-            "broker",
-            "start",
-            "--store",
-            str(tmp_path / "store"),
-            "--port",
-            "0",
-            "--idle-poll-us",
-            "-1",
-        ],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    done = cli(
+        "broker", "start", "--store", str(tmp_path / "store"), "--port", "0", "--idle-poll-us", "-1"
     )
     assert done.returncode == 2, done.stderr
     assert "--idle-poll-us" in done.stderr

@@ -66,14 +66,17 @@ class IdlePoll:
         else:  # longer than any window: poll less
             self.limit_ns = limit // 2
 
-    def wait(self, ready: Callable[[], T], block: Callable[[], T]) -> T:
-        """`ready()` (a non-blocking check) again and again for the current window until it
-        returns something true, else `block()` (the blocking wait); what either returned."""
+    def wait(
+        self, ready: Callable[[], T], block: Callable[[], T], within_ns: int | None = None
+    ) -> T:
+        """`ready()` (a non-blocking check) again and again for the current window (at most
+        `within_ns`) until it returns something true, else `block()` (the blocking wait);
+        what either returned."""
         if not self.max_ns:
             return block()
         clock = self._clock
         start = clock()
-        limit = self.limit_ns
+        limit = self.limit_ns if within_ns is None else min(self.limit_ns, within_ns)
         if limit:
             deadline = start + limit
             while True:
@@ -98,25 +101,15 @@ class PollingSelector(selectors.DefaultSelector):
 
     def select(self, timeout: float | None = None) -> list[tuple[Any, int]]:
         idle = self.idle
+        select = super().select
         if not idle.max_ns or (timeout is not None and timeout <= 0):
-            return super().select(timeout)
+            return select(timeout)
+        if timeout is None:
+            return idle.wait(lambda: select(0), select)
         clock = time.perf_counter_ns
         start = clock()
-        limit = idle.limit_ns
-        if timeout is not None:
-            limit = min(limit, int(timeout * 1e9))
-        if limit:
-            deadline = start + limit
-            poll = super().select
-            while True:
-                got = poll(0)
-                if got:
-                    return got
-                now = clock()
-                if now >= deadline:
-                    break
-            if timeout is not None:
-                timeout = max(0.0, timeout - (now - start) / 1e9)
-        got = super().select(timeout)
-        idle.adjust(clock() - start)
-        return got
+
+        def block() -> list[tuple[Any, int]]:  # what is left of the timeout after polling
+            return select(max(0.0, timeout - (clock() - start) / 1e9))
+
+        return idle.wait(lambda: select(0), block, int(timeout * 1e9))

@@ -149,6 +149,7 @@ def test_grpc_only_runs_the_chosen_group_and_keeps_every_key(tmp_path: Path) -> 
         <= metrics["machine_python_loop_max_s"]
     )
     assert 0 < metrics["machine_fdatasync_p50_ms"] < 1000
+    assert 0 < metrics["machine_fdatasync_apart_p50_ms"] < 1000
     assert "machine: a 10-million-iteration Python loop" in proc.stdout
     for key in GRPC_KEYS - {"embedded_send_msgs_s", "embedded_receive_ack_msgs_s"}:
         assert metrics[key] is None, key

@@ -111,19 +111,7 @@ def python_loop_s(samples: int = 5) -> list[float]:
 
 def fdatasync_p50_ms(where: Path) -> float:
     """fdatasync of 1 KiB in `where`, p50 in ms: fsync-bound figures move with it."""
-    path = where / "fsync-probe"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        syncs = []
-        for i in range(200):
-            os.pwrite(fd, b"x" * 1024, i * 1024)
-            start = time.perf_counter()
-            os.fdatasync(fd)
-            syncs.append(time.perf_counter() - start)
-    finally:
-        os.close(fd)
-        path.unlink()
-    return percentiles_ms(syncs)[0]
+    return _fsync_probe(where / "fsync-probe", 200, pause_s=0.0, written=False)
 
 
 # the pause a lone durable producer leaves between two fsyncs of the server's (its round
@@ -138,16 +126,23 @@ def fdatasync_apart_p50_ms(where: Path, pause_s: float = APART_S, count: int = 2
     The floor of a one-at-a-time durable send: a disk left idle between requests may
     answer slower than one kept busy (seen: 0.12 ms back to back, 0.21 ms 0.5 ms apart,
     the CPU sleeping or spinning alike), which no server-side change removes."""
-    path = where / "fsync-apart-probe"
-    size = count * 1024
+    return _fsync_probe(where / "fsync-apart-probe", count, pause_s=pause_s, written=True)
+
+
+def _fsync_probe(path: Path, count: int, *, pause_s: float, written: bool) -> float:
+    """`count` 1 KiB writes at `path`, each fdatasynced and timed; p50 in ms. `written`:
+    into a file allocated and written (zeros) first, not one growing with each write."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        os.posix_fallocate(fd, 0, size)
-        os.pwrite(fd, bytes(size), 0)  # written extents: an fsync carries data only
-        os.fdatasync(fd)
+        if written:
+            size = count * 1024
+            os.posix_fallocate(fd, 0, size)
+            os.pwrite(fd, bytes(size), 0)  # written extents: an fsync carries data only
+            os.fdatasync(fd)
         syncs = []
         for i in range(count):
-            time.sleep(pause_s)
+            if pause_s:
+                time.sleep(pause_s)
             os.pwrite(fd, b"x" * 1024, i * 1024)
             start = time.perf_counter()
             os.fdatasync(fd)

@@ -119,14 +119,14 @@ def fdatasync_p50_ms(where: Path) -> float:
 APART_S = 0.0005
 
 
-def fdatasync_apart_p50_ms(where: Path, pause_s: float = APART_S, count: int = 200) -> float:
+def fdatasync_apart_p50_ms(where: Path) -> float:
     """fdatasync of a 1 KiB record written into a preallocated, already written file (as
-    the commitlog's writes are), each `pause_s` after the last one ended, p50 in ms.
+    the commitlog's writes are), each `APART_S` after the last one ended, p50 in ms.
 
     The floor of a one-at-a-time durable send: a disk left idle between requests may
     answer slower than one kept busy (seen: 0.12 ms back to back, 0.21 ms 0.5 ms apart,
     the CPU sleeping or spinning alike), which no server-side change removes."""
-    return _fsync_probe(where / "fsync-apart-probe", count, pause_s=pause_s, written=True)
+    return _fsync_probe(where / "fsync-apart-probe", 200, pause_s=APART_S, written=True)
 
 
 def _fsync_probe(path: Path, count: int, *, pause_s: float, written: bool) -> float:

@@ -22,8 +22,11 @@ REPOLL_S = 0.5
 
 
 class ArrivalHook:
-    """A store dispatcher (called on the reput thread) forwarding topics to the loop, at most
-    one pending wake-up per topic, and none for a topic nobody waits on (`wanted`).
+    """A store dispatcher forwarding topics to the loop, at most one pending wake-up per
+    topic, and none for a topic nobody waits on (`wanted`). It runs where the dispatch runs:
+    on the reput thread, or on the loop itself before it waits (`broker.server.loop_dispatch`);
+    either way the wake-up goes through `call_soon_threadsafe`, whose wake of the selector
+    keeps a loop about to block from sleeping past it.
 
     Skipping is safe: the hook runs after the consume queue has the record, and a receive
     parks before it looks at the queue, so a receive that parks after the check sees the

@@ -23,13 +23,14 @@ from typing import Any
 import grpc
 
 from broker.broker import Broker
-from broker.idle_poll import PollingSelector, check_max_us
+from broker.idle_poll import check_max_us
 from broker.server.admin import admin_handler
 from broker.server.cluster import ClusterView
 from broker.server.config import ServerConfig
 from broker.server.context import ServerContext
 from broker.server.errors import ServerStartError
 from broker.server.health import BrokerHealth, store_writable
+from broker.server.loop_dispatch import LoopDispatch, LoopSelector
 from broker.server.polling import ArrivalHook
 from broker.server.servicer import MessagingServicer, add_to_server
 from broker.server.wire import WireServer
@@ -120,13 +121,14 @@ class MessagingServer:
 
     # --- the loop thread
     def _run(self) -> None:
-        if self.config.idle_poll_us:
-            loop: asyncio.AbstractEventLoop = asyncio.SelectorEventLoop(
-                PollingSelector(self.config.idle_poll_us)
-            )
-        else:
-            loop = asyncio.new_event_loop()
+        # the loop dispatches the records it appends, and polls before it waits while a
+        # native-wire client is connected (`broker.server.loop_dispatch`)
+        dispatch = LoopDispatch(self.ctx.broker.store)
+        loop = asyncio.SelectorEventLoop(
+            LoopSelector(self.config.idle_poll_us, dispatch, self._wire_clients)
+        )
         self._loop = loop
+        dispatch.install()
         try:
             loop.run_until_complete(self._serve())
         except BaseException as exc:  # reported to start(), or logged after it
@@ -136,9 +138,14 @@ class MessagingServer:
                 log.exception("gRPC server loop failed")
         finally:
             self._cancel_leftovers(loop)
+            dispatch.uninstall()
             self._started.set()
             self._stopped.set()
             loop.close()
+
+    def _wire_clients(self) -> bool:
+        wire = self.wire
+        return wire is not None and bool(wire.connections)
 
     @staticmethod
     def _cancel_leftovers(loop: asyncio.AbstractEventLoop) -> None:

@@ -113,6 +113,18 @@ class ReputService(ServiceThread):
         with self._round_lock:
             return self._reput_round()
 
+    def try_reput(self) -> int:
+        """`do_reput` on the caller's thread unless a round is running elsewhere; then the
+        service thread is woken to run one more after it (so nothing appended before this
+        call waits for the idle backstop) and -1 is returned."""
+        if not self._round_lock.acquire(blocking=False):
+            self.wakeup()
+            return -1
+        try:
+            return self._reput_round()
+        finally:
+            self._round_lock.release()
+
     def _stuck(self, offset: int, reason: str, error: Exception | None) -> None:
         self.stuck_at = offset
         self.stuck_reason = reason

@@ -632,6 +632,18 @@ class MessageStore:
     def add_dispatcher(self, d: CommitLogDispatcher) -> None:
         self.reput.add_dispatcher(d)
 
+    def set_append_hook(self, hook: Callable[[], None] | None) -> None:
+        """What an append calls so its records get dispatched: by default the reput thread's
+        wake-up; a thread that dispatches its own appends (the server's event loop,
+        `broker.server.loop_dispatch`) sets its own. None restores the default."""
+        self.commitlog.on_append = hook if hook is not None else self.reput.wakeup
+
+    def try_dispatch(self) -> int:
+        """Dispatch what is written, on the caller's thread (`ReputService.try_reput`): the
+        number of records dispatched, or -1 when the reput thread was mid-round and was
+        woken to take them instead."""
+        return self.reput.try_reput()
+
     def wait_dispatched(self, timeout_s: float = 5.0) -> bool:
         """Wait until everything put so far is readable through the consume queues."""
         return self.reput.wait_dispatched(self.commitlog.get_max_offset(), timeout_s)

@@ -375,19 +375,19 @@ def test_idle_polling_on_either_side_serves_every_call(
 ) -> None:
     """The server's loop polls its selector (or not) and the client polls for its answer
     (or not): every send one at a time is stored and received once, in order."""
-    from broker.idle_poll import PollingSelector
-
     broker = Broker(StoreConfig(store_dir=tmp_path, mapped_file_size_commitlog=8 << 20))
     broker.start()
     served = MessagingServer(broker, ServerConfig(port=0, wire_port=0, idle_poll_us=server_us))
     served.start()
     try:
         selector = served._loop._selector  # type: ignore[union-attr]
-        assert isinstance(selector, PollingSelector) is bool(server_us)
+        assert selector.idle.max_ns == server_us * 1000
+        assert not selector.polling()  # no native-wire client yet: the loop does not poll
         endpoint = f"127.0.0.1:{served.port}"
         with Producer("grpc", endpoint=endpoint, wire="native", idle_poll_us=client_us) as producer:
             sent = [producer.send(Message("idle-poll", b"%d" % i)).message_id for i in range(200)]
             assert producer._transport.stub.native is True  # type: ignore[attr-defined]
+            assert selector.polling()  # a native-wire client is connected
         t = reliable.connect("grpc", endpoint=endpoint, wire="native", idle_poll_us=client_us)
         t.start()
         try:

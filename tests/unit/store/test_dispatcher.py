@@ -173,6 +173,26 @@ def test_background_thread_and_wait_dispatched(parts: Parts) -> None:
     assert not parts.reput.wait_dispatched(parts.commitlog.get_max_offset() + 1, 0.01)
 
 
+def test_a_round_tried_elsewhere_while_one_runs_hands_the_records_to_the_thread(
+    parts: Parts,
+) -> None:
+    """`try_reput` never waits for a running round: it wakes the service thread, which
+    dispatches the caller's records in a round of its own."""
+    for _ in range(3):
+        parts.put("t", 0, b"v")
+    assert parts.reput.try_reput() == 3  # no round running: on the caller's thread
+    parts.reput.start()
+    try:
+        with parts.reput._round_lock:  # a round in progress elsewhere
+            parts.put("t", 0, b"v")  # (these parts wake nobody on an append)
+            assert parts.reput.try_reput() == -1
+            assert parts.reput.behind() > 0
+        assert parts.reput.wait_dispatched(parts.commitlog.get_max_offset(), 10.0)
+    finally:
+        parts.reput.shutdown()
+    assert [cq.get_max_offset_in_queue() for cq in parts.cqs.queues()] == [4]
+
+
 def test_shutdown_drains_what_is_left(parts: Parts) -> None:
     for _ in range(5):
         parts.put("t", 0, b"v")

@@ -1,0 +1,105 @@
+"""The server's event loop dispatches the records it appended, just before it waits.
+
+Every send the server stores is appended on its event loop (`broker.server.producing`).
+Left to the store's reput thread (`broker.store.dispatcher.ReputService`), each append
+wakes that thread, which then takes the GIL from the loop while the loop is still answering:
+on a two-core machine the thread's wake-up, its round and the GIL hand-offs cost more than
+the round's own work, and they land in the middle of the next call. So the loop dispatches
+its own appends:
+
+- an append on the loop thread only notes the time of the first undispatched one;
+- before the loop waits for I/O (its selector is about to block), it runs one dispatch
+  round itself (`MessageStore.try_dispatch`): the answers are out, and the work fills time
+  the loop would spend idle;
+- a loop that never waits (a steady stream of calls) dispatches once the oldest noted append
+  is the store's dispatch interval old (`dispatch_interval_ms`, the reput thread's linger),
+  so a record is readable as soon as before;
+- appends on any other thread (the schedule service, transaction checks, replication) wake
+  the reput thread as before, and it stays the backstop: when it is mid-round the loop wakes
+  it for one more round instead of waiting for it.
+
+A parked receive is woken by the dispatch itself (`broker.server.polling.ArrivalHook`, which
+hands the wake-up to the loop through `call_soon_threadsafe`, so a loop about to block sees
+it). The dispatch chain and its order are the store's; only the thread that runs it changes.
+"""
+
+from __future__ import annotations
+
+import logging
+import selectors
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from broker.idle_poll import PollingSelector
+from broker.store.store import MessageStore
+
+log = logging.getLogger(__name__)
+
+
+class LoopDispatch:
+    """Installed on a store by the loop's thread (`install`), removed when the loop ends."""
+
+    def __init__(self, store: MessageStore) -> None:
+        self.store = store
+        self.interval_ns = max(0, store.config.dispatch_interval_ms) * 1_000_000
+        self._thread = 0  # the loop thread's ident, once installed
+        self._since = 0  # perf_counter_ns of the first append not dispatched yet (0: none)
+        self._wake = store.reput.wakeup
+
+    def install(self) -> None:
+        """From now on, appends made on the calling thread (the loop's) are its to dispatch."""
+        self._thread = threading.get_ident()
+        self.store.set_append_hook(self.appended)
+
+    def uninstall(self) -> None:
+        """Appends wake the reput thread again, which takes what the loop left (on the loop
+        thread, after its last call)."""
+        self.store.set_append_hook(None)
+        self._thread = 0
+        if self._since:
+            self._since = 0
+            self._wake()
+
+    def appended(self) -> None:
+        """The commitlog's append hook (called on whichever thread appended)."""
+        if threading.get_ident() != self._thread:
+            self._wake()
+        elif not self._since:
+            self._since = time.perf_counter_ns()
+
+    def before_select(self, timeout: float | None) -> None:
+        """Called by the loop's selector: dispatch when the loop is about to wait, or when
+        the oldest append has waited the dispatch interval."""
+        since = self._since
+        if not since:
+            return
+        polling = timeout is not None and timeout <= 0  # the loop has calls ready
+        if polling and time.perf_counter_ns() - since < self.interval_ns:
+            return
+        self._since = 0
+        try:
+            self.store.try_dispatch()
+        except Exception:  # the reput thread retries it; the loop must keep serving
+            log.exception("dispatching on the server loop failed; left to the reput thread")
+            self._wake()
+
+
+class LoopSelector(PollingSelector):
+    """The server loop's selector: runs `dispatch.before_select` before every select, and
+    polls for an adaptive window (`broker.idle_poll`, `max_us` 0: never) only while
+    `polling()` says so (the server: while a native-wire client is connected; gRPC calls
+    reach the loop through grpc's own poller thread, so polling for them only burns a core
+    the other threads need)."""
+
+    def __init__(self, max_us: int, dispatch: LoopDispatch, polling: Callable[[], bool]) -> None:
+        super().__init__(max_us)
+        self.dispatch = dispatch
+        self.polling = polling
+
+    def select(self, timeout: float | None = None) -> list[tuple[Any, int]]:
+        self.dispatch.before_select(timeout)
+        if not self.polling():
+            return selectors.DefaultSelector.select(self, timeout)
+        return super().select(timeout)

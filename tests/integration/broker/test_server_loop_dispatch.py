@@ -1,0 +1,129 @@
+"""The server's loop dispatches the records it appends (`broker.server.loop_dispatch`): before
+it waits, or within the dispatch interval when it never waits; appends made on other threads
+are still the reput thread's; nothing is dispatched twice or left behind when the loop ends.
+A real store on real files; a recording dispatcher tells which thread dispatched each record."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+from broker.broker import Broker
+from broker.server.loop_dispatch import LoopDispatch, LoopSelector
+from broker.store.message import Message
+
+
+class Seen:
+    """An extra store dispatcher: (queue offset, thread ident) of every record dispatched."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[int, int]] = []
+        self._lock = threading.Lock()
+
+    def dispatch(self, request: Any) -> None:
+        with self._lock:
+            self.records.append((request.queue_offset, threading.get_ident()))
+
+    def offsets(self) -> list[int]:
+        with self._lock:
+            return [offset for offset, _ in self.records]
+
+    def threads(self) -> set[int]:
+        with self._lock:
+            return {thread for _, thread in self.records}
+
+
+def _put(broker: Broker, body: bytes) -> None:
+    result = broker.store.put_message(Message("loop-dispatch", body, queue_id=0))
+    assert result.ok
+
+
+def _serve(broker: Broker, main: Any) -> Any:
+    """Run `main(dispatch)` on a loop built as the server builds its own."""
+    dispatch = LoopDispatch(broker.store)
+    loop = asyncio.SelectorEventLoop(LoopSelector(0, dispatch, lambda: False))
+    dispatch.install()
+    try:
+        return loop.run_until_complete(main(dispatch))
+    finally:
+        dispatch.uninstall()
+        loop.close()
+
+
+def test_what_the_loop_appends_it_dispatches_itself_before_it_waits(broker: Broker) -> None:
+    seen = Seen()
+    broker.store.add_dispatcher(seen)
+    loop_thread = threading.get_ident()
+
+    async def main(dispatch: LoopDispatch) -> None:
+        dispatch.interval_ns = 3600 * 10**9  # no dispatch for being due: only for a wait
+        for i in range(5):
+            _put(broker, b"%d" % i)
+        assert seen.offsets() == []  # no thread was woken: the loop has not waited yet
+        await asyncio.sleep(0.01)  # the loop waits: it dispatches first
+        assert seen.offsets() == [0, 1, 2, 3, 4]
+        assert seen.threads() == {loop_thread}
+
+    _serve(broker, main)
+    assert broker.store.wait_dispatched(5.0)
+    assert seen.offsets() == [0, 1, 2, 3, 4]  # once each
+
+
+def test_a_loop_that_never_waits_still_dispatches_within_the_interval(broker: Broker) -> None:
+    seen = Seen()
+    broker.store.add_dispatcher(seen)
+    loop_thread = threading.get_ident()
+
+    async def main(dispatch: LoopDispatch) -> int:
+        put = 0
+        until = time.monotonic() + 0.2
+        while time.monotonic() < until:  # always a callback ready: every select polls
+            _put(broker, b"%d" % put)
+            put += 1
+            await asyncio.sleep(0)
+        assert dispatch.interval_ns == 1_000_000  # the store's dispatch interval
+        busy = seen.offsets()
+        assert len(busy) > put // 2, f"{len(busy)} of {put} dispatched while the loop was busy"
+        assert busy == list(range(len(busy)))  # in queue order, none twice
+        assert seen.threads() == {loop_thread}
+        return put
+
+    put = _serve(broker, main)
+    assert broker.store.wait_dispatched(5.0)
+    assert seen.offsets() == list(range(put))
+
+
+def test_appends_on_other_threads_still_wake_the_reput_thread(broker: Broker) -> None:
+    seen = Seen()
+    broker.store.add_dispatcher(seen)
+    loop_thread = threading.get_ident()
+
+    async def main(dispatch: LoopDispatch) -> None:
+        other = threading.Thread(target=_put, args=(broker, b"elsewhere"))
+        other.start()
+        other.join()
+        deadline = time.monotonic() + 5
+        while not seen.offsets() and time.monotonic() < deadline:
+            time.sleep(0.001)  # the loop is held: only the reput thread can dispatch it
+        assert seen.offsets() == [0]
+        assert loop_thread not in seen.threads()
+
+    _serve(broker, main)
+
+
+def test_what_the_loop_left_when_it_ended_is_dispatched_by_the_thread(broker: Broker) -> None:
+    seen = Seen()
+    broker.store.add_dispatcher(seen)
+
+    async def main(dispatch: LoopDispatch) -> None:
+        _put(broker, b"last")  # and the loop ends without waiting again
+
+    _serve(broker, main)
+    assert broker.store.wait_dispatched(5.0)
+    assert seen.offsets() == [0]
+    # the append hook is the reput thread's again
+    _put(broker, b"after")
+    assert broker.store.wait_dispatched(5.0)
+    assert seen.offsets() == [0, 1]

@@ -26,10 +26,8 @@ it). The dispatch chain and its order are the store's; only the thread that runs
 from __future__ import annotations
 
 import logging
-import selectors
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 from broker.idle_poll import PollingSelector
@@ -87,19 +85,14 @@ class LoopDispatch:
 
 
 class LoopSelector(PollingSelector):
-    """The server loop's selector: runs `dispatch.before_select` before every select, and
-    polls for an adaptive window (`broker.idle_poll`, `max_us` 0: never) only while
-    `polling()` says so (the server: while a native-wire client is connected; gRPC calls
-    reach the loop through grpc's own poller thread, so polling for them only burns a core
-    the other threads need)."""
+    """The server loop's selector: runs `dispatch.before_select` before every select, then
+    selects as `PollingSelector` does (polling first for an adaptive window, `max_us` 0:
+    never)."""
 
-    def __init__(self, max_us: int, dispatch: LoopDispatch, polling: Callable[[], bool]) -> None:
+    def __init__(self, max_us: int, dispatch: LoopDispatch) -> None:
         super().__init__(max_us)
         self.dispatch = dispatch
-        self.polling = polling
 
     def select(self, timeout: float | None = None) -> list[tuple[Any, int]]:
         self.dispatch.before_select(timeout)
-        if not self.polling():
-            return selectors.DefaultSelector.select(self, timeout)
         return super().select(timeout)

@@ -121,12 +121,10 @@ class MessagingServer:
 
     # --- the loop thread
     def _run(self) -> None:
-        # the loop dispatches the records it appends, and polls before it waits while a
-        # native-wire client is connected (`broker.server.loop_dispatch`)
+        # the loop dispatches the records it appends just before it waits, and polls
+        # before it sleeps (`broker.server.loop_dispatch`, `broker.idle_poll`)
         dispatch = LoopDispatch(self.ctx.broker.store)
-        loop = asyncio.SelectorEventLoop(
-            LoopSelector(self.config.idle_poll_us, dispatch, self._wire_clients)
-        )
+        loop = asyncio.SelectorEventLoop(LoopSelector(self.config.idle_poll_us, dispatch))
         self._loop = loop
         dispatch.install()
         try:
@@ -142,10 +140,6 @@ class MessagingServer:
             self._started.set()
             self._stopped.set()
             loop.close()
-
-    def _wire_clients(self) -> bool:
-        wire = self.wire
-        return wire is not None and bool(wire.connections)
 
     @staticmethod
     def _cancel_leftovers(loop: asyncio.AbstractEventLoop) -> None:

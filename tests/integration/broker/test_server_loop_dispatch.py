@@ -43,7 +43,7 @@ def _put(broker: Broker, body: bytes) -> None:
 def _serve(broker: Broker, main: Any) -> Any:
     """Run `main(dispatch)` on a loop built as the server builds its own."""
     dispatch = LoopDispatch(broker.store)
-    loop = asyncio.SelectorEventLoop(LoopSelector(0, dispatch, lambda: False))
+    loop = asyncio.SelectorEventLoop(LoopSelector(0, dispatch))
     dispatch.install()
     try:
         return loop.run_until_complete(main(dispatch))

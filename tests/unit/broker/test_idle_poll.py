@@ -25,6 +25,11 @@ class Clock:
     def __call__(self) -> int:
         return self.now
 
+    def tick(self, ns: int) -> bool:
+        """Move on `ns`; a poll that found nothing (False)."""
+        self.now += ns
+        return False
+
 
 def test_the_window_grows_while_waits_end_within_the_bound_and_shrinks_past_it() -> None:
     idle = IdlePoll(200)
@@ -85,6 +90,34 @@ def test_what_a_poll_finds_is_returned_without_blocking() -> None:
 
     assert idle.wait(ready, block) == ["ready"]
     assert idle.limit_ns == 100_000
+
+
+def test_a_poll_that_finds_nothing_offers_the_cpu_before_the_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Between two polls the thread yields (`sched_yield`): a runnable thread (the client
+    beside the server, grpc's own threads) gets the CPU, the poll only takes idle time."""
+    from broker import idle_poll
+
+    assert idle_poll._give_way is idle_poll.os.sched_yield  # the real one on Linux
+    clock = Clock()
+    events: list[str] = []
+    monkeypatch.setattr(idle_poll, "_give_way", lambda: events.append("yield"))
+    idle = IdlePoll(200, clock=clock)
+    idle.limit_ns = 100_000
+    answers = iter([[], [], ["ready"]])
+
+    def ready() -> list[str]:
+        events.append("poll")
+        clock.now += 10_000
+        return next(answers)
+
+    assert idle.wait(ready, lambda: ["blocked"]) == ["ready"]
+    assert events == ["poll", "yield", "poll", "yield", "poll"]  # none after the find
+    events.clear()
+    idle.limit_ns = 25_000
+    assert idle.wait(lambda: events.append("poll") or clock.tick(10_000), lambda: "b") == "b"
+    assert events == ["poll", "yield", "poll", "yield", "poll"]  # none once the window is out
 
 
 def test_a_bound_of_zero_never_polls() -> None:

@@ -9,7 +9,7 @@ its own appends:
 
 - an append on the loop thread only notes the time of the first undispatched one;
 - before the loop waits for I/O (its selector is about to block), it runs one dispatch
-  round itself (`MessageStore.try_dispatch`): the answers are out, and the work fills time
+  round itself (`ReputService.try_reput`): the answers are out, and the work fills time
   the loop would spend idle;
 - a loop that never waits (a steady stream of calls) dispatches once the oldest noted append
   is the store's dispatch interval old (`dispatch_interval_ms`, the reput thread's linger),
@@ -44,6 +44,7 @@ class LoopDispatch:
         self.interval_ns = max(0, store.config.dispatch_interval_ms) * 1_000_000
         self._thread = 0  # the loop thread's ident, once installed
         self._since = 0  # perf_counter_ns of the first append not dispatched yet (0: none)
+        self._reput = store.reput
         self._wake = store.reput.wakeup
 
     def install(self) -> None:
@@ -78,7 +79,7 @@ class LoopDispatch:
             return
         self._since = 0
         try:
-            self.store.try_dispatch()
+            self._reput.try_reput()
         except Exception:  # the reput thread retries it; the loop must keep serving
             log.exception("dispatching on the server loop failed; left to the reput thread")
             self._wake()

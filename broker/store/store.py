@@ -638,12 +638,6 @@ class MessageStore:
         `broker.server.loop_dispatch`) sets its own. None restores the default."""
         self.commitlog.on_append = hook if hook is not None else self.reput.wakeup
 
-    def try_dispatch(self) -> int:
-        """Dispatch what is written, on the caller's thread (`ReputService.try_reput`): the
-        number of records dispatched, or -1 when the reput thread was mid-round and was
-        woken to take them instead."""
-        return self.reput.try_reput()
-
     def wait_dispatched(self, timeout_s: float = 5.0) -> bool:
         """Wait until everything put so far is readable through the consume queues."""
         return self.reput.wait_dispatched(self.commitlog.get_max_offset(), timeout_s)

@@ -118,7 +118,7 @@ class MessageStore:
         )
         self.reput.add_dispatcher(self._tracker)
         # every append wakes the dispatcher (no polling while idle, no wait once written)
-        self.commitlog.on_append = self.reput.wakeup
+        self.set_append_hook(None)
         self.cleanup = CleanupService(
             config,
             self.commitlog,

@@ -21,7 +21,9 @@ flush unless the case says sync_flush. 1 KiB bodies; one client process and thre
   (`rocketmq-python-client`): `Producer.send` one at a time, `send_async` with a window of
   256 (OFFICIAL_WINDOW: see there), `SimpleConsumer.receive(32)` + `ack` per message;
 - stub_official_* / stub_framework_*: the same cases against `bench._stub`, a
-  MessagingService that answers OK at once: each client's own cap on this machine;
+  MessagingService that answers OK at once: each client's own cap on this machine. The
+  stub and our server are up together for the official cases, and each of those runs
+  against the stub, then at once against ours, before the next one starts;
 - embedded_send / embedded_receive_ack: the framework's code over the in-process broker
   (no gRPC): `send_async` with a window of 1000, receive(32) + ack;
 - embedded_push_consume: a `reliable.PushConsumer` (default settings, a listener that does
@@ -48,7 +50,7 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -491,48 +493,83 @@ def consumed(receive: Callable[[], list[Any]], ack: Callable[[Any], None], n: in
 # --- the official client
 
 
-def official(endpoint: str, prefix: str, n: peers.Counts, rec: Recorder) -> None:
+@dataclass
+class _OfficialClient:
+    """The official client's producer and consumer of one server's topic."""
+
+    prefix: str
+    topic: str
+    producer: Any
+    consumer: Any
+
+    def message(self) -> Any:
+        from rocketmq import Message
+
+        m = Message()
+        m.topic, m.body = self.topic, BODY
+        return m
+
+    def send(self) -> Any:
+        return self.producer.send(self.message())
+
+    def send_async(self) -> Any:
+        return self.producer.send_async(self.message())
+
+    def receive(self) -> list[Any]:
+        return list(self.consumer.receive(BATCH, 30))
+
+
+def official(endpoints: dict[str, str], n: peers.Counts, rec: Recorder) -> None:
+    """The official client's three cases against each server of `endpoints` (prefix ->
+    endpoint: `stub_official` for the cap, `official` for ours), case by case, each
+    server's run right after the other's: on a machine whose speed moves within minutes a
+    case and its cap are measured at the same speed, not minutes apart."""
     from rocketmq import (
         ClientConfiguration,
         Credentials,
         FilterExpression,
-        Message,
         Producer,
         SimpleConsumer,
     )
 
-    topic = f"bench-{prefix.replace('_', '-')}"
-    config = ClientConfiguration(endpoint, Credentials())
-    consumer = SimpleConsumer(
-        config, f"{topic}-g", {topic: FilterExpression("*")}, await_duration=2
-    )
-    consumer.startup()
-    producer = Producer(config, [topic])
-    producer.startup()
-
-    def message() -> Any:
-        m = Message()
-        m.topic, m.body = topic, BODY
-        return m
-
+    clients: list[_OfficialClient] = []
     try:
-        producer.send(message())  # warm-up: route, channel, topic creation
-        drain(lambda: consumer.receive(BATCH, 30), consumer.ack, 1)
-        sync, latencies = each(lambda: producer.send(message()), n.each)
-        rec.add(f"{prefix}_send", sync, "send, one at a time", latencies)
-        rec.add(
-            f"{prefix}_send_async",
-            windowed(lambda: producer.send_async(message()), n.pipelined, OFFICIAL_WINDOW),
-            f"send_async, {OFFICIAL_WINDOW} in flight",
-        )
-        rec.add(
-            f"{prefix}_receive_ack",
-            consumed(lambda: consumer.receive(BATCH, 30), consumer.ack, n.pipelined),
-            f"receive({BATCH}), ack each",
-        )
+        for prefix, endpoint in endpoints.items():
+            topic = f"bench-{prefix.replace('_', '-')}"
+            config = ClientConfiguration(endpoint, Credentials())
+            consumer = SimpleConsumer(
+                config, f"{topic}-g", {topic: FilterExpression("*")}, await_duration=2
+            )
+            consumer.startup()
+            producer = Producer(config, [topic])
+            try:
+                producer.startup()
+            except BaseException:
+                consumer.shutdown()
+                raise
+            client = _OfficialClient(prefix, topic, producer, consumer)
+            clients.append(client)
+            client.send()  # warm-up: route, channel, topic creation
+            drain(client.receive, consumer.ack, 1)
+        for c in clients:
+            sync, latencies = each(c.send, n.each)
+            rec.add(f"{c.prefix}_send", sync, "send, one at a time", latencies)
+        for c in clients:
+            rec.add(
+                f"{c.prefix}_send_async",
+                windowed(c.send_async, n.pipelined, OFFICIAL_WINDOW),
+                f"send_async, {OFFICIAL_WINDOW} in flight",
+            )
+        for c in clients:
+            rec.add(
+                f"{c.prefix}_receive_ack",
+                consumed(c.receive, c.consumer.ack, n.pipelined),
+                f"receive({BATCH}), ack each",
+            )
     finally:
-        producer.shutdown()
-        consumer.shutdown()
+        for c in clients:
+            c.producer.shutdown()
+            c.consumer.shutdown()
 
 
 # --- the framework (grpc and embedded transports)
@@ -791,29 +828,43 @@ def measure(
         "framework_receive_ack",
     )
     stub_official = ("stub_official_send", "stub_official_send_async", "stub_official_receive_ack")
-    stub_framework = tuple(f"stub_{case}" for case in framework_cases)
-    if wanted(*stub_official, *stub_framework):
-        with (
-            rec.section(*stub_official, *stub_framework),
-            stub_server(home, stub_work_us) as endpoint,
-        ):
-            if wanted(*stub_official):
-                with rec.section(*stub_official):
-                    official(endpoint, "stub_official", n, rec)
-            if wanted(*stub_framework):
-                with rec.section(*stub_framework), started(_grpc_transport(endpoint)) as t:
-                    framework(t, "stub_framework", "", n, rec)
-
     official_cases = ("official_send", "official_send_async", "official_receive_ack")
-    wire_cases = tuple(c.replace("framework_", "framework_wire_") for c in framework_cases)
-    if wanted(*official_cases, *framework_cases, *wire_cases):
+    if wanted(*stub_official, *official_cases):
+        # the cap and our server up together, each case run against one then the other
         with (
-            rec.section(*framework_cases, *wire_cases, *official_cases),
+            rec.section(*stub_official, *official_cases),
+            stub_server(home, stub_work_us)
+            if wanted(*stub_official)
+            else nullcontext("") as stub_endpoint,
+            broker_server(workdir / "official-store", home)
+            if wanted(*official_cases)
+            else nullcontext("") as endpoint,
+        ):
+            official(
+                {
+                    prefix: ep
+                    for prefix, ep in (("stub_official", stub_endpoint), ("official", endpoint))
+                    if ep
+                },
+                n,
+                rec,
+            )
+
+    stub_framework = tuple(f"stub_{case}" for case in framework_cases)
+    if wanted(*stub_framework):
+        with (
+            rec.section(*stub_framework),
+            stub_server(home, stub_work_us) as endpoint,
+            started(_grpc_transport(endpoint)) as t,
+        ):
+            framework(t, "stub_framework", "", n, rec)
+
+    wire_cases = tuple(c.replace("framework_", "framework_wire_") for c in framework_cases)
+    if wanted(*framework_cases, *wire_cases):
+        with (
+            rec.section(*framework_cases, *wire_cases),
             broker_server(workdir / "server-store", home) as endpoint,
         ):
-            if wanted(*official_cases):
-                with rec.section(*official_cases):
-                    official(endpoint, "official", n, rec)
             if wanted(*framework_cases):
                 with rec.section(*framework_cases), started(_grpc_transport(endpoint)) as t:
                     framework(t, "framework", "", n, rec)

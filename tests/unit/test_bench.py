@@ -289,6 +289,33 @@ def test_a_failing_case_is_marked_and_the_run_goes_on() -> None:
 # --- the stub server
 
 
+def test_official_cases_alternate_between_the_cap_and_our_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each official case runs against the cap, then at once against the other server,
+    before the next case starts: a case and its cap measured minutes apart would differ
+    by what the machine's speed did in between."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))  # the official client logs under $HOME
+    result = SuiteResult()
+    rec = grpc_suite.Recorder(result)
+    with grpc_suite.stub_server(home) as cap, grpc_suite.stub_server(home) as other:
+        grpc_suite.official(
+            {"stub_official": cap, "official": other}, peers.Counts(each=3, pipelined=40), rec
+        )
+    assert rec.errors == []
+    assert [row.name for row in result.rows] == [
+        "stub_official_send",
+        "official_send",
+        "stub_official_send_async",
+        "official_send_async",
+        "stub_official_receive_ack",
+        "official_receive_ack",
+    ]
+    assert all(result.metrics[f"{row.name}_msgs_s"] > 0 for row in result.rows)
+
+
 def test_stub_server_answers_the_official_client(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -341,7 +341,10 @@ def test_the_lag_falls_on_the_overview_as_a_consumer_runs(
                 seen.append(lag_shown())
                 return seen[-1] == 0
 
-            wait_for(drained, 90, 1.0)
+            try:
+                wait_for(drained, 90, 1.0)
+            except AssertionError as exc:  # say how far it got
+                raise AssertionError(f"{exc}; lag seen {seen}, {len(handled)} handled") from None
     finally:
         t.close()
     assert len(handled) >= count

@@ -187,11 +187,15 @@ def test_the_selector_keeps_its_timeout_and_shrinks_its_window_for_a_silent_peer
 
 def test_an_event_loop_on_the_selector_serves_a_round_trip_exchange() -> None:
     async def main() -> list[bytes]:
+        served = asyncio.Event()
+
         async def echo(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
             while data := await r.read(64):
                 w.write(data)
                 await w.drain()
             w.close()
+            await w.wait_closed()
+            served.set()
 
         server = await asyncio.start_server(echo, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
@@ -201,6 +205,8 @@ def test_an_event_loop_on_the_selector_serves_a_round_trip_exchange() -> None:
             w.write(b"%d;" % i)
             answers.append(await r.readuntil(b";"))
         w.close()
+        await w.wait_closed()
+        await served.wait()  # the server's side ended too: no task left pending
         server.close()
         await server.wait_closed()
         return answers

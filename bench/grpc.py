@@ -50,7 +50,7 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -501,11 +501,10 @@ class _OfficialClient:
     topic: str
     producer: Any
     consumer: Any
+    message_class: Any  # rocketmq.Message, imported once, not per send
 
     def message(self) -> Any:
-        from rocketmq import Message
-
-        m = Message()
+        m = self.message_class()
         m.topic, m.body = self.topic, BODY
         return m
 
@@ -528,6 +527,7 @@ def official(endpoints: dict[str, str], n: peers.Counts, rec: Recorder) -> None:
         ClientConfiguration,
         Credentials,
         FilterExpression,
+        Message,
         Producer,
         SimpleConsumer,
     )
@@ -547,7 +547,7 @@ def official(endpoints: dict[str, str], n: peers.Counts, rec: Recorder) -> None:
             except BaseException:
                 consumer.shutdown()
                 raise
-            client = _OfficialClient(prefix, topic, producer, consumer)
+            client = _OfficialClient(prefix, topic, producer, consumer, Message)
             clients.append(client)
             client.send()  # warm-up: route, channel, topic creation
             drain(client.receive, consumer.ack, 1)
@@ -831,24 +831,15 @@ def measure(
     official_cases = ("official_send", "official_send_async", "official_receive_ack")
     if wanted(*stub_official, *official_cases):
         # the cap and our server up together, each case run against one then the other
-        with (
-            rec.section(*stub_official, *official_cases),
-            stub_server(home, stub_work_us)
-            if wanted(*stub_official)
-            else nullcontext("") as stub_endpoint,
-            broker_server(workdir / "official-store", home)
-            if wanted(*official_cases)
-            else nullcontext("") as endpoint,
-        ):
-            official(
-                {
-                    prefix: ep
-                    for prefix, ep in (("stub_official", stub_endpoint), ("official", endpoint))
-                    if ep
-                },
-                n,
-                rec,
-            )
+        with rec.section(*stub_official, *official_cases), ExitStack() as servers:
+            endpoints = {}
+            if wanted(*stub_official):
+                endpoints["stub_official"] = servers.enter_context(stub_server(home, stub_work_us))
+            if wanted(*official_cases):
+                endpoints["official"] = servers.enter_context(
+                    broker_server(workdir / "official-store", home)
+                )
+            official(endpoints, n, rec)
 
     stub_framework = tuple(f"stub_{case}" for case in framework_cases)
     if wanted(*stub_framework):

@@ -502,6 +502,7 @@ class _OfficialClient:
     producer: Any
     consumer: Any
     message_class: Any  # rocketmq.Message, imported once, not per send
+    server_pid: int | None  # its server's process, whose CPU a case reads (`CpuProbe`)
 
     def message(self) -> Any:
         m = self.message_class()
@@ -547,24 +548,33 @@ def official(endpoints: dict[str, str], n: peers.Counts, rec: Recorder) -> None:
             except BaseException:
                 consumer.shutdown()
                 raise
-            client = _OfficialClient(prefix, topic, producer, consumer, Message)
+            client = _OfficialClient(
+                prefix, topic, producer, consumer, Message, SERVER_PIDS.get(endpoint)
+            )
             clients.append(client)
             client.send()  # warm-up: route, channel, topic creation
             drain(client.receive, consumer.ack, 1)
+        # the client's CPU is read with the server's: on two cores a server's every µs a
+        # call costs the client CPU too (its threads sleep and wake for each answer)
         for c in clients:
+            probe = CpuProbe(c.server_pid)
             sync, latencies = each(c.send, n.each)
-            rec.add(f"{c.prefix}_send", sync, "send, one at a time", latencies)
+            rec.add(f"{c.prefix}_send", sync, "send, one at a time", latencies, probe)
         for c in clients:
+            probe = CpuProbe(c.server_pid)
             rec.add(
                 f"{c.prefix}_send_async",
                 windowed(c.send_async, n.pipelined, OFFICIAL_WINDOW),
                 f"send_async, {OFFICIAL_WINDOW} in flight",
+                cpu=probe,
             )
         for c in clients:
+            probe = CpuProbe(c.server_pid)
             rec.add(
                 f"{c.prefix}_receive_ack",
                 consumed(c.receive, c.consumer.ack, n.pipelined),
                 f"receive({BATCH}), ack each",
+                cpu=probe,
             )
     finally:
         for c in clients:

@@ -314,6 +314,12 @@ def test_official_cases_alternate_between_the_cap_and_our_server(
         "official_receive_ack",
     ]
     assert all(result.metrics[f"{row.name}_msgs_s"] > 0 for row in result.rows)
+    # both processes' CPU a message, read over each case (the counts here are too small
+    # for the figures themselves to mean anything: clock ticks of 10 ms)
+    for row in result.rows:
+        assert isinstance(result.metrics.get(f"{row.name}_client_cpu_us"), float)
+        assert isinstance(result.metrics.get(f"{row.name}_server_cpu_us"), float)
+        assert "CPU/msg client" in row.note and ", server " in row.note
 
 
 def test_stub_server_answers_the_official_client(

@@ -121,9 +121,7 @@ class ConcurrentConsumeService(PulledQueueService):
                         retry_locally.append(m)
         kept = {id(m) for m in retry_locally}
         done = [m for m in msgs if id(m) not in kept]
-        offset = pq.remove(done)
-        if offset >= 0 and not pq.dropped:
-            self._offsets.update(queue, offset)
+        self._offsets.update(queue, pq.remove(done), of=pq)
         if retry_locally:
             self._later(pq, queue, retry_locally)
         if self._on_consumed is not None:

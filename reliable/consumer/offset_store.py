@@ -11,6 +11,7 @@ import os
 import threading
 from pathlib import Path
 
+from reliable.consumer.process_queue import ProcessQueue
 from reliable.transport.base import PullTransport, QueueRef
 
 log = logging.getLogger(__name__)
@@ -21,10 +22,25 @@ class OffsetStore:
         self._table: dict[QueueRef, int] = {}
         self._lock = threading.Lock()
 
-    def update(self, queue: QueueRef, offset: int, *, increase_only: bool = True) -> None:
+    def update(
+        self,
+        queue: QueueRef,
+        offset: int,
+        *,
+        increase_only: bool = True,
+        of: ProcessQueue | None = None,
+    ) -> None:
+        """Record `queue`'s offset. `of`: the queue's process queue, whose progress this is;
+        nothing is recorded once it is dropped (the queue rebalanced away). Its flag is read
+        under this store's lock, so a consume finishing as its queue is dropped never puts
+        back the entry the drop's `remove` took out: a stale entry would be committed for a
+        queue this consumer no longer owns, every persist, behind its new owner's progress,
+        and resumed from if the queue came back."""
         if offset < 0:
             return
         with self._lock:
+            if of is not None and of.dropped:
+                return
             old = self._table.get(queue, -1)
             if not increase_only or offset > old:
                 self._table[queue] = offset

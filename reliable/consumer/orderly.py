@@ -123,8 +123,7 @@ class OrderlyConsumeService(PulledQueueService):
                 return False
             if result is not ConsumeResult.SUCCESS:
                 return self._failed(pq, queue, live, msgs, ctx)
-        offset = pq.commit_taken()
-        self._offsets.update(queue, offset)
+        self._offsets.update(queue, pq.commit_taken(), of=pq)
         return False
 
     def _failed(
@@ -138,7 +137,7 @@ class OrderlyConsumeService(PulledQueueService):
         ok = live[: max(0, min(ctx.succeeded, len(live) - 1))]
         if ok:  # the head of the batch succeeded: finish it, retry only the rest
             pq.discard_taken(ok)
-            self._offsets.update(queue, pq.commit_offset())
+            self._offsets.update(queue, pq.commit_offset(), of=pq)
             live = live[len(ok) :]
             taken = [m for m in taken if all(m is not o for o in ok)]
         head = live[0]
@@ -178,7 +177,7 @@ class OrderlyConsumeService(PulledQueueService):
             finished = [m for m in taken if m is head or id(m) not in live_ids]
             pq.discard_taken(finished)
             pq.put_back([m for m in taken if id(m) in live_ids and m is not head])
-            self._offsets.update(queue, pq.commit_offset())
+            self._offsets.update(queue, pq.commit_offset(), of=pq)
             return True
         for m in live:
             m.reconsume_times += 1

@@ -280,5 +280,5 @@ class PullEngine:
                 self._service.submit(pq, q, batch.messages)
             elif batch.status is not PullStatus.NO_NEW_MSG and pq.cached_count == 0:
                 # filtered-out units or a corrected offset: nothing in flight holds it back
-                self.offsets.update(q, batch.next_offset, increase_only=False)
+                self.offsets.update(q, batch.next_offset, increase_only=False, of=pq)
             offset = batch.next_offset

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 import pytest
 
+from reliable.consumer.concurrent import ConcurrentConsumeService
+from reliable.consumer.offset_store import OffsetStore
 from reliable.consumer.process_queue import ProcessQueue
 from reliable.consumer.rebalance import (
     ConsistentHashAllocator,
     allocate_averagely,
     allocate_by_circle,
 )
-from reliable.message import ReceivedMessage
+from reliable.consumer.settings import ConsumerSettings
+from reliable.message import ConsumeResult, ReceivedMessage
 from reliable.transport.base import QueueRef
 
 QUEUES = [QueueRef("t", "b", i) for i in range(8)]
@@ -87,3 +93,59 @@ def test_orderly_take_put_back_and_commit() -> None:
     assert pq.commit_taken() == 3
     pq.discard_taken(pq.take(1))
     assert pq.commit_offset() == 4
+
+
+# --- offsets of a queue rebalanced away
+
+
+def _drop(pq: ProcessQueue, store: OffsetStore, q: QueueRef) -> None:
+    """What the pull engine does when a rebalance takes a queue away."""
+    pq.dropped = True
+    store.remove(q)
+
+
+def test_a_dropped_queue_gets_no_offset_back() -> None:
+    """A consume that finishes as its queue is dropped must not put back the entry the
+    drop removed: the consumer would commit it on every persist for a queue it no longer
+    owns, behind the new owner's progress, and resume from it if the queue came back."""
+    store, pq, q = OffsetStore(), ProcessQueue(), QUEUES[0]
+    store.update(q, 5, of=pq)
+    assert store.get(q) == 5
+    _drop(pq, store, q)
+    store.update(q, 9, of=pq)  # the late consume
+    assert store.get(q) == -1
+    assert store.snapshot() == {}
+    store.update(q, 9)  # no process queue named: recorded (a start offset)
+    assert store.get(q) == 9
+
+
+def test_a_consume_finishing_after_its_queue_was_dropped_commits_nothing() -> None:
+    store, pq, q = OffsetStore(), ProcessQueue(), QUEUES[1]
+    msgs = [_m(o) for o in range(3)]
+    pq.put(msgs)
+    store.update(q, 0, of=pq)
+    listening = threading.Event()
+    go_on = threading.Event()
+
+    def listener(batch: Any, ctx: Any) -> ConsumeResult:
+        listening.set()
+        assert go_on.wait(5)
+        return ConsumeResult.SUCCESS
+
+    service = ConcurrentConsumeService(
+        None,  # type: ignore[arg-type]  # a success sends nothing back
+        "g",
+        listener,
+        ConsumerSettings(consume_batch_size=3),
+        store,
+        None,  # type: ignore[arg-type]  # _consume is called directly
+        threading.Event(),
+    )
+    worker = threading.Thread(target=service._consume, args=(pq, q, msgs))
+    worker.start()
+    assert listening.wait(5)
+    _drop(pq, store, q)  # rebalanced away while the listener runs
+    go_on.set()
+    worker.join(5)
+    assert not worker.is_alive()
+    assert store.snapshot() == {}

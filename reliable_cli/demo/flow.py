@@ -71,6 +71,7 @@ CONSUMER_SETTINGS = {
     "receive_long_poll_ms": 1_000,
 }
 INVISIBLE_S = 10.0  # CONSUMER_SETTINGS' invisible time
+UNSETTLED_SHOWN = 10  # stubs a flow that did not settle names
 
 
 # the longest retry ladder the demo waits for (a remote broker's, e.g. RocketMQ's default
@@ -397,22 +398,91 @@ class _Run:
         deadline = time.monotonic() + wait_s
         expected = sum(1 for f in self.plan.fates if not f.rolled_back)
         next_line = 0.0
+        last = ""
         while True:
             done = self._accounted(engine) >= expected and self._drained(offsets)
             now = time.monotonic()
             if done or now >= deadline or now >= next_line:
-                self.say(
-                    self._progress(
-                        engine, inventory, sender, resender, "settled" if done else "waiting"
-                    )
+                line = self._progress(
+                    engine, inventory, sender, resender, "settled" if done else "waiting"
                 )
-                next_line = now + 1.0
+                # a line a second while the counts move, else one every 10 s
+                counts = line.partition("]")[2]
+                if done or now >= deadline or counts != last or now >= next_line + 9.0:
+                    self.say(line)
+                    last, next_line = counts, now + 1.0
             if done:
                 return True
             if now >= deadline:
                 self.summary.problems.append(f"the flow did not settle within {wait_s:.0f} s")
+                for line in self._unsettled(engine, offsets):
+                    self.say(line)
                 return False
             time.sleep(0.2)
+
+    def _unsettled(self, engine: sa.Engine, offsets: TransportOffsets | None) -> list[str]:
+        """What a flow that did not settle left behind: each stub neither confirmed nor
+        dead-lettered (its sends, where its last send landed, the group's log row), and each
+        queue the group has not consumed to its end."""
+        t = self.shop.tables
+        log = t.consumption_log
+        with engine.connect() as conn:
+            stubs = conn.execute(
+                sa.select(
+                    t.stub.c.message_id,
+                    t.stub.c.status,
+                    t.stub.c.send_count,
+                    t.stub.c.queue_id,
+                    t.stub.c.queue_offset,
+                    t.stub.c.last_error,
+                    log.c.topic,
+                    log.c.queue_id.label("log_queue"),
+                    log.c.queue_offset.label("log_offset"),
+                    log.c.lease_until,
+                    log.c.dead_lettered_at,
+                )
+                .select_from(
+                    t.stub.outerjoin(
+                        log,
+                        sa.and_(
+                            log.c.message_id == t.stub.c.message_id,
+                            log.c.consumer_group == GROUP,
+                        ),
+                    )
+                )
+                .where(
+                    t.stub.c.status != StubStatus.CONFIRMED.value,
+                    log.c.dead_lettered_at.is_(None),
+                )
+                .order_by(t.stub.c.created_at)
+                .limit(UNSETTLED_SHOWN + 1)
+            ).all()
+        lines = []
+        for r in stubs[:UNSETTLED_SHOWN]:
+            landed = (
+                f"queue {r.queue_id} offset {r.queue_offset}"
+                if r.queue_id is not None
+                else "no send recorded"
+            )
+            seen = (
+                f"in the log at {r.topic} queue {r.log_queue} offset {r.log_offset}"
+                f" (lease until {r.lease_until})"
+                if r.log_queue is not None
+                else "never in the group's log"
+            )
+            error = f"; last error: {r.last_error}" if r.last_error else ""
+            lines.append(
+                f"unsettled: message {r.message_id}: stub {r.status}, {r.send_count} send(s), "
+                f"last to {landed}; {seen}{error}"
+            )
+        if len(stubs) > UNSETTLED_SHOWN:
+            lines.append(f"unsettled: ... and more (the first {UNSETTLED_SHOWN} shown)")
+        for topic, queue, end, done in _behind(offsets):
+            lines.append(
+                f"unsettled: {topic} queue {queue}: {end} message(s), the group "
+                f"committed {done if done is not None else 'nothing'}"
+            )
+        return lines
 
     def _accounted(self, engine: sa.Engine) -> int:
         """Stubs confirmed by the inventory group or held in its DLQ."""
@@ -449,17 +519,7 @@ class _Run:
     def _drained(self, offsets: TransportOffsets | None) -> bool:
         """Every queue of the topic and of the group's retry topic consumed to its end (so
         late duplicates were delivered too); unknown on a remote broker: True."""
-        if offsets is None:
-            return True
-        for topic in (TOPIC, retry_topic(GROUP)):
-            for queue in range(8):
-                end = offsets.max_offset(topic, queue)
-                if end is None or end <= 0:
-                    continue
-                done = offsets.committed_offset(GROUP, topic, queue)
-                if done is None or done < end:
-                    return False
-        return True
+        return next(_behind(offsets), None) is None
 
     def _progress(
         self,
@@ -603,3 +663,19 @@ class _Run:
                     f"stock of {row.sku}: reserved {row.reserved}, reservations "
                     f"{by_sku.get(row.sku, 0)} (an effect applied twice?)"
                 )
+
+
+def _behind(offsets: TransportOffsets | None) -> Iterator[tuple[str, int, int, int | None]]:
+    """(topic, queue, its end, the group's committed offset) of each queue of the topic and
+    of the group's retry topic that the group has not consumed to its end; none when the
+    broker answers no offsets (a remote one)."""
+    if offsets is None:
+        return
+    for topic in (TOPIC, retry_topic(GROUP)):
+        for queue in range(8):
+            end = offsets.max_offset(topic, queue)
+            if end is None or end <= 0:
+                continue
+            done = offsets.committed_offset(GROUP, topic, queue)
+            if done is None or done < end:
+                yield topic, queue, end, done

@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from broker.idle_poll import DEFAULT_MAX_US as DEFAULT_IDLE_POLL_US
+from broker.server.answers import DEFAULT_BATCH as DEFAULT_ANSWER_BATCH
+from broker.server.answers import DEFAULT_LINGER_MS as DEFAULT_ANSWER_LINGER_MS
 from reliable_cli import observe
 from reliable_cli.exit_codes import ExitCode
 from reliable_cli.store_options import add_disk_arguments, disk_options
@@ -83,6 +85,25 @@ def register(sub: Any) -> None:
         "this saves a halt and a wake per call of a one-at-a-time client, for at most this "
         f"much CPU per wait (docs/performance.md, idle polling; default "
         f"{DEFAULT_IDLE_POLL_US}; 0: never poll)",
+    )
+    s.add_argument(
+        "--answer-batch",
+        type=int,
+        default=DEFAULT_ANSWER_BATCH,
+        metavar="N",
+        help="hold the gRPC answers made while the server's event loop is busy and send them "
+        "together, up to N at once: a client with many calls in flight then wakes once for "
+        "many answers, not once for each; a call made while the loop is idle is answered at "
+        f"once (docs/performance.md, answers held while the loop is busy; default "
+        f"{DEFAULT_ANSWER_BATCH}; 0: never hold)",
+    )
+    s.add_argument(
+        "--answer-linger-ms",
+        type=float,
+        default=DEFAULT_ANSWER_LINGER_MS,
+        metavar="MS",
+        help="the longest a held answer waits for the others of its batch "
+        f"(default {DEFAULT_ANSWER_LINGER_MS:g})",
     )
     s.add_argument(
         "--advertise",
@@ -257,6 +278,7 @@ def start(args: argparse.Namespace) -> int:
     from broker.ha.node import HaNode
     from broker.idle_poll import check_max_us
     from broker.server import MessagingServer, ServerConfig, ServerStartError
+    from broker.server.answers import check_batch, check_linger_ms
     from broker.store.config import (
         FlushMode,
         StoreConfig,
@@ -277,6 +299,11 @@ def start(args: argparse.Namespace) -> int:
         check_max_us(args.idle_poll_us)
     except ValueError as exc:
         return _fail(f"--idle-poll-us: {exc}")
+    try:
+        check_batch(args.answer_batch)
+        check_linger_ms(args.answer_linger_ms)
+    except ValueError as exc:
+        return _fail(f"--answer-batch/--answer-linger-ms: {exc}")
     for path in (args.tls_cert, args.tls_key, args.credentials_file):
         if path is not None and not path.is_file():
             return _fail(f"{path}: no such file")
@@ -340,6 +367,8 @@ def start(args: argparse.Namespace) -> int:
         cluster_probe_ms=args.cluster_probe_ms,
         wire_port=args.wire_port,
         idle_poll_us=args.idle_poll_us,
+        answer_batch=args.answer_batch,
+        answer_linger_ms=args.answer_linger_ms,
         read_only=ha_config.role is HaRole.SLAVE,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,

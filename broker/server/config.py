@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from broker.idle_poll import DEFAULT_MAX_US
+from broker.server.answers import DEFAULT_BATCH, DEFAULT_LINGER_MS
 from broker.server.cluster import ClusterConfig
 
 
@@ -36,6 +37,10 @@ class ServerConfig:
     # the event loop polls this long at most before it sleeps in its selector, while the
     # calls it waits for keep coming within it (`broker.idle_poll`); 0: never polls
     idle_poll_us: int = DEFAULT_MAX_US
+    # gRPC answers made while the loop is busy are held and sent together, up to this many
+    # at once and this long at most (`broker.server.answers`); batch 0: each leaves at once
+    answer_batch: int = DEFAULT_BATCH
+    answer_linger_ms: float = DEFAULT_LINGER_MS
 
     # --- TLS: both files, or neither (plaintext)
     tls_cert: Path | None = None

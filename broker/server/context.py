@@ -20,6 +20,7 @@ from broker.broker import Broker
 from broker.clock import wall_ms
 from broker.errors import BrokerError
 from broker.server import auth
+from broker.server.answers import HeldAnswers
 from broker.server.cluster import ClusterView
 from broker.server.config import ServerConfig
 from broker.server.direct import DirectDeliveries
@@ -81,6 +82,9 @@ class ServerContext:
         self.closing = False  # set at shutdown: parked polls answer, streams end
         # broker groups: who serves each group (`broker.server.cluster`); None: no cluster
         self.cluster: ClusterView | None = None
+        # gRPC answers held while the loop is busy (`broker.server.answers`); released by
+        # the loop's selector, which installs it
+        self.answers = HeldAnswers(config.answer_batch, config.answer_linger_ms)
         # seconds from a SendMessage request to its answer, one observation per request
         self.send_seconds = Histogram()
         # SYNC_MASTER: sends are answered once a slave has them (None: no such wait)

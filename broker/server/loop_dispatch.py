@@ -31,6 +31,7 @@ import time
 from typing import Any
 
 from broker.idle_poll import PollingSelector
+from broker.server.answers import HeldAnswers
 from broker.store.store import MessageStore
 
 log = logging.getLogger(__name__)
@@ -86,14 +87,22 @@ class LoopDispatch:
 
 
 class LoopSelector(PollingSelector):
-    """The server loop's selector: runs `dispatch.before_select` before every select, then
-    selects as `PollingSelector` does (polling first for an adaptive window, `max_us` 0:
-    never)."""
+    """The server loop's selector: before every select it releases the answers held while
+    the loop was busy (`answers.before_select`, `broker.server.answers`; a select that
+    released some does not block, so their calls finish in the same turn) and runs
+    `dispatch.before_select`, then selects as `PollingSelector` does (polling first for an
+    adaptive window, `max_us` 0: never)."""
 
-    def __init__(self, max_us: int, dispatch: LoopDispatch) -> None:
+    def __init__(
+        self, max_us: int, dispatch: LoopDispatch, answers: HeldAnswers | None = None
+    ) -> None:
         super().__init__(max_us)
         self.dispatch = dispatch
+        self.answers = answers
 
     def select(self, timeout: float | None = None) -> list[tuple[Any, int]]:
+        answers = self.answers
+        if answers is not None and answers.before_select(timeout):
+            timeout = 0  # the released answers first; the dispatch once the loop waits
         self.dispatch.before_select(timeout)
         return super().select(timeout)

@@ -124,9 +124,11 @@ class MessagingServer:
         # the loop dispatches the records it appends just before it waits, and polls
         # before it sleeps (`broker.server.loop_dispatch`, `broker.idle_poll`)
         dispatch = LoopDispatch(self.ctx.broker.store)
-        loop = asyncio.SelectorEventLoop(LoopSelector(self.config.idle_poll_us, dispatch))
+        answers = self.ctx.answers
+        loop = asyncio.SelectorEventLoop(LoopSelector(self.config.idle_poll_us, dispatch, answers))
         self._loop = loop
         dispatch.install()
+        answers.install()
         try:
             loop.run_until_complete(self._serve())
         except BaseException as exc:  # reported to start(), or logged after it
@@ -135,6 +137,7 @@ class MessagingServer:
             else:
                 log.exception("gRPC server loop failed")
         finally:
+            answers.uninstall()
             self._cancel_leftovers(loop)
             dispatch.uninstall()
             self._started.set()

@@ -101,6 +101,7 @@ class MessagingServicer:
         self.producing = ProducerHandlers(ctx, self.clients)
         self.consuming = ConsumerHandlers(ctx, self.clients)
         self.offsets = OffsetHandlers(ctx)
+        self._answers = ctx.answers
         # a slave's writes are refused by handlers chosen here, once: a master's calls
         # take no extra step
         self._send: Handler = self.producing.send
@@ -152,11 +153,17 @@ class MessagingServicer:
             call = self.ctx.call_info(context)
             if isinstance(request, Undecodable):
                 raise request.refuse(context)
-            return await handler(request, call)
+            response = await handler(request, call)
         except Exception as exc:
             response = response_type()
             response.status.CopyFrom(status_of(exc))
-            return response
+        # a gRPC answer made while the loop is busy leaves with the others of its turn
+        # (`broker.server.answers`); the native wire's leave at once
+        if not getattr(context, "native_wire", False):
+            held = self._answers.hold()
+            if held is not None:
+                await held
+        return response
 
     async def QueryRoute(self, request: Any, context: Any) -> Any:
         return await self._unary(

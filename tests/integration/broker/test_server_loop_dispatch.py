@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from broker.broker import Broker
+from broker.server.answers import HeldAnswers
 from broker.server.loop_dispatch import LoopDispatch, LoopSelector
 from broker.store.message import Message
 
@@ -127,3 +128,37 @@ def test_what_the_loop_left_when_it_ended_is_dispatched_by_the_thread(broker: Br
     _put(broker, b"after")
     assert broker.store.wait_dispatched(5.0)
     assert seen.offsets() == [0, 1]
+
+
+def test_the_loops_selector_releases_held_answers_in_the_same_turn(broker: Broker) -> None:
+    """On a loop built as the server builds its own (`broker.server.answers`): calls made in
+    one burst are answered together, and the loop does not block with answers released."""
+    answers = HeldAnswers(batch=64, linger_ms=1000)
+    dispatch = LoopDispatch(broker.store)
+    loop = asyncio.SelectorEventLoop(LoopSelector(0, dispatch, answers))
+    dispatch.install()
+    answers.install()
+    order: list[str] = []
+
+    async def call(name: str) -> None:
+        held = answers.hold()
+        if held is not None:
+            await held
+        order.append(name)
+
+    async def main() -> None:
+        await asyncio.sleep(0.01)  # the loop waits once: idle
+        started = loop.time()
+        # five calls ready in one turn: the first leaves at once, four are held until
+        # the loop is about to wait, with no sleep for the linger (1 s)
+        await asyncio.gather(*(call(f"c{i}") for i in range(5)))
+        assert loop.time() - started < 0.5
+        assert order == ["c0", "c1", "c2", "c3", "c4"]
+        assert answers.held_total == 4 and answers.rounds == 1
+
+    try:
+        loop.run_until_complete(main())
+    finally:
+        answers.uninstall()
+        dispatch.uninstall()
+        loop.close()

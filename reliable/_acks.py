@@ -4,7 +4,10 @@
 consumer group by topic and sends them as one AckMessage with repeated entries (the
 in-process broker: one `ack_batch`, one durable record). A batch leaves when it holds
 `batch_size` acks, when no request is in flight (an idle pipe never waits), or once its
-oldest ack has waited `linger_ms`; at most `max_in_flight` requests are in flight. Each
+oldest ack has waited `linger_ms`; at most `max_in_flight` requests are in flight. In
+process (a transport with `inline_acks`) nothing is in flight to overlap with: the caller
+whose ack fills a batch sends it itself, a partial batch waits the linger (or `flush`),
+and the thread is not woken to send each first ack alone. Each
 future resolves with None, or with the error of its own entry (a dead receipt handle fails
 that message alone; the others of the batch are acked).
 
@@ -106,6 +109,24 @@ class AckBatcher(LingeringSender):
             self._send(batch)
         return future
 
+    def flush(self) -> None:
+        """Send the acks waiting now, on this thread, when the transport answers inline
+        (there a partial batch otherwise waits the linger); elsewhere an idle pipe sends
+        at once already, and a busy one within the linger."""
+        if not self._caller_runs:
+            return
+        batches = []
+        with self._cond:
+            for waiting in self._topics.values():
+                while waiting:
+                    batches.append(waiting[: self._batch_size])
+                    del waiting[: self._batch_size]
+                    self._in_flight += 1
+            self._topics.clear()
+            self._first_at.clear()
+        for batch in batches:
+            self._send(batch)
+
     def _emit(self, batch: Any) -> None:
         self._send(batch)
 
@@ -114,7 +135,9 @@ class AckBatcher(LingeringSender):
     ) -> tuple[list[list[tuple[ReceivedMessage, Future[None]]]], float | None]:
         out = []
         wait_s: float | None = None
-        idle = self._in_flight == 0
+        # an idle pipe sends at once, unless the caller sends full batches itself (in
+        # process, nothing is in flight to overlap: a partial batch waits the linger)
+        idle = self._in_flight == 0 and not self._caller_runs
         for topic in list(self._topics):
             waiting = self._topics[topic]
             while waiting and self._in_flight < self._max_in_flight:

@@ -133,6 +133,9 @@ class SimpleConsumer:
         None or its own error (the others are acked)."""
         self._check()
         futures = [self.ack_async(m) for m in messages]
+        acks = self._acks
+        if acks is not None:
+            acks.flush()  # in process: now, not after the linger
         return [f.exception() for f in futures]
 
     def change_invisible_duration(self, message: ReceivedMessage, seconds: float) -> str:

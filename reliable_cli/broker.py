@@ -91,19 +91,20 @@ def register(sub: Any) -> None:
         type=int,
         default=DEFAULT_ANSWER_BATCH,
         metavar="N",
-        help="hold the gRPC answers made while the server's event loop is busy and send them "
-        "together, up to N at once: a client with many calls in flight then wakes once for "
-        "many answers, not once for each; a call made while the loop is idle is answered at "
-        f"once (docs/performance.md, answers held while the loop is busy; default "
-        f"{DEFAULT_ANSWER_BATCH}; 0: never hold)",
+        help="while the server's event loop is busy, store the single gRPC sends it serves "
+        "together as one record batch and hold the answers it makes to send them together, "
+        "up to N messages or answers at once: a client with many calls in flight then costs "
+        "one store call and one wake-up for many; a call made while the loop is idle is "
+        "stored and answered at once (docs/performance.md, answers held and sends stored "
+        f"together; default {DEFAULT_ANSWER_BATCH}; 0: neither)",
     )
     s.add_argument(
         "--answer-linger-ms",
         type=float,
         default=DEFAULT_ANSWER_LINGER_MS,
         metavar="MS",
-        help="the longest a held answer waits for the others of its batch "
-        f"(default {DEFAULT_ANSWER_LINGER_MS:g})",
+        help="the longest a held answer or a grouped send waits for the others of its "
+        f"batch (default {DEFAULT_ANSWER_LINGER_MS:g})",
     )
     s.add_argument(
         "--advertise",

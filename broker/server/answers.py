@@ -65,6 +65,7 @@ class HeldAnswers:
         "_held",
         "_idle",
         "_installed",
+        "_pass",
         "_since",
         "batch",
         "held_total",
@@ -85,6 +86,7 @@ class HeldAnswers:
         self._since = 0  # clock() when the oldest held answer was held
         self._idle = True  # the loop has waited for I/O since the last answer left
         self._installed = False
+        self._pass = False  # the next `hold` answers at once (`answer_now`)
         self.held_total = 0  # answers ever held
         self.rounds = 0  # releases of held answers
 
@@ -102,9 +104,23 @@ class HeldAnswers:
         """Answers held now."""
         return len(self._held)
 
+    @property
+    def busy(self) -> bool:
+        """Whether an answer made now would be held: the loop has not waited for I/O since
+        the last answer left."""
+        return not self._idle and self._installed and self.batch > 0
+
+    def answer_now(self) -> None:
+        """The next `hold` answers at once: the answer was made with the others of its turn
+        already (a send stored with its group, `broker.server.send_groups`)."""
+        self._pass = True
+
     def hold(self) -> asyncio.Future[None] | None:
         """Called by a handler whose answer is ready: None to answer now, else a future to
         await first (on the loop's thread)."""
+        if self._pass:
+            self._pass = False
+            return None
         if self._idle or not self._installed or not self.batch:
             self._idle = False
             return None

@@ -37,8 +37,9 @@ class ServerConfig:
     # the event loop polls this long at most before it sleeps in its selector, while the
     # calls it waits for keep coming within it (`broker.idle_poll`); 0: never polls
     idle_poll_us: int = DEFAULT_MAX_US
-    # gRPC answers made while the loop is busy are held and sent together, up to this many
-    # at once and this long at most (`broker.server.answers`); batch 0: each leaves at once
+    # while the loop is busy, gRPC answers are held and sent together and single sends are
+    # stored together, up to this many at once and this long at most
+    # (`broker.server.answers`, `broker.server.send_groups`); batch 0: neither
     answer_batch: int = DEFAULT_BATCH
     answer_linger_ms: float = DEFAULT_LINGER_MS
 

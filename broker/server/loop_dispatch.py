@@ -32,6 +32,7 @@ from typing import Any
 
 from broker.idle_poll import PollingSelector
 from broker.server.answers import HeldAnswers
+from broker.server.send_groups import SendGroups
 from broker.store.store import MessageStore
 
 log = logging.getLogger(__name__)
@@ -87,21 +88,29 @@ class LoopDispatch:
 
 
 class LoopSelector(PollingSelector):
-    """The server loop's selector: before every select it releases the answers held while
-    the loop was busy (`answers.before_select`, `broker.server.answers`; a select that
-    released some does not block, so their calls finish in the same turn) and runs
+    """The server loop's selector: before every select it stores the sends grouped while
+    the loop was busy (`groups.before_select`, `broker.server.send_groups`), releases the
+    answers held meanwhile (`answers.before_select`, `broker.server.answers`; a select that
+    stored or released some does not block, so their calls finish in the same turn) and runs
     `dispatch.before_select`, then selects as `PollingSelector` does (polling first for an
     adaptive window, `max_us` 0: never)."""
 
     def __init__(
-        self, max_us: int, dispatch: LoopDispatch, answers: HeldAnswers | None = None
+        self,
+        max_us: int,
+        dispatch: LoopDispatch,
+        answers: HeldAnswers | None = None,
+        groups: SendGroups | None = None,
     ) -> None:
         super().__init__(max_us)
         self.dispatch = dispatch
         self.answers = answers
+        self.groups = groups
 
     def select(self, timeout: float | None = None) -> list[tuple[Any, int]]:
-        answers = self.answers
+        groups, answers = self.groups, self.answers
+        if groups is not None and groups.before_select(timeout):
+            timeout = 0  # the stored sends' calls finish first; they are ready to run
         if answers is not None and answers.before_select(timeout):
             timeout = 0  # the released answers first; the dispatch once the loop waits
         self.dispatch.before_select(timeout)

@@ -34,6 +34,7 @@ from broker.server.errors import (
     PayloadTooLarge,
     TooManyRequests,
 )
+from broker.server.send_groups import Group, Stored
 from broker.server.status import make_status, ok, status_of
 from broker.server.transactions import decode_transaction_id, encode_transaction_id
 from broker.store.message import Message, Prop, PutMessageResult, PutMessageStatus
@@ -44,6 +45,10 @@ log = logging.getLogger(__name__)
 RESOLUTION_COMMIT, RESOLUTION_ROLLBACK = 1, 2
 # what a message's record shares with the others of a record batch (`_prepare`)
 Shape = tuple[str, str, bool] | None
+# a bucket's messages as one record batch: bodies, ids, keys (or None), shape, born host, born ms
+BodyParts = tuple[list[bytes], list[str], list[str] | None, tuple[str, str, bool], str, int]
+# (index, message id, queue offset, put status, topic) of each message stored
+StoredMessage = tuple[int, str, int, PutMessageStatus, str]
 _MAX_TIMESTAMP_S, _MAX_NANOS = convert.MAX_TIMESTAMP_S, convert.MAX_NANOS
 SOURCE_SERVER_CHECK = 2
 
@@ -101,6 +106,9 @@ class ProducerHandlers:
         # sends being stored: key -> (its request's entries once settled, its index there)
         self._pending: dict[bytes, tuple[asyncio.Future[list[Any]], int]] = {}
         self._inflight = 0  # messages of requests being served (flow control)
+        # sends of the loop's busy turns stored together (`broker.server.send_groups`)
+        self._groups = ctx.send_groups
+        self._groups.append = self._append_group
 
     # --- SendMessage
     async def send(self, request: Any, call: CallInfo) -> Any:
@@ -196,9 +204,13 @@ class ProducerHandlers:
         try:
             if buckets:
                 whole = len(buckets) == 1 and not one_by_one and len(mine) == count
-                await self._store_buckets(
-                    buckets, messages, entries, loop, may_lead, response if whole else None
-                )
+                joined = self._join(buckets, messages) if whole and not may_lead else None
+                if joined is not None:
+                    await self._store_joined(joined, buckets, messages, entries, loop, response)
+                else:
+                    await self._store_buckets(
+                        buckets, messages, entries, loop, may_lead, response if whole else None
+                    )
             for i in one_by_one:  # in request order (a message group's order)
                 try:
                     entries[i] = await self._store(messages[i])
@@ -287,16 +299,12 @@ class ProducerHandlers:
         self._round_robin[cfg.name] = turn + 1
         return turn % cfg.write_queue_nums
 
-    def _put_bodies(
-        self, topic: str, queue_id: int, items: list[tuple[int, str, Shape]], messages: Any
-    ) -> PutMessageResult | None:
-        """A bucket of messages of one shape (`_prepare`), stored straight from their bodies
-        and ids as one record batch (`Broker.send_bodies`), with no store `Message` and no
-        broker result per message: the records `send_batch_pending` stores for them, byte
-        for byte (the first message's born time and host, as any record batch). The put's
-        result, or None when the messages differ in shape or born host, or the broker
-        refuses the batch as a whole (nothing stored): the general way then. Raises what
-        `send_batch_pending` of the bucket raises."""
+    @staticmethod
+    def _bodies_of(items: list[tuple[int, str, Shape]], messages: Any) -> BodyParts | None:
+        """What `_append_bodies` stores of a bucket of messages of one shape (`_prepare`):
+        their bodies, ids and keys, and the first message's born host and time (any record
+        batch's); None when the messages differ in shape or born host, or carry user
+        properties (the general way then)."""
         first, _, shape = items[0]
         if shape is None:
             return None
@@ -304,8 +312,7 @@ class ProducerHandlers:
         born_host = fsp.born_host
         bodies: list[bytes] = []
         ids: list[str] = []
-        tag, group, has_keys = shape
-        keys: list[str] | None = [] if has_keys else None
+        keys: list[str] | None = [] if shape[2] else None
         for i, message_id, s in items:
             pm = messages[i]
             sp = pm.system_properties
@@ -315,16 +322,27 @@ class ProducerHandlers:
             ids.append(message_id)
             if keys is not None:
                 keys.append(" ".join(sp.keys))  # each key checked not blank
-        shared: dict[str, str] = {}  # in the order `convert.to_store` puts them
-        if tag:
-            shared[Prop.TAGS] = tag
-        if group:
-            shared[Prop.SHARDING_KEY] = group
         born = (
             convert.timestamp_ms(fsp.born_timestamp, "born timestamp")
             if fsp.HasField("born_timestamp")
             else 0
         )
+        return bodies, ids, keys, shape, born_host, born if born > 0 else wall_ms()
+
+    def _append_bodies(
+        self, topic: str, queue_id: int, parts: BodyParts
+    ) -> PutMessageResult | None:
+        """Messages of one shape stored straight from their bodies and ids as one record
+        batch (`Broker.send_bodies`), with no store `Message` and no broker result per
+        message: the records `send_batch_pending` stores for them, byte for byte. The put's
+        result, or None when the broker refuses the batch as a whole (nothing stored): the
+        general way then. Raises what `send_batch_pending` of the messages raises."""
+        bodies, ids, keys, (tag, group, _), born_host, born_ms = parts
+        shared: dict[str, str] = {}  # in the order `convert.to_store` puts them
+        if tag:
+            shared[Prop.TAGS] = tag
+        if group:
+            shared[Prop.SHARDING_KEY] = group
         return self.ctx.broker.send_bodies(
             topic,
             queue_id,
@@ -332,10 +350,88 @@ class ProducerHandlers:
             ids,
             shared,
             keys=keys,
-            born_timestamp=born if born > 0 else wall_ms(),
+            born_timestamp=born_ms,
             born_host=(convert.host_only(born_host), 0),
             wait=False,
         )
+
+    def _put_bodies(
+        self, topic: str, queue_id: int, items: list[tuple[int, str, Shape]], messages: Any
+    ) -> PutMessageResult | None:
+        """A bucket of messages of one shape stored as one record batch (`_append_bodies`);
+        None when they cannot be (`_bodies_of`) or the broker refuses the batch whole."""
+        parts = self._bodies_of(items, messages)
+        return None if parts is None else self._append_bodies(topic, queue_id, parts)
+
+    # --- sends stored with the others of the loop's turn (`broker.server.send_groups`)
+    def _join(
+        self, buckets: dict[tuple[str, int], list[tuple[int, str, Shape]]], messages: Any
+    ) -> asyncio.Future[Stored] | None:
+        """A gRPC send whose messages share one record batch (one bucket, one shape, no
+        message group, no user properties) joins the group of its topic, shape, born host
+        and time while the loop is busy; None: store it now."""
+        if not (self._groups.open and self.ctx.answers.busy):
+            return None
+        [((topic, queue_id), items)] = buckets.items()
+        shape = items[0][2]
+        if shape is None or shape[1]:  # user properties; a message group keeps its queue
+            return None
+        parts = self._bodies_of(items, messages)
+        if parts is None:
+            return None
+        bodies, ids, keys, _, born_host, born_ms = parts
+        return self._groups.join((topic, shape, born_host, born_ms), queue_id, bodies, ids, keys)
+
+    def _append_group(self, key: Any, group: Group) -> list[Stored]:
+        """`SendGroups.append`: one group's sends as one record batch; a `Stored` for each
+        (None for all when the broker refuses the batch whole: each is stored on its own)."""
+        topic, shape, born_host, born_ms = key
+        bodies: list[bytes] = []
+        ids: list[str] = []
+        keys: list[str] | None = [] if shape[2] else None
+        for joined in group.sends:
+            bodies += joined.bodies
+            ids += joined.ids
+            if keys is not None and joined.keys is not None:
+                keys += joined.keys
+        result = self._append_bodies(
+            topic, group.queue_id, (bodies, ids, keys, shape, born_host, born_ms)
+        )
+        if result is None:
+            return [None] * len(group.sends)
+        append = result.append
+        assert append is not None
+        end = append.wrote_offset + append.wrote_bytes
+        offset = append.queue_offset
+        out: list[Stored] = []
+        for joined in group.sends:
+            out.append((offset, result.status, end))
+            offset += len(joined.bodies)
+        return out
+
+    async def _store_joined(
+        self,
+        joined: asyncio.Future[Stored],
+        buckets: dict[tuple[str, int], list[tuple[int, str, Shape]]],
+        messages: Any,
+        entries: list[Any],
+        loop: asyncio.AbstractEventLoop,
+        response: Any,
+    ) -> None:
+        """Wait for the send's group to be stored, then answer it as `_store_buckets` would
+        have; a group refused whole: the send is stored on its own (`_store_buckets`)."""
+        outcome = await joined
+        if outcome is None:
+            await self._store_buckets(buckets, messages, entries, loop, False, response)
+            return
+        base, status, end = outcome
+        [((topic, _), items)] = buckets.items()
+        stored = [
+            (i, message_id, base + n, status, topic) for n, (i, message_id, _) in enumerate(items)
+        ]
+        await self._answer_stored(stored, end, messages, entries, loop, False, response)
+        # answered with the others of its group: not held again (`broker.server.answers`)
+        self.ctx.answers.answer_now()
 
     async def _store_buckets(
         self,
@@ -354,9 +450,19 @@ class ProducerHandlers:
         `response`: the request's, given when this one bucket holds every message of the
         request; when every one is stored, the entries are made in it (in request order,
         no copy) and, when they share one status, so is its status."""
+        stored, end = self._append_buckets(buckets, messages, entries)
+        await self._answer_stored(stored, end, messages, entries, loop, may_lead, response)
+
+    def _append_buckets(
+        self,
+        buckets: dict[tuple[str, int], list[tuple[int, str, Shape]]],
+        messages: Any,
+        entries: list[Any],
+    ) -> tuple[list[StoredMessage], int]:
+        """Each bucket in one broker call: what was stored, and the end of the last record
+        (-1: none); a message not stored gets its failed entry in `entries`."""
         broker = self.ctx.broker
-        # (index, message id, queue offset, put status, topic) of each message stored
-        stored: list[tuple[int, str, int, PutMessageStatus, str]] = []
+        stored: list[StoredMessage] = []
         end = -1
         for (topic, queue_id), items in buckets.items():
             try:
@@ -397,6 +503,21 @@ class ProducerHandlers:
                 for (i, message_id, _), r in zip(items, results, strict=True)
             )
             end = max(end, last)
+        return stored, end
+
+    async def _answer_stored(
+        self,
+        stored: list[StoredMessage],
+        end: int,
+        messages: Any,
+        entries: list[Any],
+        loop: asyncio.AbstractEventLoop,
+        may_lead: bool,
+        response: Any,
+    ) -> None:
+        """The entries of the stored messages, once durable under SYNC_FLUSH (and on a slave
+        under SYNC_MASTER); see `_store_buckets`."""
+        broker = self.ctx.broker
         durable = True
         if stored and end > 0:
             alone: bool | None = None

@@ -122,13 +122,18 @@ class MessagingServer:
     # --- the loop thread
     def _run(self) -> None:
         # the loop dispatches the records it appends just before it waits, and polls
-        # before it sleeps (`broker.server.loop_dispatch`, `broker.idle_poll`)
+        # before it sleeps (`broker.server.loop_dispatch`, `broker.idle_poll`); while it is
+        # busy it stores sends in groups and holds answers (`broker.server.send_groups`,
+        # `broker.server.answers`)
         dispatch = LoopDispatch(self.ctx.broker.store)
-        answers = self.ctx.answers
-        loop = asyncio.SelectorEventLoop(LoopSelector(self.config.idle_poll_us, dispatch, answers))
+        answers, groups = self.ctx.answers, self.ctx.send_groups
+        loop = asyncio.SelectorEventLoop(
+            LoopSelector(self.config.idle_poll_us, dispatch, answers, groups)
+        )
         self._loop = loop
         dispatch.install()
         answers.install()
+        groups.install()
         try:
             loop.run_until_complete(self._serve())
         except BaseException as exc:  # reported to start(), or logged after it
@@ -137,6 +142,7 @@ class MessagingServer:
             else:
                 log.exception("gRPC server loop failed")
         finally:
+            groups.uninstall()
             answers.uninstall()
             self._cancel_leftovers(loop)
             dispatch.uninstall()

@@ -1,7 +1,10 @@
-"""Answers held while the served loop is busy (`broker.server.answers`), over real gRPC: many
-single-message sends in flight at once each get their own answer (their own message id and
-offset), every message is stored once, answers were held along the way; concurrent single
-acks likewise; a client sending one call at a time never has its answer held."""
+"""A busy served loop over real gRPC: answers held and sent together (`broker.server.answers`)
+and single sends stored together (`broker.server.send_groups`). Many single-message sends
+in flight at once each get their own answer (their own message id and offset), every
+message is stored once, exactly as it was sent (tag, keys, born time), resends of a send
+get its first answer, and under `--flush sync` no answer comes before its record is on
+disk; concurrent single acks each get their own answer; a client sending one call at a
+time never waits for a batch."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import asyncio
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -18,7 +22,7 @@ from broker.protocol_pb import service_pb2, service_pb2_grpc
 from broker.server.codes import Code
 from broker.server.config import ServerConfig
 from broker.server.server import MessagingServer
-from broker.store.config import StoreConfig
+from broker.store.config import FlushMode, StoreConfig
 from tests.e2e.grpc.server_process import cli
 from tests.e2e.grpc.test_batched_rpcs import MD, receive_all, send_request
 
@@ -55,33 +59,107 @@ def _concurrently(endpoint: str, requests: list[object], method: str) -> list[ob
     return asyncio.run(main())
 
 
+def _request(i: int) -> Any:
+    """A single-message send; every third with a tag and keys (another record batch shape)."""
+    request = send_request("held", [b"m%d" % i])
+    if i % 3 == 0:
+        sp = request.messages[0].system_properties
+        sp.tag = "T"
+        sp.keys.extend([f"k{i}", "shared"])
+    return request
+
+
 def test_many_sends_in_flight_each_get_their_own_answer_and_are_stored_once(
     served: tuple[Broker, MessagingServer],
 ) -> None:
     broker, server = served
     broker.create_topic("held", queues=QUEUES)
-    requests = [send_request("held", [b"m%d" % i]) for i in range(IN_FLIGHT)]
-    replies = _concurrently(f"127.0.0.1:{server.port}", requests, "SendMessage")
-    answers = server.ctx.answers
+    requests = [_request(i) for i in range(IN_FLIGHT)]
+    resends = requests[100:150]  # the same sends again, in the same burst
+    replies = _concurrently(f"127.0.0.1:{server.port}", requests + resends, "SendMessage")
+    answers, groups = server.ctx.answers, server.ctx.send_groups
     assert answers.held_total > 0 and answers.rounds > 0  # the loop was busy: some were held
     assert answers.held == 0  # and every one was released
-    for request, reply in zip(requests, replies, strict=True):
+    assert groups.sends_joined > 0 and groups.groups_stored < groups.sends_joined  # grouped
+    for request, reply in zip(requests + resends, replies, strict=True):
         assert isinstance(reply, service_pb2.SendMessageResponse)
         assert reply.status.code == Code.OK, reply
         [entry] = reply.entries
         assert entry.message_id == request.messages[0].system_properties.message_id
+    assert (
+        [r.entries[0].offset for r in replies[IN_FLIGHT:]]
+        == [  # type: ignore[attr-defined]
+            r.entries[0].offset  # type: ignore[attr-defined]
+            for r in replies[100:150]
+        ]
+    )
     assert broker.store.wait_dispatched(timeout_s=10.0)
-    # every message stored once, and each answer names its own record
-    stored: dict[str, tuple[int, bytes]] = {}  # message id -> (queue offset, body)
+    # every message stored once, as it was sent, and each answer names its own record
+    stored: dict[str, Any] = {}  # message id -> (queue offset, record)
     for queue in range(QUEUES):
         for offset in range(broker.store.get_max_offset_in_queue("held", queue)):
             ext = broker.store.get_message_by_queue_offset("held", queue, offset)
             assert ext is not None and ext.msg_id not in stored
-            stored[ext.msg_id] = (offset, ext.body)
+            stored[ext.msg_id] = (offset, ext)
     assert len(stored) == IN_FLIGHT
-    for request, reply in zip(requests, replies, strict=True):
+    for i, (request, reply) in enumerate(zip(requests, replies[:IN_FLIGHT], strict=True)):
         entry = reply.entries[0]  # type: ignore[attr-defined]
-        assert stored[entry.message_id] == (entry.offset, request.messages[0].body)
+        sent = request.messages[0]
+        offset, ext = stored[entry.message_id]
+        assert offset == entry.offset and ext.body == sent.body
+        born = sent.system_properties.born_timestamp
+        assert ext.born_timestamp == born.seconds * 1000 + born.nanos // 1_000_000
+        if i % 3 == 0:
+            assert ext.tags == "T" and ext.keys == [f"k{i}", "shared"]
+        else:
+            assert not ext.tags and ext.keys == []
+
+
+def test_sends_stored_together_under_sync_flush_are_answered_only_once_on_disk(
+    tmp_path: Path,
+) -> None:
+    broker = Broker(
+        StoreConfig(
+            store_dir=tmp_path,
+            flush_mode=FlushMode.SYNC_FLUSH,
+            mapped_file_size_commitlog=8 << 20,
+            warm_mapped_file=False,
+        )
+    )
+    broker.start()
+    broker.create_topic("held-durable", queues=QUEUES)
+    server = MessagingServer(broker, ServerConfig(port=0, answer_batch=16, answer_linger_ms=50))
+    server.start()
+    flushed = broker.store.commitlog.queue
+    requests = [send_request("held-durable", [b"d%d" % i]) for i in range(300)]
+
+    async def main() -> list[tuple[Any, int]]:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = service_pb2_grpc.MessagingServiceStub(channel)
+
+            async def one(request: Any) -> tuple[Any, int]:
+                reply = await stub.SendMessage(request, metadata=MD, timeout=30)
+                return reply, flushed.flushed_where  # on disk when the answer arrived
+
+            return list(await asyncio.gather(*(one(r) for r in requests)))
+
+    try:
+        answered = asyncio.run(main())
+        assert server.ctx.send_groups.groups_stored > 0
+        assert broker.store.wait_dispatched(timeout_s=10.0)
+        ends: dict[str, int] = {}  # message id -> the end of its record in the commitlog
+        for queue in range(QUEUES):
+            for offset in range(broker.store.get_max_offset_in_queue("held-durable", queue)):
+                ext = broker.store.get_message_by_queue_offset("held-durable", queue, offset)
+                assert ext is not None
+                ends[ext.msg_id] = ext.commitlog_offset + ext.store_size
+        assert len(ends) == len(requests)
+        for reply, on_disk in answered:
+            assert reply.status.code == Code.OK, reply
+            assert ends[reply.entries[0].message_id] <= on_disk
+    finally:
+        server.stop()
+        broker.shutdown()
 
 
 def test_concurrent_single_acks_each_get_their_own_answer(

@@ -59,6 +59,28 @@ def _concurrently(endpoint: str, requests: list[object], method: str) -> list[ob
     return asyncio.run(main())
 
 
+def _records(broker: Broker, topic: str) -> dict[str, tuple[int, Any]]:
+    """Every record of `topic` by message id: (queue offset, record); each id once."""
+    assert broker.store.wait_dispatched(timeout_s=10.0)
+    records: dict[str, tuple[int, Any]] = {}
+    for queue in range(QUEUES):
+        for offset in range(broker.store.get_max_offset_in_queue(topic, queue)):
+            ext = broker.store.get_message_by_queue_offset(topic, queue, offset)
+            assert ext is not None and ext.msg_id not in records
+            records[ext.msg_id] = (offset, ext)
+    return records
+
+
+@pytest.fixture
+def stub(served: tuple[Broker, MessagingServer]) -> Iterator[Any]:
+    """A blocking stub of the served server."""
+    channel = grpc.insecure_channel(f"127.0.0.1:{served[1].port}")
+    try:
+        yield service_pb2_grpc.MessagingServiceStub(channel)
+    finally:
+        channel.close()
+
+
 def _request(i: int) -> Any:
     """A single-message send; every third with a tag and keys (another record batch shape)."""
     request = send_request("held", [b"m%d" % i])
@@ -93,14 +115,8 @@ def test_many_sends_in_flight_each_get_their_own_answer_and_are_stored_once(
             for r in replies[100:150]
         ]
     )
-    assert broker.store.wait_dispatched(timeout_s=10.0)
     # every message stored once, as it was sent, and each answer names its own record
-    stored: dict[str, Any] = {}  # message id -> (queue offset, record)
-    for queue in range(QUEUES):
-        for offset in range(broker.store.get_max_offset_in_queue("held", queue)):
-            ext = broker.store.get_message_by_queue_offset("held", queue, offset)
-            assert ext is not None and ext.msg_id not in stored
-            stored[ext.msg_id] = (offset, ext)
+    stored = _records(broker, "held")
     assert len(stored) == IN_FLIGHT
     for i, (request, reply) in enumerate(zip(requests, replies[:IN_FLIGHT], strict=True)):
         entry = reply.entries[0]  # type: ignore[attr-defined]
@@ -146,13 +162,10 @@ def test_sends_stored_together_under_sync_flush_are_answered_only_once_on_disk(
     try:
         answered = asyncio.run(main())
         assert server.ctx.send_groups.groups_stored > 0
-        assert broker.store.wait_dispatched(timeout_s=10.0)
-        ends: dict[str, int] = {}  # message id -> the end of its record in the commitlog
-        for queue in range(QUEUES):
-            for offset in range(broker.store.get_max_offset_in_queue("held-durable", queue)):
-                ext = broker.store.get_message_by_queue_offset("held-durable", queue, offset)
-                assert ext is not None
-                ends[ext.msg_id] = ext.commitlog_offset + ext.store_size
+        ends = {  # message id -> the end of its record in the commitlog
+            message_id: ext.commitlog_offset + ext.store_size
+            for message_id, (_, ext) in _records(broker, "held-durable").items()
+        }
         assert len(ends) == len(requests)
         for reply, on_disk in answered:
             assert reply.status.code == Code.OK, reply
@@ -163,61 +176,51 @@ def test_sends_stored_together_under_sync_flush_are_answered_only_once_on_disk(
 
 
 def test_concurrent_single_acks_each_get_their_own_answer(
-    served: tuple[Broker, MessagingServer],
+    served: tuple[Broker, MessagingServer], stub: Any
 ) -> None:
     broker, server = served
     broker.create_topic("held-acks", queues=1)
-    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
-    stub = service_pb2_grpc.MessagingServiceStub(channel)
-    try:
-        bodies = [b"a%d" % i for i in range(96)]
-        for start in range(0, len(bodies), 32):
-            reply = stub.SendMessage(
-                send_request("held-acks", bodies[start : start + 32]), metadata=MD, timeout=10
-            )
-            assert reply.status.code == Code.OK
-        got = receive_all(stub, "held-acks-g", "held-acks", len(bodies), invisible_s=4)
-        assert sorted(m.body for m in got) == sorted(bodies)
-        acks = []
-        for m in got:
-            ack = service_pb2.AckMessageRequest()
-            ack.group.name, ack.topic.name = "held-acks-g", "held-acks"
-            entry = ack.entries.add()
-            entry.message_id = m.system_properties.message_id
-            entry.receipt_handle = m.system_properties.receipt_handle
-            acks.append(ack)
-        acks[5].entries[0].receipt_handle = "not-a-handle"  # this one fails, alone
-        replies = _concurrently(f"127.0.0.1:{server.port}", acks, "AckMessage")
-        for i, (ack, reply) in enumerate(zip(acks, replies, strict=True)):
-            assert isinstance(reply, service_pb2.AckMessageResponse)
-            assert reply.entries[0].message_id == ack.entries[0].message_id
-            want = Code.INVALID_RECEIPT_HANDLE if i == 5 else Code.OK
-            assert reply.entries[0].status.code == want, (i, reply)
-        # only the message whose ack failed comes back
-        back = receive_all(stub, "held-acks-g", "held-acks", 1, within_s=25)
-        assert [m.body for m in back] == [got[5].body]
-    finally:
-        channel.close()
+    bodies = [b"a%d" % i for i in range(96)]
+    for start in range(0, len(bodies), 32):
+        reply = stub.SendMessage(
+            send_request("held-acks", bodies[start : start + 32]), metadata=MD, timeout=10
+        )
+        assert reply.status.code == Code.OK
+    got = receive_all(stub, "held-acks-g", "held-acks", len(bodies), invisible_s=4)
+    assert sorted(m.body for m in got) == sorted(bodies)
+    acks = []
+    for m in got:
+        ack = service_pb2.AckMessageRequest()
+        ack.group.name, ack.topic.name = "held-acks-g", "held-acks"
+        entry = ack.entries.add()
+        entry.message_id = m.system_properties.message_id
+        entry.receipt_handle = m.system_properties.receipt_handle
+        acks.append(ack)
+    acks[5].entries[0].receipt_handle = "not-a-handle"  # this one fails, alone
+    replies = _concurrently(f"127.0.0.1:{server.port}", acks, "AckMessage")
+    for i, (ack, reply) in enumerate(zip(acks, replies, strict=True)):
+        assert isinstance(reply, service_pb2.AckMessageResponse)
+        assert reply.entries[0].message_id == ack.entries[0].message_id
+        want = Code.INVALID_RECEIPT_HANDLE if i == 5 else Code.OK
+        assert reply.entries[0].status.code == want, (i, reply)
+    # only the message whose ack failed comes back
+    back = receive_all(stub, "held-acks-g", "held-acks", 1, within_s=25)
+    assert [m.body for m in back] == [got[5].body]
 
 
 def test_a_client_sending_one_call_at_a_time_never_waits_for_a_batch(
-    served: tuple[Broker, MessagingServer],
+    served: tuple[Broker, MessagingServer], stub: Any
 ) -> None:
     broker, server = served
     broker.create_topic("held-lone", queues=1)
-    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
-    stub = service_pb2_grpc.MessagingServiceStub(channel)
-    try:
-        offsets = []
-        for _ in range(40):
-            request = send_request("held-lone", [uuid.uuid4().bytes])
-            reply = stub.SendMessage(request, metadata=MD, timeout=10)
-            assert reply.status.code == Code.OK
-            offsets.append(reply.entries[0].offset)
-        assert offsets == list(range(40))
-        assert server.ctx.answers.held_total == 0
-    finally:
-        channel.close()
+    offsets = []
+    for _ in range(40):
+        request = send_request("held-lone", [uuid.uuid4().bytes])
+        reply = stub.SendMessage(request, metadata=MD, timeout=10)
+        assert reply.status.code == Code.OK
+        offsets.append(reply.entries[0].offset)
+    assert offsets == list(range(40))
+    assert server.ctx.answers.held_total == 0 and server.ctx.send_groups.sends_joined == 0
 
 
 @pytest.mark.parametrize(

@@ -239,3 +239,27 @@ def test_an_answer_bound_out_of_range_is_refused_before_the_store_opens(
     assert done.returncode == 2, done.stderr
     assert flag in done.stderr and "answer" in done.stderr
     assert not (tmp_path / "store").exists()
+
+
+def test_a_group_the_broker_refuses_whole_is_stored_send_by_send(
+    served: tuple[Broker, MessagingServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`Broker.send_bodies` answering None (a batch refused as a whole, nothing stored):
+    every send of the group then takes the general way, each with its own verdict."""
+    broker, server = served
+    broker.create_topic("held", queues=QUEUES)
+    refused: list[int] = []
+
+    def refuse(topic: str, queue_id: int, bodies: Any, *args: Any, **kwargs: Any) -> None:
+        refused.append(len(bodies))
+        return None
+
+    monkeypatch.setattr(broker, "send_bodies", refuse)
+    requests = [send_request("held", [b"r%d" % i]) for i in range(200)]
+    replies = _concurrently(f"127.0.0.1:{server.port}", requests, "SendMessage")
+    assert server.ctx.send_groups.groups_stored > 0 and any(n > 1 for n in refused)
+    assert all(r.status.code == Code.OK for r in replies)  # type: ignore[attr-defined]
+    stored = _records(broker, "held")
+    assert sorted(ext.body for _, ext in stored.values()) == sorted(
+        r.messages[0].body for r in requests
+    )

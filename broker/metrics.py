@@ -2,7 +2,9 @@
 
     from prometheus_client import CollectorRegistry
     registry = CollectorRegistry()
-    registry.register(BrokerCollector(broker, send_seconds=server.ctx.send_seconds))
+    registry.register(BrokerCollector(
+        broker, send_seconds=server.ctx.send_seconds, busy_turns=server.ctx.busy_turns
+    ))
 
 Nothing here runs on a message's path. The broker keeps plain totals (`Broker.delivered`,
 `Broker.acked`, the commitlog's `records_put`, the flush service's `stats`, the server's
@@ -37,6 +39,9 @@ BROKER_METRICS: dict[str, str] = {
     "reliable_broker_messages_delivered_total": "counter",
     "reliable_broker_messages_acked_total": "counter",
     "reliable_broker_send_duration_seconds": "histogram",
+    "reliable_broker_answers_held_total": "counter",
+    "reliable_broker_grouped_sends_total": "counter",
+    "reliable_broker_send_groups_total": "counter",
     "reliable_broker_fsync_duration_seconds": "histogram",
     "reliable_broker_fsync_messages": "histogram",
     "reliable_broker_consumer_lag_messages": "gauge",
@@ -56,15 +61,22 @@ def histogram_family(name: str, doc: str, histogram: Histogram) -> HistogramMetr
 
 
 class BrokerCollector(Collector):
-    """The broker's metrics; `send_seconds` is the gRPC server's (absent when embedded).
-    `broker` may be a callable returning the broker, or None while there is none yet (a
-    process whose embedded broker starts later): then the scrape has no broker families."""
+    """The broker's metrics; `send_seconds` and `busy_turns` are the gRPC server's (absent
+    when embedded): `busy_turns()` gives (answers held, sends stored in a group, groups
+    stored) while its loop was busy (`ServerContext.busy_turns`). `broker` may be a callable
+    returning the broker, or None while there is none yet (a process whose embedded broker
+    starts later): then the scrape has no broker families."""
 
     def __init__(
-        self, broker: Broker | Callable[[], Broker | None], *, send_seconds: Histogram | None = None
+        self,
+        broker: Broker | Callable[[], Broker | None],
+        *,
+        send_seconds: Histogram | None = None,
+        busy_turns: Callable[[], tuple[int, int, int]] | None = None,
     ) -> None:
         self._source = broker
         self._send_seconds = send_seconds
+        self._busy_turns = busy_turns
 
     def describe(self) -> list[Metric]:
         return []  # families are built at collect time; registration must not scrape
@@ -84,6 +96,16 @@ class BrokerCollector(Collector):
                 "Server-side handling of one SendMessage request, from arrival to answer",
                 self._send_seconds,
             )
+        if self._busy_turns is not None:
+            held, grouped, groups = self._busy_turns()
+            for name, doc, value in (
+                ("answers_held", "gRPC answers held while the server loop was busy", held),
+                ("grouped_sends", "SendMessage calls stored with others as one batch", grouped),
+                ("send_groups", "Groups of SendMessage calls stored as one record batch", groups),
+            ):
+                family = CounterMetricFamily(PREFIX + name, doc)
+                family.add_metric([], float(value))
+                yield family
         flush = store.commitlog.flush_service.stats
         yield histogram_family(
             PREFIX + "fsync_duration_seconds", "Duration of one commitlog fsync", flush.seconds

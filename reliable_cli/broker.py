@@ -612,7 +612,11 @@ def _metrics_endpoint(
     from broker.server.health import store_writable
 
     registry = CollectorRegistry()
-    registry.register(BrokerCollector(broker, send_seconds=server.ctx.send_seconds))
+    registry.register(
+        BrokerCollector(
+            broker, send_seconds=server.ctx.send_seconds, busy_turns=server.ctx.busy_turns
+        )
+    )
     if node is not None:
         from broker.ha.metrics import ReplicationCollector
 

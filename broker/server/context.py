@@ -104,6 +104,13 @@ class ServerContext:
         # acknowledged while acting for it); None: always
         self.reads_ready: Callable[[], bool] | None = None
 
+    def busy_turns(self) -> tuple[int, int, int]:
+        """(answers held, sends stored in a group, groups stored) since the start: what the
+        loop's busy turns batched (the metrics' `answers_held`, `grouped_sends`,
+        `send_groups`)."""
+        groups = self.send_groups
+        return self.answers.held_total, groups.sends_joined, groups.groups_stored
+
     # --- broker calls
     async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Call the broker: on the loop when its calls cannot block, else in the pool."""

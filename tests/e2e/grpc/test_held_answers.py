@@ -16,8 +16,10 @@ from typing import Any
 
 import grpc
 import pytest
+from prometheus_client import CollectorRegistry
 
 from broker.broker import Broker
+from broker.metrics import BrokerCollector
 from broker.protocol_pb import service_pb2, service_pb2_grpc
 from broker.server.codes import Code
 from broker.server.config import ServerConfig
@@ -103,6 +105,13 @@ def test_many_sends_in_flight_each_get_their_own_answer_and_are_stored_once(
     assert answers.held_total > 0 and answers.rounds > 0  # the loop was busy: some were held
     assert answers.held == 0  # and every one was released
     assert groups.sends_joined > 0 and groups.groups_stored < groups.sends_joined  # grouped
+    # what an operator scrapes says as much
+    registry = CollectorRegistry()
+    registry.register(BrokerCollector(broker, busy_turns=server.ctx.busy_turns))
+    scraped = {s.name: s.value for family in registry.collect() for s in family.samples}
+    assert scraped["reliable_broker_answers_held_total"] == answers.held_total
+    assert scraped["reliable_broker_grouped_sends_total"] == groups.sends_joined
+    assert scraped["reliable_broker_send_groups_total"] == groups.groups_stored
     for request, reply in zip(requests + resends, replies, strict=True):
         assert isinstance(reply, service_pb2.SendMessageResponse)
         assert reply.status.code == Code.OK, reply

@@ -16,6 +16,9 @@ record batch joins a group instead of being stored at once:
   once `batch` messages have joined, when the loop is about to wait (the calls ready are
   served), or when the first has waited `linger_ms`; the loop's selector calls
   `before_select` and does not block in a turn that stored some;
+- the groups' records stay under `max_bytes` (1 MiB, at most half the store's limit for a
+  record batch): a send that would take them past it stores the others first, and a send
+  of more than an eighth of it (large bodies gain nothing from a group) is stored alone;
 - each send then gets its messages' offsets, the put status and the batch's end, and is
   answered exactly as if it had been stored alone (the durable wait under `--flush sync`,
   the replication wait, the dedupe cache); a group the broker refuses as a whole stores
@@ -37,6 +40,8 @@ from typing import Any
 
 from broker.server.answers import check_batch, check_linger_ms
 
+MAX_GROUP_BYTES = 1 << 20  # a group's records at most (and half the store's batch limit)
+RECORD_OVERHEAD = 192  # a record's bytes beyond its body, id and keys, about (header, topic, tag)
 # what a joined send learns once its group is stored: (its first message's queue offset,
 # the put status, the end of the batch in the commitlog), or None: store it on its own
 Stored = tuple[int, Any, int] | None
@@ -68,6 +73,7 @@ class SendGroups:
     """The groups of one event loop; `append` is the producer handlers' store call."""
 
     __slots__ = (
+        "_bytes",
         "_clock",
         "_groups",
         "_installed",
@@ -77,6 +83,7 @@ class SendGroups:
         "batch",
         "groups_stored",
         "linger_ns",
+        "max_bytes",
         "sends_joined",
     )
 
@@ -91,6 +98,10 @@ class SendGroups:
         self._clock = clock
         self._groups: dict[Hashable, Group] = {}
         self._messages = 0  # messages waiting in the groups
+        self._bytes = 0  # about the bytes of their records
+        # a group's records stay under this (the store refuses a batch above its record
+        # limit); a send of more than an eighth of it is stored on its own
+        self.max_bytes = MAX_GROUP_BYTES
         self._since = 0  # clock() when the oldest waiting send joined
         self._installed = False
         self.append: Append | None = None
@@ -104,7 +115,7 @@ class SendGroups:
     def uninstall(self) -> None:
         """No selector stores them any more: the waiting sends are cancelled, unstored."""
         self._installed = False
-        groups, self._groups, self._messages = self._groups, {}, 0
+        groups, self._groups, self._messages, self._bytes = self._groups, {}, 0, 0
         for group in groups.values():
             for joined in group.sends:
                 joined.future.cancel()
@@ -122,10 +133,19 @@ class SendGroups:
         bodies: list[bytes],
         ids: list[str],
         keys: list[str] | None,
-    ) -> asyncio.Future[Stored]:
+    ) -> asyncio.Future[Stored] | None:
         """Add one send's messages to the group of `key` (opened in `queue_id`); the future
         gets its `Stored` once the group is stored. A send that fills the batch stores every
-        group at once, on its caller's turn."""
+        group at once, on its caller's turn; one whose records would take the groups past
+        `max_bytes` stores the others first. None: a send too large to gain from a group,
+        to be stored on its own."""
+        size = RECORD_OVERHEAD * len(bodies) + sum(map(len, bodies)) + sum(map(len, ids))
+        if keys is not None:
+            size += sum(map(len, keys))
+        if size > self.max_bytes // 8:
+            return None
+        if self._bytes + size > self.max_bytes:
+            self.store()
         future: asyncio.Future[Stored] = asyncio.get_running_loop().create_future()
         group = self._groups.get(key)
         if group is None:
@@ -134,6 +154,7 @@ class SendGroups:
             self._since = self._clock()
         group.sends.append(Joined(bodies, ids, keys, future))
         self._messages += len(bodies)
+        self._bytes += size
         self.sends_joined += 1
         if self._messages >= self.batch:
             self.store()
@@ -151,7 +172,7 @@ class SendGroups:
 
     def store(self) -> None:
         """Store every waiting group, one `append` each, in the order they were opened."""
-        groups, self._groups, self._messages = self._groups, {}, 0
+        groups, self._groups, self._messages, self._bytes = self._groups, {}, 0, 0
         append = self.append
         assert append is not None
         for key, group in groups.items():

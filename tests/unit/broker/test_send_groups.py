@@ -170,3 +170,25 @@ def test_groups_are_closed_without_a_selector_a_store_call_or_a_batch() -> None:
     assert not off.open
     with pytest.raises(ValueError, match="answer batch"):
         SendGroups(-1, 5)
+
+
+def test_groups_stay_under_their_byte_bound_and_a_large_send_is_stored_alone(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    store = Store()
+    groups = make(store, batch=64)
+    groups.max_bytes = 8 * 1024  # a send of more than 1 KiB of records is not grouped
+
+    async def main() -> None:
+        assert groups.join("k", 0, [b"x" * 1024], ["BIG"], None) is None
+        first = groups.join("k", 0, [b"a" * 500], ["A"], None)
+        assert first is not None and not first.done()
+        for i in range(11):  # about 700 bytes a send: the twelfth would pass 8 KiB
+            more = groups.join("k", 0, [b"b" * 500], [f"B{i}"], None)
+            assert more is not None
+        assert first.done()  # stored before the send that would have passed the bound
+        assert [len(bodies) for _, _, bodies in store.calls] == [11]
+        assert groups.before_select(WAITING) is True
+        assert [len(bodies) for _, _, bodies in store.calls] == [11, 1]
+
+    loop.run_until_complete(main())

@@ -62,6 +62,20 @@ def send_request(topic: str, bodies: list[bytes]) -> Any:
     return request
 
 
+def sync_flush_broker(store_dir: Path) -> Broker:
+    """A started in-process broker acknowledging sends after fsync, on a small store."""
+    broker = Broker(
+        StoreConfig(
+            store_dir=store_dir,
+            flush_mode=FlushMode.SYNC_FLUSH,
+            mapped_file_size_commitlog=8 << 20,
+            warm_mapped_file=False,
+        )
+    )
+    broker.start()
+    return broker
+
+
 def receive_all(
     stub: Any, group: str, topic: str, want: int, invisible_s: int = 30, within_s: float = 20.0
 ) -> list[Any]:
@@ -157,15 +171,7 @@ def test_sync_flush_acknowledges_concurrent_sends_only_once_on_disk(
     """In-process: at the moment each answer arrives, the commitlog is fsynced past the
     message's record; the sends of many threads share group commits. A lone producer's
     sends are fsynced on the event loop (no group to share): the same guarantee."""
-    broker = Broker(
-        StoreConfig(
-            store_dir=tmp_path,
-            flush_mode=FlushMode.SYNC_FLUSH,
-            mapped_file_size_commitlog=8 << 20,
-            warm_mapped_file=False,
-        )
-    )
-    broker.start()
+    broker = sync_flush_broker(tmp_path)
     broker.create_topic("durable", queues=1)
     server = MessagingServer(broker, ServerConfig(port=0, wire_port=0))
     server.start()

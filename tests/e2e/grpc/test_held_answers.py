@@ -24,9 +24,9 @@ from broker.protocol_pb import service_pb2, service_pb2_grpc
 from broker.server.codes import Code
 from broker.server.config import ServerConfig
 from broker.server.server import MessagingServer
-from broker.store.config import FlushMode, StoreConfig
+from broker.store.config import StoreConfig
 from tests.e2e.grpc.server_process import cli
-from tests.e2e.grpc.test_batched_rpcs import MD, receive_all, send_request
+from tests.e2e.grpc.test_batched_rpcs import MD, receive_all, send_request, sync_flush_broker
 
 IN_FLIGHT = 600
 QUEUES = 4
@@ -143,15 +143,7 @@ def test_many_sends_in_flight_each_get_their_own_answer_and_are_stored_once(
 def test_sends_stored_together_under_sync_flush_are_answered_only_once_on_disk(
     tmp_path: Path,
 ) -> None:
-    broker = Broker(
-        StoreConfig(
-            store_dir=tmp_path,
-            flush_mode=FlushMode.SYNC_FLUSH,
-            mapped_file_size_commitlog=8 << 20,
-            warm_mapped_file=False,
-        )
-    )
-    broker.start()
+    broker = sync_flush_broker(tmp_path)
     broker.create_topic("held-durable", queues=QUEUES)
     server = MessagingServer(broker, ServerConfig(port=0, answer_batch=16, answer_linger_ms=50))
     server.start()

@@ -115,23 +115,19 @@ class AckBatcher(LingeringSender):
         at once already, and a busy one within the linger."""
         if not self._caller_runs:
             return
-        batches = []
-        with self._cond:
-            for waiting in self._topics.values():
-                while waiting:
-                    batches.append(waiting[: self._batch_size])
-                    del waiting[: self._batch_size]
-                    self._in_flight += 1
-            self._topics.clear()
-            self._first_at.clear()
-        for batch in batches:
-            self._send(batch)
+        while True:  # inline sends complete as they return: in flight again only briefly
+            with self._cond:
+                batches, _ = self._collect(time.monotonic(), everything=True)
+            if not batches:
+                return
+            for batch in batches:
+                self._send(batch)
 
     def _emit(self, batch: Any) -> None:
         self._send(batch)
 
     def _collect(
-        self, now: float
+        self, now: float, *, everything: bool = False
     ) -> tuple[list[list[tuple[ReceivedMessage, Future[None]]]], float | None]:
         out = []
         wait_s: float | None = None
@@ -142,7 +138,13 @@ class AckBatcher(LingeringSender):
             waiting = self._topics[topic]
             while waiting and self._in_flight < self._max_in_flight:
                 due = self._first_at[topic] + self._linger_s
-                if not (idle or self._closing or len(waiting) >= self._batch_size or due <= now):
+                if not (
+                    idle
+                    or everything
+                    or self._closing
+                    or len(waiting) >= self._batch_size
+                    or due <= now
+                ):
                     wait_s = max(due - now, 0.0) if wait_s is None else min(wait_s, due - now)
                     break
                 out.append(waiting[: self._batch_size])

@@ -25,7 +25,7 @@ from broker.server.cluster import ClusterView
 from broker.server.config import ServerConfig
 from broker.server.direct import DirectDeliveries
 from broker.server.errors import ClientIdRequired
-from broker.server.send_groups import SendGroups
+from broker.server.send_groups import MAX_GROUP_BYTES, SendGroups
 from broker.server.sessions import ClientSession, SessionRegistry
 from broker.store.config import FlushMode
 from broker.store.stats import Histogram
@@ -88,7 +88,11 @@ class ServerContext:
         self.answers = HeldAnswers(config.answer_batch, config.answer_linger_ms)
         # sends of the loop's busy turns stored together (`broker.server.send_groups`); the
         # producer handlers set its store call, the loop's selector installs it
-        self.send_groups = SendGroups(config.answer_batch, config.answer_linger_ms)
+        self.send_groups = SendGroups(
+            config.answer_batch,
+            config.answer_linger_ms,
+            max_bytes=min(MAX_GROUP_BYTES, broker.store.config.max_message_size // 2),
+        )
         # seconds from a SendMessage request to its answer, one observation per request
         self.send_seconds = Histogram()
         # SYNC_MASTER: sends are answered once a slave has them (None: no such wait)

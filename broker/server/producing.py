@@ -34,7 +34,7 @@ from broker.server.errors import (
     PayloadTooLarge,
     TooManyRequests,
 )
-from broker.server.send_groups import MAX_GROUP_BYTES, Group, Stored
+from broker.server.send_groups import Group, Stored
 from broker.server.status import make_status, ok, status_of
 from broker.server.transactions import decode_transaction_id, encode_transaction_id
 from broker.store.message import Message, Prop, PutMessageResult, PutMessageStatus
@@ -109,7 +109,6 @@ class ProducerHandlers:
         # sends of the loop's busy turns stored together (`broker.server.send_groups`)
         self._groups = ctx.send_groups
         self._groups.append = self._append_group
-        self._groups.max_bytes = min(MAX_GROUP_BYTES, ctx.broker.store.config.max_message_size // 2)
 
     # --- SendMessage
     async def send(self, request: Any, call: CallInfo) -> Any:

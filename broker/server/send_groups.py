@@ -39,12 +39,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.server.answers import check_batch, check_linger_ms
+from broker.store.message import PutMessageStatus
 
 MAX_GROUP_BYTES = 1 << 20  # a group's records at most (and half the store's batch limit)
 RECORD_OVERHEAD = 192  # a record's bytes beyond its body, id and keys, about (header, topic, tag)
 # what a joined send learns once its group is stored: (its first message's queue offset,
 # the put status, the end of the batch in the commitlog), or None: store it on its own
-Stored = tuple[int, Any, int] | None
+Stored = tuple[int, PutMessageStatus, int] | None
 
 
 @dataclass(slots=True)
@@ -92,6 +93,8 @@ class SendGroups:
         batch: int,
         linger_ms: float,
         clock: Callable[[], int] = time.perf_counter_ns,
+        *,
+        max_bytes: int = MAX_GROUP_BYTES,
     ) -> None:
         self.batch = check_batch(batch)
         self.linger_ns = int(check_linger_ms(linger_ms) * 1_000_000)
@@ -101,7 +104,7 @@ class SendGroups:
         self._bytes = 0  # about the bytes of their records
         # a group's records stay under this (the store refuses a batch above its record
         # limit); a send of more than an eighth of it is stored on its own
-        self.max_bytes = MAX_GROUP_BYTES
+        self.max_bytes = max_bytes
         self._since = 0  # clock() when the oldest waiting send joined
         self._installed = False
         self.append: Append | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import time
@@ -23,9 +24,23 @@ def client_home(home: Path) -> Iterator[Path]:
         os.environ["HOME"] = old
 
 
+def _caller_has_an_event_loop() -> None:
+    """The official client makes its telemetry stream on the calling thread, where grpc.aio
+    asks for that thread's event loop. After an `asyncio.run` on the thread (which leaves it
+    none) that fails ("There is no current event loop in thread 'MainThread'") and the
+    client starts without a route. Give the thread a loop to find, as a fresh thread has;
+    the client's calls run on its own I/O loop, never on this one."""
+    policy = asyncio.get_event_loop_policy()
+    try:
+        policy.get_event_loop()
+    except RuntimeError:
+        policy.set_event_loop(policy.new_event_loop())
+
+
 def configuration(endpoint: str, *, ak: str = "", sk: str = "") -> Any:
     from rocketmq import ClientConfiguration, Credentials
 
+    _caller_has_an_event_loop()
     return ClientConfiguration(endpoint, Credentials(ak, sk))
 
 

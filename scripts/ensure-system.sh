@@ -21,7 +21,8 @@ as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 # Debian packages: JDBC drivers for the Spark reconciliation, Java for Spark itself, the
 # database and cache servers for the integration tests, a C compiler and libdeflate for the
 # store's compiled record packer (broker/store/_recordpack.c; zlib when libdeflate is absent),
-# and a headless browser with its driver for the console's browser tests (tests/e2e/console).
+# a headless browser with its driver for the console's browser tests (tests/e2e/console),
+# and RabbitMQ and NATS, the peers the bench measures beside us.
 packages=(libpostgresql-jdbc-java libxerial-sqlite-jdbc-java libmariadb-java libdeflate-dev
           chromium chromium-driver)
 command -v gcc >/dev/null 2>&1 || packages+=(gcc)
@@ -29,6 +30,9 @@ command -v java >/dev/null 2>&1 || packages+=(openjdk-17-jre-headless)
 command -v redis-server >/dev/null 2>&1 || packages+=(redis-server)
 command -v pg_ctlcluster >/dev/null 2>&1 || packages+=(postgresql)
 command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || packages+=(mariadb-server)
+# the bench's peers, measured beside us in the same run (bench/peers.py starts them itself)
+command -v rabbitmq-server >/dev/null 2>&1 || packages+=(rabbitmq-server)
+command -v nats-server >/dev/null 2>&1 || packages+=(nats-server)
 
 if [ "$want_packages" = 1 ] && command -v dpkg >/dev/null 2>&1; then
   missing=()
@@ -71,20 +75,43 @@ if ! port_open 127.0.0.1 5432; then
   as_root pg_ctlcluster --skip-systemctl-redirect "$ver" main start
   wait_port 127.0.0.1 5432 postgresql
 fi
+# The tests connect as user postgres, no password, over TCP to 127.0.0.1 (and ::1), to database
+# `test`. A fresh Debian cluster asks for a password on loopback, so trust is put first in
+# pg_hba.conf for that user alone, and the server reloaded.
 if command -v psql >/dev/null 2>&1; then
-  # The tests use database `test` with trust auth for user postgres on 127.0.0.1.
-  if ! psql -h 127.0.0.1 -U postgres -d test -c 'select 1' >/dev/null 2>&1; then
-    as_root su postgres -c "psql -qc 'create database test'" >/dev/null 2>&1 || true
+  if ! psql -h 127.0.0.1 -U postgres -d postgres -w -c 'select 1' >/dev/null 2>&1; then
+    hba=$(as_root su postgres -c "psql -tAc 'show hba_file'")
+    if ! grep -q '^host all postgres 127.0.0.1/32 trust' "$hba"; then
+      log "trusting user postgres on loopback in $hba"
+      { printf 'host all postgres 127.0.0.1/32 trust\nhost all postgres ::1/128 trust\n'
+        cat "$hba"; } >"$hba.new"
+      chown --reference="$hba" "$hba.new"; chmod --reference="$hba" "$hba.new"
+      mv "$hba.new" "$hba"
+    fi
+    as_root su postgres -c "psql -qc 'select pg_reload_conf()'" >/dev/null
   fi
+  if ! psql -h 127.0.0.1 -U postgres -d test -w -c 'select 1' >/dev/null 2>&1; then
+    as_root su postgres -c "psql -qc 'create database test'" >/dev/null
+  fi
+  psql -h 127.0.0.1 -U postgres -d test -w -c 'select 1' >/dev/null \
+    || { log "postgresql: user postgres cannot reach database test on 127.0.0.1"; exit 1; }
 fi
 
 if ! port_open 127.0.0.1 3306; then
   log "starting mariadb"
   mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld 2>/dev/null || true
-  start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd
+  # mariadbd refuses to run as root; it drops to the mysql user itself
+  start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- --user=mysql
   wait_port 127.0.0.1 3306 mariadb
 fi
+# The tests connect as root with an empty password over TCP. Debian's root@localhost logs in
+# by unix socket only, so an empty password is added beside it (the socket login stays).
 if command -v mariadb >/dev/null 2>&1; then
-  mariadb -h 127.0.0.1 -uroot -e 'create database if not exists test' >/dev/null 2>&1 || true
+  if ! mariadb -h 127.0.0.1 -uroot -e 'select 1' >/dev/null 2>&1; then
+    log "mariadb: root may log in over TCP with an empty password"
+    as_root mariadb -uroot -e "ALTER USER root@localhost IDENTIFIED VIA mysql_native_password USING PASSWORD('') OR unix_socket; FLUSH PRIVILEGES"
+  fi
+  mariadb -h 127.0.0.1 -uroot -e 'create database if not exists test' >/dev/null \
+    || { log "mariadb: root cannot log in on 127.0.0.1"; exit 1; }
 fi
 log "services ready: redis 6379, postgresql 5432, mariadb 3306"

@@ -116,7 +116,7 @@ class MessageFinder:
         """Up to `limit` records of `topic` with `key`, newest first; (records, more)."""
         hits = query.query_by_key(
             _UncappedIndex(self.store, limit + 1),
-            self.store.look_message_by_offset,
+            self.store.look_current_message,
             topic,
             key,
             max_num=limit + 1,

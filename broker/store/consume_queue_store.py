@@ -94,6 +94,12 @@ class ConsumeQueueStore:
                 self._deleted = kept
                 self._save_registry()
 
+    def deleted_below(self, topic: str) -> int:
+        """The commitlog offset below which `topic`'s records belong to a deleted
+        incarnation of it (where the log ended when it was last deleted); 0 when it never
+        was, or when those records have all expired."""
+        return self._deleted.get(topic, 0)
+
     @staticmethod
     def parse_registry(data: dict[str, Any]) -> tuple[dict[str, set[int]], dict[str, int]]:
         """(queues, deleted) of a `consumequeue.json` document (ConfigShapeError)."""

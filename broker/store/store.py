@@ -539,11 +539,23 @@ class MessageStore:
     def look_message_by_offset(self, commitlog_offset: int) -> MessageExt | None:
         return self.commitlog.look_message(commitlog_offset)
 
+    def is_deleted_incarnation(self, msg: MessageExt) -> bool:
+        """The record was written before its topic was last deleted: a topic re-created
+        under the same name never shows it (`ConsumeQueueStore.deleted_below`)."""
+        return msg.commitlog_offset < self.consume_queues.deleted_below(msg.topic)
+
+    def look_current_message(self, commitlog_offset: int) -> MessageExt | None:
+        """The record at `commitlog_offset`, unless it belongs to a deleted incarnation of
+        its topic: what the index and message-id lookups return."""
+        msg = self.commitlog.look_message(commitlog_offset)
+        return None if msg is None or self.is_deleted_incarnation(msg) else msg
+
     def _look_checked(self, commitlog_offset: int) -> MessageExt | None:
-        """The record at `commitlog_offset` only if it is a valid record starting there."""
+        """The record at `commitlog_offset` only if it is a valid record starting there, of
+        its topic's current incarnation."""
         if commitlog_offset < 0:
             return None
-        msg = self.commitlog.look_message(commitlog_offset)
+        msg = self.look_current_message(commitlog_offset)
         if msg is None:
             return None
         raw = self.commitlog.get_message(commitlog_offset, msg.store_size)

@@ -15,6 +15,7 @@ import json
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -149,6 +150,50 @@ def test_every_query_form_finds_the_message_running_and_stopped(
         cli("message", "query", "--key", "order-42", "--topic", "q-orders", *offline).stdout
         == text.stdout
     )
+
+
+def test_a_re_created_topic_does_not_bring_the_deleted_ones_messages_back(
+    tmp_path: Path, make_server: Callable[..., ServerProcess]
+) -> None:
+    store = tmp_path / "store"
+    server = make_server(store=store)
+    ep = ("--endpoint", server.endpoint)
+
+    def probe(body: str, *where: str) -> dict[str, Any]:
+        sent: dict[str, Any] = doc("message", "send", "scratch", body, "--key", "probe-0", *where)
+        return sent
+
+    assert cli("topic", "create", "scratch", "--queues", "1", *ep).returncode == 0
+    old = probe("old", *ep)
+    assert cli("topic", "delete", "scratch", "--yes", *ep).returncode == 0
+    assert cli("topic", "create", "scratch", "--queues", "1", *ep).returncode == 0
+    gone = cli("message", "query", "--key", "probe-0", "--topic", "scratch", *ep)
+    assert gone.returncode == 1 and "no message found" in gone.stderr
+    new = probe("new", *ep)
+    assert (old["queue_id"], old["queue_offset"]) == (new["queue_id"], new["queue_offset"])
+
+    def only_the_new_one(*where: str) -> None:
+        for form in (
+            ("--key", "probe-0", "--topic", "scratch"),
+            ("--unique-key", new["msg_id"], "--topic", "scratch"),
+            ("--id", new["msg_id"]),
+            ("--id", new["offset_msg_id"]),
+        ):
+            found = doc("message", "query", *form, *where)["messages"]
+            assert [m["offset_msg_id"] for m in found] == [new["offset_msg_id"]], form
+        for form in (
+            ("--unique-key", old["msg_id"], "--topic", "scratch"),
+            ("--id", old["msg_id"]),
+            ("--id", old["offset_msg_id"]),
+        ):
+            missed = cli("message", "query", *form, *where)
+            assert missed.returncode == 1 and "no message found" in missed.stderr, form
+
+    only_the_new_one(*ep)
+    assert server.terminate() == 0
+    only_the_new_one("--store", str(store))
+    again = make_server(store=store)
+    only_the_new_one("--endpoint", again.endpoint)
 
 
 def test_bad_arguments_and_missing_messages_fail_with_one_line(

@@ -11,4 +11,5 @@ class ExitCode(enum.IntEnum):
     USAGE = 2  # bad command line (argparse uses 2 as well)
     UNACCOUNTED = 3  # reconciliation: the window has unaccounted messages
     UNAVAILABLE = 4  # a service (database, Redis, broker) could not be reached
+    MANUAL_HANDLING = 5  # reconciliation: nothing lost, but escalated messages await an operator
     INTERRUPTED = 130

@@ -106,7 +106,22 @@ class Certificate:
 
     @property
     def clean(self) -> bool:
-        return self.unaccounted == 0
+        """Nothing unaccounted and no escalation open: a message the resend worker handed
+        to an operator (`manual`) was not consumed either, until the operator requeues it
+        (and it is confirmed) or voids it."""
+        return self.unaccounted == 0 and self.manual == 0
+
+    @property
+    def verdict(self) -> str:
+        """`CLEAN`, or `NOT CLEAN (...)` naming what keeps the window open."""
+        if self.clean:
+            return "CLEAN"
+        reasons = []
+        if self.unaccounted:
+            reasons.append(f"{self.unaccounted:,} unaccounted")
+        if self.manual:
+            reasons.append(f"{self.manual:,} awaiting manual handling")
+        return f"NOT CLEAN ({', '.join(reasons)})"
 
 
 @dataclass

@@ -120,10 +120,7 @@ def as_text(result: ReconcileResult) -> str:
     out.append("")
     since = cert.since.isoformat(sep=" ") if cert.since else "-inf"
     until = cert.until.isoformat(sep=" ") if cert.until else "+inf"
-    out.append(
-        f"zero-loss certificate [{since}, {until}): "
-        + ("CLEAN" if cert.clean else f"NOT CLEAN ({cert.unaccounted:,} unaccounted)")
-    )
+    out.append(f"zero-loss certificate [{since}, {until}): " + cert.verdict)
     out.append(
         f"  produced {cert.produced:,}  confirmed {cert.confirmed:,}  "
         f"in flight {cert.in_flight:,}  backlogged {cert.backlogged:,}  "

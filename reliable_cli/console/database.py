@@ -10,7 +10,8 @@ prefix and schema options as the other commands) and the reconciliation's detail
 
 A reconciliation run is known by its detail rows: the run id starts with the time it ran
 (`20261124T003000-1a2b3c4d`), and its certificate is clean when none of its stubs inside
-the window was classed LOST (the only class that is not accounted for).
+the window was classed LOST (the only class that is not accounted for) or EXHAUSTED (an
+escalation still awaiting manual handling), as `reliable reconcile` says.
 """
 
 from __future__ import annotations
@@ -62,12 +63,23 @@ class ReconcileRun:
     stubs: dict[str, int] = field(default_factory=dict)  # class -> count (rows written)
     logs: dict[str, int] = field(default_factory=dict)
     unaccounted: int = 0
+    manual: int = 0  # escalations awaiting an operator (EXHAUSTED) in the window
     repairs: int = 0
     unaccounted_ids: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
-        return self.unaccounted == 0
+        return self.unaccounted == 0 and self.manual == 0
+
+    @property
+    def verdict(self) -> str:
+        """`CLEAN`, or `NOT CLEAN (...)` as the reconcile command words it."""
+        if self.clean:
+            return "CLEAN"
+        reasons = [f"{self.unaccounted} unaccounted"] if self.unaccounted else []
+        if self.manual:
+            reasons.append(f"{self.manual} awaiting manual handling")
+        return f"NOT CLEAN ({', '.join(reasons)})"
 
 
 def run_time(run_id: str) -> datetime | None:
@@ -219,6 +231,8 @@ class OutboxView:
                 bucket[str(cls)] = bucket.get(str(cls), 0) + int(n)
                 if kind == "stub" and cls == StubClass.LOST.value and in_window is not False:
                     run.unaccounted += int(n)
+                if kind == "stub" and cls == StubClass.EXHAUSTED.value and in_window is not False:
+                    run.manual += int(n)
             # Spark's JDBC writer stores a timestamp as SQLite sees fit (epoch ms): read it raw
             created = sa.type_coerce(report.c.created_at, sa.types.NullType()).label("created")
             for r in conn.execute(

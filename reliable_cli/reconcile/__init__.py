@@ -9,8 +9,10 @@ as a file (`python -m reliable_cli.reconcile ...` is the same entry point):
 PySpark is imported only when the job runs.
 
 Exit codes (`reliable_cli.exit_codes`): 0 the window is clean; 3 it has unaccounted
-messages; 1 the job failed to run (including a malformed queue-bounds file); 2 bad options;
-4 a source could not be read (including a missing bounds file or an unreachable broker).
+messages; 5 nothing is unaccounted but escalated messages await manual handling (the
+resend worker gave up on them: an operator requeues or voids each); 1 the job failed to
+run (including a malformed queue-bounds file); 2 bad options; 4 a source could not be read
+(including a missing bounds file or an unreachable broker).
 """
 
 from __future__ import annotations
@@ -73,15 +75,24 @@ def register(subparsers: Any) -> None:
         help="prove every outbox message was consumed; report and repair what was not",
         description="Reconcile message stubs with confirmations and the consumption log "
         "(PySpark; local[*] by default). Exit 0: the window is clean; 3: it has "
-        "unaccounted messages; 1: failure; 2: bad options; 4: source unreadable.",
+        "unaccounted messages; 5: escalated messages await manual handling "
+        "(reliable outbox requeue / void); 1: failure; 2: bad options; 4: source "
+        "unreadable.",
     )
     add_arguments(parser)
     parser.set_defaults(handler=run)
 
 
 def exit_code_of(result: ReconcileResult) -> ExitCode:
-    """OK for a clean certificate, UNACCOUNTED when the window has unaccounted messages."""
-    return ExitCode.OK if result.summary.certificate.clean else ExitCode.UNACCOUNTED
+    """OK for a clean certificate; UNACCOUNTED when the window has unaccounted messages
+    (whatever else it has: a repair may help them); MANUAL_HANDLING when its only open
+    messages are escalations an operator must requeue or void."""
+    cert = result.summary.certificate
+    if cert.unaccounted:
+        return ExitCode.UNACCOUNTED
+    if cert.manual:
+        return ExitCode.MANUAL_HANDLING
+    return ExitCode.OK
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

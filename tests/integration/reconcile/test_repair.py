@@ -14,6 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from outbox.models import OutboxTables
+from outbox.operations import void
 from outbox.reconcile import (
     LogClass,
     ReconcileOptions,
@@ -175,7 +176,10 @@ def test_repair_then_resend_leaves_nothing_lost(
     assert s.stubs[StubClass.CONFIRMED.value] == len(seeded.stubs[StubClass.CONFIRMED]) + 6
     assert s.stubs[StubClass.EXHAUSTED.value] == 2
     assert s.log_rows["STALE"] == 0
-    assert after.summary.certificate.clean
+    # nothing is lost any more, but two escalations await an operator: not clean yet
+    cert = after.summary.certificate
+    assert (cert.unaccounted, cert.manual, cert.clean) == (0, 2, False)
+    assert cert.verdict == "NOT CLEAN (2 awaiting manual handling)"
     with engine.connect() as conn:  # detail rows appended through JDBC, run id on each
         detail = conn.execute(
             sa.text(
@@ -187,6 +191,13 @@ def test_repair_then_resend_leaves_nothing_lost(
     assert {r[1]: r[2] for r in detail} == {
         k: v for k, v in s.stubs.items() if v and k not in ("CONFIRMED", "VOID")
     }
+
+    # an operator voids both escalated messages: the window is clean
+    for mid in seeded.stubs[StubClass.EXHAUSTED]:
+        assert void(engine, tables, mid)
+    resolved = reconcile(ReconcileOptions(**base.__dict__), spark=spark, now=NOW)
+    assert resolved.summary.certificate.clean
+    assert resolved.summary.certificate.verdict == "CLEAN"
 
 
 def test_rate_limit_paces_batches(sqlite_url, table_prefix):

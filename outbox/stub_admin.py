@@ -8,7 +8,9 @@
   do (the operator fixed the cause; keeping the count would re-escalate it after one send).
 - `reopen_dead_lettered`: after a DLQ replay, the group's consumption-log rows of the
   replayed messages lose their dead-letter mark, so reconciliation counts them in
-  processing (and confirmed once the group confirms), not dead-lettered.
+  processing (and confirmed once the group confirms), not dead-lettered; `dead_lettered`
+  reads the marks before the replay, so that a row a fast consumer settled in between
+  still counts as changed.
 
 Every change writes one row to the repair audit table `<prefix>reconcile_audit`
 (`outbox.reconcile.repair.audit_table`: run id, action, message id, group, reason,
@@ -21,7 +23,7 @@ from __future__ import annotations
 import enum
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -297,6 +299,30 @@ def requeue_stub(
     )
 
 
+def dead_lettered(
+    engine: sa.Engine, tables: OutboxTables, group: str, message_ids: Sequence[str]
+) -> dict[str, datetime]:
+    """The group's dead-lettered log rows among these messages: message id -> its stamp.
+
+    Read before a DLQ replay and handed to `reopen_dead_lettered`: a consumer may settle
+    a replayed message (its confirmation deletes the log row) before the marks are
+    cleared, and the replay still changed that row."""
+    log = tables.consumption_log
+    ids = list(dict.fromkeys(message_ids))
+    found: dict[str, datetime] = {}
+    with engine.connect() as conn:
+        for i in range(0, len(ids), 500):
+            for row in conn.execute(
+                sa.select(log.c.message_id, log.c.dead_lettered_at).where(
+                    log.c.consumer_group == group,
+                    log.c.message_id.in_(ids[i : i + 500]),
+                    log.c.dead_lettered_at.is_not(None),
+                )
+            ):
+                found[row.message_id] = row.dead_lettered_at
+    return found
+
+
 def reopen_dead_lettered(
     engine: sa.Engine,
     tables: OutboxTables,
@@ -306,14 +332,21 @@ def reopen_dead_lettered(
     operator: str,
     run_id: str | None = None,
     now: datetime | None = None,
+    marked_before: Mapping[str, datetime] | None = None,
 ) -> int:
     """Clear `dead_lettered_at` on the group's log rows of these messages (they were
-    replayed from the DLQ); returns how many rows changed."""
+    replayed from the DLQ); returns how many rows the replay brought back.
+
+    `marked_before` (`dead_lettered`, read before the replay): a row marked then and no
+    longer marked now was already taken by the group's consumer (confirmed, so its row
+    is gone, or cleared); it counts and is audited too, since the replay changed it.
+    """
     log = tables.consumption_log
     audit = audit_table(tables.metadata, tables.prefix, tables.schema)
     audit.create(engine, checkfirst=True)
     at = now or utcnow()
     run = run_id or uuid.uuid4().hex
+    before = marked_before or {}
     changed = 0
     ids = list(dict.fromkeys(message_ids))
     for i in range(0, len(ids), 500):
@@ -328,31 +361,35 @@ def reopen_dead_lettered(
                 )
                 .with_for_update()
             ).all()
-            if not marked:
+            still = {m.message_id for m in marked}
+            taken = [(mid, before[mid]) for mid in chunk if mid in before and mid not in still]
+            if not marked and not taken:
                 continue
-            conn.execute(
-                sa.update(log)
-                .where(
-                    log.c.consumer_group == group,
-                    log.c.message_id.in_([m.message_id for m in marked]),
+            if marked:
+                conn.execute(
+                    sa.update(log)
+                    .where(log.c.consumer_group == group, log.c.message_id.in_(still))
+                    .values(dead_lettered_at=None)
                 )
-                .values(dead_lettered_at=None)
-            )
+            reason = f"replayed from the dead-letter queue by {operator}"
             conn.execute(
                 sa.insert(audit),
                 [
                     {
                         "run_id": run,
                         "action": OperatorAction.DLQ_REPLAY.value,
-                        "message_id": m.message_id,
+                        "message_id": mid,
                         "consumer_group": group,
-                        "reason": f"replayed from the dead-letter queue by {operator}",
-                        "before": json.dumps({"dead_lettered_at": _plain(m.dead_lettered_at)}),
+                        "reason": reason + note,
+                        "before": json.dumps({"dead_lettered_at": _plain(stamp)}),
                         "after": json.dumps({"dead_lettered_at": None}),
                         "changed_at": at,
                     }
-                    for m in marked
+                    for mid, stamp, note in sorted(
+                        [(m.message_id, m.dead_lettered_at, "") for m in marked]
+                        + [(mid, stamp, " (its consumer already took it)") for mid, stamp in taken]
+                    )
                 ],
             )
-            changed += len(marked)
+            changed += len(marked) + len(taken)
     return changed

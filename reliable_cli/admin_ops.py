@@ -310,9 +310,12 @@ def _dlq_replay(args: argparse.Namespace, admin: api.AdminCaller) -> int:
             args, doc, pending if args.dry_run else [], done, unknown, dry_run=args.dry_run
         )
         return ExitCode.FAILURE if unknown and not (pending or done) else ExitCode.OK
-    replayed, skipped = _paced_replay(args, admin, pending, operator, run)
     if args.db:
-        _reopen_logs(args, [r["msg_id"] for r in replayed], operator, run)
+        with _ConsumptionLog(args, [m["msg_id"] for m in pending]) as logs:
+            replayed, skipped = _paced_replay(args, admin, pending, operator, run)
+            logs.reopen([r["msg_id"] for r in replayed], operator, run)
+    else:
+        replayed, skipped = _paced_replay(args, admin, pending, operator, run)
     doc = {
         "group": args.group,
         "dry_run": False,
@@ -371,27 +374,51 @@ def _paced_replay(
     return replayed, skipped
 
 
-def _reopen_logs(args: argparse.Namespace, message_ids: list[str], operator: str, run: str) -> None:
-    """The consumption-log rows of the replayed messages are no longer dead-lettered."""
-    from outbox.errors import OutboxError
-    from reliable_cli.outbox import open_tables
+class _ConsumptionLog:
+    """`--db`: the group's consumption-log rows of the messages to replay, opened before
+    the replay (an unreachable database stops it before anything is replayed) and their
+    dead-letter marks read then, so that a row a fast consumer settles between the replay
+    and `reopen` still counts as brought back."""
 
-    try:
-        engine, tables = open_tables(args.db, args.table_prefix, args.schema)
-    except OutboxError as exc:
-        raise CommandFailed(f"--db: {exc}", ExitCode.UNAVAILABLE) from None
-    from outbox.stub_admin import reopen_dead_lettered
+    def __init__(self, args: argparse.Namespace, message_ids: list[str]) -> None:
+        self.args = args
+        self.message_ids = message_ids
+        self.engine: Any = None
 
-    try:
+    def __enter__(self) -> _ConsumptionLog:
+        from outbox.errors import OutboxError
+        from outbox.stub_admin import dead_lettered
+        from reliable_cli.outbox import open_tables
+
+        args = self.args
+        try:
+            self.engine, self.tables = open_tables(args.db, args.table_prefix, args.schema)
+        except OutboxError as exc:
+            raise CommandFailed(f"--db: {exc}", ExitCode.UNAVAILABLE) from None
+        self.marked = dead_lettered(self.engine, self.tables, args.group, self.message_ids)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.engine is not None:
+            self.engine.dispose()
+
+    def reopen(self, message_ids: list[str], operator: str, run: str) -> None:
+        """The consumption-log rows of the replayed messages are no longer dead-lettered."""
+        from outbox.stub_admin import reopen_dead_lettered
+
         n = reopen_dead_lettered(
-            engine, tables, args.group, message_ids, operator=operator, run_id=run
+            self.engine,
+            self.tables,
+            self.args.group,
+            message_ids,
+            operator=operator,
+            run_id=run,
+            marked_before=self.marked,
         )
-    finally:
-        engine.dispose()
-    print(
-        f"consumption log: {n} dead-lettered row(s) of {args.group} back in processing",
-        file=sys.stderr,
-    )
+        print(
+            f"consumption log: {n} dead-lettered row(s) of {self.args.group} back in processing",
+            file=sys.stderr,
+        )
 
 
 def _replay_output(

@@ -6,15 +6,19 @@ the replay ledger survives reopening the store.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
 from broker.broker import Broker
 from broker.store.message import Message, Prop
+from idempotency.store import ConfirmStatus, GuardStore
 from outbox import OutboxTables
-from reliable_cli import main
+from reliable import ReceivedMessage
+from reliable_cli import admin_ops, main
 from tests.e2e.helpers import store_config
 
 
@@ -129,3 +133,76 @@ def test_replay_with_db_reopens_the_groups_log_rows(
         ).all()
     assert [tuple(a) for a in actions] == [("DLQ_REPLAY", ids[0]), ("DLQ_REPLAY", ids[1])]
     engine.dispose()
+
+
+def test_a_row_the_consumer_settles_before_the_marks_are_cleared_still_counts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fast consumer confirms a replayed message (its confirmation deletes the log row)
+    between the broker's replay and the command clearing the marks: the command still
+    reports, and audits, every row its replay brought back."""
+    store = tmp_path / "store"
+    ids = dead_letters(store, 3)
+    url = f"sqlite:///{tmp_path / 'shop.db'}"
+    engine = sa.create_engine(url)
+    tables = OutboxTables()
+    tables.create_all(engine)
+    guard = GuardStore(engine, tables)
+    with engine.begin() as conn:
+        for i, mid in enumerate(ids):
+            conn.execute(
+                sa.insert(tables.consumption_log).values(
+                    message_id=mid,
+                    consumer_group="billing",
+                    topic="orders",
+                    queue_id=i % 2,
+                    queue_offset=i // 2,
+                    created_at=sa.func.current_timestamp(),
+                    dead_lettered_at=sa.func.current_timestamp(),
+                )
+            )
+    replay = admin_ops._paced_replay
+
+    def replay_then_consume(*args: Any, **kwargs: Any) -> Any:
+        done = replay(*args, **kwargs)
+        now = datetime.now(UTC).replace(tzinfo=None)
+        for mid in ids[:2]:  # the consumer settles two of the three at once
+            assert guard.claim(mid, "billing", "tok", now, now + timedelta(minutes=1))
+            with engine.begin() as conn:
+                seen = ReceivedMessage(mid, "%RETRY%billing", b"x", 0, 0)
+                status = guard.confirm(conn, seen, "billing", "tok", "d", "OK", now)
+                assert status is ConfirmStatus.CONFIRMED
+        return done
+
+    monkeypatch.setattr(admin_ops, "_paced_replay", replay_then_consume)
+    args = ["admin", "dlq", "replay", "--group", "billing", "--store", str(store)]
+    assert main([*args, "--db", url, "--operator", "oncall", "--json"]) == 0
+    out = capsys.readouterr()
+    assert sorted(r["msg_id"] for r in json.loads(out.out)["replayed"]) == ids
+    assert "3 dead-lettered row(s) of billing back in processing" in out.err
+    with engine.connect() as conn:
+        left = conn.execute(sa.select(tables.consumption_log.c.message_id)).scalars().all()
+        audited = conn.execute(
+            sa.text("select message_id, reason from reliable_reconcile_audit order by id")
+        ).all()
+    assert left == [ids[2]]
+    assert [a.message_id for a in audited] == ids
+    assert [a.reason.endswith("(its consumer already took it)") for a in audited] == [
+        True,
+        True,
+        False,
+    ]
+    engine.dispose()
+
+
+def test_an_unreachable_database_stops_the_replay_before_anything_is_replayed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = tmp_path / "store"
+    dead_letters(store, 1)
+    url = f"sqlite:///{tmp_path / 'empty.db'}"  # no outbox tables
+    args = ["admin", "dlq", "replay", "--group", "billing", "--store", str(store)]
+    assert main([*args, "--db", url]) == 4
+    assert "--db" in capsys.readouterr().err
+    assert main([*args, "--dry-run", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["would_replay"]) == 1

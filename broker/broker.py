@@ -994,7 +994,7 @@ class Broker(ProduceEngine):
             remaining_ms = int((deadline - time.monotonic()) * 1000)
             if entries or remaining_ms <= 0 or not self._running:
                 if entries:
-                    self.delivered.add((group, topic), len(entries))
+                    self._count(self.delivered, group, topic, [e.receipt_handle for e in entries])
                 return entries
             self._notifier.wait({topic: version}, remaining_ms)
 
@@ -1016,6 +1016,20 @@ class Broker(ProduceEngine):
         if not subscribed or any(s != {topic} for s in subscribed):
             return None
         return cfg
+
+    def _count(
+        self, counter: KeyedCounter[tuple[str, str]], group: str, topic: str, handles: list[str]
+    ) -> None:
+        """Add received or acknowledged messages to `counter` under the topic each record is
+        in: a `%RETRY%<group>` copy counts under the retry topic, as `group show` and the
+        retry-depth gauge count it (docs/observability.md)."""
+        name = retry_topic(group)
+        on_retry = f"{RECEIPT_VERSION}{RECEIPT_SEPARATOR}{name}{RECEIPT_SEPARATOR}"
+        retry = sum(1 for h in handles if h.startswith(on_retry))
+        if retry:
+            counter.add((group, name), retry)
+        if len(handles) > retry:
+            counter.add((group, topic), len(handles) - retry)
 
     @staticmethod
     def _lease_topic(group: str, topic: str, receipt_handle: str) -> str:
@@ -1055,8 +1069,9 @@ class Broker(ProduceEngine):
         self._require_running()
         validate_group_name(group)
         validate_topic_name(topic)
-        self._leases().ack(group, self._lease_topic(group, topic, receipt_handle), receipt_handle)
-        self.acked.add((group, topic))
+        lease_topic = self._lease_topic(group, topic, receipt_handle)
+        self._leases().ack(group, lease_topic, receipt_handle)
+        self.acked.add((group, lease_topic))
         self._touch(group, [receipt_handle])
 
     def ack_batch(
@@ -1085,7 +1100,10 @@ class Broker(ProduceEngine):
                     strict=True,
                 ):
                     errors[i] = error
-        self.acked.add((group, topic), errors.count(None))
+        for lease_topic in set(on):
+            done = sum(1 for t, e in zip(on, errors, strict=True) if t == lease_topic and e is None)
+            if done:
+                self.acked.add((group, lease_topic), done)
         self._touch(group, [h for h, e in zip(handles, errors, strict=True) if e is None])
         return errors
 

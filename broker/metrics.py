@@ -184,6 +184,9 @@ class BrokerCollector(Collector):
                 start = committed if committed >= 0 else store.get_min_offset_in_queue(name, q)
                 waiting += max(0, store.get_max_offset_in_queue(name, q) - start)
             retry.add_metric([group], float(waiting))
+            leased_copies = len(b.in_flight(group, name))  # as `group show` counts them
+            if leased_copies:
+                in_flight.add_metric([group, name], float(leased_copies))
             dead = dlq_topic(group)
             dlq.add_metric(
                 [group],

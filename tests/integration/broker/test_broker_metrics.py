@@ -6,6 +6,7 @@ from __future__ import annotations
 from broker_kit import ManualClock, msg, settle
 from prometheus_client import CollectorRegistry
 
+from broker.admin import methods
 from broker.broker import Broker
 from broker.metrics import BrokerCollector
 
@@ -61,3 +62,43 @@ def test_depths_lag_and_totals_follow_a_known_sequence(broker: Broker, clock: Ma
         == 1
     )
     assert s[("reliable_broker_in_flight_messages", gt)] == 0
+
+
+def test_a_retry_copy_counts_under_the_retry_topic_as_group_show_counts_it(
+    broker: Broker,
+) -> None:
+    """A consumer of `orders` is handed `%RETRY%billing` copies too and acks them naming
+    `orders`: delivered and acked count them under the topic their record is in, the
+    retry topic, the same rule `group show` follows (one acked by `ack`, one by
+    `ack_batch` together with an original)."""
+    broker.create_topic("orders", queues=1)
+    broker.create_group("billing")
+    sent = [broker.send_message(msg("orders", f"order-{i}".encode())) for i in range(2)]
+    settle(broker)
+    for s in sent:
+        broker.reconsume_directly("billing", s.commitlog_offset)
+    settle(broker)
+    broker.heartbeat("c1", "billing", {"orders": None})
+    got = broker.receive("billing", "orders", 10, invisible_ms=60_000)
+    assert [e.message.topic for e in got] == ["%RETRY%billing"] * 2 + ["orders"] * 2
+    s = _scrape(broker)
+    on_orders = (("group", "billing"), ("topic", "orders"))
+    on_retry = (("group", "billing"), ("topic", "%RETRY%billing"))
+    assert s[("reliable_broker_in_flight_messages", on_retry)] == 2
+    assert s[("reliable_broker_in_flight_messages", on_orders)] == 2
+    broker.ack("billing", "orders", got[0].receipt_handle)
+    handles = [got[1].receipt_handle, got[2].receipt_handle]
+    assert broker.ack_batch("billing", "orders", handles) == [None, None]
+
+    s = _scrape(broker)
+    assert s[("reliable_broker_messages_delivered_total", on_orders)] == 2
+    assert s[("reliable_broker_messages_delivered_total", on_retry)] == 2
+    assert s[("reliable_broker_messages_acked_total", on_orders)] == 1
+    assert s[("reliable_broker_messages_acked_total", on_retry)] == 2
+    assert s[("reliable_broker_in_flight_messages", on_orders)] == 1
+    assert ("reliable_broker_in_flight_messages", on_retry) not in s  # none left there
+    shown = methods(broker)["GroupProgress"]({"group": "billing"})
+    assert shown["retry_topic"] == "%RETRY%billing"
+    assert (shown["retry_depth"], shown["retry_in_flight"]) == (0, 0)  # both acked there
+    [orders] = shown["topics"]
+    assert orders["in_flight"] == 1  # the one original not acked

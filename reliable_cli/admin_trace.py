@@ -39,7 +39,7 @@ def run_trace(args: argparse.Namespace, admin: api.AdminCaller) -> int:
             args.db, args.table_prefix, args.schema, args.key_or_id, doc["message_ids"]
         )
         doc["outbox"] = outbox
-        doc["events"] = sorted(doc["events"] + outbox.pop("events"), key=_when)
+        doc["events"] = timeline(doc["events"], outbox.pop("events"))
         known = bool(
             doc["records"]
             or outbox["stubs"]
@@ -60,16 +60,74 @@ def run_trace(args: argparse.Namespace, admin: api.AdminCaller) -> int:
     return ExitCode.OK
 
 
-def _when(event: dict[str, Any]) -> tuple[int, int]:
-    """Time order; within one millisecond the stub is written before the broker stores the
-    message, the broker delivers before the consumer writes, and the stub's last update
-    (confirmed by every group) comes last. The sort is stable: the broker's own order of
-    its events in one millisecond stays."""
-    kind = event["kind"]
-    rank = {"stub-created": 0, "stub-updated": 3, "stub-escalated": 3}.get(
-        kind, 2 if event["source"] == "consumer" else 1
-    )
-    return event["time_ms"], rank
+# the broker's events that end a group's handling of a delivery: the group's consumer
+# wrote its rows (processing, confirmed) before the broker heard of it
+_GROUP_DONE = frozenset(
+    {"acknowledged", "handed-back", "retry-scheduled", "dead-lettered", "dead-letter"}
+)
+_CONSUMER_STEP = {"processing": 0, "confirmed": 1}  # in a delivery's handling, in order
+
+
+def _ms_of(event: dict[str, Any]) -> int:
+    return int(event["time_ms"] or 0)
+
+
+def _before_done(seq: list[dict[str, Any]], event: dict[str, Any]) -> int:
+    """Where a consumer's row goes among one millisecond's events: before the broker's
+    first event ending its group's handling (a confirmation, before the acknowledgement
+    when there is one: an earlier attempt may have been handed back); else at the end."""
+    ends = [
+        i
+        for i, x in enumerate(seq)
+        if x["source"] == "broker" and x["group"] == event["group"] and x["kind"] in _GROUP_DONE
+    ]
+    if event["kind"] == "confirmed":
+        acked = [i for i in ends if seq[i]["kind"] == "acknowledged"]
+        ends = acked or ends
+    return ends[0] if ends else len(seq)
+
+
+def timeline(
+    broker_events: list[dict[str, Any]], other_events: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The broker's trace events and the outbox's and consumers' (`outbox_trace`) as one
+    timeline: in time order, and within one millisecond in causal order. The one ordering
+    `reliable admin message trace` and the console's trace page both show.
+
+    Within a millisecond: the outbox stub is written (the business transaction) before the
+    broker stores the message; the broker's own events keep their order (the commitlog
+    order of the records that say so); a group's consumer writes its rows (processing, then
+    confirmed) after the broker delivered to it and before the broker records that group's
+    acknowledgement, hand-back or dead letter; recording a dead letter ("gave-up", written
+    by the handler reading the DLQ) comes after the broker's events; the stub's last update
+    (confirmed by every group) and its escalation come last.
+    """
+    broker = sorted(broker_events, key=lambda e: (_ms_of(e), e.get("log_offset", 0)))
+    others = sorted(other_events, key=lambda e: (_ms_of(e), _CONSUMER_STEP.get(e["kind"], 2)))
+    out: list[dict[str, Any]] = []
+    b = o = 0
+    while b < len(broker) or o < len(others):
+        ms = min(_ms_of(x[n]) for x, n in ((broker, b), (others, o)) if n < len(x))
+        seq: list[dict[str, Any]] = []
+        while b < len(broker) and _ms_of(broker[b]) == ms:
+            seq.append(broker[b])
+            b += 1
+        first: list[dict[str, Any]] = []
+        after: list[dict[str, Any]] = []
+        last: list[dict[str, Any]] = []
+        while o < len(others) and _ms_of(others[o]) == ms:
+            e = others[o]
+            o += 1
+            if e["kind"] == "stub-created":
+                first.append(e)
+            elif e["kind"] in _CONSUMER_STEP:
+                seq.insert(_before_done(seq, e), e)
+            elif e["source"] == "outbox":
+                last.append(e)
+            else:
+                after.append(e)
+        out += first + seq + after + last
+    return out
 
 
 def _ms(value: datetime | None) -> int | None:
@@ -113,13 +171,14 @@ def outbox_trace(
     """Stubs, consumption-log and confirmation rows of the message, and their events."""
     import sqlalchemy as sa
 
+    from outbox.database import create_engine
     from outbox.errors import OutboxError
     from outbox.models import OutboxTables
     from outbox.schema import require_tables
 
     tables = OutboxTables(prefix=prefix, schema=schema)
     try:
-        engine = sa.create_engine(db_url)
+        engine = create_engine(db_url)
     except (sa.exc.SQLAlchemyError, ImportError, ValueError) as exc:
         raise CommandFailed(f"--db: {str(exc).splitlines()[0]}", ExitCode.USAGE) from None
     try:

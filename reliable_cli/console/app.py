@@ -380,15 +380,13 @@ def create_app(
         outbox_doc, outbox_error = None, None
         if settings.db_url:
             from reliable_cli.admin_call import CommandFailed
-            from reliable_cli.admin_trace import outbox_trace
+            from reliable_cli.admin_trace import outbox_trace, timeline
 
             try:
                 outbox_doc = outbox_trace(
                     settings.db_url, settings.table_prefix, settings.schema, key, doc["message_ids"]
                 )
-                doc["events"] = sorted(
-                    doc["events"] + outbox_doc.pop("events"), key=lambda e: e["time_ms"] or 0
-                )
+                doc["events"] = timeline(doc["events"], outbox_doc.pop("events"))
             except CommandFailed as exc:
                 outbox_error = str(exc)
         groups = sorted(g["name"] for g in view.groups())

@@ -20,9 +20,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-import sqlalchemy
-
 from idempotency.guard import IdempotencyGuard
+from outbox.database import DatabaseUrlError, create_engine
 from outbox.errors import OutboxError
 from outbox.models import OutboxTables
 from reliable.errors import ConfigurationError
@@ -47,7 +46,10 @@ def guard_from_environment(env: Mapping[str, str] | None = None) -> IdempotencyG
             f"idempotent=True needs {DATABASE_URL} (and optionally "
             f"{REDIS_URL}); or pass a guard object: idempotent=guard"
         )
-    engine = sqlalchemy.create_engine(url, pool_pre_ping=True)
+    try:
+        engine = create_engine(url, pool_pre_ping=True)
+    except DatabaseUrlError as exc:
+        raise ConfigurationError(f"{DATABASE_URL}: {exc}") from None
     redis_client = None
     if env.get(REDIS_URL):
         import redis

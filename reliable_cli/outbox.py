@@ -88,11 +88,12 @@ def open_tables(url: str, prefix: str, schema: str | None) -> tuple[Any, Any]:
     `_Failed` otherwise."""
     import sqlalchemy as sa
 
+    from outbox.database import create_engine
     from outbox.models import OutboxTables
     from outbox.schema import require_tables
 
     try:
-        engine = sa.create_engine(url)
+        engine = create_engine(url)
     except (sa.exc.SQLAlchemyError, ImportError, ValueError) as exc:
         raise _Failed(f"--db: {str(exc).splitlines()[0]}", ExitCode.USAGE) from None
     tables = OutboxTables(prefix=prefix, schema=schema)

@@ -70,7 +70,12 @@ def report_table(metadata: sa.MetaData, name: str, schema: str | None = None) ->
 def write_table(rows: DataFrame, target: JdbcTarget, table: str, schema: str | None = None) -> None:
     import sqlalchemy as sa
 
-    engine = sa.create_engine(target.sqlalchemy_url)
+    from outbox.database import DatabaseUrlError, create_engine
+
+    try:
+        engine = create_engine(target.sqlalchemy_url)
+    except DatabaseUrlError as exc:
+        raise ReportWriteFailed(f"table {table}", exc.reason) from None
     try:
         report_table(sa.MetaData(), table, schema).create(engine, checkfirst=True)
     except sa.exc.SQLAlchemyError as exc:

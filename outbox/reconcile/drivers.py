@@ -78,14 +78,15 @@ class JdbcTarget:
 
 def jdbc_target(sqlalchemy_url: str) -> JdbcTarget:
     """Translate a SQLAlchemy URL (`postgresql+psycopg2://u:p@h:5432/db`, `sqlite:///x.db`,
-    `mysql+pymysql://...`) into a JDBC URL and properties for Spark."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
+    `mysql+pymysql://...`, any form `outbox.database` reads) into a JDBC URL and
+    properties for Spark."""
+    from outbox.database import DatabaseUrlError, canonical_url
 
     try:
-        url = make_url(sqlalchemy_url)
-    except ArgumentError as exc:
-        raise InvalidOptions(f"not a database URL: {sqlalchemy_url!r} ({exc})") from exc
+        url = canonical_url(sqlalchemy_url)  # `postgres://` and the like: SQLAlchemy's names
+    except DatabaseUrlError as exc:
+        raise InvalidOptions(f"--db {exc}") from None
+    sqlalchemy_url = url.render_as_string(hide_password=False)
     backend = url.get_backend_name()
     backend = _DIALECT_ALIASES.get(backend, backend)
     driver = DRIVERS.get(backend)

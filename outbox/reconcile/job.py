@@ -470,12 +470,14 @@ def _write_outputs(
 
 
 def _repair(c: Classified, options: ReconcileOptions, run_id: str, now: datetime) -> RepairReport:
-    import sqlalchemy as sa
-
+    from outbox.database import DatabaseUrlError, create_engine
     from outbox.models import OutboxTables
 
     assert options.db_url is not None
-    engine = sa.create_engine(options.db_url)
+    try:
+        engine = create_engine(options.db_url)
+    except DatabaseUrlError as exc:
+        raise JobFailed(f"repair needs a Python driver: {exc}") from None
     try:
         tables = OutboxTables(prefix=options.table_prefix, schema=options.schema)
         repairer = Repairer(engine, tables, run_id, options.repair_options, now=lambda: now)

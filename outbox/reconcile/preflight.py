@@ -155,29 +155,16 @@ def _count_up_to(conn: Any, table: str, schema: str | None, limit: int) -> int:
     return int(conn.execute(sa.select(sa.func.count()).select_from(head.subquery())).scalar_one())
 
 
-# Python drivers to try, in order, when the URL names none (`postgresql://...`)
-_PY_DRIVERS = {
-    "postgresql": ("psycopg2", "psycopg", "pg8000"),
-    "mysql": ("pymysql", "mysqldb"),
-    "mariadb": ("pymysql", "mysqldb"),
-}
-
-
 def _engine(url: Any, args: dict[str, object]) -> Any:
-    import sqlalchemy as sa
+    """An engine with an installed Python driver (`outbox.database`: a URL naming none
+    gets the installed one); None when there is none: the JDBC read needs no Python
+    driver, and says itself what is wrong."""
+    from outbox.database import DriverMissing, create_engine
 
-    candidates = [url]
-    if "+" not in url.drivername:
-        candidates += [
-            url.set(drivername=f"{url.drivername}+{d}")
-            for d in _PY_DRIVERS.get(url.get_backend_name(), ())
-        ]
-    for candidate in candidates:
-        try:
-            return sa.create_engine(candidate, connect_args=args)
-        except ImportError:
-            continue
-    return None
+    try:
+        return create_engine(url, connect_args=args)
+    except (DriverMissing, ImportError):
+        return None
 
 
 def check_parquet(root: str) -> None:

@@ -200,10 +200,15 @@ class _Run:
 
     # -- set-up ------------------------------------------------------------------------------
     def _engine(self) -> sa.Engine:
+        from outbox.database import DatabaseUrlError, canonical_url, create_engine
+
         args: dict[str, Any] = {"pool_pre_ping": True}
-        if self.db_url.startswith("sqlite"):
-            args["connect_args"] = {"timeout": 30}
-        engine = sa.create_engine(self.db_url, **args)
+        try:
+            if canonical_url(self.db_url).get_backend_name() == "sqlite":
+                args["connect_args"] = {"timeout": 30}
+            engine = create_engine(self.db_url, **args)
+        except DatabaseUrlError as exc:
+            raise DemoFailed(f"--db {exc}") from None
         try:
             with engine.connect() as conn:
                 conn.execute(sa.text("select 1"))

@@ -1,4 +1,16 @@
-"""`reliable worker resend`: run the outbox resend worker (a daemon, or one pass)."""
+"""`reliable worker resend`: run the outbox resend worker (a daemon, or one pass).
+
+The worker starts what it is given: a sender, offset source or bounds object with a
+`start()` (a `reliable.Producer`), and the transport it reaches the broker through
+(`.transport`, e.g. `TransportOffsets(transport)`), are started before the first pass and
+shut down after the last; one that cannot start is refused in one line. A worker in its own
+process needs a served broker (`reliable broker start`): an embedded broker's store is
+open in one process only, the application's, whose own `ResendWorker` resends for it.
+
+Exit codes: 0 ok; 1 outbox tables missing, or `--once` and a send (or an escalation's
+notification) failed; 2 usage (including a sender that cannot start, or one on an embedded
+store another process holds); 4 database unavailable.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +21,7 @@ import signal
 import sys
 import threading
 import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
 from reliable_cli import observe
@@ -160,17 +173,27 @@ def _resend(args: argparse.Namespace) -> int:
             "reliable worker resend: --batch-size must be >= 1 and --interval >= 0", file=sys.stderr
         )
         return ExitCode.USAGE
+    from broker.store.errors import StoreLocked
+    from outbox.database import DatabaseUrlError, create_engine
+
     try:
         sender = load_target(args.sender, method="send")
         offsets = load_target(args.offsets, method="committed_offset") if args.offsets else None
         bounds = load_target(args.bounds, method="max_offset") if args.bounds else None
         notifier = _notifier(args.notify)
         latency = ExpectedLatency.parse(args.expected_latency, args.group_latency)
+    except StoreLocked as exc:  # a wiring module that starts an embedded producer on import
+        print(f"reliable worker resend: {_embedded_store_held(exc)}", file=sys.stderr)
+        return ExitCode.USAGE
     except (TargetError, ValueError) as exc:
         print(f"reliable worker resend: {exc}", file=sys.stderr)
         return ExitCode.USAGE
     try:
-        engine = sa.create_engine(args.db, pool_pre_ping=True)
+        engine = create_engine(args.db, pool_pre_ping=True)
+    except DatabaseUrlError as exc:
+        print(f"reliable worker resend: --db {exc}", file=sys.stderr)
+        return ExitCode.USAGE
+    try:
         with engine.connect() as conn:
             conn.execute(sa.text("select 1"))
     except (sa.exc.SQLAlchemyError, ImportError) as exc:
@@ -202,6 +225,23 @@ def _resend(args: argparse.Namespace) -> int:
         print(f"reliable worker resend: database unavailable: {_first_line(exc)}", file=sys.stderr)
         engine.dispose()
         return ExitCode.UNAVAILABLE
+    stops: list[Callable[[], None]] = []
+    try:
+        for target in _distinct(sender, offsets, bounds):
+            stops.extend(_start(target))
+    except StoreLocked as exc:
+        print(f"reliable worker resend: {_embedded_store_held(exc)}", file=sys.stderr)
+        _stop_all(stops)
+        engine.dispose()
+        return ExitCode.USAGE
+    except Exception as exc:
+        print(
+            f"reliable worker resend: cannot start {args.sender}: {_first_line(exc)}",
+            file=sys.stderr,
+        )
+        _stop_all(stops)
+        engine.dispose()
+        return ExitCode.USAGE
     worker = ResendWorker(
         engine,
         tables,
@@ -229,11 +269,21 @@ def _resend(args: argparse.Namespace) -> int:
             f"{args.metrics_port}: {exc}",
             file=sys.stderr,
         )
+        _stop_all(stops)
         engine.dispose()
         return ExitCode.UNAVAILABLE
     try:
         if args.once:
-            emit("done", worker.run_once())
+            result = worker.run_once()
+            emit("done", result)
+            if result.errors:
+                print(
+                    f"reliable worker resend: {result.errors} of {result.selected} stubs "
+                    "failed this pass (each keeps its last_error: reliable outbox list "
+                    "--status UNCONFIRMED)",
+                    file=sys.stderr,
+                )
+                return ExitCode.FAILURE
             return ExitCode.OK
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
@@ -254,7 +304,55 @@ def _resend(args: argparse.Namespace) -> int:
     finally:
         if endpoint is not None:
             endpoint.stop()
+        _stop_all(stops)
         engine.dispose()
+
+
+def _distinct(*targets: Any) -> list[Any]:
+    """The targets given, each once (a producer may be the sender and the bounds too)."""
+    seen: dict[int, Any] = {}
+    for target in targets:
+        if target is not None:
+            seen.setdefault(id(target), target)
+    return list(seen.values())
+
+
+def _start(target: Any) -> list[Callable[[], None]]:
+    """Start the transport `target` reaches the broker through (`.transport`) and `target`
+    itself, each when it has a `start()` (both are idempotent for the framework's
+    producers and transports); the stops to call at exit, last started first."""
+    stops: list[Callable[[], None]] = []
+    transport = getattr(target, "transport", None)
+    if transport is not None and callable(getattr(transport, "start", None)):
+        transport.start()
+        if callable(getattr(transport, "close", None)):
+            stops.append(transport.close)
+    if callable(getattr(target, "start", None)):
+        target.start()
+        stop = getattr(target, "shutdown", None) or getattr(target, "close", None)
+        if callable(stop):
+            stops.append(stop)
+    return stops
+
+
+def _stop_all(stops: list[Callable[[], None]]) -> None:
+    for stop in reversed(stops):
+        try:
+            stop()
+        except Exception as exc:  # exiting anyway: say so, do not hide the exit code
+            log.warning("resend worker: stopping %r failed: %s", stop, exc)
+    stops.clear()
+
+
+def _embedded_store_held(exc: Any) -> str:
+    """Why a worker process cannot use an embedded broker's store, and what to run."""
+    return (
+        f"the embedded broker's store {exc.path} is open in another process (the "
+        "application that embeds it), and a store is open in one process only: run the "
+        "resend worker inside that process (outbox.ResendWorker(...).run(stop), "
+        "docs/outbox.md), or serve the broker (reliable broker start --store DIR) and give "
+        "this worker a sender on it (Producer('grpc', endpoint='HOST:PORT'))"
+    )
 
 
 def _metrics_endpoint(

@@ -1,4 +1,5 @@
-"""The server's one extension of the RocketMQ 5 protocol: a receive answered in one message.
+"""The server's extensions of the RocketMQ 5 protocol: a receive answered in one message,
+the queue of a sent message, and the capabilities a client may ask about.
 
 `apache.rocketmq.v2.MessagingService/ReceiveMessage` streams one `ReceiveMessageResponse`
 per message, so a batch of 32 costs the server 34 stream writes and the client 34 stream
@@ -19,13 +20,36 @@ framework's grpc transport calls it first and, on `UNIMPLEMENTED` (an Apache Roc
 falls back to ReceiveMessage for that endpoint; the official clients never call it. The
 message type is built here from a descriptor at import time, so there is no generated file
 to keep in step with the protobuf runtime.
+
+**Where a sent message went.** `SendResultEntry` carries the queue offset (`offset`) but no
+queue id. This server appends one field the protocol does not define to each entry of a
+message it stored in a queue:
+
+    SendResultEntry { ... ; int32 queue_id = 1001; }   // varint, wire type 0
+
+A client built from the official `.proto` keeps it as an unknown field and ignores it (the
+official clients read only message_id, transaction_id, offset and recall_handle); the
+framework reads it with `queue_id_of`. An entry without it (an Apache RocketMQ proxy; a
+delayed or half message, which is not in its queue yet) names no queue: -1.
+
+**Capabilities.** `reliable.v1.BatchMessaging/Capabilities` (request: empty bytes; answer: a
+JSON object, `{"capabilities": [...]}`) says what this server accepts beyond the protocol:
+
+- `group-resend`: a send to `%RETRY%<group>` carrying the `RETRY_TOPIC` property (the
+  original topic) is a per-group resend: stored for that group alone and delivered to it
+  under the original topic (`broker.server.group_resend`). The protocol reserves the
+  property; a server without the capability refuses it (`ILLEGAL_MESSAGE_PROPERTY_KEY`).
+- `send-queue`: its send results carry the queue id (above).
+
+A server that does not know the call (an Apache RocketMQ proxy) answers `UNIMPLEMENTED`: no
+capabilities. Clients choose by capability, never by the text of a refusal.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, unknown_fields
 
 from broker.protocol_pb import definition_pb2, service_pb2
 
@@ -33,6 +57,46 @@ SERVICE = "reliable.v1.BatchMessaging"
 RECEIVE_MESSAGES = "ReceiveMessages"
 RECEIVE_MESSAGES_PATH = f"/{SERVICE}/{RECEIVE_MESSAGES}"
 _FILE = "reliable/v1/batch_messaging.proto"
+CAPABILITIES = "Capabilities"
+CAPABILITIES_PATH = f"/{SERVICE}/{CAPABILITIES}"
+GROUP_RESEND = "group-resend"
+SEND_QUEUE = "send-queue"
+
+# SendResultEntry's queue id, a field the protocol does not define (see above)
+QUEUE_ID_FIELD = 1001
+_QUEUE_ID_TAG = bytes([((QUEUE_ID_FIELD << 3) & 0x7F) | 0x80, QUEUE_ID_FIELD >> 4])
+_QUEUE_ID_BYTES: dict[int, bytes] = {}
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        if value:
+            out.append(low | 0x80)
+        else:
+            out.append(low)
+            return bytes(out)
+
+
+def queue_id_field(queue_id: int) -> bytes:
+    """The encoded field that tells a SendResultEntry's queue id (`entry.MergeFromString`
+    of it appends it as an unknown field); `queue_id` >= 0."""
+    raw = _QUEUE_ID_BYTES.get(queue_id)
+    if raw is None:
+        raw = _QUEUE_ID_TAG + _varint(queue_id)
+        if len(_QUEUE_ID_BYTES) < 4096:
+            _QUEUE_ID_BYTES[queue_id] = raw
+    return raw
+
+
+def queue_id_of(entry: Any) -> int:
+    """The queue id a server put in a SendResultEntry (`queue_id_field`), else -1."""
+    found = -1
+    for field in unknown_fields.UnknownFieldSet(entry):
+        if field.field_number == QUEUE_ID_FIELD and field.wire_type == 0:
+            found = int(field.data)
+    return found if 0 <= found < 1 << 31 else -1
 
 
 def _build() -> Any:
@@ -79,4 +143,16 @@ def _build() -> Any:
 
 ReceiveMessagesResponse: Any = _build()
 
-__all__ = ["RECEIVE_MESSAGES", "RECEIVE_MESSAGES_PATH", "SERVICE", "ReceiveMessagesResponse"]
+__all__ = [
+    "CAPABILITIES",
+    "CAPABILITIES_PATH",
+    "GROUP_RESEND",
+    "QUEUE_ID_FIELD",
+    "RECEIVE_MESSAGES",
+    "RECEIVE_MESSAGES_PATH",
+    "SEND_QUEUE",
+    "SERVICE",
+    "ReceiveMessagesResponse",
+    "queue_id_field",
+    "queue_id_of",
+]

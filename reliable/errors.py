@@ -76,6 +76,26 @@ class BadRequest(BrokerCallError):
         super().__init__(FailureKind.BAD_REQUEST, message, code=code)
 
 
+class GroupResendRefused(BadRequest):
+    """The broker refused a per-group resend (`Producer.send_to_group`): not a well-formed
+    one (no such original topic, a group it may not create, a delayed message, ...)."""
+
+    def __init__(self, group: str, topic: str, reason: str, *, code: str | None = None) -> None:
+        self.group = group
+        self.topic = topic
+        self.reason = reason
+        super().__init__(f"resend of a {topic!r} message to group {group!r}: {reason}", code=code)
+
+
+class GroupResendUnsupported(ConfigurationError):
+    """The broker does not accept per-group resends (an Apache RocketMQ proxy, or a server
+    started with `--no-group-resend`): `Producer.can_send_to_group()` says so beforehand."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        super().__init__(f"{endpoint} does not accept per-group resends")
+
+
 class BrokerBusy(BrokerCallError):
     """Flow control: the broker asked the client to slow down."""
 

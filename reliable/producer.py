@@ -16,6 +16,7 @@ request, each with its own receipt and error, in send order per message group
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import threading
@@ -26,6 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from broker.store.message import Prop
 from reliable import tracing
 from reliable._pipeline import (
     DEFAULT_BATCH_SIZE,
@@ -35,17 +37,20 @@ from reliable._pipeline import (
     wants,
 )
 from reliable.errors import (
+    BadRequest,
     BrokerCallError,
     ClientStateError,
     ConfigurationError,
     FailureKind,
+    GroupResendRefused,
+    GroupResendUnsupported,
     InvalidMessage,
     NoRoute,
     SendFailed,
 )
 from reliable.latency import LatencyFaultTolerance
 from reliable.message import Message, ReceivedMessage, SendReceipt, SendStatus
-from reliable.naming import check_group, check_topic
+from reliable.naming import check_group, check_topic, retry_topic
 from reliable.retry import Backoff, SendPolicy, call_with_policy
 from reliable.transport import Transport, connect
 from reliable.transport.base import QueueRef, TopicRoute, TransactionRef, TransactionState
@@ -281,6 +286,35 @@ class Producer:
     async def asend(self, message: Message) -> SendReceipt:
         """`send_async` as an awaitable."""
         return await asyncio.wrap_future(self.send_async(message))
+
+    # --- per-group resends
+    def can_send_to_group(self) -> bool:
+        """Whether the broker accepts a per-group resend (`send_to_group`): the embedded
+        broker does, our server unless started with `--no-group-resend` (its `group-resend`
+        capability), an Apache RocketMQ proxy does not."""
+        self._check_started()
+        probe = getattr(self._transport, "group_resend_supported", None)
+        return bool(probe()) if callable(probe) else False
+
+    def send_to_group(self, message: Message, group: str) -> SendReceipt:
+        """Send `message` again to consumer group `group` alone: to its retry topic
+        `%RETRY%<group>`, the original topic in the `RETRY_TOPIC` property; the broker
+        delivers it to that group only, under the original topic. The receipt names the
+        retry topic and its queue. `GroupResendUnsupported` when the broker does not accept
+        it (`can_send_to_group`); `GroupResendRefused` when it refuses this one."""
+        check_group(group)
+        if not self.can_send_to_group():
+            raise GroupResendUnsupported(str(getattr(self._transport, "endpoint", "the broker")))
+        copy = dataclasses.replace(
+            message,
+            topic=retry_topic(group),
+            properties={**message.properties, Prop.RETRY_TOPIC: message.topic},
+        )
+        self._validate(copy)
+        try:
+            return self._send_with_policy(copy, self._sync_policy, transactional=False)
+        except BadRequest as exc:
+            raise GroupResendRefused(group, message.topic, str(exc), code=exc.code) from exc
 
     def send_oneway(self, message: Message) -> None:
         """One attempt, no receipt, no error: for messages that may be lost (logs, metrics)."""

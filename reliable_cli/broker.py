@@ -143,6 +143,13 @@ def register(sub: Any) -> None:
         help="answer CONSUMER_GROUP_NOT_FOUND for unknown groups",
     )
     s.add_argument(
+        "--no-group-resend",
+        action="store_true",
+        help="refuse per-group resends (a send to %%RETRY%%<group> carrying RETRY_TOPIC), "
+        "as an Apache RocketMQ proxy does; the outbox's resend worker then resends to the "
+        "whole topic",
+    )
+    s.add_argument(
         "--queues", type=int, default=4, help="queues of an auto-created topic (default 4)"
     )
     s.add_argument(
@@ -380,6 +387,7 @@ def start(args: argparse.Namespace) -> int:
         min_long_polling_ms=min(args.min_long_polling_ms, args.long_polling_ms),
         default_invisible_ms=args.default_invisible_ms,
         auto_create_group=not args.no_auto_create_groups,
+        group_resend=not args.no_group_resend,
     )
     try:
         broker_config = BrokerConfig(**broker_kwargs)

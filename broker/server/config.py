@@ -84,6 +84,9 @@ class ServerConfig:
     dedupe_recovery_window_ms: int = 60_000  # after start, also look ids up in the store
     producer_max_attempts: int = 3
     auto_create_group: bool = True
+    # accept a per-group resend: a send to %RETRY%<group> carrying RETRY_TOPIC, for that
+    # group alone (`broker.server.group_resend`); advertised as the `group-resend` capability
+    group_resend: bool = True
     worker_threads: int = 32  # blocking broker calls (sends, acks, admin)
 
     @property

@@ -18,6 +18,7 @@ import logging
 import time
 from typing import Any
 
+from broker import protocol_ext
 from broker.clock import wall_ms
 from broker.errors import ResponseCode, SendRejected
 from broker.protocol_pb import service_pb2
@@ -34,6 +35,7 @@ from broker.server.errors import (
     PayloadTooLarge,
     TooManyRequests,
 )
+from broker.server.group_resend import RETRY_TOPIC, check_group_resend
 from broker.server.send_groups import Group, Stored
 from broker.server.status import make_status, ok, status_of
 from broker.server.transactions import decode_transaction_id, encode_transaction_id
@@ -47,10 +49,11 @@ RESOLUTION_COMMIT, RESOLUTION_ROLLBACK = 1, 2
 Shape = tuple[str, str, bool] | None
 # a bucket's messages as one record batch: bodies, ids, keys (or None), shape, born host, born ms
 BodyParts = tuple[list[bytes], list[str], list[str] | None, tuple[str, str, bool], str, int]
-# (index, message id, queue offset, put status, topic) of each message stored
-StoredMessage = tuple[int, str, int, PutMessageStatus, str]
+# (index, message id, queue offset, put status, topic, queue id) of each message stored
+StoredMessage = tuple[int, str, int, PutMessageStatus, str, int]
 _MAX_TIMESTAMP_S, _MAX_NANOS = convert.MAX_TIMESTAMP_S, convert.MAX_NANOS
 SOURCE_SERVER_CHECK = 2
+_RESEND_ALLOWED = frozenset({RETRY_TOPIC})
 
 
 def _failed(message_id: str, exc: BaseException) -> Any:
@@ -265,7 +268,18 @@ class ProducerHandlers:
             validation.check_message_group(sp.message_group, config)
         user = pm.user_properties
         if user or tag or keys:
-            validation.check_properties(user, tag, keys, config)
+            if user and RETRY_TOPIC in user:  # a per-group resend, or refused
+                check_group_resend(
+                    topic,
+                    user,
+                    message_type,
+                    enabled=config.group_resend,
+                    group_config=self.clients.group_config,
+                    existing_topic=self.ctx.broker.get_topic,
+                )
+                validation.check_properties(user, tag, keys, config, _RESEND_ALLOWED)
+            else:
+                validation.check_properties(user, tag, keys, config)
         delayed = sp.HasField("delivery_timestamp")
         if delayed:
             validation.check_delivery_time(
@@ -406,7 +420,7 @@ class ProducerHandlers:
         offset = append.queue_offset
         out: list[Stored] = []
         for joined in group.sends:
-            out.append((offset, result.status, end))
+            out.append((offset, result.status, end, group.queue_id))
             offset += len(joined.bodies)
         return out
 
@@ -425,10 +439,11 @@ class ProducerHandlers:
         if outcome is None:
             await self._store_buckets(buckets, messages, entries, loop, False, response)
             return
-        base, status, end = outcome
+        base, status, end, queue_id = outcome
         [((topic, _), items)] = buckets.items()
         stored = [
-            (i, message_id, base + n, status, topic) for n, (i, message_id, _) in enumerate(items)
+            (i, message_id, base + n, status, topic, queue_id)
+            for n, (i, message_id, _) in enumerate(items)
         ]
         await self._answer_stored(stored, end, messages, entries, loop, False, response)
         # answered with the others of its group: not held again (`broker.server.answers`)
@@ -473,7 +488,7 @@ class ProducerHandlers:
                     assert append is not None
                     base, status = append.queue_offset, result.status
                     stored.extend(
-                        (i, message_id, base + n, status, topic)
+                        (i, message_id, base + n, status, topic, queue_id)
                         for n, (i, message_id, _) in enumerate(items)
                     )
                     end = max(end, append.wrote_offset + append.wrote_bytes)
@@ -500,7 +515,7 @@ class ProducerHandlers:
                     last = max(last, e)
                 items = kept
             stored.extend(
-                (i, message_id, r.queue_offset, r.status, r.topic)
+                (i, message_id, r.queue_offset, r.status, r.topic, r.queue_id)
                 for (i, message_id, _), r in zip(items, results, strict=True)
             )
             end = max(end, last)
@@ -555,11 +570,13 @@ class ProducerHandlers:
         in_place = response is not None and len(stored) == len(messages)
         new_entry = response.entries.add if in_place else service_pb2.SendResultEntry
         same = stored[0][3] if stored else None  # every put status this one?
-        for i, message_id, offset, put_status, topic in stored:
+        queue_field = protocol_ext.queue_id_field
+        for i, message_id, offset, put_status, topic, queue_id in stored:
             entry = new_entry()
             entry.CopyFrom(template)
             entry.message_id = message_id
             entry.offset = offset
+            entry.MergeFromString(queue_field(queue_id))  # where it went (`broker.protocol_ext`)
             if put_status is not PutMessageStatus.PUT_OK:  # stored, not acknowledged
                 entry.status.CopyFrom(_not_acknowledged(topic, put_status))
             if put_status is not same:
@@ -606,6 +623,8 @@ class ProducerHandlers:
         entry.status.CopyFrom(ok())
         entry.message_id = sp.message_id
         entry.offset = result.queue_offset
+        if result.queue_offset >= 0 and not transactional:  # in its queue: say which
+            entry.MergeFromString(protocol_ext.queue_id_field(result.queue_id))
         if result.status is not PutMessageStatus.PUT_OK:  # stored, not acknowledged
             entry.status.CopyFrom(_not_acknowledged(result.topic, result.status))
         elif self.ctx.replication is not None:
@@ -654,6 +673,7 @@ class ProducerHandlers:
         entry.status.CopyFrom(ok())
         entry.message_id = message_id
         entry.offset = ext.queue_offset
+        entry.MergeFromString(protocol_ext.queue_id_field(ext.queue_id))
         return entry
 
     def _queue_for(self, cfg: TopicConfig, sp: Any) -> int:

@@ -44,8 +44,9 @@ from broker.store.message import PutMessageStatus
 MAX_GROUP_BYTES = 1 << 20  # a group's records at most (and half the store's batch limit)
 RECORD_OVERHEAD = 192  # a record's bytes beyond its body, id and keys, about (header, topic, tag)
 # what a joined send learns once its group is stored: (its first message's queue offset,
-# the put status, the end of the batch in the commitlog), or None: store it on its own
-Stored = tuple[int, PutMessageStatus, int] | None
+# the put status, the end of the batch in the commitlog, the group's queue id), or None:
+# store it on its own
+Stored = tuple[int, PutMessageStatus, int, int] | None
 
 
 @dataclass(slots=True)

@@ -1,7 +1,8 @@
 """`apache.rocketmq.v2.MessagingService`: one method per RPC, each a thin adapter.
 
 The same server also registers `reliable.v1.BatchMessaging/ReceiveMessages`
-(`broker.protocol_ext`), the receive answered in one message that the framework prefers.
+(`broker.protocol_ext`), the receive answered in one message that the framework prefers,
+and `reliable.v1.BatchMessaging/Capabilities`, what it accepts beyond the protocol.
 
 Every unary RPC goes through `_unary`: read the caller (client id, namespace, signature),
 run the handler, and turn any exception into the response's `Status` with
@@ -64,6 +65,11 @@ def add_to_server(servicer: MessagingServicer, server: Any) -> None:
                 service_pb2.ReceiveMessageRequest, protocol_ext.RECEIVE_MESSAGES
             ),
             response_serializer=protocol_ext.ReceiveMessagesResponse.SerializeToString,
+        ),
+        protocol_ext.CAPABILITIES: grpc.unary_unary_rpc_method_handler(
+            servicer.Capabilities,
+            request_deserializer=lambda raw: raw,
+            response_serializer=lambda value: json.dumps(value).encode(),
         ),
         protocol_wire.WIRE_ENDPOINT: grpc.unary_unary_rpc_method_handler(
             servicer.WireEndpoint,
@@ -231,6 +237,18 @@ class MessagingServicer:
         except Exception as exc:
             return {"port": 0, "error": status_of(exc).message}
         return {"port": self.ctx.wire_port}
+
+    async def Capabilities(self, request: Any, context: Any) -> dict[str, Any]:
+        """What this server accepts beyond the protocol (`broker.protocol_ext`), to a
+        caller whose signature holds: `{"capabilities": [...]}`."""
+        try:
+            self.ctx.call_info(context, require_client_id=False)
+        except Exception as exc:
+            return {"capabilities": [], "error": status_of(exc).message}
+        offered = [protocol_ext.SEND_QUEUE]
+        if self.ctx.config.group_resend:
+            offered.append(protocol_ext.GROUP_RESEND)
+        return {"capabilities": offered}
 
     def _refused_receive(self, exc: Exception) -> list[Any]:
         """A refused receive, shaped as the protocol wants: a status, then a timestamp."""

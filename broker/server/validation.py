@@ -176,8 +176,14 @@ def check_message_group(group: str, config: ServerConfig) -> None:
 
 
 def check_properties(
-    user: Mapping[str, str], tag: str, keys: Iterable[str], config: ServerConfig
+    user: Mapping[str, str],
+    tag: str,
+    keys: Iterable[str],
+    config: ServerConfig,
+    allowed: frozenset[str] = frozenset(),
 ) -> None:
+    """Count, size and names of a message's properties; `allowed`: reserved names this
+    message may carry (a per-group resend's `RETRY_TOPIC`, checked by the caller)."""
     if len(user) > config.max_properties:
         raise IllegalMessage(
             f"more than {config.max_properties} properties", Code.MESSAGE_PROPERTIES_TOO_LARGE
@@ -186,7 +192,7 @@ def check_properties(
     for name, value in user.items():
         if not name or not name.strip():
             raise IllegalMessage("property name cannot be blank", Code.ILLEGAL_MESSAGE_PROPERTY_KEY)
-        if name in RESERVED_PROPERTIES:
+        if name in RESERVED_PROPERTIES and name not in allowed:
             raise IllegalMessage(
                 f"property name {name!r} is reserved by the broker",
                 Code.ILLEGAL_MESSAGE_PROPERTY_KEY,

@@ -5,6 +5,7 @@ stream receives.
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import threading
@@ -13,6 +14,7 @@ from typing import Any
 
 import grpc
 
+from broker import protocol_ext
 from broker.clock import wall_ms
 from broker.config import DEFAULT_DELAY_LEVELS_MS
 from reliable.errors import BadRequest, ReliableError, TransportError
@@ -42,6 +44,7 @@ class ProducerSide(GrpcSession):
         # message id of a half message an orphan check named -> the target that checked it
         self._checked_at: dict[str, str | None] = {}
         self._half_brokers: dict[str, str] = {}  # message id of a half message -> its broker
+        self._capabilities: frozenset[str] | None = None  # the server's, once asked
 
     def _end_clients(self) -> None:
         super()._end_clients()
@@ -107,6 +110,8 @@ class ProducerSide(GrpcSession):
         out: list[SendReceipt | BaseException] = []
         whole = response.status
         ok, sent = wire.SUCCESS_CODES, SendStatus.SEND_OK
+        queue_of = protocol_ext.queue_id_of
+        one_broker: dict[str, bool] = {}
         for m, entry in zip(messages, response.entries, strict=True):
             status = entry.status if entry.HasField("status") else whole
             if status.code not in ok:
@@ -115,11 +120,20 @@ class ProducerSide(GrpcSession):
                 except ReliableError as exc:
                     out.append(exc)
                     continue
+            # our server says which queue it chose (`broker.protocol_ext`); a queue id names
+            # one queue only where the topic's route has one broker
+            queue_id = queue_of(entry)
+            if queue_id >= 0:
+                single = one_broker.get(m.topic)
+                if single is None:
+                    single = one_broker[m.topic] = self._one_broker(m.topic)
+                if not single:
+                    queue_id = -1
             out.append(
                 send_receipt(
                     entry.message_id or m.message_id,
                     m.topic,
-                    -1,
+                    queue_id,
                     int(entry.offset),
                     sent,
                     None,
@@ -128,6 +142,48 @@ class ProducerSide(GrpcSession):
                 )
             )
         return out
+
+    def _one_broker(self, topic: str) -> bool:
+        """Whether the topic's route (as last fetched) has its queues on one broker: then
+        a queue id alone names the queue a message went to."""
+        cached = self._routes.get(topic)
+        return cached is not None and len(cached[1].brokers) == 1
+
+    def group_resend_supported(self) -> bool:
+        """Whether the server accepts a per-group resend: a send to `%RETRY%<group>`
+        carrying `RETRY_TOPIC` (its `group-resend` capability, `broker.protocol_ext`).
+        Asked once; an Apache RocketMQ proxy does not know the call: False."""
+        return protocol_ext.GROUP_RESEND in self.server_capabilities()
+
+    def server_capabilities(self) -> frozenset[str]:
+        """What the access point's server offers beyond the protocol, asked once (over
+        gRPC: `reliable.v1.BatchMessaging/Capabilities`); none from a server that does not
+        know the call. An unreachable server raises `TransportError` (asked again later)."""
+        with self._lock:
+            known = self._capabilities
+        if known is not None:
+            return known
+        self._require()
+        ask = self._channel.unary_unary(
+            protocol_ext.CAPABILITIES_PATH,
+            request_serializer=lambda raw: raw,
+            response_deserializer=lambda raw: json.loads(raw.decode() or "{}"),
+        )
+        try:
+            reply = ask(b"", timeout=self._timeout, metadata=self.metadata(self._producer_id))
+        except grpc.RpcError as exc:
+            if exc.code() is not grpc.StatusCode.UNIMPLEMENTED:
+                raise TransportError(
+                    f"Capabilities of {self.endpoint}: {exc.code().name}: {exc.details()}"
+                ) from None
+            reply = {}
+        listed = reply.get("capabilities") if isinstance(reply, dict) else None
+        if isinstance(reply, dict) and reply.get("error"):
+            raise TransportError(f"Capabilities of {self.endpoint}: {reply['error']}")
+        known = frozenset(str(c) for c in listed) if isinstance(listed, list) else frozenset()
+        with self._lock:
+            self._capabilities = known
+        return known
 
     def _send(
         self,

@@ -768,5 +768,9 @@ class EmbeddedTransport:
     def retry_topic(self, group: str) -> str:
         return retry_topic(group)
 
+    def group_resend_supported(self) -> bool:
+        """A send to `%RETRY%<group>` with `RETRY_TOPIC` reaches that group alone."""
+        return True
+
     def dlq_topic(self, group: str) -> str:
         return dlq_topic(group)

@@ -40,6 +40,8 @@ OUTBOX_METRICS: dict[str, str] = {
     "reliable_outbox_resend_confirmed_total": "counter",
     "reliable_outbox_resend_backlogged_total": "counter",
     "reliable_outbox_resend_errors_total": "counter",
+    "reliable_outbox_group_resends_total": "counter",
+    "reliable_outbox_resend_topic_fallbacks_total": "counter",
 }
 
 # outbox.worker.Metrics field -> (family name without prefix and _total, help)
@@ -55,6 +57,11 @@ _WORKER_COUNTERS = {
         "Stubs not yet due (their group is behind them): left for later",
     ),
     "errors": ("resend_errors", "Stubs or passes that failed with an error"),
+    "group_resends": ("group_resends", "Copies resent to one consumer group alone"),
+    "topic_fallbacks": (
+        "resend_topic_fallbacks",
+        "Stubs resent to the whole topic: the broker does not accept per-group resends",
+    ),
 }
 
 

@@ -2,6 +2,8 @@
 
 - `Sender`: anything that sends one `reliable.Message` and returns a `reliable.SendReceipt`
   (raising on failure). `reliable.Producer` is one.
+- `GroupSender`: a `Sender` that can say whether its broker accepts a resend to one consumer
+  group alone, and send one (`reliable.Producer`: `can_send_to_group`, `send_to_group`).
 - `OffsetSource`: the broker's committed consumer offset for (group, topic, queue): the next
   offset the group will consume, so a message at `queue_offset < committed` has been passed.
 - `QueueBounds` (optional): the broker's current max offset of a queue, so a stub whose
@@ -38,6 +40,21 @@ class Sender(Protocol):
 
 
 @runtime_checkable
+class GroupSender(Protocol):
+    """A `Sender` that can also resend to one consumer group alone (`reliable.Producer`).
+
+    `can_send_to_group()`: whether the broker accepts it (the embedded broker and our
+    server do, an Apache RocketMQ proxy does not; asked of the broker, never guessed from a
+    refusal). `send_to_group(message, group)`: the copy for that group only."""
+
+    def send(self, message: Message) -> SendReceipt: ...
+
+    def can_send_to_group(self) -> bool: ...
+
+    def send_to_group(self, message: Message, group: str) -> SendReceipt: ...
+
+
+@runtime_checkable
 class OffsetSource(Protocol):
     """The broker's committed consumer offset (next offset to consume), or None if unknown."""
 
@@ -66,6 +83,7 @@ __all__ = [
     "PROPERTY_RETRY_TOPIC",
     "PROPERTY_SEND_COUNT",
     "Clock",
+    "GroupSender",
     "OffsetSource",
     "QueueBounds",
     "Sender",

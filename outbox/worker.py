@@ -18,7 +18,11 @@ One pass (`run_once`):
 4. Lost and `send_count >= max_sends`: escalate through the `Notifier`, once. A send the
    broker refuses for good (`outbox.errors.is_permanent`) is escalated at once.
 5. Lost otherwise: send again: to the topic when every expected group lost it, else only
-   to each lost group's retry topic (`%RETRY%<group>`, original topic in `RETRY_TOPIC`).
+   to each lost group (its retry topic `%RETRY%<group>`, original topic in `RETRY_TOPIC`):
+   through `send_to_group` when the sender is a `GroupSender` whose broker accepts it; to
+   the whole topic when it does not (an Apache RocketMQ proxy: the groups that had it get a
+   copy their idempotency guard absorbs; logged, counted in `topic_fallbacks`); a plain
+   `Sender` is sent the retry-topic copy itself.
    `send_count + 1`; `next_resend_at` from the backoff policy (a tenacity wait).
 6. Finalise every claimed row in one transaction, guarded by the claim token.
 """
@@ -108,6 +112,9 @@ class Metrics:
     backlogged: int = 0
     confirmed: int = 0
     refused: int = 0  # the broker refused the message itself: escalated at once
+    group_resends: int = 0  # copies sent to one group alone (its retry topic)
+    # stubs resent to the whole topic because the broker does not accept per-group resends
+    topic_fallbacks: int = 0
 
     def add(self, other: Metrics) -> None:
         for name, value in asdict(other).items():
@@ -153,6 +160,7 @@ class ResendWorker:
         self.claim = claim
         self.name = name or f"resend-{uuid.uuid4().hex[:8]}"
         self.metrics = Metrics()
+        self._fallback_logged = False
 
     # -- loop ------------------------------------------------------------------------------
     def run(
@@ -293,8 +301,14 @@ class ResendWorker:
             high = self.bounds.max_offset(topic, queue_id)
             if high is not None and high <= offset:
                 return True  # the broker no longer holds that offset
-        if self.offsets is None or not group:
+        if not group:
             return False
+        if self.offsets is None:
+            # no committed offsets to compare with: nothing proves the group passed the
+            # copy or has yet to reach it, so the expected latency decides, as for a copy
+            # whose queue is unknown (give the worker `offsets` for the exact verdict)
+            latency = self.policy.expected_latency.for_group(group)
+            return bool(row["created_at"] <= self.clock() - latency)
         committed = self.offsets.committed_offset(group, topic, queue_id)
         return committed is not None and committed > offset
 
@@ -317,15 +331,35 @@ class ResendWorker:
                     broker_msg_id=receipt.offset_msg_id,
                 )
                 positions = {}
+            elif (per_group := self._per_group()) is False:
+                # the broker refuses per-group resends (an Apache RocketMQ proxy): the whole
+                # topic; the groups that had it get a copy their idempotency guard absorbs
+                receipt = self.sender.send(message)
+                values.update(
+                    queue_id=receipt.queue_id,
+                    queue_offset=receipt.queue_offset,
+                    broker_msg_id=receipt.offset_msg_id,
+                )
+                positions = {}
+                result.topic_fallbacks += 1
+                self._log_fallback(row["message_id"], lost)
             else:
                 for group in lost:
-                    copy = replace(
-                        message,
-                        topic=retry_topic(group),
-                        properties={**message.properties, PROPERTY_RETRY_TOPIC: message.topic},
-                    )
-                    receipt = self.sender.send(copy)
+                    if per_group:
+                        receipt = self.sender.send_to_group(message, group)  # type: ignore[attr-defined]
+                    else:  # a plain Sender: the retry-topic copy itself
+                        receipt = self.sender.send(
+                            replace(
+                                message,
+                                topic=retry_topic(group),
+                                properties={
+                                    **message.properties,
+                                    PROPERTY_RETRY_TOPIC: message.topic,
+                                },
+                            )
+                        )
                     positions[group] = [receipt.topic, receipt.queue_id, receipt.queue_offset]
+                    result.group_resends += 1
         except Exception as exc:
             if is_permanent(exc):
                 return self._refused(row, lost, exc, attempt, result)
@@ -343,6 +377,30 @@ class ResendWorker:
             )
         values["group_positions"] = json.dumps(positions, sort_keys=True) if positions else None
         return _Plan(row, values)
+
+    def _per_group(self) -> bool | None:
+        """Whether the sender's broker accepts per-group resends (a `GroupSender` asks it);
+        None for a plain `Sender`, which is sent the retry-topic copy itself."""
+        probe = getattr(self.sender, "can_send_to_group", None)
+        if not callable(probe) or not callable(getattr(self.sender, "send_to_group", None)):
+            return None
+        return bool(probe())
+
+    def _log_fallback(self, message_id: str, lost: list[str]) -> None:
+        if not self._fallback_logged:
+            self._fallback_logged = True
+            log.warning(
+                "resend worker %s: the broker does not accept per-group resends (an Apache "
+                "RocketMQ proxy refuses %%RETRY%% topics): messages some groups lost are "
+                "resent to the whole topic; the groups that had them absorb the copy with "
+                "their idempotency guard",
+                self.name,
+            )
+        log.info(
+            "resend of %s to the whole topic for %s: per-group resends not accepted",
+            message_id,
+            ",".join(lost),
+        )
 
     def _refused(
         self, row: RowMapping, lost: list[str], exc: BaseException, attempt: int, result: Metrics

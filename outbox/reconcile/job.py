@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from outbox.latency import ExpectedLatency
+from outbox.reconcile import live_offsets
 from outbox.reconcile.bounds import BoundsSpec, check_spec, read_bounds
 from outbox.reconcile.certificate import Summary, facts, summarize, unaccounted_messages
 from outbox.reconcile.classcache import archive_options
@@ -76,7 +77,8 @@ class ReconcileOptions:
     master: str | None = None  # None: local[*], or spark-submit's --master
     jdbc_jars: tuple[str, ...] = ()
     partitions: PartitionPolicy = field(default_factory=PartitionPolicy)
-    offsets: str | None = None  # consumerOffset.json | Parquet dir | "table:NAME"
+    # committed offsets: consumerOffset.json | Parquet dir | "table:NAME" | "grpc:HOST:PORT"
+    offsets: str | None = None
     # the offsets the broker still holds per queue (see `outbox.reconcile.bounds`): a JSON
     # file | Parquet dir | "table:NAME" | "grpc:HOST:PORT" | a started transport | an object
     # with max_offset(topic, queue_id) | {(topic, queue_id): max_offset}
@@ -113,6 +115,8 @@ class ReconcileOptions:
         if self.grace < timedelta(0):
             raise InvalidOptions("the grace period cannot be negative")
         check_spec(self.queue_bounds)
+        if self.offsets is not None and self.offsets.startswith(live_offsets.PREFIX):
+            live_offsets.endpoint_of(self.offsets)
 
 
 @dataclass
@@ -152,11 +156,23 @@ def build_source(options: ReconcileOptions) -> tuple[TableSource, JdbcTarget | N
     return ParquetSource(options.parquet), None
 
 
-def read_offsets(spark: SparkSession, spec: str | None, source: TableSource) -> DataFrame | None:
-    """The committed-offset snapshot: the broker's consumerOffset.json
+def read_offsets(
+    spark: SparkSession,
+    spec: str | None,
+    source: TableSource,
+    stub: DataFrame | None = None,
+    topic_group: DataFrame | None = None,
+) -> DataFrame | None:
+    """The committed offsets: the broker's consumerOffset.json
     (`{"offsetTable": {"topic@group": {"queueId": offset}}}`), a Parquet directory or a
-    table (`table:NAME`) with topic, consumer_group, queue_id, committed_offset; else the
-    Parquet source's `consumer_offset/` when present."""
+    table (`table:NAME`) with topic, consumer_group, queue_id, committed_offset, or asked
+    live of a broker (`grpc:HOST:PORT`, for the copies open stubs point at:
+    `outbox.reconcile.live_offsets`); else the Parquet source's `consumer_offset/` when
+    present."""
+    if spec is not None and spec.startswith(live_offsets.PREFIX):
+        if stub is None:
+            raise InvalidOptions("--offsets grpc:HOST:PORT needs the stub table")
+        return live_offsets.read_live(spark, spec, stub, topic_group)
     if spec is None or spec.startswith("table:"):
         return source.read(spark, "offsets")
     path = Path(spec)
@@ -375,12 +391,13 @@ def _run(
 ) -> tuple[Summary, RepairReport | None, int]:
     log.info("reading the tables from %s", source.describe())
     stub = _required(source.read(spark, "stub"))
+    topic_group = source.read(spark, "topic_group")
     inputs = Inputs(
         stub=stub,
         confirmation=_required(source.read(spark, "confirmation")),
         log=_required(source.read(spark, "log")),
-        topic_group=source.read(spark, "topic_group"),
-        offsets=read_offsets(spark, options.offsets, source),
+        topic_group=topic_group,
+        offsets=read_offsets(spark, options.offsets, source, stub, topic_group),
         bounds=read_bounds(spark, options.queue_bounds, source, stub),
         audit=source.read(spark, "audit"),
     )

@@ -126,6 +126,8 @@ class Summary:
     """The figures a person checks at the end."""
 
     seed: int
+    topic: str = TOPIC  # the topic and group this run used (its own, against a shared broker)
+    group: str = GROUP
     published: int = 0
     poison: int = 0
     rolled_back: int = 0
@@ -154,7 +156,7 @@ class Summary:
             f"handler runs    {self.handler_runs:>6}  (duplicates absorbed by the guard: "
             f"{self.duplicates_absorbed})",
             f"retried         {self.retried:>6}  messages retried through the delay levels",
-            f"dead-lettered   {self.dead_lettered:>6}  poison messages in %DLQ%{GROUP}",
+            f"dead-lettered   {self.dead_lettered:>6}  poison messages in %DLQ%{self.group}",
             f"resent          {self.resent:>6}  by the resend worker ({self.dropped} sends "
             f"dropped after acknowledgement, {self.duplicated} sent twice)",
             f"unaccounted     {self.unaccounted:>6}"
@@ -186,14 +188,26 @@ def _workdir(store_dir: Path | None) -> Iterator[Path]:
         yield Path(tmp)
 
 
+def run_names(endpoint: str | None) -> tuple[str, str]:
+    """The topic and group of a run: `OrderCreated` and `inventory` in the embedded broker
+    (a store of the run's own); against a served broker, which others share, names of the
+    run's own (`demo-OrderCreated-<run>`, `demo-inventory-<run>`), never a user's topic or
+    group, so its messages, offsets and dead letters touch nothing else."""
+    if not endpoint:
+        return TOPIC, GROUP
+    run = uuid.uuid4().hex[:8]
+    return f"demo-{TOPIC}-{run}", f"demo-{GROUP}-{run}"
+
+
 class _Run:
     def __init__(
         self, options: DemoOptions, seed: int, db_url: str, store: Path, say: Callable[[str], None]
     ) -> None:
         self.o, self.seed, self.db_url, self.store, self.say = options, seed, db_url, store, say
         self.plan = FaultPlan.draw(seed, options.orders, options.rates)
-        self.shop = Shop(options.table_prefix)
-        self.summary = Summary(seed=seed)
+        topic, group = run_names(options.endpoint)
+        self.shop = Shop(options.table_prefix, topic=topic, group=group)
+        self.summary = Summary(seed=seed, topic=topic, group=group)
         self.started = time.monotonic()
         self.queue_ends: dict[tuple[str, int], int] = {}  # read before the broker closes
         self.wait_s = options.timeout_s  # how long to wait to settle (see _wait_for_ladder)
@@ -245,6 +259,11 @@ class _Run:
             f"demo: seed {self.seed}, {o.orders} orders; {where}; database "
             f"{engine.url.render_as_string(hide_password=True)}; Redis {o.redis_url}"
         )
+        if o.endpoint:  # a shared broker: say which names are this run's
+            self.say(
+                f"demo: topic {self.shop.topic}, group {self.shop.group} (this run's own; "
+                "the broker's other topics and groups are not touched)"
+            )
         self.shop.create(engine, stock_per_sku=10 * o.orders + 10)
         inventory = Inventory(self.shop, engine, self.plan.by_id())
         guard = IdempotencyGuard(
@@ -362,7 +381,7 @@ class _Run:
         The demo waits for that (said in one line), or stops before publishing when the
         ladder is too long to wait for, rather than call messages still on it lost."""
         o = self.o
-        levels = list(transport.delay_levels_ms(GROUP))
+        levels = list(transport.delay_levels_ms(self.shop.group))
         if not levels:
             return o.timeout_s
         # retry n waits at level 3 + n - 1 (the last level repeats past the end)
@@ -451,7 +470,7 @@ class _Run:
                         log,
                         sa.and_(
                             log.c.message_id == t.stub.c.message_id,
-                            log.c.consumer_group == GROUP,
+                            log.c.consumer_group == self.shop.group,
                         ),
                     )
                 )
@@ -482,7 +501,7 @@ class _Run:
             )
         if len(stubs) > UNSETTLED_SHOWN:
             lines.append(f"unsettled: ... and more (the first {UNSETTLED_SHOWN} shown)")
-        for topic, queue, end, done in _behind(offsets):
+        for topic, queue, end, done in _behind(offsets, self.shop.topic, self.shop.group):
             lines.append(
                 f"unsettled: {topic} queue {queue}: {end} message(s), the group "
                 f"committed {done if done is not None else 'nothing'}"
@@ -502,7 +521,7 @@ class _Run:
                 sa.select(sa.func.count())
                 .select_from(t.consumption_log)
                 .where(
-                    t.consumption_log.c.consumer_group == GROUP,
+                    t.consumption_log.c.consumer_group == self.shop.group,
                     t.consumption_log.c.dead_lettered_at.is_not(None),
                 )
             ).scalar_one()
@@ -514,7 +533,7 @@ class _Run:
         ends: dict[tuple[str, int], int] = {}
         if offsets is None:
             return ends
-        for topic in (TOPIC, retry_topic(GROUP)):
+        for topic in (self.shop.topic, retry_topic(self.shop.group)):
             for queue in range(8):
                 end = offsets.max_offset(topic, queue)
                 if end is not None:
@@ -524,7 +543,7 @@ class _Run:
     def _drained(self, offsets: TransportOffsets | None) -> bool:
         """Every queue of the topic and of the group's retry topic consumed to its end (so
         late duplicates were delivered too); unknown on a remote broker: True."""
-        return next(_behind(offsets), None) is None
+        return next(_behind(offsets, self.shop.topic, self.shop.group), None) is None
 
     def _progress(
         self,
@@ -566,7 +585,7 @@ class _Run:
                     sa.select(sa.func.count())
                     .select_from(t.consumption_log)
                     .where(
-                        t.consumption_log.c.consumer_group == GROUP,
+                        t.consumption_log.c.consumer_group == self.shop.group,
                         t.consumption_log.c.dead_lettered_at.is_not(None),
                     )
                 ).scalar_one()
@@ -575,7 +594,7 @@ class _Run:
     def _unaccounted_in_db(self, engine: sa.Engine) -> int:
         t = self.shop.tables
         dead = sa.select(t.consumption_log.c.message_id).where(
-            t.consumption_log.c.consumer_group == GROUP,
+            t.consumption_log.c.consumer_group == self.shop.group,
             t.consumption_log.c.dead_lettered_at.is_not(None),
         )
         with engine.connect() as conn:
@@ -639,7 +658,7 @@ class _Run:
                 conn.execute(
                     sa.select(sa.func.count())
                     .select_from(t.confirmation)
-                    .where(t.confirmation.c.consumer_group == GROUP)
+                    .where(t.confirmation.c.consumer_group == self.shop.group)
                 ).scalar_one()
             )
         if len(orders) != len(committed) or s.rolled_back != len(self.plan.fates) - len(committed):
@@ -670,17 +689,19 @@ class _Run:
                 )
 
 
-def _behind(offsets: TransportOffsets | None) -> Iterator[tuple[str, int, int, int | None]]:
+def _behind(
+    offsets: TransportOffsets | None, topic_name: str, group: str
+) -> Iterator[tuple[str, int, int, int | None]]:
     """(topic, queue, its end, the group's committed offset) of each queue of the topic and
     of the group's retry topic that the group has not consumed to its end; none when the
     broker answers no offsets (a remote one)."""
     if offsets is None:
         return
-    for topic in (TOPIC, retry_topic(GROUP)):
+    for topic in (topic_name, retry_topic(group)):
         for queue in range(8):
             end = offsets.max_offset(topic, queue)
             if end is None or end <= 0:
                 continue
-            done = offsets.committed_offset(GROUP, topic, queue)
+            done = offsets.committed_offset(group, topic, queue)
             if done is None or done < end:
                 yield topic, queue, end, done

@@ -41,8 +41,10 @@ class StockServiceDown(Exception):
 class Shop:
     """The business tables and the outbox tables, under one table prefix."""
 
-    def __init__(self, prefix: str = "demo_") -> None:
+    def __init__(self, prefix: str = "demo_", *, topic: str = TOPIC, group: str = GROUP) -> None:
         self.prefix = prefix
+        self.topic = topic  # the topic the orders are published to
+        self.group = group  # the inventory consumers' group
         self.metadata = sa.MetaData()
         self.orders = sa.Table(
             f"{prefix}orders",
@@ -75,7 +77,9 @@ class Shop:
         self.metadata.drop_all(engine)
         self.metadata.create_all(engine)
         self.tables.create_all(engine)
-        declare_groups(engine, self.tables, TOPIC, [GROUP])  # who must confirm OrderCreated
+        declare_groups(
+            engine, self.tables, self.topic, [self.group]
+        )  # who must confirm OrderCreated
         with engine.begin() as conn:
             conn.execute(
                 sa.insert(self.stock),
@@ -102,7 +106,9 @@ class Shop:
                 )
                 outbox.publish(
                     session,
-                    Message(topic=TOPIC, body=body.encode(), tags="created", keys=[fate.order_id]),
+                    Message(
+                        topic=self.topic, body=body.encode(), tags="created", keys=[fate.order_id]
+                    ),
                 )
                 if fate.rolled_back:
                     raise PaymentDeclined(fate.order_id)
@@ -127,7 +133,7 @@ class Inventory:
     def handlers(self, guard: Any, **options: Any) -> tuple[Handler, Handler]:
         """The reserving handler (idempotent through `guard`) and the dead-letter handler."""
 
-        @handler(TOPIC, group=GROUP, idempotent=guard, **options)
+        @handler(self.shop.topic, group=self.shop.group, idempotent=guard, **options)
         def reserve_stock(message: ReceivedMessage, session: Session) -> None:
             self._count_run(message)
             order = json.loads(message.body)
@@ -161,7 +167,7 @@ class Inventory:
                 )
             )
 
-        @dlq_handler(GROUP, **options)
+        @dlq_handler(self.shop.group, **options)
         def dead_letters(message: ReceivedMessage) -> None:
             self.mark_dead_lettered(
                 message.message_id, message.topic, message.queue_id, message.queue_offset
@@ -189,15 +195,15 @@ class Inventory:
         with self.engine.begin() as conn:
             done = conn.execute(
                 sa.update(log)
-                .where(log.c.message_id == message_id, log.c.consumer_group == GROUP)
+                .where(log.c.message_id == message_id, log.c.consumer_group == self.shop.group)
                 .values(dead_lettered_at=now)
             ).rowcount
             if not done:
                 conn.execute(
                     sa.insert(log).values(
                         message_id=message_id,
-                        consumer_group=GROUP,
-                        topic=TOPIC,
+                        consumer_group=self.shop.group,
+                        topic=self.shop.topic,
                         queue_id=queue_id,
                         queue_offset=queue_offset,
                         created_at=now,

@@ -107,7 +107,8 @@ def group_json(cfg: SubscriptionGroupConfig) -> dict[str, Any]:
         "max_delivery_attempts": cfg.max_delivery_attempts,
         "retry_queues": cfg.retry_queue_nums,
         "consume_enable": cfg.consume_enable,
-        "broadcast": cfg.consume_broadcast,
+        # not `consume_broadcast`: RocketMQ's "broadcasting allowed" flag, which nothing here
+        # enforces, and a mode gRPC consumers cannot use (docs/client.md, Broadcasting)
     }
 
 

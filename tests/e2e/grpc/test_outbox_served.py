@@ -2,11 +2,12 @@
 process, outbox publish over the grpc transport, a consumer, the resend worker
 (`reliable worker resend`, a real process) and `reliable reconcile` (real local Spark).
 
-A send over gRPC names no queue (`queue_id` -1), so no committed offset can prove a copy
-passed; the certificate must still call a message that no group confirmed within the
-expected latency unaccounted. A consumer that acknowledges without confirming (no guard)
-loses every message: NOT CLEAN, exit 3, every id named. The same flow with the guard
-confirming is CLEAN.
+Our server says which queue each send went to, so a stub sent over gRPC records its queue
+and offset as on the embedded path, and both the worker and the certificate judge it by the
+group's committed offset (asked live: `--offsets grpc:HOST:PORT`), not by age. A consumer
+that acknowledges without confirming (no guard) loses every message: NOT CLEAN at once
+(with the default expected latency of 300 s, which no longer applies), exit 3, every id
+named. The same flow with the guard confirming is CLEAN.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from tests.e2e.grpc.server_process import REPO, ServerProcess
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 MESSAGES = 4
-LATENCY_S = "1"  # the expected latency given to both the worker and the reconciliation
 
 
 def _cli(*args: str, endpoint: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
@@ -76,9 +76,12 @@ def _flow(server: ServerProcess, db: Path, topic: str, group: str, guard: bool) 
             for i in range(MESSAGES):
                 with Session(engine) as session, session.begin():
                     ids.add(outbox.publish(session, Message(topic, f"order {i}".encode())))
-            with engine.connect() as conn:  # the gRPC receipt names no queue
-                queues = set(conn.execute(sa.select(tables.stub.c.queue_id)).scalars())
-            assert queues == {-1}
+            with engine.connect() as conn:  # the server said where each copy went
+                rows = conn.execute(
+                    sa.select(tables.stub.c.queue_id, tables.stub.c.queue_offset)
+                ).all()
+            assert len(rows) == MESSAGES
+            assert all(qid >= 0 and offset >= 0 for qid, offset in rows), rows
 
             def drain(want: int) -> int:
                 seen = 0
@@ -93,7 +96,7 @@ def _flow(server: ServerProcess, db: Path, topic: str, group: str, guard: bool) 
                 return seen
 
             assert drain(MESSAGES) == MESSAGES
-            time.sleep(float(LATENCY_S) + 0.5)  # the stubs are due and past the latency
+            time.sleep(1.5)  # the stubs are due (resend_after), far within the latency
             worker = _cli(
                 "worker",
                 "resend",
@@ -103,8 +106,8 @@ def _flow(server: ServerProcess, db: Path, topic: str, group: str, guard: bool) 
                 "--json",
                 "--sender",
                 "tests.e2e.grpc.outbox_app:producer",
-                "--expected-latency",
-                LATENCY_S,
+                "--offsets",
+                "tests.e2e.grpc.outbox_app:offsets",
                 endpoint=server.endpoint,
             )
             assert worker.returncode == 0, worker.stderr
@@ -123,8 +126,8 @@ def _reconcile(db: Path, endpoint: str) -> subprocess.CompletedProcess[str]:
         "reconcile",
         "--db",
         f"sqlite:///{db}",
-        "--expected-latency",
-        LATENCY_S,
+        "--offsets",
+        f"grpc:{endpoint}",
         "--conf",
         "spark.sql.shuffle.partitions=2",
         endpoint=endpoint,
@@ -151,7 +154,7 @@ def test_acknowledged_but_unconfirmed_messages_make_the_certificate_not_clean(
     for mid in ids:  # every unconfirmed message is named, with its group and why
         line = next(ln for ln in out.splitlines() if ln.strip().startswith(mid))
         assert "missing served-billing" in line
-        assert "within the expected latency (queue unknown)" in line
+        assert "passed by served-billing without a log row" in line
     _assert_spark_quiet(result.stderr)
 
 

@@ -17,6 +17,7 @@ from outbox.operations import requeue, void
 from outbox.ports import (
     PROPERTY_RETRY_TOPIC,
     Clock,
+    GroupSender,
     OffsetSource,
     QueueBounds,
     Sender,
@@ -47,6 +48,7 @@ __all__ = [  # noqa: RUF022 - grouped by concept, as in reliable/__init__
     # contracts
     "PROPERTY_RETRY_TOPIC",
     "Clock",
+    "GroupSender",
     "OffsetSource",
     "QueueBounds",
     "Sender",

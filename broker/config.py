@@ -13,6 +13,28 @@ from broker.errors import ConfigError
 
 DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 
+# the gRPC server's port unless told otherwise (`reliable broker start --port`); an endpoint
+# written without a port means it (gRPC alone would dial 443)
+DEFAULT_PORT = 8081
+
+
+def with_default_port(endpoint: str) -> str:
+    """`host` -> `host:8081`, for each of several `;`-separated endpoints; a port given, a
+    bare IPv6 address (`::1`, ambiguous without brackets) and a gRPC target with a scheme
+    (`dns:///host`) are kept as they are; `[::1]` gets the port too."""
+    parts = []
+    for part in endpoint.split(";"):
+        bare = part.strip()
+        if (
+            bare
+            and "/" not in bare
+            and (":" not in bare or (bare.startswith("[") and bare.endswith("]")))
+        ):
+            part = f"{bare}:{DEFAULT_PORT}"
+        parts.append(part)
+    return ";".join(parts)
+
+
 _UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _LEVEL = re.compile(r"^(\d+)(ms|s|m|h|d)$")
 

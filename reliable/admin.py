@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 
+from broker.config import with_default_port
 from broker.server.admin import SERVICE
 from broker.server.auth import ALGORITHM, sign
 from reliable.errors import ReliableError
@@ -75,6 +76,7 @@ class AdminClient:
         secret_key: str = "",
         timeout_s: float = 10.0,
     ) -> None:
+        endpoint = with_default_port(endpoint)  # `host` alone: the server's default port
         targets = [part.strip() for part in endpoint.split(";") if part.strip()] or [endpoint]
         if tls:
             roots = Path(ca_file).read_bytes() if ca_file else None

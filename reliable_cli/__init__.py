@@ -12,8 +12,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from reliable_cli.exit_codes import ExitCode
 
@@ -30,11 +32,36 @@ _NOUNS = {
 }
 
 
+def version() -> str:
+    """The installed distribution's version (pyproject.toml)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("reliable")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        from reliable import __version__
+
+        return __version__
+
+
+class _Version(argparse.Action):
+    """`--version`: looked up only when asked for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        print(f"reliable {version()}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="reliable",
         description="Reliable messaging: broker, outbox, idempotent consumers, reconciliation.",
     )
+    parser.add_argument("--version", action=_Version)
     parser.add_argument(
         "-v",
         "--verbose",
@@ -67,9 +94,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return ExitCode.USAGE
     try:
-        return int(handler(args))
+        code = int(handler(args))
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at the exit
+        return code
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED
+    except BrokenPipeError:
+        # the reader went away (`reliable ... --json | head`): end quietly, and keep the
+        # interpreter's own last flush from failing again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return ExitCode.OUTPUT_CLOSED
 
 
 if __name__ == "__main__":  # pragma: no cover

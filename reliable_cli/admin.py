@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from broker.config import DEFAULT_PORT, with_default_port
 from reliable.admin_messages import AdminCaller
 from reliable_cli.admin_call import handler
 from reliable_cli.exit_codes import ExitCode
@@ -28,7 +29,12 @@ TOPIC_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION", "MIXED")
 
 def _target(p: argparse.ArgumentParser) -> None:
     where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--endpoint", metavar="HOST:PORT", help="a running broker's address")
+    where.add_argument(
+        "--endpoint",
+        type=with_default_port,
+        metavar="HOST:PORT",
+        help=f"a running broker's address (the port defaults to {DEFAULT_PORT})",
+    )
     where.add_argument("--store", type=Path, help="a stopped broker's store directory")
     p.add_argument(
         "--force",
@@ -120,7 +126,13 @@ def register(sub: Any) -> None:
         "Refused when it lacks bytes its master had, or while its master is connected "
         "and alive (--force skips both checks). Exit code 1 when refused.",
     )
-    bp.add_argument("--endpoint", metavar="HOST:PORT", required=True, help="the slave's address")
+    bp.add_argument(
+        "--endpoint",
+        type=with_default_port,
+        metavar="HOST:PORT",
+        required=True,
+        help=f"the slave's address (the port defaults to {DEFAULT_PORT})",
+    )
     bp.add_argument(
         "--sync", action="store_true", help="become a sync-master (default: async-master)"
     )

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from reliable import admin_messages as api
-from reliable_cli.admin_call import CommandFailed, print_json, table
+from reliable_cli.admin_call import PROG, CommandFailed, print_json, table
 from reliable_cli.admin_call import handler as _handler
 from reliable_cli.admin_message import _login, parse_time
 from reliable_cli.exit_codes import ExitCode
@@ -584,12 +584,14 @@ def _group_reset(args: argparse.Namespace, admin: api.AdminCaller) -> int:
     else:
         params["to"] = "earliest" if args.earliest else "latest"
     done = admin.call("ResetGroupOffset", **params)
+    _warn_clamped(args.to_offset, done["queues"])
     if args.json:
         print_json(done)
         return ExitCode.OK
+    target = args.to_time or (args.to_offset if args.to_offset is not None else done["to"])
     print(
         f"{'reset' if done['executed'] else 'dry run: would reset'} group {done['group']} "
-        f"on {done['topic']} to {args.to_time or args.to_offset or done['to']}"
+        f"on {done['topic']} to {target}"
         + (
             f" ({len(done['consumers'])} live consumer(s)"
             + (", forced)" if done["executed"] else ": --execute needs --force)")
@@ -614,6 +616,23 @@ def _group_reset(args: argparse.Namespace, admin: api.AdminCaller) -> int:
     ):
         print(line)
     return ExitCode.OK
+
+
+def _warn_clamped(offset: int | None, queues: list[dict[str, Any]]) -> None:
+    """`--to-offset` past a queue's end (or before its start) is clamped: say so."""
+    for side, edge, key in (
+        ("past the end", "max", "max_offset"),
+        ("before the start", "min", "min_offset"),
+    ):
+        hit = [q for q in queues if q.get("clamped") == ("end" if edge == "max" else "start")]
+        if hit:
+            where = ", ".join(f"{q['queue_id']} ({edge} {q[key]})" for q in hit[:8])
+            more = f" and {len(hit) - 8} more" if len(hit) > 8 else ""
+            print(
+                f"{PROG}: warning: --to-offset {offset} is {side} of queue(s) {where}{more}: "
+                f"clamped to each one's {edge} offset",
+                file=sys.stderr,
+            )
 
 
 def _needs_yes(args: argparse.Namespace, what: str) -> None:

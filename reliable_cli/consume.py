@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from broker.config import DEFAULT_PORT, with_default_port
 from reliable_cli import observe
 from reliable_cli.errors import TargetError
 from reliable_cli.exit_codes import ExitCode
@@ -49,7 +50,10 @@ def register(subparsers: Any) -> None:
         help="embedded transport: the broker's store directory (default ~/.reliable/store)",
     )
     where.add_argument(
-        "--endpoint", metavar="HOST:PORT", help="grpc transport: a RocketMQ 5 gRPC endpoint"
+        "--endpoint",
+        type=with_default_port,
+        metavar="HOST:PORT",
+        help=f"grpc transport: a RocketMQ 5 gRPC endpoint (the port defaults to {DEFAULT_PORT})",
     )
     p.add_argument(
         "--wire",

@@ -13,3 +13,4 @@ class ExitCode(enum.IntEnum):
     UNAVAILABLE = 4  # a service (database, Redis, broker) could not be reached
     MANUAL_HANDLING = 5  # reconciliation: nothing lost, but escalated messages await an operator
     INTERRUPTED = 130
+    OUTPUT_CLOSED = 141  # stdout's reader went away (`| head`): 128 + SIGPIPE, as a shell says

@@ -185,6 +185,7 @@ def reset_group_offset(broker: Broker, params: dict[str, Any]) -> dict[str, Any]
     store = broker.store
     queues: list[dict[str, Any]] = []
     after: dict[int, int] = {}
+    clamped: dict[int, str] = {}  # to=offset outside a queue: moved to its end or start
     for q in range(cfg.read_queue_nums):
         low, high = store.get_min_offset_in_queue(topic, q), store.get_max_offset_in_queue(topic, q)
         if to == "earliest":
@@ -194,6 +195,8 @@ def reset_group_offset(broker: Broker, params: dict[str, Any]) -> dict[str, Any]
         elif to == "offset":
             assert offset is not None
             new = min(max(offset, low), high)
+            if offset != new:
+                clamped[q] = "end" if offset > high else "start"
         else:
             assert time_ms is not None
             new = max(store.get_offset_in_queue_by_time(topic, q, time_ms), low)
@@ -208,6 +211,7 @@ def reset_group_offset(broker: Broker, params: dict[str, Any]) -> dict[str, Any]
                 "after": new,
                 "lag_before": max(0, high - (before if before >= 0 else low)),
                 "lag_after": high - new,
+                "clamped": clamped.get(q),
             }
         )
     if execute:

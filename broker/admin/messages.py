@@ -36,7 +36,13 @@ from typing import Any
 from broker.admin import params as p
 from broker.admin.params import MessageNotFound
 from broker.broker import Broker
-from broker.errors import BrokerError, GroupNotFound, InvalidArgument, ResponseCode
+from broker.errors import (
+    BrokerError,
+    GroupNotFound,
+    InvalidArgument,
+    ResponseCode,
+    TopicNotFound,
+)
 from broker.names import (
     REVIVE_TOPIC,
     TRANS_OP_HALF_TOPIC,
@@ -232,6 +238,8 @@ class MessageOps:
                 f"give one of id, key, unique_key, offset; got {', '.join(forms)}"
             )
         begin, end = since or 0, until
+        if topic is not None:
+            self._check_where(topic, queue)
         if msg_id is not None:
             check_id(msg_id)
             topics = [topic] if topic else searchable_topics(self.broker.store)
@@ -260,6 +268,21 @@ class MessageOps:
                 "offset; or topic with since_ms and/or until_ms"
             )
         return {"messages": [p.message_json(m, body=body) for m in found], "more": more}
+
+    def _check_where(self, topic: str, queue: int | None) -> None:
+        """A query of a topic that does not exist, or of a queue it does not have, says
+        so: "no message found" would hide a misspelt name or a wrong queue."""
+        store = self.broker.store
+        cfg = self.broker.get_topic(topic)
+        held = store.queue_ids(topic)
+        if cfg is None and not held:
+            raise TopicNotFound(topic)
+        if queue is None:
+            return
+        count = max(cfg.read_queue_nums, cfg.write_queue_nums) if cfg is not None else 0
+        if not 0 <= queue < count and queue not in held:
+            have = f"queues 0..{count - 1}" if count else f"queues {held}"
+            raise InvalidArgument(f"queue {queue} is out of range: topic {topic!r} has {have}")
 
     # ------------------------------------------------------------------ send
     def send(self, params: dict[str, Any]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from broker.config import DEFAULT_PORT, with_default_port
 from reliable_cli import observe
 from reliable_cli.exit_codes import ExitCode
 
@@ -41,8 +42,9 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--endpoint",
         required=True,
+        type=with_default_port,
         metavar="HOST:PORT",
-        help="the broker's address (its admin service)",
+        help=f"the broker's address (its admin service; the port defaults to {DEFAULT_PORT})",
     )
     p.add_argument(
         "--db",

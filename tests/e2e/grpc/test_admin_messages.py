@@ -211,8 +211,9 @@ def test_bad_arguments_and_missing_messages_fail_with_one_line(
         (
             ("message", "query", "--topic", "nowhere", "--queue", "0", "--offset", "7"),
             1,
-            "no message found",
+            "TOPIC_NOT_FOUND",
         ),
+        (("message", "query", "--key", "k", "--topic", "nowhere"), 1, "TOPIC_NOT_FOUND"),
         (("message", "query", "--key", "k", "--topic", "t", "--limit", "5000"), 2, "--limit"),
         (
             ("message", "reconsume", "0" * 32, "--group", "g", "--client", "c1"),

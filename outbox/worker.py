@@ -301,14 +301,8 @@ class ResendWorker:
             high = self.bounds.max_offset(topic, queue_id)
             if high is not None and high <= offset:
                 return True  # the broker no longer holds that offset
-        if not group:
+        if self.offsets is None or not group:
             return False
-        if self.offsets is None:
-            # no committed offsets to compare with: nothing proves the group passed the
-            # copy or has yet to reach it, so the expected latency decides, as for a copy
-            # whose queue is unknown (give the worker `offsets` for the exact verdict)
-            latency = self.policy.expected_latency.for_group(group)
-            return bool(row["created_at"] <= self.clock() - latency)
         committed = self.offsets.committed_offset(group, topic, queue_id)
         return committed is not None and committed > offset
 

@@ -2,8 +2,9 @@
 
 The outbox's resend worker needs a consumer group's committed offset per queue and a
 queue's end. Over gRPC they come from GetOffset and QueryOffset (both answered by the
-Apache proxy too). A send over gRPC does not learn its queue (`queue_id` -1), so such a
-stub has no watermark: it is due by age, never "backlogged" forever.
+Apache proxy too). Our server says which queue a send went to (a field of the send result
+the protocol lacks, docs/server.md), so a stub sent over gRPC has a watermark: backlogged
+while its group has not reached it, lost once the group passed it without confirming.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def test_committed_and_queue_offsets_over_grpc(grpc_transport: Any) -> None:
     with Producer(transport) as producer:
         for i in range(12):
             receipt = producer.send(Message(topic, f"m{i}".encode()))
-            assert receipt.queue_id == -1 and receipt.queue_offset >= 0
+            assert receipt.queue_id >= 0 and receipt.queue_offset >= 0
     queues = transport.route(topic).read_queues
     ends: dict[int, int] = {}
 
@@ -86,12 +87,12 @@ def test_offset_queries_refuse_bad_queues(grpc_transport: Any) -> None:
     assert missing.value.code == "TOPIC_NOT_FOUND"
 
 
-def test_resend_worker_over_grpc_resends_a_stub_with_no_known_queue(
+def test_resend_worker_over_grpc_judges_a_stub_by_its_groups_watermark(
     grpc_transport: Any, sqlite_url: str
 ) -> None:
-    """The stub of a send over gRPC records queue -1: due by age once its resend time
-    passes (before, the worker saw no watermark and held it back for ever), and the resend
-    reaches the consumers."""
+    """The stub of a send over gRPC records the queue the server chose: backlogged while
+    the group has not reached it (however old), lost once the group passed it without
+    confirming, and the resend reaches the consumers."""
     topic, group = "t-offsets-resend", "g-offsets-resend"
     engine = sa.create_engine(sqlite_url)
     tables = OutboxTables()
@@ -106,7 +107,7 @@ def test_resend_worker_over_grpc_resends_a_stub_with_no_known_queue(
                     tables.stub.c.queue_id, tables.stub.c.queue_offset, tables.stub.c.send_count
                 )
             ).one()
-        assert (row.queue_id, row.send_count) == (-1, 1) and row.queue_offset >= 0
+        assert row.queue_id >= 0 and row.send_count == 1 and row.queue_offset >= 0
         offsets = TransportOffsets(grpc_transport)
         early = ResendWorker(
             engine,
@@ -127,22 +128,42 @@ def test_resend_worker_over_grpc_resends_a_stub_with_no_known_queue(
             clock=lambda: utcnow() + timedelta(hours=1),
             policy=ResendPolicy(),
         )
-        metrics = late.run_once()
-        assert (metrics.resent, metrics.backlogged, metrics.errors) == (1, 0, 0)
-    with engine.connect() as conn:
-        assert conn.execute(sa.select(tables.stub.c.send_count)).scalar_one() == 2
-    with SimpleConsumer(
-        group, {topic: "*"}, transport=grpc_transport, await_duration_s=1, invisible_duration_s=15
-    ) as consumer:
-        copies: list[tuple[str, str | None]] = []
+        metrics = late.run_once()  # the group has not reached it: an hour is no loss
+        assert (metrics.resent, metrics.backlogged, metrics.errors) == (0, 1, 0)
+        with SimpleConsumer(
+            group,
+            {topic: "*"},
+            transport=grpc_transport,
+            await_duration_s=1,
+            invisible_duration_s=15,
+        ) as consumer:
+            copies: list[tuple[str, str | None]] = []
 
-        def both() -> bool:
-            for msg in consumer.receive(max_messages=32):
-                consumer.ack(msg)
-                copies.append((msg.message_id, msg.properties.get("OUTBOX_SEND_COUNT")))
-            return len(copies) >= 2
+            def received(n: int) -> bool:
+                for msg in consumer.receive(max_messages=32):
+                    consumer.ack(msg)  # acknowledged, never confirmed
+                    copies.append((msg.message_id, msg.properties.get("OUTBOX_SEND_COUNT")))
+                return len(copies) >= n
 
-        assert official.wait_for(both, timeout_s=30, interval_s=0)
+            assert official.wait_for(lambda: received(1), timeout_s=30, interval_s=0)
+            stub_queue = row.queue_id
+            assert official.wait_for(  # the group's committed offset passed the copy
+                lambda: (offsets.committed_offset(group, topic, stub_queue) or 0) > row.queue_offset
+            )
+            later = ResendWorker(
+                engine,
+                tables,
+                producer,
+                offsets=offsets,
+                bounds=offsets,
+                clock=lambda: utcnow() + timedelta(hours=2),
+                policy=ResendPolicy(),
+            )
+            metrics = later.run_once()
+            assert (metrics.resent, metrics.backlogged, metrics.errors) == (1, 0, 0)
+            with engine.connect() as conn:
+                assert conn.execute(sa.select(tables.stub.c.send_count)).scalar_one() == 2
+            assert official.wait_for(lambda: received(2), timeout_s=30, interval_s=0)
     # the resend is stored although the server deduplicates retries of one send: it is
     # numbered, so it is not the first send again
     assert sorted(copies, key=lambda c: c[1] or "") == [(message_id, None), (message_id, "2")]

@@ -905,6 +905,11 @@ class Broker(ProduceEngine):
     def schedule_offsets(self) -> dict[int, int]:
         return self._schedule.offsets()
 
+    def next_due_ms(self) -> int | None:
+        """When the earliest delayed or retried message still scheduled is due (None:
+        nothing is scheduled): what a virtual clock advances to (`reliable.testing`)."""
+        return self._schedule.next_due_ms()
+
     # ------------------------------------------------------------------ consumers
     def heartbeat(
         self, client_id: str, group: str, subscriptions: Mapping[str, Collection[str] | None]

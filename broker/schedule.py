@@ -43,6 +43,7 @@ from typing import Any
 
 from broker.errors import InvalidArgument
 from broker.names import SCHEDULE_TOPIC
+from broker.store.consume_queue import ConsumeQueue
 from broker.store.errors import ConfigShapeError
 from broker.store.json_config import JsonConfigFile, arr, integer, obj
 from broker.store.message import Message, MessageExt, Prop
@@ -264,6 +265,29 @@ class ScheduleMessageService(ServiceThread):
         with self._lock:
             return {q + 1: o for q, o in self._offsets.items()}
 
+    def next_due_ms(self) -> int | None:
+        """When the earliest message still scheduled is due (None: nothing waits): the head
+        of each delay level's queue and the earliest of the timer queue. A recalled message
+        may be that head: delivering at its time only skips it."""
+        due: list[int] = []
+        with self._lock:
+            for qid in sorted(
+                set(range(len(self._levels))) | set(self._store.queue_ids(SCHEDULE_TOPIC))
+            ):
+                cq = self._store.consume_queues.get(SCHEDULE_TOPIC, qid)
+                if cq is None:
+                    continue
+                if qid == TIMER_QUEUE_ID:
+                    self._scan_timer_queue(cq)
+                    if self._timer_heap:
+                        due.append(self._timer_heap[0][0])
+                    continue
+                offset = max(self._offsets.get(qid, 0), cq.get_min_offset_in_queue())
+                if offset < cq.get_max_offset_in_queue():
+                    head = next(iter(cq.iter_units(offset, _READ_BATCH)), None)
+                    due.append(head[3] if head is not None else self._clock())
+        return min(due, default=None)
+
     # --- the loop
     def run(self) -> None:
         while not self.stopped:
@@ -327,16 +351,7 @@ class ScheduleMessageService(ServiceThread):
         cq = self._store.consume_queues.get(SCHEDULE_TOPIC, TIMER_QUEUE_ID)
         if cq is None:
             return 0
-        # units not seen yet go into the heap: (delivery time = tag code, queue offset)
-        end = cq.get_max_offset_in_queue()
-        self._timer_scanned = max(self._timer_scanned, cq.get_min_offset_in_queue())
-        while self._timer_scanned < end:
-            for index, _phy, _size, deliver_ms in cq.iter_units(
-                self._timer_scanned, _READ_BATCH * 32
-            ):
-                if index not in self._timer_delivered:
-                    heapq.heappush(self._timer_heap, (deliver_ms, index))
-            self._timer_scanned = min(self._timer_scanned + _READ_BATCH * 32, end)
+        self._scan_timer_queue(cq)
         moved = 0
         now = self._clock()
         while self._timer_heap and self._timer_heap[0][0] <= now and not self.stopped:
@@ -361,6 +376,18 @@ class ScheduleMessageService(ServiceThread):
             self._timer_low = low
             self._dirty = True
         return moved
+
+    def _scan_timer_queue(self, cq: ConsumeQueue) -> None:
+        """Units not seen yet go into the heap: (delivery time = tag code, queue offset)."""
+        end = cq.get_max_offset_in_queue()
+        self._timer_scanned = max(self._timer_scanned, cq.get_min_offset_in_queue())
+        while self._timer_scanned < end:
+            for index, _phy, _size, deliver_ms in cq.iter_units(
+                self._timer_scanned, _READ_BATCH * 32
+            ):
+                if index not in self._timer_delivered:
+                    heapq.heappush(self._timer_heap, (deliver_ms, index))
+            self._timer_scanned = min(self._timer_scanned + _READ_BATCH * 32, end)
 
     def _move(self, msg: MessageExt) -> bool:
         """Put `msg` into its real topic; False when the store refused (retry next pass)."""

@@ -9,6 +9,7 @@
             ...                 # first attempt fails
             tb.advance(10)      # the real ladder: retry 1 is due after 10 s of virtual time
             ...                 # second attempt
+            tb.settle()         # or play the whole ladder out, whatever it holds
 
 Only the broker's notion of time is virtual: delays, retries, invisible times and
 transaction checks become due when the test calls `advance`, not after real minutes.
@@ -20,12 +21,14 @@ from __future__ import annotations
 import shutil
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from broker.broker import Broker
 from broker.clock import wall_ms
 from broker.config import BrokerConfig
+from broker.pop_journal import InFlight
 from broker.store.config import (
     WATERMARKS_OFF,
     StoreConfig,
@@ -99,6 +102,74 @@ class TestBroker:
         self.broker.revive()
         self.broker.do_maintenance()
         self.broker.check_transactions()
+
+    def settle(self, *, quiet_s: float = 0.2, timeout_s: float = 30.0) -> float:
+        """Play out every retry and delay: wait until the consumers are idle, advance the
+        virtual clock to the next thing due (a delay level's or a retry's time, an invisible
+        time running out), and again, until nothing is scheduled or in flight. Returns the
+        virtual seconds that passed.
+
+        "Idle" means the broker saw nothing new (no record stored, no delivery, ack or
+        offset commit) for `quiet_s` of real time: give a handler slower than that a longer
+        `quiet_s`. `TimeoutError` when it has not settled after `timeout_s` of real time (a
+        handler that never returns, or one that keeps producing)."""
+        deadline = time.monotonic() + timeout_s
+        start = self.clock.now_ms()
+        while True:
+            self.advance(0)  # what is due now
+            self._wait_quiet(quiet_s, deadline)
+            wake = self._next_wake()
+            if wake is None:
+                return (self.clock.now_ms() - start) / 1000
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"not settled after {timeout_s} s: next due at {wake}")
+            self.clock.advance((wake - self.clock.now_ms() + 0.5) / 1000)
+
+    def _next_wake(self) -> int | None:
+        """When the broker next has something to do by time alone (later than now); None:
+        nothing. A lease already run out waits for a consumer, not for time."""
+        now = self.clock.now_ms()
+        times = [f.invisible_until_ms for f in self._in_flight()]
+        due = self.broker.next_due_ms()
+        if due is not None:
+            times.append(due)
+        return min((t for t in times if t > now), default=None)
+
+    def _in_flight(self) -> list[InFlight]:
+        topics = [t.name for t in self.broker.topics()]
+        return [
+            f
+            for g in self.broker.groups()
+            for t in topics
+            for f in self.broker.in_flight(g.group, t)
+        ]
+
+    def _state(self) -> tuple[object, ...]:
+        """What changes while consumers work: the log's end, deliveries and acks, leases
+        and committed offsets."""
+        b = self.broker
+        return (
+            b.store.get_commitlog_max_offset(),
+            sum(b.delivered.snapshot().values()),
+            sum(b.acked.snapshot().values()),
+            len(self._in_flight()),
+            tuple(
+                (g.group, p.topic, p.queue_id, p.consumer_offset)
+                for g in b.groups()
+                for p in b.consumer_progress(g.group)
+            ),
+        )
+
+    def _wait_quiet(self, quiet_s: float, deadline: float) -> None:
+        self.broker.store.wait_dispatched(max(0.0, deadline - time.monotonic()))
+        last, since = self._state(), time.monotonic()
+        while time.monotonic() - since < quiet_s:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the consumers did not go idle")
+            time.sleep(0.01)
+            now = self._state()
+            if now != last:
+                last, since = now, time.monotonic()
 
     def producer(self, **options: Any) -> Producer:
         return Producer(self.transport, **options)

@@ -10,6 +10,7 @@ import json
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from broker.names import is_dlq_topic, is_retry_topic, is_system_topic
 from outbox.reconcile.classes import LOG_LABELS, STUB_LABELS, StubClass
 
 if TYPE_CHECKING:
@@ -91,14 +92,21 @@ def as_text(result: ReconcileResult) -> str:
         out.append(
             f"{'topic':<24}{'queue':>6}" + "".join(f"{h:>11}" for h in heads) + f"{'head':>10}"
         )
-        for q in s.queues:
+        # the application's topics first, then the broker's, kind by kind (a stable sort)
+        queues = sorted(s.queues, key=lambda q: _KINDS.index(_internal(q.topic) or ""))
+        kinds: set[str] = set()
+        for q in queues:
+            kind = _internal(q.topic)
+            if kind is not None and kind not in kinds:
+                kinds.add(kind)
+                out.append(f"  ({kind} topic: the broker's, not the application's)")
             qid = "-" if q.queue_id is None else str(q.queue_id)
             out.append(
                 f"{(q.topic or '-')[:24]:<24}{qid:>6}"
                 + "".join(f"{q.stubs.get(c.value, 0):>11,}" for c in cols)
                 + f"{'-' if q.head is None else q.head:>10}"
             )
-        lag_lines = [(q, g, f) for q in s.queues for g, f in sorted(q.lag.items())]
+        lag_lines = [(q, g, f) for q in queues for g, f in sorted(q.lag.items())]
         if lag_lines:
             out.append("")
             out.append(
@@ -160,6 +168,21 @@ def as_text(result: ReconcileResult) -> str:
             f"{r.batches} batches"
         )
     return "\n".join(out)
+
+
+_KINDS = ("", "retry", "dead-letter", "system")
+
+
+def _internal(topic: str | None) -> str | None:
+    """What kind of broker topic `topic` is (retry, dead-letter, system), None for the
+    application's own: a stub resent to one group alone sits in `%RETRY%<group>`."""
+    if not topic:
+        return None
+    if is_retry_topic(topic):
+        return "retry"
+    if is_dlq_topic(topic):
+        return "dead-letter"
+    return "system" if is_system_topic(topic) else None
 
 
 def _dash(value: Any) -> str:

@@ -25,6 +25,7 @@ is `sqlalchemy.create_engine(database_url(url), **kwargs)`.
 from __future__ import annotations
 
 import importlib.util
+import os
 from typing import Any
 
 from sqlalchemy import Engine, make_url
@@ -144,9 +145,35 @@ def database_url(url: str | URL) -> URL:
     )
 
 
+def require_existing_sqlite(url: str | URL) -> None:
+    """For a command that reads an outbox: a SQLite URL whose file is not there raises
+    `DatabaseUrlError`, instead of SQLite creating an empty database (or failing with
+    "unable to open database file" when the directory does not exist). Other backends,
+    in-memory and `file:` URI databases pass; creating a database is another command's
+    (`--ensure-schema`)."""
+    parsed = canonical_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return
+    path = parsed.database or ""
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return
+    shown = parsed.render_as_string(hide_password=True)
+    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        raise DatabaseUrlError(shown, f"no such directory: {os.path.dirname(path) or '.'}")
+    if not os.path.isfile(path):
+        raise DatabaseUrlError(shown, f"no such SQLite database file: {path}")
+
+
 def create_engine(url: str | URL, **kwargs: Any) -> Engine:
     """`sqlalchemy.create_engine` for a URL as people write it (see `database_url`)."""
     return _sa_create_engine(database_url(url), **kwargs)
 
 
-__all__ = ["DatabaseUrlError", "DriverMissing", "canonical_url", "create_engine", "database_url"]
+__all__ = [
+    "DatabaseUrlError",
+    "DriverMissing",
+    "canonical_url",
+    "create_engine",
+    "database_url",
+    "require_existing_sqlite",
+]

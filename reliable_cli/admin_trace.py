@@ -171,13 +171,14 @@ def outbox_trace(
     """Stubs, consumption-log and confirmation rows of the message, and their events."""
     import sqlalchemy as sa
 
-    from outbox.database import create_engine
+    from outbox.database import create_engine, require_existing_sqlite
     from outbox.errors import OutboxError
     from outbox.models import OutboxTables
     from outbox.schema import require_tables
 
     tables = OutboxTables(prefix=prefix, schema=schema)
     try:
+        require_existing_sqlite(db_url)  # a wrong path is refused, not created empty
         engine = create_engine(db_url)
     except (sa.exc.SQLAlchemyError, ImportError, ValueError) as exc:
         raise CommandFailed(f"--db: {str(exc).splitlines()[0]}", ExitCode.USAGE) from None

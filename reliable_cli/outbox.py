@@ -88,11 +88,12 @@ def open_tables(url: str, prefix: str, schema: str | None) -> tuple[Any, Any]:
     `_Failed` otherwise."""
     import sqlalchemy as sa
 
-    from outbox.database import create_engine
+    from outbox.database import create_engine, require_existing_sqlite
     from outbox.models import OutboxTables
     from outbox.schema import require_tables
 
     try:
+        require_existing_sqlite(url)  # a wrong path is refused, not created empty
         engine = create_engine(url)
     except (sa.exc.SQLAlchemyError, ImportError, ValueError) as exc:
         raise _Failed(f"--db: {str(exc).splitlines()[0]}", ExitCode.USAGE) from None

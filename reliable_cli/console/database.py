@@ -22,7 +22,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from outbox.database import create_engine
+from outbox.database import create_engine, require_existing_sqlite
 from outbox.models import OutboxTables, StubStatus
 from outbox.reconcile.classes import UNACCOUNTED, StubClass
 from outbox.reconcile.details import report_table
@@ -106,6 +106,7 @@ class OutboxView:
         report: str | None = None,
     ) -> None:
         try:
+            require_existing_sqlite(url)  # a wrong path is refused, not created empty
             self.engine = create_engine(url, pool_pre_ping=True)
         except (sa.exc.SQLAlchemyError, ImportError, ValueError) as exc:
             raise DatabaseUnavailable(f"--db: {str(exc).splitlines()[0]}") from None

@@ -178,3 +178,38 @@ def test_a_group_answer_names_no_mode_grpc_cannot_serve(store: Path) -> None:
     done = cli("admin", "group", "create", "audit", "--store", str(store))
     assert done.returncode == 0, done.stderr
     assert "name=audit" in done.stdout and "broadcast" not in done.stdout
+
+
+def test_a_wrong_sqlite_path_is_refused_not_created_empty(tmp_path: Path, store: Path) -> None:
+    place = tmp_path / "db"
+    place.mkdir()
+    for path, reason in (
+        (place / "no-such-dir" / "shop.db", "no such directory"),
+        (place / "typo.db", "no such SQLite database file"),
+    ):
+        url = f"sqlite:///{path}"
+        for command in (
+            ("outbox", "list"),
+            ("admin", "message", "trace", "order-0", "--store", str(store)),
+        ):
+            done = cli(*command, "--db", url)
+            assert done.returncode == ExitCode.USAGE, (command, done.stderr)
+            assert f"--db: {url}: {reason}" in done.stderr, (command, done.stderr)
+    assert list(place.iterdir()) == []  # nothing was created
+
+
+def test_the_sqlite_check_passes_what_is_not_a_missing_file(tmp_path: Path) -> None:
+    from outbox.database import DatabaseUrlError, require_existing_sqlite
+
+    there = tmp_path / "shop.db"
+    there.write_bytes(b"")
+    for url in (
+        f"sqlite:///{there}",
+        "sqlite://",
+        "sqlite:///:memory:",
+        "postgresql://u@h/db",
+        "sqlite:///file:shop?mode=memory&uri=true",
+    ):
+        require_existing_sqlite(url)
+    with pytest.raises(DatabaseUrlError):
+        require_existing_sqlite(f"sqlite:///{tmp_path / 'other.db'}")

@@ -200,9 +200,12 @@ def test_an_unreachable_database_stops_the_replay_before_anything_is_replayed(
 ) -> None:
     store = tmp_path / "store"
     dead_letters(store, 1)
-    url = f"sqlite:///{tmp_path / 'empty.db'}"  # no outbox tables
+    empty = tmp_path / "empty.db"
+    empty.touch()  # a database without the outbox tables
     args = ["admin", "dlq", "replay", "--group", "billing", "--store", str(store)]
-    assert main([*args, "--db", url]) == 4
+    assert main([*args, "--db", f"sqlite:///{empty}"]) == 4
     assert "--db" in capsys.readouterr().err
+    assert main([*args, "--db", f"sqlite:///{tmp_path / 'typo.db'}"]) == 2  # no such file
+    assert "no such SQLite database file" in capsys.readouterr().err
     assert main([*args, "--dry-run", "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["would_replay"]) == 1

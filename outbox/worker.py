@@ -291,20 +291,28 @@ class ResendWorker:
             group, [row["topic"], row["queue_id"], row["queue_offset"]]
         )
         if queue_id is None or queue_id < 0 or offset is None or offset < 0:
-            # where the copy landed is unknown (a send over gRPC names no queue; a delayed
-            # message is not in its queue yet): no watermark can prove it passed or pending,
-            # so it is lost once the stub is older than the group's expected latency (the
-            # reconciliation's rule too)
-            latency = self.policy.expected_latency.for_group(group)
-            return bool(row["created_at"] <= self.clock() - latency)
+            # where the copy landed is unknown (an Apache RocketMQ proxy names no queue; a
+            # delayed message is not in its queue yet): no watermark can prove it passed or
+            # pending, so it is lost once older than the group's expected latency
+            return self._overdue(row, group)
         if self.bounds is not None:
             high = self.bounds.max_offset(topic, queue_id)
             if high is not None and high <= offset:
                 return True  # the broker no longer holds that offset
-        if self.offsets is None or not group:
+        if not group:
             return False
+        if self.offsets is None:
+            # the queue is known but nothing can say how far the group got: the expected
+            # latency decides, as the certificate without committed offsets does, so
+            # silence never reads as "still coming"
+            return self._overdue(row, group)
         committed = self.offsets.committed_offset(group, topic, queue_id)
-        return committed is not None and committed > offset
+        return committed is not None and committed > offset  # none yet: not reached
+
+    def _overdue(self, row: RowMapping, group: str) -> bool:
+        """The stub is older than `group`'s expected latency (the age rule)."""
+        latency = self.policy.expected_latency.for_group(group)
+        return bool(row["created_at"] <= self.clock() - latency)
 
     def _resend(
         self, row: RowMapping, lost: list[str], *, to_topic: bool, result: Metrics

@@ -65,7 +65,8 @@ def register(subparsers: Any) -> None:
         "--offsets",
         metavar="MODULE:ATTR",
         help="object with committed_offset(group, topic, queue_id), or a factory; "
-        "without it only never-sent or broker-lost stubs are resent",
+        "default: the sender's broker when it is a reliable Producer, else none (a copy "
+        "is then judged by the expected latency)",
     )
     p.add_argument(
         "--bounds",
@@ -242,6 +243,8 @@ def _resend(args: argparse.Namespace) -> int:
         _stop_all(stops)
         engine.dispose()
         return ExitCode.USAGE
+    if offsets is None:
+        offsets = _offsets_of(sender)
     worker = ResendWorker(
         engine,
         tables,
@@ -306,6 +309,19 @@ def _resend(args: argparse.Namespace) -> int:
             endpoint.stop()
         _stop_all(stops)
         engine.dispose()
+
+
+def _offsets_of(sender: Any) -> Any:
+    """The committed offsets of the broker the sender reaches (a `reliable.Producer`'s
+    transport), so that a worker given no `--offsets` still judges a copy whose queue is
+    known by how far its group got; None when the sender offers none."""
+    transport = getattr(sender, "transport", None)
+    if not callable(getattr(transport, "query_offset", None)):
+        return None
+    from outbox.adapters import TransportOffsets
+
+    log.info("committed offsets: asked of the sender's broker (no --offsets given)")
+    return TransportOffsets(transport)
 
 
 def _distinct(*targets: Any) -> list[Any]:

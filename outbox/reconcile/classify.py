@@ -476,24 +476,35 @@ def classify(
             (offset >= high) | (offset < low), offset >= high, offset < low, F.lit(False)
         )
 
-    # a copy whose queue is unknown (a send over gRPC): no watermark or bound can speak
-    # for it, so it is overdue once the stub is older than the group's expected latency
+    # a copy whose queue is unknown (a send through an Apache RocketMQ proxy), or, when no
+    # committed offsets were given, one whose queue is known but for which the group has
+    # no watermark (no log row there): nothing can speak for it, so it is overdue once the
+    # stub is older than the group's expected latency (the resend worker's rule too). With
+    # offsets given, a group without one there has not reached the copy: backlogged.
+    judge_silence = inputs.offsets is None
     deadlines = [x for g, t in sorted(latency.groups.items()) for x in (F.lit(g), ts_lit(now - t))]
     default_deadline = ts_lit(now - latency.default)
 
     def overdue_for(g: Column) -> Column:
         pos = F.try_element_at(positions, g)
+        topic = F.coalesce(F.try_element_at(pos, F.lit(1)), F.col("topic"))
         queue = F.coalesce(
             F.try_element_at(pos, F.lit(2)).cast("int"), F.col("queue_id"), F.lit(-1)
         )
         offset = F.coalesce(F.try_element_at(pos, F.lit(3)).cast("bigint"), F.col("queue_offset"))
+        no_mark = (
+            F.try_element_at("wm", _wm_key(topic, queue.cast("string"), g)).isNull()
+            if judge_silence
+            else F.lit(False)
+        )
         deadline = (
             F.coalesce(F.try_element_at(F.create_map(*deadlines), g), default_deadline)
             if deadlines
             else default_deadline
         )
         return F.coalesce(
-            ((queue < 0) | (offset < 0)) & (F.col("created_at") < deadline), F.lit(False)
+            ((queue < 0) | (offset < 0) | no_mark) & (F.col("created_at") < deadline),
+            F.lit(False),
         )
 
     unlogged_sent = F.col("queue_offset").isNotNull() & (F.size("unlogged_groups") > 0)
@@ -571,7 +582,10 @@ def classify(
                 F.concat(
                     F.lit("not confirmed by "),
                     F.array_join("overdue_groups", ","),
-                    F.lit(" within the expected latency (queue unknown)"),
+                    F.when(
+                        F.coalesce(F.col("queue_id"), F.lit(-1)) < 0,
+                        F.lit(" within the expected latency (queue unknown)"),
+                    ).otherwise(F.lit(" within the expected latency (no offset for the group)")),
                 ),
             )
             .otherwise(F.concat(F.lit("passed by "), passed_txt, F.lit(" without a log row"))),

@@ -87,7 +87,10 @@ def test_worker_and_certificate_agree_on_copies_whose_queue_is_unknown(
         "backlog-slow-group": StubClass.BACKLOGGED,  # its group may take an hour
         "confirmed": StubClass.CONFIRMED,
         "in-processing": StubClass.IN_PROCESSING,  # the group logged it: it is on it
-        "known-queue": StubClass.BACKLOGGED,  # a known queue: the watermark rule stands
+        # a known queue, but no offset or log row says how far the group got: the
+        # latency decides there too, so silence never reads as "still coming"
+        "known-queue-old": StubClass.LOST,
+        "known-queue-young": StubClass.BACKLOGGED,
         "retry-copy-lost": StubClass.LOST,  # its retry-topic copy's queue is unknown
         "refused": StubClass.EXHAUSTED,  # the broker refused it: manual at once
     }
@@ -97,7 +100,8 @@ def test_worker_and_certificate_agree_on_copies_whose_queue_is_unknown(
         _stub("backlog-slow-group", groups="slow"),
         _stub("confirmed"),
         _stub("in-processing"),
-        _stub("known-queue", queue_id=0, offset=3),
+        _stub("known-queue-old", queue_id=0, offset=3),
+        _stub("known-queue-young", queue_id=0, offset=4, created=NEW),
         _stub(
             "retry-copy-lost",
             queue_id=0,
@@ -156,6 +160,9 @@ def test_worker_and_certificate_agree_on_copies_whose_queue_is_unknown(
     assert named["lost-old"].reason == (
         "not confirmed by billing within the expected latency (queue unknown)"
     )
+    assert named["known-queue-old"].reason == (
+        "not confirmed by billing within the expected latency (no offset for the group)"
+    )
     assert cert.manual == 1 and cert.backlogged == 3
 
     # the resend worker, at the same moment with the same latency, resends exactly those
@@ -165,7 +172,7 @@ def test_worker_and_certificate_agree_on_copies_whose_queue_is_unknown(
     )
     metrics = worker.run_once()
     assert sorted(sender.sent) == sorted(named)
-    assert (metrics.resent, metrics.backlogged, metrics.confirmed) == (2, 4, 1)
+    assert (metrics.resent, metrics.backlogged, metrics.confirmed) == (3, 4, 1)
 
 
 def test_the_latency_comes_from_the_command_line(capsys) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 import grpc
 
+from broker.config import with_default_port
 from broker.idle_poll import DEFAULT_MAX_US as DEFAULT_IDLE_POLL_US
 from broker.idle_poll import check_max_us
 from broker.names import dlq_topic, retry_topic
@@ -87,7 +88,7 @@ class GrpcSession:
         wire_endpoint: str | None = None,
         idle_poll_us: int = DEFAULT_IDLE_POLL_US,
     ) -> None:
-        self.endpoint = endpoint
+        self.endpoint = endpoint = with_default_port(endpoint)  # `host` means our port
         try:
             self._idle_poll_us = check_max_us(idle_poll_us)
         except ValueError as exc:

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from broker.config import with_default_port
 from reliable_cli.exit_codes import ExitCode
 
 
@@ -118,6 +119,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--endpoint",
         default=None,
+        type=with_default_port,
         metavar="HOST:PORT",
         help="a remote broker (RocketMQ 5 gRPC) instead of the embedded one",
     )

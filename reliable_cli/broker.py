@@ -236,6 +236,23 @@ def register(sub: Any) -> None:
         help="a slave's master (its --host and --ha-port)",
     )
     ha.add_argument(
+        "--ha-tls-ca",
+        type=Path,
+        default=None,
+        metavar="PEM",
+        help="a slave: dial its master's HA port over TLS and verify the master's "
+        "certificate against these CA certificates (a master serves its HA port over TLS "
+        "when it has --tls-cert/--tls-key)",
+    )
+    ha.add_argument(
+        "--ha-access-key",
+        default=None,
+        metavar="AK",
+        help="a slave: the access key of --credentials-file it proves to its master "
+        "(default: the file's first). With --credentials-file a master requires every "
+        "peer of its HA port to prove one, and proves it in turn",
+    )
+    ha.add_argument(
         "--ha-sync-timeout-ms",
         type=int,
         default=3000,
@@ -312,7 +329,7 @@ def start(args: argparse.Namespace) -> int:
         check_linger_ms(args.answer_linger_ms)
     except ValueError as exc:
         return _fail(f"--answer-batch/--answer-linger-ms: {exc}")
-    for path in (args.tls_cert, args.tls_key, args.credentials_file):
+    for path in (args.tls_cert, args.tls_key, args.credentials_file, args.ha_tls_ca):
         if path is not None and not path.is_file():
             return _fail(f"{path}: no such file")
     credentials: dict[str, str] = {}
@@ -354,7 +371,7 @@ def start(args: argparse.Namespace) -> int:
     if args.delay_levels:
         broker_kwargs["message_delay_level"] = args.delay_levels
     try:
-        ha_config = _ha_config(args)
+        ha_config = _ha_config(args, credentials)
     except ValueError as exc:
         return _fail(str(exc))
     if ha_config.role is HaRole.SLAVE:
@@ -579,16 +596,21 @@ def _cluster(args: argparse.Namespace, broker_id: int) -> Any:
     return cluster
 
 
-def _ha_config(args: argparse.Namespace) -> Any:
+def _ha_config(args: argparse.Namespace, credentials: dict[str, str]) -> Any:
     """The replication settings the options give (ValueError: a usage error)."""
     from broker.ha import HaConfig, HaRole
+    from broker.ha.auth import pick_access_key
     from broker.ha.config import parse_address
 
     role = HaRole(args.role)
     if role is HaRole.NONE:
         if args.master is not None:
             raise ValueError("--master is for --role slave")
+        if args.ha_tls_ca is not None or args.ha_access_key is not None:
+            raise ValueError("--ha-tls-ca and --ha-access-key are for a replication role")
         return HaConfig()
+    if args.ha_access_key is not None and not credentials:
+        raise ValueError("--ha-access-key needs --credentials-file")
     if role is HaRole.SLAVE and args.master is None:
         raise ValueError("--role slave needs --master HOST:HAPORT")
     if role is not HaRole.SLAVE and args.master is not None:
@@ -603,8 +625,22 @@ def _ha_config(args: argparse.Namespace) -> Any:
         sync_timeout_ms=args.ha_sync_timeout_ms,
         config_sync_ms=args.ha_config_sync_ms,
         master=parse_address(args.master) if args.master else None,
+        credentials=dict(credentials),
+        access_key=pick_access_key(credentials, args.ha_access_key),
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_ca=args.ha_tls_ca,
     )
     config.validate()
+    if args.ha_tls_ca is not None:
+        import ssl
+
+        from broker.ha.link import client_context
+
+        try:
+            client_context(args.ha_tls_ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"--ha-tls-ca {args.ha_tls_ca}: {exc}") from None
     return config
 
 

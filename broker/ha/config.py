@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 
 class HaRole(enum.Enum):
@@ -33,6 +34,16 @@ class HaConfig:
     reconnect_ms: int = 1000  # a slave's wait before dialling again
     config_sync_ms: int = 5000  # how often a master sends its topics, groups, offsets
     sync_timeout_ms: int = 3000  # SYNC_MASTER: longest wait for a slave's acknowledgement
+    # the link's security (docs/ha.md, "Who may replicate"): with access keys a master
+    # requires every peer to prove one, and a slave proves `access_key` and checks the
+    # master's proof; never printed
+    credentials: dict[str, str] = field(default_factory=dict, repr=False)
+    access_key: str | None = None  # a slave's key (None: it does not authenticate)
+    tls_cert: Path | None = None  # a master serves its HA port over TLS with these
+    tls_key: Path | None = None
+    tls_ca: Path | None = None  # a slave dials over TLS and verifies its master against it
+    handshake_timeout_ms: int = 5000  # a peer's hello, TLS and proofs take at most this
+    max_peers: int = 32  # connections a master's HA port holds at once, handshakes included
 
     def validate(self) -> None:
         if self.role is HaRole.SLAVE:
@@ -48,6 +59,15 @@ class HaConfig:
             raise ValueError("the sync timeout must be at least 1 ms")
         if self.max_chunk_bytes < 1:
             raise ValueError("max_chunk_bytes must be at least 1")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("a TLS certificate and its key go together")
+        if self.access_key is not None and self.access_key not in self.credentials:
+            raise ValueError(f"access key {self.access_key!r} is not among the credentials")
+
+    @property
+    def authenticates(self) -> bool:
+        """A master with access keys requires every peer to prove one."""
+        return bool(self.credentials)
 
 
 def parse_address(text: str) -> tuple[str, int]:

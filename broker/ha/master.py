@@ -17,10 +17,12 @@ import bisect
 import contextlib
 import enum
 import heapq
+import hmac
 import itertools
 import json
 import logging
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -28,23 +30,32 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.errors import BrokerError, ResponseCode
+from broker.ha.auth import RefusalLog, master_proof, nonce, secret_for, slave_proof
 from broker.ha.config import HaConfig
 from broker.ha.errors import NotReplicated
+from broker.ha.link import TlsLink, server_context
 from broker.ha.protocol import (
     ACTING_REPORT,
+    CHALLENGE_FRAME,
     CONFIG_FRAME,
     FRAME,
-    HELLO,
     HELLO_PROBE,
     LAG,
     LAG_FRAME,
     LENGTH,
-    MAX_FRAME,
+    MAX_ACTING_REPORT,
+    NONCE,
     POSITION_FRAME,
+    PROOF,
+    PROOF_FRAME,
     REPORT,
     HaProtocolError,
+    Hello,
+    Link,
+    VersionMismatch,
+    read_hello,
     recv_exact,
-    unpack_hello,
+    send_refusal,
 )
 from broker.ha.state import AckedCheckpoint, EpochHistory, epoch_end
 from broker.store.stats import Histogram
@@ -80,6 +91,16 @@ class SlaveState:
     sent_offset: int  # how far the master has sent it
     connected_ms: int
     last_report_ms: int
+
+
+class _Refused(Exception):
+    """A peer is refused at its handshake: `kind` and `why` for the log, `tell` for it."""
+
+    def __init__(self, kind: str, why: str, tell: str | None = None) -> None:
+        super().__init__(why)
+        self.kind = kind
+        self.why = why
+        self.tell = tell
 
 
 class HaMaster:
@@ -122,6 +143,11 @@ class HaMaster:
         # one, is taken before): see `HaNode.reads_ready`
         self.heard_from_slave = threading.Event()
         self.started = time.monotonic()
+        self.refusals = RefusalLog(log)  # each refused peer, once a minute per host and reason
+        self._tls: ssl.SSLContext | None = None
+        if config.tls_cert is not None and config.tls_key is not None:
+            self._tls = server_context(config.tls_cert, config.tls_key)
+        self._peers = 0  # connections held, handshakes included (at most max_peers)
 
     # --- lifecycle
     def start(self) -> None:
@@ -144,7 +170,13 @@ class HaMaster:
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
-        log.info("replication: listening on %s:%d", self.config.host, self.port)
+        log.info(
+            "replication: listening on %s:%d (%s, %s)",
+            self.config.host,
+            self.port,
+            "TLS" if self._tls is not None else "plaintext",
+            "access keys required" if self.config.authenticates else "no authentication",
+        )
 
     def stop(self) -> None:
         self._stopped.set()
@@ -341,9 +373,20 @@ class HaMaster:
                 continue
             except OSError:
                 return
+            address = f"{addr[0]}:{addr[1]}"
+            with self._lock:
+                full = self._peers >= self.config.max_peers
+                if not full:
+                    self._peers += 1
+            if full:
+                sock.close()
+                self.refusals.refused(
+                    address, "busy", f"{self.config.max_peers} connections held already"
+                )
+                continue
             t = threading.Thread(
                 target=self._serve,
-                args=(sock, f"{addr[0]}:{addr[1]}"),
+                args=(sock, address),
                 name="ha-slave",
                 daemon=True,
             )
@@ -351,25 +394,48 @@ class HaMaster:
             self._threads = [x for x in self._threads if x.is_alive()] + [t]
 
     def _serve(self, sock: socket.socket, address: str) -> None:
-        cfg = self.config
         try:
-            sock.settimeout(cfg.idle_timeout_ms / 1000)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            kind, offset, slave_id, epoch = unpack_hello(recv_exact(sock, HELLO.size))
-            if kind == HELLO_PROBE:
+            self._serve_peer(sock, address)
+        finally:
+            with self._lock:
+                self._peers -= 1
+
+    def _serve_peer(self, raw: socket.socket, address: str) -> None:
+        cfg = self.config
+        sock: Link = raw
+        try:
+            raw.settimeout(cfg.handshake_timeout_ms / 1000)
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._tls is not None:
+                link = TlsLink(raw, self._tls, server_side=True)
+                try:
+                    link.handshake()
+                except ssl.SSLError as exc:
+                    raise _Refused("tls", f"TLS handshake failed: {exc}") from None
+                sock = link
+            hello = self._handshake(sock)
+            if hello.kind == HELLO_PROBE:
                 self._send_position(sock, None)
                 sock.close()
                 return
-            refused = self._refusal(offset, epoch)
+            refused = self._refusal(hello.offset, hello.epoch)
             if refused is not None:
                 self._send_position(sock, refused)
-                raise HaProtocolError(refused)
-            start = self._start_offset(offset)
-        except (HaProtocolError, OSError) as exc:
-            log.warning("replication: slave %s refused: %s", address, exc)
+                raise _Refused("history", refused)
+            start = self._start_offset(hello.offset)
+            sock.settimeout(cfg.idle_timeout_ms / 1000)
+        except _Refused as exc:
+            self.refusals.refused(address, exc.kind, exc.why)
+            if exc.tell is not None:
+                send_refusal(sock, exc.tell)
+            sock.close()
+            return
+        except (HaProtocolError, OSError, ssl.SSLError) as exc:
+            self.refusals.refused(address, "protocol", str(exc) or type(exc).__name__)
             sock.close()
             return
         now = int(time.time() * 1000)
+        offset, slave_id = hello.offset, hello.broker_id
         state = SlaveState(address, slave_id, offset, offset, start, now, now)
         conn = _SlaveConnection(sock, state)
         with self._lock:
@@ -388,8 +454,8 @@ class HaMaster:
         reader.start()
         try:
             self._write(conn, start)
-        except (HaProtocolError, OSError) as exc:
-            if not self._stopped.is_set():
+        except (HaProtocolError, OSError, ssl.SSLError) as exc:
+            if not self._stopped.is_set() and not conn.violated:
                 log.warning("replication: slave %s dropped: %s", address, exc)
         finally:
             conn.close()
@@ -398,10 +464,54 @@ class HaMaster:
                 self._conns.pop(key, None)
                 self._acked.notify_all()
 
+    def _handshake(self, sock: Link) -> Hello:
+        """Read the peer's hello and, with access keys, check its proof and prove this
+        master's (`broker.ha.auth`); `_Refused` when it may not replicate."""
+        cfg = self.config
+        try:
+            hello = read_hello(sock)
+        except VersionMismatch as exc:
+            raise _Refused("version", str(exc), tell=str(exc)) from None
+        secret = ""
+        challenge = proof = b""
+        if cfg.authenticates:
+            key = hello.access_key
+            if not key:
+                raise _Refused(
+                    "auth",
+                    "it offered no access key",
+                    tell="this master requires an access key (--credentials-file)",
+                )
+            secret, known = secret_for(cfg.credentials, key)
+            challenge = nonce()
+            sock.sendall(FRAME.pack(CHALLENGE_FRAME, NONCE) + challenge)
+            proof = recv_exact(sock, PROOF)
+            good = hmac.compare_digest(proof, slave_proof(secret, hello.raw, challenge))
+            if not (good and known):
+                why = "wrong proof for" if known else "unknown"
+                raise _Refused(
+                    "auth", f"{why} access key {key[:64]!r}", tell="authentication failed"
+                )
+        elif hello.access_key:
+            raise _Refused(
+                "auth",
+                "it authenticates, and this master has no access keys",
+                tell="this master has no access keys (--credentials-file) to prove itself with",
+            )
+        if hello.group != cfg.broker_name:
+            why = (
+                f"it is of broker group {hello.group[:64]!r}; this master is of {cfg.broker_name!r}"
+            )
+            raise _Refused("group", why, tell=why)
+        if cfg.authenticates:
+            mine = master_proof(secret, hello.raw, challenge, proof)
+            sock.sendall(FRAME.pack(PROOF_FRAME, PROOF) + mine)
+        return hello
+
     def _history(self) -> list[tuple[int, int]]:
         return self.epochs.entries if self.epochs is not None else [(1, 0)]
 
-    def _send_position(self, sock: socket.socket, refused: str | None) -> None:
+    def _send_position(self, sock: Link, refused: str | None) -> None:
         """The position frame: this log's ends and epochs (and why a slave is refused)."""
         cl = self.store.commitlog
         body: dict[str, Any] = {
@@ -468,9 +578,10 @@ class HaMaster:
             conn.wake.clear()
             data = store.read_replica(offset, cfg.max_chunk_bytes)
             if data:
-                conn.sock.sendall(FRAME.pack(offset, len(data)) + data)
                 offset += len(data)
+                # before the bytes leave: the slave may report them before sendall returns
                 conn.state.sent_offset = offset
+                conn.sock.sendall(FRAME.pack(offset - len(data), len(data)) + data)
                 continue
             if not conn.wake.wait(heartbeat_s):
                 conn.sock.sendall(FRAME.pack(store.commitlog.get_max_offset(), 0))
@@ -481,11 +592,21 @@ class HaMaster:
                 (offset,) = REPORT.unpack(recv_exact(conn.sock, REPORT.size))
                 if offset == ACTING_REPORT:
                     (length,) = LENGTH.unpack(recv_exact(conn.sock, LENGTH.size))
-                    if length > MAX_FRAME:
-                        raise HaProtocolError(f"an acting report of {length} bytes")
+                    if length > MAX_ACTING_REPORT:
+                        raise self._violation(
+                            conn,
+                            f"an acting report of {length} bytes (at most {MAX_ACTING_REPORT})",
+                        )
                     self._take_acting(conn, recv_exact(conn.sock, length))
                     self.heard_from_slave.set()
                     continue
+                if not 0 <= offset <= conn.state.sent_offset:
+                    # it cannot have what it was not sent: nothing of this link counts
+                    raise self._violation(
+                        conn,
+                        f"it reported having the log up to {offset}, but was sent it only "
+                        f"up to {conn.state.sent_offset}",
+                    )
                 self.heard_from_slave.set()
                 with self._acked:
                     conn.state.acked_offset = max(conn.state.acked_offset, offset)
@@ -495,10 +616,16 @@ class HaMaster:
                     self._acked.notify_all()
                     if self._waiters:
                         self._release(conn.state.acked_offset)
-        except (HaProtocolError, OSError, ValueError):
+        except (HaProtocolError, OSError, ValueError, ssl.SSLError):
             pass
         finally:
             conn.close()
+
+    def _violation(self, conn: _SlaveConnection, why: str) -> HaProtocolError:
+        """A slave broke the protocol: logged (rate-limited), its link dropped."""
+        conn.violated = True
+        self.refusals.refused(conn.state.address, "violation", why)
+        return HaProtocolError(why)
 
     def _take_acting(self, conn: _SlaveConnection, data: bytes) -> None:
         sink = self.acting_sink
@@ -522,11 +649,12 @@ class HaMaster:
 
 
 class _SlaveConnection:
-    def __init__(self, sock: socket.socket, state: SlaveState) -> None:
+    def __init__(self, sock: Link, state: SlaveState) -> None:
         self.sock = sock
         self.state = state
         self.wake = threading.Event()
         self.closed = False
+        self.violated = False  # dropped for a protocol violation (logged as one)
 
     def close(self) -> None:
         if not self.closed:

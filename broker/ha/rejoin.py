@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,9 +66,14 @@ def plan_rejoin(
         return None
     try:
         answer = probe(
-            config.master, end, broker_id=config.broker_id, epoch=epochs.last, timeout_s=timeout_s
+            config.master,
+            end,
+            broker_id=config.broker_id,
+            epoch=epochs.last,
+            timeout_s=timeout_s,
+            config=config,
         )
-    except (OSError, HaProtocolError, ValueError) as exc:
+    except (OSError, HaProtocolError, ValueError, ssl.SSLError) as exc:
         log.warning(
             "replication: cannot ask the master %s:%d where its log ends (%s); "
             "replicating without a rejoin check",

@@ -10,6 +10,7 @@ again from wherever this log ends (the master resends from there).
 from __future__ import annotations
 
 import contextlib
+import hmac
 import json
 import logging
 import socket
@@ -18,21 +19,30 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from broker.ha.auth import master_proof, nonce, slave_proof
 from broker.ha.config import HaConfig
+from broker.ha.link import TlsLink, client_context
 from broker.ha.protocol import (
     ACTING_REPORT,
+    CHALLENGE_FRAME,
     CONFIG_FRAME,
-    FRAME,
     HELLO_PROBE,
+    HELLO_STREAM,
     LAG,
     LAG_FRAME,
     LENGTH,
-    MAX_FRAME,
+    MAX_CONFIG,
+    MAX_POSITION,
+    NONCE,
     POSITION_FRAME,
+    PROOF,
+    PROOF_FRAME,
     REPORT,
     HaProtocolError,
+    Link,
+    MasterRefused,
     pack_hello,
-    recv_exact,
+    recv_frame,
 )
 from broker.ha.state import EpochHistory, parse_epochs
 from broker.store.config import FlushMode
@@ -57,7 +67,7 @@ class HaSlave:
         self.refused = ""  # why the master refused this slave last, if it did
         self.master = config.master
         self._stopped = threading.Event()
-        self._sock: socket.socket | None = None
+        self._sock: Link | None = None
         self._thread = threading.Thread(target=self._run, name="ha-slave", daemon=True)
         self.connected = False
         self.master_max_offset = -1  # the master's log end, from its last heartbeat/frame
@@ -145,7 +155,7 @@ class HaSlave:
             return
         self.config_synced_ms = int(time.time() * 1000)
 
-    def _report_acting(self, sock: socket.socket) -> None:
+    def _report_acting(self, sock: Link) -> None:
         source = self.acting_source
         report = source() if source is not None else None
         if report is None:
@@ -157,32 +167,33 @@ class HaSlave:
     def _session(self) -> None:
         cfg = self.config
         store = self.store
-        sock = socket.create_connection(self.master, timeout=cfg.idle_timeout_ms / 1000)
-        self._sock = sock
-        if self._stopped.is_set():
-            return
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         end = store.get_commitlog_max_offset()
         epoch = self.epochs.last if self.epochs is not None else (1, 0)
-        sock.sendall(pack_hello(end, broker_id=cfg.broker_id, epoch=epoch))
+        try:
+            sock = dial(cfg, self.master, end, epoch, on_socket=self._keep)
+        except MasterRefused as exc:
+            self.refused = exc.why
+            raise
+        if self._stopped.is_set():
+            return
         self.connected = True
         log.info("replication: connected to %s:%d, this log ends at %d", *self.master, end)
         self._report_acting(sock)
         sync = store.config.flush_mode is FlushMode.SYNC_FLUSH
         heartbeat_s = cfg.heartbeat_ms / 1000
         last_report = time.monotonic()
+        # a frame of records is at most one commitlog file: a longer length is not a frame
+        limits = {CONFIG_FRAME: MAX_CONFIG, POSITION_FRAME: MAX_POSITION, LAG_FRAME: LAG.size}
+        records = store.config.mapped_file_size_commitlog
         while not self._stopped.is_set():
-            offset, length = FRAME.unpack(recv_exact(sock, FRAME.size))
+            offset, data = recv_frame(sock, limits, records)
             self.last_frame_ms = int(time.time() * 1000)
-            if length == 0:  # a heartbeat: the master's log end
+            if not data and offset >= 0:  # a heartbeat: the master's log end
                 self.master_max_offset = offset
                 if time.monotonic() - last_report >= heartbeat_s / 2:
                     sock.sendall(REPORT.pack(store.get_commitlog_max_offset()))
                     last_report = time.monotonic()
                 continue
-            if length > MAX_FRAME:
-                raise HaProtocolError(f"a frame of {length} bytes")
-            data = recv_exact(sock, length)
             if offset == CONFIG_FRAME:
                 self._apply_config(data)
                 self._report_acting(sock)  # again while the master's offsets lack some
@@ -192,8 +203,10 @@ class HaSlave:
                 continue
             if offset == POSITION_FRAME:  # refused: this log does not continue the master's
                 self.connected = False
-                self.refused = str(json.loads(data).get("refused", "refused"))
-                raise HaProtocolError(f"the master refused this slave: {self.refused}")
+                self.refused = _refusal_of(data)
+                raise MasterRefused(self.refused)
+            if offset < 0:
+                raise HaProtocolError(f"an unknown frame (offset {offset})")
             self.refused = ""
             end = store.append_replica(offset, data)
             self.master_max_offset = max(self.master_max_offset, end)
@@ -201,6 +214,82 @@ class HaSlave:
                 raise HaProtocolError(f"this store did not fsync up to {end} in time")
             sock.sendall(REPORT.pack(end))
             last_report = time.monotonic()
+
+    def _keep(self, sock: socket.socket) -> None:
+        self._sock = sock  # stop() shuts it down, mid-handshake too
+
+
+def _refusal_of(data: bytes) -> str:
+    try:
+        body = json.loads(data)
+    except ValueError:
+        return "refused"
+    return str(body.get("refused", "refused")) if isinstance(body, dict) else "refused"
+
+
+def dial(
+    config: HaConfig,
+    master: tuple[str, int],
+    end: int,
+    epoch: tuple[int, int],
+    *,
+    kind: int = HELLO_STREAM,
+    timeout_s: float | None = None,
+    on_socket: Callable[[socket.socket], None] | None = None,
+) -> Link:
+    """Connect to `master`, over TLS when `config.tls_ca` is set, say hello, and with
+    an access key prove it and check the master's proof (`broker.ha.auth`). The link,
+    ready for the master's frames; HaProtocolError (the master's refusal, or a master
+    that did not prove itself), ssl.SSLError or OSError when it cannot."""
+    timeout = timeout_s if timeout_s is not None else config.idle_timeout_ms / 1000
+    raw = socket.create_connection(master, timeout=timeout)
+    if on_socket is not None:
+        on_socket(raw)
+    sock: Link = raw
+    try:
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if config.tls_ca is not None:
+            link = TlsLink(
+                raw, client_context(config.tls_ca), server_side=False, server_hostname=master[0]
+            )
+            link.handshake()
+            sock = link
+        key = config.access_key
+        hello = pack_hello(
+            end,
+            broker_id=config.broker_id,
+            epoch=epoch,
+            kind=kind,
+            group=config.broker_name,
+            access_key=key or "",
+            nonce=nonce(),
+        )
+        sock.sendall(hello)
+        if key is not None:
+            secret = config.credentials[key]
+            offset, data = recv_frame(
+                sock, {CHALLENGE_FRAME: NONCE, POSITION_FRAME: MAX_POSITION}, 0
+            )
+            if offset == POSITION_FRAME:
+                raise MasterRefused(_refusal_of(data))
+            if offset != CHALLENGE_FRAME or len(data) != NONCE:
+                raise HaProtocolError("the master did not ask this slave to authenticate")
+            mine = slave_proof(secret, hello, data)
+            sock.sendall(mine)
+            offset, proof = recv_frame(sock, {PROOF_FRAME: PROOF, POSITION_FRAME: MAX_POSITION}, 0)
+            if offset == POSITION_FRAME:
+                raise MasterRefused(_refusal_of(proof))
+            expected = master_proof(secret, hello, data, mine)
+            if offset != PROOF_FRAME or not hmac.compare_digest(proof, expected):
+                raise HaProtocolError(
+                    f"the master at {master[0]}:{master[1]} did not prove it holds access "
+                    f"key {key!r}: not this group's master"
+                )
+        sock.settimeout(config.idle_timeout_ms / 1000)
+        return sock
+    except BaseException:
+        sock.close()
+        raise
 
 
 def probe(
@@ -210,15 +299,24 @@ def probe(
     broker_id: int,
     epoch: tuple[int, int],
     timeout_s: float = 5.0,
+    config: HaConfig | None = None,
 ) -> dict[str, Any]:
     """Ask a master where its log ends and what its epochs are (one position frame):
-    `{"max_offset", "min_offset", "epochs"}`. OSError/HaProtocolError when it cannot."""
-    with socket.create_connection(master, timeout=timeout_s) as sock:
-        sock.sendall(pack_hello(end, broker_id=broker_id, epoch=epoch, kind=HELLO_PROBE))
-        offset, length = FRAME.unpack(recv_exact(sock, FRAME.size))
-        if offset != POSITION_FRAME or length > MAX_FRAME:
-            raise HaProtocolError(f"expected a position frame, got offset {offset}")
-        answer = json.loads(recv_exact(sock, length))
+    `{"max_offset", "min_offset", "epochs"}`. OSError/HaProtocolError when it cannot.
+    `config`: the link's security (TLS, access key) and group, as the slave's."""
+    import dataclasses
+
+    cfg = dataclasses.replace(config or HaConfig(), broker_id=broker_id)
+    sock = dial(cfg, master, end, epoch, kind=HELLO_PROBE, timeout_s=timeout_s)
+    try:
+        offset, data = recv_frame(sock, {POSITION_FRAME: MAX_POSITION}, 0)
+    finally:
+        sock.close()
+    if offset != POSITION_FRAME:
+        raise HaProtocolError(f"expected a position frame, got offset {offset}")
+    answer = json.loads(data)
+    if isinstance(answer, dict) and "refused" in answer and "max_offset" not in answer:
+        raise MasterRefused(str(answer["refused"]))
     if not isinstance(answer, dict) or not isinstance(answer.get("max_offset"), int):
         raise HaProtocolError("a malformed position frame")
     answer["epochs"] = parse_epochs(answer.get("epochs"))

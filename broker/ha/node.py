@@ -28,7 +28,7 @@ from broker.ha.config import HaConfig, HaRole
 from broker.ha.errors import PromotionRefused
 from broker.ha.master import HaMaster
 from broker.ha.slave import HaSlave
-from broker.ha.state import AckedCheckpoint, EpochHistory
+from broker.ha.state import AckedCheckpoint, EpochHistory, save_role
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,14 @@ class HaNode:
         return slave
 
     def start(self) -> None:
+        self._save_role()
         self.replication.start()
+
+    def _save_role(self) -> None:
+        """What a stopped store says it is (`reliable admin broker status --store`)."""
+        cfg = self.config
+        master = f"{cfg.master[0]}:{cfg.master[1]}" if cfg.master else None
+        save_role(self._store_dir, cfg.role.value, cfg.broker_name, cfg.broker_id, master)
 
     def reads_ready(self) -> bool:
         """A master serves receives once a slave has been heard from since it started, or
@@ -145,6 +152,7 @@ class HaNode:
             self.broker.promote()
             self.config = config
             self.replication = master
+            self._save_role()
             self.promoted_ms = int(time.time() * 1000)
             for hook in self.on_promoted:
                 hook(master)

@@ -13,6 +13,11 @@ broker while it was a master, written as the acknowledgements arrive and before 
 SYNC_MASTER send waiting for one is answered (16 bytes: offset, CRC32; fsynced every
 second and at shutdown). Bytes below it were confirmed as replicated: a rejoin that would
 cut them is refused.
+
+**Role** (`role.json`): the role this store was last run with (`{"role", "broker_name",
+"broker_id", "master"}`), written as a broker with a replication role starts and at a
+promotion, so a stopped store still says what it was (`reliable admin broker status
+--store`).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from broker.store.durable_write import write_atomically
 HA_DIR = "ha"
 EPOCHS_FILE = "epochs.json"
 ACKED_FILE = "acked"
+ROLE_FILE = "role.json"
 _ACKED = struct.Struct(">qI")
 
 Epoch = tuple[int, int]  # (epoch, start offset)
@@ -187,3 +193,33 @@ def read_acked(store_dir: Path) -> int:
     if zlib.crc32(offset.to_bytes(8, "big", signed=True)) != crc:
         raise RejoinRefused(f"{path}: checksum mismatch; what slaves acknowledged is unknown")
     return int(offset)
+
+
+def save_role(
+    store_dir: Path, role: str, broker_name: str, broker_id: int, master: str | None
+) -> None:
+    """Record the role this store runs with (see the module docstring)."""
+    path = ha_dir(store_dir) / ROLE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {"role": role, "broker_name": broker_name, "broker_id": broker_id, "master": master}
+    write_atomically(path, json.dumps(body).encode())
+
+
+def stored_status(store_dir: Path, max_offset: int) -> dict[str, object]:
+    """`HaStatus` of a stopped store: the role it last ran with (`none` when it never
+    ran with one), its log end, epochs and acknowledged offset."""
+    out: dict[str, object] = {"role": "none", "running": False, "max_offset": max_offset}
+    try:
+        saved = json.loads((ha_dir(store_dir) / ROLE_FILE).read_text())
+    except (OSError, ValueError):
+        saved = None
+    if isinstance(saved, dict) and isinstance(saved.get("role"), str):
+        out.update({k: saved.get(k) for k in ("role", "broker_name", "broker_id", "master")})
+    if (ha_dir(store_dir) / EPOCHS_FILE).exists():
+        out["epochs"] = [list(e) for e in EpochHistory(store_dir).entries]
+    try:
+        acked = read_acked(store_dir)
+    except RejoinRefused:
+        acked = None
+    out["acked_checkpoint"] = acked if acked is None or acked >= 0 else None
+    return out

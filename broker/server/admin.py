@@ -30,7 +30,9 @@ it, a group's first receive starts at the queue's start while nothing was cleane
 
 `HaStatus` is the broker's replication state (docs/ha.md): its role, its commitlog end,
 and for a master each connected slave's acknowledged offset and lag in bytes, for a slave
-its master and its lag; `{"role": "none"}` for a single broker (and for `--store`).
+its master and its lag; `{"role": "none"}` for a single broker; for `--store`, the role
+the store last ran with (`<store>/ha/role.json`), its log end, epochs and acknowledged
+offset, and `"running": false`.
 `PromoteBroker` turns a running slave into the master of its group (`broker.ha.node`);
 a refusal is `FORBIDDEN` with a `reason` (`not-a-slave`, `not-caught-up`,
 `master-alive`, `ha-port`).
@@ -136,10 +138,17 @@ class AdminOps:
             "ListParkedGroups": self.list_parked,
             "UnparkMessageGroup": self.unpark,
             "MakeGroupFifo": self.make_group_fifo,
-            "HaStatus": lambda params: {"role": "none"},
+            "HaStatus": self._stored_ha_status,
             "PromoteBroker": self._no_promotion,
         }
         self.methods.update(operator_methods(broker))
+
+    def _stored_ha_status(self, params: dict[str, Any]) -> dict[str, Any]:
+        """A stopped store: the role it last ran with (`broker.ha.state.stored_status`)."""
+        from broker.ha.state import stored_status
+
+        store = self.broker.store
+        return stored_status(store.config.store_dir, store.get_commitlog_max_offset())
 
     @staticmethod
     def _no_promotion(params: dict[str, Any]) -> Any:

@@ -5,13 +5,14 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint bench soak system packages services clean help
+.PHONY: demo test lint bench soak system packages services clean help rocketmq
 
 help:
 	@echo "make demo   - run the end-to-end demo on embedded defaults"
 	@echo "make test   - install everything needed and run the test suite"
 	@echo "make lint   - ruff, mypy (strict) and the layering contract (lint-imports)"
 	@echo "make bench  - run the benchmarks and print a table"
+	@echo "make rocketmq - run Apache RocketMQ 5 (name server, broker, proxy) here until Ctrl-C"
 
 # the system packages first: the install compiles broker/store/_recordpack.c against them
 $(STAMP): pyproject.toml setup.py broker/store/_recordpack.c | packages
@@ -36,13 +37,17 @@ test: $(STAMP) system
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff format --check broker reliable reliable_cli outbox idempotency bench tests examples scripts
-	$(VENV)/bin/ruff check broker reliable reliable_cli outbox idempotency bench tests examples scripts
-	$(VENV)/bin/mypy broker reliable outbox idempotency reliable_cli
+	$(VENV)/bin/ruff format --check broker reliable reliable_cli outbox idempotency bench tests examples scripts apache_rocketmq
+	$(VENV)/bin/ruff check broker reliable reliable_cli outbox idempotency bench tests examples scripts apache_rocketmq
+	$(VENV)/bin/mypy broker reliable outbox idempotency reliable_cli apache_rocketmq
 	$(VENV)/bin/lint-imports
 
 bench: $(STAMP)
 	$(PY) -m bench all
+
+# Apache RocketMQ 5 from Maven Central's jars (docs/rocketmq.md); prints its gRPC endpoint
+rocketmq: $(STAMP) packages
+	$(PY) -m apache_rocketmq run $(ROCKETMQ_ARGS)
 
 soak: $(STAMP) system
 	$(PY) -m pytest tests/chaos tests/fuzz -m "chaos or fuzz" --soak --timeout=3600 -s -n0 $(PYTEST_ARGS)

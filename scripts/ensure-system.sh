@@ -22,11 +22,14 @@ as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 # database and cache servers for the integration tests, a C compiler and libdeflate for the
 # store's compiled record packer (broker/store/_recordpack.c; zlib when libdeflate is absent),
 # a headless browser with its driver for the console's browser tests (tests/e2e/console),
+# Maven for Apache RocketMQ's jars (the interop tests),
 # and RabbitMQ and NATS, the peers the bench measures beside us.
 packages=(libpostgresql-jdbc-java libxerial-sqlite-jdbc-java libmariadb-java libdeflate-dev
           chromium chromium-driver)
 command -v gcc >/dev/null 2>&1 || packages+=(gcc)
 command -v java >/dev/null 2>&1 || packages+=(openjdk-17-jre-headless)
+# Maven resolves Apache RocketMQ's jars for the interop tests (apache_rocketmq/pom.xml)
+command -v mvn >/dev/null 2>&1 || packages+=(maven)
 command -v redis-server >/dev/null 2>&1 || packages+=(redis-server)
 command -v pg_ctlcluster >/dev/null 2>&1 || packages+=(postgresql)
 command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || packages+=(mariadb-server)

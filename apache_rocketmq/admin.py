@@ -1,0 +1,137 @@
+"""Topics and consumer groups on an Apache RocketMQ broker, over its remoting protocol.
+
+The 5.x proxy routes only to topics the name server knows and serves only consumer groups
+the broker knows (its Settings answer "group not found" otherwise), so the interop tests
+create both first. This is what `mqadmin updateTopic` / `updateSubGroup` send, without
+starting a JVM per call.
+
+A remoting frame (big-endian):
+
+    +--------------+---------------------------+-------------+--------+
+    | length (4 B) | 0x00 | header length (3 B)| JSON header | body   |
+    +--------------+---------------------------+-------------+--------+
+      length counts everything after itself; the byte 0x00 says "JSON header".
+
+The header is `{"code", "language", "version", "opaque", "flag", "extFields"}`; every
+`extFields` value is a string. A response carries the same opaque, `code` 0 for success
+and `remark` for the reason otherwise.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import json
+import socket
+import struct
+from typing import Any
+
+UPDATE_AND_CREATE_TOPIC = 17
+UPDATE_AND_CREATE_SUBSCRIPTIONGROUP = 200
+_SUCCESS = 0
+_HEADER_TYPE_JSON = 0
+_PERM_READ_WRITE = 6
+_opaque = itertools.count(1)
+
+
+class MessageType(enum.Enum):
+    """A 5.x topic's `message.type` attribute: the proxy refuses a send of another type."""
+
+    NORMAL = "NORMAL"
+    FIFO = "FIFO"
+    DELAY = "DELAY"
+    TRANSACTION = "TRANSACTION"
+    MIXED = "MIXED"
+
+
+class AdminError(RuntimeError):
+    """The broker refused an admin request, or could not be reached."""
+
+
+def _read_exactly(sock: socket.socket, n: int) -> bytes:
+    chunks = bytearray()
+    while len(chunks) < n:
+        chunk = sock.recv(n - len(chunks))
+        if not chunk:
+            raise AdminError("the broker closed the connection mid-answer")
+        chunks += chunk
+    return bytes(chunks)
+
+
+def call(
+    address: tuple[str, int],
+    code: int,
+    ext_fields: dict[str, str],
+    body: bytes = b"",
+    *,
+    timeout_s: float = 10.0,
+) -> dict[str, Any]:
+    """One request, one answer; raises AdminError unless the answer's code is success."""
+    opaque = next(_opaque)
+    header = json.dumps(
+        {
+            "code": code,
+            "language": "PYTHON",
+            "version": 0,
+            "opaque": opaque,
+            "flag": 0,
+            "extFields": ext_fields,
+        }
+    ).encode()
+    frame = struct.pack(">I", (_HEADER_TYPE_JSON << 24) | len(header)) + header + body
+    try:
+        with socket.create_connection(address, timeout=timeout_s) as sock:
+            sock.sendall(struct.pack(">I", len(frame)) + frame)
+            (length,) = struct.unpack(">I", _read_exactly(sock, 4))
+            answer = _read_exactly(sock, length)
+    except OSError as exc:
+        raise AdminError(f"broker {address[0]}:{address[1]}: {exc}") from exc
+    (marked,) = struct.unpack(">I", answer[:4])
+    reply: dict[str, Any] = json.loads(answer[4 : 4 + (marked & 0xFFFFFF)])
+    if reply.get("code") != _SUCCESS:
+        raise AdminError(f"request {code} refused: {reply.get('code')} {reply.get('remark')}")
+    return reply
+
+
+def create_topic(
+    address: tuple[str, int],
+    topic: str,
+    message_type: MessageType = MessageType.NORMAL,
+    *,
+    queues: int = 4,
+) -> None:
+    """Create (or update) `topic` with `queues` read and write queues of one message type."""
+    call(
+        address,
+        UPDATE_AND_CREATE_TOPIC,
+        {
+            "topic": topic,
+            "defaultTopic": "TBW102",
+            "readQueueNums": str(queues),
+            "writeQueueNums": str(queues),
+            "perm": str(_PERM_READ_WRITE),
+            "topicFilterType": "SINGLE_TAG",
+            "topicSysFlag": "0",
+            "order": "false",
+            "attributes": f"+message.type={message_type.value}",
+        },
+    )
+
+
+def create_group(
+    address: tuple[str, int], group: str, *, orderly: bool = False, retry_max_times: int = 16
+) -> None:
+    """Create (or update) a consumer group; `orderly` makes the proxy deliver it FIFO."""
+    config = {
+        "groupName": group,
+        "consumeEnable": True,
+        "consumeFromMinEnable": True,
+        "consumeBroadcastEnable": True,
+        "consumeMessageOrderly": orderly,
+        "retryQueueNums": 1,
+        "retryMaxTimes": retry_max_times,
+        "brokerId": 0,
+        "whichBrokerWhenConsumeSlowly": 1,
+        "notifyConsumerIdsChangedEnable": True,
+    }
+    call(address, UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, {}, json.dumps(config).encode())

@@ -1,0 +1,462 @@
+"""A local Apache RocketMQ 5 cluster: a name server and a proxy with its broker embedded.
+
+Two JVMs, started from the jars `runtime.ensure_lib()` resolves:
+
+    name server  (NamesrvStartup)             127.0.0.1:<namesrv>
+    proxy        (ProxyStartup -pm local)     127.0.0.1:<grpc>      the endpoint clients use
+      └ broker   (in the proxy's JVM)         127.0.0.1:<broker>    remoting, admin requests
+                                              127.0.0.1:<broker-2>  its "fast" remoting port
+                                              127.0.0.1:<ha>        replication (unused)
+               proxy remoting                 127.0.0.1:<remoting>
+
+Every port is a free loopback port unless given; everything the cluster writes (store,
+configuration, logs) is under one directory. It is sized for tests: small heaps, the
+serial collector, 64 MiB commitlog files, and the proxy's caches refreshed every second
+so that a topic or group made a moment ago is served.
+
+`RocketMQCluster.start(directory)` returns once the proxy has answered a QueryRoute over
+gRPC for a topic the broker registered; `stop()` ends both JVMs and deletes the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import TracebackType
+
+from apache_rocketmq import admin
+from apache_rocketmq.admin import MessageType
+from apache_rocketmq.runtime import RuntimeUnavailable, ensure_lib, pinned_version
+
+HOST = "127.0.0.1"
+STATE_FILE = "cluster.json"
+READY_TOPIC = "reliable_ready"
+MiB = 1024 * 1024
+
+# Heap sizes (MiB). The proxy's JVM holds the broker too.
+NAMESRV_HEAP_MB = 96
+PROXY_HEAP_MB = 320
+
+
+class ClusterError(RuntimeError):
+    """The cluster did not start, or stopped while it was being used."""
+
+
+class NotStarted(ClusterError):
+    """No cluster was started in this directory (no state file)."""
+
+
+@dataclass(frozen=True)
+class Ports:
+    namesrv: int
+    broker: int  # the broker also listens on broker - 2 (its fast remoting server)
+    ha: int
+    grpc: int
+    remoting: int
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return False
+        return True
+
+
+def _free_port(taken: set[int]) -> int:
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((HOST, 0))
+            port = int(sock.getsockname()[1])
+        if port not in taken:
+            taken.add(port)
+            return port
+
+
+def pick_ports(grpc: int = 0) -> Ports:
+    taken: set[int] = {grpc} if grpc else set()
+    namesrv = _free_port(taken)
+    while True:  # the broker needs its port and the one two below it
+        broker = _free_port(taken)
+        if broker > 1026 and broker - 2 not in taken and _bindable(broker - 2):
+            taken.add(broker - 2)
+            break
+    return Ports(
+        namesrv=namesrv,
+        broker=broker,
+        ha=_free_port(taken),
+        grpc=grpc or _free_port(taken),
+        remoting=_free_port(taken),
+    )
+
+
+def _java() -> str:
+    home = os.environ.get("JAVA_HOME")
+    if home and os.access(Path(home, "bin", "java"), os.X_OK):
+        return str(Path(home, "bin", "java"))
+    found = shutil.which("java")
+    if found is None:
+        raise RuntimeUnavailable("Java is not installed (scripts/ensure-system.sh installs it)")
+    return found
+
+
+def _jvm_options(heap_mb: int, directory: Path, lib: Path) -> list[str]:
+    return [
+        f"-Xms{heap_mb}m",
+        f"-Xmx{heap_mb}m",
+        "-XX:+UseSerialGC",
+        "-XX:TieredStopAtLevel=1",  # C1 only: a faster start and less memory, enough for tests
+        "-XX:MaxDirectMemorySize=128m",
+        "-XX:ReservedCodeCacheSize=64m",
+        "-Xss512k",
+        "-XX:-OmitStackTraceInFastThrow",
+        "-Djava.net.preferIPv4Stack=true",
+        f"-Duser.home={directory}",  # its logs go to <directory>/logs/rocketmqlogs
+        "-cp",
+        f"{lib}/*",
+    ]
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL when the process that started it dies (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _write_properties(path: Path, values: dict[str, object]) -> None:
+    lines = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in values.items()]
+    path.write_text("\n".join(lines) + "\n")
+
+
+class RocketMQCluster:
+    """A running (or stopped) local cluster; see the module docstring."""
+
+    def __init__(self, directory: Path, ports: Ports, pids: dict[str, int], version: str) -> None:
+        self.directory = directory
+        self.ports = ports
+        self.pids = pids
+        self.version = version
+        self._children: dict[str, subprocess.Popen[bytes]] = {}
+
+    # -- addresses ---------------------------------------------------------------------
+
+    @property
+    def endpoint(self) -> str:
+        """The proxy's gRPC endpoint, `host:port`, for any RocketMQ 5 client."""
+        return f"{HOST}:{self.ports.grpc}"
+
+    @property
+    def broker_address(self) -> tuple[str, int]:
+        return (HOST, self.ports.broker)
+
+    @property
+    def namesrv_address(self) -> str:
+        return f"{HOST}:{self.ports.namesrv}"
+
+    # -- admin ---------------------------------------------------------------------------
+
+    def create_topic(
+        self, topic: str, message_type: MessageType = MessageType.NORMAL, *, queues: int = 4
+    ) -> None:
+        admin.create_topic(self.broker_address, topic, message_type, queues=queues)
+
+    def create_group(self, group: str, *, orderly: bool = False, retry_max_times: int = 16) -> None:
+        admin.create_group(
+            self.broker_address, group, orderly=orderly, retry_max_times=retry_max_times
+        )
+
+    # -- life cycle ----------------------------------------------------------------------
+
+    @classmethod
+    def start(
+        cls,
+        directory: Path,
+        *,
+        grpc_port: int = 0,
+        version: str | None = None,
+        tie_to_parent: bool = False,
+        timeout_s: float = 120.0,
+    ) -> RocketMQCluster:
+        """Start a cluster whose files live under `directory` (created if needed).
+
+        `tie_to_parent`: the JVMs are killed when this process dies, however it dies (for
+        test sessions); otherwise they outlive it (for `python -m apache_rocketmq start`).
+        """
+        version = version or pinned_version()
+        lib = ensure_lib(version)
+        java = _java()
+        directory = directory.resolve()
+        (directory / "conf").mkdir(parents=True, exist_ok=True)
+        (directory / "logs").mkdir(exist_ok=True)
+        ports = pick_ports(grpc_port)
+        cluster = cls(directory, ports, {}, version)
+        cluster._write_config()
+        env = {**os.environ, "ROCKETMQ_HOME": str(directory)}
+        env.pop("NAMESRV_ADDR", None)
+        preexec: Callable[[], None] | None = _die_with_parent if tie_to_parent else None
+        deadline = time.monotonic() + timeout_s
+        try:
+            cluster._spawn(
+                "namesrv",
+                [
+                    java,
+                    *_jvm_options(NAMESRV_HEAP_MB, directory, lib),
+                    "org.apache.rocketmq.namesrv.NamesrvStartup",
+                    *("-c", str(directory / "conf" / "namesrv.properties")),
+                ],
+                env,
+                preexec,
+            )
+            cluster._wait_port("namesrv", ports.namesrv, deadline)
+            cluster._spawn(
+                "proxy",
+                [
+                    java,
+                    *_jvm_options(PROXY_HEAP_MB, directory, lib),
+                    *("org.apache.rocketmq.proxy.ProxyStartup", "-pm", "local"),
+                    *("-bc", str(directory / "conf" / "broker.conf")),
+                    *("-pc", str(directory / "conf" / "rmq-proxy.json")),
+                    *("-n", cluster.namesrv_address),
+                ],
+                env,
+                preexec,
+            )
+            cluster._wait_port("proxy", ports.grpc, deadline)
+            cluster._wait_routable(deadline)
+        except BaseException:
+            cluster.stop(remove=False)
+            raise
+        cluster.save_state()
+        return cluster
+
+    def _write_config(self) -> None:
+        conf, store = self.directory / "conf", self.directory / "store"
+        _write_properties(conf / "namesrv.properties", {"listenPort": self.ports.namesrv})
+        _write_properties(
+            conf / "broker.conf",
+            {
+                "brokerClusterName": "DefaultCluster",
+                "brokerName": "broker-a",
+                "brokerId": 0,
+                "brokerIP1": HOST,
+                "namesrvAddr": self.namesrv_address,
+                "listenPort": self.ports.broker,
+                "haListenPort": self.ports.ha,
+                "storePathRootDir": store,
+                "storePathCommitLog": store / "commitlog",
+                "mappedFileSizeCommitLog": 64 * MiB,
+                "mappedFileSizeConsumeQueue": 30_000 * 20,  # 30,000 entries of 20 bytes
+                "mappedFileSizeTimerLog": 16 * MiB,
+                "flushDiskType": "ASYNC_FLUSH",
+                "autoCreateTopicEnable": True,
+                "autoCreateSubscriptionGroup": True,
+                "enablePropertyFilter": True,  # SQL92 filters
+                # a shared disk's fill level is not this broker's business
+                "diskMaxUsedSpaceRatio": 95,
+                "diskSpaceWarningLevelRatio": 98,
+                "diskSpaceCleanForciblyRatio": 97,
+                # two cores under a full test suite: a send waits longer than 200 ms in
+                # the queue before the broker answers "busy"
+                "waitTimeMillsInSendQueue": 2000,
+            },
+        )
+        proxy = {
+            "rocketMQClusterName": "DefaultCluster",
+            "proxyMode": "LOCAL",
+            "namesrvAddr": self.namesrv_address,
+            "grpcServerPort": self.ports.grpc,
+            "remotingListenPort": self.ports.remoting,
+            "grpcShutdownTimeSeconds": 1,
+            "grpcThreadPoolNums": 8,
+            "enablePrintJstack": False,
+            # topics and groups made by the tests are served a second later, not 20 s
+            "topicRouteServiceCacheRefreshSeconds": 1,
+            "topicConfigCacheRefreshSeconds": 1,
+            "subscriptionGroupConfigCacheRefreshSeconds": 1,
+        }
+        (conf / "rmq-proxy.json").write_text(json.dumps(proxy, indent=2) + "\n")
+
+    def _spawn(
+        self, name: str, cmd: list[str], env: dict[str, str], preexec: Callable[[], None] | None
+    ) -> None:
+        with open(self.directory / "logs" / f"{name}.out", "wb") as out:
+            proc = subprocess.Popen(
+                cmd,
+                cwd=self.directory,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # a Ctrl-C in the starting shell does not reach it
+                preexec_fn=preexec,  # only prctl: no lock is taken between fork and exec
+            )
+        self._children[name] = proc
+        self.pids[name] = proc.pid
+
+    def _check_alive(self, name: str) -> None:
+        proc = self._children.get(name)
+        if proc is not None and proc.poll() is not None:
+            out = (self.directory / "logs" / f"{name}.out").read_text(errors="replace")
+            tail = " | ".join(out.strip().splitlines()[-5:])
+            raise ClusterError(f"{name} exited with {proc.returncode}: {tail}")
+
+    def _wait_port(self, name: str, port: int, deadline: float) -> None:
+        while True:
+            self._check_alive(name)
+            with contextlib.suppress(OSError), socket.create_connection((HOST, port), 0.5):
+                return
+            if time.monotonic() > deadline:
+                raise ClusterError(f"{name} did not listen on {HOST}:{port} in time")
+            time.sleep(0.1)
+
+    def _wait_routable(self, deadline: float) -> None:
+        """Until the proxy routes a topic the broker registered: the whole path works."""
+        while True:
+            self._check_alive("proxy")
+            try:
+                self.create_topic(READY_TOPIC, queues=1)
+                break
+            except admin.AdminError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        while True:
+            self._check_alive("proxy")
+            status = query_route(self.endpoint, READY_TOPIC)
+            if status == "OK":
+                return
+            if time.monotonic() > deadline:
+                raise ClusterError(f"the proxy at {self.endpoint} answers QueryRoute: {status}")
+            time.sleep(0.2)
+
+    def stop(self, *, remove: bool = True, grace_s: float = 5.0) -> None:
+        """End the proxy, then the name server (SIGTERM, SIGKILL after `grace_s`); with
+        `remove`, delete the store (logs stay) and the state file."""
+        for name in ("proxy", "namesrv"):
+            pid = self.pids.get(name)
+            if pid is not None and self._is_ours(pid):
+                _terminate(pid, self._children.get(name), grace_s)
+        if remove:
+            shutil.rmtree(self.directory / "store", ignore_errors=True)
+            (self.directory / STATE_FILE).unlink(missing_ok=True)
+
+    def _is_ours(self, pid: int) -> bool:
+        """The pid is still one of this cluster's JVMs (not a recycled pid)."""
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return False
+        return f"-Duser.home={self.directory}".encode() in cmdline
+
+    def running(self) -> dict[str, bool]:
+        return {name: self._is_ours(pid) for name, pid in self.pids.items()}
+
+    def rss_bytes(self) -> dict[str, int]:
+        """Resident memory of each JVM (0 when it is not running)."""
+        sizes = {}
+        for name, pid in self.pids.items():
+            sizes[name] = 0
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        sizes[name] = int(line.split()[1]) * 1024
+        return sizes
+
+    # -- state, for the command line -----------------------------------------------------
+
+    def save_state(self) -> None:
+        state = {"version": self.version, "ports": asdict(self.ports), "pids": self.pids}
+        (self.directory / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+
+    @classmethod
+    def from_state(cls, directory: Path) -> RocketMQCluster:
+        directory = directory.resolve()
+        try:
+            state = json.loads((directory / STATE_FILE).read_text())
+        except FileNotFoundError:
+            raise NotStarted(f"no cluster started in {directory}") from None
+        return cls(directory, Ports(**state["ports"]), dict(state["pids"]), state["version"])
+
+    def __enter__(self) -> RocketMQCluster:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def _terminate(pid: int, child: subprocess.Popen[bytes] | None, grace_s: float) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if child is not None:
+            if child.poll() is not None:
+                return
+        elif not Path(f"/proc/{pid}").exists():
+            return
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    if child is not None:
+        child.wait()
+
+
+def query_route(endpoint: str, topic: str, *, timeout_s: float = 3.0) -> str:
+    """The status name the proxy answers a QueryRoute for `topic` with ("OK" when routed),
+    or the gRPC error's code name when it does not answer in-band."""
+    import grpc
+
+    from broker.protocol_pb import definition_pb2, service_pb2, service_pb2_grpc
+
+    host, port = endpoint.rsplit(":", 1)
+    request = service_pb2.QueryRouteRequest(
+        topic=definition_pb2.Resource(name=topic),
+        endpoints=definition_pb2.Endpoints(
+            scheme=definition_pb2.AddressScheme.IPv4,
+            addresses=[definition_pb2.Address(host=host, port=int(port))],
+        ),
+    )
+    metadata = (
+        ("x-mq-client-id", f"reliable-interop@{os.getpid()}"),
+        ("x-mq-language", "PYTHON"),
+        ("x-mq-protocol", "GRPC_V2"),
+        ("x-mq-client-version", "5.1.2"),
+    )
+    with grpc.insecure_channel(endpoint) as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        try:
+            response = stub.QueryRoute(request, metadata=metadata, timeout=timeout_s)
+        except grpc.RpcError as exc:
+            return str(exc.code().name)
+    return str(definition_pb2.Code.Name(response.status.code))
+
+
+@contextlib.contextmanager
+def running_cluster(
+    directory: Path, *, grpc_port: int = 0, version: str | None = None
+) -> Iterator[RocketMQCluster]:
+    """A cluster for the length of a `with` block, tied to this process. Its store is
+    thrown away at the end, so the JVMs get one second to stop before they are killed."""
+    cluster = RocketMQCluster.start(
+        directory, grpc_port=grpc_port, version=version, tie_to_parent=True
+    )
+    try:
+        yield cluster
+    finally:
+        cluster.stop(grace_s=1.0)

@@ -34,8 +34,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # test module runs whole on one worker, so its module-scoped server, browser or Spark
 # session starts once. The directories here are one unit each: the reconciliation suites
 # run one after another on one worker, in one Spark session, and two of their Spark jobs
-# never compete for the same two cores.
-SHARED_UNITS = ("tests/integration/reconcile/",)
+# never compete for the same two cores; the Apache RocketMQ interop tests share one cluster
+# (two JVMs) on one worker.
+SHARED_UNITS = ("tests/integration/reconcile/", "tests/interop/rocketmq/")
 
 # The longest units, longest first (measured on a 2-core machine: the order is what
 # matters, not the figures). They are handed out first, so that the run does not end with

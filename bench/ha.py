@@ -8,7 +8,13 @@ same count of 1 KiB messages to each with a window of 1000 in flight:
 - async_master: an ASYNC_MASTER with one slave (a send is answered once the master stored
   it; the slave copies it a moment later). Right after the last answer the slave's lag is
   read (`HaStatus`, bytes) and the time until it has caught up is measured;
-- sync_master: a SYNC_MASTER with one slave (a send is answered once the slave has it).
+- sync_master: a SYNC_MASTER with one slave (a send is answered once the slave has it);
+- sync_master_auth: the same, both with access keys (`--credentials-file`): the HA link
+  authenticates both ends at connect (docs/ha.md, "Who may replicate"); the client port
+  then checks keys too, so the producer signs its calls;
+- sync_master_tls: the same as sync_master, the master with a certificate (`--tls-cert`,
+  self-signed by openssl) and the slave verifying it (`--ha-tls-ca`): the link is TLS,
+  and so is the producer's connection to the master (one option serves both ports).
 
 Each case and round has its own stores. A full run repeats the three cases, interleaved,
 ROUNDS times and shows each case's best round (all rounds are in the note); the figures are
@@ -17,7 +23,9 @@ compared with `single`, measured in the same run on the same machine.
 
 from __future__ import annotations
 
+import json
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -31,7 +39,8 @@ from bench._common import Options, SuiteResult, format_table, progress
 
 NAME = "ha"
 DESCRIPTION = "replication: single broker vs async-master vs sync-master (send_async, 1 KiB)"
-CASES = ("single", "async_master", "sync_master")
+CASES = ("single", "async_master", "sync_master", "sync_master_auth", "sync_master_tls")
+KEYS = {"bench-key": "bench-secret"}
 CATCH_UP_TIMEOUT_S = 120.0
 ROUNDS = 3  # full runs: the three cases, interleaved, this many times; the best is shown
 
@@ -48,18 +57,44 @@ def _server(store: Path, home: Path, *extra: str) -> Any:
     return g.serving(argv, home, f"server {' '.join(extra) or '(single)'}")
 
 
+def _security(case: str, workdir: Path) -> tuple[list[str], list[str], dict[str, Any]]:
+    """The case's options for the master, for the slave, and for the clients."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    if case == "sync_master_auth":
+        keys = workdir / "keys.json"
+        keys.write_text(json.dumps(KEYS))
+        both = ["--credentials-file", str(keys)]
+        return both, both, {"access_key": "bench-key", "secret_key": "bench-secret"}
+    if case == "sync_master_tls":
+        cert, key = workdir / "cert.pem", workdir / "key.pem"
+        request = ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
+        names = ["-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"]
+        subprocess.run(
+            ["openssl", *request, "-keyout", str(key), "-out", str(cert), *names],
+            check=True,
+            capture_output=True,
+        )
+        master = ["--tls-cert", str(cert), "--tls-key", str(key)]
+        return master, ["--ha-tls-ca", str(cert)], {"tls": True, "ca_file": str(cert)}
+    return [], [], {}
+
+
 @contextmanager
-def topology(case: str, workdir: Path, home: Path) -> Iterator[tuple[str, str | None]]:
-    """The case's servers; yields (the master's endpoint, the slave's or None)."""
+def topology(
+    case: str, workdir: Path, home: Path
+) -> Iterator[tuple[str, str | None, dict[str, Any]]]:
+    """The case's servers; yields (the master's endpoint, the slave's or None, the
+    clients' connection options)."""
     with ExitStack() as stack:
         store = workdir / case
         if case == "single":
-            yield stack.enter_context(_server(store / "m", home)), None
+            yield stack.enter_context(_server(store / "m", home)), None, {}
             return
         ha_port = _free_port()
-        role = case.replace("_", "-")
+        role = "sync-master" if case.startswith("sync_master") else "async-master"
+        on_master, on_slave, client = _security(case, store)
         master = stack.enter_context(
-            _server(store / "m", home, "--role", role, "--ha-port", str(ha_port))
+            _server(store / "m", home, "--role", role, "--ha-port", str(ha_port), *on_master)
         )
         slave = stack.enter_context(
             _server(
@@ -73,26 +108,27 @@ def topology(case: str, workdir: Path, home: Path) -> Iterator[tuple[str, str | 
                 f"127.0.0.1:{ha_port}",
                 "--ha-port",
                 str(_free_port()),
+                *on_slave,
             )
         )
-        yield master, slave
+        yield master, slave, client
 
 
-def _status(endpoint: str) -> dict[str, Any]:
+def _status(endpoint: str, **client: Any) -> dict[str, Any]:
     from reliable.admin import AdminClient
 
-    admin = AdminClient(endpoint)
+    admin = AdminClient(endpoint, **client)
     try:
         return admin.ha_status()
     finally:
         admin.close()
 
 
-def _wait_connected(master: str) -> None:
+def _wait_connected(master: str, **client: Any) -> None:
     """A sync-master refuses sends until its slave is connected: wait for the link."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        if _status(master).get("slaves"):
+        if _status(master, **client).get("slaves"):
             return
         time.sleep(0.1)
     raise g.CaseFailed("the slave did not connect to its master within 30 s")
@@ -103,12 +139,12 @@ def measure(case: str, n: int, workdir: Path) -> tuple[Any, dict[str, Any]]:
     from reliable import Message, Producer
 
     extra: dict[str, Any] = {}
-    with topology(case, workdir, workdir) as (master, slave):
+    with topology(case, workdir, workdir) as (master, slave, client):
         if slave is not None:
-            _wait_connected(master)
+            _wait_connected(master, **client)
         topic = f"bench-ha-{case.replace('_', '-')}"
         with (
-            g.started(g._grpc_transport(master)) as transport,
+            g.started(g._grpc_transport(master, **client)) as transport,
             Producer(transport) as producer,
         ):
             producer.send(Message(topic, g.BODY))  # the route, the topic, the channel
@@ -163,7 +199,8 @@ def run(opts: Options) -> SuiteResult:
     result.notes.append(
         f"{len(g.BODY)} B bodies, {n} messages per case and round, {rounds} round(s), the "
         "best shown; servers: separate processes on loopback, async flush; a master's "
-        "slave is a process of its own"
+        "slave is a process of its own; sync_master_auth and sync_master_tls also sign or "
+        "encrypt the producer's calls (the client port shares the options)"
     )
     result.errors.extend(rec.errors)
     return result

@@ -101,12 +101,28 @@ def _starts_like_ours(mf: MappedFile) -> bool:
     return any(m.startswith(magic[:k]) for m in (*_MAGICS, _BLANK_BYTES))
 
 
+_CHUNK = 1 << 20
+_ZERO_CHUNK = bytes(_CHUNK)
+
+
 def _find_magic(mm: mmap.mmap, start: int) -> int:
-    """Position of the next record magic code (either version) at or after `start`."""
-    at = mm.find(_MAGIC_PREFIX, start)
-    while at >= 0 and mm[at : at + 4] not in _MAGICS:
-        at = mm.find(_MAGIC_PREFIX, at + 1)
-    return at
+    """Position of the next record magic code (either version) at or after `start`.
+
+    The rest of the last file is mostly zeros (never written, or warmed): a chunk equal to
+    zeros (a compare, ~10x faster than a search through it) holds no magic code."""
+    size = len(mm)
+    pos = start
+    while pos < size:
+        stop = min(size, pos - pos % _CHUNK + _CHUNK)
+        if mm[pos:stop] != _ZERO_CHUNK[: stop - pos]:
+            # a magic code starting in this chunk may end in the next one
+            at = mm.find(_MAGIC_PREFIX, pos, stop + len(_MAGIC_PREFIX) - 1)
+            while at >= 0 and mm[at : at + 4] not in _MAGICS:
+                at = mm.find(_MAGIC_PREFIX, at + 1, stop + len(_MAGIC_PREFIX) - 1)
+            if at >= 0:
+                return at
+        pos = stop
+    return -1
 
 
 def _first_record_older_than(mf: MappedFile, limit_ts: int) -> bool:

@@ -4,9 +4,10 @@ recovered commitlog, before any put can take a queue offset.
 `MessageStore.start` runs these steps in this order (docs/store.md, "Recovery"):
 
 1. load commitlog, consume queues and index; recover the commitlog (`recovery.py`);
-2. `align_to_commitlog`: check every unit of every queue against its record (a queue with
-   one that does not point at it is rebuilt), then cut queues and index back to the
-   commitlog's end and move each queue's min offset to its first record still stored;
+2. `align_to_commitlog`: check the units of each queue's tail against their records (a
+   queue with one that does not point at it is rebuilt), then cut queues and index back
+   to the commitlog's end and move each queue's min offset to its first record still
+   stored (the units further back: `UnitCheckService`, once the store is open);
 3. `reput_start`: where re-dispatching begins (the queues' end, or further back after an
    abnormal stop, so a record killed between its unit and its index entries is indexed);
 4. write the checkpoint and create the abort file;
@@ -22,6 +23,9 @@ from __future__ import annotations
 
 import logging
 import mmap
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from broker.store.codec import DispatchRequest, is_queued
@@ -33,6 +37,7 @@ from broker.store.errors import DispatchStuck
 from broker.store.index_service import IndexService
 from broker.store.queue_check import UnitChecker
 from broker.store.recovery import RecoveryReport
+from broker.store.service import ServiceThread
 
 log = logging.getLogger(__name__)
 
@@ -83,18 +88,20 @@ class _RepairUnits:
 
 def align_to_commitlog(
     commitlog: CommitLog, queues: ConsumeQueueStore, index: IndexService, report: RecoveryReport
-) -> None:
-    """Step 2: recover the queues, check their units, cut queues and index back to the
-    recovered commitlog's end, and move the queues' min offsets up to its min."""
+) -> dict[tuple[str, int], int]:
+    """Step 2: recover the queues, check their tails' units, cut queues and index back to
+    the recovered commitlog's end, and move the queues' min offsets up to its min.
+    Returns what `check_queues` left for `UnitCheckService`."""
     end = report.end
     queues.recover()
-    check_queues(commitlog, queues, end, past_end_ok=report.abnormal)
+    unchecked = check_queues(commitlog, queues, end, past_end_ok=report.abnormal, tail=TAIL_UNITS)
     queues.truncate_dirty(end)
     index.truncate_dirty(end)
     cl_min = commitlog.get_min_offset()
     if cl_min >= 0:
         queues.correct_min_offset(cl_min)
         queues.forget_deleted_below(cl_min)
+    return unchecked
 
 
 def unit_checker(commitlog: CommitLog, end: int | None = None) -> UnitChecker:
@@ -118,12 +125,29 @@ def unit_checker(commitlog: CommitLog, end: int | None = None) -> UnitChecker:
     )
 
 
+# units of each queue checked before the store opens (its tail: what dispatch and the
+# topic-queue table start from); the rest are checked by `UnitCheckService` once serving
+TAIL_UNITS = 64
+
+
 def check_queues(
-    commitlog: CommitLog, queues: ConsumeQueueStore, end: int, *, past_end_ok: bool
-) -> None:
-    """At start, before the queues are cut back to the commitlog's end: every unit of
-    every queue must point at its record (queue_check.py); a queue with one that does
-    not is rebuilt from the commitlog (`redispatch`).
+    commitlog: CommitLog,
+    queues: ConsumeQueueStore,
+    end: int,
+    *,
+    past_end_ok: bool,
+    tail: int | None,
+) -> dict[tuple[str, int], int]:
+    """At start, before the queues are cut back to the commitlog's end: the units of each
+    queue's tail must point at their records (queue_check.py); a queue with one that does
+    not is rebuilt from the commitlog (`redispatch`). Returns, per queue kept, the queue
+    offset below which its units were not checked: `UnitCheckService` checks those once
+    the store is open (`tail=None`: every unit now, nothing left).
+
+    The tail is what the start reads: re-dispatching begins at the queues' last units,
+    `truncate_dirty` cuts units past the end, and the topic-queue table is their count.
+    A unit further back decides none of these: it is checked after the store opens, and
+    a wrong one is repaired (`MessageStore.repair_queue`), as a read that meets it does.
 
     Units past the end are the records a crash cut off only after an abnormal stop,
     and only as the queue's tail (`past_end_ok`); after a clean stop, or followed by a
@@ -131,21 +155,123 @@ def check_queues(
     records after it. Header reads only: 1.4-1.9 us a unit (measured), ~2 s per
     million messages."""
     checker = unit_checker(commitlog, end)
+    unchecked: dict[tuple[str, int], int] = {}
     for cq in queues.queues():
         topic = cq.topic.encode()
-        beyond = -1  # first unit past the end
-        for index, phy, size, _tag in cq.iter_units(
-            cq.get_min_offset_in_queue(), cq.get_max_offset_in_queue()
-        ):
-            if past_end_ok and phy + size > end:
-                beyond = index if beyond < 0 else beyond
-                continue
-            problem = checker.problem(topic, cq.queue_id, index, phy, size)
-            if problem is None and beyond >= 0 and phy >= checker.commitlog_min:
-                problem = f"follows unit {beyond}, which points past the log's end"
+        low, high = cq.get_min_offset_in_queue(), cq.get_max_offset_in_queue()
+        first = low if tail is None else max(low, high - tail)
+        if tail is not None and past_end_ok:
+            # units past the end (a crash's tail) are not counted in the tail checked
+            while first > low:
+                unit = cq.get_unit(first)
+                if unit is None or unit[0] + unit[1] <= end:
+                    break
+                first = max(low, first - tail)
+        problem = _first_problem(checker, cq, topic, first, high, past_end_ok)
+        if problem is not None:
+            queues.rebuild(cq, problem)
+        elif first > low:
+            unchecked[(cq.topic, cq.queue_id)] = first
+    return unchecked
+
+
+def _first_problem(
+    checker: UnitChecker, cq: ConsumeQueue, topic: bytes, low: int, high: int, past_end_ok: bool
+) -> str | None:
+    """The first problem of units [low, high) of `cq` (see `check_queues`), or None."""
+    end = checker.commitlog_end
+    beyond = -1  # first unit past the end
+    for index, phy, size, _tag in cq.iter_units(low, high - low):
+        if past_end_ok and phy + size > end:
+            beyond = index if beyond < 0 else beyond
+            continue
+        problem = checker.problem(topic, cq.queue_id, index, phy, size)
+        if problem is None and beyond >= 0 and phy >= checker.commitlog_min:
+            problem = f"follows unit {beyond}, which points past the log's end"
+        if problem is not None:
+            return f"unit {index} {problem}"
+    return None
+
+
+class UnitCheckService(ServiceThread):
+    """Once the store is open: the units `check_queues` left (below each queue's tail)
+    checked against the commitlog, a queue with a wrong one repaired from it.
+
+    One pass, then the thread ends. It reads what the start found; units dispatched since
+    are the dispatcher's own. It gives the interpreter up every `YIELD_EVERY` units, so
+    the calls served meanwhile are not held behind it."""
+
+    name = "unit-check"
+    YIELD_EVERY = 2_000
+
+    def __init__(
+        self,
+        commitlog: CommitLog,
+        queues: ConsumeQueueStore,
+        unchecked: dict[tuple[str, int], int],
+        end: int,
+        repair: Callable[[str, int], int],
+    ) -> None:
+        super().__init__()
+        self._commitlog = commitlog
+        self._queues = queues
+        self._unchecked = unchecked
+        self._end = end
+        self._repair = repair
+        self.done = threading.Event()
+        self.units_checked = 0
+        self.repaired: list[tuple[str, int]] = []
+
+    def run(self) -> None:
+        try:
+            if self._unchecked:
+                self._check_all()
+        finally:
+            self.done.set()
+
+    def _check_all(self) -> None:
+        began = time.monotonic()
+        checker = unit_checker(self._commitlog, self._end)
+        for (topic, queue_id), below in sorted(self._unchecked.items()):
+            if self.stopped:
+                return
+            cq = self._queues.get(topic, queue_id)
+            if cq is None:
+                continue  # deleted since
+            problem = self._first_problem(checker, cq, below)
             if problem is not None:
-                queues.rebuild(cq, f"unit {index} {problem}")
-                break
+                log.warning(
+                    "consume queue %s-%d: unit %s: repairing the queue from the commitlog",
+                    topic,
+                    queue_id,
+                    problem,
+                )
+                self._repair(topic, queue_id)
+                self.repaired.append((topic, queue_id))
+        log.info(
+            "consume queues checked against the commitlog: %d units in %.1f s, %d queue(s) "
+            "repaired",
+            self.units_checked,
+            time.monotonic() - began,
+            len(self.repaired),
+        )
+
+    def _first_problem(self, checker: UnitChecker, cq: ConsumeQueue, below: int) -> str | None:
+        topic = cq.topic.encode()
+        low = cq.get_min_offset_in_queue()
+        for index, phy, size, _tag in cq.iter_units(low, below - low):
+            self.units_checked += 1
+            if self.units_checked % self.YIELD_EVERY == 0:
+                if self.stopped:
+                    return None
+                time.sleep(0)
+            try:
+                problem = checker.problem(topic, cq.queue_id, index, phy, size)
+            except (ValueError, BufferError):  # its commitlog file was closed meanwhile
+                problem = None
+            if problem is not None and phy >= self._commitlog.get_min_offset():
+                return f"{index} {problem}"  # not a record expired meanwhile
+        return None
 
 
 def reput_start(

@@ -8,7 +8,8 @@ start:    lock the directory -> read checkpoint, note the abort file -> load com
           consume queues, index -> recover the commitlog (normal or abnormal) -> cut consume
           queues and index back to its end -> write the checkpoint -> create the abort file
           -> re-dispatch what the queues lack (synchronously) -> rebuild the topic-queue
-          table from the queues -> start flush, reput, checkpoint and cleanup services.
+          table from the queues -> start flush, reput, checkpoint and cleanup services ->
+          check the units below each queue's tail in the background.
           (What each step does: startup.py.)
 shutdown: refuse puts -> dispatch the rest -> final flush of commitlog, queues, index ->
           checkpoint -> close files -> remove the abort file (only when every flush
@@ -67,7 +68,13 @@ from broker.store.message import (
 )
 from broker.store.recovery import RecoveryReport, recover_commitlog
 from broker.store.service import PeriodicService
-from broker.store.startup import align_to_commitlog, redispatch, repair_units, reput_start
+from broker.store.startup import (
+    UnitCheckService,
+    align_to_commitlog,
+    redispatch,
+    repair_units,
+    reput_start,
+)
 from broker.store.store_lock import StoreLock
 
 log = logging.getLogger(__name__)
@@ -140,6 +147,7 @@ class MessageStore:
         # not repaired again on every read (bounded)
         self._unrepairable: set[tuple[str, int, int]] = set()
         self.recovery: RecoveryReport | None = None
+        self.unit_check: UnitCheckService | None = None  # started by `start`
         self.abnormal_start = False
         # set before `start` to cut the commitlog back to this offset as it recovers (a
         # slave rejoining a new master, broker/ha/rejoin.py): the consume queues and the
@@ -193,7 +201,7 @@ class MessageStore:
             # past the new end are cut, and dispatching resumes from before it
             report = dataclasses.replace(report, end=cut, abnormal=True, torn_tail=True)
         self.recovery = report
-        align_to_commitlog(self.commitlog, self.consume_queues, self.index, report)
+        unchecked = align_to_commitlog(self.commitlog, self.consume_queues, self.index, report)
         self.reput.reput_from_offset = reput_start(
             self.commitlog, self.consume_queues, self.index, report
         )
@@ -220,6 +228,11 @@ class MessageStore:
         self._checkpoint_service.start()
         self.cleanup.start()
         self.running = True
+        # the units below each queue's tail, checked once the store is open (startup.py)
+        self.unit_check = UnitCheckService(
+            self.commitlog, self.consume_queues, unchecked, report.end, self.repair_queue
+        )
+        self.unit_check.start()
 
     def repair_queue(self, topic: str, queue_id: int) -> int:
         """Rewrite every unit of a queue that disagrees with the commitlog (a read found
@@ -243,6 +256,8 @@ class MessageStore:
         if not self.running:
             return
         self.running = False
+        if self.unit_check is not None:
+            self.unit_check.shutdown()
         self.cleanup.shutdown()
         self.reput.shutdown()
         clean = self.commitlog.shutdown()

@@ -346,3 +346,60 @@ def test_recovery_after_cleanup_deleted_the_oldest_files(tmp_path: Path, crashed
         assert too_small.next_begin_offset == low
     _assert_accepts_writes(again, written)
     again.shutdown()
+
+
+def test_a_wrong_unit_below_the_checked_tail_is_repaired_once_the_store_is_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Start checks each queue's tail (what dispatch and the topic-queue table start
+    from); the units further back are checked after the store opens, and a queue with a
+    wrong one is repaired from the commitlog, as a read meeting it would do."""
+    from broker.store import startup
+
+    cfg = small_config(tmp_path)
+    store, written = _fill(cfg)
+    store.shutdown()
+    unit = cfg.store_dir / "consumequeue" / "TopicA" / "0" / "00000000000000000000"
+    data = bytearray(unit.read_bytes())
+    data[3 * 20 + 7] ^= 0x10  # unit 3's commitlog offset: no longer a record's start
+    unit.write_bytes(data)
+    monkeypatch.setattr(startup, "TAIL_UNITS", 8)
+    store = MessageStore(cfg)
+    store.start()
+    try:
+        assert store.unit_check is not None and store.unit_check.done.wait(10)
+        assert store.unit_check.repaired == [("TopicA", 0)]
+        # queue 0 up to its wrong unit 3, queue 1 every unit below its tail
+        assert store.unit_check.units_checked == 4 + (N // 2 - 8)
+        _assert_queues_consistent(store, written)
+        _assert_accepts_writes(store, written)
+    finally:
+        store.shutdown()
+
+
+def test_the_search_for_records_after_a_torn_tail_skips_zeros_and_finds_every_magic() -> None:
+    """`_find_magic` skips zero chunks; it must find what a plain search finds, a magic
+    code across a chunk boundary included."""
+    import mmap
+
+    from broker.store import recovery
+
+    def plain(mm: mmap.mmap, start: int) -> int:
+        at = mm.find(recovery._MAGIC_PREFIX, start)
+        while at >= 0 and mm[at : at + 4] not in recovery._MAGICS:
+            at = mm.find(recovery._MAGIC_PREFIX, at + 1)
+        return at
+
+    rng = random.Random(7)
+    chunk = 1 << 20
+    for _ in range(60):
+        mm = mmap.mmap(-1, rng.choice([5_000, 2 * chunk, 3 * chunk + 17]))
+        for _ in range(rng.randrange(4)):
+            at = rng.randrange(len(mm) - 4)
+            piece = rng.choice([*recovery._MAGICS, b"\xda\xa3\x20\x00", b"\xda\xa3"])
+            mm[at : at + len(piece)] = piece
+        if len(mm) > chunk + 4 and rng.random() < 0.5:
+            at = chunk - rng.randrange(4)
+            mm[at : at + 4] = rng.choice(recovery._MAGICS)
+        start = rng.randrange(len(mm))
+        assert recovery._find_magic(mm, start) == plain(mm, start)

@@ -23,6 +23,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 POM = Path(__file__).with_name("pom.xml")
+# named in full, so that a machine without it says which download failed, and every
+# machine copies the same way
+DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.6.1"
 _MAVEN_NS = "{http://maven.apache.org/POM/4.0.0}"
 
 
@@ -81,10 +84,10 @@ def _download(version: str, home: Path, lib: Path) -> None:
         "-f",
         str(POM),
         f"-Drocketmq.version={version}",
-        "dependency:copy-dependencies",
+        f"{DEPENDENCY_PLUGIN}:copy-dependencies",
         f"-DoutputDirectory={partial}",
     ]
-    # Maven logs each file it downloads (pom, jar) and each jar it copies; a line every 50
+    # Maven logs each file it downloads (pom, jar) and each jar it copies; a line every 100
     # keeps a first run visibly alive without printing hundreds of lines.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
@@ -93,9 +96,9 @@ def _download(version: str, home: Path, lib: Path) -> None:
     for line in proc.stdout:
         if line.startswith("[ERROR]"):
             errors.append(line[len("[ERROR]") :].strip())
-        elif line.startswith("Downloaded from"):
+        elif "Downloaded from" in line:
             downloaded += 1
-            if downloaded % 50 == 0:
+            if downloaded % 100 == 0:
                 _say(f"  {downloaded} files downloaded ...")
         elif "Copying " in line:
             copied += 1
@@ -103,7 +106,8 @@ def _download(version: str, home: Path, lib: Path) -> None:
     if code != 0:
         first = next((e for e in errors if e), f"mvn exited with {code}")
         raise RuntimeUnavailable(
-            f"cannot resolve Apache RocketMQ {version} from Maven Central: {first}"
+            f"cannot resolve Apache RocketMQ {version} from Maven Central "
+            f"(is it reachable from here?): {first[:400]}"
         )
     (partial / ".complete").write_text(version + "\n")
     shutil.rmtree(lib, ignore_errors=True)

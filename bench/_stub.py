@@ -9,7 +9,7 @@ fields the official client reads (docs in /docs/performance.md, protocol in the 
 - Telemetry: the client's own Settings echoed with status OK (a producer needs its
   `publishing` block back, else its max body size becomes 0);
 - SendMessage: one OK entry per message, echoing the client's message id;
-- ReceiveMessage: status OK, `batch_size` canned 1 KiB messages (built once, with a CRC32
+- ReceiveMessage: status OK, `batch_size` canned 1 KiB messages (built once, with the MD5
   digest the client checks, as the real server sends), then the delivery timestamp;
 - ReceiveMessages (the server's batch receive, `broker.protocol_ext`, which the framework
   prefers): the same canned batch in one response; `--without-batch-receive` leaves it out,
@@ -31,9 +31,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import itertools
 import time
-import zlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -132,8 +132,8 @@ class StubMessagingService:
         sp = pm.system_properties
         sp.message_id = f"01STUB{i:028X}"
         sp.receipt_handle = f"stub-{i}"
-        sp.body_digest.type = definition_pb2.DigestType.Value("CRC32")
-        sp.body_digest.checksum = f"{zlib.crc32(self._body) & 0xFFFFFFFF:08X}"
+        sp.body_digest.type = definition_pb2.DigestType.Value("MD5")
+        sp.body_digest.checksum = hashlib.md5(self._body).hexdigest().upper()
         sp.body_encoding = definition_pb2.Encoding.Value("IDENTITY")
         sp.message_type = _TYPES[0]
         sp.born_host = "127.0.0.1"

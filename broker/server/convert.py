@@ -15,6 +15,7 @@ whose records hold times as signed 64-bit milliseconds.
 from __future__ import annotations
 
 import functools
+import hashlib
 import socket
 from typing import Any
 
@@ -22,14 +23,14 @@ from broker.clock import wall_ms
 from broker.protocol_pb import definition_pb2
 from broker.server.errors import BadRequest, ServerError
 from broker.server.validation import RESERVED_PROPERTIES
-from broker.store.codec import body_digest
 from broker.store.message import Message, MessageExt, Prop
 
 # protocol MessageType numbers
 NORMAL, FIFO, DELAY, TRANSACTION = 1, 2, 3, 4
 TYPE_NAMES = {NORMAL: "NORMAL", FIFO: "FIFO", DELAY: "DELAY", TRANSACTION: "TRANSACTION"}
 ENCODING_IDENTITY = 1
-DIGEST_CRC32 = 1
+# the body digest a delivered message carries: MD5, as the Apache proxy sends (body_digest)
+DIGEST_MD5 = definition_pb2.DigestType.Value("MD5")
 
 _SYSTEM_NAMES = RESERVED_PROPERTIES | {
     Prop.UNIQ_KEY,
@@ -153,6 +154,18 @@ def host_only(born_host: str) -> str:
 _STORE_HOSTS: dict[tuple[str, int], str] = {}  # "ip:port" of each store host seen
 
 
+def body_digest(body: bytes | bytearray | memoryview) -> str:
+    """The MD5 of `body` as 32 upper-case hex digits: the body digest of a delivered message.
+
+    The Apache proxy sends exactly this (its gRPC converter: `DigestType.MD5`, upper-case
+    hex), and every official client checks it the same way. A CRC32 would not do: the
+    Java and Go clients compare it to the CRC's hex without leading zeros, the Python
+    client to 8 zero-padded digits, so one in 16 bodies would be corrupted for one of them
+    whichever form we chose (docs/server.md, "The body digest").
+    """
+    return hashlib.md5(body, usedforsecurity=False).hexdigest().upper()
+
+
 def delivery_template(*, topic: str, namespace: str, invisible_ms: int | None = None) -> Any:
     """The fields every message of one delivery shares (topic, digest and encoding kinds,
     invisible duration), built once and copied into each by `fill_proto`."""
@@ -160,7 +173,7 @@ def delivery_template(*, topic: str, namespace: str, invisible_ms: int | None = 
     pm.topic.name = topic
     pm.topic.resource_namespace = namespace
     sp = pm.system_properties
-    sp.body_digest.type = DIGEST_CRC32
+    sp.body_digest.type = DIGEST_MD5
     sp.body_encoding = ENCODING_IDENTITY
     if invisible_ms is not None:
         set_duration_ms(sp.invisible_duration, invisible_ms)

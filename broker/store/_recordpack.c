@@ -488,26 +488,6 @@ static PyObject *partial(PyObject *module, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
-PyDoc_STRVAR(body_digest_doc,
-"body_digest(body)\n\n"
-"The CRC32 of `body` as 8 upper-case hex digits: the body digest a delivered message\n"
-"carries (the same CRC as zlib.crc32, computed by the library named in CRC).");
-
-static PyObject *body_digest(PyObject *module, PyObject *arg) {
-    Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
-        return NULL;
-    uint32_t c = CRC_CONT(0, view.buf, view.len);
-    PyBuffer_Release(&view);
-    static const char hex[] = "0123456789ABCDEF";
-    char out[8];
-    for (int i = 7; i >= 0; i--) {
-        out[i] = hex[c & 0xFu];
-        c >>= 4;
-    }
-    return PyUnicode_FromStringAndSize(out, 8);
-}
-
 static inline int32_t rds32(const unsigned char *p) { return (int32_t)rd32(p); }
 
 static inline int64_t rds64(const unsigned char *p) {
@@ -932,7 +912,6 @@ done:
 }
 
 static PyMethodDef methods[] = {
-    {"body_digest", body_digest, METH_O, body_digest_doc},
     {"dispatch_record", dispatch_record, METH_VARARGS, dispatch_record_doc},
     {"index_entries", index_entries, METH_VARARGS, index_entries_doc},
     {"look_record", look_record, METH_VARARGS, look_record_doc},

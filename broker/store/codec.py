@@ -153,16 +153,8 @@ def _py_write_partial(rec: bytearray | memoryview) -> None:
     _U32.pack_into(rec, POS_CRC, zlib.crc32(rec))
 
 
-def body_digest(body: bytes | bytearray | memoryview) -> str:
-    """The CRC32 of `body` as 8 upper-case hex digits (a delivered message's body digest).
-    The compiled `_recordpack.body_digest` replaces this when built (libdeflate's CRC when
-    found: for 1 KiB about a tenth of zlib's, and no Python formatting)."""
-    return f"{zlib.crc32(body) & 0xFFFFFFFF:08X}"
-
-
 py_record_crc = record_crc
 py_seal = seal
-py_body_digest = body_digest
 _write_partial = _py_write_partial
 # `check_message_and_return_size` without a CRC check, compiled: (size, topic, queue id,
 # physical offset, store time, queue offset, sys flag, prepared transaction offset,
@@ -178,7 +170,6 @@ else:  # one C call each (and libdeflate's CRC when it was found at build time)
     record_crc = _recordpack.record_crc  # type: ignore[assignment]
     seal = _recordpack.seal  # type: ignore[assignment]
     _write_partial = _recordpack.partial  # type: ignore[assignment]
-    body_digest = _recordpack.body_digest  # type: ignore[assignment]
     # a module built from an older source has none: the Python path then
     _dispatch_record = getattr(_recordpack, "dispatch_record", None)
     _look_record_compiled = getattr(_recordpack, "look_record", None)
@@ -638,7 +629,6 @@ __all__ = [
     "RECORD_MAGIC_CODE",
     "DispatchRequest",
     "EncodeError",
-    "body_digest",
     "check_message_and_return_size",
     "decode_message",
     "encode_record",

@@ -284,20 +284,6 @@ def test_compiled_and_python_record_checksums_agree() -> None:
         )
 
 
-def test_compiled_and_python_body_digests_agree() -> None:
-    import zlib
-
-    from broker.store import _recordpack, codec
-
-    for n in (0, 1, 7, 77, 1024, 5000):
-        body = bytes(range(256)) * (n // 256) + b"z" * (n % 256)
-        want = f"{zlib.crc32(body):08X}"
-        assert codec.py_body_digest(body) == want
-        assert _recordpack.body_digest(body) == want
-        assert _recordpack.body_digest(memoryview(bytearray(body))) == want
-    assert codec.body_digest is _recordpack.body_digest  # the compiled one is in use
-
-
 def test_compiled_and_python_seal_agree() -> None:
     from broker.store import codec
 

@@ -3,7 +3,8 @@
     from prometheus_client import CollectorRegistry
     registry = CollectorRegistry()
     registry.register(BrokerCollector(
-        broker, send_seconds=server.ctx.send_seconds, busy_turns=server.ctx.busy_turns
+        broker, send_seconds=server.ctx.send_seconds, busy_turns=server.ctx.busy_turns,
+        overload=server.ctx.overload_counts,
     ))
 
 Nothing here runs on a message's path. The broker keeps plain totals (`Broker.delivered`,
@@ -42,6 +43,8 @@ BROKER_METRICS: dict[str, str] = {
     "reliable_broker_answers_held_total": "counter",
     "reliable_broker_grouped_sends_total": "counter",
     "reliable_broker_send_groups_total": "counter",
+    "reliable_broker_refused_sends_total": "counter",
+    "reliable_broker_abandoned_calls_total": "counter",
     "reliable_broker_fsync_duration_seconds": "histogram",
     "reliable_broker_fsync_messages": "histogram",
     "reliable_broker_consumer_lag_messages": "gauge",
@@ -63,7 +66,9 @@ def histogram_family(name: str, doc: str, histogram: Histogram) -> HistogramMetr
 class BrokerCollector(Collector):
     """The broker's metrics; `send_seconds` and `busy_turns` are the gRPC server's (absent
     when embedded): `busy_turns()` gives (answers held, sends stored in a group, groups
-    stored) while its loop was busy (`ServerContext.busy_turns`). `broker` may be a callable
+    stored) while its loop was busy (`ServerContext.busy_turns`), `overload()` gives (sends
+    refused for overload, calls abandoned by their clients; `ServerContext.overload_counts`).
+    `broker` may be a callable
     returning the broker, or None while there is none yet (a process whose embedded broker
     starts later): then the scrape has no broker families."""
 
@@ -73,10 +78,12 @@ class BrokerCollector(Collector):
         *,
         send_seconds: Histogram | None = None,
         busy_turns: Callable[[], tuple[int, int, int]] | None = None,
+        overload: Callable[[], tuple[int, int]] | None = None,
     ) -> None:
         self._source = broker
         self._send_seconds = send_seconds
         self._busy_turns = busy_turns
+        self._overload = overload
 
     def describe(self) -> list[Metric]:
         return []  # families are built at collect time; registration must not scrape
@@ -102,6 +109,15 @@ class BrokerCollector(Collector):
                 ("answers_held", "gRPC answers held while the server loop was busy", held),
                 ("grouped_sends", "SendMessage calls stored with others as one batch", grouped),
                 ("send_groups", "Groups of SendMessage calls stored as one record batch", groups),
+            ):
+                family = CounterMetricFamily(PREFIX + name, doc)
+                family.add_metric([], float(value))
+                yield family
+        if self._overload is not None:
+            refused, abandoned = self._overload()
+            for name, doc, value in (
+                ("refused_sends", "SendMessage calls refused with TOO_MANY_REQUESTS", refused),
+                ("abandoned_calls", "Calls whose client left before their answer", abandoned),
             ):
                 family = CounterMetricFamily(PREFIX + name, doc)
                 family.add_metric([], float(value))

@@ -37,6 +37,15 @@ from reliable_cli.exit_codes import ExitCode
 from reliable_cli.store_options import add_disk_arguments, disk_options
 
 SWITCH_INTERVAL_S = 0.0005
+# `ServerConfig`'s defaults of the limits the command line sets (docs/server.md; a unit test
+# holds them equal), here so that `--help` does not load the server
+SERVER_LIMITS = {
+    "max_inflight_sends": 4096,
+    "min_send_time_ms": 500,
+    "max_concurrent_rpcs": 16384,
+    "max_concurrent_streams": 4096,
+    "max_pending_calls": 16384,
+}
 
 
 def register(sub: Any) -> None:
@@ -105,6 +114,52 @@ def register(sub: Any) -> None:
         metavar="MS",
         help="the longest a held answer or a grouped send waits for the others of its "
         f"batch (default {DEFAULT_ANSWER_LINGER_MS:g})",
+    )
+    limits = SERVER_LIMITS
+    s.add_argument(
+        "--max-inflight-sends",
+        type=int,
+        default=limits["max_inflight_sends"],
+        metavar="N",
+        help="messages being stored at once; a send beyond is refused with "
+        "TOO_MANY_REQUESTS, which clients back off from (docs/server.md, a burst of "
+        f"clients; default {limits['max_inflight_sends']})",
+    )
+    s.add_argument(
+        "--min-send-time-ms",
+        type=int,
+        default=limits["min_send_time_ms"],
+        metavar="MS",
+        help="a send read while the server is busy with less than this left of its deadline "
+        "is refused with TOO_MANY_REQUESTS instead of stored: its answer would likely come "
+        "too late, and its client "
+        f"would resend it at once (default {limits['min_send_time_ms']}; 0: never refused)",
+    )
+    s.add_argument(
+        "--max-concurrent-rpcs",
+        type=int,
+        default=limits["max_concurrent_rpcs"],
+        metavar="N",
+        help="gRPC calls running at once (sends, parked receives, telemetry streams); one "
+        "beyond is answered RESOURCE_EXHAUSTED before it is served "
+        f"(default {limits['max_concurrent_rpcs']}; 0: no limit)",
+    )
+    s.add_argument(
+        "--max-concurrent-streams",
+        type=int,
+        default=limits["max_concurrent_streams"],
+        metavar="N",
+        help="HTTP/2 streams one gRPC connection may have open; a client's further calls "
+        "wait on its side (those sent before the connection's settings arrive are refused: "
+        f"UNAVAILABLE) (default {limits['max_concurrent_streams']})",
+    )
+    s.add_argument(
+        "--max-pending-calls",
+        type=int,
+        default=limits["max_pending_calls"],
+        metavar="N",
+        help="gRPC calls received but not read by the server yet, queued by gRPC; past N "
+        f"gRPC refuses some at random, past 2N all (default {limits['max_pending_calls']})",
     )
     s.add_argument(
         "--advertise",
@@ -316,6 +371,15 @@ def start(args: argparse.Namespace) -> int:
 
     if (args.tls_cert is None) != (args.tls_key is None):
         return _fail("--tls-cert and --tls-key go together")
+    for name, value, least in (
+        ("--max-inflight-sends", args.max_inflight_sends, 1),
+        ("--min-send-time-ms", args.min_send_time_ms, 0),
+        ("--max-concurrent-rpcs", args.max_concurrent_rpcs, 0),
+        ("--max-concurrent-streams", args.max_concurrent_streams, 1),
+        ("--max-pending-calls", args.max_pending_calls, 1),
+    ):
+        if value < least:
+            return _fail(f"{name} must be at least {least}")
     if args.wire_port is not None and args.tls_cert is not None:
         return _fail("--wire-port is plaintext: it cannot be combined with --tls-cert/--tls-key")
     if args.wire_port is not None and not 0 <= args.wire_port <= 65535:
@@ -394,6 +458,11 @@ def start(args: argparse.Namespace) -> int:
         idle_poll_us=args.idle_poll_us,
         answer_batch=args.answer_batch,
         answer_linger_ms=args.answer_linger_ms,
+        max_inflight_sends=args.max_inflight_sends,
+        min_send_time_ms=args.min_send_time_ms,
+        max_concurrent_rpcs=args.max_concurrent_rpcs,
+        max_concurrent_streams=args.max_concurrent_streams,
+        max_pending_calls=args.max_pending_calls,
         read_only=ha_config.role is HaRole.SLAVE,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
@@ -658,7 +727,10 @@ def _metrics_endpoint(
     registry = CollectorRegistry()
     registry.register(
         BrokerCollector(
-            broker, send_seconds=server.ctx.send_seconds, busy_turns=server.ctx.busy_turns
+            broker,
+            send_seconds=server.ctx.send_seconds,
+            busy_turns=server.ctx.busy_turns,
+            overload=server.ctx.overload_counts,
         )
     )
     if node is not None:

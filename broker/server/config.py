@@ -73,6 +73,17 @@ class ServerConfig:
     max_receive_batch: int = 32
     max_parked_polls: int = 256  # concurrent long polls; beyond: TOO_MANY_REQUESTS
     max_inflight_sends: int = 4096  # messages being stored at once; beyond: TOO_MANY_REQUESTS
+    # a send read, while the loop is busy, with less than this left of its deadline is
+    # refused (TOO_MANY_REQUESTS): its answer would likely come too late, and its client
+    # would resend it at once; 0: never
+    min_send_time_ms: int = 500
+    # what gRPC takes in at once (`broker.server.server`): calls running in the server
+    # (beyond: RESOURCE_EXHAUSTED before any handler runs; 0: no limit), HTTP/2 streams
+    # open per connection (a client's further calls wait on its side), and calls received
+    # but not yet read by the server (gRPC's pending queue; beyond: refused by gRPC)
+    max_concurrent_rpcs: int = 16384
+    max_concurrent_streams: int = 4096
+    max_pending_calls: int = 16384
     # replies waiting on one Telemetry stream; a client that lets more pile up unread (it
     # sends Settings but never reads) has its stream cut off
     max_telemetry_queue: int = 64

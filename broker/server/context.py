@@ -25,6 +25,7 @@ from broker.server.cluster import ClusterView
 from broker.server.config import ServerConfig
 from broker.server.direct import DirectDeliveries
 from broker.server.errors import ClientIdRequired
+from broker.server.overload import Overload
 from broker.server.send_groups import MAX_GROUP_BYTES, SendGroups
 from broker.server.sessions import ClientSession, SessionRegistry
 from broker.store.config import FlushMode
@@ -44,11 +45,23 @@ class CallInfo:
     metadata: dict[str, str]
     access_key: str = ""  # the verified credential ("" when authentication is off)
     native_wire: bool = False  # over the native wire (broker.server.wire), not gRPC
+    # seconds left until the caller's deadline when the call was read (None: no deadline)
+    time_remaining: float | None = None
 
 
 def _settle(future: asyncio.Future[bool], ok: bool) -> None:
     if not future.done():
         future.set_result(ok)
+
+
+def _time_remaining(context: Any) -> float | None:
+    """The seconds a call has left before its deadline (None: no deadline, or a context
+    that does not say)."""
+    remaining = getattr(context, "time_remaining", None)
+    if remaining is None:
+        return None
+    value = remaining()
+    return None if value is None else float(value)
 
 
 class SyncReplication(Protocol):
@@ -93,6 +106,8 @@ class ServerContext:
             config.answer_linger_ms,
             max_bytes=min(MAX_GROUP_BYTES, broker.store.config.max_message_size // 2),
         )
+        # sends refused for overload, calls abandoned by their clients (`broker.server.overload`)
+        self.overload = Overload()
         # seconds from a SendMessage request to its answer, one observation per request
         self.send_seconds = Histogram()
         # SYNC_MASTER: sends are answered once a slave has them (None: no such wait)
@@ -114,6 +129,11 @@ class ServerContext:
         `send_groups`)."""
         groups = self.send_groups
         return self.answers.held_total, groups.sends_joined, groups.groups_stored
+
+    def overload_counts(self) -> tuple[int, int]:
+        """(sends refused for overload, calls abandoned by their clients) since the start
+        (the metrics' `refused_sends`, `abandoned_calls`; `broker.server.overload`)."""
+        return self.overload.refused_sends, self.overload.abandoned_calls
 
     # --- broker calls
     async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
@@ -183,6 +203,7 @@ class ServerContext:
             metadata=metadata,
             access_key=access_key,
             native_wire=getattr(context, "native_wire", False),
+            time_remaining=_time_remaining(context),
         )
 
     def session(self, call: CallInfo) -> ClientSession:

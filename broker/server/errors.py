@@ -154,6 +154,11 @@ class TooManyRequests(ServerError):
     status_code = Code.TOO_MANY_REQUESTS
 
 
+class Abandoned(Exception):
+    """The call's client gave up on it (its deadline passed) before it was served: it is
+    not answered (`broker.server.overload`). Control flow, never logged as an error."""
+
+
 class NotImplementedByServer(ServerError):
     """A protocol feature this server does not offer."""
 

@@ -28,7 +28,9 @@ from broker.server.clients import ClientHandlers
 from broker.server.codes import Code
 from broker.server.context import CallInfo, ServerContext
 from broker.server.dedupe import SendResults, send_key
+from broker.server.detached import detached
 from broker.server.errors import (
+    Abandoned,
     BadRequest,
     Forbidden,
     InvalidTransactionId,
@@ -131,12 +133,34 @@ class ProducerHandlers:
                 f"{count} messages in one request; at most {config.max_batch_messages}"
             )
         if self._inflight + count > config.max_inflight_sends:
+            self.ctx.overload.refused(f"{config.max_inflight_sends} messages being stored")
             raise TooManyRequests(f"{self._inflight} messages are being stored; retry later")
+        remaining = call.time_remaining
+        if (
+            remaining is not None
+            and remaining * 1000 < config.min_send_time_ms
+            and (remaining <= 0 or self._inflight or self.ctx.answers.busy)
+        ):
+            # the server is behind (sends being stored, or the loop busy) and this call
+            # waited to be read until its caller is about to give up: stored now, its answer
+            # would likely come too late and the client would resend it at once; refused,
+            # the client backs off (and a call past its deadline is not answered at all)
+            if remaining <= 0:
+                raise Abandoned()  # its caller left already: not stored, not answered
+            self.ctx.overload.refused(f"calls read with under {config.min_send_time_ms} ms left")
+            raise TooManyRequests("the server is behind: the call waited too long; retry later")
         self._inflight += count
+        # admitted: stored to its end even if its caller goes away (`broker.server.detached`),
+        # so a result made after the call was cancelled still enters the de-duplication
+        # cache, and the client's resend of the same message gets it instead of a copy
+        return await detached(self._serve(messages, call.native_wire, count))
+
+    async def _serve(self, messages: Any, native_wire: bool, count: int) -> Any:
+        """The admitted request's answer (`send`); the in-flight count goes down at its end."""
         started = time.perf_counter()
         response = service_pb2.SendMessageResponse()
         try:
-            entries = await self._send_all(messages, call.native_wire, response)
+            entries = await self._send_all(messages, native_wire, response)
         finally:
             self._inflight -= count
             self.ctx.send_seconds.observe(time.perf_counter() - started)

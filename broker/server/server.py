@@ -31,6 +31,7 @@ from broker.server.context import ServerContext
 from broker.server.errors import ServerStartError
 from broker.server.health import BrokerHealth, store_writable
 from broker.server.loop_dispatch import LoopDispatch, LoopSelector
+from broker.server.overload import CoreLogFilter
 from broker.server.polling import ArrivalHook
 from broker.server.servicer import MessagingServicer, add_to_server
 from broker.server.wire import WireServer
@@ -171,16 +172,29 @@ class MessagingServer:
         self.ctx.broker.store.add_dispatcher(
             ArrivalHook(self.ctx.loop, waiters.wake, wanted=waiters.parked)
         )
+        config = self.config
         server = grpc.aio.server(
+            # what gRPC takes in at once: each call beyond the calls running is refused
+            # with RESOURCE_EXHAUSTED before a handler runs; a connection's streams beyond
+            # its limit wait on the client's side; calls received but not read yet are
+            # queued by gRPC's core up to its pending limit (left at its default, 1,000,
+            # the core cancels calls at random past it: a silent CANCELLED)
+            maximum_concurrent_rpcs=config.max_concurrent_rpcs or None,
             options=[
+                ("grpc.max_concurrent_streams", config.max_concurrent_streams),
+                ("grpc.server.max_pending_requests", config.max_pending_calls),
+                ("grpc.server.max_pending_requests_hard_limit", 2 * config.max_pending_calls),
                 ("grpc.so_reuseport", 0),
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", -1),
                 ("grpc.keepalive_time_ms", 30_000),
                 ("grpc.http2.max_pings_without_data", 0),
                 ("grpc.keepalive_permit_without_calls", 1),
-            ]
+            ],
         )
+        # gRPC's traceback per answer to a call its client left: a count, a line a minute
+        core_log = CoreLogFilter(self.ctx.overload)
+        core_log.install()
         add_to_server(self.servicer, server)
         server.add_generic_rpc_handlers((admin_handler(self.ctx),))
         self.health.add_to(server)
@@ -220,6 +234,7 @@ class MessagingServer:
         try:
             await self._stop.wait()
         finally:
+            core_log.uninstall()
             upkeep.cancel()
             if probes is not None:
                 probes.cancel()

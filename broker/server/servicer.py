@@ -17,9 +17,10 @@ before any authentication, and answer `UNKNOWN`).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
@@ -30,7 +31,7 @@ from broker.server.clients import ClientHandlers
 from broker.server.consuming import ConsumerHandlers
 from broker.server.context import CallInfo, ServerContext
 from broker.server.decoding import Undecodable, parser
-from broker.server.errors import NotImplementedByServer, ReadOnlySlave, ServerError
+from broker.server.errors import Abandoned, NotImplementedByServer, ReadOnlySlave, ServerError
 from broker.server.offsets import OffsetHandlers
 from broker.server.producing import ProducerHandlers
 from broker.server.status import status_of
@@ -160,6 +161,12 @@ class MessagingServicer:
             if isinstance(request, Undecodable):
                 raise request.refuse(context)
             response = await handler(request, call)
+        except Abandoned:
+            self._abandon(response_type)
+        except asyncio.CancelledError:  # gRPC ended the call: its client left (or we stop)
+            if not self.ctx.closing:
+                self.ctx.overload.abandoned(response_type.DESCRIPTOR.name.removesuffix("Response"))
+            raise
         except Exception as exc:
             response = response_type()
             response.status.CopyFrom(status_of(exc))
@@ -169,7 +176,16 @@ class MessagingServicer:
             held = self._answers.hold()
             if held is not None:
                 await held
+            remaining = getattr(context, "time_remaining", None)
+            if remaining is not None and remaining() == 0:  # past its deadline: nobody
+                self._abandon(response_type)  # takes the answer
         return response
+
+    def _abandon(self, response_type: Any) -> NoReturn:
+        """A call whose client left (its deadline passed) before its answer: counted and
+        not answered (`broker.server.overload`); gRPC has ended the call already."""
+        self.ctx.overload.abandoned(response_type.DESCRIPTOR.name.removesuffix("Response"))
+        raise asyncio.CancelledError()
 
     async def QueryRoute(self, request: Any, context: Any) -> Any:
         return await self._unary(

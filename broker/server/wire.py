@@ -35,13 +35,13 @@ import asyncio
 import itertools
 import json
 import logging
-import types
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable
 from typing import Any
 
 from broker import protocol_wire as pw
 from broker.server.context import ServerContext
 from broker.server.decoding import parser
+from broker.server.detached import resume
 from broker.server.ratelimit import LogLimiter
 from broker.server.status import status_of
 
@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 _limited = LogLimiter(log)
 
 MAX_INFLIGHT = 4096  # requests running on one connection before it is no longer read
+FRAMES_PER_TURN = 64  # requests started per loop turn from one connection's bytes
 STATUS = 0x2  # with ERROR: the body is a protocol Status (a refused hello)
 
 
@@ -111,6 +112,7 @@ class WireConnection(asyncio.Protocol):
         self._closed = False
         self._read_paused = False
         self._write_paused = False
+        self._backlog = False  # whole frames left for the next turn (`_take_frames`)
 
     # --- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -138,13 +140,23 @@ class WireConnection(asyncio.Protocol):
         self._update_reading()
 
     def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        if not self._backlog:
+            self._take_frames()
+
+    def _take_frames(self) -> None:
+        """Start the whole frames in the buffer, `FRAMES_PER_TURN` at most: a connection
+        that sent a burst does not keep the loop from answering (and from reading the
+        others) until all of it is started; the rest is taken in the next turn, and the
+        connection is not read meanwhile."""
+        self._backlog = False
         buffer = self._buffer
-        buffer += data
         size = len(buffer)
         offset = 0
         unpack = pw.HEADER.unpack_from
         head = pw.HEADER_SIZE
         max_frame = self.server.max_frame
+        taken = 0
         try:
             while size - offset >= head and not self._closed:
                 length, request_id, method, _flags, timeout_ms = unpack(buffer, offset)
@@ -159,12 +171,18 @@ class WireConnection(asyncio.Protocol):
                 end = offset + head + length
                 if end > size:
                     break
+                if taken == FRAMES_PER_TURN:
+                    self._backlog = True
+                    self.loop.call_soon(self._take_frames)
+                    break
                 body = bytes(buffer[offset + head : end])
                 offset = end
+                taken += 1
                 self._frame(request_id, method, timeout_ms, body)
         finally:
             if offset:
                 del buffer[:offset]
+            self._update_reading()
 
     # --- frames
     def _frame(self, request_id: int, method: int, timeout_ms: int, body: bytes) -> None:
@@ -218,9 +236,9 @@ class WireConnection(asyncio.Protocol):
         call = self._call(request_id, handler, request, context)
         try:
             waited = call.send(None)
-        except StopIteration:
+        except (StopIteration, asyncio.CancelledError):  # answered, or abandoned unanswered
             return
-        task = self.loop.create_task(_resume(call, waited))
+        task = self.loop.create_task(resume(call, waited))
         self._tasks[request_id] = (task, context)
         if len(self._tasks) >= MAX_INFLIGHT:
             self._update_reading()
@@ -312,36 +330,13 @@ class WireConnection(asyncio.Protocol):
         transport = self.transport
         if transport is None or self._closed:
             return
-        pause = self._write_paused or len(self._tasks) >= MAX_INFLIGHT
+        pause = self._write_paused or self._backlog or len(self._tasks) >= MAX_INFLIGHT
         if pause and not self._read_paused:
             self._read_paused = True
             transport.pause_reading()
         elif not pause and self._read_paused:
             self._read_paused = False
             transport.resume_reading()
-
-
-@types.coroutine
-def _resume(call: Coroutine[Any, Any, None], waited: Any) -> Generator[Any, Any, None]:
-    """Drive `call`, started and now suspended on `waited` (what it yielded: the future it
-    awaits, or None for a bare turn), to its end: what the task running this sends or
-    throws in goes on to `call`, as `await` would have passed it (cancellation included)."""
-    while True:
-        try:
-            sent = yield waited
-        except GeneratorExit:  # closed unfinished (its loop went away): close the call too
-            call.close()
-            raise
-        except BaseException as exc:  # cancellation included
-            try:
-                waited = call.throw(exc)
-            except StopIteration:
-                return
-        else:
-            try:
-                waited = call.send(sent)
-            except StopIteration:
-                return
 
 
 class WireServer:

@@ -53,7 +53,12 @@ def test_collectors_export_exactly_the_declared_families(tmp_path: Path) -> None
         broker.send_message(Message(topic="names", body=b"x", queue_id=0))
         registry = CollectorRegistry()
         registry.register(
-            BrokerCollector(broker, send_seconds=Histogram(), busy_turns=lambda: (0, 0, 0))
+            BrokerCollector(
+                broker,
+                send_seconds=Histogram(),
+                busy_turns=lambda: (0, 0, 0),
+                overload=lambda: (0, 0),
+            )
         )
         assert _families(registry) == BROKER_METRICS
     finally:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import burst as burst_suite
 from bench import grpc as grpc_suite
 from bench import peers
 from bench.__main__ import discover
@@ -76,7 +77,7 @@ def _free_port() -> int:
 
 def test_suites_are_the_modules_without_a_leading_underscore() -> None:
     suites = discover()
-    assert {"grpc", "peers", "store", "reconcile"} <= set(suites)
+    assert {"grpc", "peers", "store", "reconcile", "burst"} <= set(suites)
     assert not [s for s in suites if s.startswith("_")]  # _common, _stub are not suites
 
 
@@ -154,6 +155,22 @@ def test_grpc_only_runs_the_chosen_group_and_keeps_every_key(tmp_path: Path) -> 
     for key in GRPC_KEYS - {"embedded_send_msgs_s", "embedded_receive_ack_msgs_s"}:
         assert metrics[key] is None, key
     assert "errors" not in metrics
+
+
+@pytest.mark.timeout(300)
+def test_burst_suite_quick_json_carries_every_key(tmp_path: Path) -> None:
+    """The burst case over the native wire (`--only`): its figures measured, every message
+    stored once; the other targets' keys present, null."""
+    proc = _bench("burst", "--quick", "--json", "--only", "^burst_wire$", "--dir", str(tmp_path))
+    metrics = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert proc.returncode == 0, (metrics.get("errors"), proc.stderr[-2000:])
+    assert not set(burst_suite.METRIC_NAMES) - metrics.keys()
+    assert metrics["burst_wire_stored_once"] == 2000 and metrics["burst_wire_duplicates"] == 0
+    for key in ("first_answer_ms", "p99_ms", "seconds"):
+        assert isinstance(metrics[f"burst_wire_{key}"], int | float), key
+        assert metrics[f"burst_wire_{key}"] > 0, key
+    assert metrics["burst_grpc_p99_ms"] is None and metrics["burst_nats_p99_ms"] is None
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_only_rejects_a_bad_pattern() -> None:

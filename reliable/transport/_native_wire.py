@@ -49,6 +49,8 @@ log = logging.getLogger("reliable.transport.grpc")
 STATUS = 0x2  # with ERROR: the body is a protocol Status (the server refused the hello)
 SWEEP_S = 0.05  # deadlines are enforced to this precision
 HELLO_EVERY_S = 600.0  # a fresh signature well inside the server's freshness window
+# a connection idle this long is checked for the server's close before a call uses it
+IDLE_CHECK_S = 0.1
 _DROP = ("x-mq-client-id", "x-mq-request-id")
 # answers to the port question that leave it open (asked again by the next call)
 _NOT_YET = (
@@ -133,7 +135,7 @@ class _Connection:
         self.sock = sock
         self.pending: dict[int, tuple[Future[Any], pw.Method]] = {}
         self.ids = itertools.count(1)
-        self.hello_at = time.monotonic()
+        self.hello_at = self.used_at = time.monotonic()
         self.broken = False
         self.buffer = bytearray()
         self.token = threading.Lock()
@@ -217,13 +219,17 @@ class WireChannel:
                 callbacks = self._callbacks = _Callbacks(f"wire-callbacks-{self.target}")
             future = WireFuture(callbacks)
             conn = self._conn
+            now = time.monotonic()
+            if conn is not None and not conn.broken and now - conn.used_at > IDLE_CHECK_S:
+                self._drop_if_closed(conn)
             if conn is None or conn.broken:
                 conn = self._connect(metadata, method, future)
                 if conn is None:  # the hello was refused: the future holds the answer
                     return future, None
-            elif time.monotonic() - conn.hello_at > HELLO_EVERY_S:
+            elif now - conn.hello_at > HELLO_EVERY_S:
                 self._send(conn, pw.frame(0, pw.HELLO, 0, _hello(metadata)))
                 conn.hello_at = time.monotonic()
+            conn.used_at = now
             request_id = next(conn.ids) & 0xFFFFFFFF or next(conn.ids)
             conn.pending[request_id] = (future, method)
             data = pw.frame(
@@ -262,6 +268,24 @@ class WireChannel:
             callbacks.stop()
 
     # --- the connection
+    def _drop_if_closed(self, conn: _Connection) -> None:
+        """Under the lock: forget a connection left idle that the server closed meanwhile
+        (it restarted): the call about to be made connects again instead of failing on
+        it. With nothing in flight, anything readable is the stream's end or a reset."""
+        if conn.pending or not conn.poller.poll(0):
+            return
+        try:
+            if conn.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT):
+                return
+        except BlockingIOError:
+            return
+        except OSError:
+            pass
+        conn.broken = True
+        self._conn = None
+        with contextlib.suppress(OSError):
+            conn.sock.close()
+
     def _connect(self, metadata: Any, method: pw.Method, future: Future[Any]) -> _Connection | None:
         """Under the lock: connect and say hello. None when the server refused the hello
         (`future` then holds `method`'s response with the refusal's status)."""

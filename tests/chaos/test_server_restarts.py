@@ -1,0 +1,151 @@
+"""SIGKILL `reliable broker start --flush sync` five times in a row while the framework's
+producer and simple consumer (grpc transport: over gRPC, and over the native wire) keep
+working through it.
+
+After every restart the producer that lived through the kills gets a send through within
+two seconds of the server serving again, whatever the restarts before did to its
+connections (gRPC's own reconnect backoff grows to 120 s; the transport caps it at 1 s);
+after the last one the consumer that also lived through them receives every message whose
+send was acknowledged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from reliable import Message, Producer, SimpleConsumer
+from tests.e2e.grpc.server_process import ServerProcess
+from tests.e2e.helpers import wait_until
+
+KILLS = 5
+BACK_WITHIN_S = 2.0  # from the server's ready line to the surviving client's first success
+SERVER = (
+    "--flush",
+    "sync",
+    "--min-invisible-ms",
+    "1000",
+    "--long-polling-ms",
+    "1000",
+    "--min-long-polling-ms",
+    "500",
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Sender:
+    """A thread sending one message after another; the time of each acknowledged send."""
+
+    def __init__(self, producer: Producer, topic: str) -> None:
+        self.producer, self.topic = producer, topic
+        self.acked: dict[bytes, float] = {}
+        self.failed = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        i = 0
+        while not self.stop.is_set():
+            body = f"m{i}".encode()
+            i += 1
+            try:
+                self.producer.send(Message(self.topic, body))
+            except Exception:  # the server is down: not acknowledged, the next one tries
+                self.failed += 1
+                time.sleep(0.01)
+                continue
+            self.acked[body] = time.monotonic()
+
+    def first_ack_after(self, since: float) -> float | None:
+        later = [t for t in list(self.acked.values()) if t >= since]
+        return min(later) if later else None
+
+
+@pytest.mark.chaos
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("wire", ["grpc", "native"])
+def test_clients_ride_through_five_kills_in_a_row(
+    tmp_path: Path, client_home: Path, wire: str, seed: int
+) -> None:
+    rng = random.Random(seed)
+    store = tmp_path / "store"
+    wire_port = _free_port()
+    extra = (*SERVER, "--wire-port", str(wire_port))
+    server = ServerProcess(store, client_home, *extra).start()
+    topic, group = f"t-restarts-{wire}", f"g-restarts-{wire}"
+    producer = Producer(
+        "grpc",
+        endpoint=server.endpoint,
+        wire=wire,
+        retry_times_when_send_failed=0,  # the transport's reconnect, not the retry policy
+        send_timeout_s=2.0,
+    )
+    consumer = SimpleConsumer(
+        group,
+        {topic: "*"},
+        transport="grpc",
+        endpoint=server.endpoint,
+        wire=wire,
+        await_duration_s=0.5,
+        invisible_duration_s=30,
+    )
+    sender = Sender(producer, topic)
+    delays: list[float] = []
+    try:
+        producer.start()
+        consumer.start()
+        sender.thread.start()
+        wait_until(lambda: len(sender.acked) >= 20, timeout=30, what="the first sends")
+        consumer.receive(8)  # its channel is open before the kills too
+        for _ in range(KILLS):
+            # a kill at a random moment of the sends' flow
+            time.sleep(rng.uniform(0.05, 0.4))
+            server.kill()
+            down = time.monotonic()
+            server = ServerProcess(store, client_home, *extra, port=server.port).start()
+            ready = time.monotonic()
+            wait_until(
+                lambda since=down: sender.first_ack_after(since) is not None,  # type: ignore[misc]
+                timeout=30,
+                what="a send after the restart",
+            )
+            back = sender.first_ack_after(down)
+            assert back is not None
+            delays.append(max(0.0, back - ready))
+        assert max(delays) <= BACK_WITHIN_S, (delays, seed)
+
+        # the consumer that lived through the kills gets through at once too
+        ready = time.monotonic()
+        consumer.receive(1)
+        assert time.monotonic() - ready <= BACK_WITHIN_S + 0.5  # its long poll included
+        sender.stop.set()
+        sender.thread.join(10)
+        acked = set(sender.acked)
+        got: set[bytes] = set()
+
+        def everything() -> bool:
+            for m in consumer.receive(32):
+                got.add(m.body)
+                consumer.ack(m)
+            return acked <= got
+
+        wait_until(everything, timeout=60, what="every acknowledged message")
+        assert acked <= got, (len(acked - got), seed)
+    finally:
+        sender.stop.set()
+        for client in (consumer, producer):
+            with contextlib.suppress(Exception):  # the server may be gone: no goodbye lands
+                client.shutdown()
+        server.kill()

@@ -519,6 +519,15 @@ class Broker(ProduceEngine):
             with self._acting_lock:
                 self._stop_acting()
             self.config = dataclasses.replace(self.config, replica=False)
+            if self._running:
+                # what the master decided reached this log through replication, byte for
+                # byte: its leases (the revive log) and its transaction checks (the op
+                # log). Taken now, before anything is written here, so a message received
+                # on the old master stays invisible until its lease ends, and a half
+                # message checked there waits for its next check time (docs/ha.md)
+                self.store.wait_dispatched(timeout_s=60.0)
+                self._pop.load()
+                self._tx.load()
             report = self._acting_report.document()
             if report is not None and self._running:
                 self.merge_acting_offsets(report, own=True)

@@ -21,7 +21,10 @@ the fsync happens after the lock is released, so concurrent receives and acks sh
 commits; a change that others already build on is earlier in the log than theirs, so it is
 on disk whenever theirs is. A snapshot of the whole state
 with the revive-log offset it covers is written to `config/popState.json` periodically and at
-shutdown; start-up loads the snapshot and replays the log after it. A record holds a list
+shutdown; start-up loads the snapshot and replays the log after it. Replication copies the
+revive log to a slave with the rest of the commitlog; a promoted slave replays it the same
+way before it hands anything out (`Broker.promote`), so the old master's leases hold there
+until they end. A record holds a list
 of operations on one (group, topic):
 
     ["I", qid, offset]                                   open the window at offset

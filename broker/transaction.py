@@ -20,7 +20,11 @@ real topic's queue only ever receives the committed copy.
 State survives a restart: it is entirely in the store. The op topic
 (`RMQ_SYS_TRANS_OP_HALF_TOPIC` q0) is replayed from its committed offset; the committed
 offsets of both system topics (group `CID_RMQ_SYS_TRANS`) advance together and are
-persisted with consumerOffset.json.
+persisted with consumerOffset.json. A check record's store time is its half message's last
+check: replayed, the half waits for its next check time instead of being checked at once.
+A slave holds the same records (replication copies the log), and a promoted slave replays
+them before it checks anything (`Broker.promote`), so the check-back goes on where the old
+master left it.
 
 Commit writes the real message before the op record: a crash in between leaves the half
 unresolved, and the next check finds the committed copy by its unique key (matching its
@@ -146,7 +150,9 @@ class TransactionService(ServiceThread):
         self._lock = threading.RLock()
         self._resolved: dict[int, str] = {}  # half queue offset -> commit/rollback
         self._checks: dict[int, int] = {}  # half queue offset -> checks so far
-        self._last_check: dict[int, int] = {}  # in memory only: ms of the last check
+        # ms of the last check: set by each check, and from the op log's check records
+        # (their store time) when it is replayed
+        self._last_check: dict[int, int] = {}
         self._ops: list[tuple[int, int]] = []  # (op queue offset, half queue offset)
         self._half_progress = 0
         self._op_progress = 0
@@ -164,6 +170,7 @@ class TransactionService(ServiceThread):
             self._op_progress = max(op, self._store.get_min_offset_in_queue(TRANS_OP_HALF_TOPIC, 0))
             self._resolved.clear()
             self._checks.clear()
+            self._last_check.clear()
             self._ops.clear()
             offset = self._op_progress
             while True:
@@ -171,13 +178,15 @@ class TransactionService(ServiceThread):
                     TRANSACTION_GROUP, TRANS_OP_HALF_TOPIC, 0, offset, _READ_BATCH
                 )
                 for msg in result.messages:
-                    self._apply_op(msg.queue_offset, json.loads(msg.body))
+                    self._apply_op(msg.queue_offset, json.loads(msg.body), msg.store_timestamp)
                     offset = msg.queue_offset + 1
                 if not result.messages:
                     break
             self._advance()
 
-    def _apply_op(self, op_offset: int, op: dict[str, object]) -> None:
+    def _apply_op(self, op_offset: int, op: dict[str, object], at_ms: int | None = None) -> None:
+        """Take one op record; `at_ms`: when it was stored (a replayed check's time, so
+        the half message waits for its next check time after a restart or a promotion)."""
         half = int(str(op["h"]))
         kind = str(op["r"])
         self._ops.append((op_offset, half))
@@ -185,6 +194,8 @@ class TransactionService(ServiceThread):
             return  # settled before the progress mark: nothing to remember
         if kind == CHECK:
             self._checks[half] = int(str(op.get("n", 1)))
+            if at_ms is not None:
+                self._last_check[half] = max(self._last_check.get(half, 0), at_ms)
         else:
             self._resolved.setdefault(half, kind)
 

@@ -43,6 +43,7 @@ SHARED_UNITS = ("tests/integration/reconcile/", "tests/interop/rocketmq/")
 # one worker busy on one of them while the others idle.
 LONGEST_FIRST: list[str] = [
     "tests/integration/reconcile",
+    "tests/interop/test_official_clients.py",
     "tests/e2e/test_demo.py",
     "tests/unit/test_bench.py",
     "tests/e2e/grpc/test_admin_ops.py",

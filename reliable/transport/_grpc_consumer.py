@@ -444,9 +444,7 @@ class ConsumerSide(GrpcSession):
                 request, timeout=self._timeout, metadata=self.metadata(self._client_of(group))
             )
         except grpc.RpcError as exc:
-            raise TransportError(
-                f"AckMessage to {target}: {exc.code().name}: {exc.details()}"
-            ) from None
+            raise wire.call_failure("AckMessage", target, exc) from None
         return self._ack_results(messages, response)
 
     def submit_ack(

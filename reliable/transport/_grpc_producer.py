@@ -17,7 +17,13 @@ import grpc
 from broker import protocol_ext
 from broker.clock import wall_ms
 from broker.config import DEFAULT_DELAY_LEVELS_MS
-from reliable.errors import BadRequest, ReliableError, TransportError
+from reliable.errors import (
+    BadRequest,
+    BrokerCallError,
+    FailureKind,
+    ReliableError,
+    TransportError,
+)
 from reliable.message import Message, SendReceipt, SendStatus, send_receipt
 from reliable.transport import _grpc_wire as wire
 from reliable.transport._grpc_session import GrpcSession
@@ -30,6 +36,9 @@ from reliable.transport.base import (
 )
 
 log = logging.getLogger("reliable.transport.grpc")
+
+# a send refused for one of these forgets the topic's route (a failed call does too)
+_REROUTE = frozenset({FailureKind.TRY_ELSEWHERE, FailureKind.NOT_REPLICATED})
 
 
 class ProducerSide(GrpcSession):
@@ -118,6 +127,11 @@ class ProducerSide(GrpcSession):
                 try:
                     wire.check_status(status, "SendMessage")
                 except ReliableError as exc:
+                    if isinstance(exc, BrokerCallError) and exc.kind in _REROUTE:
+                        # a slave refusing writes, a master without its slave: a failover
+                        # may be under way, so the next attempt asks for the route again
+                        # and goes to the new master as soon as one serves
+                        self._forget_route(m.topic)
                     out.append(exc)
                     continue
             # our server says which queue it chose (`broker.protocol_ext`); a queue id names
@@ -203,9 +217,7 @@ class ProducerSide(GrpcSession):
             )
         except grpc.RpcError as exc:
             self._forget_route(messages[0].topic)
-            raise TransportError(
-                f"SendMessage to {target}: {exc.code().name}: {exc.details()}"
-            ) from None
+            raise wire.call_failure("SendMessage", target, exc) from None
         receipts = []
         for result in self._results(messages, response):
             if isinstance(result, BaseException):
@@ -328,9 +340,7 @@ class ProducerSide(GrpcSession):
                 request, timeout=self._timeout, metadata=self.metadata(self._producer_id)
             )
         except grpc.RpcError as exc:
-            raise TransportError(
-                f"EndTransaction to {target}: {exc.code().name}: {exc.details()}"
-            ) from None
+            raise wire.call_failure("EndTransaction", target, exc) from None
         wire.check_status(response.status, "EndTransaction")
 
     def set_transaction_checker(

@@ -352,9 +352,7 @@ class GrpcSession:
                 metadata=self.metadata(client_id or self._base_id),
             )
         except grpc.RpcError as exc:
-            raise TransportError(
-                f"{method} to {target}: {exc.code().name}: {exc.details()}"
-            ) from None
+            raise wire.call_failure(method, target, exc) from None
         wire.check_status(response.status, method)
         return response
 
@@ -381,7 +379,7 @@ class GrpcSession:
             except grpc.RpcError as exc:
                 if on_rpc_error is not None:
                     on_rpc_error()
-                done(TransportError(f"{method} to {where}: {exc.code().name}: {exc.details()}"))
+                done(wire.call_failure(method, where, exc))
                 return
             except Exception as exc:  # cancelled on close
                 done(TransportError(f"{method} to {where}: {exc!r}"))

@@ -28,6 +28,7 @@ from reliable.errors import (
     FailureKind,
     ReceiptHandleError,
     ReliableError,
+    TransportError,
 )
 from reliable.message import ReceivedMessage
 from reliable.transport._pb import definition_pb2, service_pb2
@@ -68,9 +69,9 @@ _SUCCESS = _codes("OK", "MULTIPLE_RESULTS", "MESSAGE_NOT_FOUND")
 SUCCESS_CODES = _SUCCESS  # the codes `check_status` lets pass (a caller's fast path)
 _BUSY = _codes("TOO_MANY_REQUESTS")
 _RECEIPT = _codes("INVALID_RECEIPT_HANDLE")
-_NOT_STORED_OK = _codes(
-    "MASTER_PERSISTENCE_TIMEOUT", "SLAVE_PERSISTENCE_TIMEOUT", "HA_NOT_AVAILABLE"
-)
+_NOT_STORED_OK = _codes("MASTER_PERSISTENCE_TIMEOUT")
+# a sync-master stored it, no slave confirmed it (docs/ha.md): resent by default
+_NOT_REPLICATED = _codes("SLAVE_PERSISTENCE_TIMEOUT", "HA_NOT_AVAILABLE")
 _TRY_ELSEWHERE_4XX = _codes(
     "FORBIDDEN", "NOT_FOUND", "TOPIC_NOT_FOUND", "CONSUMER_GROUP_NOT_FOUND", "REQUEST_TIMEOUT"
 )
@@ -97,11 +98,24 @@ def check_status(status: Any, what: str) -> None:
         raise BrokerBusy(message, code=name)
     if code in _RECEIPT:
         raise ReceiptHandleError("", message)
+    if code in _NOT_REPLICATED:
+        raise BrokerCallError(FailureKind.NOT_REPLICATED, message, code=name)
     if code in _NOT_STORED_OK:
         raise BrokerCallError(FailureKind.NOT_STORED_OK, message, code=name)
     if code >= _SERVER_ERRORS_FROM or code in _TRY_ELSEWHERE_4XX:
         raise BrokerCallError(FailureKind.TRY_ELSEWHERE, message, code=name)
     raise BadRequest(message, code=name)
+
+
+def call_failure(method: str, where: str, exc: grpc.RpcError) -> BrokerCallError:
+    """The client's error for a call gRPC itself failed: `RESOURCE_EXHAUSTED` (the server's
+    limit on calls or streams) is flow control, retried after a back-off like the protocol's
+    `TOO_MANY_REQUESTS`; any other code is a transport failure."""
+    code = exc.code()
+    message = f"{method} to {where}: {code.name}: {exc.details()}"
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return BrokerBusy(message, code=code.name)
+    return TransportError(message)
 
 
 def miscounted(response: Any, method: str, expected: int) -> ReliableError:

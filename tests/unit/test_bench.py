@@ -105,6 +105,26 @@ def test_store_suite_quick_json(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []  # the suite's files are removed
 
 
+@pytest.mark.slow
+def test_restart_suite_quick_json(tmp_path: Path) -> None:
+    """Every size's keys are there: the quick sizes measured, the others null."""
+    from bench import restart
+
+    proc = _bench("restart", "--quick", "--json", "--dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    metrics = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(restart.metric_keys()) <= metrics.keys()
+    for mib in restart.KEYS_MIB:
+        for what in ("serving_s", "first_send_s"):
+            value = metrics[f"restart_{mib}mib_{what}"]
+            if mib in restart.QUICK_SIZES_MIB:
+                assert isinstance(value, float) and 0 < value < 120, (mib, what, value)
+            else:
+                assert value is None, (mib, what)
+    assert "serving s (median)" in proc.stdout  # the table
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_peers_suite_quick_json_measures_both_peers(tmp_path: Path) -> None:
     """Against the machine's RabbitMQ and NATS: every peer figure present and positive,
     the queue and the stream it made are gone afterwards."""

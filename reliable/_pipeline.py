@@ -322,9 +322,10 @@ class SendPipeline(LingeringSender):
         pause_s = 0.0
         for item, result in zip(items, results, strict=True):
             if isinstance(result, SendReceipt):
+                status = result.status
                 if (
-                    result.status is not SendStatus.SEND_OK
-                    and self._policy.retry_not_stored_ok
+                    status is not SendStatus.SEND_OK
+                    and (self._policy.retry_not_stored_ok or status.not_replicated)
                     and item.elsewhere < self._policy.retry_times
                 ):
                     item.elsewhere += 1
@@ -340,7 +341,10 @@ class SendPipeline(LingeringSender):
                 item.busy += 1
                 pause_s = max(pause_s, self._policy.backoff.delay(item.busy, self._policy.rng))
                 retry.append(item)
-            elif is_try_elsewhere(result) and item.elsewhere < self._policy.retry_times:
+            elif (
+                is_try_elsewhere(result, not_stored_ok=self._policy.retry_not_stored_ok)
+                and item.elsewhere < self._policy.retry_times
+            ):
                 item.elsewhere += 1
                 retry.append(item)
             else:

@@ -42,7 +42,10 @@ class FailureKind(enum.Enum):
     TRY_ELSEWHERE = "try_elsewhere"  # system error/busy, no permission, topic missing, unavailable
     FLOW_CONTROL = "flow_control"  # the broker is busy: back off, then retry
     BAD_REQUEST = "bad_request"  # the request itself is wrong: never retry
-    NOT_STORED_OK = "not_stored_ok"  # stored, but not flushed/replicated as asked
+    NOT_STORED_OK = "not_stored_ok"  # stored, but not flushed as asked: retried when asked
+    # stored on a master that no slave confirmed it to (HA_NOT_AVAILABLE,
+    # SLAVE_PERSISTENCE_TIMEOUT; a failover under way): resent with the same message id
+    NOT_REPLICATED = "not_replicated"
 
 
 class BrokerCallError(SendError):
@@ -59,6 +62,7 @@ class BrokerCallError(SendError):
             FailureKind.TRANSPORT,
             FailureKind.TRY_ELSEWHERE,
             FailureKind.FLOW_CONTROL,
+            FailureKind.NOT_REPLICATED,
         )
 
 

@@ -28,6 +28,12 @@ class SendStatus(enum.Enum):
     FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
     SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
 
+    @property
+    def not_replicated(self) -> bool:
+        """Stored on a sync-master that no slave confirmed it to: the producer resends it
+        (the same message id) within its retry budget, by default (docs/ha.md)."""
+        return self in (SendStatus.FLUSH_SLAVE_TIMEOUT, SendStatus.SLAVE_NOT_AVAILABLE)
+
 
 class _UniqueIdGenerator:
     """Client-generated unique message ids (the broker's `UNIQ_KEY`), 32 hex chars.

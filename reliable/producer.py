@@ -2,7 +2,9 @@
 
 Sync sends make `1 + retry_times_when_send_failed` attempts, each on another queue (and,
 where the route has several, another broker), retrying only failures that mean "try
-elsewhere"; a bad request fails at once. A busy broker is retried after an exponential
+elsewhere" and a sync-master's "stored, no slave confirmed it" (a failover under way: each
+attempt sends the same message, id included, which the server de-duplicates); a bad request
+fails at once. A busy broker is retried after an exponential
 backoff (1 s x 1.6, jitter 0.2, at most 120 s). Both policies are tenacity values
 (`reliable.retry`). With `send_latency_fault_enable`, brokers that answered slowly or failed
 are avoided for a while (`reliable.latency`).
@@ -76,7 +78,12 @@ class TransactionSendResult:
 class _NotStoredOk(BrokerCallError):
     def __init__(self, receipt: SendReceipt) -> None:
         self.receipt = receipt
-        super().__init__(FailureKind.NOT_STORED_OK, f"stored with {receipt.status.value}")
+        kind = (
+            FailureKind.NOT_REPLICATED
+            if receipt.status.not_replicated
+            else FailureKind.NOT_STORED_OK
+        )
+        super().__init__(kind, f"stored with {receipt.status.value}")
 
 
 def _to_state(value: object) -> TransactionState:
@@ -502,7 +509,10 @@ class Producer:
                     timeout_s=self._send_timeout_s,
                 ),
             )
-            if receipt.status is not SendStatus.SEND_OK and policy.retry_not_stored_ok:
+            status = receipt.status
+            if status is not SendStatus.SEND_OK and (
+                policy.retry_not_stored_ok or status.not_replicated
+            ):
                 attempts.append((str(queue), _NotStoredOk(receipt)))
                 raise _NotStoredOk(receipt)
             return receipt

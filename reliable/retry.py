@@ -2,7 +2,9 @@
 
 - Send retries: `1 + retry_times` attempts, no wait, each on another queue, only for failures
   that mean "try elsewhere" (transport errors, system error/busy, no permission, topic missing,
-  service unavailable). Bad requests are never retried.
+  service unavailable) and for a sync-master's "stored, not replicated" answers
+  (`FailureKind.NOT_REPLICATED`: a failover under way; the resend carries the same message
+  id, which the server de-duplicates). Bad requests are never retried.
 - Flow control (the broker is busy): exponential backoff, initial 1 s, x1.6, jitter +-0.2,
   capped at 120 s, with its own attempt budget.
 
@@ -80,7 +82,7 @@ def is_flow_control(exc: BaseException) -> bool:
 def is_try_elsewhere(exc: BaseException, *, not_stored_ok: bool = False) -> bool:
     if not isinstance(exc, BrokerCallError):
         return False
-    kinds = {FailureKind.TRANSPORT, FailureKind.TRY_ELSEWHERE}
+    kinds = {FailureKind.TRANSPORT, FailureKind.TRY_ELSEWHERE, FailureKind.NOT_REPLICATED}
     if not_stored_ok:
         kinds.add(FailureKind.NOT_STORED_OK)
     return exc.kind in kinds

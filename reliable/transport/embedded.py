@@ -67,10 +67,10 @@ _TRY_ELSEWHERE = {
     "NO_PERMISSION",
     "TOPIC_NOT_EXIST",
     "SERVICE_NOT_AVAILABLE",
-    "SLAVE_NOT_AVAILABLE",
-    "FLUSH_SLAVE_TIMEOUT",
     "SUBSCRIPTION_GROUP_NOT_EXIST",
 }
+# stored on a sync-master, no slave confirmed it: resent (`FailureKind.NOT_REPLICATED`)
+_NOT_REPLICATED = {"SLAVE_NOT_AVAILABLE", "FLUSH_SLAVE_TIMEOUT"}
 _BUSY = {"SYSTEM_BUSY"}
 
 _SEND_STATUS = {
@@ -105,6 +105,8 @@ def translate(exc: BaseException) -> BaseException:
             return BrokerBusy(str(exc), code=name)
         if name in _TRY_ELSEWHERE:
             return BrokerCallError(FailureKind.TRY_ELSEWHERE, str(exc), code=name)
+        if name in _NOT_REPLICATED:
+            return BrokerCallError(FailureKind.NOT_REPLICATED, str(exc), code=name)
         return BadRequest(str(exc), code=name)
     return BrokerCallError(FailureKind.TRY_ELSEWHERE, f"{type(exc).__name__}: {exc}")
 

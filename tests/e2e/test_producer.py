@@ -420,3 +420,72 @@ def test_pipelined_sends_under_sync_flush_are_acknowledged_once_on_disk(
     assert producer.requests_sent < 300  # batched: the record-batch path was taken
     assert len(flushed_at_ack) == 300
     assert all(flushed > offset for offset, flushed in flushed_at_ack)
+
+
+class IdRecorder(FaultySubmit):
+    """Records the message id of every attempt, sync and pipelined."""
+
+    def __init__(self, inner: Transport, failures: int, error: Callable[[], Exception]) -> None:
+        super().__init__(inner, failures, error)
+        self.ids: list[str] = []
+
+    def send(self, message: Message, queue: QueueRef, **kwargs: Any) -> Any:
+        self.ids.append(message.message_id)
+        return super().send(message, queue, **kwargs)
+
+    def submit_send(self, messages: Any, queue: QueueRef, **kwargs: Any) -> None:
+        self.ids.extend(m.message_id for m in messages)
+        super().submit_send(messages, queue, **kwargs)
+
+
+@pytest.mark.parametrize("code", ["HA_NOT_AVAILABLE", "SLAVE_PERSISTENCE_TIMEOUT"])
+def test_a_sync_masters_not_replicated_answer_is_resent_by_default_with_the_same_id(
+    transport: Transport, code: str
+) -> None:
+    """docs/ha.md: a failover under way answers "stored, no slave confirmed it"; a
+    producer with default settings sends again (the same message id, which the server
+    de-duplicates), within its retry budget, then raises."""
+    from reliable import BrokerCallError
+    from reliable.errors import FailureKind
+
+    def error() -> Exception:
+        return BrokerCallError(FailureKind.NOT_REPLICATED, "no slave", code=code)
+
+    seam = IdRecorder(transport, 2, error)
+    with Producer(seam) as producer:  # type: ignore[arg-type]
+        message = Message("not-replicated", b"x")
+        receipt = producer.send(message)
+        assert receipt.status is SendStatus.SEND_OK
+        assert seam.ids == [message.message_id] * 3  # two refusals, then stored
+        seam.ids.clear()
+        seam.queues.clear()
+        later = Message("not-replicated", b"y")
+        assert producer.send_async(later).result(10).status is SendStatus.SEND_OK
+        assert seam.ids == [later.message_id] * 3
+        seam.queues.clear()
+        seam._failures = 99  # the budget is bounded: 1 + 2 attempts, then SendFailed
+        with pytest.raises(SendFailed) as failed:
+            producer.send(Message("not-replicated", b"z"))
+        assert len(failed.value.attempts) == 3
+        assert isinstance(failed.value.last_error, BrokerCallError)
+        assert failed.value.last_error.kind is FailureKind.NOT_REPLICATED
+
+
+class NotReplicatedReceiptFirst(NotFlushedFirst):
+    """The in-process broker's form: the first send is stored, its receipt says no slave
+    confirmed it (SLAVE_NOT_AVAILABLE)."""
+
+    def send(self, message: Message, queue: QueueRef, **kwargs: Any) -> Any:
+        import dataclasses
+
+        receipt = NotFlushedFirst.send(self, message, queue, **kwargs)
+        if receipt.status is SendStatus.FLUSH_DISK_TIMEOUT:
+            return dataclasses.replace(receipt, status=SendStatus.SLAVE_NOT_AVAILABLE)
+        return receipt
+
+
+def test_a_not_replicated_receipt_is_resent_by_default(transport: Transport) -> None:
+    seam = NotReplicatedReceiptFirst(transport)
+    with Producer(seam) as producer:  # type: ignore[arg-type]
+        receipt = producer.send(Message("not-replicated-receipt", b"x"))
+    assert receipt.status is SendStatus.SEND_OK and len(seam.queues) == 2

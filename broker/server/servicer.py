@@ -154,6 +154,11 @@ class MessagingServicer:
         self._forward = self.consuming.forward_to_dlq
         self._change_invisible = self.consuming.change_invisible_duration
         self._read_only = False
+        # producers resend what the old master stored and never answered; a copy that
+        # reached this store by replication is found by its unique key, as after a restart:
+        # the de-duplication's recovery window starts now (docs/server.md, docs/ha.md)
+        self.ctx.had_messages = True
+        self.ctx.started_ms = self.ctx.clock()
 
     async def _unary(self, context: Any, response_type: Any, handler: Handler, request: Any) -> Any:
         try:

@@ -56,7 +56,18 @@ class _Version(argparse.Action):
         parser.exit()
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _noun_of(argv: Sequence[str]) -> str | None:
+    """The command `argv` names, when its first word is one (options before it aside)."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word if word in _NOUNS else None
+    return None
+
+
+def build_parser(noun: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with `noun`, that command's alone: a command imports what it
+    needs (the broker's server, the demo's database drivers, ...) when registered, and
+    `reliable broker start` after a crash should not wait for the imports of the others."""
     parser = argparse.ArgumentParser(
         prog="reliable",
         description="Reliable messaging: broker, outbox, idempotent consumers, reconciliation.",
@@ -70,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="more logging on stderr (repeat for debug)",
     )
     sub = parser.add_subparsers(dest="noun", metavar="<command>")
-    for name in _NOUNS.values():
+    for name in [_NOUNS[noun]] if noun is not None else _NOUNS.values():
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
@@ -82,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(_noun_of(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     # --log-format belongs to the long-running commands (reliable_cli.observe)

@@ -50,6 +50,8 @@ SERVER = (
     "1000",
     "--min-long-polling-ms",
     "500",
+    "--default-invisible-ms",  # a push consumer's lease the server renews while it lives
+    "5000",
     "--delay-levels",
     "1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s",
 )
@@ -330,6 +332,17 @@ class Topology:
             > stubs[m].queue_offset
             for m in ids
         )
+
+    def positions(self, group: str, ids: set[str]) -> dict[int, tuple[int | None, int]]:
+        """Per queue: the group's committed offset and one past the last copy of `ids`."""
+        stubs = self.stubs()
+        ends: dict[int, int] = {}
+        for m in ids:
+            ends[stubs[m].queue_id] = max(ends.get(stubs[m].queue_id, 0), stubs[m].queue_offset + 1)
+        return {
+            q: (self.offsets.committed_offset(group, self.topic, q), end)
+            for q, end in sorted(ends.items())
+        }
 
     def due(self) -> bool:
         now = utcnow()

@@ -499,6 +499,31 @@ def check_message_and_return_size(
     )
 
 
+_MAGIC_CRC = struct.Struct(">iI")  # MAGICCODE, CRC
+
+
+def scan_record(
+    buf: memoryview | bytes | bytearray | mmap.mmap, pos: int, expected_offset: int
+) -> tuple[int, int]:
+    """`check_message_and_return_size(buf, pos, True, expected_offset)`'s verdict, and the
+    record's store time (0 when not valid): recovery's scan, which needs nothing else.
+
+    A version-2 record goes through the compiled checks (`_dispatch_record`), its position
+    and its RECORDCRC: one C call each, ~2.5x faster than the Python path for a 1 KiB
+    record. Anything those do not accept whole (a blank record, an invalid or version-1
+    record) gets the Python path's verdict, so the answers are the same (a test compares
+    them on damaged records)."""
+    if _dispatch_record is not None and pos >= 0:
+        fields = _dispatch_record(buf, pos)
+        if fields[1] is not None and fields[3] == expected_offset:
+            total = fields[0]
+            magic, crc = _MAGIC_CRC.unpack_from(buf, pos + 4)
+            if magic == RECORD_MAGIC_CODE:
+                return (total, fields[4]) if record_crc(buf, pos, total) == crc else (-1, 0)
+    size, req = check_message_and_return_size(buf, pos, True, expected_offset)
+    return size, (req.store_timestamp if req is not None else 0)
+
+
 def _dispatch_request(
     total: int,
     topic: str,

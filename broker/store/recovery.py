@@ -44,6 +44,7 @@ from broker.store.codec import (
     MESSAGE_MAGIC_CODE,
     RECORD_MAGIC_CODE,
     check_message_and_return_size,
+    scan_record,
 )
 from broker.store.commitlog import CommitLog
 from broker.store.config import FlushMode
@@ -168,12 +169,11 @@ def _scan(files: list[MappedFile], start: int, flushed: int = 0) -> _ScanEnd:
             with mf.buffer() as buf:
                 pos = 0
                 while True:
-                    size, req = check_message_and_return_size(buf, pos, True, base + pos)
+                    size, store_ts = scan_record(buf, pos, base + pos)
                     if size > 0:
-                        assert req is not None
                         pos += size
                         records += 1
-                        last_ts = req.store_timestamp
+                        last_ts = store_ts
                         continue
                     if size == 0:
                         break  # blank record or exact end: the next file goes on

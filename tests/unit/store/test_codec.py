@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import struct
 import zlib
@@ -464,3 +465,41 @@ def test_compiled_and_python_record_reads_agree() -> None:
         refused += want is None
         failed += want is False
     assert valid > 1_000 and refused > 1_000 and failed > 1_000
+
+
+def test_recoverys_scan_gives_the_full_checks_verdict() -> None:
+    """`scan_record` (compiled checks, position and RECORDCRC) answers as
+    `check_message_and_return_size(..., check_crc=True, expected_offset=...)` does, with the
+    record's store time, on records and on (seeded) damaged copies, resealed or not (a
+    damaged record whose checksum matches again), at the expected position or not."""
+    from broker.store import codec
+
+    assert codec._dispatch_record is not None  # the compiled path is the one tested
+    records = [
+        _record(),
+        _record(b"x" * 300, topic="тема", props={"a": "é", Prop.UNIQ_KEY: "U"}),
+        _record(props={}),
+        _record(topic="SCHEDULE_TOPIC_XXXX", props={Prop.TIMER_DELIVER_MS: "1700000005000"}),
+    ]
+
+    def want(buf: bytes, pos: int, expected: int) -> tuple[int, int]:
+        size, req = check_message_and_return_size(buf, pos, True, expected)
+        return size, (req.store_timestamp if req is not None else 0)
+
+    tail = encode_blank(16) + bytes(8)
+    for rec in records:
+        for buf in (bytes(rec), bytes(rec) + tail, bytes(rec) + bytes(3)):
+            for pos, expected in ((0, 4096), (0, 4097), (len(rec), 4096 + len(rec))):
+                assert codec.scan_record(buf, pos, expected) == want(buf, pos, expected)
+    rng = random.Random(20261129)
+    valid = 0
+    for _ in range(20_000):
+        buf = _damaged(rng, rng.choice(records))
+        if rng.random() < 0.5 and len(buf) >= 91:
+            with contextlib.suppress(Exception):  # a header too broken to reseal stays so
+                reseal(buf, 0)
+        expected = 4096 if rng.random() < 0.9 else rng.choice([0, 4095, 4097])
+        verdict = want(bytes(buf), 0, expected)
+        assert codec.scan_record(bytes(buf), 0, expected) == verdict
+        valid += verdict[0] > 0
+    assert valid > 1_000

@@ -16,7 +16,9 @@ import random
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -147,5 +149,95 @@ def test_clients_ride_through_five_kills_in_a_row(
         sender.stop.set()
         for client in (consumer, producer):
             with contextlib.suppress(Exception):  # the server may be gone: no goodbye lands
+                client.shutdown()
+        server.kill()
+
+
+# What docs/server.md ("Restarts") tells users of the official Python client to run before
+# making a client: the client builds its channels itself, with gRPC's default reconnect
+# backoff (1 s growing 1.6x a failure to 120 s).
+OFFICIAL_RECONNECT = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
+    ("grpc.min_reconnect_backoff_ms", 5_000),
+]
+
+
+@contextlib.contextmanager
+def official_reconnect_capped() -> Iterator[None]:
+    import grpc.aio
+
+    made = grpc.aio.insecure_channel
+
+    def insecure_channel(target: str, options: Any = None, *args: Any, **kw: Any) -> Any:
+        return made(target, [*(options or ()), *OFFICIAL_RECONNECT], *args, **kw)
+
+    grpc.aio.insecure_channel = insecure_channel
+    try:
+        yield
+    finally:
+        grpc.aio.insecure_channel = made
+
+
+@pytest.mark.chaos
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_official_simple_consumer_with_the_documented_setting_rides_through_kills(
+    tmp_path: Path, client_home: Path, seed: int
+) -> None:
+    """The official SimpleConsumer that lived through five kills receives within two
+    seconds of the server serving again (without the setting, its backoff grows with
+    every failed attempt: after ten kills it stayed away for the rest of a minute)."""
+    from tests.e2e.grpc import official
+
+    rng = random.Random(seed)
+    server = ServerProcess(tmp_path / "store", client_home, *SERVER).start()
+    topic, group = "t-restarts-official", "g-restarts-official"
+    with official_reconnect_capped():
+        producer = official.producer(server.endpoint, [topic])
+        consumer = official.simple_consumer(server.endpoint, group, topic, await_s=1)
+    try:
+        sent = {
+            producer.send(official.message(topic, f"m{i}".encode())).message_id for i in range(5)
+        }
+        delays: list[float] = []
+        for _ in range(KILLS):
+            server.kill()
+            stop = threading.Event()
+
+            def poll(stop: threading.Event = stop) -> None:  # the consumer keeps trying
+                while not stop.is_set():
+                    with contextlib.suppress(Exception):
+                        consumer.receive(1, 15)
+                    time.sleep(0.05)
+
+            poller = threading.Thread(target=poll, daemon=True)
+            poller.start()
+            time.sleep(rng.uniform(0.5, 1.5))  # down a while: attempts fail meanwhile
+            stop.set()
+            poller.join(30)
+            server = ServerProcess(tmp_path / "store", client_home, *SERVER, port=server.port)
+            server.start()
+            ready = time.monotonic()
+            while True:
+                try:
+                    got = consumer.receive(32, 15)
+                    break
+                except Exception:
+                    assert time.monotonic() - ready < 30, "the consumer never got back"
+                    time.sleep(0.02)
+            delays.append(time.monotonic() - ready)
+            for m in got:
+                consumer.ack(m)
+                sent.discard(m.message_id)
+        # a receive waits up to its long poll (1 s here) when nothing is left
+        assert max(delays) <= BACK_WITHIN_S + 1.0, (delays, seed)
+        rest = official.receive_until(
+            consumer, lambda g: sent <= {m.message_id for m in g}, timeout_s=30
+        )
+        assert sent <= {m.message_id for m in rest}
+    finally:
+        for client in (consumer, producer):
+            with contextlib.suppress(Exception):
                 client.shutdown()
         server.kill()

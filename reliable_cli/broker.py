@@ -340,6 +340,34 @@ def register(sub: Any) -> None:
         metavar="MS",
         help="with --cluster: how often every other server's gRPC health is probed (default 1000)",
     )
+    fo = s.add_argument_group(
+        "automatic failover (docs/ha.md, Automatic failover; default: promotion by an operator)"
+    )
+    fo.add_argument(
+        "--coordinator",
+        default=None,
+        metavar="etcd://HOST:PORT",
+        help="the etcd server (its client URL) that names each broker group's master",
+    )
+    fo.add_argument(
+        "--failover",
+        choices=("manual", "auto"),
+        default="manual",
+        help="auto: with --coordinator, the group's master is whoever etcd names; every "
+        "broker starts as a follower, the most caught-up one is promoted when the master "
+        "is lost, and --role (sync-master or async-master) is what it becomes. Every "
+        "broker of the group has its own --broker-id (1 or more) and a fixed --ha-port "
+        "(default manual: `reliable admin broker promote`)",
+    )
+    fo.add_argument(
+        "--failover-ttl-s",
+        type=int,
+        default=2,
+        metavar="S",
+        help="the lease TTL: a lost master is replaced about this long after its last "
+        "renewal, and a master that cannot renew stops acknowledging sends after 3/4 of "
+        "it (default 2, etcd's minimum)",
+    )
     observe.add_arguments(s)
     s.set_defaults(handler=start)
     p.set_defaults(handler=lambda _a: (p.print_help(sys.stderr), ExitCode.USAGE)[1])
@@ -497,12 +525,20 @@ def start(args: argparse.Namespace) -> int:
     except (BrokerError, StoreError, OSError) as exc:
         return _fail(f"cannot start the broker: {exc}", ExitCode.FAILURE)
     node: HaNode | None = None
+    failover: Any = None
     try:
-        if ha_config.role is HaRole.SLAVE:
+        if ha_config.coordinated:
+            failover, ha_config = _coordinated(args, ha_config)
+        if ha_config.role is HaRole.SLAVE and ha_config.master is not None:
             broker = _rejoin(broker, ha_config, StoreConfig(**store_kwargs), broker_config)
         if ha_config.role is not HaRole.NONE:
             node = HaNode(broker, ha_config)
+            if failover is not None:
+                failover.bind(node)
             node.start()
+    except _CoordinatorDown as exc:
+        broker.shutdown()
+        return _fail(str(exc), ExitCode.UNAVAILABLE)
     except (BrokerError, StoreError, ValueError) as exc:
         broker.shutdown()
         return _fail(f"cannot rejoin as a slave: {exc}", ExitCode.FAILURE)
@@ -518,7 +554,7 @@ def start(args: argparse.Namespace) -> int:
     stop = threading.Event()
     server = MessagingServer(broker, server_config)
     if node is not None:
-        _wire_replication(node, server)
+        _wire_replication(node, server, coordinated=failover is not None)
     try:
         server.start()
     except ServerStartError as exc:
@@ -555,9 +591,17 @@ def start(args: argparse.Namespace) -> int:
             flush=True,
         )
     elif node is not None:
+        of = f"{ha_config.master[0]}:{ha_config.master[1]}" if ha_config.master else "no one yet"
         print(
-            f"reliable broker: slave {args.broker_name}/{ha_config.broker_id} of "
-            f"{args.master} (read-only)",
+            f"reliable broker: slave {args.broker_name}/{ha_config.broker_id} of {of} (read-only)",
+            flush=True,
+        )
+    if failover is not None:
+        failover.endpoint = f"{args.advertise or args.host}:{server.port}"
+        failover.start()
+        print(
+            f"reliable broker: failover auto, coordinator {args.coordinator}, member "
+            f"{ha_config.broker_id} of {args.broker_name}",
             flush=True,
         )
     # what recovery and start-up left is the process's for good: kept out of the cyclic
@@ -576,8 +620,16 @@ def start(args: argparse.Namespace) -> int:
         while not stop.wait(0.5):
             if server.wait(0):
                 return _fail("the server stopped unexpectedly", ExitCode.FAILURE)
+            if failover is not None and failover.deposed.is_set():
+                return _fail(
+                    "no longer the master of its group (its coordinator lease was lost): "
+                    "restart it to rejoin as a slave",
+                    ExitCode.UNAVAILABLE,
+                )
     finally:
         server.stop(grace_s=2.0)
+        if failover is not None:
+            failover.stop()  # ends the lease: another broker takes over at once
         if node is not None:
             node.stop()
         broker.shutdown()
@@ -611,10 +663,39 @@ def _rejoin(broker: Any, ha_config: Any, store_config: Any, broker_config: Any) 
     return again
 
 
-def _wire_replication(node: Any, server: Any) -> None:
+class _CoordinatorDown(Exception):
+    """etcd did not answer as the broker started."""
+
+
+def _coordinated(args: argparse.Namespace, ha_config: Any) -> tuple[Any, Any]:
+    """With --failover auto: the broker's failover (broker.ha.failover) and its replication
+    settings, following the master etcd names (None: none yet; it campaigns)."""
+    import dataclasses
+
+    from broker.ha.etcd import CoordinatorUnavailable, EtcdClient
+    from broker.ha.failover import Failover, FailoverConfig
+
+    config = FailoverConfig(
+        group=args.broker_name,
+        member=ha_config.broker_id,
+        ha_address=f"{args.host}:{args.ha_port}",
+        sync=args.role == "sync-master",
+        ttl_s=args.failover_ttl_s,
+    )
+    failover = Failover(EtcdClient.from_url(args.coordinator), config)
+    try:
+        master = failover.find_master()
+    except CoordinatorUnavailable as exc:
+        raise _CoordinatorDown(f"cannot reach the coordinator: {exc}") from None
+    return failover, dataclasses.replace(ha_config, master=master)
+
+
+def _wire_replication(node: Any, server: Any, *, coordinated: bool = False) -> None:
     """The server's view of the node: HaStatus, PromoteBroker, the SYNC_MASTER gate, and
-    what a promotion changes (writes let in, the gate set)."""
+    what a promotion changes (writes let in, the gate set). `coordinated`: with automatic
+    failover, an async-master too acknowledges only while its lease holds."""
     from broker.ha import HaMaster, HaRole
+    from broker.ha.failover import LeaseGate
 
     ctx = server.ctx
     ctx.ha_status = node.status
@@ -632,10 +713,14 @@ def _wire_replication(node: Any, server: Any) -> None:
     def promoted(master: HaMaster) -> None:
         if master.config.role is HaRole.SYNC_MASTER:
             ctx.replication = master
+        elif coordinated and node.fence is not None:
+            ctx.replication = LeaseGate(node.fence)
         server.servicer.make_writable()
+        epoch = master.epochs.last[0] if master.epochs is not None else 1
         print(
             f"reliable broker: promoted to {master.config.role.value} "
-            f"{master.config.broker_name}, replication on {master.config.host}:{master.port}",
+            f"{master.config.broker_name}, replication on {master.config.host}:{master.port}, "
+            f"epoch {epoch}",
             flush=True,
         )
 
@@ -672,6 +757,10 @@ def _ha_config(args: argparse.Namespace, credentials: dict[str, str]) -> Any:
     from broker.ha.config import parse_address
 
     role = HaRole(args.role)
+    if args.failover == "auto":
+        return _auto_config(args, role, credentials)
+    if args.coordinator is not None:
+        raise ValueError("--coordinator is for --failover auto")
     if role is HaRole.NONE:
         if args.master is not None:
             raise ValueError("--master is for --role slave")
@@ -710,6 +799,49 @@ def _ha_config(args: argparse.Namespace, credentials: dict[str, str]) -> Any:
             client_context(args.ha_tls_ca)
         except (OSError, ssl.SSLError) as exc:
             raise ValueError(f"--ha-tls-ca {args.ha_tls_ca}: {exc}") from None
+    return config
+
+
+def _auto_config(args: argparse.Namespace, role: Any, credentials: dict[str, str]) -> Any:
+    """--failover auto: every broker starts as a follower (a slave with no master yet)."""
+    from broker.ha import HaConfig, HaRole
+    from broker.ha.auth import pick_access_key
+    from broker.ha.etcd import parse_endpoint
+
+    if args.coordinator is None:
+        raise ValueError("--failover auto needs --coordinator etcd://HOST:PORT")
+    parse_endpoint(args.coordinator)
+    if not role.is_master:
+        raise ValueError(
+            "--failover auto: --role is what this broker becomes when etcd names it the "
+            "master: sync-master or async-master"
+        )
+    if args.master is not None:
+        raise ValueError("--failover auto: the master is whoever etcd names (no --master)")
+    if args.broker_id is None or args.broker_id < 1:
+        raise ValueError("--failover auto: give each broker of the group its --broker-id, 1..")
+    if args.ha_port == 0:
+        raise ValueError("--failover auto: a fixed --ha-port (its slaves dial it)")
+    if args.ha_access_key is not None and not credentials:
+        raise ValueError("--ha-access-key needs --credentials-file")
+    if args.failover_ttl_s < 2:
+        raise ValueError("--failover-ttl-s must be at least 2")
+    config = HaConfig(
+        role=HaRole.SLAVE,
+        broker_name=args.broker_name,
+        broker_id=args.broker_id,
+        host=args.host,
+        port=args.ha_port,
+        sync_timeout_ms=args.ha_sync_timeout_ms,
+        config_sync_ms=args.ha_config_sync_ms,
+        credentials=dict(credentials),
+        access_key=pick_access_key(credentials, args.ha_access_key),
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_ca=args.ha_tls_ca,
+        coordinated=True,
+    )
+    config.validate()
     return config
 
 

@@ -33,6 +33,8 @@ command -v mvn >/dev/null 2>&1 || packages+=(maven)
 command -v redis-server >/dev/null 2>&1 || packages+=(redis-server)
 command -v pg_ctlcluster >/dev/null 2>&1 || packages+=(postgresql)
 command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || packages+=(mariadb-server)
+# etcd: the coordinator of automatic failover (docs/ha.md); its tests and bench start their own
+command -v etcd >/dev/null 2>&1 || packages+=(etcd-server)
 # the bench's peers, measured beside us in the same run (bench/peers.py starts them itself)
 command -v rabbitmq-server >/dev/null 2>&1 || packages+=(rabbitmq-server)
 command -v nats-server >/dev/null 2>&1 || packages+=(nats-server)

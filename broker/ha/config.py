@@ -44,10 +44,13 @@ class HaConfig:
     tls_ca: Path | None = None  # a slave dials over TLS and verifies its master against it
     handshake_timeout_ms: int = 5000  # a peer's hello, TLS and proofs take at most this
     max_peers: int = 32  # connections a master's HA port holds at once, handshakes included
+    # automatic failover (docs/ha.md, "Automatic failover"): a coordinator names the
+    # group's master, so a slave may start before it knows one (`master` None)
+    coordinated: bool = False
 
     def validate(self) -> None:
         if self.role is HaRole.SLAVE:
-            if self.master is None:
+            if self.master is None and not self.coordinated:
                 raise ValueError("a slave needs its master's HOST:HAPORT")
             if self.broker_id < 1:
                 raise ValueError("a slave's broker id is 1 or more (0 is the master)")

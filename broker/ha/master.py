@@ -148,6 +148,9 @@ class HaMaster:
         if config.tls_cert is not None and config.tls_key is not None:
             self._tls = server_context(config.tls_cert, config.tls_key)
         self._peers = 0  # connections held, handshakes included (at most max_peers)
+        # with a coordinator (docs/ha.md, "Automatic failover"): True while this master's
+        # lease is sure to hold; a send is acknowledged only then. None: no coordinator
+        self.fence: Callable[[], bool] | None = None
 
     # --- lifecycle
     def start(self) -> None:
@@ -348,7 +351,10 @@ class HaMaster:
         timeout_ms = self.config.sync_timeout_ms
 
         def done(outcome: AckOutcome) -> None:
-            if outcome is AckOutcome.ACKED:
+            fence = self.fence
+            if outcome is AckOutcome.ACKED and fence is not None and not fence():
+                callback(fenced())
+            elif outcome is AckOutcome.ACKED:
                 callback(None)
             elif outcome is AckOutcome.SLAVE_NOT_AVAILABLE:
                 callback(NotReplicated(ResponseCode.SLAVE_NOT_AVAILABLE, "no slave is connected"))
@@ -646,6 +652,16 @@ class HaMaster:
             conn.state.address,
             marked,
         )
+
+
+def fenced() -> NotReplicated:
+    """The answer of a master whose coordinator lease may be lost: not acknowledged (the
+    producer retries, and finds the group's master)."""
+    return NotReplicated(
+        ResponseCode.SLAVE_NOT_AVAILABLE,
+        "this master cannot renew its coordinator lease, so it acknowledges nothing "
+        "(another broker may be the group's master by now)",
+    )
 
 
 class _SlaveConnection:

@@ -45,11 +45,16 @@ class HaNode:
         store_dir = broker.store.config.store_dir
         self.epochs = EpochHistory(store_dir)
         self._store_dir = store_dir
+        # with a coordinator: True while this broker's lease is sure to hold; a master it
+        # makes acknowledges sends only then (`HaMaster.fence`). None: no coordinator
+        self.fence: Callable[[], bool] | None = None
         self.replication: HaMaster | HaSlave = self._make(config)
         self._lock = threading.Lock()
         # called with the new master once a promotion is done (the server lets writes in)
         self.on_promoted: list[Callable[[HaMaster], None]] = []
         self.promoted_ms = 0
+        # with a coordinator: its part of `HaStatus` (`broker.ha.failover`); None: none
+        self.coordinator_status: Callable[[], dict[str, Any]] | None = None
 
     @property
     def role(self) -> HaRole:
@@ -63,6 +68,7 @@ class HaNode:
                 epochs=self.epochs,
                 acked=AckedCheckpoint(self._store_dir),
             )
+            master.fence = self.fence
             master.config_source = self.broker.config_snapshot
             master.acting_sink = self.broker.merge_acting_offsets
             return master
@@ -102,11 +108,16 @@ class HaNode:
             out["acting"] = self.broker.acting  # serving receives for its dead master
         if self.promoted_ms:
             out["promoted_ms"] = self.promoted_ms
+        if self.coordinator_status is not None:
+            out["coordinator"] = self.coordinator_status()
         return out
 
-    def promote(self, *, sync: bool = False, force: bool = False) -> dict[str, Any]:
+    def promote(
+        self, *, sync: bool = False, force: bool = False, epoch: int | None = None
+    ) -> dict[str, Any]:
         """Make this slave the master of its group (see the module docstring); returns
-        the status before and after."""
+        the status before and after. `epoch`: the new epoch's number, when a coordinator
+        decided it (`broker.ha.failover`); None: the next."""
         with self._lock:
             slave = self.replication
             if not isinstance(slave, HaSlave):
@@ -148,7 +159,7 @@ class HaNode:
                 ) from None
             slave.stop()
             end = self.broker.store.get_commitlog_max_offset()
-            epoch = self.epochs.begin(end)
+            new_epoch = self.epochs.begin(end, epoch)
             self.broker.promote()
             self.config = config
             self.replication = master
@@ -160,7 +171,7 @@ class HaNode:
                 "promoted: %s %s, epoch %d from offset %d (was the slave of %s)",
                 role.value,
                 config.broker_name,
-                epoch[0],
+                new_epoch[0],
                 end,
                 before["master"],
             )
@@ -168,5 +179,5 @@ class HaNode:
                 "before": before,
                 "after": master.status(),
                 "forced": force,
-                "epoch": list(epoch),
+                "epoch": list(new_epoch),
             }

@@ -58,15 +58,21 @@ class HaSlave:
     def __init__(
         self, store: MessageStore, config: HaConfig, *, epochs: EpochHistory | None = None
     ) -> None:
-        if config.master is None:
+        if config.master is None and not config.coordinated:
             raise ValueError("a slave needs its master's address")
         self.store = store
         self.config = config
         self.epochs = epochs  # takes the master's history at config sync; None: epoch 1
         self.master_lag_messages = -1  # messages this slave lacks, as its master counted
         self.refused = ""  # why the master refused this slave last, if it did
-        self.master = config.master
+        # its master's HA address; with a coordinator, None until one is named, and changed
+        # by `follow` at each failover
+        self.master: tuple[str, int] | None = config.master
+        # the group's epoch, as the coordinator last named it: frames of a master of an
+        # older epoch are refused (0: no coordinator, no such check)
+        self.min_epoch = 0
         self._stopped = threading.Event()
+        self._wake = threading.Event()  # dial now (a new master to follow, or a stop)
         self._sock: Link | None = None
         self._thread = threading.Thread(target=self._run, name="ha-slave", daemon=True)
         self.connected = False
@@ -93,7 +99,7 @@ class HaSlave:
             "role": "slave",
             "broker_name": self.config.broker_name,
             "broker_id": self.config.broker_id,
-            "master": f"{self.master[0]}:{self.master[1]}",
+            "master": f"{self.master[0]}:{self.master[1]}" if self.master else None,
             "connected": self.connected,
             "max_offset": end,
             "master_max_offset": known,
@@ -110,8 +116,28 @@ class HaSlave:
         recent = time.time() * 1000 - self.last_frame_ms < self.config.idle_timeout_ms
         return self.connected and recent
 
+    def follow(self, master: tuple[str, int], epoch: int) -> None:
+        """Replicate from `master`, the group's master in `epoch` (its coordinator says):
+        a link to another master is dropped, and frames of an older epoch are refused."""
+        self.min_epoch = max(self.min_epoch, epoch)
+        if master != self.master:
+            log.warning(
+                "replication: following %s:%d, the group's master in epoch %d", *master, epoch
+            )
+            self.master = master
+            self.master_max_offset = -1  # the new master's end is unknown until it says
+            self._drop()
+            self._wake.set()
+
+    def _drop(self) -> None:
+        sock = self._sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
     def stop(self) -> None:
         self._stopped.set()
+        self._wake.set()
         sock = self._sock
         if sock is not None:
             with contextlib.suppress(OSError):
@@ -119,15 +145,19 @@ class HaSlave:
         self._thread.join(10)
 
     def _run(self) -> None:
-        wait_s = self.config.reconnect_ms / 1000
         while not self._stopped.is_set():
+            wait_s = self.config.reconnect_ms / 1000
             try:
                 self._session()
+            except StaleMaster as exc:
+                # a master just promoted may not have begun its epoch yet: ask again soon
+                wait_s = min(wait_s, 0.1)
+                log.info("replication: %s; dialling again in %.1f s", exc, wait_s)
             except (HaProtocolError, OSError, StoreError) as exc:
                 if not self._stopped.is_set():
                     log.warning(
-                        "replication from %s:%d: %s; dialling again in %.1f s",
-                        *self.master,
+                        "replication from %s: %s; dialling again in %.1f s",
+                        _address(self.master),
                         exc,
                         wait_s,
                     )
@@ -136,7 +166,8 @@ class HaSlave:
                 sock, self._sock = self._sock, None
                 if sock is not None:
                     sock.close()
-            self._stopped.wait(wait_s)
+            self._wake.wait(wait_s)
+            self._wake.clear()
 
     def _apply_config(self, data: bytes) -> None:
         """Take the master's configuration; a bad one is logged and skipped (the log
@@ -167,17 +198,20 @@ class HaSlave:
     def _session(self) -> None:
         cfg = self.config
         store = self.store
+        master = self.master
+        if master is None:  # no master named yet (a coordinator names one)
+            return
         end = store.get_commitlog_max_offset()
         epoch = self.epochs.last if self.epochs is not None else (1, 0)
         try:
-            sock = dial(cfg, self.master, end, epoch, on_socket=self._keep)
+            sock = dial(cfg, master, end, epoch, on_socket=self._keep)
         except MasterRefused as exc:
             self.refused = exc.why
             raise
-        if self._stopped.is_set():
+        if self._stopped.is_set() or master != self.master:
             return
         self.connected = True
-        log.info("replication: connected to %s:%d, this log ends at %d", *self.master, end)
+        log.info("replication: connected to %s:%d, this log ends at %d", *master, end)
         self._report_acting(sock)
         sync = store.config.flush_mode is FlushMode.SYNC_FLUSH
         heartbeat_s = cfg.heartbeat_ms / 1000
@@ -185,8 +219,18 @@ class HaSlave:
         # a frame of records is at most one commitlog file: a longer length is not a frame
         limits = {CONFIG_FRAME: MAX_CONFIG, POSITION_FRAME: MAX_POSITION, LAG_FRAME: LAG.size}
         records = store.config.mapped_file_size_commitlog
+        # the master's epoch: the last of the history its config frame (always its first)
+        # carries; every frame after it is checked against the group's epoch
+        master_epoch = 0
         while not self._stopped.is_set():
             offset, data = recv_frame(sock, limits, records)
+            if offset == CONFIG_FRAME:
+                master_epoch = _last_epoch(data, master_epoch)
+            if master_epoch < self.min_epoch and offset != POSITION_FRAME:
+                raise StaleMaster(
+                    f"the master at {master[0]}:{master[1]} is of epoch {master_epoch}, "
+                    f"the group is in epoch {self.min_epoch}: its frames are refused"
+                )
             self.last_frame_ms = int(time.time() * 1000)
             if not data and offset >= 0:  # a heartbeat: the master's log end
                 self.master_max_offset = offset
@@ -217,6 +261,23 @@ class HaSlave:
 
     def _keep(self, sock: socket.socket) -> None:
         self._sock = sock  # stop() shuts it down, mid-handshake too
+
+
+class StaleMaster(HaProtocolError):
+    """The master dialled is of an older epoch than the one its coordinator names."""
+
+
+def _address(master: tuple[str, int] | None) -> str:
+    return f"{master[0]}:{master[1]}" if master else "(no master yet)"
+
+
+def _last_epoch(config: bytes, otherwise: int) -> int:
+    """The last epoch of the history a config frame carries (`otherwise` without one)."""
+    try:
+        history = parse_epochs(json.loads(config).get("epochs"))
+    except (ValueError, AttributeError):
+        return otherwise
+    return history[-1][0]
 
 
 def _refusal_of(data: bytes) -> str:

@@ -76,13 +76,17 @@ class EpochHistory:
             self._save()
         return True
 
-    def begin(self, start: int) -> Epoch:
-        """A promotion: a new epoch from `start` (this log's end), durable on return."""
+    def begin(self, start: int, epoch: int | None = None) -> Epoch:
+        """A promotion: a new epoch from `start` (this log's end), durable on return.
+        `epoch`: its number, when a coordinator decided it (after the last one's);
+        None: the next."""
         with self._lock:
-            epoch, first = self._entries[-1]
+            last, first = self._entries[-1]
             if start < first:
                 raise ValueError(f"epoch start {start} before the last one's ({first})")
-            entry = (epoch + 1, start)
+            if epoch is not None and epoch <= last:
+                raise ValueError(f"epoch {epoch} does not follow the last one ({last})")
+            entry = (epoch if epoch is not None else last + 1, start)
             self._entries.append(entry)
             self._save()
         return entry

@@ -16,6 +16,13 @@ same count of 1 KiB messages to each with a window of 1000 in flight:
   self-signed by openssl) and the slave verifying it (`--ha-tls-ca`): the link is TLS,
   and so is the producer's connection to the master (one option serves both ports).
 
+And `failover`: automatic failover (`--failover auto`, etcd started by the bench) of a
+two-broker SYNC_MASTER group, both `--flush sync`, under a producer: the master is
+SIGKILLed FAILOVER_KILLS times (2 with --quick) at seeded random moments and restarted at
+once (it rejoins as a slave); reported: the time from each SIGKILL to the first send
+acknowledged by the new master, p50 and max (`bench/_failover.py`). Skipped, with a note,
+where there is no etcd binary.
+
 Each case and round has its own stores. A full run repeats the three cases, interleaved,
 ROUNDS times and shows each case's best round (all rounds are in the note); the figures are
 compared with `single`, measured in the same run on the same machine.
@@ -33,6 +40,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+from bench import _failover as failover
 from bench import grpc as g
 from bench import peers
 from bench._common import Options, SuiteResult, format_table, progress
@@ -42,6 +50,7 @@ DESCRIPTION = "replication: single broker vs async-master vs sync-master (send_a
 CASES = ("single", "async_master", "sync_master", "sync_master_auth", "sync_master_tls")
 KEYS = {"bench-key": "bench-secret"}
 CATCH_UP_TIMEOUT_S = 120.0
+FAILOVER_KILLS = 5
 ROUNDS = 3  # full runs: the three cases, interleaved, this many times; the best is shown
 
 
@@ -202,8 +211,38 @@ def run(opts: Options) -> SuiteResult:
         "slave is a process of its own; sync_master_auth and sync_master_tls also sign or "
         "encrypt the producer's calls (the client port shares the options)"
     )
+    _failover(opts, workdir, result, rec)
     result.errors.extend(rec.errors)
     return result
+
+
+def _failover(opts: Options, workdir: Path, result: SuiteResult, rec: g.Recorder) -> None:
+    """The `failover` case (see the module docstring)."""
+    for key in ("failover_p50_s", "failover_max_s", "failover_times_s", "failover_kills"):
+        result.metrics[key] = None
+    if failover.etcd_binary() is None:
+        result.notes.append("failover: not measured, no etcd binary (Debian: etcd-server)")
+        return
+    kills = 2 if opts.quick else FAILOVER_KILLS
+    seed = int(time.time())
+    with rec.section("failover"):
+        progress(f"failover: {kills} kills of the master, seed {seed}")
+        where = workdir / "failover"
+        where.mkdir(parents=True, exist_ok=True)
+        report = failover.run(where, kills=kills, seed=seed, progress=progress)
+        if report.problems:
+            raise failover.FailoverFailed("; ".join(report.problems[:3]))
+        times = report.times_s
+        result.metrics["failover_p50_s"] = round(failover.percentile(times, 0.5), 2)
+        result.metrics["failover_max_s"] = round(max(times), 2)
+        result.metrics["failover_times_s"] = " ".join(f"{t:.2f}" for t in times)
+        result.metrics["failover_kills"] = kills
+        result.notes.append(
+            f"failover (seed {seed}): SIGKILL of the master -> first send acknowledged by "
+            f"the new master, p50 {failover.percentile(times, 0.5):.2f} s, max "
+            f"{max(times):.2f} s over {kills} kills ({', '.join(f'{t:.2f}' for t in times)}); "
+            f"lease TTL {failover.TTL_S} s, {report.acked} sends acknowledged, each once"
+        )
 
 
 if __name__ == "__main__":

@@ -45,12 +45,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from broker.errors import BrokerError
 from broker.ha.config import parse_address
 from broker.ha.errors import PromotionRefused
-from broker.ha.etcd import Compare, CoordinatorUnavailable, EtcdClient, KeyValue, Put
+from broker.ha.etcd import Compare, CoordinatorUnavailable, KeyValue, Put
 from broker.ha.master import HaMaster, fenced
 from broker.ha.node import HaNode
 from broker.ha.slave import HaSlave
@@ -59,6 +59,21 @@ log = logging.getLogger(__name__)
 
 PREFIX = "/reliable/ha/"
 FENCE_FRACTION = 0.75  # a master acknowledges for this part of a TTL after a renewal
+
+
+class Coordinator(Protocol):
+    """What failover uses of etcd (`broker.ha.etcd.EtcdClient`)."""
+
+    host: str
+    port: int
+
+    def grant(self, ttl_s: int) -> tuple[int, int]: ...
+    def keepalive(self, lease: int) -> int: ...
+    def revoke(self, lease: int) -> None: ...
+    def get(self, key: bytes) -> KeyValue | None: ...
+    def get_prefix(self, prefix: bytes) -> list[KeyValue]: ...
+    def put(self, key: bytes, value: bytes, *, lease: int = 0) -> None: ...
+    def txn(self, compare: list[Compare], success: list[Put]) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -78,9 +93,7 @@ class FailoverConfig:
             raise ValueError("the lease TTL is at least 2 s (etcd's own minimum)")
         if self.poll_ms < 10 or self.campaign_wait_ms < 2 * self.poll_ms:
             raise ValueError("poll at least every 10 ms; wait for candidates two polls or more")
-        _host, port = parse_address(self.ha_address)
-        if port == 0:
-            raise ValueError("with a coordinator the HA port is a fixed one (not 0)")
+        parse_address(self.ha_address)  # a fixed port: 0 is refused
 
 
 @dataclass(frozen=True)
@@ -112,7 +125,7 @@ class Failover:
 
     def __init__(
         self,
-        client: EtcdClient,
+        client: Coordinator,
         config: FailoverConfig,
         *,
         clock: Callable[[], float] = time.monotonic,
@@ -243,17 +256,25 @@ class Failover:
         poll_s = self.config.poll_ms / 1000
         while not self._stopped.is_set() and not self.deposed.is_set():
             try:
-                if not self._lease or self._clock() - self._renewed_at >= self._ttl / 4:
-                    self._renew()
-                if self._is_master():
-                    self._check_leadership()
-                else:
-                    self._follow_or_campaign()
+                self.poll()
             except CoordinatorUnavailable as exc:
                 self._unavailable(exc)
             except (BrokerError, ValueError, KeyError, TypeError) as exc:
                 log.warning("coordinator: %s", exc)
             self._stopped.wait(poll_s)
+
+    def poll(self) -> None:
+        """One turn of the loop: renew the lease when due (four times a TTL); a master
+        checks it is still named, a follower follows the named master or campaigns.
+        CoordinatorUnavailable when etcd does not answer."""
+        if not self._lease or self._clock() - self._renewed_at >= self._ttl / 4:
+            self._renew()
+        if self.deposed.is_set():
+            return
+        if self._is_master():
+            self._check_leadership()
+        else:
+            self._follow_or_campaign()
 
     def _unavailable(self, exc: CoordinatorUnavailable) -> None:
         now = self._clock()

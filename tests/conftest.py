@@ -48,6 +48,8 @@ LONGEST_FIRST: list[str] = [
     "tests/unit/test_bench.py",
     "tests/e2e/grpc/test_admin_ops.py",
     "tests/e2e/grpc/test_outbox_served.py",
+    "tests/chaos/test_production_topology_kills.py",
+    "tests/e2e/grpc/test_production_topology.py",
     "tests/chaos/test_e2e_broker_kill.py",
     "tests/e2e/grpc/test_admin_messages.py",
     "tests/e2e/console/test_console_database.py",

@@ -14,6 +14,7 @@ CONFIRMED, and the certificate goes from NOT CLEAN (exit 3) to CLEAN (exit 0).
 from __future__ import annotations
 
 import collections
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -152,8 +153,13 @@ def test_killed_broker_and_consumer_lose_nothing_and_apply_nothing_twice(
     assert stopped["resent"] == len(ids), stopped
     assert stopped["group_resends"] >= len(sent), stopped
     assert (stopped["topic_fallbacks"], stopped["errors"], stopped["escalated"]) == (0, 0, 0)
-    # a failed send counts as a send: every stub was sent twice, the worker's send second
-    assert {s.send_count for s in run.stubs().values()} == {2}
+    # a failed send counts as a send: every stub was sent twice, the worker's send second;
+    # inventory was never a group the worker aimed a copy at
+    final = run.stubs()
+    assert {s.send_count for s in final.values()} == {2}
+    for m in sent:
+        assert set(json.loads(final[m].group_positions)) == {b}, final[m]
+    assert not any(a in json.loads(s.group_positions or "{}") for s in final.values())
     # billing's guard was handed the worker's copies only, each order's at least once
     assert {m for m, _ in run.deliveries(f"{b}.deliveries")} == set(ids)
     assert {n for _, n in run.deliveries(f"{b}.deliveries")} == {2}

@@ -42,8 +42,6 @@ SENDER = "tests.e2e.grpc.resend_wiring:producer"  # a module-level Producer, as 
 EFFECTS = "topology_effects"
 
 SERVER = (
-    "--wire-port",
-    "0",
     "--min-invisible-ms",
     "1000",
     "--long-polling-ms",
@@ -167,7 +165,9 @@ class Topology:
         declare_groups(self.engine, self.tables, self.topic, [self.group_a, self.group_b])
 
         (tmp_path / "home").mkdir()
-        self.server = ServerProcess(tmp_path / "store", tmp_path / "home", *self.server_args)
+        self.server = ServerProcess(
+            tmp_path / "store", tmp_path / "home", *self.server_args, "--wire-port", "0"
+        )
         self.producer: Producer | None = None
 
     def start(self) -> Topology:
@@ -247,7 +247,7 @@ class Topology:
         self.server = ServerProcess(
             self.tmp / "store",
             self.tmp / "home",
-            *self.server_args[2:],
+            *self.server_args,
             "--wire-port",
             str(self.wire_port),
             port=self.server.port,

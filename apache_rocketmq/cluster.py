@@ -16,6 +16,9 @@ so that a topic or group made a moment ago is served.
 
 `RocketMQCluster.start(directory)` returns once the proxy has answered a QueryRoute over
 gRPC for a topic the broker registered; `stop()` ends both JVMs and deletes the store.
+`start(..., sync_flush=True)` makes the broker acknowledge a send once it is on disk
+(`flushDiskType=SYNC_FLUSH`); `jvm_options` are added after the defaults above, so that
+they win (the bench runs the proxy with a larger heap and both JIT compilers).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
@@ -111,7 +114,7 @@ def _java() -> str:
     return found
 
 
-def _jvm_options(heap_mb: int, directory: Path, lib: Path) -> list[str]:
+def _jvm_options(heap_mb: int, directory: Path, lib: Path, extra: Sequence[str] = ()) -> list[str]:
     return [
         f"-Xms{heap_mb}m",
         f"-Xmx{heap_mb}m",
@@ -123,6 +126,7 @@ def _jvm_options(heap_mb: int, directory: Path, lib: Path) -> list[str]:
         "-XX:-OmitStackTraceInFastThrow",
         "-Djava.net.preferIPv4Stack=true",
         f"-Duser.home={directory}",  # its logs go to <directory>/logs/rocketmqlogs
+        *extra,
         "-cp",
         f"{lib}/*",
     ]
@@ -142,11 +146,20 @@ def _write_properties(path: Path, values: dict[str, object]) -> None:
 class RocketMQCluster:
     """A running (or stopped) local cluster; see the module docstring."""
 
-    def __init__(self, directory: Path, ports: Ports, pids: dict[str, int], version: str) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        ports: Ports,
+        pids: dict[str, int],
+        version: str,
+        *,
+        sync_flush: bool = False,
+    ) -> None:
         self.directory = directory
         self.ports = ports
         self.pids = pids
         self.version = version
+        self.sync_flush = sync_flush
         self._children: dict[str, subprocess.Popen[bytes]] = {}
 
     # -- addresses ---------------------------------------------------------------------
@@ -187,11 +200,15 @@ class RocketMQCluster:
         version: str | None = None,
         tie_to_parent: bool = False,
         timeout_s: float = 120.0,
+        sync_flush: bool = False,
+        jvm_options: Sequence[str] = (),
     ) -> RocketMQCluster:
         """Start a cluster whose files live under `directory` (created if needed).
 
         `tie_to_parent`: the JVMs are killed when this process dies, however it dies (for
         test sessions); otherwise they outlive it (for `python -m apache_rocketmq start`).
+        `sync_flush`: `flushDiskType=SYNC_FLUSH` (a send is answered after its fsync).
+        `jvm_options`: added to both JVMs' command lines after the defaults (later wins).
         """
         version = version or pinned_version()
         lib = ensure_lib(version)
@@ -200,7 +217,7 @@ class RocketMQCluster:
         (directory / "conf").mkdir(parents=True, exist_ok=True)
         (directory / "logs").mkdir(exist_ok=True)
         ports = pick_ports(grpc_port)
-        cluster = cls(directory, ports, {}, version)
+        cluster = cls(directory, ports, {}, version, sync_flush=sync_flush)
         cluster._write_config()
         env = {**os.environ, "ROCKETMQ_HOME": str(directory)}
         env.pop("NAMESRV_ADDR", None)
@@ -211,7 +228,7 @@ class RocketMQCluster:
                 "namesrv",
                 [
                     java,
-                    *_jvm_options(NAMESRV_HEAP_MB, directory, lib),
+                    *_jvm_options(NAMESRV_HEAP_MB, directory, lib, jvm_options),
                     "org.apache.rocketmq.namesrv.NamesrvStartup",
                     *("-c", str(directory / "conf" / "namesrv.properties")),
                 ],
@@ -223,7 +240,7 @@ class RocketMQCluster:
                 "proxy",
                 [
                     java,
-                    *_jvm_options(PROXY_HEAP_MB, directory, lib),
+                    *_jvm_options(PROXY_HEAP_MB, directory, lib, jvm_options),
                     *("org.apache.rocketmq.proxy.ProxyStartup", "-pm", "local"),
                     *("-bc", str(directory / "conf" / "broker.conf")),
                     *("-pc", str(directory / "conf" / "rmq-proxy.json")),
@@ -258,7 +275,7 @@ class RocketMQCluster:
                 "mappedFileSizeCommitLog": 64 * MiB,
                 "mappedFileSizeConsumeQueue": 30_000 * 20,  # 30,000 entries of 20 bytes
                 "mappedFileSizeTimerLog": 16 * MiB,
-                "flushDiskType": "ASYNC_FLUSH",
+                "flushDiskType": "SYNC_FLUSH" if self.sync_flush else "ASYNC_FLUSH",
                 "autoCreateTopicEnable": True,
                 "autoCreateSubscriptionGroup": True,
                 "enablePropertyFilter": True,  # SQL92 filters
@@ -449,12 +466,22 @@ def query_route(endpoint: str, topic: str, *, timeout_s: float = 3.0) -> str:
 
 @contextlib.contextmanager
 def running_cluster(
-    directory: Path, *, grpc_port: int = 0, version: str | None = None
+    directory: Path,
+    *,
+    grpc_port: int = 0,
+    version: str | None = None,
+    sync_flush: bool = False,
+    jvm_options: Sequence[str] = (),
 ) -> Iterator[RocketMQCluster]:
     """A cluster for the length of a `with` block, tied to this process. Its store is
     thrown away at the end, so the JVMs get one second to stop before they are killed."""
     cluster = RocketMQCluster.start(
-        directory, grpc_port=grpc_port, version=version, tie_to_parent=True
+        directory,
+        grpc_port=grpc_port,
+        version=version,
+        tie_to_parent=True,
+        sync_flush=sync_flush,
+        jvm_options=jvm_options,
     )
     try:
         yield cluster

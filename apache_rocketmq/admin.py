@@ -24,9 +24,11 @@ import itertools
 import json
 import socket
 import struct
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 UPDATE_AND_CREATE_TOPIC = 17
+UPDATE_BROKER_CONFIG = 25
 UPDATE_AND_CREATE_SUBSCRIPTIONGROUP = 200
 _SUCCESS = 0
 _HEADER_TYPE_JSON = 0
@@ -119,10 +121,19 @@ def create_topic(
 
 
 def create_group(
-    address: tuple[str, int], group: str, *, orderly: bool = False, retry_max_times: int = 16
+    address: tuple[str, int],
+    group: str,
+    *,
+    orderly: bool = False,
+    retry_max_times: int = 16,
+    retry_delays_ms: Sequence[int] | None = None,
 ) -> None:
-    """Create (or update) a consumer group; `orderly` makes the proxy deliver it FIFO."""
-    config = {
+    """Create (or update) a consumer group; `orderly` makes the proxy deliver it FIFO.
+
+    `retry_delays_ms`: the group's retry ladder (a CUSTOMIZED `groupRetryPolicy`), which the
+    proxy hands gRPC consumers in their Settings (`backoff_policy.customized_backoff`);
+    the broker's default ladder (1s 5s 10s 30s 1m ...) when None."""
+    config: dict[str, Any] = {
         "groupName": group,
         "consumeEnable": True,
         "consumeFromMinEnable": True,
@@ -134,4 +145,17 @@ def create_group(
         "whichBrokerWhenConsumeSlowly": 1,
         "notifyConsumerIdsChangedEnable": True,
     }
+    if retry_delays_ms is not None:
+        config["groupRetryPolicy"] = {
+            "type": "CUSTOMIZED",
+            "customizedRetryPolicy": {"next": [int(ms) for ms in retry_delays_ms]},
+        }
     call(address, UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, {}, json.dumps(config).encode())
+
+
+def update_broker_config(address: tuple[str, int], values: Mapping[str, object]) -> None:
+    """Change broker settings while it runs (`mqadmin updateBrokerConfig`): the body is a
+    properties text. Settings the broker reads on each use (the transaction check's
+    `transactionTimeOut`, ...) take effect at once."""
+    lines = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in values.items()]
+    call(address, UPDATE_BROKER_CONFIG, {}, ("\n".join(lines) + "\n").encode())

@@ -32,7 +32,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
@@ -154,12 +154,14 @@ class RocketMQCluster:
         version: str,
         *,
         sync_flush: bool = False,
+        broker_options: Mapping[str, object] | None = None,
     ) -> None:
         self.directory = directory
         self.ports = ports
         self.pids = pids
         self.version = version
         self.sync_flush = sync_flush
+        self.broker_options = dict(broker_options or {})
         self._children: dict[str, subprocess.Popen[bytes]] = {}
 
     # -- addresses ---------------------------------------------------------------------
@@ -184,10 +186,25 @@ class RocketMQCluster:
     ) -> None:
         admin.create_topic(self.broker_address, topic, message_type, queues=queues)
 
-    def create_group(self, group: str, *, orderly: bool = False, retry_max_times: int = 16) -> None:
+    def create_group(
+        self,
+        group: str,
+        *,
+        orderly: bool = False,
+        retry_max_times: int = 16,
+        retry_delays_ms: Sequence[int] | None = None,
+    ) -> None:
         admin.create_group(
-            self.broker_address, group, orderly=orderly, retry_max_times=retry_max_times
+            self.broker_address,
+            group,
+            orderly=orderly,
+            retry_max_times=retry_max_times,
+            retry_delays_ms=retry_delays_ms,
         )
+
+    def update_broker_config(self, values: Mapping[str, object]) -> None:
+        """Change broker settings while it runs (`mqadmin updateBrokerConfig`)."""
+        admin.update_broker_config(self.broker_address, values)
 
     # -- life cycle ----------------------------------------------------------------------
 
@@ -202,6 +219,7 @@ class RocketMQCluster:
         timeout_s: float = 120.0,
         sync_flush: bool = False,
         jvm_options: Sequence[str] = (),
+        broker_options: Mapping[str, object] | None = None,
     ) -> RocketMQCluster:
         """Start a cluster whose files live under `directory` (created if needed).
 
@@ -209,6 +227,8 @@ class RocketMQCluster:
         test sessions); otherwise they outlive it (for `python -m apache_rocketmq start`).
         `sync_flush`: `flushDiskType=SYNC_FLUSH` (a send is answered after its fsync).
         `jvm_options`: added to both JVMs' command lines after the defaults (later wins).
+        `broker_options`: broker.conf settings added to (or replacing) the defaults, e.g.
+        `{"transactionCheckInterval": 1000}`.
         """
         version = version or pinned_version()
         lib = ensure_lib(version)
@@ -217,7 +237,9 @@ class RocketMQCluster:
         (directory / "conf").mkdir(parents=True, exist_ok=True)
         (directory / "logs").mkdir(exist_ok=True)
         ports = pick_ports(grpc_port)
-        cluster = cls(directory, ports, {}, version, sync_flush=sync_flush)
+        cluster = cls(
+            directory, ports, {}, version, sync_flush=sync_flush, broker_options=broker_options
+        )
         cluster._write_config()
         env = {**os.environ, "ROCKETMQ_HOME": str(directory)}
         env.pop("NAMESRV_ADDR", None)
@@ -286,6 +308,7 @@ class RocketMQCluster:
                 # two cores under a full test suite: a send waits longer than 200 ms in
                 # the queue before the broker answers "busy"
                 "waitTimeMillsInSendQueue": 2000,
+                **self.broker_options,
             },
         )
         proxy = {
@@ -472,6 +495,7 @@ def running_cluster(
     version: str | None = None,
     sync_flush: bool = False,
     jvm_options: Sequence[str] = (),
+    broker_options: Mapping[str, object] | None = None,
 ) -> Iterator[RocketMQCluster]:
     """A cluster for the length of a `with` block, tied to this process. Its store is
     thrown away at the end, so the JVMs get one second to stop before they are killed."""
@@ -482,6 +506,7 @@ def running_cluster(
         tie_to_parent=True,
         sync_flush=sync_flush,
         jvm_options=jvm_options,
+        broker_options=broker_options,
     )
     try:
         yield cluster

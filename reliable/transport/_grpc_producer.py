@@ -111,9 +111,26 @@ class ProducerSide(GrpcSession):
         return request
 
     def _results(
-        self, messages: Sequence[Message], response: Any
+        self, messages: Sequence[Message], response: Any, batch: bool = False
     ) -> list[SendReceipt | BaseException]:
-        """One result per message: its receipt, or the error its entry reports."""
+        """One result per message: its receipt, or the error its entry reports.
+
+        `batch` (a `send_batch`): the Apache RocketMQ proxy stores the messages of one
+        request as one MessageBatch, in one queue at consecutive offsets, and answers one
+        entry for them all; each message keeps its own id."""
+        if batch and len(response.entries) == 1 < len(messages):
+            (entry,) = response.entries
+            status = entry.status if entry.HasField("status") else response.status
+            if status.code not in wire.SUCCESS_CODES:
+                try:
+                    wire.check_status(status, "SendMessage")
+                except ReliableError as exc:
+                    return [exc] * len(messages)
+            first = int(entry.offset)
+            return [
+                send_receipt(m.message_id, m.topic, -1, first + i, SendStatus.SEND_OK, None)
+                for i, m in enumerate(messages)
+            ]
         if len(response.entries) != len(messages):
             return [wire.miscounted(response, "SendMessage", len(messages))] * len(messages)
         out: list[SendReceipt | BaseException] = []
@@ -205,6 +222,7 @@ class ProducerSide(GrpcSession):
         queue: QueueRef,
         transactional: bool,
         timeout_s: float | None,
+        batch: bool = False,
     ) -> list[SendReceipt]:
         request = self._request(messages, transactional)
         stub, target = self.stub_for(queue.broker)
@@ -219,7 +237,7 @@ class ProducerSide(GrpcSession):
             self._forget_route(messages[0].topic)
             raise wire.call_failure("SendMessage", target, exc) from None
         receipts = []
-        for result in self._results(messages, response):
+        for result in self._results(messages, response, batch):
             if isinstance(result, BaseException):
                 raise result
             receipts.append(result)
@@ -242,7 +260,15 @@ class ProducerSide(GrpcSession):
     ) -> None:
         """One SendMessage carrying `messages`, without waiting: `done` gets a result per
         message (or the request's error) on gRPC's completion thread. Many may be in
-        flight on the one channel."""
+        flight on the one channel.
+
+        Only a server that answers each message of a request (ours: `send-queue`) gets
+        several in one request. The Apache RocketMQ proxy would store them as one
+        MessageBatch (one queue, delivery times dropped) and answer once, so there each
+        message leaves in its own request and `done` gets their results together."""
+        if len(messages) > 1 and protocol_ext.SEND_QUEUE not in self.server_capabilities():
+            self._submit_each(messages, queue, producer_group, timeout_s, done)
+            return
         request = self._request(messages, False)
         stub, target = self.stub_for(queue.broker)
         self.requests["SendMessage"] += 1
@@ -257,6 +283,34 @@ class ProducerSide(GrpcSession):
             on_rpc_error=lambda: self._forget_route(messages[0].topic),
             target=target,
         )
+
+    def _submit_each(
+        self,
+        messages: Sequence[Message],
+        queue: QueueRef,
+        producer_group: str | None,
+        timeout_s: float | None,
+        done: Callable[[list[SendReceipt | BaseException] | BaseException], None],
+    ) -> None:
+        results: list[SendReceipt | BaseException | None] = [None] * len(messages)
+        left = [len(messages)]
+        lock = threading.Lock()
+
+        def one(i: int) -> Callable[[list[SendReceipt | BaseException] | BaseException], None]:
+            def finished(outcome: list[SendReceipt | BaseException] | BaseException) -> None:
+                with lock:
+                    results[i] = outcome if isinstance(outcome, BaseException) else outcome[0]
+                    left[0] -= 1
+                    last = left[0] == 0
+                if last:
+                    done([r for r in results if r is not None])
+
+            return finished
+
+        for i, m in enumerate(messages):
+            self.submit_send(
+                [m], queue, producer_group=producer_group, timeout_s=timeout_s, done=one(i)
+            )
 
     def send(
         self,
@@ -274,7 +328,7 @@ class ProducerSide(GrpcSession):
     ) -> list[SendReceipt]:
         if not messages:
             return []
-        return self._send(list(messages), queue, False, None)
+        return self._send(list(messages), queue, False, None, batch=True)
 
     def recall(self, topic: str, recall_handle: str) -> str:
         request = service_pb2.RecallMessageRequest()

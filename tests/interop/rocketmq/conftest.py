@@ -17,12 +17,15 @@ import pytest
 
 from apache_rocketmq import RocketMQCluster, running_cluster
 from tests.e2e.grpc import official
+from tests.interop.rocketmq.helpers import BROKER_OPTIONS
 
 
 @pytest.fixture(scope="session")
 def rocketmq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RocketMQCluster]:
     started = time.monotonic()
-    with running_cluster(tmp_path_factory.mktemp("apache-rocketmq")) as cluster:
+    with running_cluster(
+        tmp_path_factory.mktemp("apache-rocketmq"), broker_options=BROKER_OPTIONS
+    ) as cluster:
         rss = sum(cluster.rss_bytes().values()) // 2**20
         print(
             f"Apache RocketMQ {cluster.version} at {cluster.endpoint}: "

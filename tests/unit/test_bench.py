@@ -17,6 +17,7 @@ import pytest
 from bench import burst as burst_suite
 from bench import grpc as grpc_suite
 from bench import peers
+from bench import rocketmq as rocketmq_suite
 from bench.__main__ import discover
 from bench._common import Measured, Row, SuiteResult, format_table, percentiles_ms
 
@@ -150,6 +151,52 @@ def test_grpc_suite_quick_json_carries_the_agreed_keys(tmp_path: Path) -> None:
         assert isinstance(metrics[key], int | float) and metrics[key] > 0, key
     assert "ours beside the peers" in proc.stdout  # the comparison table
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # two Apache RocketMQ starts, four JVM clients: minutes
+def test_rocketmq_suite_quick_json_measures_both_servers(tmp_path: Path) -> None:
+    """Apache RocketMQ and our server, the same clients against each: every case's figure
+    on both sides, the native wire's, and the CPU per message of client and server."""
+    proc = _bench("rocketmq", "--quick", "--json", "--dir", str(tmp_path), timeout=1100)
+    metrics = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert proc.returncode == 0, (metrics.get("errors"), proc.stderr[-2000:])
+    assert set(rocketmq_suite.metric_keys()) <= metrics.keys()
+    assert "rocketmq_error" not in metrics
+    for case in rocketmq_suite.client_cases():
+        for server in ("rocketmq", "ours"):
+            for what in ("msgs_s", "client_cpu_us", "server_cpu_us"):
+                value = metrics[f"{server}_{case}_{what}"]
+                assert isinstance(value, int | float) and value > 0, (server, case, what)
+    for case in rocketmq_suite.WIRE_CASES:
+        assert metrics[f"ours_{case}_msgs_s"] > 0, case
+    assert metrics["rocketmq_java_send_p50_ms"] > 0 and metrics["ours_java_send_p99_ms"] > 0
+    assert metrics["targets_met"] + metrics["targets_short"] == len(
+        rocketmq_suite.client_cases()
+    ) + len(rocketmq_suite.KINDS)
+    assert "our server beside Apache RocketMQ 5" in proc.stdout  # the target rows
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_rocketmq_targets_hold_ours_to_apache_and_the_wire_to_its_best_client() -> None:
+    metrics: dict[str, object] = {
+        "rocketmq_java_send_msgs_s": 100,
+        "ours_java_send_msgs_s": 100,  # level: met
+        "rocketmq_framework_send_msgs_s": 300,
+        "ours_framework_send_msgs_s": 250,  # behind: short
+        "ours_framework_wire_send_msgs_s": 599,  # under 2x the best (framework, 300): short
+        "rocketmq_java_send_async_msgs_s": 1000,
+        "ours_framework_wire_send_pipelined_msgs_s": 2000,  # 2x the best: met
+    }
+    lines, met, short = rocketmq_suite.targets(metrics)
+    rows = {line.split()[0]: line for line in lines if line.strip()}
+    assert rows["java_send"].endswith("(met)") and rows["framework_send"].endswith("(short)")
+    assert rows["official_send"].endswith(">= 1x")  # not measured: no verdict
+    one = next(line for line in lines if line.startswith("one at a time"))
+    assert "framework_send" in one and one.endswith("(short)")
+    pipelined = next(line for line in lines if line.startswith("pipelined"))
+    assert "java_send_async" in pipelined and pipelined.endswith("(met)")
+    assert (met, short) == (2, 2)
 
 
 def test_grpc_only_runs_the_chosen_group_and_keeps_every_key(tmp_path: Path) -> None:

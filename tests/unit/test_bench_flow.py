@@ -1,0 +1,70 @@
+"""`python -m bench flow`: its contract, not its figures. The quick run ends with one JSON
+object carrying the agreed keys, and the whole flow was verified exactly once (every order
+one reservation); the run's tables are dropped afterwards."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import flow
+
+ROOT = Path(__file__).resolve().parents[2]
+FLOW_KEYS = {
+    "publish_txn_alone_commits_s",
+    "publish_with_stub_commits_s",
+    "publish_stub_overhead",
+    "consume_bare_msgs_s",
+    "consume_guard_msgs_s",
+    "consume_guard_overhead",
+    "flow_orders_s",
+    "flow_floor_orders_s",
+    "flow_baseline_orders_s",
+    "flow_exactly_once",
+    "consume_processes_scaling",
+    "resend_sweep_1m_s",
+}
+
+
+def test_the_agreed_keys_are_the_suites() -> None:
+    assert set(flow.AGREED) == FLOW_KEYS
+
+
+def test_targets_read_short_met_or_unmeasured() -> None:
+    verdicts = {name: met for name, met, _ in flow.verdicts({})}
+    assert verdicts["flow exactly once"] is False  # never verified: never claimed
+    assert verdicts["guard <= 25%, 4 thr"] is None
+    m = {"consume_processes_scaling": {"1": 100.0, "2": 180.0, "4": 250.0}}
+    verdicts = {name: met for name, met, _ in flow.verdicts(m)}
+    assert verdicts["consume 2 procs >= 1.7x"] is True
+    assert verdicts["consume 4 procs >= 3x"] is False
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.redis
+@pytest.mark.spark
+@pytest.mark.timeout(900)  # about two minutes alone; more on a busy 2-core machine
+def test_flow_suite_quick_json_verifies_exactly_once(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "flow", "--quick", "--json", "--dir", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=840,
+    )
+    metrics = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert proc.returncode == 0, (metrics.get("errors"), proc.stderr[-3000:])
+    assert not FLOW_KEYS - metrics.keys(), FLOW_KEYS - metrics.keys()
+    assert metrics["flow_exactly_once"] is True
+    for key in FLOW_KEYS - {"flow_exactly_once", "resend_sweep_1m_s", "consume_processes_scaling"}:
+        assert isinstance(metrics[key], int | float), key
+    assert set(metrics["consume_processes_scaling"]) == {"1", "2", "4"}
+    assert metrics["resend_sweep_1m_s"] is None  # the quick sweep is not over 1M stubs
+    assert metrics["resend_sweep_s"] > 0 and metrics["resend_sweep_stubs"] == 20_000
+    assert "flow_ours" in proc.stdout and "target: flow exactly once" in proc.stdout
+    assert list(tmp_path.iterdir()) == []

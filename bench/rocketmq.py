@@ -439,7 +439,7 @@ def targets(metrics: dict[str, Any]) -> tuple[list[str], int, int]:
 
     def cpu(key: str) -> str:
         c, s = metrics.get(f"{key}_client_cpu_us"), metrics.get(f"{key}_server_cpu_us")
-        return f"{c if c is not None else '-'}, {s if s is not None else '-'}"
+        return ", ".join(f"{v:.0f}" if isinstance(v, int | float) else "-" for v in (c, s))
 
     for case in client_cases():
         ratio, v = verdict(rate(f"ours_{case}"), rate(f"rocketmq_{case}"), 1.0)

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -66,7 +67,7 @@ def test_a_missed_message_is_resent_to_the_topic_and_the_certificate_is_clean(
     guard = IdempotencyGuard(engine, tables, None)
     runs: dict[str, list[str]] = {g1: [], g2: []}
 
-    def handle(group: str) -> object:
+    def handle(group: str) -> Callable[[ReceivedMessage], None]:
         return lambda m: runs[group].append(m.message_id)
 
     with (
@@ -106,8 +107,8 @@ def test_a_missed_message_is_resent_to_the_topic_and_the_certificate_is_clean(
             producer,
             policy=ResendPolicy(expected_latency=ExpectedLatency(timedelta(seconds=1))),
         )
-        result = worker.run_once()
-        assert (result.resent, result.topic_fallbacks) == (1, 1), result
+        passed = worker.run_once()
+        assert (passed.resent, passed.topic_fallbacks) == (1, 1), passed
         # every group gets the copy; g1 had confirmed it: its guard absorbs it
         assert [m.message_id for m in drain(c1, 1, on_message=g1_consume)] == [missed]
         assert [m.message_id for m in drain(c2, 1, on_message=g2_consume)] == [missed]

@@ -740,6 +740,17 @@ class CommitLog:
     def fsync_count(self) -> int:
         return self.flush_service.fsync_count
 
+    def truncate(self, offset: int) -> None:
+        """Cut the running log back to `offset`, a record's start (a slave rejoining its
+        group, `MessageStore.cut_back`): appends wait meanwhile; the rest of the file
+        holding `offset` is zeroed and fsynced, the files after it deleted."""
+        with self._lock:
+            if self._closed:
+                raise StoreNotRunning(self.queue.directory, "commitlog", "closed")
+            self.queue.truncate_dirty_files(offset, zero_tail=True)
+            if self.count_marks is not None:
+                self.count_marks.clear()
+
     # --- used by recovery (single-threaded, before start)
     def reset_table(self, table: dict[str, int]) -> None:
         with self._lock:

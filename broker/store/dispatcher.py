@@ -18,10 +18,11 @@ A message is readable by consumers once its unit is in its consume queue, that i
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 from broker.store.codec import DispatchRequest, check_message_and_return_size
@@ -112,6 +113,14 @@ class ReputService(ServiceThread):
         """Dispatch everything written so far; returns the number of records dispatched."""
         with self._round_lock:
             return self._reput_round()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No round runs inside (one under way ends first): `reput_from_offset` may be
+        moved (a running store cut back, `MessageStore.cut_back`)."""
+        with self._round_lock:
+            yield
+        self.wakeup()
 
     def try_reput(self) -> int:
         """`do_reput` on the caller's thread unless a round is running elsewhere; then the

@@ -125,6 +125,9 @@ class MappedFileQueue:
         self.committed_where = 0
         self.store_timestamp = 0  # store time of the last flushed record (checkpoint)
         self._lock = threading.Lock()
+        # a flush and a cut of a running queue's tail never interleave (a flush would
+        # otherwise move `flushed_where` back past the new end)
+        self._flush_lock = threading.Lock()
 
     # --- loading
     def load(self) -> None:
@@ -232,14 +235,15 @@ class MappedFileQueue:
     # --- flushing
     def flush(self, least_pages: int) -> bool:
         """Flush the file holding `flushed_where`; True when nothing was left to flush."""
-        mf = self.find_mapped_file_by_offset(self.flushed_where, self.flushed_where == 0)
-        if mf is None:
-            return True
-        where = mf.file_from_offset + mf.flush(least_pages)
-        result = where == self.flushed_where
-        if where > self.flushed_where:
-            self.flushed_where = where
-        return result
+        with self._flush_lock:
+            mf = self.find_mapped_file_by_offset(self.flushed_where, self.flushed_where == 0)
+            if mf is None:
+                return True
+            where = mf.file_from_offset + mf.flush(least_pages)
+            result = where == self.flushed_where
+            if where > self.flushed_where:
+                self.flushed_where = where
+            return result
 
     def flush_to(self, offset: int) -> int:
         """Flush every file until `flushed_where` >= `offset`; returns `flushed_where`."""
@@ -257,24 +261,29 @@ class MappedFileQueue:
         `zero_tail=False` skips zeroing the rest of the file holding `offset` (the caller
         knows it holds only zeros already, e.g. after a clean shutdown).
         """
-        keep: list[MappedFile] = []
-        for mf in self.mapped_files:
-            tail = mf.file_from_offset + self.mapped_file_size
-            if tail <= offset:
-                keep.append(mf)
-            elif mf.file_from_offset <= offset:
-                pos = offset - mf.file_from_offset
-                # stale bytes past the new end would be rescanned by a later recovery
-                if zero_tail:
-                    _zero_range(mf, pos, self.mapped_file_size)
-                    mf.sync()
-                mf.wrote_position = mf.committed_position = mf.flushed_position = pos
-                keep.append(mf)
-            else:
+        with self._flush_lock:
+            keep: list[MappedFile] = []
+            gone: list[MappedFile] = []
+            for mf in self.mapped_files:
+                tail = mf.file_from_offset + self.mapped_file_size
+                if tail <= offset:
+                    keep.append(mf)
+                elif mf.file_from_offset <= offset:
+                    pos = offset - mf.file_from_offset
+                    # readers see the new end before the bytes beyond it are zeroed
+                    mf.wrote_position = mf.committed_position = mf.flushed_position = pos
+                    # stale bytes past the new end would be rescanned by a later recovery
+                    if zero_tail:
+                        _zero_range(mf, pos, self.mapped_file_size)
+                        mf.sync()
+                    keep.append(mf)
+                else:
+                    gone.append(mf)
+            self.mapped_files = keep  # before the files go: no new reader finds them
+            for mf in gone:
                 mf.destroy(1000)
-        self.mapped_files = keep
-        self.flushed_where = min(self.flushed_where, offset)
-        self.committed_where = min(self.committed_where, offset)
+            self.flushed_where = min(self.flushed_where, offset)
+            self.committed_where = min(self.committed_where, offset)
 
     def delete_expired_file_by_time(
         self,

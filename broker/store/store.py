@@ -45,7 +45,7 @@ from broker.store.codec import (
     check_message_and_return_size,
     tags_string_to_code,
 )
-from broker.store.commitlog import CommitLog
+from broker.store.commitlog import CommitLog, topic_queue_key
 from broker.store.config import (
     StoreConfig,
     describe,
@@ -250,6 +250,47 @@ class MessageStore:
             fixed,
         )
         return fixed
+
+    def cut_back(self, offset: int) -> int:
+        """Cut the running store's commitlog back to `offset` (a record's start), and the
+        consume queues, the index and the topic-queue table with it, as `truncate_to` does
+        at a start, without closing the store (a slave rejoining its group in-process,
+        broker/ha/rejoin.py). Nobody may append meanwhile (a slave's replication is
+        stopped first). Returns the bytes cut (0: the log ends at or before `offset`).
+
+        In this order, so a reader never finds a unit whose record is gone: dispatching
+        pauses (a round under way ends first); the queues and the index forget what
+        points at `offset` or beyond; the commitlog's end moves back, then the bytes
+        beyond are zeroed and later files deleted (a file a reader holds goes once it is
+        released); dispatching resumes from `offset`; the checkpoint says the log is
+        flushed to `offset`, no further.
+        """
+        if not self.running:
+            raise StoreNotRunning(self.config.store_dir, "store", "not running")
+        with self.reput.paused(), self._checkpoint_lock:
+            end = self.commitlog.get_max_offset()
+            if offset >= end:
+                return 0
+            self.consume_queues.truncate_dirty(offset)
+            self.index.truncate_dirty(offset)
+            self.commitlog.truncate(offset)
+            self.reput.reput_from_offset = min(self.reput.reput_from_offset, offset)
+            self.commitlog.reset_table(
+                {
+                    topic_queue_key(cq.topic, cq.queue_id): cq.get_max_offset_in_queue()
+                    for cq in self.consume_queues.queues()
+                }
+            )
+            self.checkpoint.physic_flushed_offset = offset
+            self.checkpoint.flush()
+        log.warning(
+            "store %s: commitlog cut back from %d to %d (%d bytes), running",
+            self.config.store_dir,
+            end,
+            offset,
+            end - offset,
+        )
+        return end - offset
 
     def shutdown(self) -> None:
         """Stop services, flush everything, checkpoint, remove the abort file."""

@@ -701,7 +701,12 @@ def _wire_replication(node: Any, server: Any, *, coordinated: bool = False) -> N
     ctx.ha_status = node.status
     ctx.ha_promote = node.promote
     if node.role is HaRole.SLAVE:  # a promotion makes the server writable: no longer asked
-        ctx.master_link = lambda: bool(getattr(node.replication, "connected", True))
+        # a slave rejoining its master never serves its group's reads meanwhile: the
+        # master answered (it refused this log), and the store is being cut back
+        ctx.master_link = lambda: bool(
+            getattr(node.replication, "connected", True)
+            or getattr(node.replication, "rejoining", False)
+        )
     elif ctx.cluster is not None:
         group = ctx.cluster.config.group(node.config.broker_name)
         if group is not None and len(group.endpoints) > 1:
@@ -725,6 +730,17 @@ def _wire_replication(node: Any, server: Any, *, coordinated: bool = False) -> N
         )
 
     node.on_promoted.append(promoted)
+
+    def rejoined(plan: Any) -> None:
+        print(
+            f"reliable broker: rejoined as a slave, running: cut {plan.bytes} bytes "
+            f"({plan.messages} messages) beyond offset {plan.offset}, the master's copy of "
+            f"this log (acknowledged by a slave: up to {plan.acked}); they are kept in "
+            f"{plan.saved}",
+            flush=True,
+        )
+
+    node.on_rejoined.append(rejoined)
 
 
 def _cluster(args: argparse.Namespace, broker_id: int) -> Any:

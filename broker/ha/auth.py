@@ -67,9 +67,16 @@ class RefusalLog:
     reason (a peer that dials again every second is one line a minute, with the count of
     the refusals in between)."""
 
-    def __init__(self, logger: logging.Logger, interval_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        logger: logging.Logger,
+        interval_s: float = 60.0,
+        *,
+        said: str = "replication: peer %s refused (%s): %s%s",
+    ) -> None:
         self.logger = logger
         self.interval_s = interval_s
+        self.said = said  # the line: address, kind, why, and the count since the last
         self._lock = threading.Lock()
         self._last: dict[tuple[str, str], tuple[float, int]] = {}
         self.count = 0  # every refusal, logged or not
@@ -88,5 +95,5 @@ class RefusalLog:
                 self._last.clear()
             self._last[(host, kind)] = (at, 0)
         more = f" ({skipped} more since the last line)" if skipped else ""
-        self.logger.warning("replication: peer %s refused (%s): %s%s", address, kind, why, more)
+        self.logger.warning(self.said, address, kind, why, more)
         return True

@@ -48,6 +48,7 @@ from broker.ha.protocol import (
     POSITION_FRAME,
     PROOF,
     PROOF_FRAME,
+    REFUSED_HISTORY,
     REPORT,
     HaProtocolError,
     Hello,
@@ -433,7 +434,7 @@ class HaMaster:
         except _Refused as exc:
             self.refusals.refused(address, exc.kind, exc.why)
             if exc.tell is not None:
-                send_refusal(sock, exc.tell)
+                send_refusal(sock, exc.tell, exc.kind)
             sock.close()
             return
         except (HaProtocolError, OSError, ssl.SSLError) as exc:
@@ -527,6 +528,7 @@ class HaMaster:
         }
         if refused is not None:
             body["refused"] = refused
+            body["reason"] = REFUSED_HISTORY
         data = json.dumps(body).encode()
         with contextlib.suppress(OSError):
             sock.sendall(FRAME.pack(POSITION_FRAME, len(data)) + data)
@@ -540,13 +542,13 @@ class HaMaster:
         if last is None:
             return (
                 f"the slave's last epoch {list(epoch)} is not in this master's history "
-                f"{[list(e) for e in history]}: restart it to rejoin (docs/ha.md)"
+                f"{[list(e) for e in history]}: it must rejoin (docs/ha.md, Rejoining)"
             )
         if offset > last:
             return (
                 f"the slave's log ends at {offset}, beyond {last}, where this master's "
                 f"copy of epoch {epoch[0]} ends: it holds records this master never had; "
-                "restart it to rejoin (it cuts its log back, docs/ha.md)"
+                "it must rejoin, cutting its log back (docs/ha.md, Rejoining)"
             )
         return None
 

@@ -12,6 +12,12 @@ skips the last two. Then, in this order: the HA listener opens on the slave's HA
 (refused if it cannot, nothing changed), the slave stops copying, a new epoch begins at
 its log end (durable), the broker turns writable and starts the services a slave does
 not run, and the server's hooks (`on_promoted`) let sends in.
+
+Rejoin: a running slave whose master refuses its log's history cuts its store back to
+where the master's copy ends, in-process (`rejoin`, broker/ha/rejoin.py), and the
+server's hooks (`on_rejoined`) hear of it. The broker object, its store and every
+reference to them stay the same: the store is cut back while it runs
+(`MessageStore.cut_back`).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from broker.broker import Broker
 from broker.ha.config import HaConfig, HaRole
 from broker.ha.errors import PromotionRefused
 from broker.ha.master import HaMaster
+from broker.ha.rejoin import Rejoin, rejoin_running
 from broker.ha.slave import HaSlave
 from broker.ha.state import AckedCheckpoint, EpochHistory, save_role
 
@@ -55,6 +62,9 @@ class HaNode:
         self.promoted_ms = 0
         # with a coordinator: its part of `HaStatus` (`broker.ha.failover`); None: none
         self.coordinator_status: Callable[[], dict[str, Any]] | None = None
+        # called with each cut a running rejoin made (the server says so)
+        self.on_rejoined: list[Callable[[Rejoin], None]] = []
+        self.rejoined: dict[str, Any] | None = None  # the last one, for `HaStatus`
 
     @property
     def role(self) -> HaRole:
@@ -75,7 +85,41 @@ class HaNode:
         slave = HaSlave(self.broker.store, config, epochs=self.epochs)
         slave.config_sink = self.broker.apply_config_snapshot
         slave.acting_source = self.broker.acting_report
+        slave.rejoin = self.rejoin
         return slave
+
+    def rejoin(self, master: tuple[str, int]) -> bool:
+        """The slave's master refused its log's history: cut the running store back to
+        where the master's copy ends (broker/ha/rejoin.py); called on the slave's thread,
+        its link down. True when something changed (the log, or the epochs it keeps).
+        RejoinRefused when acknowledged bytes would be cut; OSError, HaProtocolError,
+        ssl.SSLError when the master cannot be asked now."""
+        before = self.epochs.entries
+        plan = rejoin_running(self.broker.store, self.config, master, self.epochs)
+        if plan is None:
+            return self.epochs.entries != before
+        self.rejoined = {
+            "offset": plan.offset,
+            "end": plan.end,
+            "messages": plan.messages,
+            "saved": str(plan.saved),
+            "master": f"{master[0]}:{master[1]}",
+            "at_ms": int(time.time() * 1000),
+        }
+        log.warning(
+            "rejoined as a slave of %s:%d, running: cut %d bytes (%d messages) beyond offset "
+            "%d, the master's copy of this log (acknowledged by a slave: up to %d); they are "
+            "kept in %s",
+            *master,
+            plan.bytes,
+            plan.messages,
+            plan.offset,
+            plan.acked,
+            plan.saved,
+        )
+        for hook in self.on_rejoined:
+            hook(plan)
+        return True
 
     def start(self) -> None:
         self._save_role()
@@ -108,6 +152,8 @@ class HaNode:
             out["acting"] = self.broker.acting  # serving receives for its dead master
         if self.promoted_ms:
             out["promoted_ms"] = self.promoted_ms
+        if self.rejoined is not None:
+            out["rejoined"] = self.rejoined
         if self.coordinator_status is not None:
             out["coordinator"] = self.coordinator_status()
         return out

@@ -184,11 +184,24 @@ class Hello:
         self.nonce = nonce
 
 
-class MasterRefused(HaProtocolError):
-    """The master refused this slave (a position frame with `refused`): `why` it did."""
+# why a master refuses a slave, in the position frame's `reason` (a master that names
+# none is read as REFUSED_OTHER): the slave's log does not continue the master's (it
+# rejoins: broker/ha/rejoin.py), or it can never replicate from this master as it is
+REFUSED_HISTORY = "history"
+REFUSED_GROUP = "group"
+REFUSED_AUTH = "auth"
+REFUSED_VERSION = "version"
+REFUSED_OTHER = "other"
+PERMANENT_REFUSALS = frozenset({REFUSED_GROUP, REFUSED_AUTH, REFUSED_VERSION})
 
-    def __init__(self, why: str) -> None:
+
+class MasterRefused(HaProtocolError):
+    """The master refused this slave (a position frame with `refused`): `why` it did,
+    and the `reason` in one word (REFUSED_HISTORY, REFUSED_GROUP, ...)."""
+
+    def __init__(self, why: str, reason: str = REFUSED_OTHER) -> None:
         self.why = why
+        self.reason = reason
         super().__init__(f"the master refused this slave: {why}")
 
 
@@ -235,8 +248,8 @@ def read_hello(sock: Link) -> Hello:
     )
 
 
-def send_refusal(sock: Link, why: str) -> None:
+def send_refusal(sock: Link, why: str, reason: str = REFUSED_OTHER) -> None:
     """A position frame holding only why the peer is refused (best effort)."""
-    data = json.dumps({"refused": why}).encode()
+    data = json.dumps({"refused": why, "reason": reason}).encode()
     with contextlib.suppress(OSError):
         sock.sendall(FRAME.pack(POSITION_FRAME, len(data)) + data)

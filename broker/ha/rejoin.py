@@ -15,6 +15,11 @@ beyond it:
   were, commitlog format), and the store is started again with `truncate_to` set: its
   recovery cuts the commitlog there and the consume queues and index with it
   (`MessageStore.start`).
+
+A running slave that its master refuses for its history (`MasterRefused`, reason
+`history`: its master was replaced by one with a shorter log, say) does the same without
+a restart: `rejoin_running` asks the master, saves the tail, and cuts the running store
+back (`MessageStore.cut_back`), then keeps only the epochs both histories share.
 """
 
 from __future__ import annotations
@@ -24,12 +29,13 @@ import os
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from broker.ha.config import HaConfig
 from broker.ha.errors import RejoinRefused
 from broker.ha.protocol import HaProtocolError
 from broker.ha.slave import probe
-from broker.ha.state import EpochHistory, branch_point, ha_dir, read_acked
+from broker.ha.state import EpochHistory, branch_point, ha_dir, read_acked, shared_epochs
 from broker.store.store import MessageStore
 
 log = logging.getLogger(__name__)
@@ -58,21 +64,14 @@ def plan_rejoin(
 ) -> Rejoin | None:
     """The cut this running store needs before it replicates from `config.master`: None
     when its log continues the master's, or when the master cannot be asked now (logged;
-    the master then refuses the slave until it is restarted). RejoinRefused when the cut
+    if the master then refuses the slave, it rejoins running: `rejoin_running`).
+    RejoinRefused when the cut
     would lose acknowledged bytes. The tail is saved before this returns."""
     assert config.master is not None
-    end = store.get_commitlog_max_offset()
-    if end <= 0:
+    if store.get_commitlog_max_offset() <= 0:
         return None
     try:
-        answer = probe(
-            config.master,
-            end,
-            broker_id=config.broker_id,
-            epoch=epochs.last,
-            timeout_s=timeout_s,
-            config=config,
-        )
+        answer = _ask(store, config, config.master, epochs, timeout_s)
     except (OSError, HaProtocolError, ValueError, ssl.SSLError) as exc:
         log.warning(
             "replication: cannot ask the master %s:%d where its log ends (%s); "
@@ -81,6 +80,55 @@ def plan_rejoin(
             exc,
         )
         return None
+    return _plan(store, epochs, answer)
+
+
+def rejoin_running(
+    store: MessageStore,
+    config: HaConfig,
+    master: tuple[str, int],
+    epochs: EpochHistory,
+    *,
+    timeout_s: float = 5.0,
+) -> Rejoin | None:
+    """A running slave refused by `master` for its history: plan the cut as at a start,
+    then cut the running store back (`MessageStore.cut_back`) and keep only the epochs
+    both histories share. The cut made, or None when none was needed (the epochs may
+    still have been trimmed). RejoinRefused when the cut would lose acknowledged bytes;
+    OSError, HaProtocolError, ssl.SSLError when the master cannot be asked now; StoreError
+    when the store is not running. Nobody may append meanwhile (the caller's replication
+    is stopped)."""
+    answer = _ask(store, config, master, epochs, timeout_s)
+    plan = _plan(store, epochs, answer) if store.get_commitlog_max_offset() > 0 else None
+    if plan is not None:
+        store.cut_back(plan.offset)
+    shared = shared_epochs(epochs.entries, answer["epochs"])
+    if shared and shared != epochs.entries:
+        epochs.replace(shared)
+    return plan
+
+
+def _ask(
+    store: MessageStore,
+    config: HaConfig,
+    master: tuple[str, int],
+    epochs: EpochHistory,
+    timeout_s: float,
+) -> dict[str, Any]:
+    return probe(
+        master,
+        store.get_commitlog_max_offset(),
+        broker_id=config.broker_id,
+        epoch=epochs.last,
+        timeout_s=timeout_s,
+        config=config,
+    )
+
+
+def _plan(store: MessageStore, epochs: EpochHistory, answer: dict[str, Any]) -> Rejoin | None:
+    """The cut this store's log needs to continue the log `answer` (a probe) describes;
+    the tail saved before it returns. RejoinRefused when acknowledged bytes would go."""
+    end = store.get_commitlog_max_offset()
     master_end = int(answer["max_offset"])
     branch = branch_point(epochs.entries, end, answer["epochs"], master_end)
     if branch >= end:

@@ -5,6 +5,18 @@ the records at the same offsets (`MessageStore.append_replica`, which checks eac
 first), wait for the fsync when the store flushes synchronously, and report the new end.
 A dropped link, a refused chunk or a master that is down: wait `reconnect_ms` and dial
 again from wherever this log ends (the master resends from there).
+
+A master that answers and refuses (a position frame saying why, `MasterRefused`):
+
+- for this log's history (`history`: it holds records the master never had): the slave
+  rejoins running (`rejoin`, set by `broker.ha.node`: the tail saved, the store cut back,
+  broker/ha/rejoin.py) and dials again at once; a rejoin refused because the cut would
+  lose acknowledged bytes is the operator's (logged once a minute, tried again every
+  `PERMANENT_RETRY_S`);
+- for what cannot change by itself (wrong group, access key, protocol version): logged
+  once a minute, dialled again every `PERMANENT_RETRY_S`;
+- otherwise, and when a rejoin cannot ask the master now: dialled again after a backoff
+  (`REFUSED_BACKOFF`: 0.1 s doubling to 5 s), which a connection that gets through resets.
 """
 
 from __future__ import annotations
@@ -14,13 +26,16 @@ import hmac
 import json
 import logging
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from broker.ha.auth import master_proof, nonce, slave_proof
+from broker.ha.auth import RefusalLog, master_proof, nonce, slave_proof
 from broker.ha.config import HaConfig
+from broker.ha.errors import RejoinRefused
 from broker.ha.link import TlsLink, client_context
 from broker.ha.protocol import (
     ACTING_REPORT,
@@ -34,9 +49,12 @@ from broker.ha.protocol import (
     MAX_CONFIG,
     MAX_POSITION,
     NONCE,
+    PERMANENT_REFUSALS,
     POSITION_FRAME,
     PROOF,
     PROOF_FRAME,
+    REFUSED_HISTORY,
+    REFUSED_OTHER,
     REPORT,
     HaProtocolError,
     Link,
@@ -50,6 +68,21 @@ from broker.store.errors import StoreError
 from broker.store.store import MessageStore
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Waits that double from `first_s` up to `cap_s`: attempt 0 waits `first_s`."""
+
+    first_s: float = 0.1
+    cap_s: float = 5.0
+
+    def delay(self, attempt: int) -> float:
+        return float(min(self.first_s * 2 ** min(attempt, 62), self.cap_s))
+
+
+REFUSED_BACKOFF = Backoff(0.1, 5.0)  # a refusal that may pass (module docstring)
+PERMANENT_RETRY_S = 30.0  # a refusal that cannot pass by itself, and a refused rejoin
 
 
 class HaSlave:
@@ -84,6 +117,17 @@ class HaSlave:
         # what this slave acknowledged while acting for its master, None when nothing
         # (`Broker.acting_report`, which also ends the acting)
         self.acting_source: Callable[[], dict[str, Any] | None] | None = None
+        # a master refused this log's history: cut it back to continue the master's
+        # (`HaNode` sets it: broker/ha/rejoin.py); True when it cut or changed something,
+        # False when nothing needed changing. None: such a refusal is only waited out
+        self.rejoin: Callable[[tuple[str, int]], bool] | None = None
+        self.rejoining = False  # a rejoin is under way (the link is down meanwhile)
+        self.backoff = REFUSED_BACKOFF
+        self.permanent_retry_s = PERMANENT_RETRY_S
+        self._refused_in_a_row = 0  # refusals since the last connection that got through
+        self._refusals = RefusalLog(
+            log, said="replication: the master %s refused this slave (%s): %s%s"
+        )
 
     def start(self) -> None:
         self._thread.start()
@@ -153,6 +197,9 @@ class HaSlave:
                 # a master just promoted may not have begun its epoch yet: ask again soon
                 wait_s = min(wait_s, 0.1)
                 log.info("replication: %s; dialling again in %.1f s", exc, wait_s)
+            except MasterRefused as exc:
+                if not self._stopped.is_set():
+                    wait_s = self._after_refusal(exc)
             except (HaProtocolError, OSError, StoreError) as exc:
                 if not self._stopped.is_set():
                     log.warning(
@@ -168,6 +215,43 @@ class HaSlave:
                     sock.close()
             self._wake.wait(wait_s)
             self._wake.clear()
+
+    def _after_refusal(self, exc: MasterRefused) -> float:
+        """What to do about a master's refusal (module docstring): how long to wait
+        before dialling again."""
+        master = self.master
+        address = _address(master)
+        if exc.reason in PERMANENT_REFUSALS:
+            self._refusals.refused(address, exc.reason, exc.why)
+            return self.permanent_retry_s
+        attempt = self._refused_in_a_row
+        self._refused_in_a_row += 1
+        if exc.reason != REFUSED_HISTORY or self.rejoin is None or master is None:
+            wait_s = self.backoff.delay(attempt)
+            log.info("replication: %s; dialling again in %.1f s", exc, wait_s)
+            return wait_s
+        self.rejoining = True
+        try:
+            changed = self.rejoin(master)
+        except RejoinRefused as err:
+            self._refusals.refused(address, "rejoin", f"cannot rejoin as a slave: {err}")
+            return self.permanent_retry_s
+        except (HaProtocolError, OSError, ssl.SSLError, StoreError, ValueError) as err:
+            wait_s = self.backoff.delay(attempt)
+            log.info(
+                "replication: %s; cannot rejoin now (%s); trying again in %.1f s",
+                exc,
+                err,
+                wait_s,
+            )
+            return wait_s
+        finally:
+            self.rejoining = False
+        if changed:
+            return 0.0  # dial at once, from the log's new end
+        wait_s = self.backoff.delay(attempt)
+        log.info("replication: %s; nothing to cut; dialling again in %.1f s", exc, wait_s)
+        return wait_s
 
     def _apply_config(self, data: bytes) -> None:
         """Take the master's configuration; a bad one is logged and skipped (the log
@@ -210,6 +294,7 @@ class HaSlave:
             raise
         if self._stopped.is_set() or master != self.master:
             return
+        self._refused_in_a_row = 0
         self.connected = True
         log.info("replication: connected to %s:%d, this log ends at %d", *master, end)
         self._report_acting(sock)
@@ -247,8 +332,9 @@ class HaSlave:
                 continue
             if offset == POSITION_FRAME:  # refused: this log does not continue the master's
                 self.connected = False
-                self.refused = _refusal_of(data)
-                raise MasterRefused(self.refused)
+                why, reason = _refusal_of(data)
+                self.refused = why
+                raise MasterRefused(why, reason)
             if offset < 0:
                 raise HaProtocolError(f"an unknown frame (offset {offset})")
             self.refused = ""
@@ -280,12 +366,15 @@ def _last_epoch(config: bytes, otherwise: int) -> int:
     return history[-1][0]
 
 
-def _refusal_of(data: bytes) -> str:
+def _refusal_of(data: bytes) -> tuple[str, str]:
+    """Why a position frame refuses this slave, and the reason in one word."""
     try:
         body = json.loads(data)
     except ValueError:
-        return "refused"
-    return str(body.get("refused", "refused")) if isinstance(body, dict) else "refused"
+        return "refused", REFUSED_OTHER
+    if not isinstance(body, dict):
+        return "refused", REFUSED_OTHER
+    return str(body.get("refused", "refused")), str(body.get("reason", REFUSED_OTHER))
 
 
 def dial(
@@ -332,14 +421,14 @@ def dial(
                 sock, {CHALLENGE_FRAME: NONCE, POSITION_FRAME: MAX_POSITION}, 0
             )
             if offset == POSITION_FRAME:
-                raise MasterRefused(_refusal_of(data))
+                raise MasterRefused(*_refusal_of(data))
             if offset != CHALLENGE_FRAME or len(data) != NONCE:
                 raise HaProtocolError("the master did not ask this slave to authenticate")
             mine = slave_proof(secret, hello, data)
             sock.sendall(mine)
             offset, proof = recv_frame(sock, {PROOF_FRAME: PROOF, POSITION_FRAME: MAX_POSITION}, 0)
             if offset == POSITION_FRAME:
-                raise MasterRefused(_refusal_of(proof))
+                raise MasterRefused(*_refusal_of(proof))
             expected = master_proof(secret, hello, data, mine)
             if offset != PROOF_FRAME or not hmac.compare_digest(proof, expected):
                 raise HaProtocolError(
@@ -377,7 +466,7 @@ def probe(
         raise HaProtocolError(f"expected a position frame, got offset {offset}")
     answer = json.loads(data)
     if isinstance(answer, dict) and "refused" in answer and "max_offset" not in answer:
-        raise MasterRefused(str(answer["refused"]))
+        raise MasterRefused(*_refusal_of(data))
     if not isinstance(answer, dict) or not isinstance(answer.get("max_offset"), int):
         raise HaProtocolError("a malformed position frame")
     answer["epochs"] = parse_epochs(answer.get("epochs"))

@@ -143,6 +143,17 @@ def branch_point(mine: list[Epoch], my_end: int, theirs: list[Epoch], their_end:
     return min(own, other, my_end)
 
 
+def shared_epochs(mine: list[Epoch], theirs: list[Epoch]) -> list[Epoch]:
+    """The epochs both histories begin with (a rejoined slave keeps only these: the
+    master's config sync brings the rest)."""
+    shared: list[Epoch] = []
+    for a, b in zip(mine, theirs, strict=False):
+        if a != b:
+            break
+        shared.append(a)
+    return shared
+
+
 class AckedCheckpoint:
     """The highest offset a slave acknowledged to this broker as a master (see above)."""
 

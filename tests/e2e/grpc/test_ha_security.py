@@ -233,7 +233,8 @@ def test_a_peer_without_the_keys_gets_nothing(
         assert all(k in (CHALLENGE, POSITION) for k in kinds), (name, kinds)
         assert kinds[-1] == POSITION, name
         refusal = json.loads(frames[-1][1])
-        assert set(refusal) == {"refused"}, (name, refusal)  # no offsets, no epochs
+        # why, and the reason in one word: no offsets, no epochs
+        assert set(refusal) == {"refused", "reason"}, (name, refusal)
     assert "version 3" in json.loads(_frames(attempts["old version"])[-1][1])["refused"]
     # a slave with the right key, of the same group, is served
     proof_ok = _authenticated(ha_port, group="broker-a")

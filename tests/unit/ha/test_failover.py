@@ -228,3 +228,72 @@ def test_lag_in_messages_promotion_and_metrics(tmp_path: Path) -> None:
         m_node.stop()
         master.shutdown()
         slave.shutdown()
+
+
+def test_a_running_slave_refused_for_its_history_rejoins_without_a_restart(
+    tmp_path: Path,
+) -> None:
+    """The slave's master is replaced by one promoted with a shorter log (it never had
+    the last 7 records), which went on in an epoch of its own: the slave saves them,
+    cuts its running store back, and replicates the new master's log byte for byte; its
+    queues hold the shared records and the new ones."""
+    old = MessageStore(small_config(tmp_path / "old"))
+    new = MessageStore(small_config(tmp_path / "new"))
+    old.start()
+    new.start()
+    slave = Broker(small_config(tmp_path / "s"), BrokerConfig(replica=True))
+    slave.start()
+    old_ha = _master_of(old, tmp_path / "old", EpochHistory(tmp_path / "old"))
+    node = HaNode(
+        slave,
+        HaConfig(HaRole.SLAVE, broker_id=1, master=("127.0.0.1", old_ha.port), reconnect_ms=100),
+    )
+    cut: list[int] = []
+    node.on_rejoined.append(lambda plan: cut.append(plan.offset))
+    new_ha: HaMaster | None = None
+    try:
+        _put(old, 20)
+        shared = old.commitlog.get_max_offset()
+        at = 0
+        while at < shared:  # the new master's copy of the first 20
+            at = new.append_replica(at, old.read_replica(at, 1 << 20))
+        _put(old, 7, start=20)  # only the old master and its slave have these
+        node.start()
+        _wait(lambda: slave.store.get_commitlog_max_offset() == old.commitlog.get_max_offset())
+        assert slave.store.wait_dispatched()
+        old_ha.stop()
+        epochs = EpochHistory(tmp_path / "new")
+        epochs.begin(shared)  # its promotion
+        new_ha = _master_of(new, tmp_path / "new", epochs)
+        _put(new, 5, start=100)
+        replication = node.replication
+        assert isinstance(replication, HaSlave)
+        replication.follow(("127.0.0.1", new_ha.port), 0)
+        _wait(lambda: slave.store.get_commitlog_max_offset() == new.commitlog.get_max_offset())
+        assert cut == [shared]
+        assert node.status()["rejoined"]["offset"] == shared
+        _wait(lambda: node.epochs.entries == [(1, 0), (2, shared)])  # the master's, synced
+        saved = tmp_path / "s" / "ha" / f"truncated-{shared}.bin"
+        assert saved.read_bytes() == old.read_replica(shared, 1 << 20)
+        end = new.commitlog.get_max_offset()
+        assert slave.store.read_replica(0, end) == new.read_replica(0, end)
+        assert slave.store.wait_dispatched()
+        assert (
+            slave.store.get_max_offset_in_queue("fo-t", 0)
+            + slave.store.get_max_offset_in_queue("fo-t", 1)
+            == 25
+        )
+        bodies = []
+        for qid in (0, 1):
+            got = slave.store.get_messages("g", "fo-t", qid, 0, 64)
+            bodies += [m.body for m in got.messages]
+        assert sorted(bodies) == sorted(
+            [f"b{i}".encode() * 20 for i in [*range(20), *range(100, 105)]]
+        )
+    finally:
+        node.stop()
+        if new_ha is not None:
+            new_ha.stop()
+        slave.shutdown()
+        new.shutdown()
+        old.shutdown()

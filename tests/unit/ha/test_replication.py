@@ -244,3 +244,35 @@ def test_only_a_slave_takes_a_masters_configuration(tmp_path: Path) -> None:
     finally:
         master.shutdown()
         slave.shutdown()
+
+
+def test_refusals_that_cannot_pass_are_dialled_slowly_others_with_a_backoff(
+    pair: tuple[MessageStore, MessageStore],
+) -> None:
+    from broker.ha.slave import REFUSED_BACKOFF
+
+    assert [REFUSED_BACKOFF.delay(n) for n in range(8)] == [
+        0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0
+    ]  # fmt: skip
+    master, slave = pair
+    ha = HaMaster(master, HaConfig(HaRole.ASYNC_MASTER, port=0, broker_name="a"))
+    ha.start()
+    client = HaSlave(
+        slave,
+        HaConfig(
+            HaRole.SLAVE,
+            broker_id=1,
+            broker_name="b",
+            master=("127.0.0.1", ha.port),
+            reconnect_ms=50,
+        ),
+    )
+    client.start()
+    try:
+        _wait(lambda: ha.refusals.count >= 1)
+        time.sleep(1.0)  # a wrong group does not pass by itself: no redial every 50 ms
+        assert ha.refusals.count == 1
+        assert "broker group" in client.status()["refused"]
+    finally:
+        client.stop()
+        ha.stop()

@@ -13,12 +13,14 @@ import java.util.Properties;
  *
  * <pre>
  * java -jar reliable-interop.jar ENDPOINT SCENARIO... [--prefix P] [--timeout-s S]
+ *     [--access-key AK --secret-key SK]
  * </pre>
  *
  * <p>Each scenario uses the topic and the consumer group {@code P-SCENARIO} (P defaults to
  * {@code interop-java-<millis>}) and prints one JSON line of what it observed on stdout; progress
  * goes to stderr. The exit status is 0 when every scenario ran (whatever it observed), 2 on a
- * usage error. Scenarios: {@link Scenarios#NAMES}.
+ * usage error. Scenarios: {@link Scenarios#NAMES}, and the differential ones,
+ * {@link Differential#NAMES}, which sign their calls with the access key when one is given.
  */
 public final class Interop {
     private Interop() {
@@ -28,6 +30,8 @@ public final class Interop {
         List<String> positional = new ArrayList<>();
         String prefix = "interop-java-" + System.currentTimeMillis();
         int timeoutS = 30;
+        String accessKey = null;
+        String secretKey = null;
         Iterator<String> it = Arrays.asList(args).iterator();
         while (it.hasNext()) {
             String arg = it.next();
@@ -35,6 +39,10 @@ public final class Interop {
                 prefix = it.next();
             } else if (arg.equals("--timeout-s") && it.hasNext()) {
                 timeoutS = Integer.parseInt(it.next());
+            } else if (arg.equals("--access-key") && it.hasNext()) {
+                accessKey = it.next();
+            } else if (arg.equals("--secret-key") && it.hasNext()) {
+                secretKey = it.next();
             } else if (arg.startsWith("--")) {
                 usage("unknown option " + arg);
             } else {
@@ -47,15 +55,17 @@ public final class Interop {
         String endpoint = positional.get(0);
         List<String> scenarios = positional.subList(1, positional.size());
         for (String scenario : scenarios) {
-            if (!Scenarios.NAMES.contains(scenario)) {
+            if (!Scenarios.NAMES.contains(scenario) && !Differential.NAMES.contains(scenario)) {
                 usage("unknown scenario " + scenario);
             }
         }
         String version = clientVersion();
         for (String scenario : scenarios) {
-            Scenarios run = new Scenarios(endpoint, prefix + "-" + scenario, timeoutS);
+            String name = prefix + "-" + scenario;
             System.err.printf("interop java: %s against %s%n", scenario, endpoint);
-            Map<String, Object> outcome = run.run(scenario);
+            Map<String, Object> outcome = Differential.NAMES.contains(scenario)
+                ? new Differential(endpoint, name, accessKey, secretKey, timeoutS).run(scenario)
+                : new Scenarios(endpoint, name, timeoutS).run(scenario);
             outcome.put("client", "java");
             outcome.put("client_version", version);
             System.out.println(Json.of(outcome));
@@ -68,7 +78,8 @@ public final class Interop {
     private static void usage(String problem) {
         System.err.println("interop java: " + problem);
         System.err.println("usage: java -jar reliable-interop.jar ENDPOINT SCENARIO... "
-            + "[--prefix P] [--timeout-s S]; scenarios: " + String.join(", ", Scenarios.NAMES));
+            + "[--prefix P] [--timeout-s S] [--access-key AK --secret-key SK]; scenarios: "
+            + String.join(", ", Scenarios.NAMES) + ", " + String.join(", ", Differential.NAMES));
         System.exit(2);
     }
 

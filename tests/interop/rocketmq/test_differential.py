@@ -1,0 +1,55 @@
+"""The official Java client observes the same on our server as on Apache RocketMQ.
+
+tests/interop/differential.py runs the Java program's differential scenarios against a
+`reliable broker start` process and against the session's Apache RocketMQ cluster, and
+compares what they observed, key by key: every difference must be named in
+`DELIBERATE` with its reason, and the table in docs/interop.md must list every observation
+this run makes (`python -m tests.interop.differential --write-docs` rewrites it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from apache_rocketmq import RocketMQCluster
+from tests.interop import differential
+
+# both servers run in the first test's fixtures: about 4 minutes on a loaded machine
+pytestmark = [pytest.mark.interop, pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+@pytest.fixture(scope="module")
+def snapshot(rocketmq: RocketMQCluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return differential.observe_both(tmp_path_factory.mktemp("differential"), rocketmq)
+
+
+@pytest.fixture(scope="module")
+def rows(snapshot: dict[str, Any]) -> list[differential.Row]:
+    return differential.compare(snapshot["ours"], snapshot["apache"])
+
+
+def test_every_scenario_reported_on_both(snapshot: dict[str, Any]) -> None:
+    for side in ("ours", "apache"):
+        assert sorted(snapshot[side]) == sorted(differential.SCENARIOS), side
+
+
+def test_no_difference_that_is_not_deliberate(rows: list[differential.Row]) -> None:
+    differs = [r for r in rows if r.verdict == "DIFFERS"]
+    assert differs == [], differential.render(differs)
+
+
+def test_every_deliberate_difference_is_still_named(rows: list[differential.Row]) -> None:
+    """A deliberate difference names an observation the scenarios still make."""
+    observed = {(r.scenario, r.observation) for r in rows}
+    assert set(differential.DELIBERATE) <= observed
+
+
+def test_the_docs_table_has_every_observation(rows: list[differential.Row]) -> None:
+    """Row by row (values may move within a timing bucket between runs)."""
+    table = differential.docs_table()
+    for r in rows:
+        assert f"| {r.scenario} | {r.observation} |" in table, (
+            "docs/interop.md is stale: python -m tests.interop.differential --write-docs"
+        )

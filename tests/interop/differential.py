@@ -77,6 +77,8 @@ DELIBERATE: dict[tuple[str, str], str] = {
         "broker's revive service takes a few seconds more"
     ),
 }
+# scenarios not run against Apache at all: each would only spend the program's time bound
+NOT_RUN_ON_APACHE = ("large-body",)
 # scenario -> why it is not compared
 NOT_COMPARED: dict[str, str] = {
     "retry": (
@@ -85,8 +87,9 @@ NOT_COMPARED: dict[str, str] = {
         "copy's properties are recorded for our server alone"
     ),
     "large-body": (
-        "against the Apache proxy the scenario does not finish (the program is stopped "
-        "at its time bound) and reports nothing; not yet investigated"
+        "against the Apache proxy the scenario did not finish (the program was stopped "
+        "at its time bound, reporting nothing), so it is no longer run there; not yet "
+        "investigated"
     ),
     "bad-signature": (
         "Apache RocketMQ runs without ACL here: its 5.x authentication needs users made "
@@ -136,7 +139,9 @@ def prepare_apache(cluster: RocketMQCluster, prefix: str) -> None:
 # -- running the program and normalising what it saw -------------------------------------
 
 
-def run_java(endpoint: str, prefix: str, logs: Path) -> dict[str, dict[str, Any]]:
+def run_java(
+    endpoint: str, prefix: str, logs: Path, scenarios: tuple[str, ...] = SCENARIOS
+) -> dict[str, dict[str, Any]]:
     """Every scenario's report, by scenario: `observed` (normalised) and `errors`."""
     command = java_program(logs)
     env = dict(os.environ, HOME=str(logs))
@@ -145,7 +150,7 @@ def run_java(endpoint: str, prefix: str, logs: Path) -> dict[str, dict[str, Any]
     progress = logs / "program.err"
     with open(progress, "w") as err:
         proc = subprocess.Popen(
-            [*command, endpoint, *SCENARIOS, "--prefix", prefix, "--timeout-s", "30", *keys],
+            [*command, endpoint, *scenarios, "--prefix", prefix, "--timeout-s", "30", *keys],
             env=env,
             stdout=subprocess.PIPE,
             stderr=err,
@@ -221,7 +226,11 @@ def observe_ours(work: Path) -> dict[str, dict[str, Any]]:
 def observe_apache(cluster: RocketMQCluster, work: Path) -> dict[str, dict[str, Any]]:
     prefix = f"diff-{uuid.uuid4().hex[:6]}"
     prepare_apache(cluster, prefix)
-    return run_java(cluster.endpoint, prefix, _mkdir(work / "apache-logs"))
+    runs = tuple(s for s in SCENARIOS if s not in NOT_RUN_ON_APACHE)
+    reports = run_java(cluster.endpoint, prefix, _mkdir(work / "apache-logs"), runs)
+    for s in NOT_RUN_ON_APACHE:
+        reports[s] = {"observed": {}, "errors": ["not run against Apache RocketMQ"]}
+    return reports
 
 
 def _mkdir(path: Path) -> Path:

@@ -325,7 +325,10 @@ class ResendWorker:
         values: dict[str, Any] = {"send_count": attempt}
         positions: dict[str, list[Any]] = json.loads(row["group_positions"] or "{}")
         try:
-            if to_topic:
+            # the broker may refuse per-group resends (an Apache RocketMQ proxy): then the
+            # whole topic; the groups that had it get a copy their idempotency guard absorbs
+            fallback = not to_topic and (per_group := self._per_group()) is False
+            if to_topic or fallback:
                 receipt = self.sender.send(message)
                 values.update(
                     queue_id=receipt.queue_id,
@@ -333,18 +336,9 @@ class ResendWorker:
                     broker_msg_id=receipt.offset_msg_id,
                 )
                 positions = {}
-            elif (per_group := self._per_group()) is False:
-                # the broker refuses per-group resends (an Apache RocketMQ proxy): the whole
-                # topic; the groups that had it get a copy their idempotency guard absorbs
-                receipt = self.sender.send(message)
-                values.update(
-                    queue_id=receipt.queue_id,
-                    queue_offset=receipt.queue_offset,
-                    broker_msg_id=receipt.offset_msg_id,
-                )
-                positions = {}
-                result.topic_fallbacks += 1
-                self._log_fallback(row["message_id"], lost)
+                if fallback:
+                    result.topic_fallbacks += 1
+                    self._log_fallback(row["message_id"], lost)
             else:
                 for group in lost:
                     if per_group:

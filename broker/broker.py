@@ -57,6 +57,7 @@ from broker.errors import (
     ReplicaNotServing,
     TopicNotFound,
 )
+from broker.limits import DEFAULT_RETRY_MAX_TIMES
 from broker.long_poll import ArrivalNotifier
 from broker.names import (
     DLQ_GROUP_TOPIC_PREFIX,
@@ -337,7 +338,7 @@ class Broker(ProduceEngine):
         self,
         group: str,
         *,
-        retry_max_times: int = 16,
+        retry_max_times: int = DEFAULT_RETRY_MAX_TIMES,
         retry_queue_nums: int = 1,
         consume_broadcast: bool = True,
         fifo: bool = False,

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass
 
 from broker.errors import ConfigError
+from broker.limits import DEFAULT_MAX_BODY_SIZE, DEFAULT_RETRY_MAX_TIMES, MAX_INVISIBLE_MS
 
 DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 
@@ -88,14 +89,14 @@ class BrokerConfig:
     check_message_type: bool = False
 
     # --- produce
-    max_message_size: int = 4 * 1024 * 1024  # body bytes
+    max_message_size: int = DEFAULT_MAX_BODY_SIZE  # body bytes
     max_delay_ms: int = 3 * 86_400_000  # furthest TIMER_DELIVER_MS accepted, from now
 
     # --- retry / delay
     message_delay_level: str = DEFAULT_DELAY_LEVELS
     schedule_interval_ms: int = 100  # how often the schedule service looks for due messages
     # send-back when the group has no config and auto-creation is on: these settings
-    default_retry_max_times: int = 16
+    default_retry_max_times: int = DEFAULT_RETRY_MAX_TIMES
 
     # --- offsets and other metadata
     flush_offset_interval_ms: int = 5_000  # consumerOffset.json, delayOffset.json, pop state
@@ -106,7 +107,7 @@ class BrokerConfig:
 
     # --- invisible-time consumption
     max_receive_batch: int = 32
-    max_invisible_ms: int = 12 * 3_600_000
+    max_invisible_ms: int = MAX_INVISIBLE_MS
     pop_revive_interval_ms: int = 1_000  # sweep that dead-letters exhausted expired messages
 
     # --- transactions

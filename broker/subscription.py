@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.errors import InvalidArgument
+from broker.limits import DEFAULT_RETRY_MAX_TIMES
 from broker.store.errors import ConfigShapeError
 from broker.store.json_config import JsonConfigFile, flag, integer, obj, text
 
@@ -29,7 +30,7 @@ class SubscriptionGroupConfig:
     consume_enable: bool = True
     consume_broadcast: bool = True  # broadcasting consumption allowed for this group
     retry_queue_nums: int = 1
-    retry_max_times: int = 16
+    retry_max_times: int = DEFAULT_RETRY_MAX_TIMES
     fifo: bool = False  # consume orderly (FIFO)
 
     def __post_init__(self) -> None:
@@ -67,7 +68,7 @@ class SubscriptionGroupConfig:
             consume_enable=bool(data.get("consumeEnable", True)),
             consume_broadcast=bool(data.get("consumeBroadcastEnable", True)),
             retry_queue_nums=int(data.get("retryQueueNums", 1)),
-            retry_max_times=int(data.get("retryMaxTimes", 16)),
+            retry_max_times=int(data.get("retryMaxTimes", DEFAULT_RETRY_MAX_TIMES)),
             fifo=bool(data.get("consumeMessageOrderly", False)),
         )
 

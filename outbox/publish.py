@@ -32,11 +32,12 @@ from sqlalchemy import Connection, Engine, event, insert, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, SessionTransaction
 
+from broker.limits import DEFAULT_MAX_BODY_SIZE
 from outbox.errors import DuplicateMessageId, NoActiveTransaction, OutboxMisuse, is_permanent
 from outbox.models import OutboxTables
 from outbox.ports import Clock, Sender, utcnow
 from outbox.registry import expected_groups
-from outbox.stubs import DEFAULT_MAX_BODY_SIZE, check_sendable, stub_values
+from outbox.stubs import check_sendable, stub_values
 from reliable.message import Message, SendReceipt, SendStatus
 
 log = logging.getLogger(__name__)

@@ -10,15 +10,13 @@ from typing import Any
 
 from sqlalchemy.engine import RowMapping
 
+from broker.limits import DEFAULT_MAX_BODY_SIZE
 from broker.store.message import Prop
 from outbox.errors import InvalidStub
 from outbox.models import ID_LEN, NAME_LEN, StubStatus
 from reliable.errors import InvalidName
 from reliable.message import Message
 from reliable.naming import check_topic
-
-# The broker's default body limit (`reliable broker start --max-body-size`, RocketMQ's 4 MiB).
-DEFAULT_MAX_BODY_SIZE = 4 * 1024 * 1024
 
 # Message properties that travel on the broker but are not user headers (the message's
 # id, keys and tags are fields of the message, and so columns of the stub).

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.config import DEFAULT_PORT, with_default_port
+from broker.limits import DEFAULT_RETRY_MAX_TIMES
 from reliable.admin_messages import AdminCaller
 from reliable_cli.admin_call import handler
 from reliable_cli.exit_codes import ExitCode
@@ -95,8 +96,8 @@ def register(sub: Any) -> None:
     gc.add_argument(
         "--max-retries",
         type=int,
-        default=16,
-        help="redeliveries before the dead-letter queue (default 16)",
+        default=DEFAULT_RETRY_MAX_TIMES,
+        help=f"redeliveries before the dead-letter queue (default {DEFAULT_RETRY_MAX_TIMES})",
     )
     _target(gc)
     gc.set_defaults(

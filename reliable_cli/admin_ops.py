@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from reliable import admin_messages as api
+from reliable.naming import retry_topic
 from reliable_cli.admin_call import PROG, CommandFailed, print_json, table
 from reliable_cli.admin_call import handler as _handler
 from reliable_cli.admin_message import _login, parse_time
@@ -294,7 +295,7 @@ def _dlq_replay(args: argparse.Namespace, admin: api.AdminCaller) -> int:
     unknown = [i for i in args.ids if i not in known]
     operator = args.operator or _login()
     run = uuid.uuid4().hex[:12]
-    target = "original topics" if args.to_topic else f"%RETRY%{args.group}"
+    target = "original topics" if args.to_topic else retry_topic(args.group)
     if args.dry_run or not pending:
         doc = {
             "group": args.group,
@@ -499,7 +500,7 @@ def _dlq_audit(args: argparse.Namespace, admin: api.AdminCaller) -> int:
                 run,
                 operator,
                 group,
-                "original topic" if mode == "topic" else f"%RETRY%{group}",
+                "original topic" if mode == "topic" else retry_topic(group),
                 len(ids),
                 " ".join(ids[:2]) + (" ..." if len(ids) > 2 else ""),
             )

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.idle_poll import DEFAULT_MAX_US as DEFAULT_IDLE_POLL_US
+from broker.limits import DEFAULT_MAX_BODY_SIZE
 from broker.server.answers import DEFAULT_BATCH as DEFAULT_ANSWER_BATCH
 from broker.server.answers import DEFAULT_LINGER_MS as DEFAULT_ANSWER_LINGER_MS
 from reliable_cli import observe
@@ -259,8 +260,8 @@ def register(sub: Any) -> None:
     s.add_argument(
         "--max-body-size",
         type=int,
-        default=4 * 1024 * 1024,
-        help="largest message body accepted, bytes (default 4 MiB); a body of "
+        default=DEFAULT_MAX_BODY_SIZE,
+        help=f"largest message body accepted, bytes (default {DEFAULT_MAX_BODY_SIZE}); a body of "
         "exactly this size is accepted, a larger one refused with "
         "MESSAGE_BODY_TOO_LARGE",
     )

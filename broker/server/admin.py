@@ -78,6 +78,7 @@ from broker.admin import params as p
 from broker.admin.messages import MessageOps, check_id
 from broker.broker import Broker
 from broker.errors import GroupNotFound, InvalidArgument, TopicNotFound
+from broker.limits import DEFAULT_RETRY_MAX_TIMES
 from broker.offsets import ConsumeFromWhere
 from broker.server.direct import DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS
 from broker.server.errors import BadRequest
@@ -197,7 +198,7 @@ class AdminOps:
         if not isinstance(fifo, bool):
             raise BadRequest("fifo must be true or false")
         cfg = self.broker.create_group(
-            name, retry_max_times=_int(params, "max_retries", 16), fifo=fifo
+            name, retry_max_times=_int(params, "max_retries", DEFAULT_RETRY_MAX_TIMES), fifo=fifo
         )
         return group_json(cfg)
 

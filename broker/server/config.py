@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from broker.idle_poll import DEFAULT_MAX_US
+from broker.limits import DEFAULT_MAX_BODY_SIZE, MAX_INVISIBLE_MS
 from broker.server.answers import DEFAULT_BATCH, DEFAULT_LINGER_MS
 from broker.server.cluster import ClusterConfig
 
@@ -53,14 +54,14 @@ class ServerConfig:
     max_signature_skew_s: int = 27 * 3600
 
     # --- limits (the proxy's defaults)
-    max_body_size: int = 4 * 1024 * 1024
+    max_body_size: int = DEFAULT_MAX_BODY_SIZE
     max_properties: int = 128
     max_properties_size: int = 16 * 1024
     max_message_group_size: int = 64
     max_batch_messages: int = 1024  # messages in one SendMessage
     max_delay_ms: int = 24 * 3600 * 1000
     min_invisible_ms: int = 10_000  # for ReceiveMessage without auto-renew
-    max_invisible_ms: int = 12 * 3600 * 1000
+    max_invisible_ms: int = MAX_INVISIBLE_MS
     default_invisible_ms: int = 60_000  # auto-renew (push consumers)
     renew_ahead_ms: int = 10_000  # renew this long before expiry
     max_renew_ms: int = 3 * 3600 * 1000  # stop renewing one message after this long

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypedDict
 
+from broker.limits import DEFAULT_MAX_BODY_SIZE
 from broker.store.errors import ForeignFile
 
 log = logging.getLogger(__name__)
@@ -48,8 +49,8 @@ def default_store_dir() -> Path:
     return Path.home() / ".reliable" / "store"
 
 
-# --- message size: one limit on the body; the record around it gets room for the rest
-DEFAULT_MAX_BODY_SIZE = 4 * 1024 * 1024
+# --- message size: one limit on the body (`broker.limits.DEFAULT_MAX_BODY_SIZE`); the record
+# around it gets room for the rest
 # a record holds the body plus its topic (TOPICLEN is one byte) and properties (PROPERTIESLEN
 # is an i16): a body at the limit with any legal topic and properties must still fit
 RECORD_ENVELOPE = 255 + 32767

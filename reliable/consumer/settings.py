@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from broker.limits import DEFAULT_RETRY_MAX_TIMES
 from reliable.consumer.listener import MessageModel
 from reliable.consumer.rebalance import AllocateStrategy, allocate_averagely
 from reliable.errors import ConfigurationError
@@ -25,7 +26,7 @@ class ConsumerSettings:
     rebalance_interval_s: float = 20.0
     heartbeat_interval_s: float = 10.0
     persist_offset_interval_s: float = 5.0
-    max_reconsume_times: int = 16
+    max_reconsume_times: int = DEFAULT_RETRY_MAX_TIMES
     send_back_retry_s: float = 5.0  # local retry when the send-back itself fails
     suspend_ms: int = 3000  # orderly: pause before a local retry
     consume_from: ConsumeFrom = ConsumeFrom.LAST

@@ -17,6 +17,7 @@ import grpc
 from broker import protocol_ext
 from broker.clock import wall_ms
 from broker.config import DEFAULT_DELAY_LEVELS_MS
+from broker.limits import DEFAULT_MAX_BODY_SIZE
 from reliable.errors import (
     BadRequest,
     BrokerCallError,
@@ -357,7 +358,7 @@ class ProducerSide(GrpcSession):
         settings.request_timeout.seconds = int(self._timeout)
         for topic in sorted(self._published):
             self._resource(settings.publishing.topics.add(), topic)
-        settings.publishing.max_body_size = 4 * 1024 * 1024
+        settings.publishing.max_body_size = DEFAULT_MAX_BODY_SIZE
         settings.publishing.validate_message_type = True
         settings.user_agent.language = wire.PYTHON
         settings.user_agent.version = wire.VERSION

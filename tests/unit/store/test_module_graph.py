@@ -94,5 +94,6 @@ def test_the_store_imports_nothing_above_the_broker_core() -> None:
                             "broker.names",
                             "broker.clock",
                             "broker.futures",
+                            "broker.limits",
                         )
                     ), f"{path.name} imports {name}"

@@ -26,27 +26,21 @@ import json
 import signal
 import sys
 import threading
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from broker.idle_poll import DEFAULT_MAX_US as DEFAULT_IDLE_POLL_US
-from broker.limits import DEFAULT_MAX_BODY_SIZE
-from broker.server.answers import DEFAULT_BATCH as DEFAULT_ANSWER_BATCH
-from broker.server.answers import DEFAULT_LINGER_MS as DEFAULT_ANSWER_LINGER_MS
 from reliable_cli import observe
+from reliable_cli.broker_options import add_start_arguments
 from reliable_cli.exit_codes import ExitCode
-from reliable_cli.store_options import add_disk_arguments, disk_options
+
+if TYPE_CHECKING:
+    from broker.broker import Broker
+    from broker.config import BrokerConfig
+    from broker.ha.config import HaConfig
+    from broker.ha.node import HaNode
+    from broker.server import MessagingServer, ServerConfig
 
 SWITCH_INTERVAL_S = 0.0005
-# `ServerConfig`'s defaults of the limits the command line sets (docs/server.md; a unit test
-# holds them equal), here so that `--help` does not load the server
-SERVER_LIMITS = {
-    "max_inflight_sends": 4096,
-    "min_send_time_ms": 500,
-    "max_concurrent_rpcs": 16384,
-    "max_concurrent_streams": 4096,
-    "max_pending_calls": 16384,
-}
 
 
 def register(sub: Any) -> None:
@@ -62,313 +56,7 @@ def register(sub: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    s.add_argument(
-        "--store", type=Path, default=None, help="store directory (default ~/.reliable/store)"
-    )
-    s.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)",
-    )
-    s.add_argument(
-        "--port",
-        type=int,
-        default=8081,
-        help="port to listen on (default 8081; 0 picks a free one)",
-    )
-    s.add_argument(
-        "--wire-port",
-        type=int,
-        default=None,
-        metavar="PORT",
-        help="also serve the native wire (docs/wire.md) on this port for the framework's "
-        "clients: the same calls as gRPC, framed over plain TCP, about 2x the one-at-a-time "
-        "rate; 0 picks a free one (default: off; not with TLS)",
-    )
-    s.add_argument(
-        "--idle-poll-us",
-        type=int,
-        default=DEFAULT_IDLE_POLL_US,
-        metavar="US",
-        help="poll for calls this long at most before the server's event loop sleeps, while "
-        "calls keep coming within it: on a virtual machine whose idle CPUs halt at once, "
-        "this saves a halt and a wake per call of a one-at-a-time client, for at most this "
-        f"much CPU per wait (docs/performance.md, idle polling; default "
-        f"{DEFAULT_IDLE_POLL_US}; 0: never poll)",
-    )
-    s.add_argument(
-        "--answer-batch",
-        type=int,
-        default=DEFAULT_ANSWER_BATCH,
-        metavar="N",
-        help="while the server's event loop is busy, store the single gRPC sends it serves "
-        "together as one record batch and hold the answers it makes to send them together, "
-        "up to N messages or answers at once: a client with many calls in flight then costs "
-        "one store call and one wake-up for many; a call made while the loop is idle is "
-        "stored and answered at once (docs/performance.md, answers held and sends stored "
-        f"together; default {DEFAULT_ANSWER_BATCH}; 0: neither)",
-    )
-    s.add_argument(
-        "--answer-linger-ms",
-        type=float,
-        default=DEFAULT_ANSWER_LINGER_MS,
-        metavar="MS",
-        help="the longest a held answer or a grouped send waits for the others of its "
-        f"batch (default {DEFAULT_ANSWER_LINGER_MS:g})",
-    )
-    limits = SERVER_LIMITS
-    s.add_argument(
-        "--max-inflight-sends",
-        type=int,
-        default=limits["max_inflight_sends"],
-        metavar="N",
-        help="messages being stored at once; a send beyond is refused with "
-        "TOO_MANY_REQUESTS, which clients back off from (docs/server.md, a burst of "
-        f"clients; default {limits['max_inflight_sends']})",
-    )
-    s.add_argument(
-        "--min-send-time-ms",
-        type=int,
-        default=limits["min_send_time_ms"],
-        metavar="MS",
-        help="a send read while the server is busy with less than this left of its deadline "
-        "is refused with TOO_MANY_REQUESTS instead of stored: its answer would likely come "
-        "too late, and its client "
-        f"would resend it at once (default {limits['min_send_time_ms']}; 0: never refused)",
-    )
-    s.add_argument(
-        "--max-concurrent-rpcs",
-        type=int,
-        default=limits["max_concurrent_rpcs"],
-        metavar="N",
-        help="gRPC calls running at once (sends, parked receives, telemetry streams); one "
-        "beyond is answered RESOURCE_EXHAUSTED before it is served "
-        f"(default {limits['max_concurrent_rpcs']}; 0: no limit)",
-    )
-    s.add_argument(
-        "--max-concurrent-streams",
-        type=int,
-        default=limits["max_concurrent_streams"],
-        metavar="N",
-        help="HTTP/2 streams one gRPC connection may have open; a client's further calls "
-        "wait on its side (those sent before the connection's settings arrive are refused: "
-        f"UNAVAILABLE) (default {limits['max_concurrent_streams']})",
-    )
-    s.add_argument(
-        "--max-pending-calls",
-        type=int,
-        default=limits["max_pending_calls"],
-        metavar="N",
-        help="gRPC calls received but not read by the server yet, queued by gRPC; past N "
-        f"gRPC refuses some at random, past 2N all (default {limits['max_pending_calls']})",
-    )
-    s.add_argument(
-        "--advertise",
-        default=None,
-        metavar="HOST",
-        help="host put in routes when a client's request names none (default: --host)",
-    )
-    s.add_argument(
-        "--flush",
-        choices=("sync", "async"),
-        default="async",
-        help="sync: acknowledge a send after fsync (group commit); async: after "
-        "the page cache (default async)",
-    )
-    s.add_argument(
-        "--tls-cert",
-        type=Path,
-        default=None,
-        help="PEM certificate chain; with --tls-key turns TLS on",
-    )
-    s.add_argument("--tls-key", type=Path, default=None, help="PEM private key for --tls-cert")
-    s.add_argument(
-        "--credentials-file",
-        type=Path,
-        default=None,
-        help="JSON object {access key: secret key}; turns MQv2-HMAC-SHA1 authentication on",
-    )
-    s.add_argument(
-        "--no-auto-create-topics",
-        action="store_true",
-        help="answer TOPIC_NOT_FOUND for unknown topics instead of creating them",
-    )
-    s.add_argument(
-        "--no-auto-create-groups",
-        action="store_true",
-        help="answer CONSUMER_GROUP_NOT_FOUND for unknown groups",
-    )
-    s.add_argument(
-        "--no-group-resend",
-        action="store_true",
-        help="refuse per-group resends (a send to %%RETRY%%<group> carrying RETRY_TOPIC), "
-        "as an Apache RocketMQ proxy does; the outbox's resend worker then resends to the "
-        "whole topic",
-    )
-    s.add_argument(
-        "--queues", type=int, default=4, help="queues of an auto-created topic (default 4)"
-    )
-    s.add_argument(
-        "--delay-levels",
-        default=None,
-        metavar="TABLE",
-        help='retry/delay ladder, e.g. "1s 5s 10s 30s 1m" '
-        "(default RocketMQ's 18 levels, 1s .. 2h)",
-    )
-    s.add_argument(
-        "--min-invisible-ms",
-        type=int,
-        default=10_000,
-        help="smallest invisible time a receive may ask for (default 10000)",
-    )
-    s.add_argument(
-        "--long-polling-ms",
-        type=int,
-        default=20_000,
-        help="longest long poll; also what push consumers are told (default 20000)",
-    )
-    s.add_argument(
-        "--min-long-polling-ms", type=int, default=5_000, help="shortest long poll (default 5000)"
-    )
-    s.add_argument(
-        "--default-invisible-ms",
-        type=int,
-        default=60_000,
-        help="invisible time of push consumers' messages, renewed while they live (default 60000)",
-    )
-    s.add_argument(
-        "--transaction-timeout-ms",
-        type=int,
-        default=6_000,
-        help="age at which an unresolved half message is first checked (default 6000)",
-    )
-    s.add_argument(
-        "--transaction-check-interval-ms",
-        type=int,
-        default=60_000,
-        help="time between checks of one half message (default 60000)",
-    )
-    s.add_argument(
-        "--commitlog-file-size",
-        type=int,
-        default=None,
-        metavar="BYTES",
-        help="size of one commitlog file of a new store (default 1 GiB; an "
-        "existing store keeps its own)",
-    )
-    add_disk_arguments(s)
-    s.add_argument(
-        "--max-body-size",
-        type=int,
-        default=DEFAULT_MAX_BODY_SIZE,
-        help=f"largest message body accepted, bytes (default {DEFAULT_MAX_BODY_SIZE}); a body of "
-        "exactly this size is accepted, a larger one refused with "
-        "MESSAGE_BODY_TOO_LARGE",
-    )
-    ha = s.add_argument_group("replication (docs/ha.md; default: a single broker, none)")
-    ha.add_argument(
-        "--role",
-        choices=("none", "async-master", "sync-master", "slave"),
-        default="none",
-        help="replication role: a master streams its commitlog to its slaves "
-        "on --ha-port; a slave copies its master's and takes no writes",
-    )
-    ha.add_argument(
-        "--broker-name", default="broker-a", help="the broker group's name (default broker-a)"
-    )
-    ha.add_argument(
-        "--broker-id", type=int, default=None, help="0 for a master (the default), 1.. for a slave"
-    )
-    ha.add_argument(
-        "--ha-port",
-        type=int,
-        default=10912,
-        help="a master's replication port, on --host (default 10912)",
-    )
-    ha.add_argument(
-        "--master",
-        default=None,
-        metavar="HOST:HAPORT",
-        help="a slave's master (its --host and --ha-port)",
-    )
-    ha.add_argument(
-        "--ha-tls-ca",
-        type=Path,
-        default=None,
-        metavar="PEM",
-        help="a slave: dial its master's HA port over TLS and verify the master's "
-        "certificate against these CA certificates (a master serves its HA port over TLS "
-        "when it has --tls-cert/--tls-key)",
-    )
-    ha.add_argument(
-        "--ha-access-key",
-        default=None,
-        metavar="AK",
-        help="a slave: the access key of --credentials-file it proves to its master "
-        "(default: the file's first). With --credentials-file a master requires every "
-        "peer of its HA port to prove one, and proves it in turn",
-    )
-    ha.add_argument(
-        "--ha-sync-timeout-ms",
-        type=int,
-        default=3000,
-        metavar="MS",
-        help="sync-master: longest wait for a slave to acknowledge a send; "
-        "then the producer gets SLAVE_PERSISTENCE_TIMEOUT and retries "
-        "(default 3000)",
-    )
-    ha.add_argument(
-        "--ha-config-sync-ms",
-        type=int,
-        default=5000,
-        metavar="MS",
-        help="a master sends its topics, groups, consumer and delay offsets to its "
-        "slaves this often (default 5000; also at each connect)",
-    )
-    ha.add_argument(
-        "--cluster",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="broker groups (JSON, or TOML by its .toml suffix): every group's name, "
-        "master and slave gRPC endpoints; routes then name every group's queues "
-        "(docs/ha.md, Broker groups). This broker is --broker-name/--broker-id in it",
-    )
-    ha.add_argument(
-        "--cluster-probe-ms",
-        type=int,
-        default=1000,
-        metavar="MS",
-        help="with --cluster: how often every other server's gRPC health is probed (default 1000)",
-    )
-    fo = s.add_argument_group(
-        "automatic failover (docs/ha.md, Automatic failover; default: promotion by an operator)"
-    )
-    fo.add_argument(
-        "--coordinator",
-        default=None,
-        metavar="etcd://HOST:PORT",
-        help="the etcd server (its client URL) that names each broker group's master",
-    )
-    fo.add_argument(
-        "--failover",
-        choices=("manual", "auto"),
-        default="manual",
-        help="auto: with --coordinator, the group's master is whoever etcd names; every "
-        "broker starts as a follower, the most caught-up one is promoted when the master "
-        "is lost, and --role (sync-master or async-master) is what it becomes. Every "
-        "broker of the group has its own --broker-id (1 or more) and a fixed --ha-port "
-        "(default manual: `reliable admin broker promote`)",
-    )
-    fo.add_argument(
-        "--failover-ttl-s",
-        type=int,
-        default=2,
-        metavar="S",
-        help="the lease TTL: a lost master is replaced about this long after its last "
-        "renewal, and a master that cannot renew stops acknowledging sends after 3/4 of "
-        "it (default 2, etcd's minimum)",
-    )
+    add_start_arguments(s)
     observe.add_arguments(s)
     s.set_defaults(handler=start)
     p.set_defaults(handler=lambda _a: (p.print_help(sys.stderr), ExitCode.USAGE)[1])
@@ -379,80 +67,52 @@ def _fail(message: str, code: ExitCode = ExitCode.USAGE) -> int:
     return code
 
 
-def start(args: argparse.Namespace) -> int:
-    from broker.broker import Broker
-    from broker.config import BrokerConfig
-    from broker.errors import BrokerError
-    from broker.ha import HaMaster, HaRole
-    from broker.ha.node import HaNode
-    from broker.idle_poll import check_max_us
-    from broker.server import MessagingServer, ServerConfig, ServerStartError
-    from broker.server.answers import check_batch, check_linger_ms
-    from broker.store.config import (
-        FlushMode,
-        StoreConfig,
-        default_store_dir,
-        describe,
-        max_message_size_for,
-        smallest_commitlog_file_for,
-    )
-    from broker.store.errors import StoreError
+class _Refused(Exception):
+    """The broker cannot start as asked: the line for stderr, and the exit code."""
 
-    if (args.tls_cert is None) != (args.tls_key is None):
-        return _fail("--tls-cert and --tls-key go together")
-    for name, value, least in (
-        ("--max-inflight-sends", args.max_inflight_sends, 1),
-        ("--min-send-time-ms", args.min_send_time_ms, 0),
-        ("--max-concurrent-rpcs", args.max_concurrent_rpcs, 0),
-        ("--max-concurrent-streams", args.max_concurrent_streams, 1),
-        ("--max-pending-calls", args.max_pending_calls, 1),
-    ):
-        if value < least:
-            return _fail(f"{name} must be at least {least}")
-    if args.wire_port is not None and args.tls_cert is not None:
-        return _fail("--wire-port is plaintext: it cannot be combined with --tls-cert/--tls-key")
-    if args.wire_port is not None and not 0 <= args.wire_port <= 65535:
-        return _fail("--wire-port must be 0..65535")
+    def __init__(self, message: str, code: ExitCode = ExitCode.USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class StartPlan:
+    """What the options ask for, checked: the configuration of each part."""
+
+    store_kwargs: dict[str, Any]  # StoreConfig's
+    broker_kwargs: dict[str, Any]  # BrokerConfig's, validated when the broker is built
+    server_config: ServerConfig
+    ha_config: HaConfig
+
+
+@dataclass
+class _Running:
+    """The started broker and what replicates it."""
+
+    broker: Broker
+    ha_config: HaConfig
+    node: HaNode | None = None
+    failover: Any = None  # broker.ha.failover.Failover, with --failover auto
+
+
+def start(args: argparse.Namespace) -> int:
+    """Check the options, build the broker and its replication, then serve until stopped."""
     try:
-        check_max_us(args.idle_poll_us)
-    except ValueError as exc:
-        return _fail(f"--idle-poll-us: {exc}")
-    try:
-        check_batch(args.answer_batch)
-        check_linger_ms(args.answer_linger_ms)
-    except ValueError as exc:
-        return _fail(f"--answer-batch/--answer-linger-ms: {exc}")
-    for path in (args.tls_cert, args.tls_key, args.credentials_file, args.ha_tls_ca):
-        if path is not None and not path.is_file():
-            return _fail(f"{path}: no such file")
-    credentials: dict[str, str] = {}
-    if args.credentials_file is not None:
-        try:
-            raw = json.loads(args.credentials_file.read_text())
-        except (OSError, ValueError) as exc:
-            return _fail(f"{args.credentials_file}: {exc}")
-        if not isinstance(raw, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in raw.items()
-        ):
-            return _fail(f"{args.credentials_file}: expected a JSON object of strings")
-        credentials = raw
-    store_dir = args.store or default_store_dir()
-    if args.max_body_size < 1:
-        return _fail("--max-body-size must be at least 1 byte")
-    # one body limit: the server checks it (MESSAGE_BODY_TOO_LARGE above it), the broker and
-    # the store are configured so that every body within it, with any legal topic and
-    # properties, is stored
-    store_kwargs: dict[str, Any] = {
-        "store_dir": store_dir,
-        "flush_mode": FlushMode.SYNC_FLUSH if args.flush == "sync" else FlushMode.ASYNC_FLUSH,
-        "max_message_size": max_message_size_for(args.max_body_size),
-    }
-    if args.commitlog_file_size:
-        store_kwargs["mapped_file_size_commitlog"] = args.commitlog_file_size
-    try:
-        store_kwargs.update(disk_options(args))
-    except ValueError as exc:
-        return _fail(str(exc))
+        plan = plan_start(args)
+        broker, broker_config = _open_broker(args, plan)
+        running = _replicate(args, plan, broker, broker_config)
+    except _Refused as exc:
+        return _fail(str(exc), exc.code)
+    return _serve(args, plan, running)
+
+
+def plan_start(args: argparse.Namespace) -> StartPlan:
+    """Every part's configuration from the options (_Refused: a usage error)."""
+    from broker.ha import HaRole
+
+    _check_server_options(args)
+    credentials = _credentials(args)
+    store_kwargs = _store_kwargs(args)
     broker_kwargs: dict[str, Any] = {
         "auto_create_topic": not args.no_auto_create_topics,
         "auto_create_subscription_group": not args.no_auto_create_groups,
@@ -466,16 +126,100 @@ def start(args: argparse.Namespace) -> int:
     try:
         ha_config = _ha_config(args, credentials)
     except ValueError as exc:
-        return _fail(str(exc))
+        raise _Refused(str(exc)) from None
     if ha_config.role is HaRole.SLAVE:
         broker_kwargs["replica"] = True
     if args.ha_config_sync_ms < 100:
-        return _fail("--ha-config-sync-ms must be at least 100")
+        raise _Refused("--ha-config-sync-ms must be at least 100")
+    server_config = _server_config(args, ha_config, credentials)
+    return StartPlan(store_kwargs, broker_kwargs, server_config, ha_config)
+
+
+def _check_server_options(args: argparse.Namespace) -> None:
+    """The server's options one by one, before anything is read or built."""
+    from broker.idle_poll import check_max_us
+    from broker.server.answers import check_batch, check_linger_ms
+
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise _Refused("--tls-cert and --tls-key go together")
+    for name, value, least in (
+        ("--max-inflight-sends", args.max_inflight_sends, 1),
+        ("--min-send-time-ms", args.min_send_time_ms, 0),
+        ("--max-concurrent-rpcs", args.max_concurrent_rpcs, 0),
+        ("--max-concurrent-streams", args.max_concurrent_streams, 1),
+        ("--max-pending-calls", args.max_pending_calls, 1),
+    ):
+        if value < least:
+            raise _Refused(f"{name} must be at least {least}")
+    if args.wire_port is not None and args.tls_cert is not None:
+        raise _Refused("--wire-port is plaintext: it cannot be combined with --tls-cert/--tls-key")
+    if args.wire_port is not None and not 0 <= args.wire_port <= 65535:
+        raise _Refused("--wire-port must be 0..65535")
+    try:
+        check_max_us(args.idle_poll_us)
+    except ValueError as exc:
+        raise _Refused(f"--idle-poll-us: {exc}") from None
+    try:
+        check_batch(args.answer_batch)
+        check_linger_ms(args.answer_linger_ms)
+    except ValueError as exc:
+        raise _Refused(f"--answer-batch/--answer-linger-ms: {exc}") from None
+    for path in (args.tls_cert, args.tls_key, args.credentials_file, args.ha_tls_ca):
+        if path is not None and not path.is_file():
+            raise _Refused(f"{path}: no such file")
+
+
+def _credentials(args: argparse.Namespace) -> dict[str, str]:
+    """--credentials-file's access keys (none: authentication off)."""
+    if args.credentials_file is None:
+        return {}
+    try:
+        raw = json.loads(args.credentials_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise _Refused(f"{args.credentials_file}: {exc}") from None
+    if not isinstance(raw, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in raw.items()
+    ):
+        raise _Refused(f"{args.credentials_file}: expected a JSON object of strings")
+    return raw
+
+
+def _store_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """StoreConfig's keywords. One body limit: the server checks it (MESSAGE_BODY_TOO_LARGE
+    above it), the broker and the store are configured so that every body within it, with
+    any legal topic and properties, is stored."""
+    from broker.store.config import FlushMode, default_store_dir, max_message_size_for
+    from reliable_cli.store_options import disk_options
+
+    if args.max_body_size < 1:
+        raise _Refused("--max-body-size must be at least 1 byte")
+    store_kwargs: dict[str, Any] = {
+        "store_dir": args.store or default_store_dir(),
+        "flush_mode": FlushMode.SYNC_FLUSH if args.flush == "sync" else FlushMode.ASYNC_FLUSH,
+        "max_message_size": max_message_size_for(args.max_body_size),
+    }
+    if args.commitlog_file_size:
+        store_kwargs["mapped_file_size_commitlog"] = args.commitlog_file_size
+    try:
+        store_kwargs.update(disk_options(args))
+    except ValueError as exc:
+        raise _Refused(str(exc)) from None
+    return store_kwargs
+
+
+def _server_config(
+    args: argparse.Namespace, ha_config: HaConfig, credentials: dict[str, str]
+) -> ServerConfig:
+    """The gRPC server's configuration (the cluster file read and checked)."""
+    from broker.errors import ConfigError
+    from broker.ha import HaRole
+    from broker.server import ServerConfig
+
     try:
         cluster = _cluster(args, ha_config.broker_id)
-    except ValueError as exc:
-        return _fail(str(exc))
-    server_config = ServerConfig(
+    except (ValueError, ConfigError) as exc:
+        raise _Refused(str(exc)) from None
+    return ServerConfig(
         host=args.host,
         port=args.port,
         advertised_host=args.advertise,
@@ -504,11 +248,22 @@ def start(args: argparse.Namespace) -> int:
         auto_create_group=not args.no_auto_create_groups,
         group_resend=not args.no_group_resend,
     )
+
+
+def _open_broker(args: argparse.Namespace, plan: StartPlan) -> tuple[Broker, BrokerConfig]:
+    """The broker on its store, started (_Refused: it could not be)."""
+    from broker.broker import Broker
+    from broker.config import BrokerConfig
+    from broker.errors import BrokerError
+    from broker.store.config import StoreConfig, smallest_commitlog_file_for
+    from broker.store.errors import StoreError
+
+    store_dir = plan.store_kwargs["store_dir"]
     try:
-        broker_config = BrokerConfig(**broker_kwargs)
+        broker_config = BrokerConfig(**plan.broker_kwargs)
         broker_config.validate()
         store_dir.mkdir(parents=True, exist_ok=True)
-        broker = Broker(StoreConfig(**store_kwargs), broker_config)
+        broker = Broker(StoreConfig(**plan.store_kwargs), broker_config)
         file_size = broker.store.config.mapped_file_size_commitlog  # the store's own
         if args.commitlog_file_size and args.commitlog_file_size != file_size:
             print(
@@ -516,44 +271,68 @@ def start(args: argparse.Namespace) -> int:
                 f"({file_size} bytes); --commitlog-file-size applies to new stores",
                 file=sys.stderr,
             )
-        needed = smallest_commitlog_file_for(store_kwargs["max_message_size"])
+        needed = smallest_commitlog_file_for(plan.store_kwargs["max_message_size"])
         if file_size < needed:
-            return _fail(
+            raise _Refused(
                 f"--max-body-size {args.max_body_size} needs commitlog files of at "
                 f"least {needed} bytes; the store's are {file_size}"
             )
         broker.start()
     except (BrokerError, StoreError, OSError) as exc:
-        return _fail(f"cannot start the broker: {exc}", ExitCode.FAILURE)
-    node: HaNode | None = None
-    failover: Any = None
+        raise _Refused(f"cannot start the broker: {exc}", ExitCode.FAILURE) from None
+    return broker, broker_config
+
+
+def _replicate(
+    args: argparse.Namespace, plan: StartPlan, broker: Broker, broker_config: BrokerConfig
+) -> _Running:
+    """The broker's replication node and failover, started (_Refused: they could not be;
+    the broker is shut down)."""
+    from broker.errors import BrokerError
+    from broker.ha import HaRole
+    from broker.ha.node import HaNode
+    from broker.store.config import StoreConfig
+    from broker.store.errors import StoreError
+
+    running = _Running(broker, plan.ha_config)
     try:
-        if ha_config.coordinated:
-            failover, ha_config = _coordinated(args, ha_config)
+        if running.ha_config.coordinated:
+            running.failover, running.ha_config = _coordinated(args, running.ha_config)
+        ha_config = running.ha_config
         if ha_config.role is HaRole.SLAVE and ha_config.master is not None:
-            broker = _rejoin(broker, ha_config, StoreConfig(**store_kwargs), broker_config)
+            store_config = StoreConfig(**plan.store_kwargs)
+            running.broker = _rejoin(running.broker, ha_config, store_config, broker_config)
         if ha_config.role is not HaRole.NONE:
-            node = HaNode(broker, ha_config)
-            if failover is not None:
-                failover.bind(node)
-            node.start()
+            running.node = HaNode(running.broker, ha_config)
+            if running.failover is not None:
+                running.failover.bind(running.node)
+            running.node.start()
     except _CoordinatorDown as exc:
-        broker.shutdown()
-        return _fail(str(exc), ExitCode.UNAVAILABLE)
+        running.broker.shutdown()
+        raise _Refused(str(exc), ExitCode.UNAVAILABLE) from None
     except (BrokerError, StoreError, ValueError) as exc:
-        broker.shutdown()
-        return _fail(f"cannot rejoin as a slave: {exc}", ExitCode.FAILURE)
+        running.broker.shutdown()
+        raise _Refused(f"cannot rejoin as a slave: {exc}", ExitCode.FAILURE) from None
     except OSError as exc:
-        broker.shutdown()
-        return _fail(
+        running.broker.shutdown()
+        raise _Refused(
             f"cannot serve replication on {args.host}:{args.ha_port}: {exc}", ExitCode.UNAVAILABLE
-        )
+        ) from None
+    return running
+
+
+def _serve(args: argparse.Namespace, plan: StartPlan, running: _Running) -> int:
+    """Serve until SIGTERM or Ctrl-C (or until the server fails, or a coordinated master
+    loses its lease), then stop everything in order."""
+    from broker.server import MessagingServer, ServerStartError
+
+    broker, node, failover = running.broker, running.node, running.failover
     # the event loop, the gRPC threads, the call pool and the store's services hand the GIL
     # to each other on every request; the default 5 ms switch interval turns each handoff
     # into a wait (measured: 9.5 ms per send at 5 ms, 2.3 ms at 0.5 ms)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     stop = threading.Event()
-    server = MessagingServer(broker, server_config)
+    server = MessagingServer(broker, plan.server_config)
     if node is not None:
         _wire_replication(node, server, coordinated=failover is not None)
     try:
@@ -580,11 +359,48 @@ def start(args: argparse.Namespace) -> int:
             f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {exc}",
             ExitCode.UNAVAILABLE,
         )
+    _announce(args, plan, running, server)
+    try:
+        while not stop.wait(0.5):
+            if server.wait(0):
+                return _fail("the server stopped unexpectedly", ExitCode.FAILURE)
+            if failover is not None and failover.deposed.is_set():
+                return _fail(
+                    "no longer the master of its group (its coordinator lease was lost): "
+                    "restart it to rejoin as a slave",
+                    ExitCode.UNAVAILABLE,
+                )
+    finally:
+        server.stop(grace_s=2.0)
+        if failover is not None:
+            failover.stop()  # ends the lease: another broker takes over at once
+        if node is not None:
+            node.stop()
+        broker.shutdown()
+        if endpoint is not None:
+            endpoint.stop()
+    print("reliable broker: stopped", flush=True)
+    return ExitCode.OK
+
+
+def _announce(
+    args: argparse.Namespace, plan: StartPlan, running: _Running, server: MessagingServer
+) -> None:
+    """The lines that say what is running, the ready line last (whoever waits for it knows
+    the role too); the failover starts campaigning in between."""
+    from broker.ha import HaMaster
+    from broker.store.config import describe
+
+    broker, node, failover, ha_config = (
+        running.broker,
+        running.node,
+        running.failover,
+        running.ha_config,
+    )
     if broker.store.created:
         print(
             f"reliable broker: created a new store at {describe(broker.store.config)}", flush=True
         )
-    # before the ready line: whoever waits for it knows the role too
     if node is not None and isinstance(node.replication, HaMaster):
         print(
             f"reliable broker: {ha_config.role.value} {args.broker_name}, replication on "
@@ -614,30 +430,9 @@ def start(args: argparse.Namespace) -> int:
         print(f"reliable broker: native wire on {args.host}:{server.wire_port}", flush=True)
     print(
         f"reliable broker: serving on {args.host}:{server.port} "
-        f"(store {store_dir}, flush {args.flush})",
+        f"(store {plan.store_kwargs['store_dir']}, flush {args.flush})",
         flush=True,
     )
-    try:
-        while not stop.wait(0.5):
-            if server.wait(0):
-                return _fail("the server stopped unexpectedly", ExitCode.FAILURE)
-            if failover is not None and failover.deposed.is_set():
-                return _fail(
-                    "no longer the master of its group (its coordinator lease was lost): "
-                    "restart it to rejoin as a slave",
-                    ExitCode.UNAVAILABLE,
-                )
-    finally:
-        server.stop(grace_s=2.0)
-        if failover is not None:
-            failover.stop()  # ends the lease: another broker takes over at once
-        if node is not None:
-            node.stop()
-        broker.shutdown()
-        if endpoint is not None:
-            endpoint.stop()
-    print("reliable broker: stopped", flush=True)
-    return ExitCode.OK
 
 
 def _rejoin(broker: Any, ha_config: Any, store_config: Any, broker_config: Any) -> Any:
@@ -892,5 +687,3 @@ def _metrics_endpoint(
             "serving": not stop.is_set() and not server.wait(0),
             "store_writable": store_writable(broker),
         }
-
-    return observe.start_endpoint(args, "reliable broker", registry, ready)

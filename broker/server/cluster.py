@@ -44,6 +44,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from broker.errors import ConfigError
 from broker.names import topic_name_problem
 from broker.server.health import MASTER_SERVICE
 
@@ -59,7 +60,7 @@ PROBE_OPTIONS = [
 ]
 
 
-class ClusterFileError(ValueError):
+class ClusterFileError(ConfigError):
     """The cluster file cannot be read or does not describe broker groups."""
 
 

@@ -39,11 +39,33 @@ from typing import TYPE_CHECKING
 from outbox.errors import REFUSED_PREFIX
 from outbox.latency import ExpectedLatency
 from outbox.reconcile.classes import LogClass, RepairAction, StubClass
+from outbox.reconcile.watermarks import (
+    ANY_GROUP,
+    bounds_map,
+    copy_position,
+    queue_key,
+    repair_evidence,
+    watermark_map,
+    watermarks,
+    wm_key,
+)
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pyspark.sql import Column, DataFrame
 
-ANY_GROUP = "*"  # stands for "some group" when a stub declares no expected groups
+__all__ = [
+    "ANY_GROUP",
+    "Classified",
+    "Inputs",
+    "Window",
+    "classify",
+    "log_class",
+    "repair_evidence",
+    "ts_lit",
+    "watermarks",
+]
 
 
 @dataclass(frozen=True)
@@ -149,15 +171,6 @@ def log_class(row: Column) -> Column:
     )
 
 
-_SEP = "\u0001"
-
-
-def _wm_key(topic: Column, queue: Column, group: Column) -> Column:
-    from pyspark.sql import functions as F
-
-    return F.concat_ws(_SEP, topic, queue, group)
-
-
 def ts_lit(value: datetime) -> Column:
     """A TIMESTAMP_NTZ literal of a naive UTC datetime (independent of the local zone)."""
     from pyspark.sql import functions as F
@@ -178,91 +191,6 @@ def _in_window(col: Column, window: Window) -> Column:
     return F.coalesce(cond, F.lit(False))
 
 
-def repair_evidence(audit: DataFrame | None) -> DataFrame | None:
-    """The log rows earlier repairs deleted (kept whole in the audit table): topic,
-    queue_id, consumer_group, queue_offset. Their group received those messages, so they
-    still count for its watermark: deleting a stale row never moves a watermark back."""
-    from pyspark.sql import functions as F
-
-    if audit is None:
-        return None
-    row = F.col("before")
-    return audit.where(F.col("action") == RepairAction.CLOSE_STALE_LOG.value).select(
-        F.get_json_object(row, "$.topic").alias("topic"),
-        F.get_json_object(row, "$.queue_id").cast("int").alias("queue_id"),
-        F.coalesce(F.get_json_object(row, "$.consumer_group"), F.col("consumer_group")).alias(
-            "consumer_group"
-        ),
-        F.get_json_object(row, "$.queue_offset").cast("bigint").alias("queue_offset"),
-    )
-
-
-def watermarks(
-    log: DataFrame, offsets: DataFrame | None, evidence: DataFrame | None = None
-) -> DataFrame:
-    """Per (topic, queue_id, consumer_group): the exclusive offset the group has passed,
-    and where that figure came from (`log`, `audit`: a log row a repair deleted, or
-    `committed`)."""
-    from pyspark.sql import functions as F
-
-    rows = log.select(
-        "topic", "queue_id", "consumer_group", "queue_offset", F.lit("log").alias("src")
-    )
-    if evidence is not None:
-        rows = rows.unionByName(evidence.select("*", F.lit("audit").alias("src")))
-    from_log = (
-        rows.where(F.col("queue_offset").isNotNull())
-        .groupBy("topic", "queue_id", "consumer_group")
-        .agg(
-            F.max("queue_offset").alias("log_max"),
-            F.max_by("src", F.struct("queue_offset", F.col("src") == "log")).alias("log_src"),
-        )
-    )
-    if offsets is None:
-        return from_log.select(
-            "topic",
-            "queue_id",
-            "consumer_group",
-            F.col("log_max").alias("watermark"),
-            F.col("log_src").alias("watermark_source"),
-        )
-    committed = offsets.groupBy("topic", "queue_id", "consumer_group").agg(
-        F.max("committed_offset").alias("committed")
-    )
-    both = from_log.join(committed, ["topic", "queue_id", "consumer_group"], "full_outer")
-    return both.select(
-        "topic",
-        "queue_id",
-        "consumer_group",
-        F.greatest("log_max", "committed").alias("watermark"),
-        F.when(F.col("committed").isNull(), F.col("log_src"))
-        .when(F.col("log_max").isNull() | (F.col("committed") >= F.col("log_max")), "committed")
-        .otherwise(F.col("log_src"))
-        .alias("watermark_source"),
-    )
-
-
-def _bounds_map(bounds: DataFrame) -> DataFrame:
-    """One row: maps "topic SEP queue" -> max_offset (bmax) and -> min_offset (bmin)."""
-    from pyspark.sql import functions as F
-
-    keyed = bounds.select(
-        F.concat_ws(_SEP, F.col("topic"), F.col("queue_id").cast("string")).alias("k"),
-        "max_offset",
-        "min_offset",
-    )
-    # several rows for one queue: the widest range (the fewest copies called gone)
-    per = keyed.groupBy("k").agg(F.max("max_offset").alias("hi"), F.min("min_offset").alias("lo"))
-    return per.agg(
-        F.map_from_entries(
-            F.collect_list(F.when(F.col("hi").isNotNull(), F.struct("k", "hi")))
-        ).alias("bmax"),
-        F.map_from_entries(
-            F.collect_list(F.when(F.col("lo").isNotNull(), F.struct("k", "lo")))
-        ).alias("bmin"),
-    )
-
-
 def classify(
     inputs: Inputs,
     now: datetime,
@@ -275,14 +203,70 @@ def classify(
     `latency`: how long each group may take to confirm; a copy whose queue is unknown
     (`queue_id` -1, a send over gRPC) that a group has not confirmed nor logged by then
     is lost (the resend worker's rule, `outbox.latency`)."""
-    from pyspark.sql import functions as F
-
     window = window or Window()
     latency = latency or ExpectedLatency()
-    now_lit = ts_lit(now)
-    stub = inputs.stub
+    stub = _expecting_stubs(inputs)
+    side = _consumer_side(inputs, window)
+    wm = watermarks(inputs.log, inputs.offsets, repair_evidence(inputs.audit))
+    joined = _with_broker_maps(stub.join(side, "message_id", "full_outer"), wm, inputs.bounds)
+    m = _group_sets(_filled(joined))
+    m = _unlogged_fates(m, now, grace, latency, judge_silence=inputs.offsets is None)
+    return Classified(messages=_verdicts(m, now, grace, window), watermarks=wm)
 
-    # expected groups: the stub's own list, plus the topic's declared groups
+
+# ---------------------------------------------------------------- shared expressions
+
+
+def _no_groups() -> Column:
+    from pyspark.sql import functions as F
+
+    return F.array().cast("array<string>")
+
+
+def _status() -> Column:
+    """The stub's status, upper case ("" when there is no stub)."""
+    from pyspark.sql import functions as F
+
+    return F.upper(F.coalesce("status", F.lit("")))
+
+
+def _is_open() -> Column:
+    """A stub that is neither confirmed nor void."""
+    from pyspark.sql import functions as F
+
+    return F.col("has_stub") & ~_status().isin("CONFIRMED", "VOID")
+
+
+def _unsent() -> Column:
+    from pyspark.sql import functions as F
+
+    return F.col("queue_offset").isNull()
+
+
+def _aged(now: datetime, grace: timedelta) -> Column:
+    """Older than the grace period."""
+    from pyspark.sql import functions as F
+
+    return F.col("created_at") < (ts_lit(now) - F.lit(grace))
+
+
+def _is_any() -> Column:
+    """The stub declares no group, and none confirmed it: "some group" misses it."""
+    from pyspark.sql import functions as F
+
+    return F.array_contains("missing_groups", ANY_GROUP)
+
+
+# ---------------------------------------------------------------- the two sides, joined
+
+
+def _expecting_stubs(inputs: Inputs) -> DataFrame:
+    """The stubs with the groups each expects (`expected`): its own list plus the topic's
+    declared groups; settled stubs (CONFIRMED / VOID: nearly all of them) expect none, so
+    they skip the array work."""
+    from pyspark.sql import functions as F
+
+    stub = inputs.stub
     declared = F.filter(
         F.transform(F.split(F.coalesce("expected_groups", F.lit("")), ","), lambda g: F.trim(g)),
         lambda g: F.length(g) > 0,
@@ -294,10 +278,9 @@ def classify(
         stub = stub.join(F.broadcast(per_topic), "topic", "left")
     else:
         stub = stub.withColumn("topic_groups", F.lit(None).cast("array<string>"))
-    # settled stubs (CONFIRMED / VOID status: nearly all of them) skip the array work
-    settled = F.upper(F.coalesce("status", F.lit(""))).isin("CONFIRMED", "VOID")
-    no_groups = F.array().cast("array<string>")
-    stub = stub.select(
+    settled = _status().isin("CONFIRMED", "VOID")
+    no_groups = _no_groups()
+    return stub.select(
         "*",
         F.when(settled, no_groups)
         .otherwise(F.array_distinct(F.concat(declared, F.coalesce("topic_groups", no_groups))))
@@ -305,7 +288,12 @@ def classify(
         F.lit(True).alias("has_stub"),
     )
 
-    # consumer side, one row per message id
+
+def _consumer_side(inputs: Inputs, window: Window) -> DataFrame:
+    """One row per message id: the groups that confirmed it, how many confirmation rows,
+    its log rows (structs), and whether an earlier repair marked its stub due."""
+    from pyspark.sql import functions as F
+
     log = inputs.log.withColumn("in_window", _in_window(F.col("created_at"), window))
     conf = inputs.confirmation.select(
         "message_id",
@@ -342,7 +330,7 @@ def classify(
             F.lit(None).cast(conf.schema["l"].dataType).alias("l"),
         )
         side_rows = side_rows.unionByName(marked)
-    side = side_rows.groupBy("message_id").agg(
+    return side_rows.groupBy("message_id").agg(
         F.collect_set(F.when(F.col("kind") == "C", F.col("consumer_group"))).alias(
             "confirmed_groups"
         ),
@@ -351,44 +339,28 @@ def classify(
         F.max(F.col("kind") == "R").alias("marked_due"),
     )
 
-    joined = stub.join(side, "message_id", "full_outer")
 
-    # watermarks as one small map, "topic SEP queue SEP group" -> offset, broadcast to
-    # the join output (the ANY_GROUP entry of a queue is the greatest of its groups)
-    wm = watermarks(inputs.log, inputs.offsets, repair_evidence(inputs.audit))
-    keyed = wm.select(
-        _wm_key(F.col("topic"), F.col("queue_id").cast("string"), F.col("consumer_group")).alias(
-            "k"
-        ),
-        "watermark",
-    )
-    anyg = (
-        wm.groupBy("topic", "queue_id")
-        .agg(F.max("watermark").alias("watermark"))
-        .select(
-            _wm_key(F.col("topic"), F.col("queue_id").cast("string"), F.lit(ANY_GROUP)).alias("k"),
-            "watermark",
-        )
-    )
-    wm_map = (
-        keyed.unionByName(anyg)
-        .where(F.col("watermark").isNotNull())
-        .groupBy("k")
-        .agg(F.max("watermark").alias("watermark"))  # keys unique
-        .agg(F.map_from_entries(F.collect_list(F.struct("k", "watermark"))).alias("wm"))
-    )
-    joined = joined.crossJoin(F.broadcast(wm_map))
-    if inputs.bounds is None:
-        joined = joined.withColumns(
+def _with_broker_maps(joined: DataFrame, wm: DataFrame, bounds: DataFrame | None) -> DataFrame:
+    """Every message row with the watermark map (`wm`) and the queue bounds maps (`bmax`,
+    `bmin`; null maps without bounds), each one small row broadcast to the join output."""
+    from pyspark.sql import functions as F
+
+    joined = joined.crossJoin(F.broadcast(watermark_map(wm)))
+    if bounds is None:
+        return joined.withColumns(
             {
                 "bmax": F.lit(None).cast("map<string,bigint>"),
                 "bmin": F.lit(None).cast("map<string,bigint>"),
             }
         )
-    else:
-        joined = joined.crossJoin(F.broadcast(_bounds_map(inputs.bounds)))
+    return joined.crossJoin(F.broadcast(bounds_map(bounds)))
 
-    m = (
+
+def _filled(joined: DataFrame) -> DataFrame:
+    """A message with only one side: the other side's columns as empty, not null."""
+    from pyspark.sql import functions as F
+
+    return (
         joined.select(
             "*",
             F.coalesce("has_stub", F.lit(False)).alias("_has_stub"),
@@ -407,9 +379,19 @@ def classify(
         )
     )
 
-    status = F.upper(F.coalesce("status", F.lit("")))
-    is_open = F.col("has_stub") & ~status.isin("CONFIRMED", "VOID")
-    empty = F.array().cast("array<string>")
+
+# ---------------------------------------------------------------- per-group verdicts
+
+
+def _group_sets(m: DataFrame) -> DataFrame:
+    """The groups an open stub still misses (`missing_groups`; ANY_GROUP when it declares
+    none), those of them without a log row (`unlogged_groups`), the groups with a log row
+    (`log_groups`) or a dead-lettered one (`dlq_groups`), and where each group's copy sits
+    (`positions`: the group's own retry-topic copy the resend worker recorded)."""
+    from pyspark.sql import functions as F
+
+    is_open = _is_open()
+    empty = _no_groups()
     no_expected = F.size("expected") == 0
     missing = (
         F.when(no_expected & (F.size("confirmed_groups") > 0), F.array().cast("array<string>"))
@@ -432,68 +414,65 @@ def classify(
             ),
         ).otherwise(empty),
     )
-    log_groups, dlq_groups = F.col("log_groups"), F.col("dlq_groups")
-    is_any = F.array_contains("missing_groups", ANY_GROUP)
+    is_any = _is_any()
     unlogged = (
         F.when(is_any & (F.size("logs") > 0), F.array().cast("array<string>"))
         .when(is_any, F.array(F.lit(ANY_GROUP)))
-        .otherwise(F.array_except("missing_groups", log_groups))
+        .otherwise(F.array_except("missing_groups", F.col("log_groups")))
     )
     m = m.withColumn("unlogged_groups", F.when(is_open, unlogged).otherwise(empty))
-    # where each group's copy sits: the stub's position, or the group's own retry-topic
-    # copy recorded by the resend worker in group_positions
-    m = m.withColumn(
+    return m.withColumn(
         "positions",
         F.when(
             is_open & F.col("group_positions").isNotNull(),
             F.from_json("group_positions", "map<string,array<string>>"),
         ),
     )
-    positions = F.col("positions")
 
-    def passed_by(g: Column) -> Column:
-        pos = F.try_element_at(positions, g)
-        topic = F.coalesce(F.try_element_at(pos, F.lit(1)), F.col("topic"))
-        queue = F.coalesce(F.try_element_at(pos, F.lit(2)), F.col("queue_id").cast("string"))
-        offset = F.coalesce(F.try_element_at(pos, F.lit(3)).cast("bigint"), F.col("queue_offset"))
-        mark = F.try_element_at("wm", _wm_key(topic, queue, g))
-        return offset < F.coalesce(mark, F.lit(-1))
 
-    unsent = F.col("queue_offset").isNull()
-    aged = F.col("created_at") < (now_lit - F.lit(grace))
+def _passed_by(g: Column) -> Column:
+    """The group's watermark is past its copy."""
+    from pyspark.sql import functions as F
 
-    def gone_for(g: Column) -> Column:
-        """The broker no longer holds the group's copy: at/after the queue's end, or below
-        its start (no bound known: not gone)."""
-        pos = F.try_element_at(positions, g)
-        topic = F.coalesce(F.try_element_at(pos, F.lit(1)), F.col("topic"))
-        queue = F.coalesce(F.try_element_at(pos, F.lit(2)), F.col("queue_id").cast("string"))
-        offset = F.coalesce(F.try_element_at(pos, F.lit(3)).cast("bigint"), F.col("queue_offset"))
-        key = F.concat_ws(_SEP, topic, queue)
-        high = F.try_element_at("bmax", key)
-        low = F.try_element_at("bmin", key)
-        return F.coalesce(
-            (offset >= high) | (offset < low), offset >= high, offset < low, F.lit(False)
-        )
+    topic, queue, offset = copy_position(F.col("positions"), g)
+    mark = F.try_element_at("wm", wm_key(topic, queue, g))
+    return offset < F.coalesce(mark, F.lit(-1))
 
-    # a copy whose queue is unknown (a send through an Apache RocketMQ proxy), or, when no
-    # committed offsets were given, one whose queue is known but for which the group has
-    # no watermark (no log row there): nothing can speak for it, so it is overdue once the
-    # stub is older than the group's expected latency (the resend worker's rule too). With
-    # offsets given, a group without one there has not reached the copy: backlogged.
-    judge_silence = inputs.offsets is None
+
+def _gone_for(g: Column) -> Column:
+    """The broker no longer holds the group's copy: at/after the queue's end, or below
+    its start (no bound known: not gone)."""
+    from pyspark.sql import functions as F
+
+    topic, queue, offset = copy_position(F.col("positions"), g)
+    key = queue_key(topic, queue)
+    high = F.try_element_at("bmax", key)
+    low = F.try_element_at("bmin", key)
+    return F.coalesce((offset >= high) | (offset < low), offset >= high, offset < low, F.lit(False))
+
+
+def _overdue(
+    now: datetime, latency: ExpectedLatency, judge_silence: bool
+) -> Callable[[Column], Column]:
+    """Whether a group's copy is overdue: nothing can speak for it (its queue unknown, a
+    send through an Apache RocketMQ proxy; or, with no committed offsets given, no
+    watermark of the group there) and the stub is older than the group's expected latency
+    (the resend worker's rule too). With offsets given, a group without one there has not
+    reached the copy: backlogged, not overdue."""
+    from pyspark.sql import functions as F
+
     deadlines = [x for g, t in sorted(latency.groups.items()) for x in (F.lit(g), ts_lit(now - t))]
     default_deadline = ts_lit(now - latency.default)
 
     def overdue_for(g: Column) -> Column:
-        pos = F.try_element_at(positions, g)
-        topic = F.coalesce(F.try_element_at(pos, F.lit(1)), F.col("topic"))
+        topic, _, offset = copy_position(F.col("positions"), g)
         queue = F.coalesce(
-            F.try_element_at(pos, F.lit(2)).cast("int"), F.col("queue_id"), F.lit(-1)
+            F.try_element_at(F.try_element_at(F.col("positions"), g), F.lit(2)).cast("int"),
+            F.col("queue_id"),
+            F.lit(-1),
         )
-        offset = F.coalesce(F.try_element_at(pos, F.lit(3)).cast("bigint"), F.col("queue_offset"))
         no_mark = (
-            F.try_element_at("wm", _wm_key(topic, queue.cast("string"), g)).isNull()
+            F.try_element_at("wm", wm_key(topic, queue.cast("string"), g)).isNull()
             if judge_silence
             else F.lit(False)
         )
@@ -507,35 +486,62 @@ def classify(
             F.lit(False),
         )
 
+    return overdue_for
+
+
+def _unlogged_fates(
+    m: DataFrame, now: datetime, grace: timedelta, latency: ExpectedLatency, judge_silence: bool
+) -> DataFrame:
+    """Of the groups without a log row for a sent copy: those whose copy the broker no
+    longer holds (`gone_groups`, once past the grace period), those overdue
+    (`overdue_groups`), and every group that will never receive it (`passed_groups`:
+    passed by, gone or overdue)."""
+    from pyspark.sql import functions as F
+
+    empty = _no_groups()
     unlogged_sent = F.col("queue_offset").isNotNull() & (F.size("unlogged_groups") > 0)
     m = m.withColumn(
         "gone_groups",
-        F.when(unlogged_sent & aged, F.filter("unlogged_groups", gone_for)).otherwise(empty),
+        F.when(unlogged_sent & _aged(now, grace), F.filter("unlogged_groups", _gone_for)).otherwise(
+            empty
+        ),
     )
     m = m.withColumn(
         "overdue_groups",
-        F.when(unlogged_sent, F.filter("unlogged_groups", overdue_for)).otherwise(empty),
+        F.when(
+            unlogged_sent, F.filter("unlogged_groups", _overdue(now, latency, judge_silence))
+        ).otherwise(empty),
     )
     passed = F.filter(
         "unlogged_groups",
         lambda g: (
-            passed_by(g)
+            _passed_by(g)
             | F.array_contains("gone_groups", g)
             | F.array_contains("overdue_groups", g)
         ),
     )
-    m = m.withColumn("passed_groups", F.when(unlogged_sent, passed).otherwise(empty))
-    due = (F.size("passed_groups") > 0) | (unsent & aged & (F.size("unlogged_groups") > 0))
+    return m.withColumn("passed_groups", F.when(unlogged_sent, passed).otherwise(empty))
+
+
+# ---------------------------------------------------------------- the stub's class
+
+
+def _stub_class(due: Column) -> Column:
+    """The stub's class (`StubClass`); null for a message without a stub."""
+    from pyspark.sql import functions as F
+
+    status = _status()
+    is_any = _is_any()
     no_sends_left = (
         F.coalesce("send_count", F.lit(0)) >= F.coalesce("max_sends", F.lit(16))
     ) | F.col("escalated_at").isNotNull()
-    dead = (F.size(F.array_intersect("missing_groups", dlq_groups)) > 0) | (
-        is_any & (F.size(dlq_groups) > 0)
+    dead = (F.size(F.array_intersect("missing_groups", "dlq_groups")) > 0) | (
+        is_any & (F.size("dlq_groups") > 0)
     )
-    held = (F.size(F.array_intersect("missing_groups", log_groups)) > 0) | (
+    held = (F.size(F.array_intersect("missing_groups", "log_groups")) > 0) | (
         is_any & (F.size("logs") > 0)
     )
-    stub_class = (
+    return (
         F.when(~F.col("has_stub"), F.lit(None).cast("string"))
         .when(status == "VOID", StubClass.VOID.value)
         .when((status == "CONFIRMED") | (F.size("missing_groups") == 0), StubClass.CONFIRMED.value)
@@ -550,46 +556,56 @@ def classify(
         .when(held, StubClass.IN_PROCESSING.value)
         .otherwise(StubClass.BACKLOGGED.value)
     )
-    passed_txt = F.array_join("passed_groups", ",")
-    reason = (
-        F.when(
-            stub_class == StubClass.LOST.value,
-            F.when(~due, F.lit("marked due by a repair; not confirmed since"))
-            .when(unsent, F.lit("never sent; older than the grace period"))
-            .when(
-                F.size("gone_groups") > 0,
-                F.concat(
-                    F.lit("no longer held by the broker (queue "),
-                    F.coalesce(
-                        F.try_element_at(
-                            "bmin", F.concat_ws(_SEP, "topic", F.col("queue_id").cast("string"))
-                        ).cast("string"),
-                        F.lit("?"),
-                    ),
-                    F.lit(".."),
-                    F.coalesce(
-                        F.try_element_at(
-                            "bmax", F.concat_ws(_SEP, "topic", F.col("queue_id").cast("string"))
-                        ).cast("string"),
-                        F.lit("?"),
-                    ),
-                    F.lit("); not received by "),
-                    F.array_join("gone_groups", ","),
-                ),
-            )
-            .when(
-                F.size("overdue_groups") > 0,
-                F.concat(
-                    F.lit("not confirmed by "),
-                    F.array_join("overdue_groups", ","),
-                    F.when(
-                        F.coalesce(F.col("queue_id"), F.lit(-1)) < 0,
-                        F.lit(" within the expected latency (queue unknown)"),
-                    ).otherwise(F.lit(" within the expected latency (no offset for the group)")),
-                ),
-            )
-            .otherwise(F.concat(F.lit("passed by "), passed_txt, F.lit(" without a log row"))),
+
+
+def _lost_reason(due: Column) -> Column:
+    """Why a LOST stub is lost: marked due, never sent, gone from the broker, overdue, or
+    passed by its groups."""
+    from pyspark.sql import functions as F
+
+    def bound(name: str) -> Column:
+        key = queue_key(F.col("topic"), F.col("queue_id").cast("string"))
+        return F.coalesce(F.try_element_at(name, key).cast("string"), F.lit("?"))
+
+    return (
+        F.when(~due, F.lit("marked due by a repair; not confirmed since"))
+        .when(_unsent(), F.lit("never sent; older than the grace period"))
+        .when(
+            F.size("gone_groups") > 0,
+            F.concat(
+                F.lit("no longer held by the broker (queue "),
+                bound("bmin"),
+                F.lit(".."),
+                bound("bmax"),
+                F.lit("); not received by "),
+                F.array_join("gone_groups", ","),
+            ),
         )
+        .when(
+            F.size("overdue_groups") > 0,
+            F.concat(
+                F.lit("not confirmed by "),
+                F.array_join("overdue_groups", ","),
+                F.when(
+                    F.coalesce(F.col("queue_id"), F.lit(-1)) < 0,
+                    F.lit(" within the expected latency (queue unknown)"),
+                ).otherwise(F.lit(" within the expected latency (no offset for the group)")),
+            ),
+        )
+        .otherwise(
+            F.concat(
+                F.lit("passed by "), F.array_join("passed_groups", ","), F.lit(" without a log row")
+            )
+        )
+    )
+
+
+def _reason(stub_class: Column, due: Column) -> Column:
+    """The stub's class in words, for the report."""
+    from pyspark.sql import functions as F
+
+    return (
+        F.when(stub_class == StubClass.LOST.value, _lost_reason(due))
         .when(
             (stub_class == StubClass.EXHAUSTED.value)
             & F.coalesce(F.col("last_error"), F.lit("")).startswith(REFUSED_PREFIX),
@@ -610,20 +626,34 @@ def classify(
             stub_class == StubClass.DEAD_LETTERED.value,
             F.concat(
                 F.lit("dead-lettered by "),
-                F.array_join(F.array_intersect("missing_groups", dlq_groups), ","),
+                F.array_join(F.array_intersect("missing_groups", "dlq_groups"), ","),
             ),
         )
         .when(
             stub_class == StubClass.BACKLOGGED.value,
-            F.when(unsent, F.lit("awaiting first send")).otherwise(F.lit("offset not reached yet")),
+            F.when(_unsent(), F.lit("awaiting first send")).otherwise(
+                F.lit("offset not reached yet")
+            ),
         )
         .when(
-            (stub_class == StubClass.CONFIRMED.value) & (status != "CONFIRMED"),
+            (stub_class == StubClass.CONFIRMED.value) & (_status() != "CONFIRMED"),
             F.lit("every expected group confirmed; status not updated yet"),
         )
         .otherwise(F.lit(""))
     )
-    m = m.select(
+
+
+def _verdicts(m: DataFrame, now: datetime, grace: timedelta, window: Window) -> DataFrame:
+    """The classified message rows: each stub's class, its reason, whether a resend is
+    due, and the consumer side's facts the detail views read."""
+    from pyspark.sql import functions as F
+
+    status = _status()
+    due = (F.size("passed_groups") > 0) | (
+        _unsent() & _aged(now, grace) & (F.size("unlogged_groups") > 0)
+    )
+    stub_class = _stub_class(due)
+    return m.select(
         "message_id",
         "has_stub",
         "topic",
@@ -644,8 +674,7 @@ def classify(
         ),
         (status == "CONFIRMED").alias("status_confirmed"),
         stub_class.alias("stub_class"),
-        reason.alias("reason"),
-        (is_open & due).alias("resend_due"),
+        _reason(stub_class, due).alias("reason"),
+        (_is_open() & due).alias("resend_due"),
         _in_window(F.col("created_at"), window).alias("in_window"),
     )
-    return Classified(messages=m, watermarks=wm)

@@ -41,7 +41,9 @@ from outbox.reconcile.errors import InvalidOptions, JobFailed, SourceUnavailable
 from outbox.reconcile.preflight import check_database, check_parquet, count_rows, find_java
 from outbox.reconcile.repair import Repairer, RepairOptions, RepairReport, candidates
 from outbox.reconcile.session import (
+    BorrowedSettings,
     add_to_driver,
+    borrowed_settings,
     require_driver,
     spark_session,
     split_jars,
@@ -214,38 +216,7 @@ def reconcile(
     source, target = build_source(options)
     counts: dict[str, int] = {}
     if spark is None:
-        # what Python can check in a moment is checked before the JVM starts
-        java_path = None if under_spark_submit() else find_java()
-        rows: int | None = None
-        if target is not None:
-            log.info("checking the database %s", target.redacted())
-            rows = check_database(
-                target,
-                getattr(source, "names", TableNames()),
-                count_up_to=SMALL_INPUT_ROWS,
-                counts=counts,
-            )
-        elif options.parquet:
-            check_parquet(options.parquet)
-        # spark-submit's --jars are on the classpath already (and stay: the session
-        # merges spark.jars, never replaces it)
-        submitted = tuple(split_jars(submitted_conf().get("spark.jars")))
-        jars = driver_jars(target.dialect, options.jdbc_jars, provided=submitted) if target else []
-        # every installed driver too: the first session fixes the JVM's classpath for
-        # every later job in this process, whichever database it reads
-        jars = list(dict.fromkeys([*jars, *installed_system_jars()]))
-        log.info(
-            "starting Spark (%s)",
-            options.master or ("spark-submit's master" if under_spark_submit() else "local[*]"),
-        )
-        java = small_input_java_options(rows, options.spark_conf)
-        if java:
-            log.info("a small input (%s rows): %s", rows, " ".join(java))
-            if java_path is not None:  # the classes it loads, archived for the next start
-                java = (*java, *archive_options(java_path, jars, java))
-        spark = spark_session(options.master, jars, options.spark_conf, java_options=java)
-        if under_spark_submit():
-            add_to_driver(spark, [j for j in jars if j not in submitted])
+        spark = _start_session(options, target, getattr(source, "names", TableNames()), counts)
     elif target is not None:
         counts = count_rows(target, getattr(source, "names", TableNames()), SMALL_INPUT_ROWS) or {}
     if target is not None:
@@ -255,26 +226,12 @@ def reconcile(
         source.known_rows = dict(counts)
 
     # timestamps are naive UTC throughout (a Parquet TIMESTAMP is read in the session's
-    # zone): run in UTC, and give a caller's session its own setting back afterwards
-    previous_tz = spark.conf.get("spark.sql.session.timeZone")
-    previous_shuffle = spark.conf.get("spark.sql.shuffle.partitions")
-    previous_small = {k: spark.conf.get(k) for k in SMALL_INPUT_CONF}
-    spark.conf.set("spark.sql.session.timeZone", "UTC")
-    sc = spark.sparkContext
-    # the run's jobs in one job group, to count their tasks; a caller's group comes back
-    group_keys = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
-    previous_group = {k: sc.getLocalProperty(k) for k in group_keys}
-    sc.setJobGroup(run_id, "reliable reconcile", interruptOnCancel=False)
-    try:
-        summary, repair, shuffle = _run(spark, source, target, options, now, run_id)
-    finally:
-        spark.conf.set("spark.sql.session.timeZone", previous_tz or "UTC")
-        spark.conf.set("spark.sql.shuffle.partitions", previous_shuffle or "200")
-        for key, previous in previous_small.items():
-            if previous is not None:
-                spark.conf.set(key, previous)
-        for key, value in previous_group.items():
-            sc.setLocalProperty(key, value)  # type: ignore[arg-type]  # None: unset
+    # zone): run in UTC; the run's jobs in one job group, to count their tasks. A caller's
+    # session gets its settings and its job group back afterwards.
+    with borrowed_settings(spark) as settings:
+        settings.set("spark.sql.session.timeZone", "UTC")
+        settings.job_group(run_id, "reliable reconcile")
+        summary, repair, shuffle = _run(spark, settings, source, target, options, now, run_id)
     plans = dict(getattr(source, "plans", {}))
     return ReconcileResult(
         run_id=run_id,
@@ -284,10 +241,48 @@ def reconcile(
         elapsed_s=time.monotonic() - started,
         repair=repair,
         plans=plans,
-        master=sc.master or "",
+        master=spark.sparkContext.master or "",
         tasks=tasks_run(spark, run_id),
         shuffle_partitions=shuffle,
     )
+
+
+def _start_session(
+    options: ReconcileOptions,
+    target: JdbcTarget | None,
+    names: TableNames,
+    counts: dict[str, int],
+) -> SparkSession:
+    """The run's own session: the source checked first (what Python can check in a moment
+    is checked before the JVM starts; a database's rows counted into `counts`), the JDBC
+    drivers on its classpath, and a JVM tuned for a small input."""
+    java_path = None if under_spark_submit() else find_java()
+    rows: int | None = None
+    if target is not None:
+        log.info("checking the database %s", target.redacted())
+        rows = check_database(target, names, count_up_to=SMALL_INPUT_ROWS, counts=counts)
+    elif options.parquet:
+        check_parquet(options.parquet)
+    # spark-submit's --jars are on the classpath already (and stay: the session
+    # merges spark.jars, never replaces it)
+    submitted = tuple(split_jars(submitted_conf().get("spark.jars")))
+    jars = driver_jars(target.dialect, options.jdbc_jars, provided=submitted) if target else []
+    # every installed driver too: the first session fixes the JVM's classpath for
+    # every later job in this process, whichever database it reads
+    jars = list(dict.fromkeys([*jars, *installed_system_jars()]))
+    log.info(
+        "starting Spark (%s)",
+        options.master or ("spark-submit's master" if under_spark_submit() else "local[*]"),
+    )
+    java = small_input_java_options(rows, options.spark_conf)
+    if java:
+        log.info("a small input (%s rows): %s", rows, " ".join(java))
+        if java_path is not None:  # the classes it loads, archived for the next start
+            java = (*java, *archive_options(java_path, jars, java))
+    spark = spark_session(options.master, jars, options.spark_conf, java_options=java)
+    if under_spark_submit():
+        add_to_driver(spark, [j for j in jars if j not in submitted])
+    return spark
 
 
 # A small input (fewer rows than this in the stub, confirmation and log tables together)
@@ -383,6 +378,7 @@ def shuffle_partitions(spark: SparkSession, rows: int | None, options: Reconcile
 
 def _run(
     spark: SparkSession,
+    settings: BorrowedSettings,
     source: TableSource,
     target: JdbcTarget | None,
     options: ReconcileOptions,
@@ -405,14 +401,14 @@ def _run(
     counted = [rows for _col, _parts, rows in plans.values() if rows >= 0]
     rows = sum(counted) if counted else None
     shuffle = shuffle_partitions(spark, rows, options)
-    spark.conf.set("spark.sql.shuffle.partitions", str(shuffle))
+    settings.set("spark.sql.shuffle.partitions", str(shuffle))
     small = small_input_conf(rows, options)
     if small:
         log.info(
             "a small input (%d rows): %s", rows, ", ".join(f"{k}={v}" for k, v in small.items())
         )
     for key, value in small.items():
-        spark.conf.set(key, value)
+        settings.set(key, value)
     window = Window(_opt(options.since), _opt(options.until))
     classified = classify(inputs, now, options.grace, window, options.expected_latency)
     # the classified rows are read again by the detail rows and the repair, and (when

@@ -7,7 +7,8 @@ Importing this module does not import pyspark; `spark_session` does, and raises 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from outbox.reconcile.drivers import JdbcDriver
@@ -249,3 +250,54 @@ def _launch_filtered(builder: Any) -> SparkSession:
 
     threading.Thread(target=forward, name="spark-stderr", daemon=True).start()
     return session  # type: ignore[no-any-return]
+
+
+# The local properties that make a thread's job group (SparkContext.setJobGroup).
+JOB_GROUP_KEYS = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
+
+
+class BorrowedSettings:
+    """A session's settings changed for one run: each key's value from before its first
+    change is kept, and `restore` puts them all back (unsetting a key that was unset)."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        self._spark = spark
+        self._conf: dict[str, str | None] = {}
+        self._local: dict[str, str | None] = {}
+
+    def set(self, key: str, value: str) -> None:
+        """Set a SQL setting of the session for the run."""
+        if key not in self._conf:
+            self._conf[key] = self._spark.conf.get(key)
+        self._spark.conf.set(key, value)
+
+    def job_group(self, group_id: str, description: str) -> None:
+        """Run this thread's jobs in a job group (to count their tasks afterwards)."""
+        sc = self._spark.sparkContext
+        for key in JOB_GROUP_KEYS:
+            if key not in self._local:
+                self._local[key] = sc.getLocalProperty(key)
+        sc.setJobGroup(group_id, description, interruptOnCancel=False)
+
+    def restore(self) -> None:
+        for key, previous in self._conf.items():
+            if previous is None:
+                self._spark.conf.unset(key)
+            else:
+                self._spark.conf.set(key, previous)
+        sc = self._spark.sparkContext
+        for key, value in self._local.items():
+            sc.setLocalProperty(key, value)  # type: ignore[arg-type]  # None: unset
+        self._conf.clear()
+        self._local.clear()
+
+
+@contextmanager
+def borrowed_settings(spark: SparkSession) -> Iterator[BorrowedSettings]:
+    """The session's settings as the block leaves them are given back afterwards: a
+    caller's session comes out of a run as it went in, whether the run failed or not."""
+    settings = BorrowedSettings(spark)
+    try:
+        yield settings
+    finally:
+        settings.restore()

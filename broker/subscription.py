@@ -12,14 +12,14 @@ at most `retry_max_times + 1` times before it goes to `%DLQ%<group>`.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import Any
 
+from broker.config_table import VersionedConfigTable
 from broker.errors import InvalidArgument
 from broker.limits import DEFAULT_RETRY_MAX_TIMES
 from broker.store.errors import ConfigShapeError
-from broker.store.json_config import JsonConfigFile, flag, integer, obj, text
+from broker.store.json_config import flag, integer, text
 
 MAX_RETRY_TIMES = 1000
 
@@ -73,77 +73,24 @@ class SubscriptionGroupConfig:
         )
 
 
-class SubscriptionGroupManager:
+class SubscriptionGroupManager(VersionedConfigTable[SubscriptionGroupConfig]):
     """The group table, persisted to subscriptionGroup.json on every change."""
 
-    def __init__(self, file: JsonConfigFile) -> None:
-        self._file = file
-        self._lock = threading.RLock()
-        self._table: dict[str, SubscriptionGroupConfig] = {}
-        self._version = 0
+    TABLE_KEY = "subscriptionGroupTable"
+
+    @classmethod
+    def _entry(cls, where: str, cfg: dict[str, Any]) -> SubscriptionGroupConfig:
+        if "groupName" not in cfg:
+            raise ConfigShapeError(f"{where}: no groupName")
+        text(cfg["groupName"], f"{where}.groupName")
+        for key in ("retryQueueNums", "retryMaxTimes"):
+            if key in cfg:
+                integer(cfg[key], f"{where}.{key}", minimum=-1)
+        for key in ("consumeEnable", "consumeBroadcastEnable", "consumeMessageOrderly"):
+            if key in cfg:
+                flag(cfg[key], f"{where}.{key}")
+        return SubscriptionGroupConfig.from_json(cfg)
 
     @staticmethod
-    def parse(data: dict[str, Any]) -> tuple[dict[str, SubscriptionGroupConfig], int]:
-        """(table, version) of a `subscriptionGroup.json` document (ConfigShapeError)."""
-        table: dict[str, SubscriptionGroupConfig] = {}
-        groups = obj(data.get("subscriptionGroupTable", {}), "subscriptionGroupTable")
-        for group, cfg in groups.items():
-            where = f"subscriptionGroupTable.{group}"
-            cfg = obj(cfg, where)
-            if "groupName" not in cfg:
-                raise ConfigShapeError(f"{where}: no groupName")
-            text(cfg["groupName"], f"{where}.groupName")
-            for key in ("retryQueueNums", "retryMaxTimes"):
-                if key in cfg:
-                    integer(cfg[key], f"{where}.{key}", minimum=-1)
-            for key in ("consumeEnable", "consumeBroadcastEnable", "consumeMessageOrderly"):
-                if key in cfg:
-                    flag(cfg[key], f"{where}.{key}")
-            table[group] = SubscriptionGroupConfig.from_json(cfg)
-        version = obj(data.get("dataVersion", {}), "dataVersion").get("counter", 0)
-        return table, integer(version, "dataVersion.counter")
-
-    def load(self) -> None:
-        table, version = self._file.load(self.parse) or ({}, 0)
-        with self._lock:
-            self._table = table
-            self._version = version
-
-    def _persist(self) -> None:
-        self._version += 1
-        self._file.save(
-            {
-                "subscriptionGroupTable": {g: c.to_json() for g, c in sorted(self._table.items())},
-                "dataVersion": {"counter": self._version},
-            }
-        )
-
-    def get(self, group: str) -> SubscriptionGroupConfig | None:
-        return self._table.get(group)
-
-    def all(self) -> list[SubscriptionGroupConfig]:
-        with self._lock:
-            return sorted(self._table.values(), key=lambda c: c.group)
-
-    def put(self, config: SubscriptionGroupConfig) -> SubscriptionGroupConfig:
-        with self._lock:
-            if self._table.get(config.group) != config:
-                self._table[config.group] = config
-                self._persist()
-            return config
-
-    def get_or_create(self, config: SubscriptionGroupConfig) -> SubscriptionGroupConfig:
-        with self._lock:
-            existing = self._table.get(config.group)
-            if existing is not None:
-                return existing
-            self._table[config.group] = config
-            self._persist()
-            return config
-
-    def delete(self, group: str) -> bool:
-        with self._lock:
-            if self._table.pop(group, None) is None:
-                return False
-            self._persist()
-            return True
+    def _name(config: SubscriptionGroupConfig) -> str:
+        return config.group

@@ -12,13 +12,13 @@ Persisted in `config/topics.json` (atomic write, `.bak` fallback):
 from __future__ import annotations
 
 import enum
-import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
+from broker.config_table import VersionedConfigTable
 from broker.errors import InvalidArgument
 from broker.store.errors import ConfigShapeError
-from broker.store.json_config import JsonConfigFile, flag, integer, obj, text
+from broker.store.json_config import flag, integer, text
 
 # --- permission bits (RocketMQ PermName)
 PERM_PRIORITY = 0x8
@@ -125,73 +125,26 @@ class TopicConfig:
         )
 
 
-class TopicConfigManager:
+class TopicConfigManager(VersionedConfigTable[TopicConfig]):
     """The topic table, persisted to topics.json on every change."""
 
-    def __init__(self, file: JsonConfigFile) -> None:
-        self._file = file
-        self._lock = threading.RLock()
-        self._table: dict[str, TopicConfig] = {}
-        self._version = 0
+    TABLE_KEY = "topicConfigTable"
+
+    @classmethod
+    def _entry(cls, where: str, cfg: dict[str, Any]) -> TopicConfig:
+        for key in ("topicName", "readQueueNums", "writeQueueNums", "perm"):
+            if key not in cfg:
+                raise ConfigShapeError(f"{where}: no {key}")
+        text(cfg["topicName"], f"{where}.topicName")
+        for key in ("readQueueNums", "writeQueueNums", "perm"):
+            integer(cfg[key], f"{where}.{key}", minimum=0)
+        text(cfg.get("messageType", "NORMAL"), f"{where}.messageType")
+        flag(cfg.get("order", False), f"{where}.order")
+        return TopicConfig.from_json(cfg)
 
     @staticmethod
-    def parse(data: dict[str, Any]) -> tuple[dict[str, TopicConfig], int]:
-        """(table, version) of a `topics.json` document (ConfigShapeError)."""
-        table: dict[str, TopicConfig] = {}
-        for name, cfg in obj(data.get("topicConfigTable", {}), "topicConfigTable").items():
-            where = f"topicConfigTable.{name}"
-            cfg = obj(cfg, where)
-            for key in ("topicName", "readQueueNums", "writeQueueNums", "perm"):
-                if key not in cfg:
-                    raise ConfigShapeError(f"{where}: no {key}")
-            text(cfg["topicName"], f"{where}.topicName")
-            for key in ("readQueueNums", "writeQueueNums", "perm"):
-                integer(cfg[key], f"{where}.{key}", minimum=0)
-            text(cfg.get("messageType", "NORMAL"), f"{where}.messageType")
-            flag(cfg.get("order", False), f"{where}.order")
-            table[name] = TopicConfig.from_json(cfg)
-        version = obj(data.get("dataVersion", {}), "dataVersion").get("counter", 0)
-        return table, integer(version, "dataVersion.counter")
-
-    def load(self) -> None:
-        table, version = self._file.load(self.parse) or ({}, 0)
-        with self._lock:
-            self._table = table
-            self._version = version
-
-    def _persist(self) -> None:
-        self._version += 1
-        self._file.save(
-            {
-                "topicConfigTable": {n: c.to_json() for n, c in sorted(self._table.items())},
-                "dataVersion": {"counter": self._version},
-            }
-        )
-
-    def get(self, name: str) -> TopicConfig | None:
-        return self._table.get(name)
-
-    def all(self) -> list[TopicConfig]:
-        with self._lock:
-            return sorted(self._table.values(), key=lambda c: c.name)
-
-    def put(self, config: TopicConfig) -> TopicConfig:
-        """Create or update (RocketMQ's updateTopic is an upsert)."""
-        with self._lock:
-            if self._table.get(config.name) != config:
-                self._table[config.name] = config
-                self._persist()
-            return config
-
-    def get_or_create(self, config: TopicConfig) -> TopicConfig:
-        """The existing config, or `config` stored as new (never overwrites)."""
-        with self._lock:
-            existing = self._table.get(config.name)
-            if existing is not None:
-                return existing
-            self._table[config.name] = config
-            self._persist()
-            return config
+    def _name(config: TopicConfig) -> str:
+        return config.name
 
     def widen_queues(self, name: str, queue_nums: int) -> TopicConfig:
         """Grow a topic's queue counts to at least `queue_nums` (retry topic settings)."""
@@ -207,10 +160,3 @@ class TopicConfigManager:
             self._table[name] = new
             self._persist()
             return new
-
-    def delete(self, name: str) -> bool:
-        with self._lock:
-            if self._table.pop(name, None) is None:
-                return False
-            self._persist()
-            return True

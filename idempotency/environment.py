@@ -30,6 +30,8 @@ DATABASE_URL = "RELIABLE_DATABASE_URL"
 REDIS_URL = "RELIABLE_REDIS_URL"
 TABLE_PREFIX = "RELIABLE_TABLE_PREFIX"
 DEFAULT_TABLE_PREFIX = "reliable_"
+POOL_SIZE = 17  # connections kept open: 16 handler threads and the lease renewal
+POOL_OVERFLOW = 8  # more handler threads than that: opened and closed as needed
 
 
 def guard_from_environment(env: Mapping[str, str] | None = None) -> IdempotencyGuard:
@@ -47,7 +49,12 @@ def guard_from_environment(env: Mapping[str, str] | None = None) -> IdempotencyG
             f"{REDIS_URL}); or pass a guard object: idempotent=guard"
         )
     try:
-        engine = create_engine(url, pool_pre_ping=True)
+        # No pre-ping (a round trip per checkout, two per message): a connection found dead
+        # is retried once on a fresh one by the guard (`IdempotencyGuard.process`), and
+        # SQLAlchemy then replaces the rest of the pool. Connections open lazily: the pool
+        # holds up to one per handler thread (16 being the most we advise) plus the lease
+        # renewal's, without closing and reopening them between messages.
+        engine = create_engine(url, pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW)
     except DatabaseUrlError as exc:
         raise ConfigurationError(f"{DATABASE_URL}: {exc}") from None
     redis_client = None

@@ -6,26 +6,28 @@ the two equal).
     deliver (message, group)
       │
       ▼
-    1. insert the consumption-log row ─────────────── DB down ──► RECONSUME_LATER
-      │
-      ▼
-    2. Redis SET <prefix><group>:<id> "L:<token>" NX PX <lease>
+    1. Redis SET <prefix><group>:<id> "L:<token>" NX PX <lease>
       │ taken              │ not taken             │ Redis down (database alone)
       ▼                    ▼                       ▼
-    3. DB: confirmation row for (id, group)? ── yes ──► delete log row, Redis "D:" ──► SUCCESS
+    2. one DB transaction: insert the consumption-log row (kept if already there), read
+       the confirmation and the stub ─── DB down ──► release Redis ──► RECONSUME_LATER
+      │                    │                       │
+      ▼                    ▼                       ▼
+    3. confirmation row for (id, group)? ── yes ──► delete log row, Redis "D:" ──► SUCCESS
       │ no                 │ no                    │ no     (known id, other body ──► reported)
       │                    └──► 4. held elsewhere ─┼────────────────────────► RECONSUME_LATER
       │                                            │          (or wait for its result)
       ▼                                            ▼
-    DB lease: log row := token, unless another live lease ── held ──► RECONSUME_LATER
-      │
+    DB lease, in 2's transaction: log row := token, unless another live lease
+      │                                    └── held ──► RECONSUME_LATER
       ▼
     handler(session=S) ── raises ──► 6. roll back S; release DB lease and Redis key
       │                                 (compare-and-delete); re-raise
       ▼
-    5. in S: log row still carries token? ── no ──► roll back ──► RECONSUME_LATER (fenced)
+    5. in S: delete the log row where it still carries token (this locks it)
+         ── none ──► roll back ──► RECONSUME_LATER (fenced)
        insert confirmation (unique key; taken ──► roll back ──► SUCCESS, a duplicate)
-       delete log row; stub CONFIRMED once every expected group has confirmed
+       stub CONFIRMED once every expected group has confirmed
        commit S ── DB down ──► RECONSUME_LATER
       │
       ▼
@@ -40,17 +42,20 @@ still exactly once). Database unavailable: never SUCCESS.
 from __future__ import annotations
 
 import enum
+import functools
 import inspect
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import (
+    DBAPIError,
     DisconnectionError,
     IntegrityError,
     InterfaceError,
@@ -64,7 +69,7 @@ from broker.store.message import Prop
 from idempotency.config import GuardConfig, MismatchPolicy
 from idempotency.errors import BodyMismatch, NotADeadLetter
 from idempotency.leases import DONE, Leases, RedisLike
-from idempotency.store import ConfirmStatus, GuardStore
+from idempotency.store import ConfirmStatus, GuardStore, Known
 from outbox.models import ConfirmationOutcome, OutboxTables
 from outbox.ports import Clock, utcnow
 from outbox.schema import require_tables
@@ -151,50 +156,83 @@ class _Fenced(Exception):
     pass
 
 
-class _Renewer:
-    """Extends both leases every lease/3 while the handler runs (when configured)."""
+@dataclass(eq=False)
+class _Lease:
+    message_id: str
+    group: str
+    key: str
+    token: str
+    held: bool | None
+    due: float  # time.monotonic() of the next renewal
 
-    def __init__(
-        self,
-        guard: IdempotencyGuard,
-        message_id: str,
-        group: str,
-        key: str,
-        token: str,
-        held: bool | None,
-    ) -> None:
-        self.guard, self.message_id, self.group = guard, message_id, group
-        self.key, self.token, self.held = key, token, held
-        self._stop = threading.Event()
+
+class _Renewals:
+    """Extends the leases of the handlers running under one guard every lease/3 (when
+    configured): one daemon thread for all of them, started at the first handler, instead
+    of a thread per message."""
+
+    def __init__(self, guard: IdempotencyGuard) -> None:
+        self.guard = guard
+        self.interval = guard.config.lease.total_seconds() / 3
+        self._leases: set[_Lease] = set()
+        self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
 
-    def __enter__(self) -> _Renewer:
-        if self.guard.config.renew_lease:
-            self._thread = threading.Thread(
-                target=self._run, daemon=True, name=f"lease-renew-{self.message_id}"
-            )
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        # Not joined: a renewal still in flight (e.g. waiting for SQLite's write lock, held
-        # by the handler's open transaction) would stall the commit. A late renewal is
-        # harmless: both renewals only touch a lease this token still holds.
-        self._stop.set()
+    @contextmanager
+    def held(
+        self, message_id: str, group: str, key: str, token: str, held: bool | None
+    ) -> Iterator[None]:
+        if not self.guard.config.renew_lease:
+            yield
+            return
+        lease = _Lease(message_id, group, key, token, held, time.monotonic() + self.interval)
+        with self._wake:
+            self._leases.add(lease)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, daemon=True, name="idempotency-lease-renewal"
+                )
+                self._thread.start()
+        try:
+            yield
+        finally:
+            # Not waited for: a renewal in flight (e.g. waiting for SQLite's write lock,
+            # held by the handler's open transaction) would stall the commit. A late
+            # renewal is harmless: both renewals only touch a lease this token still holds.
+            with self._wake:
+                self._leases.discard(lease)
 
     def _run(self) -> None:
+        while True:
+            with self._wake:
+                now = time.monotonic()
+                due = [lease for lease in self._leases if lease.due <= now]
+                if not due:
+                    nearest = min((lease.due for lease in self._leases), default=now + 1.0)
+                    self._wake.wait(max(nearest - now, 0.001))
+                    continue
+                for lease in due:
+                    lease.due = now + self.interval
+            for lease in due:
+                with self._wake:
+                    if lease not in self._leases:
+                        continue  # the handler finished meanwhile
+                if not self._renew(lease):
+                    with self._wake:
+                        self._leases.discard(lease)
+
+    def _renew(self, lease: _Lease) -> bool:
+        """Renew both leases; False once taken over (fencing refuses the confirmation)."""
         guard = self.guard
-        interval = guard.config.lease.total_seconds() / 3
-        while not self._stop.wait(interval):
-            try:
-                if self.held and guard.leases is not None:
-                    guard.leases.renew(self.key, self.token)
-                if not guard.store.renew(
-                    self.message_id, self.group, self.token, guard.clock() + guard.config.lease
-                ):
-                    return  # taken over: fencing will refuse the confirmation
-            except Exception as exc:  # a failed renewal only shortens the lease
-                log.warning("lease renewal of %s failed: %s", self.message_id, exc)
+        try:
+            if lease.held and guard.leases is not None:
+                guard.leases.renew(lease.key, lease.token)
+            return guard.store.renew(
+                lease.message_id, lease.group, lease.token, guard.clock() + guard.config.lease
+            )
+        except Exception as exc:  # a failed renewal only shortens the lease
+            log.warning("lease renewal of %s failed: %s", lease.message_id, exc)
+            return True
 
 
 class IdempotencyGuard:
@@ -238,6 +276,7 @@ class IdempotencyGuard:
         self.on_event = on_event
         self.stats = GuardStats()
         self._redis_errors = _redis_errors()
+        self._renewals = _Renewals(self)
 
     # -- the decorator's entry point -------------------------------------------------------
     def process(
@@ -258,32 +297,44 @@ class IdempotencyGuard:
             if self.config.wait_for_result is not None
             else None
         )
-        try:
-            self.store.log_received(message, group, started)
-        except DB_DOWN as exc:
-            return self._later(EventKind.DB_UNAVAILABLE, message, group, str(exc))
+        reject = self.config.on_body_mismatch is MismatchPolicy.REJECT
+        first = True
         while True:
-            start = self.clock()
+            start = self.clock() if not first else started
             held = self._acquire(key, token, message, group)  # True, False, None (no Redis)
+
+            def may_claim(known: Known, held: bool | None = held) -> bool:
+                return (
+                    held is not False
+                    and not known.confirmed
+                    and not (reject and _mismatched(known, digest))
+                )
+
             try:
-                known = self.store.known(message.message_id, group)
+                # steps 1 and 3 in one transaction: the log row (first pass), what the
+                # database knows, and the DB lease when it may be taken
+                known, claimed = _once_more_if_stale(
+                    functools.partial(
+                        self.store.receive,
+                        message,
+                        group,
+                        token,
+                        start,
+                        start + self.config.lease,
+                        log_receipt=first,
+                        may_claim=may_claim,
+                    )
+                )
             except DB_DOWN as exc:
                 self._release_redis(key, token, held)
                 return self._later(EventKind.DB_UNAVAILABLE, message, group, str(exc))
+            first = False
             self._check_body(known, digest, message, group, key, token, held)
             if known.confirmed:
                 return self._duplicate(message, group, key, token, held)
-            if held is not False:
-                try:
-                    claimed = self.store.claim(
-                        message.message_id, group, token, start, start + self.config.lease
-                    )
-                except DB_DOWN as exc:
-                    self._release_redis(key, token, held)
-                    return self._later(EventKind.DB_UNAVAILABLE, message, group, str(exc))
-                if claimed:
-                    return self._run(message, group, invoke, key, token, digest, held)
-                self._release_redis(key, token, held)
+            if claimed:
+                return self._run(message, group, invoke, key, token, digest, held)
+            self._release_redis(key, token, held)
             if deadline is None or self.clock() >= deadline:
                 return self._later(EventKind.IN_PROGRESS, message, group)
             self.sleep(self.config.poll_interval.total_seconds())
@@ -368,11 +419,10 @@ class IdempotencyGuard:
         held: bool | None,
     ) -> ConsumeResult:
         session = Session(self.engine)
-        renewer = _Renewer(self, message.message_id, group, key, token, held)
         try:
             tx = session.begin()
             try:
-                with renewer:
+                with self._renewals.held(message.message_id, group, key, token, held):
                     invoke(session=session)
             except Discard:
                 session.rollback()
@@ -527,6 +577,29 @@ class IdempotencyGuard:
             log.warning("%s %s/%s %s", kind.value, group, message.message_id, detail)
         if self.on_event is not None:
             self.on_event(GuardEvent(kind, message.message_id, group, detail))
+
+
+_T = TypeVar("_T")
+
+
+def _once_more_if_stale(step: Callable[[], _T]) -> _T:
+    """Run `step`; if it failed on a pooled connection found dead (the database restarted
+    since it was opened), once more on a fresh one. Engines then need no `pool_pre_ping`,
+    a round trip on every checkout. The step is one transaction that rolled back."""
+    try:
+        return step()
+    except DBAPIError as exc:
+        if not exc.connection_invalidated:
+            raise
+        log.info("a pooled database connection was dead (%s); retrying on a new one", exc)
+        return step()
+
+
+def _mismatched(known: Known, digest: str) -> bool:
+    return bool(
+        (known.confirmation_digest and known.confirmation_digest != digest)
+        or (known.stub_digest and known.stub_digest != digest)
+    )
 
 
 def _ms(seconds: float) -> int:

@@ -12,10 +12,26 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, delete, insert, or_, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    and_,
+    bindparam,
+    delete,
+    insert,
+    literal,
+    or_,
+    select,
+    union_all,
+    update,
+)
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -42,6 +58,49 @@ class GuardStore:
     def __init__(self, engine: Engine, tables: OutboxTables) -> None:
         self.engine = engine
         self.tables = tables
+        # the per-message statements, built once: bound parameters, compiled once per
+        # connection's dialect (SQLAlchemy's statement cache), no expression building per
+        # message
+        log, conf, stub = tables.consumption_log, tables.confirmation, tables.stub
+        mid: Any = bindparam("mid")
+        grp: Any = bindparam("grp")
+        tok: Any = bindparam("tok")
+        on_log = and_(log.c.message_id == mid, log.c.consumer_group == grp)
+        self._known_sql = union_all(
+            select(literal(1).label("src"), conf.c.body_digest).where(
+                conf.c.message_id == mid, conf.c.consumer_group == grp
+            ),
+            select(literal(2).label("src"), stub.c.body_digest).where(stub.c.message_id == mid),
+        )
+        self._insert_log_sql = insert(log)
+        self._insert_log_unless_sql: dict[str, Any] = {
+            "postgresql": pg_insert(log).on_conflict_do_nothing(),
+            "sqlite": sqlite_insert(log).on_conflict_do_nothing(),
+        }
+        self._claim_sql = (
+            update(log)
+            .where(
+                on_log,
+                or_(
+                    log.c.lease_token.is_(None),
+                    log.c.lease_until <= bindparam("now"),
+                    log.c.lease_token == tok,  # the same attempt again: re-entrant
+                ),
+            )
+            .values(lease_token=tok, lease_until=bindparam("until"))
+        )
+        self._fence_sql = delete(log).where(on_log, log.c.lease_token == tok)
+        self._stub_lock_sql = (
+            select(stub.c.expected_groups, stub.c.status)
+            .where(stub.c.message_id == mid)
+            .with_for_update()
+        )
+        self._insert_conf_sql = insert(conf)
+        self._confirm_stub_sql = (
+            update(stub)
+            .where(stub.c.message_id == mid, stub.c.status == StubStatus.UNCONFIRMED.value)
+            .values(status=StubStatus.CONFIRMED.value, updated_at=bindparam("now"))
+        )
 
     def _pk(self, message_id: str, group: str):  # type: ignore[no-untyped-def]
         log = self.tables.consumption_log.c
@@ -65,17 +124,80 @@ class GuardStore:
             pass  # already received once: the row (and maybe a lease) stays
 
     def known(self, message_id: str, group: str) -> Known:
-        conf, stub = self.tables.confirmation.c, self.tables.stub.c
         with self.engine.connect() as conn:
-            row = conn.execute(
-                select(conf.body_digest).where(
-                    conf.message_id == message_id, conf.consumer_group == group
+            return self._known(conn, message_id, group)
+
+    def _known(self, conn: Connection, message_id: str, group: str) -> Known:
+        """The confirmation's and the stub's digests, one round trip."""
+        confirmed, conf_digest, stub_digest = False, None, None
+        for src, digest in conn.execute(self._known_sql, {"mid": message_id, "grp": group}):
+            if src == 1:
+                confirmed, conf_digest = True, digest
+            else:
+                stub_digest = digest
+        return Known(confirmed, conf_digest, stub_digest)
+
+    def receive(
+        self,
+        message: ReceivedMessage,
+        group: str,
+        token: str,
+        now: datetime,
+        until: datetime,
+        *,
+        log_receipt: bool,
+        may_claim: Callable[[Known], bool],
+    ) -> tuple[Known, bool]:
+        """Steps 1 and 3 in one short transaction (one commit, one connection checkout):
+        what the database knows, the consumption-log row (when `log_receipt`; kept if an
+        earlier delivery wrote it) and, when `may_claim(known)`, the DB lease.
+
+        Returns (known, claimed). Same outcome as `log_received`, `known` and `claim` one
+        after the other, which it replaces on the hot path."""
+        with self.engine.begin() as conn:
+            known = self._known(conn, message.message_id, group)
+            claim = may_claim(known)
+            claimed = False
+            if log_receipt:
+                row: dict[str, Any] = {
+                    "message_id": message.message_id,
+                    "consumer_group": group,
+                    "topic": message.topic,
+                    "queue_id": message.queue_id,
+                    "queue_offset": message.queue_offset,
+                    "created_at": now,
+                }
+                if claim:  # a new row is free: it is born with this worker's lease
+                    row.update(lease_token=token, lease_until=until)
+                claimed = self._insert_log(conn, row) and claim
+            if claim and not claimed:
+                result = conn.execute(
+                    self._claim_sql,
+                    {
+                        "mid": message.message_id,
+                        "grp": group,
+                        "tok": token,
+                        "now": now,
+                        "until": until,
+                    },
                 )
-            ).first()
-            stub_digest = conn.execute(
-                select(stub.body_digest).where(stub.message_id == message_id)
-            ).scalar()
-        return Known(row is not None, row[0] if row else None, stub_digest)
+                claimed = result.rowcount == 1
+        return known, claimed
+
+    def _insert_log(self, conn: Connection, row: dict[str, Any]) -> bool:
+        """Insert the log row unless one exists; True when this call inserted it.
+
+        PostgreSQL and SQLite: `ON CONFLICT DO NOTHING`, one statement; elsewhere a
+        savepoint around a plain insert (an IntegrityError rolls back only the insert)."""
+        unless = self._insert_log_unless_sql.get(conn.dialect.name)
+        if unless is not None:
+            return bool(conn.execute(unless, row).rowcount == 1)
+        try:
+            with conn.begin_nested():
+                conn.execute(self._insert_log_sql, row)
+        except IntegrityError:
+            return False
+        return True
 
     def claim(
         self, message_id: str, group: str, token: str, now: datetime, until: datetime
@@ -140,36 +262,31 @@ class GuardStore:
         so two groups confirming one message serialise on the stub row instead of
         deadlocking on each other's new confirmation rows.
         """
-        log = self.tables.consumption_log.c
-        stub = self.tables.stub
-        holder = bind.execute(
-            select(log.lease_token).where(self._pk(message.message_id, group)).with_for_update()
-        ).first()
-        if holder is None or holder[0] != token:
+        conn = bind.connection() if isinstance(bind, Session) else bind
+        mid = message.message_id
+        # the fencing check and the log row's deletion in one statement: it locks the row
+        # and deletes it only while it still carries this worker's token
+        if conn.execute(self._fence_sql, {"mid": mid, "grp": group, "tok": token}).rowcount != 1:
             return ConfirmStatus.FENCED
-        settled = bind.execute(
-            select(stub.c.expected_groups, stub.c.status)
-            .where(stub.c.message_id == message.message_id)
-            .with_for_update()
-        ).first()
-        bind.execute(
-            insert(self.tables.confirmation).values(
-                message_id=message.message_id,
-                consumer_group=group,
-                topic=message.topic,
-                fencing_token=token,
-                confirmed_at=now,
-                body_digest=digest,
-                outcome=outcome,
-            )
-        )
-        bind.execute(
-            delete(self.tables.consumption_log).where(
-                self._pk(message.message_id, group), log.lease_token == token
-            )
+        settled = conn.execute(self._stub_lock_sql, {"mid": mid}).first()
+        conn.execute(
+            self._insert_conf_sql,
+            {
+                "message_id": mid,
+                "consumer_group": group,
+                "topic": message.topic,
+                "fencing_token": token,
+                "confirmed_at": now,
+                "body_digest": digest,
+                "outcome": outcome,
+            },
         )
         if settled is not None and settled.status == StubStatus.UNCONFIRMED.value:
-            self._confirm_stub(bind, message.message_id, split_groups(settled.expected_groups), now)
+            expected = split_groups(settled.expected_groups)
+            if set(expected) <= {group}:  # this confirmation completes it: no need to look
+                conn.execute(self._confirm_stub_sql, {"mid": mid, "now": now})
+            else:
+                self._confirm_stub(conn, mid, expected, now)
         return ConfirmStatus.CONFIRMED
 
     def _confirm_stub(

@@ -83,3 +83,39 @@ def test_without_the_tables_it_names_the_fix_on_one_line(
     text = str(info.value)
     assert text.startswith("idempotent=True: outbox tables missing") and "\n" not in text
     assert "--ensure-schema" in text
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_connections_the_server_ended_cost_no_message_a_retry(
+    db_url: str,
+    engine: sa.Engine,
+    tables: OutboxTables,
+    business: sa.Table,
+    table_prefix: str,
+) -> None:
+    """The default guard's engine does not ping before each checkout; when the server ended
+    its pooled connections (a restart), the next message still succeeds at once: the dead
+    connection is found at the guard's first step and that step runs again on a new one."""
+    guard = guard_from_environment(
+        {"RELIABLE_DATABASE_URL": db_url, "RELIABLE_TABLE_PREFIX": table_prefix}
+    )
+    runs: list[str] = []
+
+    def handler(*, session: Session) -> None:
+        runs.append(uuid.uuid4().hex)
+        session.execute(sa.insert(business).values(run=runs[-1], message_id="m"))
+
+    try:
+        assert guard.process(received(), "inventory", handler) is ConsumeResult.SUCCESS
+        with guard.engine.connect() as conn:  # a pooled connection, to be ended
+            pid = conn.execute(sa.text("select pg_backend_pid()")).scalar()
+        with engine.connect() as admin:
+            ended = admin.execute(sa.text("select pg_terminate_backend(:p)"), {"p": pid}).scalar()
+            admin.commit()
+        assert ended is True
+        assert guard.process(received(), "inventory", handler) is ConsumeResult.SUCCESS
+        assert len(runs) == 2
+        with engine.connect() as conn:
+            assert conn.execute(sa.select(sa.func.count()).select_from(business)).scalar() == 2
+    finally:
+        guard.engine.dispose()

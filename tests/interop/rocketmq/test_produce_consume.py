@@ -169,20 +169,10 @@ def check_back_commits(cluster: RocketMQCluster, *, wait_s: float = 20.0) -> Non
     assert b"unknown" in checked, checked
 
 
-@pytest.mark.skip(
-    reason="against Apache RocketMQ in the full suite, the check-back and the redelivery after "
-    "change_invisible_duration miss their deadline in some runs (passes alone); the broker's "
-    "timing is not understood yet"
-)
 def test_transactions_commit_roll_back_and_are_checked_back(rocketmq: RocketMQCluster) -> None:
     check_back_commits(rocketmq)
 
 
-@pytest.mark.skip(
-    reason="against Apache RocketMQ in the full suite, the check-back and the redelivery after "
-    "change_invisible_duration miss their deadline in some runs (passes alone); the broker's "
-    "timing is not understood yet"
-)
 def test_receive_ack_and_change_invisible_duration(rocketmq: RocketMQCluster) -> None:
     topic, group = _topic_and_group(rocketmq, "simple")
     with (

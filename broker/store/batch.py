@@ -247,42 +247,108 @@ def encode_batch(
     if queue_id < 0:
         raise EncodeError(_ILLEGAL, f"queue id {queue_id} is negative")
     tail = topic_tail(topic)
-    shared = properties or {}
+    shared_raw = _checked_shared(properties or {}, keys, uniq_keys)
+    host = cached_host(born_host)
+    key = f"{topic}-{queue_id}" if is_queued(sys_flag) else None
+    if NATIVE:
+        prepared = _prepare_native(
+            bodies,
+            tail,
+            shared_raw,
+            keys,
+            uniq_keys,
+            queue_id,
+            flag,
+            sys_flag,
+            born_timestamp,
+            host,
+            store_host_raw,
+            max_message_size,
+            max_record,
+        )
+        if prepared is not None:
+            return prepared, key
+    const_tail, tails = _record_tails(tail, shared_raw, keys, uniq_keys, count)
+    tails_len = len(const_tail) * count if tails is None else sum(map(len, tails))
+    # the batch as RocketMQ sizes it: bodies + topics + properties of every message
+    payload = sum(map(len, bodies)) + tails_len - 3 * count
+    if payload > max_message_size:
+        raise EncodeError(_ILLEGAL, f"batch of {payload} bytes exceeds {max_message_size}")
+    batch, biggest = _encode_records(
+        bodies, const_tail, tails, queue_id, flag, sys_flag, born_timestamp, host, store_host_raw
+    )
+    if biggest - FIXED_SIZE > max_message_size or biggest > max_record:
+        raise EncodeError(_ILLEGAL, f"a record of {biggest} bytes is too large")
+    return batch, key
+
+
+def _checked_shared(
+    shared: Mapping[str, str], keys: Sequence[str] | None, uniq_keys: Sequence[str] | None
+) -> bytes:
+    """The shared properties' bytes; KEYS and UNIQ_KEY may be shared or per message, not
+    both."""
     if keys is not None and Prop.KEYS in shared:
         raise EncodeError(_ILLEGAL, "KEYS given both shared and per message")
     if uniq_keys is not None and Prop.UNIQ_KEY in shared:
         raise EncodeError(_ILLEGAL, "UNIQ_KEY given both shared and per message")
-    shared_raw = _shared_raw(shared)
-    host = cached_host(born_host)
-    key = f"{topic}-{queue_id}" if is_queued(sys_flag) else None
-    if NATIVE:
-        try:
-            return _recordpack.prepare(
-                bodies,
-                tail,
-                shared_raw,
-                _KEYS,
-                keys,
-                _UNIQ_KEY,
-                uniq_keys,
-                queue_id,
-                flag,
-                sys_flag,
-                born_timestamp,
-                host,
-                store_host_raw,
-                max_message_size,
-                max_record,
-            ), key
-        except OverflowError as exc:
-            status = (
-                PutMessageStatus.PROPERTIES_SIZE_EXCEEDED if "properties" in str(exc) else _ILLEGAL
-            )
-            raise EncodeError(status, str(exc)) from exc
-        except TypeError:
-            pass  # bodies that are bytes-like but not bytes: the Python path takes them
-        except ValueError as exc:  # a bad value, a record or the batch too large
-            raise EncodeError(_ILLEGAL, str(exc)) from exc
+    return _shared_raw(shared)
+
+
+def _prepare_native(
+    bodies: Sequence[bytes],
+    tail: bytes,
+    shared_raw: bytes,
+    keys: Sequence[str] | None,
+    uniq_keys: Sequence[str] | None,
+    queue_id: int,
+    flag: int,
+    sys_flag: int,
+    born_timestamp: int,
+    host: bytes,
+    store_host_raw: bytes,
+    max_message_size: int,
+    max_record: int,
+) -> RecordBatch | None:
+    """The batch from the compiled encoder; None for bodies it does not take (bytes-like
+    but not bytes), which the Python path does."""
+    try:
+        batch: RecordBatch = _recordpack.prepare(
+            bodies,
+            tail,
+            shared_raw,
+            _KEYS,
+            keys,
+            _UNIQ_KEY,
+            uniq_keys,
+            queue_id,
+            flag,
+            sys_flag,
+            born_timestamp,
+            host,
+            store_host_raw,
+            max_message_size,
+            max_record,
+        )
+    except OverflowError as exc:
+        status = PutMessageStatus.PROPERTIES_SIZE_EXCEEDED if "properties" in str(exc) else _ILLEGAL
+        raise EncodeError(status, str(exc)) from exc
+    except TypeError:
+        return None
+    except ValueError as exc:  # a bad value, a record or the batch too large
+        raise EncodeError(_ILLEGAL, str(exc)) from exc
+    return batch
+
+
+def _record_tails(
+    tail: bytes,
+    shared_raw: bytes,
+    keys: Sequence[str] | None,
+    uniq_keys: Sequence[str] | None,
+    count: int,
+) -> tuple[bytes, list[bytes] | None]:
+    """What follows each body (topic, properties length, properties): one tail for every
+    record when no message has keys of its own, else one per record (the constant one
+    then empty)."""
     per_keys = _per_message(Prop.KEYS, keys, count)
     per_uniq = _per_message(Prop.UNIQ_KEY, uniq_keys, count)
     if per_keys is None and per_uniq is None:
@@ -292,26 +358,33 @@ def encode_batch(
                 PutMessageStatus.PROPERTIES_SIZE_EXCEEDED,
                 f"properties of {plen} bytes exceed {_I16_MAX}",
             )
-        const_tail = tail + plen.to_bytes(2, "big") + shared_raw
-        tails: list[bytes] | None = None
-        tails_len = len(const_tail) * count
+        return tail + plen.to_bytes(2, "big") + shared_raw, None
+    if per_keys is not None and per_uniq is not None:
+        raws = [shared_raw + k + u for k, u in zip(per_keys, per_uniq, strict=True)]
     else:
-        if per_keys is not None and per_uniq is not None:
-            raws = [shared_raw + k + u for k, u in zip(per_keys, per_uniq, strict=True)]
-        else:
-            raws = [shared_raw + x for x in (per_keys or per_uniq or ())]
-        if max(map(len, raws)) > _I16_MAX:
-            raise EncodeError(
-                PutMessageStatus.PROPERTIES_SIZE_EXCEEDED,
-                f"properties of {max(map(len, raws))} bytes exceed {_I16_MAX}",
-            )
-        tails = [tail + _pack_i16(len(raw)) + raw for raw in raws]
-        const_tail = b""
-        tails_len = sum(map(len, tails))
-    # the batch as RocketMQ sizes it: bodies + topics + properties of every message
-    payload = sum(map(len, bodies)) + tails_len - 3 * count
-    if payload > max_message_size:
-        raise EncodeError(_ILLEGAL, f"batch of {payload} bytes exceeds {max_message_size}")
+        raws = [shared_raw + x for x in (per_keys or per_uniq or ())]
+    if max(map(len, raws)) > _I16_MAX:
+        raise EncodeError(
+            PutMessageStatus.PROPERTIES_SIZE_EXCEEDED,
+            f"properties of {max(map(len, raws))} bytes exceed {_I16_MAX}",
+        )
+    return b"", [tail + _pack_i16(len(raw)) + raw for raw in raws]
+
+
+def _encode_records(
+    bodies: Sequence[bytes],
+    const_tail: bytes,
+    tails: list[bytes] | None,
+    queue_id: int,
+    flag: int,
+    sys_flag: int,
+    born_timestamp: int,
+    host: bytes,
+    store_host_raw: bytes,
+) -> tuple[EncodedBatch, int]:
+    """The records laid out in one buffer (the Python path), each with the CRC of its
+    fields known so far (the offsets and store time are patched in by `place`), and the
+    size of the largest record."""
     pack = HEADER.pack
     crc32 = zlib.crc32
     parts: list[bytes] = []
@@ -354,6 +427,4 @@ def encode_batch(
     except (TypeError, struct.error) as exc:  # a body not bytes, a field out of range
         raise EncodeError(_ILLEGAL, f"cannot encode the batch: {exc}") from exc
     starts.append(at)
-    if biggest - FIXED_SIZE > max_message_size or biggest > max_record:
-        raise EncodeError(_ILLEGAL, f"a record of {biggest} bytes is too large")
-    return EncodedBatch(buf, starts, sys_flag, born_timestamp, host, partials), key
+    return EncodedBatch(buf, starts, sys_flag, born_timestamp, host, partials), biggest

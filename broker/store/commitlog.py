@@ -40,6 +40,7 @@ from broker.store.codec import (
     encode_record,
     is_queued,
 )
+from broker.store.commitlog_reader import CommitLogReader
 from broker.store.config import FlushMode, StoreConfig
 from broker.store.errors import ReplicaRejected, StoreNotRunning
 from broker.store.flush import FlushCommitLogService, GroupCommitService
@@ -52,6 +53,7 @@ from broker.store.message import (
     PutMessageResult,
     PutMessageStatus,
 )
+from broker.store.warmer import Warmer
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +98,7 @@ class CommitLog:
         self._prepare_next_at = self.file_size // 2
         # the writer wakes the warmer once it passes this position of the current file
         self._warm_next_at = 0
-        self._warmer: _Warmer | None = None
+        self._warmer: Warmer | None = None
         # called (no lock held) after an append: the dispatcher's wake-up (store.py); not
         # for records put with `wake=False`
         self.on_append: Callable[[], None] | None = None
@@ -113,11 +115,8 @@ class CommitLog:
         else:
             self.flush_service = FlushCommitLogService(self, config, clock)
         self._sync = sync
-        # check a version-2 record's checksum whenever it is served (look_message)
-        self.verify_on_read = True
-        # offsets of damaged records recovery kept (recovery.py): never served, any version
-        self.quarantined: frozenset[int] = frozenset()
-        self._reported: set[int] = set()  # damaged records already logged
+        # reads take no lock (commitlog_reader.py)
+        self.reader = CommitLogReader(self.queue)
 
     # --- lifecycle
     def load(self) -> None:
@@ -126,7 +125,7 @@ class CommitLog:
     def start(self) -> None:
         self.flush_service.start()
         if self.config.warm_mapped_file and self._warm_ahead > 0 and self._warmer is None:
-            self._warmer = _Warmer(self.queue, self._warm_ahead, self._sync)
+            self._warmer = Warmer(self.queue, self._warm_ahead, self._sync)
             self._warmer.start()
         files = self.queue.mapped_files
         if files:
@@ -588,138 +587,32 @@ class CommitLog:
         self._appended()
         return offset + n
 
-    def read_records(self, offset: int, limit: int) -> bytes:
-        """Whole records from `offset` (a record's start), within one file: up to `limit`
-        bytes, or the one record there when it alone is larger; a file's closing blank
-        record goes with them. Empty when nothing is written there yet."""
-        mf = self.queue.find_mapped_file_by_offset(offset)
-        if mf is None or not mf.hold():
-            return b""
-        try:
-            pos = offset - mf.file_from_offset
-            wrote = mf.wrote_position
-            if pos < 0 or pos >= wrote:
-                return b""
-            mm = mf.mapping
-            at = pos
-            while at < wrote:
-                total = BLANK.unpack_from(mm, at)[0]
-                if total <= 0 or at + total > wrote:  # pragma: no cover - below wrote_position
-                    break
-                if at > pos and at + total - pos > limit:
-                    break
-                at += total
-            return mf.read(pos, at - pos)
-        finally:
-            mf.release()
-
     def keep_count_marks(self, maxlen: int) -> None:
         """Start keeping `count_marks` (at most `maxlen`), from the log as it is now."""
         with self._lock:
             self.count_marks = deque([(self.queue.get_max_offset(), self.records_put)], maxlen)
 
-    def count_records(self, start: int, end: int, limit: int) -> tuple[int, int]:
-        """(messages, where the walk stopped) between two record starts of the log: walks
-        record headers (blank records, which close a file, are not messages), at most
-        `limit` of them, and stops early at anything not written."""
-        count = 0
-        at = start
-        while at < end and count < limit:
-            mf = self.queue.find_mapped_file_by_offset(at)
-            if mf is None or not mf.hold():
-                break
-            try:
-                base = mf.file_from_offset
-                wrote = mf.wrote_position
-                mm = mf.mapping
-                pos = at - base
-                stop = min(end - base, wrote)
-                while pos < stop and count < limit:
-                    total, magic = BLANK.unpack_from(mm, pos)
-                    if total <= 0:  # pragma: no cover - below wrote_position
-                        return count, base + pos
-                    if magic == BLANK_MAGIC_CODE:
-                        pos = mf.file_size
-                        break
-                    count += 1
-                    pos += total
-                if pos < mf.file_size and pos >= wrote:
-                    return count, base + pos
-                at = base + pos
-            finally:
-                mf.release()
-        return count, at
-
     # --- reading
+    # --- reading (commitlog_reader.py)
     def get_message(self, offset: int, size: int) -> bytes | None:
         """Bytes [offset, offset+size) when they are all written, else None."""
-        mf = self.queue.find_mapped_file_by_offset(offset)
-        if mf is None or not mf.hold():
-            return None
-        try:
-            pos = offset - mf.file_from_offset
-            if pos < 0 or pos + size > mf.wrote_position:
-                return None
-            return mf.read(pos, size)
-        finally:
-            mf.release()
-
-    def _report_corrupt(self, offset: int, what: str) -> None:
-        """Log a damaged record once (a reader may come back to it many times)."""
-        if offset in self._reported:
-            return
-        if len(self._reported) >= 1024:
-            self._reported.clear()
-        self._reported.add(offset)
-        log.error(
-            "commitlog record at %d %s: not served (run `reliable admin store verify`)",
-            offset,
-            what,
-        )
+        return self.reader.get_message(offset, size)
 
     def look_message(self, offset: int) -> MessageExt | None:
-        """The record starting at `offset`, decoded; None when there is none, or when a
-        version-2 record fails its checksum or recovery quarantined it (logged once)."""
-        return self.look_messages((offset,))[0]
+        """The record starting at `offset`, decoded; None when there is none or it is
+        damaged (`CommitLogReader.look_message`)."""
+        return self.reader.look_message(offset)
 
     def look_messages(self, offsets: Sequence[int]) -> list[MessageExt | None]:
-        """`look_message` of each offset, in order: a run of records in one file holds the
-        file once (a read of a batch looked each one up, held and released it)."""
-        out: list[MessageExt | None] = []
-        quarantined = self.quarantined
-        mf: MappedFile | None = None
-        start = end = 0
-        try:
-            for offset in offsets:
-                if quarantined and offset in quarantined:
-                    self._report_corrupt(offset, "was quarantined at start")
-                    out.append(None)
-                    continue
-                if mf is None or not start <= offset < end:
-                    if mf is not None:
-                        mf.release()
-                        mf = None
-                    found = self.queue.find_mapped_file_by_offset(offset)
-                    if found is None or not found.hold():
-                        out.append(None)
-                        continue
-                    mf, start = found, found.file_from_offset
-                    end = start + found.file_size
-                out.append(self._look_in(mf, offset))
-        finally:
-            if mf is not None:
-                mf.release()
-        return out
+        return self.reader.look_messages(offsets)
 
-    def _look_in(self, mf: MappedFile, offset: int) -> MessageExt | None:
-        """The record at `offset` in `mf` (held by the caller), as `look_message`."""
-        msg = codec.look_record(
-            mf.mapping, offset - mf.file_from_offset, mf.wrote_position, self.verify_on_read
-        )
-        if msg is False:
-            self._report_corrupt(offset, "fails its checksum")
-            return None
-        return msg
+    def read_records(self, offset: int, limit: int) -> bytes:
+        """Whole records from `offset`, within one file (`CommitLogReader.read_records`)."""
+        return self.reader.read_records(offset, limit)
+
+    def count_records(self, start: int, end: int, limit: int) -> tuple[int, int]:
+        """(messages, where the walk stopped) between two record starts of the log."""
+        return self.reader.count_records(start, end, limit)
 
     def get_min_offset(self) -> int:
         mf = self.queue.get_first_mapped_file()
@@ -764,51 +657,6 @@ class CommitLog:
                 for k, v in self.topic_queue_table.items()
                 if not (k.startswith(prefix) and k[len(prefix) :].isdigit())
             }
-
-
-class _Warmer:
-    """Pre-touches the commitlog file being written, `ahead` bytes past its write position,
-    on a thread of its own: woken by the writer each time it has used half the window, so
-    only pages about to be written are faulted in (and, under SYNC_FLUSH, written back)."""
-
-    def __init__(self, queue: MappedFileQueue, ahead: int, flush: bool) -> None:
-        self._queue = queue
-        self._ahead = ahead
-        self._flush = flush
-        self._event = threading.Event()
-        self._stopped = False
-        self._thread = threading.Thread(target=self._run, name="commitlog-warm", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def wake(self) -> None:
-        files = self._queue.mapped_files
-        if files:
-            files[-1].warming = True  # until this round is done (bench and tests wait on it)
-        self._event.set()
-
-    def stop(self) -> None:
-        self._stopped = True
-        self._event.set()
-        if self._thread is not threading.current_thread():
-            self._thread.join(10)
-
-    def _run(self) -> None:
-        while True:
-            self._event.wait()
-            self._event.clear()
-            if self._stopped:
-                return
-            files = self._queue.mapped_files
-            if not files:
-                continue
-            mf = files[-1]
-            try:
-                mf.populate(mf.wrote_position + self._ahead, flush=self._flush)
-            except Exception:  # pragma: no cover - populate swallows the expected ones
-                log.exception("warming %s failed", mf.path.name)
-                mf.warming = False
 
 
 def _check_replica(

@@ -154,13 +154,13 @@ def test_look_messages_reads_a_run_across_files_as_look_message_does(tmp_path: P
         assert r.ok and r.append is not None
         offsets.append(r.append.wrote_offset)
     assert len(cl.queue.mapped_files) > 5
-    cl.quarantined = frozenset({offsets[7], offsets[50]})
+    cl.reader.quarantined = frozenset({offsets[7], offsets[50]})
     asked = [*offsets, offsets[3] + 1, cl.get_max_offset() + 64, -10, offsets[0]]
     got = cl.look_messages(asked)
     alone = [cl.look_message(o) for o in asked]
     assert got == alone
     assert [m is None for m in got] == [
-        o in cl.quarantined or (i >= len(offsets) and i != len(asked) - 1)
+        o in cl.reader.quarantined or (i >= len(offsets) and i != len(asked) - 1)
         for i, o in enumerate(asked)
     ]
     assert [m.body for m in got[:3] if m is not None] == [

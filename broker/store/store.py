@@ -24,7 +24,7 @@ import dataclasses
 import logging
 import os
 import threading
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -43,7 +43,6 @@ from broker.store.codec import (
     DispatchRequest,
     EncodeError,
     check_message_and_return_size,
-    tags_string_to_code,
 )
 from broker.store.commitlog import CommitLog, topic_queue_key
 from broker.store.config import (
@@ -60,12 +59,12 @@ from broker.store.index_service import IndexService
 from broker.store.json_config import JsonConfigFile
 from broker.store.message import (
     GetMessageResult,
-    GetMessageStatus,
     Message,
     MessageExt,
     PutMessageResult,
     PutMessageStatus,
 )
+from broker.store.queue_reader import QueueReader
 from broker.store.recovery import RecoveryReport, recover_commitlog
 from broker.store.service import PeriodicService
 from broker.store.startup import (
@@ -80,7 +79,6 @@ from broker.store.store_lock import StoreLock
 log = logging.getLogger(__name__)
 
 CONFIG_FILES = ("topics.json", "subscriptionGroup.json", "consumerOffset.json", "delayOffset.json")
-MAX_FILTER_SCAN = 16_000  # consume-queue units one get_messages may inspect
 _SERVICE_NOT_AVAILABLE = PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE)
 _DISK_FULL = PutMessageResult(PutMessageStatus.DISK_FULL)
 
@@ -143,9 +141,7 @@ class MessageStore:
         self._lock = StoreLock(config.store_dir / "lock")
         self._config_files: dict[str, JsonConfigFile] = {}
         self._repair_lock = threading.Lock()
-        # units a repair found right but whose record is unreadable (fails its checksum):
-        # not repaired again on every read (bounded)
-        self._unrepairable: set[tuple[str, int, int]] = set()
+        self.queue_reader = QueueReader(self.consume_queues, self.commitlog, self.repair_queue)
         self.recovery: RecoveryReport | None = None
         self.unit_check: UnitCheckService | None = None  # started by `start`
         self.abnormal_start = False
@@ -206,7 +202,7 @@ class MessageStore:
             self.commitlog, self.consume_queues, self.index, report
         )
         self.reput.skip = dict(report.quarantined)
-        self.commitlog.quarantined = frozenset(self.reput.skip)
+        self.commitlog.reader.quarantined = frozenset(self.reput.skip)
         log.info(
             "store %s: %s recovery, commitlog end %d, dispatching from %d",
             cfg.store_dir,
@@ -466,113 +462,7 @@ class MessageStore:
         not point at its record (a damaged queue file) makes the queue be repaired from the
         commitlog (`repair_queue`) and the read start over.
         """
-        return self._get_messages(group, topic, queue_id, offset, max_msgs, tags, repair=True)
-
-    def _get_messages(
-        self,
-        group: str,
-        topic: str,
-        queue_id: int,
-        offset: int,
-        max_msgs: int,
-        tags: Collection[str] | None,
-        *,
-        repair: bool,
-    ) -> GetMessageResult:
-        cq = self.consume_queues.get(topic, queue_id)
-        if cq is None:
-            return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, [], 0, 0, 0)
-        min_off = cq.get_min_offset_in_queue()
-        max_off = cq.get_max_offset_in_queue()
-        if max_off == 0:
-            return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, [], 0, 0, 0)
-        if offset < min_off:
-            return GetMessageResult(
-                GetMessageStatus.OFFSET_TOO_SMALL, [], min_off, min_off, max_off
-            )
-        if offset == max_off:
-            return GetMessageResult(
-                GetMessageStatus.OFFSET_OVERFLOW_ONE, [], offset, min_off, max_off
-            )
-        if offset > max_off:
-            return GetMessageResult(
-                GetMessageStatus.OFFSET_OVERFLOW_BADLY, [], max_off, min_off, max_off
-            )
-        wanted: frozenset[str] | None = None
-        codes: frozenset[int] | None = None
-        if tags and "*" not in tags:
-            wanted = frozenset(tags)
-            codes = frozenset(tags_string_to_code(t) for t in wanted)
-        messages: list[MessageExt] = []
-        limit = max(1, max_msgs)
-        scan = min(MAX_FILTER_SCAN, max(limit, limit * 32 if codes is not None else limit))
-        next_offset = offset
-        cl_min = self.commitlog.get_min_offset()
-        saw_unit = False
-        removing = False
-        units: Iterable[tuple[int, int, int, int]] = cq.iter_units(offset, scan)
-        looked: Iterator[MessageExt | None] | None = None
-        if codes is None:  # every unit is read (at most `limit`): their records at once
-            units = list(units)
-            looked = iter(self.commitlog.look_messages([unit[1] for unit in units]))
-        for index, phy, size, tag in units:
-            next_offset = index + 1
-            saw_unit = True
-            if looked is not None:
-                msg = next(looked)
-            elif codes is not None and tag not in codes:
-                continue
-            else:
-                msg = self.commitlog.look_message(phy)
-            if (
-                msg is None
-                or msg.queue_offset != index
-                or msg.store_size != size
-                or msg.queue_id != queue_id
-                or msg.topic != topic
-            ):
-                if phy < cl_min:
-                    removing = True
-                    continue
-                if phy in self.commitlog.quarantined:
-                    continue  # damaged, kept, logged at start and on read: no repair helps
-                # the unit does not point at its record: a damaged queue file (or a
-                # record that fails its checksum, which no repair brings back)
-                where = (topic, queue_id, index)
-                if repair and where not in self._unrepairable:
-                    log.error(
-                        "consume queue %s-%d: unit %d points at %d, not at its record: "
-                        "repairing the queue from the commitlog",
-                        topic,
-                        queue_id,
-                        index,
-                        phy,
-                    )
-                    if self.repair_queue(topic, queue_id):
-                        return self._get_messages(
-                            group, topic, queue_id, offset, max_msgs, tags, repair=False
-                        )
-                if len(self._unrepairable) >= 4096:
-                    self._unrepairable.clear()
-                self._unrepairable.add(where)
-                continue
-            if wanted is not None and msg.tags not in wanted:
-                continue
-            messages.append(msg)
-            if len(messages) >= limit:
-                break
-        else:
-            if not saw_unit:
-                next_offset = min(offset + scan, max_off)
-        if messages:
-            status = GetMessageStatus.FOUND
-        elif removing:
-            status = GetMessageStatus.MESSAGE_WAS_REMOVING
-        elif saw_unit:
-            status = GetMessageStatus.NO_MATCHED_MESSAGE
-        else:
-            status = GetMessageStatus.OFFSET_FOUND_NULL
-        return GetMessageResult(status, messages, next_offset, min_off, max_off)
+        return self.queue_reader.get_messages(topic, queue_id, offset, max_msgs, tags)
 
     def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int:
         cq = self.consume_queues.get(topic, queue_id)

@@ -170,111 +170,17 @@ def trace_message(broker: Broker, params: dict[str, Any]) -> dict[str, Any]:
     limit = min(limit, p.MAX_LIMIT)
     scan = p.integer(params, "scan", DEFAULT_SCAN, minimum=0)
     assert scan is not None
-    store = broker.store
-    everywhere = searchable_topics(store)
-    if topic is None:
-        topics = everywhere
-    else:
-        topics = [
-            t
-            for t in everywhere
-            if t == topic
-            or is_retry_topic(t)
-            or is_dlq_topic(t)
-            or t in (SCHEDULE_TOPIC, TRANS_HALF_TOPIC)
-        ]
-    find = MessageFinder(broker)
-    found, more = find.by_id(key, topics, limit, match=query.KeyMatch.ANY)
-    records = {m.commitlog_offset: m for m in found}
-    # every copy of each message found carries its UNIQ_KEY: follow it into every topic
-    for uk in sorted({m.unique_key for m in found if m.unique_key and m.unique_key != key}):
-        copies, cut = find.by_id(uk, topics, limit)
-        more = more or cut
-        for m in copies:
-            records.setdefault(m.commitlog_offset, m)
-    ordered = sorted(records.values(), key=lambda m: (m.store_timestamp, m.commitlog_offset))
-    if len(ordered) > limit:
-        ordered, more = ordered[-limit:], True
+    ordered, more = _records(broker, key, _topics_to_search(broker, topic), limit)
     roles = {m.commitlog_offset: role_of(m) for m in ordered}
     events = [_stored_event(m, *roles[m.commitlog_offset]) for m in ordered]
-
-    # which group reads which record
-    groups = sorted(c.group for c in broker.groups())
-    readables: list[_Readable] = []
-    for m in ordered:
-        role, group = roles[m.commitlog_offset]
-        if role == "original" or (role == "replayed" and group is None):
-            readers = [g for g in groups if broker.offsets_of(g, m.topic)]
-        elif role in ("retry", "reconsume", "replayed") and group is not None:
-            readers = [group]
-        else:
-            readers = []
-        for g in readers:
-            committed = broker.query_offset(g, m.topic, m.queue_id)
-            leased = any(
-                f.queue_id == m.queue_id and f.queue_offset == m.queue_offset
-                for f in broker.in_flight(g, m.topic)
-            )
-            readables.append(_Readable(m, g, committed, leased))
+    readables = _readables(broker, ordered, roles)
     scanned, complete = _read_pop_log(broker, readables, scan)
     dead_letters = [m for m in ordered if roles[m.commitlog_offset][0] == "dead-letter"]
     for r in readables:
-        for at, attempt, until, seq in r.deliveries:
-            events.append(
-                _event(
-                    at,
-                    seq,
-                    "delivered",
-                    f"delivered to {r.group} (attempt "
-                    f"{attempt}, invisible until {p.iso_ms(until)})",
-                    r.msg,
-                    r.group,
-                    attempt=attempt,
-                )
-            )
-        for at, attempt, until, before, seq in r.changes:
-            if until < before:
-                events.append(
-                    _event(
-                        at,
-                        seq,
-                        "handed-back",
-                        f"{r.group} handed it back "
-                        f"(attempt {attempt} failed): redelivery from "
-                        f"{p.iso_ms(until)}",
-                        r.msg,
-                        r.group,
-                        attempt=attempt,
-                    )
-                )
-            else:
-                events.append(
-                    _event(
-                        at,
-                        seq,
-                        "extended",
-                        f"{r.group} extended its invisible time to {p.iso_ms(until)}",
-                        r.msg,
-                        r.group,
-                        attempt=attempt,
-                    )
-                )
-        if r.done is not None:
-            done_ms, done_seq = r.done
-            last = max((d[3] for d in r.deliveries), default=None)  # by log order
-            r.done_how = "skipped" if last is None else "acknowledged"
-            # a dead-letter copy of this group written between its last delivery and done
-            if last is not None and any(
-                d.topic == DLQ_GROUP_TOPIC_PREFIX + r.group and last < d.commitlog_offset < done_seq
-                for d in dead_letters
-            ):
-                r.done_how = "dead-lettered"
-            text = {
-                "acknowledged": f"acknowledged by {r.group}",
-                "dead-lettered": f"{r.group} gave up on it (dead-lettered)",
-                "skipped": f"skipped by {r.group} (filtered by tag, or before the group's start)",
-            }[r.done_how]
-            events.append(_event(done_ms, done_seq, r.done_how, text, r.msg, r.group))
+        events.extend(_delivery_events(r))
+        done = _done_event(r, dead_letters)
+        if done is not None:
+            events.append(done)
     events.sort(key=lambda e: (e["time_ms"], e["log_offset"]))
     return {
         "key": key,
@@ -293,6 +199,137 @@ def trace_message(broker: Broker, params: dict[str, Any]) -> dict[str, Any]:
         "more": more,
         "pop_log": {"scanned": scanned, "complete": complete},
     }
+
+
+def _topics_to_search(broker: Broker, topic: str | None) -> list[str]:
+    """Every searchable topic; with a topic, it and the topics its copies go to (retry,
+    dead-letter, schedule, transactional half)."""
+    everywhere = searchable_topics(broker.store)
+    if topic is None:
+        return everywhere
+    return [
+        t
+        for t in everywhere
+        if t == topic
+        or is_retry_topic(t)
+        or is_dlq_topic(t)
+        or t in (SCHEDULE_TOPIC, TRANS_HALF_TOPIC)
+    ]
+
+
+def _records(
+    broker: Broker, key: str, topics: list[str], limit: int
+) -> tuple[list[MessageExt], bool]:
+    """The records the key names and every copy of them (followed by UNIQ_KEY into every
+    topic), oldest first, the newest `limit` of them; and whether more matched."""
+    find = MessageFinder(broker)
+    found, more = find.by_id(key, topics, limit, match=query.KeyMatch.ANY)
+    records = {m.commitlog_offset: m for m in found}
+    # every copy of each message found carries its UNIQ_KEY: follow it into every topic
+    for uk in sorted({m.unique_key for m in found if m.unique_key and m.unique_key != key}):
+        copies, cut = find.by_id(uk, topics, limit)
+        more = more or cut
+        for m in copies:
+            records.setdefault(m.commitlog_offset, m)
+    ordered = sorted(records.values(), key=lambda m: (m.store_timestamp, m.commitlog_offset))
+    if len(ordered) > limit:
+        ordered, more = ordered[-limit:], True
+    return ordered, more
+
+
+def _readables(
+    broker: Broker, ordered: list[MessageExt], roles: dict[int, tuple[str, str | None]]
+) -> list[_Readable]:
+    """Which group reads which record (the original: every group with offsets on its
+    topic; a retry, reconsume or replayed copy: its group), with the group's committed
+    offset there and whether it is in flight now."""
+    groups = sorted(c.group for c in broker.groups())
+    readables: list[_Readable] = []
+    for m in ordered:
+        role, group = roles[m.commitlog_offset]
+        if role == "original" or (role == "replayed" and group is None):
+            readers = [g for g in groups if broker.offsets_of(g, m.topic)]
+        elif role in ("retry", "reconsume", "replayed") and group is not None:
+            readers = [group]
+        else:
+            readers = []
+        for g in readers:
+            committed = broker.query_offset(g, m.topic, m.queue_id)
+            leased = any(
+                f.queue_id == m.queue_id and f.queue_offset == m.queue_offset
+                for f in broker.in_flight(g, m.topic)
+            )
+            readables.append(_Readable(m, g, committed, leased))
+    return readables
+
+
+def _delivery_events(r: _Readable) -> list[dict[str, Any]]:
+    """A group's deliveries of a record, its hand-backs and its renewals (from the
+    invisible-time log)."""
+    events: list[dict[str, Any]] = []
+    for at, attempt, until, seq in r.deliveries:
+        events.append(
+            _event(
+                at,
+                seq,
+                "delivered",
+                f"delivered to {r.group} (attempt {attempt}, invisible until {p.iso_ms(until)})",
+                r.msg,
+                r.group,
+                attempt=attempt,
+            )
+        )
+    for at, attempt, until, before, seq in r.changes:
+        if until < before:
+            events.append(
+                _event(
+                    at,
+                    seq,
+                    "handed-back",
+                    f"{r.group} handed it back "
+                    f"(attempt {attempt} failed): redelivery from "
+                    f"{p.iso_ms(until)}",
+                    r.msg,
+                    r.group,
+                    attempt=attempt,
+                )
+            )
+        else:
+            events.append(
+                _event(
+                    at,
+                    seq,
+                    "extended",
+                    f"{r.group} extended its invisible time to {p.iso_ms(until)}",
+                    r.msg,
+                    r.group,
+                    attempt=attempt,
+                )
+            )
+    return events
+
+
+def _done_event(r: _Readable, dead_letters: list[MessageExt]) -> dict[str, Any] | None:
+    """When the group was done with the record, and how (`r.done_how`): acknowledged,
+    dead-lettered (a dead-letter copy of the group stored between its last delivery and
+    done), or skipped (never delivered); None while it is not done."""
+    if r.done is None:
+        return None
+    done_ms, done_seq = r.done
+    last = max((d[3] for d in r.deliveries), default=None)  # by log order
+    r.done_how = "skipped" if last is None else "acknowledged"
+    # a dead-letter copy of this group written between its last delivery and done
+    if last is not None and any(
+        d.topic == DLQ_GROUP_TOPIC_PREFIX + r.group and last < d.commitlog_offset < done_seq
+        for d in dead_letters
+    ):
+        r.done_how = "dead-lettered"
+    text = {
+        "acknowledged": f"acknowledged by {r.group}",
+        "dead-lettered": f"{r.group} gave up on it (dead-lettered)",
+        "skipped": f"skipped by {r.group} (filtered by tag, or before the group's start)",
+    }[r.done_how]
+    return _event(done_ms, done_seq, r.done_how, text, r.msg, r.group)
 
 
 def _read_pop_log(broker: Broker, readables: list[_Readable], scan: int) -> tuple[int, bool]:

@@ -22,7 +22,7 @@ from typing import Any
 from broker.config import DEFAULT_PORT, with_default_port
 from broker.limits import DEFAULT_RETRY_MAX_TIMES
 from reliable.admin_messages import AdminCaller
-from reliable_cli.admin_call import handler
+from reliable_cli.admin_call import PROG, CommandFailed, check_stopped_store, handler
 from reliable_cli.exit_codes import ExitCode
 
 TOPIC_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION", "MIXED")
@@ -184,12 +184,12 @@ def _verify_store(args: argparse.Namespace) -> int:
     from broker.store.verify import iter_lines, verify_store
 
     store_dir: Path = args.store
-    if not (store_dir / "commitlog").is_dir():
-        print(
-            f"reliable admin: {store_dir}: not a store directory (no commitlog/)", file=sys.stderr
-        )
-        return ExitCode.USAGE
-    if (store_dir / "abort").exists():
+    try:
+        running = check_stopped_store(store_dir, force=True)  # reading files only
+    except CommandFailed as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    if running:
         print(
             f"reliable admin: {store_dir}: abort file present: a broker runs on it or "
             "crashed; files still being written may be reported",

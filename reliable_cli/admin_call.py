@@ -121,21 +121,31 @@ class _StoreAdmin:
             raise AdminCallError(code_of(exc).name, str(exc)) from None
 
 
+def check_stopped_store(store_dir: Path, *, force: bool) -> bool:
+    """`store_dir` checked as a store to open without its broker: CommandFailed when it is
+    not a store directory (USAGE), or when its abort file says a broker runs on it
+    (FAILURE), unless `force` (the broker crashed). Whether the abort file is present."""
+    if not (store_dir / "commitlog").is_dir():
+        raise CommandFailed(f"{store_dir}: not a store directory (no commitlog/)", ExitCode.USAGE)
+    running = (store_dir / "abort").exists()
+    if running and not force:
+        raise CommandFailed(
+            f"{store_dir}: a broker seems to run on this store (abort file "
+            "present); use --endpoint, or --force if it crashed",
+            ExitCode.FAILURE,
+        )
+    return running
+
+
 def _local(args: argparse.Namespace) -> Iterator[api.AdminCaller]:
+    """The admin service on `--store`, opened in this process and closed after the call."""
     from broker.broker import Broker
     from broker.errors import BrokerError
     from broker.store.config import StoreConfig
     from broker.store.errors import StoreError
 
     store_dir: Path = args.store
-    if not (store_dir / "commitlog").is_dir():
-        raise CommandFailed(f"{store_dir}: not a store directory (no commitlog/)", ExitCode.USAGE)
-    if (store_dir / "abort").exists() and not args.force:
-        raise CommandFailed(
-            f"{store_dir}: a broker seems to run on this store (abort file "
-            "present); use --endpoint, or --force if it crashed",
-            ExitCode.FAILURE,
-        )
+    check_stopped_store(store_dir, force=args.force)
     try:
         broker = Broker(StoreConfig(store_dir=store_dir))
         broker.start()

@@ -21,7 +21,9 @@ group may be stored in any order, as with concurrent sends.
 
 Retries follow the producer's async policy per message: a "try elsewhere" failure is resent
 at once (another queue where the route has several), flow control pauses the lane for the
-backoff delay, a bad request fails that message alone.
+backoff delay, a failover (`is_failover_like`) once those are spent pauses it for the
+patience backoff until the window since the message's first failure closes, a bad request
+fails that message alone.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from reliable._linger import LingeringSender
 from reliable.errors import BrokerCallError, ClientStateError, FailureKind, SendFailed
 from reliable.latency import LatencyFaultTolerance
 from reliable.message import Message, SendReceipt, SendStatus
-from reliable.retry import SendPolicy, is_flow_control, is_try_elsewhere
+from reliable.retry import SendPolicy, is_failover_like, is_flow_control, is_try_elsewhere
 from reliable.transport.base import QueueRef, TopicRoute
 
 log = logging.getLogger("reliable.producer")
@@ -93,6 +95,8 @@ class _Item:
     attempts: list[tuple[str, BaseException]] | None = None  # made at the first failure
     elsewhere: int = 0
     busy: int = 0
+    patient: int = 0  # retries made waiting out a failover
+    failed_at: float = 0.0  # the policy clock at its first failure (0: none yet)
     last_broker: str | None = None
     alone: bool = False  # its batch was refused as a whole: it goes in a request of its own
 
@@ -336,6 +340,7 @@ class SendPipeline(LingeringSender):
             where = str(queue) if queue is not None else first_topic(items)
             if item.attempts is None:
                 item.attempts = []
+                item.failed_at = self._policy.clock()
             item.attempts.append((where, result))
             if is_flow_control(result) and item.busy < self._policy.flow_control_retries:
                 item.busy += 1
@@ -346,6 +351,9 @@ class SendPipeline(LingeringSender):
                 and item.elsewhere < self._policy.retry_times
             ):
                 item.elsewhere += 1
+                retry.append(item)
+            elif (wait := self._patient_wait(item, result)) >= 0:
+                pause_s = max(pause_s, wait)
                 retry.append(item)
             else:
                 settled.append((item, self._final_error(item, result)))
@@ -371,6 +379,18 @@ class SendPipeline(LingeringSender):
                     item.future.set_exception(outcome)
         finally:
             _local.resolving = False
+
+    def _patient_wait(self, item: _Item, error: BaseException) -> float:
+        """The pause before retrying `item` to wait out a failover, or -1 when `error` is not
+        a failover's or the patience window since its first failure is over."""
+        if not is_failover_like(error):
+            return -1.0
+        policy = self._policy
+        now = policy.clock()
+        if not item.failed_at:
+            item.failed_at = now
+        item.patient += 1
+        return policy.patience.wait(item.failed_at, now, item.patient, policy.rng)
 
     @staticmethod
     def _final_error(item: _Item, error: BaseException) -> BaseException:

@@ -140,11 +140,15 @@ class SendFailed(SendError):
 
 
 class NoRoute(SendError):
-    """The topic has no writable queue (missing topic or no permission)."""
+    """The topic has no writable queue (missing topic or no permission). `transitional`:
+    this producer saw the topic writable before (its master went away, a failover is under
+    way), so the send waits it out within its failover patience."""
 
-    def __init__(self, topic: str) -> None:
+    def __init__(self, topic: str, *, transitional: bool = False) -> None:
         self.topic = topic
-        super().__init__(f"no writable queue for topic {topic!r}")
+        self.transitional = transitional
+        what = "no writable queue for the moment" if transitional else "no writable queue"
+        super().__init__(f"{what} for topic {topic!r}")
 
 
 class TransactionError(ReliableError):

@@ -5,9 +5,12 @@ where the route has several, another broker), retrying only failures that mean "
 elsewhere" and a sync-master's "stored, no slave confirmed it" (a failover under way: each
 attempt sends the same message, id included, which the server de-duplicates); a bad request
 fails at once. A busy broker is retried after an exponential
-backoff (1 s x 1.6, jitter 0.2, at most 120 s). Both policies are tenacity values
-(`reliable.retry`). With `send_latency_fault_enable`, brokers that answered slowly or failed
-are avoided for a while (`reliable.latency`).
+backoff (1 s x 1.6, jitter 0.2, at most 120 s). A send whose immediate retries all met a
+failover (its master unreachable or not replicating, a slave refusing, the route empty for
+the moment) waits it out for up to `failover_wait_s` (10 s) since its first failure, with a
+short backoff, and lands on the new master as soon as the route names it. The policies are
+tenacity values (`reliable.retry`). With `send_latency_fault_enable`, brokers that answered
+slowly or failed are avoided for a while (`reliable.latency`).
 
 `send_async` and `asend` are pipelined on transports that offer it (grpc, embedded): no
 thread per send, many requests in flight, messages batched by a short linger into one
@@ -53,7 +56,7 @@ from reliable.errors import (
 from reliable.latency import LatencyFaultTolerance
 from reliable.message import Message, ReceivedMessage, SendReceipt, SendStatus
 from reliable.naming import check_group, check_topic, retry_topic
-from reliable.retry import Backoff, SendPolicy, call_with_policy
+from reliable.retry import Backoff, FailoverPatience, SendPolicy, call_with_policy
 from reliable.transport import Transport, connect
 from reliable.transport.base import QueueRef, TopicRoute, TransactionRef, TransactionState
 
@@ -111,6 +114,7 @@ class Producer:
         send_latency_fault_enable: bool = False,
         flow_control_retries: int = 5,
         backoff: Backoff | None = None,
+        failover_wait_s: float = FailoverPatience.window_s,
         send_timeout_s: float = 3.0,
         transaction_checker: TransactionCheckerFn | None = None,
         async_workers: int = 4,
@@ -130,6 +134,8 @@ class Producer:
         ):
             if value < 0:
                 raise ConfigurationError(f"{name} must be >= 0, got {value}")
+        if failover_wait_s < 0:
+            raise ConfigurationError(f"failover_wait_s must be >= 0, got {failover_wait_s}")
         if async_workers < 1:
             raise ConfigurationError("async_workers must be >= 1")
         if linger_ms < 0:
@@ -150,21 +156,24 @@ class Producer:
         self._clock_ms = clock_ms or (lambda: time.monotonic() * 1000)
         rng = rng or random.Random()
         backoff = backoff or Backoff()
-        self._sync_policy = SendPolicy(
-            retry_times_when_send_failed,
-            flow_control_retries,
-            backoff,
-            retry_another_broker_when_not_store_ok,
-            sleep,
-            rng,
-        )
-        self._async_policy = SendPolicy(
-            retry_times_when_send_async_failed,
-            flow_control_retries,
-            backoff,
-            retry_another_broker_when_not_store_ok,
-            sleep,
-            rng,
+        patience = FailoverPatience(failover_wait_s)
+        clock_ms_ = self._clock_ms
+
+        def clock_s() -> float:
+            return clock_ms_() / 1000
+
+        self._sync_policy, self._async_policy = (
+            SendPolicy(
+                retries,
+                flow_control_retries,
+                backoff,
+                retry_another_broker_when_not_store_ok,
+                sleep,
+                rng,
+                patience,
+                clock_s,
+            )
+            for retries in (retry_times_when_send_failed, retry_times_when_send_async_failed)
         )
         self._faults = LatencyFaultTolerance(self._clock_ms) if send_latency_fault_enable else None
         self._send_timeout_s = send_timeout_s
@@ -176,6 +185,7 @@ class Producer:
         self._pipeline: SendPipeline | None = None
         self._index = random.Random().randrange(1 << 16)
         self._index_lock = threading.Lock()
+        self._written: set[str] = set()  # topics seen with a writable queue (see NoRoute)
         self._started = False
 
     # --- lifecycle
@@ -444,7 +454,9 @@ class Producer:
     def _route(self, topic: str) -> TopicRoute:
         route = self._transport.route(topic)
         if not route.write_queues:
-            raise NoRoute(topic)
+            raise NoRoute(topic, transitional=topic in self._written)
+        if topic not in self._written:
+            self._written.add(topic)  # set.add is atomic: no lock for concurrent senders
         return route
 
     def _next_index(self) -> int:

@@ -5,6 +5,12 @@
   service unavailable) and for a sync-master's "stored, not replicated" answers
   (`FailureKind.NOT_REPLICATED`: a failover under way; the resend carries the same message
   id, which the server de-duplicates). Bad requests are never retried.
+- Failover patience: when those immediate retries are spent on failures a failover causes
+  (`is_failover_like`: the broker unreachable, not replicated, a slave or a server refusing,
+  a topic that had writable queues and has none for the moment; not a full disk), the send
+  goes on with a short backoff (0.1 s, x2, capped at 1 s) until `FailoverPatience.window_s`
+  (10 s) has passed since its first failure: long enough for an automatic promotion (about
+  2.5 s) and the route to name the new master. A missing topic or group is not waited for.
 - Flow control (the broker is busy): exponential backoff, initial 1 s, x1.6, jitter +-0.2,
   capped at 120 s, with its own attempt budget.
 
@@ -23,9 +29,14 @@ import tenacity
 from tenacity import RetryCallState
 from tenacity.wait import wait_base
 
-from reliable.errors import BrokerCallError, FailureKind
+from reliable.errors import BrokerCallError, BrokerUnavailable, FailureKind, NoRoute
 
 Sleep = Callable[[float], None]
+Clock = Callable[[], float]
+
+# refusals that waiting cannot change: the resource is not there (a failover does not
+# remove topics or groups); every other "try elsewhere" answer may be a failover's
+_MISSING = frozenset({"NOT_FOUND", "TOPIC_NOT_FOUND", "CONSUMER_GROUP_NOT_FOUND"})
 
 
 @dataclass(frozen=True)
@@ -45,6 +56,8 @@ class Backoff:
 
     def base_delay(self, retry_number: int) -> float:
         """Delay before retry `retry_number` (1-based), without jitter."""
+        if retry_number > 64 and self.multiplier > 1:  # long past the cap: no float overflow
+            return self.maximum_s
         return min(self.initial_s * self.multiplier ** (retry_number - 1), self.maximum_s)
 
     def delay(self, retry_number: int, rng: random.Random) -> float:
@@ -52,27 +65,14 @@ class Backoff:
         return base * (1 + rng.uniform(-self.jitter, self.jitter))
 
 
-class wait_backoff(wait_base):  # tenacity naming style
-    """tenacity wait strategy for a `Backoff`, counting only the attempts `counts` accepts."""
+class _wait_budget(wait_base):  # tenacity naming style
+    """tenacity wait strategy: the wait the send's `_Budget` chose for its last failure."""
 
-    def __init__(
-        self,
-        backoff: Backoff,
-        rng: random.Random,
-        counts: Callable[[BaseException], bool] = lambda e: True,
-    ) -> None:
-        self.backoff = backoff
-        self.rng = rng
-        self.counts = counts
-        self.retries = 0
+    def __init__(self, budget: _Budget) -> None:
+        self.budget = budget
 
     def __call__(self, retry_state: RetryCallState) -> float:
-        outcome = retry_state.outcome
-        exc = outcome.exception() if outcome is not None else None
-        if exc is None or not self.counts(exc):
-            return 0.0
-        self.retries += 1
-        return self.backoff.delay(self.retries, self.rng)
+        return self.budget.wait_s
 
 
 def is_flow_control(exc: BaseException) -> bool:
@@ -88,24 +88,76 @@ def is_try_elsewhere(exc: BaseException, *, not_stored_ok: bool = False) -> bool
     return exc.kind in kinds
 
 
+def is_failover_like(exc: BaseException) -> bool:
+    """A failure a failover causes, worth waiting out: no answer, not replicated, a refusal
+    by a slave or a server in trouble, or a topic whose writable queues went away for the
+    moment (`NoRoute.transitional`). A missing topic or group is not one, nor a full disk
+    (it fails fast and names the disk: an operator's matter, docs/operations.md)."""
+    if isinstance(exc, NoRoute):
+        return exc.transitional
+    if not isinstance(exc, BrokerCallError):
+        return False
+    if isinstance(exc, BrokerUnavailable) and exc.disk_full:
+        return False
+    if exc.kind in (FailureKind.TRANSPORT, FailureKind.NOT_REPLICATED):
+        return True
+    return exc.kind is FailureKind.TRY_ELSEWHERE and exc.code not in _MISSING
+
+
+@dataclass(frozen=True)
+class FailoverPatience:
+    """How long a send waits out a failover once its immediate retries are spent: retried
+    after `backoff`'s waits until `window_s` has passed since its first failure (0: never)."""
+
+    window_s: float = 10.0
+    backoff: Backoff = field(
+        default_factory=lambda: Backoff(initial_s=0.1, multiplier=2.0, jitter=0.2, maximum_s=1.0)
+    )
+
+    def __post_init__(self) -> None:
+        if self.window_s < 0:
+            raise ValueError(f"window_s must be >= 0, got {self.window_s}")
+
+    def wait(self, failed_at: float, now: float, retry_number: int, rng: random.Random) -> float:
+        """The wait before patient retry `retry_number` (1-based), or -1 when the window is
+        over: never past the window's end, so the last retry comes at its close."""
+        left = failed_at + self.window_s - now
+        if left <= 0:
+            return -1.0
+        return min(self.backoff.delay(retry_number, rng), left)
+
+
 @dataclass
 class _Budget:
-    """Two attempt budgets: immediate retries elsewhere, and flow-control retries."""
+    """One send's budgets: immediate retries elsewhere, flow-control retries, and failover
+    patience; `wait_s` is the wait before the retry it last allowed."""
 
-    retry_times: int
-    flow_control_retries: int
-    not_stored_ok: bool
+    policy: SendPolicy
+    failed_at: float
     elsewhere: int = 0
     busy: int = 0
+    patient: int = 0
+    wait_s: float = 0.0
 
     def retriable(self, exc: BaseException) -> bool:
+        policy = self.policy
         if is_flow_control(exc):
             self.busy += 1
-            return self.busy <= self.flow_control_retries
-        if is_try_elsewhere(exc, not_stored_ok=self.not_stored_ok):
+            self.wait_s = policy.backoff.delay(self.busy, policy.rng)
+            return self.busy <= policy.flow_control_retries
+        self.wait_s = 0.0
+        if is_try_elsewhere(exc, not_stored_ok=policy.retry_not_stored_ok):
             self.elsewhere += 1
-            return self.elsewhere <= self.retry_times
-        return False
+            if self.elsewhere <= policy.retry_times:
+                return True
+        if not is_failover_like(exc):
+            return False
+        self.patient += 1
+        wait = policy.patience.wait(self.failed_at, policy.clock(), self.patient, policy.rng)
+        if wait < 0:
+            return False
+        self.wait_s = wait
+        return True
 
 
 @dataclass
@@ -118,6 +170,8 @@ class SendPolicy:
     retry_not_stored_ok: bool = False  # retry_another_broker_when_not_store_ok
     sleep: Sleep = time.sleep
     rng: random.Random = field(default_factory=random.Random)
+    patience: FailoverPatience = field(default_factory=FailoverPatience)
+    clock: Clock = time.monotonic
 
     def __post_init__(self) -> None:
         if self.retry_times < 0 or self.flow_control_retries < 0:
@@ -125,10 +179,10 @@ class SendPolicy:
 
     def retrying(self) -> tenacity.Retrying:
         """A fresh `tenacity.Retrying` for one send (budgets are per send)."""
-        budget = _Budget(self.retry_times, self.flow_control_retries, self.retry_not_stored_ok)
+        budget = _Budget(self, failed_at=self.clock())
         return tenacity.Retrying(
             retry=tenacity.retry_if_exception(budget.retriable),
-            wait=wait_backoff(self.backoff, self.rng, is_flow_control),
+            wait=_wait_budget(budget),
             stop=tenacity.stop_never,  # the budget in `retry` decides
             sleep=self.sleep,
             reraise=True,

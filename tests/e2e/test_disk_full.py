@@ -91,7 +91,9 @@ def test_one_mapping_per_put_status() -> None:
 def test_full_disk_over_grpc_fails_fast_and_names_the_disk(broker: Broker, disk: Disk) -> None:
     """Our server answers a full disk with INTERNAL_SERVER_ERROR (what the Apache proxy
     answers for the broker's SERVICE_NOT_AVAILABLE), never TOO_MANY_REQUESTS: the client
-    tries again at once and fails with the store's reason in the error."""
+    tries again at once and fails with the store's reason in the error. (Over gRPC a full
+    disk cannot be told from a failover's server error, so a default producer waits its
+    failover window before failing: `failover_wait_s=0` here.)"""
     from broker.server.config import ServerConfig
     from broker.server.server import MessagingServer
 
@@ -101,7 +103,7 @@ def test_full_disk_over_grpc_fails_fast_and_names_the_disk(broker: Broker, disk:
     transport.start()
     slept: list[float] = []
     try:
-        with Producer(transport, sleep=slept.append) as producer:
+        with Producer(transport, sleep=slept.append, failover_wait_s=0) as producer:
             producer.send(Message("Remote", b"before"))
             fill(broker, disk, 0.97)
             with pytest.raises(SendFailed) as failed:

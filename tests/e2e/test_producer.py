@@ -81,11 +81,52 @@ def test_send_retry_goes_to_another_queue_after_a_transport_failure(transport: T
 
 def test_send_gives_up_after_retry_times(transport: Transport) -> None:
     seam = FaultySend(transport, 99, lambda: TransportError("down"))
-    producer = Producer(seam, retry_times_when_send_failed=2)  # type: ignore[arg-type]
+    producer = Producer(seam, retry_times_when_send_failed=2, failover_wait_s=0)  # type: ignore[arg-type]
     with producer, pytest.raises(SendFailed) as info:
         producer.send(Message("retry-q", b"x"))
     assert len(seam.queues) == 3 and len(info.value.attempts) == 3
     assert len(set(seam.queues)) == 3  # each attempt on another queue
+
+
+class _VirtualTime:
+    def __init__(self) -> None:
+        self.ms = 1_000_000.0
+        self.slept: list[float] = []
+
+    def clock_ms(self) -> float:
+        return self.ms
+
+    def sleep(self, s: float) -> None:
+        self.slept.append(s)
+        self.ms += s * 1000
+
+
+def test_a_failover_is_waited_out_sync_and_pipelined_within_its_window(
+    transport: Transport,
+) -> None:
+    """docs/ha.md: the broker unreachable for longer than the immediate retries last (a
+    master lost, its slave not yet promoted): the send waits it out, then lands; past the
+    window it fails with every attempt listed."""
+    seam = FaultySend(transport, 7, lambda: TransportError("connection refused"))
+    time_ = _VirtualTime()
+    with Producer(seam, sleep=time_.sleep, clock_ms=time_.clock_ms) as producer:  # type: ignore[arg-type]
+        receipt = producer.send(Message("failover-q", b"x"))
+        assert len(seam.queues) == 8 and receipt.queue_offset >= 0
+        assert time_.slept[:2] == [0.0, 0.0] and 0 < sum(time_.slept) < 10
+        seam.queues.clear()
+        time_.slept.clear()
+        seam._failures = 10**6
+        with pytest.raises(SendFailed) as failed:
+            producer.send(Message("failover-q", b"y"))
+        assert sum(time_.slept) == pytest.approx(10.0)  # the whole window, no more
+        assert len(failed.value.attempts) == len(seam.queues) > 3
+    pipelined = FaultySubmit(transport, 4, lambda: TransportError("connection refused"))
+    with Producer(pipelined) as producer:  # type: ignore[arg-type]
+        started = time.monotonic()
+        receipt = producer.send_async(Message("failover-q", b"z")).result(10)
+        assert len(pipelined.queues) == 5 and receipt.queue_offset >= 0
+        assert time.monotonic() - started >= 0.2  # waited 0.1 + 0.2 s (+-20 %) at least
+    assert [m.body for m in _drain(transport, "failover-q", 2)] in ([b"x", b"z"], [b"z", b"x"])
 
 
 def test_bad_requests_are_not_retried(transport: Transport) -> None:
@@ -384,7 +425,7 @@ def test_pipelined_sends_retry_elsewhere_then_report_every_attempt(
     transport: Transport,
 ) -> None:
     seam = FaultySubmit(transport, 99, lambda: TransportError("down"))
-    producer = Producer(seam, retry_times_when_send_async_failed=2)  # type: ignore[arg-type]
+    producer = Producer(seam, retry_times_when_send_async_failed=2, failover_wait_s=0)  # type: ignore[arg-type]
     with producer:
         future = producer.send_async(Message("retry-async", b"x"))
         with pytest.raises(SendFailed) as info:
@@ -463,10 +504,14 @@ def test_a_sync_masters_not_replicated_answer_is_resent_by_default_with_the_same
         assert producer.send_async(later).result(10).status is SendStatus.SEND_OK
         assert seam.ids == [later.message_id] * 3
         seam.queues.clear()
-        seam._failures = 99  # the budget is bounded: 1 + 2 attempts, then SendFailed
+    seam.queues.clear()
+    seam._failures = 10**6  # bounded: 1 + 2 attempts, then the failover window, then SendFailed
+    with Producer(seam, failover_wait_s=0.5) as producer:  # type: ignore[arg-type]
+        started = time.monotonic()
         with pytest.raises(SendFailed) as failed:
             producer.send(Message("not-replicated", b"z"))
-        assert len(failed.value.attempts) == 3
+        assert 0.5 <= time.monotonic() - started < 3
+        assert len(failed.value.attempts) > 3
         assert isinstance(failed.value.last_error, BrokerCallError)
         assert failed.value.last_error.kind is FailureKind.NOT_REPLICATED
 

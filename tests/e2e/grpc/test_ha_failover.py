@@ -116,11 +116,9 @@ def test_a_default_producer_rides_through_a_master_kill_and_a_promotion(
         assert official.wait_for(lambda: len(acked) >= promoted_at[0] + 100, timeout_s=60)
         stop.set()
         sender.join(30)
-    # a send that failed did so within its bounded retry (1 + 2 attempts at most). It may
-    # end sooner: while the slave is promoted, the route can offer no other writable queue
-    # (a slave answers FORBIDDEN); waiting out that gap is not built yet (docs/ha.md)
-    for exc in failed:
-        assert 1 <= len(exc.attempts) <= 3, exc
+    # no send failed: the one in flight at the kill waited out the gap (the master gone, the
+    # slave answering FORBIDDEN until promoted) within its failover patience (docs/ha.md)
+    assert not failed, failed[0]
     wanted = set(acked)
     assert len(wanted) == len(acked)
     counts = _read_all(slave.endpoint, topic, "g-ha-ride", lambda c: wanted <= set(c))

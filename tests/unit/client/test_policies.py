@@ -6,10 +6,17 @@ import random
 
 import pytest
 
-from reliable.errors import BadRequest, BrokerBusy, TransportError
+from reliable.errors import (
+    BadRequest,
+    BrokerBusy,
+    BrokerCallError,
+    FailureKind,
+    NoRoute,
+    TransportError,
+)
 from reliable.latency import LatencyFaultTolerance, not_available_duration_ms
 from reliable.ratelimit import TokenBucket
-from reliable.retry import Backoff, SendPolicy, call_with_policy
+from reliable.retry import Backoff, FailoverPatience, SendPolicy, call_with_policy
 
 
 def test_backoff_curve_is_1s_times_1_6_capped_at_120s() -> None:
@@ -63,7 +70,7 @@ def test_flow_control_gives_up_after_its_budget() -> None:
 
 def test_transport_errors_retry_immediately_retry_times_then_fail() -> None:
     slept: list[float] = []
-    policy = SendPolicy(retry_times=2, sleep=slept.append)
+    policy = SendPolicy(retry_times=2, sleep=slept.append, patience=FailoverPatience(0))
     calls: list[int] = []
 
     def send(i: int) -> None:
@@ -74,6 +81,100 @@ def test_transport_errors_retry_immediately_retry_times_then_fail() -> None:
         call_with_policy(policy, send)
     assert calls == [0, 1, 2]  # 1 + retry_times attempts
     assert all(s == 0 for s in slept)
+
+
+class _Clock:
+    """Virtual time: `sleep` advances it, each call costs `call_s`."""
+
+    def __init__(self, call_s: float = 0.0) -> None:
+        self.now = 100.0
+        self.call_s = call_s
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.slept.append(s)
+        self.now += s
+
+
+def test_a_failover_is_waited_out_after_the_immediate_retries() -> None:
+    clock = _Clock()
+    policy = SendPolicy(retry_times=2, sleep=clock.sleep, clock=clock, rng=random.Random(1))
+    calls: list[int] = []
+    # the master is gone (no answer), then its slave refuses until promoted 2.5 s later
+    promoted_at = clock.now + 2.5
+
+    def send(i: int) -> str:
+        calls.append(i)
+        if i == 0:
+            raise TransportError("connection refused")
+        if clock.now < promoted_at:
+            raise BrokerCallError(FailureKind.TRY_ELSEWHERE, "a slave", code="FORBIDDEN")
+        return "stored on the new master"
+
+    assert call_with_policy(policy, send) == "stored on the new master"
+    assert clock.slept[:2] == [0.0, 0.0]  # the immediate retries first
+    patient = clock.slept[2:]
+    assert all(0 < s <= 1.2 for s in patient)  # 0.1 s doubling, capped at 1 s (+-20%)
+    assert patient[0] == pytest.approx(0.1, rel=0.2) and patient[1] == pytest.approx(0.2, rel=0.2)
+    assert promoted_at <= clock.now < promoted_at + 1.2  # the first retry after the promotion
+
+
+def test_patience_ends_with_its_window_and_reports_the_last_failure() -> None:
+    clock = _Clock(call_s=0.0)
+    policy = SendPolicy(
+        retry_times=2, sleep=clock.sleep, clock=clock, patience=FailoverPatience(window_s=4.0)
+    )
+    started = clock.now
+    calls: list[float] = []
+
+    def send(i: int) -> None:
+        calls.append(clock.now)
+        raise TransportError(f"refused #{i}")
+
+    with pytest.raises(TransportError, match="refused"):
+        call_with_policy(policy, send)
+    assert clock.now == pytest.approx(started + 4.0)  # the last wait ends at the window's close
+    assert calls[-1] == pytest.approx(started + 4.0)
+    assert 8 <= len(calls) <= 12
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        BrokerCallError(FailureKind.TRY_ELSEWHERE, "no such topic", code="TOPIC_NOT_FOUND"),
+        BrokerCallError(FailureKind.NOT_STORED_OK, "flush timed out"),
+        NoRoute("never-writable"),
+    ],
+    ids=["missing-topic", "not-flushed", "never-routed"],
+)
+def test_what_no_failover_explains_is_not_waited_for(error: Exception) -> None:
+    clock = _Clock()
+    policy = SendPolicy(retry_times=2, sleep=clock.sleep, clock=clock)
+
+    def send(i: int) -> None:
+        raise error
+
+    with pytest.raises(type(error)):
+        call_with_policy(policy, send)
+    assert sum(clock.slept) == 0
+
+
+def test_a_topic_seen_writable_then_without_route_is_waited_for() -> None:
+    clock = _Clock()
+    policy = SendPolicy(retry_times=0, sleep=clock.sleep, clock=clock)
+    calls: list[int] = []
+
+    def send(i: int) -> str:
+        calls.append(i)
+        if clock.now < 101.0:
+            raise NoRoute("t", transitional=True)
+        return "ok"
+
+    assert call_with_policy(policy, send) == "ok"
+    assert len(calls) >= 3 and sum(clock.slept) >= 1.0
 
 
 def test_bad_requests_are_never_retried() -> None:

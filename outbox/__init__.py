@@ -13,7 +13,6 @@ from outbox.errors import (
 from outbox.latency import ExpectedLatency
 from outbox.models import ConfirmationOutcome, OutboxTables, StubStatus
 from outbox.notify import Escalation, LogNotifier, Notifier, SmtpNotifier, WebhookNotifier
-from outbox.operations import requeue, void
 from outbox.ports import (
     PROPERTY_RETRY_TOPIC,
     Clock,
@@ -27,6 +26,7 @@ from outbox.ports import (
 from outbox.publish import Outbox, OutboxConfig, OutboxTransaction
 from outbox.registry import InvalidGroup, declare_groups, expected_groups
 from outbox.schema import SchemaMismatch, SchemaReport, TablesMissing, ensure_schema, require_tables
+from outbox.stub_admin import ActionResult, StubNotFound, StubNotOpen, requeue_stub, void_stub
 from outbox.stubs import body_digest
 from outbox.worker import Metrics, ResendPolicy, ResendWorker
 
@@ -65,9 +65,10 @@ __all__ = [  # noqa: RUF022 - grouped by concept, as in reliable/__init__
     "ExpectedLatency",
     "SmtpNotifier",
     "WebhookNotifier",
-    # operator actions
-    "requeue",
-    "void",
+    # operator actions (audited)
+    "ActionResult",
+    "requeue_stub",
+    "void_stub",
     # errors
     "DuplicateMessageId",
     "InvalidGroup",
@@ -77,6 +78,8 @@ __all__ = [  # noqa: RUF022 - grouped by concept, as in reliable/__init__
     "OutboxError",
     "OutboxMisuse",
     "SchemaMismatch",
+    "StubNotFound",
+    "StubNotOpen",
     "TablesMissing",
     "UnsupportedDatabase",
 ]

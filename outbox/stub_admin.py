@@ -1,11 +1,12 @@
-"""An operator's view of and actions on stubs, audited: what `reliable outbox ...` runs.
+"""An operator's view of and actions on stubs, audited: what `reliable outbox ...` runs, and
+the one implementation of each action (`outbox.void_stub`, `outbox.requeue_stub`).
 
 - `list_stubs`: stubs by status, age and topic, oldest first, bounded.
 - `show_stub`: one stub with its confirmation and consumption-log rows and its audit rows.
 - `void_stub`: status VOID: never resent; reconciliation counts it void, never lost.
 - `requeue_stub`: due now, with a fresh send budget: `send_count` goes back to 0 and the
-  escalation is cleared, as transaction-outbox's `unblock` and `outbox.operations.requeue`
-  do (the operator fixed the cause; keeping the count would re-escalate it after one send).
+  escalation is cleared, as transaction-outbox's `unblock` does (the operator fixed the
+  cause; keeping the count would re-escalate it after one send).
 - `reopen_dead_lettered`: after a DLQ replay, the group's consumption-log rows of the
   replayed messages lose their dead-letter mark, so reconciliation counts them in
   processing (and confirmed once the group confirms), not dead-lettered; `dead_lettered`

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timedelta
 
+import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
@@ -16,10 +17,11 @@ from outbox import (
     OutboxTables,
     ResendPolicy,
     ResendWorker,
+    StubNotOpen,
     StubStatus,
     declare_groups,
-    requeue,
-    void,
+    requeue_stub,
+    void_stub,
 )
 from reliable import Message
 
@@ -305,9 +307,12 @@ def test_operator_requeues_an_escalated_stub_or_voids_it(
     worker = _worker(engine, tables, sender, clock, offsets, notifier=notifier)
     clock.advance(minutes=6)
     assert worker.run_once().escalated == 2
-    assert requeue(engine, tables, fixed, now=clock.now)  # the cause was fixed
-    assert void(engine, tables, dropped, now=clock.now)  # never to be sent again
-    assert not void(engine, tables, dropped, now=clock.now)
+    # the cause was fixed
+    requeued = requeue_stub(engine, tables, fixed, operator="oncall", now=clock.now)
+    assert (requeued.before["send_count"], requeued.after["send_count"]) == (1, 0)
+    void_stub(engine, tables, dropped, operator="oncall", now=clock.now)  # never sent again
+    with pytest.raises(StubNotOpen):
+        void_stub(engine, tables, dropped, operator="oncall", now=clock.now)
     result = worker.run_once()
     assert (result.selected, result.resent) == (1, 1)
     assert sender.counts() == {fixed: 2, dropped: 1}

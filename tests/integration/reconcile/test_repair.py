@@ -14,7 +14,6 @@ import pytest
 import sqlalchemy as sa
 
 from outbox.models import OutboxTables
-from outbox.operations import void
 from outbox.reconcile import (
     LogClass,
     ReconcileOptions,
@@ -25,6 +24,7 @@ from outbox.reconcile import (
     reconcile,
 )
 from outbox.reconcile.repair import Repairer
+from outbox.stub_admin import void_stub
 from outbox.worker import ResendWorker
 from reliable import Message, SendReceipt
 
@@ -194,7 +194,7 @@ def test_repair_then_resend_leaves_nothing_lost(
 
     # an operator voids both escalated messages: the window is clean
     for mid in seeded.stubs[StubClass.EXHAUSTED]:
-        assert void(engine, tables, mid)
+        assert void_stub(engine, tables, mid, operator="oncall").after["status"] == "VOID"
     resolved = reconcile(ReconcileOptions(**base.__dict__), spark=spark, now=NOW)
     assert resolved.summary.certificate.clean
     assert resolved.summary.certificate.verdict == "CLEAN"

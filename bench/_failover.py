@@ -38,6 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench._tls import MutualTls
+from broker.ha.etcd import CoordinatorUnavailable, EtcdClient
+
 REPO = Path(__file__).resolve().parents[1]
 GROUP = "broker-a"
 TOPIC = "t-failover"
@@ -64,10 +67,13 @@ def etcd_binary() -> str | None:
 
 
 class Etcd:
-    """One etcd member on free loopback ports, its data in `data_dir`."""
+    """One etcd member on free loopback ports, its data in `data_dir`; with `tls`, its
+    client port speaks TLS only and wants a client certificate signed by `tls.ca`
+    (`--client-cert-auth`)."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, tls: MutualTls | None = None) -> None:
         self.data_dir = data_dir
+        self.tls = tls
         self.client_port = free_port()
         self.peer_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -75,23 +81,48 @@ class Etcd:
 
     @property
     def url(self) -> str:
-        return f"etcd://127.0.0.1:{self.client_port}"
+        scheme = "etcds" if self.tls else "etcd"
+        return f"{scheme}://127.0.0.1:{self.client_port}"
+
+    def client_options(self) -> list[str]:
+        """The `reliable broker start` options that reach this etcd."""
+        options = ["--coordinator", self.url]
+        if self.tls is not None:
+            options += ["--coordinator-ca", str(self.tls.ca)]
+            options += ["--coordinator-cert", str(self.tls.client_cert)]
+            options += ["--coordinator-key", str(self.tls.client_key)]
+        return options
+
+    def client(self, timeout_s: float = 0.5) -> EtcdClient:
+        tls = self.tls
+        if tls is None:
+            return EtcdClient.from_url(self.url, timeout_s=timeout_s)
+        return EtcdClient.from_url(
+            self.url,
+            timeout_s=timeout_s,
+            ca_file=str(tls.ca),
+            cert_file=str(tls.client_cert),
+            key_file=str(tls.client_key),
+        )
 
     def start(self) -> None:
         binary = etcd_binary()
         if binary is None:
             raise FailoverFailed("no etcd binary (Debian: apt-get install etcd-server)")
-        client = f"http://127.0.0.1:{self.client_port}"
+        scheme = "https" if self.tls else "http"
+        client = f"{scheme}://127.0.0.1:{self.client_port}"
         peer = f"http://127.0.0.1:{self.peer_port}"
         argv = [binary, "--name", "default", "--data-dir", str(self.data_dir)]
         argv += ["--listen-client-urls", client, "--advertise-client-urls", client]
         argv += ["--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer]
         argv += ["--initial-cluster", f"default={peer}"]
+        if self.tls is not None:
+            argv += ["--cert-file", str(self.tls.server_cert)]
+            argv += ["--key-file", str(self.tls.server_key)]
+            argv += ["--trusted-ca-file", str(self.tls.ca), "--client-cert-auth"]
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-        from broker.ha.etcd import CoordinatorUnavailable, EtcdClient
-
-        client_ = EtcdClient("127.0.0.1", self.client_port, timeout_s=0.5)
+        client_ = self.client()
         deadline = time.monotonic() + 20
         while True:
             try:
@@ -120,13 +151,13 @@ class Etcd:
 class Member:
     """One broker of the group: `reliable broker start --failover auto ...`."""
 
-    def __init__(self, member: int, workdir: Path, etcd_url: str, *extra: str) -> None:
+    def __init__(self, member: int, workdir: Path, etcd: Etcd, *extra: str) -> None:
         self.member = member
         self.store = workdir / f"b{member}"
         self.home = workdir / "home"
         self.port = free_port()
         self.ha_port = free_port()
-        self.etcd_url = etcd_url
+        self.etcd = etcd
         self.extra = extra
         self.proc: subprocess.Popen[str] | None = None
         self.output: list[str] = []
@@ -144,7 +175,7 @@ class Member:
         argv += ["--store", str(self.store), "--port", str(self.port), *STORE]
         argv += ["--flush", "sync", "--role", "sync-master", "--broker-name", GROUP]
         argv += ["--broker-id", str(self.member), "--ha-port", str(self.ha_port)]
-        argv += ["--coordinator", self.etcd_url, "--failover", "auto"]
+        argv += [*self.etcd.client_options(), "--failover", "auto"]
         argv += ["--failover-ttl-s", str(TTL_S), "--ha-sync-timeout-ms", "2000", *self.extra]
         self.lives += 1
         self.output.append(f"--- start {self.lives}\n")
@@ -205,7 +236,7 @@ class Ack:
 class Sender:
     """The producer thread (see the module docstring)."""
 
-    etcd_url: str
+    etcd: Etcd
     acks: list[Ack] = field(default_factory=list)
     failures: int = 0
     stop: threading.Event = field(default_factory=threading.Event)
@@ -214,10 +245,9 @@ class Sender:
     def run(self) -> None:
         import grpc
 
-        from broker.ha.etcd import CoordinatorUnavailable, EtcdClient
         from broker.protocol_pb import service_pb2, service_pb2_grpc
 
-        client = EtcdClient.from_url(self.etcd_url, timeout_s=0.5)
+        client = self.etcd.client()
         md = [("x-mq-client-id", "failover-bench"), ("x-mq-namespace", "")]
         channels: dict[str, Any] = {}
         seq = attempt = 0
@@ -334,19 +364,19 @@ def run(
     restart_etcd_after: int | None = None,
     between_s: tuple[float, float] = (1.0, 3.0),
     progress: Callable[[str], None] = lambda _m: None,
+    tls: MutualTls | None = None,
 ) -> Report:
     """Kill the master `kills` times (see the module docstring); `restart_etcd_after`:
-    after that many kills, etcd itself is SIGKILLed and restarted once (its data kept)."""
-    from broker.ha.etcd import CoordinatorUnavailable, EtcdClient
-
+    after that many kills, etcd itself is SIGKILLed and restarted once (its data kept);
+    `tls`: etcd speaks TLS only and wants the brokers' client certificates."""
     rng = random.Random(seed)
     report = Report(seed)
-    etcd = Etcd(workdir / "etcd")
+    etcd = Etcd(workdir / "etcd", tls)
     etcd.start()
-    client = EtcdClient.from_url(etcd.url, timeout_s=0.5)
-    members = {m: Member(m, workdir, etcd.url) for m in (1, 2)}
+    client = etcd.client()
+    members = {m: Member(m, workdir, etcd) for m in (1, 2)}
     by_endpoint = {b.endpoint: m for m, b in members.items()}
-    sender = Sender(etcd.url)
+    sender = Sender(etcd)
     thread = threading.Thread(target=sender.run, name="failover-sender", daemon=True)
 
     def named() -> dict[str, Any] | None:

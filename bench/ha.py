@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -44,6 +43,7 @@ from bench import _failover as failover
 from bench import grpc as g
 from bench import peers
 from bench._common import Options, SuiteResult, format_table, progress
+from bench._tls import self_signed
 
 NAME = "ha"
 DESCRIPTION = "replication: single broker vs async-master vs sync-master (send_async, 1 KiB)"
@@ -75,14 +75,7 @@ def _security(case: str, workdir: Path) -> tuple[list[str], list[str], dict[str,
         both = ["--credentials-file", str(keys)]
         return both, both, {"access_key": "bench-key", "secret_key": "bench-secret"}
     if case == "sync_master_tls":
-        cert, key = workdir / "cert.pem", workdir / "key.pem"
-        request = ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
-        names = ["-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"]
-        subprocess.run(
-            ["openssl", *request, "-keyout", str(key), "-out", str(cert), *names],
-            check=True,
-            capture_output=True,
-        )
+        cert, key = self_signed(workdir)
         master = ["--tls-cert", str(cert), "--tls-key", str(key)]
         return master, ["--ha-tls-ca", str(cert)], {"tls": True, "ca_file": str(cert)}
     return [], [], {}

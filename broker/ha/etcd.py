@@ -14,6 +14,12 @@ Every call has a timeout, runs on the calling thread over its own connection (on
 thread, kept), and raises `CoordinatorUnavailable` when etcd does not answer, so a caller
 decides what "etcd is down" means for it (a master stops acknowledging once its lease
 can no longer be renewed; a slave does not campaign).
+
+TLS (`etcds://HOST:PORT` or `https://`): the server's certificate is verified against
+`ca_file` (else the system's CAs) and its name against HOST; with `cert_file` and
+`key_file` the client presents its certificate, as an etcd started with
+`--client-cert-auth` demands (etcd's recommended way to authenticate its clients). A
+refused handshake is `CoordinatorUnavailable` with the reason.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import ssl
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -61,14 +68,41 @@ class Put:
     lease: int = 0
 
 
+PLAIN_SCHEMES = ("etcd", "http")
+TLS_SCHEMES = ("etcds", "https")
+
+
 def parse_endpoint(url: str) -> tuple[str, int]:
-    """`etcd://HOST:PORT` or `http://HOST:PORT` -> (HOST, PORT); ValueError otherwise."""
+    """`etcd://HOST:PORT` (or `http://`), `etcds://HOST:PORT` (or `https://`, TLS) ->
+    (HOST, PORT); ValueError otherwise."""
     parts = urlsplit(url)
-    if parts.scheme not in ("etcd", "http") or not parts.hostname or parts.port is None:
-        raise ValueError(f"{url!r} is not etcd://HOST:PORT")
+    schemes = PLAIN_SCHEMES + TLS_SCHEMES
+    if parts.scheme not in schemes or not parts.hostname or parts.port is None:
+        raise ValueError(f"{url!r} is not etcd://HOST:PORT or etcds://HOST:PORT")
     if parts.path not in ("", "/"):
         raise ValueError(f"{url!r}: no path after HOST:PORT")
     return parts.hostname, parts.port
+
+
+def uses_tls(url: str) -> bool:
+    return urlsplit(url).scheme in TLS_SCHEMES
+
+
+def tls_context(
+    ca_file: str | None = None, cert_file: str | None = None, key_file: str | None = None
+) -> ssl.SSLContext:
+    """The client's TLS context: etcd's certificate verified against `ca_file` (else the
+    system's CAs), this client's own certificate presented when given. ValueError for a
+    file that cannot be read or a certificate without its key."""
+    if (cert_file is None) != (key_file is None):
+        raise ValueError("a client certificate needs its key, and a key its certificate")
+    try:
+        context = ssl.create_default_context(cafile=ca_file)
+        if cert_file is not None:
+            context.load_cert_chain(cert_file, key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"cannot load the coordinator's TLS files: {exc}") from None
+    return context
 
 
 def _b64(data: bytes) -> str:
@@ -82,16 +116,44 @@ def _unb64(text: str | None) -> bytes:
 class EtcdClient:
     """etcd's KV and lease calls (see the module docstring)."""
 
-    def __init__(self, host: str, port: int, *, timeout_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        timeout_s: float = 1.0,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.host = host
         self.port = port
         self.timeout_s = timeout_s
+        self.tls = tls
         self._local = threading.local()
 
     @classmethod
-    def from_url(cls, url: str, *, timeout_s: float = 1.0) -> EtcdClient:
+    def from_url(
+        cls,
+        url: str,
+        *,
+        timeout_s: float = 1.0,
+        ca_file: str | None = None,
+        cert_file: str | None = None,
+        key_file: str | None = None,
+    ) -> EtcdClient:
+        """A client of the etcd at `url`; TLS files only with `etcds://` (ValueError)."""
         host, port = parse_endpoint(url)
-        return cls(host, port, timeout_s=timeout_s)
+        if not uses_tls(url):
+            if ca_file or cert_file or key_file:
+                raise ValueError(f"TLS files given for a plaintext coordinator {url!r}")
+            return cls(host, port, timeout_s=timeout_s)
+        return cls(host, port, timeout_s=timeout_s, tls=tls_context(ca_file, cert_file, key_file))
+
+    def _connect(self) -> http.client.HTTPConnection:
+        if self.tls is None:
+            return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+        return http.client.HTTPSConnection(
+            self.host, self.port, timeout=self.timeout_s, context=self.tls
+        )
 
     def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         data = json.dumps(body).encode()
@@ -101,7 +163,7 @@ class EtcdClient:
             if conn is None or fresh:
                 if conn is not None:
                     conn.close()
-                conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+                conn = self._connect()
                 self._local.conn = conn
             try:
                 conn.request("POST", path, data, {"Content-Type": "application/json"})

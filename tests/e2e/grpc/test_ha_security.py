@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 
 import reliable
+from bench._tls import self_signed
 from reliable import Message, Producer
 from tests.e2e.grpc import official
 from tests.e2e.grpc.server_process import ServerProcess, admin_json, stored_records
-from tests.e2e.grpc.test_security import self_signed
 
 FIXED = struct.Struct(">4sBBqiiq")  # magic, version, kind, offset, broker id, epoch, start
 FRAME = struct.Struct(">qI")

@@ -13,36 +13,10 @@ from pathlib import Path
 import pytest
 
 import reliable
+from bench._tls import self_signed
 from reliable import Message, Producer, SimpleConsumer
 from tests.e2e.grpc import official
 from tests.e2e.grpc.server_process import REPO, ServerProcess
-
-
-def self_signed(directory: Path) -> tuple[Path, Path]:
-    cert, key = directory / "cert.pem", directory / "key.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-            "-subj",
-            "/CN=localhost",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1,DNS:localhost",
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return cert, key
 
 
 def test_tls_with_official_client_and_grpc_transport(

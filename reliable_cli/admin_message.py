@@ -54,7 +54,16 @@ def register(
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     verbs = message.add_subparsers(dest="verb", metavar="<query|trace|send|reconsume>")
+    _add_query(verbs, target)
+    _add_trace(verbs, target)
+    _add_send(verbs, target)
+    _add_reconsume(verbs, target)
+    _add_topic_status(topic_verbs, target)
+    return message
 
+
+def _add_query(verbs: Any, target: Callable[[argparse.ArgumentParser], None]) -> None:
+    """`message query`: find messages by id, key, unique key, queue offset or time."""
     q = verbs.add_parser(
         "query",
         help="find messages by id, key, unique key, queue offset or time",
@@ -102,6 +111,9 @@ def register(
     target(q)
     q.set_defaults(handler=_handler(_query))
 
+
+def _add_trace(verbs: Any, target: Callable[[argparse.ArgumentParser], None]) -> None:
+    """`message trace`: one business message's records and deliveries, in time order."""
     t = verbs.add_parser(
         "trace",
         help="everything known about one business message, in time order",
@@ -134,6 +146,9 @@ def register(
     target(t)
     t.set_defaults(handler=_handler(_trace))
 
+
+def _add_send(verbs: Any, target: Callable[[argparse.ArgumentParser], None]) -> None:
+    """`message send`: store one message as a producer would."""
     s = verbs.add_parser(
         "send",
         help="store one message (mqadmin sendMessage)",
@@ -157,6 +172,9 @@ def register(
     target(s)
     s.set_defaults(handler=_handler(_send))
 
+
+def _add_reconsume(verbs: Any, target: Callable[[argparse.ArgumentParser], None]) -> None:
+    """`message reconsume`: deliver one stored message to a group again."""
     r = verbs.add_parser(
         "reconsume",
         help="deliver one stored message to a group again",
@@ -195,13 +213,15 @@ def register(
     target(r)
     r.set_defaults(handler=_handler(_reconsume))
 
+
+def _add_topic_status(topic_verbs: Any, target: Callable[[argparse.ArgumentParser], None]) -> None:
+    """`topic status`: per queue, its offsets and last store time."""
     st = topic_verbs.add_parser(
         "status", help="per queue: min/max offset, last store time (mqadmin topicStatus)"
     )
     st.add_argument("name")
     target(st)
     st.set_defaults(handler=_handler(_topic_status))
-    return message
 
 
 def parse_time(value: str, *, now_ms: int | None = None) -> int:

@@ -197,10 +197,25 @@ def outbox_trace(
 
 
 def _read(conn: Any, tables: Any, key: str, message_ids: list[str]) -> dict[str, Any]:
+    """The outbox's rows about the message (its stubs, consumption-log and confirmation
+    rows), each as a document, and the events they record."""
+    ids = set(message_ids) | {key}
+    stubs = _matching_stubs(conn, tables.stub, key, ids)
+    ids |= {r["message_id"] for r in stubs}
+    logs = _rows_about(conn, tables.consumption_log, ids)
+    confs = _rows_about(conn, tables.confirmation, ids)
+    return {
+        "stubs": [_stub_doc(r) for r in stubs],
+        "consumption_log": [_log_doc(r) for r in logs],
+        "confirmations": [_confirmation_doc(r) for r in confs],
+        "events": [*_stub_events(stubs), *_log_events(logs), *_confirmation_events(confs)],
+    }
+
+
+def _matching_stubs(conn: Any, stub: Any, key: str, ids: set[str]) -> list[Any]:
+    """The stubs with one of the message ids, or with `key` among their keys."""
     import sqlalchemy as sa
 
-    stub, log, conf = tables.stub, tables.consumption_log, tables.confirmation
-    ids = set(message_ids) | {key}
     like = key.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
     rows = (
         conn.execute(
@@ -214,10 +229,18 @@ def _read(conn: Any, tables: Any, key: str, message_ids: list[str]) -> dict[str,
         .mappings()
         .all()
     )
-    stubs = [r for r in rows if r["message_id"] in ids or key in (r["keys"] or "").split()]
-    ids |= {r["message_id"] for r in stubs}
-    logs = conn.execute(sa.select(log).where(log.c.message_id.in_(sorted(ids)))).mappings().all()
-    confs = conn.execute(sa.select(conf).where(conf.c.message_id.in_(sorted(ids)))).mappings().all()
+    return [r for r in rows if r["message_id"] in ids or key in (r["keys"] or "").split()]
+
+
+def _rows_about(conn: Any, table: Any, ids: set[str]) -> list[Any]:
+    import sqlalchemy as sa
+
+    return list(
+        conn.execute(sa.select(table).where(table.c.message_id.in_(sorted(ids)))).mappings().all()
+    )
+
+
+def _stub_events(stubs: list[Any]) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     for r in stubs:
         mid = r["message_id"]
@@ -250,6 +273,11 @@ def _read(conn: Any, tables: Any, key: str, message_ids: list[str]) -> dict[str,
                     message_id=mid,
                 )
             )
+    return events
+
+
+def _log_events(logs: list[Any]) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
     for r in logs:
         events.append(
             _event(
@@ -273,6 +301,11 @@ def _read(conn: Any, tables: Any, key: str, message_ids: list[str]) -> dict[str,
                     message_id=r["message_id"],
                 )
             )
+    return events
+
+
+def _confirmation_events(confs: list[Any]) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
     for r in confs:
         events.append(
             _event(
@@ -284,51 +317,52 @@ def _read(conn: Any, tables: Any, key: str, message_ids: list[str]) -> dict[str,
                 message_id=r["message_id"],
             )
         )
+    return events
+
+
+def _stub_doc(r: Any) -> dict[str, Any]:
+    """A stub row as the trace document shows it."""
     return {
-        "stubs": [
-            {
-                "message_id": r["message_id"],
-                "topic": r["topic"],
-                "tags": r["tags"],
-                "keys": (r["keys"] or "").split(),
-                "status": r["status"],
-                "send_count": r["send_count"],
-                "max_sends": r["max_sends"],
-                "last_error": r["last_error"],
-                "queue_id": r["queue_id"],
-                "queue_offset": r["queue_offset"],
-                "broker_msg_id": r["broker_msg_id"],
-                "expected_groups": [g for g in (r["expected_groups"] or "").split(",") if g],
-                "created_at": _iso(r["created_at"]),
-                "updated_at": _iso(r["updated_at"]),
-                "next_resend_at": _iso(r["next_resend_at"]),
-                "escalated_at": _iso(r["escalated_at"]),
-            }
-            for r in stubs
-        ],
-        "consumption_log": [
-            {
-                "message_id": r["message_id"],
-                "group": r["consumer_group"],
-                "topic": r["topic"],
-                "queue_id": r["queue_id"],
-                "queue_offset": r["queue_offset"],
-                "created_at": _iso(r["created_at"]),
-                "dead_lettered_at": _iso(r["dead_lettered_at"]),
-            }
-            for r in logs
-        ],
-        "confirmations": [
-            {
-                "message_id": r["message_id"],
-                "group": r["consumer_group"],
-                "topic": r["topic"],
-                "outcome": r["outcome"],
-                "confirmed_at": _iso(r["confirmed_at"]),
-            }
-            for r in confs
-        ],
-        "events": events,
+        "message_id": r["message_id"],
+        "topic": r["topic"],
+        "tags": r["tags"],
+        "keys": (r["keys"] or "").split(),
+        "status": r["status"],
+        "send_count": r["send_count"],
+        "max_sends": r["max_sends"],
+        "last_error": r["last_error"],
+        "queue_id": r["queue_id"],
+        "queue_offset": r["queue_offset"],
+        "broker_msg_id": r["broker_msg_id"],
+        "expected_groups": [g for g in (r["expected_groups"] or "").split(",") if g],
+        "created_at": _iso(r["created_at"]),
+        "updated_at": _iso(r["updated_at"]),
+        "next_resend_at": _iso(r["next_resend_at"]),
+        "escalated_at": _iso(r["escalated_at"]),
+    }
+
+
+def _log_doc(r: Any) -> dict[str, Any]:
+    """A consumption-log row as the trace document shows it."""
+    return {
+        "message_id": r["message_id"],
+        "group": r["consumer_group"],
+        "topic": r["topic"],
+        "queue_id": r["queue_id"],
+        "queue_offset": r["queue_offset"],
+        "created_at": _iso(r["created_at"]),
+        "dead_lettered_at": _iso(r["dead_lettered_at"]),
+    }
+
+
+def _confirmation_doc(r: Any) -> dict[str, Any]:
+    """A confirmation row as the trace document shows it."""
+    return {
+        "message_id": r["message_id"],
+        "group": r["consumer_group"],
+        "topic": r["topic"],
+        "outcome": r["outcome"],
+        "confirmed_at": _iso(r["confirmed_at"]),
     }
 
 

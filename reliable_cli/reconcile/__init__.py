@@ -96,6 +96,15 @@ def exit_code_of(result: ReconcileResult) -> ExitCode:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    _add_source(p)
+    _add_spark(p)
+    _add_window(p)
+    _add_output(p)
+    _add_repair(p)
+
+
+def _add_source(p: argparse.ArgumentParser) -> None:
+    """Where the tables are read from, and the broker's offsets and queue bounds."""
     src = p.add_argument_group("source")
     one = src.add_mutually_exclusive_group(required=True)
     one.add_argument(
@@ -127,6 +136,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "table:NAME, or grpc:HOST:PORT (asked live); an unconfirmed stub "
         "at/after its queue's max offset is then lost, not backlogged",
     )
+
+
+def _add_spark(p: argparse.ArgumentParser) -> None:
+    """The Spark session and how the tables are partitioned."""
     spark = p.add_argument_group("spark")
     spark.add_argument(
         "--master",
@@ -157,6 +170,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="K=V",
         help="extra Spark setting (repeatable)",
     )
+
+
+def _add_window(p: argparse.ArgumentParser) -> None:
+    """The certificate's window, and when a stub counts as lost."""
     win = p.add_argument_group("window and verdicts")
     win.add_argument(
         "--since",
@@ -188,6 +205,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="GROUP=SECONDS",
         help="the expected latency of one group (repeatable)",
     )
+
+
+def _add_output(p: argparse.ArgumentParser) -> None:
+    """The summary and the detail rows."""
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the JSON summary")
     out.add_argument(
@@ -211,6 +232,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     out.add_argument(
         "--report-all", action="store_true", help="detail rows for confirmed and void stubs too"
     )
+
+
+def _add_repair(p: argparse.ArgumentParser) -> None:
+    """Repairing what the run found."""
     rep = p.add_argument_group("repair")
     rep.add_argument(
         "--repair",

@@ -22,6 +22,7 @@ import sys
 import threading
 import urllib.parse
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from reliable_cli import observe
@@ -162,44 +163,104 @@ class _AllNotifiers:
 
 
 def _resend(args: argparse.Namespace) -> int:
-    import sqlalchemy as sa
-
-    from outbox.latency import ExpectedLatency
-    from outbox.models import OutboxTables
-    from outbox.schema import TablesMissing, require_tables
-    from outbox.worker import ResendPolicy, ResendWorker, describe
-
-    if args.batch_size < 1 or args.interval < 0:
-        print(
-            "reliable worker resend: --batch-size must be >= 1 and --interval >= 0", file=sys.stderr
-        )
-        return ExitCode.USAGE
-    from broker.store.errors import StoreLocked
-    from outbox.database import DatabaseUrlError, create_engine
+    from reliable_cli.admin_call import CommandFailed
 
     try:
-        sender = load_target(args.sender, method="send")
-        offsets = load_target(args.offsets, method="committed_offset") if args.offsets else None
-        bounds = load_target(args.bounds, method="max_offset") if args.bounds else None
-        notifier = _notifier(args.notify)
-        latency = ExpectedLatency.parse(args.expected_latency, args.group_latency)
-    except StoreLocked as exc:  # a wiring module that starts an embedded producer on import
-        print(f"reliable worker resend: {_embedded_store_held(exc)}", file=sys.stderr)
-        return ExitCode.USAGE
-    except (TargetError, ValueError) as exc:
+        return _run_resend(args)
+    except CommandFailed as exc:
         print(f"reliable worker resend: {exc}", file=sys.stderr)
-        return ExitCode.USAGE
+        return exc.exit_code
+
+
+def _run_resend(args: argparse.Namespace) -> int:
+    """Load what the command names, open the database, start the sender and what else
+    needs starting, then resend (once, or until a signal); stop and close them all."""
+    from outbox.worker import ResendPolicy, ResendWorker
+
+    parts = _load_parts(args)
+    engine = _open_database(args)
+    stops: list[Callable[[], None]] = []
+    try:
+        tables = _prepared_tables(args, engine)
+        stops = _start_all(args, _distinct(parts.sender, parts.offsets, parts.bounds))
+        worker = ResendWorker(
+            engine,
+            tables,
+            parts.sender,
+            offsets=parts.offsets if parts.offsets is not None else _offsets_of(parts.sender),
+            bounds=parts.bounds,
+            notifier=parts.notifier,
+            policy=ResendPolicy(batch_size=args.batch_size, expected_latency=parts.latency),
+        )
+        return _serve(args, engine, tables, worker)
+    finally:
+        _stop_all(stops)
+        engine.dispose()
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """What the command line names: the sender, the offset and bounds sources, the
+    escalation notifier and the expected latencies."""
+
+    sender: Any
+    offsets: Any
+    bounds: Any
+    notifier: Any
+    latency: Any
+
+
+def _load_parts(args: argparse.Namespace) -> _Parts:
+    from broker.store.errors import StoreLocked
+    from outbox.latency import ExpectedLatency
+    from reliable_cli.admin_call import CommandFailed
+
+    if args.batch_size < 1 or args.interval < 0:
+        raise CommandFailed("--batch-size must be >= 1 and --interval >= 0", ExitCode.USAGE)
+    try:
+        return _Parts(
+            sender=load_target(args.sender, method="send"),
+            offsets=load_target(args.offsets, method="committed_offset") if args.offsets else None,
+            bounds=load_target(args.bounds, method="max_offset") if args.bounds else None,
+            notifier=_notifier(args.notify),
+            latency=ExpectedLatency.parse(args.expected_latency, args.group_latency),
+        )
+    except StoreLocked as exc:  # a wiring module that starts an embedded producer on import
+        raise CommandFailed(_embedded_store_held(exc), ExitCode.USAGE) from None
+    except (TargetError, ValueError) as exc:
+        raise CommandFailed(str(exc), ExitCode.USAGE) from None
+
+
+def _open_database(args: argparse.Namespace) -> Any:
+    """The engine of --db, once a query went through."""
+    import sqlalchemy as sa
+
+    from outbox.database import DatabaseUrlError, create_engine
+    from reliable_cli.admin_call import CommandFailed
+
     try:
         engine = create_engine(args.db, pool_pre_ping=True)
     except DatabaseUrlError as exc:
-        print(f"reliable worker resend: --db {exc}", file=sys.stderr)
-        return ExitCode.USAGE
+        raise CommandFailed(f"--db {exc}", ExitCode.USAGE) from None
     try:
         with engine.connect() as conn:
             conn.execute(sa.text("select 1"))
     except (sa.exc.SQLAlchemyError, ImportError) as exc:
-        print(f"reliable worker resend: database unavailable: {_first_line(exc)}", file=sys.stderr)
-        return ExitCode.UNAVAILABLE
+        raise CommandFailed(
+            f"database unavailable: {_first_line(exc)}", ExitCode.UNAVAILABLE
+        ) from None
+    return engine
+
+
+def _prepared_tables(args: argparse.Namespace, engine: Any) -> Any:
+    """The outbox tables, created or updated first with --ensure-schema; refused when
+    they are missing."""
+    import sqlalchemy as sa
+
+    from outbox.models import OutboxTables
+    from outbox.schema import TablesMissing, require_tables
+    from reliable_cli.admin_call import CommandFailed
+
     tables = OutboxTables(prefix=args.table_prefix, schema=args.schema)
     if args.ensure_schema:
         from outbox.schema import SchemaMismatch, ensure_schema
@@ -207,8 +268,7 @@ def _resend(args: argparse.Namespace) -> int:
         try:
             report = ensure_schema(engine, tables)
         except SchemaMismatch as exc:
-            print(f"reliable worker resend: {exc}", file=sys.stderr)
-            return ExitCode.FAILURE
+            raise CommandFailed(str(exc), ExitCode.FAILURE) from None
         if report.changed:
             log.warning(
                 "schema updated: tables %s, columns %s, indexes %s",
@@ -219,41 +279,41 @@ def _resend(args: argparse.Namespace) -> int:
     try:
         require_tables(engine, tables)
     except TablesMissing as exc:
-        print(f"reliable worker resend: {exc}", file=sys.stderr)
-        engine.dispose()
-        return ExitCode.FAILURE
+        raise CommandFailed(str(exc), ExitCode.FAILURE) from None
     except sa.exc.SQLAlchemyError as exc:
-        print(f"reliable worker resend: database unavailable: {_first_line(exc)}", file=sys.stderr)
-        engine.dispose()
-        return ExitCode.UNAVAILABLE
+        raise CommandFailed(
+            f"database unavailable: {_first_line(exc)}", ExitCode.UNAVAILABLE
+        ) from None
+    return tables
+
+
+def _start_all(args: argparse.Namespace, targets: list[Any]) -> list[Callable[[], None]]:
+    """Start each target that needs starting; on a failure, stop those started."""
+    from broker.store.errors import StoreLocked
+    from reliable_cli.admin_call import CommandFailed
+
     stops: list[Callable[[], None]] = []
     try:
-        for target in _distinct(sender, offsets, bounds):
+        for target in targets:
             stops.extend(_start(target))
     except StoreLocked as exc:
-        print(f"reliable worker resend: {_embedded_store_held(exc)}", file=sys.stderr)
         _stop_all(stops)
-        engine.dispose()
-        return ExitCode.USAGE
+        raise CommandFailed(_embedded_store_held(exc), ExitCode.USAGE) from None
     except Exception as exc:
-        print(
-            f"reliable worker resend: cannot start {args.sender}: {_first_line(exc)}",
-            file=sys.stderr,
-        )
         _stop_all(stops)
-        engine.dispose()
-        return ExitCode.USAGE
-    if offsets is None:
-        offsets = _offsets_of(sender)
-    worker = ResendWorker(
-        engine,
-        tables,
-        sender,
-        offsets=offsets,
-        bounds=bounds,
-        notifier=notifier,
-        policy=ResendPolicy(batch_size=args.batch_size, expected_latency=latency),
-    )
+        raise CommandFailed(
+            f"cannot start {args.sender}: {_first_line(exc)}", ExitCode.USAGE
+        ) from None
+    return stops
+
+
+def _serve(args: argparse.Namespace, engine: Any, tables: Any, worker: Any) -> int:
+    """Resend once (--once) or until SIGTERM/SIGINT, printing events, with the metrics
+    endpoint up meanwhile."""
+    import sqlalchemy as sa
+
+    from outbox.worker import describe
+    from reliable_cli.admin_call import CommandFailed
 
     def emit(kind: str, metrics: Any) -> None:
         if args.json:
@@ -267,26 +327,20 @@ def _resend(args: argparse.Namespace) -> int:
     try:
         endpoint = _metrics_endpoint(args, engine, tables, worker, stop)
     except OSError as exc:
-        print(
-            f"reliable worker resend: cannot serve metrics on {args.metrics_host}:"
-            f"{args.metrics_port}: {exc}",
-            file=sys.stderr,
-        )
-        _stop_all(stops)
-        engine.dispose()
-        return ExitCode.UNAVAILABLE
+        raise CommandFailed(
+            f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {exc}",
+            ExitCode.UNAVAILABLE,
+        ) from None
     try:
         if args.once:
             result = worker.run_once()
             emit("done", result)
             if result.errors:
-                print(
-                    f"reliable worker resend: {result.errors} of {result.selected} stubs "
-                    "failed this pass (each keeps its last_error: reliable outbox list "
-                    "--status UNCONFIRMED)",
-                    file=sys.stderr,
+                raise CommandFailed(
+                    f"{result.errors} of {result.selected} stubs failed this pass (each keeps "
+                    "its last_error: reliable outbox list --status UNCONFIRMED)",
+                    ExitCode.FAILURE,
                 )
-                return ExitCode.FAILURE
             return ExitCode.OK
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
@@ -302,13 +356,12 @@ def _resend(args: argparse.Namespace) -> int:
         emit("stopped", worker.metrics)
         return ExitCode.OK
     except sa.exc.OperationalError as exc:
-        print(f"reliable worker resend: database unavailable: {_first_line(exc)}", file=sys.stderr)
-        return ExitCode.UNAVAILABLE
+        raise CommandFailed(
+            f"database unavailable: {_first_line(exc)}", ExitCode.UNAVAILABLE
+        ) from None
     finally:
         if endpoint is not None:
             endpoint.stop()
-        _stop_all(stops)
-        engine.dispose()
 
 
 def _offsets_of(sender: Any) -> Any:

@@ -10,7 +10,9 @@ How the rows are picked depends on what the database offers (capabilities, not d
 checks scattered through the worker):
 
 - `SKIP_LOCKED` (PostgreSQL, MySQL 8, MariaDB 10.6+): `SELECT ... FOR UPDATE SKIP LOCKED`,
-  so concurrent workers take disjoint batches without waiting for each other.
+  so concurrent workers take disjoint batches without waiting for each other. Where the
+  database has `UPDATE ... RETURNING` (PostgreSQL), the pick is a subquery of the stamping
+  UPDATE, which returns the claimed rows: one statement.
 - `FOR_UPDATE` (older MariaDB/MySQL): plain `FOR UPDATE`; a second worker waits, then sees
   the pushed `next_resend_at` and skips those rows.
 - `ATOMIC_UPDATE` (SQLite: one writer at a time): a single
@@ -82,6 +84,22 @@ def claim_batch(
         .limit(limit)
     )
     stamp = {"claimed_by": token, "next_resend_at": until}
+    if strategy is not ClaimStrategy.ATOMIC_UPDATE and conn.dialect.update_returning:
+        # PostgreSQL: pick, lock, stamp and read back in one statement (the queue idiom
+        # `UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING`): one round
+        # trip and one pass over the due rows instead of three
+        locked = picked.with_for_update(skip_locked=strategy is ClaimStrategy.SKIP_LOCKED)
+        claimed = (
+            conn.execute(
+                update(stub)
+                .where(stub.c.id.in_(locked.scalar_subquery()))
+                .values(**stamp)
+                .returning(*stub.c)
+            )
+            .mappings()
+            .all()
+        )
+        return sorted(claimed, key=lambda row: row["id"])
     if strategy is ClaimStrategy.ATOMIC_UPDATE:
         conn.execute(update(stub).where(stub.c.id.in_(picked.scalar_subquery())).values(**stamp))
     else:

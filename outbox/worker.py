@@ -34,6 +34,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from typing import Any
@@ -42,7 +43,7 @@ import tenacity
 from sqlalchemy import Engine, bindparam, or_, select, update
 from sqlalchemy.engine import RowMapping
 
-from outbox.claim import ClaimStrategy, claim_batch
+from outbox.claim import ClaimStrategy, claim_batch, strategy_for
 from outbox.errors import REFUSED_PREFIX, is_permanent
 from outbox.latency import ExpectedLatency
 from outbox.models import OutboxTables, StubStatus
@@ -130,6 +131,15 @@ class _Plan:
 
     row: RowMapping
     values: dict[str, Any]
+    # a whole-topic resend in flight (`send_async`): settled before finalising
+    pending: _InFlight | None = None
+
+
+@dataclass
+class _InFlight:
+    future: Future[Any]
+    lost: list[str]
+    attempt: int
 
 
 class ResendWorker:
@@ -216,6 +226,9 @@ class ResendWorker:
                 )
                 for row in rows
             ]
+            # the batch's whole-topic resends went out together (pipelined); their
+            # receipts now, in claim order
+            plans = [self._settle(plan, result) if plan.pending else plan for plan in plans]
             self._finalise(plans, token)
         self.metrics.add(result)
         return result
@@ -328,6 +341,10 @@ class ResendWorker:
             # the broker may refuse per-group resends (an Apache RocketMQ proxy): then the
             # whole topic; the groups that had it get a copy their idempotency guard absorbs
             fallback = not to_topic and (per_group := self._per_group()) is False
+            send_async = getattr(self.sender, "send_async", None)
+            if to_topic and callable(send_async):
+                # in flight with the rest of the batch; `_settle` writes its receipt
+                return _Plan(row, values, _InFlight(send_async(message), lost, attempt))
             if to_topic or fallback:
                 receipt = self.sender.send(message)
                 values.update(
@@ -372,6 +389,36 @@ class ResendWorker:
                 next_resend_at=self.clock() + self.policy.delay(self.policy.backoff, attempt),
             )
         values["group_positions"] = json.dumps(positions, sort_keys=True) if positions else None
+        return _Plan(row, values)
+
+    def _settle(self, plan: _Plan, result: Metrics) -> _Plan:
+        """The receipt (or failure) of a whole-topic resend sent with `send_async`:
+        the same values `_resend` writes for a send it waited for."""
+        assert plan.pending is not None
+        row, values, pending = plan.row, dict(plan.values), plan.pending
+        try:
+            receipt = pending.future.result()
+        except Exception as exc:
+            if is_permanent(exc):
+                return self._refused(row, pending.lost, exc, pending.attempt, result)
+            result.errors += 1
+            log.warning("resend of %s failed: %s", row["message_id"], exc)
+            values.update(
+                last_error=f"{type(exc).__name__}: {exc}"[:2000],
+                next_resend_at=self.clock()
+                + self.policy.delay(self.policy.error_backoff, pending.attempt),
+            )
+        else:
+            result.resent += 1
+            values.update(
+                queue_id=receipt.queue_id,
+                queue_offset=receipt.queue_offset,
+                broker_msg_id=receipt.offset_msg_id,
+                last_error=None,
+                next_resend_at=self.clock()
+                + self.policy.delay(self.policy.backoff, pending.attempt),
+            )
+        values["group_positions"] = None  # a copy to the whole topic: one position again
         return _Plan(row, values)
 
     def _per_group(self) -> bool | None:
@@ -448,21 +495,43 @@ class ResendWorker:
         return _Plan(row, {"escalated_at": self.clock()})
 
     def _finalise(self, plans: list[_Plan], token: str) -> None:
+        """Write every plan, in one transaction, on the rows still claimed by `token`.
+
+        The claim is checked once for the batch (`SELECT ... FOR UPDATE` of the batch's ids
+        still carrying the token: the rows stay ours until the commit); each row is then
+        updated by its primary key alone. Checking the token in every row's UPDATE let the
+        planner pick the claim index, whose entries for one token are the whole batch: a
+        scan of the batch per row, quadratic in the batch size."""
         stub = self.tables.stub
         now = self.clock()
-        groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
-        for plan in plans:
-            values = {**plan.values, "claimed_by": None, "updated_at": now}
-            params = {f"v_{k}": v for k, v in values.items()}
-            params["b_id"] = plan.row["id"]
-            groups.setdefault(tuple(sorted(values)), []).append(params)
         with self.engine.begin() as conn:
+            ours = set(
+                conn.execute(
+                    select(stub.c.id)
+                    .where(stub.c.id.in_([plan.row["id"] for plan in plans]))
+                    .where(stub.c.claimed_by == token)
+                    .with_for_update()
+                ).scalars()
+            )
+            groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+            for plan in plans:
+                if plan.row["id"] not in ours:
+                    continue  # the claim expired and another worker took the row
+                values = {**plan.values, "claimed_by": None, "updated_at": now}
+                params = {f"v_{k}": v for k, v in values.items()}
+                params["b_id"] = plan.row["id"]
+                groups.setdefault(tuple(sorted(values)), []).append(params)
+            # without row locks (SQLite: one writer, no FOR UPDATE) the token is checked
+            # again in each UPDATE; there the primary key is always the row's lookup
+            recheck = (self.claim or strategy_for(conn)) is ClaimStrategy.ATOMIC_UPDATE
             for keys, batch in groups.items():
                 stmt = (
                     update(stub)
-                    .where(stub.c.id == bindparam("b_id"), stub.c.claimed_by == token)
+                    .where(stub.c.id == bindparam("b_id"))
                     .values({k: bindparam(f"v_{k}") for k in keys})
                 )
+                if recheck:
+                    stmt = stmt.where(stub.c.claimed_by == token)
                 conn.execute(stmt, batch)
 
 

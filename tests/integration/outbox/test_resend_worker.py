@@ -333,3 +333,49 @@ def test_polling_outbox_leaves_every_send_to_the_worker(
     assert sender.counts() == {}  # the commits did not wait for the broker
     result = _worker(engine, tables, sender, clock, offsets).run_once()  # due at once
     assert result.resent == 4 and sender.counts() == dict.fromkeys(ids, 1)
+
+
+class PipelinedSender:
+    """A sender offering `send_async` (as `reliable.Producer` does): the worker sends a
+    batch's whole-topic resends together, then settles each. Ids in `refuse` fail."""
+
+    def __init__(self, inner, refuse: set[str]) -> None:  # type: ignore[no-untyped-def]
+        self.inner, self.refuse = inner, refuse
+        self.waited = 0
+
+    def send(self, message: Message):  # type: ignore[no-untyped-def]
+        self.waited += 1
+        return self.inner.send(message)
+
+    def send_async(self, message: Message):  # type: ignore[no-untyped-def]
+        from concurrent.futures import Future
+
+        future: Future[object] = Future()
+        if message.message_id in self.refuse:
+            future.set_exception(ConnectionError("broker unreachable"))
+        else:
+            future.set_result(self.inner.send(message))
+        return future
+
+
+def test_pipelined_resends_settle_each_stub_like_a_waited_send(
+    engine, tables, sender, clock, offsets
+) -> None:
+    declare_groups(engine, tables, TOPIC, ["inventory"])
+    sender.fail_all = True
+    ok, failing = _publish(engine, tables, sender, clock, n=2)
+    sender.fail_all = False
+    pipelined = PipelinedSender(sender, refuse={failing})
+    worker = _worker(engine, tables, pipelined, clock, offsets)
+    clock.advance(seconds=10)
+    result = worker.run_once()
+    assert (result.selected, result.resent, result.errors) == (2, 1, 1)
+    assert pipelined.waited == 0  # both went through send_async
+    assert sender.counts() == {ok: 1}
+    sent, failed = _stub(engine, tables, ok), _stub(engine, tables, failing)
+    assert sent["send_count"] == 2 and sent["queue_offset"] is not None
+    assert sent["last_error"] is None and sent["claimed_by"] is None
+    assert sent["next_resend_at"] == clock.now + timedelta(seconds=120)
+    assert failed["send_count"] == 2 and failed["queue_offset"] is None
+    assert "broker unreachable" in failed["last_error"] and failed["claimed_by"] is None
+    assert failed["next_resend_at"] == clock.now + timedelta(seconds=20)  # error backoff

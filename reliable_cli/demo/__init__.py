@@ -11,8 +11,9 @@ Spark reconciliation certifies that nothing is unaccounted for.
 """
 
 from reliable_cli.demo.faults import ChaoticSender, FaultPlan, FaultRates, OrderFate
-from reliable_cli.demo.flow import DEMO_DELAY_LEVELS, DemoFailed, DemoOptions, Summary, run_demo
+from reliable_cli.demo.flow import DEMO_DELAY_LEVELS, DemoFailed, DemoOptions, run_demo
 from reliable_cli.demo.shop import GROUP, TOPIC, Inventory, Shop
+from reliable_cli.demo.tally import Summary
 
 __all__ = [  # noqa: RUF022 - grouped by purpose
     # running it

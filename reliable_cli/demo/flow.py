@@ -32,7 +32,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -41,13 +41,22 @@ import sqlalchemy as sa
 import tenacity
 
 from idempotency import EventKind, GuardConfig, IdempotencyGuard
-from outbox import Outbox, OutboxConfig, ResendPolicy, ResendWorker, StubStatus
+from outbox import Outbox, OutboxConfig, ResendPolicy, ResendWorker
 from outbox.adapters import TransportOffsets
 from reliable import Producer, connect
 from reliable.naming import retry_topic
 from reliable.transport import Transport
 from reliable_cli.demo.faults import ChaoticSender, FaultPlan, FaultRates
 from reliable_cli.demo.shop import GROUP, TOPIC, Inventory, Shop, counting_listener
+from reliable_cli.demo.tally import (
+    Summary,
+    accounted,
+    behind,
+    check,
+    count,
+    unaccounted_in_db,
+    unsettled,
+)
 from reliable_cli.errors import CommandError
 
 # Short delay levels so retries finish in seconds (RocketMQ's 1s 5s 10s 30s 1m ... in
@@ -71,7 +80,6 @@ CONSUMER_SETTINGS = {
     "receive_long_poll_ms": 1_000,
 }
 INVISIBLE_S = 10.0  # CONSUMER_SETTINGS' invisible time
-UNSETTLED_SHOWN = 10  # stubs a flow that did not settle names
 
 
 # the longest retry ladder the demo waits for (a remote broker's, e.g. RocketMQ's default
@@ -121,49 +129,6 @@ class DemoOptions:
             raise ValueError("--resend-after and --timeout must be positive")
 
 
-@dataclass
-class Summary:
-    """The figures a person checks at the end."""
-
-    seed: int
-    topic: str = TOPIC  # the topic and group this run used (its own, against a shared broker)
-    group: str = GROUP
-    published: int = 0
-    poison: int = 0
-    rolled_back: int = 0
-    consumed_once: int = 0
-    handler_runs: int = 0
-    retried: int = 0
-    dead_lettered: int = 0
-    dropped: int = 0
-    duplicated: int = 0
-    duplicates_absorbed: int = 0
-    resent: int = 0
-    unaccounted: int = 0
-    reconciled: bool = False
-    settled: bool = False
-    elapsed_s: float = 0.0
-    problems: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def lines(self) -> list[str]:
-        return [
-            f"published       {self.published:>6}  orders committed with their message "
-            f"(+{self.poison} poison, {self.rolled_back} rolled back: nothing sent)",
-            f"consumed once   {self.consumed_once:>6}  stock reservations, one per order",
-            f"handler runs    {self.handler_runs:>6}  (duplicates absorbed by the guard: "
-            f"{self.duplicates_absorbed})",
-            f"retried         {self.retried:>6}  messages retried through the delay levels",
-            f"dead-lettered   {self.dead_lettered:>6}  poison messages in %DLQ%{self.group}",
-            f"resent          {self.resent:>6}  by the resend worker ({self.dropped} sends "
-            f"dropped after acknowledgement, {self.duplicated} sent twice)",
-            f"unaccounted     {self.unaccounted:>6}"
-            + ("  (reconciliation's verdict)" if self.reconciled else ""),
-        ]
-
-
 class DemoFailed(CommandError):
     """The demo could not run (a service is unreachable, a bad option)."""
 
@@ -211,6 +176,7 @@ class _Run:
         self.started = time.monotonic()
         self.queue_ends: dict[tuple[str, int], int] = {}  # read before the broker closes
         self.wait_s = options.timeout_s  # how long to wait to settle (see _wait_for_ladder)
+        self.stock_per_sku = 10 * options.orders + 10
 
     # -- set-up ------------------------------------------------------------------------------
     def _engine(self) -> sa.Engine:
@@ -264,7 +230,7 @@ class _Run:
                 f"demo: topic {self.shop.topic}, group {self.shop.group} (this run's own; "
                 "the broker's other topics and groups are not touched)"
             )
-        self.shop.create(engine, stock_per_sku=10 * o.orders + 10)
+        self.shop.create(engine, stock_per_sku=self.stock_per_sku)
         inventory = Inventory(self.shop, engine, self.plan.by_id())
         guard = IdempotencyGuard(
             engine,
@@ -347,12 +313,12 @@ class _Run:
         s.duplicated = len(sender.duplicated)
         s.duplicates_absorbed = guard.stats[EventKind.DUPLICATE]
         s.resent = resender.metrics.resent
-        self._count(engine)
+        count(engine, self.shop, self.plan, s)
         if o.reconcile:
             self._reconcile()
         else:
-            s.unaccounted = self._unaccounted_in_db(engine)
-        self._check(engine, inventory)
+            s.unaccounted = unaccounted_in_db(engine, self.shop)
+        check(engine, self.shop, self.plan, s, initial=self.stock_per_sku)
         engine.dispose()
         s.elapsed_s = round(time.monotonic() - self.started, 1)
         return s
@@ -424,7 +390,7 @@ class _Run:
         next_line = 0.0
         last = ""
         while True:
-            done = self._accounted(engine) >= expected and self._drained(offsets)
+            done = accounted(engine, self.shop) >= expected and self._drained(offsets)
             now = time.monotonic()
             if done or now >= deadline or now >= next_line:
                 line = self._progress(
@@ -439,93 +405,10 @@ class _Run:
                 return True
             if now >= deadline:
                 self.summary.problems.append(f"the flow did not settle within {wait_s:.0f} s")
-                for line in self._unsettled(engine, offsets):
+                for line in unsettled(engine, self.shop, offsets):
                     self.say(line)
                 return False
             time.sleep(0.2)
-
-    def _unsettled(self, engine: sa.Engine, offsets: TransportOffsets | None) -> list[str]:
-        """What a flow that did not settle left behind: each stub neither confirmed nor
-        dead-lettered (its sends, where its last send landed, the group's log row), and each
-        queue the group has not consumed to its end."""
-        t = self.shop.tables
-        log = t.consumption_log
-        with engine.connect() as conn:
-            stubs = conn.execute(
-                sa.select(
-                    t.stub.c.message_id,
-                    t.stub.c.status,
-                    t.stub.c.send_count,
-                    t.stub.c.queue_id,
-                    t.stub.c.queue_offset,
-                    t.stub.c.last_error,
-                    log.c.topic,
-                    log.c.queue_id.label("log_queue"),
-                    log.c.queue_offset.label("log_offset"),
-                    log.c.lease_until,
-                    log.c.dead_lettered_at,
-                )
-                .select_from(
-                    t.stub.outerjoin(
-                        log,
-                        sa.and_(
-                            log.c.message_id == t.stub.c.message_id,
-                            log.c.consumer_group == self.shop.group,
-                        ),
-                    )
-                )
-                .where(
-                    t.stub.c.status != StubStatus.CONFIRMED.value,
-                    log.c.dead_lettered_at.is_(None),
-                )
-                .order_by(t.stub.c.created_at)
-                .limit(UNSETTLED_SHOWN + 1)
-            ).all()
-        lines = []
-        for r in stubs[:UNSETTLED_SHOWN]:
-            landed = (
-                f"queue {r.queue_id} offset {r.queue_offset}"
-                if r.queue_id is not None
-                else "no send recorded"
-            )
-            seen = (
-                f"in the log at {r.topic} queue {r.log_queue} offset {r.log_offset}"
-                f" (lease until {r.lease_until})"
-                if r.log_queue is not None
-                else "never in the group's log"
-            )
-            error = f"; last error: {r.last_error}" if r.last_error else ""
-            lines.append(
-                f"unsettled: message {r.message_id}: stub {r.status}, {r.send_count} send(s), "
-                f"last to {landed}; {seen}{error}"
-            )
-        if len(stubs) > UNSETTLED_SHOWN:
-            lines.append(f"unsettled: ... and more (the first {UNSETTLED_SHOWN} shown)")
-        for topic, queue, end, done in _behind(offsets, self.shop.topic, self.shop.group):
-            lines.append(
-                f"unsettled: {topic} queue {queue}: {end} message(s), the group "
-                f"committed {done if done is not None else 'nothing'}"
-            )
-        return lines
-
-    def _accounted(self, engine: sa.Engine) -> int:
-        """Stubs confirmed by the inventory group or held in its DLQ."""
-        t = self.shop.tables
-        with engine.connect() as conn:
-            confirmed = conn.execute(
-                sa.select(sa.func.count())
-                .select_from(t.stub)
-                .where(t.stub.c.status == StubStatus.CONFIRMED.value)
-            ).scalar_one()
-            dead = conn.execute(
-                sa.select(sa.func.count())
-                .select_from(t.consumption_log)
-                .where(
-                    t.consumption_log.c.consumer_group == self.shop.group,
-                    t.consumption_log.c.dead_lettered_at.is_not(None),
-                )
-            ).scalar_one()
-        return int(confirmed) + int(dead)
 
     def _queue_ends(self, offsets: TransportOffsets | None) -> dict[tuple[str, int], int]:
         """The broker's max offset of each queue (topic and retry topic), read before the
@@ -543,7 +426,7 @@ class _Run:
     def _drained(self, offsets: TransportOffsets | None) -> bool:
         """Every queue of the topic and of the group's retry topic consumed to its end (so
         late duplicates were delivered too); unknown on a remote broker: True."""
-        return next(_behind(offsets, self.shop.topic, self.shop.group), None) is None
+        return next(behind(offsets, self.shop.topic, self.shop.group), None) is None
 
     def _progress(
         self,
@@ -563,51 +446,6 @@ class _Run:
             f"{len(inventory.retried):>4}  dead-lettered {len(inventory.dead_lettered):>3}"
             f"  dropped {len(sender.dropped):>3}  resent {resender.metrics.resent:>3}"
         )
-
-    # -- counting and checking ---------------------------------------------------------------
-    def _count(self, engine: sa.Engine) -> None:
-        s, t, poison_ids = (
-            self.summary,
-            self.shop.tables,
-            {f.order_id for f in self.plan.fates if f.poison},
-        )
-        with engine.connect() as conn:
-            keys = conn.execute(sa.select(t.stub.c["keys"])).scalars().all()
-            s.poison = sum(1 for k in keys if k in poison_ids)
-            s.published = len(keys) - s.poison
-            s.consumed_once = int(
-                conn.execute(
-                    sa.select(sa.func.count()).select_from(self.shop.reservations)
-                ).scalar_one()
-            )
-            s.dead_lettered = int(
-                conn.execute(
-                    sa.select(sa.func.count())
-                    .select_from(t.consumption_log)
-                    .where(
-                        t.consumption_log.c.consumer_group == self.shop.group,
-                        t.consumption_log.c.dead_lettered_at.is_not(None),
-                    )
-                ).scalar_one()
-            )
-
-    def _unaccounted_in_db(self, engine: sa.Engine) -> int:
-        t = self.shop.tables
-        dead = sa.select(t.consumption_log.c.message_id).where(
-            t.consumption_log.c.consumer_group == self.shop.group,
-            t.consumption_log.c.dead_lettered_at.is_not(None),
-        )
-        with engine.connect() as conn:
-            return int(
-                conn.execute(
-                    sa.select(sa.func.count())
-                    .select_from(t.stub)
-                    .where(
-                        t.stub.c.status != StubStatus.CONFIRMED.value,
-                        t.stub.c.message_id.not_in(dead),
-                    )
-                ).scalar_one()
-            )
 
     def _reconcile(self) -> None:
         from outbox.reconcile import ReconcileOptions, as_text, reconcile
@@ -645,63 +483,3 @@ class _Run:
                 s.problems.append(f"reconciliation counts {name} {theirs}, the demo {ours}")
         if cert.duplicated:
             s.problems.append(f"reconciliation found {cert.duplicated} duplicate confirmations")
-
-    def _check(self, engine: sa.Engine, inventory: Inventory) -> None:
-        """The counts must add up, and no effect may have been applied twice."""
-        s, shop, t = self.summary, self.shop, self.shop.tables
-        committed = [f for f in self.plan.fates if not f.rolled_back]
-        with engine.connect() as conn:
-            orders = {r.order_id: r for r in conn.execute(sa.select(shop.orders))}
-            reserved = conn.execute(sa.select(shop.reservations)).all()
-            stock = conn.execute(sa.select(shop.stock)).all()
-            confirmations = int(
-                conn.execute(
-                    sa.select(sa.func.count())
-                    .select_from(t.confirmation)
-                    .where(t.confirmation.c.consumer_group == self.shop.group)
-                ).scalar_one()
-            )
-        if len(orders) != len(committed) or s.rolled_back != len(self.plan.fates) - len(committed):
-            s.problems.append(f"{len(orders)} order rows for {len(committed)} committed orders")
-        if s.published + s.poison != len(committed):
-            s.problems.append(f"{s.published + s.poison} stubs for {len(committed)} orders")
-        if s.consumed_once != s.published:
-            s.problems.append(f"consumed once {s.consumed_once} != published {s.published}")
-        if confirmations != s.consumed_once:
-            s.problems.append(f"{confirmations} confirmations for {s.consumed_once} reservations")
-        if s.dead_lettered != s.poison:
-            s.problems.append(f"dead-lettered {s.dead_lettered} != poison {s.poison}")
-        if s.resent < s.dropped:
-            s.problems.append(f"resent {s.resent} < dropped {s.dropped}")
-        for r in reserved:
-            order = orders.get(r.order_id)
-            if order is None or (order.sku, order.quantity) != (r.sku, r.quantity):
-                s.problems.append(f"reservation {r.order_id} matches no order")
-        by_sku: dict[str, int] = {}
-        for r in reserved:
-            by_sku[r.sku] = by_sku.get(r.sku, 0) + r.quantity
-        initial = 10 * self.o.orders + 10
-        for row in stock:
-            if row.reserved != by_sku.get(row.sku, 0) or row.available + row.reserved != initial:
-                s.problems.append(
-                    f"stock of {row.sku}: reserved {row.reserved}, reservations "
-                    f"{by_sku.get(row.sku, 0)} (an effect applied twice?)"
-                )
-
-
-def _behind(
-    offsets: TransportOffsets | None, topic_name: str, group: str
-) -> Iterator[tuple[str, int, int, int | None]]:
-    """(topic, queue, its end, the group's committed offset) of each queue of the topic and
-    of the group's retry topic that the group has not consumed to its end; none when the
-    broker answers no offsets (a remote one)."""
-    if offsets is None:
-        return
-    for topic in (topic_name, retry_topic(group)):
-        for queue in range(8):
-            end = offsets.max_offset(topic, queue)
-            if end is None or end <= 0:
-                continue
-            done = offsets.committed_offset(group, topic, queue)
-            if done is None or done < end:
-                yield topic, queue, end, done

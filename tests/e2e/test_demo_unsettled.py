@@ -13,6 +13,7 @@ from outbox.adapters import TransportOffsets
 from reliable import Message, Producer, connect
 from reliable_cli.demo.flow import DemoOptions, _Run
 from reliable_cli.demo.shop import GROUP, TOPIC
+from reliable_cli.demo.tally import unsettled
 
 
 def test_a_flow_that_did_not_settle_names_its_messages_and_lagging_queues(
@@ -96,7 +97,7 @@ def test_a_flow_that_did_not_settle_names_its_messages_and_lagging_queues(
         while sum(offsets.max_offset(TOPIC, q) or 0 for q in range(8)) < 3:  # dispatched
             assert time.monotonic() < deadline, "the sends never reached their queues"
             time.sleep(0.05)
-        lines = run._unsettled(engine, offsets)
+        lines = unsettled(engine, run.shop, offsets)
     finally:
         transport.close()
         engine.dispose()

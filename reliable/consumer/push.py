@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import socket
@@ -114,7 +115,15 @@ class PushConsumer:
                 self._listener,
                 self.settings,
             )
-        self._engine.start()
+        try:
+            self._engine.start()
+        except BaseException:  # refused at start (e.g. orderly on a group that is not FIFO)
+            self._engine = None
+            with contextlib.suppress(Exception):
+                self._transport.unregister(self.client_id, self.group)
+            if self._owns_transport:
+                self._transport.close()
+            raise
         return self
 
     def shutdown(self) -> None:

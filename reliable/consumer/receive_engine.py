@@ -44,7 +44,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
-from typing import cast
+from typing import Protocol, cast, runtime_checkable
 
 from reliable import tracing
 from reliable._acks import AckBatcher, change_invisible_async
@@ -53,7 +53,7 @@ from reliable.consumer.listener import DLQ_NOW, ConsumeContext, MessageListener
 from reliable.consumer.orderly import PARKED_PROPERTY, group_key, parks_in_broker
 from reliable.consumer.settings import ConsumerSettings
 from reliable.consumer.workers import Workers
-from reliable.errors import BrokerCallError, ReceiptHandleError
+from reliable.errors import BrokerCallError, ConfigurationError, ReceiptHandleError
 from reliable.message import ConsumeResult, ReceivedMessage
 from reliable.transport.base import (
     Capability,
@@ -66,6 +66,14 @@ from reliable.transport.base import (
 )
 
 log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class ReportsGroupFifo(Protocol):
+    """A transport that knows whether the server delivers a group FIFO (a gRPC server's
+    Settings say so): True, False, or None before the server has said."""
+
+    def group_is_fifo(self, group: str) -> bool | None: ...
 
 
 class _Lease:
@@ -120,8 +128,15 @@ class ReceiveEngine:
     def start(self) -> None:
         if Capability.DIRECT_CONSUME in self._t.capabilities:
             cast(DirectConsume, self._t).set_direct_listener(self._group, self._consume_directly)
-        self._make_group_fifo()
+        made_fifo = self._make_group_fifo()
         self._t.heartbeat(self._client_id, self._group, self._subs)
+        if not made_fifo:
+            try:
+                self._check_group_fifo()
+            except ConfigurationError:
+                if Capability.DIRECT_CONSUME in self._t.capabilities:
+                    cast(DirectConsume, self._t).set_direct_listener(self._group, None)
+                raise
         self._set_group_start()
         for topic in self._subs:
             for i in range(1 if can_pull(self._t) else self.receive_loops):
@@ -141,14 +156,14 @@ class ReceiveEngine:
             self._threads.append(t)
             t.start()
 
-    def _make_group_fifo(self) -> None:
+    def _make_group_fifo(self) -> bool:
         """Orderly: the server orders a group's deliveries by message group only when the
         group is FIFO, so make it FIFO before the first receive (our server's admin
-        service; elsewhere the group must be made FIFO by its operator)."""
+        service; elsewhere the group must be made FIFO by its operator). True when made."""
         if not self._s.orderly or Capability.GROUP_ADMIN not in self._t.capabilities:
-            return
+            return False
         try:
-            cast(GroupAdmin, self._t).make_group_fifo(self._group)
+            return bool(cast(GroupAdmin, self._t).make_group_fifo(self._group))
         except Exception as exc:
             log.warning(
                 "could not make group %s FIFO (%s); create it with fifo "
@@ -156,6 +171,22 @@ class ReceiveEngine:
                 self._group,
                 exc,
                 self._group,
+            )
+            return False
+
+    def _check_group_fifo(self) -> None:
+        """Orderly on a server that says (in its Settings) the group is not FIFO, such as
+        an Apache RocketMQ group made without `-o true`: it would hand out a message group's
+        messages side by side, so the consumer refuses to start rather than consume out of
+        order."""
+        if not self._s.orderly or not isinstance(self._t, ReportsGroupFifo):
+            return
+        if self._t.group_is_fifo(self._group) is False:
+            raise ConfigurationError(
+                f"orderly consumer of {self._group!r}: the server's group is not FIFO, so it "
+                "would deliver each message group out of order; make the group FIFO "
+                f"(mqadmin updateSubGroup -g {self._group} -o true; reliable admin group "
+                f"create {self._group} --fifo) or consume it with orderly=False"
             )
 
     def _set_group_start(self) -> None:

@@ -571,6 +571,12 @@ class ConsumerSide(GrpcSession):
         stream = identity.stream if identity is not None else None
         return stream.reply if stream is not None else None
 
+    def group_is_fifo(self, group: str) -> bool | None:
+        """Whether the server delivers `group` FIFO, as its Settings reply says (None before
+        a reply to a consumer of the group has come)."""
+        reply = self._settings_reply(group)
+        return None if reply is None else bool(reply.subscription.fifo)
+
     def max_delivery_attempts(self, group: str) -> int:
         reply = self._settings_reply(group)
         if reply is not None and reply.backoff_policy.max_attempts > 0:

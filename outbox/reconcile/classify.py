@@ -12,18 +12,8 @@ The consumer side is folded to one row per message (its confirmed groups, its lo
 before the join, so the join's output is one row per message id: a stub, a consumer side,
 or both. Every verdict is then a row-local expression over that row.
 
-Watermark of a consumer group on a queue (offsets below it were passed by the group):
-the group's committed offset from a snapshot when one is given, and the log's max offset
-for that topic/queue/group (rows at lower offsets were received later, so the group got
-that far), counting the log rows earlier repairs deleted (kept in the audit table,
-`repair_evidence`); the greatest of them. A stub a repair marked due (the audit again)
-stays LOST until it is confirmed. A stub with no expected groups is compared with the
-greatest watermark of any group on its queue.
-
-Queue bounds (optional, `bounds`): the offsets the broker still holds on a queue,
-[min_offset, max_offset). A copy outside them is gone (the tail lost in a crash under async
-flush, or files cleaned): a group without a log row will never receive it, so the stub is
-lost once it is older than the grace period, whatever the watermarks say.
+Watermarks (how far each group has got on each queue) and queue bounds (what the broker
+still holds): `outbox.reconcile.watermarks`.
 
 Unknown queue (`queue_id` -1, a send over gRPC): no watermark or bound speaks for the copy;
 a group without a log row has lost it once the stub is older than the group's expected

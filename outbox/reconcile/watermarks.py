@@ -1,10 +1,21 @@
 """Where each consumer group has got to on each queue, and what the broker still holds.
 
-A watermark of a group on a queue is the exclusive offset the group has passed: its
-committed offset (from a snapshot, when one is given) or the greatest offset it logged,
-counting the log rows earlier repairs deleted (`repair_evidence`). `watermark_map` and
-`bounds_map` fold them to one small row of maps that `classify` broadcasts to every
-message row; `copy_position` finds where one group's copy of a message sits.
+Watermark of a consumer group on a queue (offsets below it were passed by the group):
+the group's committed offset from a snapshot when one is given, and the log's max offset
+for that topic/queue/group (rows at lower offsets were received later, so the group got
+that far), counting the log rows earlier repairs deleted (kept in the audit table,
+`repair_evidence`); the greatest of them. A stub a repair marked due (the audit again)
+stays LOST until it is confirmed. A stub with no expected groups is compared with the
+greatest watermark of any group on its queue.
+
+Queue bounds (optional, `bounds`): the offsets the broker still holds on a queue,
+[min_offset, max_offset). A copy outside them is gone (the tail lost in a crash under async
+flush, or files cleaned): a group without a log row will never receive it, so the stub is
+lost once it is older than the grace period, whatever the watermarks say.
+
+`watermark_map` and `bounds_map` fold them to one small row of maps that `classify`
+broadcasts to every message row; `copy_position` finds where one group's copy of a
+message sits.
 """
 
 from __future__ import annotations

@@ -2,11 +2,15 @@
 
 Control flow a handler raises (`RetryLater`, `Discard`) lives in `reliable.outcomes` and is not
 an error. Everything here is.
+
+`FailureKind`, what the retry policy does with a failed call, is the broker's
+(`broker.codes`, with the one table from protocol code to kind that both transports use);
+`call_error` is the client's error for a kind.
 """
 
 from __future__ import annotations
 
-import enum
+from broker.codes import FailureKind as FailureKind  # re-exported: one enum
 
 
 class ReliableError(Exception):
@@ -33,19 +37,6 @@ class ClientStateError(ReliableError):
 
 class SendError(ReliableError):
     """Root of send failures."""
-
-
-class FailureKind(enum.Enum):
-    """How a failed call should be treated by the producer's retry policy."""
-
-    TRANSPORT = "transport"  # the call did not reach the broker or got no answer: retry elsewhere
-    TRY_ELSEWHERE = "try_elsewhere"  # system error/busy, no permission, topic missing, unavailable
-    FLOW_CONTROL = "flow_control"  # the broker is busy: back off, then retry
-    BAD_REQUEST = "bad_request"  # the request itself is wrong: never retry
-    NOT_STORED_OK = "not_stored_ok"  # stored, but not flushed as asked: retried when asked
-    # stored on a master that no slave confirmed it to (HA_NOT_AVAILABLE,
-    # SLAVE_PERSISTENCE_TIMEOUT; a failover under way): resent with the same message id
-    NOT_REPLICATED = "not_replicated"
 
 
 class BrokerCallError(SendError):
@@ -122,6 +113,15 @@ class BrokerUnavailable(BrokerCallError):
     def disk_full(self) -> bool:
         """The broker refuses writes because its disk is above the refuse watermark."""
         return self.reason == self.DISK_FULL
+
+
+def call_error(kind: FailureKind, message: str, *, code: str | None = None) -> BrokerCallError:
+    """The client's error for a failed call of this kind (`broker.codes.failure_kind`)."""
+    if kind is FailureKind.FLOW_CONTROL:
+        return BrokerBusy(message, code=code)
+    if kind is FailureKind.BAD_REQUEST:
+        return BadRequest(message, code=code)
+    return BrokerCallError(kind, message, code=code)
 
 
 class SendFailed(SendError):

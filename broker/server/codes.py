@@ -1,61 +1,8 @@
-"""Status codes of the RocketMQ 5 gRPC protocol (`apache.rocketmq.v2.Code`), as an enum.
-
-The numbers are the protocol's; a unit test checks them against the generated stubs so the
-two cannot drift. Only the codes this server answers with are listed.
-"""
+"""The protocol's status codes, for the server's modules: `Code` is defined once, in
+`broker.codes`, with the table of what each code means to a client."""
 
 from __future__ import annotations
 
-import enum
+from broker.codes import Code
 
-
-class Code(enum.IntEnum):
-    """What a response's `Status.code` says. Success is 20000; 4xxxx blame the request."""
-
-    OK = 20000
-    MULTIPLE_RESULTS = 30000
-    BAD_REQUEST = 40000
-    ILLEGAL_ACCESS_POINT = 40001
-    ILLEGAL_TOPIC = 40002
-    ILLEGAL_CONSUMER_GROUP = 40003
-    ILLEGAL_MESSAGE_TAG = 40004
-    ILLEGAL_MESSAGE_KEY = 40005
-    ILLEGAL_MESSAGE_GROUP = 40006
-    ILLEGAL_MESSAGE_PROPERTY_KEY = 40007
-    INVALID_TRANSACTION_ID = 40008
-    ILLEGAL_MESSAGE_ID = 40009
-    ILLEGAL_FILTER_EXPRESSION = 40010
-    ILLEGAL_INVISIBLE_TIME = 40011
-    ILLEGAL_DELIVERY_TIME = 40012
-    INVALID_RECEIPT_HANDLE = 40013
-    MESSAGE_PROPERTY_CONFLICT_WITH_TYPE = 40014
-    UNRECOGNIZED_CLIENT_TYPE = 40015
-    MESSAGE_CORRUPTED = 40016
-    CLIENT_ID_REQUIRED = 40017
-    ILLEGAL_POLLING_TIME = 40018
-    ILLEGAL_OFFSET = 40019
-    UNAUTHORIZED = 40100
-    FORBIDDEN = 40300
-    NOT_FOUND = 40400
-    MESSAGE_NOT_FOUND = 40401
-    TOPIC_NOT_FOUND = 40402
-    CONSUMER_GROUP_NOT_FOUND = 40403
-    OFFSET_NOT_FOUND = 40404
-    PAYLOAD_TOO_LARGE = 41300
-    MESSAGE_BODY_TOO_LARGE = 41301
-    MESSAGE_BODY_EMPTY = 41302
-    TOO_MANY_REQUESTS = 42900
-    MESSAGE_PROPERTIES_TOO_LARGE = 43101
-    INTERNAL_ERROR = 50000
-    INTERNAL_SERVER_ERROR = 50001
-    HA_NOT_AVAILABLE = 50002
-    NOT_IMPLEMENTED = 50100
-    PROXY_TIMEOUT = 50400
-    MASTER_PERSISTENCE_TIMEOUT = 50401
-    SLAVE_PERSISTENCE_TIMEOUT = 50402
-    UNSUPPORTED = 50500
-
-    @property
-    def success(self) -> bool:
-        """Codes the official client treats as success."""
-        return self in (Code.OK, Code.MULTIPLE_RESULTS, Code.MESSAGE_NOT_FOUND)
+__all__ = ["Code"]

@@ -1,10 +1,11 @@
 """The one place where an outcome becomes a protocol `Status`.
 
 `status_of(exc)` maps every exception a handler can meet (this server's own, the delivery
-layer's, the store's, anything unexpected) to a code and a message. Unexpected exceptions
-become `INTERNAL_ERROR` with a generic message; their details go to the log, not the wire:
-the first of each exception class with its traceback, then at most one line per class a
-minute (`broker.server.ratelimit`), so no client can flood the log.
+layer's and the store's by `broker.error_codes`, anything unexpected) to a code and a
+message. Unexpected exceptions become `INTERNAL_ERROR` with a generic message; their
+details go to the log, not the wire: the first of each exception class with its
+traceback, then at most one line per class a minute (`broker.server.ratelimit`), so no
+client can flood the log.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from broker import error_codes
 from broker import errors as be
 from broker.protocol_pb import definition_pb2
 from broker.server.codes import Code
@@ -22,57 +24,13 @@ from broker.store import errors as se
 log = logging.getLogger(__name__)
 _limited = LogLimiter(log)
 
-# most specific classes first: the first isinstance match wins
-_BY_CLASS: tuple[tuple[type[BaseException], Code], ...] = (
-    (be.InvalidTopicName, Code.ILLEGAL_TOPIC),
-    (be.SystemTopicReserved, Code.ILLEGAL_TOPIC),
-    (be.InvalidGroupName, Code.ILLEGAL_CONSUMER_GROUP),
-    (be.TopicNotFound, Code.TOPIC_NOT_FOUND),
-    (be.GroupNotFound, Code.CONSUMER_GROUP_NOT_FOUND),
-    (be.NoPermission, Code.FORBIDDEN),
-    (be.ConsumeDisabled, Code.FORBIDDEN),
-    (be.BodyOverLimit, Code.MESSAGE_BODY_TOO_LARGE),
-    (be.MessageTypeMismatch, Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
-    (be.MessageIllegal, Code.BAD_REQUEST),
-    (be.ReceiptHandleError, Code.INVALID_RECEIPT_HANDLE),
-    (be.TransactionNotFound, Code.INVALID_TRANSACTION_ID),
-    (be.TransactionAlreadyResolved, Code.INVALID_TRANSACTION_ID),
-    (be.BrokerNotRunning, Code.INTERNAL_SERVER_ERROR),
-    (be.InvalidArgument, Code.BAD_REQUEST),
-    (se.MessageTooLarge, Code.MESSAGE_BODY_TOO_LARGE),
-    (se.InvalidMessage, Code.BAD_REQUEST),
-    (se.StoreNotRunning, Code.INTERNAL_SERVER_ERROR),
-)
-
-# a store refusal, by the delivery layer's response code
-_BY_RESPONSE_CODE: dict[be.ResponseCode, Code] = {
-    be.ResponseCode.SYSTEM_BUSY: Code.TOO_MANY_REQUESTS,
-    be.ResponseCode.FLUSH_DISK_TIMEOUT: Code.MASTER_PERSISTENCE_TIMEOUT,
-    be.ResponseCode.FLUSH_SLAVE_TIMEOUT: Code.SLAVE_PERSISTENCE_TIMEOUT,
-    be.ResponseCode.SLAVE_NOT_AVAILABLE: Code.HA_NOT_AVAILABLE,
-    be.ResponseCode.SERVICE_NOT_AVAILABLE: Code.INTERNAL_SERVER_ERROR,
-    be.ResponseCode.MESSAGE_ILLEGAL: Code.BAD_REQUEST,
-    be.ResponseCode.NO_PERMISSION: Code.FORBIDDEN,
-    be.ResponseCode.TOPIC_NOT_EXIST: Code.TOPIC_NOT_FOUND,
-    be.ResponseCode.INVALID_PARAMETER: Code.BAD_REQUEST,
-    be.ResponseCode.MESSAGE_TYPE_MISMATCH: Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
-    be.ResponseCode.QUERY_NOT_FOUND: Code.MESSAGE_NOT_FOUND,
-    be.ResponseCode.REQUEST_CODE_NOT_SUPPORTED: Code.NOT_IMPLEMENTED,
-}
-
 
 def code_of(exc: BaseException) -> Code:
-    """The protocol code for an exception."""
+    """The protocol code for an exception: a server error's own, else the broker's table
+    (`broker.error_codes`)."""
     if isinstance(exc, ServerError):
         return exc.status_code
-    if isinstance(exc, be.SendRejected):
-        return _BY_RESPONSE_CODE.get(exc.code, Code.INTERNAL_ERROR)
-    for cls, code in _BY_CLASS:
-        if isinstance(exc, cls):
-            return code
-    if isinstance(exc, be.BrokerError) and not isinstance(exc, se.StoreError):
-        return _BY_RESPONSE_CODE.get(exc.code, Code.INTERNAL_ERROR)
-    return Code.INTERNAL_ERROR
+    return error_codes.code_of(exc)
 
 
 def make_status(code: Code, message: str = "") -> Any:

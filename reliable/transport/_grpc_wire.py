@@ -20,8 +20,8 @@ from typing import Any, Protocol
 
 import grpc
 
+from broker import codes
 from reliable.errors import (
-    BadRequest,
     BrokerBusy,
     BrokerCallError,
     ConfigurationError,
@@ -29,6 +29,7 @@ from reliable.errors import (
     ReceiptHandleError,
     ReliableError,
     TransportError,
+    call_error,
 )
 from reliable.message import ReceivedMessage
 from reliable.transport._pb import definition_pb2, service_pb2
@@ -61,22 +62,9 @@ IPV4, DOMAIN_NAME = _pb.AddressScheme.Value("IPv4"), _pb.AddressScheme.Value("DO
 PYTHON = _pb.Language.Value("PYTHON")
 
 
-def _codes(*names: str) -> frozenset[int]:
-    return frozenset(int(_pb.Code.Value(n)) for n in names)
-
-
-_SUCCESS = _codes("OK", "MULTIPLE_RESULTS", "MESSAGE_NOT_FOUND")
-SUCCESS_CODES = _SUCCESS  # the codes `check_status` lets pass (a caller's fast path)
-_BUSY = _codes("TOO_MANY_REQUESTS")
-_RECEIPT = _codes("INVALID_RECEIPT_HANDLE")
-_NOT_STORED_OK = _codes("MASTER_PERSISTENCE_TIMEOUT")
-# a sync-master stored it, no slave confirmed it (docs/ha.md): resent by default
-_NOT_REPLICATED = _codes("SLAVE_PERSISTENCE_TIMEOUT", "HA_NOT_AVAILABLE")
-_TRY_ELSEWHERE_4XX = _codes(
-    "FORBIDDEN", "NOT_FOUND", "TOPIC_NOT_FOUND", "CONSUMER_GROUP_NOT_FOUND", "REQUEST_TIMEOUT"
-)
-_SERVER_ERRORS_FROM = int(_pb.Code.Value("INTERNAL_ERROR"))  # every 5xxxx code
-_NO_STATUS = int(_pb.Code.Value("CODE_UNSPECIFIED"))
+SUCCESS_CODES = frozenset(int(c) for c in codes.SUCCESS_CODES)  # what `check_status` passes
+_RECEIPT = int(codes.Code.INVALID_RECEIPT_HANDLE)
+_NO_STATUS = int(codes.Code.CODE_UNSPECIFIED)
 
 
 def _code_name(code: int) -> str:
@@ -87,24 +75,19 @@ def _code_name(code: int) -> str:
 
 
 def check_status(status: Any, what: str) -> None:
-    """Raise the client's typed error for a non-success protocol status."""
+    """Raise the client's typed error for a non-success protocol status: of the kind
+    `broker.codes.failure_kind` gives the code (the one table the embedded transport
+    classifies the broker's exceptions by too)."""
     code = int(status.code)
-    if code in _SUCCESS:
+    if code in SUCCESS_CODES:
         return
     name, message = _code_name(code), f"{what}: {status.message}"
     if code == _NO_STATUS:
-        raise BrokerCallError(FailureKind.TRY_ELSEWHERE, f"{what}: response without status")
-    if code in _BUSY:
-        raise BrokerBusy(message, code=name)
-    if code in _RECEIPT:
+        message = f"{what}: response without status"
+        raise BrokerCallError(codes.failure_kind(code), message)
+    if code == _RECEIPT:
         raise ReceiptHandleError("", message)
-    if code in _NOT_REPLICATED:
-        raise BrokerCallError(FailureKind.NOT_REPLICATED, message, code=name)
-    if code in _NOT_STORED_OK:
-        raise BrokerCallError(FailureKind.NOT_STORED_OK, message, code=name)
-    if code >= _SERVER_ERRORS_FROM or code in _TRY_ELSEWHERE_4XX:
-        raise BrokerCallError(FailureKind.TRY_ELSEWHERE, message, code=name)
-    raise BadRequest(message, code=name)
+    raise call_error(codes.failure_kind(code), message, code=name)
 
 
 def call_failure(method: str, where: str, exc: grpc.RpcError) -> BrokerCallError:
@@ -293,7 +276,7 @@ class Telemetry:
                 for reply in self._call:
                     backoff = 0.5
                     kind = reply.WhichOneof("command")
-                    if kind == "settings" and int(reply.status.code) in _SUCCESS:
+                    if kind == "settings" and int(reply.status.code) in SUCCESS_CODES:
                         self.reply = reply.settings
                         self.ready.set()
                     elif kind == "recover_orphaned_transaction_command":

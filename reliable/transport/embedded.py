@@ -19,7 +19,9 @@ from typing import Any
 
 from broker import errors as berr
 from broker.broker import Broker
+from broker.codes import failure_kind
 from broker.config import BrokerConfig
+from broker.error_codes import code_of
 from broker.names import dlq_topic, is_retry_topic, retry_topic
 from broker.offsets import ConsumeFromWhere
 from broker.store import errors as serr
@@ -34,12 +36,10 @@ from broker.store.message import (
 )
 from reliable.errors import (
     BadRequest,
-    BrokerBusy,
-    BrokerCallError,
     BrokerUnavailable,
     ConfigurationError,
-    FailureKind,
     ReceiptHandleError,
+    call_error,
 )
 from reliable.message import Message, ReceivedMessage, SendReceipt, SendStatus, send_receipt
 from reliable.transport.base import (
@@ -62,17 +62,6 @@ _PERM_READ, _PERM_WRITE = 4, 2
 # properties the client maps onto ReceivedMessage fields instead of `properties`
 _MAPPED = {Prop.TAGS, Prop.KEYS, Prop.UNIQ_KEY, Prop.SHARDING_KEY, Prop.TIMER_DELIVER_MS}
 
-_TRY_ELSEWHERE = {
-    "SYSTEM_ERROR",
-    "NO_PERMISSION",
-    "TOPIC_NOT_EXIST",
-    "SERVICE_NOT_AVAILABLE",
-    "SUBSCRIPTION_GROUP_NOT_EXIST",
-}
-# stored on a sync-master, no slave confirmed it: resent (`FailureKind.NOT_REPLICATED`)
-_NOT_REPLICATED = {"SLAVE_NOT_AVAILABLE", "FLUSH_SLAVE_TIMEOUT"}
-_BUSY = {"SYSTEM_BUSY"}
-
 _SEND_STATUS = {
     PutMessageStatus.PUT_OK: SendStatus.SEND_OK,
     PutMessageStatus.FLUSH_DISK_TIMEOUT: SendStatus.FLUSH_DISK_TIMEOUT,
@@ -82,33 +71,25 @@ _SEND_STATUS = {
 
 
 def translate(exc: BaseException) -> BaseException:
-    """One mapping from broker/store exceptions to the client's retry-aware errors."""
+    """The client's error for a broker or store exception, classified as the gRPC transport
+    classifies the code the server would answer with (`broker.error_codes.code_of`, then
+    `broker.codes.failure_kind`): the same failure is retried, or not, the same way."""
     if isinstance(exc, berr.ReceiptHandleError):
         return ReceiptHandleError(exc.handle, exc.reason)
-    if isinstance(exc, berr.BodyOverLimit):
-        return BadRequest(str(exc), code="MESSAGE_BODY_TOO_LARGE")
-    # store errors first: they are BrokerErrors too, but keep their own mapping
+    # the store refuses writes (disk full, not running): the refusal is kept, a full disk
+    # is said as such (`BrokerUnavailable.disk_full`); a kind like any INTERNAL_SERVER_ERROR
     if isinstance(exc, serr.StoreNotRunning):
         return BrokerUnavailable(
             str(exc), reason="SERVICE_NOT_AVAILABLE", code="SERVICE_NOT_AVAILABLE"
         )
-    if isinstance(exc, serr.MessageTooLarge | serr.InvalidMessage):
-        return BadRequest(str(exc), code="MESSAGE_ILLEGAL")
-    if isinstance(exc, serr.StoreError):
-        return BrokerCallError(FailureKind.TRY_ELSEWHERE, f"{type(exc).__name__}: {exc}")
-    if isinstance(exc, berr.BrokerError):
+    if isinstance(exc, berr.BrokerError) and exc.code is berr.ResponseCode.SERVICE_NOT_AVAILABLE:
         name = exc.code.name
-        if exc.code is berr.ResponseCode.SERVICE_NOT_AVAILABLE:  # disk full, not running
-            reason = exc.status if isinstance(exc, berr.SendRejected) else name
-            return BrokerUnavailable(str(exc), reason=reason, code=name)
-        if name in _BUSY:
-            return BrokerBusy(str(exc), code=name)
-        if name in _TRY_ELSEWHERE:
-            return BrokerCallError(FailureKind.TRY_ELSEWHERE, str(exc), code=name)
-        if name in _NOT_REPLICATED:
-            return BrokerCallError(FailureKind.NOT_REPLICATED, str(exc), code=name)
-        return BadRequest(str(exc), code=name)
-    return BrokerCallError(FailureKind.TRY_ELSEWHERE, f"{type(exc).__name__}: {exc}")
+        reason = exc.status if isinstance(exc, berr.SendRejected) else name
+        return BrokerUnavailable(str(exc), reason=reason, code=name)
+    code = code_of(exc)
+    ours = isinstance(exc, berr.BrokerError) and not isinstance(exc, serr.StoreError)
+    message = str(exc) if ours else f"{type(exc).__name__}: {exc}"
+    return call_error(failure_kind(code), message, code=code.name)
 
 
 def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

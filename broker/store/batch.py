@@ -251,23 +251,33 @@ def encode_batch(
     host = cached_host(born_host)
     key = f"{topic}-{queue_id}" if is_queued(sys_flag) else None
     if NATIVE:
-        prepared = _prepare_native(
-            bodies,
-            tail,
-            shared_raw,
-            keys,
-            uniq_keys,
-            queue_id,
-            flag,
-            sys_flag,
-            born_timestamp,
-            host,
-            store_host_raw,
-            max_message_size,
-            max_record,
-        )
-        if prepared is not None:
-            return prepared, key
+        try:
+            return _recordpack.prepare(
+                bodies,
+                tail,
+                shared_raw,
+                _KEYS,
+                keys,
+                _UNIQ_KEY,
+                uniq_keys,
+                queue_id,
+                flag,
+                sys_flag,
+                born_timestamp,
+                host,
+                store_host_raw,
+                max_message_size,
+                max_record,
+            ), key
+        except OverflowError as exc:
+            status = (
+                PutMessageStatus.PROPERTIES_SIZE_EXCEEDED if "properties" in str(exc) else _ILLEGAL
+            )
+            raise EncodeError(status, str(exc)) from exc
+        except TypeError:
+            pass  # bodies that are bytes-like but not bytes: the Python path takes them
+        except ValueError as exc:  # a bad value, a record or the batch too large
+            raise EncodeError(_ILLEGAL, str(exc)) from exc
     const_tail, tails = _record_tails(tail, shared_raw, keys, uniq_keys, count)
     tails_len = len(const_tail) * count if tails is None else sum(map(len, tails))
     # the batch as RocketMQ sizes it: bodies + topics + properties of every message
@@ -292,51 +302,6 @@ def _checked_shared(
     if uniq_keys is not None and Prop.UNIQ_KEY in shared:
         raise EncodeError(_ILLEGAL, "UNIQ_KEY given both shared and per message")
     return _shared_raw(shared)
-
-
-def _prepare_native(
-    bodies: Sequence[bytes],
-    tail: bytes,
-    shared_raw: bytes,
-    keys: Sequence[str] | None,
-    uniq_keys: Sequence[str] | None,
-    queue_id: int,
-    flag: int,
-    sys_flag: int,
-    born_timestamp: int,
-    host: bytes,
-    store_host_raw: bytes,
-    max_message_size: int,
-    max_record: int,
-) -> RecordBatch | None:
-    """The batch from the compiled encoder; None for bodies it does not take (bytes-like
-    but not bytes), which the Python path does."""
-    try:
-        batch: RecordBatch = _recordpack.prepare(
-            bodies,
-            tail,
-            shared_raw,
-            _KEYS,
-            keys,
-            _UNIQ_KEY,
-            uniq_keys,
-            queue_id,
-            flag,
-            sys_flag,
-            born_timestamp,
-            host,
-            store_host_raw,
-            max_message_size,
-            max_record,
-        )
-    except OverflowError as exc:
-        status = PutMessageStatus.PROPERTIES_SIZE_EXCEEDED if "properties" in str(exc) else _ILLEGAL
-        raise EncodeError(status, str(exc)) from exc
-    except TypeError:
-        return None
-    except ValueError as exc:  # a bad value, a record or the batch too large
-        raise EncodeError(_ILLEGAL, str(exc)) from exc
-    return batch
 
 
 def _record_tails(

@@ -22,13 +22,14 @@ fails, the stub is already committed and the resend worker sends it when it is d
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, event, insert, update
+from sqlalchemy import Connection, Engine, bindparam, event, insert, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, SessionTransaction
 
@@ -36,14 +37,14 @@ from broker.limits import DEFAULT_MAX_BODY_SIZE
 from outbox.errors import DuplicateMessageId, NoActiveTransaction, OutboxMisuse, is_permanent
 from outbox.models import OutboxTables
 from outbox.ports import Clock, Sender, utcnow
-from outbox.registry import expected_groups
+from outbox.registry import expected_groups, expected_groups_sql
 from outbox.stubs import check_sendable, stub_values
 from reliable.message import Message, SendReceipt, SendStatus
 
 log = logging.getLogger(__name__)
 
 _PENDING = "reliable.outbox.pending"  # session.info key: messages waiting for the commit
-_LISTENING = "reliable.outbox.listening"
+_UNSET: Any = object()
 
 
 @dataclass(frozen=True)
@@ -93,16 +94,25 @@ class Outbox:
         self.sender = sender
         self.config = config or OutboxConfig()
         self.clock = clock
+        # the per-publish statements, built once (bound parameters, compiled once)
+        self._plain_insert = insert(tables.stub)
+        self._insert_with_groups: dict[str, Any] = {}
+        stub = tables.stub
+        record = (
+            update(stub)
+            .where(stub.c.message_id == bindparam("b_mid"))
+            .values(send_count=stub.c.send_count + 1)
+        )
+        failed = ("last_error", "next_resend_at", "updated_at")
+        sent = ("queue_id", "queue_offset", "broker_msg_id", *failed)
+        self._record_sent = record.values({k: bindparam(k) for k in sent})
+        self._record_failed = record.values({k: bindparam(k) for k in failed})
 
     # -- ORM Session ---------------------------------------------------------------------
     def publish(self, session: Session, message: Message, *, max_sends: int | None = None) -> str:
         """Add the stub to the session's transaction; send after it commits. Returns the id."""
         conn = session.connection()  # begins the transaction if none is active
-        row = self._row(conn, message, max_sends)
-        try:
-            session.execute(insert(self.tables.stub).values(**row))
-        except IntegrityError as exc:
-            raise DuplicateMessageId(message.message_id) from exc
+        self._insert(conn, message, max_sends)
         _listen(session)
         tx = session.get_nested_transaction() or session.get_transaction()
         session.info.setdefault(_PENDING, []).append(_Pending(self, message, conn, tx))
@@ -152,13 +162,39 @@ class Outbox:
                 limit = DEFAULT_MAX_BODY_SIZE
         return limit or None
 
-    def _row(self, conn: Connection, message: Message, max_sends: int | None) -> dict[str, Any]:
+    def _insert(self, conn: Connection, message: Message, max_sends: int | None) -> None:
+        """The stub's INSERT in `conn`'s transaction. Where the database can aggregate the
+        topic's groups in order (PostgreSQL), they are read inside the INSERT: one
+        statement, no SELECT of the registry before it."""
+        with_groups = self._insert_with_groups.get(conn.dialect.name, _UNSET)
+        if with_groups is _UNSET:
+            groups = expected_groups_sql(self.tables, conn.dialect.name)
+            with_groups = (
+                None if groups is None else insert(self.tables.stub).values(expected_groups=groups)
+            )
+            self._insert_with_groups[conn.dialect.name] = with_groups
+        try:
+            if with_groups is None:
+                conn.execute(self._plain_insert, self._row(conn, message, max_sends))
+            else:
+                row = self._row(None, message, max_sends)
+                del row["expected_groups"]
+                row["eg_topic"] = message.topic
+                conn.execute(with_groups, row)
+        except IntegrityError as exc:
+            raise DuplicateMessageId(message.message_id) from exc
+
+    def _row(
+        self, conn: Connection | None, message: Message, max_sends: int | None
+    ) -> dict[str, Any]:
         # what can never be sent is refused before the stub joins the transaction
         check_sendable(message, self.max_body_size)  # before any query
         now = self.clock()
         return stub_values(
             message,
-            expected_groups=expected_groups(conn, self.tables, message.topic),
+            expected_groups=()
+            if conn is None
+            else expected_groups(conn, self.tables, message.topic),
             max_sends=self.config.max_sends if max_sends is None else max_sends,
             now=now,
             next_resend_at=now
@@ -168,7 +204,6 @@ class Outbox:
 
     def _send_and_record(self, engine: Engine, message: Message) -> SendReceipt | None:
         """Send once and write the result on the stub. Never raises: the commit happened."""
-        stub = self.tables.stub
         receipt: SendReceipt | None = None
         try:
             receipt = self.sender.send(message)
@@ -205,12 +240,19 @@ class Outbox:
                 else receipt.status.value,
                 "next_resend_at": now + self.config.resend_after,
             }
-        values.update(send_count=stub.c.send_count + 1, updated_at=now)
+        values["updated_at"] = now
+        values["b_mid"] = message.message_id
+        statement = self._record_sent if receipt is not None else self._record_failed
         try:
             with engine.begin() as conn:
-                conn.execute(
-                    update(stub).where(stub.c.message_id == message.message_id).values(**values)
-                )
+                if conn.dialect.name == "postgresql":
+                    # The record is a hint for the resend worker, never the guarantee (the
+                    # stub committed with the business rows is): its commit need not wait
+                    # for the WAL flush. Lost in a server crash, it reads as a send never
+                    # recorded: the stub is due after retry_after_failure and resent, the
+                    # consumer's guard absorbing the copy.
+                    conn.exec_driver_sql("SET LOCAL synchronous_commit TO OFF")
+                conn.execute(statement, values)
         except SQLAlchemyError as exc:
             log.warning(
                 "outbox: could not record the send of %s (%s); the resend worker "
@@ -233,27 +275,30 @@ class OutboxTransaction:
     def publish(self, message: Message, *, max_sends: int | None = None) -> str:
         if not self._open or not self.connection.in_transaction():
             raise NoActiveTransaction("publish inside the `with outbox.begin(...)` block")
-        row = self.outbox._row(self.connection, message, max_sends)
-        try:
-            self.connection.execute(insert(self.outbox.tables.stub).values(**row))
-        except IntegrityError as exc:
-            raise DuplicateMessageId(message.message_id) from exc
+        self.outbox._insert(self.connection, message, max_sends)
         self._messages.append(message)
         return message.message_id
 
 
 # -- session events ----------------------------------------------------------------------
+_listening = threading.Lock()
+
+
 def _listen(session: Session) -> None:
-    if session.info.get(_LISTENING):
+    """Hook the session events once for the process, on the `Session` class, instead of
+    on each session (a listener registered per transaction cost more than the stub's own
+    INSERT): sessions without pending messages pass through at the cost of a dict lookup."""
+    if event.contains(Session, "after_commit", _after_commit):
         return
-    event.listen(session, "after_commit", _after_commit)
-    event.listen(session, "after_soft_rollback", _after_soft_rollback)
-    session.info[_LISTENING] = True
+    with _listening:
+        if not event.contains(Session, "after_commit", _after_commit):
+            event.listen(Session, "after_soft_rollback", _after_soft_rollback)
+            event.listen(Session, "after_commit", _after_commit)
 
 
 def _after_commit(session: Session) -> None:
-    if session.in_nested_transaction():
-        return  # a savepoint was released: the data is not committed yet
+    if _PENDING not in session.info or session.in_nested_transaction():
+        return  # nothing published, or a savepoint was released: not committed yet
     pending: list[_Pending] = session.info.pop(_PENDING, [])
     for item in pending:
         if item.connection.in_transaction():

@@ -7,8 +7,21 @@ registry later never changes what an already-published message waits for.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
-from sqlalchemy import Connection, Engine, Table, delete, insert, select
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Table,
+    bindparam,
+    collate,
+    delete,
+    func,
+    insert,
+    literal,
+    select,
+)
+from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.orm import Session
 
 from outbox.errors import OutboxError
@@ -56,3 +69,24 @@ def expected_groups(bind: Connection | Session, tables: OutboxTables, topic: str
     t = tables.topic_group
     rows = bind.execute(select(t.c.consumer_group).where(t.c.topic == topic)).scalars()
     return sorted(rows)
+
+
+def expected_groups_sql(tables: OutboxTables, dialect: str) -> Any:
+    """`expected_groups` of a stub as SQL, read in the stub's own INSERT (bound parameter
+    `eg_topic`): the sorted, comma-joined groups of the topic, '' for none. One statement
+    instead of a SELECT and an INSERT. None where the database has no ordered string
+    aggregate (then `expected_groups` is read first)."""
+    if dialect != "postgresql":
+        return None
+    t = tables.topic_group
+    group = collate(t.c.consumer_group, "C")  # byte order: Python's sorted() on str
+    return func.coalesce(
+        select(
+            func.array_to_string(
+                func.array_agg(aggregate_order_by(t.c.consumer_group, group)), literal(",")
+            )
+        )
+        .where(t.c.topic == bindparam("eg_topic"))
+        .scalar_subquery(),
+        literal(""),
+    )

@@ -100,6 +100,21 @@ if command -v psql >/dev/null 2>&1; then
   fi
   psql -h 127.0.0.1 -U postgres -d test -w -c 'select 1' >/dev/null \
     || { log "postgresql: user postgres cannot reach database test on 127.0.0.1"; exit 1; }
+  # pg_stat_statements: `python -m bench flow` reads each statement's calls and rows from it.
+  # A library loaded at server start only: added to shared_preload_libraries (beside any
+  # already there) and the server restarted, once, when it is missing.
+  pg() { psql -h 127.0.0.1 -U postgres -d test -w -qtAX "$@"; }
+  preload=$(pg -c 'show shared_preload_libraries')
+  if [[ ",${preload// /}," != *,pg_stat_statements,* ]]; then
+    log "postgresql: loading pg_stat_statements (one restart)"
+    pg -c "alter system set shared_preload_libraries = '${preload:+$preload,}pg_stat_statements'"
+    datadir=$(pg -c 'show data_directory')
+    ver=$(pg -c 'show server_version_num'); ver=$((ver / 10000))
+    cluster=$(basename "$datadir")
+    as_root pg_ctlcluster --skip-systemctl-redirect "$ver" "$cluster" restart
+    wait_port 127.0.0.1 5432 postgresql
+  fi
+  pg -c 'set client_min_messages = warning' -c 'create extension if not exists pg_stat_statements'
 fi
 
 if ! port_open 127.0.0.1 3306; then

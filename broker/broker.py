@@ -57,7 +57,7 @@ from broker.errors import (
     ReplicaNotServing,
     TopicNotFound,
 )
-from broker.limits import DEFAULT_RETRY_MAX_TIMES
+from broker.limits import DEFAULT_QUEUE_NUMS, DEFAULT_RETRY_MAX_TIMES
 from broker.long_poll import ArrivalNotifier
 from broker.names import (
     DLQ_GROUP_TOPIC_PREFIX,
@@ -298,7 +298,7 @@ class Broker(ProduceEngine):
         self,
         name: str,
         *,
-        queues: int = 4,
+        queues: int = DEFAULT_QUEUE_NUMS,
         perm: int = PERM_READ_WRITE,
         message_type: str | TopicMessageType = "NORMAL",
         read_queues: int | None = None,

@@ -10,7 +10,12 @@ import re
 from dataclasses import dataclass
 
 from broker.errors import ConfigError
-from broker.limits import DEFAULT_MAX_BODY_SIZE, DEFAULT_RETRY_MAX_TIMES, MAX_INVISIBLE_MS
+from broker.limits import (
+    DEFAULT_MAX_BODY_SIZE,
+    DEFAULT_QUEUE_NUMS,
+    DEFAULT_RETRY_MAX_TIMES,
+    MAX_INVISIBLE_MS,
+)
 
 DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 
@@ -84,7 +89,7 @@ class BrokerConfig:
     # --- topics and groups
     auto_create_topic: bool = True
     auto_create_subscription_group: bool = True
-    default_queue_nums: int = 4
+    default_queue_nums: int = DEFAULT_QUEUE_NUMS
     # reject a message whose type (normal/FIFO/delay/transaction) the topic does not accept
     check_message_type: bool = False
 

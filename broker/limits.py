@@ -21,6 +21,10 @@ DEFAULT_MAX_BODY_SIZE = 4 * 1024 * 1024  # 4 MiB
 # group's `retryMaxTimes` (RocketMQ's broker) and a consumer's `maxReconsumeTimes` (its clients).
 DEFAULT_RETRY_MAX_TIMES = 16
 
+# Queues of a topic created without a count (auto-created, or by an admin call): read and
+# write queues alike (RocketMQ's `defaultTopicQueueNums`).
+DEFAULT_QUEUE_NUMS = 4
+
 # The longest invisible time a receive may ask for (the proxy's `maxInvisibleTimeMills`):
 # longer would keep a message from redelivery for more than half a day.
 MAX_INVISIBLE_MS = 12 * 3_600_000  # 12 h

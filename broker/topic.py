@@ -17,6 +17,7 @@ from typing import Any
 
 from broker.config_table import VersionedConfigTable
 from broker.errors import InvalidArgument
+from broker.limits import DEFAULT_QUEUE_NUMS
 from broker.store.errors import ConfigShapeError
 from broker.store.json_config import flag, integer, text
 
@@ -77,8 +78,8 @@ class TopicConfig:
     """One topic: how many queues readers and writers see, who may do what, what it holds."""
 
     name: str
-    read_queue_nums: int = 4
-    write_queue_nums: int = 4
+    read_queue_nums: int = DEFAULT_QUEUE_NUMS
+    write_queue_nums: int = DEFAULT_QUEUE_NUMS
     perm: int = PERM_READ_WRITE
     message_type: TopicMessageType = TopicMessageType.NORMAL
     order: bool = False

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from broker.config import DEFAULT_PORT, with_default_port
-from broker.limits import DEFAULT_RETRY_MAX_TIMES
+from broker.limits import DEFAULT_QUEUE_NUMS, DEFAULT_RETRY_MAX_TIMES
+from broker.topic import PERM_READ_WRITE
 from reliable.admin_messages import AdminCaller
 from reliable_cli.admin_call import PROG, CommandFailed, check_stopped_store, handler
 from reliable_cli.exit_codes import ExitCode
@@ -62,7 +63,12 @@ def register(sub: Any) -> None:
     tverbs = topic.add_subparsers(dest="verb", metavar="<create|list|show|status|delete>")
     c = tverbs.add_parser("create", help="create or update a topic (mqadmin updateTopic)")
     c.add_argument("name")
-    c.add_argument("--queues", type=int, default=4, help="read and write queues (default 4)")
+    c.add_argument(
+        "--queues",
+        type=int,
+        default=DEFAULT_QUEUE_NUMS,
+        help=f"read and write queues (default {DEFAULT_QUEUE_NUMS})",
+    )
     c.add_argument(
         "--type",
         choices=TOPIC_TYPES,
@@ -71,7 +77,10 @@ def register(sub: Any) -> None:
         help="message type the topic accepts (default NORMAL; MIXED: any)",
     )
     c.add_argument(
-        "--perm", type=int, default=6, help="permission bits: 2 write, 4 read, 6 both (default 6)"
+        "--perm",
+        type=int,
+        default=PERM_READ_WRITE,
+        help=f"permission bits: 2 write, 4 read, 6 both (default {PERM_READ_WRITE})",
     )
     _target(c)
     c.set_defaults(

@@ -78,14 +78,14 @@ from broker.admin import params as p
 from broker.admin.messages import MessageOps, check_id
 from broker.broker import Broker
 from broker.errors import GroupNotFound, InvalidArgument, TopicNotFound
-from broker.limits import DEFAULT_RETRY_MAX_TIMES
+from broker.limits import DEFAULT_QUEUE_NUMS, DEFAULT_RETRY_MAX_TIMES
 from broker.offsets import ConsumeFromWhere
 from broker.server.direct import DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS
 from broker.server.errors import BadRequest
 from broker.server.status import code_of, status_of
 from broker.server.validation import TOPIC_TYPES, check_group, check_topic
 from broker.subscription import SubscriptionGroupConfig
-from broker.topic import TopicConfig, perm_to_string
+from broker.topic import PERM_READ_WRITE, TopicConfig, perm_to_string
 
 SERVICE = "reliable.admin.v1.Admin"
 log = logging.getLogger(__name__)
@@ -169,7 +169,10 @@ class AdminOps:
         if kind not in TOPIC_TYPES:
             raise BadRequest(f"topic type must be one of {', '.join(TOPIC_TYPES)}")
         cfg = self.broker.create_topic(
-            name, queues=_int(params, "queues", 4), perm=_int(params, "perm", 6), message_type=kind
+            name,
+            queues=_int(params, "queues", DEFAULT_QUEUE_NUMS),
+            perm=_int(params, "perm", PERM_READ_WRITE),
+            message_type=kind,
         )
         return topic_json(cfg)
 

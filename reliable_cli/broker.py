@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import signal
 import sys
 import threading
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from reliable_cli import observe
 from reliable_cli.broker_options import add_start_arguments
+from reliable_cli.errors import CommandError
 from reliable_cli.exit_codes import ExitCode
 
 if TYPE_CHECKING:
@@ -67,7 +69,7 @@ def _fail(message: str, code: ExitCode = ExitCode.USAGE) -> int:
     return code
 
 
-class _Refused(Exception):
+class _Refused(CommandError):
     """The broker cannot start as asked: the line for stderr, and the exit code."""
 
     def __init__(self, message: str, code: ExitCode = ExitCode.USAGE) -> None:
@@ -360,16 +362,14 @@ def _serve(args: argparse.Namespace, plan: StartPlan, running: _Running) -> int:
             ExitCode.UNAVAILABLE,
         )
     _announce(args, plan, running, server)
+    deposed = False
     try:
         while not stop.wait(0.5):
             if server.wait(0):
                 return _fail("the server stopped unexpectedly", ExitCode.FAILURE)
             if failover is not None and failover.deposed.is_set():
-                return _fail(
-                    "no longer the master of its group (its coordinator lease was lost): "
-                    "restart it to rejoin as a slave",
-                    ExitCode.UNAVAILABLE,
-                )
+                deposed = True
+                break
     finally:
         server.stop(grace_s=2.0)
         if failover is not None:
@@ -379,8 +379,26 @@ def _serve(args: argparse.Namespace, plan: StartPlan, running: _Running) -> int:
         broker.shutdown()
         if endpoint is not None:
             endpoint.stop()
+    if deposed:
+        return _rejoin_in_place(args)
     print("reliable broker: stopped", flush=True)
     return ExitCode.OK
+
+
+def _rejoin_in_place(args: argparse.Namespace) -> int:
+    """A deposed master (etcd named another while this one could not renew its lease)
+    has stopped serving and closed its store; it starts again in the same process, with
+    the same options, and so joins its group as a slave of the master etcd names (cutting
+    its unacknowledged tail, as any restart does). Without the command line it was started
+    with (`main` called from code), it exits with UNAVAILABLE for its supervisor."""
+    why = "no longer the master of its group (its coordinator lease was lost)"
+    argv = getattr(args, "argv", None)
+    if argv is None:
+        return _fail(f"{why}: restart it to rejoin as a slave", ExitCode.UNAVAILABLE)
+    print(f"reliable broker: {why}: starting again to rejoin it as a slave", flush=True)
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "reliable_cli", *argv])
+    return ExitCode.UNAVAILABLE  # pragma: no cover (execv does not return)
 
 
 def _announce(
@@ -459,7 +477,7 @@ def _rejoin(broker: Any, ha_config: Any, store_config: Any, broker_config: Any) 
     return again
 
 
-class _CoordinatorDown(Exception):
+class _CoordinatorDown(CommandError):
     """etcd did not answer as the broker started."""
 
 
@@ -468,7 +486,7 @@ def _coordinated(args: argparse.Namespace, ha_config: Any) -> tuple[Any, Any]:
     settings, following the master etcd names (None: none yet; it campaigns)."""
     import dataclasses
 
-    from broker.ha.etcd import CoordinatorUnavailable, EtcdClient
+    from broker.ha.etcd import CoordinatorUnavailable
     from broker.ha.failover import Failover, FailoverConfig
 
     config = FailoverConfig(
@@ -478,12 +496,24 @@ def _coordinated(args: argparse.Namespace, ha_config: Any) -> tuple[Any, Any]:
         sync=args.role == "sync-master",
         ttl_s=args.failover_ttl_s,
     )
-    failover = Failover(EtcdClient.from_url(args.coordinator), config)
+    failover = Failover(_coordinator(args), config)
     try:
         master = failover.find_master()
     except CoordinatorUnavailable as exc:
         raise _CoordinatorDown(f"cannot reach the coordinator: {exc}") from None
     return failover, dataclasses.replace(ha_config, master=master)
+
+
+def _coordinator(args: argparse.Namespace) -> Any:
+    """The etcd client the options name (ValueError: a bad URL or TLS file)."""
+    from broker.ha.etcd import EtcdClient
+
+    return EtcdClient.from_url(
+        args.coordinator,
+        ca_file=args.coordinator_ca,
+        cert_file=args.coordinator_cert,
+        key_file=args.coordinator_key,
+    )
 
 
 def _wire_replication(node: Any, server: Any, *, coordinated: bool = False) -> None:
@@ -571,8 +601,13 @@ def _ha_config(args: argparse.Namespace, credentials: dict[str, str]) -> Any:
     role = HaRole(args.role)
     if args.failover == "auto":
         return _auto_config(args, role, credentials)
-    if args.coordinator is not None:
-        raise ValueError("--coordinator is for --failover auto")
+    if (
+        args.coordinator is not None
+        or args.coordinator_ca
+        or args.coordinator_cert
+        or args.coordinator_key
+    ):
+        raise ValueError("--coordinator and its TLS options are for --failover auto")
     if role is HaRole.NONE:
         if args.master is not None:
             raise ValueError("--master is for --role slave")
@@ -623,6 +658,7 @@ def _auto_config(args: argparse.Namespace, role: Any, credentials: dict[str, str
     if args.coordinator is None:
         raise ValueError("--failover auto needs --coordinator etcd://HOST:PORT")
     parse_endpoint(args.coordinator)
+    _coordinator(args)  # the TLS files are read now: a bad one is a usage error
     if not role.is_master:
         raise ValueError(
             "--failover auto: --role is what this broker becomes when etcd names it the "

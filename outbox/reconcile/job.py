@@ -45,6 +45,7 @@ from outbox.reconcile.session import (
     add_to_driver,
     borrowed_settings,
     require_driver,
+    spark_errors,
     spark_session,
     split_jars,
     submitted_conf,
@@ -428,7 +429,7 @@ def _run(
             )
             if summary.certificate.unaccounted:
                 summary.certificate.unaccounted_messages = unaccounted_messages(classified)
-        except _spark_errors() as exc:
+        except spark_errors() as exc:
             raise JobFailed(_first_line(exc)) from None
         log.info(
             "classified %d stubs: %d unaccounted",
@@ -448,14 +449,6 @@ def _detail_count(summary: Summary, options: ReconcileOptions) -> int:
     skipped = () if options.report_all else ("CONFIRMED", "VOID")
     stubs = sum(n for cls, n in summary.stubs.items() if cls not in skipped)
     return stubs + sum(summary.log_rows.values())
-
-
-def _spark_errors() -> tuple[type[BaseException], ...]:
-    """What Spark raises when a job fails (a JVM exception, or PySpark's own errors)."""
-    from py4j.protocol import Py4JJavaError
-    from pyspark.errors import PySparkException
-
-    return (Py4JJavaError, PySparkException)
 
 
 def _opt(value: datetime | None) -> datetime | None:

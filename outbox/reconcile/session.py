@@ -252,6 +252,14 @@ def _launch_filtered(builder: Any) -> SparkSession:
     return session  # type: ignore[no-any-return]
 
 
+def spark_errors() -> tuple[type[BaseException], ...]:
+    """What Spark raises when a job fails (a JVM exception, or PySpark's own errors)."""
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
+
+    return (Py4JJavaError, PySparkException)
+
+
 # The local properties that make a thread's job group (SparkContext.setJobGroup).
 JOB_GROUP_KEYS = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
 
@@ -266,9 +274,12 @@ class BorrowedSettings:
         self._local: dict[str, str | None] = {}
 
     def set(self, key: str, value: str) -> None:
-        """Set a SQL setting of the session for the run."""
+        """Set a setting of the session for the run."""
         if key not in self._conf:
-            self._conf[key] = self._spark.conf.get(key)
+            try:
+                self._conf[key] = self._spark.conf.get(key)
+            except spark_errors():  # neither set nor a setting with a default
+                self._conf[key] = None
         self._spark.conf.set(key, value)
 
     def job_group(self, group_id: str, description: str) -> None:

@@ -49,6 +49,26 @@ FROM pg_stat_user_tables WHERE relname = :name
 """
 
 
+PGSS_SQL = """
+SELECT queryid, calls, rows, query FROM pg_stat_statements
+WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND query LIKE :like
+"""
+
+
+def _pgss(engine: Any, prefix: str) -> dict[int, tuple[int, int, str]] | None:
+    """pg_stat_statements' (calls, rows, query) of the statements naming the run's tables,
+    by query id; None when the server does not load it (scripts/ensure-system.sh does)."""
+    import sqlalchemy as sa
+
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(sa.text(PGSS_SQL), {"like": f"%{prefix}%"}).all()
+    except sa.exc.DBAPIError:
+        return None
+    return {int(r[0]): (int(r[1]), int(r[2]), str(r[3])) for r in rows}
+
+
 def _stats(engine: Any, name: str) -> tuple[int, ...]:
     import sqlalchemy as sa
 
@@ -135,6 +155,7 @@ def sweep(
         with engine.connect():
             pass  # the pool's first connection outside the clock
         before = _stats(admin, stub.name)
+        pgss_before = _pgss(admin, prefix)
         statements.clear()
         touched.clear()
         db_time["s"] = 0.0
@@ -151,9 +172,21 @@ def sweep(
         engine.dispose()  # the backends exit: their table counters are flushed
         time.sleep(0.6)
         after = _stats(admin, stub.name)
+        pgss_after = _pgss(admin, prefix)
+        server: list[tuple[int, int, str]] = []  # (calls, rows, query) during the sweep
+        if pgss_before is not None and pgss_after is not None:
+            for qid, (calls, nrows, query) in pgss_after.items():
+                c0, r0, _ = pgss_before.get(qid, (0, 0, ""))
+                if calls > c0 and not query.lstrip().upper().startswith(("EXPLAIN", "ANALYZE")):
+                    server.append((calls - c0, nrows - r0, query))
+            server.sort(key=lambda x: -x[0])
         seq, seq_read, idx, idx_fetch, upd = (a - b for a, b in zip(after, before, strict=True))
-        n_statements = sum(statements.values())
-        n_rows = sum(touched.values())
+        if server:  # the database's own count (pg_stat_statements)
+            n_statements = sum(c for c, _, _ in server)
+            n_rows = sum(r for _, r, _ in server)
+        else:  # counted on the worker's engine
+            n_statements = sum(statements.values())
+            n_rows = sum(touched.values())
         # only due rows: no sequential scan of the stub table, and no row written but the
         # due ones, each twice (the claim's stamp, the finalise); the index tuples fetched
         # are reported beside (dead index entries of earlier passes' rows included)
@@ -199,10 +232,18 @@ def sweep(
                 missing=True,
             )
         )
+        metrics["resend_stats_source"] = "pg_stat_statements" if server else "engine events"
         notes.append(
-            f"resend sweep statements ({n_statements} in {passes} passes; pg_stat_statements "
-            "is not loaded on this server, so counted on the worker's engine):"
+            f"resend sweep statements ({n_statements} in {passes} passes, "
+            + (
+                "pg_stat_statements: calls, rows"
+                if server
+                else "pg_stat_statements not loaded: counted on the worker's engine"
+            )
+            + "; plans from EXPLAIN):"
         )
+        for calls, nrows, query in server:
+            notes.append(f"  {calls:>6} x {' '.join(query.split())[:90]} ...  rows {nrows:,}")
         for kind, c in statements.most_common():
             plan = _explain(admin, *first[kind])
             notes.append(f"  {c:>6} x {kind} ...  rows {touched[kind]:,}; plan: {plan}")

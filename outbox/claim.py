@@ -80,7 +80,10 @@ def claim_batch(
     picked = (
         select(stub.c.id)
         .where(due_clause(tables, now))
-        .order_by(stub.c.next_resend_at, stub.c.id)
+        # oldest due first, in the order the (status, next_resend_at) index yields: a claim
+        # reads its batch and stops (a tie-break on id made PostgreSQL sort every due row
+        # on each pass, quadratic over a sweep); the claimed rows are returned by id
+        .order_by(stub.c.next_resend_at)
         .limit(limit)
     )
     stamp = {"claimed_by": token, "next_resend_at": until}

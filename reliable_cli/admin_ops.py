@@ -52,6 +52,15 @@ def register(
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     verbs = dlq.add_subparsers(dest="verb", metavar="<list|replay|audit>")
+    _register_dlq_list(verbs, target)
+    _register_dlq_replay(verbs, target)
+    _register_dlq_audit(verbs, target)
+    _register_group_verbs(group_verbs, target)
+    _register_topic_delete(topic_verbs, target)
+    return dlq
+
+
+def _register_dlq_list(verbs: Any, target: Target) -> None:
     ls = verbs.add_parser(
         "list",
         help="a group's dead letters, oldest first",
@@ -71,6 +80,8 @@ def register(
     target(ls)
     ls.set_defaults(handler=_handler(_dlq_list))
 
+
+def _register_dlq_replay(verbs: Any, target: Target) -> None:
     rp = verbs.add_parser(
         "replay",
         help="deliver dead letters again (to the group, or the original topic)",
@@ -122,6 +133,8 @@ def register(
     target(rp)
     rp.set_defaults(handler=_handler(_dlq_replay))
 
+
+def _register_dlq_audit(verbs: Any, target: Target) -> None:
     au = verbs.add_parser(
         "audit",
         help="who replayed which dead letters, when",
@@ -136,6 +149,9 @@ def register(
     target(au)
     au.set_defaults(handler=_handler(_dlq_audit))
 
+
+def _register_group_verbs(group_verbs: Any, target: Target) -> None:
+    """`group show`, `group reset-offset`, `group delete`."""
     gs = group_verbs.add_parser(
         "show",
         help="one group: settings, consumers, per-queue progress, retry and DLQ "
@@ -183,6 +199,8 @@ def register(
     target(gd)
     gd.set_defaults(handler=_handler(_group_delete))
 
+
+def _register_topic_delete(topic_verbs: Any, target: Target) -> None:
     td = topic_verbs.add_parser(
         "delete",
         help="delete a topic: its config, queues and every group's offsets",
@@ -194,7 +212,6 @@ def register(
     td.add_argument("--yes", action="store_true", help="really delete it")
     target(td)
     td.set_defaults(handler=_handler(_topic_delete))
-    return dlq
 
 
 def _times(args: argparse.Namespace) -> dict[str, int]:

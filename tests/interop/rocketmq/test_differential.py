@@ -13,17 +13,17 @@ from typing import Any
 
 import pytest
 
+from apache_rocketmq import RocketMQCluster
 from tests.interop import differential
 
-# both servers run in the first test's fixtures: about 4 minutes on a loaded machine
+# both servers run in the first test's fixtures, side by side (about a minute alone)
 pytestmark = [pytest.mark.interop, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")
-def snapshot(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    # a cluster of its own: the Java scenarios' consumers and retries would otherwise share
-    # the session's broker with the framework's tests and slow their deliveries
-    return differential.observe_both(tmp_path_factory.mktemp("differential"))
+def snapshot(tmp_path_factory: pytest.TempPathFactory, rocketmq: RocketMQCluster) -> dict[str, Any]:
+    # the session's cluster: each scenario has its own topics and groups
+    return differential.observe_both(tmp_path_factory.mktemp("differential"), rocketmq)
 
 
 @pytest.fixture(scope="module")

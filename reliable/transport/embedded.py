@@ -5,7 +5,8 @@ client of the process naming the same directory uses one broker, started by the 
 `start()` and shut down by the last `close()`. `EmbeddedTransport(broker=b)` uses a broker the
 caller created and manages.
 
-This is the only module of `reliable` that imports `broker`.
+With `_embedded_convert` (its conversions and its errors), the only module of `reliable` that
+uses the broker itself; the rest share only the broker's vocabulary (names, codes, limits).
 """
 
 from __future__ import annotations
@@ -19,29 +20,28 @@ from typing import Any
 
 from broker import errors as berr
 from broker.broker import Broker
-from broker.codes import failure_kind
 from broker.config import BrokerConfig
-from broker.error_codes import code_of
-from broker.names import dlq_topic, is_retry_topic, retry_topic
+from broker.names import dlq_topic, retry_topic
 from broker.offsets import ConsumeFromWhere
-from broker.store import errors as serr
 from broker.store.config import StoreConfig, embedded_store_config, max_message_size_for
-from broker.store.message import Message as StoreMessage
 from broker.store.message import (
     MessageExt,
     Prop,
     PutMessageStatus,
     decode_offset_msg_id,
-    encode_offset_msg_id,
 )
 from reliable.errors import (
     BadRequest,
-    BrokerUnavailable,
     ConfigurationError,
     ReceiptHandleError,
-    call_error,
 )
 from reliable.message import Message, ReceivedMessage, SendReceipt, SendStatus, send_receipt
+from reliable.transport._embedded_convert import (
+    call,
+    to_received,
+    to_store_message,
+    translate,
+)
 from reliable.transport.base import (
     Capability,
     ConsumeFrom,
@@ -59,128 +59,12 @@ log = logging.getLogger(__name__)
 BROKER_NAME = "embedded"
 _PERM_READ, _PERM_WRITE = 4, 2
 
-# properties the client maps onto ReceivedMessage fields instead of `properties`
-_MAPPED = {Prop.TAGS, Prop.KEYS, Prop.UNIQ_KEY, Prop.SHARDING_KEY, Prop.TIMER_DELIVER_MS}
-
 _SEND_STATUS = {
     PutMessageStatus.PUT_OK: SendStatus.SEND_OK,
     PutMessageStatus.FLUSH_DISK_TIMEOUT: SendStatus.FLUSH_DISK_TIMEOUT,
     PutMessageStatus.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
     PutMessageStatus.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE,
 }
-
-
-def translate(exc: BaseException) -> BaseException:
-    """The client's error for a broker or store exception, classified as the gRPC transport
-    classifies the code the server would answer with (`broker.error_codes.code_of`, then
-    `broker.codes.failure_kind`): the same failure is retried, or not, the same way."""
-    if isinstance(exc, berr.ReceiptHandleError):
-        return ReceiptHandleError(exc.handle, exc.reason)
-    # the store refuses writes (disk full, not running): the refusal is kept, a full disk
-    # is said as such (`BrokerUnavailable.disk_full`); a kind like any INTERNAL_SERVER_ERROR
-    if isinstance(exc, serr.StoreNotRunning):
-        return BrokerUnavailable(
-            str(exc), reason="SERVICE_NOT_AVAILABLE", code="SERVICE_NOT_AVAILABLE"
-        )
-    if isinstance(exc, berr.BrokerError) and exc.code is berr.ResponseCode.SERVICE_NOT_AVAILABLE:
-        name = exc.code.name
-        reason = exc.status if isinstance(exc, berr.SendRejected) else name
-        return BrokerUnavailable(str(exc), reason=reason, code=name)
-    code = code_of(exc)
-    ours = isinstance(exc, berr.BrokerError) and not isinstance(exc, serr.StoreError)
-    message = str(exc) if ours else f"{type(exc).__name__}: {exc}"
-    return call_error(failure_kind(code), message, code=code.name)
-
-
-def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    try:
-        return fn(*args, **kwargs)
-    except berr.BrokerError as exc:  # the store's errors included
-        raise translate(exc) from exc
-
-
-def to_store_message(m: Message, queue_id: int) -> StoreMessage:
-    if (
-        not m.properties
-        and not m.tags
-        and not m.keys
-        and m.message_group is None
-        and m.delay_level is None
-        and m.deliver_at_ms is None
-    ):
-        # the usual message: only its id travels as a property
-        return StoreMessage(m.topic, bytes(m.body), queue_id, 0, {Prop.UNIQ_KEY: m.message_id})
-    props = dict(m.properties)
-    for reserved in (Prop.TAGS, Prop.KEYS, Prop.UNIQ_KEY, Prop.DELAY, Prop.TIMER_DELIVER_MS):
-        if reserved in props:
-            raise BadRequest(f"property {reserved!r} is reserved; use the Message field")
-    if m.tags:
-        props[Prop.TAGS] = m.tags
-    if m.keys:
-        props[Prop.KEYS] = " ".join(m.keys)
-    props[Prop.UNIQ_KEY] = m.message_id
-    if m.message_group is not None:
-        props[Prop.SHARDING_KEY] = m.message_group
-    if m.delay_level is not None:
-        props[Prop.DELAY] = str(m.delay_level)
-    if m.deliver_at_ms is not None:
-        props[Prop.TIMER_DELIVER_MS] = str(m.deliver_at_ms)
-    return StoreMessage(topic=m.topic, body=bytes(m.body), queue_id=queue_id, properties=props)
-
-
-# offset message ids by store host: the host's 16 hex digits, then the offset's 16
-_HOST_PREFIX: dict[tuple[str, int], str] = {}
-
-
-def _offset_msg_id(msg: MessageExt) -> str:
-    prefix = _HOST_PREFIX.get(msg.store_host)
-    if prefix is None:
-        if len(_HOST_PREFIX) > 64:
-            _HOST_PREFIX.clear()
-        prefix = _HOST_PREFIX[msg.store_host] = encode_offset_msg_id(msg.store_host, 0)[:16]
-    offset = msg.commitlog_offset
-    if offset < 0:
-        return encode_offset_msg_id(msg.store_host, offset)
-    return f"{prefix}{offset:016X}"
-
-
-def to_received(
-    msg: MessageExt, *, receipt_handle: str | None = None, attempt: int | None = None
-) -> ReceivedMessage:
-    props = msg.properties
-    get = props.get
-    topic = msg.topic
-    if is_retry_topic(topic) and Prop.RETRY_TOPIC in props:
-        topic = props[Prop.RETRY_TOPIC]  # a retry copy is shown as its original topic
-    due = get(Prop.TIMER_DELIVER_MS)
-    offset_id = _offset_msg_id(msg)
-    raw_keys = get(Prop.KEYS)
-    # a producer's plain message carries its UNIQ_KEY alone: nothing of the user's to copy
-    user = (
-        {}
-        if len(props) == 1 and Prop.UNIQ_KEY in props
-        else {k: v for k, v in props.items() if k not in _MAPPED}
-    )
-    return ReceivedMessage(
-        get(Prop.UNIQ_KEY) or offset_id,
-        topic,
-        msg.body,
-        msg.queue_id,
-        msg.queue_offset,
-        get(Prop.TAGS),
-        [k for k in raw_keys.split(" ") if k] if raw_keys else [],
-        user,
-        attempt - 1 if attempt is not None else msg.reconsume_times,
-        msg.born_timestamp,
-        msg.store_timestamp,
-        get(Prop.SHARDING_KEY) or None,
-        None,
-        offset_id,
-        receipt_handle,
-        get("__transactionId__") or None,
-        int(due) if due and due.isdigit() else None,
-        msg,
-    )
 
 
 class _Shared:
@@ -332,7 +216,7 @@ class EmbeddedTransport:
 
     # --- producing
     def route(self, topic: str) -> TopicRoute:
-        r = _call(self.broker.route, topic)
+        r = call(self.broker.route, topic)
         writable, readable = bool(r.perm & _PERM_WRITE), bool(r.perm & _PERM_READ)
         writes = tuple(QueueRef(topic, BROKER_NAME, q) for q in r.write_queue_ids if writable)
         reads = tuple(QueueRef(topic, BROKER_NAME, q) for q in r.read_queue_ids if readable)
@@ -372,11 +256,11 @@ class EmbeddedTransport:
         if transactional:
             sm.properties[Prop.TRAN_MSG] = "true"
             sm.properties[Prop.PRODUCER_GROUP] = producer_group or ""
-        result = _call(self.broker.send_message, sm, producer_group=producer_group)
+        result = call(self.broker.send_message, sm, producer_group=producer_group)
         return self._receipt(message, result)
 
     def recall(self, topic: str, recall_handle: str) -> str:
-        return str(_call(self.broker.recall_message, topic, recall_handle))
+        return str(call(self.broker.recall_message, topic, recall_handle))
 
     def send_batch(
         self, messages: Sequence[Message], queue: QueueRef, *, producer_group: str | None = None
@@ -386,7 +270,7 @@ class EmbeddedTransport:
             return plain
         queue_id = queue.queue_id
         sms = [to_store_message(m, queue_id) for m in messages]
-        results = _call(self.broker.send_batch, sms)
+        results = call(self.broker.send_batch, sms)
         out: list[SendReceipt] = []
         ok = PutMessageStatus.PUT_OK
         for m, r in zip(messages, results, strict=True):
@@ -424,7 +308,7 @@ class EmbeddedTransport:
                 or m.topic != topic
             ):
                 return None
-        result = _call(
+        result = call(
             self.broker.send_bodies,
             topic,
             queue_id,
@@ -498,7 +382,7 @@ class EmbeddedTransport:
         if ref.offset_msg_id is None:
             raise BadRequest("end_transaction needs the half message's offset id")
         _, offset = decode_offset_msg_id(ref.offset_msg_id)
-        _call(
+        call(
             self.broker.end_transaction,
             producer_group,
             ref.transaction_id or ref.message_id,
@@ -534,14 +418,14 @@ class EmbeddedTransport:
     def heartbeat(
         self, client_id: str, group: str, subscriptions: Mapping[str, Collection[str] | None]
     ) -> None:
-        known = client_id in _call(self.broker.consumer_ids, group)
-        _call(self.broker.heartbeat, client_id, group, subscriptions)
+        known = client_id in call(self.broker.consumer_ids, group)
+        call(self.broker.heartbeat, client_id, group, subscriptions)
         if not known:
             _Membership.notify(self.broker, group)
 
     def unregister(self, client_id: str, group: str) -> None:
         if self._broker is not None:
-            _call(self.broker.unregister, client_id, group)
+            call(self.broker.unregister, client_id, group)
             _Membership.notify(self.broker, group)
 
     def watch_consumers(
@@ -550,7 +434,7 @@ class EmbeddedTransport:
         _Membership.watch(self.broker, group, client_id, callback)
 
     def consumer_ids(self, group: str) -> list[str]:
-        return list(_call(self.broker.consumer_ids, group))
+        return list(call(self.broker.consumer_ids, group))
 
     # --- pull
     def pull(
@@ -563,7 +447,7 @@ class EmbeddedTransport:
         *,
         suspend_ms: int = 0,
     ) -> PullBatch:
-        r = _call(
+        r = call(
             self.broker.pull_message,
             group,
             queue.topic,
@@ -583,18 +467,18 @@ class EmbeddedTransport:
         return PullBatch(status, msgs, r.next_begin_offset, r.min_offset, r.max_offset)
 
     def commit_offset(self, group: str, queue: QueueRef, offset: int) -> None:
-        _call(self.broker.commit_offset, group, queue.topic, queue.queue_id, offset)
+        call(self.broker.commit_offset, group, queue.topic, queue.queue_id, offset)
 
     def query_offset(self, group: str, queue: QueueRef) -> int:
-        return int(_call(self.broker.query_offset, group, queue.topic, queue.queue_id))
+        return int(call(self.broker.query_offset, group, queue.topic, queue.queue_id))
 
     def min_offset(self, queue: QueueRef) -> int:
         """The queue's smallest offset still held."""
-        return int(_call(self.broker.min_offset, queue.topic, queue.queue_id))
+        return int(call(self.broker.min_offset, queue.topic, queue.queue_id))
 
     def max_offset(self, queue: QueueRef) -> int:
         """One past the queue's last offset."""
-        return int(_call(self.broker.max_offset, queue.topic, queue.queue_id))
+        return int(call(self.broker.max_offset, queue.topic, queue.queue_id))
 
     def initial_offset(
         self, group: str, queue: QueueRef, where: ConsumeFrom, timestamp_ms: int | None = None
@@ -605,7 +489,7 @@ class EmbeddedTransport:
             ConsumeFrom.TIMESTAMP: ConsumeFromWhere.TIMESTAMP,
         }[where]
         return int(
-            _call(self.broker.initial_offset, group, queue.topic, queue.queue_id, w, timestamp_ms)
+            call(self.broker.initial_offset, group, queue.topic, queue.queue_id, w, timestamp_ms)
         )
 
     def send_back(
@@ -616,7 +500,7 @@ class EmbeddedTransport:
         max_reconsume_times: int | None = None,
     ) -> None:
         raw = self._raw(message)
-        _call(self.broker.consumer_send_back, group, raw, delay_level, max_reconsume_times)
+        call(self.broker.consumer_send_back, group, raw, delay_level, max_reconsume_times)
 
     @staticmethod
     def _raw(message: ReceivedMessage) -> MessageExt:
@@ -645,7 +529,7 @@ class EmbeddedTransport:
         long_poll_ms: int = 0,
         fifo: bool = False,
     ) -> list[ReceivedMessage]:
-        entries = _call(
+        entries = call(
             self.broker.receive,
             group,
             topic,
@@ -671,7 +555,7 @@ class EmbeddedTransport:
         return raw.topic if isinstance(raw, MessageExt) else message.topic
 
     def ack(self, group: str, message: ReceivedMessage) -> None:
-        _call(self.broker.ack, group, self._source_topic(message), self._handle(message))
+        call(self.broker.ack, group, self._source_topic(message), self._handle(message))
 
     def ack_many(
         self, group: str, messages: Sequence[ReceivedMessage]
@@ -686,7 +570,7 @@ class EmbeddedTransport:
                 continue
             by_topic.setdefault(self._source_topic(m), []).append(i)
         for topic, indexes in by_topic.items():
-            errors = _call(
+            errors = call(
                 self.broker.ack_batch, group, topic, [messages[i].receipt_handle for i in indexes]
             )
             for i, error in zip(indexes, errors, strict=True):
@@ -711,7 +595,7 @@ class EmbeddedTransport:
     def change_invisible_duration(
         self, group: str, message: ReceivedMessage, invisible_ms: int
     ) -> str:
-        new = _call(
+        new = call(
             self.broker.change_invisible_duration,
             group,
             self._source_topic(message),
@@ -737,7 +621,7 @@ class EmbeddedTransport:
         done(handle)
 
     def forward_to_dlq(self, group: str, message: ReceivedMessage) -> None:
-        _call(
+        call(
             self.broker.forward_to_dlq,
             group,
             self._source_topic(message),

@@ -95,6 +95,8 @@ def build_parser(noun: str | None = None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(_noun_of(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
+    if argv is None:  # the process's own command line: a deposed broker restarts with it
+        args.argv = sys.argv[1:]
     level = logging.WARNING - 10 * min(args.verbose, 2)
     # --log-format belongs to the long-running commands (reliable_cli.observe)
     from reliable_cli.observe import configure_logging

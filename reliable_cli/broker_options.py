@@ -379,7 +379,28 @@ def add_failover_arguments(s: argparse.ArgumentParser) -> None:
         "--coordinator",
         default=None,
         metavar="etcd://HOST:PORT",
-        help="the etcd server (its client URL) that names each broker group's master",
+        help="the etcd server (its client URL) that names each broker group's master; "
+        "etcds://HOST:PORT speaks TLS",
+    )
+    fo.add_argument(
+        "--coordinator-ca",
+        default=None,
+        metavar="FILE",
+        help="with etcds://: the CA certificate etcd's certificate is verified against "
+        "(default: the system's CAs)",
+    )
+    fo.add_argument(
+        "--coordinator-cert",
+        default=None,
+        metavar="FILE",
+        help="with etcds://: this broker's client certificate (PEM), for an etcd started "
+        "with --client-cert-auth",
+    )
+    fo.add_argument(
+        "--coordinator-key",
+        default=None,
+        metavar="FILE",
+        help="the private key of --coordinator-cert (PEM)",
     )
     fo.add_argument(
         "--failover",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import struct
 import time
 from typing import Any
 
@@ -55,6 +56,9 @@ BodyParts = tuple[list[bytes], list[str], list[str] | None, tuple[str, str, bool
 StoredMessage = tuple[int, str, int, PutMessageStatus, str, int]
 _MAX_TIMESTAMP_S, _MAX_NANOS = convert.MAX_TIMESTAMP_S, convert.MAX_NANOS
 SOURCE_SERVER_CHECK = 2
+# a sync-master's "stored, no slave confirmed it" answers (docs/ha.md)
+_NOT_REPLICATED = frozenset({Code.HA_NOT_AVAILABLE, Code.SLAVE_PERSISTENCE_TIMEOUT})
+_END = struct.Struct(">q")  # the log end an unreplicated copy waits for
 _RESEND_ALLOWED = frozenset({RETRY_TOPIC})
 
 
@@ -108,6 +112,10 @@ class ProducerHandlers:
         # what makes two sends the same send: a digest of topic, message id, user properties;
         # the first result's serialized entry is kept (bounded by bytes, not count)
         self._recent = SendResults(ctx.config.dedupe_cache_bytes, ctx.config.dedupe_cache_size)
+        # sends stored but answered "not replicated" (a sync-master without a slave, or one
+        # too slow): key -> the log end a slave must reach, then the entry. A resend waits
+        # for that copy's replication instead of storing the message again
+        self._unreplicated = SendResults(ctx.config.dedupe_cache_bytes // 8)
         # sends being stored: key -> (its request's entries once settled, its index there)
         self._pending: dict[bytes, tuple[asyncio.Future[list[Any]], int]] = {}
         self._inflight = 0  # messages of requests being served (flow control)
@@ -209,6 +217,11 @@ class ProducerHandlers:
             if cached is not None:  # a resend of a send already answered: the first answer
                 entries[i] = service_pb2.SendResultEntry.FromString(cached)
                 continue
+            if self._unreplicated.nbytes:
+                stored_copy = self._unreplicated.get(key)
+                if stored_copy is not None:  # stored, not replicated: that copy, once it is
+                    entries[i] = await self._replicated_copy(key, stored_copy, loop)
+                    continue
             pending = self._pending.get(key)
             if pending is not None:
                 duplicates.append((i, pending))
@@ -256,6 +269,8 @@ class ProducerHandlers:
                     )
                 elif entry.status.code == Code.OK:
                     answered.append((key, entry.SerializeToString()))
+                elif entry.status.code in _NOT_REPLICATED:
+                    self._remember_unreplicated(key, entry)
             self._recent.put_many(answered)
             settled.set_result(entries)
         for i, (future, at) in duplicates:
@@ -665,6 +680,28 @@ class ProducerHandlers:
             entry.recall_handle = result.recall_handle
             if self.ctx.cluster is not None:  # RecallMessage may reach another group
                 entry.recall_handle = f"{self.ctx.config.broker_name}@{result.recall_handle}"
+        return entry
+
+    def _remember_unreplicated(self, key: bytes, entry: Any) -> None:
+        """A send stored and answered "not replicated": its copy is in the log, below the
+        log's end now; a resend is answered from it (`_replicated_copy`)."""
+        end = self.ctx.broker.store.get_commitlog_max_offset()
+        self._unreplicated.put(key, _END.pack(end) + entry.SerializeToString())
+
+    async def _replicated_copy(
+        self, key: bytes, stored_copy: bytes, loop: asyncio.AbstractEventLoop
+    ) -> Any:
+        """The answer to a resend of a message stored but not replicated: the first
+        answer, OK once a slave has the log past that copy (it then counts as answered),
+        else "not replicated" again; never a second copy in the log."""
+        (end,) = _END.unpack_from(stored_copy)
+        entry = service_pb2.SendResultEntry.FromString(stored_copy[_END.size :])
+        refused = await self._replicated(end, loop)
+        if refused is not None:
+            entry.status.CopyFrom(status_of(refused))
+            return entry
+        entry.status.CopyFrom(ok())
+        self._recent.put(key, entry.SerializeToString())
         return entry
 
     async def _replicated(self, end: int, loop: asyncio.AbstractEventLoop) -> BaseException | None:

@@ -171,6 +171,51 @@ def test_sync_master_without_a_slave_answers_a_retryable_error_in_time(
         producer.shutdown()
 
 
+def test_a_resend_of_a_send_stored_without_a_slave_is_stored_once(
+    make_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """A sync-master with no slave stores a send and answers "not replicated"; every
+    resend of it (the same message id) is answered from that copy, never stored again:
+    "not replicated" while no slave has it, then SEND_OK with the first copy's offset once
+    a slave does (docs/ha.md, "Riding through a failover")."""
+    from reliable import Message, Producer, SendFailed, SendStatus, SimpleConsumer
+
+    master, ha_port = _master(make_server, tmp_path, "sync-master")
+    topic = "t-ha-resend-once"
+    message = Message(topic, b"once")
+    with Producer(transport="grpc", endpoint=master.endpoint, failover_wait_s=0) as producer:
+        for _ in range(2):  # 3 attempts each, every one answered "not replicated"
+            with pytest.raises(SendFailed) as failed:
+                producer.send(message)
+            assert all("HA_NOT_AVAILABLE" in str(e) for _q, e in failed.value.attempts)
+        _slave(make_server, tmp_path, ha_port)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                done = producer.send(message)
+                break
+            except SendFailed:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        assert done.status is SendStatus.SEND_OK and done.message_id == message.message_id
+        later = producer.send(Message(topic, b"later"))
+        assert later.status is SendStatus.SEND_OK
+    bodies: list[bytes] = []
+    with SimpleConsumer(
+        "g-ha-resend-once",
+        {topic: "*"},
+        transport="grpc",
+        endpoint=master.endpoint,
+        await_duration_s=1.0,
+    ) as consumer:
+        deadline = time.monotonic() + 20
+        while b"later" not in bodies and time.monotonic() < deadline:
+            for m in consumer.receive(32):
+                bodies.append(m.body)
+                consumer.ack(m)
+    assert sorted(bodies) == [b"later", b"once"]  # one copy, however many resends
+
+
 def test_sync_master_sync_flush_sigkill_loses_no_acknowledged_message(
     make_server: Callable[..., ServerProcess], tmp_path: Path
 ) -> None:

@@ -6,6 +6,7 @@ A real store on real files; a recording dispatcher tells which thread dispatched
 from __future__ import annotations
 
 import asyncio
+import selectors
 import threading
 import time
 from typing import Any
@@ -162,3 +163,61 @@ def test_the_loops_selector_releases_held_answers_in_the_same_turn(broker: Broke
         answers.uninstall()
         dispatch.uninstall()
         loop.close()
+
+
+class CountingSelector(selectors.DefaultSelector):
+    """The platform's selector, counting the polls (selects that do not block) made on it."""
+
+    polls = 0
+
+    def select(self, timeout: float | None = None) -> list[tuple[Any, int]]:
+        if timeout is not None and timeout <= 0:
+            self.polls += 1
+        return super().select(timeout)
+
+
+class ProbedLoopSelector(LoopSelector, CountingSelector):
+    """The server loop's selector over `CountingSelector`: its idle polls are counted."""
+
+
+def test_after_a_burst_the_loop_waits_without_polling(broker: Broker) -> None:
+    """A loop that held answers since it last waited (a client with many calls in flight)
+    blocks at once when it waits next, though its poll window is open; a loop whose turns
+    answered one call at a time polls that window, as before."""
+    answers = HeldAnswers(batch=64, linger_ms=1000)
+    dispatch = LoopDispatch(broker.store)
+    selector = ProbedLoopSelector(100_000, dispatch, answers)
+    loop = asyncio.SelectorEventLoop(selector)
+    dispatch.install()
+    answers.install()
+
+    async def polls_of_a_wait() -> int:
+        selector.idle.limit_ns = selector.idle.max_ns  # a window of 100 ms
+        await asyncio.sleep(0)  # the turns that finish the calls are not counted
+        before = selector.polls
+        await asyncio.sleep(0.15)
+        return selector.polls - before
+
+    async def call() -> None:
+        held = answers.hold()
+        if held is not None:
+            await held
+
+    async def main() -> tuple[int, int]:
+        await asyncio.sleep(0.01)  # the loop waits once: idle
+        await asyncio.gather(*(call() for _ in range(5)))  # a burst: four answers held
+        assert answers.held_total == 4
+        after_burst = await polls_of_a_wait()
+        await call()  # one call: answered at once, nothing held
+        assert answers.held_total == 4
+        one_at_a_time = await polls_of_a_wait()
+        return after_burst, one_at_a_time
+
+    try:
+        after_burst, one_at_a_time = loop.run_until_complete(main())
+    finally:
+        answers.uninstall()
+        dispatch.uninstall()
+        loop.close()
+    # after the burst's wait, the loop's timer rounding may make one more short wait: polled
+    assert after_burst <= 2 < one_at_a_time, (after_burst, one_at_a_time)

@@ -20,9 +20,8 @@ request before it is refused and the connection closed.
 
 from __future__ import annotations
 
-import socket
 import struct
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from broker import protocol_ext
 from broker.protocol_pb import service_pb2
@@ -96,8 +95,14 @@ class Frame(NamedTuple):
     body: bytes
 
 
-def read_frame(sock: socket.socket) -> Frame:
-    """The next whole frame from a blocking socket; ConnectionError when it closes first."""
+class Readable(Protocol):
+    """A blocking byte stream: a socket, or the client's TLS stream over one."""
+
+    def recv(self, n: int, /) -> bytes: ...
+
+
+def read_frame(sock: Readable) -> Frame:
+    """The next whole frame from a blocking stream; ConnectionError when it closes first."""
 
     def exactly(n: int) -> bytes:
         out = bytearray()

@@ -153,8 +153,6 @@ def _check_server_options(args: argparse.Namespace) -> None:
     ):
         if value < least:
             raise _Refused(f"{name} must be at least {least}")
-    if args.wire_port is not None and args.tls_cert is not None:
-        raise _Refused("--wire-port is plaintext: it cannot be combined with --tls-cert/--tls-key")
     if args.wire_port is not None and not 0 <= args.wire_port <= 65535:
         raise _Refused("--wire-port must be 0..65535")
     try:

@@ -65,7 +65,8 @@ def add_listen_arguments(s: argparse.ArgumentParser) -> None:
         metavar="PORT",
         help="also serve the native wire (docs/wire.md) on this port for the framework's "
         "clients: the same calls as gRPC, framed over plain TCP, about 2x the one-at-a-time "
-        "rate; 0 picks a free one (default: off; not with TLS)",
+        "rate; 0 picks a free one (default: off). With --tls-cert it is TLS with the same "
+        "certificate",
     )
     s.add_argument(
         "--advertise",

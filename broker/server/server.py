@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -88,11 +89,6 @@ class MessagingServer:
     def start(self, timeout_s: float = 10.0) -> None:
         if self._thread is not None:
             raise ServerStartError("server already started")
-        if self.config.wire_port is not None and self.config.tls:
-            raise ServerStartError(
-                "the native wire port is plaintext: it is not offered with TLS "
-                "(leave the wire port off, or serve without TLS)"
-            )
         try:
             check_max_us(self.config.idle_poll_us)
         except ValueError as exc:
@@ -165,6 +161,15 @@ class MessagingServer:
         assert cert is not None and key is not None
         return grpc.ssl_server_credentials([(key.read_bytes(), cert.read_bytes())])
 
+    def _wire_tls(self) -> ssl.SSLContext | None:
+        """The native wire's TLS, with the gRPC port's certificate and key (None: plaintext)."""
+        if not self.config.tls:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(str(self.config.tls_cert), str(self.config.tls_key))
+        return context
+
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
         self.ctx.loop = asyncio.get_running_loop()
@@ -210,7 +215,9 @@ class MessagingServer:
         if self.config.wire_port is not None:
             self.wire = WireServer(self.ctx, self.servicer, max_frame=MAX_MESSAGE_BYTES)
             try:
-                self.ctx.wire_port = await self.wire.start(self.config.host, self.config.wire_port)
+                self.ctx.wire_port = await self.wire.start(
+                    self.config.host, self.config.wire_port, tls=self._wire_tls()
+                )
             except OSError as exc:
                 raise ServerStartError(
                     f"cannot bind the wire port {self.config.host}:{self.config.wire_port}: {exc}"

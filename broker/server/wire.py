@@ -35,6 +35,7 @@ import asyncio
 import itertools
 import json
 import logging
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -352,10 +353,12 @@ class WireServer:
             for m in pw.METHODS
         }
 
-    async def start(self, host: str, port: int) -> int:
+    async def start(self, host: str, port: int, *, tls: ssl.SSLContext | None = None) -> int:
+        """Listen on `host:port` (0: any free port); the port bound. With `tls`, every
+        connection is TLS (the gRPC port's certificate), handshaken before its HELLO."""
         self.loop = asyncio.get_running_loop()
         self._server = await self.loop.create_server(
-            lambda: WireConnection(self), host, port, reuse_address=True
+            lambda: WireConnection(self), host, port, reuse_address=True, ssl=tls
         )
         return int(self._server.sockets[0].getsockname()[1])
 

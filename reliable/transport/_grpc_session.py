@@ -32,6 +32,7 @@ from reliable.transport import _grpc_wire
 from reliable.transport import _grpc_wire as wire
 from reliable.transport._native_wire import NativeStub
 from reliable.transport._pb import protocol_ext, service_pb2, service_pb2_grpc
+from reliable.transport._wire_tls import client_context
 from reliable.transport.base import QueueRef, TopicRoute
 
 log = logging.getLogger("reliable.transport.grpc")
@@ -94,9 +95,6 @@ class GrpcSession:
         except ValueError as exc:
             raise ConfigurationError(f"idle_poll_us: {exc}") from None
         self.wire = "native" if wire_endpoint else wire_of(wire)
-        if self.wire == "native" and tls:
-            log.info("the native wire is plaintext: over TLS, calls go over gRPC")
-            self.wire = "grpc"
         self._wire_endpoint = (
             _grpc_wire.parse_endpoint(wire_endpoint).addresses[0] if wire_endpoint else None
         )
@@ -191,6 +189,9 @@ class GrpcSession:
             port=address[1] if address is not None else None,
             connect_timeout_s=self._timeout,
             idle_poll_us=self._idle_poll_us,
+            tls=client_context(str(self._ca_file) if self._ca_file else None)
+            if self._tls
+            else None,
         )
 
     def _open(self, target: str) -> Any:

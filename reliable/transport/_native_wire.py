@@ -11,6 +11,10 @@ The wire port is asked of the server once (`reliable.v1.BatchMessaging/WireEndpo
 gRPC) unless the caller names it; a server that offers none (or an Apache RocketMQ proxy,
 which answers UNIMPLEMENTED) is reached over gRPC from then on.
 
+With TLS (a transport with `tls=True`, docs/wire.md "TLS") the connection is TLS, the
+server's certificate verified as the gRPC channel verifies it, through memory BIOs
+(`reliable.transport._wire_tls`): the socket stays plain, so polling it stays exact.
+
 One connection per endpoint: a lock serialises writes (TCP_NODELAY, one `sendall` a
 frame); one thread at a time reads (a blocking `call` for its own answer when nobody else
 reads, else the connection's reader thread) and resolves every answer it reads by request
@@ -30,6 +34,7 @@ import logging
 import queue
 import select
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -43,6 +48,7 @@ from broker import protocol_wire as pw
 from broker.idle_poll import DEFAULT_MAX_US as DEFAULT_IDLE_POLL_US
 from broker.idle_poll import IdlePoll, check_max_us
 from reliable.transport._pb import definition_pb2
+from reliable.transport._wire_tls import TlsStream
 
 log = logging.getLogger("reliable.transport.grpc")
 
@@ -131,8 +137,16 @@ class _Connection:
     own answer, or the connection's reader thread). What it reads goes into `buffer` and
     every whole answer there resolves its call, whoever made it."""
 
-    def __init__(self, sock: socket.socket, lock: threading.Lock, idle_poll_us: int) -> None:
-        self.sock = sock
+    def __init__(
+        self,
+        sock: socket.socket,
+        lock: threading.Lock,
+        idle_poll_us: int,
+        tls: TlsStream | None = None,
+    ) -> None:
+        self.sock = sock  # polled, and closed; read and written through `tls` if any
+        self.tls = tls
+        self.sendall = tls.sendall if tls is not None else sock.sendall
         self.pending: dict[int, tuple[Future[Any], pw.Method]] = {}
         self.ids = itertools.count(1)
         self.hello_at = self.used_at = time.monotonic()
@@ -156,8 +170,10 @@ class WireChannel:
         *,
         connect_timeout_s: float = 3.0,
         idle_poll_us: int = DEFAULT_IDLE_POLL_US,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.address = (host, port)
+        self._tls = tls
         self._idle_poll_us = check_max_us(idle_poll_us)
         self.target = f"{host}:{port}"
         self._connect_timeout = connect_timeout_s
@@ -299,10 +315,15 @@ class WireChannel:
             raise WireRpcError(
                 grpc.StatusCode.UNAVAILABLE, f"cannot connect to {self.target}: {exc}"
             ) from None
+        stream: TlsStream | None = None
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.sendall(pw.frame(0, pw.HELLO, 0, _hello(metadata)))
-            _, _, flags, body = pw.read_frame(sock)
+            if self._tls is not None:
+                stream = TlsStream(sock, self._tls, server_hostname=self.address[0])
+                stream.handshake()
+            io: Any = stream if stream is not None else sock
+            io.sendall(pw.frame(0, pw.HELLO, 0, _hello(metadata)))
+            _, _, flags, body = pw.read_frame(io)
         except (OSError, ValueError) as exc:
             sock.close()
             raise WireRpcError(
@@ -317,7 +338,7 @@ class WireChannel:
             code, _, details = body.decode(errors="replace").partition("\n")
             raise WireRpcError(_code(code), f"hello to {self.target}: {details}")
         sock.settimeout(None)
-        conn = _Connection(sock, self._lock, self._idle_poll_us)
+        conn = _Connection(sock, self._lock, self._idle_poll_us, stream)
         self._conn = conn
         threading.Thread(
             target=self._read, args=(conn,), name=f"wire-reader-{self.target}", daemon=True
@@ -326,7 +347,7 @@ class WireChannel:
 
     def _send(self, conn: _Connection, data: bytes) -> None:
         try:
-            conn.sock.sendall(data)
+            conn.sendall(data)
         except OSError as exc:
             conn.broken = True
             if self._conn is conn:
@@ -376,7 +397,12 @@ class WireChannel:
         """Holding the read token: one recv, and every whole answer read resolves its
         call. False once the connection has failed (every call on it failed)."""
         try:
-            data = conn.sock.recv(1 << 18)
+            if conn.tls is None:
+                data: bytes | None = conn.sock.recv(1 << 18)
+            else:
+                data = conn.tls.recv_some()
+                if data is None:  # a TLS record still partial: read again when readable
+                    return True
         except OSError as exc:
             self._fail(conn, grpc.StatusCode.UNAVAILABLE, f"{self.target}: {exc}")
             return False
@@ -514,8 +540,10 @@ class NativeStub:
         port: int | None = None,
         connect_timeout_s: float = 3.0,
         idle_poll_us: int = DEFAULT_IDLE_POLL_US,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self._grpc = grpc_stub
+        self._tls = tls
         self._idle_poll_us = idle_poll_us
         self._grpc_receive = receive_messages
         self._host = host
@@ -531,7 +559,11 @@ class NativeStub:
         self.receive_messages = _Method(self, pw.BY_NAME["ReceiveMessages"])
         if port:
             self._channel = WireChannel(
-                host, port, connect_timeout_s=connect_timeout_s, idle_poll_us=idle_poll_us
+                host,
+                port,
+                connect_timeout_s=connect_timeout_s,
+                idle_poll_us=idle_poll_us,
+                tls=tls,
             )
 
     def __getattr__(self, name: str) -> Any:  # ReceiveMessage, Telemetry
@@ -575,6 +607,7 @@ class NativeStub:
                         port,
                         connect_timeout_s=self._connect_timeout,
                         idle_poll_us=self._idle_poll_us,
+                        tls=self._tls,
                     )
                     log.info(
                         "%s: unary calls over the native wire %s:%d", self._host, self._host, port

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 import reliable
+from bench._tls import self_signed
 from broker import protocol_wire as pw
 from broker.broker import Broker
 from broker.protocol_pb import definition_pb2, service_pb2
@@ -30,6 +31,8 @@ from broker.server.errors import ServerStartError
 from broker.server.server import MessagingServer
 from broker.store.config import StoreConfig
 from reliable import Message, Producer, TransportError
+from reliable.transport._native_wire import WireChannel, WireRpcError
+from reliable.transport._wire_tls import client_context
 from tests.e2e.grpc.conftest import FAST
 from tests.e2e.grpc.server_process import ServerProcess, cli
 from tests.e2e.grpc.test_malformed import receive_request
@@ -345,28 +348,53 @@ def test_a_sigkill_mid_flight_fails_pending_calls_and_loses_nothing_acknowledged
             proc.kill()
 
 
-def test_the_wire_port_is_refused_with_tls(tmp_path: Path) -> None:
-    """The wire is plaintext: a TLS server does not open it (and says so)."""
-    done = cli(
-        "broker",
-        "start",
-        "--store",
-        str(tmp_path / "store"),
-        "--port",
-        "0",
-        "--wire-port",
-        "0",
-        "--tls-cert",
-        str(tmp_path / "cert.pem"),
-        "--tls-key",
-        str(tmp_path / "key.pem"),
-    )
-    assert done.returncode != 0
-    assert "--wire-port is plaintext" in done.stderr
-    assert not (tmp_path / "store").exists()  # refused before anything was opened
-    config = ServerConfig(port=0, wire_port=0, tls_cert=tmp_path / "c", tls_key=tmp_path / "k")
-    with pytest.raises(ServerStartError, match="plaintext"):
-        MessagingServer(Broker(StoreConfig(store_dir=tmp_path / "unused")), config).start()
+def test_over_tls_the_wire_is_tls_with_the_grpc_certificate(
+    make_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """A TLS server opens its wire with the gRPC port's certificate: a transport with
+    `tls=True` and the CA sends and receives over it (verified as its gRPC channel is);
+    a plaintext connection, and a client trusting another certificate, get nothing."""
+    cert, key = self_signed(tmp_path / "tls")
+    other, _ = self_signed(tmp_path / "other")
+    server = make_server("--wire-port", "0", "--tls-cert", str(cert), "--tls-key", str(key))
+    assert server.wire_port
+    options: dict[str, Any] = {"tls": True, "ca_file": str(cert), "wire": "native"}
+    with Producer("grpc", endpoint=server.endpoint, **options) as producer:
+        sent = [producer.send(Message("wire-tls", b"sealed-%d" % i)) for i in range(50)]
+        assert producer._transport.stub.native is True  # type: ignore[attr-defined]
+        futures = [producer.send_async(Message("wire-tls", b"async-%d" % i)) for i in range(200)]
+        sent += [f.result(30) for f in futures]
+    got: set[bytes] = set()
+    with reliable.SimpleConsumer(
+        "g-wire-tls",
+        {"wire-tls": "*"},
+        transport="grpc",
+        endpoint=server.endpoint,
+        await_duration_s=1.0,
+        **options,
+    ) as consumer:
+        assert consumer._transport.stub.native is True  # type: ignore[attr-defined]
+
+        def everything() -> bool:
+            for m in consumer.receive(64):
+                got.add(m.body)
+                consumer.ack(m)
+            return len(got) >= len(sent)
+
+        wait_until(everything, timeout=60, what="every message sent over TLS")
+    assert len(got) == len(sent) == 250
+    # a plaintext HELLO on the TLS port is never answered as a frame
+    with socket.create_connection(("127.0.0.1", server.wire_port), timeout=10) as sock:
+        sock.sendall(pw.frame(0, pw.HELLO, 0, HELLO))
+        with pytest.raises((ConnectionError, OSError, ValueError)):
+            read_frame(sock)
+    # a client that does not trust the server's certificate sends nothing over the wire
+    channel = WireChannel("127.0.0.1", server.wire_port, tls=client_context(str(other)))
+    try:
+        with pytest.raises(WireRpcError, match=r"CERTIFICATE_VERIFY_FAILED|certificate verify"):
+            channel.call(pw.BY_NAME["SendMessage"], send_request("wire-tls", b"no"), 10, ())
+    finally:
+        channel.close()
 
 
 @pytest.mark.parametrize("server_us, client_us", [(0, 0), (200, 200), (0, 5_000)])

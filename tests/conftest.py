@@ -43,6 +43,7 @@ SHARED_UNITS = ("tests/integration/reconcile/", "tests/interop/rocketmq/")
 # one worker busy on one of them while the others idle.
 LONGEST_FIRST: list[str] = [
     "tests/integration/reconcile",
+    "tests/interop/rocketmq",  # a cluster, the Java differential, retries and Spark: 5+ min
     "tests/interop/test_official_clients.py",
     "tests/e2e/test_demo.py",
     "tests/unit/test_bench.py",

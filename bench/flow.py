@@ -93,11 +93,21 @@ class Counts:
     flow: int  # orders per flow case
     sweep: int  # stubs in the resend sweep's table
     consume_cap_s: float  # a consume case ends this long after its first reservation
+    consume_threads: tuple[int, ...] = CONSUME_THREADS  # handler threads, one process
+    reconcile: bool = True  # the Spark reconciliation (a JVM start: ~10 s)
 
 
 def counts(quick: bool) -> Counts:
-    if quick:
-        return Counts(publish=150, consume=400, flow=200, sweep=20_000, consume_cap_s=5.0)
+    if quick:  # the plumbing and exactly-once, not figures: one thread count, no Spark
+        return Counts(
+            publish=150,
+            consume=400,
+            flow=200,
+            sweep=20_000,
+            consume_cap_s=5.0,
+            consume_threads=(PROCESS_THREADS,),
+            reconcile=False,
+        )
     return Counts(publish=3000, consume=3000, flow=3000, sweep=1_000_000, consume_cap_s=60.0)
 
 
@@ -255,12 +265,50 @@ class TimedSender:
 # --- processes
 
 
+_stopping: list[threading.Thread] = []  # processes told to stop, waited for in the background
+_handed_over: set[int] = set()  # their pids: `processes` leaves them to those threads
+
+
+def stop_in_background(procs: list[subprocess.Popen[str]]) -> threading.Thread:
+    """SIGTERM `procs` and wait for them on a thread: a consumer's graceful stop waits for
+    its receive long poll (seconds) and the next case need not. Only for processes with
+    nothing left to do (their case's rows are all in): they write nothing meanwhile."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        _handed_over.add(proc.pid)
+    thread = threading.Thread(target=_reap, args=(procs,), daemon=True, name="reap")
+    thread.start()
+    _stopping.append(thread)
+    return thread
+
+
+def _reap(procs: list[subprocess.Popen[str]]) -> None:
+    for proc in procs:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def reap_all() -> None:
+    """Wait until every process stopped in the background has exited."""
+    while _stopping:
+        _stopping.pop().join(60)
+
+
 @contextmanager
 def processes(
-    argvs: list[list[str]], env: dict[str, str], ready: str, what: str
+    argvs: list[list[str]],
+    env: dict[str, str] | list[dict[str, str]],
+    ready: str,
+    what: str,
 ) -> Iterator[list[subprocess.Popen[str]]]:
-    """Start every argv, wait for `ready` on each one's stdout, SIGTERM them on exit."""
-    full = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", **env)
+    """Start every argv (with `env`, or its own of a list), wait for `ready` on each one's
+    stdout, SIGTERM them on exit (unless `stop_in_background` was given them first)."""
+    envs = env if isinstance(env, list) else [env] * len(argvs)
+    base = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
     procs: list[subprocess.Popen[str]] = []
     tails: list[collections.deque[str]] = []
     seen: list[threading.Event] = []
@@ -276,13 +324,13 @@ def processes(
         ev.set()
 
     try:
-        for argv in argvs:
+        for argv, own in zip(argvs, envs, strict=True):
             proc = subprocess.Popen(
                 [sys.executable, *argv],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
-                env=full,
+                env={**base, **own},
                 cwd=REPO,
             )
             tail: collections.deque[str] = collections.deque(maxlen=30)
@@ -296,6 +344,7 @@ def processes(
                 raise RuntimeError(f"{what} did not start: {''.join(tail)[-1500:]}")
         yield procs
     finally:
+        procs = [proc for proc in procs if proc.pid not in _handed_over]
         for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -307,9 +356,23 @@ def processes(
                 proc.wait(10)
 
 
+@contextmanager
+def _already(procs: list[subprocess.Popen[str]]) -> Iterator[list[subprocess.Popen[str]]]:
+    """Consumers started beforehand: their owner stops them."""
+    yield procs
+
+
 def consumers(
     endpoint: str, db: Db, topic: str, group: str, mode: str, threads: int, count: int
 ) -> Any:
+    argv, env = consumer(endpoint, db, topic, group, mode, threads)
+    return processes([argv] * count, env, "consuming", f"reliable consume ({mode})")
+
+
+def consumer(
+    endpoint: str, db: Db, topic: str, group: str, mode: str, threads: int
+) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment of one `reliable consume` process of a case."""
     env = {
         "FLOW_TOPIC": topic,
         "FLOW_GROUP": group,
@@ -323,7 +386,7 @@ def consumers(
     }
     argv = ["-m", "reliable_cli", "consume", "bench._flow_handlers:reserve"]
     argv += ["--endpoint", endpoint]
-    return processes([argv] * count, env, "consuming", f"reliable consume ({mode})")
+    return argv, env
 
 
 def wait_for(
@@ -456,14 +519,14 @@ class Run:
         self.m["publish_txn_alone_commits_s"] = alone_s
         self.m["publish_with_stub_commits_s"] = stub_s
         self.m["publish_stub_overhead"] = overhead(alone_s, stub_s)
-        for w in PUBLISH_WRITERS:
-            self.m[f"publish_stub_overhead_w{w}"] = overhead(
-                self.m[f"publish_txn_alone_w{w}_commits_s"],
-                self.m[f"publish_with_stub_w{w}_commits_s"],
+        for nw in PUBLISH_WRITERS:
+            self.m[f"publish_stub_overhead_w{nw}"] = overhead(
+                self.m[f"publish_txn_alone_w{nw}_commits_s"],
+                self.m[f"publish_with_stub_w{nw}_commits_s"],
             )
-            a = self.m[f"publish_txn_alone_w{w}_p50_ms"]
-            s = self.m[f"publish_with_stub_w{w}_p50_ms"]
-            self.m[f"publish_stub_latency_overhead_w{w}"] = (
+            a = self.m[f"publish_txn_alone_w{nw}_p50_ms"]
+            s = self.m[f"publish_with_stub_w{nw}_p50_ms"]
+            self.m[f"publish_stub_latency_overhead_w{nw}"] = (
                 round(s / a - 1, 3)
                 if isinstance(a, float) and a > 0 and isinstance(s, float)
                 else None
@@ -471,16 +534,31 @@ class Run:
 
     # consume ------------------------------------------------------------------------
     def consume_case(
-        self, db: Db, endpoint: str, producer: Any, mode: str, threads: int, procs: int
+        self,
+        db: Db,
+        endpoint: str,
+        producer: Any,
+        mode: str,
+        threads: int,
+        procs: int,
+        started: tuple[str, list[subprocess.Popen[str]]] | None = None,
     ) -> float:
-        from outbox import declare_groups
+        """One case; `started`: its topic and consumers, already running (--quick)."""
         from reliable import Message
 
-        topic, group = self.name("consume"), self.name("group")
-        declare_groups(db.engine, db.tables, topic, [group])
+        if started is None:
+            topic, group = self.new_case(db)
         db.clear()
         n = self.n.consume
-        with consumers(endpoint, db, topic, group, mode, threads, procs):
+        began = time.time()
+        with (
+            consumers(endpoint, db, topic, group, mode, threads, procs)
+            if started is None
+            else _already(started[1])
+        ) as running:
+            if started is not None:
+                topic = started[0]
+            ready = time.time()
             window: collections.deque[Any] = collections.deque()
             run = uuid.uuid4().hex[:8]
             for i in range(n):
@@ -491,31 +569,89 @@ class Run:
                 )
             for f in window:
                 f.result()
-            wait_for(
+            sent = time.time()
+            got = wait_for(
                 db,
                 db.reservations,
                 n,
                 f"consume {mode} x{threads} threads x{procs}",
                 cap_s=self.n.consume_cap_s,
             )
+            stopping = stop_in_background(running) if got >= n or started else None
+            if got < n and stopping is not None:
+                # messages left: stopped before the next case clears the table, so that
+                # none of this case's reservations lands in the next one's
+                stopping.join()
         e = effects(db)
+        progress(
+            f"  {mode} x{threads} thr x{procs}: ready after {ready - began:.1f} s, sent in "
+            f"{sent - ready:.2f} s, first row {e.first_s - sent:+.2f} s after, last "
+            f"{e.last_s - sent:+.2f} s after; {e.effects}/{n} rows"
+        )
         # rows inserted since the first one, over the time since it (start-up not counted)
         return (e.effects - 1) / (e.last_s - e.first_s) if e.last_s > e.first_s else 0.0
 
+    def new_case(self, db: Db) -> tuple[str, str]:
+        from outbox import declare_groups
+
+        topic, group = self.name("consume"), self.name("group")
+        declare_groups(db.engine, db.tables, topic, [group])
+        return topic, group
+
     def consume(self, db: Db, endpoint: str, producer: Any) -> None:
-        for mode in ("bare", "guard"):
-            for threads in CONSUME_THREADS:
-                rate = self.consume_case(db, endpoint, producer, mode, threads, 1)
-                self.m[f"consume_{mode}_t{threads}_msgs_s"] = round(rate, 1)
-                self.row(f"consume_{mode} {threads} thr", rate, "1 process")
-        scaling: dict[str, float] = {}
-        for procs in CONSUME_PROCESSES:
-            if procs == 1 and PROCESS_THREADS in CONSUME_THREADS:
-                rate = float(self.m[f"consume_guard_t{PROCESS_THREADS}_msgs_s"])
-            else:
-                rate = self.consume_case(db, endpoint, producer, "guard", PROCESS_THREADS, procs)
-                self.row(f"consume_guard {procs} procs", rate, f"{PROCESS_THREADS} threads each")
-            scaling[str(procs)] = round(rate, 1)
+        cases = [(mode, t, 1) for mode in ("bare", "guard") for t in self.n.consume_threads]
+        cases += [
+            ("guard", PROCESS_THREADS, p)
+            for p in CONSUME_PROCESSES
+            if not (p == 1 and PROCESS_THREADS in self.n.consume_threads)
+        ]
+        with ExitStack() as stack:
+            started: dict[tuple[str, int, int], tuple[str, list[subprocess.Popen[str]]]] = {}
+            if self.opts.quick:
+                # every case's consumers started at once, each on its own topic, and idle
+                # until their case sends: the starts overlap (seconds each on a busy
+                # machine); the figures of a quick run are not the point
+                argvs: list[list[str]] = []
+                envs: list[dict[str, str]] = []
+                spans: list[tuple[tuple[str, int, int], str, int, int]] = []
+                for mode, threads, procs in cases:
+                    topic, group = self.new_case(db)
+                    argv, env = consumer(endpoint, db, topic, group, mode, threads)
+                    spans.append(((mode, threads, procs), topic, len(argvs), procs))
+                    argvs += [argv] * procs
+                    envs += [env] * procs
+                every = stack.enter_context(
+                    processes(argvs, envs, "consuming", "reliable consume (quick)")
+                )
+                for case, topic, first, count in spans:
+                    started[case] = (topic, every[first : first + count])
+
+            def measure(mode: str, threads: int, procs: int) -> float:
+                return self.consume_case(
+                    db,
+                    endpoint,
+                    producer,
+                    mode,
+                    threads,
+                    procs,
+                    started.get((mode, threads, procs)),
+                )
+
+            for mode in ("bare", "guard"):
+                for threads in self.n.consume_threads:
+                    rate = measure(mode, threads, 1)
+                    self.m[f"consume_{mode}_t{threads}_msgs_s"] = round(rate, 1)
+                    self.row(f"consume_{mode} {threads} thr", rate, "1 process")
+            scaling: dict[str, float] = {}
+            for procs in CONSUME_PROCESSES:
+                if procs == 1 and PROCESS_THREADS in self.n.consume_threads:
+                    rate = float(self.m[f"consume_guard_t{PROCESS_THREADS}_msgs_s"] or 0.0)
+                else:
+                    rate = measure("guard", PROCESS_THREADS, procs)
+                    self.row(
+                        f"consume_guard {procs} procs", rate, f"{PROCESS_THREADS} threads each"
+                    )
+                scaling[str(procs)] = round(rate, 1)
         self.m["consume_processes_scaling"] = scaling  # type: ignore[assignment]
         self.m["consume_bare_msgs_s"] = self.m["consume_bare_t4_msgs_s"]
         self.m["consume_guard_msgs_s"] = self.m["consume_guard_t4_msgs_s"]
@@ -564,7 +700,7 @@ class Run:
         e = effects(db)
         floor_rate = e.rate(n)
         self.m["flow_floor_orders_s"] = round(floor_rate, 1)
-        self.m["flow_floor_exactly_once"] = e.exactly_once  # type: ignore[assignment]
+        self.m["flow_floor_exactly_once"] = e.exactly_once
         self.row(
             "flow_floor",
             floor_rate,
@@ -586,12 +722,14 @@ class Run:
             write(db.engine, FLOW_WRITERS, n, ours)
             wait_for(db, db.reservations, n, "flow")
             time.sleep(0.5)  # a duplicate arriving late would show
+        # counted once the consumers have stopped: a duplicate written while they finish
+        # what they hold would show
         e = effects(db)
         rate = e.rate(n)
         p50, p99 = percentiles_ms(e.latencies)
         confirmed = self.stubs_confirmed(db, topic)
         self.m["flow_orders_s"] = round(rate, 1)
-        self.m["flow_exactly_once"] = e.exactly_once  # type: ignore[assignment]
+        self.m["flow_exactly_once"] = e.exactly_once
         self.m["flow_latency_p50_ms"] = p50
         self.m["flow_latency_p99_ms"] = p99
         self.m["flow_stubs_confirmed"] = confirmed
@@ -695,7 +833,7 @@ class Run:
         rate = e.rate(n)
         p50, p99 = percentiles_ms(e.latencies)
         self.m["flow_baseline_orders_s"] = round(rate, 1)
-        self.m["flow_baseline_exactly_once"] = e.exactly_once  # type: ignore[assignment]
+        self.m["flow_baseline_exactly_once"] = e.exactly_once
         self.m["flow_baseline_latency_p50_ms"] = p50
         self.m["flow_baseline_latency_p99_ms"] = p99
         self.row(
@@ -716,6 +854,11 @@ class Run:
         self.m.update(metrics)
 
     # reconciliation ------------------------------------------------------------------
+    def no_reconcile(self) -> None:
+        self.m["reconcile_s"] = None
+        self.m["reconcile_tasks"] = None
+        self.result.notes.append("reconcile: not run with --quick (a JVM start)")
+
     def reconcile(self, db: Db) -> None:
         self.m["reconcile_s"] = None
         self.m["reconcile_tasks"] = None
@@ -904,20 +1047,23 @@ def run(opts: Options) -> SuiteResult:
                     ("publish", lambda: r.publish(db, producer)),
                     ("consume", lambda: r.consume(db, endpoint, producer)),
                     ("flow", lambda: r.flow(db, endpoint, producer, workdir)),
-                    ("reconcile", lambda: r.reconcile(db)),
+                    ("reconcile", lambda: r.reconcile(db) if r.n.reconcile else r.no_reconcile()),
                     ("resend", lambda: r.sweep(producer)),
                 ]
                 for step, fn in steps:
                     if opts.only and not re.search(opts.only, step):
                         continue
+                    began = time.perf_counter()
                     try:
                         fn()
+                        progress(f"{step} done in {time.perf_counter() - began:.1f} s")
                     except Exception as exc:
                         result.errors.append(f"{step}: {type(exc).__name__}: {exc}"[:1000])
                         progress(f"{step} failed: {traceback.format_exc()}")
             finally:
                 producer.shutdown()
     finally:
+        reap_all()
         db.drop()
     for name in AGREED:
         result.metrics.setdefault(name, None)

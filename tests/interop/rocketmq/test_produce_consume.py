@@ -19,6 +19,7 @@ import pytest
 
 from apache_rocketmq import MessageType, RocketMQCluster
 from reliable import (
+    BrokerCallError,
     Message,
     Producer,
     ReceivedMessage,
@@ -192,6 +193,29 @@ def test_receive_ack_and_change_invisible_duration(rocketmq: RocketMQCluster) ->
         consumer.ack(m2)
         time.sleep(1.5)
         assert receive(consumer, 1) == []  # acked: never again
+
+
+def test_recall_on_a_broker_that_forbids_it_fails_at_the_call(rocketmq: RocketMQCluster) -> None:
+    """Recall is off by default in Apache RocketMQ (`recallMessageEnable`): the call fails
+    with a typed error saying so, and the message is still delivered when due. (The proxy
+    answers INTERNAL_SERVER_ERROR, which the producer reads as `try_elsewhere`: see
+    docs/rocketmq.md.)"""
+    topic, group = _topic_and_group(rocketmq, "norecall", MessageType.DELAY)
+    rocketmq.update_broker_config({"recallMessageEnable": False})
+    try:
+        with (
+            grpc_transport(rocketmq.endpoint) as transport,
+            SimpleConsumer(group, {topic: "*"}, transport=transport, await_duration_s=1) as c,
+            Producer(transport) as producer,
+        ):
+            receive(c, 1)
+            due = int((time.time() + 2) * 1000)
+            receipt = producer.send(Message(topic, b"kept", deliver_at_ms=due))
+            with pytest.raises(BrokerCallError, match="recall failed, operation is forbidden"):
+                producer.recall(receipt)
+            assert [m.body for m in drain(c, 1, timeout_s=20)] == [b"kept"]
+    finally:
+        rocketmq.update_broker_config({"recallMessageEnable": True})
 
 
 def test_check_back_fails_on_a_broker_that_does_not_check(rocketmq: RocketMQCluster) -> None:

@@ -226,7 +226,7 @@ def run_java_concurrently(
     """`run_java` with the scenarios split over programs running side by side: those of
     `ALONE` each in a program of its own, the rest in one. The scenarios wait for the
     server far more than they compute, and each has its own topic and groups."""
-    chunks = [(s,) for s in scenarios if s in ALONE]
+    chunks: list[tuple[str, ...]] = [(s,) for s in scenarios if s in ALONE]
     rest = tuple(s for s in scenarios if s not in ALONE)
     if rest:
         chunks.append(rest)

@@ -14,7 +14,8 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 
@@ -36,24 +37,63 @@ REPO = Path(__file__).resolve().parents[3]
 MESSAGES = 3
 
 
-def _reconcile(db: Path) -> subprocess.CompletedProcess[str]:
+def _start_reconcile(db: Path) -> Future[subprocess.CompletedProcess[str]]:
+    """`reliable reconcile` of `db` in its own process, running while the caller goes on."""
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run(
-        [
-            sys.executable,
-            *("-m", "reliable_cli", "reconcile", "--db", f"sqlite:///{db}"),
-            *("--expected-latency", "1", "--conf", "spark.sql.shuffle.partitions=2"),
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
+    command = [
+        sys.executable,
+        *("-m", "reliable_cli", "reconcile", "--db", f"sqlite:///{db}"),
+        *("--expected-latency", "1", "--conf", "spark.sql.shuffle.partitions=2"),
+    ]
+    run = ThreadPoolExecutor(1)
+    future = run.submit(
+        subprocess.run, command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240
     )
+    run.shutdown(wait=False)
+    return future
+
+
+def _reconcile(db: Path) -> subprocess.CompletedProcess[str]:
+    return _start_reconcile(db).result()
+
+
+@pytest.fixture(scope="module")
+def unconfirmed(
+    rocketmq: RocketMQCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Future[subprocess.CompletedProcess[str]]]:
+    """A consumer that acknowledged without confirming, and the reconciliation of that, in
+    its own process from the module's start: its Spark run overlaps the other test."""
+    topic, group = unique("ob-nc"), unique("ob-nc-g")
+    rocketmq.create_topic(topic)
+    rocketmq.create_group(group)
+    db = tmp_path_factory.mktemp("unconfirmed") / "app.db"
+    engine = sa.create_engine(f"sqlite:///{db}")
+    tables = OutboxTables()
+    tables.create_all(engine)
+    declare_groups(engine, tables, topic, [group])
+    with (
+        grpc_transport(rocketmq.endpoint) as transport,
+        SimpleConsumer(group, {topic: "*"}, transport=transport, await_duration_s=1) as consumer,
+        Producer(transport) as producer,
+    ):
+        receive(consumer, 1)
+        outbox = Outbox(tables, producer)
+        for i in range(MESSAGES):
+            with Session(engine) as session, session.begin():
+                outbox.publish(session, Message(topic, f"order {i}".encode()))
+        acked = len(drain(consumer, MESSAGES))  # acked, never confirmed
+    engine.dispose()
+    assert acked == MESSAGES
+    time.sleep(1.2)  # older than the expected latency
+    result = _start_reconcile(db)
+    yield result
+    result.result()  # never left running
 
 
 def test_a_missed_message_is_resent_to_the_topic_and_the_certificate_is_clean(
-    rocketmq: RocketMQCluster, tmp_path: Path
+    rocketmq: RocketMQCluster,
+    tmp_path: Path,
+    unconfirmed: Future[subprocess.CompletedProcess[str]],  # its reconciliation runs meanwhile
 ) -> None:
     topic, g1, g2 = unique("ob"), unique("ob-billing"), unique("ob-stock")
     rocketmq.create_topic(topic)
@@ -122,30 +162,9 @@ def test_a_missed_message_is_resent_to_the_topic_and_the_certificate_is_clean(
 
 
 def test_acknowledged_without_confirming_is_not_clean(
-    rocketmq: RocketMQCluster, tmp_path: Path
+    unconfirmed: Future[subprocess.CompletedProcess[str]],
 ) -> None:
-    topic, group = unique("ob-nc"), unique("ob-nc-g")
-    rocketmq.create_topic(topic)
-    rocketmq.create_group(group)
-    db = tmp_path / "app.db"
-    engine = sa.create_engine(f"sqlite:///{db}")
-    tables = OutboxTables()
-    tables.create_all(engine)
-    declare_groups(engine, tables, topic, [group])
-    with (
-        grpc_transport(rocketmq.endpoint) as transport,
-        SimpleConsumer(group, {topic: "*"}, transport=transport, await_duration_s=1) as consumer,
-        Producer(transport) as producer,
-    ):
-        receive(consumer, 1)
-        outbox = Outbox(tables, producer)
-        for i in range(MESSAGES):
-            with Session(engine) as session, session.begin():
-                outbox.publish(session, Message(topic, f"order {i}".encode()))
-        assert len(drain(consumer, MESSAGES)) == MESSAGES  # acked, never confirmed
-    engine.dispose()
-    time.sleep(1.2)
-    result = _reconcile(db)
+    result = unconfirmed.result()
     assert result.returncode == ExitCode.UNACCOUNTED, result.stdout + result.stderr
     assert f"NOT CLEAN ({MESSAGES} unaccounted)" in result.stdout
     assert "within the expected latency (queue unknown)" in result.stdout

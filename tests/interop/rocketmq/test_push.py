@@ -53,7 +53,11 @@ from reliable.errors import ReliableError
 from tests.interop.rocketmq.helpers import grpc_transport, unique, wait_for
 
 # the proxy answers a long poll after 5 s at the earliest; leases are the proxy's (renewed)
-CONSUMER = {"receive_long_poll_ms": 5000, "invisible_ms": 30_000, "consume_threads": 4}
+CONSUMER: dict[str, Any] = {
+    "receive_long_poll_ms": 5000,
+    "invisible_ms": 30_000,
+    "consume_threads": 4,
+}
 DEADLINE_S = 60.0
 
 

@@ -12,7 +12,8 @@ Two JVMs, started from the jars `runtime.ensure_lib()` resolves:
 Every port is a free loopback port unless given; everything the cluster writes (store,
 configuration, logs) is under one directory. It is sized for tests: small heaps, the
 serial collector, 64 MiB commitlog files, and the proxy's caches refreshed every second
-so that a topic or group made a moment ago is served.
+so that a topic or group made a moment ago is served. Direct memory is not small: the
+broker's timer stops for good when it runs out (`_jvm_options`).
 
 `RocketMQCluster.start(directory)` returns once the proxy has answered a QueryRoute over
 gRPC for a topic the broker registered; `stop()` ends both JVMs and deletes the store.

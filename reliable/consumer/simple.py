@@ -12,6 +12,7 @@ from typing import Any
 from reliable import tracing
 from reliable._acks import AckBatcher, change_invisible_async
 from reliable.consumer.push import new_client_id
+from reliable.consumer.receive_engine import ReportsGroupFifo
 from reliable.errors import ClientStateError, ConfigurationError
 from reliable.message import ReceivedMessage
 from reliable.naming import check_group, check_topic
@@ -62,6 +63,20 @@ class SimpleConsumer:
             if self._owns_transport:
                 self._transport.start()
             self._transport.heartbeat(self.client_id, self.group, self.subscriptions)
+            if (
+                self.fifo
+                and isinstance(self._transport, ReportsGroupFifo)
+                and self._transport.group_is_fifo(self.group) is False
+            ):
+                self._transport.unregister(self.client_id, self.group)
+                if self._owns_transport:
+                    self._transport.close()
+                raise ConfigurationError(
+                    f"fifo consumer of {self.group!r}: the server's group is not FIFO, so it "
+                    "would deliver each message group out of order; make the group FIFO "
+                    f"(mqadmin updateSubGroup -g {self.group} -o true; reliable admin group "
+                    f"create {self.group} --fifo) or receive with fifo=False"
+                )
             self._started = True
         return self
 

@@ -20,6 +20,7 @@ import pytest
 from apache_rocketmq import MessageType, RocketMQCluster
 from reliable import (
     BrokerCallError,
+    ConfigurationError,
     Message,
     Producer,
     ReceivedMessage,
@@ -89,6 +90,20 @@ def test_message_groups_are_delivered_in_order(rocketmq: RocketMQCluster) -> Non
         for m in drain(consumer, 15):
             seen[m.message_group or ""].append(int(m.body[1:]))
         assert dict(seen) == {k: [0, 1, 2, 3, 4] for k in "abc"}
+
+
+def test_a_fifo_receive_on_a_group_that_is_not_fifo_refuses_to_start(
+    rocketmq: RocketMQCluster,
+) -> None:
+    topic, group = _topic_and_group(rocketmq, "fifo-nf", MessageType.FIFO)  # group not orderly
+    with grpc_transport(rocketmq.endpoint) as transport:
+        consumer = SimpleConsumer(group, {topic: "*"}, transport=transport, fifo=True)
+        with pytest.raises(ConfigurationError, match="not FIFO") as refused:
+            consumer.start()
+        assert "\n" not in str(refused.value)
+        assert f"mqadmin updateSubGroup -g {group} -o true" in str(refused.value)
+        with SimpleConsumer(group, {topic: "*"}, transport=transport) as unordered:
+            assert unordered.receive(max_messages=1) == []  # without fifo it is served
 
 
 def test_delay_level_delivery_time_and_recall(rocketmq: RocketMQCluster) -> None:

@@ -158,17 +158,21 @@ class ProducerHandlers:
             self.ctx.overload.refused(f"calls read with under {config.min_send_time_ms} ms left")
             raise TooManyRequests("the server is behind: the call waited too long; retry later")
         self._inflight += count
+        # a send may be fsynced on the loop when it is alone (`_answer_stored`): one over the
+        # native wire, or a gRPC one read by a loop that was idle (it had waited for I/O
+        # since its last answer: a client sending one call at a time)
+        lead = call.native_wire or not self.ctx.answers.busy
         # admitted: stored to its end even if its caller goes away (`broker.server.detached`),
         # so a result made after the call was cancelled still enters the de-duplication
         # cache, and the client's resend of the same message gets it instead of a copy
-        return await detached(self._serve(messages, call.native_wire, count))
+        return await detached(self._serve(messages, lead, count))
 
-    async def _serve(self, messages: Any, native_wire: bool, count: int) -> Any:
+    async def _serve(self, messages: Any, lead: bool, count: int) -> Any:
         """The admitted request's answer (`send`); the in-flight count goes down at its end."""
         started = time.perf_counter()
         response = service_pb2.SendMessageResponse()
         try:
-            entries = await self._send_all(messages, native_wire, response)
+            entries = await self._send_all(messages, lead, response)
         finally:
             self._inflight -= count
             self.ctx.send_seconds.observe(time.perf_counter() - started)
@@ -500,7 +504,8 @@ class ProducerHandlers:
         """Each bucket (one topic and queue) in one broker call, on the loop: a page-cache
         append. Under SYNC_FLUSH the entries are answered once the group commit has
         fsynced past the last record (a timeout answers MASTER_PERSISTENCE_TIMEOUT), or the
-        loop itself has, for a lone send (`may_lead`: it came over the native wire).
+        loop itself has, for a lone send (`may_lead`: it came over the native wire, or
+        over gRPC to an idle loop).
 
         `response`: the request's, given when this one bucket holds every message of the
         request; when every one is stored, the entries are made in it (in request order,
@@ -576,9 +581,11 @@ class ProducerHandlers:
         durable = True
         if stored and end > 0:
             alone: bool | None = None
-            # over the wire, a send is alone when no other is being served, nor read in
-            # the same loop turn (one turn lets those append first); grpc.aio hands the
-            # loop one call a turn, so a gRPC send cannot see the calls queued behind it
+            # a send is alone when no other is being served, nor read in the same loop
+            # turn (one turn lets those append first); grpc.aio hands the loop one call a
+            # turn, so a gRPC send leads only when the loop was idle before it (a burst
+            # keeps the loop busy, and its sends share the group commit); the store
+            # declines too when another flush is waited for or the disk has been slow
             if may_lead and broker.sync_flush and self._inflight == len(messages):
                 await asyncio.sleep(0)
                 if self._inflight == len(messages):

@@ -14,6 +14,9 @@ target; nothing connects before the first message):
 | `FLOW_THREADS`        | the handler threads (`consume_threads`)                        |
 | `FLOW_DB`             | SQLAlchemy URL of the business tables (bare mode)              |
 | `FLOW_RESERVATIONS`   | the reservation table's name                                   |
+| `FLOW_CASES`          | instead of the three above: `topic=group=table,...`, one       |
+|                       | handler each (`reserve` is then their list), so that one       |
+|                       | process serves several cases (`bench flow --quick`)            |
 
 In guard mode the default guard is built from `RELIABLE_DATABASE_URL`,
 `RELIABLE_REDIS_URL` and `RELIABLE_TABLE_PREFIX` when the consumer starts, as in
@@ -40,15 +43,22 @@ MODE = os.environ.get("FLOW_MODE", "guard")
 THREADS = int(os.environ.get("FLOW_THREADS", "4"))
 
 _metadata = sa.MetaData()
-reservations = sa.Table(
-    os.environ.get("FLOW_RESERVATIONS", "bench_flow_reservations"),
-    _metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("order_id", sa.String(64), nullable=False),
-    sa.Column("sku", sa.String(32), nullable=False),
-    sa.Column("quantity", sa.Integer, nullable=False),
-    sa.Column("done_at", sa.Float, nullable=False),  # time.time() in the handler
-)
+
+
+def _table(name: str) -> sa.Table:
+    return sa.Table(
+        name,
+        _metadata,
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("order_id", sa.String(64), nullable=False),
+        sa.Column("sku", sa.String(32), nullable=False),
+        sa.Column("quantity", sa.Integer, nullable=False),
+        sa.Column("done_at", sa.Float, nullable=False),  # time.time() in the handler
+        extend_existing=True,
+    )
+
+
+reservations = _table(os.environ.get("FLOW_RESERVATIONS", "bench_flow_reservations"))
 
 _engine: sa.Engine | None = None
 _lock = threading.Lock()
@@ -59,7 +69,7 @@ def _bare_engine() -> sa.Engine:
     with _lock:
         if _engine is None:
             _engine = sa.create_engine(
-                os.environ["FLOW_DB"], pool_size=THREADS, max_overflow=0, pool_pre_ping=True
+                os.environ["FLOW_DB"], pool_size=THREADS, max_overflow=0
             )
         return _engine
 
@@ -74,24 +84,33 @@ def _reservation(message: ReceivedMessage) -> dict[str, Any]:
     }
 
 
-_options: dict[str, Any] = {
-    "group": GROUP,
-    "consume_threads": THREADS,
-    "consume_from": ConsumeFrom.FIRST,
-}
+def _declare(topic: str, group: str, table: sa.Table) -> Any:
+    options: dict[str, Any] = {
+        "group": group,
+        "consume_threads": THREADS,
+        "consume_from": ConsumeFrom.FIRST,
+    }
+    if MODE == "guard":
 
-if MODE == "guard":
+        @handler(topic, idempotent=True, **options)
+        def reserve_guarded(message: ReceivedMessage, session: Session) -> None:
+            session.execute(sa.insert(table).values(**_reservation(message)))
 
-    @handler(TOPIC, idempotent=True, **_options)
-    def reserve(message: ReceivedMessage, session: Session) -> None:
-        session.execute(sa.insert(reservations).values(**_reservation(message)))
+        return reserve_guarded
+    if MODE == "bare":
 
-elif MODE == "bare":
+        @handler(topic, **options)
+        def reserve_bare(message: ReceivedMessage) -> None:
+            with Session(_bare_engine()) as session, session.begin():
+                session.execute(sa.insert(table).values(**_reservation(message)))
 
-    @handler(TOPIC, **_options)
-    def reserve(message: ReceivedMessage) -> None:
-        with Session(_bare_engine()) as session, session.begin():
-            session.execute(sa.insert(reservations).values(**_reservation(message)))
-
-else:
+        return reserve_bare
     raise SystemExit(f"FLOW_MODE must be bare or guard, not {MODE!r}")
+
+
+_cases = [c.split("=") for c in os.environ.get("FLOW_CASES", "").split(",") if c]
+reserve: Any = (
+    [_declare(topic, group, _table(name)) for topic, group, name in _cases]
+    if _cases
+    else _declare(TOPIC, GROUP, reservations)
+)

@@ -159,6 +159,20 @@ class Db:
         )
         md.create_all(self.engine)
 
+    def new_reservations(self) -> Any:
+        """A reservation table of its own (a `--quick` consume case's), created now and
+        dropped with the others."""
+        import sqlalchemy as sa
+
+        self._extra = getattr(self, "_extra", 0) + 1
+        table = sa.Table(
+            f"{self.prefix}res{self._extra}",
+            self.tables.metadata,
+            *(sa.Column(c.name, c.type, primary_key=c.primary_key) for c in self.reservations.c),
+        )
+        table.create(self.engine)
+        return table
+
     def clear(self) -> None:
         import sqlalchemy as sa
 
@@ -432,11 +446,11 @@ class Effects:
         return n / span if span > 0 else 0.0
 
 
-def effects(db: Db) -> Effects:
+def effects(db: Db, reservations: Any = None) -> Effects:
     """One reservation per order? and the times, computed from the rows."""
     import sqlalchemy as sa
 
-    o, r = db.orders, db.reservations
+    o, r = db.orders, db.reservations if reservations is None else reservations
     with db.engine.connect() as conn:
         per = (
             sa.select(
@@ -541,14 +555,18 @@ class Run:
         mode: str,
         threads: int,
         procs: int,
-        started: tuple[str, list[subprocess.Popen[str]]] | None = None,
+        started: tuple[str, list[subprocess.Popen[str]], Any] | None = None,
     ) -> float:
-        """One case; `started`: its topic and consumers, already running (--quick)."""
+        """One case; `started`: its topic, consumers already running and reservation table
+        (--quick: the consumers serve several cases, each case writes its own table)."""
         from reliable import Message
 
+        table = db.reservations
         if started is None:
             topic, group = self.new_case(db)
-        db.clear()
+            db.clear()
+        else:
+            table = started[2]
         n = self.n.consume
         began = time.time()
         with (
@@ -572,17 +590,16 @@ class Run:
             sent = time.time()
             got = wait_for(
                 db,
-                db.reservations,
+                table,
                 n,
                 f"consume {mode} x{threads} threads x{procs}",
                 cap_s=self.n.consume_cap_s,
             )
-            stopping = stop_in_background(running) if got >= n or started else None
-            if got < n and stopping is not None:
-                # messages left: stopped before the next case clears the table, so that
-                # none of this case's reservations lands in the next one's
-                stopping.join()
-        e = effects(db)
+            if got >= n and started is None:
+                stop_in_background(running)
+            # else: messages left; stopped (before the next case clears the table) when the
+            # context ends; or, --quick, the processes serve the next cases (own tables)
+        e = effects(db, table)
         progress(
             f"  {mode} x{threads} thr x{procs}: ready after {ready - began:.1f} s, sent in "
             f"{sent - ready:.2f} s, first row {e.first_s - sent:+.2f} s after, last "
@@ -606,25 +623,37 @@ class Run:
             if not (p == 1 and PROCESS_THREADS in self.n.consume_threads)
         ]
         with ExitStack() as stack:
-            started: dict[tuple[str, int, int], tuple[str, list[subprocess.Popen[str]]]] = {}
+            started: dict[tuple[str, int, int], tuple[str, list[subprocess.Popen[str]], Any]] = {}
+            every: list[subprocess.Popen[str]] = []
             if self.opts.quick:
-                # every case's consumers started at once, each on its own topic, and idle
-                # until their case sends: the starts overlap (seconds each on a busy
-                # machine); the figures of a quick run are not the point
-                argvs: list[list[str]] = []
-                envs: list[dict[str, str]] = []
-                spans: list[tuple[tuple[str, int, int], str, int, int]] = []
+                # every case's consumers started at once, idle until their case sends: the
+                # starts overlap (seconds each on a busy machine), and one process serves
+                # several cases (guard process k serves every case of more than k
+                # processes), each case on its own topic and its own reservation table;
+                # the figures of a quick run are not the point
+                plan: list[tuple[tuple[str, int, int], str, str, Any]] = []
                 for mode, threads, procs in cases:
                     topic, group = self.new_case(db)
-                    argv, env = consumer(endpoint, db, topic, group, mode, threads)
-                    spans.append(((mode, threads, procs), topic, len(argvs), procs))
-                    argvs += [argv] * procs
-                    envs += [env] * procs
+                    plan.append(((mode, threads, procs), topic, group, db.new_reservations()))
+                argvs: list[list[str]] = []
+                envs: list[dict[str, str]] = []
+                serving: list[list[tuple[str, int, int]]] = []
+                for mode in ("bare", "guard"):
+                    mine = [p for p in plan if p[0][0] == mode]
+                    threads = mine[0][0][1] if mine else PROCESS_THREADS
+                    for k in range(max((p[0][2] for p in mine), default=0)):
+                        served = [p for p in mine if p[0][2] > k]
+                        argv, env = consumer(endpoint, db, "-", "-", mode, threads)
+                        env["FLOW_CASES"] = ",".join(f"{t}={g}={r.name}" for _, t, g, r in served)
+                        argvs.append(argv)
+                        envs.append(env)
+                        serving.append([p[0] for p in served])
                 every = stack.enter_context(
                     processes(argvs, envs, "consuming", "reliable consume (quick)")
                 )
-                for case, topic, first, count in spans:
-                    started[case] = (topic, every[first : first + count])
+                for case, topic, _, table in plan:
+                    procs_of = [pr for pr, cs in zip(every, serving, strict=True) if case in cs]
+                    started[case] = (topic, procs_of, table)
 
             def measure(mode: str, threads: int, procs: int) -> float:
                 return self.consume_case(
@@ -652,6 +681,8 @@ class Run:
                         f"consume_guard {procs} procs", rate, f"{PROCESS_THREADS} threads each"
                     )
                 scaling[str(procs)] = round(rate, 1)
+            if every:  # --quick: each case wrote its own table; nothing is counted after
+                stop_in_background(every)
         self.m["consume_processes_scaling"] = scaling  # type: ignore[assignment]
         self.m["consume_bare_msgs_s"] = self.m["consume_bare_t4_msgs_s"]
         self.m["consume_guard_msgs_s"] = self.m["consume_guard_t4_msgs_s"]

@@ -68,9 +68,7 @@ def _bare_engine() -> sa.Engine:
     global _engine
     with _lock:
         if _engine is None:
-            _engine = sa.create_engine(
-                os.environ["FLOW_DB"], pool_size=THREADS, max_overflow=0
-            )
+            _engine = sa.create_engine(os.environ["FLOW_DB"], pool_size=THREADS, max_overflow=0)
         return _engine
 
 

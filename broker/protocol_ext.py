@@ -32,6 +32,14 @@ official clients read only message_id, transaction_id, offset and recall_handle)
 framework reads it with `queue_id_of`. An entry without it (an Apache RocketMQ proxy; a
 delayed or half message, which is not in its queue yet) names no queue: -1.
 
+**Where the native wire is.** A route's `Broker` entries of the server that answers carry
+its native wire's port (docs/wire.md), when it serves one, in one more field:
+
+    Broker { ... ; int32 wire_port = 1002; }   // varint, wire type 0
+
+so a client that learns a broker group from a route (a cluster's other groups) dials its
+wire without asking; the official clients ignore it as an unknown field.
+
 **Capabilities.** `reliable.v1.BatchMessaging/Capabilities` (request: empty bytes; answer: a
 JSON object, `{"capabilities": [...]}`) says what this server accepts beyond the protocol:
 
@@ -88,6 +96,25 @@ def queue_id_field(queue_id: int) -> bytes:
         if len(_QUEUE_ID_BYTES) < 4096:
             _QUEUE_ID_BYTES[queue_id] = raw
     return raw
+
+
+# Broker's native wire port, a field the protocol does not define (see above)
+WIRE_PORT_FIELD = 1002
+_WIRE_PORT_TAG = bytes([((WIRE_PORT_FIELD << 3) & 0x7F) | 0x80, WIRE_PORT_FIELD >> 4])
+
+
+def wire_port_field(port: int) -> bytes:
+    """The encoded field that tells a route's Broker its native wire port (1..65535)."""
+    return _WIRE_PORT_TAG + _varint(port)
+
+
+def wire_port_of(broker: Any) -> int:
+    """The native wire port a server put in a route's Broker (`wire_port_field`), else 0."""
+    found = 0
+    for field in unknown_fields.UnknownFieldSet(broker):
+        if field.field_number == WIRE_PORT_FIELD and field.wire_type == 0:
+            found = int(field.data)
+    return found if 0 < found <= 65535 else 0
 
 
 def queue_id_of(entry: Any) -> int:
@@ -155,4 +182,6 @@ __all__ = [
     "ReceiveMessagesResponse",
     "queue_id_field",
     "queue_id_of",
+    "wire_port_field",
+    "wire_port_of",
 ]

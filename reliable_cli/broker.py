@@ -6,8 +6,9 @@ calls finish, flushes and closes the store. Official RocketMQ 5 clients (and the
 
     reliable broker: serving on HOST:PORT (store DIR, flush MODE)
 
-With --wire-port, the framework's clients may send their unary calls over the native wire
-(framed TCP, docs/wire.md) on that port instead of gRPC; a line before the one above says
+The framework's clients send their unary calls over the native wire (framed TCP,
+docs/wire.md) on a second port, a free one unless --wire-port names it (--wire-port off:
+gRPC only); a line before the one above says
 
     reliable broker: native wire on HOST:PORT
 
@@ -484,3 +485,5 @@ def _metrics_endpoint(
             "serving": not stop.is_set() and not server.wait(0),
             "store_writable": store_writable(broker),
         }
+
+    return observe.start_endpoint(args, "reliable broker", registry, ready)

@@ -31,6 +31,7 @@ from typing import Any
 
 import grpc
 
+from broker import protocol_ext
 from broker.errors import TopicNotFound
 from broker.protocol_pb import definition_pb2, service_pb2
 from broker.server import convert
@@ -119,6 +120,10 @@ class ClientHandlers:
         mq.permission = perm
         mq.broker.name, mq.broker.id = broker or (self.ctx.config.broker_name, 0)
         mq.broker.endpoints.CopyFrom(endpoints)
+        if self.ctx.wire_port and (
+            broker is None or broker == (self.ctx.config.broker_name, self.ctx.config.broker_id)
+        ):  # where this server's native wire is (`broker.protocol_ext`)
+            mq.broker.MergeFromString(protocol_ext.wire_port_field(self.ctx.wire_port))
         mq.accept_message_types.extend(MESSAGE_TYPE[t] for t in accepted_types(topic_type))
         return mq
 

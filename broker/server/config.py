@@ -33,8 +33,9 @@ class ServerConfig:
     broker_id: int = 0
     cluster_probe_ms: int = 1000  # how often every other server's health is probed
     # the native wire (docs/wire.md): the unary calls over framed TCP on this port beside
-    # gRPC's, for the framework's own clients; None: off, 0: a free port. Plaintext only.
-    wire_port: int | None = None
+    # gRPC's, for the framework's own clients; None: off, 0 (the default): a free port,
+    # announced in the ready line and to every client that asks. TLS when `tls` is.
+    wire_port: int | None = 0
     # the event loop polls this long at most before it sleeps in its selector, while the
     # calls it waits for keep coming within it (`broker.idle_poll`); 0: never polls
     idle_poll_us: int = DEFAULT_MAX_US

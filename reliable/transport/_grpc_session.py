@@ -117,6 +117,7 @@ class GrpcSession:
         # broker name -> the gRPC target its route queues name (their endpoints), and one
         # stub per target other than the access point's
         self._broker_targets: dict[str, str] = {}
+        self._wire_ports: dict[str, int] = {}  # target -> its native wire port, from routes
         self._channels: dict[str, tuple[Any, Any]] = {}
         self._routes: dict[str, tuple[float, TopicRoute]] = {}  # topic -> (fetched at, route)
         self._static_md: dict[str, list[tuple[str, str]]] = {}  # client id -> fixed metadata
@@ -157,6 +158,8 @@ class GrpcSession:
         receive_messages: Any,
         target: str,
         address: tuple[str, int] | None = None,
+        *,
+        advertised: bool = False,
     ) -> NativeStub:
         """The stub that sends `target`'s unary calls over its native wire (docs/wire.md):
         at `address` if given, else at the port the server advertises on the host of
@@ -187,6 +190,7 @@ class GrpcSession:
             host=host,
             ask_port=ask_port,
             port=address[1] if address is not None else None,
+            advertised=advertised,
             connect_timeout_s=self._timeout,
             idle_poll_us=self._idle_poll_us,
             tls=client_context(str(self._ca_file) if self._ca_file else None)
@@ -225,7 +229,10 @@ class GrpcSession:
                     channel = self._open(target)
                     stub: Any = service_pb2_grpc.MessagingServiceStub(channel)
                     if self.wire == "native":
-                        stub = self._native(channel, stub, None, target)
+                        port = self._wire_ports.get(target)
+                        host = target.removeprefix("ipv4:").split(",")[0].rpartition(":")[0]
+                        address = (host, port) if port else None
+                        stub = self._native(channel, stub, None, target, address, advertised=True)
                     found = (channel, stub)
                     self._channels[target] = found
         return found[1], target
@@ -439,7 +446,10 @@ class GrpcSession:
                 continue
             if mq.broker.endpoints.addresses:
                 target = wire.channel_target(mq.broker.endpoints)
+                wire_port = protocol_ext.wire_port_of(mq.broker)
                 with self._lock:
+                    if wire_port:  # where its native wire is: dialled without asking
+                        self._wire_ports[target] = wire_port
                     if target != self._target and target not in self._broker_targets.values():
                         learned.append(target)
                     self._broker_targets[mq.broker.name] = target

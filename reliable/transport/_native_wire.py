@@ -541,7 +541,11 @@ class NativeStub:
         connect_timeout_s: float = 3.0,
         idle_poll_us: int = DEFAULT_IDLE_POLL_US,
         tls: ssl.SSLContext | None = None,
+        advertised: bool = False,
     ) -> None:
+        """`port`: where the wire is, named by the caller (never asked again), or with
+        `advertised` the server's own word from a route (asked again if it stops answering,
+        as a server restarted on another free port does)."""
         self._grpc = grpc_stub
         self._tls = tls
         self._idle_poll_us = idle_poll_us
@@ -553,7 +557,8 @@ class NativeStub:
         self._channel: WireChannel | None = None
         self._lock = threading.Lock()
         self._decided = port is not None
-        self._asked = port is None  # the port is the server's answer, not the caller's
+        # the port is the server's answer (asked, or from its route), not the caller's
+        self._asked = port is None or advertised
         for m in pw.METHODS:
             setattr(self, m.name, _Method(self, m))
         self.receive_messages = _Method(self, pw.BY_NAME["ReceiveMessages"])

@@ -18,13 +18,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 import reliable
 from bench._tls import self_signed
+from broker import protocol_ext
 from broker import protocol_wire as pw
 from broker.broker import Broker
-from broker.protocol_pb import definition_pb2, service_pb2
+from broker.protocol_pb import definition_pb2, service_pb2, service_pb2_grpc
 from broker.server.codes import Code
 from broker.server.config import ServerConfig
 from broker.server.errors import ServerStartError
@@ -95,10 +97,21 @@ def test_the_transport_uses_the_advertised_wire_and_grpc_without_one(
     with Producer("grpc", endpoint=server.endpoint, wire="native") as producer:
         assert producer.send(Message("wire-found", b"a")).message_id
         assert producer._transport.stub.native is True  # type: ignore[attr-defined]
-    # a server with no wire port (in-process here): the same calls over gRPC
+    # the route says where the wire is too, in a field the official clients ignore
+    with grpc.insecure_channel(server.endpoint) as channel:
+        route = service_pb2_grpc.MessagingServiceStub(channel).QueryRoute(
+            service_pb2.QueryRouteRequest(topic=definition_pb2.Resource(name="wire-found")),
+            timeout=10,
+            metadata=(("x-mq-client-id", "wire-route-test"),),
+        )
+    assert route.message_queues
+    assert {protocol_ext.wire_port_of(mq.broker) for mq in route.message_queues} == {
+        server.wire_port
+    }
+    # a server with its wire off (in-process here): the same calls over gRPC
     broker = Broker(StoreConfig(store_dir=tmp_path, mapped_file_size_commitlog=8 << 20))
     broker.start()
-    plain = MessagingServer(broker, ServerConfig(port=0))
+    plain = MessagingServer(broker, ServerConfig(port=0, wire_port=None))
     plain.start()
     try:
         with Producer("grpc", endpoint=f"127.0.0.1:{plain.port}", wire="native") as producer:

@@ -11,7 +11,9 @@ the caller's wait, never the work.
 
 Both helpers start the coroutine at once, in the caller's loop turn: work that never waits
 (most sends under `--flush async`) finishes there, with no task and no extra turn; work
-that waits goes on in a task from where it stopped (`resume`).
+that waits goes on from where it stopped: `detached` drives it from the done-callbacks of
+what it awaits (`_Drive`: no task, no shield; a send stored with the others of a busy
+turn waits once, on its group's future), `resume` in a task.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import types
 from collections.abc import Coroutine, Generator
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -35,8 +37,58 @@ async def detached(work: Coroutine[Any, Any, T]) -> T:
     except BaseException:
         work.close()
         raise
-    task: asyncio.Task[T] = asyncio.get_running_loop().create_task(resume(work, waited))
-    return await asyncio.shield(task)
+    loop = asyncio.get_running_loop()
+    outcome: asyncio.Future[T] = loop.create_future()
+    _Drive(work, outcome, loop).wait_on(waited)
+    # cancelling the caller cancels `outcome` alone: `work` goes on, its outcome unread
+    return await outcome
+
+
+class _Drive(Generic[T]):
+    """Drives a started coroutine to its end without a task: each future it awaits resumes
+    it from its done-callback (a bare yield, from the next loop turn), as a task's step
+    would; its outcome goes to `result` unless the caller has gone (`result` cancelled).
+    The coroutine runs outside any task (`asyncio.current_task()` is None in it)."""
+
+    __slots__ = ("loop", "result", "work")
+
+    def __init__(
+        self,
+        work: Coroutine[Any, Any, T],
+        result: asyncio.Future[T],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.work = work
+        self.result = result
+        self.loop = loop
+
+    def wait_on(self, waited: Any) -> None:
+        if waited is None:  # a bare yield (`asyncio.sleep(0)`): on in the next turn
+            self.loop.call_soon(self.step, None)
+            return
+        if not getattr(waited, "_asyncio_future_blocking", False):  # a bug: fail its caller
+            self.work.close()
+            if not self.result.done():
+                self.result.set_exception(RuntimeError(f"detached work yielded {waited!r}"))
+            return
+        waited._asyncio_future_blocking = False  # taken, as a task takes it
+        waited.add_done_callback(self.step)
+
+    def step(self, _done: Any) -> None:
+        result = self.result
+        try:
+            waited = self.work.send(None)  # the awaited future's `__await__` reads it
+        except StopIteration as done:
+            if not result.done():
+                result.set_result(done.value)
+            return
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # its own cancellation included
+            if not result.done():
+                result.set_exception(exc)
+            return
+        self.wait_on(waited)
 
 
 @types.coroutine

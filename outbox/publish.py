@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, bindparam, event, insert, update
+from sqlalchemy import Connection, Engine, bindparam, event, func, insert, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, SessionTransaction
 
@@ -107,6 +107,12 @@ class Outbox:
         sent = ("queue_id", "queue_offset", "broker_msg_id", *failed)
         self._record_sent = record.values({k: bindparam(k) for k in sent})
         self._record_failed = record.values({k: bindparam(k) for k in failed})
+        # PostgreSQL: the record's commit does not wait for the WAL flush, asked for inside
+        # the UPDATE itself (set_config(..., is_local) lasts until the commit): two round
+        # trips where a SET LOCAL made three
+        unflushed = func.set_config("synchronous_commit", "off", True).is_not(None)
+        self._record_sent_pg = self._record_sent.where(unflushed)
+        self._record_failed_pg = self._record_failed.where(unflushed)
 
     # -- ORM Session ---------------------------------------------------------------------
     def publish(self, session: Session, message: Message, *, max_sends: int | None = None) -> str:
@@ -242,17 +248,18 @@ class Outbox:
             }
         values["updated_at"] = now
         values["b_mid"] = message.message_id
-        statement = self._record_sent if receipt is not None else self._record_failed
         try:
             with engine.begin() as conn:
-                if conn.dialect.name == "postgresql":
-                    # The record is a hint for the resend worker, never the guarantee (the
-                    # stub committed with the business rows is): its commit need not wait
-                    # for the WAL flush. Lost in a server crash, it reads as a send never
-                    # recorded: the stub is due after retry_after_failure and resent, the
-                    # consumer's guard absorbing the copy.
-                    conn.exec_driver_sql("SET LOCAL synchronous_commit TO OFF")
-                conn.execute(statement, values)
+                # The record is a hint for the resend worker, never the guarantee (the stub
+                # committed with the business rows is): on PostgreSQL its commit does not
+                # wait for the WAL flush. Lost in a server crash, it reads as a send never
+                # recorded: the stub is due after retry_after_failure and resent, the
+                # consumer's guard absorbing the copy.
+                pg = conn.dialect.name == "postgresql"
+                if receipt is not None:
+                    conn.execute(self._record_sent_pg if pg else self._record_sent, values)
+                else:
+                    conn.execute(self._record_failed_pg if pg else self._record_failed, values)
         except SQLAlchemyError as exc:
             log.warning(
                 "outbox: could not record the send of %s (%s); the resend worker "

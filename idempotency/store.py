@@ -25,6 +25,7 @@ from sqlalchemy import (
     delete,
     insert,
     literal,
+    null,
     or_,
     select,
     union_all,
@@ -52,6 +53,9 @@ class Known:
     confirmed: bool
     confirmation_digest: str | None
     stub_digest: str | None
+
+
+_UNKNOWN = Known(confirmed=False, confirmation_digest=None, stub_digest=None)
 
 
 class GuardStore:
@@ -90,6 +94,32 @@ class GuardStore:
             .values(lease_token=tok, lease_until=bindparam("until"))
         )
         self._fence_sql = delete(log).where(on_log, log.c.lease_token == tok)
+        self._unclaim_sql = (
+            update(log)
+            .where(on_log, log.c.lease_token == tok)
+            .values(lease_token=None, lease_until=None)
+        )
+        # PostgreSQL: the log row's INSERT and the reads of `_known_sql` in one statement (a
+        # data-modifying CTE; its SELECTs read the confirmation and the stub, not the log)
+        born = (
+            pg_insert(log)
+            .values(
+                message_id=mid,
+                consumer_group=grp,
+                topic=bindparam("topic"),
+                queue_id=bindparam("qid"),
+                queue_offset=bindparam("qoff"),
+                created_at=bindparam("now"),
+                lease_token=bindparam("ltok"),
+                lease_until=bindparam("luntil"),
+            )
+            .on_conflict_do_nothing()
+            .returning(literal(3).label("src"), null().label("body_digest"))
+            .cte("born")
+        )
+        self._receive_pg_sql: Any = union_all(
+            *self._known_sql.selects, select(born.c.src, born.c.body_digest)
+        )
         self._stub_lock_sql = (
             select(stub.c.expected_groups, stub.c.status)
             .where(stub.c.message_id == mid)
@@ -155,6 +185,8 @@ class GuardStore:
         Returns (known, claimed). Same outcome as `log_received`, `known` and `claim` one
         after the other, which it replaces on the hot path."""
         with self.engine.begin() as conn:
+            if log_receipt and conn.dialect.name == "postgresql":
+                return self._receive_pg(conn, message, group, token, now, until, may_claim)
             known = self._known(conn, message.message_id, group)
             claim = may_claim(known)
             claimed = False
@@ -183,6 +215,56 @@ class GuardStore:
                 )
                 claimed = result.rowcount == 1
         return known, claimed
+
+    def _receive_pg(
+        self,
+        conn: Connection,
+        message: ReceivedMessage,
+        group: str,
+        token: str,
+        now: datetime,
+        until: datetime,
+        may_claim: Callable[[Known], bool],
+    ) -> tuple[Known, bool]:
+        """`receive` on PostgreSQL, first delivery: the log row is inserted, born with the
+        lease when a message nobody knows could be claimed (`may_claim` of an unknown one),
+        in the statement that reads what the database knows; then, only where that
+        reading forbids the lease, it is taken back before the commit, or, for an existing
+        row, claimed as elsewhere. The committed outcome is `receive`'s; the common case
+        costs one statement and the commit instead of two statements and the commit."""
+        hopeful = may_claim(_UNKNOWN)
+        mid = message.message_id
+        confirmed, conf_digest, stub_digest, inserted = False, None, None, False
+        for src, digest in conn.execute(
+            self._receive_pg_sql,
+            {
+                "mid": mid,
+                "grp": group,
+                "topic": message.topic,
+                "qid": message.queue_id,
+                "qoff": message.queue_offset,
+                "now": now,
+                "ltok": token if hopeful else None,
+                "luntil": until if hopeful else None,
+            },
+        ):
+            if src == 1:
+                confirmed, conf_digest = True, digest
+            elif src == 2:
+                stub_digest = digest
+            else:
+                inserted = True
+        known = Known(confirmed, conf_digest, stub_digest)
+        claim = may_claim(known)
+        keys = {"mid": mid, "grp": group, "tok": token}
+        if inserted and hopeful and not claim:
+            conn.execute(self._unclaim_sql, keys)  # known after all: no lease
+        if not claim:
+            return known, False
+        if inserted:
+            return known, hopeful
+        result = conn.execute(self._claim_sql, {**keys, "now": now, "until": until})
+        return known, bool(result.rowcount == 1)
 
     def _insert_log(self, conn: Connection, row: dict[str, Any]) -> bool:
         """Insert the log row unless one exists; True when this call inserted it.

@@ -37,9 +37,9 @@ test: $(STAMP) system
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff format --check broker reliable reliable_cli outbox idempotency bench tests examples scripts apache_rocketmq
-	$(VENV)/bin/ruff check broker reliable reliable_cli outbox idempotency bench tests examples scripts apache_rocketmq
-	$(VENV)/bin/mypy broker reliable outbox idempotency reliable_cli apache_rocketmq
+	$(VENV)/bin/ruff format --check protocol broker reliable reliable_cli outbox idempotency bench tests examples scripts apache_rocketmq
+	$(VENV)/bin/ruff check protocol broker reliable reliable_cli outbox idempotency bench tests examples scripts apache_rocketmq
+	$(VENV)/bin/mypy protocol broker reliable outbox idempotency reliable_cli apache_rocketmq
 	$(VENV)/bin/lint-imports
 
 bench: $(STAMP)

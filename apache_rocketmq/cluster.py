@@ -470,7 +470,7 @@ def query_route(endpoint: str, topic: str, *, timeout_s: float = 3.0) -> str:
     or the gRPC error's code name when it does not answer in-band."""
     import grpc
 
-    from broker.protocol_pb import definition_pb2, service_pb2, service_pb2_grpc
+    from protocol.pb import definition_pb2, service_pb2, service_pb2_grpc
 
     host, port = endpoint.rsplit(":", 1)
     request = service_pb2.QueryRouteRequest(

@@ -245,7 +245,7 @@ class Sender:
     def run(self) -> None:
         import grpc
 
-        from broker.protocol_pb import service_pb2, service_pb2_grpc
+        from protocol.pb import service_pb2, service_pb2_grpc
 
         client = self.etcd.client()
         md = [("x-mq-client-id", "failover-bench"), ("x-mq-namespace", "")]

@@ -11,7 +11,7 @@ fields the official client reads (docs in /docs/performance.md, protocol in the 
 - SendMessage: one OK entry per message, echoing the client's message id;
 - ReceiveMessage: status OK, `batch_size` canned 1 KiB messages (built once, with the MD5
   digest the client checks, as the real server sends), then the delivery timestamp;
-- ReceiveMessages (the server's batch receive, `broker.protocol_ext`, which the framework
+- ReceiveMessages (the server's batch receive, `protocol.ext`, which the framework
   prefers): the same canned batch in one response; `--without-batch-receive` leaves it out,
   as an Apache RocketMQ proxy does (the framework then falls back to ReceiveMessage);
 - AckMessage, ChangeInvisibleDuration, Heartbeat, NotifyClientTermination, EndTransaction:
@@ -39,8 +39,8 @@ from typing import Any
 
 import grpc
 
-from broker import protocol_ext
-from broker.protocol_pb import definition_pb2, service_pb2, service_pb2_grpc
+from protocol import ext as protocol_ext
+from protocol.pb import definition_pb2, service_pb2, service_pb2_grpc
 
 BODY = b"x" * 1024
 MAX_BATCH = 1024

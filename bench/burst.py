@@ -102,7 +102,7 @@ class Outcome:
 
 
 def _request(topic: str, message_id: str, body: bytes) -> Any:
-    from broker.protocol_pb import service_pb2
+    from protocol.pb import service_pb2
 
     request = service_pb2.SendMessageRequest()
     m = request.messages.add()
@@ -160,7 +160,7 @@ async def _produce(
             return OK
 
     else:
-        from broker.protocol_pb import service_pb2_grpc
+        from protocol.pb import service_pb2_grpc
 
         channel = grpc.aio.insecure_channel(address)
         closers.append(channel.close)

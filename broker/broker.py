@@ -37,7 +37,6 @@ from broker.acting import (
     parse_report,
     refuse_dead_letter,
 )
-from broker.clock import wall_ms
 from broker.config import BrokerConfig
 from broker.config_files import (
     DELAY_OFFSETS_FILE,
@@ -57,19 +56,8 @@ from broker.errors import (
     ReplicaNotServing,
     TopicNotFound,
 )
-from broker.limits import DEFAULT_QUEUE_NUMS, DEFAULT_RETRY_MAX_TIMES
 from broker.long_poll import ArrivalNotifier
-from broker.names import (
-    DLQ_GROUP_TOPIC_PREFIX,
-    RETRY_GROUP_TOPIC_PREFIX,
-    dlq_topic,
-    is_dlq_topic,
-    is_retry_topic,
-    retry_topic,
-    validate_group_name,
-    validate_topic_name,
-    validate_user_topic,
-)
+from broker.names import validate_group_name, validate_topic_name, validate_user_topic
 from broker.offsets import (
     DEFAULT_CONSUME_TIMESTAMP_AGO_MS,
     ConsumeFromWhere,
@@ -110,6 +98,16 @@ from broker.store.store import MessageStore
 from broker.subscription import SubscriptionGroupConfig, SubscriptionGroupManager
 from broker.topic import PERM_READ_WRITE, TopicConfig, TopicConfigManager, TopicMessageType
 from broker.transaction import Checker, TransactionService, look_checked, transaction_id_of
+from protocol.clock import wall_ms
+from protocol.limits import DEFAULT_QUEUE_NUMS, DEFAULT_RETRY_MAX_TIMES
+from protocol.names import (
+    DLQ_GROUP_TOPIC_PREFIX,
+    RETRY_GROUP_TOPIC_PREFIX,
+    dlq_topic,
+    is_dlq_topic,
+    is_retry_topic,
+    retry_topic,
+)
 
 __all__ = ["Broker", "PullResult", "PullStatus", "ReceivedEntry", "SendResult", "TopicRoute"]
 

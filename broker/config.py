@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 
 from broker.errors import ConfigError
-from broker.limits import (
+from protocol.limits import (
     DEFAULT_MAX_BODY_SIZE,
     DEFAULT_QUEUE_NUMS,
     DEFAULT_RETRY_MAX_TIMES,

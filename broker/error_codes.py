@@ -3,14 +3,14 @@
 One table, read by the gRPC server (`broker.server.status`, which adds its own
 `ServerError`s, each carrying its code) and by the embedded transport, which classifies an
 exception as the gRPC transport classifies the code the server would answer with
-(`broker.codes.failure_kind`).
+(`protocol.codes.failure_kind`).
 """
 
 from __future__ import annotations
 
 from broker import errors as be
-from broker.codes import Code
 from broker.store import errors as se
+from protocol.codes import Code
 
 # most specific classes first: the first isinstance match wins
 _BY_CLASS: tuple[tuple[type[BaseException], Code], ...] = (

@@ -11,8 +11,8 @@ from __future__ import annotations
 import threading
 import time
 
-from broker.names import SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from broker.store.codec import DispatchRequest
+from protocol.names import SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 
 
 class ArrivalNotifier:

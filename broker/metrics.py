@@ -28,8 +28,8 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import Collector
 
 from broker.broker import Broker
-from broker.names import dlq_topic, is_dlq_topic, is_retry_topic, retry_topic
 from broker.store.stats import Histogram
+from protocol.names import dlq_topic, is_dlq_topic, is_retry_topic, retry_topic
 
 PREFIX = "reliable_broker_"
 

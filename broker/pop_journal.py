@@ -50,12 +50,12 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from broker.errors import ResponseCode, SendRejected
-from broker.names import REVIVE_TOPIC
 from broker.store.config import FlushMode
 from broker.store.errors import ConfigShapeError
 from broker.store.json_config import JsonConfigFile, arr, integer, obj
 from broker.store.message import Message
 from broker.store.store import MessageStore
+from protocol.names import REVIVE_TOPIC
 
 log = logging.getLogger(__name__)
 

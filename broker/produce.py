@@ -7,10 +7,10 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from broker.errors import MessageIllegal
-from broker.names import SCHEDULE_TOPIC
 from broker.schedule import TIMER_QUEUE_ID
 from broker.store.message import Message, Prop
 from broker.topic import TopicMessageType
+from protocol.names import SCHEDULE_TOPIC
 
 _DELAY_PROPS = (Prop.DELAY, Prop.TIMER_DELIVER_MS)
 

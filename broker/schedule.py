@@ -42,13 +42,13 @@ from collections.abc import Callable
 from typing import Any
 
 from broker.errors import InvalidArgument
-from broker.names import SCHEDULE_TOPIC
 from broker.store.consume_queue import ConsumeQueue
 from broker.store.errors import ConfigShapeError
 from broker.store.json_config import JsonConfigFile, arr, integer, obj
 from broker.store.message import Message, MessageExt, Prop
 from broker.store.service import ServiceThread
 from broker.store.store import MessageStore
+from protocol.names import SCHEDULE_TOPIC
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ from typing import Any
 
 from broker.config_table import VersionedConfigTable
 from broker.errors import InvalidArgument
-from broker.limits import DEFAULT_RETRY_MAX_TIMES
 from broker.store.errors import ConfigShapeError
 from broker.store.json_config import flag, integer, text
+from protocol.limits import DEFAULT_RETRY_MAX_TIMES
 
 MAX_RETRY_TIMES = 1000
 

@@ -1,6 +1,6 @@
 """Topic configuration: queue counts, permission bits, message type, persistence.
 
-Name rules (and the broker's own topic names) live in `broker.names`.
+Name rules (and the broker's own topic names) live in `protocol.names`.
 
 Persisted in `config/topics.json` (atomic write, `.bak` fallback):
 
@@ -17,9 +17,9 @@ from typing import Any
 
 from broker.config_table import VersionedConfigTable
 from broker.errors import InvalidArgument
-from broker.limits import DEFAULT_QUEUE_NUMS
 from broker.store.errors import ConfigShapeError
 from broker.store.json_config import flag, integer, text
+from protocol.limits import DEFAULT_QUEUE_NUMS
 
 # --- permission bits (RocketMQ PermName)
 PERM_PRIORITY = 0x8

@@ -47,10 +47,10 @@ from broker.errors import (
     TransactionAlreadyResolved,
     TransactionNotFound,
 )
-from broker.names import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from broker.store.message import Message, MessageExt, Prop, PutMessageResult, SysFlag
 from broker.store.service import ServiceThread
 from broker.store.store import MessageStore
+from protocol.names import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 
 log = logging.getLogger(__name__)
 

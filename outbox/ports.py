@@ -10,8 +10,8 @@
   recorded offset the broker no longer holds (lost in a crash under async flush) is noticed.
 - `Clock`: naive UTC `datetime` now (the tables store naive UTC); injected so tests never sleep.
 
-Topic names and property names are the broker's (`broker.names`, `broker.store.message.Prop`):
-`retry_topic` here is `broker.names.retry_topic` itself.
+Topic names and property names are the broker's (`protocol.names`, `broker.store.message.Prop`):
+`retry_topic` here is `protocol.names.retry_topic` itself.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Protocol, runtime_checkable
 
-from broker.names import retry_topic
 from broker.store.message import Prop
+from protocol.names import retry_topic
 from reliable.message import Message, SendReceipt
 
 Clock = Callable[[], datetime]
@@ -69,7 +69,7 @@ class QueueBounds(Protocol):
 
 
 # Property carrying the original topic of a message resent through a group's retry topic
-# (`%RETRY%<group>`, `broker.names.retry_topic`): the broker's own `RETRY_TOPIC`.
+# (`%RETRY%<group>`, `protocol.names.retry_topic`): the broker's own `RETRY_TOPIC`.
 PROPERTY_RETRY_TOPIC = Prop.RETRY_TOPIC
 
 # Property numbering a resend (the stub's send count of that copy: "2" for the first resend).

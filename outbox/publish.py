@@ -33,12 +33,12 @@ from sqlalchemy import Connection, Engine, bindparam, event, func, insert, updat
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, SessionTransaction
 
-from broker.limits import DEFAULT_MAX_BODY_SIZE
 from outbox.errors import DuplicateMessageId, NoActiveTransaction, OutboxMisuse, is_permanent
 from outbox.models import OutboxTables
 from outbox.ports import Clock, Sender, utcnow
 from outbox.registry import expected_groups, expected_groups_sql
 from outbox.stubs import check_sendable, stub_values
+from protocol.limits import DEFAULT_MAX_BODY_SIZE
 from reliable.message import Message, SendReceipt, SendStatus
 
 log = logging.getLogger(__name__)

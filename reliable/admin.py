@@ -17,7 +17,7 @@ import grpc
 
 from broker.config import with_default_port
 from broker.server.admin import SERVICE
-from broker.server.auth import ALGORITHM, sign
+from protocol.signing import authorization
 from reliable.errors import ReliableError
 
 __all__ = ["AdminCallError", "AdminClient", "PromotionRefused"]
@@ -95,11 +95,7 @@ class AdminClient:
         now = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         return [
             ("x-mq-date-time", now),
-            (
-                "authorization",
-                f"{ALGORITHM} Credential={self._access_key}, "
-                f"SignedHeaders=x-mq-date-time, Signature={sign(self._secret_key, now)}",
-            ),
+            ("authorization", authorization(self._access_key, self._secret_key, now)),
         ]
 
     def call(self, method: str, **params: Any) -> Any:

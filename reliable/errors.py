@@ -4,13 +4,13 @@ Control flow a handler raises (`RetryLater`, `Discard`) lives in `reliable.outco
 an error. Everything here is.
 
 `FailureKind`, what the retry policy does with a failed call, is the broker's
-(`broker.codes`, with the one table from protocol code to kind that both transports use);
+(`protocol.codes`, with the one table from protocol code to kind that both transports use);
 `call_error` is the client's error for a kind.
 """
 
 from __future__ import annotations
 
-from broker.codes import FailureKind as FailureKind  # re-exported: one enum
+from protocol.codes import FailureKind as FailureKind  # re-exported: one enum
 
 
 class ReliableError(Exception):
@@ -116,7 +116,7 @@ class BrokerUnavailable(BrokerCallError):
 
 
 def call_error(kind: FailureKind, message: str, *, code: str | None = None) -> BrokerCallError:
-    """The client's error for a failed call of this kind (`broker.codes.failure_kind`)."""
+    """The client's error for a failed call of this kind (`protocol.codes.failure_kind`)."""
     if kind is FailureKind.FLOW_CONTROL:
         return BrokerBusy(message, code=code)
     if kind is FailureKind.BAD_REQUEST:

@@ -10,7 +10,7 @@ import socket
 import struct
 from dataclasses import dataclass, field
 
-from broker.clock import wall_ms
+from protocol.clock import wall_ms
 
 
 class ConsumeResult(enum.Enum):

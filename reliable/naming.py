@@ -1,6 +1,6 @@
 """Topic and group names, checked where they are declared.
 
-The rules are the broker's own (`broker.names`: RocketMQ's), so a name the client accepts is
+The rules are the broker's own (`protocol.names`: RocketMQ's), so a name the client accepts is
 one the broker accepts: a group of more than 120 characters, whose `%RETRY%` topic would not
 fit, is refused when the handler or consumer is declared, not when it first runs. This
 module only turns the broker's verdict into the client's `InvalidName`.
@@ -8,7 +8,7 @@ module only turns the broker's verdict into the client's `InvalidName`.
 
 from __future__ import annotations
 
-from broker.names import (
+from protocol.names import (
     DLQ_GROUP_TOPIC_PREFIX,
     GROUP_MAX_LENGTH,
     RETRY_GROUP_TOPIC_PREFIX,

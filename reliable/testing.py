@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from broker.broker import Broker
-from broker.clock import wall_ms
 from broker.config import BrokerConfig
 from broker.pop_journal import InFlight
 from broker.store.config import (
@@ -35,6 +34,7 @@ from broker.store.config import (
     max_message_size_for,
     smallest_commitlog_file_for,
 )
+from protocol.clock import wall_ms
 from reliable.consumer.listener import ConsumeContext
 from reliable.decorators import Handler
 from reliable.message import ConsumeResult, Message, ReceivedMessage

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from broker.config import DEFAULT_PORT, with_default_port
-from broker.limits import DEFAULT_QUEUE_NUMS, DEFAULT_RETRY_MAX_TIMES
 from broker.topic import PERM_READ_WRITE
+from protocol.limits import DEFAULT_QUEUE_NUMS, DEFAULT_RETRY_MAX_TIMES
 from reliable.admin_messages import AdminCaller
 from reliable_cli.admin_call import PROG, CommandFailed, check_stopped_store, handler
 from reliable_cli.exit_codes import ExitCode

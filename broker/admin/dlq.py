@@ -38,10 +38,11 @@ from typing import Any
 from broker.admin import params as p
 from broker.admin.messages import OPERATOR, OPERATOR_ACTION
 from broker.broker import Broker
-from broker.clock import wall_ms
 from broker.errors import GroupNotFound, InvalidArgument
-from broker.names import dlq_topic, validate_group_name
+from broker.names import validate_group_name
 from broker.store.message import Message, MessageExt, Prop
+from protocol.clock import wall_ms
+from protocol.names import dlq_topic
 
 AUDIT_FILE = "dlqReplay.jsonl"
 REPLAY_ACTION = "dlq-replay"

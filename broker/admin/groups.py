@@ -32,14 +32,8 @@ from broker.admin import params as p
 from broker.admin.dlq import ReplayLedger
 from broker.broker import Broker
 from broker.errors import BrokerError, GroupNotFound, InvalidArgument, ResponseCode, TopicNotFound
-from broker.names import (
-    dlq_topic,
-    is_dlq_topic,
-    is_retry_topic,
-    retry_topic,
-    validate_group_name,
-    validate_user_topic,
-)
+from broker.names import validate_group_name, validate_user_topic
+from protocol.names import dlq_topic, is_dlq_topic, is_retry_topic, retry_topic
 
 RESET_TARGETS = ("earliest", "latest", "offset", "time")
 

@@ -43,17 +43,17 @@ from broker.errors import (
     ResponseCode,
     TopicNotFound,
 )
-from broker.names import (
+from broker.store import query
+from broker.store.errors import InvalidQuery
+from broker.store.message import Message, MessageExt, Prop, decode_offset_msg_id
+from broker.store.store import MessageStore
+from protocol.names import (
     REVIVE_TOPIC,
     TRANS_OP_HALF_TOPIC,
     is_dlq_topic,
     is_retry_topic,
     is_system_topic,
 )
-from broker.store import query
-from broker.store.errors import InvalidQuery
-from broker.store.message import Message, MessageExt, Prop, decode_offset_msg_id
-from broker.store.store import MessageStore
 
 OPERATOR_ACTION = "OPERATOR_ACTION"  # what an operator did to produce this record
 OPERATOR = "OPERATOR"  # who (as the admin command was told)

@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from broker.errors import BrokerError, InvalidArgument, ResponseCode
-from broker.names import topic_name_problem
 from broker.store.message import MessageExt
+from protocol.names import topic_name_problem
 
 MAX_LIMIT = 1000  # results of one query, whatever the caller asks
 DEFAULT_LIMIT = 32

@@ -40,7 +40,10 @@ from broker.admin.messages import (
     searchable_topics,
 )
 from broker.broker import Broker
-from broker.names import (
+from broker.pop_journal import unpack_leases
+from broker.store import query
+from broker.store.message import MessageExt, Prop
+from protocol.names import (
     DLQ_GROUP_TOPIC_PREFIX,
     RETRY_GROUP_TOPIC_PREFIX,
     REVIVE_TOPIC,
@@ -50,9 +53,6 @@ from broker.names import (
     is_dlq_topic,
     is_retry_topic,
 )
-from broker.pop_journal import unpack_leases
-from broker.store import query
-from broker.store.message import MessageExt, Prop
 
 DEFAULT_RECORDS = 200
 DEFAULT_SCAN = 100_000  # invisible-time log entries read per trace

@@ -78,7 +78,6 @@ from broker.admin import params as p
 from broker.admin.messages import MessageOps, check_id
 from broker.broker import Broker
 from broker.errors import GroupNotFound, InvalidArgument, TopicNotFound
-from broker.limits import DEFAULT_QUEUE_NUMS, DEFAULT_RETRY_MAX_TIMES
 from broker.offsets import ConsumeFromWhere
 from broker.server.direct import DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS
 from broker.server.errors import BadRequest
@@ -86,6 +85,7 @@ from broker.server.status import code_of, status_of
 from broker.server.validation import TOPIC_TYPES, check_group, check_topic
 from broker.subscription import SubscriptionGroupConfig
 from broker.topic import PERM_READ_WRITE, TopicConfig, perm_to_string
+from protocol.limits import DEFAULT_QUEUE_NUMS, DEFAULT_RETRY_MAX_TIMES
 
 SERVICE = "reliable.admin.v1.Admin"
 log = logging.getLogger(__name__)

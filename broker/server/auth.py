@@ -1,25 +1,18 @@
-"""Optional access-key authentication: `MQv2-HMAC-SHA1`, as RocketMQ 5 clients sign calls.
+"""Optional access-key authentication: the server's check of `protocol.signing`.
 
-Header: `authorization: MQv2-HMAC-SHA1 Credential=<ak>, SignedHeaders=x-mq-date-time,
-Signature=<hex HMAC-SHA1(secret, value of x-mq-date-time)>`. The date is
-`%Y%m%dT%H%M%SZ`, but the official Python client formats its *local* time and appends `Z`;
-so the freshness check only bounds the skew (27 h by default: every time zone fits).
+The header and its signature are `protocol.signing`'s. The date is `%Y%m%dT%H%M%SZ`, but
+the official Python client formats its *local* time and appends `Z`; so the freshness check
+only bounds the skew (27 h by default: every time zone fits).
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from broker.server.errors import Unauthorized
-
-ALGORITHM = "MQv2-HMAC-SHA1"
-
-
-def sign(secret: str, date_time: str) -> str:
-    return hmac.new(secret.encode(), date_time.encode(), hashlib.sha1).hexdigest()
+from protocol.signing import ALGORITHM, sign
 
 
 def _fields(header: str) -> dict[str, str]:

@@ -31,9 +31,7 @@ from typing import Any
 
 import grpc
 
-from broker import protocol_ext
 from broker.errors import TopicNotFound
-from broker.protocol_pb import definition_pb2, service_pb2
 from broker.server import convert
 from broker.server.cluster import Server
 from broker.server.context import CallInfo, ServerContext
@@ -47,6 +45,8 @@ from broker.server.validation import accepted_types, check_group, check_topic, p
 from broker.store.message import MessageExt
 from broker.subscription import SubscriptionGroupConfig
 from broker.topic import PERM_READ, PERM_WRITE, TopicConfig
+from protocol import ext as protocol_ext
+from protocol.pb import definition_pb2, service_pb2
 
 log = logging.getLogger(__name__)
 _limited = LogLimiter(log)
@@ -122,7 +122,7 @@ class ClientHandlers:
         mq.broker.endpoints.CopyFrom(endpoints)
         if self.ctx.wire_port and (
             broker is None or broker == (self.ctx.config.broker_name, self.ctx.config.broker_id)
-        ):  # where this server's native wire is (`broker.protocol_ext`)
+        ):  # where this server's native wire is (`protocol.ext`)
             mq.broker.MergeFromString(protocol_ext.wire_port_field(self.ctx.wire_port))
         mq.accept_message_types.extend(MESSAGE_TYPE[t] for t in accepted_types(topic_type))
         return mq

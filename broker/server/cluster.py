@@ -45,8 +45,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from broker.errors import ConfigError
-from broker.names import topic_name_problem
 from broker.server.health import MASTER_SERVICE
+from protocol.names import topic_name_problem
 
 log = logging.getLogger(__name__)
 
@@ -235,8 +235,8 @@ class ClusterView:
     async def forward_recall(self, group: str, request: Any, metadata: dict[str, str]) -> Any:
         """RecallMessage for a message another group holds: asked of that group's master,
         with the caller's metadata (its client id and signature), answered as it answers."""
-        from broker.protocol_pb import service_pb2_grpc
         from broker.server.errors import BadRequest, ServerError
+        from protocol.pb import service_pb2_grpc
 
         found = self.config.group(group)
         if found is None:

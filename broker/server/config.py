@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from broker.idle_poll import DEFAULT_MAX_US
-from broker.limits import DEFAULT_MAX_BODY_SIZE, MAX_INVISIBLE_MS
 from broker.server.answers import DEFAULT_BATCH, DEFAULT_LINGER_MS
 from broker.server.cluster import ClusterConfig
+from protocol.limits import DEFAULT_MAX_BODY_SIZE, MAX_INVISIBLE_MS
 
 
 @dataclass(frozen=True)

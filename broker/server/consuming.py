@@ -23,8 +23,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.errors import BrokerError
-from broker.protocol_ext import ReceiveMessagesResponse
-from broker.protocol_pb import service_pb2
 from broker.server import convert, validation
 from broker.server.clients import ClientHandlers
 from broker.server.codes import Code
@@ -38,6 +36,8 @@ from broker.server.errors import (
 from broker.server.polling import REPOLL_S, Waiters
 from broker.server.sessions import ClientSession, Renewal
 from broker.server.status import make_status, ok, status_of
+from protocol.ext import ReceiveMessagesResponse
+from protocol.pb import service_pb2
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any, ParamSpec, Protocol, TypeVar
 
 from broker.broker import Broker
-from broker.clock import wall_ms
 from broker.errors import BrokerError
 from broker.server import auth
 from broker.server.answers import HeldAnswers
@@ -30,6 +29,7 @@ from broker.server.send_groups import MAX_GROUP_BYTES, SendGroups
 from broker.server.sessions import ClientSession, SessionRegistry
 from broker.store.config import FlushMode
 from broker.store.stats import Histogram
+from protocol.clock import wall_ms
 
 P = ParamSpec("P")
 T = TypeVar("T")

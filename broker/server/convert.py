@@ -19,11 +19,11 @@ import hashlib
 import socket
 from typing import Any
 
-from broker.clock import wall_ms
-from broker.protocol_pb import definition_pb2
 from broker.server.errors import BadRequest, ServerError
 from broker.server.validation import RESERVED_PROPERTIES
 from broker.store.message import Message, MessageExt, Prop
+from protocol.clock import wall_ms
+from protocol.pb import definition_pb2
 
 # protocol MessageType numbers
 NORMAL, FIFO, DELAY, TRANSACTION = 1, 2, 3, 4

@@ -25,13 +25,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from broker.protocol_pb import definition_pb2, service_pb2
 from broker.server import convert
 from broker.server.codes import Code
 from broker.server.errors import ServerError
 from broker.server.sessions import ClientSession, SessionRegistry, TelemetryStream
 from broker.server.status import ok
 from broker.store.message import MessageExt, Prop
+from protocol.pb import definition_pb2, service_pb2
 
 DEFAULT_TIMEOUT_MS = 5_000
 MAX_TIMEOUT_MS = 60_000

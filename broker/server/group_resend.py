@@ -6,7 +6,7 @@ property; the broker delivers it to that group only, under the original topic. T
 protocol reserves the property (`validation.RESERVED_PROPERTIES`), and the Apache proxy
 refuses it; this server accepts it, when its `group-resend` capability is on
 (`ServerConfig.group_resend`, advertised by `reliable.v1.BatchMessaging/Capabilities`,
-`broker.protocol_ext`), for a send that is a well-formed per-group resend and nothing else:
+`protocol.ext`), for a send that is a well-formed per-group resend and nothing else:
 
 - the topic is `%RETRY%<group>`, and the group is a valid, non-system group that exists
   (or that a consumer's receive would create: `auto_create_group`);
@@ -25,17 +25,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from broker.names import (
-    RETRY_GROUP_TOPIC_PREFIX,
-    is_dlq_topic,
-    is_retry_topic,
-    topic_name_problem,
-)
 from broker.server import validation
 from broker.server.codes import Code
 from broker.server.errors import Forbidden, IllegalMessage, IllegalTopic
 from broker.store.message import Prop
 from broker.topic import PERM_WRITE, TopicConfig
+from protocol.names import (
+    RETRY_GROUP_TOPIC_PREFIX,
+    is_dlq_topic,
+    is_retry_topic,
+    topic_name_problem,
+)
 
 # the one reserved property a per-group resend may carry
 RETRY_TOPIC = Prop.RETRY_TOPIC

@@ -20,12 +20,12 @@ from __future__ import annotations
 from typing import Any
 
 from broker.errors import TopicNotFound
-from broker.protocol_pb import definition_pb2, service_pb2
 from broker.server import convert
 from broker.server.context import CallInfo, ServerContext
 from broker.server.errors import BadRequest, IllegalOffset, OffsetNotFound
 from broker.server.status import ok
 from broker.server.validation import check_group, check_topic
+from protocol.pb import definition_pb2, service_pb2
 
 _BEGINNING = definition_pb2.QueryOffsetPolicy.Value("BEGINNING")
 _END = definition_pb2.QueryOffsetPolicy.Value("END")

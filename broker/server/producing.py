@@ -19,10 +19,7 @@ import struct
 import time
 from typing import Any
 
-from broker import protocol_ext
-from broker.clock import wall_ms
 from broker.errors import ResponseCode, SendRejected
-from broker.protocol_pb import service_pb2
 from broker.results import PUT_STATUS_CODES
 from broker.server import convert, validation
 from broker.server.clients import ClientHandlers
@@ -44,6 +41,9 @@ from broker.server.status import make_status, ok, status_of
 from broker.server.transactions import decode_transaction_id, encode_transaction_id
 from broker.store.message import Message, Prop, PutMessageResult, PutMessageStatus
 from broker.topic import PERM_WRITE, TopicConfig
+from protocol import ext as protocol_ext
+from protocol.clock import wall_ms
+from protocol.pb import service_pb2
 
 log = logging.getLogger(__name__)
 
@@ -622,7 +622,7 @@ class ProducerHandlers:
             entry.CopyFrom(template)
             entry.message_id = message_id
             entry.offset = offset
-            entry.MergeFromString(queue_field(queue_id))  # where it went (`broker.protocol_ext`)
+            entry.MergeFromString(queue_field(queue_id))  # where it went (`protocol.ext`)
             if put_status is not PutMessageStatus.PUT_OK:  # stored, not acknowledged
                 entry.status.CopyFrom(_not_acknowledged(topic, put_status))
             if put_status is not same:

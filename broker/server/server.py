@@ -6,7 +6,7 @@
     server.stop()           # graceful: in-flight calls get `grace_s` to finish
 
 Four services share the port: `apache.rocketmq.v2.MessagingService`, its batch-receive
-extension `reliable.v1.BatchMessaging` (`broker.protocol_ext`), the standard gRPC health
+extension `reliable.v1.BatchMessaging` (`protocol.ext`), the standard gRPC health
 service (`broker.server.health`) and the JSON admin service `reliable.admin.v1.Admin` (see
 `broker.server.admin`). The broker is the caller's:
 the server neither starts nor shuts it down.

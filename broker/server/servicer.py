@@ -1,7 +1,7 @@
 """`apache.rocketmq.v2.MessagingService`: one method per RPC, each a thin adapter.
 
 The same server also registers `reliable.v1.BatchMessaging/ReceiveMessages`
-(`broker.protocol_ext`), the receive answered in one message that the framework prefers,
+(`protocol.ext`), the receive answered in one message that the framework prefers,
 and `reliable.v1.BatchMessaging/Capabilities`, what it accepts beyond the protocol.
 
 Every unary RPC goes through `_unary`: read the caller (client id, namespace, signature),
@@ -24,8 +24,6 @@ from typing import Any, NoReturn
 
 import grpc
 
-from broker import protocol_ext, protocol_wire
-from broker.protocol_pb import service_pb2
 from broker.server import convert
 from broker.server.clients import ClientHandlers
 from broker.server.consuming import ConsumerHandlers
@@ -35,6 +33,9 @@ from broker.server.errors import Abandoned, NotImplementedByServer, ReadOnlySlav
 from broker.server.offsets import OffsetHandlers
 from broker.server.producing import ProducerHandlers
 from broker.server.status import status_of
+from protocol import ext as protocol_ext
+from protocol import wire as protocol_wire
+from protocol.pb import service_pb2
 
 SERVICE = "apache.rocketmq.v2.MessagingService"
 Handler = Callable[[Any, CallInfo], Awaitable[Any]]
@@ -236,7 +237,7 @@ class MessagingServicer:
                 yield response
 
     async def ReceiveMessages(self, request: Any, context: Any) -> Any:
-        """The extension's receive (`broker.protocol_ext`): the batch in one response."""
+        """The extension's receive (`protocol.ext`): the batch in one response."""
         try:
             if isinstance(request, Undecodable):
                 self.ctx.call_info(context)
@@ -251,7 +252,7 @@ class MessagingServicer:
             return response
 
     async def WireEndpoint(self, request: Any, context: Any) -> dict[str, Any]:
-        """The native wire's port (`broker.protocol_wire`), to a caller whose signature
+        """The native wire's port (`protocol.wire`), to a caller whose signature
         holds: `{"port": P}`, 0 when the server offers none."""
         try:
             self.ctx.call_info(context, require_client_id=False)
@@ -260,7 +261,7 @@ class MessagingServicer:
         return {"port": self.ctx.wire_port}
 
     async def Capabilities(self, request: Any, context: Any) -> dict[str, Any]:
-        """What this server accepts beyond the protocol (`broker.protocol_ext`), to a
+        """What this server accepts beyond the protocol (`protocol.ext`), to a
         caller whose signature holds: `{"capabilities": [...]}`."""
         try:
             self.ctx.call_info(context, require_client_id=False)

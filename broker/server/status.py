@@ -15,11 +15,11 @@ from typing import Any
 
 from broker import error_codes
 from broker import errors as be
-from broker.protocol_pb import definition_pb2
 from broker.server.codes import Code
 from broker.server.errors import ServerError
 from broker.server.ratelimit import LogLimiter
 from broker.store import errors as se
+from protocol.pb import definition_pb2
 
 log = logging.getLogger(__name__)
 _limited = LogLimiter(log)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.protocol_pb import service_pb2
 from broker.server import convert
 from broker.server.errors import InvalidTransactionId
 from broker.server.status import ok
 from broker.store.message import MessageExt, Prop, decode_offset_msg_id, encode_offset_msg_id
+from protocol.pb import service_pb2
 
 TXN_SEPARATOR = ":"
 TRANSACTION_ID_PROPERTY = "__transactionId__"

@@ -9,12 +9,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-from broker.names import (
-    group_name_problem,
-    is_system_group,
-    is_system_topic,
-    topic_name_problem,
-)
 from broker.server.codes import Code
 from broker.server.config import ServerConfig
 from broker.server.errors import (
@@ -26,6 +20,12 @@ from broker.server.errors import (
     IllegalTopic,
     MessageBodyEmpty,
     MessageBodyTooLarge,
+)
+from protocol.names import (
+    group_name_problem,
+    is_system_group,
+    is_system_topic,
+    topic_name_problem,
 )
 
 # property names the broker itself interprets; users may not set them (RocketMQ MessageConst)
@@ -102,7 +102,7 @@ def _has_control(text: str) -> bool:
 
 
 def check_topic(name: str) -> str:
-    """A topic a client may address (`broker.names` rules, not a system topic)."""
+    """A topic a client may address (`protocol.names` rules, not a system topic)."""
     problem = topic_name_problem(name)  # remembers the names it found valid
     if problem is not None:
         raise IllegalTopic(f"topic name {name!r} {problem}")
@@ -112,7 +112,7 @@ def check_topic(name: str) -> str:
 
 
 def check_group(name: str) -> str:
-    """A group a client may use (`broker.names` rules, not a system group)."""
+    """A group a client may use (`protocol.names` rules, not a system group)."""
     problem = group_name_problem(name)
     if problem is not None:
         raise IllegalConsumerGroup(f"group name {name!r} {problem}")

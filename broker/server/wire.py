@@ -1,4 +1,4 @@
-"""The native wire's listener (`broker.protocol_wire`, docs/wire.md): framed TCP beside gRPC.
+"""The native wire's listener (`protocol.wire`, docs/wire.md): framed TCP beside gRPC.
 
     wire = WireServer(ctx, servicer, max_frame=MAX_MESSAGE_BYTES)
     port = await wire.start("127.0.0.1", 0)     # on the server's event loop
@@ -39,12 +39,12 @@ import ssl
 from collections.abc import Callable
 from typing import Any
 
-from broker import protocol_wire as pw
 from broker.server.context import ServerContext
 from broker.server.decoding import parser
 from broker.server.detached import resume
 from broker.server.ratelimit import LogLimiter
 from broker.server.status import status_of
+from protocol import wire as pw
 
 log = logging.getLogger(__name__)
 _limited = LogLimiter(log)

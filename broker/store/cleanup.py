@@ -33,12 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from broker.clock import wall_ms
 from broker.store.config import StoreConfig
 from broker.store.consume_queue_store import ConsumeQueueStore
 from broker.store.index_service import IndexService
 from broker.store.mapped_file_queue import MappedFileQueue
 from broker.store.service import ServiceThread
+from protocol.clock import wall_ms
 
 log = logging.getLogger(__name__)
 

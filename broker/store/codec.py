@@ -59,7 +59,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-from broker.names import SCHEDULE_TOPIC, TOPIC_MAX_LENGTH
 from broker.store.errors import InvalidMessage
 from broker.store.message import (
     MessageExt,
@@ -68,6 +67,7 @@ from broker.store.message import (
     SysFlag,
     decode_properties,
 )
+from protocol.names import SCHEDULE_TOPIC, TOPIC_MAX_LENGTH
 
 MESSAGE_MAGIC_CODE = -626843481  # 0xDAA320A7 as a signed i32: version 1 (body CRC)
 RECORD_MAGIC_CODE = -626843470  # 0xDAA320B2 as a signed i32: version 2 (whole-record CRC)

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypedDict
 
-from broker.limits import DEFAULT_MAX_BODY_SIZE
 from broker.store.errors import ForeignFile
+from protocol.limits import DEFAULT_MAX_BODY_SIZE
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def default_store_dir() -> Path:
     return Path.home() / ".reliable" / "store"
 
 
-# --- message size: one limit on the body (`broker.limits.DEFAULT_MAX_BODY_SIZE`); the record
+# --- message size: one limit on the body (`protocol.limits.DEFAULT_MAX_BODY_SIZE`); the record
 # around it gets room for the rest
 # a record holds the body plus its topic (TOPICLEN is one byte) and properties (PROPERTIESLEN
 # is an i16): a body at the limit with any legal topic and properties must still fit

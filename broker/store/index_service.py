@@ -12,7 +12,6 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 
-from broker.clock import wall_ms
 from broker.store.codec import DispatchRequest
 from broker.store.config import StoreConfig
 from broker.store.errors import ForeignFile
@@ -23,6 +22,7 @@ from broker.store.index_file import (
     parse_index_file_name,
 )
 from broker.store.index_key import build_key, index_key_hashes
+from protocol.clock import wall_ms
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from broker.clock import wall_ms
+from protocol.clock import wall_ms
 
 
 class Prop:

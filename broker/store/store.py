@@ -28,7 +28,6 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 
-from broker.clock import wall_ms
 from broker.futures import LightFuture
 from broker.store import query
 from broker.store.batch import encode_batch
@@ -75,6 +74,7 @@ from broker.store.startup import (
     reput_start,
 )
 from broker.store.store_lock import StoreLock
+from protocol.clock import wall_ms
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ import json
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from broker.names import is_dlq_topic, is_retry_topic, is_system_topic
 from outbox.reconcile.classes import LOG_LABELS, STUB_LABELS, StubClass
+from protocol.names import is_dlq_topic, is_retry_topic, is_system_topic
 
 if TYPE_CHECKING:
     from outbox.reconcile.job import ReconcileResult

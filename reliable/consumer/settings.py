@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker.limits import DEFAULT_RETRY_MAX_TIMES
+from protocol.limits import DEFAULT_RETRY_MAX_TIMES
 from reliable.consumer.listener import MessageModel
 from reliable.consumer.rebalance import AllocateStrategy, allocate_averagely
 from reliable.errors import ConfigurationError

@@ -1,6 +1,6 @@
 """The embedded transport's conversions: the client's message to the store's and back, and
 the client's error for a broker exception (`translate`, by the same classification as the
-grpc transport's: `broker.error_codes`, `broker.codes`)."""
+grpc transport's: `broker.error_codes`, `protocol.codes`)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from collections.abc import Callable
 from typing import Any
 
 from broker import errors as berr
-from broker.codes import failure_kind
 from broker.error_codes import code_of
-from broker.names import is_retry_topic
 from broker.store import errors as serr
 from broker.store.message import Message as StoreMessage
 from broker.store.message import MessageExt, Prop, encode_offset_msg_id
+from protocol.codes import failure_kind
+from protocol.names import is_retry_topic
 from reliable.errors import BadRequest, BrokerUnavailable, ReceiptHandleError, call_error
 from reliable.message import Message, ReceivedMessage
 
@@ -24,7 +24,7 @@ _MAPPED = {Prop.TAGS, Prop.KEYS, Prop.UNIQ_KEY, Prop.SHARDING_KEY, Prop.TIMER_DE
 def translate(exc: BaseException) -> BaseException:
     """The client's error for a broker or store exception, classified as the gRPC transport
     classifies the code the server would answer with (`broker.error_codes.code_of`, then
-    `broker.codes.failure_kind`): the same failure is retried, or not, the same way."""
+    `protocol.codes.failure_kind`): the same failure is retried, or not, the same way."""
     if isinstance(exc, berr.ReceiptHandleError):
         return ReceiptHandleError(exc.handle, exc.reason)
     # the store refuses writes (disk full, not running): the refusal is kept, a full disk

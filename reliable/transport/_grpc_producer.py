@@ -14,10 +14,10 @@ from typing import Any
 
 import grpc
 
-from broker import protocol_ext
-from broker.clock import wall_ms
 from broker.config import DEFAULT_DELAY_LEVELS_MS
-from broker.limits import DEFAULT_MAX_BODY_SIZE
+from protocol import ext as protocol_ext
+from protocol.clock import wall_ms
+from protocol.limits import DEFAULT_MAX_BODY_SIZE
 from reliable.errors import (
     BadRequest,
     BrokerCallError,
@@ -152,7 +152,7 @@ class ProducerSide(GrpcSession):
                         self._forget_route(m.topic)
                     out.append(exc)
                     continue
-            # our server says which queue it chose (`broker.protocol_ext`); a queue id names
+            # our server says which queue it chose (`protocol.ext`); a queue id names
             # one queue only where the topic's route has one broker
             queue_id = queue_of(entry)
             if queue_id >= 0:
@@ -183,7 +183,7 @@ class ProducerSide(GrpcSession):
 
     def group_resend_supported(self) -> bool:
         """Whether the server accepts a per-group resend: a send to `%RETRY%<group>`
-        carrying `RETRY_TOPIC` (its `group-resend` capability, `broker.protocol_ext`).
+        carrying `RETRY_TOPIC` (its `group-resend` capability, `protocol.ext`).
         Asked once; an Apache RocketMQ proxy does not know the call: False."""
         return protocol_ext.GROUP_RESEND in self.server_capabilities()
 

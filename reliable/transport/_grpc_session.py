@@ -25,8 +25,9 @@ import grpc
 from broker.config import with_default_port
 from broker.idle_poll import DEFAULT_MAX_US as DEFAULT_IDLE_POLL_US
 from broker.idle_poll import check_max_us
-from broker.names import dlq_topic, retry_topic
-from broker.protocol_wire import WIRE_ENDPOINT_PATH
+from protocol.names import dlq_topic, retry_topic
+from protocol.signing import authorization
+from protocol.wire import WIRE_ENDPOINT_PATH
 from reliable.errors import BrokerCallError, ConfigurationError, TransportError
 from reliable.transport import _grpc_wire
 from reliable.transport import _grpc_wire as wire
@@ -124,7 +125,7 @@ class GrpcSession:
         self._md_second = -1
         self._md_date = ""
         self.requests = {"SendMessage": 0, "AckMessage": 0}  # requests made (observability)
-        # the server's batch receive (`broker.protocol_ext`): None until a call tells
+        # the server's batch receive (`protocol.ext`): None until a call tells
         self.receive_messages: Any = None
         self.batch_receive: bool | None = None
 
@@ -325,17 +326,7 @@ class GrpcSession:
             ("x-mq-request-id", f"{self._rid}{next(self._rids)}"),
         ]
         if self._access_key:
-            import hashlib
-            import hmac
-
-            signature = hmac.new(self._secret_key.encode(), now.encode(), hashlib.sha1).hexdigest()
-            md.append(
-                (
-                    "authorization",
-                    f"MQv2-HMAC-SHA1 Credential={self._access_key}, "
-                    f"SignedHeaders=x-mq-date-time, Signature={signature}",
-                )
-            )
+            md.append(("authorization", authorization(self._access_key, self._secret_key, now)))
         return md
 
     def _require(self) -> Any:

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import grpc
 
-from broker import codes
+from protocol import codes
 from reliable.errors import (
     BrokerBusy,
     BrokerCallError,
@@ -76,7 +76,7 @@ def _code_name(code: int) -> str:
 
 def check_status(status: Any, what: str) -> None:
     """Raise the client's typed error for a non-success protocol status: of the kind
-    `broker.codes.failure_kind` gives the code (the one table the embedded transport
+    `protocol.codes.failure_kind` gives the code (the one table the embedded transport
     classifies the broker's exceptions by too)."""
     code = int(status.code)
     if code in SUCCESS_CODES:

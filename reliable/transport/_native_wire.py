@@ -44,9 +44,9 @@ from typing import Any
 
 import grpc
 
-from broker import protocol_wire as pw
 from broker.idle_poll import DEFAULT_MAX_US as DEFAULT_IDLE_POLL_US
 from broker.idle_poll import IdlePoll, check_max_us
+from protocol import wire as pw
 from reliable.transport._pb import definition_pb2
 from reliable.transport._wire_tls import TlsStream
 

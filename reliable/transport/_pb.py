@@ -1,14 +1,14 @@
 """The RocketMQ 5 protocol modules for the gRPC transport.
 
-The loader lives in `broker.protocol_pb` (it keeps the official client package's
+The loader lives in `protocol.pb` (it keeps the official client package's
 `__init__` from running); the grpc transport imports the generated modules from here, and
-`broker.protocol_pb` imports nothing else from `broker`. `protocol_ext` is the server's
+`protocol.pb` imports nothing else from `broker`. `protocol_ext` is the server's
 batch receive (`reliable.v1.BatchMessaging`), which the transport prefers where offered.
 """
 
 from __future__ import annotations
 
-from broker import protocol_ext
-from broker.protocol_pb import definition_pb2, service_pb2, service_pb2_grpc
+from protocol import ext as protocol_ext
+from protocol.pb import definition_pb2, service_pb2, service_pb2_grpc
 
 __all__ = ["definition_pb2", "protocol_ext", "service_pb2", "service_pb2_grpc"]

@@ -21,7 +21,6 @@ from typing import Any
 from broker import errors as berr
 from broker.broker import Broker
 from broker.config import BrokerConfig
-from broker.names import dlq_topic, retry_topic
 from broker.offsets import ConsumeFromWhere
 from broker.store.config import StoreConfig, embedded_store_config, max_message_size_for
 from broker.store.message import (
@@ -30,6 +29,7 @@ from broker.store.message import (
     PutMessageStatus,
     decode_offset_msg_id,
 )
+from protocol.names import dlq_topic, retry_topic
 from reliable.errors import (
     BadRequest,
     ConfigurationError,

@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from broker.names import dlq_topic, is_dlq_topic, is_retry_topic, is_system_topic, retry_topic
+from protocol.names import dlq_topic, is_dlq_topic, is_retry_topic, is_system_topic, retry_topic
 from reliable.admin import AdminCallError, AdminClient
 from reliable.errors import ReliableError
 

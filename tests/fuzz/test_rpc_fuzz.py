@@ -31,14 +31,14 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker import protocol_ext
-from broker.protocol_pb import service_pb2
 from broker.server.codes import Code
+from protocol import ext as protocol_ext
+from protocol.pb import service_pb2
 from reliable.admin import AdminClient
 from tests.e2e.grpc.server_process import ServerProcess
 
 SERVICE = service_pb2.DESCRIPTOR.services_by_name["MessagingService"]
-# and the server's one extension, the batch receive (`broker.protocol_ext`)
+# and the server's one extension, the batch receive (`protocol.ext`)
 EXTENSION = descriptor_pool.Default().FindServiceByName(protocol_ext.SERVICE)
 METHODS = {m.name: m for m in (*SERVICE.methods, *EXTENSION.methods)}
 TOPIC, GROUP = "t-fuzz", "g-fuzz"

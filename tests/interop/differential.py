@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from apache_rocketmq import MessageType, RocketMQCluster, running_cluster
-from broker.protocol_pb import definition_pb2
+from protocol.pb import definition_pb2
 from reliable.admin import AdminClient
 from tests.e2e.grpc.server_process import ServerProcess
 from tests.interop.programs import java_program, say

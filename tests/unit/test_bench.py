@@ -490,7 +490,7 @@ def test_the_stub_spends_the_work_it_is_given_on_each_send_and_ack() -> None:
     import time
 
     from bench._stub import StubMessagingService
-    from broker.protocol_pb import service_pb2
+    from protocol.pb import service_pb2
 
     send = service_pb2.SendMessageRequest()
     send.messages.add().system_properties.message_id = "01ABC"

@@ -1,4 +1,4 @@
-"""The shared limits are written once (`broker.limits`): the 4 MiB body limit, the 16 retries
+"""The shared limits are written once (`protocol.limits`): the 4 MiB body limit, the 16 retries
 before the dead-letter queue, the 12 h invisible-time cap.
 
 The test reads every Python file outside `tests/` and finds each integer literal (a
@@ -19,12 +19,21 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker import limits
+from protocol import limits
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = ("broker", "reliable", "outbox", "idempotency", "reliable_cli", "bench", "scripts")
+SOURCES = (
+    "protocol",
+    "broker",
+    "reliable",
+    "outbox",
+    "idempotency",
+    "reliable_cli",
+    "bench",
+    "scripts",
+)
 GENERATED = re.compile(r"_pb2(_grpc)?\.py$")
-HOME = "broker/limits.py"
+HOME = "protocol/limits.py"
 
 
 @dataclass(frozen=True)
@@ -162,7 +171,8 @@ def test_each_limit_is_written_once_in_broker_limits() -> None:
         found[name].append(where)
     for name, places in found.items():
         assert len(places) == 1 and places[0].startswith(f"{HOME}:"), (
-            f"{name} is written {len(places)} times: {places}; import it from broker.limits instead"
+            f"{name} is written {len(places)} times: {places}; "
+            "import it from protocol.limits instead"
         )
 
 

@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator
 import grpc
 import pytest
 
-from broker import protocol_wire as pw
-from broker.protocol_pb import service_pb2
+from protocol import wire as pw
+from protocol.pb import service_pb2
 from reliable.transport._native_wire import WireChannel, WireRpcError
 
 SEND = pw.BY_NAME["SendMessage"]

@@ -48,7 +48,7 @@ def blueprint(settings: Settings, view: BrokerView, sampler: Sampler) -> Bluepri
         try:
             listing = view.dead_letters(group_name, limit=200)
         except NotAvailable:
-            from broker.names import dlq_topic
+            from protocol.names import dlq_topic
 
             fallback = True
             try:

@@ -112,7 +112,7 @@ class Cluster:
         """The groups whose master queues (writable) `endpoint`'s QueryRoute names."""
         import grpc
 
-        from broker.protocol_pb import service_pb2, service_pb2_grpc
+        from protocol.pb import service_pb2, service_pb2_grpc
 
         with grpc.insecure_channel(endpoint) as channel:
             request = service_pb2.QueryRouteRequest()

@@ -13,9 +13,9 @@ import grpc
 import pytest
 
 from bench.grpc import serving
-from broker import protocol_ext
-from broker.protocol_pb import service_pb2
 from broker.server.codes import Code
+from protocol import ext as protocol_ext
+from protocol.pb import service_pb2
 from reliable import Message, Producer, SimpleConsumer, connect
 from tests.e2e.grpc.server_process import ServerProcess
 from tests.e2e.grpc.test_batched_rpcs import MD, send_request, stub  # noqa: F401 (fixture)

@@ -16,11 +16,11 @@ import grpc
 import pytest
 
 from broker.broker import Broker
-from broker.protocol_pb import service_pb2, service_pb2_grpc
 from broker.server.codes import Code
 from broker.server.config import ServerConfig
 from broker.server.server import MessagingServer
 from broker.store.config import FlushMode, StoreConfig
+from protocol.pb import service_pb2, service_pb2_grpc
 from reliable.transport._native_wire import NativeStub
 from tests.e2e.grpc.conftest import FAST
 from tests.e2e.grpc.server_process import ServerProcess

@@ -28,10 +28,10 @@ import pytest
 
 from bench.burst import ABANDONED, OK, REFUSALS, Plan, run_burst
 from broker.broker import Broker
-from broker.protocol_pb import service_pb2, service_pb2_grpc
 from broker.server.codes import Code
 from broker.server.config import ServerConfig
 from broker.server.server import MessagingServer
+from protocol.pb import service_pb2, service_pb2_grpc
 from reliable.transport._native_wire import NativeStub
 from tests.e2e.grpc.server_process import ServerProcess, stored_records
 from tests.e2e.grpc.test_batched_rpcs import sync_flush_broker

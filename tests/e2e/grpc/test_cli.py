@@ -142,8 +142,8 @@ def test_admin_against_running_and_stopped_broker(
 def test_no_auto_create_topics(make_server: Callable[..., ServerProcess]) -> None:
     import grpc
 
-    from broker.protocol_pb import service_pb2, service_pb2_grpc
     from broker.server.codes import Code
+    from protocol.pb import service_pb2, service_pb2_grpc
 
     server = make_server("--no-auto-create-topics")
     channel = grpc.insecure_channel(server.endpoint)

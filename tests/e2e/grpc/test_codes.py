@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from broker import errors as be
-from broker.protocol_pb import definition_pb2
 from broker.server.codes import Code
 from broker.server.errors import IllegalTopic, ServerError
 from broker.server.status import code_of, status_of
+from protocol.pb import definition_pb2
 
 
 def test_codes_match_the_generated_protocol() -> None:

@@ -20,11 +20,11 @@ from prometheus_client import CollectorRegistry
 
 from broker.broker import Broker
 from broker.metrics import BrokerCollector
-from broker.protocol_pb import service_pb2, service_pb2_grpc
 from broker.server.codes import Code
 from broker.server.config import ServerConfig
 from broker.server.server import MessagingServer
 from broker.store.config import StoreConfig
+from protocol.pb import service_pb2, service_pb2_grpc
 from tests.e2e.grpc.server_process import cli
 from tests.e2e.grpc.test_batched_rpcs import MD, receive_all, send_request, sync_flush_broker
 

@@ -20,9 +20,9 @@ from typing import Any
 import grpc
 import pytest
 
-from broker.protocol_pb import service_pb2, service_pb2_grpc
-from broker.server import auth
 from broker.server.codes import Code
+from protocol import signing as auth
+from protocol.pb import service_pb2, service_pb2_grpc
 from tests.e2e.grpc.conftest import FAST
 from tests.e2e.grpc.server_process import ServerProcess
 

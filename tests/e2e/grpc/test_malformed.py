@@ -16,8 +16,8 @@ from typing import Any
 import grpc
 import pytest
 
-from broker.protocol_pb import service_pb2, service_pb2_grpc
 from broker.server.codes import Code
+from protocol.pb import service_pb2, service_pb2_grpc
 from tests.e2e.grpc import official
 from tests.e2e.grpc.server_process import ServerProcess
 

@@ -147,7 +147,7 @@ def test_resent_message_id_is_stored_once_even_across_a_restart(
 
     import grpc
 
-    from broker.protocol_pb import service_pb2, service_pb2_grpc
+    from protocol.pb import service_pb2, service_pb2_grpc
 
     store = tmp_path / "dedupe-store"
     request = service_pb2.SendMessageRequest()

@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 import pytest
 
-from broker.protocol_pb import service_pb2, service_pb2_grpc
+from protocol.pb import service_pb2, service_pb2_grpc
 from tests.e2e.grpc import official
 from tests.e2e.grpc.raw_telemetry import RawTelemetry, producer_settings
 from tests.e2e.grpc.server_process import ServerProcess

@@ -23,15 +23,15 @@ import pytest
 
 import reliable
 from bench._tls import self_signed
-from broker import protocol_ext
-from broker import protocol_wire as pw
 from broker.broker import Broker
-from broker.protocol_pb import definition_pb2, service_pb2, service_pb2_grpc
 from broker.server.codes import Code
 from broker.server.config import ServerConfig
 from broker.server.errors import ServerStartError
 from broker.server.server import MessagingServer
 from broker.store.config import StoreConfig
+from protocol import ext as protocol_ext
+from protocol import wire as pw
+from protocol.pb import definition_pb2, service_pb2, service_pb2_grpc
 from reliable import Message, Producer, TransportError
 from reliable.transport._native_wire import WireChannel, WireRpcError
 from reliable.transport._wire_tls import client_context

@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 
 from broker.broker import Broker
-from broker.protocol_pb import definition_pb2
 from broker.server.clients import ClientHandlers
 from broker.server.config import ServerConfig
 from broker.server.context import CallInfo, ServerContext
 from broker.server.sessions import ClientSession
+from protocol.pb import definition_pb2
 
 
 def _publishing(topics: list[str]) -> definition_pb2.Settings:

@@ -6,9 +6,9 @@ import hashlib
 
 import pytest
 
-from broker.protocol_pb import definition_pb2
 from broker.server.convert import body_digest, to_proto
 from broker.store.message import MessageExt, Prop
+from protocol.pb import definition_pb2
 from tests.interop.bodies import all_bodies, crafted_bodies, crc_hex
 
 

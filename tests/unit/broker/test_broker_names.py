@@ -10,13 +10,7 @@ from broker.errors import (
     InvalidTopicName,
     SystemTopicReserved,
 )
-from broker.names import (
-    dlq_topic,
-    retry_topic,
-    validate_group_name,
-    validate_topic_name,
-    validate_user_topic,
-)
+from broker.names import validate_group_name, validate_topic_name, validate_user_topic
 from broker.topic import (
     PERM_READ,
     PERM_READ_WRITE,
@@ -27,6 +21,7 @@ from broker.topic import (
     is_writeable,
     perm_to_string,
 )
+from protocol.names import dlq_topic, retry_topic
 
 
 @pytest.mark.parametrize("name", ["orders", "a", "Order_Created-v2", "a|b", "%RETRY%g", "x" * 127])

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from broker.errors import MessageIllegal
-from broker.names import SCHEDULE_TOPIC
 from broker.produce import (
     check_properties,
     message_type_of,
@@ -16,6 +15,7 @@ from broker.produce import (
 from broker.schedule import TIMER_QUEUE_ID, unschedule
 from broker.store.message import Message, MessageExt, Prop
 from broker.topic import TopicMessageType
+from protocol.names import SCHEDULE_TOPIC
 
 LEVELS = (100, 200, 300)
 NOW = 1_000_000

@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from broker.protocol_pb import definition_pb2
 from broker.server.direct import ClientDidNotAnswer, ClientNotInGroup, DirectDeliveries
 from broker.server.sessions import ClientKind, SessionRegistry, TelemetryStream
 from broker.store.message import MessageExt, Prop
+from protocol.pb import definition_pb2
 
 
 def stored(topic: str = "orders", **props: str) -> MessageExt:

@@ -3,7 +3,7 @@
 The gRPC server answers a broker exception with a protocol code (`broker.server.status`);
 the grpc transport turns the code into the client's error (`_grpc_wire.check_status`); the
 embedded transport turns the same exception into the client's error directly
-(`embedded.translate`). Both go through `broker.codes.failure_kind`: the same failure is
+(`embedded.translate`). Both go through `protocol.codes.failure_kind`: the same failure is
 retried, backed off from, resent or given up on alike, with the same code name.
 """
 
@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 
 from broker import errors as be
-from broker.codes import Code, FailureKind, failure_kind
-from broker.protocol_pb import definition_pb2
 from broker.server.status import status_of
 from broker.store import errors as se
+from protocol.codes import Code, FailureKind, failure_kind
+from protocol.pb import definition_pb2
 from reliable.errors import (
     BadRequest,
     BrokerBusy,

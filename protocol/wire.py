@@ -23,8 +23,8 @@ from __future__ import annotations
 import struct
 from typing import Any, NamedTuple, Protocol
 
-from broker import protocol_ext
-from broker.protocol_pb import service_pb2
+from protocol import ext as protocol_ext
+from protocol.pb import service_pb2
 
 HEADER = struct.Struct("!IIHHI")
 HEADER_SIZE = HEADER.size  # 16

@@ -59,7 +59,7 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, unknown_fields
 
-from broker.protocol_pb import definition_pb2, service_pb2
+from protocol.pb import definition_pb2, service_pb2
 
 SERVICE = "reliable.v1.BatchMessaging"
 RECEIVE_MESSAGES = "ReceiveMessages"

@@ -2,7 +2,7 @@
 
 The one loader for both sides of the wire: `broker.server` serves with these modules and
 `reliable.transport` (through `reliable.transport._pb`) calls with them. It imports nothing
-else from `broker`, so the framework can use it without loading the broker.
+else of the project, so the framework can use it without loading the broker.
 
 `rocketmq-python-client` ships the generated `apache.rocketmq.v2` modules in
 `rocketmq.grpc_protocol`, but importing anything under `rocketmq` first runs the client's

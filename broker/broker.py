@@ -73,7 +73,6 @@ from broker.receipt import ReceiptHandle
 from broker.results import (
     PULL_STATUS,
     PullResult,
-    PullStatus,
     QueueProgress,
     SendResult,
     TopicRoute,
@@ -93,7 +92,6 @@ from broker.store.message import (
     MessageExt,
 )
 from broker.store.service import ServiceThread
-from broker.store.stats import KeyedCounter
 from broker.store.store import MessageStore
 from broker.subscription import SubscriptionGroupConfig, SubscriptionGroupManager
 from broker.topic import PERM_READ_WRITE, TopicConfig, TopicConfigManager, TopicMessageType
@@ -108,6 +106,8 @@ from protocol.names import (
     is_retry_topic,
     retry_topic,
 )
+from protocol.results import PullStatus
+from protocol.stats import KeyedCounter
 
 __all__ = ["Broker", "PullResult", "PullStatus", "ReceivedEntry", "SendResult", "TopicRoute"]
 

@@ -9,7 +9,7 @@
 
 Nothing here runs on a message's path. The broker keeps plain totals (`Broker.delivered`,
 `Broker.acked`, the commitlog's `records_put`, the flush service's `stats`, the server's
-`send_seconds`, all in `broker.store.stats`); `collect()` reads them, and computes lag,
+`send_seconds`, all in `protocol.stats`); `collect()` reads them, and computes lag,
 retry and dead-letter depths and disk use from the store's offsets and the file system at
 that moment. Every family and its labels is listed in docs/observability.md; labels are
 topic, group and queue id only (bounded by the broker's configuration), never a message.
@@ -28,8 +28,8 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import Collector
 
 from broker.broker import Broker
-from broker.store.stats import Histogram
 from protocol.names import dlq_topic, is_dlq_topic, is_retry_topic, retry_topic
+from protocol.stats import Histogram
 
 PREFIX = "reliable_broker_"
 

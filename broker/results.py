@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 from broker.errors import ResponseCode
 from broker.store.message import GetMessageStatus, MessageExt, PutMessageStatus
 from broker.topic import TopicMessageType
+from protocol.results import PullStatus
 
 # A full disk is "service not available" on this broker (RocketMQ answers the same): the
 # producer tries another queue/broker at once instead of backing off as for SYSTEM_BUSY,
@@ -55,15 +55,6 @@ class SendResult:
     commitlog_offset: int
     transaction_id: str | None = None
     recall_handle: str | None = None  # delayed messages: cancels it before it is due
-
-
-class PullStatus(enum.Enum):
-    """What a pull found: the one enum for it (the client's transports use it as it is)."""
-
-    FOUND = "FOUND"
-    NO_NEW_MSG = "NO_NEW_MSG"
-    NO_MATCHED_MSG = "NO_MATCHED_MSG"  # units read, none passed the tag filter: advance
-    OFFSET_ILLEGAL = "OFFSET_ILLEGAL"  # below min or past max: continue at next_begin_offset
 
 
 @dataclass(slots=True)

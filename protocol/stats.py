@@ -1,9 +1,10 @@
-"""Plain counters the broker keeps for its metrics, with no metrics library.
+"""Plain counters both ends keep for their metrics, with no metrics library.
 
-The hot paths (put, receive, ack, fsync) only add to an int or a bucket; nothing here
-formats, labels or allocates per message. `broker.metrics` reads these at scrape time and
-turns them into Prometheus families, so a broker whose metrics are never scraped pays a
-few nanoseconds per call and nothing else.
+The hot paths (put, receive, ack, fsync; a client's handler) only add to an int or a
+bucket; nothing here formats, labels or allocates per message. `broker.metrics` and the
+client's `reliable.metrics` (through `reliable.handler_stats`) read these at scrape time and
+turn them into Prometheus families, so a process whose metrics are never scraped pays a few
+nanoseconds per call and nothing else.
 
     KeyedCounter   running totals per key (a (group, topic) pair), under its own lock
     Histogram      fixed bucket bounds, counts and a sum; `observe` under its own lock

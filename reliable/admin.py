@@ -2,13 +2,12 @@
 
 `AdminClient(endpoint).call("CreateTopic", name="orders")` sends one unary call whose
 request and response bodies are JSON objects (the methods and their parameters are listed in
-`broker.server.admin`); a refusal raises `AdminCallError` with the protocol code name, a
-broker that cannot be reached raises `grpc.RpcError`.
+`broker.server.admin`; the wire: `protocol.admin`); a refusal raises `AdminCallError` with
+the protocol code name, a broker that cannot be reached raises `grpc.RpcError`.
 """
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import grpc
 
 from broker.config import with_default_port
-from broker.server.admin import SERVICE
+from protocol import admin as admin_wire
 from protocol.signing import authorization
 from reliable.errors import ReliableError
 
@@ -46,16 +45,9 @@ class PromotionRefused(AdminCallError):
     `master-alive` or `ha-port` (docs/ha.md, promotion)."""
 
 
-def _encode(value: dict[str, Any]) -> bytes:
-    return json.dumps(value, sort_keys=True).encode()
-
-
 def _decode(raw: bytes) -> dict[str, Any]:
-    try:
-        value = json.loads(raw.decode() or "{}")
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return {}  # not an answer of the admin service: refused as UNKNOWN
-    return value if isinstance(value, dict) else {}
+    # not an answer of the admin service: refused as UNKNOWN
+    return admin_wire.decode(raw) or {}
 
 
 class AdminClient:
@@ -105,7 +97,9 @@ class AdminClient:
 
     def _call(self, channel: Any, method: str, params: dict[str, Any]) -> Any:
         stub = channel.unary_unary(
-            f"/{SERVICE}/{method}", request_serializer=_encode, response_deserializer=_decode
+            admin_wire.method_path(method),
+            request_serializer=admin_wire.encode,
+            response_deserializer=_decode,
         )
         # a call that waits on a client (timeout_ms) gets that long on top
         waits = params.get("timeout_ms")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import enum
 import threading
 
-from broker.store.stats import Histogram, KeyedCounter
+from protocol.stats import Histogram, KeyedCounter
 
 # seconds: 1 ms .. 60 s, the range of a message handler's work
 HANDLER_BUCKETS_S: tuple[float, ...] = (

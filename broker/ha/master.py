@@ -59,8 +59,8 @@ from broker.ha.protocol import (
     send_refusal,
 )
 from broker.ha.state import AckedCheckpoint, EpochHistory, epoch_end
-from broker.store.stats import Histogram
 from broker.store.store import MessageStore
+from protocol.stats import Histogram
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 from broker.ha.config import HaRole
 from broker.ha.master import AckOutcome, HaMaster
 from broker.ha.node import HaNode
-from broker.store.stats import Histogram
+from protocol.stats import Histogram
 
 PREFIX = "reliable_broker_ha_"
 

@@ -66,7 +66,6 @@ The Python client of this service is `reliable.admin.AdminClient`.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -85,9 +84,10 @@ from broker.server.status import code_of, status_of
 from broker.server.validation import TOPIC_TYPES, check_group, check_topic
 from broker.subscription import SubscriptionGroupConfig
 from broker.topic import PERM_READ_WRITE, TopicConfig, perm_to_string
+from protocol import admin as admin_wire
+from protocol.admin import SERVICE
 from protocol.limits import DEFAULT_QUEUE_NUMS, DEFAULT_RETRY_MAX_TIMES
 
-SERVICE = "reliable.admin.v1.Admin"
 log = logging.getLogger(__name__)
 
 
@@ -310,15 +310,8 @@ _STARTS = {
 
 
 def _decode(raw: bytes) -> dict[str, Any]:
-    try:
-        value = json.loads(raw.decode() or "{}")
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return {"__malformed__": True}
-    return value if isinstance(value, dict) else {"__malformed__": True}
-
-
-def _encode(value: dict[str, Any]) -> bytes:
-    return json.dumps(value, sort_keys=True).encode()
+    value = admin_wire.decode(raw)
+    return {"__malformed__": True} if value is None else value
 
 
 async def reconsume_to_client(ctx: Any, params: dict[str, Any]) -> dict[str, Any]:
@@ -398,7 +391,7 @@ def admin_handler(ctx: Any) -> Any:
                 return reply
 
         return grpc.unary_unary_rpc_method_handler(
-            handle, request_deserializer=_decode, response_serializer=_encode
+            handle, request_deserializer=_decode, response_serializer=admin_wire.encode
         )
 
     return grpc.method_handlers_generic_handler(SERVICE, {n: method(n) for n in ops.methods})

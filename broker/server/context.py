@@ -28,8 +28,8 @@ from broker.server.overload import Overload
 from broker.server.send_groups import MAX_GROUP_BYTES, SendGroups
 from broker.server.sessions import ClientSession, SessionRegistry
 from broker.store.config import FlushMode
-from broker.store.stats import Histogram
 from protocol.clock import wall_ms
+from protocol.stats import Histogram
 
 P = ParamSpec("P")
 T = TypeVar("T")

@@ -56,7 +56,7 @@ from typing import Protocol
 from broker.store.config import StoreConfig
 from broker.store.mapped_file_queue import MappedFileQueue
 from broker.store.service import ServiceThread
-from broker.store.stats import BATCH_BUCKETS, Histogram
+from protocol.stats import BATCH_BUCKETS, Histogram
 
 log = logging.getLogger(__name__)
 

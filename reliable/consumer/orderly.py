@@ -6,15 +6,14 @@ cap the attempts at `max_reconsume_times` and then *park* only the failing messa
 message, and every later message of the same group on this queue, goes to `%DLQ%<group>`
 (readable by operators and by reconciliation, marked `PARKED_MESSAGE_GROUP`), while every
 other group keeps its order. With the in-process broker the park is the broker's durable
-record (`broker.parking`): it holds across restarts and rebalances until an operator
-unparks the group.
+record, which the transport offers as `Capability.PARKED_GROUPS`: it holds across restarts
+and rebalances until an operator unparks the group.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING
 
 from reliable.consumer.concurrent import PulledQueueService, call_listener
 from reliable.consumer.listener import DLQ_NOW, ConsumeContext, MessageListener, MessageModel
@@ -23,10 +22,13 @@ from reliable.consumer.process_queue import ProcessQueue
 from reliable.consumer.settings import ConsumerSettings
 from reliable.consumer.workers import Workers
 from reliable.message import ConsumeResult, ReceivedMessage
-from reliable.transport.base import PullTransport, QueueRef
-
-if TYPE_CHECKING:
-    from broker.parking import ParkedGroups
+from reliable.transport.base import (
+    ParkedGroupRecord,
+    PullTransport,
+    QueueRef,
+    Transport,
+    parked_group_record,
+)
 
 log = logging.getLogger(__name__)
 
@@ -37,15 +39,12 @@ def group_key(m: ReceivedMessage) -> str:
     return m.message_group or ""
 
 
-def _registry(transport: object) -> ParkedGroups | None:
-    """The parked-group record of a broker running in this process (embedded transport)."""
-    from broker.parking import ParkedGroups
-
-    registry = getattr(getattr(transport, "broker", None), "parked", None)
-    return registry if isinstance(registry, ParkedGroups) else None
+def _registry(transport: Transport) -> ParkedGroupRecord | None:
+    """The broker's parked-group record, when the transport offers it (the embedded one)."""
+    return parked_group_record(transport)
 
 
-def parks_in_broker(transport: object) -> bool:
+def parks_in_broker(transport: Transport) -> bool:
     """True when dead-lettering with `PARKED_PROPERTY` parks the group in the broker."""
     return _registry(transport) is not None
 
@@ -74,7 +73,7 @@ class OrderlyConsumeService(PulledQueueService):
         ends when an operator unparks), else this consumer's own."""
         registry = _registry(self._transport)
         if registry is not None:
-            return set(registry.of(self._group, queue.topic))
+            return set(registry.parked_groups(self._group, queue.topic))
         return self._parked.setdefault(queue, set())
 
     def submit(self, pq: ProcessQueue, queue: QueueRef, msgs: object = None) -> None:

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from reliable.errors import ConfigurationError
@@ -20,22 +21,31 @@ from reliable.transport.base import (
     Transport,
 )
 
-TRANSPORTS = ("embedded", "grpc")
+TRANSPORTS = ("embedded", "grpc")  # the names `connect` knows
+
+
+# each transport's module (and class) by its name: the chosen one is imported when a
+# transport is built, so a remote client never loads the in-process broker that the
+# embedded transport runs (pyproject's contract on the remote client checks the rest)
+_CLASSES = {
+    "embedded": ("reliable.transport.embedded", "EmbeddedTransport"),
+    "grpc": ("reliable.transport.grpc", "GrpcTransport"),
+}
 
 
 def connect(transport: str = "embedded", **options: Any) -> Transport:
     """Build a transport from configuration (not started)."""
-    if transport == "embedded":
-        from reliable.transport.embedded import EmbeddedTransport
-
-        return EmbeddedTransport(**options)
-    if transport == "grpc":
-        try:
-            from reliable.transport.grpc import GrpcTransport
-        except ImportError as exc:
-            raise ConfigurationError("the grpc transport is not available in this version") from exc
-        return GrpcTransport(**options)
-    raise ConfigurationError(f"unknown transport {transport!r}; choose one of {TRANSPORTS}")
+    if transport not in _CLASSES:
+        raise ConfigurationError(f"unknown transport {transport!r}; choose one of {TRANSPORTS}")
+    module_name, class_name = _CLASSES[transport]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"the {transport} transport is not available in this version"
+        ) from exc
+    built: Transport = getattr(module, class_name)(**options)
+    return built
 
 
 __all__ = [

@@ -18,9 +18,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, cast
 
-from broker.results import PullStatus as PullStatus  # one enum for both layers
+from protocol.results import PullStatus as PullStatus  # one enum for both layers
 from reliable.message import Message, ReceivedMessage, SendReceipt
 
 
@@ -40,6 +40,10 @@ class Capability(enum.Enum):
     # client (an operator's `reliable admin message reconsume --client`, RocketMQ's
     # CONSUME_MESSAGE_DIRECTLY) and the consumer's listener answers it
     DIRECT_CONSUME = "direct_consume"
+    # parked_groups (ParkedGroupRecord): the broker in this process keeps the durable record
+    # of the message groups an ordered consumer parked; sending a message marked
+    # PARKED_MESSAGE_GROUP to the DLQ parks its group there
+    PARKED_GROUPS = "parked_groups"
 
 
 class QueueRef(NamedTuple):
@@ -294,8 +298,24 @@ class DirectConsume(Protocol):
         ...
 
 
+class ParkedGroupRecord(Protocol):
+    """A transport with `Capability.PARKED_GROUPS`."""
+
+    def parked_groups(self, group: str, topic: str) -> frozenset[str]:
+        """The message groups of `group` parked on `topic`, until an operator unparks them:
+        the broker's durable record (it holds across restarts and rebalances)."""
+        ...
+
+
 def can_pull(transport: Transport) -> bool:
     return Capability.PULL in transport.capabilities
+
+
+def parked_group_record(transport: Transport) -> ParkedGroupRecord | None:
+    """The transport's record of parked groups, when it offers one (`PARKED_GROUPS`)."""
+    if Capability.PARKED_GROUPS in transport.capabilities:
+        return cast(ParkedGroupRecord, transport)
+    return None
 
 
 def parse_tags(expression: str | None) -> frozenset[str] | None:

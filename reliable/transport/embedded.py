@@ -137,7 +137,12 @@ class EmbeddedTransport:
     # submit_send and submit_ack complete before they return: callers may run them
     inline_sends = inline_acks = True
     capabilities = frozenset(
-        {Capability.PULL, Capability.BROKER_SIDE_FIFO, Capability.MEMBERSHIP_EVENTS}
+        {
+            Capability.PULL,
+            Capability.BROKER_SIDE_FIFO,
+            Capability.MEMBERSHIP_EVENTS,
+            Capability.PARKED_GROUPS,
+        }
     )
 
     def __init__(
@@ -641,3 +646,7 @@ class EmbeddedTransport:
 
     def dlq_topic(self, group: str) -> str:
         return dlq_topic(group)
+
+    def parked_groups(self, group: str, topic: str) -> frozenset[str]:
+        """The broker's durable record of `group`'s parked message groups on `topic`."""
+        return self.broker.parked.of(group, topic)

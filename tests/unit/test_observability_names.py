@@ -16,10 +16,10 @@ from broker.ha.metrics import HA_METRICS
 from broker.metrics import BROKER_METRICS, BrokerCollector
 from broker.store.config import StoreConfig
 from broker.store.message import Message
-from broker.store.stats import Histogram
 from outbox.metrics import OUTBOX_METRICS, OutboxCollector
 from outbox.models import OutboxTables
 from outbox.worker import ResendWorker
+from protocol.stats import Histogram
 from reliable.metrics import CLIENT_METRICS, ClientCollector
 
 ROOT = Path(__file__).resolve().parents[2]

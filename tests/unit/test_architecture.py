@@ -1,9 +1,12 @@
 """The layering contract (pyproject.toml, [tool.importlinter]) holds on the tree, and bites.
 
-reliable_cli > idempotency > outbox > reliable > broker: a package imports only from the
-layers below it, and the modules of the client and of the command line import each other
-without cycles. `make lint` runs the same check (`lint-imports`); this test runs it in the
-suite too, and proves that it fails on a deliberately wrong import, in a copy of the tree.
+reliable_cli > idempotency > outbox > reliable > broker > protocol: a package imports only
+from the layers below it (protocol, what both ends of the wire share, imports none of the
+others); the remote client (the grpc transport, the admin client, the consumers) imports
+nothing of the broker's server, store or `Broker`, directly or through another module; and
+the modules of each package import each other without cycles. `make lint` runs the same
+check (`lint-imports`); this test runs it in the suite too, and proves that it fails on a
+deliberately wrong import, in a copy of the tree.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import importlinter  # noqa: F401  a dev dependency: missing, the suite fails he
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("broker", "reliable", "outbox", "idempotency", "reliable_cli")
+PACKAGES = ("protocol", "broker", "reliable", "outbox", "idempotency", "reliable_cli")
 LINT = (
     "import sys; from importlinter.cli import lint_imports_command; "
     "sys.exit(lint_imports_command())"
@@ -77,6 +80,26 @@ def test_the_tree_keeps_the_layers_and_has_no_cycles() -> None:
         ),
         # two client modules importing each other
         ("reliable/_wrong.py", "import reliable.producer\n", "No cycles are allowed in reliable"),
+        # the protocol layer importing the broker
+        ("protocol/_wrong.py", "import broker.names\n", "protocol is not allowed to import broker"),
+        # the grpc transport reaching into the server for what the protocol layer has
+        (
+            "reliable/transport/_grpc_session.py",
+            "from broker.server.auth import verify  # noqa\n",
+            "reliable.transport._grpc_session is not allowed to import broker.server",
+        ),
+        # a consumer reaching for the store through a broker module that imports it
+        (
+            "reliable/consumer/_wrong.py",
+            "from broker.parking import ParkedGroups\n",
+            "reliable.consumer is not allowed to import broker.store",
+        ),
+        # the admin client importing the Broker
+        (
+            "reliable/admin.py",
+            "from broker.broker import Broker  # noqa\n",
+            "reliable.admin is not allowed to import broker.broker",
+        ),
     ],
 )
 def test_a_wrong_import_breaks_the_contract(
@@ -86,7 +109,8 @@ def test_a_wrong_import_breaks_the_contract(
     if "cycles" in broken:  # make the producer import the new module back
         producer = tree / "reliable" / "producer.py"
         producer.write_text(producer.read_text() + "\nfrom reliable import _wrong  # noqa\n")
-    (tree / module).write_text(source)
+    target = tree / module  # a new module, or an import added to an existing one
+    target.write_text((target.read_text() + "\n" if target.exists() else "") + source)
     proc = _lint(tree)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert broken in proc.stdout, proc.stdout

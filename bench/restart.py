@@ -56,8 +56,8 @@ def metric_keys() -> list[str]:
 def fill(store: Path, size: int) -> int:
     """A store of about `size` commitlog bytes, stopped cleanly; returns its records."""
     from broker.store.config import FlushMode, StoreConfig
-    from broker.store.message import Prop
     from broker.store.store import MessageStore
+    from protocol.props import Prop
 
     s = MessageStore(StoreConfig(store_dir=store, flush_mode=FlushMode.ASYNC_FLUSH))
     s.start()

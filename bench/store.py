@@ -47,7 +47,8 @@ from broker.store.config import FlushMode, StoreConfig
 from broker.store.consume_queue_store import ConsumeQueueStore
 from broker.store.dispatcher import ReputService
 from broker.store.index_service import IndexService
-from broker.store.message import Message, Prop
+from broker.store.message import Message
+from protocol.props import Prop
 
 DESCRIPTION = "commitlog put / dispatch / read vs a bare mmap floor"
 

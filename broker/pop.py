@@ -21,8 +21,9 @@ from broker.pop_journal import Lease, Op, PopJournal, QueueWindow, add_op
 from broker.receipt import ReceiptHandle, handle_prefix, issue_handle
 from broker.sendback import build_dlq_message
 from broker.store.json_config import JsonConfigFile
-from broker.store.message import GetMessageStatus, Message, MessageExt, Prop
+from broker.store.message import GetMessageStatus, Message, MessageExt
 from broker.store.store import MessageStore
+from protocol.props import Prop
 
 _READ_BATCH = 32
 _NO_LEASE = 1 << 62  # a `due_floor` beyond any lease's end: none in flight

@@ -8,9 +8,10 @@ from dataclasses import replace
 
 from broker.errors import MessageIllegal
 from broker.schedule import TIMER_QUEUE_ID
-from broker.store.message import Message, Prop
+from broker.store.message import Message
 from broker.topic import TopicMessageType
 from protocol.names import SCHEDULE_TOPIC
+from protocol.props import Prop
 
 _DELAY_PROPS = (Prop.DELAY, Prop.TIMER_DELIVER_MS)
 

@@ -34,10 +34,11 @@ from broker.produce import (
 )
 from broker.results import PUT_STATUS_CODES, SendResult
 from broker.schedule import encode_recall_handle
-from broker.store.message import Message, Prop, PutMessageResult, PutMessageStatus
+from broker.store.message import Message, PutMessageResult, PutMessageStatus
 from broker.store.store import MessageStore
 from broker.topic import TopicConfig
 from broker.transaction import TransactionService
+from protocol.props import Prop
 
 
 class ProduceEngine:

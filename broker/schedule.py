@@ -45,10 +45,11 @@ from broker.errors import InvalidArgument
 from broker.store.consume_queue import ConsumeQueue
 from broker.store.errors import ConfigShapeError
 from broker.store.json_config import JsonConfigFile, arr, integer, obj
-from broker.store.message import Message, MessageExt, Prop
+from broker.store.message import Message, MessageExt
 from broker.store.service import ServiceThread
 from broker.store.store import MessageStore
 from protocol.names import SCHEDULE_TOPIC
+from protocol.props import Prop
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,9 @@ message id is the same on every attempt and in the dead-letter queue.
 
 from __future__ import annotations
 
-from broker.store.message import Message, MessageExt, Prop, SysFlag
+from broker.store.message import Message, MessageExt, SysFlag
 from protocol.names import SCHEDULE_TOPIC, dlq_topic, is_dlq_topic, is_retry_topic, retry_topic
+from protocol.props import Prop
 
 FIRST_RETRY_LEVEL = 3  # reconsume 0 -> level 3 (10 s with the default table)
 # on a dead letter: the message group an ordered consumer parked with it (see broker.parking)

@@ -47,10 +47,11 @@ from broker.errors import (
     TransactionAlreadyResolved,
     TransactionNotFound,
 )
-from broker.store.message import Message, MessageExt, Prop, PutMessageResult, SysFlag
+from broker.store.message import Message, MessageExt, PutMessageResult, SysFlag
 from broker.store.service import ServiceThread
 from broker.store.store import MessageStore
 from protocol.names import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
+from protocol.props import Prop
 
 log = logging.getLogger(__name__)
 

@@ -64,7 +64,6 @@ from sqlalchemy.exc import (
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session
 
-from broker.store.message import Prop
 from idempotency.config import GuardConfig, MismatchPolicy
 from idempotency.errors import BodyMismatch, NotADeadLetter
 from idempotency.leases import DONE, Leases, RedisLike
@@ -74,6 +73,7 @@ from outbox.ports import Clock, utcnow
 from outbox.schema import require_tables
 from outbox.stubs import body_digest
 from protocol.names import DLQ_GROUP_TOPIC_PREFIX, is_dlq_topic
+from protocol.props import Prop
 from reliable.message import ConsumeResult, ReceivedMessage
 from reliable.outcomes import Discard
 

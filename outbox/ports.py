@@ -10,7 +10,7 @@
   recorded offset the broker no longer holds (lost in a crash under async flush) is noticed.
 - `Clock`: naive UTC `datetime` now (the tables store naive UTC); injected so tests never sleep.
 
-Topic names and property names are the broker's (`protocol.names`, `broker.store.message.Prop`):
+Topic names and property names are the broker's (`protocol.names`, `protocol.props.Prop`):
 `retry_topic` here is `protocol.names.retry_topic` itself.
 """
 
@@ -20,8 +20,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Protocol, runtime_checkable
 
-from broker.store.message import Prop
 from protocol.names import retry_topic
+from protocol.props import Prop
 from reliable.message import Message, SendReceipt
 
 Clock = Callable[[], datetime]

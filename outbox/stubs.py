@@ -10,10 +10,10 @@ from typing import Any
 
 from sqlalchemy.engine import RowMapping
 
-from broker.store.message import Prop
 from outbox.errors import InvalidStub
 from outbox.models import ID_LEN, NAME_LEN, StubStatus
 from protocol.limits import DEFAULT_MAX_BODY_SIZE
+from protocol.props import Prop
 from reliable.errors import InvalidName
 from reliable.message import Message
 from reliable.naming import check_topic

@@ -32,7 +32,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from broker.store.message import Prop
+from protocol.props import Prop
 from reliable import tracing
 from reliable._pipeline import (
     DEFAULT_BATCH_SIZE,

@@ -40,9 +40,10 @@ from broker.admin.messages import OPERATOR, OPERATOR_ACTION
 from broker.broker import Broker
 from broker.errors import GroupNotFound, InvalidArgument
 from broker.names import validate_group_name
-from broker.store.message import Message, MessageExt, Prop
+from broker.store.message import Message, MessageExt
 from protocol.clock import wall_ms
 from protocol.names import dlq_topic
+from protocol.props import Prop
 
 AUDIT_FILE = "dlqReplay.jsonl"
 REPLAY_ACTION = "dlq-replay"

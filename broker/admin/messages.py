@@ -45,7 +45,7 @@ from broker.errors import (
 )
 from broker.store import query
 from broker.store.errors import InvalidQuery
-from broker.store.message import Message, MessageExt, Prop, decode_offset_msg_id
+from broker.store.message import Message, MessageExt, decode_offset_msg_id
 from broker.store.store import MessageStore
 from protocol.names import (
     REVIVE_TOPIC,
@@ -54,6 +54,7 @@ from protocol.names import (
     is_retry_topic,
     is_system_topic,
 )
+from protocol.props import Prop
 
 OPERATOR_ACTION = "OPERATOR_ACTION"  # what an operator did to produce this record
 OPERATOR = "OPERATOR"  # who (as the admin command was told)

@@ -42,7 +42,7 @@ from broker.admin.messages import (
 from broker.broker import Broker
 from broker.pop_journal import unpack_leases
 from broker.store import query
-from broker.store.message import MessageExt, Prop
+from broker.store.message import MessageExt
 from protocol.names import (
     DLQ_GROUP_TOPIC_PREFIX,
     RETRY_GROUP_TOPIC_PREFIX,
@@ -53,6 +53,7 @@ from protocol.names import (
     is_dlq_topic,
     is_retry_topic,
 )
+from protocol.props import Prop
 
 DEFAULT_RECORDS = 200
 DEFAULT_SCAN = 100_000  # invisible-time log entries read per trace

@@ -21,9 +21,10 @@ from typing import Any
 
 from broker.server.errors import BadRequest, ServerError
 from broker.server.validation import RESERVED_PROPERTIES
-from broker.store.message import Message, MessageExt, Prop
+from broker.store.message import Message, MessageExt
 from protocol.clock import wall_ms
 from protocol.pb import definition_pb2
+from protocol.props import Prop
 
 # protocol MessageType numbers
 NORMAL, FIFO, DELAY, TRANSACTION = 1, 2, 3, 4

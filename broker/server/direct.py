@@ -30,8 +30,9 @@ from broker.server.codes import Code
 from broker.server.errors import ServerError
 from broker.server.sessions import ClientSession, SessionRegistry, TelemetryStream
 from broker.server.status import ok
-from broker.store.message import MessageExt, Prop
+from broker.store.message import MessageExt
 from protocol.pb import definition_pb2, service_pb2
+from protocol.props import Prop
 
 DEFAULT_TIMEOUT_MS = 5_000
 MAX_TIMEOUT_MS = 60_000

@@ -28,7 +28,6 @@ from collections.abc import Callable, Mapping
 from broker.server import validation
 from broker.server.codes import Code
 from broker.server.errors import Forbidden, IllegalMessage, IllegalTopic
-from broker.store.message import Prop
 from broker.topic import PERM_WRITE, TopicConfig
 from protocol.names import (
     RETRY_GROUP_TOPIC_PREFIX,
@@ -36,6 +35,7 @@ from protocol.names import (
     is_retry_topic,
     topic_name_problem,
 )
+from protocol.props import Prop
 
 # the one reserved property a per-group resend may carry
 RETRY_TOPIC = Prop.RETRY_TOPIC

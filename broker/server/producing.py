@@ -39,11 +39,12 @@ from broker.server.group_resend import RETRY_TOPIC, check_group_resend
 from broker.server.send_groups import Group, Stored
 from broker.server.status import make_status, ok, status_of
 from broker.server.transactions import decode_transaction_id, encode_transaction_id
-from broker.store.message import Message, Prop, PutMessageResult, PutMessageStatus
+from broker.store.message import Message, PutMessageResult, PutMessageStatus
 from broker.topic import PERM_WRITE, TopicConfig
 from protocol import ext as protocol_ext
 from protocol.clock import wall_ms
 from protocol.pb import service_pb2
+from protocol.props import Prop
 
 log = logging.getLogger(__name__)
 

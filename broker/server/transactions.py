@@ -12,8 +12,9 @@ from typing import Any
 from broker.server import convert
 from broker.server.errors import InvalidTransactionId
 from broker.server.status import ok
-from broker.store.message import MessageExt, Prop, decode_offset_msg_id, encode_offset_msg_id
+from broker.store.message import MessageExt, decode_offset_msg_id, encode_offset_msg_id
 from protocol.pb import service_pb2
+from protocol.props import Prop
 
 TXN_SEPARATOR = ":"
 TRANSACTION_ID_PROPERTY = "__transactionId__"

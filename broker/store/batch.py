@@ -43,7 +43,8 @@ from broker.store.codec import (
     remember,
     topic_tail,
 )
-from broker.store.message import Prop, PutMessageStatus
+from broker.store.message import PutMessageStatus
+from protocol.props import Prop
 
 try:
     from broker.store import _recordpack

@@ -60,14 +60,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from broker.store.errors import InvalidMessage
-from broker.store.message import (
-    MessageExt,
-    Prop,
-    PutMessageStatus,
-    SysFlag,
-    decode_properties,
-)
+from broker.store.message import MessageExt, PutMessageStatus, SysFlag, decode_properties
 from protocol.names import SCHEDULE_TOPIC, TOPIC_MAX_LENGTH
+from protocol.props import Prop
 
 MESSAGE_MAGIC_CODE = -626843481  # 0xDAA320A7 as a signed i32: version 1 (body CRC)
 RECORD_MAGIC_CODE = -626843470  # 0xDAA320B2 as a signed i32: version 2 (whole-record CRC)

@@ -11,9 +11,10 @@ from broker import errors as berr
 from broker.error_codes import code_of
 from broker.store import errors as serr
 from broker.store.message import Message as StoreMessage
-from broker.store.message import MessageExt, Prop, encode_offset_msg_id
+from broker.store.message import MessageExt, encode_offset_msg_id
 from protocol.codes import failure_kind
 from protocol.names import is_retry_topic
+from protocol.props import Prop
 from reliable.errors import BadRequest, BrokerUnavailable, ReceiptHandleError, call_error
 from reliable.message import Message, ReceivedMessage
 

@@ -23,13 +23,9 @@ from broker.broker import Broker
 from broker.config import BrokerConfig
 from broker.offsets import ConsumeFromWhere
 from broker.store.config import StoreConfig, embedded_store_config, max_message_size_for
-from broker.store.message import (
-    MessageExt,
-    Prop,
-    PutMessageStatus,
-    decode_offset_msg_id,
-)
+from broker.store.message import MessageExt, PutMessageStatus, decode_offset_msg_id
 from protocol.names import dlq_topic, retry_topic
+from protocol.props import Prop
 from reliable.errors import (
     BadRequest,
     ConfigurationError,

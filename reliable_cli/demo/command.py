@@ -232,8 +232,9 @@ def run_store_demo(args: argparse.Namespace) -> int:
 
 def _store_demo(args: argparse.Namespace, store_dir: Path) -> int:
     from broker.store.config import FlushMode, StoreConfig
-    from broker.store.message import Message, Prop
+    from broker.store.message import Message
     from broker.store.store import MessageStore
+    from protocol.props import Prop
 
     config = StoreConfig(
         store_dir=store_dir,

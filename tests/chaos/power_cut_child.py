@@ -18,8 +18,9 @@ import threading
 from pathlib import Path
 
 from broker.store.config import WATERMARKS_OFF, FlushMode, StoreConfig
-from broker.store.message import Message, Prop
+from broker.store.message import Message
 from broker.store.store import MessageStore
+from protocol.props import Prop
 
 TOPIC = "PowerCut"
 QUEUES = 2

@@ -17,8 +17,9 @@ import time
 from pathlib import Path
 
 from broker.store.config import WATERMARKS_OFF, FlushMode, StoreConfig
-from broker.store.message import Message, Prop
+from broker.store.message import Message
 from broker.store.store import MessageStore
+from protocol.props import Prop
 
 TOPIC = "CrashTopic"
 QUEUES = 3

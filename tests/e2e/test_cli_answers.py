@@ -17,7 +17,8 @@ import reliable
 from broker.broker import Broker
 from broker.config import DEFAULT_PORT, with_default_port
 from broker.store.config import WATERMARKS_OFF, StoreConfig
-from broker.store.message import Message, Prop
+from broker.store.message import Message
+from protocol.props import Prop
 from reliable_cli.exit_codes import ExitCode
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -114,3 +114,37 @@ def test_a_wrong_import_breaks_the_contract(
     proc = _lint(tree)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert broken in proc.stdout, proc.stdout
+
+
+def _modules_loaded_by(*imports: str) -> set[str]:
+    code = (
+        "import importlib, sys\n"
+        f"for name in {list(imports)!r}: importlib.import_module(name)\n"
+        "print('\\n'.join(sys.modules))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    return set(proc.stdout.split())
+
+
+def test_a_remote_client_process_never_loads_the_brokers_server_store_or_broker() -> None:
+    loaded = _modules_loaded_by(
+        "reliable", "reliable.transport.grpc", "reliable.admin", "reliable.consumer.orderly"
+    )
+    assert "reliable.transport.grpc" in loaded
+    inside = sorted(
+        m for m in loaded if m.startswith(("broker.server", "broker.store", "broker.broker"))
+    )
+    assert inside == [], inside
+
+
+def test_the_protocol_layer_loads_nothing_else_of_the_project() -> None:
+    modules = sorted(p.stem for p in (ROOT / "protocol").glob("*.py") if p.stem != "__init__")
+    loaded = _modules_loaded_by(*(f"protocol.{m}" for m in modules))
+    assert {f"protocol.{m}" for m in modules} <= loaded
+    others = sorted(
+        m for m in loaded if m.split(".")[0] in PACKAGES and m.split(".")[0] != "protocol"
+    )
+    assert others == [], others

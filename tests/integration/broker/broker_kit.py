@@ -9,7 +9,8 @@ from pathlib import Path
 from broker.broker import Broker, PullStatus
 from broker.config import BrokerConfig
 from broker.store.config import WATERMARKS_OFF, FlushMode, StoreConfig
-from broker.store.message import Message, MessageExt, Prop
+from broker.store.message import Message, MessageExt
+from protocol.props import Prop
 
 T0 = 1_763_790_000_000
 LEVELS = "100ms 200ms 300ms 400ms 500ms 600ms 700ms 800ms"

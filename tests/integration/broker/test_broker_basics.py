@@ -29,8 +29,9 @@ from broker.errors import (
     TopicNotFound,
 )
 from broker.offsets import ConsumeFromWhere
-from broker.store.message import Message, Prop
+from broker.store.message import Message
 from broker.topic import PERM_READ, PERM_WRITE
+from protocol.props import Prop
 
 
 def test_topics_and_groups_persist(make_broker: BrokerFactory) -> None:

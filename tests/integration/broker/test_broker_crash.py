@@ -94,7 +94,7 @@ CHILD_TX = textwrap.dedent("""
     from broker_kit import T0, broker_config, msg, store_config
     from broker.broker import Broker
     from broker.store.config import FlushMode
-    from broker.store.message import Prop
+    from protocol.props import Prop
     from pathlib import Path
 
     b = Broker(store_config(Path({store!r}), FlushMode.SYNC_FLUSH), broker_config(
@@ -166,7 +166,7 @@ CHILD_SCHEDULE = textwrap.dedent("""
     from broker_kit import T0, broker_config, msg, store_config
     from broker.broker import Broker
     from broker.store.config import FlushMode
-    from broker.store.message import Prop
+    from protocol.props import Prop
     from pathlib import Path
 
     now = [T0]

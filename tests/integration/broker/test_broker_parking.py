@@ -11,7 +11,7 @@ from broker.broker import Broker
 from broker.errors import TopicNotFound
 from broker.server.admin import AdminOps
 from broker.server.errors import BadRequest
-from broker.store.message import Prop
+from protocol.props import Prop
 
 PARKED = "PARKED_MESSAGE_GROUP"
 

@@ -11,7 +11,7 @@ from broker_kit import BrokerFactory, ManualClock, drain, msg, settle
 from broker.broker import Broker
 from broker.errors import InvalidArgument, InvalidReceiptHandle, ReceiptHandleExpired
 from broker.pop import ReceivedEntry
-from broker.store.message import Prop
+from protocol.props import Prop
 
 
 def _setup(broker: Broker, n: int, *, queues: int = 1, retries: int = 16) -> list[str]:

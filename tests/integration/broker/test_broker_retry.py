@@ -8,9 +8,9 @@ import pytest
 from broker_kit import BrokerFactory, ManualClock, drain, msg, settle
 
 from broker.broker import Broker
-from broker.store.message import Prop
 from broker.topic import PERM_READ_WRITE
 from protocol.names import SCHEDULE_TOPIC
+from protocol.props import Prop
 
 LEVEL_MS = [100, 200, 300, 400, 500, 600, 700, 800]
 

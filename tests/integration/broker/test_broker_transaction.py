@@ -11,7 +11,8 @@ from broker_kit import BrokerFactory, ManualClock, drain, msg, settle
 
 from broker.broker import Broker
 from broker.errors import TransactionAlreadyResolved, TransactionNotFound
-from broker.store.message import MessageExt, Prop, SysFlag
+from broker.store.message import MessageExt, SysFlag
+from protocol.props import Prop
 
 
 def _half(broker: Broker, body: bytes, group: str = "pg") -> tuple[str, int]:

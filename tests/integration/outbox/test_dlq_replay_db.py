@@ -14,9 +14,10 @@ import pytest
 import sqlalchemy as sa
 
 from broker.broker import Broker
-from broker.store.message import Message, Prop
+from broker.store.message import Message
 from idempotency.store import ConfirmStatus, GuardStore
 from outbox import OutboxTables
+from protocol.props import Prop
 from reliable import ReceivedMessage
 from reliable_cli import admin_ops, main
 from tests.e2e.helpers import store_config

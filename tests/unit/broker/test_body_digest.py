@@ -7,8 +7,9 @@ import hashlib
 import pytest
 
 from broker.server.convert import body_digest, to_proto
-from broker.store.message import MessageExt, Prop
+from broker.store.message import MessageExt
 from protocol.pb import definition_pb2
+from protocol.props import Prop
 from tests.interop.bodies import all_bodies, crafted_bodies, crc_hex
 
 

@@ -13,9 +13,10 @@ from broker.produce import (
     without_delay,
 )
 from broker.schedule import TIMER_QUEUE_ID, unschedule
-from broker.store.message import Message, MessageExt, Prop
+from broker.store.message import Message, MessageExt
 from broker.topic import TopicMessageType
 from protocol.names import SCHEDULE_TOPIC
+from protocol.props import Prop
 
 LEVELS = (100, 200, 300)
 NOW = 1_000_000

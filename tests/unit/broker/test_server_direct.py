@@ -8,8 +8,9 @@ import pytest
 
 from broker.server.direct import ClientDidNotAnswer, ClientNotInGroup, DirectDeliveries
 from broker.server.sessions import ClientKind, SessionRegistry, TelemetryStream
-from broker.store.message import MessageExt, Prop
+from broker.store.message import MessageExt
 from protocol.pb import definition_pb2
+from protocol.props import Prop
 
 
 def stored(topic: str = "orders", **props: str) -> MessageExt:

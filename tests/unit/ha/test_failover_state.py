@@ -13,7 +13,8 @@ from broker.broker import Broker
 from broker.config import BrokerConfig
 from broker.ha import HaConfig, HaMaster, HaRole, HaSlave
 from broker.ha.node import HaNode
-from broker.store.message import Message, MessageExt, Prop
+from broker.store.message import Message, MessageExt
+from protocol.props import Prop
 from tests.unit.store._helpers import small_config
 
 T, G, PG = "fs-t", "fs-g", "fs-pg"

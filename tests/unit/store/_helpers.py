@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from broker.store.config import WATERMARKS_OFF, FlushMode, StoreConfig
-from broker.store.message import Message, Prop
+from broker.store.message import Message
+from protocol.props import Prop
 
 
 def small_config(tmp: Path, **overrides: Any) -> StoreConfig:

@@ -18,7 +18,8 @@ from broker.store.config import StoreConfig
 from broker.store.consume_queue_store import ConsumeQueueStore
 from broker.store.dispatcher import ReputService
 from broker.store.index_service import IndexService
-from broker.store.message import Message, Prop
+from broker.store.message import Message
+from protocol.props import Prop
 
 HOUR = 3_600_000
 DAY_AT_10 = int(datetime(2026, 11, 20, 10, 30).timestamp() * 1000)  # local time, not 04h

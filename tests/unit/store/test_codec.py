@@ -27,7 +27,8 @@ from broker.store.codec import (
     seal,
     tags_string_to_code,
 )
-from broker.store.message import Prop, PutMessageStatus, SysFlag
+from broker.store.message import PutMessageStatus, SysFlag
+from protocol.props import Prop
 
 STORE_HOST = ("10.1.2.3", 10911)
 

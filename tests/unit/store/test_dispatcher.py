@@ -16,7 +16,8 @@ from broker.store.config import StoreConfig
 from broker.store.consume_queue_store import ConsumeQueueStore
 from broker.store.dispatcher import ReputService
 from broker.store.index_service import IndexService
-from broker.store.message import Message, Prop, SysFlag
+from broker.store.message import Message, SysFlag
+from protocol.props import Prop
 
 T0 = 1_763_790_000_000
 

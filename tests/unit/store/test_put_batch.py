@@ -20,8 +20,9 @@ from broker.store.codec import (
     check_message_and_return_size,
 )
 from broker.store.config import SHIPPED_WATERMARKS, FlushMode, StoreConfig
-from broker.store.message import Message, MessageExt, Prop, PutMessageStatus, SysFlag
+from broker.store.message import Message, MessageExt, PutMessageStatus, SysFlag
 from broker.store.store import MessageStore
+from protocol.props import Prop
 
 from ._helpers import commitlog_files, crash_copy, small_config
 

@@ -17,7 +17,7 @@ from broker.store.dispatcher import ReputService
 from broker.store.errors import InvalidQuery
 from broker.store.index_key import index_key_hash
 from broker.store.index_service import IndexService
-from broker.store.message import Message, MessageExt, Prop
+from broker.store.message import Message, MessageExt
 from broker.store.query import (
     KeyMatch,
     look_by_offset_msg_id,
@@ -26,6 +26,7 @@ from broker.store.query import (
     query_by_unique_key,
     store_timestamp_lookup,
 )
+from protocol.props import Prop
 
 T0 = 1_763_790_000_000
 

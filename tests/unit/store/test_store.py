@@ -13,12 +13,12 @@ from broker.store.errors import StoreLocked
 from broker.store.message import (
     GetMessageStatus,
     Message,
-    Prop,
     PutMessageStatus,
     SysFlag,
     encode_offset_msg_id,
 )
 from broker.store.store import MessageStore
+from protocol.props import Prop
 
 from ._helpers import ManualClock, message, small_config
 

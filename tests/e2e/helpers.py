@@ -113,3 +113,34 @@ def stays(predicate: Callable[[], bool], seconds: float) -> bool:
             return False
         time.sleep(0.02)
     return predicate()
+
+
+def read_group(
+    endpoint: str,
+    topic: str,
+    group: str,
+    until: Callable[[list[Any]], bool],
+    *,
+    timeout_s: float = 30.0,
+    **transport: Any,
+) -> list[Any]:
+    """Every message `group` receives (and acknowledges) from `topic` at `endpoint`, over
+    the grpc transport, until `until(received)` holds or `timeout_s` passes; in the order
+    received, a redelivery as often as it came."""
+    from reliable import SimpleConsumer
+
+    received: list[Any] = []
+    with SimpleConsumer(
+        group,
+        {topic: "*"},
+        transport="grpc",
+        endpoint=endpoint,
+        await_duration_s=1.0,
+        **transport,
+    ) as consumer:
+        deadline = time.monotonic() + timeout_s
+        while not until(received) and time.monotonic() < deadline:
+            for m in consumer.receive(32):
+                received.append(m)
+                consumer.ack(m)
+    return received

@@ -20,7 +20,10 @@ def main(endpoint: str, group: str, topic: str) -> None:
 
     def listener(messages: Sequence[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
         for m in messages:
-            print(f"handling {m.message_id}", flush=True)
+            # one write with its newline: print() writes the end apart, so two handler
+            # threads could interleave into one line ("handling Ahandling B")
+            sys.stdout.write(f"handling {m.message_id}\n")
+            sys.stdout.flush()
         forever.wait()
         return ConsumeResult.SUCCESS
 

@@ -30,6 +30,7 @@ from reliable import (
 from tests.e2e.grpc import official
 from tests.e2e.grpc.server_process import ServerProcess
 from tests.e2e.grpc.test_ha import _free_port, _ha_status, _promote
+from tests.e2e.helpers import read_group
 
 
 def _pair(
@@ -75,16 +76,8 @@ def _read_all(
 ) -> Counter[str]:
     """Receive and acknowledge from `endpoint` until `stop(counts)` (message id -> times
     read); 30 s at most."""
-    counts: Counter[str] = Counter()
-    with SimpleConsumer(
-        group, {topic: "*"}, transport="grpc", endpoint=endpoint, await_duration_s=1.0
-    ) as consumer:
-        deadline = time.monotonic() + 30
-        while not stop(counts) and time.monotonic() < deadline:
-            for m in consumer.receive(32):
-                counts[m.message_id] += 1
-                consumer.ack(m)
-    return counts
+    got = read_group(endpoint, topic, group, lambda r: stop(Counter(m.message_id for m in r)))
+    return Counter(m.message_id for m in got)
 
 
 def test_a_default_producer_rides_through_a_master_kill_and_a_promotion(

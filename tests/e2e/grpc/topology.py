@@ -181,6 +181,9 @@ class Topology:
             wire=self.wire,
             retry_times_when_send_failed=1,
             flow_control_retries=0,
+            # a send while the broker is down fails at once (the stub waits for the resend
+            # worker), instead of holding commit() through the failover wait
+            failover_wait_s=0,
         ).start()
         self.offsets = TransportOffsets(self.producer.transport)
         self.outbox = Outbox(

@@ -1,4 +1,4 @@
-"""Apache RocketMQ 5 (name server, broker, proxy) for the interop tests, once per session.
+"""Apache RocketMQ 5 (name server, broker, proxy) for the interop tests, once per package.
 
 This directory is one unit of work under pytest-xdist (`SHARED_UNITS` in tests/conftest.py):
 its modules run on one worker, which starts one cluster for them all. The jars come from
@@ -20,7 +20,9 @@ from tests.e2e.grpc import official
 from tests.interop.rocketmq.helpers import BROKER_OPTIONS
 
 
-@pytest.fixture(scope="session")
+# package-scoped: stopped once this directory's tests are done, so its JVM (about a core
+# while it runs) does not go on beside the rest of the suite on its worker
+@pytest.fixture(scope="package")
 def rocketmq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RocketMQCluster]:
     started = time.monotonic()
     with running_cluster(

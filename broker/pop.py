@@ -239,6 +239,13 @@ class PopPolicy(PopJournal):
         if not ops:
             return []
         self._commit(group, topic, ops, packed=True)
+        return self._entries(topic, qid, picked, until)
+
+    @staticmethod
+    def _entries(
+        topic: str, qid: int, picked: list[tuple[MessageExt, int, int]], until: int
+    ) -> list[ReceivedEntry]:
+        """What a receive hands out: each message taken, its handle, attempt and lease end."""
         out: list[ReceivedEntry] = []
         prefix = handle_prefix(topic, qid)
         new = tuple.__new__  # a named tuple without its generated __new__ (a Python call)

@@ -55,9 +55,10 @@ capabilities. Clients choose by capability, never by the text of a refusal.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, unknown_fields
+from google.protobuf.message import Message
 
 from protocol.pb import definition_pb2, service_pb2
 
@@ -108,25 +109,27 @@ def wire_port_field(port: int) -> bytes:
     return _WIRE_PORT_TAG + _varint(port)
 
 
-def wire_port_of(broker: Any) -> int:
+def wire_port_of(broker: definition_pb2.Broker) -> int:
     """The native wire port a server put in a route's Broker (`wire_port_field`), else 0."""
     found = 0
-    for field in unknown_fields.UnknownFieldSet(broker):
+    fields = unknown_fields.UnknownFieldSet(broker)
+    for field in (fields[i] for i in range(len(fields))):
         if field.field_number == WIRE_PORT_FIELD and field.wire_type == 0:
             found = int(field.data)
     return found if 0 < found <= 65535 else 0
 
 
-def queue_id_of(entry: Any) -> int:
+def queue_id_of(entry: service_pb2.SendResultEntry) -> int:
     """The queue id a server put in a SendResultEntry (`queue_id_field`), else -1."""
     found = -1
-    for field in unknown_fields.UnknownFieldSet(entry):
+    fields = unknown_fields.UnknownFieldSet(entry)
+    for field in (fields[i] for i in range(len(fields))):
         if field.field_number == QUEUE_ID_FIELD and field.wire_type == 0:
             found = int(field.data)
     return found if 0 <= found < 1 << 31 else -1
 
 
-def _build() -> Any:
+def _build() -> type[Message]:
     pool = descriptor_pool.Default()
     try:
         pool.FindFileByName(_FILE)
@@ -168,7 +171,10 @@ def _build() -> Any:
     )
 
 
-ReceiveMessagesResponse: Any = _build()
+if TYPE_CHECKING:  # the stub scripts/protocol_stubs.py makes from the descriptor above
+    from protocol._stubs.batch_messaging_pb2 import ReceiveMessagesResponse
+else:
+    ReceiveMessagesResponse = _build()
 
 __all__ = [
     "CAPABILITIES",

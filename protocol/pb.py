@@ -11,6 +11,10 @@ configuration. Neither the server nor the framework's gRPC transport has any bus
 either, so the stubs are loaded under a temporary shell package; a later `import rocketmq`
 (say, by the official client in the same process) loads the real package and reuses the same
 stub modules.
+
+The client package ships the modules without types: the type checker reads the stubs in
+`protocol._stubs` instead (scripts/protocol_stubs.py makes them from these modules'
+descriptors).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import importlib
 import importlib.util
 import sys
 import types
-from typing import Any
+from typing import TYPE_CHECKING
 
 _HINT = (
     "the RocketMQ 5 protocol stubs come with rocketmq-python-client: "
@@ -27,13 +31,10 @@ _HINT = (
 )
 
 
-def _load() -> tuple[Any, Any, Any]:
+def _load() -> tuple[types.ModuleType, ...]:
     names = ("definition_pb2", "service_pb2", "service_pb2_grpc")
     if "rocketmq" in sys.modules:
-        return tuple(
-            importlib.import_module(f"rocketmq.grpc_protocol.{n}")  # type: ignore[return-value]
-            for n in names
-        )
+        return tuple(importlib.import_module(f"rocketmq.grpc_protocol.{n}") for n in names)
     spec = importlib.util.find_spec("rocketmq")
     if spec is None or not spec.submodule_search_locations:
         raise ImportError(_HINT)
@@ -43,10 +44,7 @@ def _load() -> tuple[Any, Any, Any]:
     try:
         # import the generated modules directly: the stub package's own __init__ is harmless
         # but the shell keeps the client's __init__ from running
-        return tuple(
-            importlib.import_module(f"rocketmq.grpc_protocol.{n}")  # type: ignore[return-value]
-            for n in names
-        )
+        return tuple(importlib.import_module(f"rocketmq.grpc_protocol.{n}") for n in names)
     except ImportError as exc:
         raise ImportError(_HINT) from exc
     finally:
@@ -56,6 +54,9 @@ def _load() -> tuple[Any, Any, Any]:
             del sys.modules[name]
 
 
-definition_pb2, service_pb2, service_pb2_grpc = _load()
+if TYPE_CHECKING:
+    from protocol._stubs import definition_pb2, service_pb2, service_pb2_grpc
+else:
+    definition_pb2, service_pb2, service_pb2_grpc = _load()
 
 __all__ = ["definition_pb2", "service_pb2", "service_pb2_grpc"]

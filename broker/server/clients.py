@@ -51,9 +51,15 @@ from protocol.pb import definition_pb2, service_pb2
 log = logging.getLogger(__name__)
 _limited = LogLimiter(log)
 
-PERMISSION = {(False, False): 1, (True, False): 2, (False, True): 3, (True, True): 4}
+_pb = definition_pb2
+PERMISSION = {
+    (False, False): _pb.NONE,
+    (True, False): _pb.READ,
+    (False, True): _pb.WRITE,
+    (True, True): _pb.READ_WRITE,
+}
 CUT_OFF_STATUS_WAIT_S = 2.0
-MESSAGE_TYPE = {"NORMAL": 1, "FIFO": 2, "DELAY": 3, "TRANSACTION": 4}
+MESSAGE_TYPE = {t: _pb.MessageType.Value(t) for t in ("NORMAL", "FIFO", "DELAY", "TRANSACTION")}
 _VERIFY_ANSWERS = frozenset({"verify_message_result", "verify_message_command"})
 
 
@@ -95,9 +101,9 @@ class ClientHandlers:
         host = self.ctx.config.advertised_host or self.ctx.config.host
         try:
             ip = ipaddress.ip_address(host)
-            out.scheme = 1 if ip.version == 4 else 2
+            out.scheme = _pb.IPv4 if ip.version == 4 else _pb.IPv6
         except ValueError:
-            out.scheme = 3
+            out.scheme = _pb.DOMAIN_NAME
         address = out.addresses.add()
         address.host = host
         address.port = self.ctx.bound_port
@@ -108,7 +114,7 @@ class ClientHandlers:
         topic: str,
         namespace: str,
         queue_id: int,
-        perm: int,
+        perm: definition_pb2.Permission.ValueType,
         endpoints: Any,
         topic_type: str,
         broker: tuple[str, int] | None = None,
@@ -430,9 +436,9 @@ class ClientHandlers:
 def _endpoints_of(host: str, port: int) -> Any:
     out = definition_pb2.Endpoints()
     try:
-        out.scheme = 1 if ipaddress.ip_address(host).version == 4 else 2
+        out.scheme = _pb.IPv4 if ipaddress.ip_address(host).version == 4 else _pb.IPv6
     except ValueError:
-        out.scheme = 3
+        out.scheme = _pb.DOMAIN_NAME
     address = out.addresses.add()
     address.host, address.port = host, port
     return out

@@ -29,7 +29,7 @@ from protocol.props import Prop
 # protocol MessageType numbers
 NORMAL, FIFO, DELAY, TRANSACTION = 1, 2, 3, 4
 TYPE_NAMES = {NORMAL: "NORMAL", FIFO: "FIFO", DELAY: "DELAY", TRANSACTION: "TRANSACTION"}
-ENCODING_IDENTITY = 1
+ENCODING_IDENTITY = definition_pb2.Encoding.Value("IDENTITY")
 # the body digest a delivered message carries: MD5, as the Apache proxy sends (body_digest)
 DIGEST_MD5 = definition_pb2.DigestType.Value("MD5")
 

@@ -65,7 +65,7 @@ class _Question:
 
 def _code_name(code: int) -> str:
     try:
-        return str(definition_pb2.Code.Name(code))
+        return str(definition_pb2.Code.Name(definition_pb2.Code.ValueType(code)))
     except ValueError:
         return str(code)
 

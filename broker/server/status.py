@@ -35,7 +35,7 @@ def code_of(exc: BaseException) -> Code:
 
 def make_status(code: Code, message: str = "") -> Any:
     status = definition_pb2.Status()
-    status.code = int(code)
+    status.code = definition_pb2.Code.ValueType(code)
     status.message = message or code.name
     return status
 

@@ -87,7 +87,9 @@ class ConsumerSide(GrpcSession):
                 return -1
             raise
 
-    def _queue_offset(self, queue: QueueRef, policy: int) -> int:
+    def _queue_offset(
+        self, queue: QueueRef, policy: definition_pb2.QueryOffsetPolicy.ValueType
+    ) -> int:
         request = service_pb2.QueryOffsetRequest()
         self._message_queue(request.message_queue, queue)
         request.query_offset_policy = policy

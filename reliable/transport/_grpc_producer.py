@@ -382,7 +382,7 @@ class ProducerSide(GrpcSession):
         request.resolution = {
             TransactionState.COMMIT: wire.COMMIT,
             TransactionState.ROLLBACK: wire.ROLLBACK,
-        }.get(state, 0)
+        }.get(state, wire.RESOLUTION_UNSPECIFIED)
         request.source = wire.SOURCE_SERVER_CHECK if from_check else wire.SOURCE_CLIENT
         with self._lock:
             broker = self._half_brokers.pop(ref.message_id, None)

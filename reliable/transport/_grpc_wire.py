@@ -49,7 +49,10 @@ NORMAL, FIFO, DELAY, TRANSACTION = (
     _pb.MessageType.Value(n) for n in ("NORMAL", "FIFO", "DELAY", "TRANSACTION")
 )
 READ, WRITE, READ_WRITE = (_pb.Permission.Value(n) for n in ("READ", "WRITE", "READ_WRITE"))
-COMMIT, ROLLBACK = (_pb.TransactionResolution.Value(n) for n in ("COMMIT", "ROLLBACK"))
+RESOLUTION_UNSPECIFIED, COMMIT, ROLLBACK = (
+    _pb.TransactionResolution.Value(n)
+    for n in ("TRANSACTION_RESOLUTION_UNSPECIFIED", "COMMIT", "ROLLBACK")
+)
 SOURCE_CLIENT, SOURCE_SERVER_CHECK = (
     _pb.TransactionSource.Value(n) for n in ("SOURCE_CLIENT", "SOURCE_SERVER_CHECK")
 )
@@ -69,7 +72,7 @@ _NO_STATUS = int(codes.Code.CODE_UNSPECIFIED)
 
 def _code_name(code: int) -> str:
     try:
-        return str(definition_pb2.Code.Name(code))
+        return str(definition_pb2.Code.Name(definition_pb2.Code.ValueType(code)))
     except ValueError:
         return str(code)
 
@@ -310,7 +313,7 @@ class Telemetry:
             except Exception as exc:  # a malformed message, a conversion error
                 code, text = FAILED_TO_CONSUME, f"{type(exc).__name__}: {exc}"
         answer = service_pb2.TelemetryCommand()
-        answer.status.code = code
+        answer.status.code = definition_pb2.Code.ValueType(code)
         answer.status.message = text
         answer.verify_message_result.nonce = command.nonce
         if not self._closed.is_set():

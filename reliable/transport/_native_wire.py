@@ -67,7 +67,7 @@ _NOT_YET = (
 )
 
 
-class WireRpcError(grpc.RpcError):  # type: ignore[misc]
+class WireRpcError(grpc.RpcError):
     """A failed call over the native wire, shaped as grpc's errors are."""
 
     def __init__(self, code: grpc.StatusCode, details: str) -> None:

@@ -34,7 +34,8 @@ reconsume --client`) and answers with the verdict; nothing is acked or retried f
 
 A new group starts where `consume_from` says: the engine sets the group's start on each
 subscribed topic before its first receive (`Capability.GROUP_ADMIN`, or the offsets of a
-transport that can pull); queues the group already consumed keep their offset.
+transport that can pull); queues the group already consumed keep their offset. A server
+that cannot set it (an Apache RocketMQ proxy) refuses any start but `LAST` at `start()`.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from reliable.errors import BrokerCallError, ConfigurationError, ReceiptHandleEr
 from reliable.message import ConsumeResult, ReceivedMessage
 from reliable.transport.base import (
     Capability,
+    ConsumeFrom,
     DirectConsume,
     GroupAdmin,
     PullTransport,
@@ -193,6 +195,7 @@ class ReceiveEngine:
         """Commit where a new group starts on each subscribed topic (a no-op for queues the
         group already consumed)."""
         where, ts = self._s.consume_from, self._s.consume_timestamp_ms
+        unset: list[str] = []  # topics on a server that cannot set a group's start
         for topic in self._subs:
             try:
                 if can_pull(self._t):
@@ -200,7 +203,9 @@ class ReceiveEngine:
                     for queue in pull.route(topic).read_queues:
                         pull.initial_offset(self._group, queue, where, ts)
                 elif Capability.GROUP_ADMIN in self._t.capabilities:
-                    cast(GroupAdmin, self._t).set_group_start(self._group, topic, where, ts)
+                    admin = cast(GroupAdmin, self._t)
+                    if not admin.set_group_start(self._group, topic, where, ts):
+                        unset.append(topic)
             except BrokerCallError as exc:
                 if exc.code == "TOPIC_NOT_FOUND":  # created later: everything in it is new
                     log.info(
@@ -222,6 +227,22 @@ class ReceiveEngine:
                     topic,
                     exc,
                 )
+        if unset and where is not ConsumeFrom.LAST:
+            self._refuse_start(where, unset)
+
+    def _refuse_start(self, where: ConsumeFrom, topics: list[str]) -> None:
+        """A group start the server cannot set (an Apache RocketMQ proxy has no call for
+        it): starting anyway would read from wherever the server's default puts a new
+        group, so the consumer refuses, naming what to do instead."""
+        if Capability.DIRECT_CONSUME in self._t.capabilities:
+            cast(DirectConsume, self._t).set_direct_listener(self._group, None)
+        raise ConfigurationError(
+            f"consume_from={where.name} for group {self._group!r}: the server cannot set "
+            "where a new group starts (it has no SetGroupStart, as on Apache RocketMQ), so "
+            "the group would start where the server's default puts it; set the group's "
+            f"offsets on the server (mqadmin resetOffsetByTime -g {self._group} -t "
+            f"{topics[0]} -s TIMESTAMP_MS) and consume with consume_from=ConsumeFrom.LAST"
+        )
 
     def shutdown(self) -> None:
         """Release what no handler started, let running handlers finish, leave the group."""

@@ -34,6 +34,7 @@ from outbox.models import OutboxTables
 from reliable import (
     ConfigurationError,
     ConsumeContext,
+    ConsumeFrom,
     ConsumeResult,
     Discard,
     Message,
@@ -224,6 +225,40 @@ def test_orderly_push_on_a_group_that_is_not_fifo_refuses_to_start(
         assert f"mqadmin updateSubGroup -g {group} -o true" in str(refused.value)
         assert "orderly=False" in str(refused.value)
         consumer.shutdown()  # nothing started: a no-op
+
+
+@pytest.mark.parametrize("where", [ConsumeFrom.FIRST, ConsumeFrom.TIMESTAMP])
+def test_a_group_start_the_proxy_cannot_set_refuses_to_start(
+    rocketmq: RocketMQCluster, where: ConsumeFrom
+) -> None:
+    """The proxy has no call to set where a new group starts: a consumer asking for one
+    other than LAST would read from wherever the broker's default puts it, so it refuses."""
+    topic, group = unique("push-from"), unique("push-from-g")
+    rocketmq.create_topic(topic)
+    rocketmq.create_group(group)
+
+    def listener(messages: Sequence[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        return ConsumeResult.SUCCESS
+
+    with grpc_transport(rocketmq.endpoint) as transport:
+        options = {"consume_timestamp_ms": 1} if where is ConsumeFrom.TIMESTAMP else {}
+        consumer = PushConsumer(
+            group,
+            listener,
+            {topic: "*"},
+            transport=transport,
+            consume_from=where,
+            **options,
+            **CONSUMER,
+        )
+        with pytest.raises(ConfigurationError, match=f"consume_from={where.name}") as refused:
+            consumer.start()
+        assert "\n" not in str(refused.value)
+        assert f"mqadmin resetOffsetByTime -g {group} -t {topic}" in str(refused.value)
+        assert "consume_from=ConsumeFrom.LAST" in str(refused.value)
+        consumer.shutdown()  # nothing started: a no-op
+        with PushConsumer(group, listener, {topic: "*"}, transport=transport, **CONSUMER):
+            pass  # LAST, the default, starts
 
 
 class InvalidOrder(Exception):

@@ -16,13 +16,14 @@ from __future__ import annotations
 import collections
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from reliable_cli.exit_codes import ExitCode
-from tests.e2e.grpc.topology import Topology, wait_for, worker_events
+from tests.e2e.grpc.topology import Child, Topology, wait_for, worker_events
 
 pytestmark = [
     pytest.mark.chaos,
@@ -36,6 +37,7 @@ pytestmark = [
 # keeps publishing after the restart until that many went through)
 BEFORE, DURING, AFTER = 20, 5, 20
 HANDLER_S = 0.25  # each inventory run: a kill lands while some run
+CONSUMING = "reliable consume: consuming"
 
 
 @pytest.fixture(params=["grpc", "native"])
@@ -54,42 +56,86 @@ def test_killed_broker_and_consumer_lose_nothing_and_apply_nothing_twice(
     topology: Topology,
 ) -> None:
     run = topology
-    a, b = run.group_a, run.group_b
+    say = _narrator()
+    inventory = run.consume("inventory")
+    careless = run.consume("billing_careless")
+    inventory.wait_for_line(CONSUMING)
+    careless.wait_for_line(CONSUMING)
+
+    ids = run.publish(BEFORE)
+    _kill_inventory_while_its_handlers_run(run, inventory, say)
+    ids += _kill_the_broker_while_orders_are_published(run, say)
+    assert len(set(ids)) == len(ids) >= BEFORE + DURING + AFTER
+
+    stubs = run.stubs()
+    sent = {m for m, s in stubs.items() if s.queue_id is not None and s.queue_id >= 0}
+    unsent = set(ids) - sent
+    assert unsent, "no send failed while the broker was down"
+    _wait_for_every_stored_order_consumed(run, sent, say)
+    say(f"{len(sent)} sent, {len(unsent)} sends failed")
+
+    lost = run.reconcile()
+    assert lost.returncode == ExitCode.UNACCOUNTED, lost.stdout + lost.stderr
+    assert "NOT CLEAN (" in lost.stdout
+    say("NOT CLEAN")
+
+    stopped = _restart_billing_with_its_guard_and_resend(run, careless, say)
+    _assert_one_effect_per_order_and_group_each_resent_once(run, ids, sent, stopped)
+
+    clean = run.reconcile()
+    assert clean.returncode == ExitCode.OK, clean.stdout + clean.stderr
+    assert "zero-loss certificate [-inf, +inf): CLEAN" in clean.stdout
+    total = len(ids)
+    assert f"produced {total}  confirmed {total}" in clean.stdout
+    assert "unaccounted 0  duplicated 0" in clean.stdout
+    say("CLEAN")
+
+
+def _narrator() -> Callable[[str], None]:
+    """Print each step with the seconds since the test began (shown when it failed)."""
     started = time.monotonic()
 
     def say(what: str) -> None:
         print(f"[{time.monotonic() - started:5.1f}s] {what}")
 
-    inventory = run.consume("inventory")
-    careless = run.consume("billing_careless")
-    inventory.wait_for_line("reliable consume: consuming")
-    careless.wait_for_line("reliable consume: consuming")
+    return say
 
-    ids = run.publish(BEFORE)
 
-    def applying(more: int) -> None:
-        applied = len(run.effects_by_group()[a])
-        wait_for(
-            f"inventory to apply {more} more orders",
-            lambda: len(run.effects_by_group()[a]) >= applied + more,
-            30,
-        )
+def _applying(run: Topology, more: int) -> None:
+    """Wait until inventory applied `more` orders than it had."""
+    a = run.group_a
+    applied = len(run.effects_by_group()[a])
+    wait_for(
+        f"inventory to apply {more} more orders",
+        lambda: len(run.effects_by_group()[a]) >= applied + more,
+        30,
+    )
 
-    # inventory is SIGKILLed while handlers run (each takes HANDLER_S), then started again
-    applying(2)
+
+def _kill_inventory_while_its_handlers_run(
+    run: Topology, inventory: Child, say: Callable[[str], None]
+) -> None:
+    """Inventory is SIGKILLed while handlers run (each takes HANDLER_S), then started again."""
+    a = run.group_a
+    _applying(run, 2)
     handed = {m for m, _ in run.deliveries(f"{a}.deliveries")}
     done = set(run.effects_by_group()[a])
     inventory.kill()
     say(f"inventory killed: {len(handed)} orders handed to it, {len(done)} applied")
     assert handed - done, "the kill interrupted no handler"
     inventory = run.consume("inventory")
-    inventory.wait_for_line("reliable consume: consuming")
+    inventory.wait_for_line(CONSUMING)
 
-    # the broker is SIGKILLed while the new inventory works, and restarted on its store
-    applying(2)
+
+def _kill_the_broker_while_orders_are_published(
+    run: Topology, say: Callable[[str], None]
+) -> list[str]:
+    """The broker is SIGKILLed while the new inventory works, and restarted on its store;
+    the ids of the orders published meanwhile and until AFTER sends went through."""
+    _applying(run, 2)
     run.server.kill()
     say("broker killed")
-    ids += run.publish(DURING)  # committed; their sends fail
+    ids = run.publish(DURING)  # committed; their sends fail
     run.restart_server()
     say("broker restarted on its store")
     acknowledged = 0
@@ -102,14 +148,15 @@ def test_killed_broker_and_consumer_lose_nothing_and_apply_nothing_twice(
             time.sleep(0.1)
         else:
             acknowledged += 1
-    assert len(set(ids)) == len(ids) >= BEFORE + DURING + AFTER
+    return ids
 
-    stubs = run.stubs()
-    sent = {m for m, s in stubs.items() if s.queue_id is not None and s.queue_id >= 0}
-    unsent = set(ids) - sent
-    assert unsent, "no send failed while the broker was down"
-    # every message the broker took reaches inventory (once) and billing (acknowledged,
-    # not processed), and billing's offsets pass them
+
+def _wait_for_every_stored_order_consumed(
+    run: Topology, sent: set[str], say: Callable[[str], None]
+) -> None:
+    """Every message the broker took reaches inventory (once) and billing (acknowledged,
+    not processed), and billing's offsets pass them."""
+    a, b = run.group_a, run.group_b
     wait_for("inventory's effects", lambda: set(run.effects_by_group()[a]) >= sent, 60)
     say("inventory applied every stored order")
     try:
@@ -123,17 +170,17 @@ def test_killed_broker_and_consumer_lose_nothing_and_apply_nothing_twice(
         print(f"billing never handed {sorted(missing)}; queues {run.positions(b, sent)}")
         raise
     wait_for("every stub due", run.due, 10)
-    say(f"{len(sent)} sent, {len(unsent)} sends failed")
 
-    lost = run.reconcile()
-    assert lost.returncode == ExitCode.UNACCOUNTED, lost.stdout + lost.stderr
-    assert "NOT CLEAN (" in lost.stdout
-    say("NOT CLEAN")
 
+def _restart_billing_with_its_guard_and_resend(
+    run: Topology, careless: Child, say: Callable[[str], None]
+) -> dict[str, Any]:
+    """Billing is restarted with its guard and the resend worker runs until every stub is
+    CONFIRMED; the worker's `stopped` event."""
     careless.terminate()
     billing = run.consume("billing")
     worker = run.worker()
-    billing.wait_for_line("reliable consume: consuming")
+    billing.wait_for_line(CONSUMING)
     wait_for(
         "every stub CONFIRMED",
         lambda: {s.status for s in run.stubs().values()} == {"CONFIRMED"},
@@ -142,7 +189,13 @@ def test_killed_broker_and_consumer_lose_nothing_and_apply_nothing_twice(
     assert worker.terminate() == ExitCode.OK, worker.output()
     [stopped] = [e for e in worker_events(worker) if e["event"] == "stopped"]
     say(f"worker: {stopped}")
+    return stopped
 
+
+def _assert_one_effect_per_order_and_group_each_resent_once(
+    run: Topology, ids: list[str], sent: set[str], stopped: dict[str, Any]
+) -> None:
+    a, b = run.group_a, run.group_b
     # no loss, no duplicate effect: exactly one effect per (order, group)
     assert run.effects_by_group() == {
         a: collections.Counter(dict.fromkeys(ids, 1)),
@@ -163,11 +216,3 @@ def test_killed_broker_and_consumer_lose_nothing_and_apply_nothing_twice(
     # billing's guard was handed the worker's copies only, each order's at least once
     assert {m for m, _ in run.deliveries(f"{b}.deliveries")} == set(ids)
     assert {n for _, n in run.deliveries(f"{b}.deliveries")} == {2}
-
-    clean = run.reconcile()
-    assert clean.returncode == ExitCode.OK, clean.stdout + clean.stderr
-    assert "zero-loss certificate [-inf, +inf): CLEAN" in clean.stdout
-    total = len(ids)
-    assert f"produced {total}  confirmed {total}" in clean.stdout
-    assert "unaccounted 0  duplicated 0" in clean.stdout
-    say("CLEAN")

@@ -13,7 +13,8 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -328,6 +329,7 @@ REPLAYS = {
         "operator oncall replayed the dead letter (DLQ offset 0) to tr-billing",
     ),
 }
+TR_TOPIC, TR_GROUP = "tr-orders", "tr-billing"
 
 
 @pytest.mark.slow
@@ -338,76 +340,121 @@ def test_trace_of_a_message_failed_twice_dead_lettered_replayed_and_confirmed(
     """The issue's story: two failures, the dead-letter queue, the operator's replay
     (`dlq replay`, or `message reconsume`), the confirmation: every step, in order."""
     from idempotency import IdempotencyGuard
-    from outbox import Outbox, OutboxTables, declare_groups
 
-    topic, group = "tr-orders", "tr-billing"
     command, role, line = REPLAYS[replay]
     store = tmp_path / "store"
     server = make_server(store=store)
     ep = ("--endpoint", server.endpoint)
-    assert cli("topic", "create", topic, "--queues", "2", *ep).returncode == 0
-    assert cli("group", "create", group, "--max-retries", "1", *ep).returncode == 0
+    assert cli("topic", "create", TR_TOPIC, "--queues", "2", *ep).returncode == 0
+    assert cli("group", "create", TR_GROUP, "--max-retries", "1", *ep).returncode == 0
     db = f"sqlite:///{tmp_path / 'shop.db'}"
-    engine = sa.create_engine(db)
-    tables = OutboxTables()
-    tables.create_all(engine)
-    declare_groups(engine, tables, topic, [group])
-    guard = IdempotencyGuard(engine, tables, None)
-    lock = threading.Lock()
-    calls: list[int] = []
-    confirmed = threading.Event()
-
-    def listener(messages: Sequence[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
-        with lock:
-            calls.append(messages[0].delivery_attempt)
-            if len(calls) <= 2:
-                return ConsumeResult.RECONSUME_LATER  # a bad deploy: fails every time
-        result = guard.consume(messages[0], group, lambda m: None)
-        confirmed.set()
-        return result
-
-    t = connect("grpc", endpoint=server.endpoint)
-    t.start()
-    try:
-        consumer = PushConsumer(
-            group,
-            listener,
-            {topic: "*"},
-            transport=t,
-            consume_from=ConsumeFrom.FIRST,
-            consume_threads=1,
-            heartbeat_interval_s=0.5,
-            receive_long_poll_ms=1000,
-        )
-        with consumer, Producer(t) as producer:
-            outbox = Outbox(tables, producer)
-            with Session(engine) as session, session.begin():
-                mid = outbox.publish(session, Message(topic, b"order 42", keys=["order-42"]))
-
-            def dead_lettered() -> bool:
-                done = cli("message", "query", "--id", mid, "--topic", f"%DLQ%{group}", *ep)
-                return done.returncode == 0
-
-            assert official.wait_for(dead_lettered, timeout_s=60, interval_s=0.5)
-            assert len(calls) == 2 and not confirmed.is_set()
-            replayed = cli(*(a.format(mid=mid, group=group) for a in command), *ep)
-            assert replayed.returncode == 0, replayed.stderr
-            assert confirmed.wait(60)
-
-            def settled() -> bool:
-                g = doc("message", "trace", "order-42", *ep)["groups"]
-                return bool(g) and g[0]["state"] == "acknowledged"
-
-            assert official.wait_for(settled, timeout_s=30, interval_s=0.5)
+    engine, tables = _shop_database(db)
+    listener = FailsTwiceThenConfirms(IdempotencyGuard(engine, tables, None))
+    with _connected(server.endpoint) as t:
+        mid = _fail_twice_dead_letter_and_replay(t, ep, engine, tables, listener, command)
         trace = doc("message", "trace", "order-42", "--db", db, *ep)
         text = cli("message", "trace", "order-42", "--db", db, *ep)
-    finally:
-        t.close()
     assert server.terminate() == 0
     try:  # the stopped store tells the same story
         assert doc("message", "trace", "order-42", "--db", db, "--store", str(store)) == trace
     finally:
         engine.dispose()
+    _assert_every_step_in_order(trace, mid, role)
+    _assert_the_group_s_summary_and_the_outbox_s_rows(trace, mid, role, replay)
+    assert text.returncode == 0
+    assert line in text.stdout
+    assert "tr-billing confirmed it (SUCCESS)" in text.stdout
+
+
+def _shop_database(db: str) -> tuple[sa.Engine, Any]:
+    """The shop's database: the outbox's tables, the billing group declared for the topic."""
+    from outbox import OutboxTables, declare_groups
+
+    engine = sa.create_engine(db)
+    tables = OutboxTables()
+    tables.create_all(engine)
+    declare_groups(engine, tables, TR_TOPIC, [TR_GROUP])
+    return engine, tables
+
+
+class FailsTwiceThenConfirms:
+    """Billing's listener after a bad deploy: the first two deliveries fail, the next is
+    confirmed under the idempotency guard."""
+
+    def __init__(self, guard: Any) -> None:
+        self.guard = guard
+        self.lock = threading.Lock()
+        self.calls: list[int] = []
+        self.confirmed = threading.Event()
+
+    def __call__(self, messages: Sequence[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        with self.lock:
+            self.calls.append(messages[0].delivery_attempt)
+            if len(self.calls) <= 2:
+                return ConsumeResult.RECONSUME_LATER  # a bad deploy: fails every time
+        result: ConsumeResult = self.guard.consume(messages[0], TR_GROUP, lambda m: None)
+        self.confirmed.set()
+        return result
+
+
+@contextmanager
+def _connected(endpoint: str) -> Iterator[Any]:
+    """The framework's gRPC transport to `endpoint`, closed on leaving."""
+    t = connect("grpc", endpoint=endpoint)
+    t.start()
+    try:
+        yield t
+    finally:
+        t.close()
+
+
+def _fail_twice_dead_letter_and_replay(
+    t: Any,
+    ep: tuple[str, ...],
+    engine: sa.Engine,
+    tables: Any,
+    listener: FailsTwiceThenConfirms,
+    command: tuple[str, ...],
+) -> str:
+    """Publish an order through the outbox; billing fails it twice, it is dead-lettered,
+    the operator sends it back with `command`, billing confirms it and the broker shows it
+    acknowledged. The order's message id."""
+    from outbox import Outbox
+
+    consumer = PushConsumer(
+        TR_GROUP,
+        listener,
+        {TR_TOPIC: "*"},
+        transport=t,
+        consume_from=ConsumeFrom.FIRST,
+        consume_threads=1,
+        heartbeat_interval_s=0.5,
+        receive_long_poll_ms=1000,
+    )
+    with consumer, Producer(t) as producer:
+        outbox = Outbox(tables, producer)
+        with Session(engine) as session, session.begin():
+            mid = outbox.publish(session, Message(TR_TOPIC, b"order 42", keys=["order-42"]))
+
+        def dead_lettered() -> bool:
+            done = cli("message", "query", "--id", mid, "--topic", f"%DLQ%{TR_GROUP}", *ep)
+            return done.returncode == 0
+
+        assert official.wait_for(dead_lettered, timeout_s=60, interval_s=0.5)
+        assert len(listener.calls) == 2 and not listener.confirmed.is_set()
+        replayed = cli(*(a.format(mid=mid, group=TR_GROUP) for a in command), *ep)
+        assert replayed.returncode == 0, replayed.stderr
+        assert listener.confirmed.wait(60)
+
+        def settled() -> bool:
+            g = doc("message", "trace", "order-42", *ep)["groups"]
+            return bool(g) and g[0]["state"] == "acknowledged"
+
+        assert official.wait_for(settled, timeout_s=30, interval_s=0.5)
+    return str(mid)
+
+
+def _assert_every_step_in_order(trace: dict[str, Any], mid: str, role: str) -> None:
     assert trace["message_ids"] == [mid]
     roles = [r["role"] for r in trace["records"]]
     assert roles == ["original", "dead-letter", role]
@@ -432,6 +479,12 @@ def test_trace_of_a_message_failed_twice_dead_lettered_replayed_and_confirmed(
     ], json.dumps(trace["events"], indent=1)
     times = [e["time_ms"] for e in trace["events"]]
     assert times == sorted(times)
+
+
+def _assert_the_group_s_summary_and_the_outbox_s_rows(
+    trace: dict[str, Any], mid: str, role: str, replay: str
+) -> None:
+    group = TR_GROUP
     [g] = trace["groups"]
     assert (
         g["group"],
@@ -459,6 +512,3 @@ def test_trace_of_a_message_failed_twice_dead_lettered_replayed_and_confirmed(
     assert (stub["message_id"], stub["send_count"], stub["expected_groups"]) == (mid, 1, [group])
     [row] = trace["outbox"]["confirmations"]
     assert (row["group"], row["outcome"]) == (group, "SUCCESS")
-    assert text.returncode == 0
-    assert line in text.stdout
-    assert "tr-billing confirmed it (SUCCESS)" in text.stdout

@@ -96,130 +96,98 @@ def _group_of(message: Any) -> str:
     return str(message.source)
 
 
+TOPIC, GROUP = "t-ha-reads", "g-ha-reads"
+OTHER, PUSHED = "g-ha-reads-official", "g-ha-reads-push"  # the official clients' groups
+
+
+class Reader:
+    """The framework's SimpleConsumer: every delivery counted by id. While asked to hold,
+    the first `hold` of group a's messages stay leased, never acknowledged, and the next
+    one is dead-lettered (its copy is written by a's master once it is back)."""
+
+    def __init__(self, consumer: SimpleConsumer, transport: Any, group_a: str) -> None:
+        self.consumer, self.transport, self.group_a = consumer, transport, group_a
+        self.got: Counter[str] = Counter()  # every delivery to the framework consumer, by id
+        self.held: set[str] = set()  # received from a's slave and never acknowledged there
+        self.dead: set[str] = set()  # dead-lettered on a's slave
+
+    def take(self, batch: int = 16, hold: int = 0) -> list[Any]:
+        try:
+            received = self.consumer.receive(max_messages=batch)
+        except ReliableError:  # a group changing hands: the next route has it
+            return []
+        for m in received:
+            self.got[m.message_id] += 1
+            if hold and _group_of(m) == self.group_a:
+                if len(self.held) < hold:
+                    self.held.add(m.message_id)  # leased on the slave, never acknowledged
+                    continue
+                if not self.dead:  # its copy is written by the master once it is back
+                    self.transport.forward_to_dlq(GROUP, m)
+                    self.dead.add(m.message_id)
+                    continue
+            self.consumer.ack(m)
+        return received
+
+
 def test_a_dead_master_s_messages_are_read_from_its_slave_and_its_acks_survive_its_return(
     cluster: Cluster,
 ) -> None:
     a, b = cluster.groups
     slave = a.slaves[0]
-    topic, group, other = "t-ha-reads", "g-ha-reads", "g-ha-reads-official"
-    pushed = "g-ha-reads-push"
     transport = reliable.connect("grpc", endpoint=cluster.endpoint)
     transport.start()
-    got: Counter[str] = Counter()  # every delivery to the framework consumer, by id
-    held: set[str] = set()  # received from a's slave and never acknowledged there
-    dead: set[str] = set()  # dead-lettered on a's slave
     try:
         with (
             SimpleConsumer(
-                group,
-                {topic: "*"},
+                GROUP,
+                {TOPIC: "*"},
                 transport=transport,
                 await_duration_s=1,
                 invisible_duration_s=30,
             ) as consumer,
             Producer(transport) as producer,
         ):
-
-            def take(batch: int = 16, hold: int = 0) -> list[Any]:
-                try:
-                    received = consumer.receive(max_messages=batch)
-                except ReliableError:  # a group changing hands: the next route has it
-                    return []
-                for m in received:
-                    got[m.message_id] += 1
-                    if hold and _group_of(m) == a.name:
-                        if len(held) < hold:
-                            held.add(m.message_id)  # leased on the slave, never acknowledged
-                            continue
-                        if not dead:  # its copy is written by the master once it is back
-                            transport.forward_to_dlq(group, m)
-                            dead.add(m.message_id)
-                            continue
-                    consumer.ack(m)
-                return received
-
-            take(1)  # the group exists before the sends
-            admin = AdminClient(cluster.endpoint)  # every master (slaves get it by sync)
-            try:
-                admin.call("CreateGroup", name=other)
-                admin.call("CreateGroup", name=pushed)
-            finally:
-                admin.close()
-            sent = {producer.send(Message(topic, f"p{i}".encode())).message_id for i in range(60)}
-            # some consumed on the master, and its offsets synced to its slave
-            assert official.wait_for(lambda: sum(got.values()) >= 20 or not take(), timeout_s=30)
-            assert official.wait_for(
-                lambda: (
-                    _committed(slave.endpoint, group, topic)
-                    == _committed(a.master.endpoint, group, topic)
-                    != {}
-                ),
-                timeout_s=30,
-            )
-            # its master is up: the slave refuses receives (they go to the master)
-            assert _receive_status(slave.endpoint, group, topic) == FORBIDDEN
-            in_a = set(_ids_in_store(a.master.store, topic))
-            assert in_a - set(got), "group a holds messages nobody received yet"
-            before_kill = set(got)
+            reader = Reader(consumer, transport, a.name)
+            reader.take(1)  # the group exists before the sends
+            _create_groups(cluster.endpoint, OTHER, PUSHED)
+            sent = _send(producer, "p", 60)
+            in_a = _some_consumed_on_the_master_and_synced_to_its_slave(reader, a)
+            before_kill = set(reader.got)
 
             a.master.kill()
-            # sends never stop: they go to group b
-            after_kill = {
-                producer.send(Message(topic, f"q{i}".encode())).message_id for i in range(20)
-            }
-            sent |= after_kill
-            assert not after_kill & set(_ids_in_store(slave.store, topic))
-            # every other server names a's slave for its receives (READ only)
-            served = (a.name, 0, 0, READ, slave.port)
-            assert official.wait_for(lambda: served in _route(b.master.endpoint, topic))
-
+            sent |= _sends_go_to_group_b_and_its_slave_serves_group_a(producer, a, b)
             # the framework consumer receives every message, a's from the slave; three of
             # a's stay leased there, unacknowledged
-            assert official.wait_for(lambda: (take(hold=3), set(got) >= sent)[1], timeout_s=60)
-            assert len(held) == 3 and len(dead) == 1
-            acked_on_slave = in_a - before_kill - held - dead
+            assert official.wait_for(
+                lambda: (reader.take(hold=3), set(reader.got) >= sent)[1], timeout_s=60
+            )
+            assert len(reader.held) == 3 and len(reader.dead) == 1
+            acked_on_slave = in_a - before_kill - reader.held - reader.dead
             assert acked_on_slave
-            assert max(got.values()) == 1  # nothing was delivered twice so far
-
-            # the official SimpleConsumer and PushConsumer, started now, read group a from
-            # the slave too (the push consumer's assignment names it)
-            recorder = Recorder(lambda m, failed: False)
-            push = push_consumer(cluster.endpoint, pushed, topic, recorder)
-            simple = official.simple_consumer(cluster.endpoint, other, topic, await_s=1)
-            try:
-                official_got = official.receive_until(
-                    simple, lambda ms: {m.message_id for m in ms} >= in_a, timeout_s=30
-                )
-                assert official.wait_for(lambda: set(recorder.ok) >= in_a, timeout_s=30)
-            finally:
-                simple.shutdown()
-                push.shutdown()
-            assert {m.message_id for m in official_got} >= in_a
-            on_slave = _committed(slave.endpoint, other, topic)
-            assert on_slave and all(on_slave.values())
+            assert max(reader.got.values()) == 1  # nothing was delivered twice so far
+            on_slave = _the_official_consumers_read_group_a_from_its_slave(cluster, slave, in_a)
 
             # the master comes back: the slave stops serving, its acknowledgements reach
             # the master, and consuming goes on from there
             a.master.start()
-            back = (a.name, 0, 0, READ_WRITE, a.master.port)
-            assert official.wait_for(lambda: back in _route(b.master.endpoint, topic))
+            sent |= _the_slave_stops_serving_and_sends_go_on(producer, a, b)
             assert official.wait_for(
-                lambda: _receive_status(slave.endpoint, group, topic) == FORBIDDEN
-            )
-            later = {producer.send(Message(topic, f"r{i}".encode())).message_id for i in range(20)}
-            sent |= later
-            assert official.wait_for(
-                lambda: (take(), set(got) >= sent and all(got[i] == 2 for i in held))[1],
+                lambda: (
+                    reader.take(),
+                    set(reader.got) >= sent and all(reader.got[i] == 2 for i in reader.held),
+                )[1],
                 timeout_s=60,
             )
             # a few more receives: anything acknowledged on the slave coming again shows up
             deadline = time.monotonic() + 3
             while time.monotonic() < deadline:
-                take()
+                reader.take()
     finally:
         transport.close()
+    got, held, dead = reader.got, reader.held, reader.dead
     # the master wrote the dead-letter copy the slave deferred to it
-    assert official.wait_for(lambda: _dead_lettered(a.master.store, group) == dead)
+    assert official.wait_for(lambda: _dead_lettered(a.master.store, GROUP) == dead)
     # only what was leased on the slave and never acknowledged there came again
     again = {i for i, n in got.items() if n > 1}
     assert again == held, f"delivered again: {sorted(again - held)[:10]}"
@@ -228,8 +196,90 @@ def test_a_dead_master_s_messages_are_read_from_its_slave_and_its_acks_survive_i
     # there are at least the slave's (it never consumed from the master itself)
     assert official.wait_for(
         lambda: all(
-            (_committed(a.master.endpoint, other, topic).get(q) or 0) >= offset
+            (_committed(a.master.endpoint, OTHER, TOPIC).get(q) or 0) >= offset
             for q, offset in on_slave.items()
             if offset is not None
         )
-    ), (_committed(a.master.endpoint, other, topic), on_slave)
+    ), (_committed(a.master.endpoint, OTHER, TOPIC), on_slave)
+
+
+def _create_groups(endpoint: str, *names: str) -> None:
+    """Create the groups on every master (slaves get them by sync)."""
+    admin = AdminClient(endpoint)
+    try:
+        for name in names:
+            admin.call("CreateGroup", name=name)
+    finally:
+        admin.close()
+
+
+def _send(producer: Producer, prefix: str, n: int) -> set[str]:
+    return {producer.send(Message(TOPIC, f"{prefix}{i}".encode())).message_id for i in range(n)}
+
+
+def _some_consumed_on_the_master_and_synced_to_its_slave(reader: Reader, a: Any) -> set[str]:
+    """Some consumed on group a's master, and its offsets synced to its slave, which
+    refuses receives while its master is up; the ids group a holds."""
+    slave = a.slaves[0]
+    assert official.wait_for(
+        lambda: sum(reader.got.values()) >= 20 or not reader.take(), timeout_s=30
+    )
+    assert official.wait_for(
+        lambda: (
+            _committed(slave.endpoint, GROUP, TOPIC)
+            == _committed(a.master.endpoint, GROUP, TOPIC)
+            != {}
+        ),
+        timeout_s=30,
+    )
+    # its master is up: the slave refuses receives (they go to the master)
+    assert _receive_status(slave.endpoint, GROUP, TOPIC) == FORBIDDEN
+    in_a = set(_ids_in_store(a.master.store, TOPIC))
+    assert in_a - set(reader.got), "group a holds messages nobody received yet"
+    return in_a
+
+
+def _sends_go_to_group_b_and_its_slave_serves_group_a(
+    producer: Producer, a: Any, b: Any
+) -> set[str]:
+    """With a's master dead, sends never stop: they go to group b, and every other server
+    names a's slave for its receives (READ only). The ids sent."""
+    slave = a.slaves[0]
+    after_kill = _send(producer, "q", 20)
+    assert not after_kill & set(_ids_in_store(slave.store, TOPIC))
+    served = (a.name, 0, 0, READ, slave.port)
+    assert official.wait_for(lambda: served in _route(b.master.endpoint, TOPIC))
+    return after_kill
+
+
+def _the_official_consumers_read_group_a_from_its_slave(
+    cluster: Cluster, slave: Any, in_a: set[str]
+) -> dict[int, int | None]:
+    """The official SimpleConsumer and PushConsumer, started now, read group a from the
+    slave too (the push consumer's assignment names it); the official group's committed
+    offsets on the slave."""
+    recorder = Recorder(lambda m, failed: False)
+    push = push_consumer(cluster.endpoint, PUSHED, TOPIC, recorder)
+    simple = official.simple_consumer(cluster.endpoint, OTHER, TOPIC, await_s=1)
+    try:
+        official_got = official.receive_until(
+            simple, lambda ms: {m.message_id for m in ms} >= in_a, timeout_s=30
+        )
+        assert official.wait_for(lambda: set(recorder.ok) >= in_a, timeout_s=30)
+    finally:
+        simple.shutdown()
+        push.shutdown()
+    assert {m.message_id for m in official_got} >= in_a
+    on_slave = _committed(slave.endpoint, OTHER, TOPIC)
+    assert on_slave and all(on_slave.values())
+    return on_slave
+
+
+def _the_slave_stops_serving_and_sends_go_on(producer: Producer, a: Any, b: Any) -> set[str]:
+    """a's master is back: every other server routes to it again, its slave refuses
+    receives again, and sends go on. The ids sent."""
+    slave = a.slaves[0]
+    back = (a.name, 0, 0, READ_WRITE, a.master.port)
+    assert official.wait_for(lambda: back in _route(b.master.endpoint, TOPIC))
+    assert official.wait_for(lambda: _receive_status(slave.endpoint, GROUP, TOPIC) == FORBIDDEN)
+    return _send(producer, "r", 20)

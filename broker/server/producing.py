@@ -1,21 +1,19 @@
 """SendMessage, EndTransaction and RecallMessage (over `Broker.recall_message`).
 
-The server chooses the queue (the client never sends one): round-robin over the topic's write
-queues, or, for FIFO messages, a consistent hash of the message group so that one group
-always lands in one queue. Sends are idempotent on (topic, message id, user properties): the
-official client resends the same message with the same id after a lost response, and gets
-the first result back instead of a second copy. Right after a start the store's unique-key
-index is consulted too, so a retry that straddles a restart is not stored twice. A send of
-the same id with different user properties is a deliberate new copy (the outbox's resend
-worker numbers its resends in a property) and is stored.
+Each message is checked and its queue chosen by `send_checks.SendChecks` (the client never
+sends a queue: round-robin, or a message group's consistent hash). Sends are idempotent on
+(topic, message id, user properties): the official client resends the same message with the
+same id after a lost response, and gets the first result back instead of a second copy
+(`send_copies.SendCopies`). Right after a start the store's unique-key index is consulted
+too, so a retry that straddles a restart is not stored twice. A send of the same id with
+different user properties is a deliberate new copy (the outbox's resend worker numbers its
+resends in a property) and is stored.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
-import struct
 import time
 from typing import Any
 
@@ -25,22 +23,22 @@ from broker.server import convert, validation
 from broker.server.clients import ClientHandlers
 from broker.server.codes import Code
 from broker.server.context import CallInfo, ServerContext
-from broker.server.dedupe import SendResults, send_key
+from broker.server.dedupe import send_key
 from broker.server.detached import detached
 from broker.server.errors import (
     Abandoned,
     BadRequest,
-    Forbidden,
     InvalidTransactionId,
     PayloadTooLarge,
     TooManyRequests,
 )
-from broker.server.group_resend import RETRY_TOPIC, check_group_resend
+from broker.server.send_checks import SendChecks, Shape
+from broker.server.send_copies import SendCopies
 from broker.server.send_groups import Group, Stored
 from broker.server.status import make_status, ok, status_of
 from broker.server.transactions import decode_transaction_id, encode_transaction_id
 from broker.store.message import Message, PutMessageResult, PutMessageStatus
-from broker.topic import PERM_WRITE, TopicConfig
+from broker.topic import TopicConfig
 from protocol import ext as protocol_ext
 from protocol.clock import wall_ms
 from protocol.pb import service_pb2
@@ -49,18 +47,13 @@ from protocol.props import Prop
 log = logging.getLogger(__name__)
 
 RESOLUTION_COMMIT, RESOLUTION_ROLLBACK = 1, 2
-# what a message's record shares with the others of a record batch (`_prepare`)
-Shape = tuple[str, str, bool] | None
 # a bucket's messages as one record batch: bodies, ids, keys (or None), shape, born host, born ms
 BodyParts = tuple[list[bytes], list[str], list[str] | None, tuple[str, str, bool], str, int]
 # (index, message id, queue offset, put status, topic, queue id) of each message stored
 StoredMessage = tuple[int, str, int, PutMessageStatus, str, int]
-_MAX_TIMESTAMP_S, _MAX_NANOS = convert.MAX_TIMESTAMP_S, convert.MAX_NANOS
 SOURCE_SERVER_CHECK = 2
 # a sync-master's "stored, no slave confirmed it" answers (docs/ha.md)
 _NOT_REPLICATED = frozenset({Code.HA_NOT_AVAILABLE, Code.SLAVE_PERSISTENCE_TIMEOUT})
-_END = struct.Struct(">q")  # the log end an unreplicated copy waits for
-_RESEND_ALLOWED = frozenset({RETRY_TOPIC})
 
 
 def _failed(message_id: str, exc: BaseException) -> Any:
@@ -77,46 +70,21 @@ def _not_acknowledged(topic: str, status: PutMessageStatus) -> Any:
     )
 
 
-def _settle_error(
-    future: asyncio.Future[BaseException | None], error: BaseException | None
-) -> None:
-    if not future.done():
-        future.set_result(error)
-
-
 def _settle(future: asyncio.Future[bool], ok: bool) -> None:
     if not future.done():
         future.set_result(ok)
-
-
-def jump_hash(key: int, buckets: int) -> int:
-    """Jump consistent hash (Lamping & Veach): stable bucket for a key, minimal moves."""
-    b, j = -1, 0
-    key &= 0xFFFFFFFFFFFFFFFF
-    while j < buckets:
-        b = j
-        key = (key * 2862933555777941757 + 1) & 0xFFFFFFFFFFFFFFFF
-        j = int((b + 1) * (float(1 << 31) / float((key >> 33) + 1)))
-    return b
-
-
-def group_queue(message_group: str, write_queues: int) -> int:
-    digest = hashlib.sha256(message_group.encode()).digest()
-    return jump_hash(int.from_bytes(digest[:8], "big"), write_queues)
 
 
 class ProducerHandlers:
     def __init__(self, ctx: ServerContext, clients: ClientHandlers) -> None:
         self.ctx = ctx
         self.clients = clients
-        self._round_robin: dict[str, int] = {}
-        # what makes two sends the same send: a digest of topic, message id, user properties;
-        # the first result's serialized entry is kept (bounded by bytes, not count)
-        self._recent = SendResults(ctx.config.dedupe_cache_bytes, ctx.config.dedupe_cache_size)
-        # sends stored but answered "not replicated" (a sync-master without a slave, or one
-        # too slow): key -> the log end a slave must reach, then the entry. A resend waits
-        # for that copy's replication instead of storing the message again
-        self._unreplicated = SendResults(ctx.config.dedupe_cache_bytes // 8)
+        self._checks = SendChecks(ctx, clients)  # each message checked, its queue chosen
+        # what makes two sends the same send: a digest of topic, message id, user
+        # properties; a resend is answered from the first copy (`send_copies`)
+        self._copies = SendCopies(ctx)
+        self._recent = self._copies.recent
+        self._unreplicated = self._copies.unreplicated
         # sends being stored: key -> (its request's entries once settled, its index there)
         self._pending: dict[bytes, tuple[asyncio.Future[list[Any]], int]] = {}
         self._inflight = 0  # messages of requests being served (flow control)
@@ -199,7 +167,7 @@ class ProducerHandlers:
         settled: asyncio.Future[list[Any]] = loop.create_future()  # one for the request
         mine: list[tuple[int, bytes]] = []
         duplicates: list[tuple[int, tuple[asyncio.Future[list[Any]], int]]] = []
-        # (topic, queue) -> its messages: (index, message id, shape), see `_prepare`
+        # (topic, queue) -> its messages: (index, message id, shape), see `SendChecks.prepare`
         buckets: dict[tuple[str, int], list[tuple[int, str, Shape]]] = {}
         one_by_one: list[int] = []  # delayed, transactional; every send while recovering
         recovering = (
@@ -225,7 +193,7 @@ class ProducerHandlers:
             if self._unreplicated.nbytes:
                 stored_copy = self._unreplicated.get(key)
                 if stored_copy is not None:  # stored, not replicated: that copy, once it is
-                    entries[i] = await self._replicated_copy(key, stored_copy, loop)
+                    entries[i] = await self._copies.replicated_copy(key, stored_copy, loop)
                     continue
             pending = self._pending.get(key)
             if pending is not None:
@@ -234,7 +202,9 @@ class ProducerHandlers:
             self._pending[key] = (settled, i)
             mine.append((i, key))
             try:
-                topic, queue_id, shape, direct = self._prepare(pm, sp, queues, accepted, named)
+                topic, queue_id, shape, direct = self._checks.prepare(
+                    pm, sp, queues, accepted, named
+                )
             except Exception as exc:
                 entries[i] = _failed(message_id, exc)
                 continue
@@ -275,91 +245,16 @@ class ProducerHandlers:
                 elif entry.status.code == Code.OK:
                     answered.append((key, entry.SerializeToString()))
                 elif entry.status.code in _NOT_REPLICATED:
-                    self._remember_unreplicated(key, entry)
+                    self._copies.remember_unreplicated(key, entry)
             self._recent.put_many(answered)
             settled.set_result(entries)
         for i, (future, at) in duplicates:
             entries[i] = (await asyncio.shield(future))[at]
         return entries
 
-    def _prepare(
-        self,
-        pm: Any,
-        sp: Any,
-        queues: dict[str, int],
-        accepted: dict[tuple[str, str], TopicConfig],
-        named: set[str],
-    ) -> tuple[str, int, Shape, bool]:
-        """Check one message (`sp`: its system properties) and choose its queue: (topic,
-        queue id, shape, whether it can go in a record batch: neither delayed nor
-        transactional). Its shape is what its record shares with others of a producer's
-        usual batch: (tag, message group, whether it has keys), or None when it carries
-        user properties; see `_put_bodies`."""
-        config = self.ctx.config
-        topic = pm.topic.name
-        if topic not in named:  # a request's messages mostly share their topic
-            named.add(validation.check_topic(topic))
-        validation.check_body(pm.body, config)
-        tag = sp.tag if sp.HasField("tag") else ""
-        if tag:
-            validation.check_tag(tag)
-        keys = sp.keys
-        if keys:
-            validation.check_keys(keys)
-        message_type = convert.message_type_of(sp)
-        grouped = sp.HasField("message_group")
-        if grouped:
-            validation.check_message_group(sp.message_group, config)
-        user = pm.user_properties
-        if user or tag or keys:
-            if user and RETRY_TOPIC in user:  # a per-group resend, or refused
-                check_group_resend(
-                    topic,
-                    user,
-                    message_type,
-                    enabled=config.group_resend,
-                    group_config=self.clients.group_config,
-                    existing_topic=self.ctx.broker.get_topic,
-                )
-                validation.check_properties(user, tag, keys, config, _RESEND_ALLOWED)
-            else:
-                validation.check_properties(user, tag, keys, config)
-        delayed = sp.HasField("delivery_timestamp")
-        if delayed:
-            validation.check_delivery_time(
-                convert.timestamp_ms(sp.delivery_timestamp), self.ctx.clock(), config
-            )
-        # a request's messages mostly share topic and type: the topic looked up once
-        checked = accepted.get((topic, message_type))
-        if checked is None:
-            cfg = self.clients.topic_config(topic)
-            validation.check_type_accepted(topic, cfg.message_type.value, message_type)
-            if not cfg.perm & PERM_WRITE:
-                raise Forbidden(f"topic {topic!r} is not writeable")
-            checked = accepted[(topic, message_type)] = cfg
-        cfg = checked
-        transactional = message_type == "TRANSACTION"
-        if grouped and sp.message_group:
-            queue_id = group_queue(sp.message_group, cfg.write_queue_nums)
-        else:
-            queue_id = queues.get(topic, -1)
-            if queue_id < 0:
-                queue_id = queues[topic] = self._next_queue(cfg)
-        if sp.HasField("born_timestamp"):  # in range, as `convert.to_store` requires
-            born = sp.born_timestamp
-            if not (0 <= born.seconds <= _MAX_TIMESTAMP_S and 0 <= born.nanos <= _MAX_NANOS):
-                convert.timestamp_ms(born, "born timestamp")  # raises
-        shape = None if user else (tag, sp.message_group if grouped else "", bool(keys))
-        return topic, queue_id, shape, not (delayed or transactional)
-
-    def _next_queue(self, cfg: TopicConfig) -> int:
-        turn = self._round_robin.get(cfg.name, 0)
-        self._round_robin[cfg.name] = turn + 1
-        return turn % cfg.write_queue_nums
-
     @staticmethod
     def _bodies_of(items: list[tuple[int, str, Shape]], messages: Any) -> BodyParts | None:
-        """What `_append_bodies` stores of a bucket of messages of one shape (`_prepare`):
+        """What `_append_bodies` stores of a bucket of messages of one shape (`SendChecks.prepare`):
         their bodies, ids and keys, and the first message's born host and time (any record
         batch's); None when the messages differ in shape or born host, or carry user
         properties (the general way then)."""
@@ -609,7 +504,7 @@ class ProducerHandlers:
             )
         )
         if durable and stored and end > 0 and self.ctx.replication is not None:
-            refused = await self._replicated(end, loop)
+            refused = await self._copies.replicated(end, loop)
             if refused is not None:
                 status = status_of(refused)
         template = service_pb2.SendResultEntry()
@@ -634,7 +529,7 @@ class ProducerHandlers:
 
     @staticmethod
     def _to_store(pm: Any, queue_id: int) -> Message:
-        """The store form of a message `_prepare` accepted for a record batch."""
+        """The store form of a message `SendChecks.prepare` accepted for a record batch."""
         return convert.to_store(pm, queue_id, transactional=False, producer_group=None)
 
     async def _store(self, pm: Any) -> Any:
@@ -649,7 +544,7 @@ class ProducerHandlers:
             and self.ctx.clock() - self.ctx.started_ms < config.dedupe_recovery_window_ms
         ):
             earlier = await self.ctx.run_in_pool(
-                self._stored_before, topic, sp.message_id, dict(pm.user_properties)
+                self._copies.stored_before, topic, sp.message_id, dict(pm.user_properties)
             )
             if earlier is not None:
                 return earlier
@@ -659,7 +554,7 @@ class ProducerHandlers:
             self.clients.watch_transactions(topic)
         msg = convert.to_store(
             pm,
-            self._queue_for(cfg, sp),
+            self._checks.queue_for(cfg, sp),
             transactional=transactional,
             producer_group=topic if transactional else None,
         )
@@ -677,7 +572,7 @@ class ProducerHandlers:
         elif self.ctx.replication is not None:
             # the log's end now is at or past this record's: a slave having it has the record
             end = self.ctx.broker.store.get_commitlog_max_offset()
-            refused = await self._replicated(end, asyncio.get_running_loop())
+            refused = await self._copies.replicated(end, asyncio.get_running_loop())
             if refused is not None:
                 entry.status.CopyFrom(status_of(refused))
         if transactional:
@@ -689,66 +584,6 @@ class ProducerHandlers:
             if self.ctx.cluster is not None:  # RecallMessage may reach another group
                 entry.recall_handle = f"{self.ctx.config.broker_name}@{result.recall_handle}"
         return entry
-
-    def _remember_unreplicated(self, key: bytes, entry: Any) -> None:
-        """A send stored and answered "not replicated": its copy is in the log, below the
-        log's end now; a resend is answered from it (`_replicated_copy`)."""
-        end = self.ctx.broker.store.get_commitlog_max_offset()
-        self._unreplicated.put(key, _END.pack(end) + entry.SerializeToString())
-
-    async def _replicated_copy(
-        self, key: bytes, stored_copy: bytes, loop: asyncio.AbstractEventLoop
-    ) -> Any:
-        """The answer to a resend of a message stored but not replicated: the first
-        answer, OK once a slave has the log past that copy (it then counts as answered),
-        else "not replicated" again; never a second copy in the log."""
-        (end,) = _END.unpack_from(stored_copy)
-        entry = service_pb2.SendResultEntry.FromString(stored_copy[_END.size :])
-        refused = await self._replicated(end, loop)
-        if refused is not None:
-            entry.status.CopyFrom(status_of(refused))
-            return entry
-        entry.status.CopyFrom(ok())
-        self._recent.put(key, entry.SerializeToString())
-        return entry
-
-    async def _replicated(self, end: int, loop: asyncio.AbstractEventLoop) -> BaseException | None:
-        """SYNC_MASTER: wait (holding no thread) until a slave has the log up to `end`;
-        None then, else the error the send is answered with (the client retries it)."""
-        gate = self.ctx.replication
-        assert gate is not None
-        future: asyncio.Future[BaseException | None] = loop.create_future()
-
-        def done(error: BaseException | None) -> None:  # on a replication thread
-            loop.call_soon_threadsafe(_settle_error, future, error)
-
-        gate.when_replicated(end, done)
-        return await asyncio.shield(future)
-
-    def _stored_before(self, topic: str, message_id: str, properties: dict[str, str]) -> Any:
-        """A result for a message stored before this start (a retry across a restart)."""
-        try:
-            ext = self.ctx.broker.store.query_message_by_unique_key(topic, message_id)
-        except Exception:  # the lookup is an optimisation; never fail a send over it
-            log.debug("unique-key lookup failed for %s", message_id, exc_info=True)
-            return None
-        if (
-            ext is None
-            or ext.topic != topic
-            or any(ext.properties.get(k) != v for k, v in properties.items())
-        ):
-            return None
-        entry = service_pb2.SendResultEntry()
-        entry.status.CopyFrom(ok())
-        entry.message_id = message_id
-        entry.offset = ext.queue_offset
-        entry.MergeFromString(protocol_ext.queue_id_field(ext.queue_id))
-        return entry
-
-    def _queue_for(self, cfg: TopicConfig, sp: Any) -> int:
-        if sp.HasField("message_group") and sp.message_group:
-            return group_queue(sp.message_group, cfg.write_queue_nums)
-        return self._next_queue(cfg)
 
     # --- EndTransaction
     async def end_transaction(self, request: Any, call: CallInfo) -> Any:

@@ -5,7 +5,7 @@ checks them against the generated stubs). `failure_kind(code)` says what a clien
 a response that carries a code other than success: retry elsewhere, back off, resend, or
 give up; `FailureKind` names the answers. The server answers with these codes
 (`broker.server.status`, from `broker.error_codes.code_of`), the grpc transport reads them
-(`reliable.transport._grpc_wire.check_status`), and the embedded transport classifies the
+(`reliable.transport._grpc_convert.check_status`), and the embedded transport classifies the
 broker's exceptions by the same two steps, so that a failure is retried, or not, the same
 way whichever transport met it. `reliable.errors` re-exports `FailureKind` (one enum).
 

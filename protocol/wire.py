@@ -21,7 +21,9 @@ request before it is refused and the connection closed.
 from __future__ import annotations
 
 import struct
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
+
+from google.protobuf.message import Message
 
 from protocol import ext as protocol_ext
 from protocol.pb import service_pb2
@@ -42,11 +44,11 @@ CANCEL = 0xFFFF  # the request with this id is abandoned by its caller (no answe
 class Method(NamedTuple):
     code: int
     name: str  # the servicer's method
-    request: Any
-    response: Any
+    request: type[Message]
+    response: type[Message]
 
 
-def _m(code: int, name: str, response: Any | None = None) -> Method:
+def _m(code: int, name: str, response: type[Message] | None = None) -> Method:
     return Method(
         code,
         name,

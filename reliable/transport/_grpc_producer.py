@@ -1,16 +1,14 @@
 """The grpc transport's producer side: SendMessage (one, a batch, or pipelined),
 RecallMessage, EndTransaction and the orphaned-transaction checks a producer's Telemetry
-stream receives.
+streams receive, over the session (`_grpc_session`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import grpc
 
@@ -26,8 +24,9 @@ from reliable.errors import (
     TransportError,
 )
 from reliable.message import Message, SendReceipt, SendStatus, send_receipt
-from reliable.transport import _grpc_wire as wire
+from reliable.transport import _grpc_convert as convert
 from reliable.transport._grpc_session import GrpcSession
+from reliable.transport._grpc_telemetry import Check, IdentityStreams, Telemetry
 from reliable.transport._pb import definition_pb2, service_pb2
 from reliable.transport.base import (
     QueueRef,
@@ -40,34 +39,40 @@ log = logging.getLogger("reliable.transport.grpc")
 
 # a send refused for one of these forgets the topic's route (a failed call does too)
 _REROUTE = frozenset({FailureKind.TRY_ELSEWHERE, FailureKind.NOT_REPLICATED})
+Results = list[SendReceipt | BaseException]
+Done = Callable[[Results | BaseException], None]
 
 
-class ProducerSide(GrpcSession):
+class ProducerSide:
     """Sending and transactions over the session."""
 
-    def __init__(self, **options: Any) -> None:
-        super().__init__(**options)
+    def __init__(self, session: GrpcSession, telemetry: Telemetry) -> None:
+        self._session = session
+        self._telemetry = telemetry
         self._published: set[str] = set()
         self._checkers: dict[str, TransactionChecker] = {}
-        self._producer_stream: wire.Telemetry | None = None  # to the access point's server
-        self._producer_streams: dict[str, wire.Telemetry] = {}  # group master's target -> one
+        # the producer's identity's Telemetry streams, open while a checker is registered
+        # (the servers send their orphaned-transaction checks on them)
+        self._streams: IdentityStreams | None = None
         # message id of a half message an orphan check named -> the target that checked it
         self._checked_at: dict[str, str | None] = {}
         self._half_brokers: dict[str, str] = {}  # message id of a half message -> its broker
         self._capabilities: frozenset[str] | None = None  # the server's, once asked
+        self._producer_id = f"{session.base_id}@producer"
 
-    def _end_clients(self) -> None:
-        super()._end_clients()
-        if self._producer_stream is not None:
-            self._terminate(self._producer_id, None, self._producer_stream, self._producer_streams)
-            self._producer_stream = None
-            self._producer_streams = {}
+    def end(self) -> None:
+        """Tell the servers the producer's identity is gone (the transport closes)."""
+        if self._streams is not None:
+            self._telemetry.end(self._streams, None)
+            self._streams = None
 
-    def _fill(self, pm: Any, m: Message, transactional: bool, born_ms: int) -> None:
+    def _fill(
+        self, pm: definition_pb2.Message, m: Message, transactional: bool, born_ms: int
+    ) -> None:
         """Write `m` into `pm`, a request's `messages.add()`: filled in place, since a
         message built apart and then appended would be copied, body and all."""
         topic = pm.topic
-        topic.name, topic.resource_namespace = m.topic, self._namespace
+        topic.name, topic.resource_namespace = m.topic, self._session.namespace
         pm.body = bytes(m.body)
         if m.properties:
             pm.user_properties.update(m.properties)
@@ -77,9 +82,9 @@ class ProducerSide(GrpcSession):
         if m.keys:
             sp.keys.extend(m.keys)
         sp.message_id = m.message_id
-        wire.set_ms(sp.born_timestamp, born_ms)
-        sp.born_host = wire.local_ip()
-        sp.body_encoding = wire.IDENTITY
+        convert.set_ms(sp.born_timestamp, born_ms)
+        sp.born_host = convert.local_ip()
+        sp.body_encoding = convert.IDENTITY
         deliver_at = m.deliver_at_ms
         if deliver_at is None and m.delay_level:
             ladder = DEFAULT_DELAY_LEVELS_MS
@@ -88,19 +93,21 @@ class ProducerSide(GrpcSession):
         if transactional:
             if m.message_group or deliver_at is not None:
                 raise BadRequest("a transactional message cannot be FIFO or delayed")
-            sp.message_type = wire.TRANSACTION
+            sp.message_type = convert.TRANSACTION
         elif m.message_group:
             if deliver_at is not None:
                 raise BadRequest("a FIFO message cannot be delayed")
-            sp.message_type = wire.FIFO
+            sp.message_type = convert.FIFO
             sp.message_group = m.message_group
         elif deliver_at is not None:
-            sp.message_type = wire.DELAY
-            wire.set_ms(sp.delivery_timestamp, deliver_at)
+            sp.message_type = convert.DELAY
+            convert.set_ms(sp.delivery_timestamp, deliver_at)
         else:
-            sp.message_type = wire.NORMAL
+            sp.message_type = convert.NORMAL
 
-    def _request(self, messages: Sequence[Message], transactional: bool) -> Any:
+    def _request(
+        self, messages: Sequence[Message], transactional: bool
+    ) -> service_pb2.SendMessageRequest:
         request = service_pb2.SendMessageRequest()
         add = request.messages.add
         born_ms = wall_ms()
@@ -112,8 +119,11 @@ class ProducerSide(GrpcSession):
         return request
 
     def _results(
-        self, messages: Sequence[Message], response: Any, batch: bool = False
-    ) -> list[SendReceipt | BaseException]:
+        self,
+        messages: Sequence[Message],
+        response: service_pb2.SendMessageResponse,
+        batch: bool = False,
+    ) -> Results:
         """One result per message: its receipt, or the error its entry reports.
 
         `batch` (a `send_batch`): the Apache RocketMQ proxy stores the messages of one
@@ -122,9 +132,9 @@ class ProducerSide(GrpcSession):
         if batch and len(response.entries) == 1 < len(messages):
             (entry,) = response.entries
             status = entry.status if entry.HasField("status") else response.status
-            if status.code not in wire.SUCCESS_CODES:
+            if status.code not in convert.SUCCESS_CODES:
                 try:
-                    wire.check_status(status, "SendMessage")
+                    convert.check_status(status, "SendMessage")
                 except ReliableError as exc:
                     return [exc] * len(messages)
             first = int(entry.offset)
@@ -133,23 +143,23 @@ class ProducerSide(GrpcSession):
                 for i, m in enumerate(messages)
             ]
         if len(response.entries) != len(messages):
-            return [wire.miscounted(response, "SendMessage", len(messages))] * len(messages)
-        out: list[SendReceipt | BaseException] = []
+            return [convert.miscounted(response, "SendMessage", len(messages))] * len(messages)
+        out: Results = []
         whole = response.status
-        ok, sent = wire.SUCCESS_CODES, SendStatus.SEND_OK
+        ok, sent = convert.SUCCESS_CODES, SendStatus.SEND_OK
         queue_of = protocol_ext.queue_id_of
         one_broker: dict[str, bool] = {}
         for m, entry in zip(messages, response.entries, strict=True):
             status = entry.status if entry.HasField("status") else whole
             if status.code not in ok:
                 try:
-                    wire.check_status(status, "SendMessage")
+                    convert.check_status(status, "SendMessage")
                 except ReliableError as exc:
                     if isinstance(exc, BrokerCallError) and exc.kind in _REROUTE:
                         # a slave refusing writes, a master without its slave: a failover
                         # may be under way, so the next attempt asks for the route again
                         # and goes to the new master as soon as one serves
-                        self._forget_route(m.topic)
+                        self._session.forget_route(m.topic)
                     out.append(exc)
                     continue
             # our server says which queue it chose (`protocol.ext`); a queue id names
@@ -178,8 +188,8 @@ class ProducerSide(GrpcSession):
     def _one_broker(self, topic: str) -> bool:
         """Whether the topic's route (as last fetched) has its queues on one broker: then
         a queue id alone names the queue a message went to."""
-        cached = self._routes.get(topic)
-        return cached is not None and len(cached[1].brokers) == 1
+        cached = self._session.cached_route(topic)
+        return cached is not None and len(cached.brokers) == 1
 
     def group_resend_supported(self) -> bool:
         """Whether the server accepts a per-group resend: a send to `%RETRY%<group>`
@@ -191,29 +201,26 @@ class ProducerSide(GrpcSession):
         """What the access point's server offers beyond the protocol, asked once (over
         gRPC: `reliable.v1.BatchMessaging/Capabilities`); none from a server that does not
         know the call. An unreachable server raises `TransportError` (asked again later)."""
-        with self._lock:
+        session = self._session
+        with session.lock:
             known = self._capabilities
         if known is not None:
             return known
-        self._require()
-        ask = self._channel.unary_unary(
-            protocol_ext.CAPABILITIES_PATH,
-            request_serializer=lambda raw: raw,
-            response_deserializer=lambda raw: json.loads(raw.decode() or "{}"),
-        )
+        ask = session.json_method(protocol_ext.CAPABILITIES_PATH)
+        reply: object
         try:
-            reply = ask(b"", timeout=self._timeout, metadata=self.metadata(self._producer_id))
+            reply = ask(b"", timeout=session.timeout, metadata=session.metadata(self._producer_id))
         except grpc.RpcError as exc:
             if exc.code() is not grpc.StatusCode.UNIMPLEMENTED:
                 raise TransportError(
-                    f"Capabilities of {self.endpoint}: {exc.code().name}: {exc.details()}"
+                    f"Capabilities of {session.endpoint}: {exc.code().name}: {exc.details()}"
                 ) from None
             reply = {}
         listed = reply.get("capabilities") if isinstance(reply, dict) else None
         if isinstance(reply, dict) and reply.get("error"):
-            raise TransportError(f"Capabilities of {self.endpoint}: {reply['error']}")
+            raise TransportError(f"Capabilities of {session.endpoint}: {reply['error']}")
         known = frozenset(str(c) for c in listed) if isinstance(listed, list) else frozenset()
-        with self._lock:
+        with session.lock:
             self._capabilities = known
         return known
 
@@ -225,25 +232,26 @@ class ProducerSide(GrpcSession):
         timeout_s: float | None,
         batch: bool = False,
     ) -> list[SendReceipt]:
+        session = self._session
         request = self._request(messages, transactional)
-        stub, target = self.stub_for(queue.broker)
-        self.requests["SendMessage"] += 1
+        stub, target = session.stub_for(queue.broker)
+        session.requests["SendMessage"] += 1
         try:
             response = stub.SendMessage(
                 request,
-                timeout=timeout_s or self._timeout,
-                metadata=self.metadata(self._producer_id),
+                timeout=timeout_s or session.timeout,
+                metadata=session.metadata(self._producer_id),
             )
         except grpc.RpcError as exc:
-            self._forget_route(messages[0].topic)
-            raise wire.call_failure("SendMessage", target, exc) from None
+            session.forget_route(messages[0].topic)
+            raise convert.call_failure("SendMessage", target, exc) from None
         receipts = []
         for result in self._results(messages, response, batch):
             if isinstance(result, BaseException):
                 raise result
             receipts.append(result)
         if transactional:
-            with self._lock:  # EndTransaction goes where the half message is
+            with session.lock:  # EndTransaction goes where the half message is
                 while len(self._half_brokers) >= 4096:
                     self._half_brokers.pop(next(iter(self._half_brokers)))
                 for r in receipts:
@@ -257,7 +265,7 @@ class ProducerSide(GrpcSession):
         *,
         producer_group: str | None,
         timeout_s: float | None,
-        done: Callable[[list[SendReceipt | BaseException] | BaseException], None],
+        done: Done,
     ) -> None:
         """One SendMessage carrying `messages`, without waiting: `done` gets a result per
         message (or the request's error) on gRPC's completion thread. Many may be in
@@ -270,18 +278,21 @@ class ProducerSide(GrpcSession):
         if len(messages) > 1 and protocol_ext.SEND_QUEUE not in self.server_capabilities():
             self._submit_each(messages, queue, producer_group, timeout_s, done)
             return
+        session = self._session
         request = self._request(messages, False)
-        stub, target = self.stub_for(queue.broker)
-        self.requests["SendMessage"] += 1
+        stub, target = session.stub_for(queue.broker)
+        session.requests["SendMessage"] += 1
         call = stub.SendMessage.future(
-            request, timeout=timeout_s or self._timeout, metadata=self.metadata(self._producer_id)
+            request,
+            timeout=timeout_s or session.timeout,
+            metadata=session.metadata(self._producer_id),
         )
-        self._when_answered(
+        session.when_answered(
             call,
             "SendMessage",
             lambda r: self._results(messages, r),
             done,
-            on_rpc_error=lambda: self._forget_route(messages[0].topic),
+            on_rpc_error=lambda: session.forget_route(messages[0].topic),
             target=target,
         )
 
@@ -291,14 +302,14 @@ class ProducerSide(GrpcSession):
         queue: QueueRef,
         producer_group: str | None,
         timeout_s: float | None,
-        done: Callable[[list[SendReceipt | BaseException] | BaseException], None],
+        done: Done,
     ) -> None:
         results: list[SendReceipt | BaseException | None] = [None] * len(messages)
         left = [len(messages)]
         lock = threading.Lock()
 
-        def one(i: int) -> Callable[[list[SendReceipt | BaseException] | BaseException], None]:
-            def finished(outcome: list[SendReceipt | BaseException] | BaseException) -> None:
+        def one(i: int) -> Done:
+            def finished(outcome: Results | BaseException) -> None:
                 with lock:
                     results[i] = outcome if isinstance(outcome, BaseException) else outcome[0]
                     left[0] -= 1
@@ -333,35 +344,32 @@ class ProducerSide(GrpcSession):
 
     def recall(self, topic: str, recall_handle: str) -> str:
         request = service_pb2.RecallMessageRequest()
-        self._resource(request.topic, topic)
+        self._session.resource(request.topic, topic)
         request.recall_handle = recall_handle
-        return str(self._unary("RecallMessage", request, self._producer_id).message_id)
-
-    @property
-    def _producer_id(self) -> str:
-        return f"{self._base_id}@producer"
+        answer = self._session.unary(lambda s: s.RecallMessage, request, self._producer_id)
+        return str(answer.message_id)
 
     def _note_topic(self, topic: str) -> None:
-        with self._lock:
+        with self._session.lock:
             if topic in self._published:
                 return
             self._published.add(topic)
-            streams = [self._producer_stream, *self._producer_streams.values()]
-        for stream in streams:
-            if stream is not None:
-                stream.resend_settings()
+            streams = self._streams
+        if streams is not None:
+            streams.resend_settings()
 
-    def _producer_settings(self) -> Any:
+    def _producer_settings(self) -> definition_pb2.Settings:
+        session = self._session
         settings = definition_pb2.Settings()
-        settings.client_type = wire.PRODUCER
-        settings.access_point.CopyFrom(self._access_point)
-        settings.request_timeout.seconds = int(self._timeout)
+        settings.client_type = convert.PRODUCER
+        settings.access_point.CopyFrom(session.access_point)
+        settings.request_timeout.seconds = int(session.timeout)
         for topic in sorted(self._published):
-            self._resource(settings.publishing.topics.add(), topic)
+            session.resource(settings.publishing.topics.add(), topic)
         settings.publishing.max_body_size = DEFAULT_MAX_BODY_SIZE
         settings.publishing.validate_message_type = True
-        settings.user_agent.language = wire.PYTHON
-        settings.user_agent.version = wire.VERSION
+        settings.user_agent.language = convert.PYTHON
+        settings.user_agent.version = convert.VERSION
         settings.user_agent.hostname = socket.gethostname()
         return settings
 
@@ -375,68 +383,52 @@ class ProducerSide(GrpcSession):
     ) -> None:
         if state is TransactionState.UNKNOWN and not from_check:
             return
+        session = self._session
         request = service_pb2.EndTransactionRequest()
-        self._resource(request.topic, ref.topic)
+        session.resource(request.topic, ref.topic)
         request.message_id = ref.message_id
         request.transaction_id = ref.transaction_id or ""
         request.resolution = {
-            TransactionState.COMMIT: wire.COMMIT,
-            TransactionState.ROLLBACK: wire.ROLLBACK,
-        }.get(state, wire.RESOLUTION_UNSPECIFIED)
-        request.source = wire.SOURCE_SERVER_CHECK if from_check else wire.SOURCE_CLIENT
-        with self._lock:
+            TransactionState.COMMIT: convert.COMMIT,
+            TransactionState.ROLLBACK: convert.ROLLBACK,
+        }.get(state, convert.RESOLUTION_UNSPECIFIED)
+        request.source = convert.SOURCE_SERVER_CHECK if from_check else convert.SOURCE_CLIENT
+        with session.lock:
             broker = self._half_brokers.pop(ref.message_id, None)
             checked = ref.message_id in self._checked_at if from_check else False
             checked_at = self._checked_at.pop(ref.message_id, None) if checked else None
         # an orphan check is answered to the server that asked (the group holding it)
-        stub, target = self.stub_at(checked_at) if checked else self.stub_for(broker)
+        stub, target = session.stub_at(checked_at) if checked else session.stub_for(broker)
         try:
             response = stub.EndTransaction(
-                request, timeout=self._timeout, metadata=self.metadata(self._producer_id)
+                request, timeout=session.timeout, metadata=session.metadata(self._producer_id)
             )
         except grpc.RpcError as exc:
-            raise wire.call_failure("EndTransaction", target, exc) from None
-        wire.check_status(response.status, "EndTransaction")
+            raise convert.call_failure("EndTransaction", target, exc) from None
+        convert.check_status(response.status, "EndTransaction")
 
     def set_transaction_checker(
         self, producer_group: str, checker: TransactionChecker | None
     ) -> None:
-        with self._lock:
+        with self._session.lock:
             if checker is None:
                 self._checkers.pop(producer_group, None)
                 return
             self._checkers[producer_group] = checker
-            if self._producer_stream is None:
-                self._require()
-                self._producer_stream = self._checked_stream(None)
-                for target in self.group_targets():
-                    self._producer_streams[target] = self._checked_stream(target)
+            if self._streams is None:  # each server sends its checks on its stream
+                self._streams = self._telemetry.open(
+                    self._producer_id, self._producer_settings, self._on_check
+                )
 
-    def _checked_stream(self, target: str | None) -> wire.Telemetry:
-        """The producer's Telemetry stream to `target` (None: the access point), on which
-        that server sends its orphaned-transaction checks."""
-        return wire.Telemetry(
-            self.telemetry_host(target),
-            self._producer_id,
-            self._producer_settings,
-            lambda command: self._on_check(command, target),
-        )
-
-    def _target_learned(self, target: str) -> None:
-        super()._target_learned(target)
-        with self._lock:
-            if self._producer_stream is not None and target not in self._producer_streams:
-                self._producer_streams[target] = self._checked_stream(target)
-
-    def _on_check(self, command: Any, target: str | None = None) -> None:
-        with self._lock:
+    def _on_check(self, command: Check, target: str | None = None) -> None:
+        with self._session.lock:
             checkers = list(self._checkers.items())
         if not checkers:
             return
         producer_group, checker = checkers[0]
-        received = wire.to_received(command.message, None)
+        received = convert.to_received(command.message, None)
         received.transaction_id = command.transaction_id
-        with self._lock:
+        with self._session.lock:
             while len(self._checked_at) >= 4096:
                 self._checked_at.pop(next(iter(self._checked_at)))
             self._checked_at[received.message_id] = target

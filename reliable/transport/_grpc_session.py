@@ -1,8 +1,11 @@
-"""The grpc transport's session: one channel to one endpoint, the calls' metadata and
-status checks, topic routes and client identities' termination.
+"""The grpc transport's session: the channels (the access point's and one per broker group
+a route names), the calls' metadata and status checks, topic routes, and the notice that a
+client identity is gone.
 
-`_grpc_producer` and `_grpc_consumer` add the two sides; `reliable.transport.grpc` puts
-them together as `GrpcTransport`.
+The other collaborators of `reliable.transport.grpc.GrpcTransport` (the producer and
+consumer sides, the Telemetry streams) call through it; it knows none of them. Whoever
+must act when a route names a broker group's master not seen before subscribes with
+`on_target_learned`.
 """
 
 from __future__ import annotations
@@ -15,24 +18,23 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import NamedTuple, Protocol, TypeAlias, TypeVar, cast
 
 import grpc
 
 from broker.config import with_default_port
 from broker.idle_poll import DEFAULT_MAX_US as DEFAULT_IDLE_POLL_US
 from broker.idle_poll import check_max_us
-from protocol.names import dlq_topic, retry_topic
 from protocol.signing import authorization
 from protocol.wire import WIRE_ENDPOINT_PATH
 from reliable.errors import BrokerCallError, ConfigurationError, TransportError
-from reliable.transport import _grpc_wire
-from reliable.transport import _grpc_wire as wire
-from reliable.transport._native_wire import NativeStub
-from reliable.transport._pb import protocol_ext, service_pb2, service_pb2_grpc
+from reliable.transport import _grpc_convert as convert
+from reliable.transport._native_wire import GrpcMethod, NativeStub
+from reliable.transport._native_wire import Metadata as WireMetadata
+from reliable.transport._pb import definition_pb2, protocol_ext, service_pb2, service_pb2_grpc
 from reliable.transport._wire_tls import client_context
 from reliable.transport.base import QueueRef, TopicRoute
 
@@ -62,6 +64,34 @@ ROUTE_TTL_S = 30.0
 WIRES = ("grpc", "native")
 DEFAULT_WIRE = "native"
 
+# the generated stub; a `NativeStub` stands in for it when the unary calls go over the
+# native wire (it answers every unary method, and hands the streams to the stub under it)
+Stub = service_pb2_grpc.MessagingServiceStub
+Metadata = tuple[tuple[str, str], ...]
+# (grpc's classes are generic to the type checker alone: these aliases are strings)
+BatchReceive: TypeAlias = (
+    "grpc.UnaryUnaryMultiCallable[service_pb2.ReceiveMessageRequest, "
+    "protocol_ext.ReceiveMessagesResponse]"
+)
+JsonCall: TypeAlias = "grpc.UnaryUnaryMultiCallable[bytes, object]"
+Request = TypeVar("Request")
+Response = TypeVar("Response", bound="_Answer")
+Answer = TypeVar("Answer")
+Outcome = TypeVar("Outcome")
+
+
+class _Answer(Protocol):
+    """A unary call's response: every one carries the protocol's status."""
+
+    @property
+    def status(self) -> definition_pb2.Status: ...
+
+
+class _Dialed(NamedTuple):
+    channel: grpc.Channel
+    stub: Stub
+    native: NativeStub | None  # the stub when its unary calls go over the native wire
+
 
 def wire_of(value: str | None) -> str:
     chosen = (value or os.environ.get("RELIABLE_WIRE") or DEFAULT_WIRE).strip().lower()
@@ -71,7 +101,7 @@ def wire_of(value: str | None) -> str:
 
 
 class GrpcSession:
-    """The channel, the calls and the routes that both sides of the transport use."""
+    """The channels, the calls and the routes that every collaborator of the transport uses."""
 
     _ids = itertools.count()
 
@@ -97,66 +127,93 @@ class GrpcSession:
             raise ConfigurationError(f"idle_poll_us: {exc}") from None
         self.wire = "native" if wire_endpoint else wire_of(wire)
         self._wire_endpoint = (
-            _grpc_wire.parse_endpoint(wire_endpoint).addresses[0] if wire_endpoint else None
+            convert.parse_endpoint(wire_endpoint).addresses[0] if wire_endpoint else None
         )
-        self._access_point = _grpc_wire.parse_endpoint(endpoint)
-        self._target = _grpc_wire.channel_target(self._access_point)
+        self.access_point = convert.parse_endpoint(endpoint)
+        self._target = convert.channel_target(self.access_point)
         self._tls, self._ca_file = tls, ca_file
         self._access_key, self._secret_key = access_key, secret_key
-        self._namespace = namespace
-        self._timeout = request_timeout_s
-        self._settings_timeout = settings_timeout_s
-        self._base_id = (
+        self.namespace = namespace
+        self.timeout = request_timeout_s
+        self.settings_timeout = settings_timeout_s
+        self.base_id = (
             f"{socket.gethostname()}@{os.getpid()}@{next(self._ids)}@{uuid.uuid4().hex[:8]}"
         )
         self._rid = f"{uuid.uuid4().hex[:16]}-"
         self._rids = itertools.count(1)
-        self._lock = threading.RLock()
-        self._channel: Any = None
-        self.stub: Any = None
+        # one lock for the session and every collaborator's state that opens channels or
+        # streams under it (reentrant: a collaborator holding it may dial a group's master)
+        self.lock = threading.RLock()
+        self._access: _Dialed | None = None  # the access point's channel, once started
         self._brokers: dict[str, str] = {}  # topic -> a broker name from its route
         # broker name -> the gRPC target its route queues name (their endpoints), and one
-        # stub per target other than the access point's
+        # channel per target other than the access point's
         self._broker_targets: dict[str, str] = {}
         self._wire_ports: dict[str, int] = {}  # target -> its native wire port, from routes
-        self._channels: dict[str, tuple[Any, Any]] = {}
+        self._channels: dict[str, _Dialed] = {}
         self._routes: dict[str, tuple[float, TopicRoute]] = {}  # topic -> (fetched at, route)
-        self._static_md: dict[str, list[tuple[str, str]]] = {}  # client id -> fixed metadata
+        self._learned: list[Callable[[str], None]] = []  # told of a group master's target
+        self._static_md: dict[str, Metadata] = {}  # client id -> fixed metadata
         self._md_second = -1
         self._md_date = ""
         self.requests = {"SendMessage": 0, "AckMessage": 0}  # requests made (observability)
         # the server's batch receive (`protocol.ext`): None until a call tells
-        self.receive_messages: Any = None
+        self.receive_messages: BatchReceive | None = None
         self.batch_receive: bool | None = None
 
     # --- lifecycle
+    @property
+    def stub(self) -> Stub | None:
+        """The access point's stub (None before `start` and after `close`)."""
+        return self._access.stub if self._access is not None else None
+
     def start(self) -> None:
-        with self._lock:
-            if self._channel is not None:
+        with self.lock:
+            if self._access is not None:
                 return
-            self._channel = self._open(self._target)
-            self.stub = service_pb2_grpc.MessagingServiceStub(self._channel)
-            self.receive_messages = self._channel.unary_unary(
+            channel = self._open(self._target)
+            stub = service_pb2_grpc.MessagingServiceStub(channel)
+            receive: BatchReceive = channel.unary_unary(
                 protocol_ext.RECEIVE_MESSAGES_PATH,
                 request_serializer=service_pb2.ReceiveMessageRequest.SerializeToString,
                 response_deserializer=protocol_ext.ReceiveMessagesResponse.FromString,
             )
+            native = None
             if self.wire == "native":
                 explicit = self._wire_endpoint
-                self.stub = self._native(
-                    self._channel,
-                    self.stub,
-                    self.receive_messages,
+                native = self._native(
+                    channel,
+                    stub,
+                    receive,
                     self._target,
                     (explicit.host, int(explicit.port)) if explicit is not None else None,
                 )
-                self.receive_messages = self.stub.receive_messages
+                receive = cast(BatchReceive, native.receive_messages)
+            self._access = self._dialed(channel, stub, native)
+            self.receive_messages = receive
+
+    @staticmethod
+    def _dialed(channel: grpc.Channel, stub: Stub, native: NativeStub | None) -> _Dialed:
+        return _Dialed(channel, cast(Stub, native) if native is not None else stub, native)
+
+    def json_method(self, path: str, channel: grpc.Channel | None = None) -> JsonCall:
+        """A call of our server's own services (not the protocol's): a request of raw bytes,
+        a JSON answer; on the access point's channel unless another is given."""
+        if channel is None:
+            self.require()
+            assert self._access is not None
+            channel = self._access.channel
+        return channel.unary_unary(
+            path,
+            request_serializer=lambda raw: raw,
+            response_deserializer=lambda raw: json.loads(raw.decode() or "{}"),
+        )
 
     def _native(
         self,
-        channel: Any,
-        stub: Any,
-        receive_messages: Any,
+        channel: grpc.Channel,
+        stub: Stub,
+        receive_messages: BatchReceive | None,
         target: str,
         address: tuple[str, int] | None = None,
         *,
@@ -165,41 +222,37 @@ class GrpcSession:
         """The stub that sends `target`'s unary calls over its native wire (docs/wire.md):
         at `address` if given, else at the port the server advertises on the host of
         `target` (its first address), over gRPC when it advertises none."""
-        ask = channel.unary_unary(
-            WIRE_ENDPOINT_PATH,
-            request_serializer=lambda raw: raw,
-            response_deserializer=lambda raw: json.loads(raw.decode() or "{}"),
-        )
+        ask = self.json_method(WIRE_ENDPOINT_PATH, channel)
 
-        def ask_port(metadata: Any, timeout: float | None) -> int | None:
+        def ask_port(metadata: WireMetadata | None, timeout: float | None) -> int | None:
             """The advertised port (0: none); None when the server would not say."""
             reply = ask(
                 b"",
-                timeout=min(timeout or self._timeout, self._timeout),
-                metadata=metadata or self.metadata(self._base_id),
+                timeout=min(timeout or self.timeout, self.timeout),
+                metadata=metadata or self.metadata(self.base_id),
             )
             if not isinstance(reply, dict) or reply.get("error"):
                 return None
             return int(reply.get("port") or 0)
 
-        host = target.removeprefix("ipv4:").split(",")[0].rpartition(":")[0]
+        host = _host_of(target)
         if address is not None:
             host = address[0]
         return NativeStub(
             stub,
-            receive_messages,
+            cast("GrpcMethod | None", receive_messages),
             host=host,
             ask_port=ask_port,
             port=address[1] if address is not None else None,
             advertised=advertised,
-            connect_timeout_s=self._timeout,
+            connect_timeout_s=self.timeout,
             idle_poll_us=self._idle_poll_us,
             tls=client_context(str(self._ca_file) if self._ca_file else None)
             if self._tls
             else None,
         )
 
-    def _open(self, target: str) -> Any:
+    def _open(self, target: str) -> grpc.Channel:
         options = [
             ("grpc.enable_retries", 0),
             ("grpc.max_receive_message_length", -1),
@@ -211,97 +264,80 @@ class GrpcSession:
             return grpc.secure_channel(target, grpc.ssl_channel_credentials(roots), options)
         return grpc.insecure_channel(target, options)
 
-    def stub_for(self, broker: str | None) -> tuple[Any, str]:
+    def stub_for(self, broker: str | None) -> tuple[Stub, str]:
         """The stub that reaches `broker` and its target: the endpoints its route queues
         name (a broker group of a cluster), else the access point's."""
         return self.stub_at(self._broker_targets.get(broker) if broker else None)
 
-    def stub_at(self, target: str | None) -> tuple[Any, str]:
+    def stub_at(self, target: str | None) -> tuple[Stub, str]:
         """The stub of a gRPC target (a broker group's endpoints) and the target; the
         access point's for None or the access point's own target."""
         if target is None or target == self._target:
-            return self._require(), self.endpoint
+            return self.require(), self.endpoint
         found = self._channels.get(target)
         if found is None:
-            with self._lock:
-                self._require()
+            with self.lock:
+                self.require()
                 found = self._channels.get(target)
                 if found is None:
                     channel = self._open(target)
-                    stub: Any = service_pb2_grpc.MessagingServiceStub(channel)
+                    stub = service_pb2_grpc.MessagingServiceStub(channel)
+                    native = None
                     if self.wire == "native":
                         port = self._wire_ports.get(target)
-                        host = target.removeprefix("ipv4:").split(",")[0].rpartition(":")[0]
-                        address = (host, port) if port else None
-                        stub = self._native(channel, stub, None, target, address, advertised=True)
-                    found = (channel, stub)
-                    self._channels[target] = found
-        return found[1], target
+                        address = (_host_of(target), port) if port else None
+                        native = self._native(channel, stub, None, target, address, advertised=True)
+                    found = self._channels[target] = self._dialed(channel, stub, native)
+        return found.stub, target
+
+    @property
+    def started(self) -> bool:
+        return self._access is not None
 
     def close(self) -> None:
-        with self._lock:
-            self._end_clients()
-            for channel, stub in self._channels.values():
-                if isinstance(stub, NativeStub):
-                    stub.close()
-                channel.close()
+        """Close every channel (the collaborators have ended their identities first)."""
+        with self.lock:
+            for dialed in [*self._channels.values(), *filter(None, [self._access])]:
+                if dialed.native is not None:
+                    dialed.native.close()
+                dialed.channel.close()
             self._channels.clear()
-            if isinstance(self.stub, NativeStub):
-                self.stub.close()
-            if self._channel is not None:
-                self._channel.close()
-                self._channel = None
-                self.stub = None
-                self.receive_messages = None
+            self._access = None
+            self.receive_messages = None
 
-    def _end_clients(self) -> None:
-        """Tell the server this process's client identities are gone (the producer and
-        consumer sides add theirs); called by `close` under the lock."""
-
-    def _terminate(
-        self,
-        client_id: str,
-        group: str | None,
-        stream: wire.Telemetry | None,
-        streams: dict[str, wire.Telemetry] | None = None,
+    def notify_termination(
+        self, client_id: str, group: str | None, targets: Iterable[str] = ()
     ) -> None:
-        """Tell the access point's server, and each group's master that has one of this
-        identity's `streams` (target -> stream), that the identity is gone."""
+        """Tell the access point's server, and each group master's `targets`, that the
+        client identity is gone (failures are logged: the server forgets it anyway)."""
         request = service_pb2.NotifyClientTerminationRequest()
         if group:
-            request.group.name, request.group.resource_namespace = group, self._namespace
-        for target in [None, *(streams or {})]:
+            self.resource(request.group, group)
+        for target in [None, *targets]:
             stub, where = self.stub_at(target)
             try:
                 response = stub.NotifyClientTermination(
-                    request, timeout=self._timeout, metadata=self.metadata(client_id)
+                    request, timeout=self.timeout, metadata=self.metadata(client_id)
                 )
-                wire.check_status(response.status, "NotifyClientTermination")
+                convert.check_status(response.status, "NotifyClientTermination")
             except (grpc.RpcError, BrokerCallError) as exc:
                 log.debug("termination notice for %s to %s failed: %s", client_id, where, exc)
-        for each in [stream, *(streams or {}).values()]:
-            if each is not None:
-                each.close()
 
-    # --- Telemetry to every group's master (what the official clients do)
-    def telemetry_host(self, target: str | None) -> wire.TelemetryHost:
-        """What a Telemetry stream to `target` (None: the access point) calls through."""
-        if target is None or target == self._target:
-            return self
-        return _TargetHost(self.stub_at(target)[0], self.metadata)
-
+    # --- the group masters the routes name (each client identity keeps a Telemetry
+    # stream to each, as the official clients do)
     def group_targets(self) -> list[str]:
         """The targets of the broker groups' masters the routes named so far, other than
-        the access point's: each client identity keeps a Telemetry stream to each."""
-        with self._lock:
+        the access point's."""
+        with self.lock:
             return [t for t in dict.fromkeys(self._broker_targets.values()) if t != self._target]
 
-    def _target_learned(self, target: str) -> None:
-        """A route named a group master's target not seen before: the sides open their
-        identities' Telemetry streams to it (called without the lock held)."""
+    def on_target_learned(self, listener: Callable[[str], None]) -> None:
+        """Call `listener` with each group master's target a route names for the first
+        time (without the lock held)."""
+        self._learned.append(listener)
 
     # --- calls
-    def metadata(self, client_id: str) -> list[tuple[str, str]]:
+    def metadata(self, client_id: str) -> Metadata:
         second = int(time.time())
         if second != self._md_second:  # the date header changes once a second, not per call
             self._md_date = datetime.fromtimestamp(second, UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -309,61 +345,63 @@ class GrpcSession:
         now = self._md_date
         static = self._static_md.get(client_id)
         if static is None:
-            static = [
+            static = (
                 ("x-mq-language", "PYTHON"),
                 ("x-mq-protocol", "GRPC_V2"),
-                ("x-mq-client-version", wire.VERSION),
+                ("x-mq-client-version", convert.VERSION),
                 ("x-mq-client-id", client_id),
-                ("x-mq-namespace", self._namespace),
-            ]
+                ("x-mq-namespace", self.namespace),
+            )
             if len(self._static_md) < 1024:
                 self._static_md[client_id] = static
         # unique per call: this session's random prefix and a counter (a uuid4 per call
         # cost more than the rest of the metadata)
-        md = [
+        md = (
             *static,
             ("x-mq-date-time", now),
             ("x-mq-request-id", f"{self._rid}{next(self._rids)}"),
-        ]
+        )
         if self._access_key:
-            md.append(("authorization", authorization(self._access_key, self._secret_key, now)))
+            md += (("authorization", authorization(self._access_key, self._secret_key, now)),)
         return md
 
-    def _require(self) -> Any:
-        if self.stub is None:
+    def require(self) -> Stub:
+        if self._access is None:
             raise ConfigurationError("the grpc transport is not started")
-        return self.stub
+        return self._access.stub
 
-    def _unary(
+    def unary(
         self,
-        method: str,
-        request: Any,
+        pick: Callable[[Stub], grpc.UnaryUnaryMultiCallable[Request, Response]],
+        request: Request,
         client_id: str | None = None,
         timeout_s: float | None = None,
         broker: str | None = None,
-    ) -> Any:
-        """One call, to the access point or, given a broker group's name, to that group."""
-        stub, target = self.stub_for(broker) if broker else (self._require(), self.endpoint)
+    ) -> Response:
+        """One call (`pick` names it on a stub: `lambda s: s.GetOffset`), to the access
+        point or, given a broker group's name, to that group; its status checked."""
+        method = type(request).__name__.removesuffix("Request")  # X takes an XRequest
+        stub, target = self.stub_for(broker) if broker else (self.require(), self.endpoint)
         try:
-            response = getattr(stub, method)(
+            response = pick(stub)(
                 request,
-                timeout=timeout_s or self._timeout,
-                metadata=self.metadata(client_id or self._base_id),
+                timeout=timeout_s or self.timeout,
+                metadata=self.metadata(client_id or self.base_id),
             )
         except grpc.RpcError as exc:
-            raise wire.call_failure(method, target, exc) from None
-        wire.check_status(response.status, method)
+            raise convert.call_failure(method, target, exc) from None
+        convert.check_status(response.status, method)
         return response
 
-    def _resource(self, target: Any, name: str) -> None:
-        target.name, target.resource_namespace = name, self._namespace
+    def resource(self, target: definition_pb2.Resource, name: str) -> None:
+        target.name, target.resource_namespace = name, self.namespace
 
-    def _when_answered(
+    def when_answered(
         self,
-        call: Any,
+        call: grpc.Future[Answer],
         method: str,
-        read: Callable[[Any], Any],
-        done: Callable[[Any], None],
+        read: Callable[[Answer], Outcome],
+        done: Callable[[Outcome | BaseException], None],
         on_rpc_error: Callable[[], None] | None = None,
         target: str | None = None,
     ) -> None:
@@ -372,13 +410,13 @@ class GrpcSession:
         an answer that cannot be read fails the whole request too)."""
         where = target or self.endpoint
 
-        def finished(f: Any) -> None:
+        def finished(f: grpc.Future[Answer]) -> None:
             try:
                 response = f.result()
             except grpc.RpcError as exc:
                 if on_rpc_error is not None:
                     on_rpc_error()
-                done(wire.call_failure(method, where, exc))
+                done(convert.call_failure(method, where, exc))
                 return
             except Exception as exc:  # cancelled on close
                 done(TransportError(f"{method} to {where}: {exc!r}"))
@@ -404,6 +442,19 @@ class GrpcSession:
             self._routes[topic] = (time.monotonic(), route)
         return route
 
+    def cached_route(self, topic: str) -> TopicRoute | None:
+        """The topic's route as last fetched, if any (never asks)."""
+        cached = self._routes.get(topic)
+        return cached[1] if cached is not None else None
+
+    def broker_of(self, topic: str) -> str | None:
+        """A broker group the topic's last route named (None: no route fetched yet)."""
+        return self._brokers.get(topic)
+
+    def known(self, broker: str | None) -> str | None:
+        """`broker` if a route named its endpoints, else None (the access point serves it)."""
+        return broker if broker in self._broker_targets else None
+
     def read_brokers(self, topic: str) -> list[str]:
         """The broker groups a topic is read from when they are several, each at its own
         endpoints (a cluster's groups); [] when the access point serves it all."""
@@ -412,20 +463,20 @@ class GrpcSession:
         targets = {self._broker_targets.get(b, self._target) for b in brokers}
         return brokers if len(targets) > 1 else []
 
-    def endpoints_of(self, broker: str | None) -> Any:
+    def endpoints_of(self, broker: str | None) -> definition_pb2.Endpoints:
         """The protocol's Endpoints of a broker group (the access point's when unknown)."""
         target = self._broker_targets.get(broker) if broker else None
         if target is None:
-            return self._access_point
-        return wire.parse_endpoint(target.removeprefix("ipv4:").replace(",", ";"))
+            return self.access_point
+        return convert.parse_endpoint(target.removeprefix("ipv4:").replace(",", ";"))
 
-    def _forget_route(self, topic: str) -> None:
+    def forget_route(self, topic: str) -> None:
         self._routes.pop(topic, None)
 
     def _query_route(self, topic: str) -> TopicRoute:
         request = service_pb2.QueryRouteRequest()
-        self._resource(request.topic, topic)
-        request.endpoints.CopyFrom(self._access_point)
+        self.resource(request.topic, topic)
+        request.endpoints.CopyFrom(self.access_point)
         response = self._route_call(request)
         writes: list[QueueRef] = []
         reads: list[QueueRef] = []
@@ -433,29 +484,30 @@ class GrpcSession:
         for mq in response.message_queues:
             # a group whose master is down is served by its slave, READ only (it serves
             # receives and acks for it): read from it, never send to it
-            if mq.broker.id != 0 and mq.permission != wire.READ:
+            if mq.broker.id != 0 and mq.permission != convert.READ:
                 continue
             if mq.broker.endpoints.addresses:
-                target = wire.channel_target(mq.broker.endpoints)
+                target = convert.channel_target(mq.broker.endpoints)
                 wire_port = protocol_ext.wire_port_of(mq.broker)
-                with self._lock:
+                with self.lock:
                     if wire_port:  # where its native wire is: dialled without asking
                         self._wire_ports[target] = wire_port
                     if target != self._target and target not in self._broker_targets.values():
                         learned.append(target)
                     self._broker_targets[mq.broker.name] = target
             ref = QueueRef(topic, mq.broker.name, int(mq.id))
-            if mq.permission in (wire.WRITE, wire.READ_WRITE):
+            if mq.permission in (convert.WRITE, convert.READ_WRITE):
                 writes.append(ref)
-            if mq.permission in (wire.READ, wire.READ_WRITE):
+            if mq.permission in (convert.READ, convert.READ_WRITE):
                 reads.append(ref)
         if reads or writes:
             self._brokers[topic] = (reads or writes)[0].broker
         for target in dict.fromkeys(learned):
-            self._target_learned(target)
+            for listener in self._learned:
+                listener(target)
         return TopicRoute(topic, tuple(writes), tuple(reads))
 
-    def _route_call(self, request: Any) -> Any:
+    def _route_call(self, request: service_pb2.QueryRouteRequest) -> service_pb2.QueryRouteResponse:
         """QueryRoute at the access point, else at each group master a route named before.
 
         Every server of a cluster answers routes for every group, as the access point
@@ -464,29 +516,20 @@ class GrpcSession:
         every send's next attempt, comes from a live master at once. The access point's
         error is raised when no master answers either."""
         try:
-            return self._unary("QueryRoute", request)
+            return self.unary(lambda s: s.QueryRoute, request)
         except TransportError as first:
-            with self._lock:  # one group name per target other than the access point's
+            with self.lock:  # one group name per target other than the access point's
                 masters = {t: b for b, t in self._broker_targets.items() if t != self._target}
             for broker in masters.values():
                 try:
-                    response = self._unary("QueryRoute", request, broker=broker)
+                    response = self.unary(lambda s: s.QueryRoute, request, broker=broker)
                 except TransportError:
                     continue
                 log.info("%s; the route came from group %s instead", first, broker)
                 return response
             raise first
 
-    def retry_topic(self, group: str) -> str:
-        return retry_topic(group)
 
-    def dlq_topic(self, group: str) -> str:
-        return dlq_topic(group)
-
-
-class _TargetHost:
-    """A Telemetry stream's view of one group master's channel."""
-
-    def __init__(self, stub: Any, metadata: Callable[[str], list[tuple[str, str]]]) -> None:
-        self.stub = stub
-        self.metadata = metadata
+def _host_of(target: str) -> str:
+    """The host of a gRPC target's first address ('h:p' or 'ipv4:h:p,h:p')."""
+    return target.removeprefix("ipv4:").split(",")[0].rpartition(":")[0]

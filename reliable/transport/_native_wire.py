@@ -40,9 +40,10 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias, cast
 
 import grpc
+from google.protobuf.message import Message
 
 from broker.idle_poll import DEFAULT_MAX_US as DEFAULT_IDLE_POLL_US
 from broker.idle_poll import IdlePoll, check_max_us
@@ -50,7 +51,17 @@ from protocol import wire as pw
 from reliable.transport._pb import definition_pb2
 from reliable.transport._wire_tls import TlsStream
 
+if TYPE_CHECKING:
+    from protocol._stubs.service_pb2_grpc import MessagingServiceStub
+
 log = logging.getLogger("reliable.transport.grpc")
+
+Metadata = tuple[tuple[str, str | bytes], ...]  # grpc's
+Answer = Future[Message]
+# a unary method over grpc (grpc's classes are generic to the type checker alone)
+GrpcMethod: TypeAlias = "grpc.UnaryUnaryMultiCallable[Message, Message]"
+# (metadata, timeout) -> the port the server advertises (0: none; None: it would not say)
+AskPort = Callable[[Metadata | None, float | None], int | None]
 
 STATUS = 0x2  # with ERROR: the body is a protocol Status (the server refused the hello)
 SWEEP_S = 0.05  # deadlines are enforced to this precision
@@ -94,13 +105,13 @@ class _Callbacks:
     same channel (its answer is read meanwhile), as with grpc's callback thread."""
 
     def __init__(self, name: str) -> None:
-        self._queue: queue.SimpleQueue[tuple[Callable[[Any], object], Any] | None] = (
+        self._queue: queue.SimpleQueue[tuple[Callable[[Answer], object], Answer] | None] = (
             queue.SimpleQueue()
         )
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def post(self, fn: Callable[[Any], object], future: Any) -> None:
+    def post(self, fn: Callable[[Answer], object], future: Answer) -> None:
         self._queue.put((fn, future))
 
     def stop(self) -> None:
@@ -118,14 +129,14 @@ class _Callbacks:
                 log.exception("a native wire call's callback failed")
 
 
-class WireFuture(Future[Any]):
+class WireFuture(Future[Message]):
     """A call's future: its done callbacks run on the channel's callback thread."""
 
     def __init__(self, callbacks: _Callbacks) -> None:
         super().__init__()
         self._callbacks = callbacks
 
-    def add_done_callback(self, fn: Callable[[Future[Any]], object]) -> None:
+    def add_done_callback(self, fn: Callable[[Answer], object]) -> None:
         post = self._callbacks.post
         super().add_done_callback(lambda f: post(fn, f))
 
@@ -147,7 +158,7 @@ class _Connection:
         self.sock = sock  # polled, and closed; read and written through `tls` if any
         self.tls = tls
         self.sendall = tls.sendall if tls is not None else sock.sendall
-        self.pending: dict[int, tuple[Future[Any], pw.Method]] = {}
+        self.pending: dict[int, tuple[Answer, pw.Method]] = {}
         self.ids = itertools.count(1)
         self.hello_at = self.used_at = time.monotonic()
         self.broken = False
@@ -188,7 +199,9 @@ class WireChannel:
         self.unreachable = False  # the last connection attempt failed
 
     # --- calls
-    def call(self, method: pw.Method, request: Any, timeout: float | None, metadata: Any) -> Any:
+    def call(
+        self, method: pw.Method, request: Message, timeout: float | None, metadata: Metadata | None
+    ) -> Message:
         """One call, waited for. Its caller reads its answer itself when no other thread
         is reading the connection: no hop through the reader thread and back, whose two
         thread wakes cost more than the rest of a one-at-a-time call's client work."""
@@ -209,22 +222,27 @@ class WireChannel:
             raise WireRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded") from None
 
     def submit(
-        self, method: pw.Method, request: Any, timeout: float | None, metadata: Any
-    ) -> Future[Any]:
+        self, method: pw.Method, request: Message, timeout: float | None, metadata: Metadata | None
+    ) -> Answer:
         """One call, not waited for: its answer is read by the connection's reader thread
         (or by a `call` reading meanwhile)."""
         return self._submit(method, request, timeout, metadata, reads=False)[0]
 
     def _submit(
-        self, method: pw.Method, request: Any, timeout: float | None, metadata: Any, reads: bool
-    ) -> tuple[Future[Any], _Connection | None]:
+        self,
+        method: pw.Method,
+        request: Message,
+        timeout: float | None,
+        metadata: Metadata | None,
+        reads: bool,
+    ) -> tuple[Answer, _Connection | None]:
         """`submit`; with `reads` the caller reads the answer itself if it can, so the
         reader thread is not woken for it (the connection is returned for that)."""
         payload = request.SerializeToString()
         client_id = ""
         for key, value in metadata or ():
             if key == "x-mq-client-id":
-                client_id = value
+                client_id = value if isinstance(value, str) else value.decode()
                 break
         timeout_ms = int(timeout * 1000) if timeout else 0
         with self._lock:
@@ -302,7 +320,9 @@ class WireChannel:
         with contextlib.suppress(OSError):
             conn.sock.close()
 
-    def _connect(self, metadata: Any, method: pw.Method, future: Future[Any]) -> _Connection | None:
+    def _connect(
+        self, metadata: Metadata | None, method: pw.Method, future: Answer
+    ) -> _Connection | None:
         """Under the lock: connect and say hello. None when the server refused the hello
         (`future` then holds `method`'s response with the refusal's status)."""
         if self._closed:
@@ -321,7 +341,7 @@ class WireChannel:
             if self._tls is not None:
                 stream = TlsStream(sock, self._tls, server_hostname=self.address[0])
                 stream.handshake()
-            io: Any = stream if stream is not None else sock
+            io: TlsStream | socket.socket = stream if stream is not None else sock
             io.sendall(pw.frame(0, pw.HELLO, 0, _hello(metadata)))
             _, _, flags, body = pw.read_frame(io)
         except (OSError, ValueError) as exc:
@@ -372,7 +392,7 @@ class WireChannel:
                     if not self._read_once(conn):
                         return
 
-    def _read_for(self, conn: _Connection, future: Future[Any], give_up: float | None) -> None:
+    def _read_for(self, conn: _Connection, future: Answer, give_up: float | None) -> None:
         """Holding the read token: read until `future` is answered, the connection fails,
         or `give_up` passes (polled in steps of SWEEP_S: the sweeper fails a late call
         meanwhile)."""
@@ -447,7 +467,7 @@ class WireChannel:
         """Fail calls past their deadline, and tell the server to drop them."""
         deadlines = self._deadlines
         while True:
-            expired: list[tuple[int, _Connection, Future[Any]]] = []
+            expired: list[tuple[int, _Connection, Answer]] = []
             with self._lock:
                 if self._closed:
                     return
@@ -471,11 +491,11 @@ class WireChannel:
                     )
 
 
-def _hello(metadata: Any) -> bytes:
+def _hello(metadata: Metadata | None) -> bytes:
     return json.dumps({k: v for k, v in metadata or () if k not in _DROP}).encode()
 
 
-def _resolve(future: Future[Any], method: pw.Method, flags: int, body: bytes) -> None:
+def _resolve(future: Answer, method: pw.Method, flags: int, body: bytes) -> None:
     if future.done():
         return
     if not flags & pw.ERROR:
@@ -504,7 +524,9 @@ class _Method:
         self._native, self._method = native, method
         self.future = self._future
 
-    def __call__(self, request: Any, timeout: float | None = None, metadata: Any = None) -> Any:
+    def __call__(
+        self, request: Message, timeout: float | None = None, metadata: Metadata | None = None
+    ) -> Message:
         channel = self._native.channel(metadata, timeout)
         if channel is None:
             return self._native.fallback(self._method.name)(
@@ -512,7 +534,9 @@ class _Method:
             )
         return channel.call(self._method, request, timeout, metadata)
 
-    def _future(self, request: Any, timeout: float | None = None, metadata: Any = None) -> Any:
+    def _future(
+        self, request: Message, timeout: float | None = None, metadata: Metadata | None = None
+    ) -> Answer | grpc.Future[Message]:
         channel = self._native.channel(metadata, timeout)
         if channel is None:
             return self._native.fallback(self._method.name).future(
@@ -521,7 +545,7 @@ class _Method:
         try:
             return channel.submit(self._method, request, timeout, metadata)
         except WireRpcError as exc:  # could not connect: a failed future, as grpc's
-            failed: Future[Any] = Future()
+            failed: Answer = Future()
             failed.set_exception(exc)
             return failed
 
@@ -532,11 +556,11 @@ class NativeStub:
 
     def __init__(
         self,
-        grpc_stub: Any,
-        receive_messages: Any,
+        grpc_stub: MessagingServiceStub,
+        receive_messages: GrpcMethod | None,
         *,
         host: str,
-        ask_port: Any,
+        ask_port: AskPort,
         port: int | None = None,
         connect_timeout_s: float = 3.0,
         idle_poll_us: int = DEFAULT_IDLE_POLL_US,
@@ -571,7 +595,7 @@ class NativeStub:
                 tls=tls,
             )
 
-    def __getattr__(self, name: str) -> Any:  # ReceiveMessage, Telemetry
+    def __getattr__(self, name: str) -> object:  # ReceiveMessage, Telemetry
         return getattr(self._grpc, name)
 
     @property
@@ -579,12 +603,13 @@ class NativeStub:
         """True: calls go over the wire; False: over grpc; None: not known yet."""
         return (self._channel is not None) if self._decided else None
 
-    def fallback(self, name: str) -> Any:
-        if name == pw.BY_NAME["ReceiveMessages"].name:
-            return self._grpc_receive
-        return getattr(self._grpc, name)
+    def fallback(self, name: str) -> GrpcMethod:
+        receive = self._grpc_receive
+        if name == pw.BY_NAME["ReceiveMessages"].name and receive is not None:
+            return receive
+        return cast(GrpcMethod, getattr(self._grpc, name))
 
-    def channel(self, metadata: Any, timeout: float | None) -> WireChannel | None:
+    def channel(self, metadata: Metadata | None, timeout: float | None) -> WireChannel | None:
         if self._decided:
             channel = self._channel
             if channel is None or not channel.unreachable or not self._asked:

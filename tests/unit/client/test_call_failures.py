@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from reliable.errors import BrokerBusy, FailureKind, TransportError
-from reliable.transport._grpc_wire import call_failure
+from reliable.transport._grpc_convert import call_failure
 
 
 class _Failed(grpc.RpcError):

@@ -1,7 +1,7 @@
 """One classification of a failure, whichever transport meets it.
 
 The gRPC server answers a broker exception with a protocol code (`broker.server.status`);
-the grpc transport turns the code into the client's error (`_grpc_wire.check_status`); the
+the grpc transport turns the code into the client's error (`_grpc_convert.check_status`); the
 embedded transport turns the same exception into the client's error directly
 (`embedded.translate`). Both go through `protocol.codes.failure_kind`: the same failure is
 retried, backed off from, resent or given up on alike, with the same code name.
@@ -23,7 +23,7 @@ from reliable.errors import (
     BrokerUnavailable,
     ReceiptHandleError,
 )
-from reliable.transport._grpc_wire import check_status
+from reliable.transport._grpc_convert import check_status
 from reliable.transport.embedded import translate
 
 R = be.ResponseCode

@@ -1,5 +1,5 @@
-"""The grpc transport's Telemetry stream (`reliable.transport._grpc_wire.Telemetry`) against
-a scripted stub: the Settings a server sees last are the client's latest.
+"""The grpc transport's Telemetry stream (`_grpc_telemetry.TelemetryStream`) against a
+scripted stub: the Settings a server sees last are the client's latest.
 
 A producer notes a topic (and resends its Settings) while one of its streams is opening;
 when the stream's opening Settings, made before the topic was noted, left after the resend,
@@ -13,7 +13,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from reliable.transport._grpc_wire import Telemetry
+from reliable.transport._grpc_telemetry import TelemetryStream
 from reliable.transport._pb import definition_pb2, service_pb2
 
 
@@ -71,7 +71,7 @@ def test_settings_made_before_a_change_never_leave_after_it() -> None:
             let_go.wait(5)  # ...held here until the topic is noted and its resend is under way
         return made
 
-    stream = Telemetry(host, "unit@producer", settings, lambda command: None)
+    stream = TelemetryStream(host, "unit@producer", settings, lambda command: None)
     try:
         assert opening_made.wait(5)
         published.append("t-orders")  # the producer notes a topic, then resends

@@ -1,24 +1,21 @@
-"""Wire helpers of the grpc transport: status checks, conversions, the Telemetry stream.
+"""The grpc transport's protocol conversions: the protocol's enums by name, a status or a
+failed call as the client's typed error, times, endpoints, and a delivered message as the
+consumer's `ReceivedMessage`.
 
-Everything here speaks the protocol's generated types; the session, producer and consumer
-modules (`_grpc_session`, `_grpc_producer`, `_grpc_consumer`) build the transport on top.
-This module imports none of them: a Telemetry stream reaches its transport through the
-narrow `TelemetryHost` protocol.
+Pure functions over the protocol's generated types; every other `_grpc_*` module uses them
+and this one imports none of those.
 """
 
 from __future__ import annotations
 
 import functools
 import gzip
-import logging
-import queue
 import socket
-import threading
 import zlib
-from collections.abc import Callable, Iterator
-from typing import Any, Protocol
 
 import grpc
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from protocol import codes
 from reliable.errors import (
@@ -33,8 +30,6 @@ from reliable.errors import (
 )
 from reliable.message import ReceivedMessage
 from reliable.transport._pb import definition_pb2, service_pb2
-
-log = logging.getLogger("reliable.transport.grpc")
 
 MIN_LONG_POLL_MS = 5_000  # the proxy never polls for less, whatever the request says
 VERSION = "reliable-0.1"
@@ -77,7 +72,7 @@ def _code_name(code: int) -> str:
         return str(code)
 
 
-def check_status(status: Any, what: str) -> None:
+def check_status(status: definition_pb2.Status, what: str) -> None:
     """Raise the client's typed error for a non-success protocol status: of the kind
     `protocol.codes.failure_kind` gives the code (the one table the embedded transport
     classifies the broker's exceptions by too)."""
@@ -104,7 +99,11 @@ def call_failure(method: str, where: str, exc: grpc.RpcError) -> BrokerCallError
     return TransportError(message)
 
 
-def miscounted(response: Any, method: str, expected: int) -> ReliableError:
+def miscounted(
+    response: service_pb2.SendMessageResponse | service_pb2.AckMessageResponse,
+    method: str,
+    expected: int,
+) -> ReliableError:
     """The error of a whole request whose answer has not one entry per item: the status's
     own error when it reports one, else a broker fault worth trying elsewhere."""
     try:
@@ -117,11 +116,11 @@ def miscounted(response: Any, method: str, expected: int) -> ReliableError:
     )
 
 
-def ms_of(ts: Any) -> int:
+def ms_of(ts: Timestamp | Duration) -> int:
     return int(ts.seconds) * 1000 + int(ts.nanos) // 1_000_000
 
 
-def set_ms(ts: Any, ms: int) -> None:
+def set_ms(ts: Timestamp | Duration, ms: int) -> None:
     ts.seconds, ts.nanos = ms // 1000, (ms % 1000) * 1_000_000
 
 
@@ -133,7 +132,7 @@ def local_ip() -> str:
         return "127.0.0.1"
 
 
-def parse_endpoint(endpoint: str) -> Any:
+def parse_endpoint(endpoint: str) -> definition_pb2.Endpoints:
     """'host:port', or several IPv4 'host:port' separated by ';' (as the official client
     takes them): the protocol's Endpoints."""
     out = definition_pb2.Endpoints()
@@ -158,7 +157,7 @@ def parse_endpoint(endpoint: str) -> Any:
     return out
 
 
-def channel_target(endpoints: Any) -> str:
+def channel_target(endpoints: definition_pb2.Endpoints) -> str:
     """The gRPC target that dials `endpoints`: 'host:port', or 'ipv4:h:p,h:p' for several
     addresses (gRPC's pick-first then takes the first that answers)."""
     addresses = [f"{a.host}:{a.port}" for a in endpoints.addresses]
@@ -167,7 +166,7 @@ def channel_target(endpoints: Any) -> str:
     return "ipv4:" + ",".join(addresses)
 
 
-def to_received(pm: Any, group: str | None) -> ReceivedMessage:
+def to_received(pm: definition_pb2.Message, group: str | None) -> ReceivedMessage:
     """The consumer's view of a delivered protocol message (called per message: each
     field is read once, and empty repeated fields and maps are not copied)."""
     sp = pm.system_properties
@@ -195,133 +194,3 @@ def to_received(pm: Any, group: str | None) -> ReceivedMessage:
         receipt_handle=sp.receipt_handle or None,
         deliver_at_ms=ms_of(sp.delivery_timestamp) if sp.HasField("delivery_timestamp") else None,
     )
-
-
-class TelemetryHost(Protocol):
-    """What a Telemetry stream needs of its transport: the stub and the call metadata."""
-
-    stub: Any
-
-    def metadata(self, client_id: str) -> list[tuple[str, str]]: ...
-
-
-# a direct delivery's verdict: (protocol code, message)
-Verdict = tuple[int, str]
-OK = int(_pb.Code.Value("OK"))
-NOT_IMPLEMENTED = int(_pb.Code.Value("NOT_IMPLEMENTED"))
-FAILED_TO_CONSUME = int(_pb.Code.Value("FAILED_TO_CONSUME_MESSAGE"))
-
-
-class Telemetry:
-    """One Telemetry stream for one client identity; reconnects until closed.
-
-    A `verify_message_command` (the server's direct delivery of one message) is answered on
-    the stream with `verify_message_result{nonce}` and the status `on_verify` returns for
-    the message (run on its own thread, so the stream keeps being read meanwhile); without
-    `on_verify` the answer is NOT_IMPLEMENTED: this identity has no listener to run.
-    """
-
-    def __init__(
-        self,
-        transport: TelemetryHost,
-        client_id: str,
-        settings: Callable[[], Any],
-        on_command: Callable[[Any], None],
-        on_verify: Callable[[Any], Verdict] | None = None,
-    ) -> None:
-        self._t = transport
-        self.client_id = client_id
-        self._settings = settings
-        self._on_command = on_command
-        self._on_verify = on_verify
-        self._queue: queue.Queue[Any] = queue.Queue()
-        # Settings are made and queued under this lock, so they leave in the order they
-        # were made: a Settings made before a change (a topic noted) and queued after the
-        # one made for that change would be the server's last word, and the change lost
-        self._settings_lock = threading.Lock()
-        self._closed = threading.Event()
-        self.ready = threading.Event()
-        self.reply: Any = None
-        self._call: Any = None
-        self._thread = threading.Thread(
-            target=self._run, name=f"telemetry-{client_id}", daemon=True
-        )
-        self._thread.start()
-
-    def resend_settings(self) -> None:
-        """Send the client's Settings as they are now (after a topic or subscription
-        changed); a stream that is (re)connecting sends them as part of its opening."""
-        with self._settings_lock:
-            self._queue.put(self._settings_command())
-
-    def _settings_command(self) -> Any:
-        command = service_pb2.TelemetryCommand()
-        command.settings.CopyFrom(self._settings())
-        return command
-
-    def _requests(self) -> Iterator[Any]:
-        while not self._closed.is_set():
-            item = self._queue.get()
-            if item is None:
-                return
-            yield item
-
-    def _run(self) -> None:
-        backoff = 0.5
-        while not self._closed.is_set():
-            with self._settings_lock:  # a new queue opening with the Settings of now
-                self._queue = queue.Queue()
-                self._queue.put(self._settings_command())
-            try:
-                self._call = self._t.stub.Telemetry(
-                    self._requests(), metadata=self._t.metadata(self.client_id)
-                )
-                for reply in self._call:
-                    backoff = 0.5
-                    kind = reply.WhichOneof("command")
-                    if kind == "settings" and int(reply.status.code) in SUCCESS_CODES:
-                        self.reply = reply.settings
-                        self.ready.set()
-                    elif kind == "recover_orphaned_transaction_command":
-                        self._on_command(reply.recover_orphaned_transaction_command)
-                    elif kind == "verify_message_command":
-                        threading.Thread(
-                            target=self._verify,
-                            args=(reply.verify_message_command,),
-                            name=f"verify-{self.client_id}",
-                            daemon=True,
-                        ).start()
-            except grpc.RpcError as exc:
-                if self._closed.is_set():
-                    return
-                log.info("telemetry stream %s broke (%s); reconnecting", self.client_id, exc.code())
-            if self._closed.wait(backoff):
-                return
-            backoff = min(backoff * 2, 30.0)
-
-    def _verify(self, command: Any) -> None:
-        """Run the direct delivery `command` asks for and send the verdict back."""
-        if self._on_verify is None:
-            code, text = (
-                NOT_IMPLEMENTED,
-                f"client {self.client_id} has no message listener: only a push consumer "
-                "can consume a message directly",
-            )
-        else:
-            try:
-                code, text = self._on_verify(command.message)
-            except Exception as exc:  # a malformed message, a conversion error
-                code, text = FAILED_TO_CONSUME, f"{type(exc).__name__}: {exc}"
-        answer = service_pb2.TelemetryCommand()
-        answer.status.code = definition_pb2.Code.ValueType(code)
-        answer.status.message = text
-        answer.verify_message_result.nonce = command.nonce
-        if not self._closed.is_set():
-            self._queue.put(answer)
-
-    def close(self) -> None:
-        self._closed.set()
-        self._queue.put(None)
-        if self._call is not None:
-            self._call.cancel()
-        self._thread.join(5)

@@ -21,20 +21,29 @@ byte, so none of that may be written there:
   consumers at once and recorded in the report (durably, before the call is answered);
   the master, taking the report, writes the dead-letter copy from its own copy of the
   message, then marks it done. Parking a message group is refused (`ReplicaNotServing`).
+- `ActingRole` is the switch: the broker asks it at each receive and ack which policy to go
+  through (a master's own; the acting one while the server's gate says the master is down;
+  else `ReplicaNotServing`), and it keeps the report, hands it over, and merges one.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from broker.config_files import POP_STATE_FILE
 from broker.errors import ReplicaNotServing
+from broker.offsets import ConsumerOffsetManager
 from broker.pop import PopPolicy
 from broker.pop_journal import Op
 from broker.store.errors import ConfigShapeError
 from broker.store.json_config import JsonConfigFile, arr, integer, obj
 from broker.store.message import Message, MessageExt
+from broker.store.store import MessageStore
+
+log = logging.getLogger(__name__)
 
 ACTING_OFFSETS_FILE = "actingOffsets.json"
 
@@ -204,3 +213,137 @@ class ActingReport:
             if self._progress or self._dead:
                 self._progress, self._dead = {}, {}
                 self._dirty = True
+
+
+class ActingRole:
+    """Which lease policy a receive or ack goes through, and what a slave acknowledged while
+    it acted: `leases` starts acting when the gate opens and stops when it closes;
+    `acting_report` ends acting for good (the link to the master is back) and hands over
+    what the master may not have; a master folds such a report in (`merge_acting_offsets`)."""
+
+    def __init__(
+        self,
+        store: MessageStore,
+        clock: Callable[[], int],
+        *,
+        pop: PopPolicy,
+        offsets: ConsumerOffsetManager,
+        report: ActingReport,
+        replica: Callable[[], bool],
+        has_topic: Callable[[str], bool],
+    ) -> None:
+        # the server's decision that the master is down, asked at each receive and ack
+        self.gate: Callable[[], bool] = lambda: False
+        self._store = store
+        self._clock = clock
+        self._pop = pop  # a master's own policy
+        self._offsets = offsets
+        self._report = report
+        self._replica = replica  # live: a promotion turns it off
+        self._has_topic = has_topic
+        self._policy: ActingPolicy | None = None  # while acting
+        self._lock = threading.Lock()
+
+    @property
+    def acting(self) -> bool:
+        """A slave serving receives for its dead master right now."""
+        return self._policy is not None
+
+    def leases(self) -> PopPolicy:
+        """The policy receives and acks go through: a master's own; a slave's acting
+        policy while the server says its master is down (`gate`); else refused."""
+        if not self._replica():
+            return self._pop
+        with self._lock:
+            if self.gate():
+                if self._policy is None:
+                    self._policy = ActingPolicy(
+                        self._store,
+                        self._store.config_file(POP_STATE_FILE),  # never written
+                        self._clock,
+                        commit_offset=self._commit,
+                        query_offset=self._offsets.query,
+                        put_dlq=refuse_dead_letter,
+                    )
+                    self._policy.report = self._report
+                    log.warning("acting for the master: serving receives and acks")
+                return self._policy
+            self._stop()
+        raise ReplicaNotServing(
+            "this broker is a slave and its master is up: receive from the master of its "
+            "broker group"
+        )
+
+    def stop(self) -> None:
+        """Stop acting (a promotion: the slave serves as the master from now on)."""
+        with self._lock:
+            self._stop()
+
+    def acting_report(self) -> dict[str, Any] | None:
+        """A slave's link to its master is back: stop acting, and return what was
+        acknowledged while it acted and the master may not have (None: nothing)."""
+        self.stop()
+        return self._report.document()
+
+    def merge_acting_offsets(self, report: Mapping[str, Any], *, own: bool = False) -> int:
+        """A master takes what its slave acknowledged while acting for it: those offsets
+        are done here too (never moving an offset back). Returns the offsets newly done.
+        `own`: a promoted slave taking its own report (every dead-letter in it is written:
+        its offsets already count them done). ConfigShapeError for a malformed report."""
+        if self._replica():
+            return 0
+        progress, dead = parse_report(report)
+        by_topic: dict[tuple[str, str], dict[int, tuple[int, frozenset[int]]]] = {}
+        for (group, topic, qid), entry in progress.items():
+            by_topic.setdefault((group, topic), {})[qid] = entry
+        marked = 0
+        for (group, topic), queues in sorted(by_topic.items()):
+            if not self._has_topic(topic):
+                continue  # deleted meanwhile
+            to_dlq = {q: dead.get((group, topic, q), {}) for q in queues}
+            marked += self._pop.merge_done(group, topic, queues, to_dlq, all_dead=own)
+        return marked
+
+    def merge_own_report(self) -> None:
+        """A promoted slave takes its own report: what it acknowledged while it acted is
+        done here, and the report is empty from now on."""
+        report = self._report.document()
+        if report is not None:
+            self.merge_acting_offsets(report, own=True)
+            self._report.clear()
+            self._report.persist()
+
+    def with_acting_offsets(self, table: dict[str, Any]) -> dict[str, Any]:
+        """The master's offset table, with this slave's offsets acknowledged while acting
+        where they are higher (the master may not have them yet): a config sync never moves
+        them back. The entries the master's offsets have reached are forgotten."""
+        lows = self._report.lows()
+        if not lows:
+            return table
+        key = ConsumerOffsetManager.key
+        master: dict[tuple[str, str, int], int] = {}
+        for group, topic, qid in lows:
+            queues = table.get(key(topic, group))
+            if isinstance(queues, dict) and isinstance(queues.get(str(qid)), int):
+                master[(group, topic, qid)] = int(queues[str(qid)])
+        self._report.settle(master)
+        merged = {k: dict(v) if isinstance(v, dict) else v for k, v in table.items()}
+        for (group, topic, qid), low in self._report.lows().items():
+            if master.get((group, topic, qid), -1) < low:
+                merged.setdefault(key(topic, group), {})[str(qid)] = low
+        return merged
+
+    def _stop(self) -> None:
+        policy, self._policy = self._policy, None
+        if policy is not None:
+            self._report.add(policy.progress())
+            self._report.persist()
+            log.warning(
+                "stopped acting for the master; %d queues acknowledged meanwhile, to report",
+                len(self._report.lows()),
+            )
+
+    def _commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        if offset > self._offsets.query(group, topic, queue_id):
+            self._offsets.commit(group, topic, queue_id, offset)
+        self._report.note_low(group, topic, queue_id, offset)

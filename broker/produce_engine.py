@@ -1,10 +1,11 @@
 """The produce engine: validate messages, place delayed ones, store them, answer results.
 
-`Broker` is built on it (`class Broker(ProduceEngine)`), so a send goes from the facade's
-method straight to this code with no call in between. Two primitives are the facade's:
-`_require_running` and `_topic` (the topic table, with retry/DLQ topics created on demand).
-The pure rules it applies (property checks, message types, where a delayed message waits)
-are in `broker.produce`.
+`Broker` holds one and hands out its methods as its own produce API (`send_message`,
+`send_batch`, `send_batch_pending`, `send_bodies` are this engine's bound methods), so a send
+goes from the caller straight to this code with no call in between. It reads topics through
+the broker's `Catalog` (retry/DLQ topics created on demand, user topics auto-created when
+allowed) and checks the broker's `RunState`. The pure rules it applies (property checks,
+message types, where a delayed message waits) are in `broker.produce`.
 
 A batch of messages that differ only in body, KEYS and UNIQ_KEY (a producer's usual batch) is
 stored as one record batch (`MessageStore.put_batch`); any other batch message by message.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
+from broker.catalog import Catalog
 from broker.config import BrokerConfig
 from broker.errors import (
     BodyOverLimit,
@@ -24,6 +26,7 @@ from broker.errors import (
     ResponseCode,
     SendRejected,
 )
+from broker.lifecycle import RunState
 from broker.names import validate_group_name
 from broker.produce import (
     check_properties,
@@ -51,59 +54,47 @@ class ProduceEngine:
         clock: Callable[[], int],
         levels: tuple[int, ...],
         transactions: TransactionService,
+        *,
+        run: RunState,
+        catalog: Catalog,
     ) -> None:
-        self.config = config
-        self.store = store
+        # read for limits alone: fields a promotion never changes
+        self._config = config
+        self._store = store
         self._clock = clock
         self._levels = levels
         self._tx = transactions
-
-    # ------------------------------------------------------------------ the facade's primitives
-    def _require_running(self) -> None:
-        """Raise BrokerNotRunning unless the broker is started."""
-        raise NotImplementedError
-
-    def _topic(self, name: str, *, create: bool) -> TopicConfig:
-        """The topic's config (created when allowed); TopicNotFound otherwise."""
-        raise NotImplementedError
+        self._run = run
+        self._catalog = catalog
 
     # ------------------------------------------------------------------ produce
     def _validate_message(self, msg: Message) -> TopicConfig:
         if not isinstance(msg, Message):
             raise MessageIllegal(f"expected a broker.store.Message, got {type(msg).__name__}")
-        cfg = self._topic(msg.topic, create=True)
+        cfg = self._catalog.topic(msg.topic, create=True)
         if not cfg.writeable:
             raise NoPermission(msg.topic, "writeable", cfg.perm)
         if not isinstance(msg.body, bytes | bytearray | memoryview):
             raise MessageIllegal("message body must be bytes")
         if len(msg.body) == 0:
             raise MessageIllegal("message body is empty")
-        if len(msg.body) > self.config.max_message_size:
-            raise BodyOverLimit(len(msg.body), self.config.max_message_size)
+        if len(msg.body) > self._config.max_message_size:
+            raise BodyOverLimit(len(msg.body), self._config.max_message_size)
         if not isinstance(msg.queue_id, int) or not 0 <= msg.queue_id < cfg.write_queue_nums:
             raise MessageIllegal(
                 f"queue id {msg.queue_id!r} is not one of the "
                 f"{cfg.write_queue_nums} write queues of {msg.topic!r}"
             )
         check_properties(msg.properties)
-        if self.config.check_message_type:
+        if self._config.check_message_type:
             mtype = message_type_of(msg)
             if not cfg.message_type.accepts(mtype):
                 raise MessageTypeMismatch(msg.topic, cfg.message_type.value, mtype.value)
         return cfg
 
-    def _stored(self, topic: str, result: PutMessageResult) -> PutMessageResult:
-        if not result.status.stored or result.append is None:
-            raise SendRejected(
-                topic,
-                result.status.value,
-                PUT_STATUS_CODES.get(result.status, ResponseCode.SYSTEM_ERROR),
-            )
-        return result
-
     def send_message(self, msg: Message, *, producer_group: str | None = None) -> SendResult:
         """Store one message: normal, delayed (DELAY / TIMER_DELIVER_MS) or half (TRAN_MSG)."""
-        self._require_running()
+        self._run.require()
         self._validate_message(msg)
         props = msg.properties
         transactional = props.get(Prop.TRAN_MSG) == "true"
@@ -115,7 +106,7 @@ class ProduceEngine:
             if not producer_group:
                 raise MessageIllegal("a transactional message needs its producer group")
             validate_group_name(producer_group)
-            result = self._stored(msg.topic, self._tx.prepare(msg, producer_group))
+            result = stored(msg.topic, self._tx.prepare(msg, producer_group))
             assert result.append is not None
             return SendResult(
                 result.status,
@@ -127,9 +118,9 @@ class ProduceEngine:
                 result.append.wrote_offset,
                 transaction_id=msg.unique_key or result.append.msg_id,
             )
-        target = schedule_target(msg, self._levels, self._clock(), self.config.max_delay_ms)
+        target = schedule_target(msg, self._levels, self._clock(), self._config.max_delay_ms)
         to_store = without_delay(msg) if target is None else scheduled_copy(msg, *target)
-        result = self._stored(msg.topic, self.store.put_message(to_store))
+        result = stored(msg.topic, self._store.put_message(to_store))
         assert result.append is not None
         msg_id = msg.unique_key or result.append.msg_id
         recall = None
@@ -189,7 +180,7 @@ class ProduceEngine:
         `append.queue_offset`), `SendRejected` when not stored, or None when `put_batch`
         refuses the batch as a whole (nothing stored): send it with `send_batch`, which
         gives each message its own verdict."""
-        self._require_running()
+        self._run.require()
         if not bodies or len(bodies) != len(uniq_keys):
             raise MessageIllegal("a batch needs one unique key per body, at least one body")
         if keys is not None and len(keys) != len(bodies):
@@ -204,7 +195,7 @@ class ProduceEngine:
         if keys is not None:
             first[Prop.KEYS] = keys[0]
         self._validate_message(Message(topic, bodies[0], queue_id, 0, first))
-        limit = self.config.max_message_size
+        limit = self._config.max_message_size
         for body, key in zip(bodies, uniq_keys, strict=True):
             if type(body) is not bytes or not 0 < len(body) <= limit:
                 # the precise error (or a body type the record batch does not take)
@@ -216,7 +207,7 @@ class ProduceEngine:
             for value in keys:
                 if type(value) is not str or "\x01" in value or "\x02" in value:
                     check_properties({Prop.KEYS: value})  # raises the precise error
-        result = self.store.put_batch(
+        result = self._store.put_batch(
             topic,
             queue_id,
             bodies,
@@ -232,21 +223,21 @@ class ProduceEngine:
             PutMessageStatus.PROPERTIES_SIZE_EXCEEDED,
         ):
             return None
-        return self._stored(topic, result)
+        return stored(topic, result)
 
     def _send_batch(self, msgs: Sequence[Message], *, wait: bool) -> tuple[list[SendResult], int]:
-        self._require_running()
+        self._run.require()
         if not msgs:
             raise MessageIllegal("a batch needs at least one message")
         self._validate_batch(msgs)
         fast = self._send_record_batch(msgs, wait)
         if fast is not None:
             return fast
-        results = self.store.put_messages(list(msgs), wait=wait)
+        results = self._store.put_messages(list(msgs), wait=wait)
         out: list[SendResult] = []
         end = -1
         for m, r in zip(msgs, results, strict=True):
-            self._stored(m.topic, r)
+            stored(m.topic, r)
             assert r.append is not None
             end = max(end, r.append.wrote_offset + r.append.wrote_bytes)
             out.append(
@@ -275,7 +266,7 @@ class ProduceEngine:
         topic, queue_id, width = first.topic, first.queue_id, len(fp)
         shared = [(k, v) for k, v in fp.items() if k != Prop.KEYS and k != Prop.UNIQ_KEY]
         varying = width - len(shared)  # how many of KEYS, UNIQ_KEY the first one has
-        limit = self.config.max_message_size
+        limit = self._config.max_message_size
         for m in msgs[1:]:
             p = m.properties
             body = m.body
@@ -325,7 +316,7 @@ class ProduceEngine:
                 or any(p.get(k) != v for k, v in shared.items())
             ):
                 return None
-        result = self.store.put_batch(
+        result = self._store.put_batch(
             first.topic,
             first.queue_id,
             [m.body for m in msgs],
@@ -343,7 +334,7 @@ class ProduceEngine:
             PutMessageStatus.PROPERTIES_SIZE_EXCEEDED,
         ):
             return None  # message by message: each gets its own verdict
-        self._stored(first.topic, result)
+        stored(first.topic, result)
         append = result.append
         assert append is not None
         status, msg_id_at, base = result.status, append.msg_id_at, append.queue_offset
@@ -362,6 +353,18 @@ class ProduceEngine:
                 )
             )
         return out, append.wrote_offset + append.wrote_bytes
+
+
+def stored(topic: str, result: PutMessageResult) -> PutMessageResult:
+    """`result`, when the message is stored; SendRejected with the put status's code
+    otherwise."""
+    if not result.status.stored or result.append is None:
+        raise SendRejected(
+            topic,
+            result.status.value,
+            PUT_STATUS_CODES.get(result.status, ResponseCode.SYSTEM_ERROR),
+        )
+    return result
 
 
 # A frozen dataclass's __init__ sets each field through `object.__setattr__`; a record

@@ -83,7 +83,8 @@ class Broker:
     """Topics, groups, produce, pull, send-back, invisible-time receive, transactions.
 
     Besides the methods below, each of these is its collaborator's method, bound at
-    construction (their docstrings are there):
+    construction (their docstrings are there; an instance attribute, so a test or a
+    wrapper replaces one by assigning to it):
 
     - produce (`ProduceEngine`): `send_message`, `send_batch`, `send_batch_pending`,
       `send_bodies`;

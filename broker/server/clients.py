@@ -87,7 +87,7 @@ class ClientHandlers:
             cfg = broker.create_group(group)
         return cfg
 
-    def endpoints(self, requested: Any) -> Any:
+    def endpoints(self, requested: definition_pb2.Endpoints | None) -> definition_pb2.Endpoints:
         out = definition_pb2.Endpoints()
         if requested is not None and len(requested.addresses) > 0:
             for address in requested.addresses:
@@ -115,10 +115,10 @@ class ClientHandlers:
         namespace: str,
         queue_id: int,
         perm: definition_pb2.Permission.ValueType,
-        endpoints: Any,
+        endpoints: definition_pb2.Endpoints,
         topic_type: str,
         broker: tuple[str, int] | None = None,
-    ) -> Any:
+    ) -> definition_pb2.MessageQueue:
         mq = definition_pb2.MessageQueue()
         mq.topic.name = topic
         mq.topic.resource_namespace = namespace
@@ -133,7 +133,9 @@ class ClientHandlers:
         mq.accept_message_types.extend(MESSAGE_TYPE[t] for t in accepted_types(topic_type))
         return mq
 
-    def servers(self, requested: Any) -> list[tuple[Server, Any]]:
+    def servers(
+        self, requested: definition_pb2.Endpoints | None
+    ) -> list[tuple[Server, definition_pb2.Endpoints]]:
         """Who serves each broker group, with its endpoints: this broker alone (at the
         endpoint the client dialled), or with a cluster file the server of every group
         that is up (`broker.server.cluster`)."""
@@ -149,7 +151,9 @@ class ClientHandlers:
         return out
 
     # --- RPCs
-    async def query_route(self, request: Any, call: CallInfo) -> Any:
+    async def query_route(
+        self, request: service_pb2.QueryRouteRequest, call: CallInfo
+    ) -> service_pb2.QueryRouteResponse:
         topic = check_topic(request.topic.name)
         cfg = self.topic_config(topic)
         servers = self.servers(request.endpoints)
@@ -177,7 +181,9 @@ class ClientHandlers:
         response.status.CopyFrom(ok())
         return response
 
-    async def query_assignment(self, request: Any, call: CallInfo) -> Any:
+    async def query_assignment(
+        self, request: service_pb2.QueryAssignmentRequest, call: CallInfo
+    ) -> service_pb2.QueryAssignmentResponse:
         topic = check_topic(request.topic.name)
         group = check_group(request.group.name)
         cfg = self.topic_config(topic)
@@ -203,7 +209,9 @@ class ClientHandlers:
         response.status.CopyFrom(ok())
         return response
 
-    async def heartbeat(self, request: Any, call: CallInfo) -> Any:
+    async def heartbeat(
+        self, request: service_pb2.HeartbeatRequest, call: CallInfo
+    ) -> service_pb2.HeartbeatResponse:
         kind = ClientKind.of(request.client_type)
         session = self.ctx.session(call)
         if session.kind is ClientKind.UNSPECIFIED:
@@ -218,8 +226,11 @@ class ClientHandlers:
         return response
 
     async def notify_termination(
-        self, request: Any, call: CallInfo, release: Callable[[ClientSession], Any]
-    ) -> Any:
+        self,
+        request: service_pb2.NotifyClientTerminationRequest,
+        call: CallInfo,
+        release: Callable[[ClientSession], Any],
+    ) -> service_pb2.NotifyClientTerminationResponse:
         session = self.ctx.sessions.remove(call.client_id)
         if session is not None:
             await release(session)
@@ -346,7 +357,9 @@ class ClientHandlers:
         except Exception as exc:  # the client vanished or sent garbage: end the stream
             log.debug("telemetry stream of %s ended: %s", call.client_id, exc)
 
-    async def _apply_settings(self, session: ClientSession, settings: Any, call: CallInfo) -> Any:
+    async def _apply_settings(
+        self, session: ClientSession, settings: definition_pb2.Settings, call: CallInfo
+    ) -> definition_pb2.Settings:
         kind = ClientKind.of(settings.client_type)
         if settings.HasField("request_timeout"):  # echoed back: never a malformed duration
             convert.duration_ms(settings.request_timeout, "request timeout")
@@ -433,7 +446,7 @@ class ClientHandlers:
         log.debug("no producer of %s is connected to resolve a half message", topic)
 
 
-def _endpoints_of(host: str, port: int) -> Any:
+def _endpoints_of(host: str, port: int) -> definition_pb2.Endpoints:
     out = definition_pb2.Endpoints()
     try:
         out.scheme = _pb.IPv4 if ipaddress.ip_address(host).version == 4 else _pb.IPv6

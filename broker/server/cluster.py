@@ -39,7 +39,7 @@ import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -47,6 +47,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from broker.errors import ConfigError
 from broker.server.health import MASTER_SERVICE
 from protocol.names import topic_name_problem
+
+if TYPE_CHECKING:
+    from protocol.pb import service_pb2
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +235,9 @@ class ClusterView:
                 )
         return out
 
-    async def forward_recall(self, group: str, request: Any, metadata: dict[str, str]) -> Any:
+    async def forward_recall(
+        self, group: str, request: service_pb2.RecallMessageRequest, metadata: dict[str, str]
+    ) -> service_pb2.RecallMessageResponse:
         """RecallMessage for a message another group holds: asked of that group's master,
         with the caller's metadata (its client id and signature), answered as it answers."""
         from broker.server.errors import BadRequest, ServerError
@@ -246,9 +251,9 @@ class ClusterView:
             raise ServerError(f"broker group {group!r} has no master up to recall the message from")
         channel = self._channel((server.host, server.port))
         stub = service_pb2_grpc.MessagingServiceStub(channel)
-        forwarded = [
+        forwarded = tuple(
             (k, v) for k, v in metadata.items() if k.startswith("x-mq-") or k == "authorization"
-        ]
+        )
         try:
             return await stub.RecallMessage(request, metadata=forwarded, timeout=10)
         except grpc.aio.AioRpcError as exc:
@@ -256,7 +261,7 @@ class ClusterView:
                 f"RecallMessage to {group} ({server.host}:{server.port}): {exc.code().name}"
             ) from None
 
-    def _channel(self, endpoint: tuple[str, int]) -> Any:
+    def _channel(self, endpoint: tuple[str, int]) -> grpc.aio.Channel:
         channel = self._forwarding.get(endpoint)
         if channel is None:
             channel = grpc.aio.insecure_channel(f"{endpoint[0]}:{endpoint[1]}", PROBE_OPTIONS)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +37,7 @@ from broker.server.polling import REPOLL_S, Waiters
 from broker.server.sessions import ClientSession, Renewal
 from broker.server.status import make_status, ok, status_of
 from protocol.ext import ReceiveMessagesResponse
-from protocol.pb import service_pb2
+from protocol.pb import definition_pb2, service_pb2
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class ReceivePlan:
     auto_renew: bool
 
 
-def _timestamp_response(now_ms: int) -> Any:
+def _timestamp_response(now_ms: int) -> service_pb2.ReceiveMessageResponse:
     response = service_pb2.ReceiveMessageResponse()
     convert.set_timestamp_ms(response.delivery_timestamp, now_ms)
     return response
@@ -113,7 +113,12 @@ class ConsumerHandlers:
         return None, plan, entries, session
 
     @staticmethod
-    def _fill(request: Any, plan: ReceivePlan, entries: list[Any], add: Any) -> None:
+    def _fill(
+        request: service_pb2.ReceiveMessageRequest,
+        plan: ReceivePlan,
+        entries: list[Any],
+        add: Callable[[], definition_pb2.Message],
+    ) -> None:
         """Write each entry into `add()`, a fresh protocol Message; what the messages share
         (topic, digest kind, invisible time) is built once."""
         template = convert.delivery_template(
@@ -150,7 +155,7 @@ class ConsumerHandlers:
             responses = [_OK_RESPONSE]
             response_type = service_pb2.ReceiveMessageResponse
 
-            def add() -> Any:
+            def add() -> definition_pb2.Message:
                 response = response_type()
                 responses.append(response)
                 return response.message
@@ -164,7 +169,9 @@ class ConsumerHandlers:
             if not finished:
                 self._abandon(plan, entries, session)
 
-    async def receive_batch(self, request: Any, context: Any) -> Any:
+    async def receive_batch(
+        self, request: service_pb2.ReceiveMessageRequest, context: Any
+    ) -> ReceiveMessagesResponse:
         """`reliable.v1.BatchMessaging/ReceiveMessages`: the same receive, one response."""
         response = ReceiveMessagesResponse()
         status, plan, entries, session = await self._take(request, context)
@@ -325,7 +332,9 @@ class ConsumerHandlers:
             return renewal.current, renewal
 
     # --- AckMessage
-    async def ack(self, request: Any, call: CallInfo) -> Any:
+    async def ack(
+        self, request: service_pb2.AckMessageRequest, call: CallInfo
+    ) -> service_pb2.AckMessageResponse:
         """All entries in one `Broker.ack_batch` (one lock pass, one revive-log record), one
         wake-up of parked receives; an entry that fails is reported for itself alone."""
         group = validation.check_group(request.group.name)
@@ -379,7 +388,9 @@ class ConsumerHandlers:
         return response
 
     # --- ChangeInvisibleDuration
-    async def change_invisible_duration(self, request: Any, call: CallInfo) -> Any:
+    async def change_invisible_duration(
+        self, request: service_pb2.ChangeInvisibleDurationRequest, call: CallInfo
+    ) -> service_pb2.ChangeInvisibleDurationResponse:
         group = validation.check_group(request.group.name)
         topic = validation.check_topic(request.topic.name)
         invisible_ms = validation.check_invisible_ms(
@@ -399,7 +410,9 @@ class ConsumerHandlers:
         return response
 
     # --- ForwardMessageToDeadLetterQueue
-    async def forward_to_dlq(self, request: Any, call: CallInfo) -> Any:
+    async def forward_to_dlq(
+        self, request: service_pb2.ForwardMessageToDeadLetterQueueRequest, call: CallInfo
+    ) -> service_pb2.ForwardMessageToDeadLetterQueueResponse:
         group = validation.check_group(request.group.name)
         topic = validation.check_topic(request.topic.name)
         handle, _ = await self._live_handle(call, request.receipt_handle)

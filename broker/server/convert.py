@@ -17,7 +17,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import socket
-from typing import Any
+
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from broker.server.errors import BadRequest, ServerError
 from broker.server.validation import RESERVED_PROPERTIES
@@ -27,8 +29,15 @@ from protocol.pb import definition_pb2
 from protocol.props import Prop
 
 # protocol MessageType numbers
-NORMAL, FIFO, DELAY, TRANSACTION = 1, 2, 3, 4
-TYPE_NAMES = {NORMAL: "NORMAL", FIFO: "FIFO", DELAY: "DELAY", TRANSACTION: "TRANSACTION"}
+NORMAL, FIFO, DELAY, TRANSACTION = (
+    definition_pb2.MessageType.Value(n) for n in ("NORMAL", "FIFO", "DELAY", "TRANSACTION")
+)
+TYPE_NAMES: dict[int, str] = {
+    NORMAL: "NORMAL",
+    FIFO: "FIFO",
+    DELAY: "DELAY",
+    TRANSACTION: "TRANSACTION",
+}
 ENCODING_IDENTITY = definition_pb2.Encoding.Value("IDENTITY")
 # the body digest a delivered message carries: MD5, as the Apache proxy sends (body_digest)
 DIGEST_MD5 = definition_pb2.DigestType.Value("MD5")
@@ -56,7 +65,9 @@ MAX_DURATION_S = 315_576_000_000
 MAX_NANOS = 999_999_999
 
 
-def timestamp_ms(ts: Any, what: str = "timestamp", error: type[ServerError] = BadRequest) -> int:
+def timestamp_ms(
+    ts: Timestamp, what: str = "timestamp", error: type[ServerError] = BadRequest
+) -> int:
     """A protobuf Timestamp as epoch milliseconds; `error` when it is out of range."""
     seconds, nanos = int(ts.seconds), int(ts.nanos)
     if not 0 <= seconds <= MAX_TIMESTAMP_S or not 0 <= nanos <= MAX_NANOS:
@@ -64,12 +75,12 @@ def timestamp_ms(ts: Any, what: str = "timestamp", error: type[ServerError] = Ba
     return seconds * 1000 + nanos // 1_000_000
 
 
-def set_timestamp_ms(ts: Any, ms: int) -> None:
+def set_timestamp_ms(ts: Timestamp, ms: int) -> None:
     ts.seconds = ms // 1000
     ts.nanos = (ms % 1000) * 1_000_000
 
 
-def duration_ms(d: Any, what: str = "duration", error: type[ServerError] = BadRequest) -> int:
+def duration_ms(d: Duration, what: str = "duration", error: type[ServerError] = BadRequest) -> int:
     """A protobuf Duration in milliseconds (negative when it is); `error` when malformed."""
     seconds, nanos = int(d.seconds), int(d.nanos)
     if (
@@ -82,12 +93,12 @@ def duration_ms(d: Any, what: str = "duration", error: type[ServerError] = BadRe
     return seconds * 1000 + int(nanos / 1_000_000)
 
 
-def set_duration_ms(d: Any, ms: int) -> None:
+def set_duration_ms(d: Duration, ms: int) -> None:
     d.seconds = ms // 1000
     d.nanos = (ms % 1000) * 1_000_000
 
 
-def message_type_of(sp: Any) -> str:
+def message_type_of(sp: definition_pb2.SystemProperties) -> str:
     """The message's declared type name; unspecified falls back to what its fields imply.
 
     A type this server does not serve (LITE, PRIORITY, or a number the protocol lacks) is
@@ -107,7 +118,9 @@ def message_type_of(sp: Any) -> str:
     return "NORMAL"
 
 
-def to_store(pm: Any, queue_id: int, *, transactional: bool, producer_group: str | None) -> Message:
+def to_store(
+    pm: definition_pb2.Message, queue_id: int, *, transactional: bool, producer_group: str | None
+) -> Message:
     """Build the store message for one (already validated) protocol message."""
     sp = pm.system_properties
     user = pm.user_properties
@@ -167,7 +180,9 @@ def body_digest(body: bytes | bytearray | memoryview) -> str:
     return hashlib.md5(body, usedforsecurity=False).hexdigest().upper()
 
 
-def delivery_template(*, topic: str, namespace: str, invisible_ms: int | None = None) -> Any:
+def delivery_template(
+    *, topic: str, namespace: str, invisible_ms: int | None = None
+) -> definition_pb2.Message:
     """The fields every message of one delivery shares (topic, digest and encoding kinds,
     invisible duration), built once and copied into each by `fill_proto`."""
     pm = definition_pb2.Message()
@@ -182,7 +197,12 @@ def delivery_template(*, topic: str, namespace: str, invisible_ms: int | None = 
 
 
 def fill_proto(
-    pm: Any, ext: MessageExt, *, template: Any, receipt_handle: str | None, delivery_attempt: int
+    pm: definition_pb2.Message,
+    ext: MessageExt,
+    *,
+    template: definition_pb2.Message,
+    receipt_handle: str | None,
+    delivery_attempt: int,
 ) -> None:
     """Write into `pm` (a fresh protocol Message, e.g. a response's field, so nothing is
     copied twice) the message a consumer receives for one stored message; `template`
@@ -245,7 +265,7 @@ def to_proto(
     receipt_handle: str | None,
     delivery_attempt: int,
     invisible_ms: int | None = None,
-) -> Any:
+) -> definition_pb2.Message:
     """The protocol message a consumer receives for one stored message."""
     pm = definition_pb2.Message()
     fill_proto(

@@ -170,7 +170,7 @@ class DirectDeliveries:
             "elapsed_ms": int((time.monotonic() - started) * 1000),
         }
 
-    def answer(self, client_id: str, nonce: str, status: Any) -> bool:
+    def answer(self, client_id: str, nonce: str, status: definition_pb2.Status) -> bool:
         """A client's answer to `nonce`; False (ignored) when nothing waits for it from
         that client."""
         question = self._waiting.get(nonce)

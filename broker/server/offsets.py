@@ -17,8 +17,6 @@ Both read: they never create a topic or a group. A queue id outside the topic's 
 
 from __future__ import annotations
 
-from typing import Any
-
 from broker.errors import TopicNotFound
 from broker.server import convert
 from broker.server.context import CallInfo, ServerContext
@@ -36,7 +34,7 @@ class OffsetHandlers:
     def __init__(self, ctx: ServerContext) -> None:
         self.ctx = ctx
 
-    def _queue(self, mq: Any) -> tuple[str, int]:
+    def _queue(self, mq: definition_pb2.MessageQueue) -> tuple[str, int]:
         topic = check_topic(mq.topic.name)
         cfg = self.ctx.broker.get_topic(topic)
         if cfg is None:
@@ -46,7 +44,9 @@ class OffsetHandlers:
             raise IllegalOffset(f"topic {topic!r} has no queue {queue_id}")
         return topic, queue_id
 
-    async def get_offset(self, request: Any, call: CallInfo) -> Any:
+    async def get_offset(
+        self, request: service_pb2.GetOffsetRequest, call: CallInfo
+    ) -> service_pb2.GetOffsetResponse:
         group = check_group(request.group.name)
         topic, queue_id = self._queue(request.message_queue)
         offset = await self.ctx.run(self.ctx.broker.query_offset, group, topic, queue_id)
@@ -57,7 +57,9 @@ class OffsetHandlers:
         response.offset = offset
         return response
 
-    async def query_offset(self, request: Any, call: CallInfo) -> Any:
+    async def query_offset(
+        self, request: service_pb2.QueryOffsetRequest, call: CallInfo
+    ) -> service_pb2.QueryOffsetResponse:
         topic, queue_id = self._queue(request.message_queue)
         broker = self.ctx.broker
         policy = int(request.query_offset_policy)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from broker.errors import ResponseCode, SendRejected
@@ -41,7 +42,7 @@ from broker.store.message import Message, PutMessageResult, PutMessageStatus
 from broker.topic import TopicConfig
 from protocol import ext as protocol_ext
 from protocol.clock import wall_ms
-from protocol.pb import service_pb2
+from protocol.pb import definition_pb2, service_pb2
 from protocol.props import Prop
 
 log = logging.getLogger(__name__)
@@ -54,16 +55,17 @@ StoredMessage = tuple[int, str, int, PutMessageStatus, str, int]
 SOURCE_SERVER_CHECK = 2
 # a sync-master's "stored, no slave confirmed it" answers (docs/ha.md)
 _NOT_REPLICATED = frozenset({Code.HA_NOT_AVAILABLE, Code.SLAVE_PERSISTENCE_TIMEOUT})
+Messages = Sequence[definition_pb2.Message]  # a SendMessageRequest's
 
 
-def _failed(message_id: str, exc: BaseException) -> Any:
+def _failed(message_id: str, exc: BaseException) -> service_pb2.SendResultEntry:
     entry = service_pb2.SendResultEntry()
     entry.message_id = message_id
     entry.status.CopyFrom(status_of(exc))
     return entry
 
 
-def _not_acknowledged(topic: str, status: PutMessageStatus) -> Any:
+def _not_acknowledged(topic: str, status: PutMessageStatus) -> definition_pb2.Status:
     """The status of a message stored but not acknowledged (e.g. its fsync timed out)."""
     return status_of(
         SendRejected(topic, status.value, PUT_STATUS_CODES.get(status, ResponseCode.SYSTEM_ERROR))
@@ -93,7 +95,9 @@ class ProducerHandlers:
         self._groups.append = self._append_group
 
     # --- SendMessage
-    async def send(self, request: Any, call: CallInfo) -> Any:
+    async def send(
+        self, request: service_pb2.SendMessageRequest, call: CallInfo
+    ) -> service_pb2.SendMessageResponse:
         """One request's messages are checked, then stored with one broker call per (topic,
         queue) they go to (one record batch, one lock pass), all on the event loop; under
         SYNC_FLUSH the answer waits for the group commit's fsync on a future, holding no
@@ -136,7 +140,9 @@ class ProducerHandlers:
         # cache, and the client's resend of the same message gets it instead of a copy
         return await detached(self._serve(messages, lead, count))
 
-    async def _serve(self, messages: Any, lead: bool, count: int) -> Any:
+    async def _serve(
+        self, messages: Messages, lead: bool, count: int
+    ) -> service_pb2.SendMessageResponse:
         """The admitted request's answer (`send`); the in-flight count goes down at its end."""
         started = time.perf_counter()
         response = service_pb2.SendMessageResponse()
@@ -156,7 +162,7 @@ class ProducerHandlers:
         return response
 
     async def _send_all(
-        self, messages: Any, may_lead: bool = False, response: Any = None
+        self, messages: Messages, may_lead: bool = False, response: Any = None
     ) -> list[Any]:
         """Each message's entry, in request order. `response` (a SendMessageResponse) may get
         them in place, with its status, when one record batch answers the whole request."""
@@ -253,7 +259,7 @@ class ProducerHandlers:
         return entries
 
     @staticmethod
-    def _bodies_of(items: list[tuple[int, str, Shape]], messages: Any) -> BodyParts | None:
+    def _bodies_of(items: list[tuple[int, str, Shape]], messages: Messages) -> BodyParts | None:
         """What `_append_bodies` stores of a bucket of messages of one shape (`SendChecks.prepare`):
         their bodies, ids and keys, and the first message's born host and time (any record
         batch's); None when the messages differ in shape or born host, or carry user
@@ -309,7 +315,7 @@ class ProducerHandlers:
         )
 
     def _put_bodies(
-        self, topic: str, queue_id: int, items: list[tuple[int, str, Shape]], messages: Any
+        self, topic: str, queue_id: int, items: list[tuple[int, str, Shape]], messages: Messages
     ) -> PutMessageResult | None:
         """A bucket of messages of one shape stored as one record batch (`_append_bodies`);
         None when they cannot be (`_bodies_of`) or the broker refuses the batch whole."""
@@ -318,7 +324,7 @@ class ProducerHandlers:
 
     # --- sends stored with the others of the loop's turn (`broker.server.send_groups`)
     def _join(
-        self, buckets: dict[tuple[str, int], list[tuple[int, str, Shape]]], messages: Any
+        self, buckets: dict[tuple[str, int], list[tuple[int, str, Shape]]], messages: Messages
     ) -> asyncio.Future[Stored] | None:
         """A gRPC send whose messages share one record batch (one bucket, one shape, no
         message group, no user properties) joins the group of its topic, shape, born host
@@ -367,7 +373,7 @@ class ProducerHandlers:
         self,
         joined: asyncio.Future[Stored],
         buckets: dict[tuple[str, int], list[tuple[int, str, Shape]]],
-        messages: Any,
+        messages: Messages,
         entries: list[Any],
         loop: asyncio.AbstractEventLoop,
         response: Any,
@@ -391,7 +397,7 @@ class ProducerHandlers:
     async def _store_buckets(
         self,
         buckets: dict[tuple[str, int], list[tuple[int, str, Shape]]],
-        messages: Any,
+        messages: Messages,
         entries: list[Any],
         loop: asyncio.AbstractEventLoop,
         may_lead: bool = False,
@@ -412,7 +418,7 @@ class ProducerHandlers:
     def _append_buckets(
         self,
         buckets: dict[tuple[str, int], list[tuple[int, str, Shape]]],
-        messages: Any,
+        messages: Messages,
         entries: list[Any],
     ) -> tuple[list[StoredMessage], int]:
         """Each bucket in one broker call: what was stored, and the end of the last record
@@ -465,7 +471,7 @@ class ProducerHandlers:
         self,
         stored: list[StoredMessage],
         end: int,
-        messages: Any,
+        messages: Messages,
         entries: list[Any],
         loop: asyncio.AbstractEventLoop,
         may_lead: bool,
@@ -528,11 +534,11 @@ class ProducerHandlers:
             response.status.CopyFrom(entries[0].status)
 
     @staticmethod
-    def _to_store(pm: Any, queue_id: int) -> Message:
+    def _to_store(pm: definition_pb2.Message, queue_id: int) -> Message:
         """The store form of a message `SendChecks.prepare` accepted for a record batch."""
         return convert.to_store(pm, queue_id, transactional=False, producer_group=None)
 
-    async def _store(self, pm: Any) -> Any:
+    async def _store(self, pm: definition_pb2.Message) -> service_pb2.SendResultEntry:
         """One message through `Broker.send_message` (delayed, transactional, and every
         send of the recovery window, which first looks for a copy stored before the start)."""
         config = self.ctx.config
@@ -586,7 +592,9 @@ class ProducerHandlers:
         return entry
 
     # --- EndTransaction
-    async def end_transaction(self, request: Any, call: CallInfo) -> Any:
+    async def end_transaction(
+        self, request: service_pb2.EndTransactionRequest, call: CallInfo
+    ) -> service_pb2.EndTransactionResponse:
         topic = validation.check_topic(request.topic.name)
         if not request.transaction_id:
             raise InvalidTransactionId("transaction id is empty")
@@ -609,7 +617,9 @@ class ProducerHandlers:
         return response
 
     # --- RecallMessage
-    async def recall(self, request: Any, call: CallInfo) -> Any:
+    async def recall(
+        self, request: service_pb2.RecallMessageRequest, call: CallInfo
+    ) -> service_pb2.RecallMessageResponse:
         topic = validation.check_topic(request.topic.name)
         if not request.recall_handle:
             raise BadRequest("recall handle is empty")

@@ -8,7 +8,6 @@ group always lands in one queue (`group_queue`).
 from __future__ import annotations
 
 import hashlib
-from typing import Any
 
 from broker.server import convert, validation
 from broker.server.clients import ClientHandlers
@@ -16,6 +15,7 @@ from broker.server.context import ServerContext
 from broker.server.errors import Forbidden
 from broker.server.group_resend import RETRY_TOPIC, check_group_resend
 from broker.topic import PERM_WRITE, TopicConfig
+from protocol.pb import definition_pb2
 
 # what a message's record shares with the others of a record batch (`SendChecks.prepare`)
 Shape = tuple[str, str, bool] | None
@@ -49,8 +49,8 @@ class SendChecks:
 
     def prepare(
         self,
-        pm: Any,
-        sp: Any,
+        pm: definition_pb2.Message,
+        sp: definition_pb2.SystemProperties,
         queues: dict[str, int],
         accepted: dict[tuple[str, str], TopicConfig],
         named: set[str],
@@ -127,7 +127,7 @@ class SendChecks:
         self._round_robin[cfg.name] = turn + 1
         return turn % cfg.write_queue_nums
 
-    def queue_for(self, cfg: TopicConfig, sp: Any) -> int:
+    def queue_for(self, cfg: TopicConfig, sp: definition_pb2.SystemProperties) -> int:
         if sp.HasField("message_group") and sp.message_group:
             return group_queue(sp.message_group, cfg.write_queue_nums)
         return self.next_queue(cfg)

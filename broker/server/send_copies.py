@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from typing import Any
 
 from broker.server.context import ServerContext
 from broker.server.dedupe import SendResults
@@ -42,7 +41,7 @@ class SendCopies:
         self.recent = SendResults(ctx.config.dedupe_cache_bytes, ctx.config.dedupe_cache_size)
         self.unreplicated = SendResults(ctx.config.dedupe_cache_bytes // 8)
 
-    def remember_unreplicated(self, key: bytes, entry: Any) -> None:
+    def remember_unreplicated(self, key: bytes, entry: service_pb2.SendResultEntry) -> None:
         """A send stored and answered "not replicated": its copy is in the log, below the
         log's end now; a resend is answered from it (`replicated_copy`)."""
         end = self.ctx.broker.store.get_commitlog_max_offset()
@@ -50,7 +49,7 @@ class SendCopies:
 
     async def replicated_copy(
         self, key: bytes, stored_copy: bytes, loop: asyncio.AbstractEventLoop
-    ) -> Any:
+    ) -> service_pb2.SendResultEntry:
         """The answer to a resend of a message stored but not replicated: the first
         answer, OK once a slave has the log past that copy (it then counts as answered),
         else "not replicated" again; never a second copy in the log."""
@@ -77,7 +76,9 @@ class SendCopies:
         gate.when_replicated(end, done)
         return await asyncio.shield(future)
 
-    def stored_before(self, topic: str, message_id: str, properties: dict[str, str]) -> Any:
+    def stored_before(
+        self, topic: str, message_id: str, properties: dict[str, str]
+    ) -> service_pb2.SendResultEntry | None:
         """A result for a message stored before this start (a retry across a restart)."""
         try:
             ext = self.ctx.broker.store.query_message_by_unique_key(topic, message_id)

@@ -20,9 +20,11 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol, TypeVar
 
 import grpc
+from google.protobuf.descriptor import Descriptor
+from google.protobuf.message import Message
 
 from broker.server import convert
 from broker.server.clients import ClientHandlers
@@ -35,10 +37,23 @@ from broker.server.producing import ProducerHandlers
 from broker.server.status import status_of
 from protocol import ext as protocol_ext
 from protocol import wire as protocol_wire
-from protocol.pb import service_pb2
+from protocol.pb import definition_pb2, service_pb2
 
 SERVICE = "apache.rocketmq.v2.MessagingService"
 Handler = Callable[[Any, CallInfo], Awaitable[Any]]
+Request = TypeVar("Request", bound=Message)
+Response = TypeVar("Response", bound="_Answer")
+
+
+class _Answer(Protocol):
+    """A unary RPC's response: a protocol message that carries a status."""
+
+    DESCRIPTOR: Descriptor
+
+    def __init__(self) -> None: ...
+
+    @property
+    def status(self) -> definition_pb2.Status: ...
 
 
 def add_to_server(servicer: MessagingServicer, server: Any) -> None:
@@ -161,7 +176,13 @@ class MessagingServicer:
         self.ctx.had_messages = True
         self.ctx.started_ms = self.ctx.clock()
 
-    async def _unary(self, context: Any, response_type: Any, handler: Handler, request: Any) -> Any:
+    async def _unary(
+        self,
+        context: Any,
+        response_type: type[Response],
+        handler: Callable[[Request, CallInfo], Awaitable[Response]],
+        request: Request | Undecodable,
+    ) -> Response:
         try:
             call = self.ctx.call_info(context)
             if isinstance(request, Undecodable):
@@ -187,26 +208,34 @@ class MessagingServicer:
                 self._abandon(response_type)  # takes the answer
         return response
 
-    def _abandon(self, response_type: Any) -> NoReturn:
+    def _abandon(self, response_type: type[_Answer]) -> NoReturn:
         """A call whose client left (its deadline passed) before its answer: counted and
         not answered (`broker.server.overload`); gRPC has ended the call already."""
         self.ctx.overload.abandoned(response_type.DESCRIPTOR.name.removesuffix("Response"))
         raise asyncio.CancelledError()
 
-    async def QueryRoute(self, request: Any, context: Any) -> Any:
+    async def QueryRoute(
+        self, request: service_pb2.QueryRouteRequest | Undecodable, context: Any
+    ) -> service_pb2.QueryRouteResponse:
         return await self._unary(
             context, service_pb2.QueryRouteResponse, self.clients.query_route, request
         )
 
-    async def Heartbeat(self, request: Any, context: Any) -> Any:
+    async def Heartbeat(
+        self, request: service_pb2.HeartbeatRequest | Undecodable, context: Any
+    ) -> service_pb2.HeartbeatResponse:
         return await self._unary(
             context, service_pb2.HeartbeatResponse, self.clients.heartbeat, request
         )
 
-    async def SendMessage(self, request: Any, context: Any) -> Any:
+    async def SendMessage(
+        self, request: service_pb2.SendMessageRequest | Undecodable, context: Any
+    ) -> service_pb2.SendMessageResponse:
         return await self._unary(context, service_pb2.SendMessageResponse, self._send, request)
 
-    async def QueryAssignment(self, request: Any, context: Any) -> Any:
+    async def QueryAssignment(
+        self, request: service_pb2.QueryAssignmentRequest | Undecodable, context: Any
+    ) -> service_pb2.QueryAssignmentResponse:
         return await self._unary(
             context, service_pb2.QueryAssignmentResponse, self.clients.query_assignment, request
         )
@@ -236,7 +265,9 @@ class MessagingServicer:
             for response in self._refused_receive(exc):
                 yield response
 
-    async def ReceiveMessages(self, request: Any, context: Any) -> Any:
+    async def ReceiveMessages(
+        self, request: service_pb2.ReceiveMessageRequest | Undecodable, context: Any
+    ) -> protocol_ext.ReceiveMessagesResponse:
         """The extension's receive (`protocol.ext`): the batch in one response."""
         try:
             if isinstance(request, Undecodable):
@@ -272,21 +303,29 @@ class MessagingServicer:
             offered.append(protocol_ext.GROUP_RESEND)
         return {"capabilities": offered}
 
-    def _refused_receive(self, exc: Exception) -> list[Any]:
+    def _refused_receive(self, exc: Exception) -> list[service_pb2.ReceiveMessageResponse]:
         """A refused receive, shaped as the protocol wants: a status, then a timestamp."""
         last = service_pb2.ReceiveMessageResponse()
         convert.set_timestamp_ms(last.delivery_timestamp, self.ctx.clock())
         return [service_pb2.ReceiveMessageResponse(status=status_of(exc)), last]
 
-    async def AckMessage(self, request: Any, context: Any) -> Any:
+    async def AckMessage(
+        self, request: service_pb2.AckMessageRequest | Undecodable, context: Any
+    ) -> service_pb2.AckMessageResponse:
         return await self._unary(context, service_pb2.AckMessageResponse, self._ack, request)
 
-    async def ForwardMessageToDeadLetterQueue(self, request: Any, context: Any) -> Any:
+    async def ForwardMessageToDeadLetterQueue(
+        self,
+        request: service_pb2.ForwardMessageToDeadLetterQueueRequest | Undecodable,
+        context: Any,
+    ) -> service_pb2.ForwardMessageToDeadLetterQueueResponse:
         return await self._unary(
             context, service_pb2.ForwardMessageToDeadLetterQueueResponse, self._forward, request
         )
 
-    async def EndTransaction(self, request: Any, context: Any) -> Any:
+    async def EndTransaction(
+        self, request: service_pb2.EndTransactionRequest | Undecodable, context: Any
+    ) -> service_pb2.EndTransactionResponse:
         return await self._unary(
             context, service_pb2.EndTransactionResponse, self._end_transaction, request
         )
@@ -295,28 +334,40 @@ class MessagingServicer:
         async for command in self.clients.telemetry(request_iterator, context):
             yield command
 
-    async def NotifyClientTermination(self, request: Any, context: Any) -> Any:
-        async def handler(req: Any, call: CallInfo) -> Any:
+    async def NotifyClientTermination(
+        self, request: service_pb2.NotifyClientTerminationRequest | Undecodable, context: Any
+    ) -> service_pb2.NotifyClientTerminationResponse:
+        async def handler(
+            req: service_pb2.NotifyClientTerminationRequest, call: CallInfo
+        ) -> service_pb2.NotifyClientTerminationResponse:
             return await self.clients.notify_termination(req, call, self.consuming.release_session)
 
         return await self._unary(
             context, service_pb2.NotifyClientTerminationResponse, handler, request
         )
 
-    async def ChangeInvisibleDuration(self, request: Any, context: Any) -> Any:
+    async def ChangeInvisibleDuration(
+        self, request: service_pb2.ChangeInvisibleDurationRequest | Undecodable, context: Any
+    ) -> service_pb2.ChangeInvisibleDurationResponse:
         return await self._unary(
             context, service_pb2.ChangeInvisibleDurationResponse, self._change_invisible, request
         )
 
-    async def RecallMessage(self, request: Any, context: Any) -> Any:
+    async def RecallMessage(
+        self, request: service_pb2.RecallMessageRequest | Undecodable, context: Any
+    ) -> service_pb2.RecallMessageResponse:
         return await self._unary(context, service_pb2.RecallMessageResponse, self._recall, request)
 
-    async def GetOffset(self, request: Any, context: Any) -> Any:
+    async def GetOffset(
+        self, request: service_pb2.GetOffsetRequest | Undecodable, context: Any
+    ) -> service_pb2.GetOffsetResponse:
         return await self._unary(
             context, service_pb2.GetOffsetResponse, self.offsets.get_offset, request
         )
 
-    async def QueryOffset(self, request: Any, context: Any) -> Any:
+    async def QueryOffset(
+        self, request: service_pb2.QueryOffsetRequest | Undecodable, context: Any
+    ) -> service_pb2.QueryOffsetResponse:
         return await self._unary(
             context, service_pb2.QueryOffsetResponse, self.offsets.query_offset, request
         )
@@ -330,12 +381,16 @@ class MessagingServicer:
 
         return handler
 
-    async def UpdateOffset(self, request: Any, context: Any) -> Any:
+    async def UpdateOffset(
+        self, request: service_pb2.UpdateOffsetRequest | Undecodable, context: Any
+    ) -> service_pb2.UpdateOffsetResponse:
         return await self._unary(
             context, service_pb2.UpdateOffsetResponse, self._not_offered("UpdateOffset"), request
         )
 
-    async def SyncLiteSubscription(self, request: Any, context: Any) -> Any:
+    async def SyncLiteSubscription(
+        self, request: service_pb2.SyncLiteSubscriptionRequest | Undecodable, context: Any
+    ) -> service_pb2.SyncLiteSubscriptionResponse:
         return await self._unary(
             context,
             service_pb2.SyncLiteSubscriptionResponse,
@@ -343,7 +398,9 @@ class MessagingServicer:
             request,
         )
 
-    async def PullMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
+    async def PullMessage(
+        self, request: service_pb2.PullMessageRequest | Undecodable, context: Any
+    ) -> AsyncIterator[service_pb2.PullMessageResponse]:
         yield await self._unary(
             context, service_pb2.PullMessageResponse, self._not_offered("PullMessage"), request
         )

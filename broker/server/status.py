@@ -11,7 +11,6 @@ client can flood the log.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from broker import error_codes
 from broker import errors as be
@@ -33,18 +32,18 @@ def code_of(exc: BaseException) -> Code:
     return error_codes.code_of(exc)
 
 
-def make_status(code: Code, message: str = "") -> Any:
+def make_status(code: Code, message: str = "") -> definition_pb2.Status:
     status = definition_pb2.Status()
     status.code = definition_pb2.Code.ValueType(code)
     status.message = message or code.name
     return status
 
 
-def ok() -> Any:
+def ok() -> definition_pb2.Status:
     return make_status(Code.OK, "OK")
 
 
-def status_of(exc: BaseException) -> Any:
+def status_of(exc: BaseException) -> definition_pb2.Status:
     """The `Status` a response carries for `exc` (logged when it is not the client's fault)."""
     code = code_of(exc)
     # a store failure not mapped above is as unexpected as any other exception: its details

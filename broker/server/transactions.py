@@ -7,8 +7,6 @@ without server-side state, so commits and checks work across restarts.
 
 from __future__ import annotations
 
-from typing import Any
-
 from broker.server import convert
 from broker.server.errors import InvalidTransactionId
 from broker.server.status import ok
@@ -36,7 +34,7 @@ def decode_transaction_id(transaction_id: str) -> tuple[int, str]:
     return offset, broker_txn_id
 
 
-def orphan_command(ext: MessageExt) -> Any:
+def orphan_command(ext: MessageExt) -> service_pb2.TelemetryCommand:
     """The telemetry command asking a producer to resolve one half message."""
     topic = ext.properties.get(Prop.REAL_TOPIC) or ext.topic
     command = service_pb2.TelemetryCommand()

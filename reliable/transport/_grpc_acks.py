@@ -15,7 +15,7 @@ from reliable.errors import BadRequest, ReceiptHandleError, ReliableError, Trans
 from reliable.message import ReceivedMessage
 from reliable.transport import _grpc_convert as convert
 from reliable.transport._grpc_consumer import ConsumerSide, group_of
-from reliable.transport._grpc_session import GrpcSession
+from reliable.transport._grpc_session import GrpcSession, Request, Response, Stub
 from reliable.transport._pb import service_pb2
 
 AckResults = list[BaseException | None]  # per message: None, or the error its entry reports
@@ -29,6 +29,18 @@ class Acks:
         self._session = session
         self._consumer = consumer
 
+    def _unary(
+        self,
+        pick: Callable[[Stub], grpc.UnaryUnaryMultiCallable[Request, Response]],
+        request: Request,
+        group: str,
+        message: ReceivedMessage,
+    ) -> Response:
+        """A call about `message`, under the group's client id, to the broker group the
+        message came from."""
+        client_id = self._consumer.client_of(group)
+        return self._session.unary(pick, request, client_id, broker=group_of(message))
+
     @staticmethod
     def _handle(message: ReceivedMessage) -> str:
         if not message.receipt_handle:
@@ -41,12 +53,7 @@ class Acks:
         self._session.resource(request.topic, message.topic)
         entry = request.entries.add()
         entry.message_id, entry.receipt_handle = message.message_id, self._handle(message)
-        self._session.unary(
-            lambda s: s.AckMessage,
-            request,
-            self._consumer.client_of(group),
-            broker=group_of(message),
-        )
+        self._unary(lambda s: s.AckMessage, request, group, message)
 
     def _ack_request(
         self, group: str, messages: Sequence[ReceivedMessage]
@@ -177,12 +184,7 @@ class Acks:
         self, group: str, message: ReceivedMessage, invisible_ms: int
     ) -> str:
         request = self._change_request(group, message, invisible_ms)
-        response = self._session.unary(
-            lambda s: s.ChangeInvisibleDuration,
-            request,
-            self._consumer.client_of(group),
-            broker=group_of(message),
-        )
+        response = self._unary(lambda s: s.ChangeInvisibleDuration, request, group, message)
         message.receipt_handle = str(response.receipt_handle)
         return message.receipt_handle
 
@@ -232,12 +234,7 @@ class Acks:
         request.message_id = message.message_id
         request.delivery_attempt = message.delivery_attempt
         request.max_delivery_attempts = self._consumer.max_delivery_attempts(group)
-        self._session.unary(
-            lambda s: s.ForwardMessageToDeadLetterQueue,
-            request,
-            self._consumer.client_of(group),
-            broker=group_of(message),
-        )
+        self._unary(lambda s: s.ForwardMessageToDeadLetterQueue, request, group, message)
 
 
 def _by_group(

@@ -2,7 +2,9 @@
 
 The header and its signature are `protocol.signing`'s. The date is `%Y%m%dT%H%M%SZ`, but
 the official Python client formats its *local* time and appends `Z`; so the freshness check
-only bounds the skew (27 h by default: every time zone fits).
+only bounds the skew (27 h by default: every time zone fits). The Go client writes the
+credential as a scope, `Credential=<ak>//Rocketmq`; the access key is what precedes the
+first `/`, as the Apache proxy reads it.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def verify(
     if not header:
         raise Unauthorized("authentication is required: no authorization header")
     fields = _fields(header)
-    access_key = fields.get("Credential", "")
+    access_key = fields.get("Credential", "").partition("/")[0]
     secret = credentials.get(access_key)
     if secret is None:
         raise Unauthorized(f"unknown access key {access_key[:64]!r}")

@@ -2,7 +2,10 @@ module reliable/interop
 
 go 1.25
 
-require github.com/apache/rocketmq-clients/golang/v5 v5.1.4
+require (
+	github.com/apache/rocketmq-clients/golang/v5 v5.1.4
+	google.golang.org/grpc v1.72.0
+)
 
 require (
 	contrib.go.opencensus.io/exporter/ocagent v0.7.0 // indirect
@@ -35,6 +38,5 @@ require (
 	google.golang.org/api v0.230.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20250422160041-2d3770c4ea7f // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20250422160041-2d3770c4ea7f // indirect
-	google.golang.org/grpc v1.72.0 // indirect
 	google.golang.org/protobuf v1.36.6 // indirect
 )

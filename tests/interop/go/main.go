@@ -9,11 +9,11 @@
 //
 //   - the digest scenarios (scenarios.go): push, simple and fifo-push send the same 20 bodies
 //     and report whether every one arrives uncorrupted, in order for FIFO;
-//   - the differential scenarios (differential.go): normal, fifo, delay, transaction,
-//     invisible, retry, tag-filter, large-body, bad-topic and bad-signature report what a
-//     server does with each kind of message and each kind of mistake, free of ids and times,
-//     under the Java program's key names; they sign their calls with the access key when one
-//     is given.
+//   - the differential scenarios (differential.go; clients.go, observe.go): normal, fifo,
+//     delay, transaction, invisible, retry, tag-filter, large-body, bad-topic and
+//     bad-signature report what a server does with each kind of message and each kind of
+//     mistake, free of ids and times, under the Java program's key names; they sign their
+//     calls with the access key when one is given.
 package main
 
 import (

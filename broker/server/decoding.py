@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
+
+from google.protobuf.message import Message
 
 from broker.server.errors import BadRequest
 from broker.server.ratelimit import LogLimiter
 
 log = logging.getLogger(__name__)
 _limited = LogLimiter(log)
+
+
+Parsed = TypeVar("Parsed", bound=Message)
 
 
 class Undecodable:
@@ -43,8 +48,8 @@ class Undecodable:
         return BadRequest(f"request body is not a valid {self.method} request")
 
 
-def parser(message_type: Any, method: str) -> Callable[[bytes], Any]:
-    def parse(raw: bytes) -> Any:
+def parser(message_type: type[Parsed], method: str) -> Callable[[bytes], Parsed | Undecodable]:
+    def parse(raw: bytes) -> Parsed | Undecodable:
         try:
             return message_type.FromString(raw)
         except Exception as exc:  # DecodeError, or a nesting too deep to parse

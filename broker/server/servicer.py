@@ -75,7 +75,7 @@ def add_to_server(servicer: MessagingServicer, server: Any) -> None:
             response_serializer=response.SerializeToString,
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-    batch = {
+    batch: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
         protocol_ext.RECEIVE_MESSAGES: grpc.unary_unary_rpc_method_handler(
             servicer.ReceiveMessages,
             request_deserializer=parser(

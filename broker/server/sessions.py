@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.server.errors import Forbidden, UnrecognizedClientType
+from protocol.pb import definition_pb2, service_pb2
 
 
 class ClientKind(enum.Enum):
@@ -79,12 +80,15 @@ class TelemetryStream:
     """
 
     def __init__(self, limit: int, task: asyncio.Task[Any] | None) -> None:
-        self.queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=limit)
+        # the commands to write, then None: the writer finishes
+        self.queue: asyncio.Queue[service_pb2.TelemetryCommand | None] = asyncio.Queue(
+            maxsize=limit
+        )
         self.task = task
         self.cut = False
         self.closed = False  # the session's bookkeeping for this stream is done
 
-    def push(self, command: Any) -> bool:
+    def push(self, command: service_pb2.TelemetryCommand) -> bool:
         """Queue `command`; False when the queue is full or the stream was cut off."""
         if self.cut:
             return False
@@ -115,7 +119,7 @@ class ClientSession:
     owner: str = ""  # the access key that opened the session ("" with authentication off)
     kind: ClientKind = ClientKind.UNSPECIFIED
     group: str | None = None
-    settings: Any = None  # the client's own Settings, as last received
+    settings: definition_pb2.Settings | None = None  # the client's own, as last received
     publishing: frozenset[str] = frozenset()
     subscriptions: dict[str, frozenset[str] | None] = field(default_factory=dict)
     # every open Telemetry stream, oldest first: one client identity may hold several to
@@ -146,7 +150,7 @@ class ClientSession:
         for stream in list(self.open_streams):
             stream.end()
 
-    def push(self, command: Any) -> bool:
+    def push(self, command: service_pb2.TelemetryCommand) -> bool:
         """Queue a command on the client's telemetry stream; False when it has none or the
         client is not reading it (its queue is full)."""
         return self.stream is not None and self.stream.push(command)

@@ -9,9 +9,25 @@ A request is a JSON object of the method's parameters; a reply is `{"ok": true, 
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, NotRequired, TypedDict
 
 SERVICE = "reliable.admin.v1.Admin"
+
+Params = Mapping[str, object]
+"""A request's parameters as decoded: each is checked for its type where it is read
+(`broker.admin.params`)."""
+
+
+class Reply(TypedDict):
+    """A reply: `ok` and the method's `result`, or `ok` false with the refusal."""
+
+    ok: bool
+    result: NotRequired[object]
+    code: NotRequired[str]
+    message: NotRequired[str]
+    details: NotRequired[dict[str, object]]
+    reason: NotRequired[str]
 
 
 def method_path(method: str) -> str:
@@ -19,7 +35,7 @@ def method_path(method: str) -> str:
     return f"/{SERVICE}/{method}"
 
 
-def encode(value: dict[str, Any]) -> bytes:
+def encode(value: Mapping[str, object]) -> bytes:
     """A request or a reply as the bytes on the wire."""
     return json.dumps(value, sort_keys=True).encode()
 

@@ -22,12 +22,12 @@ admin service merges into its own.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from broker.broker import Broker
+from protocol.admin import Params
 
 
-def methods(broker: Broker) -> dict[str, Callable[[dict[str, Any]], Any]]:
+def methods(broker: Broker) -> dict[str, Callable[[Params], object]]:
     """The admin service's methods these modules implement, by protocol method name."""
     from broker.admin.messages import MessageOps
     from broker.admin.store import store_status
@@ -46,7 +46,7 @@ def methods(broker: Broker) -> dict[str, Callable[[dict[str, Any]], Any]]:
     }
 
 
-def _group_methods(broker: Broker) -> dict[str, Callable[[dict[str, Any]], Any]]:
+def _group_methods(broker: Broker) -> dict[str, Callable[[Params], object]]:
     """Dead letters and groups (`broker.admin.dlq`, `broker.admin.groups`)."""
     from broker.admin import groups
     from broker.admin.dlq import DeadLetterOps

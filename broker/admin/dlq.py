@@ -41,6 +41,7 @@ from broker.broker import Broker
 from broker.errors import GroupNotFound, InvalidArgument
 from broker.names import validate_group_name
 from broker.store.message import Message, MessageExt
+from protocol.admin import Params
 from protocol.clock import wall_ms
 from protocol.names import dlq_topic
 from protocol.props import Prop
@@ -97,9 +98,9 @@ class ReplayLedger:
             if isinstance(entry, dict):
                 yield entry
 
-    def replayed(self, group: str) -> dict[tuple[int, str], dict[str, Any]]:
+    def replayed(self, group: str) -> dict[tuple[int, str], dict[str, object]]:
         """(DLQ queue offset, message id) -> the audit entry that replayed it."""
-        out: dict[tuple[int, str], dict[str, Any]] = {}
+        out: dict[tuple[int, str], dict[str, object]] = {}
         for entry in self.entries():
             if entry.get("group") != group:
                 continue
@@ -107,7 +108,7 @@ class ReplayLedger:
                 out.setdefault((int(item["dlq_offset"]), str(item["msg_id"])), entry)
         return out
 
-    def append(self, entry: dict[str, Any]) -> None:
+    def append(self, entry: dict[str, object]) -> None:
         """Append one line durably (O_APPEND, fsync; the directory too when created),
         after ending a torn last line if a crash left one."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -130,7 +131,7 @@ class ReplayLedger:
                 os.close(dfd)
 
 
-def _group(broker: Broker, params: dict[str, Any]) -> str:
+def _group(broker: Broker, params: Params) -> str:
     group = p.text(params, "group", required=True)
     assert group is not None
     validate_group_name(group)
@@ -139,7 +140,7 @@ def _group(broker: Broker, params: dict[str, Any]) -> str:
     return group
 
 
-def _dead_letter_json(msg: MessageExt, replayed: dict[str, Any] | None) -> dict[str, Any]:
+def _dead_letter_json(msg: MessageExt, replayed: dict[str, object] | None) -> dict[str, object]:
     props = msg.properties
     return {
         "dlq_offset": msg.queue_offset,
@@ -181,7 +182,7 @@ class DeadLetterOps:
             if msg is not None:
                 yield msg
 
-    def list(self, params: dict[str, Any]) -> dict[str, Any]:
+    def list(self, params: Params) -> dict[str, object]:
         """`{group, since_ms?, until_ms?, limit=32, after?, pending_only=false}`: the group's
         dead letters, oldest first, from DLQ queue offset `after` + 1; `next_after` pages on
         when `more`."""
@@ -196,7 +197,7 @@ class DeadLetterOps:
         store = self.broker.store
         low, high = store.get_min_offset_in_queue(topic, 0), store.get_max_offset_in_queue(topic, 0)
         replayed = self.ledger.replayed(group)
-        out: list[dict[str, Any]] = []
+        out: list[dict[str, object]] = []
         more = False
         for msg in self._records(group, after + 1):
             if since is not None and msg.store_timestamp < since:
@@ -222,7 +223,7 @@ class DeadLetterOps:
             "pending": high - low - held_replayed,
         }
 
-    def replay(self, params: dict[str, Any]) -> dict[str, Any]:
+    def replay(self, params: Params) -> dict[str, object]:
         """`{group, offsets: [DLQ queue offsets], to_topic=false, operator, run, dry_run}`:
         replay those dead letters not replayed before; returns what was replayed and what
         was skipped (and why)."""
@@ -240,8 +241,8 @@ class DeadLetterOps:
         run = p.text(params, "run") or "-"
         topic = dlq_topic(group)
         store = self.broker.store
-        replayed: list[dict[str, Any]] = []
-        skipped: list[dict[str, Any]] = []
+        replayed: list[dict[str, object]] = []
+        skipped: list[dict[str, object]] = []
         with self.ledger.lock:
             done = self.ledger.replayed(group)
             for offset in dict.fromkeys(offsets):
@@ -309,7 +310,7 @@ class DeadLetterOps:
 
     def _replay_one(
         self, group: str, msg: MessageExt, to_topic: bool, operator: str
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         marks = {
             OPERATOR_ACTION: REPLAY_ACTION,
             OPERATOR: operator,
@@ -345,7 +346,7 @@ class DeadLetterOps:
             "offset_msg_id": sent.offset_msg_id,
         }
 
-    def audit(self, params: dict[str, Any]) -> dict[str, Any]:
+    def audit(self, params: Params) -> dict[str, object]:
         """`{group?, limit=32}`: the newest replay audit entries, newest first."""
         group = p.text(params, "group")
         limit = p.limit(params)

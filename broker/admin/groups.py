@@ -33,6 +33,7 @@ from broker.admin.dlq import ReplayLedger
 from broker.broker import Broker
 from broker.errors import BrokerError, GroupNotFound, InvalidArgument, ResponseCode, TopicNotFound
 from broker.names import validate_group_name, validate_user_topic
+from protocol.admin import Params
 from protocol.names import dlq_topic, is_dlq_topic, is_retry_topic, retry_topic
 
 RESET_TARGETS = ("earliest", "latest", "offset", "time")
@@ -52,7 +53,7 @@ class GroupHasConsumers(BrokerError):
         )
 
 
-def _group(broker: Broker, params: dict[str, Any]) -> str:
+def _group(broker: Broker, params: Params) -> str:
     group = p.text(params, "group", required=True)
     assert group is not None
     validate_group_name(group)
@@ -61,7 +62,7 @@ def _group(broker: Broker, params: dict[str, Any]) -> str:
     return group
 
 
-def _ms(value: int | None) -> dict[str, Any]:
+def _ms(value: int | None) -> dict[str, object]:
     return {
         "last_consume_time_ms": value,
         "last_consume_time": p.iso_ms(value) if value is not None else None,
@@ -73,10 +74,10 @@ def _latest(values: list[int | None]) -> int | None:
     return max(known) if known else None
 
 
-def group_progress(broker: Broker, params: dict[str, Any]) -> dict[str, Any]:
+def group_progress(broker: Broker, params: Params) -> dict[str, object]:
     group = _group(broker, params)
     store = broker.store
-    topics: dict[str, list[dict[str, Any]]] = {}
+    topics: dict[str, list[dict[str, Any]]] = {}  # rows read back below
     for qp in broker.consumer_progress(group):
         if is_retry_topic(qp.topic) or is_dlq_topic(qp.topic):
             continue
@@ -95,7 +96,7 @@ def group_progress(broker: Broker, params: dict[str, Any]) -> dict[str, Any]:
                 **_ms(when),
             }
         )
-    out_topics = []
+    out_topics: list[dict[str, Any]] = []
     for topic, queues in sorted(topics.items()):
         out_topics.append(
             {
@@ -154,7 +155,7 @@ def _refuse_live(broker: Broker, group: str, force: bool) -> list[str]:
     return live
 
 
-def reset_group_offset(broker: Broker, params: dict[str, Any]) -> dict[str, Any]:
+def reset_group_offset(broker: Broker, params: Params) -> dict[str, object]:
     group = _group(broker, params)
     topic = p.topic(params, required=True)
     assert topic is not None
@@ -177,7 +178,7 @@ def reset_group_offset(broker: Broker, params: dict[str, Any]) -> dict[str, Any]
         else broker.consumer_ids(group)
     )
     store = broker.store
-    queues: list[dict[str, Any]] = []
+    queues: list[dict[str, object]] = []
     after: dict[int, int] = {}
     clamped: dict[int, str] = {}  # to=offset outside a queue: moved to its end or start
     for q in range(cfg.read_queue_nums):
@@ -220,7 +221,7 @@ def reset_group_offset(broker: Broker, params: dict[str, Any]) -> dict[str, Any]
     }
 
 
-def delete_group(broker: Broker, params: dict[str, Any]) -> dict[str, Any]:
+def delete_group(broker: Broker, params: Params) -> dict[str, object]:
     group = _group(broker, params)
     live = _refuse_live(broker, group, p.flag(params, "force"))
     topics = broker.consumer_progress(group)
@@ -234,7 +235,7 @@ def delete_group(broker: Broker, params: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def delete_topic(broker: Broker, params: dict[str, Any]) -> dict[str, Any]:
+def delete_topic(broker: Broker, params: Params) -> dict[str, object]:
     topic = p.topic(params, required=True)
     assert topic is not None
     validate_user_topic(topic)  # system topics are refused

@@ -31,7 +31,6 @@ import heapq
 import random
 import secrets
 from collections.abc import Iterator
-from typing import Any
 
 from broker.admin import params as p
 from broker.admin.params import MessageNotFound
@@ -47,6 +46,7 @@ from broker.store import query
 from broker.store.errors import InvalidQuery
 from broker.store.message import Message, MessageExt, decode_offset_msg_id
 from broker.store.store import MessageStore
+from protocol.admin import Params
 from protocol.names import (
     REVIVE_TOPIC,
     TRANS_OP_HALF_TOPIC,
@@ -211,7 +211,7 @@ class MessageOps:
         self.find = MessageFinder(broker)
 
     # ------------------------------------------------------------------ query
-    def query(self, params: dict[str, Any]) -> dict[str, Any]:
+    def query(self, params: Params) -> dict[str, object]:
         limit = p.limit(params)
         body = p.flag(params, "body")
         msg_id = p.text(params, "id")
@@ -286,7 +286,7 @@ class MessageOps:
             raise InvalidArgument(f"queue {queue} is out of range: topic {topic!r} has {have}")
 
     # ------------------------------------------------------------------ send
-    def send(self, params: dict[str, Any]) -> dict[str, Any]:
+    def send(self, params: Params) -> dict[str, object]:
         topic = p.topic(params, required=True)
         assert topic is not None
         raw = params.get("body")
@@ -343,7 +343,7 @@ class MessageOps:
         }
 
     # ------------------------------------------------------------------ reconsume
-    def reconsume(self, params: dict[str, Any]) -> dict[str, Any]:
+    def reconsume(self, params: Params) -> dict[str, object]:
         msg_id = check_id(p.text(params, "id", required=True) or "")
         group = p.text(params, "group", required=True)
         assert group is not None

@@ -4,10 +4,10 @@ JSON shape of a stored message."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 
 from broker.errors import BrokerError, InvalidArgument, ResponseCode
 from broker.store.message import MessageExt
+from protocol.admin import Params
 from protocol.names import topic_name_problem
 
 MAX_LIMIT = 1000  # results of one query, whatever the caller asks
@@ -24,7 +24,7 @@ class MessageNotFound(BrokerError):
         super().__init__(f"no message {what}")
 
 
-def text(params: dict[str, Any], name: str, *, required: bool = False) -> str | None:
+def text(params: Params, name: str, *, required: bool = False) -> str | None:
     """A non-empty string parameter, or None when absent (InvalidArgument if required)."""
     value = params.get(name)
     if value is None or value == "":
@@ -37,7 +37,7 @@ def text(params: dict[str, Any], name: str, *, required: bool = False) -> str | 
 
 
 def integer(
-    params: dict[str, Any], name: str, default: int | None = None, *, minimum: int = 0
+    params: Params, name: str, default: int | None = None, *, minimum: int = 0
 ) -> int | None:
     value = params.get(name)
     if value is None:
@@ -49,14 +49,14 @@ def integer(
     return value
 
 
-def flag(params: dict[str, Any], name: str) -> bool:
+def flag(params: Params, name: str) -> bool:
     value = params.get(name, False)
     if not isinstance(value, bool):
         raise InvalidArgument(f"{name} must be true or false")
     return value
 
 
-def topic(params: dict[str, Any], name: str = "topic", *, required: bool = False) -> str | None:
+def topic(params: Params, name: str = "topic", *, required: bool = False) -> str | None:
     value = text(params, name, required=required)
     if value is not None:
         problem = topic_name_problem(value)
@@ -65,7 +65,7 @@ def topic(params: dict[str, Any], name: str = "topic", *, required: bool = False
     return value
 
 
-def limit(params: dict[str, Any]) -> int:
+def limit(params: Params) -> int:
     value = integer(params, "limit", DEFAULT_LIMIT, minimum=1)
     assert value is not None
     if value > MAX_LIMIT:
@@ -86,9 +86,9 @@ def body_json(body: bytes) -> dict[str, str]:
         return {"body": body.hex(), "body_encoding": "hex"}
 
 
-def message_json(msg: MessageExt, *, body: bool = False) -> dict[str, Any]:
+def message_json(msg: MessageExt, *, body: bool = False) -> dict[str, object]:
     """Everything a stored record says about its message."""
-    out: dict[str, Any] = {
+    out: dict[str, object] = {
         "topic": msg.topic,
         "queue_id": msg.queue_id,
         "queue_offset": msg.queue_offset,

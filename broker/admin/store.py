@@ -3,12 +3,11 @@ commitlog it holds (what the console's overview shows beside lag and dead letter
 
 from __future__ import annotations
 
-from typing import Any
-
 from broker.broker import Broker
+from protocol.admin import Params
 
 
-def store_status(broker: Broker, params: dict[str, Any]) -> dict[str, Any]:
+def store_status(broker: Broker, params: Params) -> dict[str, object]:
     store = broker.store
     cfg = store.config
     low, high = store.get_commitlog_min_offset(), store.get_commitlog_max_offset()

@@ -9,6 +9,7 @@ from broker.admin import params as p
 from broker.broker import Broker
 from broker.errors import TopicNotFound
 from broker.store.store import MessageStore
+from protocol.admin import Params
 
 
 def _store_time(store: MessageStore, topic: str, queue_id: int, offset: int) -> int:
@@ -17,7 +18,7 @@ def _store_time(store: MessageStore, topic: str, queue_id: int, offset: int) -> 
     return -1 if msg is None else msg.store_timestamp
 
 
-def topic_status(broker: Broker, params: dict[str, Any]) -> dict[str, Any]:
+def topic_status(broker: Broker, params: Params) -> dict[str, object]:
     topic = p.topic(params, required=True)
     assert topic is not None
     cfg = broker.get_topic(topic)
@@ -27,7 +28,7 @@ def topic_status(broker: Broker, params: dict[str, Any]) -> dict[str, Any]:
         queue_ids |= set(range(max(cfg.read_queue_nums, cfg.write_queue_nums)))
     elif not queue_ids:
         raise TopicNotFound(topic)
-    queues: list[dict[str, Any]] = []
+    queues: list[dict[str, Any]] = []  # rows read back below
     for q in sorted(queue_ids):
         low, high = store.get_min_offset_in_queue(topic, q), store.get_max_offset_in_queue(topic, q)
         first, last = _store_time(store, topic, q, low), _store_time(store, topic, q, high - 1)

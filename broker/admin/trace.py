@@ -43,6 +43,7 @@ from broker.broker import Broker
 from broker.pop_journal import unpack_leases
 from broker.store import query
 from broker.store.message import MessageExt
+from protocol.admin import Params
 from protocol.names import (
     DLQ_GROUP_TOPIC_PREFIX,
     RETRY_GROUP_TOPIC_PREFIX,
@@ -109,10 +110,10 @@ def _event(
     msg: MessageExt | None = None,
     group: str | None = None,
     **extra: Any,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """One timeline entry; `log_offset` is the commitlog offset of the record that says so
     (a stored copy, or an invisible-time log entry): the order of events within one ms."""
-    out: dict[str, Any] = {
+    out: dict[str, object] = {
         "time_ms": time_ms,
         "time": p.iso_ms(time_ms),
         "source": "broker",
@@ -132,7 +133,7 @@ def _event(
     return out
 
 
-def _stored_event(msg: MessageExt, role: str, group: str | None) -> dict[str, Any]:
+def _stored_event(msg: MessageExt, role: str, group: str | None) -> dict[str, object]:
     where = f"{msg.topic} queue {msg.queue_id} offset {msg.queue_offset}"
     if role == "original":
         text = f"stored in {where}"
@@ -164,7 +165,7 @@ def _stored_event(msg: MessageExt, role: str, group: str | None) -> dict[str, An
     return _event(msg.store_timestamp, msg.commitlog_offset, role, text, msg, group)
 
 
-def trace_message(broker: Broker, params: dict[str, Any]) -> dict[str, Any]:
+def trace_message(broker: Broker, params: Params) -> dict[str, object]:
     key = check_id(p.text(params, "key", required=True) or "")
     topic = p.topic(params)
     limit = p.integer(params, "limit", DEFAULT_RECORDS, minimum=1) or DEFAULT_RECORDS
@@ -264,10 +265,10 @@ def _readables(
     return readables
 
 
-def _delivery_events(r: _Readable) -> list[dict[str, Any]]:
+def _delivery_events(r: _Readable) -> list[dict[str, object]]:
     """A group's deliveries of a record, its hand-backs and its renewals (from the
     invisible-time log)."""
-    events: list[dict[str, Any]] = []
+    events: list[dict[str, object]] = []
     for at, attempt, until, seq in r.deliveries:
         events.append(
             _event(
@@ -310,7 +311,7 @@ def _delivery_events(r: _Readable) -> list[dict[str, Any]]:
     return events
 
 
-def _done_event(r: _Readable, dead_letters: list[MessageExt]) -> dict[str, Any] | None:
+def _done_event(r: _Readable, dead_letters: list[MessageExt]) -> dict[str, object] | None:
     """When the group was done with the record, and how (`r.done_how`): acknowledged,
     dead-lettered (a dead-letter copy of the group stored between its last delivery and
     done), or skipped (never delivered); None while it is not done."""
@@ -461,7 +462,7 @@ def _state(last: _Readable | None, dead: list[MessageExt]) -> str:
 
 def _group_summaries(
     readables: list[_Readable], ordered: list[MessageExt], roles: dict[int, tuple[str, str | None]]
-) -> list[dict[str, Any]]:
+) -> list[dict[str, object]]:
     names = sorted(
         {r.group for r in readables} | {g for role, g in roles.values() if g is not None}
     )

@@ -68,7 +68,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import NoReturn
 
 import grpc
 
@@ -78,6 +78,8 @@ from broker.admin.messages import MessageOps, check_id
 from broker.broker import Broker
 from broker.errors import GroupNotFound, InvalidArgument, TopicNotFound
 from broker.offsets import ConsumeFromWhere
+from broker.server.calls import CallContext
+from broker.server.context import ServerContext
 from broker.server.direct import DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS
 from broker.server.errors import BadRequest
 from broker.server.status import code_of, status_of
@@ -85,13 +87,13 @@ from broker.server.validation import TOPIC_TYPES, check_group, check_topic
 from broker.subscription import SubscriptionGroupConfig
 from broker.topic import PERM_READ_WRITE, TopicConfig, perm_to_string
 from protocol import admin as admin_wire
-from protocol.admin import SERVICE
+from protocol.admin import SERVICE, Params, Reply
 from protocol.limits import DEFAULT_QUEUE_NUMS, DEFAULT_RETRY_MAX_TIMES
 
 log = logging.getLogger(__name__)
 
 
-def topic_json(cfg: TopicConfig) -> dict[str, Any]:
+def topic_json(cfg: TopicConfig) -> dict[str, object]:
     return {
         "name": cfg.name,
         "read_queues": cfg.read_queue_nums,
@@ -102,7 +104,7 @@ def topic_json(cfg: TopicConfig) -> dict[str, Any]:
     }
 
 
-def group_json(cfg: SubscriptionGroupConfig) -> dict[str, Any]:
+def group_json(cfg: SubscriptionGroupConfig) -> dict[str, object]:
     return {
         "name": cfg.group,
         "fifo": cfg.fifo,
@@ -115,7 +117,7 @@ def group_json(cfg: SubscriptionGroupConfig) -> dict[str, Any]:
     }
 
 
-def _int(params: dict[str, Any], name: str, default: int) -> int:
+def _int(params: Params, name: str, default: int) -> int:
     value = params.get(name, default)
     if isinstance(value, bool) or not isinstance(value, int):
         raise BadRequest(f"{name} must be an integer")
@@ -127,7 +129,7 @@ class AdminOps:
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
-        self.methods: dict[str, Callable[[dict[str, Any]], Any]] = {
+        self.methods: dict[str, Callable[[Params], object]] = {
             "CreateTopic": self.create_topic,
             "ListTopics": self.list_topics,
             "GetTopic": self.get_topic,
@@ -144,7 +146,7 @@ class AdminOps:
         }
         self.methods.update(operator_methods(broker))
 
-    def _stored_ha_status(self, params: dict[str, Any]) -> dict[str, Any]:
+    def _stored_ha_status(self, params: Params) -> dict[str, object]:
         """A stopped store: the role it last ran with (`broker.ha.state.stored_status`)."""
         from broker.ha.state import stored_status
 
@@ -152,18 +154,18 @@ class AdminOps:
         return stored_status(store.config.store_dir, store.get_commitlog_max_offset())
 
     @staticmethod
-    def _no_promotion(params: dict[str, Any]) -> Any:
+    def _no_promotion(params: Params) -> NoReturn:
         from broker.ha.errors import PromotionRefused
 
         raise PromotionRefused("not-a-slave", "a stopped store has no replication role")
 
-    def call(self, method: str, params: dict[str, Any]) -> Any:
+    def call(self, method: str, params: Params) -> object:
         op = self.methods.get(method)
         if op is None:
             raise BadRequest(f"unknown admin method {method!r}")
         return op(params)
 
-    def create_topic(self, params: dict[str, Any]) -> dict[str, Any]:
+    def create_topic(self, params: Params) -> dict[str, object]:
         name = check_topic(str(params.get("name", "")))
         kind = str(params.get("type", "NORMAL")).upper()
         if kind not in TOPIC_TYPES:
@@ -176,10 +178,10 @@ class AdminOps:
         )
         return topic_json(cfg)
 
-    def list_topics(self, params: dict[str, Any]) -> dict[str, Any]:
+    def list_topics(self, params: Params) -> dict[str, object]:
         return {"topics": [topic_json(c) for c in self.broker.topics()]}
 
-    def get_topic(self, params: dict[str, Any]) -> dict[str, Any]:
+    def get_topic(self, params: Params) -> dict[str, object]:
         name = str(params.get("name", ""))
         cfg = self.broker.get_topic(name)
         if cfg is None:
@@ -195,7 +197,7 @@ class AdminOps:
         ]
         return out
 
-    def create_group(self, params: dict[str, Any]) -> dict[str, Any]:
+    def create_group(self, params: Params) -> dict[str, object]:
         name = check_group(str(params.get("name", "")))
         fifo = params.get("fifo", False)
         if not isinstance(fifo, bool):
@@ -205,7 +207,7 @@ class AdminOps:
         )
         return group_json(cfg)
 
-    def make_group_fifo(self, params: dict[str, Any]) -> dict[str, Any]:
+    def make_group_fifo(self, params: Params) -> dict[str, object]:
         name = check_group(str(params.get("group", "")))
         cfg = self.broker.get_group(name)
         if cfg is None:
@@ -228,10 +230,10 @@ class AdminOps:
             )
         return group_json(cfg)
 
-    def list_groups(self, params: dict[str, Any]) -> dict[str, Any]:
+    def list_groups(self, params: Params) -> dict[str, object]:
         return {"groups": [group_json(c) for c in self.broker.groups()]}
 
-    def get_group(self, params: dict[str, Any]) -> dict[str, Any]:
+    def get_group(self, params: Params) -> dict[str, object]:
         name = str(params.get("name", ""))
         cfg = self.broker.get_group(name)
         if cfg is None:
@@ -259,7 +261,7 @@ class AdminOps:
             out["progress"] = {"topic": topic, "queues": progress}
         return out
 
-    def set_group_start(self, params: dict[str, Any]) -> dict[str, Any]:
+    def set_group_start(self, params: Params) -> dict[str, object]:
         group = check_group(str(params.get("group", "")))
         topic = check_topic(str(params.get("topic", "")))
         where = _STARTS.get(str(params.get("consume_from", "LAST")).upper())
@@ -280,14 +282,14 @@ class AdminOps:
             queues.append({"queue_id": q, "offset": offset, "set": before < 0})
         return {"group": group, "topic": topic, "queues": queues}
 
-    def list_parked(self, params: dict[str, Any]) -> dict[str, Any]:
+    def list_parked(self, params: Params) -> dict[str, object]:
         group = params.get("group")
         return {
             "parked": self.broker.parked_message_groups(check_group(str(group)) if group else None)
         }
 
     @staticmethod
-    def _parked_target(params: dict[str, Any]) -> tuple[str, str, str]:
+    def _parked_target(params: Params) -> tuple[str, str, str]:
         group = check_group(str(params.get("group", "")))
         topic = check_topic(str(params.get("topic", "")))
         message_group = params.get("message_group")
@@ -295,10 +297,10 @@ class AdminOps:
             raise BadRequest("message_group must be a non-empty string")
         return group, topic, message_group
 
-    def park(self, params: dict[str, Any]) -> dict[str, Any]:
+    def park(self, params: Params) -> dict[str, object]:
         return {"parked": self.broker.park_message_group(*self._parked_target(params))}
 
-    def unpark(self, params: dict[str, Any]) -> dict[str, Any]:
+    def unpark(self, params: Params) -> dict[str, object]:
         return {"unparked": self.broker.unpark_message_group(*self._parked_target(params))}
 
 
@@ -309,12 +311,12 @@ _STARTS = {
 }
 
 
-def _decode(raw: bytes) -> dict[str, Any]:
+def _decode(raw: bytes) -> dict[str, object]:
     value = admin_wire.decode(raw)
     return {"__malformed__": True} if value is None else value
 
 
-async def reconsume_to_client(ctx: Any, params: dict[str, Any]) -> dict[str, Any]:
+async def reconsume_to_client(ctx: ServerContext, params: Params) -> dict[str, object]:
     """`ReconsumeMessage` with `client_id`: deliver the message to that one live client of
     the group on its Telemetry stream and return its verdict (`broker.server.direct`)."""
     msg_id = check_id(p.text(params, "id", required=True) or "")
@@ -350,14 +352,14 @@ async def reconsume_to_client(ctx: Any, params: dict[str, Any]) -> dict[str, Any
     }
 
 
-def admin_handler(ctx: Any) -> Any:
+def admin_handler(ctx: ServerContext) -> grpc.GenericRpcHandler:
     """The generic gRPC handler serving `reliable.admin.v1.Admin` over `ctx.broker`."""
     ops = AdminOps(ctx.broker)
     ops.methods["HaStatus"] = lambda params: (
         ctx.ha_status() if ctx.ha_status is not None else {"role": "none"}
     )
 
-    def promote(params: dict[str, Any]) -> Any:
+    def promote(params: Params) -> dict[str, object]:
         sync, force = params.get("sync", False), params.get("force", False)
         if not isinstance(sync, bool) or not isinstance(force, bool):
             raise BadRequest("sync and force must be true or false")
@@ -369,19 +371,24 @@ def admin_handler(ctx: Any) -> Any:
 
     ops.methods["PromoteBroker"] = promote
 
-    def method(name: str) -> Any:
-        async def handle(params: dict[str, Any], context: Any) -> dict[str, Any]:
+    def method(name: str) -> grpc.RpcMethodHandler[Params, Reply]:
+        async def handle(params: Params, context: CallContext) -> Reply:
             try:
                 ctx.call_info(context, require_client_id=False)
                 if params.get("__malformed__"):
                     raise BadRequest("request body must be a JSON object")
+                result: object
                 if name == "ReconsumeMessage" and params.get("client_id") is not None:
                     result = await reconsume_to_client(ctx, params)
                 else:
                     result = await ctx.run_in_pool(ops.call, name, params)
                 return {"ok": True, "result": result}
             except Exception as exc:
-                reply = {"ok": False, "code": code_of(exc).name, "message": status_of(exc).message}
+                reply: Reply = {
+                    "ok": False,
+                    "code": code_of(exc).name,
+                    "message": status_of(exc).message,
+                }
                 details = getattr(exc, "details", None)
                 if isinstance(details, dict):
                     reply["details"] = details

@@ -33,6 +33,7 @@ import grpc
 
 from broker.errors import TopicNotFound
 from broker.server import convert
+from broker.server.calls import StreamContext
 from broker.server.cluster import Server
 from broker.server.context import CallInfo, ServerContext
 from broker.server.decoding import Undecodable
@@ -242,7 +243,11 @@ class ClientHandlers:
         return response
 
     # --- Telemetry
-    async def telemetry(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+    async def telemetry(
+        self,
+        requests: AsyncIterator[service_pb2.TelemetryCommand | Undecodable],
+        context: StreamContext,
+    ) -> AsyncIterator[service_pb2.TelemetryCommand]:
         try:
             call = self.ctx.call_info(context)
             session = self.ctx.session(call)
@@ -257,7 +262,7 @@ class ClientHandlers:
         reader = asyncio.ensure_future(
             self._read_commands(requests, session, call, stream, context)
         )
-        getter: asyncio.Future[Any] | None = None
+        getter: asyncio.Future[service_pb2.TelemetryCommand | None] | None = None
         try:
             while True:
                 getter = asyncio.ensure_future(outbox.get())
@@ -295,7 +300,9 @@ class ClientHandlers:
         session.stream_closed(stream)
         session.last_seen_ms = session.disconnected_ms = self.ctx.clock()
 
-    async def _cut_off(self, session: ClientSession, stream: TelemetryStream, context: Any) -> None:
+    async def _cut_off(
+        self, session: ClientSession, stream: TelemetryStream, context: StreamContext
+    ) -> None:
         """End a stream whose client does not read it: final status, then cancel the call."""
         stream.cut = True
         self._stream_closed(session, stream)
@@ -315,11 +322,11 @@ class ClientHandlers:
 
     async def _read_commands(
         self,
-        requests: AsyncIterator[Any],
+        requests: AsyncIterator[service_pb2.TelemetryCommand | Undecodable],
         session: ClientSession,
         call: CallInfo,
         stream: TelemetryStream,
-        context: Any,
+        context: StreamContext,
     ) -> None:
         try:
             async for command in requests:

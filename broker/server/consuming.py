@@ -18,12 +18,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Callable, Collection, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 from broker.errors import BrokerError
+from broker.pop import ReceivedEntry
 from broker.server import convert, validation
+from broker.server.calls import CallContext
 from broker.server.clients import ClientHandlers
 from broker.server.codes import Code
 from broker.server.context import CallInfo, ServerContext
@@ -62,7 +64,7 @@ def _timestamp_response(now_ms: int) -> service_pb2.ReceiveMessageResponse:
     return response
 
 
-def _status_response(status: Any) -> Any:
+def _status_response(status: definition_pb2.Status) -> service_pb2.ReceiveMessageResponse:
     response = service_pb2.ReceiveMessageResponse()
     response.status.CopyFrom(status)
     return response
@@ -76,13 +78,13 @@ class ConsumerHandlers:
     def __init__(self, ctx: ServerContext, clients: ClientHandlers) -> None:
         self.ctx = ctx
         self.clients = clients
-        self._background: set[asyncio.Future[Any]] = set()
+        self._background: set[asyncio.Future[None]] = set()
         self.waiters = Waiters(ctx.config.max_parked_polls)
 
     # --- ReceiveMessage
     async def _take(
-        self, request: Any, context: Any
-    ) -> tuple[Any, ReceivePlan | None, list[Any], ClientSession | None]:
+        self, request: service_pb2.ReceiveMessageRequest, context: CallContext
+    ) -> tuple[Any, ReceivePlan | None, list[ReceivedEntry], ClientSession | None]:
         """Validate, poll and lease: (a refusal's status or None, the plan, the leased
         entries, the caller's session). No entries and no status: nothing arrived."""
         try:
@@ -116,7 +118,7 @@ class ConsumerHandlers:
     def _fill(
         request: service_pb2.ReceiveMessageRequest,
         plan: ReceivePlan,
-        entries: list[Any],
+        entries: list[ReceivedEntry],
         add: Callable[[], definition_pb2.Message],
     ) -> None:
         """Write each entry into `add()`, a fresh protocol Message; what the messages share
@@ -136,14 +138,18 @@ class ConsumerHandlers:
                 delivery_attempt=entry.delivery_attempt,
             )
 
-    def _abandon(self, plan: ReceivePlan, entries: list[Any], session: ClientSession) -> None:
+    def _abandon(
+        self, plan: ReceivePlan, entries: list[ReceivedEntry], session: ClientSession
+    ) -> None:
         """The caller went away before it had the messages: let them go right away."""
         handles = [e.receipt_handle for e in entries]
         for handle in handles:
             session.renewals.pop(handle, None)
         self._spawn(self._release(plan.group, plan.topic, handles))
 
-    async def receive(self, request: Any, context: Any) -> AsyncIterator[Any]:
+    async def receive(
+        self, request: service_pb2.ReceiveMessageRequest, context: CallContext
+    ) -> AsyncIterator[service_pb2.ReceiveMessageResponse]:
         status, plan, entries, session = await self._take(request, context)
         if status is not None or plan is None or session is None:
             yield _status_response(status)
@@ -170,7 +176,7 @@ class ConsumerHandlers:
                 self._abandon(plan, entries, session)
 
     async def receive_batch(
-        self, request: service_pb2.ReceiveMessageRequest, context: Any
+        self, request: service_pb2.ReceiveMessageRequest, context: CallContext
     ) -> ReceiveMessagesResponse:
         """`reliable.v1.BatchMessaging/ReceiveMessages`: the same receive, one response."""
         response = ReceiveMessagesResponse()
@@ -181,7 +187,7 @@ class ConsumerHandlers:
             self._fill(request, plan, entries, response.messages.add)
             response.status.CopyFrom(_OK_STATUS)
 
-            def ended(ctx: Any) -> None:  # the call was cancelled before it was answered
+            def ended(ctx: CallContext) -> None:  # the call was cancelled before it was answered
                 if ctx.cancelled():
                     self._abandon(plan, entries, session)
 
@@ -205,7 +211,7 @@ class ConsumerHandlers:
             await asyncio.sleep(min(0.1, remaining))
         return True
 
-    async def _poll(self, plan: ReceivePlan) -> list[Any]:
+    async def _poll(self, plan: ReceivePlan) -> list[ReceivedEntry]:
         """Ask the broker until it has something or the polling time is over."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + plan.poll_ms / 1000
@@ -252,7 +258,9 @@ class ConsumerHandlers:
             finally:
                 self.waiters.unpark(topic, event)
 
-    async def _plan(self, request: Any, context: Any, call: CallInfo) -> ReceivePlan:
+    async def _plan(
+        self, request: service_pb2.ReceiveMessageRequest, context: CallContext, call: CallInfo
+    ) -> ReceivePlan:
         config = self.ctx.config
         group = validation.check_group(request.group.name)
         topic = validation.check_topic(request.message_queue.topic.name)
@@ -293,7 +301,9 @@ class ConsumerHandlers:
             group, topic, batch, invisible_ms, tags, poll_ms, group_cfg.fifo, auto_renew
         )
 
-    def _release_result(self, group: str, topic: str, future: asyncio.Future[Any]) -> None:
+    def _release_result(
+        self, group: str, topic: str, future: asyncio.Future[list[ReceivedEntry]]
+    ) -> None:
         if future.cancelled() or future.exception() is not None:
             return
         handles = [e.receipt_handle for e in future.result()]
@@ -313,7 +323,7 @@ class ConsumerHandlers:
             except Exception as exc:  # already acked or expired: nothing to release
                 log.debug("release of %s skipped: %s", handle[:40], exc)
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Coroutine[object, object, None]) -> None:
         task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)

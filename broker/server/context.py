@@ -14,12 +14,13 @@ import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, ParamSpec, Protocol, TypeVar
+from typing import ParamSpec, Protocol, TypeVar
 
 from broker.broker import Broker
 from broker.errors import BrokerError
 from broker.server import auth
 from broker.server.answers import HeldAnswers
+from broker.server.calls import CallContext
 from broker.server.cluster import ClusterView
 from broker.server.config import ServerConfig
 from broker.server.direct import DirectDeliveries
@@ -54,7 +55,7 @@ def _settle(future: asyncio.Future[bool], ok: bool) -> None:
         future.set_result(ok)
 
 
-def _time_remaining(context: Any) -> float | None:
+def _time_remaining(context: CallContext) -> float | None:
     """The seconds a call has left before its deadline (None: no deadline, or a context
     that does not say)."""
     remaining = getattr(context, "time_remaining", None)
@@ -113,9 +114,9 @@ class ServerContext:
         # SYNC_MASTER: sends are answered once a slave has them (None: no such wait)
         self.replication: SyncReplication | None = None
         # the admin service's HaStatus (broker.ha's `status`); None: no replication role
-        self.ha_status: Callable[[], dict[str, Any]] | None = None
+        self.ha_status: Callable[[], dict[str, object]] | None = None
         # the admin service's PromoteBroker (broker.ha's `HaNode.promote`); None: no slave
-        self.ha_promote: Callable[..., dict[str, Any]] | None = None
+        self.ha_promote: Callable[..., dict[str, object]] | None = None
         # a slave's replication link to its master is up (broker.ha's `HaSlave.connected`);
         # None: no such link
         self.master_link: Callable[[], bool] | None = None
@@ -180,7 +181,7 @@ class ServerContext:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     # --- callers
-    def call_info(self, context: Any, *, require_client_id: bool = True) -> CallInfo:
+    def call_info(self, context: CallContext, *, require_client_id: bool = True) -> CallInfo:
         metadata = {
             k.lower(): v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)
         }

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from google.protobuf.message import Message
 
+from broker.server.calls import CallContext
 from broker.server.errors import BadRequest
 from broker.server.ratelimit import LogLimiter
 
@@ -33,7 +34,7 @@ class Undecodable:
     def __init__(self, method: str, reason: str, size: int) -> None:
         self.method, self.reason, self.size = method, reason, size
 
-    def refuse(self, context: Any) -> BadRequest:
+    def refuse(self, context: CallContext | None) -> BadRequest:
         """The error to answer with; logs one line per RPC a minute at most."""
         peer = context.peer() if context is not None else "?"
         _limited.log(

@@ -27,6 +27,7 @@ from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import Message
 
 from broker.server import convert
+from broker.server.calls import CallContext, StreamContext
 from broker.server.clients import ClientHandlers
 from broker.server.consuming import ConsumerHandlers
 from broker.server.context import CallInfo, ServerContext
@@ -56,7 +57,7 @@ class _Answer(Protocol):
     def status(self) -> definition_pb2.Status: ...
 
 
-def add_to_server(servicer: MessagingServicer, server: Any) -> None:
+def add_to_server(servicer: MessagingServicer, server: grpc.aio.Server) -> None:
     """Register `servicer` on a `grpc.aio` server with never-raising request parsers."""
     kinds = {
         (False, False): grpc.unary_unary_rpc_method_handler,
@@ -178,7 +179,7 @@ class MessagingServicer:
 
     async def _unary(
         self,
-        context: Any,
+        context: CallContext,
         response_type: type[Response],
         handler: Callable[[Request, CallInfo], Awaitable[Response]],
         request: Request | Undecodable,
@@ -215,32 +216,34 @@ class MessagingServicer:
         raise asyncio.CancelledError()
 
     async def QueryRoute(
-        self, request: service_pb2.QueryRouteRequest | Undecodable, context: Any
+        self, request: service_pb2.QueryRouteRequest | Undecodable, context: CallContext
     ) -> service_pb2.QueryRouteResponse:
         return await self._unary(
             context, service_pb2.QueryRouteResponse, self.clients.query_route, request
         )
 
     async def Heartbeat(
-        self, request: service_pb2.HeartbeatRequest | Undecodable, context: Any
+        self, request: service_pb2.HeartbeatRequest | Undecodable, context: CallContext
     ) -> service_pb2.HeartbeatResponse:
         return await self._unary(
             context, service_pb2.HeartbeatResponse, self.clients.heartbeat, request
         )
 
     async def SendMessage(
-        self, request: service_pb2.SendMessageRequest | Undecodable, context: Any
+        self, request: service_pb2.SendMessageRequest | Undecodable, context: CallContext
     ) -> service_pb2.SendMessageResponse:
         return await self._unary(context, service_pb2.SendMessageResponse, self._send, request)
 
     async def QueryAssignment(
-        self, request: service_pb2.QueryAssignmentRequest | Undecodable, context: Any
+        self, request: service_pb2.QueryAssignmentRequest | Undecodable, context: CallContext
     ) -> service_pb2.QueryAssignmentResponse:
         return await self._unary(
             context, service_pb2.QueryAssignmentResponse, self.clients.query_assignment, request
         )
 
-    async def ReceiveMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
+    async def ReceiveMessage(
+        self, request: service_pb2.ReceiveMessageRequest | Undecodable, context: CallContext
+    ) -> AsyncIterator[service_pb2.ReceiveMessageResponse]:
         if isinstance(request, Undecodable):
             try:
                 self.ctx.call_info(context)
@@ -266,7 +269,7 @@ class MessagingServicer:
                 yield response
 
     async def ReceiveMessages(
-        self, request: service_pb2.ReceiveMessageRequest | Undecodable, context: Any
+        self, request: service_pb2.ReceiveMessageRequest | Undecodable, context: CallContext
     ) -> protocol_ext.ReceiveMessagesResponse:
         """The extension's receive (`protocol.ext`): the batch in one response."""
         try:
@@ -282,7 +285,7 @@ class MessagingServicer:
             convert.set_timestamp_ms(response.delivery_timestamp, self.ctx.clock())
             return response
 
-    async def WireEndpoint(self, request: Any, context: Any) -> dict[str, Any]:
+    async def WireEndpoint(self, request: bytes, context: CallContext) -> dict[str, int | str]:
         """The native wire's port (`protocol.wire`), to a caller whose signature
         holds: `{"port": P}`, 0 when the server offers none."""
         try:
@@ -291,7 +294,9 @@ class MessagingServicer:
             return {"port": 0, "error": status_of(exc).message}
         return {"port": self.ctx.wire_port}
 
-    async def Capabilities(self, request: Any, context: Any) -> dict[str, Any]:
+    async def Capabilities(
+        self, request: bytes, context: CallContext
+    ) -> dict[str, list[str] | str]:
         """What this server accepts beyond the protocol (`protocol.ext`), to a
         caller whose signature holds: `{"capabilities": [...]}`."""
         try:
@@ -310,32 +315,38 @@ class MessagingServicer:
         return [service_pb2.ReceiveMessageResponse(status=status_of(exc)), last]
 
     async def AckMessage(
-        self, request: service_pb2.AckMessageRequest | Undecodable, context: Any
+        self, request: service_pb2.AckMessageRequest | Undecodable, context: CallContext
     ) -> service_pb2.AckMessageResponse:
         return await self._unary(context, service_pb2.AckMessageResponse, self._ack, request)
 
     async def ForwardMessageToDeadLetterQueue(
         self,
         request: service_pb2.ForwardMessageToDeadLetterQueueRequest | Undecodable,
-        context: Any,
+        context: CallContext,
     ) -> service_pb2.ForwardMessageToDeadLetterQueueResponse:
         return await self._unary(
             context, service_pb2.ForwardMessageToDeadLetterQueueResponse, self._forward, request
         )
 
     async def EndTransaction(
-        self, request: service_pb2.EndTransactionRequest | Undecodable, context: Any
+        self, request: service_pb2.EndTransactionRequest | Undecodable, context: CallContext
     ) -> service_pb2.EndTransactionResponse:
         return await self._unary(
             context, service_pb2.EndTransactionResponse, self._end_transaction, request
         )
 
-    async def Telemetry(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
+    async def Telemetry(
+        self,
+        request_iterator: AsyncIterator[service_pb2.TelemetryCommand | Undecodable],
+        context: StreamContext,
+    ) -> AsyncIterator[service_pb2.TelemetryCommand]:
         async for command in self.clients.telemetry(request_iterator, context):
             yield command
 
     async def NotifyClientTermination(
-        self, request: service_pb2.NotifyClientTerminationRequest | Undecodable, context: Any
+        self,
+        request: service_pb2.NotifyClientTerminationRequest | Undecodable,
+        context: CallContext,
     ) -> service_pb2.NotifyClientTerminationResponse:
         async def handler(
             req: service_pb2.NotifyClientTerminationRequest, call: CallInfo
@@ -347,26 +358,28 @@ class MessagingServicer:
         )
 
     async def ChangeInvisibleDuration(
-        self, request: service_pb2.ChangeInvisibleDurationRequest | Undecodable, context: Any
+        self,
+        request: service_pb2.ChangeInvisibleDurationRequest | Undecodable,
+        context: CallContext,
     ) -> service_pb2.ChangeInvisibleDurationResponse:
         return await self._unary(
             context, service_pb2.ChangeInvisibleDurationResponse, self._change_invisible, request
         )
 
     async def RecallMessage(
-        self, request: service_pb2.RecallMessageRequest | Undecodable, context: Any
+        self, request: service_pb2.RecallMessageRequest | Undecodable, context: CallContext
     ) -> service_pb2.RecallMessageResponse:
         return await self._unary(context, service_pb2.RecallMessageResponse, self._recall, request)
 
     async def GetOffset(
-        self, request: service_pb2.GetOffsetRequest | Undecodable, context: Any
+        self, request: service_pb2.GetOffsetRequest | Undecodable, context: CallContext
     ) -> service_pb2.GetOffsetResponse:
         return await self._unary(
             context, service_pb2.GetOffsetResponse, self.offsets.get_offset, request
         )
 
     async def QueryOffset(
-        self, request: service_pb2.QueryOffsetRequest | Undecodable, context: Any
+        self, request: service_pb2.QueryOffsetRequest | Undecodable, context: CallContext
     ) -> service_pb2.QueryOffsetResponse:
         return await self._unary(
             context, service_pb2.QueryOffsetResponse, self.offsets.query_offset, request
@@ -382,14 +395,14 @@ class MessagingServicer:
         return handler
 
     async def UpdateOffset(
-        self, request: service_pb2.UpdateOffsetRequest | Undecodable, context: Any
+        self, request: service_pb2.UpdateOffsetRequest | Undecodable, context: CallContext
     ) -> service_pb2.UpdateOffsetResponse:
         return await self._unary(
             context, service_pb2.UpdateOffsetResponse, self._not_offered("UpdateOffset"), request
         )
 
     async def SyncLiteSubscription(
-        self, request: service_pb2.SyncLiteSubscriptionRequest | Undecodable, context: Any
+        self, request: service_pb2.SyncLiteSubscriptionRequest | Undecodable, context: CallContext
     ) -> service_pb2.SyncLiteSubscriptionResponse:
         return await self._unary(
             context,
@@ -399,7 +412,7 @@ class MessagingServicer:
         )
 
     async def PullMessage(
-        self, request: service_pb2.PullMessageRequest | Undecodable, context: Any
+        self, request: service_pb2.PullMessageRequest | Undecodable, context: CallContext
     ) -> AsyncIterator[service_pb2.PullMessageResponse]:
         yield await self._unary(
             context, service_pb2.PullMessageResponse, self._not_offered("PullMessage"), request

@@ -66,7 +66,7 @@ class WireContext:
         self._conn = conn
         self._metadata = metadata
         self._deadline = deadline
-        self._callbacks: list[Callable[[Any], None]] | None = None
+        self._callbacks: list[Callable[[WireContext], None]] | None = None
         self._cancelled = False
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
@@ -80,7 +80,7 @@ class WireContext:
             return None
         return max(0.0, self._deadline - self._conn.loop.time())
 
-    def add_done_callback(self, callback: Callable[[Any], None]) -> None:
+    def add_done_callback(self, callback: Callable[[WireContext], None]) -> None:
         if self._callbacks is None:
             self._callbacks = []
         self._callbacks.append(callback)

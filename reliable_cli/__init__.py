@@ -15,9 +15,13 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 from reliable_cli.exit_codes import ExitCode
+
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+"""What `add_subparsers` returns: each command module's `register(subparsers)` adds its
+parsers to it, and their verbs to the ones it makes."""
 
 # noun -> its module, in the order `--help` lists them
 _NOUNS = {

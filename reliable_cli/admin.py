@@ -17,7 +17,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker.config import DEFAULT_PORT, with_default_port
 from broker.topic import PERM_READ_WRITE
@@ -25,6 +25,9 @@ from protocol.limits import DEFAULT_QUEUE_NUMS, DEFAULT_RETRY_MAX_TIMES
 from reliable.admin_messages import AdminCaller
 from reliable_cli.admin_call import PROG, CommandFailed, check_stopped_store, handler
 from reliable_cli.exit_codes import ExitCode
+
+if TYPE_CHECKING:
+    from reliable_cli import Subparsers
 
 TOPIC_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION", "MIXED")
 
@@ -51,7 +54,7 @@ def _target(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-def register(sub: Any) -> None:
+def register(sub: Subparsers) -> None:
     p = sub.add_parser(
         "admin",
         help="administer topics and groups",
@@ -168,7 +171,7 @@ def register(sub: Any) -> None:
         )
 
 
-def _register_store(nouns: Any) -> argparse.ArgumentParser:
+def _register_store(nouns: Subparsers) -> argparse.ArgumentParser:
     """`reliable admin store verify --store DIR [--json]`."""
     store: argparse.ArgumentParser = nouns.add_parser("store", help="check a stopped store's files")
     verbs = store.add_subparsers(dest="verb", metavar="<verify>")

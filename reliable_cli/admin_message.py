@@ -29,7 +29,7 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reliable import admin_messages as api
 from reliable_cli.admin_call import PROG, CommandFailed, print_json, table
@@ -37,13 +37,16 @@ from reliable_cli.admin_call import handler as _handler
 from reliable_cli.admin_trace import run_trace
 from reliable_cli.exit_codes import ExitCode
 
+if TYPE_CHECKING:
+    from reliable_cli import Subparsers
+
 _RELATIVE = re.compile(r"^(\d+)([smhd])$")
 _UNIT_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
 # ---------------------------------------------------------------------- command line
 def register(
-    nouns: Any, topic_verbs: Any, target: Callable[[argparse.ArgumentParser], None]
+    nouns: Subparsers, topic_verbs: Subparsers, target: Callable[[argparse.ArgumentParser], None]
 ) -> argparse.ArgumentParser:
     """Add the `message` noun and `topic status`; returns the `message` parser. `target`
     adds the options every admin command takes (`--endpoint`/`--store`, `--json`, ...)."""
@@ -62,7 +65,7 @@ def register(
     return message
 
 
-def _add_query(verbs: Any, target: Callable[[argparse.ArgumentParser], None]) -> None:
+def _add_query(verbs: Subparsers, target: Callable[[argparse.ArgumentParser], None]) -> None:
     """`message query`: find messages by id, key, unique key, queue offset or time."""
     q = verbs.add_parser(
         "query",
@@ -112,7 +115,7 @@ def _add_query(verbs: Any, target: Callable[[argparse.ArgumentParser], None]) ->
     q.set_defaults(handler=_handler(_query))
 
 
-def _add_trace(verbs: Any, target: Callable[[argparse.ArgumentParser], None]) -> None:
+def _add_trace(verbs: Subparsers, target: Callable[[argparse.ArgumentParser], None]) -> None:
     """`message trace`: one business message's records and deliveries, in time order."""
     t = verbs.add_parser(
         "trace",
@@ -147,7 +150,7 @@ def _add_trace(verbs: Any, target: Callable[[argparse.ArgumentParser], None]) ->
     t.set_defaults(handler=_handler(_trace))
 
 
-def _add_send(verbs: Any, target: Callable[[argparse.ArgumentParser], None]) -> None:
+def _add_send(verbs: Subparsers, target: Callable[[argparse.ArgumentParser], None]) -> None:
     """`message send`: store one message as a producer would."""
     s = verbs.add_parser(
         "send",
@@ -173,7 +176,7 @@ def _add_send(verbs: Any, target: Callable[[argparse.ArgumentParser], None]) -> 
     s.set_defaults(handler=_handler(_send))
 
 
-def _add_reconsume(verbs: Any, target: Callable[[argparse.ArgumentParser], None]) -> None:
+def _add_reconsume(verbs: Subparsers, target: Callable[[argparse.ArgumentParser], None]) -> None:
     """`message reconsume`: deliver one stored message to a group again."""
     r = verbs.add_parser(
         "reconsume",
@@ -214,7 +217,9 @@ def _add_reconsume(verbs: Any, target: Callable[[argparse.ArgumentParser], None]
     r.set_defaults(handler=_handler(_reconsume))
 
 
-def _add_topic_status(topic_verbs: Any, target: Callable[[argparse.ArgumentParser], None]) -> None:
+def _add_topic_status(
+    topic_verbs: Subparsers, target: Callable[[argparse.ArgumentParser], None]
+) -> None:
     """`topic status`: per queue, its offsets and last store time."""
     st = topic_verbs.add_parser(
         "status", help="per queue: min/max offset, last store time (mqadmin topicStatus)"

@@ -26,7 +26,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reliable import admin_messages as api
 from reliable.naming import retry_topic
@@ -35,13 +35,16 @@ from reliable_cli.admin_call import handler as _handler
 from reliable_cli.admin_message import _login, parse_time
 from reliable_cli.exit_codes import ExitCode
 
+if TYPE_CHECKING:
+    from reliable_cli import Subparsers
+
 PAGE = 1000  # dead letters per listing call while collecting a replay
 Target = Callable[[argparse.ArgumentParser], None]
 
 
 # ---------------------------------------------------------------------- command line
 def register(
-    nouns: Any, topic_verbs: Any, group_verbs: Any, target: Target
+    nouns: Subparsers, topic_verbs: Subparsers, group_verbs: Subparsers, target: Target
 ) -> argparse.ArgumentParser:
     """Add the `dlq` noun, `group show|reset-offset|delete` and `topic delete`; returns
     the `dlq` parser."""
@@ -60,7 +63,7 @@ def register(
     return dlq
 
 
-def _register_dlq_list(verbs: Any, target: Target) -> None:
+def _register_dlq_list(verbs: Subparsers, target: Target) -> None:
     ls = verbs.add_parser(
         "list",
         help="a group's dead letters, oldest first",
@@ -81,7 +84,7 @@ def _register_dlq_list(verbs: Any, target: Target) -> None:
     ls.set_defaults(handler=_handler(_dlq_list))
 
 
-def _register_dlq_replay(verbs: Any, target: Target) -> None:
+def _register_dlq_replay(verbs: Subparsers, target: Target) -> None:
     rp = verbs.add_parser(
         "replay",
         help="deliver dead letters again (to the group, or the original topic)",
@@ -134,7 +137,7 @@ def _register_dlq_replay(verbs: Any, target: Target) -> None:
     rp.set_defaults(handler=_handler(_dlq_replay))
 
 
-def _register_dlq_audit(verbs: Any, target: Target) -> None:
+def _register_dlq_audit(verbs: Subparsers, target: Target) -> None:
     au = verbs.add_parser(
         "audit",
         help="who replayed which dead letters, when",
@@ -150,7 +153,7 @@ def _register_dlq_audit(verbs: Any, target: Target) -> None:
     au.set_defaults(handler=_handler(_dlq_audit))
 
 
-def _register_group_verbs(group_verbs: Any, target: Target) -> None:
+def _register_group_verbs(group_verbs: Subparsers, target: Target) -> None:
     """`group show`, `group reset-offset`, `group delete`."""
     gs = group_verbs.add_parser(
         "show",
@@ -200,7 +203,7 @@ def _register_group_verbs(group_verbs: Any, target: Target) -> None:
     gd.set_defaults(handler=_handler(_group_delete))
 
 
-def _register_topic_delete(topic_verbs: Any, target: Target) -> None:
+def _register_topic_delete(topic_verbs: Subparsers, target: Target) -> None:
     td = topic_verbs.add_parser(
         "delete",
         help="delete a topic: its config, queues and every group's offsets",

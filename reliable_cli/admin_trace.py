@@ -19,11 +19,16 @@ from __future__ import annotations
 import argparse
 import sys
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reliable import admin_messages as api
 from reliable_cli.admin_call import PROG, CommandFailed, print_json, table
 from reliable_cli.exit_codes import ExitCode
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection, RowMapping, Table
+
+    from outbox.models import OutboxTables
 
 
 def run_trace(args: argparse.Namespace, admin: api.AdminCaller) -> int:
@@ -196,7 +201,9 @@ def outbox_trace(
         engine.dispose()
 
 
-def _read(conn: Any, tables: Any, key: str, message_ids: list[str]) -> dict[str, Any]:
+def _read(
+    conn: Connection, tables: OutboxTables, key: str, message_ids: list[str]
+) -> dict[str, Any]:
     """The outbox's rows about the message (its stubs, consumption-log and confirmation
     rows), each as a document, and the events they record."""
     ids = set(message_ids) | {key}
@@ -212,7 +219,7 @@ def _read(conn: Any, tables: Any, key: str, message_ids: list[str]) -> dict[str,
     }
 
 
-def _matching_stubs(conn: Any, stub: Any, key: str, ids: set[str]) -> list[Any]:
+def _matching_stubs(conn: Connection, stub: Table, key: str, ids: set[str]) -> list[RowMapping]:
     """The stubs with one of the message ids, or with `key` among their keys."""
     import sqlalchemy as sa
 
@@ -232,7 +239,7 @@ def _matching_stubs(conn: Any, stub: Any, key: str, ids: set[str]) -> list[Any]:
     return [r for r in rows if r["message_id"] in ids or key in (r["keys"] or "").split()]
 
 
-def _rows_about(conn: Any, table: Any, ids: set[str]) -> list[Any]:
+def _rows_about(conn: Connection, table: Table, ids: set[str]) -> list[RowMapping]:
     import sqlalchemy as sa
 
     return list(
@@ -240,7 +247,7 @@ def _rows_about(conn: Any, table: Any, ids: set[str]) -> list[Any]:
     )
 
 
-def _stub_events(stubs: list[Any]) -> list[dict[str, Any]]:
+def _stub_events(stubs: list[RowMapping]) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     for r in stubs:
         mid = r["message_id"]
@@ -276,7 +283,7 @@ def _stub_events(stubs: list[Any]) -> list[dict[str, Any]]:
     return events
 
 
-def _log_events(logs: list[Any]) -> list[dict[str, Any]]:
+def _log_events(logs: list[RowMapping]) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     for r in logs:
         events.append(
@@ -304,7 +311,7 @@ def _log_events(logs: list[Any]) -> list[dict[str, Any]]:
     return events
 
 
-def _confirmation_events(confs: list[Any]) -> list[dict[str, Any]]:
+def _confirmation_events(confs: list[RowMapping]) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     for r in confs:
         events.append(
@@ -320,7 +327,7 @@ def _confirmation_events(confs: list[Any]) -> list[dict[str, Any]]:
     return events
 
 
-def _stub_doc(r: Any) -> dict[str, Any]:
+def _stub_doc(r: RowMapping) -> dict[str, Any]:
     """A stub row as the trace document shows it."""
     return {
         "message_id": r["message_id"],
@@ -342,7 +349,7 @@ def _stub_doc(r: Any) -> dict[str, Any]:
     }
 
 
-def _log_doc(r: Any) -> dict[str, Any]:
+def _log_doc(r: RowMapping) -> dict[str, Any]:
     """A consumption-log row as the trace document shows it."""
     return {
         "message_id": r["message_id"],
@@ -355,7 +362,7 @@ def _log_doc(r: Any) -> dict[str, Any]:
     }
 
 
-def _confirmation_doc(r: Any) -> dict[str, Any]:
+def _confirmation_doc(r: RowMapping) -> dict[str, Any]:
     """A confirmation row as the trace document shows it."""
     return {
         "message_id": r["message_id"],

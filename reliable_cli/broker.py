@@ -43,11 +43,12 @@ if TYPE_CHECKING:
     from broker.ha.config import HaConfig
     from broker.ha.node import HaNode
     from broker.server import MessagingServer, ServerConfig
+    from reliable_cli import Subparsers
 
 SWITCH_INTERVAL_S = 0.0005
 
 
-def register(sub: Any) -> None:
+def register(sub: Subparsers) -> None:
     p = sub.add_parser(
         "broker",
         help="run the broker (RocketMQ 5 gRPC server)",
@@ -63,7 +64,12 @@ def register(sub: Any) -> None:
     add_start_arguments(s)
     observe.add_arguments(s)
     s.set_defaults(handler=start)
-    p.set_defaults(handler=lambda _a: (p.print_help(sys.stderr), ExitCode.USAGE)[1])
+
+    def usage(_args: argparse.Namespace) -> int:
+        p.print_help(sys.stderr)
+        return ExitCode.USAGE
+
+    p.set_defaults(handler=usage)
 
 
 def _fail(message: str, code: ExitCode = ExitCode.USAGE) -> int:

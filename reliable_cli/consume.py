@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker.config import DEFAULT_PORT, with_default_port
 from reliable_cli import observe
@@ -25,6 +25,9 @@ from reliable_cli.exit_codes import ExitCode
 from reliable_cli.store_options import add_disk_arguments, disk_options
 from reliable_cli.targets import resolve
 
+if TYPE_CHECKING:
+    from reliable_cli import Subparsers
+
 log = logging.getLogger("reliable.consume")
 
 # waiting for a broker that is not up yet: 0.5 s, doubling, at most 5 s between tries
@@ -32,7 +35,7 @@ WAIT_FIRST_S = 0.5
 WAIT_MAX_S = 5.0
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "consume",
         help="run declared handlers (module:attr) until SIGTERM",

@@ -23,18 +23,24 @@ import re
 import sys
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reliable_cli.admin_call import CommandFailed as _Failed
 from reliable_cli.admin_call import print_json, table
 from reliable_cli.exit_codes import ExitCode
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from outbox.models import OutboxTables
+    from reliable_cli import Subparsers
 
 PROG = "reliable outbox"
 _DURATION = re.compile(r"^(\d+)([smhd])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
 
-def register(sub: Any) -> None:
+def register(sub: Subparsers) -> None:
     p = sub.add_parser(
         "outbox",
         help="list, show, void and requeue outbox stubs",
@@ -68,7 +74,12 @@ def register(sub: Any) -> None:
             v.add_argument("--reason", default=None, help="why, for the audit")
         _db(v)
         v.set_defaults(handler=_handler({"show": _show, "void": _void, "requeue": _requeue}[verb]))
-    p.set_defaults(handler=lambda _a: (p.print_help(sys.stderr), ExitCode.USAGE)[1])
+
+    def usage(_args: argparse.Namespace) -> int:
+        p.print_help(sys.stderr)
+        return ExitCode.USAGE
+
+    p.set_defaults(handler=usage)
 
 
 def _db(p: argparse.ArgumentParser) -> None:
@@ -83,7 +94,7 @@ def _db(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON document")
 
 
-def open_tables(url: str, prefix: str, schema: str | None) -> tuple[Any, Any]:
+def open_tables(url: str, prefix: str, schema: str | None) -> tuple[Engine, OutboxTables]:
     """(engine, OutboxTables) of an outbox database whose tables exist; OutboxError or
     `_Failed` otherwise."""
     import sqlalchemy as sa
@@ -109,7 +120,7 @@ def open_tables(url: str, prefix: str, schema: str | None) -> tuple[Any, Any]:
 
 
 def _handler(
-    run: Callable[[argparse.Namespace, Any, Any], int],
+    run: Callable[[argparse.Namespace, Engine, OutboxTables], int],
 ) -> Callable[[argparse.Namespace], int]:
     def handle(args: argparse.Namespace) -> int:
         import sqlalchemy as sa
@@ -146,7 +157,7 @@ def parse_duration(text: str) -> timedelta:
     return timedelta(**{_UNITS[m.group(2)]: int(m.group(1))})
 
 
-def _list(args: argparse.Namespace, engine: Any, tables: Any) -> int:
+def _list(args: argparse.Namespace, engine: Engine, tables: OutboxTables) -> int:
     from outbox.stub_admin import MAX_LIST, list_stubs
 
     if not 1 <= args.limit <= MAX_LIST:
@@ -193,7 +204,7 @@ def _list(args: argparse.Namespace, engine: Any, tables: Any) -> int:
     return ExitCode.OK
 
 
-def _show(args: argparse.Namespace, engine: Any, tables: Any) -> int:
+def _show(args: argparse.Namespace, engine: Engine, tables: OutboxTables) -> int:
     from outbox.stub_admin import show_stub
 
     doc = show_stub(engine, tables, args.message_id)
@@ -231,7 +242,7 @@ def _show(args: argparse.Namespace, engine: Any, tables: Any) -> int:
     return ExitCode.OK
 
 
-def _act(args: argparse.Namespace, engine: Any, tables: Any, verb: str) -> int:
+def _act(args: argparse.Namespace, engine: Engine, tables: OutboxTables, verb: str) -> int:
     from outbox.stub_admin import requeue_stub, void_stub
     from reliable_cli.admin_message import _login
 
@@ -253,9 +264,9 @@ def _act(args: argparse.Namespace, engine: Any, tables: Any, verb: str) -> int:
     return ExitCode.OK
 
 
-def _void(args: argparse.Namespace, engine: Any, tables: Any) -> int:
+def _void(args: argparse.Namespace, engine: Engine, tables: OutboxTables) -> int:
     return _act(args, engine, tables, "void")
 
 
-def _requeue(args: argparse.Namespace, engine: Any, tables: Any) -> int:
+def _requeue(args: argparse.Namespace, engine: Engine, tables: OutboxTables) -> int:
     return _act(args, engine, tables, "requeue")

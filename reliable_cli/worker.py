@@ -23,17 +23,29 @@ import threading
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reliable_cli import observe
 from reliable_cli.errors import TargetError
 from reliable_cli.exit_codes import ExitCode
 from reliable_cli.targets import load_target
 
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from broker.store.errors import StoreLocked
+    from outbox.latency import ExpectedLatency
+    from outbox.models import OutboxTables
+    from outbox.notify import Escalation, Notifier
+    from outbox.ports import OffsetSource, QueueBounds, Sender
+    from outbox.worker import Metrics, ResendWorker
+    from reliable.endpoint import MetricsEndpoint
+    from reliable_cli import Subparsers
+
 log = logging.getLogger("reliable.worker")
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Subparsers) -> None:
     worker = subparsers.add_parser(
         "worker", help="background workers (outbox resend)", description="Background workers."
     )
@@ -122,10 +134,10 @@ def _usage(parser: argparse.ArgumentParser) -> int:
     return ExitCode.USAGE
 
 
-def _notifier(specs: list[str]) -> Any:
+def _notifier(specs: list[str]) -> Notifier:
     from outbox.notify import LogNotifier, SmtpNotifier, WebhookNotifier
 
-    notifiers: list[Any] = []
+    notifiers: list[Notifier] = []
     for spec in specs or ["log"]:
         if spec == "log":
             notifiers.append(LogNotifier())
@@ -154,10 +166,10 @@ def _notifier(specs: list[str]) -> Any:
 class _AllNotifiers:
     """Every notifier must deliver; the first failure makes the escalation retry later."""
 
-    def __init__(self, notifiers: list[Any]) -> None:
+    def __init__(self, notifiers: list[Notifier]) -> None:
         self.notifiers = notifiers
 
-    def notify(self, escalation: Any) -> None:
+    def notify(self, escalation: Escalation) -> None:
         for notifier in self.notifiers:
             notifier.notify(escalation)
 
@@ -203,11 +215,11 @@ class _Parts:
     """What the command line names: the sender, the offset and bounds sources, the
     escalation notifier and the expected latencies."""
 
-    sender: Any
-    offsets: Any
-    bounds: Any
-    notifier: Any
-    latency: Any
+    sender: Sender
+    offsets: OffsetSource | None
+    bounds: QueueBounds | None
+    notifier: Notifier
+    latency: ExpectedLatency
 
 
 def _load_parts(args: argparse.Namespace) -> _Parts:
@@ -231,7 +243,7 @@ def _load_parts(args: argparse.Namespace) -> _Parts:
         raise CommandFailed(str(exc), ExitCode.USAGE) from None
 
 
-def _open_database(args: argparse.Namespace) -> Any:
+def _open_database(args: argparse.Namespace) -> Engine:
     """The engine of --db, once a query went through."""
     import sqlalchemy as sa
 
@@ -252,7 +264,7 @@ def _open_database(args: argparse.Namespace) -> Any:
     return engine
 
 
-def _prepared_tables(args: argparse.Namespace, engine: Any) -> Any:
+def _prepared_tables(args: argparse.Namespace, engine: Engine) -> OutboxTables:
     """The outbox tables, created or updated first with --ensure-schema; refused when
     they are missing."""
     import sqlalchemy as sa
@@ -287,7 +299,7 @@ def _prepared_tables(args: argparse.Namespace, engine: Any) -> Any:
     return tables
 
 
-def _start_all(args: argparse.Namespace, targets: list[Any]) -> list[Callable[[], None]]:
+def _start_all(args: argparse.Namespace, targets: list[object]) -> list[Callable[[], None]]:
     """Start each target that needs starting; on a failure, stop those started."""
     from broker.store.errors import StoreLocked
     from reliable_cli.admin_call import CommandFailed
@@ -307,7 +319,9 @@ def _start_all(args: argparse.Namespace, targets: list[Any]) -> list[Callable[[]
     return stops
 
 
-def _serve(args: argparse.Namespace, engine: Any, tables: Any, worker: Any) -> int:
+def _serve(
+    args: argparse.Namespace, engine: Engine, tables: OutboxTables, worker: ResendWorker
+) -> int:
     """Resend once (--once) or until SIGTERM/SIGINT, printing events, with the metrics
     endpoint up meanwhile."""
     import sqlalchemy as sa
@@ -315,7 +329,7 @@ def _serve(args: argparse.Namespace, engine: Any, tables: Any, worker: Any) -> i
     from outbox.worker import describe
     from reliable_cli.admin_call import CommandFailed
 
-    def emit(kind: str, metrics: Any) -> None:
+    def emit(kind: str, metrics: Metrics) -> None:
         if args.json:
             print(
                 json.dumps({"event": kind, "worker": worker.name, **metrics.as_dict()}), flush=True
@@ -347,7 +361,7 @@ def _serve(args: argparse.Namespace, engine: Any, tables: Any, worker: Any) -> i
         log.info("resend worker %s started", worker.name)
         emit("started", worker.metrics)
 
-        def on_pass(result: Any) -> None:
+        def on_pass(result: Metrics) -> None:
             if result.selected or result.errors:
                 log.info("pass: %s", describe(result))
                 emit("pass", result)
@@ -364,7 +378,7 @@ def _serve(args: argparse.Namespace, engine: Any, tables: Any, worker: Any) -> i
             endpoint.stop()
 
 
-def _offsets_of(sender: Any) -> Any:
+def _offsets_of(sender: Sender) -> OffsetSource | None:
     """The committed offsets of the broker the sender reaches (a `reliable.Producer`'s
     transport), so that a worker given no `--offsets` still judges a copy whose queue is
     known by how far its group got; None when the sender offers none."""
@@ -377,9 +391,9 @@ def _offsets_of(sender: Any) -> Any:
     return TransportOffsets(transport)
 
 
-def _distinct(*targets: Any) -> list[Any]:
+def _distinct(*targets: object) -> list[object]:
     """The targets given, each once (a producer may be the sender and the bounds too)."""
-    seen: dict[int, Any] = {}
+    seen: dict[int, object] = {}
     for target in targets:
         if target is not None:
             seen.setdefault(id(target), target)
@@ -413,7 +427,7 @@ def _stop_all(stops: list[Callable[[], None]]) -> None:
     stops.clear()
 
 
-def _embedded_store_held(exc: Any) -> str:
+def _embedded_store_held(exc: StoreLocked) -> str:
     """Why a worker process cannot use an embedded broker's store, and what to run."""
     return (
         f"the embedded broker's store {exc.path} is open in another process (the "
@@ -425,8 +439,12 @@ def _embedded_store_held(exc: Any) -> str:
 
 
 def _metrics_endpoint(
-    args: argparse.Namespace, engine: Any, tables: Any, worker: Any, stop: threading.Event
-) -> Any:
+    args: argparse.Namespace,
+    engine: Engine,
+    tables: OutboxTables,
+    worker: ResendWorker,
+    stop: threading.Event,
+) -> MetricsEndpoint | None:
     """/metrics: the outbox backlog and the worker's counters; /readyz: the database
     answers `select 1` and the worker runs."""
     if args.metrics_port is None:

@@ -27,12 +27,13 @@ from reliable_cli.exit_codes import ExitCode
 
 if TYPE_CHECKING:
     from reliable.endpoint import MetricsEndpoint
+    from reliable_cli import Subparsers
     from reliable_cli.console.broker_view import BrokerView
 
 PROG = "reliable console"
 
 
-def register(sub: Any) -> None:
+def register(sub: Subparsers) -> None:
     p = sub.add_parser(
         "console",
         help="the web console: overview, messages, dead letters, outbox, reconciliation",

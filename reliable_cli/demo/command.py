@@ -24,10 +24,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from broker.config import with_default_port
 from reliable_cli.exit_codes import ExitCode
+
+if TYPE_CHECKING:
+    from reliable_cli import Subparsers
 
 
 def _rate(text: str) -> float:
@@ -44,7 +47,7 @@ def _count(text: str) -> int:
     return value
 
 
-def register(sub: Any) -> None:
+def register(sub: Subparsers) -> None:
     p = sub.add_parser(
         "demo",
         help="run the end-to-end demo on embedded defaults",

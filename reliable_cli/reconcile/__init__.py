@@ -21,7 +21,7 @@ import argparse
 import logging
 import sys
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING
 
 from outbox.latency import DEFAULT_EXPECTED_LATENCY, ExpectedLatency
 from outbox.reconcile.errors import InvalidOptions, ReconcileError, SourceUnavailable
@@ -29,6 +29,9 @@ from outbox.reconcile.job import ReconcileOptions, ReconcileResult, reconcile
 from outbox.reconcile.repair import RepairOptions
 from outbox.reconcile.sources import PartitionPolicy
 from reliable_cli.exit_codes import ExitCode
+
+if TYPE_CHECKING:
+    from reliable_cli import Subparsers
 
 log = logging.getLogger("outbox.reconcile")
 
@@ -69,7 +72,7 @@ def _conf(text: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Subparsers) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "reconcile",
         help="prove every outbox message was consumed; report and repair what was not",

@@ -15,11 +15,14 @@ import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reliable import admin_messages as api
 from reliable_cli.errors import CommandError
 from reliable_cli.exit_codes import ExitCode
+
+if TYPE_CHECKING:
+    from broker.broker import Broker
 
 PROG = "reliable admin"
 # protocol codes that mean "the arguments cannot name anything": a usage error
@@ -103,7 +106,7 @@ def _remote(args: argparse.Namespace) -> Iterator[api.AdminCaller]:
 class _StoreAdmin:
     """The admin service's operations on a broker opened in this process."""
 
-    def __init__(self, broker: Any) -> None:
+    def __init__(self, broker: Broker) -> None:
         from broker.server.admin import AdminOps
 
         self._ops = AdminOps(broker)
@@ -157,7 +160,7 @@ def _local(args: argparse.Namespace) -> Iterator[api.AdminCaller]:
         broker.shutdown()
 
 
-def print_json(doc: Any) -> None:
+def print_json(doc: object) -> None:
     print(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False))
 
 

@@ -41,8 +41,10 @@ if TYPE_CHECKING:
     from broker.broker import Broker
     from broker.config import BrokerConfig
     from broker.ha.config import HaConfig
+    from broker.ha.failover import Failover
     from broker.ha.node import HaNode
     from broker.server import MessagingServer, ServerConfig
+    from reliable.endpoint import MetricsEndpoint
     from reliable_cli import Subparsers
 
 SWITCH_INTERVAL_S = 0.0005
@@ -102,7 +104,7 @@ class _Running:
     broker: Broker
     ha_config: HaConfig
     node: HaNode | None = None
-    failover: Any = None  # broker.ha.failover.Failover, with --failover auto
+    failover: Failover | None = None  # with --failover auto
 
 
 def start(args: argparse.Namespace) -> int:
@@ -462,8 +464,12 @@ def _announce(
 
 
 def _metrics_endpoint(
-    args: argparse.Namespace, broker: Any, server: Any, stop: threading.Event, node: Any = None
-) -> Any:
+    args: argparse.Namespace,
+    broker: Broker,
+    server: MessagingServer,
+    stop: threading.Event,
+    node: HaNode | None = None,
+) -> MetricsEndpoint | None:
     """/metrics with the broker's collector; /readyz: serving, store writable, not stopping."""
     if args.metrics_port is None:
         return None

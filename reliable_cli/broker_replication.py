@@ -8,12 +8,25 @@ called, so that a broker without replication loads none of it.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reliable_cli.errors import CommandError
 
+if TYPE_CHECKING:
+    from broker.broker import Broker
+    from broker.config import BrokerConfig
+    from broker.ha import HaConfig, HaRole
+    from broker.ha.etcd import EtcdClient
+    from broker.ha.failover import Failover
+    from broker.ha.rejoin import Rejoin
+    from broker.server import MessagingServer
+    from broker.server.cluster import ClusterConfig
+    from broker.store.config import StoreConfig
 
-def rejoin(broker: Any, ha_config: Any, store_config: Any, broker_config: Any) -> Any:
+
+def rejoin(
+    broker: Broker, ha_config: HaConfig, store_config: StoreConfig, broker_config: BrokerConfig
+) -> Broker:
     """A slave's store that holds records its master never had (an old master rejoining
     its group, docs/ha.md): the tail is saved, and the broker started again with its
     commitlog cut back to where the master's copy ends. The broker to go on with."""
@@ -41,7 +54,7 @@ class CoordinatorDown(CommandError):
     """etcd did not answer as the broker started."""
 
 
-def coordinated(args: argparse.Namespace, ha_config: Any) -> tuple[Any, Any]:
+def coordinated(args: argparse.Namespace, ha_config: HaConfig) -> tuple[Failover, HaConfig]:
     """With --failover auto: the broker's failover (broker.ha.failover) and its replication
     settings, following the master etcd names (None: none yet; it campaigns)."""
     import dataclasses
@@ -64,7 +77,7 @@ def coordinated(args: argparse.Namespace, ha_config: Any) -> tuple[Any, Any]:
     return failover, dataclasses.replace(ha_config, master=master)
 
 
-def _coordinator(args: argparse.Namespace) -> Any:
+def _coordinator(args: argparse.Namespace) -> EtcdClient:
     """The etcd client the options name (ValueError: a bad URL or TLS file)."""
     from broker.ha.etcd import EtcdClient
 
@@ -76,7 +89,7 @@ def _coordinator(args: argparse.Namespace) -> Any:
     )
 
 
-def wire_replication(node: Any, server: Any, *, coordinated: bool = False) -> None:
+def wire_replication(node: Any, server: MessagingServer, *, coordinated: bool = False) -> None:
     """The server's view of the node: HaStatus, PromoteBroker, the SYNC_MASTER gate, and
     what a promotion changes (writes let in, the gate set). `coordinated`: with automatic
     failover, an async-master too acknowledges only while its lease holds."""
@@ -117,7 +130,7 @@ def wire_replication(node: Any, server: Any, *, coordinated: bool = False) -> No
 
     node.on_promoted.append(promoted)
 
-    def rejoined(plan: Any) -> None:
+    def rejoined(plan: Rejoin) -> None:
         print(
             f"reliable broker: rejoined as a slave, running: cut {plan.bytes} bytes "
             f"({plan.messages} messages) beyond offset {plan.offset}, the master's copy of "
@@ -129,7 +142,7 @@ def wire_replication(node: Any, server: Any, *, coordinated: bool = False) -> No
     node.on_rejoined.append(rejoined)
 
 
-def cluster_config(args: argparse.Namespace, broker_id: int) -> Any:
+def cluster_config(args: argparse.Namespace, broker_id: int) -> ClusterConfig | None:
     """The cluster file's broker groups, checked to name this broker (ValueError: why not)."""
     if args.cluster is None:
         return None
@@ -152,7 +165,7 @@ def cluster_config(args: argparse.Namespace, broker_id: int) -> Any:
     return cluster
 
 
-def ha_config(args: argparse.Namespace, credentials: dict[str, str]) -> Any:
+def ha_config(args: argparse.Namespace, credentials: dict[str, str]) -> HaConfig:
     """The replication settings the options give (ValueError: a usage error)."""
     from broker.ha import HaConfig, HaRole
     from broker.ha.auth import pick_access_key
@@ -209,7 +222,7 @@ def ha_config(args: argparse.Namespace, credentials: dict[str, str]) -> Any:
     return config
 
 
-def _auto_config(args: argparse.Namespace, role: Any, credentials: dict[str, str]) -> Any:
+def _auto_config(args: argparse.Namespace, role: HaRole, credentials: dict[str, str]) -> HaConfig:
     """--failover auto: every broker starts as a follower (a slave with no master yet)."""
     from broker.ha import HaConfig, HaRole
     from broker.ha.auth import pick_access_key

@@ -26,6 +26,9 @@ from reliable_cli.store_options import add_disk_arguments, disk_options
 from reliable_cli.targets import resolve
 
 if TYPE_CHECKING:
+    from reliable.decorators import Handler
+    from reliable.endpoint import MetricsEndpoint
+    from reliable.worker import Worker
     from reliable_cli import Subparsers
 
 log = logging.getLogger("reliable.consume")
@@ -90,7 +93,7 @@ def register(subparsers: Subparsers) -> None:
     p.set_defaults(handler=_consume)
 
 
-def load_handlers(targets: Iterable[str]) -> list[Any]:
+def load_handlers(targets: Iterable[str]) -> list[Handler]:
     from reliable.decorators import Handler
     from reliable.errors import ConfigurationError
 
@@ -216,8 +219,8 @@ def _consume(args: argparse.Namespace) -> int:
 
 
 def _metrics_endpoint(
-    args: argparse.Namespace, handlers: list[Any], started: list[Any], stop: threading.Event
-) -> Any:
+    args: argparse.Namespace, handlers: list[Handler], started: list[Any], stop: threading.Event
+) -> MetricsEndpoint | None:
     """/metrics: handlers and guards (and the embedded broker's own metrics); /readyz:
     consuming, and the broker serving (its gRPC health service, or the embedded broker
     running)."""
@@ -245,14 +248,14 @@ def _metrics_endpoint(
 
 
 def _start(
-    handlers: list[Any],
+    handlers: list[Handler],
     transport: str,
     options: dict[str, Any],
     stop: threading.Event,
     where: str,
     *,
     say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
-) -> Any:
+) -> Worker | None:
     """A started Worker; waits for an unreachable broker with backoff, as a running
     consumer does, saying so on stderr. None when stopped while waiting."""
     from reliable.errors import BrokerUnavailable, TransportError

@@ -25,6 +25,7 @@ from datetime import timedelta
 from typing import Any
 
 from flask import Flask, Response, render_template, request, session
+from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException
 
 from reliable_cli.console import security
@@ -102,7 +103,7 @@ def _register_error_pages(app: Flask) -> None:
         return render_template("error.html", title="Unavailable", message=str(exc)), status
 
     @app.errorhandler(Exception)
-    def unexpected(exc: Exception) -> Any:
+    def unexpected(exc: Exception) -> ResponseReturnValue:
         if isinstance(exc, HTTPException):
             return exc
         log.exception("console: %s %s failed", request.method, request.path)

@@ -19,7 +19,8 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import FrameType
+from typing import TYPE_CHECKING
 
 from broker.config import DEFAULT_PORT, with_default_port
 from reliable_cli import observe
@@ -115,7 +116,7 @@ def _fail(message: str, code: ExitCode = ExitCode.USAGE) -> int:
     return code
 
 
-def _interrupt(_signum: int, _frame: Any) -> None:
+def _interrupt(_signum: int, _frame: FrameType | None) -> None:
     raise KeyboardInterrupt  # SIGTERM ends the server as Ctrl-C does: cleanly
 
 

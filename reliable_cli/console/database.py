@@ -16,9 +16,10 @@ escalation still awaiting manual handling), as `reliable reconcile` says.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
 
@@ -28,6 +29,12 @@ from outbox.reconcile.classes import UNACCOUNTED, StubClass
 from outbox.reconcile.details import report_table
 from outbox.reconcile.repair import audit_table
 from reliable_cli.console.broker_view import ConsoleError
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine.interfaces import DBAPIConnection
+    from sqlalchemy.pool import ConnectionPoolEntry
+
+T = TypeVar("T")
 
 # age buckets of unconfirmed stubs: (label, older than)
 AGE_BUCKETS: tuple[tuple[str, timedelta], ...] = (
@@ -120,7 +127,7 @@ class OutboxView:
     def close(self) -> None:
         self.engine.dispose()
 
-    def _read(self, fn: Any) -> Any:
+    def _read(self, fn: Callable[[sa.Connection], T]) -> T:
         try:
             with self.engine.connect() as conn:
                 return fn(conn)
@@ -268,7 +275,7 @@ class OutboxView:
         return result
 
 
-def _as_time(value: Any) -> datetime | str | None:
+def _as_time(value: object) -> datetime | str | None:
     """A timestamp as a database returned it: a datetime, epoch milliseconds, or text."""
     if value is None or isinstance(value, datetime):
         return value
@@ -277,7 +284,7 @@ def _as_time(value: Any) -> datetime | str | None:
     return str(value)
 
 
-def _read_only(dbapi_conn: Any, _record: Any) -> None:
+def _read_only(dbapi_conn: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
     """Make every session of the console's pool read-only, in the database itself."""
     module = type(dbapi_conn).__module__
     cursor = dbapi_conn.cursor()

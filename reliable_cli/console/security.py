@@ -22,7 +22,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from reliable_cli.console.broker_view import ConsoleError
 
@@ -97,7 +96,7 @@ def new_csrf_token() -> str:
     return secrets.token_urlsafe(32)
 
 
-def csrf_ok(session: Mapping[str, Any], sent: str | None) -> bool:
+def csrf_ok(session: Mapping[str, object], sent: str | None) -> bool:
     expected = session.get("csrf")
     return bool(expected) and bool(sent) and hmac.compare_digest(str(expected), str(sent))
 

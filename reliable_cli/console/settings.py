@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from reliable_cli.console import security
 
@@ -29,7 +28,7 @@ def iso(ms: int | None) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def when(value: Any) -> str:
+def when(value: object) -> str:
     """A database timestamp to the second (the outbox writes naive UTC)."""
     if value is None:
         return "-"

@@ -35,7 +35,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 import tenacity
@@ -46,6 +46,9 @@ from outbox.adapters import TransportOffsets
 from reliable import Producer, connect
 from reliable.naming import retry_topic
 from reliable.transport import Transport
+
+if TYPE_CHECKING:
+    import redis
 from reliable_cli.demo.faults import ChaoticSender, FaultPlan, FaultRates
 from reliable_cli.demo.shop import GROUP, TOPIC, Inventory, Shop, counting_listener
 from reliable_cli.demo.tally import (
@@ -196,7 +199,7 @@ class _Run:
             raise DemoFailed(f"database {engine.url!r} unreachable: {exc.orig}") from exc
         return engine
 
-    def _redis(self) -> Any:
+    def _redis(self) -> redis.Redis:
         import redis
 
         client = redis.Redis.from_url(self.o.redis_url, socket_timeout=2, socket_connect_timeout=2)

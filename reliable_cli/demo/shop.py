@@ -12,7 +12,7 @@ import json
 import threading
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -20,6 +20,10 @@ from sqlalchemy.orm import Session
 from outbox import Outbox, OutboxTables, declare_groups, utcnow
 from reliable import Handler, Message, ReceivedMessage, dlq_handler, handler
 from reliable_cli.demo.faults import OrderFate
+
+if TYPE_CHECKING:
+    from idempotency.guard import GuardEvent
+    from reliable.idempotent import MessageGuard
 
 TOPIC = "OrderCreated"
 GROUP = "inventory"
@@ -130,7 +134,7 @@ class Inventory:
         self.retried: set[str] = set()  # message ids delivered again after a failure
         self.dead_lettered: set[str] = set()
 
-    def handlers(self, guard: Any, **options: Any) -> tuple[Handler, Handler]:
+    def handlers(self, guard: MessageGuard, **options: Any) -> tuple[Handler, Handler]:
         """The reserving handler (idempotent through `guard`) and the dead-letter handler."""
 
         @handler(self.shop.topic, group=self.shop.group, idempotent=guard, **options)
@@ -215,11 +219,11 @@ class Inventory:
 
 
 def counting_listener(
-    inventory: Inventory, guard_event: Callable[[Any], None] | None = None
-) -> Callable[[Any], None]:
+    inventory: Inventory, guard_event: Callable[[GuardEvent], None] | None = None
+) -> Callable[[GuardEvent], None]:
     """A guard `on_event` callback that counts handler failures per message."""
 
-    def on_event(event: Any) -> None:
+    def on_event(event: GuardEvent) -> None:
         if getattr(event.kind, "value", "") == "handler_failed":
             inventory.count_failure(event.message_id)
         if guard_event is not None:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
 from urllib.parse import urlsplit
 
 from flask import Blueprint, Response, abort, redirect, render_template, request, session, url_for
+from flask.typing import ResponseReturnValue
 
 from reliable_cli.console import security
 from reliable_cli.console.settings import Settings
@@ -80,7 +80,7 @@ def blueprint(settings: Settings) -> Blueprint:
             abort(403, "the form's CSRF token is missing or stale: reload the page")
 
     @pages.route("/login", methods=["GET", "POST"])
-    def login() -> Any:
+    def login() -> ResponseReturnValue:
         error = None
         target = _safe_target(request.args.get("next") or "/")
         if request.method == "POST":
@@ -97,7 +97,7 @@ def blueprint(settings: Settings) -> Blueprint:
         ), (401 if error else 200)
 
     @pages.route("/logout", methods=["POST"])
-    def logout() -> Any:
+    def logout() -> ResponseReturnValue:
         session.clear()
         return redirect(url_for("auth.login"))
 

@@ -3,9 +3,8 @@ the replay's progress."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from flask import Blueprint, abort, redirect, render_template, request, url_for
+from flask.typing import ResponseReturnValue
 
 from reliable.admin import AdminCallError
 from reliable_cli.console.broker_view import BrokerView, NotAvailable
@@ -66,7 +65,7 @@ def blueprint(settings: Settings, view: BrokerView, sampler: Sampler) -> Bluepri
         )
 
     @pages.route("/dlq/<path:group_name>/replay", methods=["POST"])
-    def replay(group_name: str) -> Any:
+    def replay(group_name: str) -> ResponseReturnValue:
         require_actions(settings)
         offsets, rate = _replay_request()
         if not offsets:

@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 from flask import Blueprint, abort, render_template, request, url_for
+from flask.typing import ResponseReturnValue
 
 from reliable.admin import AdminCallError
 from reliable_cli.console.broker_view import BrokerView
@@ -97,7 +98,7 @@ def blueprint(settings: Settings, view: BrokerView) -> Blueprint:
         )
 
     @pages.route("/reconsume", methods=["POST"])
-    def reconsume() -> Any:
+    def reconsume() -> ResponseReturnValue:
         require_actions(settings)
         msg_id = request.form.get("id", "").strip()
         group_name = request.form.get("group", "").strip()

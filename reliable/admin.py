@@ -8,6 +8,7 @@ the protocol code name, a broker that cannot be reached raises `grpc.RpcError`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -90,12 +91,12 @@ class AdminClient:
             ("authorization", authorization(self._access_key, self._secret_key, now)),
         ]
 
-    def call(self, method: str, **params: Any) -> Any:
+    def call(self, method: str, **params: object) -> Any:
         """The `result` of `method` called with `params`; AdminCallError when refused."""
         results = [self._call(channel, method, params) for channel in self._channels]
         return results[0]
 
-    def _call(self, channel: Any, method: str, params: dict[str, Any]) -> Any:
+    def _call(self, channel: Any, method: str, params: Mapping[str, object]) -> Any:
         stub = channel.unary_unary(
             admin_wire.method_path(method),
             request_serializer=admin_wire.encode,

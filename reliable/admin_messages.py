@@ -16,7 +16,7 @@ returns (see `broker.admin`), so a script sees exactly what `reliable admin mess
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, Required, TypedDict
 
 from reliable.message import new_message_id
 
@@ -26,10 +26,25 @@ MAX_LIMIT = 1000
 class AdminCaller(Protocol):
     """The admin service as a callable (AdminClient, or a store opened in-process)."""
 
-    def call(self, method: str, **params: Any) -> Any: ...
+    def call(self, method: str, **params: object) -> Any: ...
 
 
-def _given(**params: Any) -> dict[str, Any]:
+class TraceEvent(TypedDict, total=False):
+    """One entry of a trace's timeline (`trace_message`'s `events`, and the outbox's and
+    consumers' ones `reliable admin message trace --db` adds): the keys every entry has
+    and the ones the timeline orders by; the broker's carry more (topic, queue, ...)."""
+
+    time_ms: Required[int | None]
+    time: Required[str | None]
+    source: Required[str]  # "broker", "outbox" or "consumer"
+    kind: Required[str]
+    group: Required[str | None]
+    detail: Required[str]
+    message_id: str | None
+    log_offset: int  # the broker's: the commitlog offset of the record that says so
+
+
+def _given(**params: object) -> dict[str, object]:
     return {k: v for k, v in params.items() if v is not None}
 
 
@@ -96,7 +111,7 @@ def send_message(
 ) -> dict[str, Any]:
     """Store one message; returns its ids and offsets. A fresh client message id is made
     when `message_id` is not given (as a producer would)."""
-    payload: dict[str, Any] = (
+    payload: dict[str, object] = (
         {"body": body} if isinstance(body, str) else {"body_hex": bytes(body).hex()}
     )
     result: dict[str, Any] = admin.call(

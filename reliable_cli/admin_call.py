@@ -111,7 +111,7 @@ class _StoreAdmin:
 
         self._ops = AdminOps(broker)
 
-    def call(self, method: str, **params: Any) -> Any:
+    def call(self, method: str, **params: object) -> Any:
         from broker.errors import BrokerError
         from broker.server.errors import ServerError
         from broker.server.status import code_of

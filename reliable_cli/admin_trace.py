@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from reliable import admin_messages as api
+from reliable.admin_messages import TraceEvent
 from reliable_cli.admin_call import PROG, CommandFailed, print_json, table
 from reliable_cli.exit_codes import ExitCode
 
@@ -73,11 +74,11 @@ _GROUP_DONE = frozenset(
 _CONSUMER_STEP = {"processing": 0, "confirmed": 1}  # in a delivery's handling, in order
 
 
-def _ms_of(event: dict[str, Any]) -> int:
+def _ms_of(event: TraceEvent) -> int:
     return int(event["time_ms"] or 0)
 
 
-def _before_done(seq: list[dict[str, Any]], event: dict[str, Any]) -> int:
+def _before_done(seq: list[TraceEvent], event: TraceEvent) -> int:
     """Where a consumer's row goes among one millisecond's events: before the broker's
     first event ending its group's handling (a confirmation, before the acknowledgement
     when there is one: an earlier attempt may have been handed back); else at the end."""
@@ -92,9 +93,7 @@ def _before_done(seq: list[dict[str, Any]], event: dict[str, Any]) -> int:
     return ends[0] if ends else len(seq)
 
 
-def timeline(
-    broker_events: list[dict[str, Any]], other_events: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
+def timeline(broker_events: list[TraceEvent], other_events: list[TraceEvent]) -> list[TraceEvent]:
     """The broker's trace events and the outbox's and consumers' (`outbox_trace`) as one
     timeline: in time order, and within one millisecond in causal order. The one ordering
     `reliable admin message trace` and the console's trace page both show.
@@ -109,17 +108,17 @@ def timeline(
     """
     broker = sorted(broker_events, key=lambda e: (_ms_of(e), e.get("log_offset", 0)))
     others = sorted(other_events, key=lambda e: (_ms_of(e), _CONSUMER_STEP.get(e["kind"], 2)))
-    out: list[dict[str, Any]] = []
+    out: list[TraceEvent] = []
     b = o = 0
     while b < len(broker) or o < len(others):
         ms = min(_ms_of(x[n]) for x, n in ((broker, b), (others, o)) if n < len(x))
-        seq: list[dict[str, Any]] = []
+        seq: list[TraceEvent] = []
         while b < len(broker) and _ms_of(broker[b]) == ms:
             seq.append(broker[b])
             b += 1
-        first: list[dict[str, Any]] = []
-        after: list[dict[str, Any]] = []
-        last: list[dict[str, Any]] = []
+        first: list[TraceEvent] = []
+        after: list[TraceEvent] = []
+        last: list[TraceEvent] = []
         while o < len(others) and _ms_of(others[o]) == ms:
             e = others[o]
             o += 1
@@ -158,7 +157,7 @@ def _event(
     *,
     group: str | None = None,
     message_id: str | None = None,
-) -> dict[str, Any]:
+) -> TraceEvent:
     return {
         "time_ms": _ms(at),
         "time": _iso(at),
@@ -247,8 +246,8 @@ def _rows_about(conn: Connection, table: Table, ids: set[str]) -> list[RowMappin
     )
 
 
-def _stub_events(stubs: list[RowMapping]) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
+def _stub_events(stubs: list[RowMapping]) -> list[TraceEvent]:
+    events: list[TraceEvent] = []
     for r in stubs:
         mid = r["message_id"]
         events.append(
@@ -283,8 +282,8 @@ def _stub_events(stubs: list[RowMapping]) -> list[dict[str, Any]]:
     return events
 
 
-def _log_events(logs: list[RowMapping]) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
+def _log_events(logs: list[RowMapping]) -> list[TraceEvent]:
+    events: list[TraceEvent] = []
     for r in logs:
         events.append(
             _event(
@@ -311,8 +310,8 @@ def _log_events(logs: list[RowMapping]) -> list[dict[str, Any]]:
     return events
 
 
-def _confirmation_events(confs: list[RowMapping]) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
+def _confirmation_events(confs: list[RowMapping]) -> list[TraceEvent]:
+    events: list[TraceEvent] = []
     for r in confs:
         events.append(
             _event(

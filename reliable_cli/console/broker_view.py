@@ -84,7 +84,7 @@ class BrokerView:
         self._client.close()
 
     # ------------------------------------------------------------------ calls
-    def call(self, method: str, **params: Any) -> Any:
+    def call(self, method: str, **params: object) -> Any:
         """One admin call; NotAvailable / BrokerDown / AdminCallError."""
         if method in self._missing:
             raise NotAvailable(method)

@@ -117,7 +117,7 @@ def parse_report(data: Mapping[str, Any]) -> tuple[Progress, Dead]:
     return out, dead
 
 
-def report_document(progress: Progress, dead: Dead) -> dict[str, Any]:
+def report_document(progress: Progress, dead: Dead) -> dict[str, object]:
     groups: dict[str, dict[str, dict[str, Any]]] = {}
     for key in sorted(set(progress) | set(dead)):
         group, topic, qid = key
@@ -186,7 +186,7 @@ class ActingReport:
         with self._lock:
             return {key: low for key, (low, _) in self._progress.items()}
 
-    def document(self) -> dict[str, Any] | None:
+    def document(self) -> dict[str, object] | None:
         """The report for the master; None when there is nothing to tell."""
         with self._lock:
             if not (self._progress or self._dead):
@@ -279,7 +279,7 @@ class ActingRole:
         with self._lock:
             self._stop()
 
-    def acting_report(self) -> dict[str, Any] | None:
+    def acting_report(self) -> dict[str, object] | None:
         """A slave's link to its master is back: stop acting, and return what was
         acknowledged while it acted and the master may not have (None: nothing)."""
         self.stop()
@@ -313,7 +313,7 @@ class ActingRole:
             self._report.clear()
             self._report.persist()
 
-    def with_acting_offsets(self, table: dict[str, Any]) -> dict[str, Any]:
+    def with_acting_offsets(self, table: dict[str, Any]) -> dict[str, object]:
         """The master's offset table, with this slave's offsets acknowledged while acting
         where they are higher (the master may not have them yet): a config sync never moves
         them back. The entries the master's offsets have reached are forgotten."""

@@ -140,7 +140,7 @@ class QueueWindow:
             self.done.discard(self.low)
             self.low += 1
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "low": self.low,
             "next": self.next,

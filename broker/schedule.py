@@ -193,7 +193,7 @@ class ScheduleMessageService(ServiceThread):
             self._recalled = recalled
             self._dirty = False
 
-    def _document_locked(self) -> dict[str, Any]:
+    def _document_locked(self) -> dict[str, object]:
         return {
             "offsetTable": {str(q + 1): o for q, o in sorted(self._offsets.items())},
             "timer": {"low": self._timer_low, "delivered": sorted(self._timer_delivered)},
@@ -211,7 +211,7 @@ class ScheduleMessageService(ServiceThread):
         self._file.save(data)
         return True
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> dict[str, object]:
         """The progress in `delayOffset.json`'s shape (a slave's config sync)."""
         with self._lock:
             return self._document_locked()

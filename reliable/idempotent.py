@@ -26,7 +26,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
-from typing import Any, Protocol
+from typing import Protocol
 
 from reliable.errors import ConfigurationError
 from reliable.message import ConsumeResult, ReceivedMessage
@@ -52,10 +52,15 @@ class DeadLetterMarker(Protocol):
     def mark_dead_lettered(self, message: ReceivedMessage, group: str | None = None) -> str: ...
 
 
+class Guard(MessageGuard, DeadLetterMarker, Protocol):
+    """A default guard: runs handlers at most once and records dead letters
+    (`idempotency.IdempotencyGuard`)."""
+
+
 class GuardFactory(Protocol):
     """What the `reliable.guards` entry point names: the environment in, a guard out."""
 
-    def __call__(self, env: Mapping[str, str]) -> Any: ...
+    def __call__(self, env: Mapping[str, str]) -> Guard: ...
 
 
 def default_guard_factory() -> GuardFactory:
@@ -85,7 +90,7 @@ def default_guard_factory() -> GuardFactory:
     return factory  # type: ignore[no-any-return]
 
 
-def build_default_guard(env: Mapping[str, str] | None = None) -> Any:
+def build_default_guard(env: Mapping[str, str] | None = None) -> Guard:
     """The default guard, built from `env` (the process environment when None)."""
     return default_guard_factory()(os.environ if env is None else env)
 
@@ -94,19 +99,19 @@ class DefaultGuard:
     """Builds the default guard on first use (or `ensure()` at consumer start), then
     delegates to it."""
 
-    def __init__(self, factory: Callable[[], Any] = build_default_guard) -> None:
+    def __init__(self, factory: Callable[[], Guard] = build_default_guard) -> None:
         self._factory = factory
-        self._guard: Any = None
+        self._guard: Guard | None = None
         self._lock = threading.Lock()
 
-    def ensure(self) -> Any:
+    def ensure(self) -> Guard:
         with self._lock:
             if self._guard is None:
                 self._guard = self._factory()
             return self._guard
 
     @property
-    def built(self) -> Any:
+    def built(self) -> Guard | None:
         """The guard once built (None before): what metrics read, never building it."""
         return self._guard
 

@@ -45,7 +45,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from broker.errors import BrokerError
 from broker.ha.config import parse_address
@@ -168,7 +168,7 @@ class Failover:
         """True while this broker's lease is sure to hold (see the module docstring)."""
         return not self.deposed.is_set() and self._clock() < self._valid_until
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         """The coordinator's part of `HaStatus`."""
         leader = self.leader
         left = self._valid_until - self._clock()

@@ -219,7 +219,7 @@ class ClusterView:
                 return Server(group.name, i, host, port, False)
         return None
 
-    def snapshot(self) -> list[dict[str, Any]]:
+    def snapshot(self) -> list[dict[str, object]]:
         """Every server's state, for the admin view and logs."""
         out = []
         for group in self.config.groups:

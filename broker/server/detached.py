@@ -74,7 +74,7 @@ class _Drive(Generic[T]):
         waited._asyncio_future_blocking = False  # taken, as a task takes it
         waited.add_done_callback(self.step)
 
-    def step(self, _done: Any) -> None:
+    def step(self, _done: object) -> None:
         result = self.result
         try:
             waited = self.work.send(None)  # the awaited future's `__await__` reads it

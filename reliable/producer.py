@@ -30,7 +30,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from protocol.props import Prop
 from reliable import tracing
@@ -59,6 +59,8 @@ from reliable.naming import check_group, check_topic, retry_topic
 from reliable.retry import Backoff, FailoverPatience, SendPolicy, call_with_policy
 from reliable.transport import Transport, connect
 from reliable.transport.base import QueueRef, TopicRoute, TransactionRef, TransactionState
+
+R = TypeVar("R")
 
 log = logging.getLogger(__name__)
 
@@ -486,8 +488,8 @@ class Producer:
         return candidates[0]
 
     def _timed(
-        self, queue: QueueRef, attempts: list[tuple[str, BaseException]], call: Callable[[], Any]
-    ) -> Any:
+        self, queue: QueueRef, attempts: list[tuple[str, BaseException]], call: Callable[[], R]
+    ) -> R:
         t0 = self._clock_ms()
         try:
             result = call()

@@ -23,13 +23,15 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeVar
 
 import tenacity
 from tenacity import RetryCallState
 from tenacity.wait import wait_base
 
 from reliable.errors import BrokerCallError, BrokerUnavailable, FailureKind, NoRoute
+
+R = TypeVar("R")
 
 Sleep = Callable[[float], None]
 Clock = Callable[[], float]
@@ -189,7 +191,7 @@ class SendPolicy:
         )
 
 
-def call_with_policy(policy: SendPolicy, fn: Callable[[int], Any]) -> Any:
+def call_with_policy(policy: SendPolicy, fn: Callable[[int], R]) -> R:
     """Run `fn(attempt_index)` under `policy`; the last error propagates.
 
     The first attempt runs before any retry machinery is built: most sends succeed at

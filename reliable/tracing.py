@@ -23,7 +23,11 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+    from opentelemetry.util.types import AttributeValue
 
 SYSTEM = "rocketmq"
 TRACER_NAME = "reliable"
@@ -90,7 +94,7 @@ def _tracer(api: Any) -> Any:
 class _NoSpan:
     """What `span()` yields without OpenTelemetry: accepts and drops everything."""
 
-    def set_attribute(self, key: str, value: Any) -> None:
+    def set_attribute(self, key: str, value: AttributeValue) -> None:
         pass
 
 
@@ -100,10 +104,10 @@ _NO_SPAN = _NoSpan()
 class _Span:
     __slots__ = ("_span",)
 
-    def __init__(self, span: Any) -> None:
+    def __init__(self, span: Span) -> None:
         self._span = span
 
-    def set_attribute(self, key: str, value: Any) -> None:
+    def set_attribute(self, key: str, value: AttributeValue) -> None:
         self._span.set_attribute(key, value)
 
 
@@ -162,7 +166,7 @@ def received(topic: str, group: str, message_ids: Sequence[str], started_ns: int
     api = _trace()
     if api is None or not message_ids or not _configured(api):
         return
-    attributes: dict[str, Any] = {
+    attributes: dict[str, AttributeValue] = {
         "messaging.system": SYSTEM,
         "messaging.destination.name": topic,
         "messaging.operation.name": "receive",

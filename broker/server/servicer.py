@@ -100,7 +100,7 @@ def add_to_server(servicer: MessagingServicer, server: grpc.aio.Server) -> None:
     )
 
 
-async def _refuse_on_slave(request: Any, call: CallInfo) -> Any:
+async def _refuse_on_slave(request: object, call: CallInfo) -> NoReturn:
     raise ReadOnlySlave()
 
 
@@ -389,7 +389,7 @@ class MessagingServicer:
     # and only to a caller whose signature holds, like every other RPC
     @staticmethod
     def _not_offered(what: str) -> Handler:
-        async def handler(request: Any, call: CallInfo) -> Any:
+        async def handler(request: object, call: CallInfo) -> NoReturn:
             raise NotImplementedByServer(f"{what} is not offered")
 
         return handler

@@ -37,9 +37,12 @@ import json
 import logging
 import ssl
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker.server.context import ServerContext
+
+if TYPE_CHECKING:
+    from broker.server.servicer import MessagingServicer
 from broker.server.decoding import parser
 from broker.server.detached import resume
 from broker.server.ratelimit import LogLimiter
@@ -341,7 +344,7 @@ class WireConnection(asyncio.Protocol):
 
 
 class WireServer:
-    def __init__(self, ctx: ServerContext, servicer: Any, *, max_frame: int) -> None:
+    def __init__(self, ctx: ServerContext, servicer: MessagingServicer, *, max_frame: int) -> None:
         self.ctx = ctx
         self.max_frame = max_frame
         self.connections: set[WireConnection] = set()

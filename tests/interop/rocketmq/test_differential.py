@@ -1,10 +1,11 @@
-"""The official Java client observes the same on our server as on Apache RocketMQ.
+"""The official Java and Go clients observe the same on our server as on Apache RocketMQ.
 
-tests/interop/differential.py runs the Java program's differential scenarios against a
-`reliable broker start` process and against the session's Apache RocketMQ cluster, and
-compares what they observed, key by key: every difference must be named in
-`DELIBERATE` with its reason, and the table in docs/interop.md must list every observation
-this run makes (`python -m tests.interop.differential --write-docs` rewrites it).
+tests/interop/differential.py runs the differential scenarios of the Java and the Go program
+against a `reliable broker start` process and against the session's Apache RocketMQ cluster,
+both clients on both servers side by side, and compares what each client observed on the
+two, key by key: every difference must be named in `DELIBERATE` with its reason, and the
+table in docs/interop.md must list every observation this run makes
+(`python -m tests.interop.differential --write-docs` rewrites it).
 """
 
 from __future__ import annotations
@@ -22,18 +23,28 @@ pytestmark = [pytest.mark.interop, pytest.mark.slow, pytest.mark.timeout(600)]
 
 @pytest.fixture(scope="module")
 def snapshot(tmp_path_factory: pytest.TempPathFactory, rocketmq: RocketMQCluster) -> dict[str, Any]:
-    # the session's cluster: each scenario has its own topics and groups
+    # the session's cluster: each client's scenarios have their own topics and groups
     return differential.observe_both(tmp_path_factory.mktemp("differential"), rocketmq)
 
 
 @pytest.fixture(scope="module")
 def rows(snapshot: dict[str, Any]) -> list[differential.Row]:
-    return differential.compare(snapshot["ours"], snapshot["apache"])
+    return differential.compare(snapshot)
 
 
-def test_every_scenario_reported_on_both(snapshot: dict[str, Any]) -> None:
+@pytest.mark.parametrize("client", differential.CLIENTS)
+def test_every_scenario_reported_on_both(snapshot: dict[str, Any], client: str) -> None:
     for side in ("ours", "apache"):
-        assert sorted(snapshot[side]) == sorted(differential.SCENARIOS), side
+        assert sorted(snapshot[client][side]) == sorted(differential.SCENARIOS), side
+    assert snapshot[client]["client_version"]
+
+
+def test_both_clients_observe_the_same_things(snapshot: dict[str, Any]) -> None:
+    """The Go program reports under the Java program's keys, so the two compare too."""
+    for scenario in differential.SCENARIOS:
+        java = snapshot["java"]["ours"][scenario]["observed"]
+        go = snapshot["go"]["ours"][scenario]["observed"]
+        assert sorted(go) == sorted(java), scenario
 
 
 def test_no_difference_that_is_not_deliberate(rows: list[differential.Row]) -> None:
@@ -51,6 +62,7 @@ def test_the_docs_table_has_every_observation(rows: list[differential.Row]) -> N
     """Row by row (values may move within a timing bucket between runs)."""
     table = differential.docs_table()
     for r in rows:
-        assert f"| {r.scenario} | {r.observation} |" in table, (
+        row = f"| {differential.CLIENT_NAMES[r.client]} | {r.scenario} | {r.observation} |"
+        assert row in table, (
             "docs/interop.md is stale: python -m tests.interop.differential --write-docs"
         )

@@ -35,6 +35,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.expression import BindParameter
 
 from outbox.models import OutboxTables, StubStatus
 from outbox.stubs import split_groups
@@ -66,9 +67,9 @@ class GuardStore:
         # connection's dialect (SQLAlchemy's statement cache), no expression building per
         # message
         log, conf, stub = tables.consumption_log, tables.confirmation, tables.stub
-        mid: Any = bindparam("mid")
-        grp: Any = bindparam("grp")
-        tok: Any = bindparam("tok")
+        mid: BindParameter[str] = bindparam("mid")
+        grp: BindParameter[str] = bindparam("grp")
+        tok: BindParameter[str] = bindparam("tok")
         on_log = and_(log.c.message_id == mid, log.c.consumer_group == grp)
         self._known_sql = union_all(
             select(literal(1).label("src"), conf.c.body_digest).where(

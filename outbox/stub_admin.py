@@ -94,7 +94,7 @@ class ActionResult:
     before: dict[str, Any]
     after: dict[str, Any]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "message_id": self.message_id,
             "action": self.action.value,
@@ -104,7 +104,7 @@ class ActionResult:
         }
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     if isinstance(value, datetime):
         return value.isoformat(sep=" ")
     if isinstance(value, bytes):

@@ -40,7 +40,7 @@ from datetime import timedelta
 from typing import Any
 
 import tenacity
-from sqlalchemy import Engine, Table, bindparam, cast, column, or_, select, update, values
+from sqlalchemy import Engine, Table, Update, bindparam, cast, column, or_, select, update, values
 from sqlalchemy.engine import RowMapping
 
 from outbox.claim import ClaimStrategy, claim_batch, strategy_for
@@ -538,7 +538,7 @@ class ResendWorker:
                 conn.execute(stmt, batch)
 
 
-def _update_from_values(stub: Table, keys: tuple[str, ...], batch: list[dict[str, Any]]) -> Any:
+def _update_from_values(stub: Table, keys: tuple[str, ...], batch: list[dict[str, Any]]) -> Update:
     """One `UPDATE stub SET k = v.k ... FROM (VALUES ...) AS v WHERE stub.id = v.b_id` for
     the whole batch (PostgreSQL): one round trip where an executemany makes one per row.
     Each value is cast to its column's type (a VALUES column of NULLs alone is text)."""

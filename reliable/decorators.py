@@ -37,7 +37,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from reliable import tracing
 from reliable.consumer.listener import DLQ_NOW, ConsumeContext, MessageModel
@@ -59,6 +59,8 @@ from reliable.outcomes import Discard, RetryLater
 from reliable.ratelimit import TokenBucket
 from reliable.transport import Transport
 from reliable.transport.base import ConsumeFrom
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +111,7 @@ class _AsyncRunner:
     _loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
-    def run(cls, coro: Coroutine[Any, Any, Any]) -> Any:
+    def run(cls, coro: Coroutine[Any, Any, T]) -> T:
         with cls._lock:
             if cls._loop is None or cls._loop.is_closed():
                 loop = asyncio.new_event_loop()

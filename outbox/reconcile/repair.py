@@ -281,7 +281,7 @@ class Repairer:
         }
 
 
-def _iso(value: Any) -> Any:
+def _iso(value: object) -> object:
     return value.isoformat(sep=" ") if isinstance(value, datetime) else value
 
 

@@ -15,7 +15,10 @@ due by age.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from reliable.transport.base import QueueRef
 
 
 class TransportOffsets:
@@ -28,9 +31,9 @@ class TransportOffsets:
                 "(the embedded or the grpc transport)"
             )
         self.transport = transport
-        self._routes: dict[str, dict[int, Any]] = {}
+        self._routes: dict[str, dict[int, QueueRef]] = {}
 
-    def _queue(self, topic: str, queue_id: int) -> Any | None:
+    def _queue(self, topic: str, queue_id: int) -> QueueRef | None:
         if queue_id < 0:
             return None
         queues = self._routes.get(topic)

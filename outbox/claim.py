@@ -25,9 +25,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
 
-from sqlalchemy import Connection, and_, select, update
+from sqlalchemy import ColumnElement, Connection, and_, select, update
 from sqlalchemy.engine import RowMapping
 
 from outbox.errors import UnsupportedDatabase
@@ -55,7 +54,7 @@ def strategy_for(conn: Connection) -> ClaimStrategy:
     raise UnsupportedDatabase(name)
 
 
-def due_clause(tables: OutboxTables, now: datetime) -> Any:
+def due_clause(tables: OutboxTables, now: datetime) -> ColumnElement[bool]:
     """UNCONFIRMED, not escalated, and due: `next_resend_at <= now` (`>` would select only
     the stubs not yet due)."""
     s = tables.stub.c

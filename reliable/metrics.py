@@ -16,7 +16,7 @@ consumer group (bounded by the application's handlers), the outcome and the guar
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.metrics_core import (
@@ -43,6 +43,9 @@ GUARD_EVENTS = (
     "redis_unavailable",
     "db_unavailable",
 )
+
+if TYPE_CHECKING:
+    from reliable.decorators import Handler
 
 #: every family this module exports, with its type (the dashboard test checks against it)
 CLIENT_METRICS: dict[str, str] = {
@@ -124,7 +127,7 @@ class ClientCollector(Collector):
         yield events
 
 
-def handler_guards(handlers: Iterable[Any]) -> Callable[[], list[object]]:
+def handler_guards(handlers: Iterable[Handler]) -> Callable[[], list[object]]:
     """The guards of `@handler` objects (idempotent= and mark_dead_letters=), looked up at
     each scrape (a default guard is built when its consumer starts)."""
     handlers = list(handlers)

@@ -26,8 +26,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
@@ -230,7 +229,7 @@ class ClientHandlers:
         self,
         request: service_pb2.NotifyClientTerminationRequest,
         call: CallInfo,
-        release: Callable[[ClientSession], Any],
+        release: Callable[[ClientSession], Awaitable[None]],
     ) -> service_pb2.NotifyClientTerminationResponse:
         session = self.ctx.sessions.remove(call.client_id)
         if session is not None:

@@ -19,7 +19,6 @@ import logging
 import ssl
 import threading
 from collections.abc import Callable
-from typing import Any
 
 import grpc
 
@@ -156,7 +155,7 @@ class MessagingServer:
         if pending:
             loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
 
-    def _credentials(self) -> Any:
+    def _credentials(self) -> grpc.ServerCredentials:
         cert, key = self.config.tls_cert, self.config.tls_key
         assert cert is not None and key is not None
         return grpc.ssl_server_credentials([(key.read_bytes(), cert.read_bytes())])

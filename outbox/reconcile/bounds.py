@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from outbox.reconcile.sources import TableSource
+    from reliable.transport.base import QueueRef
 
 BOUNDS_REQUIRED = ("topic", "queue_id", "max_offset")
 Bound = tuple[str, int, int, int | None]  # topic, queue_id, max_offset, min_offset
@@ -168,7 +169,7 @@ def ask_live(live: Any, queues: Iterable[tuple[str, int]], where: str) -> list[B
     wanted = sorted(set(queues))
     failures: list[str] = []
     is_transport = callable(getattr(live, "route", None))
-    routes: dict[str, dict[int, Any]] = {}
+    routes: dict[str, dict[int, QueueRef]] = {}
     for topic, queue_id in wanted:
         try:
             if is_transport:

@@ -26,6 +26,8 @@ from outbox.reconcile.sources import OFFSET_COLUMNS
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from reliable.transport.base import QueueRef
+
 PREFIX = "grpc:"
 Committed = tuple[str, str, int, int]  # topic, consumer_group, queue_id, committed_offset
 
@@ -81,7 +83,7 @@ def ask_committed(
     rows: list[Committed] = []
     failures: list[str] = []
     asked = sorted(set(wanted))
-    routes: dict[str, dict[int, Any]] = {}
+    routes: dict[str, dict[int, QueueRef]] = {}
     for topic, queue_id, group in asked:
         try:
             if topic not in routes:

@@ -18,12 +18,14 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from outbox.reconcile.errors import JavaNotFound, SourceUnavailable
 from outbox.reconcile.sources import TABLES, TableNames
 
 if TYPE_CHECKING:
+    from sqlalchemy import URL, Connection, Engine
+
     from outbox.reconcile.drivers import JdbcTarget
 
 CONNECT_TIMEOUT_S = 2
@@ -148,14 +150,14 @@ def count_rows(target: JdbcTarget, names: TableNames, up_to: int) -> dict[str, i
         engine.dispose()
 
 
-def _count_up_to(conn: Any, table: str, schema: str | None, limit: int) -> int:
+def _count_up_to(conn: Connection, table: str, schema: str | None, limit: int) -> int:
     import sqlalchemy as sa
 
     head = sa.select(sa.literal(1)).select_from(sa.table(table, schema=schema)).limit(limit)
     return int(conn.execute(sa.select(sa.func.count()).select_from(head.subquery())).scalar_one())
 
 
-def _engine(url: Any, args: dict[str, object]) -> Any:
+def _engine(url: str | URL, args: dict[str, object]) -> Engine | None:
     """An engine with an installed Python driver (`outbox.database`: a URL naming none
     gets the installed one); None when there is none: the JDBC read needs no Python
     driver, and says itself what is wrong."""

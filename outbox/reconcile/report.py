@@ -185,7 +185,7 @@ def _internal(topic: str | None) -> str | None:
     return "system" if is_system_topic(topic) else None
 
 
-def _dash(value: Any) -> str:
+def _dash(value: object) -> str:
     return "-" if value is None else f"{value:,}" if isinstance(value, int) else str(value)
 
 

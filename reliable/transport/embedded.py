@@ -22,6 +22,7 @@ from broker import errors as berr
 from broker.broker import Broker
 from broker.config import BrokerConfig
 from broker.offsets import ConsumeFromWhere
+from broker.results import SendResult
 from broker.store.config import StoreConfig, embedded_store_config, max_message_size_for
 from broker.store.message import MessageExt, PutMessageStatus, decode_offset_msg_id
 from protocol.names import dlq_topic, retry_topic
@@ -223,7 +224,7 @@ class EmbeddedTransport:
         reads = tuple(QueueRef(topic, BROKER_NAME, q) for q in r.read_queue_ids if readable)
         return TopicRoute(topic, writes, reads)
 
-    def _receipt(self, m: Message, result: Any) -> SendReceipt:
+    def _receipt(self, m: Message, result: SendResult) -> SendReceipt:
         status = result.status
         if isinstance(status, PutMessageStatus):
             send_status = _SEND_STATUS.get(status)

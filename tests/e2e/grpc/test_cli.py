@@ -72,6 +72,10 @@ def test_bad_command_lines_fail_clearly(tmp_path: Path) -> None:
     done = cli("broker", "start", "--store", str(tmp_path / "s"), "--disk-clean-ratio", "0.95")
     assert done.returncode == 2, done.stderr  # above the default full ratio, 0.90
     assert "--disk-clean-ratio must not exceed --disk-full-ratio" in done.stderr
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"team/a": "secret"}))  # a credential's scope begins at "/"
+    done = cli("broker", "start", "--store", str(tmp_path / "s"), "--credentials-file", str(keys))
+    assert done.returncode == 2 and "may not be empty or contain '/'" in done.stderr, done.stderr
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

@@ -237,7 +237,7 @@ def _promote(args: argparse.Namespace, admin: AdminCaller) -> int:
 
 
 def _run(
-    method: str, params: Callable[[argparse.Namespace], dict[str, Any]]
+    method: str, params: Callable[[argparse.Namespace], dict[str, object]]
 ) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace, admin: AdminCaller) -> int:
         _print(admin.call(method, **params(args)), args.json)

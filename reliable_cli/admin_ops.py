@@ -497,7 +497,7 @@ def _replay_output(
 def _dlq_audit(args: argparse.Namespace, admin: api.AdminCaller) -> int:
     if not 1 <= args.limit <= api.MAX_LIMIT:
         raise CommandFailed(f"--limit must be 1..{api.MAX_LIMIT}", ExitCode.USAGE)
-    params: dict[str, Any] = {"limit": args.limit}
+    params: dict[str, object] = {"limit": args.limit}
     if args.group:
         params["group"] = args.group
     found = admin.call("DeadLetterAudit", **params)
@@ -536,7 +536,7 @@ def _dlq_audit(args: argparse.Namespace, admin: api.AdminCaller) -> int:
 
 # ---------------------------------------------------------------------- groups and topics
 def _group_show(args: argparse.Namespace, admin: api.AdminCaller) -> int:
-    params: dict[str, Any] = {"name": args.name}
+    params: dict[str, object] = {"name": args.name}
     if args.topic:
         params["topic"] = args.topic
     doc: dict[str, Any] = dict(admin.call("GetGroup", **params))
@@ -590,7 +590,7 @@ def _group_show(args: argparse.Namespace, admin: api.AdminCaller) -> int:
 
 
 def _group_reset(args: argparse.Namespace, admin: api.AdminCaller) -> int:
-    params: dict[str, Any] = {
+    params: dict[str, object] = {
         "group": args.name,
         "topic": args.topic,
         "execute": args.execute,

@@ -326,7 +326,7 @@ def _confirmation_events(confs: list[RowMapping]) -> list[TraceEvent]:
     return events
 
 
-def _stub_doc(r: RowMapping) -> dict[str, Any]:
+def _stub_doc(r: RowMapping) -> dict[str, object]:
     """A stub row as the trace document shows it."""
     return {
         "message_id": r["message_id"],
@@ -348,7 +348,7 @@ def _stub_doc(r: RowMapping) -> dict[str, Any]:
     }
 
 
-def _log_doc(r: RowMapping) -> dict[str, Any]:
+def _log_doc(r: RowMapping) -> dict[str, object]:
     """A consumption-log row as the trace document shows it."""
     return {
         "message_id": r["message_id"],
@@ -361,7 +361,7 @@ def _log_doc(r: RowMapping) -> dict[str, Any]:
     }
 
 
-def _confirmation_doc(r: RowMapping) -> dict[str, Any]:
+def _confirmation_doc(r: RowMapping) -> dict[str, object]:
     """A confirmation row as the trace document shows it."""
     return {
         "message_id": r["message_id"],

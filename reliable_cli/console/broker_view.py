@@ -229,7 +229,7 @@ class BrokerView:
         return out
 
     # ------------------------------------------------------------------ messages
-    def query(self, **params: Any) -> dict[str, Any]:
+    def query(self, **params: object) -> dict[str, Any]:
         return dict(self.call("QueryMessage", **{k: v for k, v in params.items() if v is not None}))
 
     def trace(self, key: str) -> dict[str, Any]:

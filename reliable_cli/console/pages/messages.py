@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from flask import Blueprint, abort, render_template, request, url_for
 from flask.typing import ResponseReturnValue
@@ -18,11 +17,11 @@ log = logging.getLogger(__name__)
 SEARCH_FIELDS = ("by", "value", "topic", "since", "until", "limit")
 
 
-def _query_params(form: dict[str, str], by: str) -> dict[str, Any]:
+def _query_params(form: dict[str, str], by: str) -> dict[str, object]:
     """The broker's query for the search form (ValueError for a bad number or time)."""
     limit = int(form["limit"] or 50)
     since, until = parse_time(form["since"]), parse_time(form["until"])
-    params: dict[str, Any] = {
+    params: dict[str, object] = {
         "limit": limit,
         "topic": form["topic"] or None,
         "since_ms": since,

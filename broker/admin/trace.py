@@ -109,7 +109,7 @@ def _event(
     detail: str,
     msg: MessageExt | None = None,
     group: str | None = None,
-    **extra: Any,
+    **extra: object,
 ) -> dict[str, object]:
     """One timeline entry; `log_offset` is the commitlog offset of the record that says so
     (a stored copy, or an invisible-time log entry): the order of events within one ms."""

@@ -187,7 +187,7 @@ class JsonConfigFile:
             )
             return backup
 
-    def save(self, data: Mapping[str, Any]) -> None:
+    def save(self, data: Mapping[str, object]) -> None:
         """Write `data` atomically, keeping the previous valid version as `.bak`."""
         try:
             encoded = json.dumps(dict(data), indent=2, sort_keys=True).encode("utf-8")

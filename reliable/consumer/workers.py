@@ -36,7 +36,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +69,7 @@ class Workers:
             raise ValueError("max_workers must be >= 1")
         self._max = max_workers
         self._prefix = thread_name_prefix
-        self._calls: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
+        self._calls: deque[tuple[Callable[..., object], tuple[object, ...]]] = deque()
         self._lock = threading.Lock()  # the moves between running and parked
         self._parked: list[_Thread] = []  # a stack: the thread that parked last runs next
         self._threads: list[threading.Thread] = []
@@ -85,7 +84,7 @@ class Workers:
         self.wakes = 0  # threads woken or started: each one a thread switch
 
     # --- callers
-    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+    def submit(self, fn: Callable[..., object], *args: object) -> None:
         if self._shutdown:
             raise RuntimeError("cannot schedule new calls after shutdown")
         self._calls.append((fn, args))

@@ -404,12 +404,17 @@ def handler(topic: str, **options: Any) -> Callable[[Callable[..., Any]], Handle
 def dlq_handler(group: str, **options: Any) -> Callable[[Callable[..., Any]], Handler]:
     """Declare a consumer of `%DLQ%<group>`: the messages `group` gave up on.
 
-    It consumes as its own group (default `<group>-DLQ`), from the first dead letter.
+    It consumes as its own group (default `<group>-DLQ`), from the first dead letter (on a
+    server that cannot set a new group's start, such as an Apache RocketMQ proxy: where
+    the server starts a new group, logged; set its offsets with mqadmin resetOffsetByTime).
     `mark_dead_letters=guard` (an `idempotency.IdempotencyGuard`, or True for the default
     guard) stamps `dead_lettered_at` on the consumption-log row of (original message id,
     `group`) before the function runs, so reconciliation sees the message as dead-lettered.
     """
     check_group(group)
     options.setdefault("group", f"{group}-DLQ")
-    options.setdefault("consume_from", ConsumeFrom.FIRST)
+    if "consume_from" not in options:
+        # from the first dead letter where the server can set a group's start; elsewhere
+        # (an Apache RocketMQ proxy) where its default puts a new group, logged
+        options.update(consume_from=ConsumeFrom.FIRST, consume_from_preferred=True)
     return handler(dlq_topic(group), **options)

@@ -228,7 +228,16 @@ class ReceiveEngine:
                     exc,
                 )
         if unset and where is not ConsumeFrom.LAST:
-            self._refuse_start(where, unset)
+            if not self._s.consume_from_preferred:
+                self._refuse_start(where, unset)
+            log.warning(
+                "group %s starts where the server's default puts a new group, not at %s: "
+                "the server cannot set it (mqadmin resetOffsetByTime -g %s -t %s sets it)",
+                self._group,
+                where.name,
+                self._group,
+                unset[0],
+            )
 
     def _refuse_start(self, where: ConsumeFrom, topics: list[str]) -> None:
         """A group start the server cannot set (an Apache RocketMQ proxy has no call for

@@ -31,6 +31,10 @@ class ConsumerSettings:
     suspend_ms: int = 3000  # orderly: pause before a local retry
     consume_from: ConsumeFrom = ConsumeFrom.LAST
     consume_timestamp_ms: int | None = None
+    # where a server cannot set a new group's start (an Apache RocketMQ proxy): False, a
+    # `consume_from` other than LAST refuses to start; True, it is a preference, logged
+    # and left to the server's default (`dlq_handler`'s FIRST)
+    consume_from_preferred: bool = False
     local_offset_path: Path | None = None  # broadcasting offsets
     # invisible-time engine (transports without pull)
     invisible_ms: int = 30_000

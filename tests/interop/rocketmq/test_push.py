@@ -259,6 +259,18 @@ def test_a_group_start_the_proxy_cannot_set_refuses_to_start(
         consumer.shutdown()  # nothing started: a no-op
         with PushConsumer(group, listener, {topic: "*"}, transport=transport, **CONSUMER):
             pass  # LAST, the default, starts
+        preferred = PushConsumer(
+            group,
+            listener,
+            {topic: "*"},
+            transport=transport,
+            consume_from=where,
+            consume_from_preferred=True,
+            **options,
+            **CONSUMER,
+        )
+        with preferred:
+            pass  # a preference: logged, the broker's default applies
 
 
 class InvalidOrder(Exception):

@@ -1,7 +1,8 @@
 """rocketmq suite: Apache RocketMQ 5 beside our server, in the same run, with the same clients.
 
 Two servers are up together for each group of cases, and each client runs its cases against
-one, then the other:
+one, then the other; while a case measures one server the other is stopped (SIGSTOP, until
+the case is recorded: `bench.grpc.stop_the_others`), as on a quiet machine:
 
 - `rocketmq`: Apache RocketMQ 5 (`apache_rocketmq`: a name server and the proxy in local
   mode, the broker in its JVM), its topics and groups made first (the proxy serves no
@@ -400,6 +401,13 @@ def group(
                 broker_server(where / "ours-store", home, "sync" if sync_flush else "async")
             )
             servers.append(Server("ours", endpoint))
+            # each case measures one server, the other stopped (`grpc.stop_the_others`)
+            grpc.SIDE_BY_SIDE.clear()
+            grpc.SIDE_BY_SIDE[SERVER_PIDS[endpoint]] = (SERVER_PIDS[endpoint],)
+            if servers[0].name == "rocketmq":
+                grpc.SIDE_BY_SIDE[cluster.pids["proxy"]] = tuple(cluster.pids.values())
+            stack.callback(grpc.SIDE_BY_SIDE.clear)
+            stack.callback(grpc.continue_all)  # before any server is stopped for good
             with rec.section(*(n for n in names if "_java_" in n)):
                 java_cases(servers, suffix, n, rec, where / "java-logs", receive=not sync_flush)
             if not sync_flush:

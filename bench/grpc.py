@@ -267,10 +267,11 @@ class CpuProbe:
     def __init__(self, server_pid: int | None) -> None:
         self.server_pid = server_pid
         self.client = self.server = 0.0
-        stop_the_others(server_pid)  # until the case is recorded (`Recorder.add`)
         self.start()
 
     def start(self) -> CpuProbe:
+        """Begin a case: the other servers stopped until it is recorded (`Recorder.add`)."""
+        stop_the_others(self.server_pid)
         collected()  # the collection the case's clock runs, before the CPU is read
         self.client = process_cpu_s()
         self.server = process_cpu_s(self.server_pid) if self.server_pid else 0.0

@@ -154,6 +154,7 @@ class JavaProbe(CpuProbe):
         super().__init__(server_pid)
 
     def start(self) -> JavaProbe:
+        grpc.stop_the_others(self.server_pid)
         collected()
         self.client = process_cpu_s(self.client_pid)
         self.server = process_cpu_s(self.server_pid) if self.server_pid else 0.0

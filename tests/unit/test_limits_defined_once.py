@@ -18,11 +18,10 @@ import re
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 from protocol import limits
+from tests.unit.source_tree import ROOT, python_files
 
-ROOT = Path(__file__).resolve().parents[2]
 SOURCES = (
     "protocol",
     "broker",
@@ -33,7 +32,6 @@ SOURCES = (
     "bench",
     "scripts",
 )
-GENERATED = re.compile(r"_pb2(_grpc)?\.py$")
 HOME = "protocol/limits.py"
 
 
@@ -169,12 +167,8 @@ def definitions(source: str, path: str) -> Iterator[tuple[str, str]]:
 
 
 def _tree() -> Iterator[tuple[str, str]]:
-    for top in SOURCES:
-        for file in sorted((ROOT / top).rglob("*.py")):
-            rel = file.relative_to(ROOT).as_posix()
-            if GENERATED.search(rel) or "/.venv/" in rel:
-                continue
-            yield from definitions(file.read_text(), rel)
+    for file in python_files(*SOURCES):
+        yield from definitions(file.read_text(), file.relative_to(ROOT).as_posix())
 
 
 def test_each_limit_is_written_once_in_broker_limits() -> None:

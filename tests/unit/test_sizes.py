@@ -9,11 +9,11 @@ what its parts do; a function, into named stages.
 from __future__ import annotations
 
 import ast
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.unit.source_tree import ROOT, python_files
+
 SOURCES = (
     "protocol",
     "broker",
@@ -26,16 +26,12 @@ SOURCES = (
     "examples",
     "tests",
 )
-GENERATED = re.compile(r"_pb2(_grpc)?\.py$")
 MAX_FILE_LINES = 700
 MAX_FUNCTION_LINES = 120
 
 
 def _files() -> Iterator[Path]:
-    for source in SOURCES:
-        for path in sorted((ROOT / source).rglob("*.py")):
-            if not GENERATED.search(path.name):
-                yield path
+    return python_files(*SOURCES)
 
 
 def _functions(tree: ast.AST) -> Iterator[ast.FunctionDef | ast.AsyncFunctionDef]:

@@ -191,10 +191,10 @@ def _credentials(args: argparse.Namespace) -> dict[str, str]:
         isinstance(k, str) and isinstance(v, str) for k, v in raw.items()
     ):
         raise _Refused(f"{args.credentials_file}: expected a JSON object of strings")
-    slashed = sorted(k for k in raw if "/" in k or not k)
-    if slashed:  # a credential's scope begins at its first "/" (broker.server.auth)
+    refused = sorted(k for k in raw if "/" in k or not k)
+    if refused:  # a credential's scope begins at its first "/" (broker.server.auth)
         raise _Refused(
-            f"{args.credentials_file}: an access key may not be empty or contain '/': {slashed}"
+            f"{args.credentials_file}: an access key may not be empty or contain '/': {refused}"
         )
     return raw
 

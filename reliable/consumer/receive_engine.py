@@ -60,6 +60,7 @@ from reliable.transport.base import (
     Capability,
     ConsumeFrom,
     DirectConsume,
+    DirectListener,
     GroupAdmin,
     PullTransport,
     ServerLeases,
@@ -128,18 +129,16 @@ class ReceiveEngine:
         self._acks = AckBatcher(transport, group)
 
     def start(self) -> None:
-        if Capability.DIRECT_CONSUME in self._t.capabilities:
-            cast(DirectConsume, self._t).set_direct_listener(self._group, self._consume_directly)
+        self._set_direct_listener(self._consume_directly)
         made_fifo = self._make_group_fifo()
         self._t.heartbeat(self._client_id, self._group, self._subs)
-        if not made_fifo:
-            try:
+        try:
+            if not made_fifo:
                 self._check_group_fifo()
-            except ConfigurationError:
-                if Capability.DIRECT_CONSUME in self._t.capabilities:
-                    cast(DirectConsume, self._t).set_direct_listener(self._group, None)
-                raise
-        self._set_group_start()
+            self._set_group_start()
+        except ConfigurationError:  # refused to start: nothing left running
+            self._set_direct_listener(None)
+            raise
         for topic in self._subs:
             for i in range(1 if can_pull(self._t) else self.receive_loops):
                 t = threading.Thread(
@@ -243,8 +242,6 @@ class ReceiveEngine:
         """A group start the server cannot set (an Apache RocketMQ proxy has no call for
         it): starting anyway would read from wherever the server's default puts a new
         group, so the consumer refuses, naming what to do instead."""
-        if Capability.DIRECT_CONSUME in self._t.capabilities:
-            cast(DirectConsume, self._t).set_direct_listener(self._group, None)
         raise ConfigurationError(
             f"consume_from={where.name} for group {self._group!r}: the server cannot set "
             "where a new group starts (it has no SetGroupStart, as on Apache RocketMQ), so "
@@ -252,6 +249,11 @@ class ReceiveEngine:
             f"offsets on the server (mqadmin resetOffsetByTime -g {self._group} -t "
             f"{topics[0]} -s TIMESTAMP_MS) and consume with consume_from=ConsumeFrom.LAST"
         )
+
+    def _set_direct_listener(self, listener: DirectListener | None) -> None:
+        """Direct delivery to this consumer (`Capability.DIRECT_CONSUME`), or None: none."""
+        if Capability.DIRECT_CONSUME in self._t.capabilities:
+            cast(DirectConsume, self._t).set_direct_listener(self._group, listener)
 
     def shutdown(self) -> None:
         """Release what no handler started, let running handlers finish, leave the group."""
@@ -263,8 +265,7 @@ class ReceiveEngine:
             t.join(self._s.shutdown_timeout_s)
         self._release_unstarted()  # received while stopping
         self._acks.close(self._s.shutdown_timeout_s)  # the handlers' last acks leave
-        if Capability.DIRECT_CONSUME in self._t.capabilities:
-            cast(DirectConsume, self._t).set_direct_listener(self._group, None)
+        self._set_direct_listener(None)
         try:
             self._t.unregister(self._client_id, self._group)
         except Exception as exc:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -33,11 +34,12 @@ from sqlalchemy import Connection, Engine, bindparam, event, func, insert, updat
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, SessionTransaction
 
+from outbox.background import BackgroundSends
 from outbox.errors import DuplicateMessageId, NoActiveTransaction, OutboxMisuse, is_permanent
 from outbox.models import OutboxTables
 from outbox.ports import Clock, Sender, utcnow
 from outbox.registry import expected_groups, expected_groups_sql
-from outbox.stubs import check_sendable, stub_values
+from outbox.stubs import check_sendable, stub_values, update_from_values
 from protocol.limits import DEFAULT_MAX_BODY_SIZE
 from reliable.message import Message, SendReceipt, SendStatus
 
@@ -62,6 +64,15 @@ class OutboxConfig:
         anything is written (`InvalidStub`), since no send could ever succeed. None: the
         sender's own `max_body_size` when it has one, else 4 MiB (the broker's default).
         0 turns the check off.
+    send_in_background: hand the send that follows each commit to one thread per
+        `Outbox` (`outbox.background`): `commit()` returns after the commit alone, and the
+        thread sends waiting messages together and records their receipts in one
+        transaction. `Outbox.flush()` waits for it. Off (default): `commit()` returns
+        after the send and its record.
+    background_capacity: messages that may wait for the background thread; more are left
+        to the resend worker (due `retry_after_failure` after their commit), never blocking
+        a commit.
+    background_batch: messages the background thread sends and records together at most.
     """
 
     max_sends: int = 16
@@ -69,6 +80,9 @@ class OutboxConfig:
     retry_after_failure: timedelta = timedelta(seconds=10)
     send_after_commit: bool = True
     max_body_size: int | None = None
+    send_in_background: bool = False
+    background_capacity: int = 10_000
+    background_batch: int = 128
 
 
 @dataclass
@@ -110,9 +124,11 @@ class Outbox:
         # PostgreSQL: the record's commit does not wait for the WAL flush, asked for inside
         # the UPDATE itself (set_config(..., is_local) lasts until the commit): two round
         # trips where a SET LOCAL made three
-        unflushed = func.set_config("synchronous_commit", "off", True).is_not(None)
-        self._record_sent_pg = self._record_sent.where(unflushed)
-        self._record_failed_pg = self._record_failed.where(unflushed)
+        self._unflushed = func.set_config("synchronous_commit", "off", True).is_not(None)
+        self._record_sent_pg = self._record_sent.where(self._unflushed)
+        self._record_failed_pg = self._record_failed.where(self._unflushed)
+        self._background: BackgroundSends | None = None
+        self._starting = threading.Lock()
 
     # -- ORM Session ---------------------------------------------------------------------
     def publish(self, session: Session, message: Message, *, max_sends: int | None = None) -> str:
@@ -153,9 +169,8 @@ class Outbox:
                 "was sent (committed stubs are sent by the resend worker)"
             )
         trans.commit()
-        if self.config.send_after_commit:
-            for message in tx._messages:
-                self._send_and_record(bind.engine, message)
+        if self.config.send_after_commit and tx._messages:
+            self._after_commit(bind.engine, tx._messages)
 
     # -- shared --------------------------------------------------------------------------
     @property
@@ -208,13 +223,68 @@ class Outbox:
             max_body_size=self.max_body_size,
         )
 
-    def _send_and_record(self, engine: Engine, message: Message) -> SendReceipt | None:
-        """Send once and write the result on the stub. Never raises: the commit happened."""
-        receipt: SendReceipt | None = None
-        try:
-            receipt = self.sender.send(message)
-        except Exception as exc:
-            now = self.clock()
+    def flush(self, timeout: float | None = None) -> bool:
+        """With `send_in_background`: wait until every message committed so far is sent
+        and its receipt recorded (True), or `timeout` seconds passed (False). Without it
+        there is never anything to wait for."""
+        return True if self._background is None else self._background.flush(timeout)
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Flush, then stop the background thread (it starts again at the next commit)."""
+        background, self._background = self._background, None
+        return True if background is None else background.close(timeout)
+
+    def _after_commit(self, engine: Engine, messages: list[Message]) -> None:
+        """The send that follows a commit: now, or handed to the background thread."""
+        if not self.config.send_in_background:
+            for message in messages:
+                self._send_many(engine, [message])
+            return
+        with self._starting:
+            if self._background is None:
+                self._background = BackgroundSends(
+                    self._send_many,
+                    capacity=self.config.background_capacity,
+                    batch_size=self.config.background_batch,
+                    name=self.tables.stub.name,
+                )
+            background = self._background
+        background.submit(engine, messages)
+
+    def _send_many(self, engine: Engine, messages: list[Message]) -> None:
+        """Send committed messages (pipelined when the sender has `send_async` and there
+        are several) and write every result on its stub in one transaction. Never raises:
+        the commit happened, and a failure leaves the stub to the resend worker."""
+        send_async = getattr(self.sender, "send_async", None)
+        outcomes: list[tuple[Message, SendReceipt | None, Exception | None]] = []
+        if len(messages) > 1 and callable(send_async):
+            futures: list[tuple[Message, Future[SendReceipt] | None, Exception | None]] = []
+            for message in messages:
+                try:
+                    futures.append((message, send_async(message), None))
+                except Exception as exc:
+                    futures.append((message, None, exc))
+            for message, future, error in futures:
+                try:
+                    outcomes.append((message, None if future is None else future.result(), error))
+                except Exception as exc:
+                    outcomes.append((message, None, exc))
+        else:
+            for message in messages:
+                try:
+                    outcomes.append((message, self.sender.send(message), None))
+                except Exception as exc:
+                    outcomes.append((message, None, exc))
+        self._record(engine, [self._outcome(m, r, e) for m, r, e in outcomes])
+
+    def _outcome(
+        self, message: Message, receipt: SendReceipt | None, exc: Exception | None
+    ) -> dict[str, Any]:
+        """The values a send's result writes on its stub."""
+        now = self.clock()
+        values: dict[str, Any]
+        if receipt is None:
+            assert exc is not None
             if is_permanent(exc):
                 # no retry can succeed: due now, so the resend worker escalates it at once
                 log.error(
@@ -231,12 +301,11 @@ class Outbox:
                     exc,
                 )
                 retry_at = now + self.config.retry_after_failure
-            values: dict[str, Any] = {
+            values = {
                 "last_error": f"{type(exc).__name__}: {exc}"[:2000],
                 "next_resend_at": retry_at,
             }
         else:
-            now = self.clock()
             values = {
                 "queue_id": receipt.queue_id,
                 "queue_offset": receipt.queue_offset,
@@ -248,6 +317,11 @@ class Outbox:
             }
         values["updated_at"] = now
         values["b_mid"] = message.message_id
+        return values
+
+    def _record(self, engine: Engine, outcomes: list[dict[str, Any]]) -> None:
+        """Write send results on their stubs, in one transaction (on PostgreSQL one
+        statement per kind of result)."""
         try:
             with engine.begin() as conn:
                 # The record is a hint for the resend worker, never the guarantee (the stub
@@ -256,18 +330,32 @@ class Outbox:
                 # recorded: the stub is due after retry_after_failure and resent, the
                 # consumer's guard absorbing the copy.
                 pg = conn.dialect.name == "postgresql"
-                if receipt is not None:
-                    conn.execute(self._record_sent_pg if pg else self._record_sent, values)
-                else:
-                    conn.execute(self._record_failed_pg if pg else self._record_failed, values)
+                sent = [v for v in outcomes if "queue_id" in v]
+                failed = [v for v in outcomes if "queue_id" not in v]
+                if pg and len(outcomes) > 1:
+                    for batch in (sent, failed):
+                        if batch:
+                            conn.execute(self._record_many_pg(batch))
+                    return
+                if sent:
+                    conn.execute(self._record_sent_pg if pg else self._record_sent, sent)
+                if failed:
+                    conn.execute(self._record_failed_pg if pg else self._record_failed, failed)
         except SQLAlchemyError as exc:
             log.warning(
                 "outbox: could not record the send of %s (%s); the resend worker "
                 "will look at it when due",
-                message.message_id,
+                ", ".join(v["b_mid"] for v in outcomes[:5]) + (" ..." if len(outcomes) > 5 else ""),
                 exc,
             )
-        return receipt
+
+    def _record_many_pg(self, outcomes: list[dict[str, Any]]) -> Any:
+        stub = self.tables.stub
+        keys = tuple(k for k in outcomes[0] if k != "b_mid")
+        batch = [{"b_message_id": v["b_mid"], **{f"v_{k}": v[k] for k in keys}} for v in outcomes]
+        return update_from_values(
+            stub, "message_id", keys, batch, also={"send_count": stub.c.send_count + 1}
+        ).where(self._unflushed)
 
 
 class OutboxTransaction:
@@ -307,6 +395,7 @@ def _after_commit(session: Session) -> None:
     if _PENDING not in session.info or session.in_nested_transaction():
         return  # nothing published, or a savepoint was released: not committed yet
     pending: list[_Pending] = session.info.pop(_PENDING, [])
+    ready: dict[tuple[Outbox, Engine], list[Message]] = {}
     for item in pending:
         if item.connection.in_transaction():
             # The session joined a transaction it does not own (Session(bind=connection)
@@ -320,7 +409,9 @@ def _after_commit(session: Session) -> None:
             )
             continue
         if item.outbox.config.send_after_commit:
-            item.outbox._send_and_record(item.connection.engine, item.message)
+            ready.setdefault((item.outbox, item.connection.engine), []).append(item.message)
+    for (outbox, engine), messages in ready.items():
+        outbox._after_commit(engine, messages)
 
 
 def _after_soft_rollback(session: Session, previous: SessionTransaction) -> None:

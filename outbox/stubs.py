@@ -1,4 +1,5 @@
-"""Turning a `reliable.Message` into a stub row and back, and the body digest."""
+"""Turning a `reliable.Message` into a stub row and back, the body digest, and the one
+statement that writes many stubs' values (`update_from_values`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import ColumnElement, Table, Update, cast, column, update, values
 from sqlalchemy.engine import RowMapping
 
 from outbox.errors import InvalidStub
@@ -106,4 +108,32 @@ def message_from_stub(row: Mapping[str, Any] | RowMapping) -> Message:
         properties=headers,
         message_group=group,
         message_id=row["message_id"],
+    )
+
+
+def update_from_values(
+    stub: Table,
+    by: str,
+    keys: tuple[str, ...],
+    batch: list[dict[str, Any]],
+    *,
+    also: Mapping[str, ColumnElement[Any]] | None = None,
+) -> Update:
+    """One `UPDATE stub SET k = v.k ... FROM (VALUES ...) AS v WHERE stub.<by> = v.b_<by>`
+    for a whole batch (PostgreSQL): one round trip where an executemany makes one per row.
+
+    Each row of `batch` holds `b_<by>` and a `v_<k>` per key; `also` adds expressions set on
+    every row (`send_count + 1`). Each value is cast to its column's type (a VALUES column of
+    NULLs alone is text)."""
+    match = f"b_{by}"
+    cols = [column(match, stub.c[by].type)] + [column(f"v_{k}", stub.c[k].type) for k in keys]
+    rows = values(*cols, name="v").data([tuple(p[c.name] for c in cols) for p in batch])
+    return (
+        update(stub)
+        .where(stub.c[by] == rows.c[match])
+        # the keys again as a list: the planner sees how few rows of the stub table are
+        # wanted and reads them by their index (joined to VALUES alone, a small table is
+        # read whole)
+        .where(stub.c[by].in_([p[match] for p in batch]))
+        .values({**{k: cast(rows.c[f"v_{k}"], stub.c[k].type) for k in keys}, **(also or {})})
     )

@@ -40,7 +40,7 @@ from datetime import timedelta
 from typing import Any
 
 import tenacity
-from sqlalchemy import Engine, Table, Update, bindparam, cast, column, or_, select, update, values
+from sqlalchemy import Engine, bindparam, or_, select, update
 from sqlalchemy.engine import RowMapping
 
 from outbox.claim import ClaimStrategy, claim_batch, strategy_for
@@ -58,7 +58,7 @@ from outbox.ports import (
     retry_topic,
     utcnow,
 )
-from outbox.stubs import message_from_stub, split_groups
+from outbox.stubs import message_from_stub, split_groups, update_from_values
 
 log = logging.getLogger(__name__)
 
@@ -526,7 +526,7 @@ class ResendWorker:
             recheck = (self.claim or strategy_for(conn)) is ClaimStrategy.ATOMIC_UPDATE
             for keys, batch in groups.items():
                 if conn.dialect.name == "postgresql":
-                    conn.execute(_update_from_values(stub, keys, batch))
+                    conn.execute(update_from_values(stub, "id", keys, batch))
                     continue
                 stmt = (
                     update(stub)
@@ -536,23 +536,6 @@ class ResendWorker:
                 if recheck:
                     stmt = stmt.where(stub.c.claimed_by == token)
                 conn.execute(stmt, batch)
-
-
-def _update_from_values(stub: Table, keys: tuple[str, ...], batch: list[dict[str, Any]]) -> Update:
-    """One `UPDATE stub SET k = v.k ... FROM (VALUES ...) AS v WHERE stub.id = v.b_id` for
-    the whole batch (PostgreSQL): one round trip where an executemany makes one per row.
-    Each value is cast to its column's type (a VALUES column of NULLs alone is text)."""
-    cols = [column("b_id", stub.c.id.type)] + [column(f"v_{k}", stub.c[k].type) for k in keys]
-    rows = values(*cols, name="v").data([tuple(p[c.name] for c in cols) for p in batch])
-    return (
-        update(stub)
-        .where(stub.c.id == rows.c.b_id)
-        # the ids again as a list: the planner sees how few rows of the stub table are
-        # wanted and reads them by primary key (joined to VALUES alone, a small table is
-        # read whole)
-        .where(stub.c.id.in_([p["b_id"] for p in batch]))
-        .values({k: cast(rows.c[f"v_{k}"], stub.c[k].type) for k in keys})
-    )
 
 
 def describe(metrics: Metrics | Mapping[str, int]) -> str:

@@ -8,8 +8,9 @@ Append path (the hot path of the whole broker):
 2. under the lock: take the last file (rolling over with a blank record when the record
    plus an 8-byte blank would not fit), patch QUEUEOFFSET, PHYSICALOFFSET and
    STORETIMESTAMP in and complete RECORDCRC over them (`codec.seal`: one C call), copy
-   the record into the mapping with one slice assignment, move
-   `wrote_position` (readers never see a half-copied record), bump the queue offset;
+   the record into the file with one slice assignment into the mapping (one `pwrite`
+   under SYNC_FLUSH: `MappedFile.pwrite` says why), move `wrote_position` (readers
+   never see a half-copied record), bump the queue offset;
 3. outside the lock: build the result and, under SYNC_FLUSH, wait for the group commit.
 
 Transaction PREPARED and ROLLBACK records get queue offset 0 and do not advance the
@@ -78,6 +79,11 @@ class CommitLog:
         self._clock = clock
         self.file_size = config.mapped_file_size_commitlog
         sync = config.flush_mode is FlushMode.SYNC_FLUSH
+        # under SYNC_FLUSH records go in through the descriptor, not the mapping: every
+        # put waits for an fdatasync, which then writes back only the blocks written
+        # (`MappedFile.pwrite`); under ASYNC_FLUSH a copy into the mapping is cheaper and
+        # its write-back is off the put's path
+        self._through_fd = sync
         self._warm_ahead = max(config.warm_ahead_bytes, 0)
         allocator = MappedFileAllocator(
             warm=config.warm_mapped_file and self._warm_ahead > 0,
@@ -192,7 +198,7 @@ class CommitLog:
         """Fill the rest of `mf` with a blank record; the next file (pre-allocated)."""
         if mf is not None and not mf.is_full():
             left = mf.file_size - mf.wrote_position
-            mf.write_at(mf.wrote_position, encode_blank(left))
+            self._copy(mf, mf.wrote_position, encode_blank(left))
             mf.wrote_position = mf.committed_position = mf.file_size
         new = self.queue.get_last_mapped_file(0, create=True)
         if new is None:  # pragma: no cover - create=True always returns a file
@@ -202,6 +208,14 @@ class CommitLog:
         # enough to be ready, late enough not to hold two idle files per idle store
         self._prepare_next_at = self.file_size // 2
         return new
+
+    def _copy(self, mf: MappedFile, pos: int, data: bytes | bytearray | memoryview) -> None:
+        """Bytes into `mf` at `pos`: through the descriptor under SYNC_FLUSH, else the
+        mapping (see `__init__`)."""
+        if self._through_fd:
+            mf.pwrite(pos, data)
+        else:
+            mf.mapping[pos : pos + len(data)] = data
 
     def _warm_in_place(self, mf: MappedFile) -> None:
         """Have the warmer pre-touch the next `warm_ahead_bytes` of the file being written
@@ -249,11 +263,13 @@ class CommitLog:
             ts = self.last_store_timestamp
         table = self.topic_queue_table
         qoff = 0 if key is None else table.get(key, 0)
-        mm = mf.mapping
-        mm[pos : pos + n] = rec
         # offsets, store time, and RECORDCRC: the partial checksum encoded outside the
         # lock continued over those 24 bytes (codec.py)
-        _seal(mm, pos, qoff, phy, ts)
+        _seal(rec, 0, qoff, phy, ts)
+        if self._through_fd:
+            mf.pwrite(pos, rec)
+        else:
+            mf.mapping[pos : pos + n] = rec
         # only now is the record visible to readers (they stop at wrote_position)
         mf.wrote_position = mf.committed_position = pos + n
         if key is not None:
@@ -296,7 +312,7 @@ class CommitLog:
                 _seal(buf, at, qoff, phy, ts)
                 placed.append((phy, qoff, ts))
                 at += len(rec)
-            mf.mapping[start:pos] = buf
+            self._copy(mf, start, buf)
             # only now are the records visible to readers (they stop at wrote_position)
             mf.wrote_position = mf.committed_position = pos
             table.update(taken)
@@ -438,15 +454,18 @@ class CommitLog:
             mf = self._file_for(size)  # rolled over when `size` does not fit
             pos = mf.wrote_position
             ts = self._now()
-            placed, new_pos, qoff = batch.place(
-                mf.mapping,
-                pos,
-                mf.file_size - END_FILE_MIN_BLANK_LENGTH,
-                qoff,
-                step,
-                mf.file_from_offset,
-                ts,
-            )
+            limit = mf.file_size - END_FILE_MIN_BLANK_LENGTH
+            if self._through_fd:  # laid out in a buffer, then copied in (`_copy`)
+                buf = bytearray(min(limit - pos, batch.total))
+                placed, used, qoff = batch.place(
+                    buf, 0, len(buf), qoff, step, mf.file_from_offset + pos, ts
+                )
+                mf.pwrite(pos, memoryview(buf)[:used])
+                new_pos = pos + used
+            else:
+                placed, new_pos, qoff = batch.place(
+                    mf.mapping, pos, limit, qoff, step, mf.file_from_offset, ts
+                )
             if not placed:  # pragma: no cover - _file_for left room for the next record
                 raise RuntimeError(f"a record of {size} bytes did not fit at {pos}")
             # only now are the records visible to readers (they stop at wrote_position)
@@ -576,7 +595,7 @@ class CommitLog:
             mf = self.queue.get_last_mapped_file(offset, create=True)
             if mf is None or mf.file_from_offset + mf.wrote_position != offset:
                 raise ReplicaRejected(offset, "no file starts there")
-            mf.mapping[pos : pos + n] = view
+            self._copy(mf, pos, view)
             mf.wrote_position = mf.committed_position = pos + n
             self.topic_queue_table.update(table_updates)
             if last_ts > self.last_store_timestamp:

@@ -188,6 +188,27 @@ class MappedFile(ReferenceResource):
         self.committed_position = end
         return pos
 
+    def pwrite(self, position: int, data: bytes | bytearray | memoryview) -> None:
+        """Copy `data` in at `position` through the descriptor (`os.pwrite`), not the
+        mapping: the same page cache, so readers of the mapping see it as they would a
+        copy into the mapping. What differs is the write-back. A write through the mapping
+        dirties the whole page-cache folio it lands in (the kernel cannot tell which bytes
+        a store touched), and folios of a file written sequentially grow large: past the
+        first tens of MB of a file, an fdatasync after a 1 KiB copy into the mapping wrote
+        a whole large folio back, 0.45 ms where `pwrite` + fdatasync took 0.08 ms (the
+        kernel marks only the blocks written dirty). The commitlog writes this way under
+        SYNC_FLUSH, where every put waits for its fdatasync."""
+        view = memoryview(data)
+        end = position + len(view)
+        if position < 0 or end > self.file_size:
+            raise ValueError(
+                f"{self.path}: write of {len(view)} bytes at {position} outside the file"
+            )
+        while view:
+            n = os.pwrite(self._fd, view, position)
+            view = view[n:]
+            position += n
+
     def write_at(self, position: int, data: bytes | bytearray | memoryview) -> None:
         """Overwrite bytes at `position` (does not move `wrote_position`)."""
         end = position + len(data)

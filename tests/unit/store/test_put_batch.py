@@ -13,6 +13,7 @@ import pytest
 
 from broker.store import batch as batch_module
 from broker.store.codec import (
+    END_FILE_MIN_BLANK_LENGTH,
     POS_CRC,
     POS_PHYSICAL_OFFSET,
     POS_QUEUE_OFFSET,
@@ -20,11 +21,12 @@ from broker.store.codec import (
     check_message_and_return_size,
 )
 from broker.store.config import SHIPPED_WATERMARKS, FlushMode, StoreConfig
+from broker.store.mapped_file import MappedFile
 from broker.store.message import Message, MessageExt, PutMessageStatus, SysFlag
 from broker.store.store import MessageStore
 from protocol.props import Prop
 
-from ._helpers import commitlog_files, crash_copy, small_config
+from ._helpers import commitlog_files, crash_copy, message, small_config
 
 SHARED = {Prop.TAGS: "tagB", "color": "blue"}
 BORN = 1_700_000_000_000
@@ -359,3 +361,52 @@ def test_compiled_and_python_encoders_agree_byte_for_byte(
         monkeypatch.setattr(batch_module, "NATIVE", False)
         python = _encode(bodies, **kw)
         assert native == python, (bodies[:2], kw)
+
+
+@pytest.mark.parametrize("mode", [FlushMode.SYNC_FLUSH, FlushMode.ASYNC_FLUSH])
+def test_under_sync_flush_every_byte_enters_through_the_descriptor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: FlushMode
+) -> None:
+    """SYNC_FLUSH: single records, batches and the blank records of roll-overs go in with
+    `pwrite`, none through the mapping (a copy into the mapping dirties a whole page-cache
+    folio, which each put's fdatasync then writes back: `MappedFile.pwrite`). ASYNC_FLUSH
+    copies into the mapping. Either way the mapping's readers and a reopened store see
+    the same records."""
+    written: list[int] = []
+    real = MappedFile.pwrite
+
+    def counted(self: MappedFile, position: int, data: bytes | bytearray | memoryview) -> None:
+        written.append(len(memoryview(data)))
+        real(self, position, data)
+
+    monkeypatch.setattr(MappedFile, "pwrite", counted)
+    cfg = small_config(tmp_path, flush_mode=mode)
+    store = MessageStore(cfg, disk_usage=_disk)
+    store.start()
+    singles = []
+    for i in range(6):
+        r = store.put_message(message(i, topic="TopicB", queue_id=1, size=300))
+        assert r.status is PutMessageStatus.PUT_OK and r.append is not None
+        singles.append(r.append.wrote_offset)
+    batched = _put(store, _bodies(100, size=200), queue_id=1)  # rolls over several files
+    end = store.commitlog.get_max_offset()
+    assert end > 3 * cfg.mapped_file_size_commitlog
+    seen = {o: store.look_message_by_offset(o) for o in singles + batched}
+    records = sum(m.store_size for m in seen.values() if m is not None)
+    rolls = len(commitlog_files(tmp_path)) - 1
+    if mode is FlushMode.SYNC_FLUSH:
+        # every record once, and each file's closing blank record (8 bytes)
+        assert sum(written) == records + END_FILE_MIN_BLANK_LENGTH * rolls
+    else:
+        assert written == []
+    store.shutdown()
+    reopened = MessageStore(cfg, disk_usage=_disk)
+    reopened.start()
+    try:
+        assert reopened.commitlog.get_max_offset() == end
+        for offset, before in seen.items():
+            after = reopened.look_message_by_offset(offset)
+            assert before is not None and after is not None
+            assert (after.body, after.queue_offset) == (before.body, before.queue_offset)
+    finally:
+        reopened.shutdown()

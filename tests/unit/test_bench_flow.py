@@ -75,6 +75,10 @@ def test_flow_suite_quick_json_verifies_exactly_once(tmp_path: Path) -> None:
     assert metrics["resend_sweep_1m_s"] is None  # the quick sweep is not over 1M stubs
     assert metrics["resend_sweep_s"] > 0 and metrics["resend_sweep_stubs"] == 20_000
     assert metrics["flow_stubs_confirmed"] == metrics["flow_commits"]  # each stub confirmed
+    # the background publish drained every commit's send itself: none left to the worker
+    for writers in flow.PUBLISH_WRITERS:
+        key = f"publish_with_stub_background_w{writers}"
+        assert metrics[f"{key}_commits_s"] > 0 and metrics[f"{key}_left_to_worker"] == 0
     assert metrics["resend_sweep_resent"] == metrics["resend_sweep_due"]
     assert "flow_ours" in proc.stdout and "target: flow exactly once" in proc.stdout
     assert list(tmp_path.iterdir()) == []

@@ -30,12 +30,8 @@ from broker.futures import LightFuture
 from broker.store import codec
 from broker.store.batch import RecordBatch
 from broker.store.codec import (
-    BLANK,
-    BLANK_MAGIC_CODE,
     END_FILE_MIN_BLANK_LENGTH,
-    FIXED_SIZE,
     EncodeError,
-    check_message_and_return_size,
     encode_blank,
     encode_host,
     encode_record,
@@ -54,6 +50,7 @@ from broker.store.message import (
     PutMessageResult,
     PutMessageStatus,
 )
+from broker.store.replica_check import check_replica
 from broker.store.warmer import Warmer
 
 log = logging.getLogger(__name__)
@@ -79,11 +76,6 @@ class CommitLog:
         self._clock = clock
         self.file_size = config.mapped_file_size_commitlog
         sync = config.flush_mode is FlushMode.SYNC_FLUSH
-        # under SYNC_FLUSH records go in through the descriptor, not the mapping: every
-        # put waits for an fdatasync, which then writes back only the blocks written
-        # (`MappedFile.pwrite`); under ASYNC_FLUSH a copy into the mapping is cheaper and
-        # its write-back is off the put's path
-        self._through_fd = sync
         self._warm_ahead = max(config.warm_ahead_bytes, 0)
         allocator = MappedFileAllocator(
             warm=config.warm_mapped_file and self._warm_ahead > 0,
@@ -210,9 +202,10 @@ class CommitLog:
         return new
 
     def _copy(self, mf: MappedFile, pos: int, data: bytes | bytearray | memoryview) -> None:
-        """Bytes into `mf` at `pos`: through the descriptor under SYNC_FLUSH, else the
-        mapping (see `__init__`)."""
-        if self._through_fd:
+        """Bytes into `mf` at `pos`: with `pwrite` under SYNC_FLUSH, where each put waits
+        for an fdatasync that then writes back only the blocks written (`MappedFile.pwrite`
+        says why), else into the mapping (cheaper; its write-back is off the put's path)."""
+        if self._sync:
             mf.pwrite(pos, data)
         else:
             mf.mapping[pos : pos + len(data)] = data
@@ -266,10 +259,7 @@ class CommitLog:
         # offsets, store time, and RECORDCRC: the partial checksum encoded outside the
         # lock continued over those 24 bytes (codec.py)
         _seal(rec, 0, qoff, phy, ts)
-        if self._through_fd:
-            mf.pwrite(pos, rec)
-        else:
-            mf.mapping[pos : pos + n] = rec
+        self._copy(mf, pos, rec)
         # only now is the record visible to readers (they stop at wrote_position)
         mf.wrote_position = mf.committed_position = pos + n
         if key is not None:
@@ -455,7 +445,7 @@ class CommitLog:
             pos = mf.wrote_position
             ts = self._now()
             limit = mf.file_size - END_FILE_MIN_BLANK_LENGTH
-            if self._through_fd:  # laid out in a buffer, then copied in (`_copy`)
+            if self._sync:  # laid out in a buffer, then copied in (`_copy`)
                 buf = bytearray(min(limit - pos, batch.total))
                 placed, used, qoff = batch.place(
                     buf, 0, len(buf), qoff, step, mf.file_from_offset + pos, ts
@@ -591,7 +581,7 @@ class CommitLog:
             pos = offset % self.file_size
             if pos + n > self.file_size:
                 raise ReplicaRejected(offset, "crosses a file boundary")
-            table_updates, last_ts, count = _check_replica(view, offset, pos, self.file_size)
+            table_updates, last_ts, count = check_replica(view, offset, pos, self.file_size)
             mf = self.queue.get_last_mapped_file(offset, create=True)
             if mf is None or mf.file_from_offset + mf.wrote_position != offset:
                 raise ReplicaRejected(offset, "no file starts there")
@@ -676,34 +666,3 @@ class CommitLog:
                 for k, v in self.topic_queue_table.items()
                 if not (k.startswith(prefix) and k[len(prefix) :].isdigit())
             }
-
-
-def _check_replica(
-    view: memoryview, offset: int, pos: int, file_size: int
-) -> tuple[dict[str, int], int, int]:
-    """Check every record of a replicated chunk: the topic-queue table entries it moves,
-    its last store time, its number of records. `ReplicaRejected` at the first bad one."""
-    updates: dict[str, int] = {}
-    last_ts = 0
-    count = 0
-    at = 0
-    n = len(view)
-    while at < n:
-        if n - at < END_FILE_MIN_BLANK_LENGTH:
-            raise ReplicaRejected(offset + at, "a record is cut short")
-        total, magic = BLANK.unpack_from(view, at)
-        if magic == BLANK_MAGIC_CODE:
-            if total != file_size - (pos + at) or at + total != n:
-                raise ReplicaRejected(offset + at, "a blank record that does not end the file")
-            return updates, last_ts, count
-        if total < FIXED_SIZE or at + total > n:
-            raise ReplicaRejected(offset + at, "a record is cut short")
-        size, request = check_message_and_return_size(view[at : at + total], 0, True, offset + at)
-        if size != total or request is None:
-            raise ReplicaRejected(offset + at, "a record fails its checks")
-        if is_queued(request.sys_flag):
-            updates[f"{request.topic}-{request.queue_id}"] = request.queue_offset + 1
-        last_ts = request.store_timestamp
-        count += 1
-        at += total
-    return updates, last_ts, count

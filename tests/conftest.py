@@ -73,11 +73,14 @@ def unit_of(nodeid: str) -> str:
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """`-n auto` (pyproject's addopts): two workers per logical CPU. Half of the suite's
-    time is spent waiting (servers starting, processes killed and restarted, redelivery
-    and lease timeouts, JVMs): with one worker per CPU the CPUs idled 43% of a run on a
-    2-CPU machine, and the run took 20 min; with two per CPU, 15."""
-    return 2 * max(1, len(os.sched_getaffinity(0)))
+    """`-n auto` (pyproject's addopts): one and a half workers per logical CPU (3 on 2).
+    Much of the suite's time is spent waiting (servers starting, processes killed and
+    restarted, redelivery and lease timeouts, JVMs): with one worker per CPU the CPUs
+    idled 43% of a run on a 2-CPU machine (20 min). Two per CPU took 15-16 min, but its
+    first ten minutes ran four CPU-bound units on two CPUs, and the official Python
+    client stalled once in the quick bench there (no send completed for 60 s)."""
+    cpus = max(1, len(os.sched_getaffinity(0)))
+    return cpus + max(1, cpus // 2)
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:

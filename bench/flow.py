@@ -571,7 +571,7 @@ class Run:
                     self.m[f"{key}_ack_p99_ms"] = a99
                     note += f"; commit->ack p50 {a50:.2f} ms, p99 {a99:.2f} ms"
                     if case == "with_stub_background":
-                        left = outbox._background.refused if outbox._background else 0
+                        left = outbox.left_to_resend_worker
                         self.m[f"{key}_drain_ms"] = round(drain_ms, 1)
                         self.m[f"{key}_left_to_worker"] = left
                         note += f"; all sent {drain_ms:.0f} ms after the last commit"

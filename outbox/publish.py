@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
-from concurrent.futures import Future
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -229,6 +228,12 @@ class Outbox:
         there is never anything to wait for."""
         return True if self._background is None else self._background.flush(timeout)
 
+    @property
+    def left_to_resend_worker(self) -> int:
+        """With `send_in_background`: messages its thread did not take since it started
+        (the queue full, or closed); the resend worker sends them when due."""
+        return 0 if self._background is None else self._background.refused
+
     def close(self, timeout: float | None = None) -> bool:
         """Flush, then stop the background thread (it starts again at the next commit)."""
         background, self._background = self._background, None
@@ -256,26 +261,13 @@ class Outbox:
         are several) and write every result on its stub in one transaction. Never raises:
         the commit happened, and a failure leaves the stub to the resend worker."""
         send_async = getattr(self.sender, "send_async", None)
-        outcomes: list[tuple[Message, SendReceipt | None, Exception | None]] = []
         if len(messages) > 1 and callable(send_async):
-            futures: list[tuple[Message, Future[SendReceipt] | None, Exception | None]] = []
-            for message in messages:
-                try:
-                    futures.append((message, send_async(message), None))
-                except Exception as exc:
-                    futures.append((message, None, exc))
-            for message, future, error in futures:
-                try:
-                    outcomes.append((message, None if future is None else future.result(), error))
-                except Exception as exc:
-                    outcomes.append((message, None, exc))
+            started = [_attempt(send_async, m) for m in messages]  # all in flight first
+            results = [(None, error) if error else _attempt(f.result) for f, error in started]
         else:
-            for message in messages:
-                try:
-                    outcomes.append((message, self.sender.send(message), None))
-                except Exception as exc:
-                    outcomes.append((message, None, exc))
-        self._record(engine, [self._outcome(m, r, e) for m, r, e in outcomes])
+            results = [_attempt(self.sender.send, m) for m in messages]
+        outcomes = [self._outcome(m, r, e) for m, (r, e) in zip(messages, results, strict=True)]
+        self._record(engine, outcomes)
 
     def _outcome(
         self, message: Message, receipt: SendReceipt | None, exc: Exception | None
@@ -330,6 +322,7 @@ class Outbox:
                 # recorded: the stub is due after retry_after_failure and resent, the
                 # consumer's guard absorbing the copy.
                 pg = conn.dialect.name == "postgresql"
+                # a receipt's values carry its queue position (`_outcome`), a failure's not
                 sent = [v for v in outcomes if "queue_id" in v]
                 failed = [v for v in outcomes if "queue_id" not in v]
                 if pg and len(outcomes) > 1:
@@ -356,6 +349,14 @@ class Outbox:
         return update_from_values(
             stub, "message_id", keys, batch, also={"send_count": stub.c.send_count + 1}
         ).where(self._unflushed)
+
+
+def _attempt(call: Callable[..., Any], *args: Any) -> tuple[Any, Exception | None]:
+    """`call(*args)` as (result, None), or (None, the exception it raised)."""
+    try:
+        return call(*args), None
+    except Exception as exc:
+        return None, exc
 
 
 class OutboxTransaction:

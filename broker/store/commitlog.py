@@ -259,7 +259,10 @@ class CommitLog:
         # offsets, store time, and RECORDCRC: the partial checksum encoded outside the
         # lock continued over those 24 bytes (codec.py)
         _seal(rec, 0, qoff, phy, ts)
-        self._copy(mf, pos, rec)
+        if self._sync:  # `_copy`, inline: the single put's hot path
+            mf.pwrite(pos, rec)
+        else:
+            mf.mapping[pos : pos + n] = rec
         # only now is the record visible to readers (they stop at wrote_position)
         mf.wrote_position = mf.committed_position = pos + n
         if key is not None:

@@ -199,11 +199,7 @@ class MappedFile(ReferenceResource):
         kernel marks only the blocks written dirty). The commitlog writes this way under
         SYNC_FLUSH, where every put waits for its fdatasync."""
         view = memoryview(data)
-        end = position + len(view)
-        if position < 0 or end > self.file_size:
-            raise ValueError(
-                f"{self.path}: write of {len(view)} bytes at {position} outside the file"
-            )
+        self._check_inside(position, len(view))
         while view:
             n = os.pwrite(self._fd, view, position)
             view = view[n:]
@@ -211,12 +207,12 @@ class MappedFile(ReferenceResource):
 
     def write_at(self, position: int, data: bytes | bytearray | memoryview) -> None:
         """Overwrite bytes at `position` (does not move `wrote_position`)."""
-        end = position + len(data)
-        if position < 0 or end > self.file_size:
-            raise ValueError(
-                f"{self.path}: write of {len(data)} bytes at {position} outside the file"
-            )
-        self._mm[position:end] = data
+        self._check_inside(position, len(data))
+        self._mm[position : position + len(data)] = data
+
+    def _check_inside(self, position: int, n: int) -> None:
+        if position < 0 or position + n > self.file_size:
+            raise ValueError(f"{self.path}: write of {n} bytes at {position} outside the file")
 
     # --- reading
     def read(self, position: int, size: int) -> bytes:

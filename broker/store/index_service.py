@@ -11,10 +11,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 from broker.store.codec import DispatchRequest
 from broker.store.config import StoreConfig
-from broker.store.errors import ForeignFile
+from broker.store.durable_write import fsync_directory
+from broker.store.errors import ForeignFile, StoreCorrupted
 from broker.store.index_file import (
     IndexFile,
     index_file_name,
@@ -49,6 +51,9 @@ class IndexService:
         self.files: list[IndexFile] = []  # replaced, never mutated: readers take a snapshot
         self._lock = threading.Lock()
         self._max_phy = -1  # get_max_phy_offset(), cached for the dispatch path
+        # the load deleted the newest file (a header torn by a kill): re-index from
+        # `indexed_to()` whatever recovery scanned (`_set_aside_torn`)
+        self.newest_rebuilt = False
 
     # --- lifecycle
     def load(self, last_exit_ok: bool) -> None:
@@ -59,7 +64,9 @@ class IndexService:
         """
         self.directory.mkdir(parents=True, exist_ok=True)
         files: list[IndexFile] = []
+        self.newest_rebuilt = False
         try:
+            paths = []
             for path in sorted(self.directory.iterdir(), key=lambda p: p.name):
                 if is_index_temp(path.name) and path.is_file():
                     path.unlink()  # a file whose creation a crash interrupted: never used
@@ -67,7 +74,14 @@ class IndexService:
                 if not path.is_file():
                     raise ForeignFile(path, "a directory among index files")
                 parse_index_file_name(path)
-                files.append(IndexFile(path, self.hash_slot_num, self.index_num))
+                paths.append(path)
+            for i, path in enumerate(paths):
+                try:
+                    files.append(IndexFile(path, self.hash_slot_num, self.index_num))
+                except StoreCorrupted as exc:
+                    if last_exit_ok or i != len(paths) - 1:
+                        raise
+                    self._set_aside_torn(path, exc)
         except BaseException:
             for f in files:
                 f.close()
@@ -80,6 +94,26 @@ class IndexService:
                 len(files),
             )
         self.files = files
+
+    def _set_aside_torn(self, path: Path, exc: StoreCorrupted) -> None:
+        """The newest file, after an abnormal exit, with a header that contradicts itself.
+
+        A header is 40 bytes stored field by field through the mapping; a SIGKILL between
+        two of those stores (the kernel delivers it at any instruction) leaves some fields
+        new and the rest old: a first record's begin offset beside the old end offset of
+        0, or an end offset the last counted entry does not carry. Only the file being
+        written at the kill can hold such a header, and it is derived data: it is deleted
+        and its records indexed again from the commitlog, from the end of the file before
+        it (`newest_rebuilt`: the start re-dispatches from `indexed_to()`, however far back).
+        """
+        log.warning(
+            "%s: %s; abnormal exit: the newest index file is rebuilt from the commitlog",
+            path,
+            exc.reason,
+        )
+        path.unlink()
+        fsync_directory(path.parent)
+        self.newest_rebuilt = True
 
     def flush(self) -> None:
         for f in self.files:

@@ -292,9 +292,13 @@ def reput_start(
         # (index_file.py). An index further behind (its files lost by a power cut) is
         # caught up from where recovery's scan started, not from its own tail: that could
         # be the whole log. (No index file at all: rebuilt by `redispatch`.)
+        # A newest file deleted at load (its header torn by the kill) is re-indexed
+        # from the end of the file before it, wherever recovery's scan started.
         indexed = index.indexed_to()
         if indexed >= 0:
-            start = min(start, max(indexed, report.scanned_from))
+            start = min(
+                start, indexed if index.newest_rebuilt else max(indexed, report.scanned_from)
+            )
     return min(max(start, cl_min), report.end)
 
 

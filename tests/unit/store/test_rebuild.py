@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from broker.store.codec import POS_QUEUE_OFFSET, POS_STORE_TIMESTAMP, reseal
-from broker.store.config import StoreConfig
+from broker.store.config import FlushMode, StoreConfig
 from broker.store.consume_queue_store import QUEUE_REGISTRY_NAME
-from broker.store.errors import DispatchStuck
+from broker.store.errors import DispatchStuck, StoreCorrupted
 from broker.store.message import Message, PutMessageStatus
 from broker.store.store import MessageStore
 
-from ._helpers import crash_copy, message, small_config
+from ._helpers import crash_copy, message, small_config, wait_until
 
 N = 90
 QUEUES = 3
@@ -24,11 +24,11 @@ QUEUES = 3
 Written = list[tuple[int, Message]]
 
 
-def _fill(cfg: StoreConfig, topic: str = "TopicA") -> tuple[MessageStore, Written]:
+def _fill(cfg: StoreConfig, topic: str = "TopicA", n: int = N) -> tuple[MessageStore, Written]:
     store = MessageStore(cfg)
     store.start()
     written = []
-    for i in range(N):
+    for i in range(n):
         msg = message(i, topic=topic, queue_id=i % QUEUES, size=40 + (i * 37) % 300)
         r = store.put_message(msg)
         assert r.ok and r.append is not None
@@ -108,6 +108,106 @@ def test_deleted_consume_queue_is_rebuilt_from_the_commitlog(tmp_path: Path, cra
         _assert_found_by_key(again, written)
     finally:
         again.shutdown()
+
+
+# Header fields, big-endian (index_file.py): begin ts, end ts, begin phy, end phy at 24,
+# slots used, index count at 36. A SIGKILL lands between two of the stores that write them.
+_END_PHY = struct.Struct(">q")
+_COUNT = struct.Struct(">i")
+
+
+def _tear_newest_header(directory: Path, how: str) -> Path:
+    newest = sorted((directory / "index").iterdir())[-1]
+    with open(newest, "r+b") as f:
+        if how == "end_phy_not_written":  # the first put's begin offset, the old end of 0
+            f.seek(24)
+            f.write(_END_PHY.pack(0))
+        else:  # "count_not_written": the end offset of a put whose count is still the old
+            f.seek(36)
+            (count,) = _COUNT.unpack(f.read(4))
+            f.seek(36)
+            f.write(_COUNT.pack(count - 1))
+    return newest
+
+
+@pytest.mark.parametrize("how", ["end_phy_not_written", "count_not_written"])
+@pytest.mark.parametrize("records", [30, N])  # one index file; two (the newest torn)
+def test_a_newest_index_header_torn_by_a_kill_is_rebuilt_from_the_commitlog(
+    tmp_path: Path, how: str, records: int
+) -> None:
+    cfg = small_config(tmp_path / "live")
+    store, written = _fill(cfg, n=records)
+    files = len(list((cfg.store_dir / "index").iterdir()))
+    assert files == (1 if records < N else 2)
+    directory = crash_copy(cfg.store_dir, tmp_path / "crashed")
+    store.shutdown()
+    torn = _tear_newest_header(directory, how)
+    again = MessageStore(small_config(directory))
+    again.start()
+    try:
+        _assert_found_by_key(again, written)
+        _assert_queues(again, written)
+        _assert_next_queue_offsets(again, written)
+    finally:
+        again.shutdown()
+    assert not torn.exists() or torn.stat().st_size > 0
+    third = MessageStore(small_config(directory))  # rebuilt once: nothing indexed twice
+    third.start()
+    try:
+        _assert_found_by_key(third, written)
+    finally:
+        third.shutdown()
+
+
+def test_a_torn_newest_index_is_rebuilt_from_the_file_before_it_past_recoverys_scan(
+    tmp_path: Path,
+) -> None:
+    """The newest index file spans commitlog files the checkpoint says are safe, so the
+    abnormal recovery scans from after its start: its records are re-indexed anyway."""
+    # sync flush: the checkpoint's commitlog time keeps up with every put
+    cfg = small_config(tmp_path / "live", flush_mode=FlushMode.SYNC_FLUSH)
+    store = MessageStore(cfg)
+    store.start()
+    written: Written = []
+
+    def put(i: int) -> None:
+        msg = message(i, queue_id=i % QUEUES, size=600)  # about 12 records a commitlog file
+        r = store.put_message(msg)
+        assert r.ok and r.append is not None
+        written.append((r.append.wrote_offset, msg))
+
+    for i in range(100):  # index files: records 0-84 (255 entries, 3 a record), then 85-
+        put(i)
+    assert store.wait_dispatched(10)
+    last = store.get_message_by_queue_offset("TopicA", 99 % QUEUES, 99 // QUEUES)
+    assert last is not None
+    cp = store.checkpoint  # written every 50 ms: it soon covers records up to 99
+    assert wait_until(lambda: cp.min_timestamp(True) >= last.store_timestamp)
+    for i in range(100, 110):
+        put(i)
+    assert store.wait_dispatched(10)
+    directory = crash_copy(cfg.store_dir, tmp_path / "crashed")
+    store.shutdown()
+    _tear_newest_header(directory, "end_phy_not_written")
+    again = MessageStore(small_config(directory, flush_mode=FlushMode.SYNC_FLUSH))
+    again.start()
+    try:
+        assert again.recovery is not None
+        assert again.recovery.scanned_from > written[84][0]  # past the previous file's end
+        _assert_found_by_key(again, written)
+        _assert_queues(again, written)
+    finally:
+        again.shutdown()
+
+
+def test_a_torn_index_header_after_a_clean_stop_is_still_refused(tmp_path: Path) -> None:
+    """Only a kill tears a header: after a clean stop the same bytes are corruption."""
+    directory, _ = _stopped(tmp_path, crashed=False)
+    _tear_newest_header(directory, "end_phy_not_written")
+    again = MessageStore(small_config(directory))
+    with pytest.raises(StoreCorrupted, match="not a range"):
+        again.start()
+    again.shutdown()
 
 
 def test_deleted_topic_is_not_resurrected_by_a_rebuild(tmp_path: Path) -> None:

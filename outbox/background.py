@@ -35,12 +35,25 @@ Batch = Callable[[Engine, list[Message]], None]
 class BackgroundSends:
     """A queue of committed messages and the one thread that sends and records them."""
 
-    def __init__(self, send_batch: Batch, *, capacity: int, batch_size: int, name: str) -> None:
+    def __init__(
+        self,
+        send_batch: Batch,
+        *,
+        capacity: int,
+        batch_size: int,
+        name: str,
+        linger_s: float = 0.0,
+    ) -> None:
         if capacity < 1 or batch_size < 1:
             raise ValueError("background_capacity and background_batch must be at least 1")
+        if linger_s < 0:
+            raise ValueError("background_linger must not be negative")
         self._send_batch = send_batch
         self._capacity = capacity
         self._batch_size = batch_size
+        self._linger_s = linger_s
+        self._first_waiting_at = 0.0  # when the oldest message waiting was handed over
+        self._flushing = 0  # callers in flush(): the thread takes a short batch at once
         self._name = name
         self._waiting: deque[tuple[Engine, Message]] = deque()
         self._unfinished = 0  # waiting + being sent
@@ -60,6 +73,9 @@ class BackgroundSends:
         with self._changed:
             room = 0 if self._closed else self._capacity - self._unfinished
             taken = list(messages[: max(room, 0)])
+            was_empty = not self._waiting
+            if taken and was_empty:
+                self._first_waiting_at = time.monotonic()
             self._waiting.extend((engine, m) for m in taken)
             self._unfinished += len(taken)
             if taken and self._thread is None:
@@ -68,7 +84,10 @@ class BackgroundSends:
                 )
                 self._thread.start()
                 atexit.register(self.close, 5.0)
-            self._changed.notify_all()
+            # the thread waits for a first message, or lingers until a batch is full:
+            # woken for those alone, not once a commit
+            if taken and (was_empty or len(self._waiting) >= self._batch_size):
+                self._changed.notify_all()
         left = len(messages) - len(taken)
         if left:
             self._refused += left
@@ -84,11 +103,16 @@ class BackgroundSends:
         """Wait until every message handed over is sent and recorded; False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._changed:
-            while self._unfinished:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._changed.wait(left)
+            self._flushing += 1
+            self._changed.notify_all()
+            try:
+                while self._unfinished:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        return False
+                    self._changed.wait(left)
+            finally:
+                self._flushing -= 1
         return True
 
     def close(self, timeout: float | None = None) -> bool:
@@ -110,8 +134,20 @@ class BackgroundSends:
                     self._changed.wait()
                 if not self._waiting:
                     return  # closed and drained
+                # linger: a short batch waits for more commits, at most `linger_s` after
+                # its oldest message was handed over (one record for many receipts)
+                while (
+                    len(self._waiting) < self._batch_size
+                    and not self._closed
+                    and not self._flushing
+                ):
+                    left = self._first_waiting_at + self._linger_s - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._changed.wait(left)
                 n = min(self._batch_size, len(self._waiting))
                 batch = [self._waiting.popleft() for _ in range(n)]
+                self._first_waiting_at = time.monotonic()  # the rest waits from now on
             try:
                 by_engine: dict[Engine, list[Message]] = {}
                 for engine, message in batch:

@@ -38,7 +38,7 @@ from outbox.errors import DuplicateMessageId, NoActiveTransaction, OutboxMisuse,
 from outbox.models import OutboxTables
 from outbox.ports import Clock, Sender, utcnow
 from outbox.registry import expected_groups, expected_groups_sql
-from outbox.stubs import check_sendable, stub_values, update_from_values
+from outbox.stubs import ArrayUpdate, check_sendable, stub_values
 from protocol.limits import DEFAULT_MAX_BODY_SIZE
 from reliable.message import Message, SendReceipt, SendStatus
 
@@ -72,6 +72,10 @@ class OutboxConfig:
         to the resend worker (due `retry_after_failure` after their commit), never blocking
         a commit.
     background_batch: messages the background thread sends and records together at most.
+    background_linger: how long a batch shorter than `background_batch` waits for more
+        commits before the thread sends it (as Kafka's `linger.ms`): one record of many
+        receipts instead of one transaction for each, at the price of at most this much
+        more commit-to-broker latency. `Outbox.flush()` and `close()` do not wait for it.
     """
 
     max_sends: int = 16
@@ -82,6 +86,7 @@ class OutboxConfig:
     send_in_background: bool = False
     background_capacity: int = 10_000
     background_batch: int = 128
+    background_linger: timedelta = timedelta(milliseconds=5)
 
 
 @dataclass
@@ -126,6 +131,7 @@ class Outbox:
         self._unflushed = func.set_config("synchronous_commit", "off", True).is_not(None)
         self._record_sent_pg = self._record_sent.where(self._unflushed)
         self._record_failed_pg = self._record_failed.where(self._unflushed)
+        self._record_many: dict[tuple[str, ...], ArrayUpdate] = {}  # by the keys recorded
         self._background: BackgroundSends | None = None
         self._starting = threading.Lock()
 
@@ -252,6 +258,7 @@ class Outbox:
                     capacity=self.config.background_capacity,
                     batch_size=self.config.background_batch,
                     name=self.tables.stub.name,
+                    linger_s=self.config.background_linger.total_seconds(),
                 )
             background = self._background
         background.submit(engine, messages)
@@ -328,7 +335,7 @@ class Outbox:
                 if pg and len(outcomes) > 1:
                     for batch in (sent, failed):
                         if batch:
-                            conn.execute(self._record_many_pg(batch))
+                            conn.execute(*self._record_many_pg(batch))
                     return
                 if sent:
                     conn.execute(self._record_sent_pg if pg else self._record_sent, sent)
@@ -342,13 +349,18 @@ class Outbox:
                 exc,
             )
 
-    def _record_many_pg(self, outcomes: list[dict[str, Any]]) -> Any:
-        stub = self.tables.stub
+    def _record_many_pg(self, outcomes: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
         keys = tuple(k for k in outcomes[0] if k != "b_mid")
+        update = self._record_many.get(keys)
+        if update is None:
+            stub = self.tables.stub
+            update = ArrayUpdate(
+                stub, "message_id", keys, also={"send_count": stub.c.send_count + 1}
+            )
+            update.statement = update.statement.where(self._unflushed)
+            self._record_many[keys] = update
         batch = [{"b_message_id": v["b_mid"], **{f"v_{k}": v[k] for k in keys}} for v in outcomes]
-        return update_from_values(
-            stub, "message_id", keys, batch, also={"send_count": stub.c.send_count + 1}
-        ).where(self._unflushed)
+        return update.statement, update.params(batch)
 
 
 def _attempt(call: Callable[..., Any], *args: Any) -> tuple[Any, Exception | None]:

@@ -38,7 +38,7 @@ from outbox.errors import DuplicateMessageId, NoActiveTransaction, OutboxMisuse,
 from outbox.models import OutboxTables
 from outbox.ports import Clock, Sender, utcnow
 from outbox.registry import expected_groups, expected_groups_sql
-from outbox.stubs import ArrayUpdate, check_sendable, stub_values
+from outbox.stubs import ArrayUpdates, check_sendable, stub_values
 from protocol.limits import DEFAULT_MAX_BODY_SIZE
 from reliable.message import Message, SendReceipt, SendStatus
 
@@ -131,7 +131,9 @@ class Outbox:
         self._unflushed = func.set_config("synchronous_commit", "off", True).is_not(None)
         self._record_sent_pg = self._record_sent.where(self._unflushed)
         self._record_failed_pg = self._record_failed.where(self._unflushed)
-        self._record_many: dict[tuple[str, ...], ArrayUpdate] = {}  # by the keys recorded
+        self._record_many = ArrayUpdates(
+            stub, "message_id", also={"send_count": stub.c.send_count + 1}, where=self._unflushed
+        )
         self._background: BackgroundSends | None = None
         self._starting = threading.Lock()
 
@@ -335,7 +337,7 @@ class Outbox:
                 if pg and len(outcomes) > 1:
                     for batch in (sent, failed):
                         if batch:
-                            conn.execute(*self._record_many_pg(batch))
+                            self._record_many_pg(conn, batch)
                     return
                 if sent:
                     conn.execute(self._record_sent_pg if pg else self._record_sent, sent)
@@ -349,18 +351,10 @@ class Outbox:
                 exc,
             )
 
-    def _record_many_pg(self, outcomes: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
+    def _record_many_pg(self, conn: Connection, outcomes: list[dict[str, Any]]) -> None:
         keys = tuple(k for k in outcomes[0] if k != "b_mid")
-        update = self._record_many.get(keys)
-        if update is None:
-            stub = self.tables.stub
-            update = ArrayUpdate(
-                stub, "message_id", keys, also={"send_count": stub.c.send_count + 1}
-            )
-            update.statement = update.statement.where(self._unflushed)
-            self._record_many[keys] = update
         batch = [{"b_message_id": v["b_mid"], **{f"v_{k}": v[k] for k in keys}} for v in outcomes]
-        return update.statement, update.params(batch)
+        self._record_many.execute(conn, keys, batch)
 
 
 def _attempt(call: Callable[..., Any], *args: Any) -> tuple[Any, Exception | None]:

@@ -9,7 +9,17 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Table, Update, bindparam, cast, column, func, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Table,
+    Update,
+    bindparam,
+    cast,
+    column,
+    func,
+    update,
+)
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import RowMapping
 
@@ -130,6 +140,7 @@ class ArrayUpdate:
         keys: tuple[str, ...],
         *,
         also: Mapping[str, ColumnElement[Any]] | None = None,
+        where: ColumnElement[bool] | None = None,
     ) -> None:
         self.names = (f"b_{by}", *(f"v_{k}" for k in keys))
         columns = [stub.c[by], *(stub.c[k] for k in keys)]
@@ -150,8 +161,35 @@ class ArrayUpdate:
             .where(stub.c[by] == func.any(arrays[f"b_{by}"]))
             .values({**{k: rows.c[f"v_{k}"] for k in keys}, **(also or {})})
         )
+        if where is not None:
+            self.statement = self.statement.where(where)
 
     def params(self, batch: list[dict[str, Any]]) -> dict[str, list[Any]]:
         """The parameters of `statement` for `batch`, rows holding `b_<by>` and a `v_<k>`
         per key."""
         return {f"a_{n}": [row[n] for row in batch] for n in self.names}
+
+
+class ArrayUpdates:
+    """The `ArrayUpdate`s of one table and key column, one per set of keys written,
+    built at first use and kept (each compiled once)."""
+
+    def __init__(
+        self,
+        stub: Table,
+        by: str,
+        *,
+        also: Mapping[str, ColumnElement[Any]] | None = None,
+        where: ColumnElement[bool] | None = None,
+    ) -> None:
+        self._stub, self._by, self._also, self._where = stub, by, also, where
+        self._built: dict[tuple[str, ...], ArrayUpdate] = {}
+
+    def execute(self, conn: Connection, keys: tuple[str, ...], batch: list[dict[str, Any]]) -> None:
+        """Write `batch` (rows of `b_<by>` and a `v_<k>` per key) in one statement."""
+        update_many = self._built.get(keys)
+        if update_many is None:
+            update_many = self._built[keys] = ArrayUpdate(
+                self._stub, self._by, keys, also=self._also, where=self._where
+            )
+        conn.execute(update_many.statement, update_many.params(batch))

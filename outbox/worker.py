@@ -58,7 +58,7 @@ from outbox.ports import (
     retry_topic,
     utcnow,
 )
-from outbox.stubs import ArrayUpdate, message_from_stub, split_groups
+from outbox.stubs import ArrayUpdates, message_from_stub, split_groups
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +171,7 @@ class ResendWorker:
         self.name = name or f"resend-{uuid.uuid4().hex[:8]}"
         self.metrics = Metrics()
         self._fallback_logged = False
-        self._finalise_pg: dict[tuple[str, ...], ArrayUpdate] = {}  # by the keys written
+        self._finalise_pg = ArrayUpdates(tables.stub, "id")
 
     # -- loop ------------------------------------------------------------------------------
     def run(
@@ -527,10 +527,7 @@ class ResendWorker:
             recheck = (self.claim or strategy_for(conn)) is ClaimStrategy.ATOMIC_UPDATE
             for keys, batch in groups.items():
                 if conn.dialect.name == "postgresql":
-                    update_many = self._finalise_pg.get(keys)
-                    if update_many is None:
-                        update_many = self._finalise_pg[keys] = ArrayUpdate(stub, "id", keys)
-                    conn.execute(update_many.statement, update_many.params(batch))
+                    self._finalise_pg.execute(conn, keys, batch)
                     continue
                 stmt = (
                     update(stub)

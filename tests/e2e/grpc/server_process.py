@@ -68,17 +68,18 @@ class ServerProcess:
         )
         ready = threading.Event()
 
+        # kept beside the store as well: the output of a run that failed stays on disk
+        log_file = self.store.parent / f"{self.store.name}.log"
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+
         def pump(proc: subprocess.Popen[str]) -> None:
             assert proc.stdout is not None
-            for line in proc.stdout:
-                self.output.append(line)
-                wired = _WIRE.search(line)
-                if wired:
-                    self.wire_port = int(wired.group(2))
-                m = _READY.search(line)
-                if m and not ready.is_set():
-                    self.port = int(m.group(2))
-                    ready.set()
+            with log_file.open("a") as kept:
+                for line in proc.stdout:
+                    self.output.append(line)
+                    kept.write(line)
+                    kept.flush()
+                    self._pumped(line, ready)
 
         threading.Thread(target=pump, args=(self.proc,), daemon=True).start()
         deadline = time.monotonic() + timeout_s
@@ -87,6 +88,15 @@ class ServerProcess:
                 self.kill()
                 raise RuntimeError("server did not start:\n" + "".join(self.output))
         return self
+
+    def _pumped(self, line: str, ready: threading.Event) -> None:
+        wired = _WIRE.search(line)
+        if wired:
+            self.wire_port = int(wired.group(2))
+        m = _READY.search(line)
+        if m and not ready.is_set():
+            self.port = int(m.group(2))
+            ready.set()
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -121,11 +121,16 @@ def test_dead_letter_after_max_attempts(server: ServerProcess) -> None:
         )
         mid = producer.send(msg).message_id
         attempts = []
-        deadline = time.monotonic() + 20
+        began = time.monotonic()
+        deadline = began + 20
+        calls = []  # (start s, duration s, messages) of each receive: why, if it fails
         while time.monotonic() < deadline and len(attempts) < 2:
-            for m in consumer.receive(32, 1):
+            t = time.monotonic()
+            got = consumer.receive(32, 1)
+            calls.append((round(t - began, 2), round(time.monotonic() - t, 2), len(got)))
+            for m in got:
                 attempts.append((m.message_id, m.delivery_attempt))  # never acked
-        assert attempts == [(mid, 1), (mid, 2)]
+        assert attempts == [(mid, 1), (mid, 2)], calls
         dlq = official.simple_consumer(server.endpoint, "g-dlq-reader", "%DLQ%g-dlq")
         try:
             got = official.receive_until(dlq, lambda g: len(g) >= 1, timeout_s=20)

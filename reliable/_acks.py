@@ -3,8 +3,9 @@
 `AckBatcher.ack(message)` returns at once with a future; one thread gathers the acks of a
 consumer group by topic and sends them as one AckMessage with repeated entries (the
 in-process broker: one `ack_batch`, one durable record). A batch leaves when it holds
-`batch_size` acks, when no request is in flight (an idle pipe never waits), or once its
-oldest ack has waited `linger_ms`; at most `max_in_flight` requests are in flight. In
+`batch_size` acks, when no request is in flight (an idle pipe never waits, unless
+`linger_when_idle`: the push consumer's, whose acks nobody waits for), or once its oldest
+ack has waited `linger_ms`; at most `max_in_flight` requests are in flight. In
 process (a transport with `inline_acks`) nothing is in flight to overlap with: the caller
 whose ack fills a batch sends it itself, a partial batch waits the linger (or `flush`),
 and the thread is not woken to send each first ack alone. Each
@@ -38,6 +39,10 @@ AckResults = list["BaseException | None"]
 DEFAULT_ACK_LINGER_MS = 1.0
 DEFAULT_ACK_BATCH_SIZE = 256
 DEFAULT_ACK_IN_FLIGHT = 4
+# a push consumer's acks: nobody waits for them (the handler thread goes on, and a lost
+# one only means a redelivery the idempotency guard absorbs), so they wait this long for
+# company even when the pipe is idle
+PUSH_ACK_LINGER_MS = 5.0
 
 
 class BatchedAcks(Protocol):
@@ -60,6 +65,7 @@ class AckBatcher(LingeringSender):
         linger_ms: float = DEFAULT_ACK_LINGER_MS,
         batch_size: int = DEFAULT_ACK_BATCH_SIZE,
         max_in_flight: int = DEFAULT_ACK_IN_FLIGHT,
+        linger_when_idle: bool = False,
     ) -> None:
         super().__init__(
             linger_ms=linger_ms,
@@ -79,6 +85,10 @@ class AckBatcher(LingeringSender):
         self._caller_runs = self._batched is not None and bool(
             getattr(transport, "inline_acks", False)
         )
+        # a partial batch waits the linger even when nothing is in flight (a consumer
+        # that does not wait for its acks: one request for the acks of `linger_ms`
+        # instead of one for each when handlers finish one at a time)
+        self._linger_when_idle = linger_when_idle
         self._start_thread()
 
     def ack(self, message: ReceivedMessage) -> Future[None]:
@@ -133,7 +143,7 @@ class AckBatcher(LingeringSender):
         wait_s: float | None = None
         # an idle pipe sends at once, unless the caller sends full batches itself (in
         # process, nothing is in flight to overlap: a partial batch waits the linger)
-        idle = self._in_flight == 0 and not self._caller_runs
+        idle = self._in_flight == 0 and not self._caller_runs and not self._linger_when_idle
         for topic in list(self._topics):
             waiting = self._topics[topic]
             while waiting and self._in_flight < self._max_in_flight:

@@ -48,7 +48,7 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Protocol, cast, runtime_checkable
 
 from reliable import tracing
-from reliable._acks import AckBatcher, change_invisible_async
+from reliable._acks import PUSH_ACK_LINGER_MS, AckBatcher, change_invisible_async
 from reliable.consumer.concurrent import call_listener
 from reliable.consumer.listener import DLQ_NOW, ConsumeContext, MessageListener
 from reliable.consumer.orderly import PARKED_PROPERTY, group_key, parks_in_broker
@@ -126,7 +126,9 @@ class ReceiveEngine:
         self._leases: dict[int, _Lease] = {}  # id(message) -> its lease
         self._lease_lock = threading.Lock()  # guards the dict; each lease has its own lock
         self._parked: set[tuple[str, str]] = set()  # orderly: (topic, message group) parked
-        self._acks = AckBatcher(transport, group)
+        self._acks = AckBatcher(
+            transport, group, linger_ms=PUSH_ACK_LINGER_MS, linger_when_idle=True
+        )
 
     def start(self) -> None:
         self._set_direct_listener(self._consume_directly)

@@ -144,3 +144,26 @@ def read_group(
                 received.append(m)
                 consumer.ack(m)
     return received
+
+
+def sent_and_received(
+    transport: Any, topic: str, group: str, n: int, *, invisible_s: float
+) -> list[Any]:
+    """`n` messages sent to `topic` and received by `group` through `transport`, not
+    acknowledged (each invisible for `invisible_s`): for tests of what acks do."""
+    from reliable import Message, Producer, SimpleConsumer
+
+    with Producer(transport) as producer:
+        for i in range(n):
+            producer.send(Message(topic, b"m%d" % i))
+    got: list[Any] = []
+    with SimpleConsumer(
+        group,
+        {topic: "*"},
+        transport=transport,
+        await_duration_s=1,
+        invisible_duration_s=invisible_s,
+    ) as consumer:
+        wait_until(lambda: bool(got.extend(consumer.receive(32))) or len(got) >= n, what="all")
+    assert len(got) == n
+    return got

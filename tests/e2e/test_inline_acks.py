@@ -7,22 +7,13 @@ from __future__ import annotations
 
 import time
 
-from reliable import Message, Producer, ReceivedMessage, SimpleConsumer, Transport
+from reliable import ReceivedMessage, SimpleConsumer, Transport
 from reliable._acks import AckBatcher
-from tests.e2e.helpers import wait_until
+from tests.e2e.helpers import sent_and_received
 
 
 def _received(transport: Transport, topic: str, group: str, n: int) -> list[ReceivedMessage]:
-    with Producer(transport) as producer:
-        for i in range(n):
-            producer.send(Message(topic, b"m%d" % i))
-    got: list[ReceivedMessage] = []
-    with SimpleConsumer(
-        group, {topic: "*"}, transport=transport, await_duration_s=1, invisible_duration_s=2
-    ) as consumer:
-        wait_until(lambda: bool(got.extend(consumer.receive(32))) or len(got) >= n, what="all")
-    assert len(got) == n
-    return got
+    return sent_and_received(transport, topic, group, n, invisible_s=2)
 
 
 def test_a_full_batch_leaves_with_its_caller_and_a_partial_one_after_the_linger(

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from reliable import Message, Producer, ReceivedMessage, SimpleConsumer, Transport
+from reliable import ReceivedMessage, Transport
 from reliable._acks import AckBatcher
 from tests.e2e.grpc.conftest import open_transport
-from tests.e2e.helpers import wait_until
+from tests.e2e.helpers import sent_and_received
 
 
 @pytest.fixture(params=["grpc", "wire"])
@@ -26,16 +26,7 @@ def remote(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Transport
 
 def _received(transport: Transport, n: int) -> tuple[str, list[ReceivedMessage]]:
     topic, group = f"linger-{uuid.uuid4().hex[:8]}", f"linger-g-{uuid.uuid4().hex[:8]}"
-    with Producer(transport) as producer:
-        for i in range(n):
-            producer.send(Message(topic, b"m%d" % i))
-    got: list[ReceivedMessage] = []
-    with SimpleConsumer(
-        group, {topic: "*"}, transport=transport, await_duration_s=1, invisible_duration_s=60
-    ) as consumer:
-        wait_until(lambda: bool(got.extend(consumer.receive(32))) or len(got) >= n, what="all")
-    assert len(got) == n
-    return group, got
+    return group, sent_and_received(transport, topic, group, n, invisible_s=60)
 
 
 def test_acks_on_an_idle_pipe_wait_the_linger_together(remote: Transport) -> None:

@@ -22,6 +22,7 @@ from sqlalchemy import (
     Engine,
     and_,
     bindparam,
+    case,
     delete,
     insert,
     literal,
@@ -37,6 +38,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.expression import BindParameter
 
+from outbox.autocommit import autocommit
 from outbox.models import OutboxTables, StubStatus
 from outbox.stubs import split_groups
 from reliable.message import ReceivedMessage
@@ -126,6 +128,20 @@ class GuardStore:
             .where(stub.c.message_id == mid)
             .with_for_update()
         )
+        # PostgreSQL: the stub's lock and, when this group is the only one it expects, its
+        # CONFIRMED, in one statement (UPDATE ... RETURNING) instead of SELECT ... FOR UPDATE
+        # then UPDATE; a stub expecting other groups is only locked (its row rewritten as
+        # it was) and returned, for the count of confirmations
+        alone = or_(stub.c.expected_groups == "", stub.c.expected_groups == grp)
+        self._settle_stub_pg_sql = (
+            update(stub)
+            .where(stub.c.message_id == mid, stub.c.status == StubStatus.UNCONFIRMED.value)
+            .values(
+                status=case((alone, StubStatus.CONFIRMED.value), else_=stub.c.status),
+                updated_at=case((alone, bindparam("now")), else_=stub.c.updated_at),
+            )
+            .returning(stub.c.expected_groups, stub.c.status)
+        )
         self._insert_conf_sql = insert(conf)
         self._confirm_stub_sql = (
             update(stub)
@@ -179,15 +195,18 @@ class GuardStore:
         log_receipt: bool,
         may_claim: Callable[[Known], bool],
     ) -> tuple[Known, bool]:
-        """Steps 1 and 3 in one short transaction (one commit, one connection checkout):
+        """Steps 1 and 3 in one short transaction (on PostgreSQL, statements that each
+        commit alone; one connection checkout):
         what the database knows, the consumption-log row (when `log_receipt`; kept if an
         earlier delivery wrote it) and, when `may_claim(known)`, the DB lease.
 
         Returns (known, claimed). Same outcome as `log_received`, `known` and `claim` one
         after the other, which it replaces on the hot path."""
-        with self.engine.begin() as conn:
-            if log_receipt and conn.dialect.name == "postgresql":
+        if log_receipt and self.engine.dialect.name == "postgresql":
+            # each of its statements is correct alone: one round trip each, no BEGIN/COMMIT
+            with autocommit(self.engine) as conn:
                 return self._receive_pg(conn, message, group, token, now, until, may_claim)
+        with self.engine.begin() as conn:
             known = self._known(conn, message.message_id, group)
             claim = may_claim(known)
             claimed = False
@@ -230,9 +249,11 @@ class GuardStore:
         """`receive` on PostgreSQL, first delivery: the log row is inserted, born with the
         lease when a message nobody knows could be claimed (`may_claim` of an unknown one),
         in the statement that reads what the database knows; then, only where that
-        reading forbids the lease, it is taken back before the commit, or, for an existing
-        row, claimed as elsewhere. The committed outcome is `receive`'s; the common case
-        costs one statement and the commit instead of two statements and the commit."""
+        reading forbids the lease, it is taken back, or, for an existing row, claimed as
+        elsewhere. Each statement commits alone (`autocommit`): the common case is one
+        round trip instead of three (BEGIN, the statement, COMMIT). A lease taken back by
+        the second statement was held for that instant only: another delivery that saw it
+        is told "held elsewhere" and retried, as it would have waited for a commit."""
         hopeful = may_claim(_UNKNOWN)
         mid = message.message_id
         confirmed, conf_digest, stub_digest, inserted = False, None, None, False
@@ -287,7 +308,7 @@ class GuardStore:
     ) -> bool:
         """The DB lease: taken when free or expired. False: someone else holds it."""
         log = self.tables.consumption_log.c
-        with self.engine.begin() as conn:
+        with autocommit(self.engine) as conn:
             result = conn.execute(
                 update(self.tables.consumption_log)
                 .where(
@@ -301,7 +322,7 @@ class GuardStore:
     def renew(self, message_id: str, group: str, token: str, until: datetime) -> bool:
         """Extend the DB lease while `token` holds it. False: it was taken over."""
         log = self.tables.consumption_log.c
-        with self.engine.begin() as conn:
+        with autocommit(self.engine) as conn:
             result = conn.execute(
                 update(self.tables.consumption_log)
                 .where(
@@ -314,7 +335,7 @@ class GuardStore:
 
     def release(self, message_id: str, group: str, token: str) -> None:
         log = self.tables.consumption_log.c
-        with self.engine.begin() as conn:
+        with autocommit(self.engine) as conn:
             conn.execute(
                 update(self.tables.consumption_log)
                 .where(
@@ -326,7 +347,7 @@ class GuardStore:
 
     def forget_log(self, message_id: str, group: str) -> None:
         """A duplicate of a confirmed message: its log row has no purpose."""
-        with self.engine.begin() as conn:
+        with autocommit(self.engine) as conn:
             conn.execute(delete(self.tables.consumption_log).where(self._pk(message_id, group)))
 
     def confirm(
@@ -351,7 +372,11 @@ class GuardStore:
         # and deletes it only while it still carries this worker's token
         if conn.execute(self._fence_sql, {"mid": mid, "grp": group, "tok": token}).rowcount != 1:
             return ConfirmStatus.FENCED
-        settled = conn.execute(self._stub_lock_sql, {"mid": mid}).first()
+        if conn.dialect.name == "postgresql":  # locked, and CONFIRMED if this group completes it
+            settle = {"mid": mid, "grp": group, "now": now}
+            settled = conn.execute(self._settle_stub_pg_sql, settle).first()
+        else:
+            settled = conn.execute(self._stub_lock_sql, {"mid": mid}).first()
         conn.execute(
             self._insert_conf_sql,
             {
@@ -364,6 +389,7 @@ class GuardStore:
                 "outcome": outcome,
             },
         )
+        # still UNCONFIRMED (elsewhere than PostgreSQL, or other groups expected): look
         if settled is not None and settled.status == StubStatus.UNCONFIRMED.value:
             expected = split_groups(settled.expected_groups)
             if set(expected) <= {group}:  # this confirmation completes it: no need to look

@@ -33,6 +33,7 @@ from sqlalchemy import Connection, Engine, bindparam, event, func, insert, updat
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, SessionTransaction
 
+from outbox.autocommit import autocommit
 from outbox.background import BackgroundSends
 from outbox.errors import DuplicateMessageId, NoActiveTransaction, OutboxMisuse, is_permanent
 from outbox.models import OutboxTables
@@ -126,8 +127,8 @@ class Outbox:
         self._record_sent = record.values({k: bindparam(k) for k in sent})
         self._record_failed = record.values({k: bindparam(k) for k in failed})
         # PostgreSQL: the record's commit does not wait for the WAL flush, asked for inside
-        # the UPDATE itself (set_config(..., is_local) lasts until the commit): two round
-        # trips where a SET LOCAL made three
+        # the UPDATE itself (set_config(..., is_local) lasts until the commit, here the
+        # statement's own): no SET LOCAL round trip
         self._unflushed = func.set_config("synchronous_commit", "off", True).is_not(None)
         self._record_sent_pg = self._record_sent.where(self._unflushed)
         self._record_failed_pg = self._record_failed.where(self._unflushed)
@@ -324,12 +325,13 @@ class Outbox:
         """Write send results on their stubs, in one transaction (on PostgreSQL one
         statement per kind of result)."""
         try:
-            with engine.begin() as conn:
-                # The record is a hint for the resend worker, never the guarantee (the stub
-                # committed with the business rows is): on PostgreSQL its commit does not
-                # wait for the WAL flush. Lost in a server crash, it reads as a send never
-                # recorded: the stub is due after retry_after_failure and resent, the
-                # consumer's guard absorbing the copy.
+            # Each UPDATE is correct alone, so each commits alone (`autocommit`: on
+            # PostgreSQL one round trip, no BEGIN/COMMIT). The record is a hint for the
+            # resend worker, never the guarantee (the stub committed with the business rows
+            # is): on PostgreSQL its commit does not wait for the WAL flush. Lost in a
+            # server crash, it reads as a send never recorded: the stub is due after
+            # retry_after_failure and resent, the consumer's guard absorbing the copy.
+            with autocommit(engine) as conn:
                 pg = conn.dialect.name == "postgresql"
                 # a receipt's values carry its queue position (`_outcome`), a failure's not
                 sent = [v for v in outcomes if "queue_id" in v]

@@ -455,6 +455,31 @@ def test_purge_applies_the_db_retention(engine, tables, business, redis_client, 
     assert make_guard(engine, tables, redis_client, key_prefix).purge() == 0  # keep forever
 
 
+def test_a_stub_expecting_two_groups_is_confirmed_by_the_second_only(
+    engine, tables, business, redis_client, key_prefix
+) -> None:
+    class Direct:
+        def send(self, message: Message) -> SendReceipt:
+            return SendReceipt(message.message_id, message.topic, 0, 1)
+
+    def status() -> str:
+        with engine.connect() as conn:
+            return str(conn.execute(sa.select(tables.stub.c.status)).scalar())
+
+    declare_groups(engine, tables, "OrderCreated", ["billing", GROUP])
+    with Session(engine) as session, session.begin():
+        mid = Outbox(tables, Direct()).publish(
+            session, Message(topic="OrderCreated", body=b'{"order": 1}')
+        )
+    guard = make_guard(engine, tables, redis_client, key_prefix)
+    runs: list[str] = []
+    assert guard.process(received(mid), GROUP, writer(business, runs)) is SUCCESS
+    assert status() == StubStatus.UNCONFIRMED.value  # billing has not confirmed yet
+    assert guard.process(received(mid), "billing", writer(business, runs)) is SUCCESS
+    assert status() == StubStatus.CONFIRMED.value
+    assert len(runs) == 2
+
+
 def test_two_groups_confirming_at_once_both_count_and_the_stub_is_confirmed(
     engine, tables, business, redis_client, key_prefix
 ) -> None:

@@ -99,10 +99,10 @@ def archive_options(
     """The JVM options that map this configuration's archive, or, when there is none yet,
     that write it at the JVM's exit (this process then waits for it at its own exit and
     gives it its final name). Empty when archives are off or the directory is unusable."""
-    directory = cache_dir(env)
-    if directory is None or _jvm_running():
+    archive = archive_path(java, jars, java_options, env)
+    if archive is None or _jvm_running():
         return ()  # off, or this process's JVM runs already (its options are fixed)
-    archive = directory / f"spark-{archive_key(java, list(jars), list(java_options))}.jsa"
+    directory = archive.parent
     mapped = _valid(archive)
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -114,10 +114,59 @@ def archive_options(
         return ()
     if mapped:
         return (f"-XX:SharedArchiveFile={archive}", *QUIET_CDS)
+    claim = _claim(archive)
+    if claim is None:
+        log.info("another process is writing the class archive; starting without it")
+        return ()
     tmp = directory / f"{archive.name}.{os.getpid()}.{time.time_ns()}.tmp"
-    atexit.register(_finish, tmp, archive)
+    atexit.register(_finish, tmp, archive, claim)
     log.info("writing a class archive for later starts at exit: %s", archive)
     return (f"-XX:ArchiveClassesAtExit={tmp}", *QUIET_CDS)
+
+
+def archive_path(
+    java: str,
+    jars: Iterable[str],
+    java_options: Iterable[str],
+    env: dict[str, str] | None = None,
+) -> Path | None:
+    """Where this configuration's archive is (or would be) kept; None when archives are
+    off."""
+    directory = cache_dir(env)
+    if directory is None:
+        return None
+    return directory / f"spark-{archive_key(java, list(jars), list(java_options))}.jsa"
+
+
+def is_archive(path: Path) -> bool:
+    """A complete archive (what a start would map)."""
+    return _valid(path)
+
+
+def _claim(archive: Path) -> Path | None:
+    """The right to write `archive`, one process at a time: a file created only if absent
+    (a claim older than `STALE_TMP_S` belongs to a process that died, and is taken over).
+    Writing an archive costs its JVM a slower run and a dump of about 190 MB at exit;
+    two processes starting together would both pay it for one file."""
+    claim = archive.with_name(f"{archive.name}.writing")
+    for _ in range(2):
+        try:
+            fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                if time.time() - claim.stat().st_mtime <= STALE_TMP_S:
+                    return None
+                claim.unlink()
+            except FileNotFoundError:
+                pass  # released meanwhile: try again
+            continue
+        except OSError as exc:
+            log.debug("no class archive: %s", exc)
+            return None
+        with os.fdopen(fd, "w") as fh:
+            fh.write(str(os.getpid()))
+        return claim
+    return None
 
 
 def _jvm_running() -> bool:
@@ -138,7 +187,11 @@ def _remove_stale(directory: Path) -> None:
     """Temporary archives of JVMs that died, and archives no start has mapped for a month
     (each is about 190 MB)."""
     now = time.time()
-    for pattern, age in (("*.tmp", STALE_TMP_S), ("spark-*.jsa", UNUSED_ARCHIVE_S)):
+    for pattern, age in (
+        ("*.tmp", STALE_TMP_S),
+        ("*.writing", STALE_TMP_S),
+        ("spark-*.jsa", UNUSED_ARCHIVE_S),
+    ):
         for path in directory.glob(pattern):
             try:
                 if now - path.stat().st_mtime > age:
@@ -147,25 +200,30 @@ def _remove_stale(directory: Path) -> None:
                 continue
 
 
-def _finish(tmp: Path, archive: Path) -> None:
+def _finish(tmp: Path, archive: Path, claim: Path) -> None:
     """At this process's exit: let the JVM exit (its stdin closes: PySpark's gateway then
-    exits), wait for it to write the archive, and give the archive its name."""
+    exits), wait for it to write the archive, give the archive its name, and release the
+    claim."""
     try:
-        from pyspark import SparkContext
-
-        gateway = SparkContext._gateway
-        proc = getattr(gateway, "proc", None)
-        if proc is None:
-            return
-        if SparkContext._active_spark_context is not None:
-            SparkContext._active_spark_context.stop()
-        if proc.stdin is not None:
-            proc.stdin.close()
-        code = proc.wait(timeout=WRITE_TIMEOUT_S)
-        if code == 0 and _valid(tmp):
+        if _wait_for_jvm() and _valid(tmp):
             os.replace(tmp, archive)
-            return
     except Exception as exc:  # never fail the process's exit over a cache
         log.debug("class archive not written: %s", exc)
-    with contextlib.suppress(OSError):
-        tmp.unlink()
+    finally:
+        for path in (tmp, claim):
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
+def _wait_for_jvm() -> bool:
+    """Stop this process's JVM and wait for its exit: True when it exited cleanly."""
+    from pyspark import SparkContext
+
+    proc = getattr(SparkContext._gateway, "proc", None)
+    if proc is None:
+        return False
+    if SparkContext._active_spark_context is not None:
+        SparkContext._active_spark_context.stop()
+    if proc.stdin is not None:
+        proc.stdin.close()
+    return bool(proc.wait(timeout=WRITE_TIMEOUT_S) == 0)

@@ -267,10 +267,7 @@ def _start_session(
     # spark-submit's --jars are on the classpath already (and stay: the session
     # merges spark.jars, never replaces it)
     submitted = tuple(split_jars(submitted_conf().get("spark.jars")))
-    jars = driver_jars(target.dialect, options.jdbc_jars, provided=submitted) if target else []
-    # every installed driver too: the first session fixes the JVM's classpath for
-    # every later job in this process, whichever database it reads
-    jars = list(dict.fromkeys([*jars, *installed_system_jars()]))
+    jars = session_jars(target.dialect if target else None, options.jdbc_jars, submitted)
     log.info(
         "starting Spark (%s)",
         options.master or ("spark-submit's master" if under_spark_submit() else "local[*]"),
@@ -284,6 +281,20 @@ def _start_session(
     if under_spark_submit():
         add_to_driver(spark, [j for j in jars if j not in submitted])
     return spark
+
+
+def session_jars(
+    dialect: str | None, jdbc_jars: tuple[str, ...] = (), provided: tuple[str, ...] = ()
+) -> list[str]:
+    """The JDBC jars a run's session starts with: the configured ones first, in their order
+    (they may stand in for a system jar), then every installed system driver in one fixed
+    order. Every installed driver, because the first session fixes the JVM's classpath for
+    every later job in the process, whichever database it reads; in one order, so the
+    classpath, and the class archive keyed by it, is the same whichever database a run
+    reads."""
+    system = installed_system_jars()
+    chosen = driver_jars(dialect, jdbc_jars, provided=provided) if dialect else []
+    return list(dict.fromkeys([*(j for j in chosen if j not in system), *system]))
 
 
 # A small input (fewer rows than this in the stub, confirmation and log tables together)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,3 +20,15 @@ def python_files(*tops: str) -> Iterator[Path]:
             rel = path.relative_to(ROOT).as_posix()
             if not GENERATED.search(rel) and "/.venv/" not in rel:
                 yield path
+
+
+def parse_source(source: str, filename: str = "<unknown>") -> ast.Module:
+    """`ast.parse`, again on a fresh thread when CPython 3.11 raises its spurious "AST
+    constructor recursion depth mismatch" SystemError (its depth bookkeeping goes wrong
+    deep in a worker's stack, or beside another thread compiling; a fresh thread starts
+    from a shallow one). Every tree-wide check parses through here."""
+    try:
+        return ast.parse(source, filename)
+    except SystemError:
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(ast.parse, source, filename).result()

@@ -16,11 +16,10 @@ import ast
 import operator
 import re
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from protocol import limits
-from tests.unit.source_tree import ROOT, python_files
+from tests.unit.source_tree import ROOT, parse_source, python_files
 
 SOURCES = (
     "protocol",
@@ -132,22 +131,11 @@ def _defaulted(args: ast.arguments, default: ast.AST) -> set[str]:
     return set()
 
 
-def _parse(source: str) -> ast.AST:
-    """`ast.parse`, again on a fresh thread when CPython 3.11 raises its spurious "AST
-    constructor recursion depth mismatch" SystemError (its depth bookkeeping goes wrong
-    deep in a worker's stack; a fresh thread starts from a shallow one)."""
-    try:
-        return ast.parse(source)
-    except SystemError:
-        with ThreadPoolExecutor(1) as pool:
-            return pool.submit(ast.parse, source).result()
-
-
 def definitions(source: str, path: str) -> Iterator[tuple[str, str]]:
     """(limit name, 'path:line') for each literal of a limit in `source`."""
     parents: dict[ast.AST, ast.AST] = {}
     candidates: list[ast.AST] = []
-    stack: list[ast.AST] = [_parse(source)]
+    stack: list[ast.AST] = [parse_source(source)]
     while stack:
         node = stack.pop()
         if isinstance(node, ast.Constant | ast.BinOp):

@@ -11,6 +11,7 @@ import ast
 from pathlib import Path
 
 import broker.store
+from tests.unit.source_tree import parse_source
 
 PACKAGE = "broker.store"
 STORE_DIR = Path(broker.store.__file__).parent
@@ -20,7 +21,7 @@ def store_import_graph() -> dict[str, set[str]]:
     modules = {f"{PACKAGE}.{p.stem}": p for p in STORE_DIR.glob("*.py") if p.stem != "__init__"}
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parse_source(path.read_text(), str(path))):
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
@@ -73,7 +74,7 @@ def test_a_cycle_is_found_when_there_is_one() -> None:
 
 def test_the_store_imports_nothing_above_the_broker_core() -> None:
     for path in STORE_DIR.glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parse_source(path.read_text(), str(path))):
             names = (
                 [a.name for a in node.names]
                 if isinstance(node, ast.Import)

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 UPDATE_AND_CREATE_TOPIC = 17
+GET_ROUTEINFO_BY_TOPIC = 105
 UPDATE_BROKER_CONFIG = 25
 UPDATE_AND_CREATE_SUBSCRIPTIONGROUP = 200
 _SUCCESS = 0
@@ -118,6 +119,19 @@ def create_topic(
             "attributes": f"+message.type={message_type.value}",
         },
     )
+
+
+def routed(namesrv: tuple[str, int], topic: str) -> bool:
+    """Whether the name server has a route for `topic` (what the proxy asks it on a
+    client's first QueryRoute). A broker registers a new topic with the name server after
+    it answered the creation, and the proxy remembers a topic it found no route for (for
+    about 20 s): a client started before the name server knows the topic fails with
+    "No topic route info in name server" instead of waiting."""
+    try:
+        call(namesrv, GET_ROUTEINFO_BY_TOPIC, {"topic": topic}, timeout_s=3.0)
+    except AdminError:
+        return False
+    return True
 
 
 def create_group(

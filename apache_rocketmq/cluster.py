@@ -53,6 +53,10 @@ PROXY_HEAP_MB = 320
 DIRECT_MEMORY_MB = 1024
 
 
+# how long a created topic may take to reach the name server (a loaded machine)
+ROUTE_TIMEOUT_S = 60.0
+
+
 class ClusterError(RuntimeError):
     """The cluster did not start, or stopped while it was being used."""
 
@@ -192,7 +196,14 @@ class RocketMQCluster:
     def create_topic(
         self, topic: str, message_type: MessageType = MessageType.NORMAL, *, queues: int = 4
     ) -> None:
+        """Create (or update) `topic`; returns once the name server routes it (up to
+        `ROUTE_TIMEOUT_S`), so the proxy never answers a first client that it has none."""
         admin.create_topic(self.broker_address, topic, message_type, queues=queues)
+        deadline = time.monotonic() + ROUTE_TIMEOUT_S
+        while not admin.routed((HOST, self.ports.namesrv), topic):
+            if time.monotonic() > deadline:
+                raise ClusterError(f"the name server has no route for {topic!r} after creation")
+            time.sleep(0.05)
 
     def create_group(
         self,

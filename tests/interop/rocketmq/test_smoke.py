@@ -10,7 +10,8 @@ import uuid
 from pathlib import Path
 
 import reliable
-from apache_rocketmq import RocketMQCluster
+from apache_rocketmq import RocketMQCluster, admin
+from apache_rocketmq.cluster import query_route
 from reliable import Message, Producer, SimpleConsumer
 from tests.e2e.grpc import official
 
@@ -18,6 +19,17 @@ from tests.e2e.grpc import official
 def names(prefix: str) -> tuple[str, str]:
     run = uuid.uuid4().hex[:8]
     return f"{prefix}-{run}", f"{prefix}-g-{run}"
+
+
+def test_a_created_topic_is_routed_when_create_topic_returns(rocketmq: RocketMQCluster) -> None:
+    """The name server knows it before any client asks the proxy (which would otherwise
+    remember the miss for about 20 s)."""
+    topic, _ = names("smoke-route")
+    namesrv = rocketmq.broker_address[0], rocketmq.ports.namesrv
+    assert not admin.routed(namesrv, topic)
+    rocketmq.create_topic(topic)
+    assert admin.routed(namesrv, topic)
+    assert query_route(rocketmq.endpoint, topic) == "OK"
 
 
 def test_framework_sends_receives_and_acks(rocketmq: RocketMQCluster) -> None:

@@ -22,7 +22,7 @@ from idempotency import (
     InvalidGuardConfig,
     MismatchPolicy,
 )
-from outbox import Outbox, StubStatus, declare_groups
+from outbox import Outbox, OutboxTables, StubStatus, declare_groups
 from reliable import ConsumeResult, Message, ReceivedMessage, SendReceipt
 from reliable.outcomes import Discard, RetryLater
 
@@ -95,17 +95,27 @@ def rows(engine: sa.Engine, table: sa.Table) -> list[sa.Row]:
         return list(conn.execute(sa.select(table)))
 
 
+class Direct:
+    """A sender whose every send is acknowledged at once."""
+
+    def send(self, message: Message) -> SendReceipt:
+        return SendReceipt(message.message_id, message.topic, 0, 7)
+
+
+def published(engine: sa.Engine, tables: OutboxTables, groups: list[str]) -> str:
+    """The id of an outbox message on "OrderCreated", its stub committed expecting
+    `groups` and its send acknowledged."""
+    declare_groups(engine, tables, "OrderCreated", groups)
+    with Session(engine) as session, session.begin():
+        return Outbox(tables, Direct()).publish(
+            session, Message(topic="OrderCreated", body=b'{"order": 1}')
+        )
+
+
 def test_duplicate_delivery_runs_the_handler_once_and_confirms_the_stub(
     engine, tables, business, redis_client, key_prefix
 ) -> None:
-    class Direct:
-        def send(self, message: Message) -> SendReceipt:
-            return SendReceipt(message.message_id, message.topic, 0, 7)
-
-    declare_groups(engine, tables, "OrderCreated", [GROUP])
-    outbox = Outbox(tables, Direct())
-    with Session(engine) as session, session.begin():
-        mid = outbox.publish(session, Message(topic="OrderCreated", body=b'{"order": 1}'))
+    mid = published(engine, tables, [GROUP])
     events: list[GuardEvent] = []
     guard = make_guard(engine, tables, redis_client, key_prefix, events)
     runs: list[str] = []
@@ -458,19 +468,11 @@ def test_purge_applies_the_db_retention(engine, tables, business, redis_client, 
 def test_a_stub_expecting_two_groups_is_confirmed_by_the_second_only(
     engine, tables, business, redis_client, key_prefix
 ) -> None:
-    class Direct:
-        def send(self, message: Message) -> SendReceipt:
-            return SendReceipt(message.message_id, message.topic, 0, 1)
-
     def status() -> str:
         with engine.connect() as conn:
             return str(conn.execute(sa.select(tables.stub.c.status)).scalar())
 
-    declare_groups(engine, tables, "OrderCreated", ["billing", GROUP])
-    with Session(engine) as session, session.begin():
-        mid = Outbox(tables, Direct()).publish(
-            session, Message(topic="OrderCreated", body=b'{"order": 1}')
-        )
+    mid = published(engine, tables, ["billing", GROUP])
     guard = make_guard(engine, tables, redis_client, key_prefix)
     runs: list[str] = []
     assert guard.process(received(mid), GROUP, writer(business, runs)) is SUCCESS
@@ -483,15 +485,7 @@ def test_a_stub_expecting_two_groups_is_confirmed_by_the_second_only(
 def test_two_groups_confirming_at_once_both_count_and_the_stub_is_confirmed(
     engine, tables, business, redis_client, key_prefix
 ) -> None:
-    class Direct:
-        def send(self, message: Message) -> SendReceipt:
-            return SendReceipt(message.message_id, message.topic, 0, 1)
-
-    declare_groups(engine, tables, "OrderCreated", ["inventory", "billing"])
-    with Session(engine) as session, session.begin():
-        mid = Outbox(tables, Direct()).publish(
-            session, Message(topic="OrderCreated", body=b'{"order": 1}')
-        )
+    mid = published(engine, tables, ["inventory", "billing"])
     message = received(mid)
     both_inside = threading.Barrier(2)
     results: dict[str, list[ConsumeResult]] = {"inventory": [], "billing": []}

@@ -103,7 +103,7 @@ def archive_options(
     if archive is None or _jvm_running():
         return ()  # off, or this process's JVM runs already (its options are fixed)
     directory = archive.parent
-    mapped = _valid(archive)
+    mapped = is_archive(archive)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         if mapped:
@@ -138,11 +138,6 @@ def archive_path(
     return directory / f"spark-{archive_key(java, list(jars), list(java_options))}.jsa"
 
 
-def is_archive(path: Path) -> bool:
-    """A complete archive (what a start would map)."""
-    return _valid(path)
-
-
 def _claim(archive: Path) -> Path | None:
     """The right to write `archive`, one process at a time: a file created only if absent
     (a claim older than `STALE_TMP_S` belongs to a process that died, and is taken over).
@@ -175,7 +170,8 @@ def _jvm_running() -> bool:
     return SparkContext._gateway is not None
 
 
-def _valid(path: Path) -> bool:
+def is_archive(path: Path) -> bool:
+    """A complete archive (what a start would map): it starts with the magic number."""
     try:
         with open(path, "rb") as fh:
             return fh.read(4) == DYNAMIC_MAGIC
@@ -205,7 +201,7 @@ def _finish(tmp: Path, archive: Path, claim: Path) -> None:
     exits), wait for it to write the archive, give the archive its name, and release the
     claim."""
     try:
-        if _wait_for_jvm() and _valid(tmp):
+        if _wait_for_jvm() and is_archive(tmp):
             os.replace(tmp, archive)
     except Exception as exc:  # never fail the process's exit over a cache
         log.debug("class archive not written: %s", exc)

@@ -24,11 +24,13 @@ from sqlalchemy import (
     bindparam,
     case,
     delete,
+    func,
     insert,
     literal,
     null,
     or_,
     select,
+    true,
     union_all,
     update,
 )
@@ -120,8 +122,14 @@ class GuardStore:
             .returning(literal(3).label("src"), null().label("body_digest"))
             .cte("born")
         )
+        # the receipt's commit does not wait for the WAL flush (asked for inside the
+        # statement: set_config(..., is_local) lasts until its own commit): the handler's
+        # commit flushes it, and a receipt lost with the server only loses a lease
+        unflushed = select(
+            literal(4).label("src"), func.set_config("synchronous_commit", "off", True)
+        )
         self._receive_pg_sql: Any = union_all(
-            *self._known_sql.selects, select(born.c.src, born.c.body_digest)
+            *self._known_sql.selects, select(born.c.src, born.c.body_digest), unflushed
         )
         self._stub_lock_sql = (
             select(stub.c.expected_groups, stub.c.status)
@@ -131,18 +139,65 @@ class GuardStore:
         # PostgreSQL: the stub's lock and, when this group is the only one it expects, its
         # CONFIRMED, in one statement (UPDATE ... RETURNING) instead of SELECT ... FOR UPDATE
         # then UPDATE; a stub expecting other groups is only locked (its row rewritten as
-        # it was) and returned, for the count of confirmations
-        alone = or_(stub.c.expected_groups == "", stub.c.expected_groups == grp)
-        self._settle_stub_pg_sql = (
+        # it was) and returned, for the count of confirmations. Its constants are named
+        # parameters: an anonymous one does not survive the copy into a CTE below.
+        confirmed: BindParameter[str] = bindparam("confirmed", StubStatus.CONFIRMED.value)
+        alone = or_(
+            stub.c.expected_groups == bindparam("no_groups", ""), stub.c.expected_groups == grp
+        )
+        settle = (
             update(stub)
-            .where(stub.c.message_id == mid, stub.c.status == StubStatus.UNCONFIRMED.value)
+            .where(
+                stub.c.message_id == mid,
+                stub.c.status == bindparam("unconfirmed", StubStatus.UNCONFIRMED.value),
+            )
             .values(
-                status=case((alone, StubStatus.CONFIRMED.value), else_=stub.c.status),
+                status=case((alone, confirmed), else_=stub.c.status),
                 updated_at=case((alone, bindparam("now")), else_=stub.c.updated_at),
             )
             .returning(stub.c.expected_groups, stub.c.status)
         )
         self._insert_conf_sql = insert(conf)
+        # PostgreSQL: step 5's three writes in one statement, in the same lock order (the
+        # log row's fencing DELETE, the stub's settling UPDATE, then the confirmation's
+        # INSERT, which runs after the statement's query as every unread data-modifying
+        # CTE does). Not fenced: nothing is written and no row comes back. An existing
+        # confirmation fails the INSERT (IntegrityError) as the plain one does. No
+        # parameter is named after a column of the tables it writes: SQLAlchemy would take
+        # it for a value of that column.
+        fenced = delete(log).where(on_log, log.c.lease_token == tok).returning(log.c.message_id)
+        fenced_cte = fenced.cte("fenced")
+        settled_cte = settle.where(select(fenced_cte.c.message_id).exists()).cte("settled")
+        conf_values = select(
+            fenced_cte.c.message_id,
+            grp,
+            bindparam("conf_topic", type_=conf.c.topic.type),
+            tok,
+            bindparam("now", type_=conf.c.confirmed_at.type),
+            bindparam("digest", type_=conf.c.body_digest.type),
+            bindparam("conf_outcome", type_=conf.c.outcome.type),
+        )
+        confirmed_cte = (
+            insert(conf)
+            .from_select(
+                [
+                    "message_id",
+                    "consumer_group",
+                    "topic",
+                    "fencing_token",
+                    "confirmed_at",
+                    "body_digest",
+                    "outcome",
+                ],
+                conf_values,
+            )
+            .cte("confirmed")
+        )
+        self._confirm_pg_sql: Any = (
+            select(fenced_cte.c.message_id, settled_cte.c.expected_groups, settled_cte.c.status)
+            .select_from(fenced_cte.outerjoin(settled_cte, true()))
+            .add_cte(confirmed_cte)
+        )
         self._confirm_stub_sql = (
             update(stub)
             .where(stub.c.message_id == mid, stub.c.status == StubStatus.UNCONFIRMED.value)
@@ -274,7 +329,7 @@ class GuardStore:
                 confirmed, conf_digest = True, digest
             elif src == 2:
                 stub_digest = digest
-            else:
+            elif src == 3:
                 inserted = True
         known = Known(confirmed, conf_digest, stub_digest)
         claim = may_claim(known)
@@ -370,25 +425,42 @@ class GuardStore:
         mid = message.message_id
         # the fencing check and the log row's deletion in one statement: it locks the row
         # and deletes it only while it still carries this worker's token
-        if conn.execute(self._fence_sql, {"mid": mid, "grp": group, "tok": token}).rowcount != 1:
-            return ConfirmStatus.FENCED
-        if conn.dialect.name == "postgresql":  # locked, and CONFIRMED if this group completes it
-            settle = {"mid": mid, "grp": group, "now": now}
-            settled = conn.execute(self._settle_stub_pg_sql, settle).first()
+        if conn.dialect.name == "postgresql":  # one round trip; the stub CONFIRMED if
+            # this group completes it
+            done = conn.execute(
+                self._confirm_pg_sql,
+                {
+                    "mid": mid,
+                    "grp": group,
+                    "tok": token,
+                    "conf_topic": message.topic,
+                    "now": now,
+                    "digest": digest,
+                    "conf_outcome": outcome,
+                },
+            ).first()
+            if done is None:
+                return ConfirmStatus.FENCED
+            settled = done if done.status is not None else None
         else:
+            if (
+                conn.execute(self._fence_sql, {"mid": mid, "grp": group, "tok": token}).rowcount
+                != 1
+            ):
+                return ConfirmStatus.FENCED
             settled = conn.execute(self._stub_lock_sql, {"mid": mid}).first()
-        conn.execute(
-            self._insert_conf_sql,
-            {
-                "message_id": mid,
-                "consumer_group": group,
-                "topic": message.topic,
-                "fencing_token": token,
-                "confirmed_at": now,
-                "body_digest": digest,
-                "outcome": outcome,
-            },
-        )
+            conn.execute(
+                self._insert_conf_sql,
+                {
+                    "message_id": mid,
+                    "consumer_group": group,
+                    "topic": message.topic,
+                    "fencing_token": token,
+                    "confirmed_at": now,
+                    "body_digest": digest,
+                    "outcome": outcome,
+                },
+            )
         # still UNCONFIRMED (elsewhere than PostgreSQL, or other groups expected): look
         if settled is not None and settled.status == StubStatus.UNCONFIRMED.value:
             expected = split_groups(settled.expected_groups)

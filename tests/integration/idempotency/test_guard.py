@@ -535,3 +535,26 @@ def test_a_slow_handler_keeps_its_lease_by_renewing_it(
     held.finish()
     held.join()
     assert held.result == [SUCCESS] and len(runs) == 1
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_the_handlers_commit_waits_for_the_wal_flush_though_the_receipts_does_not(
+    engine, tables, redis_client, key_prefix
+) -> None:
+    # the receipt asks for an unflushed commit inside its own statement; the handler's
+    # transaction then runs on the same pooled connection (one in the pool) and must not
+    # inherit that: its writes and the confirmation are durable when the guard says SUCCESS
+    one = sa.create_engine(engine.url, pool_size=1, max_overflow=0)
+    try:
+        guard = make_guard(one, tables, redis_client, key_prefix)
+        seen: list[str] = []
+
+        def handler(*, session: Session) -> None:
+            seen.append(session.execute(sa.text("SHOW synchronous_commit")).scalar_one())
+
+        assert guard.process(received(), GROUP, handler) is SUCCESS
+        with one.connect() as conn:
+            seen.append(conn.execute(sa.text("SHOW synchronous_commit")).scalar_one())
+        assert seen == ["on", "on"]
+    finally:
+        one.dispose()

@@ -122,6 +122,13 @@ class ReceiveEngine:
             2 * settings.consume_threads * settings.consume_batch_size,
         )
         self._room = threading.BoundedSemaphore(self._prefetch)
+        # a receive waits for room for this many while every handler thread still has a
+        # message: one receive a message (what a free slot at a time gives) cost the
+        # consumer a round trip each; ordered runs may leave threads idle behind one
+        # message group, so they receive as soon as there is room
+        handling = settings.consume_threads * settings.consume_batch_size
+        self._least = 1 if settings.orderly else max(1, self._prefetch - handling)
+        self._gathering = threading.Lock()  # one receive loop gathers room at a time
         self._threads: list[threading.Thread] = []
         self._leases: dict[int, _Lease] = {}  # id(message) -> its lease
         self._lease_lock = threading.Lock()  # guards the dict; each lease has its own lock
@@ -360,12 +367,24 @@ class ReceiveEngine:
                 self._leases[id(m)] = _Lease(m, renew_at)
 
     def _take_room(self, want: int) -> int:
-        if not self._room.acquire(timeout=0.1):
-            return 0
-        got = 1
-        while got < want and self._room.acquire(blocking=False):
-            got += 1
-        return got
+        """Room for one receive: all there is up to `want`, and at least `_least` once
+        any is free (while short of it, more than `consume_threads` messages are held, so
+        every handler thread has one). 0 after 0.1 s without any, or when stopping."""
+        with self._gathering:
+            if not self._room.acquire(timeout=0.1):
+                return 0
+            got = 1
+            least = min(want, self._least)
+            while got < want and self._room.acquire(blocking=False):
+                got += 1
+            while got < least:
+                if self._room.acquire(timeout=0.1):
+                    got += 1
+                elif self._stopped.is_set():
+                    for _ in range(got):
+                        self._room.release()
+                    return 0
+            return got
 
     def _receive_loop(self, topic: str) -> None:
         s = self._s

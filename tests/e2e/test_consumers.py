@@ -304,3 +304,37 @@ def test_receive_engine_renews_the_lease_of_a_slow_handler(transport: Transport)
         assert stays(lambda: calls[mid] == 1, 3.0), "redelivered while still being handled"
         assert transport.broker.in_flight("lease-g", "lease") == []  # type: ignore[attr-defined]
     assert consumer.group == "lease-g"
+
+
+def test_receive_engine_gathers_a_batch_while_every_handler_is_busy(
+    transport: Transport, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """4 handler threads hold up to 8 messages: once started, every receive asks for at
+    least 4, never for the one slot a finished handler frees (a round trip a message)."""
+    asked: list[int] = []
+    real = transport.receive
+
+    def receive(group: str, topic: str, max_messages: int, *args: object, **kw: object):  # type: ignore[no-untyped-def]
+        if group == "gather-g":
+            asked.append(max_messages)
+        return real(group, topic, max_messages, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(transport, "receive", receive)
+    lock = threading.Lock()
+    handled: Counter[str] = Counter()
+
+    def slow(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        threading.Event().wait(0.02)
+        with lock:
+            handled[msgs[0].message_id] += 1
+        return ConsumeResult.SUCCESS
+
+    with Producer(transport) as producer:
+        sent = {producer.send(Message("gather", b"x")).message_id for _ in range(60)}
+    settings = dict(FAST, consume_threads=4, receive_long_poll_ms=100)
+    with PushConsumer(
+        "gather-g", slow, {"gather": "*"}, transport=transport, engine="receive", **settings
+    ):
+        wait_until(lambda: set(handled) == sent, what="every message handled")
+    assert all(n == 1 for n in handled.values())
+    assert asked and min(asked) >= 4, asked

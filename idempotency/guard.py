@@ -37,6 +37,9 @@ the two equal).
 with outcome DISCARDED (so redeliveries are duplicates), and `Discard` is re-raised for the
 caller to acknowledge. Redis unavailable: the database lease and confirmation alone (slower,
 still exactly once). Database unavailable: never SUCCESS.
+
+`prepare(batch, group)` takes steps 1 and 2 of a received batch together (PostgreSQL: one
+Redis pipeline, one statement); `process` then starts each message from there.
 """
 
 from __future__ import annotations
@@ -48,9 +51,9 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine
@@ -67,6 +70,7 @@ from sqlalchemy.orm import Session
 from idempotency.config import GuardConfig, MismatchPolicy
 from idempotency.errors import BodyMismatch, NotADeadLetter
 from idempotency.leases import DONE, Leases, RedisLike
+from idempotency.renewals import Lease, Renewals
 from idempotency.store import ConfirmStatus, GuardStore, Known
 from outbox.models import ConfirmationOutcome, OutboxTables
 from outbox.ports import Clock, utcnow
@@ -156,83 +160,16 @@ class _Fenced(Exception):
     pass
 
 
-@dataclass(eq=False)
-class _Lease:
-    message_id: str
-    group: str
-    key: str
+@dataclass(frozen=True)
+class _Prepared:
+    """Steps 1 and 2 of one message, taken with its received batch (`prepare`)."""
+
     token: str
     held: bool | None
-    due: float  # time.monotonic() of the next renewal
-
-
-class _Renewals:
-    """Extends the leases of the handlers running under one guard every lease/3 (when
-    configured): one daemon thread for all of them, started at the first handler, instead
-    of a thread per message."""
-
-    def __init__(self, guard: IdempotencyGuard) -> None:
-        self.guard = guard
-        self.interval = guard.config.lease.total_seconds() / 3
-        self._leases: set[_Lease] = set()
-        self._wake = threading.Condition()
-        self._thread: threading.Thread | None = None
-
-    @contextmanager
-    def held(
-        self, message_id: str, group: str, key: str, token: str, held: bool | None
-    ) -> Iterator[None]:
-        if not self.guard.config.renew_lease:
-            yield
-            return
-        lease = _Lease(message_id, group, key, token, held, time.monotonic() + self.interval)
-        with self._wake:
-            self._leases.add(lease)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, daemon=True, name="idempotency-lease-renewal"
-                )
-                self._thread.start()
-        try:
-            yield
-        finally:
-            # Not waited for: a renewal in flight (e.g. waiting for SQLite's write lock,
-            # held by the handler's open transaction) would stall the commit. A late
-            # renewal is harmless: both renewals only touch a lease this token still holds.
-            with self._wake:
-                self._leases.discard(lease)
-
-    def _run(self) -> None:
-        while True:
-            with self._wake:
-                now = time.monotonic()
-                due = [lease for lease in self._leases if lease.due <= now]
-                if not due:
-                    nearest = min((lease.due for lease in self._leases), default=now + 1.0)
-                    self._wake.wait(max(nearest - now, 0.001))
-                    continue
-                for lease in due:
-                    lease.due = now + self.interval
-            for lease in due:
-                with self._wake:
-                    if lease not in self._leases:
-                        continue  # the handler finished meanwhile
-                if not self._renew(lease):
-                    with self._wake:
-                        self._leases.discard(lease)
-
-    def _renew(self, lease: _Lease) -> bool:
-        """Renew both leases; False once taken over (fencing refuses the confirmation)."""
-        guard = self.guard
-        try:
-            if lease.held and guard.leases is not None:
-                guard.leases.renew(lease.key, lease.token)
-            return guard.store.renew(
-                lease.message_id, lease.group, lease.token, guard.clock() + guard.config.lease
-            )
-        except Exception as exc:  # a failed renewal only shortens the lease
-            log.warning("lease renewal of %s failed: %s", lease.message_id, exc)
-            return True
+    known: Known
+    claimed: bool
+    start: datetime  # the guard's clock when the receipt was written
+    at: float  # time.monotonic() of the same instant
 
 
 class IdempotencyGuard:
@@ -276,7 +213,13 @@ class IdempotencyGuard:
         self.on_event = on_event
         self.stats = GuardStats()
         self._redis_errors = _redis_errors()
-        self._renewals = _Renewals(self)
+        self._renewals = Renewals(
+            self.config.renew_lease, self.config.lease.total_seconds(), self._renew
+        )
+        # (message id, group) -> what `prepare` took for it, until `process` starts it
+        self._prepared: dict[tuple[str, str], _Prepared] = {}
+        self._prepared_lock = threading.Lock()
+        self._batch_receipts = engine.dialect.name == "postgresql"
 
     # -- the decorator's entry point -------------------------------------------------------
     def process(
@@ -289,45 +232,41 @@ class IdempotencyGuard:
         the lease is released; `Discard` propagates after the outcome is confirmed.
         """
         digest = body_digest(message.body)
-        token = uuid.uuid4().hex
+        prepared = self._take_prepared(message, group) if self._prepared else None
+        token = prepared.token if prepared is not None else uuid.uuid4().hex
         key = self.leases.key(group, message.message_id) if self.leases else ""
-        started = self.clock()
+        started = self.clock() if prepared is None else prepared.start
         deadline = (
             started + self.config.wait_for_result
             if self.config.wait_for_result is not None
             else None
         )
-        reject = self.config.on_body_mismatch is MismatchPolicy.REJECT
         first = True
         while True:
-            start = self.clock() if not first else started
-            held = self._acquire(key, token, message, group)  # True, False, None (no Redis)
-
-            def may_claim(known: Known, held: bool | None = held) -> bool:
-                return (
-                    held is not False
-                    and not known.confirmed
-                    and not (reject and _mismatched(known, digest))
-                )
-
-            try:
-                # steps 1 and 3 in one transaction: the log row (first pass), what the
-                # database knows, and the DB lease when it may be taken
-                known, claimed = _once_more_if_stale(
-                    functools.partial(
-                        self.store.receive,
-                        message,
-                        group,
-                        token,
-                        start,
-                        start + self.config.lease,
-                        log_receipt=first,
-                        may_claim=may_claim,
+            if prepared is not None:  # steps 1 and 2 were taken with the received batch
+                held, known, claimed = prepared.held, prepared.known, prepared.claimed
+                prepared = None
+            else:
+                start = self.clock() if not first else started
+                held = self._acquire(key, token, message, group)  # True, False, None (no Redis)
+                try:
+                    # steps 1 and 3 in one transaction: the log row (first pass), what the
+                    # database knows, and the DB lease when it may be taken
+                    known, claimed = _once_more_if_stale(
+                        functools.partial(
+                            self.store.receive,
+                            message,
+                            group,
+                            token,
+                            start,
+                            start + self.config.lease,
+                            log_receipt=first,
+                            may_claim=functools.partial(self._may_claim, held, digest),
+                        )
                     )
-                )
-            except DB_DOWN as exc:
-                self._release_redis(key, token, held)
-                return self._later(EventKind.DB_UNAVAILABLE, message, group, str(exc))
+                except DB_DOWN as exc:
+                    self._release_redis(key, token, held)
+                    return self._later(EventKind.DB_UNAVAILABLE, message, group, str(exc))
             first = False
             self._check_body(known, digest, message, group, key, token, held)
             if known.confirmed:
@@ -338,6 +277,99 @@ class IdempotencyGuard:
             if deadline is None or self.clock() >= deadline:
                 return self._later(EventKind.IN_PROGRESS, message, group)
             self.sleep(self.config.poll_interval.total_seconds())
+
+    def prepare(self, messages: Sequence[ReceivedMessage], group: str) -> None:
+        """Steps 1 and 2 for a received batch at once, before its messages reach `process`:
+        one Redis pipeline of SET NX and one statement for all the receipts, instead of a
+        round trip of each a message (PostgreSQL; elsewhere, and for one message, nothing
+        is done here). `process` then starts each message from what was taken for it,
+        unless it started more than half a lease later: then that lease is released and
+        the message goes through both steps again. Never raises: what fails here is left
+        to `process`."""
+        if not self._batch_receipts:
+            return
+        with self._prepared_lock:  # one already prepared is left to `process`
+            batch = [
+                m
+                for m in {m.message_id: m for m in messages}.values()
+                if (m.message_id, group) not in self._prepared
+            ]
+        if len(batch) < 2:
+            return
+        now, at = self.clock(), time.monotonic()
+        self._forget_stale(at)
+        tokens = [uuid.uuid4().hex for _ in batch]
+        keys = [self.leases.key(group, m.message_id) if self.leases else "" for m in batch]
+        held: list[bool | None] = [None] * len(batch)
+        if self.leases is not None:
+            try:
+                held = list(self.leases.acquire_many(keys, tokens))
+            except self._redis_errors as exc:
+                for m in batch:
+                    self._emit(EventKind.REDIS_UNAVAILABLE, m, group, str(exc))
+        claims = [
+            functools.partial(self._may_claim, h, body_digest(m.body))
+            for h, m in zip(held, batch, strict=True)
+        ]
+        try:
+            received = _once_more_if_stale(
+                functools.partial(
+                    self.store.receive_many,
+                    batch,
+                    group,
+                    tokens,
+                    now,
+                    now + self.config.lease,
+                    claims,
+                )
+            )
+        except Exception as exc:  # each message on its own, through both steps again
+            if isinstance(exc, DB_DOWN):
+                log.debug("batch receipt of %d messages failed: %r", len(batch), exc)
+            else:
+                log.warning("batch receipt of %d messages failed", len(batch), exc_info=True)
+            for key, token, h in zip(keys, tokens, held, strict=True):
+                self._release_redis(key, token, h)
+            return
+        with self._prepared_lock:
+            for m, token, h, (known, claimed) in zip(batch, tokens, held, received, strict=True):
+                self._prepared[(m.message_id, group)] = _Prepared(token, h, known, claimed, now, at)
+
+    def _take_prepared(self, message: ReceivedMessage, group: str) -> _Prepared | None:
+        """What `prepare` took for (message, group), unless it is older than half a lease
+        (then its leases are released and None: a renewal every lease/3 from now could come
+        after the lease ran out)."""
+        with self._prepared_lock:
+            prepared = self._prepared.pop((message.message_id, group), None)
+        if prepared is None:
+            return None
+        if time.monotonic() - prepared.at <= self.config.lease.total_seconds() / 2:
+            return prepared
+        key = self.leases.key(group, message.message_id) if self.leases else ""
+        if prepared.claimed:
+            self._release(message, group, key, prepared.token, prepared.held)
+        else:
+            self._release_redis(key, prepared.token, prepared.held)
+        return None
+
+    def _forget_stale(self, now: float) -> None:
+        """Drop what was prepared for messages that never reached `process` (released by
+        the consumer, or stopped) once their leases have run out."""
+        lease = self.config.lease.total_seconds()
+        with self._prepared_lock:
+            stale = [k for k, p in self._prepared.items() if now - p.at > lease]
+            for k in stale:
+                del self._prepared[k]
+
+    def _may_claim(self, held: bool | None, digest: str, known: Known) -> bool:
+        """May this worker take the DB lease, given its Redis lease and what is known?"""
+        return (
+            held is not False
+            and not known.confirmed
+            and not (
+                self.config.on_body_mismatch is MismatchPolicy.REJECT and _mismatched(known, digest)
+            )
+        )
 
     # -- dead letters ---------------------------------------------------------------------
     def mark_dead_lettered(self, message: ReceivedMessage, group: str | None = None) -> str:
@@ -399,6 +431,18 @@ class IdempotencyGuard:
         return self.store.purge(self.clock() - self.config.db_retention)
 
     # -- steps -------------------------------------------------------------------------------
+    def _renew(self, lease: Lease) -> bool:
+        """Renew both leases; False once taken over (fencing refuses the confirmation)."""
+        try:
+            if lease.held and self.leases is not None:
+                self.leases.renew(lease.key, lease.token)
+            return self.store.renew(
+                lease.message_id, lease.group, lease.token, self.clock() + self.config.lease
+            )
+        except Exception as exc:  # a failed renewal only shortens the lease
+            log.warning("lease renewal of %s failed: %s", lease.message_id, exc)
+            return True
+
     def _acquire(self, key: str, token: str, message: ReceivedMessage, group: str) -> bool | None:
         if self.leases is None:
             return None

@@ -53,6 +53,8 @@ class RedisLike(Protocol):
 
     def eval(self, script: str, numkeys: int, *keys_and_args: Any) -> Any: ...
 
+    def pipeline(self, transaction: bool = ...) -> Any: ...
+
 
 class Leases:
     """Lease operations over one Redis client; every method may raise `redis.RedisError`."""
@@ -69,6 +71,14 @@ class Leases:
     def acquire(self, key: str, token: str) -> bool:
         """SET NX PX: True when this worker now holds the lease."""
         return bool(self.client.set(key, LEASED + token, nx=True, px=self.lease_ms))
+
+    def acquire_many(self, keys: list[str], tokens: list[str]) -> list[bool]:
+        """`acquire` of several keys in one round trip (a pipeline, not a transaction:
+        each SET NX stands alone)."""
+        pipe = self.client.pipeline(transaction=False)
+        for key, token in zip(keys, tokens, strict=True):
+            pipe.set(key, LEASED + token, nx=True, px=self.lease_ms)
+        return [bool(taken) for taken in pipe.execute()]
 
     def state(self, key: str) -> str | None:
         value = self.client.get(key)

@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -22,15 +22,11 @@ from sqlalchemy import (
     Engine,
     and_,
     bindparam,
-    case,
     delete,
-    func,
     insert,
     literal,
-    null,
     or_,
     select,
-    true,
     union_all,
     update,
 )
@@ -40,6 +36,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.expression import BindParameter
 
+from idempotency import pg
 from outbox.autocommit import autocommit
 from outbox.models import OutboxTables, StubStatus
 from outbox.stubs import split_groups
@@ -104,100 +101,15 @@ class GuardStore:
             .where(on_log, log.c.lease_token == tok)
             .values(lease_token=None, lease_until=None)
         )
-        # PostgreSQL: the log row's INSERT and the reads of `_known_sql` in one statement (a
-        # data-modifying CTE; its SELECTs read the confirmation and the stub, not the log)
-        born = (
-            pg_insert(log)
-            .values(
-                message_id=mid,
-                consumer_group=grp,
-                topic=bindparam("topic"),
-                queue_id=bindparam("qid"),
-                queue_offset=bindparam("qoff"),
-                created_at=bindparam("now"),
-                lease_token=bindparam("ltok"),
-                lease_until=bindparam("luntil"),
-            )
-            .on_conflict_do_nothing()
-            .returning(literal(3).label("src"), null().label("body_digest"))
-            .cte("born")
-        )
-        # the receipt's commit does not wait for the WAL flush (asked for inside the
-        # statement: set_config(..., is_local) lasts until its own commit): the handler's
-        # commit flushes it, and a receipt lost with the server only loses a lease
-        unflushed = select(
-            literal(4).label("src"), func.set_config("synchronous_commit", "off", True)
-        )
-        self._receive_pg_sql: Any = union_all(
-            *self._known_sql.selects, select(born.c.src, born.c.body_digest), unflushed
-        )
+        self._receive_pg_sql = pg.receive_one(tables, self._known_sql)
+        self._receive_many_pg_sql = pg.receive_many(tables)
         self._stub_lock_sql = (
             select(stub.c.expected_groups, stub.c.status)
             .where(stub.c.message_id == mid)
             .with_for_update()
         )
-        # PostgreSQL: the stub's lock and, when this group is the only one it expects, its
-        # CONFIRMED, in one statement (UPDATE ... RETURNING) instead of SELECT ... FOR UPDATE
-        # then UPDATE; a stub expecting other groups is only locked (its row rewritten as
-        # it was) and returned, for the count of confirmations. Its constants are named
-        # parameters: an anonymous one does not survive the copy into a CTE below.
-        confirmed: BindParameter[str] = bindparam("confirmed", StubStatus.CONFIRMED.value)
-        alone = or_(
-            stub.c.expected_groups == bindparam("no_groups", ""), stub.c.expected_groups == grp
-        )
-        settle = (
-            update(stub)
-            .where(
-                stub.c.message_id == mid,
-                stub.c.status == bindparam("unconfirmed", StubStatus.UNCONFIRMED.value),
-            )
-            .values(
-                status=case((alone, confirmed), else_=stub.c.status),
-                updated_at=case((alone, bindparam("now")), else_=stub.c.updated_at),
-            )
-            .returning(stub.c.expected_groups, stub.c.status)
-        )
         self._insert_conf_sql = insert(conf)
-        # PostgreSQL: step 5's three writes in one statement, in the same lock order (the
-        # log row's fencing DELETE, the stub's settling UPDATE, then the confirmation's
-        # INSERT, which runs after the statement's query as every unread data-modifying
-        # CTE does). Not fenced: nothing is written and no row comes back. An existing
-        # confirmation fails the INSERT (IntegrityError) as the plain one does. No
-        # parameter is named after a column of the tables it writes: SQLAlchemy would take
-        # it for a value of that column.
-        fenced = delete(log).where(on_log, log.c.lease_token == tok).returning(log.c.message_id)
-        fenced_cte = fenced.cte("fenced")
-        settled_cte = settle.where(select(fenced_cte.c.message_id).exists()).cte("settled")
-        conf_values = select(
-            fenced_cte.c.message_id,
-            grp,
-            bindparam("conf_topic", type_=conf.c.topic.type),
-            tok,
-            bindparam("now", type_=conf.c.confirmed_at.type),
-            bindparam("digest", type_=conf.c.body_digest.type),
-            bindparam("conf_outcome", type_=conf.c.outcome.type),
-        )
-        confirmed_cte = (
-            insert(conf)
-            .from_select(
-                [
-                    "message_id",
-                    "consumer_group",
-                    "topic",
-                    "fencing_token",
-                    "confirmed_at",
-                    "body_digest",
-                    "outcome",
-                ],
-                conf_values,
-            )
-            .cte("confirmed")
-        )
-        self._confirm_pg_sql: Any = (
-            select(fenced_cte.c.message_id, settled_cte.c.expected_groups, settled_cte.c.status)
-            .select_from(fenced_cte.outerjoin(settled_cte, true()))
-            .add_cte(confirmed_cte)
-        )
+        self._confirm_pg_sql = pg.confirm(tables)
         self._confirm_stub_sql = (
             update(stub)
             .where(stub.c.message_id == mid, stub.c.status == StubStatus.UNCONFIRMED.value)
@@ -332,16 +244,91 @@ class GuardStore:
             elif src == 3:
                 inserted = True
         known = Known(confirmed, conf_digest, stub_digest)
+        claimed = self._settle_receipt(
+            conn, mid, group, token, now, until, known, inserted, hopeful, may_claim
+        )
+        return known, claimed
+
+    def receive_many(
+        self,
+        messages: Sequence[ReceivedMessage],
+        group: str,
+        tokens: Sequence[str],
+        now: datetime,
+        until: datetime,
+        may_claim: Sequence[Callable[[Known], bool]],
+    ) -> list[tuple[Known, bool]]:
+        """`receive` (first delivery) of a received batch on PostgreSQL, one statement for
+        all of it: every log row, born with its lease where `may_claim` of an unknown message
+        allows it, and what the database knows of each; then, per message and only where
+        that reading forbids the lease or the row existed, what `receive` does next. The
+        messages' ids are distinct. Returns (known, claimed) of each, in order."""
+        hopeful = [claim(_UNKNOWN) for claim in may_claim]
+        mids = [m.message_id for m in messages]
+        params = {
+            "mids": mids,
+            "grp": group,
+            "topics": [m.topic for m in messages],
+            "qids": [m.queue_id for m in messages],
+            "qoffs": [m.queue_offset for m in messages],
+            "ltoks": [tok if hope else None for tok, hope in zip(tokens, hopeful, strict=True)],
+            "now": now,
+            "luntil": until,
+        }
+        confirmed: dict[str, str | None] = {}
+        stub_digests: dict[str, str | None] = {}
+        inserted: set[str] = set()
+        with autocommit(self.engine) as conn:
+            for src, mid, digest in conn.execute(self._receive_many_pg_sql, params):
+                if src == 1:
+                    confirmed[mid] = digest
+                elif src == 2:
+                    stub_digests[mid] = digest
+                elif src == 3:
+                    inserted.add(mid)
+            out: list[tuple[Known, bool]] = []
+            for i, mid in enumerate(mids):
+                known = Known(mid in confirmed, confirmed.get(mid), stub_digests.get(mid))
+                claimed = self._settle_receipt(
+                    conn,
+                    mid,
+                    group,
+                    tokens[i],
+                    now,
+                    until,
+                    known,
+                    mid in inserted,
+                    hopeful[i],
+                    may_claim[i],
+                )
+                out.append((known, claimed))
+        return out
+
+    def _settle_receipt(
+        self,
+        conn: Connection,
+        mid: str,
+        group: str,
+        token: str,
+        now: datetime,
+        until: datetime,
+        known: Known,
+        inserted: bool,
+        hopeful: bool,
+        may_claim: Callable[[Known], bool],
+    ) -> bool:
+        """After a receipt on PostgreSQL: a lease the row was born with taken back when
+        what the database knows forbids it, or an existing row's lease claimed. Claimed?"""
         claim = may_claim(known)
         keys = {"mid": mid, "grp": group, "tok": token}
         if inserted and hopeful and not claim:
             conn.execute(self._unclaim_sql, keys)  # known after all: no lease
         if not claim:
-            return known, False
+            return False
         if inserted:
-            return known, hopeful
+            return hopeful
         result = conn.execute(self._claim_sql, {**keys, "now": now, "until": until})
-        return known, bool(result.rowcount == 1)
+        return bool(result.rowcount == 1)
 
     def _insert_log(self, conn: Connection, row: dict[str, Any]) -> bool:
         """Insert the log row unless one exists; True when this call inserted it.

@@ -37,6 +37,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from reliable import tracing
@@ -376,6 +377,14 @@ class Handler:
                 return ConsumeResult.RECONSUME_LATER
         return ConsumeResult.SUCCESS
 
+    def prepare(self, messages: Sequence[ReceivedMessage]) -> None:
+        """A received batch, before `listener` sees its messages: a guard that offers
+        `prepare(messages, group)` (`idempotency.IdempotencyGuard`) takes the batch's
+        leases together. Not under a rate limit: the messages would wait for it, leased."""
+        prepare = getattr(self.guard, "prepare", None)
+        if prepare is not None and self.bucket is None:
+            prepare(messages, self.group)
+
     def consumer(self, transport: Transport | str = "embedded", **options: Any) -> PushConsumer:
         """A (not started) `PushConsumer` feeding this handler."""
         for guard in (self.guard, self.marker):
@@ -383,12 +392,26 @@ class Handler:
                 guard.ensure()  # configuration errors surface now, not at the first message
         return PushConsumer(
             self.group,
-            self.listener,
+            _PreparingListener(self) if self.guard is not None else self.listener,
             {self.topic: self.tags},
             transport=transport,
             settings=self.settings,
             **options,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class _PreparingListener:
+    """A guarded handler's listener: `Handler.listener`, and `Handler.prepare` for each
+    received batch (`PreparingListener`)."""
+
+    handler: Handler
+
+    def __call__(self, messages: Sequence[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        return self.handler.listener(messages, ctx)
+
+    def prepare(self, messages: Sequence[ReceivedMessage]) -> None:
+        self.handler.prepare(messages)
 
 
 def handler(topic: str, **options: Any) -> Callable[[Callable[..., Any]], Handler]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import entry_points
 from typing import Protocol
 
@@ -120,3 +120,9 @@ class DefaultGuard:
     ) -> ConsumeResult:
         result: ConsumeResult = self.ensure().process(message, group, invoke)
         return result
+
+    def prepare(self, messages: Sequence[ReceivedMessage], group: str) -> None:
+        """The guard's batch receipt, when it offers one (`Handler.prepare`)."""
+        prepare = getattr(self.ensure(), "prepare", None)
+        if prepare is not None:
+            prepare(messages, group)

@@ -40,3 +40,11 @@ class MessageListener(Protocol):
     def __call__(
         self, messages: Sequence[ReceivedMessage], context: ConsumeContext, /
     ) -> ConsumeResult: ...
+
+
+class PreparingListener(MessageListener, Protocol):
+    """A listener that wants each received batch before its messages are handled: the
+    receive engine calls `prepare(batch)` once, then the listener per message as ever (a
+    guard takes the batch's leases together there). `prepare` must not raise."""
+
+    def prepare(self, messages: Sequence[ReceivedMessage], /) -> None: ...

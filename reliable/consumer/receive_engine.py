@@ -110,6 +110,11 @@ class ReceiveEngine:
         self._client_id = client_id
         self._subs = dict(subscriptions)
         self._listener = listener
+        # a listener's `prepare` (PreparingListener) sees each received batch first; not
+        # for ordered runs, whose messages wait for each other
+        self._prepare: Callable[[list[ReceivedMessage]], None] | None = (
+            None if settings.orderly else getattr(listener, "prepare", None)
+        )
         self._s = settings
         self._stopped = threading.Event()
         # as many threads as the handlers' waits need, up to consume_threads (workers.py)
@@ -444,8 +449,17 @@ class ReceiveEngine:
                 for run in by_group.values():
                     self._submit(self._consume_fifo, run)
             else:
+                if self._prepare is not None:
+                    self._prepare_batch(msgs)
                 for m in msgs:
                     self._submit(self._consume_one, [m])
+
+    def _prepare_batch(self, msgs: list[ReceivedMessage]) -> None:
+        assert self._prepare is not None
+        try:
+            self._prepare(msgs)
+        except Exception as exc:  # each message is still handled on its own
+            log.warning("preparing a batch of %s failed: %r", self._group, exc, exc_info=True)
 
     def _submit(
         self, fn: Callable[[list[ReceivedMessage]], None], msgs: list[ReceivedMessage]

@@ -338,3 +338,32 @@ def test_receive_engine_gathers_a_batch_while_every_handler_is_busy(
         wait_until(lambda: set(handled) == sent, what="every message handled")
     assert all(n == 1 for n in handled.values())
     assert asked and min(asked) >= 4, asked
+
+
+def test_receive_engine_hands_each_batch_to_the_listeners_prepare_first(
+    transport: Transport,
+) -> None:
+    lock = threading.Lock()
+    prepared: list[str] = []
+    handled_unprepared: list[str] = []
+    handled: Counter[str] = Counter()
+
+    class Preparing:
+        def __call__(self, msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+            with lock:
+                if msgs[0].message_id not in prepared:
+                    handled_unprepared.append(msgs[0].message_id)
+                handled[msgs[0].message_id] += 1
+            return ConsumeResult.SUCCESS
+
+        def prepare(self, msgs: list[ReceivedMessage]) -> None:
+            with lock:
+                prepared.extend(m.message_id for m in msgs)
+
+    with Producer(transport) as producer:
+        sent = {producer.send(Message("prep", b"x")).message_id for _ in range(30)}
+    with PushConsumer(
+        "prep-g", Preparing(), {"prep": "*"}, transport=transport, engine="receive", **FAST
+    ):
+        wait_until(lambda: set(handled) == sent, what="every message handled")
+    assert handled_unprepared == [] and sorted(prepared) == sorted(sent)

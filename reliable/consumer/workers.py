@@ -122,16 +122,22 @@ class Workers:
                     # the running ones are waiting in their calls: one that parks at once
                     self._start(standby=True)
                 return
-            if self._parked:
+            parked = bool(self._parked)
+            if parked:
                 t = self._parked.pop()
-                t.park.release()
             elif len(self._threads) < self._max:
-                t = self._start(standby=False)
+                t = self._start(standby=False)  # it waits for this lock before it arrives
             else:
                 return
+            # recorded before the thread can run: one released at once (the release lets it
+            # run while this holds the lock, not the interpreter) would otherwise arrive
+            # first, not find itself `_waking`, and leave that set for good; every later
+            # call would then wait for a thread "on its way" that never comes
             self._waking = t
             self._running += 1
             self.wakes += 1
+            if parked:
+                t.park.release()
 
     def _start(self, standby: bool) -> _Thread:
         """(Lock held) Start a thread: to take calls, or (`standby`) to park at once."""

@@ -187,3 +187,42 @@ def test_many_submitters_lose_no_call_and_shutdown_waits_for_all() -> None:
         time.sleep(0.01)
     pool.shutdown(wait=True)
     assert sorted(seen) == list(range(20000))
+
+
+class _ReleaseRunsTheWoken:
+    """A parked thread's lock whose release lets the woken thread run before the waker
+    goes on (what a thread switch right after the release does, rarely, on its own)."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self._lock = lock
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        return self._lock.acquire(blocking, timeout)
+
+    def release(self) -> None:
+        self._lock.release()
+        time.sleep(0.05)
+
+
+def test_a_thread_woken_that_runs_at_once_leaves_no_call_behind() -> None:
+    pool = Workers(2, thread_name_prefix="t")
+    ran: list[str] = []
+    both = threading.Barrier(3)
+    for _ in range(2):  # two threads started, each parks when the queue is empty
+        pool.submit(both.wait, 5)
+    both.wait(5)
+    deadline = time.monotonic() + 5
+    while len(pool._parked) < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    for t in pool._parked:
+        t.park = _ReleaseRunsTheWoken(t.park)  # type: ignore[assignment]
+    first = threading.Event()
+    pool.submit(lambda: (ran.append("first"), first.set()))
+    assert first.wait(5)
+    # the woken thread ran the call and parked again: the next call must wake a thread
+    # (it waited forever when the waker recorded it as woken after it had arrived)
+    second = threading.Event()
+    pool.submit(lambda: (ran.append("second"), second.set()))
+    assert second.wait(2), f"a call was left in the queue: {pool._waking=} {pool._running=}"
+    assert ran == ["first", "second"]
+    pool.shutdown(wait=True)

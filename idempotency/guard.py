@@ -165,6 +165,7 @@ class _Prepared:
     """Steps 1 and 2 of one message, taken with its received batch (`prepare`)."""
 
     token: str
+    digest: str  # of the message's body
     held: bool | None
     known: Known
     claimed: bool
@@ -231,8 +232,8 @@ class IdempotencyGuard:
         elsewhere, fenced, database down). Exceptions from `invoke` propagate unchanged after
         the lease is released; `Discard` propagates after the outcome is confirmed.
         """
-        digest = body_digest(message.body)
         prepared = self._take_prepared(message, group) if self._prepared else None
+        digest = body_digest(message.body) if prepared is None else prepared.digest
         token = prepared.token if prepared is not None else uuid.uuid4().hex
         key = self.leases.key(group, message.message_id) if self.leases else ""
         started = self.clock() if prepared is None else prepared.start
@@ -307,9 +308,9 @@ class IdempotencyGuard:
             except self._redis_errors as exc:
                 for m in batch:
                     self._emit(EventKind.REDIS_UNAVAILABLE, m, group, str(exc))
+        digests = [body_digest(m.body) for m in batch]
         claims = [
-            functools.partial(self._may_claim, h, body_digest(m.body))
-            for h, m in zip(held, batch, strict=True)
+            functools.partial(self._may_claim, h, d) for h, d in zip(held, digests, strict=True)
         ]
         try:
             received = _once_more_if_stale(
@@ -332,8 +333,12 @@ class IdempotencyGuard:
                 self._release_redis(key, token, h)
             return
         with self._prepared_lock:
-            for m, token, h, (known, claimed) in zip(batch, tokens, held, received, strict=True):
-                self._prepared[(m.message_id, group)] = _Prepared(token, h, known, claimed, now, at)
+            for m, token, d, h, (known, claimed) in zip(
+                batch, tokens, digests, held, received, strict=True
+            ):
+                self._prepared[(m.message_id, group)] = _Prepared(
+                    token, d, h, known, claimed, now, at
+                )
 
     def _take_prepared(self, message: ReceivedMessage, group: str) -> _Prepared | None:
         """What `prepare` took for (message, group), unless it is older than half a lease

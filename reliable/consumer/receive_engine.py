@@ -450,14 +450,15 @@ class ReceiveEngine:
                     self._submit(self._consume_fifo, run)
             else:
                 if self._prepare is not None:
-                    self._prepare_batch(msgs)
+                    self._prepare_batch(self._prepare, msgs)
                 for m in msgs:
                     self._submit(self._consume_one, [m])
 
-    def _prepare_batch(self, msgs: list[ReceivedMessage]) -> None:
-        assert self._prepare is not None
+    def _prepare_batch(
+        self, prepare: Callable[[list[ReceivedMessage]], None], msgs: list[ReceivedMessage]
+    ) -> None:
         try:
-            self._prepare(msgs)
+            prepare(msgs)
         except Exception as exc:  # each message is still handled on its own
             log.warning("preparing a batch of %s failed: %r", self._group, exc, exc_info=True)
 

@@ -31,7 +31,8 @@ the two equal).
        commit S ── DB down ──► RECONSUME_LATER
       │
       ▼
-    Redis "L:<token>" → "D:<token>" PX <ttl> (only while still ours) ──► SUCCESS
+    queue the Redis done mark (one thread writes many in one pipeline, later):
+    "L:<token>" → "D:<token>" PX <ttl> (only while still ours) ──► SUCCESS
 
 `Discard` from the handler: the handler's writes roll back, the confirmation is recorded
 with outcome DISCARDED (so redeliveries are duplicates), and `Discard` is re-raised for the
@@ -68,8 +69,9 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session
 
 from idempotency.config import GuardConfig, MismatchPolicy
+from idempotency.done_marks import DoneMarks
 from idempotency.errors import BodyMismatch, NotADeadLetter
-from idempotency.leases import DONE, Leases, RedisLike
+from idempotency.leases import Leases, RedisLike
 from idempotency.renewals import Lease, Renewals
 from idempotency.store import ConfirmStatus, GuardStore, Known
 from outbox.models import ConfirmationOutcome, OutboxTables
@@ -221,6 +223,7 @@ class IdempotencyGuard:
         self._prepared: dict[tuple[str, str], _Prepared] = {}
         self._prepared_lock = threading.Lock()
         self._batch_receipts = engine.dialect.name == "postgresql"
+        self._marks = DoneMarks(self.leases, self._redis_errors) if self.leases else None
 
     # -- the decorator's entry point -------------------------------------------------------
     def process(
@@ -602,15 +605,16 @@ class IdempotencyGuard:
                 log.warning("could not release Redis lease %s: %s", key, exc)
 
     def _mark_done(self, key: str, token: str, held: bool | None) -> None:
-        if self.leases is None:
-            return
-        try:
-            if held:
-                self.leases.mark_done(key, token)
-            elif held is None:  # Redis was down at the start: write the fast path if back
-                self.leases.client.set(key, DONE + token, nx=True, px=self.leases.ttl_ms)
-        except self._redis_errors as exc:
-            log.warning("could not mark %s done in Redis: %s", key, exc)
+        """Written by `DoneMarks`' thread: the confirmation already decides."""
+        if self._marks is not None and held is not False:
+            # held None: Redis was down at the start; the mark is set if it is back
+            self._marks.add(key, token, bool(held))
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until the Redis done mark of every message confirmed so far is written
+        (True), or `timeout` seconds passed (False). Nothing depends on it: a message's
+        confirmation decides, its mark only spares a later copy's lease."""
+        return True if self._marks is None else self._marks.flush(timeout)
 
     def _later(
         self, kind: EventKind, message: ReceivedMessage, group: str, detail: str = ""

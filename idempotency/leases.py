@@ -86,9 +86,17 @@ class Leases:
             return None
         return value.decode() if isinstance(value, bytes) else str(value)
 
-    def mark_done(self, key: str, token: str) -> bool:
-        """Leased by `token` -> done (kept for the ttl). False when the lease was lost."""
-        return bool(self.client.eval(_SWAP, 1, key, LEASED + token, DONE + token, self.ttl_ms))
+    def mark_done_many(self, marks: list[tuple[str, str, bool]]) -> None:
+        """Leased by `token` -> done (kept for the ttl), for several (key, token, held) in
+        one round trip. A lease lost meanwhile is left alone; a mark whose lease was not
+        held (Redis was down when its message started) is set only if the key is absent."""
+        pipe = self.client.pipeline(transaction=False)
+        for key, token, held in marks:
+            if held:
+                pipe.eval(_SWAP, 1, key, LEASED + token, DONE + token, self.ttl_ms)
+            else:
+                pipe.set(key, DONE + token, nx=True, px=self.ttl_ms)
+        pipe.execute()
 
     def renew(self, key: str, token: str) -> bool:
         """Extend the lease by another `lease_ms`, only if `token` still holds it."""

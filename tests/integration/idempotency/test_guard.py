@@ -136,6 +136,7 @@ def test_duplicate_delivery_runs_the_handler_once_and_confirms_the_stub(
             == 0
         )
         assert conn.execute(sa.select(tables.stub.c.status)).scalar() == StubStatus.CONFIRMED.value
+    assert guard.flush(5)  # the done mark is written off the handler's thread
     assert redis_client.get(f"{key_prefix}{GROUP}:{mid}").startswith(b"D:")
 
 
@@ -266,6 +267,7 @@ def test_expired_lease_cannot_confirm_over_the_worker_that_took_over(
     assert [r.run for r in rows(engine, business)] == fast_runs
     with engine.connect() as conn:
         token = conn.execute(sa.select(tables.confirmation.c.fencing_token)).scalar_one()
+    assert fast_guard.flush(5) and slow_guard.flush(5)
     assert redis_client.get(key) == f"D:{token}".encode()  # the stale worker did not touch it
 
 

@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Engine, bindparam, event, func, insert, update
@@ -38,6 +38,7 @@ from outbox.background import BackgroundSends
 from outbox.errors import DuplicateMessageId, NoActiveTransaction, OutboxMisuse, is_permanent
 from outbox.models import OutboxTables
 from outbox.ports import Clock, Sender, utcnow
+from outbox.prepared import Prepared
 from outbox.registry import expected_groups, expected_groups_sql
 from outbox.stubs import ArrayUpdates, check_sendable, stub_values
 from protocol.limits import DEFAULT_MAX_BODY_SIZE
@@ -47,6 +48,7 @@ log = logging.getLogger(__name__)
 
 _PENDING = "reliable.outbox.pending"  # session.info key: messages waiting for the commit
 _UNSET: Any = object()
+_EPOCH = datetime(1970, 1, 1)
 
 
 @dataclass(frozen=True)
@@ -130,8 +132,10 @@ class Outbox:
         # the UPDATE itself (set_config(..., is_local) lasts until the commit, here the
         # statement's own): no SET LOCAL round trip
         self._unflushed = func.set_config("synchronous_commit", "off", True).is_not(None)
-        self._record_sent_pg = self._record_sent.where(self._unflushed)
-        self._record_failed_pg = self._record_failed.where(self._unflushed)
+        # planned once per connection (`Prepared`): the plan cost PostgreSQL about as
+        # much as the UPDATE
+        self._record_sent_pg = Prepared(self._record_sent.where(self._unflushed))
+        self._record_failed_pg = Prepared(self._record_failed.where(self._unflushed))
         self._record_many = ArrayUpdates(
             stub, "message_id", also={"send_count": stub.c.send_count + 1}, where=self._unflushed
         )
@@ -198,8 +202,15 @@ class Outbox:
         with_groups = self._insert_with_groups.get(conn.dialect.name, _UNSET)
         if with_groups is _UNSET:
             groups = expected_groups_sql(self.tables, conn.dialect.name)
+            # planned once per connection (`Prepared`): the plan cost PostgreSQL about
+            # as much as the INSERT itself
             with_groups = (
-                None if groups is None else insert(self.tables.stub).values(expected_groups=groups)
+                None
+                if groups is None
+                else Prepared(
+                    insert(self.tables.stub).values(expected_groups=groups),
+                    column_keys=_stub_keys(),
+                )
             )
             self._insert_with_groups[conn.dialect.name] = with_groups
         try:
@@ -209,7 +220,7 @@ class Outbox:
                 row = self._row(None, message, max_sends)
                 del row["expected_groups"]
                 row["eg_topic"] = message.topic
-                conn.execute(with_groups, row)
+                with_groups.execute(conn, row)
         except IntegrityError as exc:
             raise DuplicateMessageId(message.message_id) from exc
 
@@ -341,10 +352,15 @@ class Outbox:
                         if batch:
                             self._record_many_pg(conn, batch)
                     return
+                if pg:  # one outcome
+                    (self._record_sent_pg if sent else self._record_failed_pg).execute(
+                        conn, outcomes[0]
+                    )
+                    return
                 if sent:
-                    conn.execute(self._record_sent_pg if pg else self._record_sent, sent)
+                    conn.execute(self._record_sent, sent)
                 if failed:
-                    conn.execute(self._record_failed_pg if pg else self._record_failed, failed)
+                    conn.execute(self._record_failed, failed)
         except SQLAlchemyError as exc:
             log.warning(
                 "outbox: could not record the send of %s (%s); the resend worker "
@@ -357,6 +373,19 @@ class Outbox:
         keys = tuple(k for k in outcomes[0] if k != "b_mid")
         batch = [{"b_message_id": v["b_mid"], **{f"v_{k}": v[k] for k in keys}} for v in outcomes]
         self._record_many.execute(conn, keys, batch)
+
+
+def _stub_keys() -> tuple[str, ...]:
+    """The columns a stub's INSERT gives values for: `stub_values`' but the expected
+    groups, which the INSERT reads from the registry itself."""
+    row = stub_values(
+        Message(topic="t", body=b"-"),
+        expected_groups=(),
+        max_sends=1,
+        now=_EPOCH,
+        next_resend_at=_EPOCH,
+    )
+    return tuple(k for k in row if k != "expected_groups")
 
 
 def _attempt(call: Callable[..., Any], *args: Any) -> tuple[Any, Exception | None]:

@@ -1,0 +1,103 @@
+"""Statements PostgreSQL plans once per connection: `PREPARE`, then `EXECUTE` by name.
+
+psycopg2 sends every statement as text, and PostgreSQL plans it again each time. For the
+hot statements of the outbox and the guard, the plan costs more than the work: the
+guard's confirmation (three data-modifying CTEs) took 118 µs of planning against 37 µs
+of execution a message, the batch receipt 131 µs a batch (`pg_stat_statements` with
+`track_planning`). A `Prepared` statement is planned once on each pooled connection,
+the first time that connection runs it; later runs send only its name and values.
+
+Behind a pooler that hands out server connections per transaction (PgBouncer in
+transaction mode without prepared-statement support) a statement prepared on one server
+connection is missing on the next. The first such failure turns preparing off for that
+statement in this process, with a warning; the transaction it failed in is lost as any
+failed statement loses it (the guard retries the message, the publisher's caller sees
+the error), and later runs send the plain statement.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import Connection, CursorResult
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.sql import Executable
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.types import NullType
+
+log = logging.getLogger(__name__)
+
+_INFO_KEY = "reliable.prepared"  # per DBAPI connection: names prepared on it
+_MISSING = "26000"  # invalid_sql_statement_name: EXECUTE of a name not prepared here
+_names = itertools.count(1)
+
+
+class Prepared:
+    """One statement, prepared on each PostgreSQL connection that runs it; elsewhere (and
+    once turned off) run as SQLAlchemy runs it."""
+
+    def __init__(self, statement: Executable, column_keys: tuple[str, ...] | None = None) -> None:
+        """column_keys: for an INSERT or UPDATE, the columns every run gives values for
+        (the others are left out of the statement, as SQLAlchemy does per run)."""
+        self.statement = statement
+        self.column_keys = column_keys
+        self.name = f"reliable_{next(_names)}"
+        self.enabled = True
+        self._lock = threading.Lock()
+        self._compiled: tuple[str, str, tuple[str, ...], SQLCompiler] | None = None
+
+    def execute(
+        self, conn: Connection, params: Mapping[str, Any]
+    ) -> CursorResult[*tuple[Any, ...]]:
+        if not self.enabled or conn.dialect.name != "postgresql":
+            return conn.execute(self.statement, params)
+        prepare, run, names, compiled = self._compile(conn)
+        names_here: set[str] = conn.connection.info.setdefault(_INFO_KEY, set())
+        if self.name not in names_here:
+            conn.exec_driver_sql(prepare)  # no parameters: its text is sent as it is
+            names_here.add(self.name)
+        values = compiled.construct_params(params, escape_names=False)
+        try:
+            return conn.exec_driver_sql(run, tuple(values[n] for n in names))
+        except DBAPIError as exc:
+            if getattr(exc.orig, "pgcode", None) == _MISSING:
+                names_here.discard(self.name)
+                self.enabled = False
+                log.warning(
+                    "prepared statement %s missing on its connection (a pooler sharing "
+                    "server connections between transactions?): no longer preparing it",
+                    self.name,
+                )
+            raise
+
+    def _compile(self, conn: Connection) -> tuple[str, str, tuple[str, ...], SQLCompiler]:
+        if self._compiled is None:
+            with self._lock:
+                if self._compiled is None:
+                    self._compiled = self._render(conn)
+        return self._compiled
+
+    def _render(self, conn: Connection) -> tuple[str, str, tuple[str, ...], SQLCompiler]:
+        """PREPARE's text ($n placeholders, each parameter's type where SQLAlchemy knows
+        it), EXECUTE's (psycopg2's %s placeholders) and the parameters' names in order."""
+        numbered: Any = type(conn.dialect)  # the same dialect, with $n placeholders
+        dialect = numbered(paramstyle="numeric_dollar")
+        compiled = self.statement.compile(  # type: ignore[attr-defined]
+            dialect=dialect,
+            column_keys=None if self.column_keys is None else list(self.column_keys),
+        )
+        assert isinstance(compiled, SQLCompiler)
+        names = tuple(compiled.positiontup or ())
+        types = ", ".join(
+            "unknown"
+            if isinstance(compiled.binds[n].type, NullType)
+            else dialect.type_compiler_instance.process(compiled.binds[n].type)
+            for n in names
+        )
+        head = f"PREPARE {self.name}({types})" if names else f"PREPARE {self.name}"
+        args = f"({', '.join(['%s'] * len(names))})" if names else ""
+        return f"{head} AS {compiled.string}", f"EXECUTE {self.name}{args}", names, compiled

@@ -1,0 +1,111 @@
+"""`outbox.prepared`: on PostgreSQL a statement is planned once per connection and then run
+by name, with the results the plain statement gives; a connection that lost it turns
+preparing off instead of failing for good; elsewhere the plain statement runs."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.exc import DBAPIError
+
+from outbox.prepared import Prepared
+
+
+@pytest.fixture
+def table(engine: sa.Engine) -> Iterator[sa.Table]:
+    table = sa.Table(
+        f"pr_{uuid.uuid4().hex[:10]}",
+        sa.MetaData(),
+        sa.Column("id", sa.String(32), primary_key=True),
+        sa.Column("at", sa.DateTime, nullable=False),
+        sa.Column("n", sa.Integer, nullable=False),
+    )
+    table.create(engine)
+    yield table
+    table.drop(engine)
+
+
+def statements(engine: sa.Engine) -> list[str]:
+    """Every statement sent from now on, its first word each."""
+    sent: list[str] = []
+
+    @sa.event.listens_for(engine, "before_cursor_execute")
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        sent.append(statement.split(None, 1)[0].upper())
+
+    return sent
+
+
+def upsert(table: sa.Table) -> Any:
+    """A data-modifying CTE with a repeated parameter and a constant, returning rows."""
+    born = (
+        sa.insert(table)
+        .values(id=sa.bindparam("rid"), at=sa.bindparam("at"), n=sa.bindparam("n"))
+        .returning(table.c.id, table.c.n)
+        .cte("born")
+    )
+    return sa.select(born.c.id, born.c.n, sa.literal("new").label("kind")).union_all(
+        sa.select(table.c.id, table.c.n, sa.literal("old")).where(
+            table.c.id == sa.bindparam("other")
+        )
+    )
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_planned_once_a_connection_with_the_plain_statements_results(
+    engine: sa.Engine, table: sa.Table
+) -> None:
+    prepared = Prepared(upsert(table))
+    sent = statements(engine)
+    at = datetime(2026, 11, 30, 4, 0, 0)
+    with engine.begin() as conn:
+        first = prepared.execute(conn, {"rid": "a", "at": at, "n": 1, "other": "none"}).all()
+        second = prepared.execute(conn, {"rid": "b", "at": at, "n": 2, "other": "a"}).all()
+    assert first == [("a", 1, "new")]
+    assert sorted(second) == [("a", 1, "old"), ("b", 2, "new")]
+    assert sent == ["PREPARE", "EXECUTE", "EXECUTE"]
+    with engine.begin() as conn:  # the same pooled connection: prepared already
+        assert prepared.execute(conn, {"rid": "c", "at": at, "n": 3, "other": "b"}).all()
+        with engine.begin() as other:  # a second connection prepares it for itself
+            assert prepared.execute(other, {"rid": "d", "at": at, "n": 4, "other": "x"}).all()
+    assert sent[3:] == ["EXECUTE", "PREPARE", "EXECUTE"]
+    with engine.connect() as conn:  # the rows are the plain statement's rows
+        assert conn.execute(sa.select(table.c.id, table.c.at, table.c.n).order_by("id")).all() == [
+            (k, at, i) for i, k in enumerate("abcd", 1)
+        ]
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_a_connection_that_lost_it_turns_preparing_off(engine: sa.Engine, table: sa.Table) -> None:
+    prepared = Prepared(upsert(table))
+    at = datetime(2026, 11, 30, 4, 0, 0)
+    with engine.begin() as conn:
+        prepared.execute(conn, {"rid": "a", "at": at, "n": 1, "other": "x"})
+    with engine.connect() as conn:
+        # as a pooler handing the next transaction another server connection would
+        conn.exec_driver_sql("DEALLOCATE ALL")
+        conn.commit()
+        with pytest.raises(DBAPIError) as failed, conn.begin():
+            prepared.execute(conn, {"rid": "b", "at": at, "n": 2, "other": "x"})
+        assert failed.value.orig.pgcode == "26000"  # type: ignore[union-attr]
+    assert prepared.enabled is False
+    sent = statements(engine)
+    with engine.begin() as conn:  # the plain statement from now on
+        assert prepared.execute(conn, {"rid": "b", "at": at, "n": 2, "other": "a"}).all()
+    assert sent == ["WITH"]
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(table.c.id).order_by("id")).scalars().all() == ["a", "b"]
+
+
+@pytest.mark.parametrize("db_url", ["sqlite", "mariadb"], indirect=True)
+def test_elsewhere_the_plain_statement_runs(engine: sa.Engine, table: sa.Table) -> None:
+    prepared = Prepared(sa.insert(table))
+    sent = statements(engine)
+    with engine.begin() as conn:
+        prepared.execute(conn, {"id": "a", "at": datetime(2026, 11, 30), "n": 1})
+    assert sent == ["INSERT"]

@@ -152,7 +152,12 @@ def confirm(tables: OutboxTables) -> Any:
         update(stub)
         .where(
             stub.c.message_id == mid,
-            stub.c.status == bindparam("unconfirmed", StubStatus.UNCONFIRMED.value),
+            # the status through an expression no index covers: the statement is prepared
+            # (`Prepared`), and a plan made while the table was empty took the resend
+            # index on (status, next_resend_at) for it, reading every unconfirmed stub to
+            # find one; so only the message id's unique index can find the row
+            func.coalesce(stub.c.status, stub.c.status)
+            == bindparam("unconfirmed", StubStatus.UNCONFIRMED.value),
         )
         .values(
             status=case((alone, confirmed), else_=stub.c.status),

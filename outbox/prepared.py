@@ -55,11 +55,8 @@ class Prepared:
     ) -> CursorResult[*tuple[Any, ...]]:
         if not self.enabled or conn.dialect.name != "postgresql":
             return conn.execute(self.statement, params)
-        prepare, run, names, compiled = self._compile(conn)
-        names_here: set[str] = conn.connection.info.setdefault(_INFO_KEY, set())
-        if self.name not in names_here:
-            conn.exec_driver_sql(prepare)  # no parameters: its text is sent as it is
-            names_here.add(self.name)
+        _, run, names, compiled = self._compile(conn)
+        names_here = self._prepare_on(conn)
         values = compiled.construct_params(params, escape_names=False)
         try:
             return conn.exec_driver_sql(run, tuple(values[n] for n in names))
@@ -73,6 +70,30 @@ class Prepared:
                     self.name,
                 )
             raise
+
+    def generic_plan(self, conn: Connection, params: Mapping[str, Any]) -> list[str]:
+        """EXPLAIN of the plan PostgreSQL keeps for this statement once it stops planning
+        each run anew: the generic plan, made without the values, possibly while a table
+        was still empty, and kept for the connection's life. On a connection with no
+        work of its own pending: its transaction is rolled back."""
+        _, run, names, compiled = self._compile(conn)
+        self._prepare_on(conn)
+        values = compiled.construct_params(params, escape_names=False)
+        try:
+            conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_generic_plan")
+            rows = conn.exec_driver_sql(f"EXPLAIN {run}", tuple(values[n] for n in names))
+            return [str(r[0]) for r in rows]
+        finally:
+            conn.rollback()
+
+    def _prepare_on(self, conn: Connection) -> set[str]:
+        """The names prepared on `conn`'s connection, this one among them from now on."""
+        names_here: set[str] = conn.connection.info.setdefault(_INFO_KEY, set())
+        if self.name not in names_here:
+            prepare = self._compile(conn)[0]
+            conn.exec_driver_sql(prepare)  # no parameters: its text is sent as it is
+            names_here.add(self.name)
+        return names_here
 
     def _compile(self, conn: Connection) -> tuple[str, str, tuple[str, ...], SQLCompiler]:
         if self._compiled is None:

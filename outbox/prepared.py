@@ -7,17 +7,21 @@ of execution a message, the batch receipt 131 µs a batch (`pg_stat_statements` 
 `track_planning`). A `Prepared` statement is planned once on each pooled connection,
 the first time that connection runs it; later runs send only its name and values.
 
-Behind a pooler that hands out server connections per transaction (PgBouncer in
-transaction mode without prepared-statement support) a statement prepared on one server
-connection is missing on the next. The first such failure turns preparing off for that
-statement in this process, with a warning; the transaction it failed in is lost as any
-failed statement loses it (the guard retries the message, the publisher's caller sees
-the error), and later runs send the plain statement.
+A statement's name is a digest of its text (parameter types included), so one name
+always means one statement, in every process: behind a pooler that hands out server
+connections per transaction (PgBouncer in transaction mode without prepared-statement
+support), a name prepared by another client on the server connection this transaction
+got is the very same statement. What such a pooler does break is the connection's
+record of what it prepared: a name missing there, or one already there when this
+client prepares it. The first such failure turns preparing off for that statement in
+this process, with a warning; the transaction it failed in is lost as any failed
+statement loses it (the guard retries the message, the publisher's caller sees the
+error), and later runs send the plain statement.
 """
 
 from __future__ import annotations
 
-import itertools
+import hashlib
 import logging
 import threading
 from collections.abc import Mapping
@@ -33,7 +37,7 @@ log = logging.getLogger(__name__)
 
 _INFO_KEY = "reliable.prepared"  # per DBAPI connection: names prepared on it
 _MISSING = "26000"  # invalid_sql_statement_name: EXECUTE of a name not prepared here
-_names = itertools.count(1)
+_TAKEN = "42P05"  # duplicate_prepared_statement: PREPARE of a name prepared there
 
 
 class Prepared:
@@ -45,7 +49,7 @@ class Prepared:
         (the others are left out of the statement, as SQLAlchemy does per run)."""
         self.statement = statement
         self.column_keys = column_keys
-        self.name = f"reliable_{next(_names)}"
+        self.name = ""  # a digest of the text, once compiled
         self.enabled = True
         self._lock = threading.Lock()
         self._compiled: tuple[str, str, tuple[str, ...], SQLCompiler] | None = None
@@ -63,12 +67,7 @@ class Prepared:
         except DBAPIError as exc:
             if getattr(exc.orig, "pgcode", None) == _MISSING:
                 names_here.discard(self.name)
-                self.enabled = False
-                log.warning(
-                    "prepared statement %s missing on its connection (a pooler sharing "
-                    "server connections between transactions?): no longer preparing it",
-                    self.name,
-                )
+                self._turn_off("missing on its connection")
             raise
 
     def generic_plan(self, conn: Connection, params: Mapping[str, Any]) -> list[str]:
@@ -89,11 +88,25 @@ class Prepared:
     def _prepare_on(self, conn: Connection) -> set[str]:
         """The names prepared on `conn`'s connection, this one among them from now on."""
         names_here: set[str] = conn.connection.info.setdefault(_INFO_KEY, set())
+        prepare = self._compile(conn)[0]
         if self.name not in names_here:
-            prepare = self._compile(conn)[0]
-            conn.exec_driver_sql(prepare)  # no parameters: its text is sent as it is
+            try:
+                conn.exec_driver_sql(prepare)  # no parameters: its text is sent as it is
+            except DBAPIError as exc:
+                if getattr(exc.orig, "pgcode", None) == _TAKEN:
+                    self._turn_off("already prepared on a connection that had not")
+                raise
             names_here.add(self.name)
         return names_here
+
+    def _turn_off(self, why: str) -> None:
+        self.enabled = False
+        log.warning(
+            "prepared statement %s %s (a pooler sharing server connections between "
+            "transactions?): no longer preparing it",
+            self.name,
+            why,
+        )
 
     def _compile(self, conn: Connection) -> tuple[str, str, tuple[str, ...], SQLCompiler]:
         if self._compiled is None:
@@ -119,6 +132,7 @@ class Prepared:
             else dialect.type_compiler_instance.process(compiled.binds[n].type)
             for n in names
         )
-        head = f"PREPARE {self.name}({types})" if names else f"PREPARE {self.name}"
+        body = f"({types}) AS {compiled.string}" if names else f" AS {compiled.string}"
+        self.name = "reliable_" + hashlib.sha256(body.encode()).hexdigest()[:32]
         args = f"({', '.join(['%s'] * len(names))})" if names else ""
-        return f"{head} AS {compiled.string}", f"EXECUTE {self.name}{args}", names, compiled
+        return f"PREPARE {self.name}{body}", f"EXECUTE {self.name}{args}", names, compiled

@@ -109,3 +109,42 @@ def test_elsewhere_the_plain_statement_runs(engine: sa.Engine, table: sa.Table) 
     with engine.begin() as conn:
         prepared.execute(conn, {"id": "a", "at": datetime(2026, 11, 30), "n": 1})
     assert sent == ["INSERT"]
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_one_name_means_one_statement_in_every_process(engine: sa.Engine, table: sa.Table) -> None:
+    at = datetime(2026, 11, 30, 4, 0, 0)
+    first, again = Prepared(upsert(table)), Prepared(upsert(table))
+    other = Prepared(sa.select(table.c.id).where(table.c.id == sa.bindparam("rid")))
+    with engine.begin() as conn:
+        first.execute(conn, {"rid": "a", "at": at, "n": 1, "other": "x"})
+        again.execute(conn, {"rid": "b", "at": at, "n": 2, "other": "x"})
+        other.execute(conn, {"rid": "a"})
+    # a name is a digest of the text: the same statement built twice (or in another
+    # process) has the same name, another statement another
+    assert first.name == again.name != other.name and first.name.startswith("reliable_")
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_a_name_already_prepared_where_this_client_had_not_turns_preparing_off(
+    engine: sa.Engine, table: sa.Table
+) -> None:
+    at = datetime(2026, 11, 30, 4, 0, 0)
+    elsewhere = Prepared(upsert(table))
+    with engine.begin() as conn:
+        elsewhere.execute(conn, {"rid": "a", "at": at, "n": 1, "other": "x"})
+        prepare = elsewhere._compile(conn)[0]
+    with engine.connect() as conn:
+        # as a pooler would hand this client a server connection another client prepared
+        # the statement on: the client's record does not know it
+        conn.connection.info.pop("reliable.prepared")
+        conn.commit()
+        here = Prepared(upsert(table))
+        with pytest.raises(DBAPIError) as failed, conn.begin():
+            here.execute(conn, {"rid": "b", "at": at, "n": 2, "other": "x"})
+        assert failed.value.orig.pgcode == "42P05"  # type: ignore[union-attr]
+        assert here.enabled is False and prepare.startswith(f"PREPARE {here.name}(")
+        with conn.begin():  # the plain statement from now on
+            assert here.execute(conn, {"rid": "b", "at": at, "n": 2, "other": "a"}).all()
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(table.c.id).order_by("id")).scalars().all() == ["a", "b"]

@@ -88,12 +88,14 @@ class DoneMarks:
                 self._writing = len(marks)
             try:
                 self.leases.mark_done_many(marks)
-            except self._redis_errors as exc:  # the leases expire by themselves
-                log.warning("could not mark %d messages done in Redis: %s", len(marks), exc)
-                with self._work:
-                    self.dropped += len(marks)
-            except Exception:
-                log.exception("could not mark %d messages done in Redis", len(marks))
+            except Exception as exc:  # the leases expire by themselves
+                expected = isinstance(exc, self._redis_errors)  # else: its traceback
+                log.warning(
+                    "could not mark %d messages done in Redis: %s",
+                    len(marks),
+                    exc,
+                    exc_info=not expected,
+                )
                 with self._work:
                     self.dropped += len(marks)
             finally:

@@ -25,6 +25,7 @@ import hashlib
 import logging
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, CursorResult
@@ -40,33 +41,42 @@ _MISSING = "26000"  # invalid_sql_statement_name: EXECUTE of a name not prepared
 _TAKEN = "42P05"  # duplicate_prepared_statement: PREPARE of a name prepared there
 
 
+@dataclass(frozen=True)
+class _Rendered:
+    prepare: str  # PREPARE name(types) AS ... ($n placeholders)
+    run: str  # EXECUTE name(%s, ...) (psycopg2's placeholders)
+    names: tuple[str, ...]  # the parameters, in placeholder order
+    compiled: SQLCompiler
+
+    def args(self, params: Mapping[str, Any]) -> tuple[Any, ...]:
+        values = self.compiled.construct_params(params, escape_names=False)
+        return tuple(values[n] for n in self.names)
+
+
 class Prepared:
     """One statement, prepared on each PostgreSQL connection that runs it; elsewhere (and
-    once turned off) run as SQLAlchemy runs it."""
+    once turned off) run as SQLAlchemy runs it. Rendered from its first run's parameter
+    names, as SQLAlchemy compiles a statement for the names it is given (an INSERT's
+    columns are those named): every run must give the same names."""
 
-    def __init__(self, statement: Executable, column_keys: tuple[str, ...] | None = None) -> None:
-        """column_keys: for an INSERT or UPDATE, the columns every run gives values for
-        (the others are left out of the statement, as SQLAlchemy does per run)."""
+    def __init__(self, statement: Executable) -> None:
         self.statement = statement
-        self.column_keys = column_keys
-        self.name = ""  # a digest of the text, once compiled
+        self.name = ""  # a digest of the text, once rendered
         self.enabled = True
         self._lock = threading.Lock()
-        self._compiled: tuple[str, str, tuple[str, ...], SQLCompiler] | None = None
+        self._rendered: _Rendered | None = None
 
     def execute(
         self, conn: Connection, params: Mapping[str, Any]
     ) -> CursorResult[*tuple[Any, ...]]:
         if not self.enabled or conn.dialect.name != "postgresql":
             return conn.execute(self.statement, params)
-        _, run, names, compiled = self._compile(conn)
-        names_here = self._prepare_on(conn)
-        values = compiled.construct_params(params, escape_names=False)
+        rendered = self._prepare_on(conn, params)
         try:
-            return conn.exec_driver_sql(run, tuple(values[n] for n in names))
+            return conn.exec_driver_sql(rendered.run, rendered.args(params))
         except DBAPIError as exc:
             if getattr(exc.orig, "pgcode", None) == _MISSING:
-                names_here.discard(self.name)
+                conn.connection.info[_INFO_KEY].discard(self.name)
                 self._turn_off("missing on its connection")
             raise
 
@@ -75,29 +85,27 @@ class Prepared:
         each run anew: the generic plan, made without the values, possibly while a table
         was still empty, and kept for the connection's life. On a connection with no
         work of its own pending: its transaction is rolled back."""
-        _, run, names, compiled = self._compile(conn)
-        self._prepare_on(conn)
-        values = compiled.construct_params(params, escape_names=False)
+        rendered = self._prepare_on(conn, params)
         try:
             conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_generic_plan")
-            rows = conn.exec_driver_sql(f"EXPLAIN {run}", tuple(values[n] for n in names))
+            rows = conn.exec_driver_sql(f"EXPLAIN {rendered.run}", rendered.args(params))
             return [str(r[0]) for r in rows]
         finally:
             conn.rollback()
 
-    def _prepare_on(self, conn: Connection) -> set[str]:
-        """The names prepared on `conn`'s connection, this one among them from now on."""
+    def _prepare_on(self, conn: Connection, params: Mapping[str, Any]) -> _Rendered:
+        """The statement rendered, and prepared on `conn`'s connection from now on."""
+        rendered = self._render(conn, params)
         names_here: set[str] = conn.connection.info.setdefault(_INFO_KEY, set())
-        prepare = self._compile(conn)[0]
         if self.name not in names_here:
             try:
-                conn.exec_driver_sql(prepare)  # no parameters: its text is sent as it is
+                conn.exec_driver_sql(rendered.prepare)  # no parameters: sent as it is
             except DBAPIError as exc:
                 if getattr(exc.orig, "pgcode", None) == _TAKEN:
                     self._turn_off("already prepared on a connection that had not")
                 raise
             names_here.add(self.name)
-        return names_here
+        return rendered
 
     def _turn_off(self, why: str) -> None:
         self.enabled = False
@@ -108,31 +116,30 @@ class Prepared:
             why,
         )
 
-    def _compile(self, conn: Connection) -> tuple[str, str, tuple[str, ...], SQLCompiler]:
-        if self._compiled is None:
-            with self._lock:
-                if self._compiled is None:
-                    self._compiled = self._render(conn)
-        return self._compiled
-
-    def _render(self, conn: Connection) -> tuple[str, str, tuple[str, ...], SQLCompiler]:
-        """PREPARE's text ($n placeholders, each parameter's type where SQLAlchemy knows
-        it), EXECUTE's (psycopg2's %s placeholders) and the parameters' names in order."""
-        numbered: Any = type(conn.dialect)  # the same dialect, with $n placeholders
-        dialect = numbered(paramstyle="numeric_dollar")
-        compiled = self.statement.compile(  # type: ignore[attr-defined]
-            dialect=dialect,
-            column_keys=None if self.column_keys is None else list(self.column_keys),
-        )
-        assert isinstance(compiled, SQLCompiler)
-        names = tuple(compiled.positiontup or ())
-        types = ", ".join(
-            "unknown"
-            if isinstance(compiled.binds[n].type, NullType)
-            else dialect.type_compiler_instance.process(compiled.binds[n].type)
-            for n in names
-        )
-        body = f"({types}) AS {compiled.string}" if names else f" AS {compiled.string}"
-        self.name = "reliable_" + hashlib.sha256(body.encode()).hexdigest()[:32]
-        args = f"({', '.join(['%s'] * len(names))})" if names else ""
-        return f"PREPARE {self.name}{body}", f"EXECUTE {self.name}{args}", names, compiled
+    def _render(self, conn: Connection, params: Mapping[str, Any]) -> _Rendered:
+        """Once: PREPARE's text (each parameter's type where SQLAlchemy knows it),
+        EXECUTE's, and the parameters' names in placeholder order."""
+        if self._rendered is not None:
+            return self._rendered
+        with self._lock:
+            if self._rendered is None:
+                numbered: Any = type(conn.dialect)  # the same dialect, with $n placeholders
+                dialect = numbered(paramstyle="numeric_dollar")
+                compiled = self.statement.compile(  # type: ignore[attr-defined]
+                    dialect=dialect, column_keys=list(params)
+                )
+                assert isinstance(compiled, SQLCompiler)
+                names = tuple(compiled.positiontup or ())
+                types = ", ".join(
+                    "unknown"
+                    if isinstance(compiled.binds[n].type, NullType)
+                    else dialect.type_compiler_instance.process(compiled.binds[n].type)
+                    for n in names
+                )
+                body = f"({types}) AS {compiled.string}" if names else f" AS {compiled.string}"
+                self.name = "reliable_" + hashlib.sha256(body.encode()).hexdigest()[:32]
+                args = f"({', '.join(['%s'] * len(names))})" if names else ""
+                self._rendered = _Rendered(
+                    f"PREPARE {self.name}{body}", f"EXECUTE {self.name}{args}", names, compiled
+                )
+            return self._rendered

@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Engine, bindparam, event, func, insert, update
@@ -48,7 +48,6 @@ log = logging.getLogger(__name__)
 
 _PENDING = "reliable.outbox.pending"  # session.info key: messages waiting for the commit
 _UNSET: Any = object()
-_EPOCH = datetime(1970, 1, 1)
 
 
 @dataclass(frozen=True)
@@ -207,10 +206,7 @@ class Outbox:
             with_groups = (
                 None
                 if groups is None
-                else Prepared(
-                    insert(self.tables.stub).values(expected_groups=groups),
-                    column_keys=_stub_keys(),
-                )
+                else Prepared(insert(self.tables.stub).values(expected_groups=groups))
             )
             self._insert_with_groups[conn.dialect.name] = with_groups
         try:
@@ -373,19 +369,6 @@ class Outbox:
         keys = tuple(k for k in outcomes[0] if k != "b_mid")
         batch = [{"b_message_id": v["b_mid"], **{f"v_{k}": v[k] for k in keys}} for v in outcomes]
         self._record_many.execute(conn, keys, batch)
-
-
-def _stub_keys() -> tuple[str, ...]:
-    """The columns a stub's INSERT gives values for: `stub_values`' but the expected
-    groups, which the INSERT reads from the registry itself."""
-    row = stub_values(
-        Message(topic="t", body=b"-"),
-        expected_groups=(),
-        max_sends=1,
-        now=_EPOCH,
-        next_resend_at=_EPOCH,
-    )
-    return tuple(k for k in row if k != "expected_groups")
 
 
 def _attempt(call: Callable[..., Any], *args: Any) -> tuple[Any, Exception | None]:

@@ -133,7 +133,7 @@ def test_a_name_already_prepared_where_this_client_had_not_turns_preparing_off(
     elsewhere = Prepared(upsert(table))
     with engine.begin() as conn:
         elsewhere.execute(conn, {"rid": "a", "at": at, "n": 1, "other": "x"})
-        prepare = elsewhere._compile(conn)[0]
+        prepare = elsewhere._render(conn, {}).prepare
     with engine.connect() as conn:
         # as a pooler would hand this client a server connection another client prepared
         # the statement on: the client's record does not know it

@@ -88,6 +88,7 @@ JVM_OPTIONS = (
 )
 # the Java client's JVM: the defaults (G1, both compilers), a fixed heap
 CLIENT_JVM_OPTIONS = ("-Xms256m", "-Xmx512m")
+QUICK_WARM = (20, 100)  # --quick: the Java clients' warm-up, one at a time and pipelined
 START_TIMEOUT_S = 180.0  # a JVM's start on a loaded 2-core machine
 
 # the cases of each client (the framework's native wire runs against ours only)
@@ -260,6 +261,7 @@ def java_cases(
     logs: Path,
     *,
     receive: bool = True,
+    warm: tuple[int, int] | None = None,
 ) -> None:
     """The Java client's cases, each against one server then the other."""
     from bench._java import bench_jar
@@ -274,7 +276,8 @@ def java_cases(
             clients.append((server, client))
         for server, client in clients:
             progress(f"java client: warming up against {server.name}")
-            client.call(f"warm {n.each} {n.pipelined}")
+            each, pipelined = warm or (n.each, n.pipelined)
+            client.call(f"warm {each} {pipelined}")
 
         def case(name: str, command: str, note: str, count: int) -> None:
             for server, client in clients:
@@ -368,6 +371,7 @@ def group(
     *,
     sync_flush: bool,
     started: Future[Any] | None = None,
+    quick: bool = False,
 ) -> None:
     """One group of cases: Apache RocketMQ and our server up together. `started`: the
     group's Apache RocketMQ, being started already (`run`, --quick)."""
@@ -410,7 +414,18 @@ def group(
             stack.callback(grpc.SIDE_BY_SIDE.clear)
             stack.callback(grpc.continue_all)  # before any server is stopped for good
             with rec.section(*(n for n in names if "_java_" in n)):
-                java_cases(servers, suffix, n, rec, where / "java-logs", receive=not sync_flush)
+                java_cases(
+                    servers,
+                    suffix,
+                    n,
+                    rec,
+                    where / "java-logs",
+                    receive=not sync_flush,
+                    # a quick run checks the cases: a short warm-up touches every path
+                    # without doubling the Java clients' work (their JIT figures are not
+                    # read there)
+                    warm=QUICK_WARM if quick else None,
+                )
             if not sync_flush:
                 with rec.section(*(n for n in names if "_official_" in n)):
                     endpoints = {f"{s.name}_official": s.endpoint for s in servers}
@@ -517,8 +532,8 @@ def run(opts: Options) -> SuiteResult:
             durable = pool.submit(
                 early.enter_context, apache(workdir / "durable" / "apache", sync_flush=True)
             )
-        group(workdir, home, result, rec, n, sync_flush=False)
-        group(workdir, home, result, rec, n, sync_flush=True, started=durable)
+        group(workdir, home, result, rec, n, sync_flush=False, quick=opts.quick)
+        group(workdir, home, result, rec, n, sync_flush=True, started=durable, quick=opts.quick)
     result.errors.extend(rec.errors)
     loops.extend(python_loop_s())
     lines, met, short = targets(result.metrics)

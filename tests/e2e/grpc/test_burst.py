@@ -44,13 +44,18 @@ WIRES = ["grpc", "wire"]
 # --- the burst, against a real server process
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize("wire", WIRES)
 def test_a_burst_of_four_producers_is_stored_once_answered_or_refused(
     wire: str, make_server: Callable[..., ServerProcess], tmp_path: Path
 ) -> None:
     server = make_server("--flush", "sync", "--wire-port", "0")
-    plan = Plan(producers=4, per_producer=1000, deadline_s=3.0, budget_s=40.0, topic=TOPIC)
+    # Each call's deadline is 15 s, not the official client's 3 s (`bench burst` keeps 3 s):
+    # in the suite the server shares two cores with three workers, and 4,000 calls each
+    # due in 3 s are then a rate the server must reach, a timing assertion (a suite run saw
+    # 1,510 calls pass their deadline; 10 s failed beside six busy loops, 15 s did not).
+    # The test is about what the server answers and stores, at whatever speed it gets.
+    plan = Plan(producers=4, per_producer=1000, deadline_s=15.0, budget_s=90.0, topic=TOPIC)
     started = time.monotonic()
     outcome = run_burst(wire, server.endpoint, plan, server.wire_port)
     minutes = (time.monotonic() - started) / 60

@@ -261,9 +261,10 @@ def java_cases(
     logs: Path,
     *,
     receive: bool = True,
-    warm: tuple[int, int] | None = None,
+    warm: tuple[int, int],
 ) -> None:
-    """The Java client's cases, each against one server then the other."""
+    """The Java client's cases, each against one server then the other, after each
+    client's untimed warm-up of `warm` messages (one at a time, pipelined)."""
     from bench._java import bench_jar
 
     jar = bench_jar()
@@ -276,8 +277,7 @@ def java_cases(
             clients.append((server, client))
         for server, client in clients:
             progress(f"java client: warming up against {server.name}")
-            each, pipelined = warm or (n.each, n.pipelined)
-            client.call(f"warm {each} {pipelined}")
+            client.call(f"warm {warm[0]} {warm[1]}")
 
         def case(name: str, command: str, note: str, count: int) -> None:
             for server, client in clients:
@@ -371,10 +371,11 @@ def group(
     *,
     sync_flush: bool,
     started: Future[Any] | None = None,
-    quick: bool = False,
+    warm: tuple[int, int],
 ) -> None:
     """One group of cases: Apache RocketMQ and our server up together. `started`: the
-    group's Apache RocketMQ, being started already (`run`, --quick)."""
+    group's Apache RocketMQ, being started already (`run`, --quick); `warm`: the Java
+    clients' warm-up (`java_cases`)."""
     suffix = "_sync_flush" if sync_flush else ""
     names = [
         k.removesuffix("_msgs_s")
@@ -421,10 +422,7 @@ def group(
                     rec,
                     where / "java-logs",
                     receive=not sync_flush,
-                    # a quick run checks the cases: a short warm-up touches every path
-                    # without doubling the Java clients' work (their JIT figures are not
-                    # read there)
-                    warm=QUICK_WARM if quick else None,
+                    warm=warm,
                 )
             if not sync_flush:
                 with rec.section(*(n for n in names if "_official_" in n)):
@@ -532,8 +530,11 @@ def run(opts: Options) -> SuiteResult:
             durable = pool.submit(
                 early.enter_context, apache(workdir / "durable" / "apache", sync_flush=True)
             )
-        group(workdir, home, result, rec, n, sync_flush=False, quick=opts.quick)
-        group(workdir, home, result, rec, n, sync_flush=True, started=durable, quick=opts.quick)
+        # a quick run checks the cases: a short warm-up touches every path without
+        # doubling the Java clients' work (their JIT figures are not read there)
+        warm = QUICK_WARM if opts.quick else (n.each, n.pipelined)
+        group(workdir, home, result, rec, n, sync_flush=False, warm=warm)
+        group(workdir, home, result, rec, n, sync_flush=True, started=durable, warm=warm)
     result.errors.extend(rec.errors)
     loops.extend(python_loop_s())
     lines, met, short = targets(result.metrics)

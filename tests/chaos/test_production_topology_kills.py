@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import collections
 import json
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -63,7 +65,7 @@ def test_killed_broker_and_consumer_lose_nothing_and_apply_nothing_twice(
     careless.wait_for_line(CONSUMING)
 
     ids = run.publish(BEFORE)
-    _kill_inventory_while_its_handlers_run(run, inventory, say)
+    ids += _kill_inventory_while_its_handlers_run(run, inventory, ids, say)
     ids += _kill_the_broker_while_orders_are_published(run, say)
     assert len(set(ids)) == len(ids) >= BEFORE + DURING + AFTER
 
@@ -113,18 +115,48 @@ def _applying(run: Topology, more: int) -> None:
 
 
 def _kill_inventory_while_its_handlers_run(
-    run: Topology, inventory: Child, say: Callable[[str], None]
-) -> None:
-    """Inventory is SIGKILLed while handlers run (each takes HANDLER_S), then started again."""
+    run: Topology, inventory: Child, ids: list[str], say: Callable[[str], None]
+) -> list[str]:
+    """Inventory is SIGKILLed while handlers run (each takes HANDLER_S), then started again;
+    the ids of the orders published meanwhile.
+
+    Inventory is frozen (SIGSTOP) to read what it was handed and what it applied, and
+    killed frozen once that shows an order applied and one handed and not applied: the kill
+    lands on the state read, however loaded the machine. Otherwise it is thawed, and given
+    one more order when it applied them all (nothing would be left to interrupt)."""
     a = run.group_a
-    _applying(run, 2)
-    handed = {m for m, _ in run.deliveries(f"{a}.deliveries")}
-    done = set(run.effects_by_group()[a])
-    inventory.kill()
-    say(f"inventory killed: {len(handed)} orders handed to it, {len(done)} applied")
+    more: list[str] = []
+    seen: dict[str, set[str]] = {}
+
+    def killed_mid_handler() -> bool:
+        _freeze(inventory)
+        seen["handed"] = {m for m, _ in run.deliveries(f"{a}.deliveries")}
+        seen["done"] = set(run.effects_by_group()[a])
+        if seen["done"] and seen["handed"] - seen["done"]:
+            inventory.kill()
+            return True
+        os.kill(inventory.pid, signal.SIGCONT)
+        if seen["done"] >= {*ids, *more}:
+            more.extend(run.publish(1))
+        return False
+
+    wait_for("inventory to hold an order handed and not applied", killed_mid_handler, 30)
+    handed, done = seen["handed"], seen["done"]
+    say(
+        f"inventory killed: {len(handed)} orders handed to it, {len(done)} applied"
+        f" ({len(more)} published to keep it busy)"
+    )
     assert handed - done, "the kill interrupted no handler"
     inventory = run.consume("inventory")
     inventory.wait_for_line(CONSUMING)
+    return more
+
+
+def _freeze(child: Child) -> None:
+    """SIGSTOP `child` and wait until it stopped (every thread of it)."""
+    os.kill(child.pid, signal.SIGSTOP)
+    _, status = os.waitpid(child.pid, os.WUNTRACED)
+    assert os.WIFSTOPPED(status), f"{child.name} ended:\n{child.output()}"
 
 
 def _kill_the_broker_while_orders_are_published(

@@ -117,6 +117,7 @@ class WireConnection(asyncio.Protocol):
         self._read_paused = False
         self._write_paused = False
         self._backlog = False  # whole frames left for the next turn (`_take_frames`)
+        self._out: list[bytes] | None = None  # answers written at the end of the turn
 
     # --- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -307,9 +308,21 @@ class WireConnection(asyncio.Protocol):
 
     # --- writing
     def _write(self, request_id: int, flags: int, body: bytes) -> None:
+        """Queue an answer: the answers of one loop turn leave in one write (`_flush`),
+        where each written alone cost a system call."""
         if self._closed or self.transport is None:
             return
-        self.transport.write(pw.frame(request_id, 0, flags, body))
+        framed = pw.frame(request_id, 0, flags, body)
+        if self._out is None:
+            self._out = [framed]
+            self.loop.call_soon(self._flush)
+        else:
+            self._out.append(framed)
+
+    def _flush(self) -> None:
+        out, self._out = self._out, None
+        if out and not self._closed and self.transport is not None:
+            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
 
     def _error(self, request_id: int, code: str, details: str) -> None:
         self._write(request_id, pw.ERROR, f"{code}\n{details}".encode())
@@ -327,6 +340,7 @@ class WireConnection(asyncio.Protocol):
 
     def _close(self) -> None:
         if self.transport is not None and not self._closed:
+            self._flush()  # a refusal's answer before the close
             self._closed = True
             self.transport.close()  # flushes what was written, then connection_lost
 

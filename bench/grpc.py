@@ -223,6 +223,9 @@ SERVER_PIDS: dict[str, int] = {}  # endpoint -> the server process serving it
 # case measures one of them with the others stopped (SIGSTOP), as on a quiet machine; an
 # idle JVM's timers and collector alone take 0.4 of a core of a 2-core machine
 SIDE_BY_SIDE: dict[int, tuple[int, ...]] = {}
+# a server's pid -> the processes that serve its calls with it (the gateway -> its broker):
+# counted in its CPU, and never stopped while it is measured
+COMPANIONS: dict[int, tuple[int, ...]] = {}
 _stopped: set[int] = set()
 
 
@@ -232,9 +235,12 @@ def stop_the_others(server_pid: int | None) -> None:
     continue_all()
     if server_pid is None or server_pid not in SIDE_BY_SIDE:
         return
+    keep = {server_pid, *COMPANIONS.get(server_pid, ())}
     for main, pids in SIDE_BY_SIDE.items():
         if main != server_pid:
             for pid in pids:
+                if pid in keep:
+                    continue
                 try:
                     os.kill(pid, signal.SIGSTOP)
                 except ProcessLookupError:
@@ -260,6 +266,11 @@ def process_cpu_s(pid: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def server_cpu_s(pid: int) -> float:
+    """CPU seconds of a server process and of its `COMPANIONS`."""
+    return sum(process_cpu_s(p) for p in (pid, *COMPANIONS.get(pid, ())))
+
+
 class CpuProbe:
     """CPU per message of the client process and of the server process over one case:
     steadier than msg/s on a loaded machine (every thread counted, unlike `cpu_us`)."""
@@ -274,7 +285,7 @@ class CpuProbe:
         stop_the_others(self.server_pid)
         collected()  # the collection the case's clock runs, before the CPU is read
         self.client = process_cpu_s()
-        self.server = process_cpu_s(self.server_pid) if self.server_pid else 0.0
+        self.server = server_cpu_s(self.server_pid) if self.server_pid else 0.0
         return self
 
     def per_message(self, n: int) -> tuple[float | None, float]:
@@ -282,7 +293,7 @@ class CpuProbe:
         server = None
         if self.server_pid:
             try:
-                server = (process_cpu_s(self.server_pid) - self.server) / n * 1e6
+                server = (server_cpu_s(self.server_pid) - self.server) / n * 1e6
             except OSError:
                 server = None
         return server, client
@@ -357,6 +368,16 @@ def broker_server(store: Path, home: Path, flush: str = "async") -> Any:
         ],
         home,
         f"server (--flush {flush})",
+    )
+
+
+def gateway_server(broker: str, home: Path) -> Any:
+    """The gateway (broker.gateway, docs/gateway.md) in front of the server at `broker`:
+    its CPU is counted with the broker's (`COMPANIONS`)."""
+    return serving(
+        ["-m", "reliable_cli", "gateway", "start", "--broker", broker, "--listen", "127.0.0.1:0"],
+        home,
+        "gateway",
     )
 
 

@@ -27,6 +27,7 @@ parsers to it, and their verbs to the ones it makes."""
 _NOUNS = {
     "demo": "reliable_cli.demo.command",
     "broker": "reliable_cli.broker",
+    "gateway": "reliable_cli.gateway",
     "admin": "reliable_cli.admin",
     "worker": "reliable_cli.worker",
     "outbox": "reliable_cli.outbox",

@@ -168,6 +168,12 @@ def test_rocketmq_suite_quick_json_measures_both_servers(tmp_path: Path) -> None
             for what in ("msgs_s", "client_cpu_us", "server_cpu_us"):
                 value = metrics[f"{server}_{case}_{what}"]
                 assert isinstance(value, int | float) and value > 0, (server, case, what)
+    for case in rocketmq_suite.client_cases():  # the official clients through the gateway
+        if case.startswith(rocketmq_suite.GATEWAY_CLIENTS):
+            for what in ("msgs_s", "client_cpu_us", "server_cpu_us"):
+                value = metrics[f"gateway_{case}_{what}"]
+                assert isinstance(value, int | float) and value > 0, (case, what)
+    assert "gateway_error" not in metrics
     for case in rocketmq_suite.WIRE_CASES:
         assert metrics[f"ours_{case}_msgs_s"] > 0, case
     assert metrics["rocketmq_java_send_p50_ms"] > 0 and metrics["ours_java_send_p99_ms"] > 0
@@ -186,17 +192,25 @@ def test_rocketmq_targets_hold_ours_to_apache_and_the_wire_to_its_best_client() 
         "ours_framework_send_msgs_s": 250,  # behind: short
         "ours_framework_wire_send_msgs_s": 599,  # under 2x the best (framework, 300): short
         "rocketmq_java_send_async_msgs_s": 1000,
+        "ours_java_send_async_msgs_s": 500,
+        "gateway_java_send_async_msgs_s": 1100,  # behind the gateway: ahead, met
+        "rocketmq_java_receive_ack_msgs_s": 1000,
+        "ours_java_receive_ack_msgs_s": 900,
+        "gateway_java_receive_ack_msgs_s": 800,  # both behind: short
         "ours_framework_wire_send_pipelined_msgs_s": 2000,  # 2x the best: met
     }
     lines, met, short = rocketmq_suite.targets(metrics)
     rows = {line.split()[0]: line for line in lines if line.strip()}
     assert rows["java_send"].endswith("(met)") and rows["framework_send"].endswith("(short)")
+    assert rows["java_send_async"].endswith("(met (gateway))")
+    assert "1.10x" in rows["java_send_async"]
+    assert rows["java_receive_ack"].endswith("(short)") and "0.90x" in rows["java_receive_ack"]
     assert rows["official_send"].endswith(">= 1x")  # not measured: no verdict
     one = next(line for line in lines if line.startswith("one at a time"))
     assert "framework_send" in one and one.endswith("(short)")
     pipelined = next(line for line in lines if line.startswith("pipelined"))
     assert "java_send_async" in pipelined and pipelined.endswith("(met)")
-    assert (met, short) == (2, 2)
+    assert (met, short) == (3, 3)
 
 
 def test_grpc_only_runs_the_chosen_group_and_keeps_every_key(tmp_path: Path) -> None:

@@ -1,0 +1,92 @@
+"""The gateway (`reliable gateway start`, broker/gateway) as a real subprocess."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from tests.e2e.grpc.server_process import REPO
+
+_READY = re.compile(r"reliable gateway: serving on ([\w.\-]+):(\d+)")
+
+
+class GatewayProcess:
+    """Start, SIGTERM and SIGKILL one gateway in front of the broker at `broker`."""
+
+    def __init__(self, broker: str, *extra: str, port: int = 0) -> None:
+        self.broker = broker
+        self.extra = extra
+        self.port = port
+        self.proc: subprocess.Popen[str] | None = None
+        self.output: list[str] = []
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 300.0) -> GatewayProcess:
+        """Started, and serving; the first start of a checkout builds the program (a
+        minute or more on a loaded machine: the timeout allows for it)."""
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        listen = f"127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "reliable_cli", "gateway", "start"]
+        cmd += ["--broker", self.broker, "--listen", listen, *self.extra]
+        self.output = []
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO
+        )
+        ready = threading.Event()
+
+        def pump(proc: subprocess.Popen[str]) -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                self.output.append(line)
+                m = _READY.search(line)
+                if m and not ready.is_set():
+                    self.port = int(m.group(2))
+                    ready.set()
+
+        threading.Thread(target=pump, args=(self.proc,), daemon=True).start()
+        deadline = time.monotonic() + timeout_s
+        while not ready.wait(0.05):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError("the gateway did not start:\n" + "".join(self.output))
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: the calls in flight end with the connections."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def terminate(self, timeout_s: float = 20.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout_s)
+
+
+class Fronted:
+    """A broker seen through its gateway: the gateway's endpoint, the rest the broker's
+    (its store, its output, its wire port), so tests written for a `ServerProcess` run
+    unchanged through the gateway."""
+
+    def __init__(self, broker: object, gateway: GatewayProcess) -> None:
+        self._broker = broker
+        self.gateway = gateway
+
+    @property
+    def endpoint(self) -> str:
+        return self.gateway.endpoint
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._broker, name)
+
+
+__all__ = ["Fronted", "GatewayProcess"]

@@ -35,8 +35,11 @@ demo: $(STAMP) system
 
 # the reconciliation's class archive first (docs/reconcile.md): written once here, ~20 s,
 # rather than by whichever of the suite's first Spark runs comes first, minutes under load
+# and the gateway's program (docs/gateway.md), built once (about a minute) before the tests
+# that start it race to build it on a loaded machine
 test: $(STAMP) system
 	$(PY) -m outbox.reconcile.write_archive || echo "make test: no class archive; small Spark runs start without one"
+	$(PY) -m reliable_cli gateway build
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)

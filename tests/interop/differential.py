@@ -36,6 +36,7 @@ from typing import Any
 from apache_rocketmq import MessageType, RocketMQCluster, running_cluster
 from protocol.pb import definition_pb2
 from reliable.admin import AdminClient
+from tests.e2e.grpc.gateway_process import GatewayProcess
 from tests.e2e.grpc.server_process import ServerProcess
 from tests.interop.programs import go_program, java_program, say
 
@@ -289,6 +290,19 @@ def observe_ours(work: Path, prefixes: Mapping[str, str]) -> dict[str, Reports]:
         return observe_server(server.endpoint, prefixes, _mkdir(work / "ours-logs"))
 
 
+def observe_gateway(work: Path, prefixes: Mapping[str, str]) -> dict[str, Reports]:
+    """The same scenarios against another of our servers, through a gateway in front of it
+    (docs/gateway.md): told the wire's port, which the broker tells only signed callers."""
+    with our_server(work / "gateway") as server:
+        prepare_ours(server.endpoint, *prefixes.values())
+        front = GatewayProcess(server.endpoint, "--wire", f"127.0.0.1:{server.wire_port}")
+        front.start()
+        try:
+            return observe_server(front.endpoint, prefixes, _mkdir(work / "gateway-logs"))
+        finally:
+            front.terminate()
+
+
 def observe_apache(
     cluster: RocketMQCluster, work: Path, prefixes: Mapping[str, str]
 ) -> dict[str, Reports]:
@@ -387,13 +401,16 @@ def docs_table(docs: Path = DOCS) -> str:
 
 def observe_both(work: Path, cluster: RocketMQCluster | None = None) -> dict[str, Any]:
     """Both servers side by side, each with both clients' programs side by side: ours runs
-    its scenarios while the Apache cluster starts (when `cluster` is None) and runs its own.
-    The snapshot: `apache_version`, and by client its `client_version` and its reports on
-    `ours` and on `apache`, by scenario."""
+    its scenarios (directly, then through a gateway) while the Apache cluster starts (when
+    `cluster` is None) and runs its own. The snapshot: `apache_version`, and by client its
+    `client_version` and its reports on `ours`, `gateway` and `apache`, by scenario."""
     run = uuid.uuid4().hex[:6]
     prefixes = {c: f"diff-{c}-{run}" for c in CLIENTS}
     with ThreadPoolExecutor(1) as pool:
-        ours_running = pool.submit(observe_ours, work, prefixes)
+        # ours, then ours behind the gateway, while Apache RocketMQ runs its own
+        ours_running = pool.submit(
+            lambda: (observe_ours(work, prefixes), observe_gateway(work, prefixes))
+        )
         if cluster is None:
             with running_cluster(_mkdir(work / "apache")) as started:
                 apache = observe_apache(started, work, prefixes)
@@ -401,12 +418,13 @@ def observe_both(work: Path, cluster: RocketMQCluster | None = None) -> dict[str
         else:
             apache = observe_apache(cluster, work, prefixes)
             version = cluster.version
-        ours = ours_running.result()
+        ours, fronted = ours_running.result()
     snapshot: dict[str, Any] = {"apache_version": version}
     for c in CLIENTS:
         snapshot[c] = {
             "client_version": ours[c].client_version or apache[c].client_version,
             "ours": ours[c].by_scenario,
+            "gateway": fronted[c].by_scenario,
             "apache": apache[c].by_scenario,
         }
     return snapshot

@@ -350,21 +350,33 @@ def test_signatures_hold_through_the_gateway(
         front.kill()
 
 
-def test_tls_in_front(tmp_path: Path, broker: ServerProcess) -> None:
+@pytest.mark.parametrize("behind", ["plain", "tls"])
+def test_tls_in_front_and_behind(
+    tmp_path: Path, broker: ServerProcess, make_server: Callable[..., ServerProcess], behind: str
+) -> None:
+    """TLS to the gateway; and behind it, to a broker serving TLS (gRPC and its wire with
+    the same certificate), trusted with --broker-ca."""
     cert, key = self_signed(tmp_path)
-    front = GatewayProcess(broker.endpoint, "--tls-cert", str(cert), "--tls-key", str(key)).start()
+    upstream, extra = broker, ()
+    if behind == "tls":
+        upstream = make_server("--tls-cert", str(cert), "--tls-key", str(key), "--wire-port", "0")
+        extra = ("--broker-ca", str(cert))
+    front = GatewayProcess(
+        upstream.endpoint, "--tls-cert", str(cert), "--tls-key", str(key), *extra
+    ).start()
     try:
         credentials = grpc.ssl_channel_credentials(cert.read_bytes())
         with grpc.secure_channel(front.endpoint, credentials) as channel:
             stub = service_pb2_grpc.MessagingServiceStub(channel)
+            topic = f"gw-tls-{behind}"
             reply = stub.SendMessage(
-                send_request(message("gw-tls", b"secret")), metadata=MD, timeout=10
+                send_request(message(topic, b"secret")), metadata=MD, timeout=10
             )
             assert reply.status.code == Code.OK
-            assert [m.body for m in receive(stub, "gw-tls-g", "gw-tls", 1)] == [b"secret"]
+            assert [m.body for m in receive(stub, f"{topic}-g", topic, 1)] == [b"secret"]
         with grpc.insecure_channel(front.endpoint) as plain, pytest.raises(grpc.RpcError):
             service_pb2_grpc.MessagingServiceStub(plain).SendMessage(
-                send_request(message("gw-tls", b"plain")), metadata=MD, timeout=3
+                send_request(message(f"gw-tls-{behind}", b"plain")), metadata=MD, timeout=3
             )
     finally:
         front.kill()

@@ -52,18 +52,27 @@ type wireConn struct {
 	conn     net.Conn
 	maxFrame int
 
-	mu       sync.Mutex
-	nextID   uint32
-	pending  map[uint32]waiter
-	hellos   map[uint32]struct{}
-	hello    string // the metadata the broker holds for this connection
-	refusal  []byte // the Status that refused a later hello; the broker then closes
-	closed   bool
-	closeErr error
-	out      []item // waiting for the writer
-	wake     chan struct{}
-	linger   time.Duration // a mergeable call's wait for others (--linger)
+	mu        sync.Mutex
+	nextID    uint32
+	pending   map[uint32]waiter
+	hellos    map[uint32]struct{}
+	sentHello string // the metadata the broker holds, as of the last frame written
+	refusal   []byte // the Status that refused a later hello; the broker then closes
+	closed    bool
+	closeErr  error
+	out       []item           // waiting for the writer, in the order the calls came
+	held      []*mergeableCall // sends and acks waiting for a request in flight to end
+	inflight  int              // requests of mergeable calls written and not yet answered
+	wake      chan struct{}
+	linger    time.Duration // a mergeable call's wait for others (--linger)
 }
+
+// maxMergedInFlight bounds the requests of mergeable calls (sends, acks) a connection has
+// at the broker at once: while they are in flight, newer calls wait and leave together
+// when one is answered, as Nagle's algorithm holds small segments. A lone call, or the
+// first two, leave at once; under load each request carries what came meanwhile. Two, not
+// one: the broker stores the next request while the last one's answer travels back.
+const maxMergedInFlight = 2
 
 // counted since the start, said when the gateway stops
 var (
@@ -73,13 +82,16 @@ var (
 	unmergedCalls atomic.Uint64 // calls sent again alone after their merged request was refused
 )
 
-// item is what waits to be written: a frame, or a call that may share a request.
+// item is what waits to be written: a request (its frame, and the metadata it must be
+// read under: "" for a CANCEL), or a call that may share a request.
 type item struct {
 	frame []byte
+	hello string
 	merge *mergeableCall
 }
 
-// waiter is what a request's answer goes to: one call, or the calls of a merged request.
+// waiter is what a request's answer goes to: one call, or the calls of a mergeable
+// request (counted in `inflight`: one call alone, or several).
 type waiter struct {
 	reply  chan answer
 	merged *mergedCall
@@ -134,14 +146,14 @@ func dialWire(ctx context.Context, address string, tlsConfig *tls.Config, hello 
 	}
 	_ = conn.SetDeadline(time.Time{})
 	w := &wireConn{
-		conn:     conn,
-		maxFrame: reply.MaxFrame,
-		nextID:   1,
-		pending:  make(map[uint32]waiter),
-		hellos:   make(map[uint32]struct{}),
-		hello:    hello,
-		wake:     make(chan struct{}, 1),
-		linger:   linger,
+		conn:      conn,
+		maxFrame:  reply.MaxFrame,
+		nextID:    1,
+		pending:   make(map[uint32]waiter),
+		hellos:    make(map[uint32]struct{}),
+		sentHello: hello,
+		wake:      make(chan struct{}, 1),
+		linger:    linger,
 	}
 	go w.writeLoop()
 	go w.readLoop(reader)
@@ -225,7 +237,6 @@ func (w *wireConn) call(ctx context.Context, method uint16, hello, clientID stri
 		w.mu.Unlock()
 		return answer{err: err}
 	}
-	w.sayHello(hello)
 	if mergeable {
 		key := string(rune(method)) + "\x00" + hello + "\x00" + clientID + "\x00" + string(prefix)
 		w.out = append(w.out, item{merge: &mergeableCall{
@@ -235,7 +246,7 @@ func (w *wireConn) call(ctx context.Context, method uint16, hello, clientID stri
 	} else {
 		id = w.newID()
 		w.pending[id] = waiter{reply: reply}
-		w.out = append(w.out, item{frame: requestFrame(id, method, msUntil(deadline), clientID, payload)})
+		w.out = append(w.out, item{frame: requestFrame(id, method, msUntil(deadline), clientID, payload), hello: hello})
 	}
 	w.mu.Unlock()
 	w.signal()
@@ -260,15 +271,18 @@ func (w *wireConn) call(ctx context.Context, method uint16, hello, clientID stri
 	}
 }
 
-// sayHello queues a HELLO when the call's metadata is not what the broker holds (a new
-// signature: the date moves each second). Called with w.mu held.
-func (w *wireConn) sayHello(hello string) {
-	if hello != w.hello {
-		id := w.newID()
-		w.hellos[id] = struct{}{}
-		w.out = append(w.out, item{frame: makeFrame(id, methodHello, 0, 0, []byte(hello))})
-		w.hello = hello
+// sayHello appends a HELLO to `frames` when `hello` is not what the broker holds: the
+// metadata a request is read under is the last HELLO written before it (the official
+// clients sign every call, and the date moves each second). Called with w.mu held, in the
+// order the frames are written.
+func (w *wireConn) sayHello(frames [][]byte, hello string) [][]byte {
+	if hello == "" || hello == w.sentHello {
+		return frames
 	}
+	id := w.newID()
+	w.hellos[id] = struct{}{}
+	w.sentHello = hello
+	return append(frames, makeFrame(id, methodHello, 0, 0, []byte(hello)))
 }
 
 func requestFrame(id uint32, method uint16, timeoutMs uint32, clientID string, payload []byte) []byte {
@@ -333,35 +347,40 @@ func (w *wireConn) writeLoop() {
 	}
 }
 
-// framesOf turns queued items into frames, merging runs of mergeable calls of one key and
-// registering what each frame's answer goes to. Called with w.mu held.
+// framesOf turns queued items into frames: each request as it came, each send or ack held
+// until fewer than `maxMergedInFlight` of their requests are at the broker, then a run of
+// held calls of one key (up to `maxMerge`) as one request. Registers what each frame's
+// answer goes to. Called with w.mu held.
 func (w *wireConn) framesOf(items []item) [][]byte {
-	frames := make([][]byte, 0, len(items))
-	for i := 0; i < len(items); {
-		first := items[i].merge
-		if first == nil {
-			frames = append(frames, items[i].frame)
-			i++
+	frames := make([][]byte, 0, len(items)+1)
+	for _, it := range items {
+		if it.merge != nil {
+			w.held = append(w.held, it.merge)
 			continue
 		}
-		j := i + 1
-		for j < len(items) && j-i < maxMerge && items[j].merge != nil && items[j].merge.key == first.key {
-			j++
+		frames = w.sayHello(frames, it.hello)
+		frames = append(frames, it.frame)
+	}
+	for len(w.held) > 0 && w.inflight < maxMergedInFlight {
+		first := w.held[0]
+		n := 1
+		for n < len(w.held) && n < maxMerge && w.held[n].key == first.key {
+			n++
 		}
-		m := &mergedCall{method: first.method, members: make([]*mergeableCall, 0, j-i)}
-		for _, it := range items[i:j] {
-			m.members = append(m.members, it.merge)
-		}
+		m := &mergedCall{method: first.method, members: append([]*mergeableCall(nil), w.held[:n]...)}
+		w.held = w.held[n:]
 		id := w.newID()
-		if len(m.members) == 1 {
-			w.pending[id] = waiter{reply: first.reply}
-		} else {
-			w.pending[id] = waiter{merged: m}
+		w.pending[id] = waiter{merged: m}
+		w.inflight++
+		if n > 1 {
 			mergedSent.Add(1)
-			mergedMembers.Add(uint64(len(m.members)))
+			mergedMembers.Add(uint64(n))
 		}
+		frames = w.sayHello(frames, first.hello)
 		frames = append(frames, requestFrame(id, m.method, m.timeoutMs(), first.clientID, m.request()))
-		i = j
+	}
+	if len(w.held) == 0 {
+		w.held = nil
 	}
 	return frames
 }
@@ -380,11 +399,11 @@ func (w *wireConn) unmerge(m *mergedCall) {
 	}
 	unmergedCalls.Add(uint64(len(m.members)))
 	for _, member := range m.members {
-		w.sayHello(member.hello)
 		id := w.newID()
 		w.pending[id] = waiter{reply: member.reply}
 		payload := append(append([]byte(nil), member.prefix...), member.element...)
-		w.out = append(w.out, item{frame: requestFrame(id, m.method, msUntil(member.deadline), member.clientID, payload)})
+		frame := requestFrame(id, m.method, msUntil(member.deadline), member.clientID, payload)
+		w.out = append(w.out, item{frame: frame, hello: member.hello})
 	}
 	w.mu.Unlock()
 	w.signal()
@@ -412,7 +431,15 @@ func (w *wireConn) readLoop(reader *bufio.Reader) {
 		}
 		waiting, ok := w.pending[id]
 		delete(w.pending, id)
+		resume := false
+		if ok && waiting.merged != nil {
+			w.inflight--
+			resume = len(w.held) > 0
+		}
 		w.mu.Unlock()
+		if resume {
+			w.signal() // the held calls leave now
+		}
 		switch {
 		case !ok: // cancelled meanwhile
 		case waiting.merged == nil && flags&flagError != 0:
@@ -424,6 +451,8 @@ func (w *wireConn) readLoop(reader *bufio.Reader) {
 			for _, member := range waiting.merged.members {
 				member.reply <- answer{err: err}
 			}
+		case len(waiting.merged.members) == 1: // alone: the answer as it is
+			waiting.merged.members[0].reply <- answer{body: body}
 		default:
 			if parts, ok := waiting.merged.split(body); ok {
 				for k, member := range waiting.merged.members {
@@ -461,8 +490,12 @@ func (w *wireConn) fail(err error) {
 			replies = append(replies, it.merge.reply)
 		}
 	}
+	for _, held := range w.held {
+		replies = append(replies, held.reply)
+	}
 	w.pending = map[uint32]waiter{}
 	w.out = nil
+	w.held = nil
 	refusal := w.refusal
 	w.mu.Unlock()
 	w.conn.Close()

@@ -56,6 +56,8 @@ var wireMethods = map[string]uint16{
 	service + "RecallMessage":                   10,
 	service + "GetOffset":                       11,
 	service + "QueryOffset":                     12,
+	// the batch receive of the framework's transport (docs/wire.md), unary: as it is
+	"/reliable.v1.BatchMessaging/ReceiveMessages": receiveMethod,
 }
 
 const (

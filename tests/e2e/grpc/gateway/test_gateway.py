@@ -199,6 +199,33 @@ def test_merged_acks_settle_each_message_and_a_refused_request_is_answered_alone
     assert alone_again > 0  # the refused merged requests, each call sent again alone
 
 
+def test_the_framework_over_grpc_through_the_gateway(gateway: GatewayProcess) -> None:
+    """The framework's own transport pinned to gRPC: its batch receive
+    (`reliable.v1.BatchMessaging/ReceiveMessages`) and batched acks pass over the wire."""
+    topic, group = "gw-framework", "gw-framework-g"
+    with reliable.SimpleConsumer(
+        group,
+        {topic: None},
+        transport="grpc",
+        endpoint=gateway.endpoint,
+        wire="grpc",
+        await_duration_s=1,
+    ) as consumer:
+        with reliable.Producer("grpc", endpoint=gateway.endpoint, wire="grpc") as producer:
+            sent = {
+                producer.send(reliable.Message(topic, f"m{i}".encode())).message_id
+                for i in range(300)
+            }
+        got: list[str] = []
+        deadline = time.monotonic() + 30
+        while len(got) < 300 and time.monotonic() < deadline:
+            for m in consumer.receive(32):
+                got.append(m.message_id)
+                consumer.ack(m)
+        assert sorted(got) == sorted(sent)  # each once
+        assert consumer.receive(32) == []
+
+
 def test_a_cancelled_long_poll_lets_its_messages_go(gateway: GatewayProcess) -> None:
     channel = grpc.insecure_channel(gateway.endpoint)
     stub = service_pb2_grpc.MessagingServiceStub(channel)

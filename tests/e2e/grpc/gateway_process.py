@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
 import time
 
-from tests.e2e.grpc.server_process import REPO
+from tests.e2e.grpc.server_process import REPO, ChildProcess, ServerProcess
 
 _READY = re.compile(r"reliable gateway: serving on ([\w.\-]+):(\d+)")
 
 
-class GatewayProcess:
+class GatewayProcess(ChildProcess):
     """Start, SIGTERM and SIGKILL one gateway in front of the broker at `broker`."""
 
     def __init__(self, broker: str, *extra: str, port: int = 0) -> None:
@@ -59,26 +58,14 @@ class GatewayProcess:
                 raise RuntimeError("the gateway did not start:\n" + "".join(self.output))
         return self
 
-    def kill(self) -> None:
-        """SIGKILL: the calls in flight end with the connections."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def terminate(self, timeout_s: float = 20.0) -> int:
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout_s)
-
 
 class Fronted:
     """A broker seen through its gateway: the gateway's endpoint, the rest the broker's
     (its store, its output, its wire port), so tests written for a `ServerProcess` run
     unchanged through the gateway."""
 
-    def __init__(self, broker: object, gateway: GatewayProcess) -> None:
-        self._broker = broker
+    def __init__(self, broker: ServerProcess, gateway: GatewayProcess) -> None:
+        self.broker = broker
         self.gateway = gateway
 
     @property
@@ -86,7 +73,7 @@ class Fronted:
         return self.gateway.endpoint
 
     def __getattr__(self, name: str) -> object:
-        return getattr(self._broker, name)
+        return getattr(self.broker, name)
 
 
 __all__ = ["Fronted", "GatewayProcess"]

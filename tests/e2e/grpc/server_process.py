@@ -31,7 +31,26 @@ _READY = re.compile(r"serving on ([\w.\-]+):(\d+)")
 _WIRE = re.compile(r"native wire on ([\w.\-]+):(\d+)")
 
 
-class ServerProcess:
+class ChildProcess:
+    """A started child process (`proc`), ended with SIGKILL or SIGTERM."""
+
+    proc: subprocess.Popen[str] | None = None
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown hook runs."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def terminate(self, timeout_s: float = 20.0) -> int:
+        """SIGTERM and wait; returns the exit code."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout_s)
+
+
+class ServerProcess(ChildProcess):
     """Start, SIGTERM, SIGKILL and restart one server on one store directory."""
 
     def __init__(self, store: Path, home: Path, *extra: str, port: int = 0) -> None:
@@ -100,19 +119,6 @@ class ServerProcess:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL: no shutdown hook runs."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def terminate(self, timeout_s: float = 20.0) -> int:
-        """SIGTERM and wait; returns the exit code."""
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout_s)
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

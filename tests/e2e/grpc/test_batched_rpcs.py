@@ -76,19 +76,25 @@ def sync_flush_broker(store_dir: Path) -> Broker:
     return broker
 
 
+def receive_request(group: str, topic: str, invisible_s: int = 30, poll_s: int = 2) -> Any:
+    """A ReceiveMessage of up to 32 messages, every tag."""
+    request = service_pb2.ReceiveMessageRequest(batch_size=32)
+    request.group.name = group
+    request.message_queue.topic.name = topic
+    request.filter_expression.type = 1
+    request.filter_expression.expression = "*"
+    request.invisible_duration.seconds = invisible_s
+    request.long_polling_timeout.seconds = poll_s
+    return request
+
+
 def receive_all(
     stub: Any, group: str, topic: str, want: int, invisible_s: int = 30, within_s: float = 20.0
 ) -> list[Any]:
     got: list[Any] = []
     deadline = time.monotonic() + within_s
     while len(got) < want and time.monotonic() < deadline:
-        request = service_pb2.ReceiveMessageRequest(batch_size=32)
-        request.group.name = group
-        request.message_queue.topic.name = topic
-        request.filter_expression.type = 1
-        request.filter_expression.expression = "*"
-        request.invisible_duration.seconds = invisible_s
-        request.long_polling_timeout.seconds = 2
+        request = receive_request(group, topic, invisible_s)
         for response in stub.ReceiveMessage(request, metadata=MD, timeout=10):
             if response.WhichOneof("content") == "message":
                 got.append(response.message)

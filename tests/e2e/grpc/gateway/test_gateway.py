@@ -28,6 +28,7 @@ from protocol.pb import service_pb2, service_pb2_grpc
 from tests.e2e.grpc import official
 from tests.e2e.grpc.gateway_process import GatewayProcess
 from tests.e2e.grpc.server_process import ServerProcess, cli, stored_records
+from tests.e2e.grpc.test_batched_rpcs import receive_all, receive_request
 
 MD = (("x-mq-client-id", "gateway-test"),)
 _STOPPED = re.compile(r"(\d+) merged requests carried (\d+) of them, (\d+) sent again alone")
@@ -60,23 +61,6 @@ def send_request(*messages: Any) -> Any:
     request = service_pb2.SendMessageRequest()
     request.messages.extend(messages)
     return request
-
-
-def receive(stub: Any, group: str, topic: str, want: int, within_s: float = 20.0) -> list[Any]:
-    got: list[Any] = []
-    deadline = time.monotonic() + within_s
-    while len(got) < want and time.monotonic() < deadline:
-        request = service_pb2.ReceiveMessageRequest(batch_size=32)
-        request.group.name = group
-        request.message_queue.topic.name = topic
-        request.filter_expression.type = 1
-        request.filter_expression.expression = "*"
-        request.invisible_duration.seconds = 30
-        request.long_polling_timeout.seconds = 1
-        for response in stub.ReceiveMessage(request, metadata=MD, timeout=10):
-            if response.WhichOneof("content") == "message":
-                got.append(response.message)
-    return got
 
 
 def ack_request(group: str, topic: str, message_id: str, handle: str) -> Any:
@@ -171,7 +155,7 @@ def test_merged_acks_settle_each_message_and_a_refused_request_is_answered_alone
         metadata=MD,
         timeout=10,
     )
-    got = receive(front, group, topic, 40)
+    got = receive_all(front, group, topic, 40)
     assert len(got) == 40
     acks = [
         ack_request(
@@ -188,7 +172,7 @@ def test_merged_acks_settle_each_message_and_a_refused_request_is_answered_alone
     ]
     # acknowledged: nothing comes back after the invisible time (30 s: the handle of the
     # one left unacknowledged is still held)
-    assert receive(front, group, topic, 1, within_s=3) == []
+    assert receive_all(front, group, topic, 1, within_s=3) == []
     # a whole request refused (a bad group name): each call gets the broker's own answer
     bad = [ack_request("bad group!", topic, "00", f"h{i}") for i in range(24)]
     expected = outcome(direct.AckMessage(bad[0], metadata=MD, timeout=10))
@@ -231,20 +215,14 @@ def test_a_cancelled_long_poll_lets_its_messages_go(gateway: GatewayProcess) -> 
     stub = service_pb2_grpc.MessagingServiceStub(channel)
     topic, group = "gw-cancel", "gw-cancel-g"
     try:
-        receive(stub, group, topic, 0)  # the group exists
-        request = service_pb2.ReceiveMessageRequest(batch_size=32)
-        request.group.name = group
-        request.message_queue.topic.name = topic
-        request.filter_expression.type = 1
-        request.filter_expression.expression = "*"
-        request.invisible_duration.seconds = 60
-        request.long_polling_timeout.seconds = 20
+        receive_all(stub, group, topic, 0)  # the group exists
+        request = receive_request(group, topic, invisible_s=60, poll_s=20)
         parked = stub.ReceiveMessage(request, metadata=MD, timeout=30)
         time.sleep(0.5)  # parked in the broker
         parked.cancel()
         stub.SendMessage(send_request(message(topic, b"after")), metadata=MD, timeout=10)
         # had the cancelled receive taken it, it would stay invisible for 60 s
-        got = receive(stub, group, topic, 1, within_s=10)
+        got = receive_all(stub, group, topic, 1, within_s=10)
         assert [m.body for m in got] == [b"after"]
     finally:
         channel.close()
@@ -400,7 +378,7 @@ def test_tls_in_front_and_behind(
                 send_request(message(topic, b"secret")), metadata=MD, timeout=10
             )
             assert reply.status.code == Code.OK
-            assert [m.body for m in receive(stub, f"{topic}-g", topic, 1)] == [b"secret"]
+            assert [m.body for m in receive_all(stub, f"{topic}-g", topic, 1)] == [b"secret"]
         with grpc.insecure_channel(front.endpoint) as plain, pytest.raises(grpc.RpcError):
             service_pb2_grpc.MessagingServiceStub(plain).SendMessage(
                 send_request(message(f"gw-tls-{behind}", b"plain")), metadata=MD, timeout=3

@@ -65,6 +65,7 @@ const (
 	receiveMethod = 13 // reliable.v1.BatchMessaging/ReceiveMessages: the batch in one answer
 	wireEndpoint  = "/reliable.v1.BatchMessaging/WireEndpoint"
 	maxMessage    = 64 << 20 // the broker's own limits apply behind this one
+	windowBytes   = 4 << 20
 )
 
 type gateway struct {
@@ -435,6 +436,10 @@ func main() {
 		grpc.StatsHandler(links{}),
 		grpc.MaxRecvMsgSize(maxMessage),
 		grpc.MaxSendMsgSize(maxMessage),
+		// fixed flow-control windows: with them grpc-go does not estimate the bandwidth-delay
+		// product, whose PING with nearly every call a client then answers
+		grpc.InitialWindowSize(windowBytes),
+		grpc.InitialConnWindowSize(windowBytes),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 	}
 	if *certFile != "" {

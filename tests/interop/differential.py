@@ -401,16 +401,13 @@ def docs_table(docs: Path = DOCS) -> str:
 
 def observe_both(work: Path, cluster: RocketMQCluster | None = None) -> dict[str, Any]:
     """Both servers side by side, each with both clients' programs side by side: ours runs
-    its scenarios (directly, then through a gateway) while the Apache cluster starts (when
-    `cluster` is None) and runs its own. The snapshot: `apache_version`, and by client its
-    `client_version` and its reports on `ours`, `gateway` and `apache`, by scenario."""
+    its scenarios while the Apache cluster starts (when `cluster` is None) and runs its
+    own; then ours again, through a gateway. The snapshot: `apache_version`, and by client
+    its `client_version` and its reports on `ours`, `gateway` and `apache`, by scenario."""
     run = uuid.uuid4().hex[:6]
     prefixes = {c: f"diff-{c}-{run}" for c in CLIENTS}
     with ThreadPoolExecutor(1) as pool:
-        # ours, then ours behind the gateway, while Apache RocketMQ runs its own
-        ours_running = pool.submit(
-            lambda: (observe_ours(work, prefixes), observe_gateway(work, prefixes))
-        )
+        ours_running = pool.submit(observe_ours, work, prefixes)
         if cluster is None:
             with running_cluster(_mkdir(work / "apache")) as started:
                 apache = observe_apache(started, work, prefixes)
@@ -418,7 +415,11 @@ def observe_both(work: Path, cluster: RocketMQCluster | None = None) -> dict[str
         else:
             apache = observe_apache(cluster, work, prefixes)
             version = cluster.version
-        ours, fronted = ours_running.result()
+        ours = ours_running.result()
+    # after Apache RocketMQ's run, not beside it: its retry scenario's third delivery
+    # comes seconds after the ladder's step, and with a third server's programs running
+    # beside it that ran past the program's time bound on a loaded machine
+    fronted = observe_gateway(work, prefixes)
     snapshot: dict[str, Any] = {"apache_version": version}
     for c in CLIENTS:
         snapshot[c] = {

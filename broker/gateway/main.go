@@ -91,18 +91,23 @@ func hello(md metadata.MD) string {
 	out := make(map[string]string, len(md))
 	for key, values := range md {
 		switch {
-		case len(values) == 0, strings.HasPrefix(key, ":"), strings.HasPrefix(key, "grpc-"),
-			strings.HasSuffix(key, "-bin"):
-			continue
-		}
-		switch key {
-		case "content-type", "user-agent", "te", "x-mq-client-id", "x-mq-request-id":
+		case len(values) == 0, transportHeader(key), strings.HasSuffix(key, "-bin"),
+			key == "x-mq-client-id", key == "x-mq-request-id":
 			continue
 		}
 		out[key] = values[0]
 	}
 	text, _ := json.Marshal(out) // sorted keys: the same headers give the same hello
 	return string(text)
+}
+
+// transportHeader says whether a header is HTTP/2's or gRPC's own, not the caller's.
+func transportHeader(key string) bool {
+	switch key {
+	case "content-type", "user-agent", "te":
+		return true
+	}
+	return strings.HasPrefix(key, ":") || strings.HasPrefix(key, "grpc-")
 }
 
 func (g *gateway) wireFor(ctx context.Context, helloText string) (*wireConn, error) {
@@ -150,11 +155,6 @@ func (g *gateway) call(ctx context.Context, method uint16, payload []byte) ([]by
 	return a.body, a.refusal, a.err
 }
 
-func field(number protowire.Number, value []byte) []byte {
-	out := protowire.AppendTag(nil, number, protowire.BytesType)
-	return protowire.AppendBytes(out, value)
-}
-
 func timestampNow() []byte {
 	now := time.Now()
 	out := protowire.AppendTag(nil, 1, protowire.VarintType)
@@ -197,26 +197,20 @@ func (g *gateway) receive(stream grpc.ServerStream) error {
 		}
 		return stream.SendMsg(&frame{payload: field(3, timestampNow())})
 	}
+	numbers, encoded, ok := fields(body)
+	if !ok {
+		return status.Error(codes.Internal, "the broker's receive answer is malformed")
+	}
 	var statusField, timestampField []byte
 	var messages [][]byte
-	for rest := body; len(rest) > 0; {
-		number, kind, n := protowire.ConsumeTag(rest)
-		if n < 0 {
-			return status.Error(codes.Internal, "the broker's receive answer is malformed")
-		}
-		size := protowire.ConsumeFieldValue(number, kind, rest[n:])
-		if size < 0 {
-			return status.Error(codes.Internal, "the broker's receive answer is malformed")
-		}
-		encoded := rest[:n+size]
-		rest = rest[n+size:]
+	for i, number := range numbers {
 		switch number {
 		case 1:
-			statusField = encoded
+			statusField = encoded[i]
 		case 2:
-			messages = append(messages, encoded)
+			messages = append(messages, encoded[i])
 		case 3:
-			timestampField = encoded
+			timestampField = encoded[i]
 		}
 	}
 	if statusField != nil {
@@ -242,14 +236,9 @@ func (g *gateway) relay(stream grpc.ServerStream, method string) error {
 	md, _ := metadata.FromIncomingContext(ctx)
 	out := metadata.MD{}
 	for key, values := range md {
-		if strings.HasPrefix(key, ":") || strings.HasPrefix(key, "grpc-") {
-			continue
+		if !transportHeader(key) {
+			out[key] = values
 		}
-		switch key {
-		case "content-type", "user-agent", "te":
-			continue
-		}
-		out[key] = values
 	}
 	upCtx, cancel := context.WithCancel(metadata.NewOutgoingContext(ctx, out))
 	defer cancel()

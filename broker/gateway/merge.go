@@ -35,25 +35,6 @@ type mergeableCall struct {
 	reply    chan answer
 }
 
-// fields lists a message's top-level fields: number and whole encoding; ok false when it
-// is not well-formed protobuf.
-func fields(b []byte) (numbers []protowire.Number, encoded [][]byte, ok bool) {
-	for len(b) > 0 {
-		number, kind, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return nil, nil, false
-		}
-		size := protowire.ConsumeFieldValue(number, kind, b[n:])
-		if size < 0 {
-			return nil, nil, false
-		}
-		numbers = append(numbers, number)
-		encoded = append(encoded, b[:n+size])
-		b = b[n+size:]
-	}
-	return numbers, encoded, true
-}
-
 // asMergeable says whether a request can be merged: a send of exactly one message, or an
 // ack of exactly one entry (group, topic, entry, nothing else).
 func asMergeable(method uint16, payload []byte) (prefix, element []byte, ok bool) {

@@ -45,6 +45,7 @@ from broker.errors import (
     ResponseCode,
     SendRejected,
     TransactionAlreadyResolved,
+    TransactionError,
     TransactionNotFound,
 )
 from broker.store.message import Message, MessageExt, PutMessageResult, SysFlag
@@ -61,6 +62,7 @@ COMMIT = "commit"
 ROLLBACK = "rollback"
 CHECK = "check"
 _READ_BATCH = 64
+_DISPATCH_WAIT_S = 5.0  # how long an end looks for a committed copy not dispatched yet
 _HALF_ONLY = (Prop.REAL_TOPIC, Prop.REAL_QID, Prop.TRANSACTION_CHECK_TIMES, Prop.TRAN_MSG)
 
 Checker = Callable[[MessageExt], None]
@@ -268,8 +270,7 @@ class TransactionService(ServiceThread):
             if done == "resolved":  # settled long ago: its op record left memory
                 if not half.unique_key:
                     return
-                real_topic = half.properties.get(Prop.REAL_TOPIC, "")
-                done = COMMIT if self._committed_copy_exists(half, real_topic) else ROLLBACK
+                done = COMMIT if self._committed_copy_dispatched(half) else ROLLBACK
             if done is not None:
                 if done != wanted:
                     raise TransactionAlreadyResolved(transaction_id, done + "ed")
@@ -373,6 +374,21 @@ class TransactionService(ServiceThread):
             properties={**half.properties, Prop.TRANSACTION_CHECK_TIMES: str(checks + 1)},
         )
         return checker, shown
+
+    def _committed_copy_dispatched(self, half: MessageExt) -> bool:
+        """Whether a transaction settled long ago was committed. Its committed copy is found
+        through the unique-key index, which the dispatcher fills after the append: a copy put
+        a moment ago (the same commit sent again at once) may not be indexed yet, so a miss
+        waits for the dispatch of everything appended so far and looks once more."""
+        real_topic = half.properties.get(Prop.REAL_TOPIC, "")
+        if self._committed_copy_exists(half, real_topic):
+            return True
+        if not self._store.wait_dispatched(_DISPATCH_WAIT_S):
+            raise TransactionError(
+                f"transaction {transaction_id_of(half)!r}: its outcome is not indexed yet "
+                f"(dispatch is {_DISPATCH_WAIT_S:g} s behind); end it again later"
+            )
+        return self._committed_copy_exists(half, real_topic)
 
     def _committed_copy_exists(self, half: MessageExt, real_topic: str) -> bool:
         key = half.unique_key

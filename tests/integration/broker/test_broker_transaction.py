@@ -177,3 +177,34 @@ def test_crash_between_commit_and_op_record_is_healed_without_a_second_copy(
     with pytest.raises(TransactionAlreadyResolved):
         b2.end_transaction("pg", tx, off, commit=False)
     assert [m.body for m in drain(b2, "g", "t")] == [b"once"]
+
+
+def test_the_same_commit_again_at_once_waits_for_its_copy_to_be_indexed(broker: Broker) -> None:
+    """A commit sent twice in a row (a client retrying): the second end finds the
+    transaction settled and looks for its committed copy in the unique-key index, which the
+    dispatcher fills after the append. With the dispatch held back, the copy is not indexed
+    yet; the second end must wait for it, not read its absence as a rollback."""
+    broker.create_topic("t", queues=1, message_type="TRANSACTION")
+    tx, off = _half(broker, b"twice")
+    settle(broker)
+    outcome: list[BaseException | None] = []
+    with broker.store.reput.paused():
+        broker.end_transaction("pg", tx, off, commit=True)
+        assert broker._tx.resolution(0) == "resolved"  # its op record already left memory
+        again = threading.Thread(target=lambda: outcome.append(_end_quietly(broker, tx, off)))
+        again.start()
+        time.sleep(0.3)
+        assert again.is_alive()  # waiting for the dispatch, not answered from a stale index
+    again.join(10)
+    assert outcome == [None]
+    with pytest.raises(TransactionAlreadyResolved):
+        broker.end_transaction("pg", tx, off, commit=False)
+    assert [m.body for m in drain(broker, "g", "t")] == [b"twice"]
+
+
+def _end_quietly(broker: Broker, tx: str, off: int) -> BaseException | None:
+    try:
+        broker.end_transaction("pg", tx, off, commit=True)
+    except BaseException as exc:  # the test reports what the thread raised
+        return exc
+    return None

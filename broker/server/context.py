@@ -25,6 +25,7 @@ from broker.server.cluster import ClusterView
 from broker.server.config import ServerConfig
 from broker.server.direct import DirectDeliveries
 from broker.server.errors import ClientIdRequired
+from broker.server.loop_dispatch import LoopWake
 from broker.server.overload import Overload
 from broker.server.send_groups import MAX_GROUP_BYTES, SendGroups
 from broker.server.sessions import ClientSession, SessionRegistry
@@ -46,6 +47,8 @@ class CallInfo:
     metadata: dict[str, str]
     access_key: str = ""  # the verified credential ("" when authentication is off)
     native_wire: bool = False  # over the native wire (broker.server.wire), not gRPC
+    # the only thing its loop turn woke for (`broker.server.loop_dispatch.LoopWake`)
+    alone: bool = False
     # seconds left until the caller's deadline when the call was read (None: no deadline)
     time_remaining: float | None = None
 
@@ -107,6 +110,8 @@ class ServerContext:
             config.answer_linger_ms,
             max_bytes=min(MAX_GROUP_BYTES, broker.store.config.max_message_size // 2),
         )
+        # what woke the loop for its turn (set by the loop's selector)
+        self.wake = LoopWake()
         # sends refused for overload, calls abandoned by their clients (`broker.server.overload`)
         self.overload = Overload()
         # seconds from a SendMessage request to its answer, one observation per request
@@ -204,6 +209,7 @@ class ServerContext:
             metadata=metadata,
             access_key=access_key,
             native_wire=getattr(context, "native_wire", False),
+            alone=getattr(context, "alone", False),
             time_remaining=_time_remaining(context),
         )
 

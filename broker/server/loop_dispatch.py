@@ -88,6 +88,20 @@ class LoopDispatch:
             self._wake()
 
 
+class LoopWake:
+    """What woke the loop for its current turn. `alone`: the loop had nothing to do (its
+    select was a wait, not a poll for more of a busy turn) and one file became ready. A
+    call read in such a turn, alone in what its connection's bytes held, is the only
+    thing the loop has to do (a client sending one call at a time): a sync-flush send may
+    then be fsynced at once, without a turn given to calls that could come with it
+    (`broker.server.producing`)."""
+
+    __slots__ = ("alone",)
+
+    def __init__(self) -> None:
+        self.alone = False
+
+
 class LoopSelector(PollingSelector):
     """The server loop's selector: before every select it stores the sends grouped while
     the loop was busy (`groups.before_select`, `broker.server.send_groups`), releases the
@@ -110,11 +124,13 @@ class LoopSelector(PollingSelector):
         dispatch: LoopDispatch,
         answers: HeldAnswers | None = None,
         groups: SendGroups | None = None,
+        wake: LoopWake | None = None,
     ) -> None:
         super().__init__(max_us)
         self.dispatch = dispatch
         self.answers = answers
         self.groups = groups
+        self.wake = wake if wake is not None else LoopWake()
         self._batched = 0  # answers held and sends grouped when the loop last waited
 
     def _batched_total(self) -> int:
@@ -129,9 +145,14 @@ class LoopSelector(PollingSelector):
         if answers is not None and answers.before_select(timeout):
             timeout = 0  # the released answers first; the dispatch once the loop waits
         self.dispatch.before_select(timeout)
-        if timeout is None or timeout > 0:  # about to wait: after a burst, without a poll
+        waits = timeout is None or timeout > 0
+        if waits:  # about to wait: after a burst, without a poll
             batched = self._batched_total()
             if batched != self._batched:
                 self._batched = batched
-                return selectors.DefaultSelector.select(self, timeout)
-        return super().select(timeout)
+                events = selectors.DefaultSelector.select(self, timeout)
+                self.wake.alone = len(events) == 1
+                return events
+        events = super().select(timeout)
+        self.wake.alone = waits and len(events) == 1
+        return events

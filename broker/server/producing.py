@@ -54,6 +54,9 @@ BodyParts = tuple[list[bytes], list[str], list[str] | None, tuple[str, str, bool
 StoredMessage = tuple[int, str, int, PutMessageStatus, str, int]
 SOURCE_SERVER_CHECK = 2
 # a sync-master's "stored, no slave confirmed it" answers (docs/ha.md)
+# whether a sync-flush send may fsync on the loop itself (`_answer_stored`): never, after
+# one loop turn given to sends read with it, or at once (`CallInfo.alone`)
+NO_LEAD, LEAD_AFTER_A_TURN, LEAD_AT_ONCE = 0, 1, 2
 _NOT_REPLICATED = frozenset({Code.HA_NOT_AVAILABLE, Code.SLAVE_PERSISTENCE_TIMEOUT})
 Messages = Sequence[definition_pb2.Message]  # a SendMessageRequest's
 
@@ -134,14 +137,20 @@ class ProducerHandlers:
         # a send may be fsynced on the loop when it is alone (`_answer_stored`): one over the
         # native wire, or a gRPC one read by a loop that was idle (it had waited for I/O
         # since its last answer: a client sending one call at a time)
-        lead = call.native_wire or not self.ctx.answers.busy
+        lead = (
+            LEAD_AT_ONCE
+            if call.alone
+            else LEAD_AFTER_A_TURN
+            if call.native_wire or not self.ctx.answers.busy
+            else NO_LEAD
+        )
         # admitted: stored to its end even if its caller goes away (`broker.server.detached`),
         # so a result made after the call was cancelled still enters the de-duplication
         # cache, and the client's resend of the same message gets it instead of a copy
         return await detached(self._serve(messages, lead, count))
 
     async def _serve(
-        self, messages: Messages, lead: bool, count: int
+        self, messages: Messages, lead: int, count: int
     ) -> service_pb2.SendMessageResponse:
         """The admitted request's answer (`send`); the in-flight count goes down at its end."""
         started = time.perf_counter()
@@ -162,7 +171,7 @@ class ProducerHandlers:
         return response
 
     async def _send_all(
-        self, messages: Messages, may_lead: bool = False, response: Any = None
+        self, messages: Messages, may_lead: int = NO_LEAD, response: Any = None
     ) -> list[Any]:
         """Each message's entry, in request order. `response` (a SendMessageResponse) may get
         them in place, with its status, when one record batch answers the whole request."""
@@ -400,7 +409,7 @@ class ProducerHandlers:
         messages: Messages,
         entries: list[Any],
         loop: asyncio.AbstractEventLoop,
-        may_lead: bool = False,
+        may_lead: int = NO_LEAD,
         response: Any = None,
     ) -> None:
         """Each bucket (one topic and queue) in one broker call, on the loop: a page-cache
@@ -474,7 +483,7 @@ class ProducerHandlers:
         messages: Messages,
         entries: list[Any],
         loop: asyncio.AbstractEventLoop,
-        may_lead: bool,
+        may_lead: int,
         response: Any,
     ) -> None:
         """The entries of the stored messages, once durable under SYNC_FLUSH (and on a slave
@@ -488,8 +497,11 @@ class ProducerHandlers:
             # turn, so a gRPC send leads only when the loop was idle before it (a burst
             # keeps the loop busy, and its sends share the group commit); the store
             # declines too when another flush is waited for or the disk has been slow
+            # (`LEAD_AT_ONCE`: the call was all its loop turn woke for, so no other can be
+            # read in it, and the whole call ends in this turn as under async flush)
             if may_lead and broker.sync_flush and self._inflight == len(messages):
-                await asyncio.sleep(0)
+                if may_lead != LEAD_AT_ONCE:
+                    await asyncio.sleep(0)
                 if self._inflight == len(messages):
                     alone = broker.durable_alone(end)
             if alone is not None:  # fsynced here: no hop to the flusher and back

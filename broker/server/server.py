@@ -124,7 +124,7 @@ class MessagingServer:
         dispatch = LoopDispatch(self.ctx.broker.store)
         answers, groups = self.ctx.answers, self.ctx.send_groups
         loop = asyncio.SelectorEventLoop(
-            LoopSelector(self.config.idle_poll_us, dispatch, answers, groups)
+            LoopSelector(self.config.idle_poll_us, dispatch, answers, groups, self.ctx.wake)
         )
         self._loop = loop
         dispatch.install()

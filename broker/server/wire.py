@@ -60,12 +60,19 @@ STATUS = 0x2  # with ERROR: the body is a protocol Status (a refused hello)
 class WireContext:
     """What the servicer's unary handlers use from a grpc.aio context."""
 
-    __slots__ = ("_callbacks", "_cancelled", "_conn", "_deadline", "_metadata")
+    __slots__ = ("_callbacks", "_cancelled", "_conn", "_deadline", "_metadata", "alone")
     native_wire = True  # `CallInfo.native_wire`
 
     def __init__(
-        self, conn: WireConnection, metadata: tuple[tuple[str, str], ...], deadline: float | None
+        self,
+        conn: WireConnection,
+        metadata: tuple[tuple[str, str], ...],
+        deadline: float | None,
+        alone: bool = False,
     ) -> None:
+        # `CallInfo.alone`: the only frame its connection's bytes held, read in a turn the
+        # loop woke for that connection alone
+        self.alone = alone
         self._conn = conn
         self._metadata = metadata
         self._deadline = deadline
@@ -181,16 +188,19 @@ class WireConnection(asyncio.Protocol):
                     self.loop.call_soon(self._take_frames)
                     break
                 body = bytes(buffer[offset + head : end])
+                alone = not taken and end == size and self.server.ctx.wake.alone
                 offset = end
                 taken += 1
-                self._frame(request_id, method, timeout_ms, body)
+                self._frame(request_id, method, timeout_ms, body, alone)
         finally:
             if offset:
                 del buffer[:offset]
             self._update_reading()
 
     # --- frames
-    def _frame(self, request_id: int, method: int, timeout_ms: int, body: bytes) -> None:
+    def _frame(
+        self, request_id: int, method: int, timeout_ms: int, body: bytes, alone: bool = False
+    ) -> None:
         if method == pw.HELLO:
             self._on_hello(request_id, body)
             return
@@ -234,7 +244,7 @@ class WireConnection(asyncio.Protocol):
             ("x-mq-request-id", f"w{self.number}-{request_id}"),
         )
         deadline = self.loop.time() + timeout_ms / 1000 if timeout_ms else None
-        context = WireContext(self, metadata, deadline)
+        context = WireContext(self, metadata, deadline, alone)
         # started at once, in this loop turn: a call that never waits (most sends under
         # async flush, acks, queries) is answered without a task or another turn; one that
         # waits goes on in a task from where it stopped

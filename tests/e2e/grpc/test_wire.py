@@ -470,3 +470,82 @@ def test_an_idle_poll_bound_out_of_range_is_refused_everywhere(tmp_path: Path) -
     assert done.returncode == 2, done.stderr
     assert "--idle-poll-us" in done.stderr
     assert not (tmp_path / "store").exists()
+
+
+def test_a_lone_durable_send_is_fsynced_and_answered_in_the_turn_that_read_it(
+    tmp_path: Path,
+) -> None:
+    """Under sync flush, a send over the wire that was all its loop turn woke for (one
+    client, one call at a time) is fsynced on the loop and answered in that turn: the
+    loop then selects twice a send (the wait that reads it, the poll that writes its
+    answer), as under async flush, where a turn given to calls that might come with it and
+    the turns of a resumed call made it four. Two sends in one write are not alone: they
+    share one fsync."""
+    from broker.store.config import FlushMode
+    from broker.store.flush import GroupCommitService
+
+    broker = Broker(
+        StoreConfig(
+            store_dir=tmp_path,
+            mapped_file_size_commitlog=8 << 20,
+            flush_mode=FlushMode.SYNC_FLUSH,
+        )
+    )
+    broker.start()
+    served = MessagingServer(broker, ServerConfig(port=0, wire_port=0, idle_poll_us=0))
+    served.start()
+    flusher = broker.store.commitlog.flush_service
+    assert isinstance(flusher, GroupCommitService)
+    loop = served._loop
+    assert loop is not None
+    selector: Any = loop._selector  # type: ignore[attr-defined]
+    selects = [0]
+    select = selector.select
+
+    def counted(timeout: float | None = None) -> Any:
+        selects[0] += 1
+        return select(timeout)
+
+    try:
+        endpoint = f"127.0.0.1:{served.port}"
+        with Producer("grpc", endpoint=endpoint, wire="native", idle_poll_us=0) as producer:
+            for i in range(20):  # route, topic, connection: out of the count
+                producer.send(Message("lone-durable", b"warm %d" % i))
+            assert producer._transport.stub.native is True  # type: ignore[attr-defined]
+            selector.select = counted
+            fsyncs = flusher.fsync_count
+            n = 200
+            for i in range(n):
+                producer.send(Message("lone-durable", b"%d" % i))
+                assert flusher.flushed_where >= broker.store.commitlog.get_max_offset()
+            made = selects[0]
+            assert flusher.fsync_count - fsyncs == n  # one fsync each: each came alone
+        # the old path made 4 selects a send; a timer's turn now and then is allowed for
+        assert made <= 2.5 * n, f"{made} loop turns for {n} sends"
+
+        sock = connect(served.wire_port)
+        try:
+            fsyncs = flusher.fsync_count
+            code = pw.BY_NAME["SendMessage"].code
+            two = b"".join(
+                pw.frame(
+                    k,
+                    code,
+                    0,
+                    pw.request_body(b"two-in-one", send_request(t, b).SerializeToString()),
+                )
+                for k, t, b in ((1, "lone-durable", b"a"), (2, "lone-durable", b"b"))
+            )
+            sock.sendall(two)  # one write: one read, one turn
+            answers = [read_frame(sock) for _ in range(2)]
+            assert sorted(a[0] for a in answers) == [1, 2]
+            for _, flags, body in answers:
+                assert flags == 0, body
+                assert service_pb2.SendMessageResponse.FromString(body).status.code == Code.OK
+            assert flusher.fsync_count - fsyncs == 1  # together: one fsync for both
+        finally:
+            sock.close()
+    finally:
+        selector.select = select
+        served.stop()
+        broker.shutdown()

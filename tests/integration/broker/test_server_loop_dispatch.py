@@ -224,3 +224,47 @@ def test_after_a_burst_the_loop_waits_without_polling(broker: Broker) -> None:
         loop.close()
     # after the burst's wait, the loop's timer rounding may make one more short wait: polled
     assert after_burst <= 2 < one_at_a_time, (after_burst, one_at_a_time)
+
+
+def test_the_selector_tells_a_turn_woken_by_one_file_alone(broker: Broker) -> None:
+    """`LoopWake.alone` (what lets a lone sync-flush send fsync at once): true for a turn
+    the loop waited for and one file woke; false when two files woke it together, and for
+    a turn the loop polled for (callbacks were ready)."""
+    import socket
+
+    dispatch = LoopDispatch(broker.store)
+    selector = LoopSelector(0, dispatch)
+    loop = asyncio.SelectorEventLoop(selector)
+    a, a_peer = socket.socketpair()
+    b, b_peer = socket.socketpair()
+    seen: list[tuple[str, bool]] = []
+
+    def reader(sock: socket.socket, name: str) -> None:
+        sock.recv(16)
+        seen.append((name, selector.wake.alone))
+
+    async def main() -> None:
+        loop.add_reader(a.fileno(), reader, a, "a")
+        loop.add_reader(b.fileno(), reader, b, "b")
+        loop.call_later(0.01, a_peer.send, b"1")
+        await asyncio.sleep(0.05)  # the loop waits; one file wakes it
+        assert seen == [("a", True)]
+        seen.clear()
+        a_peer.send(b"2")
+        b_peer.send(b"2")
+        await asyncio.sleep(0.05)  # both ready when the loop waits next
+        assert sorted(seen) == [("a", False), ("b", False)]
+        seen.clear()
+        a_peer.send(b"3")
+        await asyncio.sleep(0)  # a poll: this coroutine was ready to go on
+        await asyncio.sleep(0.05)
+        assert seen == [("a", False)]
+
+    dispatch.install()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        dispatch.uninstall()
+        loop.close()
+        for s in (a, a_peer, b, b_peer):
+            s.close()

@@ -7,7 +7,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 
 from tests.e2e.grpc.server_process import REPO, ChildProcess, ServerProcess
 
@@ -36,27 +35,14 @@ class GatewayProcess(ChildProcess):
         cmd = [sys.executable, "-m", "reliable_cli", "gateway", "start"]
         cmd += ["--broker", self.broker, "--listen", listen, *self.extra]
         self.output = []
-        self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO
-        )
-        ready = threading.Event()
-
-        def pump(proc: subprocess.Popen[str]) -> None:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                self.output.append(line)
-                m = _READY.search(line)
-                if m and not ready.is_set():
-                    self.port = int(m.group(2))
-                    ready.set()
-
-        threading.Thread(target=pump, args=(self.proc,), daemon=True).start()
-        deadline = time.monotonic() + timeout_s
-        while not ready.wait(0.05):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.kill()
-                raise RuntimeError("the gateway did not start:\n" + "".join(self.output))
+        self._launch(cmd, env, "the gateway", timeout_s)
         return self
+
+    def _pumped(self, line: str, ready: threading.Event) -> None:
+        m = _READY.search(line)
+        if m and not ready.is_set():
+            self.port = int(m.group(2))
+            ready.set()
 
 
 class Fronted:

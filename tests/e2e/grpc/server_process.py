@@ -32,9 +32,55 @@ _WIRE = re.compile(r"native wire on ([\w.\-]+):(\d+)")
 
 
 class ChildProcess:
-    """A started child process (`proc`), ended with SIGKILL or SIGTERM."""
+    """A child process (`proc`) started by `_launch`, which reads its output (`output`)
+    until the ready line, and ended with SIGKILL or SIGTERM."""
 
     proc: subprocess.Popen[str] | None = None
+    output: list[str]
+
+    def _launch(
+        self,
+        cmd: list[str],
+        env: dict[str, str],
+        what: str,
+        timeout_s: float,
+        log_file: Path | None = None,
+    ) -> None:
+        """Start `cmd` and return once `_pumped` has seen its ready line; RuntimeError with
+        its output when it exits or `timeout_s` passes first. Its output is read to its
+        end in a thread (a full pipe would stall it), kept in `log_file` too when given."""
+        self.output = []
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO
+        )
+        ready = threading.Event()
+        if log_file is not None:
+            log_file.parent.mkdir(parents=True, exist_ok=True)
+
+        def pump(proc: subprocess.Popen[str]) -> None:
+            assert proc.stdout is not None
+            kept = log_file.open("a") if log_file is not None else None
+            try:
+                for line in proc.stdout:
+                    self.output.append(line)
+                    if kept is not None:
+                        kept.write(line)
+                        kept.flush()
+                    self._pumped(line, ready)
+            finally:
+                if kept is not None:
+                    kept.close()
+
+        threading.Thread(target=pump, args=(self.proc,), daemon=True).start()
+        deadline = time.monotonic() + timeout_s
+        while not ready.wait(0.05):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"{what} did not start:\n" + "".join(self.output))
+
+    def _pumped(self, line: str, ready: threading.Event) -> None:
+        """One line of output: set `ready` at the ready line."""
+        raise NotImplementedError
 
     def kill(self) -> None:
         """SIGKILL: no shutdown hook runs."""
@@ -82,30 +128,9 @@ class ServerProcess(ChildProcess):
             *TEST_STORE,
             *self.extra,
         ]
-        self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO
-        )
-        ready = threading.Event()
-
         # kept beside the store as well: the output of a run that failed stays on disk
         log_file = self.store.parent / f"{self.store.name}.log"
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-
-        def pump(proc: subprocess.Popen[str]) -> None:
-            assert proc.stdout is not None
-            with log_file.open("a") as kept:
-                for line in proc.stdout:
-                    self.output.append(line)
-                    kept.write(line)
-                    kept.flush()
-                    self._pumped(line, ready)
-
-        threading.Thread(target=pump, args=(self.proc,), daemon=True).start()
-        deadline = time.monotonic() + timeout_s
-        while not ready.wait(0.05):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.kill()
-                raise RuntimeError("server did not start:\n" + "".join(self.output))
+        self._launch(cmd, env, "server", timeout_s, log_file)
         return self
 
     def _pumped(self, line: str, ready: threading.Event) -> None:

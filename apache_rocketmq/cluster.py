@@ -9,7 +9,8 @@ Two JVMs, started from the jars `runtime.ensure_lib()` resolves:
                                               127.0.0.1:<ha>        replication (unused)
                proxy remoting                 127.0.0.1:<remoting>
 
-Every port is a free loopback port unless given; everything the cluster writes (store,
+Every port is a free port below the kernel's ephemeral range (`protocol.ports`; a start
+that finds one taken anyway is made again on others) unless given; everything the cluster writes (store,
 configuration, logs) is under one directory. It is sized for tests: small heaps, the
 serial collector, 64 MiB commitlog files, and the proxy's caches refreshed every second
 so that a topic or group made a moment ago is served. Direct memory is not small: the
@@ -27,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import logging
 import os
 import shutil
 import signal
@@ -41,6 +43,9 @@ from types import TracebackType
 from apache_rocketmq import admin
 from apache_rocketmq.admin import MessageType
 from apache_rocketmq.runtime import RuntimeUnavailable, ensure_lib, pinned_version
+from protocol.ports import bindable, free_port
+
+log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
 STATE_FILE = "cluster.json"
@@ -52,6 +57,11 @@ NAMESRV_HEAP_MB = 96
 PROXY_HEAP_MB = 320
 DIRECT_MEMORY_MB = 1024
 
+
+# a start whose JVM found a port taken (by another process since the pick) is made again
+# on other ports, this many times in all
+PORT_ATTEMPTS = 3
+PORT_TAKEN = "Address already in use"
 
 # how long a created topic may take to reach the name server (a loaded machine)
 ROUTE_TIMEOUT_S = 60.0
@@ -74,39 +84,22 @@ class Ports:
     remoting: int
 
 
-def _bindable(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((HOST, port))
-        except OSError:
-            return False
-        return True
-
-
-def _free_port(taken: set[int]) -> int:
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((HOST, 0))
-            port = int(sock.getsockname()[1])
-        if port not in taken:
-            taken.add(port)
-            return port
-
-
 def pick_ports(grpc: int = 0) -> Ports:
+    """Free ports for a cluster, below the kernel's ephemeral range (`protocol.ports`), so
+    that no connection opened meanwhile takes one before the JVMs bind them."""
     taken: set[int] = {grpc} if grpc else set()
-    namesrv = _free_port(taken)
+    namesrv = free_port(taken)
     while True:  # the broker needs its port and the one two below it
-        broker = _free_port(taken)
-        if broker > 1026 and broker - 2 not in taken and _bindable(broker - 2):
+        broker = free_port(taken)
+        if broker > 1026 and broker - 2 not in taken and bindable(broker - 2):
             taken.add(broker - 2)
             break
     return Ports(
         namesrv=namesrv,
         broker=broker,
-        ha=_free_port(taken),
-        grpc=grpc or _free_port(taken),
-        remoting=_free_port(taken),
+        ha=free_port(taken),
+        grpc=grpc or free_port(taken),
+        remoting=free_port(taken),
     )
 
 
@@ -255,15 +248,54 @@ class RocketMQCluster:
         directory = directory.resolve()
         (directory / "conf").mkdir(parents=True, exist_ok=True)
         (directory / "logs").mkdir(exist_ok=True)
-        ports = pick_ports(grpc_port)
-        cluster = cls(
-            directory, ports, {}, version, sync_flush=sync_flush, broker_options=broker_options
-        )
-        cluster._write_config()
         env = {**os.environ, "ROCKETMQ_HOME": str(directory)}
         env.pop("NAMESRV_ADDR", None)
         preexec: Callable[[], None] | None = _die_with_parent if tie_to_parent else None
         deadline = time.monotonic() + timeout_s
+        attempt = 1
+        while True:
+            cluster = cls(
+                directory,
+                pick_ports(grpc_port),
+                {},
+                version,
+                sync_flush=sync_flush,
+                broker_options=broker_options,
+            )
+            try:
+                cluster._launch(java, lib, jvm_options, env, preexec, deadline)
+            except ClusterError as exc:
+                # a port taken by another process between the pick and the JVM's bind:
+                # again, on other ports
+                if PORT_TAKEN not in cluster._logs() or attempt == PORT_ATTEMPTS:
+                    raise
+                log.warning("Apache RocketMQ found a port taken (%s); starting it again", exc)
+                attempt += 1
+                continue
+            cluster.save_state()
+            return cluster
+
+    def _logs(self) -> str:
+        """What the JVMs printed (their .out files)."""
+        return "".join(
+            (self.directory / "logs" / f"{name}.out").read_text(errors="replace")
+            for name in self._children
+            if (self.directory / "logs" / f"{name}.out").exists()
+        )
+
+    def _launch(
+        self,
+        java: str,
+        lib: Path,
+        jvm_options: Sequence[str],
+        env: dict[str, str],
+        preexec: Callable[[], None] | None,
+        deadline: float,
+    ) -> None:
+        """Write the configuration, start both JVMs, and wait until a topic is routed;
+        on any failure both are stopped (the store kept) and the error raised."""
+        cluster, directory, ports = self, self.directory, self.ports
+        cluster._write_config()
         try:
             cluster._spawn(
                 "namesrv",
@@ -295,8 +327,6 @@ class RocketMQCluster:
         except BaseException:
             cluster.stop(remove=False)
             raise
-        cluster.save_state()
-        return cluster
 
     def _write_config(self) -> None:
         conf, store = self.directory / "conf", self.directory / "store"

@@ -31,7 +31,6 @@ compared with `single`, measured in the same run on the same machine.
 from __future__ import annotations
 
 import json
-import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -44,6 +43,7 @@ from bench import grpc as g
 from bench import peers
 from bench._common import Options, SuiteResult, format_table, progress
 from bench._tls import self_signed
+from protocol.ports import free_port
 
 NAME = "ha"
 DESCRIPTION = "replication: single broker vs async-master vs sync-master (send_async, 1 KiB)"
@@ -52,12 +52,6 @@ KEYS = {"bench-key": "bench-secret"}
 CATCH_UP_TIMEOUT_S = 120.0
 FAILOVER_KILLS = 5
 ROUNDS = 3  # full runs: the three cases, interleaved, this many times; the best is shown
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _server(store: Path, home: Path, *extra: str) -> Any:
@@ -92,7 +86,7 @@ def topology(
         if case == "single":
             yield stack.enter_context(_server(store / "m", home)), None, {}
             return
-        ha_port = _free_port()
+        ha_port = free_port()
         role = "sync-master" if case.startswith("sync_master") else "async-master"
         on_master, on_slave, client = _security(case, store)
         master = stack.enter_context(
@@ -109,7 +103,7 @@ def topology(
                 "--master",
                 f"127.0.0.1:{ha_port}",
                 "--ha-port",
-                str(_free_port()),
+                str(free_port()),
                 *on_slave,
             )
         )

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 import subprocess
 import sys
 import threading
@@ -31,6 +30,7 @@ import sqlalchemy as sa
 import tenacity
 from sqlalchemy.orm import Session
 
+from protocol.ports import free_port
 from tests.chaos import e2e_app
 from tests.chaos.e2e_app import GROUP, TOPIC
 from tests.chaos.test_e2e_broker_kill import REPO, wait_for
@@ -50,17 +50,11 @@ SERVER_FAST = (
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class RedisServer:
     """A redis-server of our own (never the shared one), killable and restartable."""
 
     def __init__(self, workdir: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.workdir = workdir
         self.proc: subprocess.Popen[bytes] | None = None
 

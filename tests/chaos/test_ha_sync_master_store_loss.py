@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import socket
 import subprocess
 import threading
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from protocol.ports import free_port
 from tests.e2e.grpc import official
 from tests.e2e.grpc.conftest import FAST
 from tests.e2e.grpc.server_process import ServerProcess, admin_cli
@@ -27,12 +27,6 @@ TOPIC = "t-ha-lost-disk"
 GROUP = "g-ha-lost-disk"
 PRODUCERS = 2
 BEFORE_KILL = 200  # acknowledgements before the master is killed
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _digest(store: Path) -> list[tuple[str, str]]:
@@ -96,7 +90,7 @@ def test_sync_master_disk_lost_mid_send_loses_no_acknowledged_message(
 
     home = client_home  # the official client's log directory (tests/chaos/conftest.py)
     m_store, s_store = tmp_path / "m", tmp_path / "s"
-    m_ha, s_ha = _free_port(), _free_port()
+    m_ha, s_ha = free_port(), free_port()
     servers: list[ServerProcess] = []
 
     def start(store: Path, *extra: str) -> ServerProcess:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import random
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from protocol.ports import free_port
 from reliable import Message, Producer, SimpleConsumer
 from tests.e2e.grpc.server_process import ServerProcess
 from tests.e2e.helpers import wait_until
@@ -39,12 +39,6 @@ SERVER = (
     "--min-long-polling-ms",
     "500",
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Sender:
@@ -84,7 +78,7 @@ def test_clients_ride_through_five_kills_in_a_row(
 ) -> None:
     rng = random.Random(seed)
     store = tmp_path / "store"
-    wire_port = _free_port()
+    wire_port = free_port()
     extra = (*SERVER, "--wire-port", str(wire_port))
     server = ServerProcess(store, client_home, *extra).start()
     topic, group = f"t-restarts-{wire}", f"g-restarts-{wire}"

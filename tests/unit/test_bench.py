@@ -20,6 +20,7 @@ from bench import peers
 from bench import rocketmq as rocketmq_suite
 from bench.__main__ import discover
 from bench._common import Measured, Row, SuiteResult, format_table, percentiles_ms
+from protocol.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUIRED = {
@@ -65,12 +66,6 @@ def _bench(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]
         text=True,
         timeout=timeout,
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --- the runner
@@ -263,7 +258,7 @@ def test_only_rejects_a_bad_pattern() -> None:
 
 
 def test_a_peer_not_running_is_started_measured_and_stopped(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     nats = peers.Peer("nats", "NATS JetStream", "127.0.0.1", port)
     result = SuiteResult()
     peers.measure(peers.Counts(each=20, pipelined=200), tmp_path, result, peers=(nats,))

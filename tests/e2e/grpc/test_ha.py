@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -15,14 +14,9 @@ from typing import Any
 
 import pytest
 
+from protocol.ports import free_port
 from tests.e2e.grpc import official
 from tests.e2e.grpc.server_process import ServerProcess
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _digest(store: Path) -> list[tuple[str, str]]:
@@ -77,7 +71,7 @@ def _send(endpoint: str, topic: str, first: int, count: int) -> set[str]:
 def _master(
     make_server: Callable[..., ServerProcess], tmp_path: Path, role: str = "async-master"
 ) -> tuple[ServerProcess, int]:
-    ha_port = _free_port()
+    ha_port = free_port()
     master = make_server("--role", role, "--ha-port", str(ha_port), store=tmp_path / "m")
     return master, ha_port
 
@@ -93,7 +87,7 @@ def _slave(
         "--master",
         f"127.0.0.1:{ha_port}",
         "--ha-port",
-        str(_free_port()),
+        str(free_port()),
         store=tmp_path / "s",
     )
 
@@ -210,7 +204,7 @@ def test_a_resend_of_a_send_stored_without_a_slave_is_stored_once(
 def test_sync_master_sync_flush_sigkill_loses_no_acknowledged_message(
     make_server: Callable[..., ServerProcess], tmp_path: Path
 ) -> None:
-    ha_port = _free_port()
+    ha_port = free_port()
     master = make_server(
         "--role",
         "sync-master",
@@ -230,7 +224,7 @@ def test_sync_master_sync_flush_sigkill_loses_no_acknowledged_message(
         "--master",
         f"127.0.0.1:{ha_port}",
         "--ha-port",
-        str(_free_port()),
+        str(free_port()),
         "--flush",
         "sync",
         store=tmp_path / "s",
@@ -349,7 +343,7 @@ def _sync_pair(
 ) -> tuple[ServerProcess, int, ServerProcess, int]:
     """A sync-master and its slave, both under sync flush: (master, its HA port, slave,
     its HA port)."""
-    m_ha, s_ha = _free_port(), _free_port()
+    m_ha, s_ha = free_port(), free_port()
     master = make_server(
         "--role",
         "sync-master",
@@ -467,7 +461,7 @@ def test_failover_promote_then_the_old_master_rejoins_byte_for_byte(
         "--master",
         f"127.0.0.1:{s_ha}",
         "--ha-port",
-        str(_free_port()),
+        str(free_port()),
         "--flush",
         "sync",
         store=tmp_path / "m",
@@ -509,7 +503,7 @@ def test_failover_promote_then_the_old_master_rejoins_byte_for_byte(
 def test_config_sync_deletes_what_the_master_deleted_at_the_set_interval(
     make_server: Callable[..., ServerProcess], tmp_path: Path
 ) -> None:
-    ha_port = _free_port()
+    ha_port = free_port()
     master = make_server(
         "--role",
         "async-master",

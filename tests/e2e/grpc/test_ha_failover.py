@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+from protocol.ports import free_port
 from reliable import (
     Message,
     Producer,
@@ -29,14 +30,14 @@ from reliable import (
 )
 from tests.e2e.grpc import official
 from tests.e2e.grpc.server_process import ServerProcess
-from tests.e2e.grpc.test_ha import _free_port, _ha_status, _promote
+from tests.e2e.grpc.test_ha import _ha_status, _promote
 from tests.e2e.helpers import read_group
 
 
 def _pair(
     make_server: Callable[..., ServerProcess], tmp_path: Path, role: str, *extra: str
 ) -> tuple[ServerProcess, ServerProcess]:
-    m_ha = _free_port()
+    m_ha = free_port()
     master = make_server("--role", role, "--ha-port", str(m_ha), *extra, store=tmp_path / "m")
     slave = make_server(
         "--role",
@@ -46,7 +47,7 @@ def _pair(
         "--master",
         f"127.0.0.1:{m_ha}",
         "--ha-port",
-        str(_free_port()),
+        str(free_port()),
         *extra,
         store=tmp_path / "s",
     )

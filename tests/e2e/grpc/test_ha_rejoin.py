@@ -9,9 +9,10 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+from protocol.ports import free_port
 from tests.e2e.grpc import official
 from tests.e2e.grpc.server_process import ServerProcess
-from tests.e2e.grpc.test_ha import _digest, _free_port, _ha_status, _promote
+from tests.e2e.grpc.test_ha import _digest, _ha_status, _promote
 
 TOPIC = "t-ha-rejoin"
 
@@ -38,7 +39,7 @@ def test_a_running_slave_refused_by_its_new_master_rejoins_without_a_restart(
     it saves them in `truncated-*.bin`, cuts its running store back, and replicates B's
     log byte for byte, its process the same; promoted in turn, it delivers every
     message of the group's log exactly once and none of the cut ones."""
-    m_ha = _free_port()
+    m_ha = free_port()
     master = make_server("--role", "async-master", "--ha-port", str(m_ha), store=tmp_path / "m")
 
     def slave(name: str, broker_id: int, master_ha: int, ha_port: int) -> ServerProcess:
@@ -54,8 +55,8 @@ def test_a_running_slave_refused_by_its_new_master_rejoins_without_a_restart(
             store=tmp_path / name,
         )
 
-    a = slave("a", 1, m_ha, _free_port())
-    b = slave("b", 2, m_ha, _free_port())
+    a = slave("a", 1, m_ha, free_port())
+    b = slave("b", 2, m_ha, free_port())
     shared = _send(master.endpoint, 0, 40)
     for s in (a, b):
         assert official.wait_for(lambda s=s: _ha_status(s.endpoint)["lag_bytes"] == 0, 60)
@@ -67,7 +68,7 @@ def test_a_running_slave_refused_by_its_new_master_rejoins_without_a_restart(
     a_pid = a.proc.pid if a.proc else None
     master.kill()
     # B again, on the master's HA port, its master gone: promoted with what it has
-    b = slave("b", 2, _free_port(), m_ha)
+    b = slave("b", 2, free_port(), m_ha)
     done = _promote(b.endpoint, "--force")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["epoch"] == [2, branch]

@@ -21,6 +21,7 @@ import pytest
 
 import reliable
 from bench._tls import self_signed
+from protocol.ports import free_port
 from reliable import Message, Producer
 from tests.e2e.grpc import official
 from tests.e2e.grpc.server_process import ServerProcess, admin_json, stored_records
@@ -29,12 +30,6 @@ FIXED = struct.Struct(">4sBBqiiq")  # magic, version, kind, offset, broker id, e
 FRAME = struct.Struct(">qI")
 CHALLENGE, PROOF, POSITION, CONFIG = -4, -5, -2, -1
 KEYS = {"ha-key": "ha-secret", "app-key": "app-secret"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _hello(offset: int, *, group: str = "broker-a", key: str = "", version: int = 4) -> bytes:
@@ -104,7 +99,7 @@ def _keys(tmp_path: Path) -> Path:
 def test_a_forged_report_is_dropped_and_acknowledges_nothing(
     make_server: Callable[..., ServerProcess], tmp_path: Path
 ) -> None:
-    ha_port = _free_port()
+    ha_port = free_port()
     master = make_server(
         "--role",
         "sync-master",
@@ -159,7 +154,7 @@ def test_a_forged_report_is_dropped_and_acknowledges_nothing(
 def test_an_oversized_length_is_refused_and_memory_stays_flat(
     make_server: Callable[..., ServerProcess], tmp_path: Path
 ) -> None:
-    ha_port = _free_port()
+    ha_port = free_port()
     master = make_server("--role", "async-master", "--ha-port", str(ha_port), store=tmp_path / "m")
     assert master.proc is not None
     pid = master.proc.pid
@@ -204,7 +199,7 @@ def _collect(port: int, hello: bytes, proof: bytes | None = None) -> bytes:
 def test_a_peer_without_the_keys_gets_nothing(
     make_server: Callable[..., ServerProcess], tmp_path: Path
 ) -> None:
-    ha_port = _free_port()
+    ha_port = free_port()
     master = make_server(
         "--role",
         "async-master",
@@ -269,7 +264,7 @@ def _authenticated(port: int, *, group: str) -> tuple[str, list[int]]:
 def test_a_peer_of_another_group_is_refused(
     make_server: Callable[..., ServerProcess], tmp_path: Path
 ) -> None:
-    ha_port = _free_port()
+    ha_port = free_port()
     keys = _keys(tmp_path)
     master = make_server(
         "--role",
@@ -293,7 +288,7 @@ def test_a_peer_of_another_group_is_refused(
         "--master",
         f"127.0.0.1:{ha_port}",
         "--ha-port",
-        str(_free_port()),
+        str(free_port()),
         "--credentials-file",
         str(keys),
         store=tmp_path / "s",
@@ -320,7 +315,7 @@ def test_replication_over_tls_with_access_keys_end_to_end(
 ) -> None:
     cert, key = self_signed(tmp_path)
     keys = _keys(tmp_path)
-    ha_port = _free_port()
+    ha_port = free_port()
     common = ("--credentials-file", str(keys), "--tls-cert", str(cert), "--tls-key", str(key))
     master = make_server(
         "--role", "sync-master", "--ha-port", str(ha_port), *common, store=tmp_path / "m"
@@ -333,7 +328,7 @@ def test_replication_over_tls_with_access_keys_end_to_end(
         "--master",
         f"127.0.0.1:{ha_port}",
         "--ha-port",
-        str(_free_port()),
+        str(free_port()),
         "--ha-tls-ca",
         str(cert),
         "--ha-access-key",

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,19 +19,14 @@ from pathlib import Path
 
 import pytest
 
+from protocol.ports import free_port
 from reliable import Message, Producer, SendFailed, TransportError
 from tests.e2e.grpc.server_process import REPO, ServerProcess
 from tests.e2e.helpers import wait_until
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_send_failed_names_its_cause() -> None:
-    endpoint = f"127.0.0.1:{_free_port()}"
+    endpoint = f"127.0.0.1:{free_port()}"
     with Producer("grpc", endpoint=endpoint) as producer, pytest.raises(SendFailed) as caught:
         producer.send(Message("nowhere", b"x"))
     assert isinstance(caught.value.last_error, TransportError), caught.value
@@ -84,7 +78,7 @@ def test_consume_waits_for_the_broker_and_imports_from_the_working_directory(
     (app / "myapp" / "__init__.py").write_text("")
     (app / "myapp" / "handlers.py").write_text(HANDLERS)
     out = tmp_path / "processed"
-    port = _free_port()
+    port = free_port()
     script = Path(sys.executable).with_name("reliable")  # the installed console script
     assert script.exists()
     env = dict(os.environ, PYTHONPATH=str(REPO), APP_OUT=str(out), PYTHONUNBUFFERED="1")

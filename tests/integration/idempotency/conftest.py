@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 import uuid
@@ -15,6 +14,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from outbox import OutboxTables
+from protocol.ports import free_port
 from tests.integration.dbkit import engine_for, mark_databases, outbox_tables
 
 
@@ -53,17 +53,11 @@ def key_prefix() -> str:
     return f"test:{uuid.uuid4().hex[:12]}:"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class PrivateRedis:
     """A real redis-server of our own, so a test may flush or stop it."""
 
     def __init__(self) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.proc = subprocess.Popen(
             [
                 "/usr/bin/redis-server",

@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ import sqlalchemy as sa
 
 from outbox.reconcile import driver_jars
 from outbox.reconcile.job import SMALL_INPUT_JAVA_OPTIONS
+from protocol.ports import free_port
 from reliable_cli.exit_codes import ExitCode
 
 from .dataset import build
@@ -33,12 +33,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[3]
 LOOPBACK = "127.0.0.1"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
 
 
 def _spark_home() -> str:
@@ -101,7 +95,7 @@ def standalone_cluster(work: Path) -> Iterator[tuple[str, int, Callable[[], None
         # JIT compiler only, as the job chooses for its own JVM on a small database
         "SPARK_DAEMON_JAVA_OPTS": " ".join(SMALL_INPUT_JAVA_OPTIONS),
     }
-    port, webui, worker_ui = _free_port(), _free_port(), _free_port()
+    port, webui, worker_ui = free_port(), free_port(), free_port()
     url = f"spark://{LOOPBACK}:{port}"
     procs: list[subprocess.Popen[bytes]] = []
     master_log, worker_log = work / "master.log", work / "worker.log"

@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -51,6 +50,7 @@ from outbox import (
     declare_groups,
 )
 from outbox.reconcile import ReconcileOptions, reconcile
+from protocol.ports import free_port
 from reliable import Message, Producer, SimpleConsumer, connect
 from reliable.admin import AdminClient
 from tests.e2e.grpc.conftest import FAST
@@ -63,12 +63,6 @@ GROUP = "g-ha-async-loss"
 BEFORE_STALL = 100  # acknowledged sends while the slave keeps up
 AFTER_STALL = 40  # acknowledged sends after the slave stalled, before the kill
 LATENCY = timedelta(seconds=1)  # the expected latency, for the worker and the reconciliation
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait(predicate: Any, timeout_s: float = 60) -> bool:
@@ -133,7 +127,7 @@ class Machines:
         self.home = tmp_path / "home"
         self.home.mkdir()
         self.m_store, self.s_store = tmp_path / "m", tmp_path / "s"
-        self.m_ha, self.s_ha = _free_port(), _free_port()
+        self.m_ha, self.s_ha = free_port(), free_port()
         self.servers: list[ServerProcess] = []
 
     def start(self, store: Path, *extra: str, port: int = 0) -> ServerProcess:

@@ -1,0 +1,69 @@
+"""A free TCP port for a server to be started on this machine, from outside the ephemeral range.
+
+    port = free_port()                  # then: start a server that binds it
+    ports = {free_port(taken) for _ in range(3)}   # several, all different
+
+Binding port 0 finds a free port, but one from the kernel's ephemeral range
+(`net.ipv4.ip_local_port_range`, 32768-60999 by default), which the kernel also hands to
+every outgoing connection and to every other bind to port 0. Between the pick and the
+server's own bind (a JVM takes seconds to start) another process may take it, and the
+server fails with "Address already in use": on a machine running a test suite in parallel
+workers, each opening connections, that happened. A port below the ephemeral range (and
+above the well-known services' ports) is never handed out by the kernel; only another
+pick like this one can take it, and picks are random over about 12,000 ports.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+from pathlib import Path
+
+FLOOR = 20_000  # the lowest port picked: below are the usual services' (PostgreSQL, Redis, ...)
+_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_DEFAULT_RANGE = (32768, 60999)
+_MIN_POOL = 1_000  # fewer ports than this below the ephemeral range: bind port 0 instead
+_TRIES = 200
+# a generator of its own: a test that seeds the module's `random` must not make two
+# processes pick the same sequence of ports
+_rng = random.Random()
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's ephemeral port range (low, high); Linux's default when unreadable."""
+    try:
+        low, high = (int(part) for part in _RANGE_FILE.read_text().split())
+    except (OSError, ValueError):
+        return _DEFAULT_RANGE
+    return low, high
+
+
+def bindable(port: int) -> bool:
+    """Whether a listener could bind `port` now, on every address (a server binding
+    0.0.0.0 fails when another holds the port on one address only)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port(taken: set[int] | None = None) -> int:
+    """A port no one listens on, below the ephemeral range and not in `taken` (which gets
+    it added). Where that range leaves too few ports, a port the kernel picks."""
+    taken = taken if taken is not None else set()
+    low, _high = ephemeral_range()
+    if low - FLOOR >= _MIN_POOL:
+        for _ in range(_TRIES):
+            port = _rng.randint(FLOOR, low - 1)
+            if port not in taken and bindable(port):
+                taken.add(port)
+                return port
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in taken:
+            taken.add(port)
+            return port

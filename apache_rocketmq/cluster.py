@@ -10,8 +10,8 @@ Two JVMs, started from the jars `runtime.ensure_lib()` resolves:
                proxy remoting                 127.0.0.1:<remoting>
 
 Every port is a free port below the kernel's ephemeral range (`protocol.ports`; a start
-that finds one taken anyway is made again on others) unless given; everything the cluster writes (store,
-configuration, logs) is under one directory. It is sized for tests: small heaps, the
+that finds one taken anyway is made again on others) unless given. Everything the cluster
+writes (store, configuration, logs) is under one directory. It is sized for tests: small heaps, the
 serial collector, 64 MiB commitlog files, and the proxy's caches refreshed every second
 so that a topic or group made a moment ago is served. Direct memory is not small: the
 broker's timer stops for good when it runs out (`_jvm_options`).
@@ -294,10 +294,10 @@ class RocketMQCluster:
     ) -> None:
         """Write the configuration, start both JVMs, and wait until a topic is routed;
         on any failure both are stopped (the store kept) and the error raised."""
-        cluster, directory, ports = self, self.directory, self.ports
-        cluster._write_config()
+        directory, ports = self.directory, self.ports
+        self._write_config()
         try:
-            cluster._spawn(
+            self._spawn(
                 "namesrv",
                 [
                     java,
@@ -308,8 +308,8 @@ class RocketMQCluster:
                 env,
                 preexec,
             )
-            cluster._wait_port("namesrv", ports.namesrv, deadline)
-            cluster._spawn(
+            self._wait_port("namesrv", ports.namesrv, deadline)
+            self._spawn(
                 "proxy",
                 [
                     java,
@@ -317,15 +317,15 @@ class RocketMQCluster:
                     *("org.apache.rocketmq.proxy.ProxyStartup", "-pm", "local"),
                     *("-bc", str(directory / "conf" / "broker.conf")),
                     *("-pc", str(directory / "conf" / "rmq-proxy.json")),
-                    *("-n", cluster.namesrv_address),
+                    *("-n", self.namesrv_address),
                 ],
                 env,
                 preexec,
             )
-            cluster._wait_port("proxy", ports.grpc, deadline)
-            cluster._wait_routable(deadline)
+            self._wait_port("proxy", ports.grpc, deadline)
+            self._wait_routable(deadline)
         except BaseException:
-            cluster.stop(remove=False)
+            self.stop(remove=False)
             raise
 
     def _write_config(self) -> None:

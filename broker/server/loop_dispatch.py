@@ -146,13 +146,14 @@ class LoopSelector(PollingSelector):
             timeout = 0  # the released answers first; the dispatch once the loop waits
         self.dispatch.before_select(timeout)
         waits = timeout is None or timeout > 0
+        burst = False
         if waits:  # about to wait: after a burst, without a poll
             batched = self._batched_total()
-            if batched != self._batched:
-                self._batched = batched
-                events = selectors.DefaultSelector.select(self, timeout)
-                self.wake.alone = len(events) == 1
-                return events
-        events = super().select(timeout)
+            burst = batched != self._batched
+            self._batched = batched
+        if burst:
+            events = selectors.DefaultSelector.select(self, timeout)
+        else:
+            events = super().select(timeout)
         self.wake.alone = waits and len(events) == 1
         return events

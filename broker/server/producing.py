@@ -53,10 +53,10 @@ BodyParts = tuple[list[bytes], list[str], list[str] | None, tuple[str, str, bool
 # (index, message id, queue offset, put status, topic, queue id) of each message stored
 StoredMessage = tuple[int, str, int, PutMessageStatus, str, int]
 SOURCE_SERVER_CHECK = 2
-# a sync-master's "stored, no slave confirmed it" answers (docs/ha.md)
 # whether a sync-flush send may fsync on the loop itself (`_answer_stored`): never, after
 # one loop turn given to sends read with it, or at once (`CallInfo.alone`)
 NO_LEAD, LEAD_AFTER_A_TURN, LEAD_AT_ONCE = 0, 1, 2
+# a sync-master's "stored, no slave confirmed it" answers (docs/ha.md)
 _NOT_REPLICATED = frozenset({Code.HA_NOT_AVAILABLE, Code.SLAVE_PERSISTENCE_TIMEOUT})
 Messages = Sequence[definition_pb2.Message]  # a SendMessageRequest's
 
@@ -137,13 +137,12 @@ class ProducerHandlers:
         # a send may be fsynced on the loop when it is alone (`_answer_stored`): one over the
         # native wire, or a gRPC one read by a loop that was idle (it had waited for I/O
         # since its last answer: a client sending one call at a time)
-        lead = (
-            LEAD_AT_ONCE
-            if call.alone
-            else LEAD_AFTER_A_TURN
-            if call.native_wire or not self.ctx.answers.busy
-            else NO_LEAD
-        )
+        if call.alone:
+            lead = LEAD_AT_ONCE
+        elif call.native_wire or not self.ctx.answers.busy:
+            lead = LEAD_AFTER_A_TURN
+        else:
+            lead = NO_LEAD
         # admitted: stored to its end even if its caller goes away (`broker.server.detached`),
         # so a result made after the call was cancelled still enters the de-duplication
         # cache, and the client's resend of the same message gets it instead of a copy

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.grpc.server_process import REPO
+from tests.e2e.grpc.server_process import REPO, ChildProcess
 
 CHROMIUM = os.environ.get("RELIABLE_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("RELIABLE_CHROMEDRIVER", "/usr/bin/chromedriver")
@@ -66,7 +66,7 @@ def chrome(width: int = 1400, height: int = 1000) -> Iterator[Any]:
         driver.quit()
 
 
-class ConsoleProcess:
+class ConsoleProcess(ChildProcess):
     """`python -m reliable_cli console ...` on a free port."""
 
     def __init__(self, endpoint: str, *extra: str, password_file: Path | None = None) -> None:
@@ -95,27 +95,14 @@ class ConsoleProcess:
             *auth,
             *self.extra,
         ]
-        self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO
-        )
-        ready = threading.Event()
-
-        def pump(proc: subprocess.Popen[str]) -> None:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                self.output.append(line)
-                m = _READY.search(line)
-                if m and not ready.is_set():
-                    self.url = m.group(1)
-                    ready.set()
-
-        threading.Thread(target=pump, args=(self.proc,), daemon=True).start()
-        deadline = time.monotonic() + timeout_s
-        while not ready.wait(0.05):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("console did not start:\n" + "".join(self.output))
+        self._launch(cmd, env, "console", timeout_s)
         return self
+
+    def _pumped(self, line: str, ready: threading.Event) -> None:
+        m = _READY.search(line)
+        if m and not ready.is_set():
+            self.url = m.group(1)
+            ready.set()
 
     def stop(self) -> int | None:
         if self.proc is None:

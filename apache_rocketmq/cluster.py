@@ -401,8 +401,12 @@ class RocketMQCluster:
             raise ClusterError(f"{name} exited with {proc.returncode}: {tail}")
 
     def _wait_port(self, name: str, port: int, deadline: float) -> None:
+        """Until `name` listens on `port`, while every JVM started so far lives: a name
+        server that died on a port taken by another process must not pass unseen while
+        that process answers on its port."""
         while True:
-            self._check_alive(name)
+            for started in self._children:
+                self._check_alive(started)
             with contextlib.suppress(OSError), socket.create_connection((HOST, port), 0.5):
                 return
             if time.monotonic() > deadline:

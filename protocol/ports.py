@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import random
 import socket
+import threading
 from pathlib import Path
 
 FLOOR = 20_000  # the lowest port picked: below are the usual services' (PostgreSQL, Redis, ...)
@@ -27,6 +28,10 @@ _TRIES = 200
 # a generator of its own: a test that seeds the module's `random` must not make two
 # processes pick the same sequence of ports
 _rng = random.Random()
+# every port handed out in this process: two servers started side by side (two Apache
+# RocketMQ clusters, each picking before either binds) never get the same one
+_given: set[int] = set()
+_given_lock = threading.Lock()
 
 
 def ephemeral_range() -> tuple[int, int]:
@@ -50,20 +55,30 @@ def bindable(port: int) -> bool:
 
 
 def free_port(taken: set[int] | None = None) -> int:
-    """A port no one listens on, below the ephemeral range and not in `taken` (which gets
-    it added). Where that range leaves too few ports, a port the kernel picks."""
+    """A port no one listens on, below the ephemeral range, never handed out before in this
+    process, and not in `taken` (which gets it added). Where that range leaves too few
+    ports, a port the kernel picks."""
     taken = taken if taken is not None else set()
     low, _high = ephemeral_range()
-    if low - FLOOR >= _MIN_POOL:
-        for _ in range(_TRIES):
-            port = _rng.randint(FLOOR, low - 1)
-            if port not in taken and bindable(port):
-                taken.add(port)
-                return port
+    with _given_lock:
+        if low - FLOOR >= _MIN_POOL:
+            for _ in range(_TRIES):
+                port = _rng.randint(FLOOR, low - 1)
+                if port not in taken and port not in _given and bindable(port):
+                    break
+            else:
+                port = _kernel_port(taken)
+        else:
+            port = _kernel_port(taken)
+        _given.add(port)
+    taken.add(port)
+    return port
+
+
+def _kernel_port(taken: set[int]) -> int:
     while True:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind(("127.0.0.1", 0))
             port = int(sock.getsockname()[1])
-        if port not in taken:
-            taken.add(port)
+        if port not in taken and port not in _given:
             return port

@@ -24,6 +24,15 @@ def test_a_free_port_is_below_the_ephemeral_range_bindable_and_not_taken() -> No
         assert bindable(port)
 
 
+def test_no_port_is_handed_out_twice_in_one_process() -> None:
+    """Two servers picking side by side, each with its own `taken`, before either binds
+    (the bench starts two Apache RocketMQ clusters at once)."""
+    first = {free_port(set()) for _ in range(200)}
+    second = {free_port(set()) for _ in range(200)}
+    assert len(first) == 200 and len(second) == 200
+    assert not first & second
+
+
 def test_a_port_someone_listens_on_is_not_bindable_nor_picked() -> None:
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))

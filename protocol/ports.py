@@ -11,13 +11,25 @@ server fails with "Address already in use": on a machine running a test suite in
 workers, each opening connections, that happened. A port below the ephemeral range (and
 above the well-known services' ports) is never handed out by the kernel; only another
 pick like this one can take it, and picks are random over about 12,000 ports.
+
+Two processes picking at once (the workers of a parallel test suite, a bench run beside
+it) could still draw the same port. Each pick therefore takes an exclusive `flock` on a
+file named after the port (`<tmp>/reliable-ports/<port>.lock`) and holds it for as long as
+the process lives (the newest `HELD` of them): another process skips a port whose lock it
+cannot take. The kernel drops the locks of a process that exits, killed or not, so no
+reservation outlives its owner.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import random
 import socket
+import tempfile
 import threading
+from collections import OrderedDict
 from pathlib import Path
 
 FLOOR = 20_000  # the lowest port picked: below are the usual services' (PostgreSQL, Redis, ...)
@@ -32,6 +44,34 @@ _rng = random.Random()
 # RocketMQ clusters, each picking before either binds) never get the same one
 _given: set[int] = set()
 _given_lock = threading.Lock()
+HELD = 512  # reservations a process keeps: a port picked that long ago is bound or let go
+_held: OrderedDict[int, int] = OrderedDict()  # port -> the descriptor holding its lock
+
+
+def _lock_dir() -> Path:
+    return Path(tempfile.gettempdir()) / "reliable-ports"
+
+
+def _reserve(port: int) -> bool:
+    """Take the machine-wide lock on `port` for this process; False when another process
+    holds it. A directory that cannot be written reserves nothing (and refuses nothing)."""
+    directory = _lock_dir()
+    try:
+        directory.mkdir(mode=0o1777, exist_ok=True)
+        fd = os.open(directory / f"{port}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    _held[port] = fd
+    while len(_held) > HELD:
+        _port, old = _held.popitem(last=False)
+        with contextlib.suppress(OSError):
+            os.close(old)
+    return True
 
 
 def ephemeral_range() -> tuple[int, int]:
@@ -56,15 +96,15 @@ def bindable(port: int) -> bool:
 
 def free_port(taken: set[int] | None = None) -> int:
     """A port no one listens on, below the ephemeral range, never handed out before in this
-    process, and not in `taken` (which gets it added). Where that range leaves too few
-    ports, a port the kernel picks."""
+    process nor held by another process's pick, and not in `taken` (which gets it added).
+    Where that range leaves too few ports, a port the kernel picks."""
     taken = taken if taken is not None else set()
     low, _high = ephemeral_range()
     with _given_lock:
         if low - FLOOR >= _MIN_POOL:
             for _ in range(_TRIES):
                 port = _rng.randint(FLOOR, low - 1)
-                if port not in taken and port not in _given and bindable(port):
+                if port not in taken and port not in _given and bindable(port) and _reserve(port):
                     break
             else:
                 port = _kernel_port(taken)

@@ -4,12 +4,15 @@ made again on other ports when a JVM finds one taken (`apache_rocketmq.cluster`)
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from apache_rocketmq import cluster as rocketmq_cluster
 from apache_rocketmq.cluster import ClusterError, Ports, RocketMQCluster
+from protocol import ports
 from protocol.ports import FLOOR, bindable, ephemeral_range, free_port
 
 
@@ -31,6 +34,38 @@ def test_no_port_is_handed_out_twice_in_one_process() -> None:
     second = {free_port(set()) for _ in range(200)}
     assert len(first) == 200 and len(second) == 200
     assert not first & second
+
+
+_HOLDER = """
+import sys
+from protocol.ports import free_port
+print(" ".join(str(free_port()) for _ in range(int(sys.argv[1]))), flush=True)
+sys.stdin.read()  # holds its picks until told to exit
+"""
+
+
+def test_two_processes_picking_at_once_never_get_one_port() -> None:
+    """The workers of a parallel suite pick side by side: 400 picks each from about 12,000
+    ports would share about a dozen without the machine-wide reservation."""
+    root = Path(__file__).resolve().parents[2]
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, "400"],
+        cwd=root,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        theirs = {int(p) for p in holder.stdout.readline().split()}
+        assert len(theirs) == 400
+        ours = {free_port() for _ in range(400)}
+        assert not ours & theirs
+        port = min(theirs)
+        assert not ports._reserve(port)  # held by the other process
+    finally:
+        holder.communicate("", timeout=30)
+    assert ports._reserve(port)  # its owner exited: the kernel let the lock go
 
 
 def test_a_port_someone_listens_on_is_not_bindable_nor_picked() -> None:

@@ -99,6 +99,9 @@ JVM_OPTIONS = (
 )
 # the Java client's JVM: the defaults (G1, both compilers), a fixed heap
 CLIENT_JVM_OPTIONS = ("-Xms256m", "-Xmx512m")
+# --quick checks the cases rather than measures them: every JVM (Apache RocketMQ's with the
+# cluster's own small defaults, C1 only; the Java clients) starts on less CPU
+QUICK_CLIENT_JVM_OPTIONS = ("-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
 QUICK_WARM = (20, 100)  # --quick: the Java clients' warm-up, one at a time and pipelined
 START_TIMEOUT_S = 180.0  # a JVM's start on a loaded 2-core machine
 
@@ -187,7 +190,14 @@ class JavaProbe(CpuProbe):
 class JavaClient:
     """The bench's Java program (bench/java) for one server's topic and group."""
 
-    def __init__(self, jar: Path, endpoint: str, topic: str, logs: Path) -> None:
+    def __init__(
+        self,
+        jar: Path,
+        endpoint: str,
+        topic: str,
+        logs: Path,
+        jvm_options: tuple[str, ...] = CLIENT_JVM_OPTIONS,
+    ) -> None:
         from bench._java import java
 
         logs.mkdir(parents=True, exist_ok=True)
@@ -195,7 +205,7 @@ class JavaClient:
         self.proc = subprocess.Popen(
             [
                 java(),
-                *CLIENT_JVM_OPTIONS,
+                *jvm_options,
                 f"-Drocketmq.log.root={logs}",
                 "-jar",
                 str(jar),
@@ -274,9 +284,11 @@ def java_cases(
     *,
     receive: bool = True,
     warm: tuple[int, int],
+    quick: bool = False,
 ) -> None:
     """The Java client's cases, each against one server then the other, after each
-    client's untimed warm-up of `warm` messages (one at a time, pipelined)."""
+    client's untimed warm-up of `warm` messages (one at a time, pipelined); `quick`: the
+    clients' JVMs sized for checking the cases, not for measuring them."""
     from bench._java import bench_jar
 
     jar = bench_jar()
@@ -284,7 +296,8 @@ def java_cases(
         clients: list[tuple[Server, JavaClient]] = []
         for server in servers:
             topic = f"bench-{server.name}-java{suffix}".replace("_", "-")
-            client = JavaClient(jar, server.endpoint, topic, logs)
+            jvm = QUICK_CLIENT_JVM_OPTIONS if quick else CLIENT_JVM_OPTIONS
+            client = JavaClient(jar, server.endpoint, topic, logs, jvm)
             stack.callback(client.close)
             clients.append((server, client))
         for server, client in clients:
@@ -358,13 +371,15 @@ def framework_cases(
 
 
 @contextmanager
-def apache(directory: Path, *, sync_flush: bool) -> Iterator[Any]:
+def apache(directory: Path, *, sync_flush: bool, quick: bool = False) -> Iterator[Any]:
     """Apache RocketMQ for a group of cases, its topics and groups made, its proxy's pid
-    known to the CPU probes (the broker runs in the proxy's JVM)."""
+    known to the CPU probes (the broker runs in the proxy's JVM); `quick`: with the
+    cluster's own small JVM options instead of the bench's (JVM_OPTIONS)."""
     from apache_rocketmq import running_cluster
 
     progress(f"starting Apache RocketMQ ({'SYNC_FLUSH' if sync_flush else 'ASYNC_FLUSH'})")
-    with running_cluster(directory, sync_flush=sync_flush, jvm_options=JVM_OPTIONS) as cluster:
+    jvm = () if quick else JVM_OPTIONS
+    with running_cluster(directory, sync_flush=sync_flush, jvm_options=jvm) as cluster:
         SERVER_PIDS[cluster.endpoint] = cluster.pids["proxy"]
         suffix = "-sync-flush" if sync_flush else ""
         for client in ("java", "official", "framework"):
@@ -384,10 +399,12 @@ def group(
     sync_flush: bool,
     started: Future[Any] | None = None,
     warm: tuple[int, int],
+    quick: bool = False,
 ) -> None:
     """One group of cases: Apache RocketMQ and our server up together. `started`: the
     group's Apache RocketMQ, being started already (`run`, --quick); `warm`: the Java
-    clients' warm-up (`java_cases`)."""
+    clients' warm-up (`java_cases`); `quick`: every JVM sized for a check, not a
+    measurement."""
     suffix = "_sync_flush" if sync_flush else ""
     names = [
         k.removesuffix("_msgs_s")
@@ -402,7 +419,9 @@ def group(
             cluster = (
                 started.result()
                 if started is not None
-                else stack.enter_context(apache(where / "apache", sync_flush=sync_flush))
+                else stack.enter_context(
+                    apache(where / "apache", sync_flush=sync_flush, quick=quick)
+                )
             )
             servers.append(Server("rocketmq", cluster.endpoint))
         except Exception as exc:
@@ -447,6 +466,7 @@ def group(
                     where / "java-logs",
                     receive=not sync_flush,
                     warm=warm,
+                    quick=quick,
                 )
             if not sync_flush:
                 with rec.section(*(n for n in names if "_official_" in n)):
@@ -558,13 +578,17 @@ def run(opts: Options) -> SuiteResult:
             early.callback(pool.shutdown)
             (workdir / "durable").mkdir(exist_ok=True)
             durable = pool.submit(
-                early.enter_context, apache(workdir / "durable" / "apache", sync_flush=True)
+                early.enter_context,
+                apache(workdir / "durable" / "apache", sync_flush=True, quick=True),
             )
         # a quick run checks the cases: a short warm-up touches every path without
         # doubling the Java clients' work (their JIT figures are not read there)
         warm = QUICK_WARM if opts.quick else (n.each, n.pipelined)
-        group(workdir, home, result, rec, n, sync_flush=False, warm=warm)
-        group(workdir, home, result, rec, n, sync_flush=True, started=durable, warm=warm)
+        quick = opts.quick
+        group(workdir, home, result, rec, n, sync_flush=False, warm=warm, quick=quick)
+        group(
+            workdir, home, result, rec, n, sync_flush=True, started=durable, warm=warm, quick=quick
+        )
     result.errors.extend(rec.errors)
     loops.extend(python_loop_s())
     lines, met, short = targets(result.metrics)

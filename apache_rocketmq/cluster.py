@@ -273,6 +273,9 @@ class RocketMQCluster:
                 attempt += 1
                 continue
             cluster.save_state()
+            proxy = cluster.pids.get("proxy")
+            if proxy is not None:
+                _idle_spinners(proxy)
             return cluster
 
     def _logs(self) -> str:
@@ -546,6 +549,34 @@ def query_route(endpoint: str, topic: str, *, timeout_s: float = 3.0) -> str:
         except grpc.RpcError as exc:
             return str(exc.code().name)
     return str(definition_pb2.Code.Name(response.status.code))
+
+
+# threads of the broker that spin rather than sleep once they have nothing to do: the
+# transaction op batch (TransactionalOpBatchService) takes the last write time of an op
+# queue with nothing pending as the next wake-up, which is past, so from the first
+# transaction ended on it the thread takes a whole core for the broker's life. Run at
+# SCHED_IDLE it only takes a core nobody else wants; its work (writing the op records of
+# ended transactions, in batches) is light and not latency-bound.
+SPINNING_THREADS = ("TransactionalOp",)
+
+
+def _idle_spinners(pid: int) -> list[int]:
+    """Give the JVM `pid`'s spinning threads (`SPINNING_THREADS`) the idle scheduling
+    class; the thread ids changed. Nothing when /proc or the policy is not available."""
+    changed: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return changed
+    for tid in tasks:
+        try:
+            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            if name.startswith(SPINNING_THREADS):
+                os.sched_setscheduler(int(tid), os.SCHED_IDLE, os.sched_param(0))
+                changed.append(int(tid))
+        except (OSError, AttributeError):
+            continue
+    return changed
 
 
 @contextlib.contextmanager

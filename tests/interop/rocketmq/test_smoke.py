@@ -6,6 +6,7 @@ by our `Producer` and `SimpleConsumer` over the grpc transport, and by the offic
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
 
@@ -103,3 +104,16 @@ def test_official_client_sends_receives_and_acks(
     finally:
         consumer.shutdown()
         producer.shutdown()
+
+
+def test_the_broker_s_spinning_thread_only_takes_an_idle_core(rocketmq: RocketMQCluster) -> None:
+    """The transaction op batch thread spins from the first ended transaction on
+    (docs/rocketmq.md): the start gives it the idle scheduling class."""
+    pid = rocketmq.pids["proxy"]
+    spinning = [
+        int(tid)
+        for tid in os.listdir(f"/proc/{pid}/task")
+        if Path(f"/proc/{pid}/task/{tid}/comm").read_text().startswith("TransactionalOp")
+    ]
+    assert spinning
+    assert all(os.sched_getscheduler(tid) == os.SCHED_IDLE for tid in spinning)

@@ -560,23 +560,20 @@ def query_route(endpoint: str, topic: str, *, timeout_s: float = 3.0) -> str:
 SPINNING_THREADS = ("TransactionalOp",)
 
 
-def _idle_spinners(pid: int) -> list[int]:
+def _idle_spinners(pid: int) -> None:
     """Give the JVM `pid`'s spinning threads (`SPINNING_THREADS`) the idle scheduling
-    class; the thread ids changed. Nothing when /proc or the policy is not available."""
-    changed: list[int] = []
+    class. Nothing when /proc or the policy is not available."""
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return changed
+        return
     for tid in tasks:
         try:
             name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
             if name.startswith(SPINNING_THREADS):
                 os.sched_setscheduler(int(tid), os.SCHED_IDLE, os.sched_param(0))
-                changed.append(int(tid))
         except (OSError, AttributeError):
             continue
-    return changed
 
 
 @contextlib.contextmanager

@@ -292,11 +292,11 @@ def java_cases(
     from bench._java import bench_jar
 
     jar = bench_jar()
+    jvm = QUICK_CLIENT_JVM_OPTIONS if quick else CLIENT_JVM_OPTIONS
     with ExitStack() as stack:
         clients: list[tuple[Server, JavaClient]] = []
         for server in servers:
             topic = f"bench-{server.name}-java{suffix}".replace("_", "-")
-            jvm = QUICK_CLIENT_JVM_OPTIONS if quick else CLIENT_JVM_OPTIONS
             client = JavaClient(jar, server.endpoint, topic, logs, jvm)
             stack.callback(client.close)
             clients.append((server, client))
@@ -584,11 +584,18 @@ def run(opts: Options) -> SuiteResult:
         # a quick run checks the cases: a short warm-up touches every path without
         # doubling the Java clients' work (their JIT figures are not read there)
         warm = QUICK_WARM if opts.quick else (n.each, n.pipelined)
-        quick = opts.quick
-        group(workdir, home, result, rec, n, sync_flush=False, warm=warm, quick=quick)
-        group(
-            workdir, home, result, rec, n, sync_flush=True, started=durable, warm=warm, quick=quick
-        )
+        for sync_flush, started in ((False, None), (True, durable)):
+            group(
+                workdir,
+                home,
+                result,
+                rec,
+                n,
+                sync_flush=sync_flush,
+                started=started,
+                warm=warm,
+                quick=opts.quick,
+            )
     result.errors.extend(rec.errors)
     loops.extend(python_loop_s())
     lines, met, short = targets(result.metrics)

@@ -8,7 +8,8 @@ sends them to the topic. Billing's group acknowledges everything without process
 until it is restarted with its guard; the worker resends it what it lost, to its retry
 topic alone. Whatever was in flight at a kill is delivered again, and the guards absorb
 what was already applied: every order has exactly one effect per group, every stub is
-CONFIRMED, and the certificate goes from NOT CLEAN (exit 3) to CLEAN (exit 0).
+CONFIRMED, and the certificate goes from NOT CLEAN (exit 3) to CLEAN (exit 0; that last
+run over gRPC only: it reads nothing the wire changes).
 """
 
 from __future__ import annotations
@@ -84,6 +85,11 @@ def test_killed_broker_and_consumer_lose_nothing_and_apply_nothing_twice(
     stopped = _restart_billing_with_its_guard_and_resend(run, careless, say)
     _assert_one_effect_per_order_and_group_each_resent_once(run, ids, sent, stopped)
 
+    if run.wire == "native":
+        # the certificate reads the database alone, whose state the assertions above fixed
+        # exactly (one effect per order and group, every stub resent once): the same over
+        # either wire, so its CLEAN run (a Spark JVM, 10-15 s) is made over gRPC only
+        return
     clean = run.reconcile()
     assert clean.returncode == ExitCode.OK, clean.stdout + clean.stderr
     assert "zero-loss certificate [-inf, +inf): CLEAN" in clean.stdout

@@ -8,10 +8,10 @@ import pytest
 import sqlalchemy as sa
 
 from outbox.reconcile import DriverNotFound, InvalidOptions, driver_jars
-from outbox.reconcile.job import SMALL_INPUT_JAVA_OPTIONS
 from reliable_cli import main
 from reliable_cli.exit_codes import ExitCode
 
+from .conftest import small_jvm_options
 from .dataset import build
 
 pytestmark = pytest.mark.spark
@@ -188,7 +188,7 @@ def test_runs_unchanged_under_spark_submit(sqlite_url, table_prefix, tmp_path):
             "spark.ui.enabled=false",
             # what the job chooses for a small database when it starts the JVM itself
             "--driver-java-options",
-            " ".join(SMALL_INPUT_JAVA_OPTIONS),
+            " ".join(small_jvm_options()),
             str(entry),
             "--db",
             sqlite_url,
@@ -278,7 +278,7 @@ def test_a_local_session_binds_to_loopback(tmp_path):
 
     code = (
         "from outbox.reconcile.session import spark_session\n"
-        f"s = spark_session('local[1]', java_options={SMALL_INPUT_JAVA_OPTIONS!r})\n"
+        f"s = spark_session('local[1]', java_options={small_jvm_options()!r})\n"
         "print(s.sparkContext.getConf().get('spark.driver.host'))\n"
         "s.stop()\n"
     )

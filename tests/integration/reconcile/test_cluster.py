@@ -23,10 +23,10 @@ import pytest
 import sqlalchemy as sa
 
 from outbox.reconcile import driver_jars
-from outbox.reconcile.job import SMALL_INPUT_JAVA_OPTIONS
 from protocol.ports import free_port
 from reliable_cli.exit_codes import ExitCode
 
+from .conftest import small_jvm_options
 from .dataset import build
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -93,7 +93,7 @@ def standalone_cluster(work: Path) -> Iterator[tuple[str, int, Callable[[], None
         "PYSPARK_PYTHON": sys.executable,
         # the daemons (and the executor the worker starts) serve one small job: the quick
         # JIT compiler only, as the job chooses for its own JVM on a small database
-        "SPARK_DAEMON_JAVA_OPTS": " ".join(SMALL_INPUT_JAVA_OPTIONS),
+        "SPARK_DAEMON_JAVA_OPTS": " ".join(small_jvm_options()),
     }
     port, webui, worker_ui = free_port(), free_port(), free_port()
     url = f"spark://{LOOPBACK}:{port}"
@@ -186,9 +186,9 @@ def test_spark_submit_to_a_standalone_cluster_with_jars(sqlite_url, table_prefix
                 "--conf",
                 "spark.cores.max=1",
                 "--driver-java-options",
-                " ".join(SMALL_INPUT_JAVA_OPTIONS),
+                " ".join(small_jvm_options()),
                 "--conf",
-                f"spark.executor.extraJavaOptions={' '.join(SMALL_INPUT_JAVA_OPTIONS)}",
+                f"spark.executor.extraJavaOptions={' '.join(small_jvm_options())}",
                 str(entry),
                 "--db",
                 sqlite_url,

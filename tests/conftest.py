@@ -92,14 +92,17 @@ def unit_of(nodeid: str) -> str:
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """`-n auto` (pyproject's addopts): one and a half workers per logical CPU (3 on 2).
-    Much of the suite's time is spent waiting (servers starting, processes killed and
-    restarted, redelivery and lease timeouts, JVMs): with one worker per CPU the CPUs
-    idled 43% of a run on a 2-CPU machine (20 min). Two per CPU took 15-16 min, but its
-    first ten minutes ran four CPU-bound units on two CPUs, and the official Python
-    client stalled once in the quick bench there (no send completed for 60 s)."""
+    """`-n auto` (pyproject's addopts): two workers per logical CPU (4 on 2). Much of the
+    suite's time is spent waiting (servers starting, processes killed and restarted,
+    redelivery and lease timeouts, JVMs): with one worker per CPU the CPUs idled 43% of a
+    run on a 2-CPU machine. Two per CPU once crowded the first ten minutes with four
+    CPU-bound units (the official Python client stalled once in the quick bench), so it
+    was one and a half for a while; since the suite's CPU came down (an idle Apache
+    RocketMQ no longer spinning, the gateway no longer rebuilt, Spark's JVMs mapping the
+    class archive) a fresh-clone run took 14:24 with four workers (16:10 with three just
+    before the archive change), every test passing in both."""
     cpus = max(1, len(os.sched_getaffinity(0)))
-    return cpus + max(1, cpus // 2)
+    return 2 * cpus
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from reliable_cli.exit_codes import ExitCode
@@ -110,6 +111,31 @@ def _build(_args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+# Go's runtime monitor (sysmon) sleeps deeply whenever every P is idle, and the next system
+# call (a socket read) wakes it with a futex; woken so, it polls every 20 us for a
+# millisecond or more before it sleeps again. A gateway answering calls one at a time is
+# idle between every two, so each call paid those wake-ups: 7 context switches a call, 4 of
+# them the monitor's, and 40% of the gateway's CPU in the kernel's task switch (perf). A
+# scheduler trace interval keeps the monitor out of that deep sleep (the runtime's own
+# rule: it must wake to print the trace), so it backs off to a poll every 10 ms instead of
+# being woken by each call. Its interval is the longest there is (2^31-1 ms, 24.8 days): the
+# trace's line is printed only that long after the machine booted, once at start on a
+# machine up longer. A GODEBUG of the caller's own comes after it and wins.
+QUIET_MONITOR = "schedtrace=2147483647"
+
+
+def go_runtime_env(environ: Mapping[str, str], procs: int | None) -> dict[str, str]:
+    """The gateway's environment: `environ`, with GOMAXPROCS from `procs` (None: Go's
+    default, every core) and the monitor kept from being woken by every call
+    (`QUIET_MONITOR`) unless the caller's GODEBUG sets schedtrace itself."""
+    env = dict(environ)
+    if procs is not None:
+        env["GOMAXPROCS"] = str(procs)
+    godebug = env.get("GODEBUG", "")
+    env["GODEBUG"] = f"{QUIET_MONITOR},{godebug}" if godebug else QUIET_MONITOR
+    return env
+
+
 def _start(args: argparse.Namespace) -> int:
     program = _program()
     if program is None:
@@ -119,12 +145,10 @@ def _start(args: argparse.Namespace) -> int:
         value = getattr(args, option)
         if value:
             argv += [f"--{option.replace('_', '-')}", value]
-    env = dict(os.environ)
-    if args.procs is not None:
-        if args.procs < 1:
-            print("reliable gateway: --procs must be at least 1", file=sys.stderr)
-            return ExitCode.USAGE
-        env["GOMAXPROCS"] = str(args.procs)
+    if args.procs is not None and args.procs < 1:
+        print("reliable gateway: --procs must be at least 1", file=sys.stderr)
+        return ExitCode.USAGE
+    env = go_runtime_env(os.environ, args.procs)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(program, argv, env)  # the gateway takes this process's place: its pid, its signals

@@ -96,9 +96,9 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     Much of the suite's time is spent waiting (servers starting, processes killed and
     restarted, redelivery and lease timeouts, JVMs): with one worker per CPU the CPUs
     idled 43% of a run on a 2-CPU machine. Two per CPU ran fresh-clone suites in 14:01-14:24
-    against 16:10 with three, but twice in about five runs over the months the official
-    Python client stalled in the quick bench under that load (its `send_async` to our
-    server: no send completed for 60 s), the last time in a fresh-clone run."""
+    against 16:10 with three, but the official Python client stalled in the quick bench
+    under that load in one of those three runs (its `send_async` to our server: no send
+    completed for 60 s), as it had once in an earlier trial of four."""
     cpus = max(1, len(os.sched_getaffinity(0)))
     return cpus + max(1, cpus // 2)
 

@@ -113,7 +113,7 @@ def archive_options(
         log.debug("no class archive: %s", exc)
         return ()
     if mapped:
-        return (f"-XX:SharedArchiveFile={archive}", *QUIET_CDS)
+        return mapping_options(archive)
     claim = _claim(archive)
     if claim is None:
         log.info("another process is writing the class archive; starting without it")
@@ -122,6 +122,11 @@ def archive_options(
     atexit.register(_finish, tmp, archive, claim)
     log.info("writing a class archive for later starts at exit: %s", archive)
     return (f"-XX:ArchiveClassesAtExit={tmp}", *QUIET_CDS)
+
+
+def mapping_options(archive: Path) -> tuple[str, ...]:
+    """The JVM options that map the complete archive at `archive` (`is_archive`)."""
+    return (f"-XX:SharedArchiveFile={archive}", *QUIET_CDS)
 
 
 def archive_path(

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from outbox.reconcile import spark_session
-from outbox.reconcile.classcache import QUIET_CDS, archive_path, is_archive
+from outbox.reconcile.classcache import archive_path, is_archive, mapping_options
 from outbox.reconcile.job import SMALL_INPUT_JAVA_OPTIONS, session_jars
 from outbox.reconcile.preflight import find_java
 
@@ -35,7 +35,7 @@ def small_jvm_options() -> tuple[str, ...]:
     archive = archive_path(find_java(), session_jars("sqlite"), SMALL_INPUT_JAVA_OPTIONS)
     if archive is None or not is_archive(archive):
         return SMALL_INPUT_JAVA_OPTIONS
-    return (*SMALL_INPUT_JAVA_OPTIONS, f"-XX:SharedArchiveFile={archive}", *QUIET_CDS)
+    return (*SMALL_INPUT_JAVA_OPTIONS, *mapping_options(archive))
 
 
 @pytest.fixture(scope="package")

@@ -216,6 +216,45 @@ class CaseFailed(Exception):
     """A case did not complete (a send failed, a receive came up short)."""
 
 
+STACK_DUMP_TIMEOUT_S = 30.0
+
+
+def stalled(why: str) -> CaseFailed:
+    """The failure of a case in which nothing completed for `STALL_TIMEOUT_S`, after the
+    evidence a stall seen once leaves for later: the state of every server process
+    (stopped or not), and the Python and native stacks of this process's threads and of
+    each Python server, by py-spy, on stderr. A client library's own threads (the
+    official client's event loop and callback pool) show where its futures wait."""
+    progress(f"stalled: {why}; the processes' state and stacks follow")
+    pids = sorted({*SERVER_PIDS.values(), *(p for ps in SIDE_BY_SIDE.values() for p in ps)})
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:160]
+        except OSError:
+            print(f"  server {pid}: gone", file=sys.stderr)
+            continue
+        state = stat.rpartition(")")[2].split()[0]
+        print(f"  server {pid}: state {state}: {cmd.decode(errors='replace')}", file=sys.stderr)
+    spy = Path(sys.executable).with_name("py-spy")
+    for pid in [os.getpid(), *pids]:
+        try:
+            python = b"python" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if not python or not spy.exists():
+            continue
+        argv = [str(spy), "dump", "--native", "--pid", str(pid)]
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=STACK_DUMP_TIMEOUT_S)
+            text = out.stdout + out.stderr
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            text = f"py-spy failed: {exc}"
+        who = "this process (the clients)" if pid == os.getpid() else f"server {pid}"
+        print(f"--- stacks of {who}\n{text}", file=sys.stderr, flush=True)
+    return CaseFailed(why)
+
+
 # --- processes
 
 SERVER_PIDS: dict[str, int] = {}  # endpoint -> the server process serving it
@@ -478,13 +517,13 @@ def windowed(submit: Callable[[], Any], n: int, window: int = WINDOW) -> Measure
     def run() -> tuple[int, int]:
         for _ in range(n):
             if not slots.acquire(timeout=STALL_TIMEOUT_S):
-                raise CaseFailed(f"no send completed for {STALL_TIMEOUT_S:.0f} s")
+                raise stalled(f"no send completed for {STALL_TIMEOUT_S:.0f} s")
             if errors:
                 break
             submit().add_done_callback(done)
         for _ in range(window):
             if not slots.acquire(timeout=STALL_TIMEOUT_S):
-                raise CaseFailed(f"sends still pending, none completed for {STALL_TIMEOUT_S:.0f} s")
+                raise stalled(f"sends still pending, none completed for {STALL_TIMEOUT_S:.0f} s")
         if errors:
             raise CaseFailed(f"{len(errors)} pipelined sends failed, first: {errors[0]!r}")
         return n, n * len(BODY)
@@ -512,7 +551,7 @@ def async_windowed(send: Callable[[], Awaitable[Any]], n: int, window: int = WIN
             try:
                 await asyncio.wait_for(slots.acquire(), STALL_TIMEOUT_S)
             except TimeoutError:
-                raise CaseFailed(f"no send completed for {STALL_TIMEOUT_S:.0f} s") from None
+                raise stalled(f"no send completed for {STALL_TIMEOUT_S:.0f} s") from None
             if errors:
                 break
             task = asyncio.ensure_future(one())
@@ -521,7 +560,7 @@ def async_windowed(send: Callable[[], Awaitable[Any]], n: int, window: int = WIN
         if tasks:
             await asyncio.wait(tasks, timeout=STALL_TIMEOUT_S)
         if tasks:
-            raise CaseFailed(f"{len(tasks)} sends still pending after {STALL_TIMEOUT_S:.0f} s")
+            raise stalled(f"{len(tasks)} sends still pending after {STALL_TIMEOUT_S:.0f} s")
         if errors:
             raise CaseFailed(f"{len(errors)} pipelined sends failed, first: {errors[0]!r}")
 
@@ -541,7 +580,7 @@ def drain(receive: Callable[[], list[Any]], ack: Callable[[Any], None], n: int) 
             got += 1
             deadline = time.monotonic() + STALL_TIMEOUT_S
     if got < n:
-        raise CaseFailed(f"received {got} of {n} messages, then none for {STALL_TIMEOUT_S:.0f} s")
+        raise stalled(f"received {got} of {n} messages, then none for {STALL_TIMEOUT_S:.0f} s")
     return got
 
 
@@ -796,7 +835,7 @@ def push_consume(
             if seen[0] != last:
                 last, deadline = seen[0], time.monotonic() + STALL_TIMEOUT_S
             elif time.monotonic() > deadline:
-                raise CaseFailed(
+                raise stalled(
                     f"consumed {last} of {total} messages, then none for {STALL_TIMEOUT_S:.0f} s"
                 )
         return total, total * len(BODY)

@@ -154,6 +154,7 @@ def test_rocketmq_suite_quick_json_measures_both_servers(tmp_path: Path) -> None
     """Apache RocketMQ and our server, the same clients against each: every case's figure
     on both sides, the native wire's, and the CPU per message of client and server."""
     proc = _bench("rocketmq", "--quick", "--json", "--dir", str(tmp_path), timeout=1100)
+    sys.stderr.write(proc.stderr)  # shown on a failure: a stalled case's stacks (`stalled`)
     metrics = json.loads(proc.stdout.strip().splitlines()[-1])
     assert proc.returncode == 0, (metrics.get("errors"), proc.stderr[-2000:])
     assert set(rocketmq_suite.metric_keys()) <= metrics.keys()
@@ -377,6 +378,32 @@ def test_a_failing_case_is_marked_and_the_run_goes_on() -> None:
     assert [r.name for r in result.rows] == ["a_send", "a_receive"]
     assert result.rows[1].missing and "receive came up short" in result.rows[1].note
     assert rec.errors == ["a_receive: CaseFailed: receive came up short"]
+
+
+def test_a_stalled_case_leaves_every_thread_stack_and_each_server_state(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A stall seen once in a long run must leave where each thread waited: here a thread
+    parked on an event, and a server process stopped (SIGSTOP), as `stop_the_others` leaves
+    the servers not measured."""
+    parked = threading.Event()
+    waiter = threading.Thread(target=parked.wait, name="parked-waiter", daemon=True)
+    waiter.start()
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    grpc_suite.SERVER_PIDS["127.0.0.1:1"] = server.pid
+    try:
+        server.send_signal(19)  # SIGSTOP
+        exc = grpc_suite.stalled("no send completed for 60 s")
+    finally:
+        grpc_suite.SERVER_PIDS.pop("127.0.0.1:1")
+        server.kill()
+        server.wait()
+        parked.set()
+    assert isinstance(exc, grpc_suite.CaseFailed) and str(exc) == "no send completed for 60 s"
+    err = capsys.readouterr().err
+    assert f"server {server.pid}: state T" in err
+    assert '"parked-waiter"' in err and "Event.wait" in err  # py-spy's dump of this process
+    assert f"--- stacks of server {server.pid}" in err
 
 
 # --- the stub server

@@ -4,6 +4,7 @@ For the interop tests and for trying the framework against the real thing by han
 (`scripts/rocketmq-cluster.sh start`). Run from a checkout, like `bench`; not installed.
 """
 
+import protocol  # noqa: F401  (gRPC's fork handlers off before grpc loads: see there)
 from apache_rocketmq.admin import AdminError, MessageType
 from apache_rocketmq.cluster import (
     ClusterError,

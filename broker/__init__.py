@@ -2,3 +2,5 @@
 
 Nothing in this package imports `reliable`, `outbox` or `idempotency`.
 """
+
+import protocol  # noqa: F401  (gRPC's fork handlers off before grpc loads: see there)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+import protocol  # noqa: F401  (gRPC's fork handlers off before grpc loads: see there)
+
 if TYPE_CHECKING:
     from reliable.consumer.listener import ConsumeContext, MessageListener, MessageModel
     from reliable.consumer.push import PushConsumer

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TypeAlias
 
+import protocol  # noqa: F401  (gRPC's fork handlers off before grpc loads: see there)
 from reliable_cli.exit_codes import ExitCode
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"

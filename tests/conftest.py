@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+import protocol  # noqa: F401  (gRPC's fork handlers off before a test module loads grpc)
+
 REDIS_URL = os.environ.get("RELIABLE_TEST_REDIS", "redis://127.0.0.1:6379/0")
 POSTGRES_URL = os.environ.get(
     "RELIABLE_TEST_POSTGRES", "postgresql+psycopg2://postgres@127.0.0.1:5432/test"

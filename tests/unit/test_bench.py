@@ -5,10 +5,12 @@ is reported and never stops the run, and the no-work stub answers the official c
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -392,7 +394,12 @@ def test_a_stalled_case_leaves_every_thread_stack_and_each_server_state(
     server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     grpc_suite.SERVER_PIDS["127.0.0.1:1"] = server.pid
     try:
-        server.send_signal(19)  # SIGSTOP
+        server.send_signal(signal.SIGSTOP)
+        stat = Path(f"/proc/{server.pid}/stat")
+        deadline = time.monotonic() + 10
+        while stat.read_text().rpartition(")")[2].split()[0] != "T":  # a signal lands later
+            assert time.monotonic() < deadline, "the server never stopped"
+            time.sleep(0.01)
         exc = grpc_suite.stalled("no send completed for 60 s")
     finally:
         grpc_suite.SERVER_PIDS.pop("127.0.0.1:1")

@@ -94,15 +94,16 @@ def unit_of(nodeid: str) -> str:
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """`-n auto` (pyproject's addopts): one and a half workers per logical CPU (3 on 2).
-    Much of the suite's time is spent waiting (servers starting, processes killed and
-    restarted, redelivery and lease timeouts, JVMs): with one worker per CPU the CPUs
-    idled 43% of a run on a 2-CPU machine. Two per CPU ran fresh-clone suites in 14:01-14:24
-    against 16:10 with three, but the official Python client stalled in the quick bench
-    under that load in one of those three runs (its `send_async` to our server: no send
-    completed for 60 s), as it had once in an earlier trial of four."""
+    """`-n auto` (pyproject's addopts): two workers per logical CPU (4 on 2). Much of the
+    suite's time is spent waiting (servers starting, processes killed and restarted,
+    redelivery and lease timeouts, JVMs): with one worker per CPU the CPUs idled 43% of a
+    run on a 2-CPU machine. Fresh-clone suites ran in 14:01-14:24 with four against
+    15:14-16:10 with three. Four were taken back once, after the official Python client
+    stalled in the quick bench in one run of three; gRPC's fork handlers, which killed
+    children forked beside a busy channel and restarted the parent's event engine under
+    its calls, are off since (`protocol/__init__.py`); the stall has not come back."""
     cpus = max(1, len(os.sched_getaffinity(0)))
-    return cpus + max(1, cpus // 2)
+    return 2 * cpus
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:

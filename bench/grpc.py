@@ -43,6 +43,7 @@ import asyncio
 import collections
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -219,40 +220,58 @@ class CaseFailed(Exception):
 STACK_DUMP_TIMEOUT_S = 30.0
 
 
-def stalled(why: str) -> CaseFailed:
+def stalled(why: str, *clients: int) -> CaseFailed:
     """The failure of a case in which nothing completed for `STALL_TIMEOUT_S`, after the
-    evidence a stall seen once leaves for later: the state of every server process
-    (stopped or not), and the Python and native stacks of this process's threads and of
-    each Python server, by py-spy, on stderr. A client library's own threads (the
-    official client's event loop and callback pool) show where its futures wait."""
+    evidence a stall seen once leaves for later, on stderr: the state of every server
+    process and of the case's client processes (`clients`), and the stacks of each one
+    still running, and of this process's threads (a client library's own threads, such
+    as the official client's event loop and callback pool, show where its futures
+    wait): Python by py-spy (native frames too), a JVM by `jcmd Thread.print`. A server
+    stopped for the case (`stop_the_others`) is not the one measured: its state only."""
     progress(f"stalled: {why}; the processes' state and stacks follow")
-    pids = sorted({*SERVER_PIDS.values(), *(p for ps in SIDE_BY_SIDE.values() for p in ps)})
-    for pid in pids:
+    servers = {*SERVER_PIDS.values(), *(p for ps in SIDE_BY_SIDE.values() for p in ps)}
+    running = [os.getpid()]
+    for pid in sorted(servers | set(clients)):
         try:
             stat = Path(f"/proc/{pid}/stat").read_text()
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:160]
         except OSError:
-            print(f"  server {pid}: gone", file=sys.stderr)
+            print(f"  process {pid}: gone", file=sys.stderr)
             continue
         state = stat.rpartition(")")[2].split()[0]
-        print(f"  server {pid}: state {state}: {cmd.decode(errors='replace')}", file=sys.stderr)
-    spy = Path(sys.executable).with_name("py-spy")
-    for pid in [os.getpid(), *pids]:
-        try:
-            python = b"python" in Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
+        print(f"  process {pid}: state {state}: {cmd.decode(errors='replace')}", file=sys.stderr)
+        if state != "T":
+            running.append(pid)
+    for pid in running:
+        argv = _stack_dump_argv(pid)
+        if argv is None:
             continue
-        if not python or not spy.exists():
-            continue
-        argv = [str(spy), "dump", "--native", "--pid", str(pid)]
         try:
             out = subprocess.run(argv, capture_output=True, text=True, timeout=STACK_DUMP_TIMEOUT_S)
             text = out.stdout + out.stderr
         except (OSError, subprocess.TimeoutExpired) as exc:
-            text = f"py-spy failed: {exc}"
-        who = "this process (the clients)" if pid == os.getpid() else f"server {pid}"
+            text = f"{Path(argv[0]).name} failed: {exc}"
+        who = "this process (the clients)" if pid == os.getpid() else f"process {pid}"
         print(f"--- stacks of {who}\n{text}", file=sys.stderr, flush=True)
     return CaseFailed(why)
+
+
+def _stack_dump_argv(pid: int) -> list[str] | None:
+    """The command that prints `pid`'s stacks: py-spy for Python, the JVM's own `jcmd`
+    for Java; None for another program (the gateway: Go prints its stacks only as it
+    dies) or when the tool is missing."""
+    try:
+        exe = Path(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode())
+    except OSError:
+        return None
+    if exe.name.startswith("python"):
+        spy = Path(sys.executable).with_name("py-spy")
+        return [str(spy), "dump", "--native", "--pid", str(pid)] if spy.exists() else None
+    if exe.name == "java":
+        jcmd = exe.with_name("jcmd") if exe.is_absolute() else None
+        found = str(jcmd) if jcmd is not None and jcmd.exists() else shutil.which("jcmd")
+        return [found, str(pid), "Thread.print"] if found else None
+    return None
 
 
 # --- processes

@@ -77,6 +77,7 @@ from bench.grpc import (
     gateway_server,
     process_cpu_s,
     server_cpu_s,
+    stalled,
 )
 
 NAME = "rocketmq"
@@ -235,7 +236,9 @@ class JavaClient:
         try:
             line = self._lines.get(timeout=timeout_s)
         except queue.Empty:
-            raise CaseFailed(f"the Java client answered nothing in {timeout_s:.0f} s") from None
+            raise stalled(
+                f"the Java client answered nothing in {timeout_s:.0f} s", self.proc.pid
+            ) from None
         if line is None:
             tail = self.logs.read_text(errors="replace")[-600:]
             raise CaseFailed(f"the Java client exited ({self.proc.wait()}): {tail}")

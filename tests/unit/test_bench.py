@@ -408,9 +408,31 @@ def test_a_stalled_case_leaves_every_thread_stack_and_each_server_state(
         parked.set()
     assert isinstance(exc, grpc_suite.CaseFailed) and str(exc) == "no send completed for 60 s"
     err = capsys.readouterr().err
-    assert f"server {server.pid}: state T" in err
+    assert f"process {server.pid}: state T" in err
     assert '"parked-waiter"' in err and "Event.wait" in err  # py-spy's dump of this process
-    assert f"--- stacks of server {server.pid}" in err
+    assert f"--- stacks of process {server.pid}" not in err  # stopped: not the one measured
+
+
+def test_a_stalled_case_dumps_a_running_jvm_s_threads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The Java client (a case's client process) and Apache RocketMQ's JVMs: `jcmd`."""
+    source = tmp_path / "Parked.java"
+    source.write_text(
+        "public class Parked { public static void main(String[] a) throws Exception {"
+        ' System.out.println("up"); System.out.flush(); Thread.sleep(60_000); } }'
+    )
+    jvm = subprocess.Popen(["java", str(source)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert jvm.stdout is not None and jvm.stdout.readline() == "up\n"
+        exc = grpc_suite.stalled("the Java client answered nothing in 240 s", jvm.pid)
+    finally:
+        jvm.kill()
+        jvm.wait()
+    assert str(exc) == "the Java client answered nothing in 240 s"
+    err = capsys.readouterr().err
+    assert f"process {jvm.pid}: state " in err and f"--- stacks of process {jvm.pid}" in err
+    assert "java.lang.Thread.sleep" in err and "Parked.main" in err
 
 
 # --- the stub server

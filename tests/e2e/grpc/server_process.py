@@ -37,6 +37,7 @@ class ChildProcess:
 
     proc: subprocess.Popen[str] | None = None
     output: list[str]
+    _reader: threading.Thread | None = None  # reads `output` until the pipe closes
 
     def _launch(
         self,
@@ -71,7 +72,8 @@ class ChildProcess:
                 if kept is not None:
                     kept.close()
 
-        threading.Thread(target=pump, args=(self.proc,), daemon=True).start()
+        self._reader = threading.Thread(target=pump, args=(self.proc,), daemon=True)
+        self._reader.start()
         deadline = time.monotonic() + timeout_s
         while not ready.wait(0.05):
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -87,13 +89,23 @@ class ChildProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)
+        self._read_to_the_end()
 
     def terminate(self, timeout_s: float = 20.0) -> int:
-        """SIGTERM and wait; returns the exit code."""
+        """SIGTERM and wait; returns the exit code, with every line the process wrote in
+        `output` (its last lines, such as an exit summary, are read after it exits)."""
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout_s)
+        code = self.proc.wait(timeout_s)
+        self._read_to_the_end()
+        return code
+
+    def _read_to_the_end(self, timeout_s: float = 10.0) -> None:
+        """Wait for the reader to reach the end of the output (a child of the process
+        that outlives it keeps the pipe open: then up to `timeout_s`)."""
+        if self._reader is not None:
+            self._reader.join(timeout_s)
 
 
 class ServerProcess(ChildProcess):

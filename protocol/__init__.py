@@ -16,9 +16,11 @@ import os
 
 # gRPC's core comes with its fork handlers on, while its Python layer keeps its own off
 # (GRPC_ENABLE_FORK_SUPPORT unset). On, they run at every fork of a process that has
-# loaded grpc, `subprocess.Popen` included: from grpcio 1.80 they quiesce and restart the
-# parent's event engine, and start a poller in the child that finds its epoll descriptor
-# closed before the exec (grpc/grpc#43055, "epoll_wait error: Bad file descriptor").
+# loaded grpc, a `subprocess.Popen` given a `preexec_fn` included (without one, Python
+# uses vfork, which runs none): from grpcio 1.80 they quiesce and restart the parent's
+# event engine, and start a poller in the child that finds its epoll descriptor closed
+# and aborts it before its exec (grpc/grpc#43055, "epoll_wait error: Bad file
+# descriptor").
 # Fork support serves only a child that goes on using gRPC without an exec, which no
 # process of this project does; the servers' launchers, the tests and the bench fork
 # while channels are busy. The core reads the setting once, when grpc is first imported,

@@ -233,12 +233,11 @@ def stalled(why: str, *clients: int) -> CaseFailed:
     running = [os.getpid()]
     for pid in sorted(servers | set(clients)):
         try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
+            state = process_state(pid)
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:160]
         except OSError:
             print(f"  process {pid}: gone", file=sys.stderr)
             continue
-        state = stat.rpartition(")")[2].split()[0]
         print(f"  process {pid}: state {state}: {cmd.decode(errors='replace')}", file=sys.stderr)
         if state != "T":
             running.append(pid)
@@ -314,13 +313,23 @@ def continue_all() -> None:
     _stopped.clear()
 
 
+def _stat_fields(pid: int) -> list[str]:
+    """`/proc/<pid>/stat` after the command's name: [0] the state, [11] and [12] the
+    user and system CPU in clock ticks. OSError when the process is gone."""
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+
+
+def process_state(pid: int) -> str:
+    """The process's state letter (R running, S sleeping, T stopped, ...)."""
+    return _stat_fields(pid)[0]
+
+
 def process_cpu_s(pid: int | None = None) -> float:
     """User + system CPU seconds of a process (this one when None), every thread."""
     if pid is None:
         t = os.times()
         return t.user + t.system
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
+    fields = _stat_fields(pid)
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 

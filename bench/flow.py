@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._common import Options, Row, SuiteResult, format_table, percentiles_ms, progress
+from bench._cpu_layers import OTHER, LayerSampler, Window
 
 NAME = "flow"
 DESCRIPTION = "orders per second from commit to confirmed, exactly once, vs the floor (PostgreSQL)"
@@ -111,6 +112,26 @@ def counts(quick: bool) -> Counts:
             reconcile=False,
         )
     return Counts(publish=3000, consume=3000, flow=3000, sweep=1_000_000, consume_cap_s=60.0)
+
+
+def layer_of(pid: int, name: str, cmdline: str) -> str:
+    """The layer of the flow a process belongs to (`bench._cpu_layers`): the bench's own
+    process holds the writers (and the sampler)."""
+    if pid == os.getpid():
+        return "bench"
+    if name in ("postgres", "redis-server", "nats-server"):
+        return name.removesuffix("-server")
+    if "reliable_cli broker" in cmdline:
+        return "broker"
+    if "reliable_cli consume" in cmdline:
+        return "consumers"
+    if "_flow_baseline relay" in cmdline:
+        return "relay"
+    if "_flow_baseline consume" in cmdline:
+        return "hw_consumers"
+    if name == "java":
+        return "jvm"
+    return OTHER
 
 
 # --- the database
@@ -513,12 +534,32 @@ class Run:
         self.m = result.metrics
         self.tag = f"{os.getpid()}"
         self.seq = itertools.count()
+        self.layers: LayerSampler | None = None  # set by `run` for the steps
+
+    def cost(self, t0: float, t1: float) -> Window | None:
+        """What the machine spent, layer by layer, between two time.time() stamps."""
+        return None if self.layers is None else self.layers.window(t0, t1)
+
+    def record_cost(self, key: str, window: Window | None, units: int) -> tuple[float | None, str]:
+        """`<key>_cpu_us` (layer -> CPU µs per unit) and `<key>_machine_busy` in the
+        metrics; returns the machine's CPU µs per unit (the row's CPU column) and the note's
+        words."""
+        if window is None or units <= 0:
+            self.m[f"{key}_cpu_us"] = None
+            self.m[f"{key}_machine_busy"] = None
+            return None, ""
+        self.m[f"{key}_cpu_us"] = window.per_unit_us(units)  # type: ignore[assignment]
+        self.m[f"{key}_machine_busy"] = window.busy
+        unit = (
+            "commit" if key.startswith("publish") else "order" if key.startswith("flow") else "msg"
+        )
+        return window.total_s / units * 1e6, window.describe(units, unit)
 
     def name(self, what: str) -> str:
         return f"bench-flow-{self.tag}-{what}-{next(self.seq)}"
 
-    def row(self, name: str, rate: float, note: str) -> None:
-        self.result.rows.append(Row(name, rate, 0.0, note))
+    def row(self, name: str, rate: float, note: str, cpu_us: float | None = None) -> None:
+        self.result.rows.append(Row(name, rate, 0.0, note, cpu_us=cpu_us))
         progress(f"{name}: {rate:,.0f}/s  {note}")
 
     # publish ------------------------------------------------------------------------
@@ -559,7 +600,9 @@ class Run:
         for writers in PUBLISH_WRITERS:
             for case, txn, outbox in cases:
                 sender.clear()
+                t0 = time.time()
                 w = write(db.engine, writers, self.n.publish, txn, after_commit=sender.committed)
+                t1 = time.time()
                 drained = time.perf_counter()
                 if outbox is not None and not outbox.flush(DRAIN_TIMEOUT_S):
                     self.result.errors.append(f"publish {case}: sends not drained")
@@ -583,7 +626,8 @@ class Run:
                         self.m[f"{key}_left_to_worker"] = left
                         note += f"; all sent {drain_ms:.0f} ms after the last commit"
                         note += f", {left} left to the resend worker" if left else ""
-                self.row(f"publish_{case} x{writers}", w.rate, note)
+                cpu, words = self.record_cost(key, self.cost(t0, t1), self.n.publish)
+                self.row(f"publish_{case} x{writers}", w.rate, f"{note}; {words}", cpu)
         for outbox in outboxes.values():
             outbox.close(30)
         db.clear()
@@ -628,9 +672,10 @@ class Run:
         threads: int,
         procs: int,
         started: tuple[str, list[subprocess.Popen[str]], Any] | None = None,
-    ) -> float:
-        """One case; `started`: its topic, consumers already running and reservation table
-        (--quick: the consumers serve several cases, each case writes its own table)."""
+    ) -> tuple[float, Window | None, int]:
+        """One case: its rate, what the machine spent meanwhile and over how many rows;
+        `started`: its topic, consumers already running and reservation table (--quick: the
+        consumers serve several cases, each case writes its own table)."""
         from reliable import Message
 
         table = db.reservations
@@ -678,7 +723,13 @@ class Run:
             f"{e.last_s - sent:+.2f} s after; {e.effects}/{n} rows"
         )
         # rows inserted since the first one, over the time since it (start-up not counted)
-        return (e.effects - 1) / (e.last_s - e.first_s) if e.last_s > e.first_s else 0.0
+        if e.last_s <= e.first_s:
+            return 0.0, None, 0
+        return (
+            (e.effects - 1) / (e.last_s - e.first_s),
+            self.cost(e.first_s, e.last_s),
+            e.effects - 1,
+        )
 
     def new_case(self, db: Db) -> tuple[str, str]:
         from outbox import declare_groups
@@ -727,8 +778,10 @@ class Run:
                     procs_of = [pr for pr, cs in zip(every, serving, strict=True) if case in cs]
                     started[case] = (topic, procs_of, table)
 
-            def measure(mode: str, threads: int, procs: int) -> float:
-                return self.consume_case(
+            def measure(
+                mode: str, threads: int, procs: int, key: str, name: str, note: str
+            ) -> float:
+                rate, window, units = self.consume_case(
                     db,
                     endpoint,
                     producer,
@@ -737,25 +790,40 @@ class Run:
                     procs,
                     started.get((mode, threads, procs)),
                 )
+                cpu, words = self.record_cost(key, window, units)
+                self.row(name, rate, f"{note}; {words}" if words else note, cpu)
+                return rate
 
             for mode in ("bare", "guard"):
                 for threads in self.n.consume_threads:
-                    rate = measure(mode, threads, 1)
-                    self.m[f"consume_{mode}_t{threads}_msgs_s"] = round(rate, 1)
-                    self.row(f"consume_{mode} {threads} thr", rate, "1 process")
+                    key = f"consume_{mode}_t{threads}"
+                    rate = measure(
+                        mode, threads, 1, key, f"consume_{mode} {threads} thr", "1 process"
+                    )
+                    self.m[f"{key}_msgs_s"] = round(rate, 1)
             scaling: dict[str, float] = {}
+            busy: dict[str, float | None] = {}
             for procs in CONSUME_PROCESSES:
                 if procs == 1 and PROCESS_THREADS in self.n.consume_threads:
                     rate = float(self.m[f"consume_guard_t{PROCESS_THREADS}_msgs_s"] or 0.0)
+                    key = f"consume_guard_t{PROCESS_THREADS}"
                 else:
-                    rate = measure("guard", PROCESS_THREADS, procs)
-                    self.row(
-                        f"consume_guard {procs} procs", rate, f"{PROCESS_THREADS} threads each"
+                    key = f"consume_guard_p{procs}"
+                    rate = measure(
+                        "guard",
+                        PROCESS_THREADS,
+                        procs,
+                        key,
+                        f"consume_guard {procs} procs",
+                        f"{PROCESS_THREADS} threads each",
                     )
                 scaling[str(procs)] = round(rate, 1)
+                busy[str(procs)] = self.m.get(f"{key}_machine_busy")  # type: ignore[assignment]
             if every:  # --quick: each case wrote its own table; nothing is counted after
                 stop_in_background(every)
         self.m["consume_processes_scaling"] = scaling  # type: ignore[assignment]
+        # how busy the whole machine was at 1, 2 and 4 processes: the limit of the scaling
+        self.m["consume_processes_machine_busy"] = busy  # type: ignore[assignment]
         self.m["consume_bare_msgs_s"] = self.m["consume_bare_t4_msgs_s"]
         self.m["consume_guard_msgs_s"] = self.m["consume_guard_t4_msgs_s"]
         self.m["consume_guard_overhead"] = overhead(
@@ -768,6 +836,9 @@ class Run:
         from reliable import Message
 
         n = self.n.flow
+        # the consume cases' processes, stopped in the background, are gone first: their
+        # exit must not take the CPU of the floor's case (the CPU by layer showed it)
+        reap_all()
         # the floor: both transactions, no messaging: the writers commit orders, as many
         # threads as the consumers have commit reservations, handed over in memory
         db.clear()
@@ -804,11 +875,13 @@ class Run:
         floor_rate = e.rate(n)
         self.m["flow_floor_orders_s"] = round(floor_rate, 1)
         self.m["flow_floor_exactly_once"] = e.exactly_once
+        cpu, words = self.record_cost("flow_floor", self.cost(e.first_s, e.last_s), n)
         self.row(
             "flow_floor",
             floor_rate,
             f"{FLOW_WRITERS} writers commit orders, {FLOW_PROCESSES * FLOW_THREADS} threads "
-            "commit reservations (handed over in memory)",
+            f"commit reservations (handed over in memory); {words}",
+            cpu,
         )
 
         # ours
@@ -836,13 +909,15 @@ class Run:
         self.m["flow_latency_p50_ms"] = p50
         self.m["flow_latency_p99_ms"] = p99
         self.m["flow_stubs_confirmed"] = confirmed
+        cpu, words = self.record_cost("flow", self.cost(e.first_s, e.last_s), n)
         self.row(
             "flow_ours",
             rate,
             f"{FLOW_WRITERS} writers, {FLOW_PROCESSES} consume procs x {FLOW_THREADS} threads; "
             f"order->reservation p50 {p50:.1f} ms, p99 {p99:.1f} ms; "
             f"{'exactly once' if e.exactly_once else f'NOT exactly once: {e.wrong} orders wrong'}"
-            f", {confirmed}/{n} stubs CONFIRMED",
+            f", {confirmed}/{n} stubs CONFIRMED; {words}",
+            cpu,
         )
         if not e.exactly_once:
             self.result.errors.append(
@@ -939,12 +1014,14 @@ class Run:
         self.m["flow_baseline_exactly_once"] = e.exactly_once
         self.m["flow_baseline_latency_p50_ms"] = p50
         self.m["flow_baseline_latency_p99_ms"] = p99
+        cpu, words = self.record_cost("flow_baseline", self.cost(e.first_s, e.last_s), n)
         self.row(
             "flow_baseline",
             rate,
             "stub row + SKIP LOCKED relay (poll 10 ms) -> NATS JetStream -> pull consumer, "
             f"Redis SET NX + processed-id row; p50 {p50:.1f} ms, p99 {p99:.1f} ms; "
-            f"{'exactly once' if e.exactly_once else f'{e.wrong} orders wrong'}",
+            f"{'exactly once' if e.exactly_once else f'{e.wrong} orders wrong'}; {words}",
+            cpu,
         )
 
     # resend sweep -------------------------------------------------------------------
@@ -1099,6 +1176,10 @@ def verdicts(m: dict[str, Any]) -> list[tuple[str, bool | None, str]]:
             m["flow_latency_p50_ms"] < m["flow_baseline_latency_p50_ms"]
             and m["flow_latency_p99_ms"] < m["flow_baseline_latency_p99_ms"]
         )
+    per_order = [sum((m.get(f"{k}_cpu_us") or {}).values()) for k in ("flow", "flow_baseline")]
+    cpu_words = (
+        f"; CPU an order {per_order[0]:,.0f} vs {per_order[1]:,.0f} us" if all(per_order) else ""
+    )
     met_base = (
         None
         if of_base is None
@@ -1110,7 +1191,7 @@ def verdicts(m: dict[str, Any]) -> list[tuple[str, bool | None, str]]:
             met_base,
             f"{of_base}x; p50 {m.get('flow_latency_p50_ms')} vs "
             f"{m.get('flow_baseline_latency_p50_ms')} ms, p99 {m.get('flow_latency_p99_ms')} "
-            f"vs {m.get('flow_baseline_latency_p99_ms')} ms",
+            f"vs {m.get('flow_baseline_latency_p99_ms')} ms{cpu_words}",
         )
     )
     out.append(
@@ -1119,8 +1200,11 @@ def verdicts(m: dict[str, Any]) -> list[tuple[str, bool | None, str]]:
     sc = m.get("consume_processes_scaling") or {}
     s2 = ratio(sc.get("2"), sc.get("1"))
     s4 = ratio(sc.get("4"), sc.get("1"))
-    out.append(("consume 2 procs >= 1.7x", ge(s2, SCALING_2), f"{s2}x"))
-    out.append(("consume 4 procs >= 3x", ge(s4, SCALING_4), f"{s4}x"))
+    busy = m.get("consume_processes_machine_busy") or {}
+    at = ", ".join(f"{p} {pct(b)}" for p, b in busy.items() if b is not None)
+    busy_words = f"; machine busy at 1, 2, 4 processes: {at}" if at else ""
+    out.append(("consume 2 procs >= 1.7x", ge(s2, SCALING_2), f"{s2}x{busy_words}"))
+    out.append(("consume 4 procs >= 3x", ge(s4, SCALING_4), f"{s4}x{busy_words}"))
     sw = m.get("resend_sweep_1m_s") or m.get("resend_sweep_s")
     only_due = m.get("resend_sweep_only_due")
     out.append(
@@ -1168,11 +1252,14 @@ def run(opts: Options) -> SuiteResult:
                         continue
                     began = time.perf_counter()
                     try:
-                        fn()
+                        with LayerSampler(layer_of) as r.layers:
+                            fn()
                         progress(f"{step} done in {time.perf_counter() - began:.1f} s")
                     except Exception as exc:
                         result.errors.append(f"{step}: {type(exc).__name__}: {exc}"[:1000])
                         progress(f"{step} failed: {traceback.format_exc()}")
+                    finally:
+                        r.layers = None
             finally:
                 producer.shutdown()
     finally:

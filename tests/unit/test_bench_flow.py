@@ -81,4 +81,13 @@ def test_flow_suite_quick_json_verifies_exactly_once(tmp_path: Path) -> None:
         assert metrics[f"{key}_commits_s"] > 0 and metrics[f"{key}_left_to_worker"] == 0
     assert metrics["resend_sweep_resent"] == metrics["resend_sweep_due"]
     assert "flow_ours" in proc.stdout and "target: flow exactly once" in proc.stdout
+    # what each flow case cost, layer by layer: ours ran the broker, its consumers,
+    # PostgreSQL and Redis; the baseline its relay, consumers and NATS; the floor neither
+    ours, base = metrics["flow_cpu_us"], metrics["flow_baseline_cpu_us"]
+    assert {"bench", "broker", "consumers", "postgres"} <= ours.keys(), ours
+    assert {"relay", "hw_consumers", "nats", "postgres"} <= base.keys(), base
+    assert not {"broker", "relay", "nats", "hw_consumers"} & metrics["flow_floor_cpu_us"].keys()
+    for key in ("flow", "flow_floor", "flow_baseline", "consume_guard_t4", "consume_guard_p2"):
+        assert 0 < metrics[f"{key}_machine_busy"] <= 1, key
+    assert set(metrics["consume_processes_machine_busy"]) == {"1", "2", "4"}
     assert list(tmp_path.iterdir()) == []

@@ -114,8 +114,11 @@ class Outbox:
         self.sender = sender
         self.config = config or OutboxConfig()
         self.clock = clock
-        # the per-publish statements, built once (bound parameters, compiled once)
-        self._plain_insert = insert(tables.stub)
+        # the per-publish statements, built once (bound parameters, compiled once). The
+        # stub's INSERT is `inline()`: no RETURNING of the new row's id, which nothing
+        # reads, and whose result row SQLAlchemy set up on every publish (a fifth of a
+        # publishing thread's CPU under the profiler)
+        self._plain_insert = insert(tables.stub).inline()
         self._insert_with_groups: dict[str, Any] = {}
         stub = tables.stub
         record = (
@@ -206,7 +209,7 @@ class Outbox:
             with_groups = (
                 None
                 if groups is None
-                else Prepared(insert(self.tables.stub).values(expected_groups=groups))
+                else Prepared(insert(self.tables.stub).values(expected_groups=groups).inline())
             )
             self._insert_with_groups[conn.dialect.name] = with_groups
         try:

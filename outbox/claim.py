@@ -26,7 +26,7 @@ import enum
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import ColumnElement, Connection, and_, select, update
+from sqlalchemy import ColumnElement, Connection, and_, literal, select, update
 from sqlalchemy.engine import RowMapping
 
 from outbox.errors import UnsupportedDatabase
@@ -58,8 +58,12 @@ def due_clause(tables: OutboxTables, now: datetime) -> ColumnElement[bool]:
     """UNCONFIRMED, not escalated, and due: `next_resend_at <= now` (`>` would select only
     the stubs not yet due)."""
     s = tables.stub.c
+    # the status as a literal, never a parameter: it is the predicate of the partial
+    # `ix_stub_resend` (`outbox.models`), which the planner uses only when it can prove it
     return and_(
-        s.status == StubStatus.UNCONFIRMED.value, s.next_resend_at <= now, s.escalated_at.is_(None)
+        s.status == literal(StubStatus.UNCONFIRMED.value, literal_execute=True),
+        s.next_resend_at <= now,
+        s.escalated_at.is_(None),
     )
 
 

@@ -27,6 +27,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    text,
 )
 
 
@@ -43,6 +44,18 @@ class ConfirmationOutcome(enum.Enum):
 
     SUCCESS = "SUCCESS"  # the handler returned normally
     DISCARDED = "DISCARDED"  # the handler raised `Discard`: done, never retried
+
+
+# The partial indexes' predicates (`ix_stub_resend`, `ix_stub_claimed`): the queries they
+# serve name the same condition, with the status as a literal (`outbox.claim.due_clause`),
+# so that the planner can prove it from a prepared statement's generic plan too.
+UNCONFIRMED = f"status = '{StubStatus.UNCONFIRMED.value}'"
+
+
+def _only(predicate: str) -> dict[str, object]:
+    """A partial index's WHERE on the databases that have partial indexes (MariaDB and
+    MySQL have none: there the index holds every row)."""
+    return {"postgresql_where": text(predicate), "sqlite_where": text(predicate)}
 
 
 # Column sizes shared by every table. 128 covers RocketMQ's topic/group limit (127).
@@ -98,10 +111,13 @@ class OutboxTables:
             Column("claimed_by", String(ID_LEN), nullable=True),
             Column("group_positions", Text, nullable=True),
             UniqueConstraint("message_id", name=f"{p}uq_stub_message_id"),
-            Index(f"{p}ix_stub_resend", "status", "next_resend_at"),
-            Index(f"{p}ix_stub_topic_queue", "topic", "queue_id", "queue_offset"),
+            # Every index costs each stub three entries (its INSERT, the send's record and
+            # the CONFIRMED update rewrite the row). Where the database has partial indexes
+            # (PostgreSQL, SQLite), the resend index holds only the UNCONFIRMED stubs it
+            # serves and the claim index only the claimed ones (a handful at any time).
+            Index(f"{p}ix_stub_resend", "status", "next_resend_at", **_only(UNCONFIRMED)),
             Index(f"{p}ix_stub_created", "created_at"),
-            Index(f"{p}ix_stub_claimed", "claimed_by"),
+            Index(f"{p}ix_stub_claimed", "claimed_by", **_only("claimed_by IS NOT NULL")),
             schema=sch,
         )
         self.confirmation = Table(

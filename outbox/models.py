@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -52,7 +53,7 @@ class ConfirmationOutcome(enum.Enum):
 UNCONFIRMED = f"status = '{StubStatus.UNCONFIRMED.value}'"
 
 
-def _only(predicate: str) -> dict[str, object]:
+def _only(predicate: str) -> dict[str, Any]:
     """A partial index's WHERE on the databases that have partial indexes (MariaDB and
     MySQL have none: there the index holds every row)."""
     return {"postgresql_where": text(predicate), "sqlite_where": text(predicate)}

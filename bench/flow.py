@@ -1162,7 +1162,20 @@ def verdicts(m: dict[str, Any]) -> list[tuple[str, bool | None, str]]:
                 )
             )
     g = m.get("consume_guard_overhead")
-    out.append(("guard <= 25%, 4 thr", le(g, GUARD_MAX_OVERHEAD), f"throughput -{pct(g)}"))
+    # one process's threads share one interpreter: how much of a core it took says whether
+    # the process or the machine was the limit
+    proc_words = ""
+    for mode in ("bare", "guard"):
+        used = (m.get(f"consume_{mode}_t4_cpu_us") or {}).get("consumers")
+        rate = m.get(f"consume_{mode}_t4_msgs_s")
+        if isinstance(used, int | float) and isinstance(rate, int | float):
+            busy = m.get(f"consume_{mode}_t4_machine_busy")
+            proc_words += f"; {mode}'s process {used * rate / 1e6:.2f} of a core" + (
+                f" (machine {pct(busy)} busy)" if busy is not None else ""
+            )
+    out.append(
+        ("guard <= 25%, 4 thr", le(g, GUARD_MAX_OVERHEAD), f"throughput -{pct(g)}{proc_words}")
+    )
     of_floor = ratio(m.get("flow_orders_s"), m.get("flow_floor_orders_s"))
     out.append(
         ("flow >= 80% floor", ge(of_floor, FLOW_MIN_OF_FLOOR), f"{pct(of_floor)} of the floor")

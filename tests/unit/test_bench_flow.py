@@ -44,6 +44,22 @@ def test_targets_read_short_met_or_unmeasured() -> None:
     verdicts = {name: met for name, met, _ in flow.verdicts(m)}
     assert verdicts["consume 2 procs >= 1.7x"] is True
     assert verdicts["consume 4 procs >= 3x"] is False
+    # the guard's line says how much of a core each one-process case took
+    m = {
+        "consume_guard_overhead": 0.4,
+        "consume_guard_t4_msgs_s": 800.0,
+        "consume_guard_t4_cpu_us": {"consumers": 1000.0, "postgres": 500.0},
+        "consume_guard_t4_machine_busy": 0.75,
+        "consume_bare_t4_msgs_s": 1300.0,
+        "consume_bare_t4_cpu_us": {"consumers": 600.0},
+    }
+    figures = {name: (met, words) for name, met, words in flow.verdicts(m)}
+    met, words = figures["guard <= 25%, 4 thr"]
+    assert met is False
+    assert words == (
+        "throughput -40%; bare's process 0.78 of a core; "
+        "guard's process 0.80 of a core (machine 75% busy)"
+    )
 
 
 def test_quick_runs_one_thread_count_and_no_spark() -> None:

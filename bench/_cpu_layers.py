@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench._common import proc_stat
+
 Classify = Callable[[int, str, str], str]  # (pid, command name, command line) -> layer
 OTHER = "other"
 
@@ -96,17 +98,10 @@ class LayerSampler:
             self.sample()
 
     def _read(self, pid: int) -> tuple[tuple[int, str], float, str] | None:
-        try:  # os.open/os.read: a third of what a text file object costs, 100 times a reading
-            fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
-            try:
-                raw = os.read(fd, 4096).decode(errors="replace")
-            finally:
-                os.close(fd)
+        try:
+            name, fields = proc_stat(pid)
         except OSError:
             return None  # gone between the listing and the read
-        name, _, rest = raw.partition("(")[2].rpartition(")")
-        fields = rest.split()
-        # after the name: [0] state ... [11] utime [12] stime ... [19] start time
         return (pid, fields[19]), (int(fields[11]) + int(fields[12])) / self._tick, name
 
     def _layer(self, key: tuple[int, str], name: str) -> str:
@@ -154,13 +149,8 @@ class LayerSampler:
         if times[i] == t or i == 0:
             layers, busy, total = samples[i]
             return dict(layers), float(busy), float(total)
-        (ta, (la, ba, xa)), (tb, (lb, bb, xb)) = (
-            (times[i - 1], samples[i - 1]),
-            (
-                times[i],
-                samples[i],
-            ),
-        )
+        ta, (la, ba, xa) = times[i - 1], samples[i - 1]
+        tb, (lb, bb, xb) = times[i], samples[i]
         f = (t - ta) / (tb - ta) if tb > ta else 1.0
         layers = {k: la.get(k, 0.0) + (lb.get(k, 0.0) - la.get(k, 0.0)) * f for k in lb}
         return layers, ba + (bb - ba) * f, xa + (xb - xa) * f

@@ -68,6 +68,7 @@ from bench._common import (
     fdatasync_p50_ms,
     format_table,
     percentiles_ms,
+    proc_stat,
     progress,
     python_loop_s,
     timed,
@@ -313,15 +314,9 @@ def continue_all() -> None:
     _stopped.clear()
 
 
-def _stat_fields(pid: int) -> list[str]:
-    """`/proc/<pid>/stat` after the command's name: [0] the state, [11] and [12] the
-    user and system CPU in clock ticks. OSError when the process is gone."""
-    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-
-
 def process_state(pid: int) -> str:
     """The process's state letter (R running, S sleeping, T stopped, ...)."""
-    return _stat_fields(pid)[0]
+    return proc_stat(pid)[1][0]
 
 
 def process_cpu_s(pid: int | None = None) -> float:
@@ -329,7 +324,7 @@ def process_cpu_s(pid: int | None = None) -> float:
     if pid is None:
         t = os.times()
         return t.user + t.system
-    fields = _stat_fields(pid)
+    fields = proc_stat(pid)[1]
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 

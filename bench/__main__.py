@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         type=int,
         default=1,
-        help="grpc: run every case N times, pass after pass, and report each figure's "
-        "median (a pass disturbed by the machine moves no verdict)",
+        help="grpc, rocketmq: run every case N times, pass after pass, and report each "
+        "figure's median (a pass disturbed by the machine moves no verdict)",
     )
     parser.add_argument(
         "--stub-work-us",

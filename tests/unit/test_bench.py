@@ -21,7 +21,7 @@ from bench import grpc as grpc_suite
 from bench import peers
 from bench import rocketmq as rocketmq_suite
 from bench.__main__ import discover
-from bench._common import Measured, Row, SuiteResult, format_table, percentiles_ms
+from bench._common import Measured, Options, Row, SuiteResult, format_table, percentiles_ms
 from protocol.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -535,6 +535,40 @@ def test_repeated_passes_report_each_figure_as_its_median() -> None:
     assert merged.metrics["official_send_p50_ms"] == 0.7
     assert merged.metrics["nats_consume_ack_msgs_s"] == 20_000  # lower median of two
     assert merged.errors == ["embedded_send: boom"]
+
+
+def test_rocketmq_passes_judge_the_targets_on_each_sides_median(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--repeat on the rocketmq suite: every pass on servers of its own (a directory each),
+    Apache RocketMQ's figure and ours each the median of the passes, the targets judged on
+    the medians, and how many each pass met said beside them."""
+    figures = iter([(1_000, 1_100), (1_200, 1_000), (1_100, 1_150)])  # Apache, gateway
+    dirs: list[Path] = []
+
+    def one_pass(opts: object, workdir: Path, home: Path, n: object) -> SuiteResult:
+        dirs.append(workdir)
+        apache, gateway = next(figures)
+        result = SuiteResult()
+        result.metrics.update(
+            rocketmq_framework_send_msgs_s=apache, gateway_framework_send_msgs_s=gateway
+        )
+        return result
+
+    monkeypatch.setattr(rocketmq_suite, "one_pass", one_pass)
+    monkeypatch.setattr(rocketmq_suite, "python_loop_s", lambda: [0.3])
+    monkeypatch.setattr(rocketmq_suite, "fdatasync_p50_ms", lambda where: 0.1)
+    monkeypatch.setenv("HOME", str(tmp_path))  # the suite points HOME at its own directory
+    monkeypatch.delenv("RELIABLE_CACHE_DIR", raising=False)  # and sets this one
+    result = rocketmq_suite.run(Options(workdir=tmp_path, repeat=3))
+    assert dirs == [tmp_path / f"pass-{i}" for i in (1, 2, 3)]
+    assert result.metrics["rocketmq_framework_send_msgs_s"] == 1_100
+    assert result.metrics["gateway_framework_send_msgs_s"] == 1_100
+    assert result.metrics["targets_met_each_pass"] == [1, 0, 1]
+    assert (result.metrics["targets_met"], result.metrics["targets_short"]) == (1, 0)
+    assert result.metrics["passes"] == 3
+    [line] = [n for n in result.notes if n.startswith("framework_send ")]
+    assert "1.00x" in line and "met (gateway)" in line
 
 
 def test_repeat_must_be_positive() -> None:

@@ -17,6 +17,14 @@ client prepares it. The first such failure turns preparing off for that statemen
 this process, with a warning; the transaction it failed in is lost as any failed
 statement loses it (the guard retries the message, the publisher's caller sees the
 error), and later runs send the plain statement.
+
+Only psycopg2 needs this. psycopg 3 (`postgresql+psycopg://`) binds parameters on the
+server and prepares a statement itself once a connection has run it a few times
+(`prepare_threshold`, 5 by default); an `EXECUTE name($1, ...)` of its own would fail
+there (a utility statement takes no bound parameter). On psycopg 3, pg8000 and every
+other database, `Prepared` runs the statement as SQLAlchemy runs it. Behind a pooler that
+shares server connections between transactions, psycopg 3's own preparing is turned off
+with `connect_args={"prepare_threshold": None}`.
 """
 
 from __future__ import annotations
@@ -69,7 +77,7 @@ class Prepared:
     def execute(
         self, conn: Connection, params: Mapping[str, Any]
     ) -> CursorResult[*tuple[Any, ...]]:
-        if not self.enabled or conn.dialect.name != "postgresql":
+        if not self.enabled or conn.dialect.driver != "psycopg2":
             return conn.execute(self.statement, params)
         rendered = self._prepare_on(conn, params)
         try:
@@ -84,7 +92,11 @@ class Prepared:
         """EXPLAIN of the plan PostgreSQL keeps for this statement once it stops planning
         each run anew: the generic plan, made without the values, possibly while a table
         was still empty, and kept for the connection's life. On a connection with no
-        work of its own pending: its transaction is rolled back."""
+        work of its own pending: its transaction is rolled back. psycopg2 only (a
+        statement this class runs as SQLAlchemy does is prepared, if at all, by its
+        driver)."""
+        if conn.dialect.driver != "psycopg2":
+            raise NotImplementedError(f"generic_plan: psycopg2 only, not {conn.dialect.driver}")
         rendered = self._prepare_on(conn, params)
         try:
             conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_generic_plan")

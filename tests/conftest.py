@@ -22,6 +22,15 @@ POSTGRES_URL = os.environ.get(
     "RELIABLE_TEST_POSTGRES", "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
 )
 MARIADB_URL = os.environ.get("RELIABLE_TEST_MARIADB", "mysql+pymysql://root@127.0.0.1:3306/test")
+# the same server through psycopg 3 (`postgresql+psycopg://`, what SQLAlchemy 2.1 picks for
+# a plain postgresql:// URL): the outbox and guard suites run on both drivers
+POSTGRES_PSYCOPG3_URL = os.environ.get(
+    "RELIABLE_TEST_POSTGRES_PSYCOPG3",
+    "postgresql+psycopg://" + POSTGRES_URL.split("://", 1)[1],
+)
+# the databases of the contract suites; the outbox and guard suites add psycopg 3
+DATABASES = ["sqlite", "postgres", "mariadb"]
+DATABASES_AND_DRIVERS = ["sqlite", "postgres", "psycopg3", "mariadb"]
 
 
 def _share_caches() -> None:
@@ -165,14 +174,19 @@ def sqlite_url(tmp_path) -> str:  # type: ignore[no-untyped-def]
     return f"sqlite:///{tmp_path / 'test.db'}"
 
 
-@pytest.fixture(params=["sqlite", "postgres", "mariadb"])
+def database_url(name: str, tmp_path) -> str:  # type: ignore[no-untyped-def]
+    """The URL of one of DATABASES_AND_DRIVERS; fails the test when its server is down."""
+    if name == "sqlite":
+        return f"sqlite:///{tmp_path / 'test.db'}"
+    url = {"postgres": POSTGRES_URL, "psycopg3": POSTGRES_PSYCOPG3_URL}.get(name, MARIADB_URL)
+    _engine(url).dispose()
+    return url
+
+
+@pytest.fixture(params=DATABASES)
 def db_url(request: pytest.FixtureRequest, tmp_path) -> str:  # type: ignore[no-untyped-def]
     """One database URL per backend; the contract suites run on all three."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'test.db'}"
-    url = POSTGRES_URL if request.param == "postgres" else MARIADB_URL
-    _engine(url).dispose()  # fails the test when the server is down
-    return url
+    return database_url(request.param, tmp_path)
 
 
 @pytest.fixture

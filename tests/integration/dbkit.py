@@ -14,15 +14,17 @@ from outbox import OutboxTables
 
 def mark_databases(items: list[pytest.Item], folder: str, *always: pytest.MarkDecorator) -> None:
     """Mark the tests under `folder` with `always` and with the database their `db_url`
-    parameter names (postgres or mariadb), so `-m` selects them by service."""
+    parameter names (postgres, psycopg3 or mariadb), so `-m` selects them by service."""
     for item in items:
         if folder not in str(item.path):
             continue
         for mark in always:
             item.add_marker(mark)
         param = getattr(getattr(item, "callspec", None), "params", {}).get("db_url")
-        if param in ("postgres", "mariadb"):
-            item.add_marker(getattr(pytest.mark, param))
+        if param in ("postgres", "psycopg3"):
+            item.add_marker(pytest.mark.postgres)
+        elif param == "mariadb":
+            item.add_marker(pytest.mark.mariadb)
 
 
 @contextlib.contextmanager

@@ -6,6 +6,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -15,11 +16,18 @@ from redis.retry import Retry
 
 from outbox import OutboxTables
 from protocol.ports import free_port
+from tests.conftest import DATABASES_AND_DRIVERS, database_url
 from tests.integration.dbkit import engine_for, mark_databases, outbox_tables
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     mark_databases(items, "integration/idempotency", pytest.mark.redis)
+
+
+@pytest.fixture(params=DATABASES_AND_DRIVERS)
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Every database, and PostgreSQL through psycopg 3 as well as psycopg2."""
+    return database_url(request.param, tmp_path)
 
 
 @pytest.fixture

@@ -5,12 +5,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 from outbox_testkit import RecordingSender
 
 from outbox import OutboxTables
+from tests.conftest import DATABASES_AND_DRIVERS, database_url
 from tests.integration.dbkit import engine_for, mark_databases, outbox_tables
 
 
@@ -47,6 +49,12 @@ class Offsets:
 
     def max_offset(self, topic: str, queue_id: int) -> int | None:
         return self.max.get((topic, queue_id))
+
+
+@pytest.fixture(params=DATABASES_AND_DRIVERS)
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Every database, and PostgreSQL through psycopg 3 as well as psycopg2."""
+    return database_url(request.param, tmp_path)
 
 
 @pytest.fixture

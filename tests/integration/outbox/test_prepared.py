@@ -148,3 +148,31 @@ def test_a_name_already_prepared_where_this_client_had_not_turns_preparing_off(
             assert here.execute(conn, {"rid": "b", "at": at, "n": 2, "other": "a"}).all()
     with engine.connect() as conn:
         assert conn.execute(sa.select(table.c.id).order_by("id")).scalars().all() == ["a", "b"]
+
+
+@pytest.mark.parametrize("db_url", ["psycopg3"], indirect=True)
+def test_on_psycopg3_the_driver_prepares_the_plain_statement(
+    engine: sa.Engine, table: sa.Table
+) -> None:
+    """psycopg 3 binds parameters on the server, where `EXECUTE name($1, ...)` cannot run:
+    the statement goes as SQLAlchemy sends it, and psycopg prepares it itself once the
+    connection has run it `prepare_threshold` times."""
+    prepared = Prepared(upsert(table))
+    sent = statements(engine)
+    at = datetime(2026, 11, 30, 4, 0, 0)
+    with engine.begin() as conn:
+        threshold = conn.connection.driver_connection.prepare_threshold  # type: ignore[union-attr]
+        assert threshold is not None
+        for i in range(threshold + 2):
+            rows = prepared.execute(conn, {"rid": f"r{i}", "at": at, "n": i, "other": "r0"}).all()
+            assert ("r0", 0, "old") in rows or i == 0
+            assert (f"r{i}", i, "new") in rows
+        ours = list(sent)
+        kept = conn.exec_driver_sql(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%%born%%'"
+        ).scalar_one()
+    assert ours == ["WITH"] * (threshold + 2)  # no PREPARE, no EXECUTE of ours
+    assert kept == 1  # psycopg's own
+    assert prepared.enabled
+    with engine.connect() as conn, pytest.raises(NotImplementedError, match="psycopg2 only"):
+        prepared.generic_plan(conn, {"rid": "x", "at": at, "n": 0, "other": "x"})

@@ -123,6 +123,24 @@ def python_loop_s(samples: int = 5) -> list[float]:
     return out
 
 
+def passes(
+    repeat: int, workdir: Path, one: Callable[[Path], SuiteResult], loops: list[float]
+) -> list[SuiteResult]:
+    """`--repeat`: `one(where)` `repeat` times, pass after pass, each in a directory of its
+    own (`pass-<i>` under `workdir`; `workdir` itself for a single pass), the machine's
+    Python speed sampled again into `loops` after each pass."""
+    out: list[SuiteResult] = []
+    for i in range(max(1, repeat)):
+        where = workdir
+        if repeat > 1:
+            progress(f"pass {i + 1} of {repeat}")
+            where = workdir / f"pass-{i + 1}"
+            where.mkdir(exist_ok=True)
+        out.append(one(where))
+        loops.extend(python_loop_s())
+    return out
+
+
 def fdatasync_p50_ms(where: Path) -> float:
     """fdatasync of 1 KiB in `where`, p50 in ms: fsync-bound figures move with it."""
     return _fsync_probe(where / "fsync-probe", 200, pause_s=0.0, written=False)

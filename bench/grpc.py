@@ -73,6 +73,9 @@ from bench._common import (
     python_loop_s,
     timed,
 )
+from bench._common import (
+    passes as run_passes,
+)
 
 NAME = "grpc"
 DESCRIPTION = "RocketMQ 5 gRPC server: framework, official client, embedded vs peers"
@@ -1223,17 +1226,13 @@ def run(opts: Options) -> SuiteResult:
         f"machine: a 10M-iteration Python loop {statistics.median(loops):.2f} s, "
         f"fdatasync p50 {fsync_ms:.3f} ms, {apart_ms:.3f} ms {APART_S * 1000:g} ms apart"
     )
-    passes: list[SuiteResult] = []
-    for i in range(max(1, opts.repeat)):
+
+    def one_pass(where: Path) -> SuiteResult:
         one = SuiteResult()
-        where = workdir
-        if opts.repeat > 1:
-            progress(f"pass {i + 1} of {opts.repeat}")
-            where = workdir / f"pass-{i + 1}"
-            where.mkdir(exist_ok=True)
         one.errors.extend(measure(n, where, one, opts.only, opts.stub_work_us))
-        passes.append(one)
-        loops.extend(python_loop_s())  # the machine's speed again, after each pass
+        return one
+
+    passes = run_passes(opts.repeat, workdir, one_pass, loops)
     result = passes[0] if len(passes) == 1 else median_of(passes)
     result.metrics["messages_each"] = n.each
     result.metrics["messages_pipelined"] = n.pipelined

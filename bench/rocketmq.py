@@ -67,6 +67,9 @@ from bench._common import (
     progress,
     python_loop_s,
 )
+from bench._common import (
+    passes as run_passes,
+)
 from bench.grpc import (
     BODY,
     SERVER_PIDS,
@@ -608,15 +611,7 @@ def run(opts: Options) -> SuiteResult:
     # official Python client logs under $HOME from its import
     os.environ.setdefault("RELIABLE_CACHE_DIR", str(cache_root()))
     os.environ["HOME"] = str(home)
-    passes: list[SuiteResult] = []
-    for i in range(max(1, opts.repeat)):
-        where = workdir
-        if opts.repeat > 1:
-            progress(f"pass {i + 1} of {opts.repeat}")
-            where = workdir / f"pass-{i + 1}"
-            where.mkdir(exist_ok=True)
-        passes.append(one_pass(opts, where, home, n))
-        loops.extend(python_loop_s())  # the machine's speed again, after each pass
+    passes = run_passes(opts.repeat, workdir, lambda where: one_pass(opts, where, home, n), loops)
     # several passes: each figure the median of the passes, Apache RocketMQ's as ours
     # (a case's round trips move by a tenth from one pass to the next on either side)
     result = passes[0] if len(passes) == 1 else grpc.median_of(passes)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import _common as bench_common
 from bench import burst as burst_suite
 from bench import grpc as grpc_suite
 from bench import peers
@@ -557,6 +558,7 @@ def test_rocketmq_passes_judge_the_targets_on_each_sides_median(
 
     monkeypatch.setattr(rocketmq_suite, "one_pass", one_pass)
     monkeypatch.setattr(rocketmq_suite, "python_loop_s", lambda: [0.3])
+    monkeypatch.setattr(bench_common, "python_loop_s", lambda: [0.3])
     monkeypatch.setattr(rocketmq_suite, "fdatasync_p50_ms", lambda where: 0.1)
     monkeypatch.setenv("HOME", str(tmp_path))  # the suite points HOME at its own directory
     monkeypatch.delenv("RELIABLE_CACHE_DIR", raising=False)  # and sets this one

@@ -53,7 +53,9 @@ def _table(name: str) -> sa.Table:
         sa.Column("order_id", sa.String(64), nullable=False),
         sa.Column("sku", sa.String(32), nullable=False),
         sa.Column("quantity", sa.Integer, nullable=False),
-        sa.Column("done_at", sa.Float, nullable=False),  # time.time() in the handler
+        sa.Column(
+            "done_at", sa.Double, nullable=False
+        ),  # time.time() in the handler (DOUBLE: FLOAT is 4 bytes on MariaDB)
         extend_existing=True,
     )
 

@@ -26,6 +26,10 @@ bench process, one database connection each.
   publishing to NATS JetStream, a pull consumer checking Redis SET NX and writing a
   processed-id row in the handler's transaction), with the same writers, processes and
   threads.
+- databases: the cases that apply elsewhere, on tables of their own, named
+  `<database>_<case>`: on MariaDB (RELIABLE_BENCH_MARIADB) and a SQLite file, the order
+  alone and with the stub at 1 and 16 writers; on MariaDB also the bare and the guarded
+  handler at 4 threads and the floor and the whole flow (exactly once checked).
 - resend: `ResendWorker` passes until nothing is due, over N stubs (1M; 20k with --quick)
   of which 1% are due (never sent: resent through the broker), 90% confirmed, 9%
   unconfirmed and not due; bulk-loaded inside PostgreSQL (INSERT ... SELECT
@@ -68,6 +72,10 @@ PG_URL = os.environ.get(
     "RELIABLE_BENCH_POSTGRES", "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
 )
 REDIS_URL = os.environ.get("RELIABLE_BENCH_REDIS", "redis://127.0.0.1:6379/0")
+MARIADB_URL = os.environ.get("RELIABLE_BENCH_MARIADB", "mysql+pymysql://root@127.0.0.1:3306/test")
+# the `databases` step: what it runs on each database other than PostgreSQL. SQLite is
+# one file a process writes at a time: its publish cases only
+OTHER_DATABASES = {"mariadb": ("publish", "consume", "flow"), "sqlite": ("publish",)}
 PUBLISH_WRITERS = (1, 16)
 CONSUME_THREADS = (1, 4, 16)
 CONSUME_PROCESSES = (1, 2, 4)
@@ -87,7 +95,8 @@ FLOW_MIN_OF_BASELINE = 1.5
 SCALING_2 = 1.7
 SCALING_4 = 3.0
 SWEEP_MAX_S = 5.0
-SAMPLED = ("publish", "consume", "flow")  # the steps whose cases report their CPU by layer
+# the steps whose cases report their CPU by layer
+SAMPLED = ("publish", "consume", "flow", "databases")
 
 
 @dataclass(frozen=True)
@@ -122,6 +131,8 @@ def layer_of(pid: int, name: str, cmdline: str) -> str:
         return "bench"
     if name in ("postgres", "redis-server", "nats-server"):
         return name.removesuffix("-server")
+    if name in ("mariadbd", "mysqld"):
+        return "mariadb"
     if "reliable_cli broker" in cmdline:
         return "broker"
     if "reliable_cli consume" in cmdline:
@@ -158,7 +169,10 @@ class Db:
             sa.Column("order_id", sa.String(64), nullable=False),
             sa.Column("sku", sa.String(32), nullable=False),
             sa.Column("quantity", sa.Integer, nullable=False),
-            sa.Column("created_at", sa.Float, nullable=False),  # time.time() at the insert
+            sa.Column(
+                "created_at", sa.Double, nullable=False
+            ),  # time.time() at the insert (DOUBLE:
+            # MariaDB's FLOAT is 4 bytes, a second's resolution lost)
         )
         self.reservations = sa.Table(
             f"{self.prefix}reservations",
@@ -167,7 +181,7 @@ class Db:
             sa.Column("order_id", sa.String(64), nullable=False),  # not unique: see duplicates
             sa.Column("sku", sa.String(32), nullable=False),
             sa.Column("quantity", sa.Integer, nullable=False),
-            sa.Column("done_at", sa.Float, nullable=False),
+            sa.Column("done_at", sa.Double, nullable=False),
         )
         self.hw_outbox = sa.Table(
             f"{self.prefix}hw_outbox",
@@ -204,7 +218,13 @@ class Db:
             names = ", ".join(
                 t.name for t in (self.orders, self.reservations, self.hw_outbox, self.hw_processed)
             )
-            conn.execute(sa.text(f"TRUNCATE {names}"))
+            dialect = self.engine.dialect.name
+            if dialect == "postgresql":
+                conn.execute(sa.text(f"TRUNCATE {names}"))
+            else:  # MariaDB truncates one table a statement, SQLite none
+                verb = "DELETE FROM" if dialect == "sqlite" else "TRUNCATE"
+                for name in names.split(", "):
+                    conn.execute(sa.text(f"{verb} {name}"))
 
     def count(self, table: Any) -> int:
         import sqlalchemy as sa
@@ -551,8 +571,13 @@ class Run:
             return None, ""
         self.m[f"{key}_cpu_us"] = window.per_unit_us(units)  # type: ignore[assignment]
         self.m[f"{key}_machine_busy"] = window.busy
+        case = key.removeprefix("mariadb_").removeprefix("sqlite_")
         unit = (
-            "commit" if key.startswith("publish") else "order" if key.startswith("flow") else "msg"
+            "commit"
+            if case.startswith("publish")
+            else "order"
+            if case.startswith("flow")
+            else "msg"
         )
         return window.total_s / units * 1e6, window.describe(units, unit)
 
@@ -564,21 +589,24 @@ class Run:
         progress(f"{name}: {rate:,.0f}/s  {note}")
 
     # publish ------------------------------------------------------------------------
-    def publish(self, db: Db, producer: Any) -> None:
+    def publish(self, db: Db, producer: Any, prefix: str = "") -> None:
+        """The publish cases; `prefix` (`mariadb_`, `sqlite_`): another database's, the
+        order alone and with the stub only, every key and row named with the prefix."""
         from outbox import Outbox, OutboxConfig
         from reliable import Message
 
         sender = TimedSender(producer)
-        outboxes = {
-            "with_stub": Outbox(db.tables, sender),
-            "with_stub_background": Outbox(
-                db.tables, sender, config=OutboxConfig(send_in_background=True)
-            ),
+        configs = {
+            "with_stub": OutboxConfig(),
+            "with_stub_background": OutboxConfig(send_in_background=True),
             # the stub's INSERT and nothing else (the resend worker would send): what any
             # send after the commit stands on, so what limits the two above
-            "stub_insert_only": Outbox(
-                db.tables, sender, config=OutboxConfig(send_after_commit=False)
-            ),
+            "stub_insert_only": OutboxConfig(send_after_commit=False),
+        }
+        outboxes = {
+            case: Outbox(db.tables, sender, config=config)
+            for case, config in configs.items()
+            if not prefix or case == "with_stub"
         }
         topic = self.name("publish")
 
@@ -609,7 +637,7 @@ class Run:
                     self.result.errors.append(f"publish {case}: sends not drained")
                 drain_ms = (time.perf_counter() - drained) * 1000
                 p50, p99 = percentiles_ms(w.latencies)
-                key = f"publish_{case}_w{writers}"
+                key = f"{prefix}publish_{case}_w{writers}"
                 self.m[f"{key}_commits_s"] = round(w.rate, 1)
                 self.m[f"{key}_p50_ms"] = p50
                 self.m[f"{key}_p99_ms"] = p99
@@ -628,36 +656,33 @@ class Run:
                         note += f"; all sent {drain_ms:.0f} ms after the last commit"
                         note += f", {left} left to the resend worker" if left else ""
                 cpu, words = self.record_cost(key, self.cost(t0, t1), self.n.publish)
-                self.row(f"publish_{case} x{writers}", w.rate, f"{note}; {words}", cpu)
+                self.row(f"{prefix}publish_{case} x{writers}", w.rate, f"{note}; {words}", cpu)
         for outbox in outboxes.values():
             outbox.close(30)
         db.clear()
         # the agreed figures: at 16 writers (the concurrent case), the default publish
         hi = max(PUBLISH_WRITERS)
-        self.m["publish_txn_alone_commits_s"] = self.m[f"publish_txn_alone_w{hi}_commits_s"]
-        for case, tag in (
-            ("with_stub", "stub"),
-            ("with_stub_background", "stub_background"),
-            ("stub_insert_only", "stub_insert_only"),
-        ):
-            if case == "with_stub":
-                self.m["publish_with_stub_commits_s"] = self.m[f"publish_{case}_w{hi}_commits_s"]
-                self.m["publish_stub_overhead"] = overhead(
-                    self.m["publish_txn_alone_commits_s"], self.m["publish_with_stub_commits_s"]
-                )
-            else:
-                self.m[f"publish_{case}_commits_s"] = self.m[f"publish_{case}_w{hi}_commits_s"]
-                self.m[f"publish_{tag}_overhead"] = overhead(
-                    self.m["publish_txn_alone_commits_s"], self.m[f"publish_{case}_commits_s"]
-                )
+        m, p = self.m, prefix
+        m[f"{p}publish_txn_alone_commits_s"] = m[f"{p}publish_txn_alone_w{hi}_commits_s"]
+        tags = {
+            "with_stub": "stub",
+            "with_stub_background": "stub_background",
+            "stub_insert_only": "stub_insert_only",
+        }
+        for case in outboxes:
+            tag = tags[case]
+            m[f"{p}publish_{case}_commits_s"] = m[f"{p}publish_{case}_w{hi}_commits_s"]
+            m[f"{p}publish_{tag}_overhead"] = overhead(
+                m[f"{p}publish_txn_alone_commits_s"], m[f"{p}publish_{case}_commits_s"]
+            )
             for nw in PUBLISH_WRITERS:
-                self.m[f"publish_{tag}_overhead_w{nw}"] = overhead(
-                    self.m[f"publish_txn_alone_w{nw}_commits_s"],
-                    self.m[f"publish_{case}_w{nw}_commits_s"],
+                m[f"{p}publish_{tag}_overhead_w{nw}"] = overhead(
+                    m[f"{p}publish_txn_alone_w{nw}_commits_s"],
+                    m[f"{p}publish_{case}_w{nw}_commits_s"],
                 )
-                a = self.m[f"publish_txn_alone_w{nw}_p50_ms"]
-                s = self.m[f"publish_{case}_w{nw}_p50_ms"]
-                self.m[f"publish_{tag}_latency_overhead_w{nw}"] = (
+                a = m[f"{p}publish_txn_alone_w{nw}_p50_ms"]
+                s = m[f"{p}publish_{case}_w{nw}_p50_ms"]
+                m[f"{p}publish_{tag}_latency_overhead_w{nw}"] = (
                     round(s / a - 1, 3)
                     if isinstance(a, float) and a > 0 and isinstance(s, float)
                     else None
@@ -832,7 +857,9 @@ class Run:
         )
 
     # the whole flow ------------------------------------------------------------------
-    def flow(self, db: Db, endpoint: str, producer: Any, workdir: Path) -> None:
+    def flow(self, db: Db, endpoint: str, producer: Any, workdir: Path, prefix: str = "") -> None:
+        """The floor, ours and the baseline; `prefix` (`mariadb_`): another database's
+        floor and ours (the baseline is PostgreSQL's), keys and rows named with it."""
         from outbox import Outbox, declare_groups
         from reliable import Message
 
@@ -874,11 +901,11 @@ class Run:
                 t.join()
         e = effects(db)
         floor_rate = e.rate(n)
-        self.m["flow_floor_orders_s"] = round(floor_rate, 1)
-        self.m["flow_floor_exactly_once"] = e.exactly_once
-        cpu, words = self.record_cost("flow_floor", self.cost(e.first_s, e.last_s), n)
+        self.m[f"{prefix}flow_floor_orders_s"] = round(floor_rate, 1)
+        self.m[f"{prefix}flow_floor_exactly_once"] = e.exactly_once
+        cpu, words = self.record_cost(f"{prefix}flow_floor", self.cost(e.first_s, e.last_s), n)
         self.row(
-            "flow_floor",
+            f"{prefix}flow_floor",
             floor_rate,
             f"{FLOW_WRITERS} writers commit orders, {FLOW_PROCESSES * FLOW_THREADS} threads "
             f"commit reservations (handed over in memory); {words}",
@@ -905,14 +932,14 @@ class Run:
         rate = e.rate(n)
         p50, p99 = percentiles_ms(e.latencies)
         confirmed = self.stubs_confirmed(db, topic)
-        self.m["flow_orders_s"] = round(rate, 1)
-        self.m["flow_exactly_once"] = e.exactly_once
-        self.m["flow_latency_p50_ms"] = p50
-        self.m["flow_latency_p99_ms"] = p99
-        self.m["flow_stubs_confirmed"] = confirmed
-        cpu, words = self.record_cost("flow", self.cost(e.first_s, e.last_s), n)
+        self.m[f"{prefix}flow_orders_s"] = round(rate, 1)
+        self.m[f"{prefix}flow_exactly_once"] = e.exactly_once
+        self.m[f"{prefix}flow_latency_p50_ms"] = p50
+        self.m[f"{prefix}flow_latency_p99_ms"] = p99
+        self.m[f"{prefix}flow_stubs_confirmed"] = confirmed
+        cpu, words = self.record_cost(f"{prefix}flow", self.cost(e.first_s, e.last_s), n)
         self.row(
-            "flow_ours",
+            f"{prefix}flow_ours",
             rate,
             f"{FLOW_WRITERS} writers, {FLOW_PROCESSES} consume procs x {FLOW_THREADS} threads; "
             f"order->reservation p50 {p50:.1f} ms, p99 {p99:.1f} ms; "
@@ -922,11 +949,56 @@ class Run:
         )
         if not e.exactly_once:
             self.result.errors.append(
-                f"flow: {e.wrong} of {e.orders} orders without exactly one reservation "
+                f"{prefix}flow: {e.wrong} of {e.orders} orders without exactly one reservation "
                 f"({e.effects} reservations)"
             )
-        self.m["flow_commits"] = n
-        self.baseline(db, workdir)
+        self.m[f"{prefix}flow_commits"] = n
+        if not prefix:
+            self.baseline(db, workdir)
+
+    # the other databases ---------------------------------------------------------
+    def databases(self, endpoint: str, producer: Any, workdir: Path) -> None:
+        """MariaDB's and SQLite's cases (OTHER_DATABASES), each on tables of its own and
+        named `<database>_<case>`: publish (the order alone, with the stub), MariaDB's
+        bare and guarded handler at 4 threads and its floor and flow. A database that
+        cannot be reached is noted (`<database>_error`), not a failure of the run."""
+        for label, steps in OTHER_DATABASES.items():
+            url = MARIADB_URL if label == "mariadb" else f"sqlite:///{workdir / 'flow.db'}"
+            prefix = f"{label}_"
+            try:
+                db = Db(url, self.tag)
+            except Exception as exc:
+                why = f"{type(exc).__name__}: {exc}".strip()[:300]
+                progress(f"{label} not measured: {why}")
+                self.m[f"{label}_error"] = why
+                continue
+            try:
+                progress(f"{label}: tables {db.prefix}* on {url.rsplit('@', 1)[-1]}")
+                if "publish" in steps:
+                    self.publish(db, producer, prefix)
+                if "consume" in steps:
+                    self.consume_pair(db, endpoint, producer, prefix)
+                if "flow" in steps:
+                    reap_all()
+                    self.flow(db, endpoint, producer, workdir, prefix)
+            finally:
+                reap_all()
+                db.drop()
+
+    def consume_pair(self, db: Db, endpoint: str, producer: Any, prefix: str) -> None:
+        """The bare and the guarded handler at PROCESS_THREADS threads, one process each."""
+        threads = PROCESS_THREADS
+        for mode in ("bare", "guard"):
+            key = f"{prefix}consume_{mode}_t{threads}"
+            rate, window, units = self.consume_case(db, endpoint, producer, mode, threads, 1)
+            cpu, words = self.record_cost(key, window, units)
+            note = "1 process" + (f"; {words}" if words else "")
+            self.row(f"{prefix}consume_{mode} {threads} thr", rate, note, cpu)
+            self.m[f"{key}_msgs_s"] = round(rate, 1)
+        self.m[f"{prefix}consume_guard_overhead"] = overhead(
+            self.m[f"{prefix}consume_bare_t{threads}_msgs_s"],
+            self.m[f"{prefix}consume_guard_t{threads}_msgs_s"],
+        )
 
     def stubs_confirmed(self, db: Db, topic: str) -> int:
         import sqlalchemy as sa
@@ -1258,6 +1330,7 @@ def run(opts: Options) -> SuiteResult:
                     ("publish", lambda: r.publish(db, producer)),
                     ("consume", lambda: r.consume(db, endpoint, producer)),
                     ("flow", lambda: r.flow(db, endpoint, producer, workdir)),
+                    ("databases", lambda: r.databases(endpoint, producer, workdir)),
                     ("reconcile", lambda: r.reconcile(db) if r.n.reconcile else r.no_reconcile()),
                     ("resend", lambda: r.sweep(producer)),
                 ]

@@ -71,8 +71,9 @@ def test_quick_runs_one_thread_count_and_no_spark() -> None:
 
 @pytest.mark.slow
 @pytest.mark.postgres
+@pytest.mark.mariadb
 @pytest.mark.redis
-@pytest.mark.timeout(300)  # about 30 s alone; more on a busy 2-core machine
+@pytest.mark.timeout(300)  # about 50 s alone; more on a busy 2-core machine
 def test_flow_suite_quick_json_verifies_exactly_once(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "bench", "flow", "--quick", "--json", "--dir", str(tmp_path)],
@@ -106,4 +107,19 @@ def test_flow_suite_quick_json_verifies_exactly_once(tmp_path: Path) -> None:
     for key in ("flow", "flow_floor", "flow_baseline", "consume_guard_t4", "consume_guard_p2"):
         assert 0 < metrics[f"{key}_machine_busy"] <= 1, key
     assert set(metrics["consume_processes_machine_busy"]) == {"1", "2", "4"}
+    # MariaDB's and SQLite's cases, on tables of their own: the order alone and with the
+    # stub; MariaDB's bare and guarded handler and its flow, exactly once, stubs confirmed
+    assert "mariadb_error" not in metrics and "sqlite_error" not in metrics
+    for label in ("mariadb", "sqlite"):
+        for writers in flow.PUBLISH_WRITERS:
+            for case in ("txn_alone", "with_stub"):
+                assert metrics[f"{label}_publish_{case}_w{writers}_commits_s"] > 0, label
+        assert isinstance(metrics[f"{label}_publish_stub_overhead"], float), label
+    assert "mariadb" in metrics["mariadb_publish_with_stub_w16_cpu_us"]  # its own layer
+    assert metrics["mariadb_consume_bare_t4_msgs_s"] > 0
+    assert metrics["mariadb_consume_guard_t4_msgs_s"] > 0
+    assert isinstance(metrics["mariadb_consume_guard_overhead"], float)
+    assert metrics["mariadb_flow_exactly_once"] is True
+    assert metrics["mariadb_flow_orders_s"] > 0 and metrics["mariadb_flow_floor_orders_s"] > 0
+    assert metrics["mariadb_flow_stubs_confirmed"] == metrics["mariadb_flow_commits"]
     assert list(tmp_path.iterdir()) == []

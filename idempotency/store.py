@@ -119,6 +119,16 @@ class GuardStore:
             .where(stub.c.message_id == mid, stub.c.status == StubStatus.UNCONFIRMED.value)
             .values(status=StubStatus.CONFIRMED.value, updated_at=bindparam("now"))
         )
+        # elsewhere than PostgreSQL: the stub CONFIRMED when it expects this group alone,
+        # locking it (one statement where a SELECT ... FOR UPDATE and an UPDATE were two);
+        # no row: no stub, settled already, or other groups expected (then looked at)
+        self._settle_alone_sql = self._confirm_stub_sql.where(
+            or_(
+                stub.c.expected_groups.is_(None),
+                stub.c.expected_groups == "",
+                stub.c.expected_groups == grp,
+            )
+        )
 
     def _pk(self, message_id: str, group: str):  # type: ignore[no-untyped-def]
         log = self.tables.consumption_log.c
@@ -337,11 +347,19 @@ class GuardStore:
     def _insert_log(self, conn: Connection, row: dict[str, Any]) -> bool:
         """Insert the log row unless one exists; True when this call inserted it.
 
-        PostgreSQL and SQLite: `ON CONFLICT DO NOTHING`, one statement; elsewhere a
-        savepoint around a plain insert (an IntegrityError rolls back only the insert)."""
+        PostgreSQL and SQLite: `ON CONFLICT DO NOTHING`, one statement. MySQL and MariaDB
+        (InnoDB): a plain insert, whose duplicate-key error rolls back that statement
+        alone and leaves the transaction open (`INSERT IGNORE` would also turn other
+        errors into warnings). Elsewhere a savepoint around the insert."""
         unless = self._insert_log_unless_sql.get(conn.dialect.name)
         if unless is not None:
             return bool(conn.execute(unless, row).rowcount == 1)
+        if conn.dialect.name in ("mysql", "mariadb"):
+            try:
+                conn.execute(self._insert_log_sql, row)
+            except IntegrityError:
+                return False
+            return True
         try:
             with conn.begin_nested():
                 conn.execute(self._insert_log_sql, row)
@@ -439,7 +457,11 @@ class GuardStore:
                 != 1
             ):
                 return ConfirmStatus.FENCED
-            settled = conn.execute(self._stub_lock_sql, {"mid": mid}).first()
+            alone = {"mid": mid, "grp": group, "now": now}
+            if conn.execute(self._settle_alone_sql, alone).rowcount == 1:
+                settled = None  # CONFIRMED now: nothing left to look at
+            else:
+                settled = conn.execute(self._stub_lock_sql, {"mid": mid}).first()
             conn.execute(
                 self._insert_conf_sql,
                 {

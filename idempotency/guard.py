@@ -222,7 +222,6 @@ class IdempotencyGuard:
         # (message id, group) -> what `prepare` took for it, until `process` starts it
         self._prepared: dict[tuple[str, str], _Prepared] = {}
         self._prepared_lock = threading.Lock()
-        self._batch_receipts = engine.dialect.name == "postgresql"
         self._marks = DoneMarks(self.leases, self._redis_errors) if self.leases else None
 
     # -- the decorator's entry point -------------------------------------------------------
@@ -284,14 +283,12 @@ class IdempotencyGuard:
 
     def prepare(self, messages: Sequence[ReceivedMessage], group: str) -> None:
         """Steps 1 and 2 for a received batch at once, before its messages reach `process`:
-        one Redis pipeline of SET NX and one statement for all the receipts, instead of a
-        round trip of each a message (PostgreSQL; elsewhere, and for one message, nothing
-        is done here). `process` then starts each message from what was taken for it,
-        unless it started more than half a lease later: then that lease is released and
-        the message goes through both steps again. Never raises: what fails here is left
-        to `process`."""
-        if not self._batch_receipts:
-            return
+        one Redis pipeline of SET NX and one statement for all the receipts (PostgreSQL;
+        elsewhere one transaction of two statements), instead of a round trip of each a
+        message (for one message nothing is done here). `process` then starts each
+        message from what was taken for it, unless it started more than half a lease
+        later: then that lease is released and the message goes through both steps again.
+        Never raises: what fails here is left to `process`."""
         with self._prepared_lock:  # one already prepared is left to `process`
             batch = [
                 m

@@ -25,6 +25,7 @@ from sqlalchemy import (
     delete,
     insert,
     literal,
+    null,
     or_,
     select,
     union_all,
@@ -59,6 +60,22 @@ class Known:
 
 
 _UNKNOWN = Known(confirmed=False, confirmation_digest=None, stub_digest=None)
+
+
+def _log_row(
+    message: ReceivedMessage, group: str, now: datetime, token: str | None, until: datetime
+) -> dict[str, Any]:
+    """A consumption-log row of a first delivery, carrying `token`'s lease (none: None)."""
+    return {
+        "message_id": message.message_id,
+        "consumer_group": group,
+        "topic": message.topic,
+        "queue_id": message.queue_id,
+        "queue_offset": message.queue_offset,
+        "created_at": now,
+        "lease_token": token,
+        "lease_until": until if token is not None else None,
+    }
 
 
 class GuardStore:
@@ -107,6 +124,20 @@ class GuardStore:
         # ten times slower than planning it for each batch's values
         self._receive_pg_sql = Prepared(pg.receive_one(tables, self._known_sql))
         self._receive_many_pg_sql = pg.receive_many(tables)
+        # elsewhere: what the database knows of a batch and which of its log rows exist,
+        # in one read (src 1 the confirmation's digest, 2 the stub's, 3 a log row)
+        mids: BindParameter[Any] = bindparam("mids", expanding=True)
+        self._known_many_sql = union_all(
+            select(literal(1).label("src"), conf.c.message_id, conf.c.body_digest).where(
+                conf.c.consumer_group == grp, conf.c.message_id.in_(mids)
+            ),
+            select(literal(2), stub.c.message_id, stub.c.body_digest).where(
+                stub.c.message_id.in_(mids)
+            ),
+            select(literal(3), log.c.message_id, null()).where(
+                log.c.consumer_group == grp, log.c.message_id.in_(mids)
+            ),
+        )
         self._stub_lock_sql = (
             select(stub.c.expected_groups, stub.c.status)
             .where(stub.c.message_id == mid)
@@ -191,17 +222,8 @@ class GuardStore:
             known = self._known(conn, message.message_id, group)
             claim = may_claim(known)
             claimed = False
-            if log_receipt:
-                row: dict[str, Any] = {
-                    "message_id": message.message_id,
-                    "consumer_group": group,
-                    "topic": message.topic,
-                    "queue_id": message.queue_id,
-                    "queue_offset": message.queue_offset,
-                    "created_at": now,
-                }
-                if claim:  # a new row is free: it is born with this worker's lease
-                    row.update(lease_token=token, lease_until=until)
+            if log_receipt:  # a new row is free: it is born with this worker's lease
+                row = _log_row(message, group, now, token if claim else None, until)
                 claimed = self._insert_log(conn, row) and claim
             if claim and not claimed:
                 result = conn.execute(
@@ -272,11 +294,18 @@ class GuardStore:
         until: datetime,
         may_claim: Sequence[Callable[[Known], bool]],
     ) -> list[tuple[Known, bool]]:
-        """`receive` (first delivery) of a received batch on PostgreSQL, one statement for
+        """`receive` (first delivery) of a received batch. On PostgreSQL one statement for
         all of it: every log row, born with its lease where `may_claim` of an unknown message
         allows it, and what the database knows of each; then, per message and only where
-        that reading forbids the lease or the row existed, what `receive` does next. The
-        messages' ids are distinct. Returns (known, claimed) of each, in order."""
+        that reading forbids the lease or the row existed, what `receive` does next.
+        Elsewhere one transaction: one read of what is known and which log rows exist,
+        one INSERT of the missing rows (each born with its lease where `may_claim`
+        allows), a claim of each existing row that may be claimed. The messages' ids are
+        distinct. Returns (known, claimed) of each, in order. A log row another worker
+        inserted meanwhile fails the batch (IntegrityError): its caller takes each
+        message on its own."""
+        if self.engine.dialect.name != "postgresql":
+            return self._receive_many_elsewhere(messages, group, tokens, now, until, may_claim)
         hopeful = [claim(_UNKNOWN) for claim in may_claim]
         mids = [m.message_id for m in messages]
         params = {
@@ -316,6 +345,52 @@ class GuardStore:
                     may_claim[i],
                 )
                 out.append((known, claimed))
+        return out
+
+    def _receive_many_elsewhere(
+        self,
+        messages: Sequence[ReceivedMessage],
+        group: str,
+        tokens: Sequence[str],
+        now: datetime,
+        until: datetime,
+        may_claim: Sequence[Callable[[Known], bool]],
+    ) -> list[tuple[Known, bool]]:
+        """`receive_many` on MySQL, MariaDB and SQLite (see there)."""
+        mids = [m.message_id for m in messages]
+        confirmed: dict[str, str | None] = {}
+        stub_digests: dict[str, str | None] = {}
+        logged: set[str] = set()
+        with self.engine.begin() as conn:
+            for src, mid, digest in conn.execute(
+                self._known_many_sql, {"mids": mids, "grp": group}
+            ):
+                if src == 1:
+                    confirmed[mid] = digest
+                elif src == 2:
+                    stub_digests[mid] = digest
+                else:
+                    logged.add(mid)
+            out: list[tuple[Known, bool]] = []
+            born: list[dict[str, Any]] = []
+            for message, token, claim in zip(messages, tokens, may_claim, strict=True):
+                mid = message.message_id
+                known = Known(mid in confirmed, confirmed.get(mid), stub_digests.get(mid))
+                may = claim(known)
+                if mid in logged:
+                    claimed = may and bool(
+                        conn.execute(
+                            self._claim_sql,
+                            {"mid": mid, "grp": group, "tok": token, "now": now, "until": until},
+                        ).rowcount
+                        == 1
+                    )
+                else:  # a new row is free: born with this worker's lease when it may take it
+                    born.append(_log_row(message, group, now, token if may else None, until))
+                    claimed = may
+                out.append((known, claimed))
+            if born:  # one statement (PyMySQL writes an executemany INSERT as one)
+                conn.execute(self._insert_log_sql, born)
         return out
 
     def _settle_receipt(

@@ -1,5 +1,6 @@
 """`IdempotencyGuard.prepare`: a received batch's leases and receipts taken together
-(PostgreSQL), then each message processed from them; the guarantees of `process` alone."""
+(PostgreSQL: one statement; elsewhere one transaction), then each message processed from
+them; the guarantees of `process` alone. On every database and driver."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import threading
 import time
 from datetime import timedelta
 
-import pytest
 import sqlalchemy as sa
 
 from idempotency import EventKind, GuardEvent, IdempotencyGuard
@@ -24,8 +24,6 @@ from tests.integration.idempotency.test_guard import (
     rows,
     writer,
 )
-
-pytestmark = pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
 
 
 def receipts_counted(guard: IdempotencyGuard) -> list[str]:

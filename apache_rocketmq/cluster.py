@@ -333,7 +333,19 @@ class RocketMQCluster:
 
     def _write_config(self) -> None:
         conf, store = self.directory / "conf", self.directory / "store"
-        _write_properties(conf / "namesrv.properties", {"listenPort": self.ports.namesrv})
+        _write_properties(
+            conf / "namesrv.properties",
+            {
+                "listenPort": self.ports.namesrv,
+                # the name server takes a broker off every route 120 s after its last
+                # heartbeat, scanning every 5 s. The bench stops (SIGSTOP) this cluster's
+                # processes while it measures another server, for minutes on a loaded
+                # machine; on SIGCONT the scan could run before the broker's next
+                # heartbeat, and a client then found no route for its topic. The one
+                # broker of this cluster is never replaced: no scan but the first
+                "scanNotActiveBrokerInterval": 24 * 3600 * 1000,
+            },
+        )
         _write_properties(
             conf / "broker.conf",
             {

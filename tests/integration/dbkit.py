@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -44,3 +45,14 @@ def outbox_tables(engine: sa.Engine, prefix: str, *own: str) -> Iterator[OutboxT
     t.drop_all(engine)
     for name in own:
         sa.Table(f"{prefix}{name}", sa.MetaData()).drop(engine, checkfirst=True)
+
+
+def statements(engine: sa.Engine) -> list[str]:
+    """Every statement `engine` sends from now on, its first word each (upper case)."""
+    sent: list[str] = []
+
+    @sa.event.listens_for(engine, "before_cursor_execute")
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        sent.append(statement.split(None, 1)[0].upper())
+
+    return sent

@@ -17,19 +17,10 @@ from sqlalchemy.orm import Session
 from idempotency.store import ConfirmStatus, GuardStore
 from outbox import Outbox, OutboxConfig, OutboxTables, StubStatus, declare_groups
 from reliable import Message, ReceivedMessage
+from tests.integration.dbkit import statements
 
 NOW = datetime(2026, 12, 1, 4, 0, 0)
 UNTIL = NOW + timedelta(seconds=60)
-
-
-def statements(engine: sa.Engine) -> list[str]:
-    sent: list[str] = []
-
-    @sa.event.listens_for(engine, "before_cursor_execute")
-    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        sent.append(statement.split(None, 1)[0].upper())
-
-    return sent
 
 
 def stubbed(engine: sa.Engine, tables: OutboxTables, mid: str, groups: list[str]) -> None:

@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 
 from outbox.prepared import Prepared
+from tests.integration.dbkit import statements
 
 
 @pytest.fixture
@@ -28,17 +29,6 @@ def table(engine: sa.Engine) -> Iterator[sa.Table]:
     table.create(engine)
     yield table
     table.drop(engine)
-
-
-def statements(engine: sa.Engine) -> list[str]:
-    """Every statement sent from now on, its first word each."""
-    sent: list[str] = []
-
-    @sa.event.listens_for(engine, "before_cursor_execute")
-    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        sent.append(statement.split(None, 1)[0].upper())
-
-    return sent
 
 
 def upsert(table: sa.Table) -> Any:

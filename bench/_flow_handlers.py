@@ -53,9 +53,8 @@ def _table(name: str) -> sa.Table:
         sa.Column("order_id", sa.String(64), nullable=False),
         sa.Column("sku", sa.String(32), nullable=False),
         sa.Column("quantity", sa.Integer, nullable=False),
-        sa.Column(
-            "done_at", sa.Double, nullable=False
-        ),  # time.time() in the handler (DOUBLE: FLOAT is 4 bytes on MariaDB)
+        # time.time() in the handler: DOUBLE, since MariaDB's FLOAT is 4 bytes
+        sa.Column("done_at", sa.Double, nullable=False),
         extend_existing=True,
     )
 

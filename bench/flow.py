@@ -169,10 +169,9 @@ class Db:
             sa.Column("order_id", sa.String(64), nullable=False),
             sa.Column("sku", sa.String(32), nullable=False),
             sa.Column("quantity", sa.Integer, nullable=False),
-            sa.Column(
-                "created_at", sa.Double, nullable=False
-            ),  # time.time() at the insert (DOUBLE:
-            # MariaDB's FLOAT is 4 bytes, a second's resolution lost)
+            # time.time() at the insert: DOUBLE, since MariaDB's FLOAT is 4 bytes (a
+            # resolution of minutes there)
+            sa.Column("created_at", sa.Double, nullable=False),
         )
         self.reservations = sa.Table(
             f"{self.prefix}reservations",
@@ -215,15 +214,15 @@ class Db:
         import sqlalchemy as sa
 
         with self.engine.begin() as conn:
-            names = ", ".join(
+            names = [
                 t.name for t in (self.orders, self.reservations, self.hw_outbox, self.hw_processed)
-            )
+            ]
             dialect = self.engine.dialect.name
             if dialect == "postgresql":
-                conn.execute(sa.text(f"TRUNCATE {names}"))
+                conn.execute(sa.text(f"TRUNCATE {', '.join(names)}"))
             else:  # MariaDB truncates one table a statement, SQLite none
                 verb = "DELETE FROM" if dialect == "sqlite" else "TRUNCATE"
-                for name in names.split(", "):
+                for name in names:
                     conn.execute(sa.text(f"{verb} {name}"))
 
     def count(self, table: Any) -> int:
@@ -571,7 +570,9 @@ class Run:
             return None, ""
         self.m[f"{key}_cpu_us"] = window.per_unit_us(units)  # type: ignore[assignment]
         self.m[f"{key}_machine_busy"] = window.busy
-        case = key.removeprefix("mariadb_").removeprefix("sqlite_")
+        case = key
+        for label in OTHER_DATABASES:  # another database's case: its kind after the prefix
+            case = case.removeprefix(f"{label}_")
         unit = (
             "commit"
             if case.startswith("publish")
@@ -757,6 +758,24 @@ class Run:
             e.effects - 1,
         )
 
+    def consume_row(
+        self,
+        db: Db,
+        endpoint: str,
+        producer: Any,
+        case: tuple[str, int, int],
+        key: str,
+        name: str,
+        note: str = "1 process",
+        started: tuple[str, list[subprocess.Popen[str]], Any] | None = None,
+    ) -> float:
+        """One consume case (mode, threads, processes) measured, its CPU recorded under
+        `key` and its row added as `name`; its rate."""
+        rate, window, units = self.consume_case(db, endpoint, producer, *case, started)
+        cpu, words = self.record_cost(key, window, units)
+        self.row(name, rate, f"{note}; {words}" if words else note, cpu)
+        return rate
+
     def new_case(self, db: Db) -> tuple[str, str]:
         from outbox import declare_groups
 
@@ -807,18 +826,16 @@ class Run:
             def measure(
                 mode: str, threads: int, procs: int, key: str, name: str, note: str
             ) -> float:
-                rate, window, units = self.consume_case(
+                return self.consume_row(
                     db,
                     endpoint,
                     producer,
-                    mode,
-                    threads,
-                    procs,
+                    (mode, threads, procs),
+                    key,
+                    name,
+                    note,
                     started.get((mode, threads, procs)),
                 )
-                cpu, words = self.record_cost(key, window, units)
-                self.row(name, rate, f"{note}; {words}" if words else note, cpu)
-                return rate
 
             for mode in ("bare", "guard"):
                 for threads in self.n.consume_threads:
@@ -990,10 +1007,8 @@ class Run:
         threads = PROCESS_THREADS
         for mode in ("bare", "guard"):
             key = f"{prefix}consume_{mode}_t{threads}"
-            rate, window, units = self.consume_case(db, endpoint, producer, mode, threads, 1)
-            cpu, words = self.record_cost(key, window, units)
-            note = "1 process" + (f"; {words}" if words else "")
-            self.row(f"{prefix}consume_{mode} {threads} thr", rate, note, cpu)
+            name = f"{prefix}consume_{mode} {threads} thr"
+            rate = self.consume_row(db, endpoint, producer, (mode, threads, 1), key, name)
             self.m[f"{key}_msgs_s"] = round(rate, 1)
         self.m[f"{prefix}consume_guard_overhead"] = overhead(
             self.m[f"{prefix}consume_bare_t{threads}_msgs_s"],

@@ -135,6 +135,13 @@ def receive_many(tables: OutboxTables) -> Any:
     )
 
 
+def expects_only(tables: OutboxTables, grp: BindParameter[str]) -> Any:
+    """The stub expects no group but `grp` (its constant a named parameter: an anonymous
+    one does not survive the copy into a CTE)."""
+    stub = tables.stub
+    return or_(stub.c.expected_groups == bindparam("no_groups", ""), stub.c.expected_groups == grp)
+
+
 def confirm(tables: OutboxTables) -> Any:
     """One row (message id, the stub's expected groups and status, or NULLs without a
     stub) when fenced by the token and written; none when the lease was taken over."""
@@ -147,7 +154,7 @@ def confirm(tables: OutboxTables) -> Any:
     # it was) and returned, for the count of confirmations. Its constants are named
     # parameters: an anonymous one does not survive the copy into a CTE below.
     confirmed: BindParameter[str] = bindparam("confirmed", StubStatus.CONFIRMED.value)
-    alone = or_(stub.c.expected_groups == bindparam("no_groups", ""), stub.c.expected_groups == grp)
+    alone = expects_only(tables, grp)
     settle = (
         update(stub)
         .where(

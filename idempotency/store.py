@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -76,6 +76,24 @@ def _log_row(
         "lease_token": token,
         "lease_until": until if token is not None else None,
     }
+
+
+def _by_source(
+    rows: Iterable[Any],
+) -> tuple[dict[str, str | None], dict[str, str | None], set[str]]:
+    """A batch receipt's rows (src, message id, digest): the confirmations' digests
+    (src 1), the stubs' (2), and the ids of the log rows (3: inserted, or found)."""
+    confirmed: dict[str, str | None] = {}
+    stubs: dict[str, str | None] = {}
+    logged: set[str] = set()
+    for src, mid, digest in rows:
+        if src == 1:
+            confirmed[mid] = digest
+        elif src == 2:
+            stubs[mid] = digest
+        elif src == 3:
+            logged.add(mid)
+    return confirmed, stubs, logged
 
 
 class GuardStore:
@@ -153,13 +171,7 @@ class GuardStore:
         # elsewhere than PostgreSQL: the stub CONFIRMED when it expects this group alone,
         # locking it (one statement where a SELECT ... FOR UPDATE and an UPDATE were two);
         # no row: no stub, settled already, or other groups expected (then looked at)
-        self._settle_alone_sql = self._confirm_stub_sql.where(
-            or_(
-                stub.c.expected_groups.is_(None),
-                stub.c.expected_groups == "",
-                stub.c.expected_groups == grp,
-            )
-        )
+        self._settle_alone_sql = self._confirm_stub_sql.where(pg.expects_only(tables, grp))
 
     def _pk(self, message_id: str, group: str):  # type: ignore[no-untyped-def]
         log = self.tables.consumption_log.c
@@ -318,17 +330,10 @@ class GuardStore:
             "now": now,
             "luntil": until,
         }
-        confirmed: dict[str, str | None] = {}
-        stub_digests: dict[str, str | None] = {}
-        inserted: set[str] = set()
         with autocommit(self.engine) as conn:
-            for src, mid, digest in conn.execute(self._receive_many_pg_sql, params):
-                if src == 1:
-                    confirmed[mid] = digest
-                elif src == 2:
-                    stub_digests[mid] = digest
-                elif src == 3:
-                    inserted.add(mid)
+            confirmed, stub_digests, inserted = _by_source(
+                conn.execute(self._receive_many_pg_sql, params)
+            )
             out: list[tuple[Known, bool]] = []
             for i, mid in enumerate(mids):
                 known = Known(mid in confirmed, confirmed.get(mid), stub_digests.get(mid))
@@ -358,19 +363,10 @@ class GuardStore:
     ) -> list[tuple[Known, bool]]:
         """`receive_many` on MySQL, MariaDB and SQLite (see there)."""
         mids = [m.message_id for m in messages]
-        confirmed: dict[str, str | None] = {}
-        stub_digests: dict[str, str | None] = {}
-        logged: set[str] = set()
         with self.engine.begin() as conn:
-            for src, mid, digest in conn.execute(
-                self._known_many_sql, {"mids": mids, "grp": group}
-            ):
-                if src == 1:
-                    confirmed[mid] = digest
-                elif src == 2:
-                    stub_digests[mid] = digest
-                else:
-                    logged.add(mid)
+            confirmed, stub_digests, logged = _by_source(
+                conn.execute(self._known_many_sql, {"mids": mids, "grp": group})
+            )
             out: list[tuple[Known, bool]] = []
             born: list[dict[str, Any]] = []
             for message, token, claim in zip(messages, tokens, may_claim, strict=True):

@@ -110,10 +110,17 @@ def test_the_broker_s_spinning_thread_only_takes_an_idle_core(rocketmq: RocketMQ
     """The transaction op batch thread spins from the first ended transaction on
     (docs/rocketmq.md): the start gives it the idle scheduling class."""
     pid = rocketmq.pids["proxy"]
+
+    def name(tid: str) -> str:  # a JVM thread can end between the listing and the read
+        try:
+            return Path(f"/proc/{pid}/task/{tid}/comm").read_text()
+        except FileNotFoundError:
+            return ""
+
     spinning = [
         int(tid)
         for tid in os.listdir(f"/proc/{pid}/task")
-        if Path(f"/proc/{pid}/task/{tid}/comm").read_text().startswith("TransactionalOp")
+        if name(tid).startswith("TransactionalOp")
     ]
     assert spinning
     assert all(os.sched_getscheduler(tid) == os.SCHED_IDLE for tid in spinning)
